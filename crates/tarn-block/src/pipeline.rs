@@ -1,0 +1,209 @@
+//! The block pipeline: bytes in, a verified block pointer out, and back.
+//!
+//! Writing is split in three steps so the pool can run the CPU-heavy part on
+//! several threads and keep allocation (which needs the space maps) in one
+//! place: [`prepare`] compresses and checksums, the caller allocates device
+//! addresses for `stored.len()` bytes, and [`write_copies`] writes every copy.
+//! [`make_ptr`] builds the pointer that the parent will hold.
+//!
+//! Reading tries each copy in turn and hands the vdev a verification closure,
+//! so mirrors and raidz reconstruct and self-heal against the checksum in the
+//! pointer; unverified bytes never leave this module. Decompression runs only
+//! on bytes whose checksum matched, yet is still bounds-checked: a checksum
+//! proves the bytes are the ones written, not that the writer was sane.
+
+use std::sync::Arc;
+
+use tarn_vdev::{TopVdev, VdevError};
+
+use crate::bp::{BlockPtr, BlockType, ChecksumAlg, CompressAlg, Dva, MAX_COPIES};
+use crate::checksum::checksum;
+use crate::compress::{decompress, Compression};
+use crate::BlockError;
+
+/// A block after compression and checksumming, ready to be allocated and written.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    /// The bytes to store (psize of them).
+    pub stored: Vec<u8>,
+    /// Logical size.
+    pub lsize: u32,
+    /// How `stored` is compressed.
+    pub compress: CompressAlg,
+    /// Checksum algorithm.
+    pub checksum_alg: ChecksumAlg,
+    /// Checksum of `stored`.
+    pub checksum: [u8; 32],
+}
+
+/// Compresses (when it saves ≥ 1/8) and checksums one block.
+pub fn prepare(data: &[u8], compression: Compression, alg: ChecksumAlg) -> Result<Prepared, BlockError> {
+    if data.is_empty() || data.len() > u32::MAX as usize {
+        return Err(BlockError::Format(format!("cannot store a block of {} bytes", data.len())));
+    }
+    let (compress, stored) = compression.compress(data);
+    let sum = checksum(alg, &stored);
+    Ok(Prepared {
+        stored,
+        lsize: data.len() as u32,
+        compress,
+        checksum_alg: alg,
+        checksum: sum,
+    })
+}
+
+/// Builds the pointer for a prepared block written at `dvas` in txg `birth`.
+pub fn make_ptr(p: &Prepared, dvas: &[Dva], birth: u64, btype: BlockType, level: u8) -> BlockPtr {
+    let mut all = [Dva::default(); MAX_COPIES];
+    for (slot, d) in all.iter_mut().zip(dvas) {
+        *slot = *d;
+    }
+    BlockPtr {
+        dvas: all,
+        lsize: p.lsize,
+        psize: p.stored.len() as u32,
+        birth,
+        btype,
+        level,
+        checksum_alg: p.checksum_alg,
+        compress: p.compress,
+        flags: 0,
+        fill: 1,
+        checksum: p.checksum,
+        ..Default::default()
+    }
+}
+
+/// A child device that did not receive a write, so the pool can remember
+/// that it missed this txg and resilver it later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Missed {
+    /// Top-level vdev index.
+    pub vdev: u32,
+    /// Child index within it.
+    pub child: usize,
+}
+
+fn top<'a>(tops: &'a [Arc<TopVdev>], dva: &Dva) -> Result<&'a Arc<TopVdev>, BlockError> {
+    tops.get(dva.vdev as usize)
+        .ok_or_else(|| BlockError::Format(format!("block address names vdev {} of {}", dva.vdev, tops.len())))
+}
+
+/// Writes `stored` at every address. Fails if any copy could not be written
+/// recoverably: a block is acknowledged only when every copy the pointer
+/// promises can be read back.
+pub fn write_copies(tops: &[Arc<TopVdev>], dvas: &[Dva], stored: &[u8]) -> Result<Vec<Missed>, BlockError> {
+    let mut missed = Vec::new();
+    for d in dvas {
+        let t = top(tops, d)?;
+        let out = t.write(d.offset, stored).map_err(|e| BlockError::Io(format!("{}", fmt_dva(d)), e))?;
+        missed.extend(out.missed.into_iter().map(|child| Missed { vdev: d.vdev, child }));
+    }
+    Ok(missed)
+}
+
+/// Formats an address the way errors and `status` show it.
+pub fn fmt_dva(d: &Dva) -> String {
+    format!("{}:{:#x}:{:#x}", d.vdev, d.offset, d.asize)
+}
+
+/// Reads the stored bytes of a block, verified against its checksum, trying
+/// each copy. The vdev layer reconstructs and self-heals within a copy.
+pub fn read_stored(tops: &[Arc<TopVdev>], bp: &BlockPtr) -> Result<Vec<u8>, BlockError> {
+    if bp.is_hole() {
+        return Err(BlockError::Format("read of a hole pointer".into()));
+    }
+    let verify = |b: &[u8]| checksum(bp.checksum_alg, b) == bp.checksum;
+    let mut last: Option<BlockError> = None;
+    for d in bp.used_dvas() {
+        let t = match top(tops, d) {
+            Ok(t) => t,
+            Err(e) => {
+                last = Some(e);
+                continue;
+            }
+        };
+        match t.read(d.offset, bp.psize as usize, &verify) {
+            Ok(bytes) => return Ok(bytes),
+            Err(e) => last = Some(BlockError::Io(fmt_dva(d), e)),
+        }
+    }
+    Err(BlockError::Unrecoverable {
+        block: describe(bp),
+        cause: last.map(|e| e.to_string()).unwrap_or_else(|| "no copies".into()),
+    })
+}
+
+/// Reads, verifies and decompresses a block into its logical bytes.
+pub fn read_block(tops: &[Arc<TopVdev>], bp: &BlockPtr) -> Result<Vec<u8>, BlockError> {
+    let stored = read_stored(tops, bp)?;
+    decompress(bp.compress, &stored, bp.lsize as usize).map_err(|e| BlockError::Decompress(describe(bp), e))
+}
+
+/// What scrubbing one block found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BlockScrub {
+    /// Bytes rewritten over all copies.
+    pub repaired_bytes: u64,
+    /// Copies that were damaged (repaired or not).
+    pub bad_copies: u32,
+    /// True when no copy could be verified: the block is lost.
+    pub unrecoverable: bool,
+}
+
+/// Scrubs every copy of a block: each copy is verified on its own (every
+/// mirror side, every parity column) and repaired from itself or, when a
+/// whole copy is lost, rewritten from a good copy.
+pub fn scrub_block(tops: &[Arc<TopVdev>], bp: &BlockPtr) -> BlockScrub {
+    let verify = |b: &[u8]| checksum(bp.checksum_alg, b) == bp.checksum;
+    let mut out = BlockScrub::default();
+    let mut good: Option<Vec<u8>> = None;
+    let mut lost: Vec<Dva> = Vec::new();
+    for d in bp.used_dvas() {
+        let Ok(t) = top(tops, d) else {
+            out.bad_copies += 1;
+            continue;
+        };
+        match t.scrub(d.offset, bp.psize as usize, &verify) {
+            Ok(s) => {
+                out.repaired_bytes += s.repaired_bytes;
+                if !s.bad_children.is_empty() {
+                    out.bad_copies += 1;
+                }
+                if good.is_none() {
+                    if let Ok(b) = t.read(d.offset, bp.psize as usize, &verify) {
+                        good = Some(b);
+                    }
+                }
+            }
+            Err(_) => {
+                out.bad_copies += 1;
+                lost.push(*d);
+            }
+        }
+    }
+    match good {
+        None => out.unrecoverable = true,
+        Some(bytes) => {
+            for d in lost {
+                if let Ok(t) = top(tops, &d) {
+                    if t.write(d.offset, &bytes).is_ok() {
+                        out.repaired_bytes += bytes.len() as u64;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A short description of a block for error messages: type, birth, first address.
+pub fn describe(bp: &BlockPtr) -> String {
+    let d = bp.used_dvas().next().copied().unwrap_or_default();
+    format!("{:?} block born in txg {} at {}", bp.btype, bp.birth, fmt_dva(&d))
+}
+
+/// Maps an I/O error text into a block error for a given address.
+pub fn io_error(d: &Dva, e: VdevError) -> BlockError {
+    BlockError::Io(fmt_dva(d), e)
+}

@@ -1,0 +1,144 @@
+//! A blocking client of the daemon's admin socket.
+//!
+//! One connection, one request at a time. Transport failures become `anyhow`
+//! errors that tell the operator what to do; API failures come back as
+//! [`ApiError`] inside the `anyhow::Error`, so callers can downcast to read
+//! the code.
+
+use std::io::{self, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::api::{read_line_bounded, LineRead, Request, Response};
+
+/// Longest response line the client accepts.
+pub const MAX_RESPONSE_BYTES: usize = 64 << 20;
+
+/// A connection to a tarn daemon.
+pub struct Client {
+    path: PathBuf,
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+    next_id: u64,
+    line: Vec<u8>,
+}
+
+impl Client {
+    /// Connects to the daemon listening on `path`.
+    pub fn connect(path: &Path) -> anyhow::Result<Client> {
+        let shown = path.display();
+        let stream = UnixStream::connect(path).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => anyhow!(
+                "no tarn daemon is listening on {shown}\n\
+                 hint: start one with `tarn daemon` (or set TARN_SOCKET / --socket to where it listens)"
+            ),
+            io::ErrorKind::PermissionDenied => anyhow!(
+                "cannot connect to the tarn daemon on {shown}: permission denied\n\
+                 hint: the socket is open only to the user running the daemon; run this as that user"
+            ),
+            _ => anyhow!("cannot connect to the tarn daemon on {shown}: {e}"),
+        })?;
+        let reader = BufReader::new(
+            stream
+                .try_clone()
+                .with_context(|| format!("cannot use the connection to {shown}"))?,
+        );
+        Ok(Client {
+            path: path.to_path_buf(),
+            reader,
+            writer: stream,
+            next_id: 1,
+            line: Vec::new(),
+        })
+    }
+
+    /// The socket this client talks to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Calls `method` and returns its raw JSON result.
+    pub fn call(&mut self, method: &str, params: &impl Serialize) -> anyhow::Result<Value> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let params = serde_json::to_value(params)
+            .with_context(|| format!("cannot encode the parameters of {method}"))?;
+        let request = Request {
+            id: Some(id),
+            method: method.to_string(),
+            params,
+        };
+        let mut line = serde_json::to_vec(&request)
+            .with_context(|| format!("cannot encode the request {method}"))?;
+        line.push(b'\n');
+        let shown = self.path.display().to_string();
+        let lost = |e: io::Error| {
+            anyhow!(
+                "lost the connection to the tarn daemon on {shown} ({e}); \
+                 it may have stopped; see its log"
+            )
+        };
+        if let Err(e) = self.writer.write_all(&line) {
+            // The daemon may have answered (e.g. `busy`) and closed before
+            // reading: prefer its answer to the write error.
+            return match self.read_response() {
+                Ok(response) => unwrap_response(response, id),
+                Err(_) => Err(lost(e)),
+            };
+        }
+        let response = self.read_response()?;
+        unwrap_response(response, id)
+    }
+
+    /// Calls `method` and decodes its result as `R`.
+    pub fn call_as<R: DeserializeOwned>(
+        &mut self,
+        method: &str,
+        params: &impl Serialize,
+    ) -> anyhow::Result<R> {
+        let value = self.call(method, params)?;
+        serde_json::from_value(value).with_context(|| {
+            format!(
+                "the daemon's answer to {method} does not have the expected shape; \
+                 are the daemon and this client the same version? (`tarn daemon ping`)"
+            )
+        })
+    }
+
+    fn read_response(&mut self) -> anyhow::Result<Response> {
+        let shown = self.path.display();
+        match read_line_bounded(&mut self.reader, &mut self.line, MAX_RESPONSE_BYTES) {
+            Ok(LineRead::Line) => serde_json::from_slice(&self.line)
+                .with_context(|| format!("the daemon on {shown} sent an unreadable answer")),
+            Ok(LineRead::TooLong) => bail!(
+                "the daemon on {shown} sent an answer longer than {MAX_RESPONSE_BYTES} bytes"
+            ),
+            Ok(LineRead::Eof) => bail!(
+                "the tarn daemon on {shown} closed the connection without answering; \
+                 it may have stopped or crashed; see its log"
+            ),
+            Err(e) => bail!("lost the connection to the tarn daemon on {shown}: {e}"),
+        }
+    }
+}
+
+fn unwrap_response(response: Response, id: u64) -> anyhow::Result<Value> {
+    if let Some(error) = response.error {
+        // An error without an id answers the connection as a whole (`busy`).
+        if response.id.is_none() || response.id == Some(id) {
+            return Err(error.into());
+        }
+    }
+    if response.id != Some(id) {
+        bail!(
+            "the daemon answered request {:?} while request {id} was waiting",
+            response.id
+        );
+    }
+    Ok(response.result.unwrap_or(Value::Null))
+}

@@ -1,0 +1,250 @@
+//! Devices over time: offline, online, replace, clear, and the counters of
+//! `iostat`.
+//!
+//! Every configuration change follows one pattern: change the vdev in
+//! memory, bump `config_gen` so the change is committed in a new txg, sync,
+//! then rewrite the labels of the usable leaves with that txg. Import takes
+//! the label config with the highest txg, so a device that was offline when
+//! the change was made (and kept its old label) can never outvote the others.
+//!
+//! A device that misses writes (offline, unopenable, or a failed write) gets
+//! a dirty time log: the range of txgs it missed. When it returns, a resilver
+//! visits only blocks born in that range; a new device gets the range
+//! [1, now], i.e. everything.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tarn_vdev::{FileLeaf, Leaf, LeafState, PoolState};
+
+use crate::pool::{add_counters, conv_counters, lock_device, new_guid, Pool};
+use crate::status::{Counters, IostatEntry};
+use crate::PoolError;
+
+impl Pool {
+    /// Finds a leaf by path (as given or canonical), file name, or GUID.
+    fn find_leaf(&self, dev: &str) -> Result<(usize, usize), PoolError> {
+        let canon = std::fs::canonicalize(dev).ok();
+        let guid = u64::from_str_radix(dev.trim_start_matches("0x"), 16).ok();
+        let mut by_name = Vec::new();
+        for (ti, t) in self.tops.iter().enumerate() {
+            for (ci, l) in t.leaves().into_iter().enumerate() {
+                if l.path == Path::new(dev) || canon.as_deref() == Some(l.path.as_path()) || dev.parse::<u64>().ok() == Some(l.guid) || guid == Some(l.guid) {
+                    return Ok((ti, ci));
+                }
+                if l.path.file_name().and_then(|n| n.to_str()) == Some(dev) {
+                    by_name.push((ti, ci));
+                }
+            }
+        }
+        match by_name.as_slice() {
+            [one] => Ok(*one),
+            _ => Err(PoolError::NotFound(format!(
+                "no device '{dev}' in pool '{}'; `tarn pool status {}` lists its devices",
+                self.name, self.name
+            ))),
+        }
+    }
+
+    /// Commits a configuration change and rewrites the labels.
+    fn commit_config(&self, st: &mut crate::pool::State) -> Result<(), PoolError> {
+        st.ms.config_gen += 1;
+        st.ms_dirty = true;
+        if let Err(e) = self.sync_locked(st) {
+            self.set_fault(format!("txg sync failed: {e}"));
+            return Err(e);
+        }
+        self.write_labels(st, PoolState::Active)
+    }
+
+    /// Takes a device out of service; refused if that would lose data.
+    pub fn offline(&self, dev: &str) -> Result<(), PoolError> {
+        let (ti, ci) = self.find_leaf(dev)?;
+        let mut st = self.lock();
+        self.check_usable(&st)?;
+        self.tops[ti].set_offline(ci, true)?;
+        let guid = self.tops[ti].leaves()[ci].guid;
+        let from = st.txg + 1;
+        let e = st.ms.dtl.entry(guid).or_insert((from, u64::MAX));
+        e.1 = u64::MAX;
+        self.commit_config(&mut st)
+    }
+
+    /// Reopens a leaf's device at its recorded path and checks that it is
+    /// the same device (by its label GUID).
+    fn reopen(&self, ti: usize, ci: usize) -> Result<Arc<dyn Leaf>, PoolError> {
+        let info = &self.tops[ti].leaves()[ci];
+        let leaf = FileLeaf::open(&info.path)
+            .map_err(|e| PoolError::NotFound(format!("cannot open {}: {e}", info.path.display())))?;
+        match tarn_vdev::read_label(&leaf) {
+            Ok(l) if l.config.pool_guid == self.guid && l.config.device_guid == info.guid => {}
+            _ => {
+                return Err(PoolError::Invalid(format!(
+                    "{} is not the device that left pool '{}'; use `tarn pool replace` for a new device",
+                    info.path.display(),
+                    self.name
+                )))
+            }
+        }
+        self.locks.lock().unwrap_or_else(|e| e.into_inner()).push(lock_device(&info.path)?);
+        Ok(Arc::new(leaf))
+    }
+
+    /// Brings a device back into service and resilvers what it missed.
+    pub fn online(self: &Arc<Self>, dev: &str) -> Result<(), PoolError> {
+        let (ti, ci) = self.find_leaf(dev)?;
+        {
+            let mut st = self.lock();
+            self.check_usable(&st)?;
+            let info = self.tops[ti].leaves()[ci].clone();
+            match info.state {
+                LeafState::Online => {}
+                LeafState::Offline => self.tops[ti].set_offline(ci, false)?,
+                LeafState::Missing | LeafState::Faulted => {
+                    let leaf = self.reopen(ti, ci)?;
+                    self.tops[ti].replace_leaf(ci, leaf, info.guid)?;
+                }
+            }
+            let now = st.txg;
+            if let Some(e) = st.ms.dtl.get_mut(&info.guid) {
+                e.1 = now.max(e.0);
+            }
+            self.commit_config(&mut st)?;
+        }
+        self.start_resilver_if_needed();
+        Ok(())
+    }
+
+    /// Replaces `old` with the device at `new` and resilvers everything onto it.
+    pub fn replace(self: &Arc<Self>, old: &str, new: &Path, force: bool) -> Result<(), PoolError> {
+        let (ti, ci) = self.find_leaf(old)?;
+        let leaf = FileLeaf::open(new).map_err(|e| PoolError::Invalid(format!("device {}: {e}", new.display())))?;
+        let need = self.tops[ti]
+            .leaves()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, _)| self.tops[ti].leaf(i).map(|l| l.size()))
+            .min()
+            .unwrap_or(tarn_vdev::MIN_LEAF_SIZE)
+            .max(tarn_vdev::MIN_LEAF_SIZE);
+        if leaf.size() < need {
+            return Err(PoolError::Invalid(format!(
+                "device {} is too small: {} bytes, the vdev needs {} bytes",
+                new.display(),
+                leaf.size(),
+                need
+            )));
+        }
+        if let Ok(l) = tarn_vdev::read_label(&leaf) {
+            let same_leaf = l.config.pool_guid == self.guid && l.config.device_guid == self.tops[ti].leaves()[ci].guid;
+            if l.config.state != PoolState::Destroyed && !same_leaf && !force {
+                return Err(PoolError::InUse(format!(
+                    "device {} belongs to pool '{}'; use -f to overwrite it",
+                    new.display(),
+                    l.config.pool_name
+                )));
+            }
+        }
+        let canon = std::fs::canonicalize(new).unwrap_or_else(|_| new.to_path_buf());
+        if self.device_paths().iter().any(|p| *p == canon) && canon != self.tops[ti].leaves()[ci].path {
+            return Err(PoolError::InUse(format!("device {} is already part of pool '{}'", new.display(), self.name)));
+        }
+        {
+            let mut st = self.lock();
+            self.check_usable(&st)?;
+            let lock = lock_device(new)?;
+            let old_guid = self.tops[ti].leaves()[ci].guid;
+            let guid = new_guid();
+            self.tops[ti].replace_leaf(ci, Arc::new(leaf), guid)?;
+            self.locks.lock().unwrap_or_else(|e| e.into_inner()).push(lock);
+            st.ms.dtl.remove(&old_guid);
+            let now = st.txg;
+            st.ms.dtl.insert(guid, (1, now));
+            self.commit_config(&mut st)?;
+        }
+        self.start_resilver_if_needed();
+        Ok(())
+    }
+
+    /// Resets error counters (of one device or all) and retries faulted devices.
+    pub fn clear(self: &Arc<Self>, dev: Option<&str>) -> Result<(), PoolError> {
+        let only = dev.map(|d| self.find_leaf(d)).transpose()?;
+        let mut reopened = false;
+        for (ti, t) in self.tops.iter().enumerate() {
+            if only.is_some_and(|(x, _)| x != ti) {
+                continue;
+            }
+            t.clear_counters();
+            for (ci, l) in t.leaves().into_iter().enumerate() {
+                if only.is_some_and(|(_, y)| y != ci) {
+                    continue;
+                }
+                if matches!(l.state, LeafState::Faulted | LeafState::Missing) {
+                    if let Ok(leaf) = self.reopen(ti, ci) {
+                        t.replace_leaf(ci, leaf, l.guid)?;
+                        reopened = true;
+                    }
+                }
+            }
+        }
+        if reopened {
+            let mut st = self.lock();
+            let now = st.txg;
+            for t in &self.tops {
+                for l in t.leaves() {
+                    if let Some(e) = st.ms.dtl.get_mut(&l.guid) {
+                        if matches!(l.state, LeafState::Online) {
+                            e.1 = now.max(e.0);
+                        }
+                    }
+                }
+            }
+            self.commit_config(&mut st)?;
+            drop(st);
+            self.start_resilver_if_needed();
+        }
+        Ok(())
+    }
+
+    /// Cumulative counters of the pool, each top-level vdev and each leaf.
+    pub fn iostat(&self) -> Vec<IostatEntry> {
+        let st = self.lock();
+        let mut rows = Vec::new();
+        let mut total = Counters::default();
+        let mut tops = Vec::new();
+        for (i, t) in self.tops.iter().enumerate() {
+            let mut sum = Counters::default();
+            let mut leaves = Vec::new();
+            for l in t.leaves() {
+                let c = conv_counters(&l.counters);
+                add_counters(&mut sum, &c);
+                leaves.push(IostatEntry {
+                    name: l.path.display().to_string(),
+                    depth: 2,
+                    allocated: 0,
+                    free: 0,
+                    counters: c,
+                });
+            }
+            add_counters(&mut total, &sum);
+            let m = &st.space[i];
+            tops.push(IostatEntry {
+                name: self.top_name(i),
+                depth: 1,
+                allocated: m.allocated(),
+                free: m.free(),
+                counters: sum,
+            });
+            tops.extend(leaves);
+        }
+        rows.push(IostatEntry {
+            name: self.name.clone(),
+            depth: 0,
+            allocated: st.space.iter().map(|m| m.allocated()).sum(),
+            free: st.space.iter().map(|m| m.free()).sum(),
+            counters: total,
+        });
+        rows.extend(tops);
+        rows
+    }
+}

@@ -1,0 +1,312 @@
+//! Finding pools on devices and importing them.
+//!
+//! Devices are recognised by their labels, never by their paths: import reads
+//! the label of every candidate device, groups them by pool GUID, takes the
+//! newest configuration (highest label txg), and matches each leaf of that
+//! configuration to a device by its device GUID, wherever it now lives. Then
+//! it collects the uberblocks of every present leaf and takes the newest one
+//! whose meta tree and space maps verify completely (a torn or damaged newest
+//! txg costs that txg, never the pool).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tarn_block::pipeline;
+use tarn_space::SpaceMap;
+use tarn_tree::Tree;
+use tarn_vdev::{FileLeaf, LabelConfig, Leaf, LeafState, PoolState, TopHealth, TopVdev};
+
+use crate::config::{PoolOptions, PoolProps};
+use crate::pool::{decode_space_root, lock_device, MetaState, Pool, K_PROPS, K_STATE};
+use crate::status::{Health, ImportCandidate};
+use crate::store::{NodeCache, ReadStore};
+use crate::uberblock::Uberblock;
+use crate::PoolError;
+
+/// A device with a readable tarn label.
+struct Found {
+    path: PathBuf,
+    leaf: Arc<dyn Leaf>,
+    config: LabelConfig,
+}
+
+/// Lists the candidate device files of `dirs` (regular files and block
+/// devices, not recursing) plus the explicit `devices`.
+fn candidates(dirs: &[PathBuf], devices: &[PathBuf]) -> Vec<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    let mut out: Vec<PathBuf> = devices.to_vec();
+    for d in dirs {
+        let Ok(rd) = std::fs::read_dir(d) else { continue };
+        for e in rd.flatten() {
+            let Ok(ft) = e.file_type() else { continue };
+            if ft.is_file() || ft.is_block_device() {
+                out.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn scan_labels(dirs: &[PathBuf], devices: &[PathBuf]) -> Vec<Found> {
+    let mut out = Vec::new();
+    for p in candidates(dirs, devices) {
+        let Ok(leaf) = FileLeaf::open(&p) else { continue };
+        let Ok(l) = tarn_vdev::read_label(&leaf) else { continue };
+        let path = std::fs::canonicalize(&p).unwrap_or(p);
+        out.push(Found {
+            path,
+            leaf: Arc::new(leaf),
+            config: l.config,
+        });
+    }
+    out
+}
+
+/// Groups found devices by pool GUID; the newest config of each group leads.
+fn group(found: Vec<Found>) -> BTreeMap<u64, Vec<Found>> {
+    let mut g: BTreeMap<u64, Vec<Found>> = BTreeMap::new();
+    for f in found {
+        g.entry(f.config.pool_guid).or_default().push(f);
+    }
+    for v in g.values_mut() {
+        v.sort_by(|a, b| b.config.txg.cmp(&a.config.txg));
+    }
+    g
+}
+
+/// Matches the newest config's leaves to found devices by GUID.
+fn match_leaves(cfg: &LabelConfig, found: &[Found]) -> Vec<Vec<Option<usize>>> {
+    cfg.tree
+        .iter()
+        .map(|t| {
+            t.children
+                .iter()
+                .map(|c| found.iter().position(|f| f.config.device_guid == c.guid))
+                .collect()
+        })
+        .collect()
+}
+
+/// Lists importable pools on the given directories and devices.
+pub fn discover(dirs: &[PathBuf], devices: &[PathBuf]) -> Vec<ImportCandidate> {
+    let mut out = Vec::new();
+    for (guid, found) in group(scan_labels(dirs, devices)) {
+        let cfg = &found[0].config;
+        if cfg.state == PoolState::Destroyed {
+            continue;
+        }
+        let m = match_leaves(cfg, &found);
+        let mut health = Health::Online;
+        let mut missing = Vec::new();
+        for (t, row) in cfg.tree.iter().zip(&m) {
+            let absent = row.iter().filter(|x| x.is_none()).count();
+            let redundancy = match t.kind {
+                tarn_vdev::VdevKind::Single => 0,
+                tarn_vdev::VdevKind::Mirror => t.children.len().saturating_sub(1),
+                tarn_vdev::VdevKind::Raidz { parity } => parity as usize,
+            };
+            if absent > redundancy {
+                health = Health::Faulted;
+            } else if absent > 0 && health == Health::Online {
+                health = Health::Degraded;
+            }
+            for (c, x) in t.children.iter().zip(row) {
+                if x.is_none() {
+                    missing.push(c.path.display().to_string());
+                }
+            }
+        }
+        out.push(ImportCandidate {
+            name: cfg.pool_name.clone(),
+            guid: format!("{guid:016x}"),
+            health,
+            devices: found.iter().map(|f| f.path.display().to_string()).collect(),
+            note: (!missing.is_empty()).then(|| format!("missing devices: {}", missing.join(", "))),
+            active: cfg.state == PoolState::Active,
+        });
+    }
+    out
+}
+
+/// Verifies the whole meta tree of an uberblock and loads the pool state.
+fn load_txg(tops: &[Arc<TopVdev>], cache: &NodeCache, ub: &Uberblock) -> Result<(Tree, Vec<SpaceMap>, PoolProps, MetaState), PoolError> {
+    let rs = ReadStore { tops, cache };
+    if !ub.meta_root.is_hole() {
+        tarn_tree::walk(&rs, &ub.meta_root, 0, &mut |_| Ok(()), &mut |_, _| Ok(()))?;
+    }
+    let space_bytes = pipeline::read_block(tops, &ub.space_root)?;
+    let space = decode_space_root(&space_bytes, tops.len())?;
+    for (m, t) in space.iter().zip(tops) {
+        if m.asize() != t.asize() || m.align() != t.alloc_align() {
+            return Err(PoolError::Corrupt(format!(
+                "space map of size {} / unit {} does not fit a vdev of size {} / unit {}",
+                m.asize(),
+                m.align(),
+                t.asize(),
+                t.alloc_align()
+            )));
+        }
+    }
+    let mut meta = Tree::open(ub.meta_root);
+    let props = match meta.get(&rs, K_PROPS)? {
+        Some(v) => serde_json::from_slice(&v).map_err(|e| PoolError::Corrupt(format!("pool properties: {e}")))?,
+        None => PoolProps::default(),
+    };
+    let ms = match meta.get(&rs, K_STATE)? {
+        Some(v) => serde_json::from_slice(&v).map_err(|e| PoolError::Corrupt(format!("pool state: {e}")))?,
+        None => MetaState::default(),
+    };
+    Ok((meta, space, props, ms))
+}
+
+impl Pool {
+    /// Imports the pool named `which` (a name or a hex GUID) from devices
+    /// found in `dirs` and `devices`. An active pool (not exported) needs
+    /// `force` unless this importer owned it last.
+    pub fn import(
+        dirs: &[PathBuf],
+        devices: &[PathBuf],
+        which: &str,
+        new_name: Option<&str>,
+        force: bool,
+        opts: PoolOptions,
+    ) -> Result<Arc<Pool>, PoolError> {
+        let groups = group(scan_labels(dirs, devices));
+        let matching: Vec<u64> = groups
+            .iter()
+            .filter(|(g, f)| {
+                let c = &f[0].config;
+                c.state != PoolState::Destroyed && (c.pool_name == which || format!("{g:016x}") == which.to_ascii_lowercase())
+            })
+            .map(|(g, _)| *g)
+            .collect();
+        let guid = match matching.as_slice() {
+            [] => {
+                return Err(PoolError::NotFound(format!(
+                    "no pool '{which}' found on the searched devices; run `tarn pool import -d DIR` to list what is there"
+                )))
+            }
+            [g] => *g,
+            _ => {
+                return Err(PoolError::Invalid(format!(
+                    "several pools are named '{which}'; import one by its GUID (see `tarn pool import -d DIR`)"
+                )))
+            }
+        };
+        let Some(found) = groups.into_iter().find(|(g, _)| *g == guid).map(|(_, f)| f) else {
+            return Err(PoolError::Internal("pool group vanished".into()));
+        };
+        let cfg = found[0].config.clone();
+        if cfg.state == PoolState::Active && !force && cfg.owner.as_deref() != Some(opts.owner.as_str()) {
+            return Err(PoolError::InUse(format!(
+                "pool '{}' was not exported and may be in use by {}; if that owner is gone, import with --force",
+                cfg.pool_name,
+                cfg.owner.as_deref().unwrap_or("another system")
+            )));
+        }
+        let name = new_name.unwrap_or(&cfg.pool_name).to_string();
+        crate::pool::check_pool_name(&name)?;
+        let m = match_leaves(&cfg, &found);
+        let mut locks = Vec::new();
+        let mut tops = Vec::new();
+        for (t, row) in cfg.tree.iter().zip(&m) {
+            let mut leaves = Vec::new();
+            let mut tc = t.clone();
+            for (c, x) in tc.children.iter_mut().zip(row) {
+                match x {
+                    Some(i) => {
+                        locks.push(lock_device(&found[*i].path)?);
+                        c.path = found[*i].path.clone();
+                        leaves.push(Some(Arc::clone(&found[*i].leaf)));
+                    }
+                    None => leaves.push(None),
+                }
+            }
+            let top = TopVdev::open(&tc, cfg.ashift, leaves)?;
+            for (ci, c) in tc.children.iter().enumerate() {
+                if c.offline {
+                    let _ = top.set_offline(ci, true);
+                }
+            }
+            if matches!(top.health(), TopHealth::Faulted) {
+                let missing: Vec<String> = tc
+                    .children
+                    .iter()
+                    .zip(row)
+                    .filter(|(_, x)| x.is_none())
+                    .map(|(c, _)| c.path.display().to_string())
+                    .collect();
+                return Err(PoolError::Faulted(format!(
+                    "cannot import '{}': too many devices are missing ({}); attach them or search more directories with -d",
+                    cfg.pool_name,
+                    missing.join(", ")
+                )));
+            }
+            tops.push(Arc::new(top));
+        }
+        // Every uberblock of every present leaf, newest first.
+        let mut ubs: BTreeMap<u64, Uberblock> = BTreeMap::new();
+        for t in &tops {
+            for (ci, _) in t.leaves().into_iter().enumerate() {
+                let Some(leaf) = t.leaf(ci) else { continue };
+                for raw in tarn_vdev::read_uberblocks(leaf.as_ref(), cfg.ashift) {
+                    if let Ok(u) = Uberblock::decode(&raw) {
+                        if u.pool_guid == guid {
+                            ubs.entry(u.txg).or_insert(u);
+                        }
+                    }
+                }
+            }
+        }
+        let newest_seen = ubs.keys().next_back().copied().unwrap_or(0);
+        let cache = NodeCache::new(opts.node_cache_bytes);
+        let mut last_err = None;
+        let mut loaded = None;
+        for (_, ub) in ubs.iter().rev() {
+            match load_txg(&tops, &cache, ub) {
+                Ok(x) => {
+                    loaded = Some((ub.clone(), x));
+                    break;
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        let Some((ub, (meta, space, props, mut ms))) = loaded else {
+            return Err(PoolError::Corrupt(format!(
+                "pool '{}': no uberblock with a verifiable tree ({})",
+                cfg.pool_name,
+                last_err.map(|e| e.to_string()).unwrap_or_else(|| "no uberblocks found".into())
+            )));
+        };
+        // Leaves that are absent now miss every txg from here on.
+        let next = newest_seen + 1;
+        for t in &tops {
+            for l in t.leaves() {
+                if matches!(l.state, LeafState::Missing | LeafState::Offline) {
+                    let e = ms.dtl.entry(l.guid).or_insert((next, u64::MAX));
+                    e.1 = u64::MAX;
+                }
+            }
+        }
+        let pool = Arc::new(Pool::assemble(&name, guid, cfg.ashift, tops, opts, newest_seen, meta, space, ub.space_root, props, ms, locks));
+        {
+            let mut st = pool.lock();
+            pool.release_frees(&mut st);
+            st.ms_dirty = true;
+            st.ms.config_gen += 1;
+            // A new txg records the import; then the labels name us as owner.
+            pool.sync_locked(&mut st)?;
+            pool.write_labels(&st, PoolState::Active)?;
+        }
+        pool.start_syncer();
+        let resume = pool.lock().ms.scan.as_ref().is_some_and(|s| s.is_running());
+        if resume {
+            pool.spawn_scanner();
+        }
+        pool.start_resilver_if_needed();
+        Ok(pool)
+    }
+}

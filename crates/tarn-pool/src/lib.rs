@@ -1,0 +1,115 @@
+//! tarn-pool: pools of top-level vdevs, committed one transaction group at a
+//! time.
+//!
+//! # Theory
+//!
+//! A pool on disk is always exactly one committed txg: the newest uberblock
+//! whose trees verify. Everything else is in memory until the next sync.
+//!
+//! * **Open txg.** Writes to raw objects land in a dirty-record map (bounded by
+//!   `dirty_max_bytes`; writers wait when it is full: the write throttle).
+//!   Metadata changes (object directory, pool state) go straight into the
+//!   in-memory meta tree, which only reaches disk in the next sync.
+//! * **Sync of txg T**, under the pool lock, in the order of DESIGN.md:
+//!   data blocks (compressed and checksummed on worker threads, then written)
+//!   → meta tree nodes bottom-up (the tree commits children before parents)
+//!   → space maps (their own blocks are allocated *before* the maps are
+//!   encoded, so the encoding includes them) → flush → uberblock T into slot
+//!   `T % slots` of every label of every leaf → flush. Only then is T
+//!   committed and announced.
+//! * **Frees** of blocks the new version no longer references are deferred:
+//!   they stay allocated until `T + DEFER_TXGS` has committed (and no reader
+//!   holds an older txg), so the previous uberblocks stay importable.
+//! * **Crash at any instant.** Before the second flush nothing of T is
+//!   referenced by a valid uberblock (its blocks were written into free
+//!   space); a torn uberblock fails its checksum and import takes T-1; after
+//!   the flush T is complete. Import therefore always lands on a committed txg.
+//! * **Synchronous writes** (until the intent log exists) are acknowledged only
+//!   after the txg holding them has committed.
+//!
+//! Raw objects are a pool-level store of named byte arrays split into records
+//! of `recordsize`. They exist so drills, crash tests and benchmarks can push
+//! real data through the pool before datasets do.
+
+pub mod status;
+pub mod uberblock;
+
+mod config;
+mod devices;
+mod import;
+mod pool;
+mod scan;
+mod store;
+
+pub use config::{PoolOptions, PoolProps, VdevSpec};
+pub use import::discover;
+pub use pool::{ObjectInfo, Pool};
+pub use scan::ScanAction;
+
+use tarn_block::BlockError;
+use tarn_space::SpaceError;
+use tarn_tree::TreeError;
+use tarn_vdev::VdevError;
+
+/// Errors of the pool layer; each names the thing, the cause, and where it
+/// helps, the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// On-disk structures are damaged.
+    #[error("damaged pool metadata: {0}")]
+    Corrupt(String),
+    /// Written by a newer tarn.
+    #[error("unsupported format: {0}")]
+    Unsupported(String),
+    /// No such pool, device or object.
+    #[error("{0}")]
+    NotFound(String),
+    /// Something exists already.
+    #[error("{0}")]
+    Exists(String),
+    /// A device or pool is in use by someone else.
+    #[error("{0}")]
+    InUse(String),
+    /// A request that cannot be carried out as asked.
+    #[error("{0}")]
+    Invalid(String),
+    /// Out of space.
+    #[error("out of space: {0}")]
+    NoSpace(String),
+    /// Data that cannot be read back correctly from any copy.
+    #[error("{0}")]
+    Damaged(String),
+    /// The pool has lost more devices than its redundancy or failed a sync.
+    #[error("pool is faulted: {0}")]
+    Faulted(String),
+    /// A device operation failed.
+    #[error("{0}")]
+    Device(#[from] VdevError),
+    /// A block operation failed.
+    #[error("{0}")]
+    Block(#[from] BlockError),
+    /// A space map operation failed.
+    #[error("{0}")]
+    Space(#[from] SpaceError),
+    /// A tree operation failed.
+    #[error("{0}")]
+    Tree(String),
+    /// A bug or an impossible state, reported rather than panicked on.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<TreeError> for PoolError {
+    fn from(e: TreeError) -> Self {
+        match e {
+            TreeError::Store(inner) => match inner.downcast::<PoolError>() {
+                Ok(p) => *p,
+                Err(inner) => match inner.downcast::<BlockError>() {
+                    Ok(b) => PoolError::Block(*b),
+                    Err(other) => PoolError::Tree(other.to_string()),
+                },
+            },
+            other => PoolError::Tree(other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,483 @@
+//! Scrub and resilver: visit every live block pointer, read every copy and
+//! every parity column, verify, repair.
+//!
+//! # Theory
+//!
+//! The scan runs on its own thread in two phases. The *meta* phase walks the
+//! committed meta tree (every node pointer, pruned by birth for a resilver)
+//! plus the space-map block, sorts those pointers by device address and
+//! scrubs them. The *data* phase pages through the raw-object records in key
+//! order, `scan_batch_blocks` pointers at a time (the memory bound), sorts
+//! each batch by (vdev, offset) so the devices see ascending, mostly
+//! sequential reads, and scrubs it on the worker threads.
+//!
+//! Pointers of a batch come from the committed txg C; the scan holds C (see
+//! `store::Holds`) until the batch is done, so no block it is about to read,
+//! or to repair, can be freed and reused under it. Repairs are therefore
+//! always written over the block the pointer names, never over a new owner.
+//!
+//! Progress (phase, the last record key completed, counters) lives in the
+//! pool's meta state and is committed with every txg, so a scan interrupted
+//! by export or a crash resumes from its last committed batch. A resilver is
+//! a scan restricted to blocks born in the missed-txg window of its target
+//! devices; when it finishes, their dirty time logs are cleared.
+
+use std::ops::Bound;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use tarn_block::pipeline;
+use tarn_block::BlockPtr;
+
+use crate::pool::{now_unix, ObjEntry, Pool, State, P_OBJDIR, P_RECORD, SCAN_CANCEL, SCAN_PAUSE, SCAN_RUN};
+use crate::status::{ScanKind, ScanState, ScanStatus};
+use crate::store::ReadStore;
+use crate::PoolError;
+
+/// Persistent record of the current or last scan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ScanRecord {
+    pub kind: ScanKind,
+    pub state: ScanState,
+    pub started_unix: u64,
+    pub ended_unix: Option<u64>,
+    pub examined: u64,
+    pub total: u64,
+    pub repaired: u64,
+    pub errors: u64,
+    /// 0: metadata, 1: object records, 2: done.
+    pub phase: u8,
+    /// Last record key whose batch completed (hex).
+    pub bookmark: String,
+    /// Blocks born in [min_birth, max_birth] are visited.
+    pub min_birth: u64,
+    pub max_birth: u64,
+    /// Leaf GUIDs being resilvered.
+    pub targets: Vec<u64>,
+    #[serde(default)]
+    pub rate: u64,
+}
+
+impl ScanRecord {
+    pub(crate) fn is_running(&self) -> bool {
+        self.state == ScanState::Scanning
+    }
+
+    pub(crate) fn to_status(&self) -> ScanStatus {
+        let eta = if self.state == ScanState::Scanning && self.rate > 0 {
+            Some(self.total.saturating_sub(self.examined) / self.rate)
+        } else {
+            None
+        };
+        ScanStatus {
+            kind: self.kind,
+            state: self.state,
+            started_unix: self.started_unix,
+            ended_unix: self.ended_unix,
+            examined_bytes: self.examined,
+            total_bytes: self.total.max(self.examined),
+            repaired_bytes: self.repaired,
+            errors: self.errors,
+            rate_bytes_per_sec: if self.state == ScanState::Scanning { self.rate } else { 0 },
+            eta_secs: eta,
+        }
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2).filter_map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()).collect()
+}
+
+/// What to do with a scan: the API's scrub actions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScanAction {
+    /// Start a scrub (or resume a paused one).
+    Start,
+    /// Pause the running scrub; it resumes where it stopped.
+    Pause,
+    /// Resume a paused scrub.
+    Resume,
+    /// Cancel the running or paused scrub.
+    Cancel,
+}
+
+/// Sort key so a batch reaches the devices in ascending address order.
+fn addr_key(bp: &BlockPtr) -> (u32, u64) {
+    bp.used_dvas().next().map(|d| (d.vdev, d.offset)).unwrap_or((u32::MAX, 0))
+}
+
+enum Step {
+    Continue,
+    Stop,
+}
+
+impl Pool {
+    /// Starts, pauses, resumes or cancels a scrub.
+    pub fn scrub(self: &Arc<Self>, action: ScanAction) -> Result<Option<ScanStatus>, PoolError> {
+        let mut st = self.lock();
+        self.check_usable(&st)?;
+        let running = st.ms.scan.as_ref().is_some_and(|s| s.is_running());
+        let paused = st.ms.scan.as_ref().is_some_and(|s| s.state == ScanState::Paused);
+        match action {
+            ScanAction::Start | ScanAction::Resume if paused => {
+                if let Some(s) = st.ms.scan.as_mut() {
+                    s.state = ScanState::Scanning;
+                }
+                st.ms_dirty = true;
+            }
+            ScanAction::Start => {
+                if running {
+                    let kind = st.ms.scan.as_ref().map(|s| s.kind);
+                    return Err(PoolError::Invalid(format!(
+                        "a {} is already running on pool '{}'; pause or cancel it first",
+                        if kind == Some(ScanKind::Resilver) { "resilver" } else { "scrub" },
+                        self.name
+                    )));
+                }
+                let total = st.space.iter().map(|m| m.allocated()).sum();
+                st.ms.scan = Some(ScanRecord {
+                    kind: ScanKind::Scrub,
+                    state: ScanState::Scanning,
+                    started_unix: now_unix(),
+                    ended_unix: None,
+                    examined: 0,
+                    total,
+                    repaired: 0,
+                    errors: 0,
+                    phase: 0,
+                    bookmark: String::new(),
+                    min_birth: 0,
+                    max_birth: u64::MAX,
+                    targets: Vec::new(),
+                    rate: 0,
+                });
+                st.ms_dirty = true;
+            }
+            ScanAction::Resume => {
+                if !running {
+                    return Err(PoolError::Invalid(format!("no paused scrub on pool '{}'", self.name)));
+                }
+            }
+            ScanAction::Pause | ScanAction::Cancel => {
+                if !running && !(paused && action == ScanAction::Cancel) {
+                    return Err(PoolError::Invalid(format!("no scrub is running on pool '{}'", self.name)));
+                }
+                if st.ms.scan.as_ref().is_some_and(|s| s.kind == ScanKind::Resilver) && action == ScanAction::Cancel {
+                    return Err(PoolError::Invalid(
+                        "a resilver cannot be canceled: it restores redundancy".into(),
+                    ));
+                }
+                self.scan_ctl.store(if action == ScanAction::Pause { SCAN_PAUSE } else { SCAN_CANCEL }, Ordering::Release);
+                drop(st);
+                self.join_scanner();
+                let mut st = self.lock();
+                if let Some(s) = st.ms.scan.as_mut() {
+                    if action == ScanAction::Cancel {
+                        s.state = ScanState::Canceled;
+                        s.ended_unix = Some(now_unix());
+                    } else if s.state == ScanState::Scanning {
+                        s.state = ScanState::Paused;
+                    }
+                }
+                st.ms_dirty = true;
+                return Ok(st.ms.scan.as_ref().map(|s| s.to_status()));
+            }
+        }
+        let status = st.ms.scan.as_ref().map(|s| s.to_status());
+        drop(st);
+        self.spawn_scanner();
+        Ok(status)
+    }
+
+    /// Starts a resilver of every leaf with a dirty time log that can be
+    /// written now, unless one is running (it will be folded in next time).
+    pub(crate) fn start_resilver_if_needed(self: &Arc<Self>) {
+        let mut st = self.lock();
+        if st.ms.scan.as_ref().is_some_and(|s| s.is_running() && s.kind == ScanKind::Resilver) {
+            return;
+        }
+        let mut targets = Vec::new();
+        let mut lo = u64::MAX;
+        let mut hi = 0;
+        for t in &self.tops {
+            for (ci, l) in t.leaves().into_iter().enumerate() {
+                if let Some((a, b)) = st.ms.dtl.get(&l.guid) {
+                    if matches!(l.state, tarn_vdev::LeafState::Online) {
+                        targets.push(l.guid);
+                        lo = lo.min(*a);
+                        hi = hi.max((*b).min(st.txg + 1));
+                        t.set_resilvering(ci, true);
+                    }
+                }
+            }
+        }
+        if targets.is_empty() {
+            return;
+        }
+        // A running scrub yields to the resilver; it can be started again.
+        let was_scrubbing = st.ms.scan.as_ref().is_some_and(|s| s.is_running());
+        if was_scrubbing {
+            self.scan_ctl.store(SCAN_CANCEL, Ordering::Release);
+            drop(st);
+            self.join_scanner();
+            st = self.lock();
+        }
+        let total = st.space.iter().map(|m| m.allocated()).sum();
+        st.ms.scan = Some(ScanRecord {
+            kind: ScanKind::Resilver,
+            state: ScanState::Scanning,
+            started_unix: now_unix(),
+            ended_unix: None,
+            examined: 0,
+            total,
+            repaired: 0,
+            errors: 0,
+            phase: 0,
+            bookmark: String::new(),
+            min_birth: lo,
+            max_birth: hi,
+            targets,
+            rate: 0,
+        });
+        st.ms_dirty = true;
+        drop(st);
+        self.spawn_scanner();
+    }
+
+    pub(crate) fn join_scanner(&self) {
+        let h = self.scanner.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(h) = h {
+            let _ = h.join();
+        }
+    }
+
+    /// Runs the scan thread for the current scan record, if it is running.
+    pub(crate) fn spawn_scanner(self: &Arc<Self>) {
+        self.join_scanner();
+        self.scan_ctl.store(SCAN_RUN, Ordering::Release);
+        let pool = Arc::clone(self);
+        let h = std::thread::Builder::new().name(format!("scan-{}", self.name)).spawn(move || {
+            if let Err(e) = pool.run_scan() {
+                let mut st = pool.lock();
+                if let Some(s) = st.ms.scan.as_mut() {
+                    s.state = ScanState::Canceled;
+                    s.ended_unix = Some(now_unix());
+                    s.errors += 1;
+                }
+                st.ms.damaged.insert(format!("scan stopped: {e}"));
+                st.ms_dirty = true;
+            }
+        });
+        if let Ok(h) = h {
+            *self.scanner.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
+        }
+    }
+
+    fn should_stop(&self) -> bool {
+        self.stop.load(Ordering::Acquire) || self.scan_ctl.load(Ordering::Acquire) != SCAN_RUN
+    }
+
+    /// Name of a raw object by id, for damage reports.
+    fn object_name(&self, st: &mut State, id: u64) -> String {
+        let rs = ReadStore { tops: &self.tops, cache: &self.cache };
+        let State { meta, .. } = st;
+        let mut start = vec![P_OBJDIR];
+        let mut incl = true;
+        loop {
+            let lo = if incl { Bound::Included(&start[..]) } else { Bound::Excluded(&start[..]) };
+            let Ok(page) = meta.range(&rs, lo, Bound::Excluded(&[P_OBJDIR + 1][..]), 1024) else { break };
+            if page.is_empty() {
+                break;
+            }
+            for (k, v) in &page {
+                if serde_json::from_slice::<ObjEntry>(v).is_ok_and(|e| e.id == id) {
+                    return String::from_utf8_lossy(&k[1..]).into_owned();
+                }
+            }
+            start = page.last().map(|(k, _)| k.clone()).unwrap_or_default();
+            incl = false;
+        }
+        format!("#{id} (deleted)")
+    }
+
+    /// Scrubs one sorted batch on the worker threads; returns whether to go on.
+    fn scrub_batch(&self, batch: &mut [(BlockPtr, Option<(u64, u64)>)], started: Instant, base: u64) -> Step {
+        batch.sort_by_key(|(bp, _)| addr_key(bp));
+        let threads = self.opts.sync_threads.max(1);
+        for chunk in batch.chunks(64 * threads) {
+            if self.should_stop() {
+                return Step::Stop;
+            }
+            let per = chunk.len().div_ceil(threads);
+            let results: Vec<pipeline::BlockScrub> = std::thread::scope(|s| {
+                let hs: Vec<_> = chunk
+                    .chunks(per.max(1))
+                    .map(|c| s.spawn(|| c.iter().map(|(bp, _)| pipeline::scrub_block(&self.tops, bp)).collect::<Vec<_>>()))
+                    .collect();
+                hs.into_iter()
+                    .flat_map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            vec![pipeline::BlockScrub { unrecoverable: true, ..Default::default() }]
+                        })
+                    })
+                    .collect()
+            });
+            let mut st = self.lock();
+            let mut lost = Vec::new();
+            for ((bp, rec), r) in chunk.iter().zip(&results) {
+                if r.unrecoverable {
+                    lost.push((*bp, *rec));
+                }
+            }
+            for (bp, rec) in lost {
+                let what = match rec {
+                    Some((id, blk)) => {
+                        let name = self.object_name(&mut st, id);
+                        let rs = bp.lsize as u64;
+                        format!("object {name} at offset {}", blk * rs)
+                    }
+                    None => format!("metadata: {}", pipeline::describe(&bp)),
+                };
+                st.ms.damaged.insert(what);
+            }
+            if let Some(s) = st.ms.scan.as_mut() {
+                for ((bp, _), r) in chunk.iter().zip(&results) {
+                    s.examined += bp.allocated_bytes();
+                    s.repaired += r.repaired_bytes;
+                    s.errors += r.unrecoverable as u64;
+                }
+                let secs = started.elapsed().as_secs_f64().max(0.001);
+                s.rate = ((s.examined.saturating_sub(base)) as f64 / secs) as u64;
+            }
+            st.ms_dirty = true;
+        }
+        Step::Continue
+    }
+
+    fn run_scan(self: &Arc<Self>) -> Result<(), PoolError> {
+        let started = Instant::now();
+        let (mut phase, min_birth, max_birth, base) = {
+            let st = self.lock();
+            let Some(s) = st.ms.scan.as_ref().filter(|s| s.is_running()) else { return Ok(()) };
+            (s.phase, s.min_birth, s.max_birth, s.examined)
+        };
+        let in_window = |bp: &BlockPtr| bp.birth >= min_birth && bp.birth <= max_birth;
+        if phase == 0 {
+            let st = self.lock();
+            let root = st.meta.root();
+            let space_root = st.space_root;
+            let hold = self.holds.hold(st.txg);
+            drop(st);
+            let rs = ReadStore { tops: &self.tops, cache: &self.cache };
+            let mut batch: Vec<(BlockPtr, Option<(u64, u64)>)> = Vec::new();
+            if !space_root.is_hole() && in_window(&space_root) {
+                batch.push((space_root, None));
+            }
+            if !root.is_hole() {
+                tarn_tree::walk(
+                    &rs,
+                    &root,
+                    min_birth.saturating_sub(1),
+                    &mut |bp| {
+                        if in_window(bp) {
+                            batch.push((*bp, None));
+                        }
+                        Ok(())
+                    },
+                    &mut |_, _| Ok(()),
+                )?;
+            }
+            if let Step::Stop = self.scrub_batch(&mut batch, started, base) {
+                return Ok(());
+            }
+            drop(hold);
+            phase = 1;
+            let mut st = self.lock();
+            if let Some(s) = st.ms.scan.as_mut() {
+                s.phase = 1;
+                s.bookmark = hex(&[P_RECORD]);
+            }
+            st.ms_dirty = true;
+        }
+        if phase == 1 {
+            loop {
+                let mut st = self.lock();
+                let bookmark = st.ms.scan.as_ref().map(|s| unhex(&s.bookmark)).unwrap_or_default();
+                let lo = if bookmark.len() <= 1 { Bound::Included(&[P_RECORD][..]) } else { Bound::Excluded(&bookmark[..]) };
+                let rs = ReadStore { tops: &self.tops, cache: &self.cache };
+                let State { meta, .. } = &mut *st;
+                let page = meta.range(&rs, lo, Bound::Excluded(&[P_RECORD + 1][..]), self.opts.scan_batch_blocks)?;
+                let hold = self.holds.hold(st.txg);
+                drop(st);
+                let Some(last) = page.last().map(|(k, _)| k.clone()) else { break };
+                let mut batch = Vec::with_capacity(page.len());
+                for (k, v) in &page {
+                    let bp = BlockPtr::decode(v)?;
+                    if in_window(&bp) && k.len() == 17 {
+                        let mut id = [0u8; 8];
+                        let mut blk = [0u8; 8];
+                        id.copy_from_slice(&k[1..9]);
+                        blk.copy_from_slice(&k[9..17]);
+                        batch.push((bp, Some((u64::from_be_bytes(id), u64::from_be_bytes(blk)))));
+                    }
+                }
+                if let Step::Stop = self.scrub_batch(&mut batch, started, base) {
+                    return Ok(());
+                }
+                drop(hold);
+                let mut st = self.lock();
+                if let Some(s) = st.ms.scan.as_mut() {
+                    s.bookmark = hex(&last);
+                }
+                st.ms_dirty = true;
+            }
+        }
+        // Finished.
+        let mut st = self.lock();
+        let Some(s) = st.ms.scan.as_mut() else { return Ok(()) };
+        s.phase = 2;
+        s.state = ScanState::Finished;
+        s.ended_unix = Some(now_unix());
+        s.examined = s.examined.max(s.total.min(s.examined));
+        let kind = s.kind;
+        let targets = s.targets.clone();
+        let max_birth = s.max_birth;
+        let clean = s.errors == 0;
+        if kind == ScanKind::Resilver {
+            for g in &targets {
+                let keep = match st.ms.dtl.get(g) {
+                    Some((_, hi)) if *hi > max_birth => Some((max_birth + 1, *hi)),
+                    _ => None,
+                };
+                match keep {
+                    Some(r) => {
+                        st.ms.dtl.insert(*g, r);
+                    }
+                    None => {
+                        st.ms.dtl.remove(g);
+                    }
+                }
+            }
+            for t in &self.tops {
+                for (ci, l) in t.leaves().into_iter().enumerate() {
+                    if targets.contains(&l.guid) {
+                        t.set_resilvering(ci, false);
+                    }
+                }
+            }
+        } else if clean {
+            // A full clean scrub proves the old damage reports are stale.
+            st.ms.damaged.clear();
+        }
+        st.ms_dirty = true;
+        st.sync_requested = true;
+        self.cv.notify_all();
+        Ok(())
+    }
+}

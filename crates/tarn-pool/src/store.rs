@@ -1,0 +1,268 @@
+//! How the pool's trees reach blocks: a read-only store for lookups and a
+//! transactional store used while a txg syncs, plus the txg holds that keep
+//! freed blocks from being reused while someone may still read them.
+//!
+//! Why holds: a reader looks a pointer up under the pool lock, then reads the
+//! block without it. If the block were freed and its space reused meanwhile,
+//! the read would fail its checksum, and worse, self-heal would "repair" the
+//! new owner's bytes with reconstructed old ones. A hold records the
+//! committed txg the pointer came from; deferred frees of later txgs are not
+//! returned to the allocator until every hold on an earlier txg is released.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use tarn_block::pipeline::{self, Missed};
+use tarn_block::{BlockPtr, BlockType, ChecksumAlg, Compression, Dva};
+use tarn_space::SpaceMap;
+use tarn_tree::{NodeStore, TreeError};
+use tarn_vdev::TopVdev;
+
+use crate::PoolError;
+
+/// Committed txgs that readers still depend on.
+#[derive(Default)]
+pub struct Holds {
+    held: Mutex<BTreeMap<u64, u32>>,
+}
+
+/// Releases its hold when dropped.
+pub struct HoldGuard<'a> {
+    holds: &'a Holds,
+    txg: u64,
+}
+
+impl Holds {
+    /// Registers a reader of pointers committed in `txg`.
+    pub fn hold(&self, txg: u64) -> HoldGuard<'_> {
+        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        *h.entry(txg).or_insert(0) += 1;
+        HoldGuard { holds: self, txg }
+    }
+
+    /// The oldest held txg, if any.
+    pub fn oldest(&self) -> Option<u64> {
+        let h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        h.keys().next().copied()
+    }
+}
+
+impl Drop for HoldGuard<'_> {
+    fn drop(&mut self) {
+        let mut h = self.holds.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = h.get_mut(&self.txg) {
+            *n -= 1;
+            if *n == 0 {
+                h.remove(&self.txg);
+            }
+        }
+    }
+}
+
+/// A bounded cache of verified tree-node bytes keyed by first address and
+/// birth (an address is reused only after a free, which changes the birth).
+pub struct NodeCache {
+    inner: Mutex<CacheInner>,
+    max_bytes: usize,
+}
+
+#[derive(Default)]
+struct CacheInner {
+    map: HashMap<(Dva, u64), Arc<Vec<u8>>>,
+    order: VecDeque<(Dva, u64)>,
+    bytes: usize,
+}
+
+impl NodeCache {
+    /// A cache holding at most `max_bytes` of node data.
+    pub fn new(max_bytes: usize) -> Self {
+        NodeCache {
+            inner: Mutex::new(CacheInner::default()),
+            max_bytes,
+        }
+    }
+
+    fn key(bp: &BlockPtr) -> (Dva, u64) {
+        (bp.dvas[0], bp.birth)
+    }
+
+    fn get(&self, bp: &BlockPtr) -> Option<Arc<Vec<u8>>> {
+        let c = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        c.map.get(&Self::key(bp)).cloned()
+    }
+
+    fn put(&self, bp: &BlockPtr, data: Arc<Vec<u8>>) {
+        if data.len() > self.max_bytes / 4 {
+            return;
+        }
+        let mut c = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let k = Self::key(bp);
+        if c.map.contains_key(&k) {
+            return;
+        }
+        c.bytes += data.len();
+        c.map.insert(k, data);
+        c.order.push_back(k);
+        while c.bytes > self.max_bytes {
+            let Some(old) = c.order.pop_front() else { break };
+            if let Some(v) = c.map.remove(&old) {
+                c.bytes -= v.len();
+            }
+        }
+    }
+
+}
+
+/// Reads a tree node through the cache.
+fn read_node(tops: &[Arc<TopVdev>], cache: &NodeCache, ptr: &BlockPtr) -> Result<Vec<u8>, TreeError> {
+    if let Some(v) = cache.get(ptr) {
+        return Ok(v.as_ref().clone());
+    }
+    let data = pipeline::read_block(tops, ptr).map_err(|e| TreeError::Store(Box::new(e)))?;
+    cache.put(ptr, Arc::new(data.clone()));
+    Ok(data)
+}
+
+/// The store for lookups between syncs: reads only.
+pub struct ReadStore<'a> {
+    /// The pool's top-level vdevs.
+    pub tops: &'a [Arc<TopVdev>],
+    /// The node cache.
+    pub cache: &'a NodeCache,
+}
+
+impl NodeStore for ReadStore<'_> {
+    fn read(&self, ptr: &BlockPtr) -> Result<Vec<u8>, TreeError> {
+        read_node(self.tops, self.cache, ptr)
+    }
+
+    fn write(&mut self, _data: Vec<u8>, _level: u8) -> Result<BlockPtr, TreeError> {
+        Err(TreeError::Store(Box::new(PoolError::Internal(
+            "tree write outside of txg sync".into(),
+        ))))
+    }
+
+    fn free(&mut self, _ptr: &BlockPtr) {}
+}
+
+/// Chooses top-level vdevs and allocates every copy of a block: copies go to
+/// distinct vdevs when the pool has them, round-robin from a rotor so
+/// consecutive blocks stripe over the vdevs.
+pub struct Allocator<'a> {
+    /// The pool's top-level vdevs.
+    pub tops: &'a [Arc<TopVdev>],
+    /// One space map per top-level vdev.
+    pub space: &'a mut [SpaceMap],
+    /// Round-robin position.
+    pub rotor: &'a mut usize,
+}
+
+impl Allocator<'_> {
+    /// Allocates `copies` addresses for `psize` stored bytes.
+    pub fn alloc(&mut self, psize: u64, copies: usize) -> Result<Vec<Dva>, PoolError> {
+        let n = self.tops.len();
+        let mut out: Vec<Dva> = Vec::with_capacity(copies);
+        let start = *self.rotor;
+        *self.rotor = (*self.rotor + 1) % n.max(1);
+        for _ in 0..copies {
+            let mut done = false;
+            // First pass: a vdev not yet used by this block; second: any.
+            for pass in 0..2 {
+                for k in 0..n {
+                    let v = (start + out.len() + k) % n;
+                    if pass == 0 && out.iter().any(|d| d.vdev as usize == v) {
+                        continue;
+                    }
+                    let t = &self.tops[v];
+                    if matches!(t.health(), tarn_vdev::TopHealth::Faulted) {
+                        continue;
+                    }
+                    let asize = t.alloc_size(psize);
+                    if let Ok(off) = self.space[v].alloc(asize) {
+                        out.push(Dva {
+                            vdev: v as u32,
+                            asize: asize as u32,
+                            offset: off,
+                        });
+                        done = true;
+                        break;
+                    }
+                }
+                if done {
+                    break;
+                }
+            }
+            if !done {
+                // Give back what this block took so a failed write leaks nothing.
+                for d in &out {
+                    let _ = self.space[d.vdev as usize].free_now(d.offset, d.asize as u64);
+                }
+                return Err(PoolError::NoSpace(format!(
+                    "no room for a block of {psize} bytes ({copies} copies)"
+                )));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The store used while txg `txg` syncs: writes allocate and land on disk,
+/// frees are deferred.
+pub struct TxStore<'a> {
+    /// Allocation of new blocks.
+    pub alloc: Allocator<'a>,
+    /// The node cache (new nodes are cached as they are written).
+    pub cache: &'a NodeCache,
+    /// The txg being synced: birth of every block written.
+    pub txg: u64,
+    /// Checksum for metadata.
+    pub checksum: ChecksumAlg,
+    /// Copies of each metadata block.
+    pub copies: usize,
+    /// Frees reported by the tree, applied by the syncer.
+    pub freed: Vec<BlockPtr>,
+    /// Children that missed a write.
+    pub missed: Vec<Missed>,
+}
+
+impl TxStore<'_> {
+    /// Prepares, allocates and writes one block.
+    pub fn write_block(
+        &mut self,
+        data: &[u8],
+        compression: Compression,
+        btype: BlockType,
+        level: u8,
+    ) -> Result<BlockPtr, PoolError> {
+        let p = pipeline::prepare(data, compression, self.checksum)?;
+        let dvas = self.alloc.alloc(p.stored.len() as u64, self.copies)?;
+        match pipeline::write_copies(self.alloc.tops, &dvas, &p.stored) {
+            Ok(m) => self.missed.extend(m),
+            Err(e) => {
+                for d in &dvas {
+                    let _ = self.alloc.space[d.vdev as usize].free_now(d.offset, d.asize as u64);
+                }
+                return Err(e.into());
+            }
+        }
+        Ok(pipeline::make_ptr(&p, &dvas, self.txg, btype, level))
+    }
+}
+
+impl NodeStore for TxStore<'_> {
+    fn read(&self, ptr: &BlockPtr) -> Result<Vec<u8>, TreeError> {
+        read_node(self.alloc.tops, self.cache, ptr)
+    }
+
+    fn write(&mut self, data: Vec<u8>, level: u8) -> Result<BlockPtr, TreeError> {
+        let bp = self
+            .write_block(&data, Compression::Lz4, BlockType::TreeNode, level)
+            .map_err(|e| TreeError::Store(Box::new(e)))?;
+        self.cache.put(&bp, Arc::new(data));
+        Ok(bp)
+    }
+
+    fn free(&mut self, ptr: &BlockPtr) {
+        self.freed.push(*ptr);
+    }
+}

@@ -1,0 +1,534 @@
+//! Pool-level tests on real member files: corruption within and beyond
+//! redundancy, degraded import and replace, bad input, space exhaustion.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tarn_block::BlockPtr;
+use tarn_pool::status::{Health, ScanState, ScanStatus};
+use tarn_pool::{Pool, PoolError, PoolOptions, ScanAction, VdevSpec};
+use tarn_vdev::{VdevKind, DATA_START};
+
+const MIB: u64 = 1 << 20;
+
+/// xorshift64*: deterministic, seedable, good enough for test data.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn bytes(&mut self, len: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(len + 8);
+        while v.len() < len {
+            v.extend_from_slice(&self.next().to_le_bytes());
+        }
+        v.truncate(len);
+        v
+    }
+}
+
+fn opts() -> PoolOptions {
+    PoolOptions {
+        sync_interval: Duration::from_secs(3600),
+        owner: "test".into(),
+        ..Default::default()
+    }
+}
+
+fn make_files(dir: &Path, prefix: &str, n: usize, size: u64) -> Vec<PathBuf> {
+    (0..n)
+        .map(|i| {
+            let p = dir.join(format!("{prefix}{i}"));
+            let f = std::fs::File::create(&p).unwrap();
+            f.set_len(size).unwrap();
+            p
+        })
+        .collect()
+}
+
+fn create(name: &str, kind: VdevKind, devs: &[PathBuf], props: &[(&str, &str)]) -> Result<Arc<Pool>, PoolError> {
+    let props: BTreeMap<String, String> = props.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    Pool::create(name, &[VdevSpec { kind, devices: devs.to_vec() }], 12, &props, false, opts())
+}
+
+fn write_objects(pool: &Pool, rng: &mut Rng, n: usize, max_len: u64) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    for i in 0..n {
+        let len = 1 + rng.below(max_len) as usize;
+        let data = rng.bytes(len);
+        pool.object_write(&format!("obj{i}"), 0, &data, false).unwrap();
+        out.insert(format!("obj{i}"), data);
+    }
+    pool.sync().unwrap();
+    out
+}
+
+fn verify_all(pool: &Pool, objs: &BTreeMap<String, Vec<u8>>) {
+    for (name, data) in objs {
+        let got = pool.object_read(name, 0, data.len() + 10).unwrap_or_else(|e| panic!("read {name}: {e}"));
+        assert!(got == *data, "object {name} differs ({} vs {} bytes)", got.len(), data.len());
+    }
+}
+
+fn wait_scan(pool: &Pool) -> ScanStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(s) = pool.status().scan {
+            if s.state == ScanState::Finished || s.state == ScanState::Canceled {
+                return s;
+            }
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "scan did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn scrub(pool: &Arc<Pool>) -> ScanStatus {
+    pool.scrub(ScanAction::Start).unwrap();
+    wait_scan(pool)
+}
+
+fn cksum_errors(pool: &Pool) -> u64 {
+    fn sum(v: &[tarn_pool::status::VdevStatus]) -> u64 {
+        v.iter().map(|x| if x.children.is_empty() { x.counters.cksum_errors } else { sum(&x.children) }).sum()
+    }
+    sum(&pool.status().vdevs)
+}
+
+fn overwrite(path: &Path, off: u64, bytes: &[u8]) {
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_at(bytes, off).unwrap();
+}
+
+/// Leaf byte ranges holding a block's sectors on each child:
+/// (child index, leaf offset, length).
+fn block_ranges(kind: VdevKind, n: usize, bp: &BlockPtr) -> Vec<(usize, u64, u64)> {
+    let d = bp.dvas[0];
+    match kind {
+        VdevKind::Raidz { .. } => {
+            let s = 4096u64;
+            let b = d.offset / s;
+            let tot = d.asize as u64 / s;
+            let mut per: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
+            for l in b..b + tot {
+                let child = (l % n as u64) as usize;
+                let off = DATA_START + (l / n as u64) * s;
+                let e = per.entry(child).or_insert((off, off));
+                e.0 = e.0.min(off);
+                e.1 = e.1.max(off + s);
+            }
+            per.into_iter().map(|(c, (a, z))| (c, a, z - a)).collect()
+        }
+        _ => (0..n).map(|c| (c, DATA_START + d.offset, d.asize as u64)).collect(),
+    }
+}
+
+fn redundancy(kind: VdevKind, n: usize) -> usize {
+    match kind {
+        VdevKind::Raidz { parity } => parity as usize,
+        VdevKind::Mirror => n - 1,
+        VdevKind::Single => 0,
+    }
+}
+
+/// Random ranges overwritten on up to `p` members: every byte still reads
+/// back, scrub repairs, a second scrub is clean.
+fn corruption_within_redundancy(kind: VdevKind, n: usize, seed: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = make_files(dir.path(), "d", n, 96 * MIB);
+    let pool = create("tank", kind, &devs, &[("compression", "off")]).unwrap();
+    let mut rng = Rng::new(seed);
+    let objs = write_objects(&pool, &mut rng, 12, 3 * MIB / 2);
+    let (_, allocated, _) = pool.space();
+    let width = match kind {
+        VdevKind::Raidz { .. } => n as u64,
+        _ => 1,
+    };
+    let used = allocated / width + MIB;
+    let p = redundancy(kind, n);
+    // Choose up to p victims among the members.
+    let mut victims: Vec<usize> = (0..n).collect();
+    for i in (1..victims.len()).rev() {
+        victims.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    victims.truncate(1 + rng.below(p as u64) as usize);
+    let mut hits = 0;
+    for _ in 0..40 {
+        let v = victims[rng.below(victims.len() as u64) as usize];
+        let len = 1 + rng.below(64 * 1024);
+        let off = DATA_START + rng.below(used);
+        overwrite(&devs[v], off, &rng.bytes(len as usize));
+        hits += 1;
+    }
+    assert!(hits > 0);
+    if seed % 2 == 0 {
+        // Scrub first: it must find and repair, then reads are exact.
+        let s = scrub(&pool);
+        assert_eq!(s.errors, 0, "scrub left unrepaired errors: {s:?}");
+        assert!(s.repaired_bytes > 0, "scrub repaired nothing: {s:?}");
+        verify_all(&pool, &objs);
+    } else {
+        // Reads first: they reconstruct and heal; then scrub fixes the rest.
+        verify_all(&pool, &objs);
+        let s = scrub(&pool);
+        assert_eq!(s.errors, 0, "scrub left unrepaired errors: {s:?}");
+    }
+    assert!(cksum_errors(&pool) > 0, "no checksum errors counted");
+    let again = scrub(&pool);
+    assert_eq!((again.errors, again.repaired_bytes), (0, 0), "second scrub not clean: {again:?}");
+    assert!(pool.status().damaged.is_empty());
+    // And after a clean export/import, still exact.
+    pool.export(false).unwrap();
+    drop(pool);
+    let pool = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, false, opts()).unwrap();
+    assert_eq!(pool.health(), Health::Online);
+    verify_all(&pool, &objs);
+    pool.export(false).unwrap();
+}
+
+#[test]
+fn corruption_raidz1() {
+    for seed in 1..=2 {
+        corruption_within_redundancy(VdevKind::Raidz { parity: 1 }, 4, seed);
+    }
+}
+
+#[test]
+fn corruption_raidz2() {
+    for seed in 3..=4 {
+        corruption_within_redundancy(VdevKind::Raidz { parity: 2 }, 6, seed);
+    }
+}
+
+#[test]
+fn corruption_raidz3() {
+    for seed in 5..=6 {
+        corruption_within_redundancy(VdevKind::Raidz { parity: 3 }, 7, seed);
+    }
+}
+
+#[test]
+fn corruption_mirror() {
+    corruption_within_redundancy(VdevKind::Mirror, 2, 7);
+    corruption_within_redundancy(VdevKind::Mirror, 3, 8);
+}
+
+/// Beyond redundancy: the damaged object's read fails naming it, status
+/// lists it, other objects still read, nothing panics.
+fn corruption_beyond_redundancy(kind: VdevKind, n: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = make_files(dir.path(), "d", n, 96 * MIB);
+    let pool = create("tank", kind, &devs, &[("compression", "off")]).unwrap();
+    let mut rng = Rng::new(99);
+    let victim = rng.bytes(3 * 128 * 1024);
+    let bystander = rng.bytes(5 * 128 * 1024);
+    pool.object_write("victim", 0, &victim, false).unwrap();
+    pool.object_write("bystander", 0, &bystander, true).unwrap();
+    let blocks = pool.object_blocks("victim").unwrap();
+    let (blk, bp) = blocks[1];
+    let p = redundancy(kind, n);
+    for (child, off, len) in block_ranges(kind, n, &bp).into_iter().take(p + 1) {
+        overwrite(&devs[child], off, &rng.bytes(len as usize));
+    }
+    let err = pool.object_read("victim", 0, victim.len()).unwrap_err();
+    let msg = err.to_string();
+    let what = format!("object victim at offset {}", blk * 128 * 1024);
+    assert!(msg.contains(&what), "error does not name the damage: {msg}");
+    // The undamaged records of the victim and the bystander still read.
+    assert_eq!(pool.object_read("victim", 0, 128 * 1024).unwrap(), victim[..128 * 1024]);
+    assert_eq!(pool.object_read("bystander", 0, bystander.len()).unwrap(), bystander);
+    assert!(pool.status().damaged.iter().any(|d| d.contains(&what)), "status does not list {what}");
+    let s = scrub(&pool);
+    assert!(s.errors >= 1, "scrub did not count the lost block: {s:?}");
+    assert!(pool.status().damaged.iter().any(|d| d.contains(&what)));
+    // The pool keeps working.
+    pool.object_write("after", 0, b"still writable", true).unwrap();
+    assert_eq!(pool.object_read("after", 0, 100).unwrap(), b"still writable");
+    // Deleting the damaged object removes it from the list.
+    pool.object_delete("victim").unwrap();
+    assert!(!pool.status().damaged.iter().any(|d| d.contains("victim")));
+    pool.export(false).unwrap();
+}
+
+#[test]
+fn beyond_redundancy_raidz() {
+    corruption_beyond_redundancy(VdevKind::Raidz { parity: 1 }, 4);
+    corruption_beyond_redundancy(VdevKind::Raidz { parity: 2 }, 5);
+}
+
+#[test]
+fn beyond_redundancy_mirror() {
+    corruption_beyond_redundancy(VdevKind::Mirror, 2);
+}
+
+/// raidz1 with one member file deleted imports DEGRADED and reads
+/// everything; replace + resilver returns it to ONLINE; the new member
+/// really holds the data.
+#[test]
+fn degraded_import_and_replace() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = make_files(dir.path(), "d", 4, 80 * MIB);
+    let pool = create("tank", VdevKind::Raidz { parity: 1 }, &devs, &[]).unwrap();
+    let mut rng = Rng::new(5);
+    let objs = write_objects(&pool, &mut rng, 10, 2 * MIB);
+    pool.export(false).unwrap();
+    drop(pool);
+
+    std::fs::remove_file(&devs[2]).unwrap();
+    let pool = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, false, opts()).unwrap();
+    assert_eq!(pool.health(), Health::Degraded);
+    assert!(pool.status().message.is_some());
+    verify_all(&pool, &objs);
+    // Writes while degraded are readable too.
+    pool.object_write("degraded-write", 0, &rng.bytes(300_000), true).unwrap();
+
+    let spare = make_files(dir.path(), "spare", 1, 80 * MIB).remove(0);
+    pool.replace(devs[2].to_str().unwrap(), &spare, false).unwrap();
+    let s = wait_scan(&pool);
+    assert_eq!(s.errors, 0);
+    assert_eq!(pool.health(), Health::Online);
+    let s = scrub(&pool);
+    assert_eq!((s.errors, s.repaired_bytes), (0, 0), "scrub after resilver: {s:?}");
+    let extra = pool.object_read("degraded-write", 0, 300_000).unwrap();
+    pool.export(false).unwrap();
+    drop(pool);
+
+    // Lose a different member: the resilvered one must carry its share.
+    std::fs::remove_file(&devs[0]).unwrap();
+    let pool = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, false, opts()).unwrap();
+    assert_eq!(pool.health(), Health::Degraded);
+    verify_all(&pool, &objs);
+    assert_eq!(pool.object_read("degraded-write", 0, 300_000).unwrap(), extra);
+    pool.export(false).unwrap();
+}
+
+/// Offline a mirror side, write, online it: only the missed txgs are
+/// resilvered and the side then holds everything.
+#[test]
+fn offline_online_resilvers_missed_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = make_files(dir.path(), "m", 2, 80 * MIB);
+    let pool = create("tank", VdevKind::Mirror, &devs, &[]).unwrap();
+    let mut rng = Rng::new(11);
+    let before = write_objects(&pool, &mut rng, 4, MIB);
+    assert!(pool.offline(devs[0].to_str().unwrap()).is_ok());
+    assert!(pool.offline(devs[1].to_str().unwrap()).is_err(), "offlined the last side");
+    assert_eq!(pool.health(), Health::Degraded);
+    let during = rng.bytes(700_000);
+    pool.object_write("during", 0, &during, true).unwrap();
+    pool.online(devs[0].to_str().unwrap()).unwrap();
+    let s = wait_scan(&pool);
+    assert_eq!(s.errors, 0);
+    assert!(s.examined_bytes < pool.space().1, "resilver visited everything, not just the missed txgs");
+    assert_eq!(pool.health(), Health::Online);
+    pool.export(false).unwrap();
+    drop(pool);
+    // Only the once-offline side remains: it must hold old and new data.
+    std::fs::remove_file(&devs[1]).unwrap();
+    let pool = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, false, opts()).unwrap();
+    verify_all(&pool, &before);
+    assert_eq!(pool.object_read("during", 0, during.len()).unwrap(), during);
+    pool.export(false).unwrap();
+}
+
+/// Devices are found by label after being renamed and moved.
+#[test]
+fn import_after_rename_and_move() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = make_files(dir.path(), "d", 3, 64 * MIB);
+    let pool = Pool::create(
+        "tank",
+        &[
+            VdevSpec { kind: VdevKind::Mirror, devices: devs[..2].to_vec() },
+            VdevSpec { kind: VdevKind::Single, devices: devs[2..].to_vec() },
+        ],
+        12,
+        &BTreeMap::new(),
+        false,
+        opts(),
+    )
+    .unwrap();
+    let mut rng = Rng::new(3);
+    let objs = write_objects(&pool, &mut rng, 6, MIB);
+    pool.export(false).unwrap();
+    drop(pool);
+    let moved = tempfile::tempdir().unwrap();
+    for (i, d) in devs.iter().enumerate() {
+        std::fs::rename(d, moved.path().join(format!("renamed-{i}"))).unwrap();
+    }
+    let found = tarn_pool::discover(&[moved.path().to_path_buf()], &[]);
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].name, "tank");
+    assert_eq!(found[0].health, Health::Online);
+    let pool = Pool::import(&[moved.path().to_path_buf()], &[], "tank", Some("renamed"), false, opts()).unwrap();
+    assert_eq!(pool.name(), "renamed");
+    verify_all(&pool, &objs);
+    pool.export(false).unwrap();
+}
+
+/// Bad input gets clear errors, and a pool that is already open keeps
+/// working throughout.
+#[test]
+fn bad_input_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = make_files(dir.path(), "good", 2, 64 * MIB);
+    let other = create("other", VdevKind::Mirror, &good, &[]).unwrap();
+    other.object_write("keep", 0, b"keep me", true).unwrap();
+
+    let devs = make_files(dir.path(), "d", 3, 64 * MIB);
+    let msg = |r: Result<Arc<Pool>, PoolError>| match r {
+        Ok(_) => panic!("bad input accepted"),
+        Err(e) => e.to_string(),
+    };
+    // Listed twice.
+    let m = msg(create("t1", VdevKind::Mirror, &[devs[0].clone(), devs[0].clone()], &[]));
+    assert!(m.contains("listed twice"), "{m}");
+    // Belongs to another (open) pool.
+    let m = msg(create("t2", VdevKind::Single, &good[..1], &[]));
+    assert!(m.contains("belongs to pool 'other'"), "{m}");
+    // Too small.
+    let small = make_files(dir.path(), "small", 1, 10 * MIB);
+    let m = msg(create("t3", VdevKind::Single, &small, &[]));
+    assert!(m.contains("too small"), "{m}");
+    // Unknown property and bad values.
+    let m = msg(create("t4", VdevKind::Single, &devs[..1], &[("frobnicate", "1")]));
+    assert!(m.contains("unknown pool property"), "{m}");
+    let m = msg(create("t5", VdevKind::Single, &devs[..1], &[("recordsize", "3K")]));
+    assert!(m.contains("recordsize"), "{m}");
+    // Bad geometry and names.
+    assert!(create("t6", VdevKind::Raidz { parity: 2 }, &devs[..3], &[]).is_err());
+    assert!(create("9bad", VdevKind::Single, &devs[..1], &[]).is_err());
+    let missing = dir.path().join("does-not-exist");
+    let m = msg(create("t7", VdevKind::Single, &[missing], &[]));
+    assert!(m.contains("does-not-exist"), "{m}");
+    // Garbage and truncated files are not pools.
+    let junk = dir.path().join("junk");
+    std::fs::write(&junk, Rng::new(1).bytes(3 * MIB as usize)).unwrap();
+    assert!(tarn_pool::discover(&[dir.path().to_path_buf()], &[]).iter().all(|c| c.name == "other"));
+    let e = Pool::import(&[], &[junk.clone()], "other2", None, false, opts()).unwrap_err();
+    assert!(matches!(e, PoolError::NotFound(_)), "{e}");
+    // Importing a pool that is open here is refused (the devices are locked).
+    let e = Pool::import(&[dir.path().to_path_buf()], &[], "other", None, true, opts()).unwrap_err();
+    assert!(matches!(e, PoolError::InUse(_)), "{e}");
+
+    assert_eq!(other.object_read("keep", 0, 100).unwrap(), b"keep me");
+    other.object_write("keep2", 0, b"still fine", true).unwrap();
+    assert_eq!(other.health(), Health::Online);
+    other.export(false).unwrap();
+}
+
+/// A truncated or garbage member is treated as missing: the pool imports
+/// degraded when redundancy allows, and refuses clearly when it does not.
+#[test]
+fn damaged_members_at_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = make_files(dir.path(), "d", 3, 64 * MIB);
+    let pool = create("tank", VdevKind::Raidz { parity: 1 }, &devs, &[]).unwrap();
+    let mut rng = Rng::new(8);
+    let objs = write_objects(&pool, &mut rng, 5, MIB);
+    pool.export(false).unwrap();
+    drop(pool);
+    // Garbage over a whole member, labels included.
+    std::fs::write(&devs[1], rng.bytes(64 * MIB as usize)).unwrap();
+    let pool = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, false, opts()).unwrap();
+    assert_eq!(pool.health(), Health::Degraded);
+    verify_all(&pool, &objs);
+    pool.export(false).unwrap();
+    drop(pool);
+    // A second member truncated: now beyond redundancy.
+    let f = std::fs::OpenOptions::new().write(true).open(&devs[2]).unwrap();
+    f.set_len(5 * MIB).unwrap();
+    drop(f);
+    let r = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, false, opts());
+    let e = r.err().expect("import of a pool beyond redundancy succeeded");
+    assert!(matches!(e, PoolError::Faulted(_) | PoolError::NotFound(_) | PoolError::Corrupt(_)), "{e}");
+}
+
+/// A full pool refuses writes with ENOSPC, stays consistent, and deletes
+/// make room again.
+#[test]
+fn enospc_is_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = make_files(dir.path(), "d", 1, 64 * MIB);
+    let pool = create("tank", VdevKind::Single, &devs, &[("compression", "off")]).unwrap();
+    let mut rng = Rng::new(21);
+    let chunk = rng.bytes(MIB as usize);
+    let mut written = 0;
+    let err = loop {
+        match pool.object_write(&format!("f{written}"), 0, &chunk, false) {
+            Ok(_) => written += 1,
+            Err(e) => break e,
+        }
+        assert!(written < 200, "never ran out of space");
+    };
+    assert!(matches!(err, PoolError::NoSpace(_)), "{err}");
+    pool.sync().unwrap();
+    // Delete everything and wait for the deferred frees.
+    for i in 0..written {
+        pool.object_delete(&format!("f{i}")).unwrap();
+    }
+    // Space comes back once two more txgs are durable; until then a full
+    // pool still refuses new data.
+    assert!(matches!(pool.object_write("early", 0, &chunk, false), Err(PoolError::NoSpace(_))));
+    let t0 = pool.txg();
+    for _ in 0..3 {
+        pool.sync().unwrap();
+    }
+    assert!(pool.txg() >= t0 + 2, "pending deferred frees did not keep txgs coming");
+    pool.object_write("again", 0, &chunk, true).unwrap();
+    assert_eq!(pool.object_read("again", 0, chunk.len()).unwrap(), chunk);
+    pool.export(false).unwrap();
+    drop(pool);
+    let pool = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, false, opts()).unwrap();
+    assert_eq!(pool.object_read("again", 0, chunk.len()).unwrap(), chunk);
+    pool.export(false).unwrap();
+}
+
+/// Sparse objects: holes read as zeros and take no space; partial-record
+/// overwrites keep the rest of the record.
+#[test]
+fn sparse_and_partial_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = make_files(dir.path(), "d", 1, 64 * MIB);
+    let pool = create("tank", VdevKind::Single, &devs, &[("compression", "off")]).unwrap();
+    let (_, before, _) = pool.space();
+    pool.object_write("sparse", 40 * MIB, b"tail", true).unwrap();
+    let (_, after, _) = pool.space();
+    assert!(after - before < MIB, "a sparse object allocated {} bytes", after - before);
+    assert_eq!(pool.object_read("sparse", 0, 4096).unwrap(), vec![0u8; 4096]);
+    assert_eq!(pool.object_read("sparse", 40 * MIB, 10).unwrap(), b"tail");
+    let mut model: Vec<u8> = Vec::new();
+    let mut rng = Rng::new(2);
+    for _ in 0..30 {
+        let off = rng.below(280_000) as usize;
+        let len = 1 + rng.below(20_000) as usize;
+        let data = rng.bytes(len);
+        if off + len > model.len() {
+            model.resize(off + len, 0);
+        }
+        model[off..off + len].copy_from_slice(&data);
+        pool.object_write("patch", off as u64, &data, rng.below(4) == 0).unwrap();
+    }
+    assert_eq!(pool.object_read("patch", 0, model.len() + 1).unwrap(), model);
+    pool.export(false).unwrap();
+    drop(pool);
+    let pool = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, false, opts()).unwrap();
+    let got = pool.object_read("patch", 0, model.len() + 1).unwrap();
+    assert_eq!(got, model);
+    pool.export(false).unwrap();
+}

@@ -1,0 +1,120 @@
+//! Single-device and mirror vdevs: every child holds the whole block at the
+//! same offset (`DATA_START + vdev offset`). A single device is a mirror of
+//! one, so it detects damage but has nothing to repair it from.
+
+use crate::label::DATA_START;
+use crate::top::{Handle, ScrubOutcome, TopVdev, WriteOutcome};
+use crate::VdevError;
+
+impl TopVdev {
+    /// Children usable for reading, complete ones first so a resilvering
+    /// child is only read when nothing else verifies.
+    fn read_order(&self) -> Vec<Handle> {
+        let mut hs: Vec<Handle> = (0..self.width()).filter_map(|i| self.handle(i)).collect();
+        hs.sort_by_key(|h| h.resilvering);
+        hs
+    }
+
+    fn unrecoverable(&self, offset: u64, psize: usize, tried: usize) -> VdevError {
+        VdevError::Unrecoverable {
+            offset,
+            psize,
+            reason: format!(
+                "none of {tried} readable copies of {} verifies",
+                self.width()
+            ),
+        }
+    }
+
+    pub(crate) fn mirror_write(&self, offset: u64, data: &[u8]) -> Result<WriteOutcome, VdevError> {
+        let s = self.sector() as usize;
+        let padded;
+        let buf = if data.len() % s == 0 {
+            data
+        } else {
+            let mut p = vec![0u8; data.len().div_ceil(s) * s];
+            p[..data.len()].copy_from_slice(data);
+            padded = p;
+            &padded[..]
+        };
+        let at = DATA_START + offset;
+        let mut missed = Vec::new();
+        for idx in 0..self.width() {
+            let ok = self.handle(idx).is_some_and(|h| self.child_write(&h, buf, at));
+            if !ok {
+                missed.push(idx);
+            }
+        }
+        if missed.len() == self.width() {
+            return Err(VdevError::InsufficientReplicas {
+                op: "write",
+                failed: missed.len(),
+                tolerated: self.redundancy(),
+            });
+        }
+        Ok(WriteOutcome { missed })
+    }
+
+    pub(crate) fn mirror_read(
+        &self,
+        offset: u64,
+        psize: usize,
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Vec<u8>, VdevError> {
+        let at = DATA_START + offset;
+        let len = self.alloc_size(psize as u64) as usize;
+        let order = self.read_order();
+        let mut buf = vec![0u8; len];
+        let mut bad: Vec<&Handle> = Vec::new();
+        for h in &order {
+            if !self.child_read(h, &mut buf, at) {
+                bad.push(h);
+                continue;
+            }
+            if verify(&buf[..psize]) {
+                for b in bad {
+                    self.heal(b, &buf, at);
+                }
+                buf.truncate(psize);
+                return Ok(buf);
+            }
+            self.note_cksum(h);
+            bad.push(h);
+        }
+        Err(self.unrecoverable(offset, psize, order.len()))
+    }
+
+    pub(crate) fn mirror_scrub(
+        &self,
+        offset: u64,
+        psize: usize,
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<ScrubOutcome, VdevError> {
+        let at = DATA_START + offset;
+        let len = self.alloc_size(psize as u64) as usize;
+        let order = self.read_order();
+        let mut buf = vec![0u8; len];
+        let mut good: Option<Vec<u8>> = None;
+        let mut bad: Vec<&Handle> = Vec::new();
+        for h in &order {
+            if !self.child_read(h, &mut buf, at) {
+                bad.push(h);
+            } else if verify(&buf[..psize]) {
+                if good.is_none() {
+                    good = Some(std::mem::replace(&mut buf, vec![0u8; len]));
+                }
+            } else {
+                self.note_cksum(h);
+                bad.push(h);
+            }
+        }
+        let good = good.ok_or_else(|| self.unrecoverable(offset, psize, order.len()))?;
+        let mut out = ScrubOutcome::default();
+        for h in bad {
+            out.repaired_bytes += self.heal(h, &good, at);
+            out.bad_children.push(h.idx);
+        }
+        out.bad_children.sort_unstable();
+        Ok(out)
+    }
+}

@@ -1,0 +1,550 @@
+//! raidz: variable-width Reed-Solomon stripes, one per block.
+//!
+//! # Theory
+//!
+//! **Address space.** With sector size S, width n and parity p, the vdev's
+//! logical sector L lives on child `L % n` at leaf offset
+//! `DATA_START + (L / n) * S`: logical sectors run across the children row
+//! by row.
+//!
+//! **One block, one stripe.** A block of d data sectors at logical sector b is
+//! cut into columns. Each row holds up to n - p data sectors plus p parity
+//! sectors, so with `q = d / (n-p)` full rows and `r = d % (n-p)` sectors left
+//! over, the first `bc = r + p` columns ("big", when r > 0) get q+1 sectors
+//! and the others q. A block smaller than one row (q = 0) only has its bc
+//! columns. Column c lives on child `(b + c) % n`, contiguous on that child
+//! from row `(b + c) / n`, so each column is one I/O. Columns 0..p are parity
+//! and the data buffer is laid out column after column in the rest. Because
+//! b varies from block to block, parity lands on every child in turn.
+//!
+//! **Parity.** Each column is one shard of a systematic Reed-Solomon code over
+//! GF(2^8) (`parity.rs`); short columns are zero-extended to the big column
+//! length for the arithmetic, and the zeros are never stored.
+//!
+//! **Padding.** The allocation is rounded up to a multiple of p+1 sectors
+//! (the trailing sectors are skipped, never written). The smallest block is
+//! 1 data + p parity sectors, so a free gap smaller than p+1 sectors could
+//! never be used; rounding every allocation keeps all free space usable.
+//!
+//! **No read-modify-write, no write hole.** Parity covers exactly one block,
+//! and blocks are written once into freshly allocated space (copy on write).
+//! Live data and its parity are therefore never updated in place, so a crash
+//! mid-write can only damage a block that no committed uberblock references
+//! yet. Repairs rewrite columns with the same bytes they should always have
+//! held.
+//!
+//! **Reconstruction by combinations.** Reed-Solomon corrects up to p
+//! *erasures*, i.e. it must be told which columns are bad. Unreadable columns
+//! (I/O error, missing child) are known erasures and are tried first. Silent
+//! corruption is not flagged by the device, so when the data still fails its
+//! checksum we guess: every set of up to p - (known erasures) further columns,
+//! data and parity alike, is treated as erased in turn, and the block checksum
+//! confirms the right guess. A guess that marks no data column cannot change
+//! the data and is skipped. Once data verifies, parity is recomputed from it
+//! and every column that differs from what the child returned is rewritten.
+//! Read only looks at parity when the data fails; scrub always does.
+
+use crate::label::DATA_START;
+use crate::parity::Codec;
+use crate::top::{Handle, ScrubOutcome, TopVdev, WriteOutcome, MAX_COMBINATIONS};
+use crate::{sector, VdevError};
+
+/// One column of a block: where it lives and how long it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Column {
+    pub(crate) child: usize,
+    pub(crate) leaf_off: u64,
+    pub(crate) len: usize,
+}
+
+/// The column map of one block.
+#[derive(Clone, Debug)]
+pub(crate) struct Layout {
+    pub(crate) cols: Vec<Column>,
+    pub(crate) parity: usize,
+    /// Length of every shard for the parity arithmetic (the first column's length).
+    pub(crate) shard_len: usize,
+    /// Data sectors in bytes (psize rounded up to sectors).
+    pub(crate) data_len: usize,
+}
+
+impl Layout {
+    /// Maps a block of `psize` bytes at vdev `offset` onto columns. The caller
+    /// has checked that the offset is sector-aligned and the block in range.
+    pub(crate) fn new(offset: u64, psize: u64, width: usize, parity: usize, ashift: u8) -> Layout {
+        debug_assert!(parity >= 1 && width >= parity + 2 && psize >= 1);
+        let s = sector(ashift);
+        let n = width as u64;
+        let b = offset / s;
+        let d = psize.div_ceil(s);
+        let per_row = n - parity as u64;
+        let (q, r) = (d / per_row, d % per_row);
+        let big = if r == 0 { 0 } else { r + parity as u64 };
+        let ncols = if q == 0 { big } else { n };
+        let cols: Vec<Column> = (0..ncols)
+            .map(|c| {
+                let l = b + c;
+                let sectors = if c < big { q + 1 } else { q };
+                Column {
+                    child: (l % n) as usize,
+                    leaf_off: DATA_START + (l / n) * s,
+                    len: (sectors * s) as usize,
+                }
+            })
+            .collect();
+        Layout {
+            shard_len: cols.first().map_or(0, |c| c.len),
+            cols,
+            parity,
+            data_len: (d * s) as usize,
+        }
+    }
+
+    fn ncols(&self) -> usize {
+        self.cols.len()
+    }
+
+    fn data_cols(&self) -> usize {
+        self.cols.len() - self.parity
+    }
+
+    /// Byte range of column c's stored bytes inside a stripe buffer.
+    fn stored(&self, c: usize) -> std::ops::Range<usize> {
+        c * self.shard_len..c * self.shard_len + self.cols[c].len
+    }
+
+    /// Byte range of column c's whole shard inside a stripe buffer.
+    fn shard(&self, c: usize) -> std::ops::Range<usize> {
+        c * self.shard_len..(c + 1) * self.shard_len
+    }
+
+    /// Copies the data columns of a stripe buffer into `out` (data_len bytes).
+    fn gather(&self, stripe: &[u8], out: &mut [u8]) {
+        let mut pos = 0;
+        for c in self.parity..self.ncols() {
+            let len = self.cols[c].len;
+            out[pos..pos + len].copy_from_slice(&stripe[self.stored(c)]);
+            pos += len;
+        }
+    }
+
+    /// Copies block data into the data columns of a zeroed stripe buffer.
+    fn scatter(&self, data: &[u8], stripe: &mut [u8]) {
+        let mut pos = 0;
+        for c in self.parity..self.ncols() {
+            let take = self.cols[c].len.min(data.len().saturating_sub(pos));
+            let at = c * self.shard_len;
+            stripe[at..at + take].copy_from_slice(&data[pos..pos + take]);
+            pos += self.cols[c].len;
+        }
+    }
+}
+
+/// Bytes allocated for a block of `psize` bytes: data plus parity sectors,
+/// rounded up to a multiple of parity+1 sectors.
+pub(crate) fn alloc_size(psize: u64, width: usize, parity: usize, ashift: u8) -> u64 {
+    let s = sector(ashift);
+    let d = psize.div_ceil(s);
+    let per_row = (width - parity) as u64;
+    let rows = d.div_ceil(per_row);
+    let total = d + parity as u64 * rows;
+    let unit = parity as u64 + 1;
+    total.div_ceil(unit).saturating_mul(unit).saturating_mul(s)
+}
+
+/// Computes the parity shards of a stripe buffer from its data shards.
+fn encode(codec: &Codec, lay: &Layout, stripe: &mut [u8]) -> Result<(), VdevError> {
+    let mut shards: Vec<&mut [u8]> = stripe.chunks_exact_mut(lay.shard_len).collect();
+    // Our columns put parity first; the codec wants data first.
+    shards.rotate_left(lay.parity);
+    codec.encode(&mut shards).map_err(VdevError::Geometry)
+}
+
+/// Rebuilds the data shards flagged in `missing` from the others and checks
+/// the result. `data` is scratch space of `lay.data_len` bytes.
+fn try_stripe(
+    codec: &Codec,
+    lay: &Layout,
+    work: &mut [u8],
+    missing: &[bool],
+    data: &mut [u8],
+    psize: usize,
+    verify: &dyn Fn(&[u8]) -> bool,
+) -> bool {
+    let mut shards: Vec<(&mut [u8], bool)> = work
+        .chunks_exact_mut(lay.shard_len)
+        .zip(missing)
+        .map(|(s, &m)| (s, !m))
+        .collect();
+    shards.rotate_left(lay.parity);
+    if codec.reconstruct_data(&mut shards).is_err() {
+        return false;
+    }
+    lay.gather(work, data);
+    verify(&data[..psize])
+}
+
+/// The k-subsets of 0..n in lexicographic order.
+struct Combinations {
+    idx: Vec<usize>,
+    n: usize,
+    started: bool,
+}
+
+impl Combinations {
+    fn new(n: usize, k: usize) -> Combinations {
+        Combinations {
+            idx: (0..k).collect(),
+            n,
+            started: false,
+        }
+    }
+
+    /// Moves to the next subset; false when there are none left.
+    fn advance(&mut self) -> bool {
+        let k = self.idx.len();
+        if !self.started {
+            self.started = true;
+            return k >= 1 && k <= self.n;
+        }
+        let mut i = k;
+        loop {
+            if i == 0 {
+                return false;
+            }
+            i -= 1;
+            if self.idx[i] < self.n - k + i {
+                break;
+            }
+        }
+        self.idx[i] += 1;
+        for j in i + 1..k {
+            self.idx[j] = self.idx[j - 1] + 1;
+        }
+        true
+    }
+}
+
+impl TopVdev {
+    fn codec_for(&self, lay: &Layout) -> Result<&Codec, VdevError> {
+        self.codecs()?
+            .get(lay.data_cols())
+            .map_err(VdevError::Geometry)
+    }
+
+    pub(crate) fn raidz_write(&self, offset: u64, data: &[u8]) -> Result<WriteOutcome, VdevError> {
+        let lay = self.layout(offset, data.len() as u64);
+        let mut stripe = vec![0u8; lay.ncols() * lay.shard_len];
+        lay.scatter(data, &mut stripe);
+        encode(self.codec_for(&lay)?, &lay, &mut stripe)?;
+        let mut missed = Vec::new();
+        let mut failed_cols = 0;
+        for (c, col) in lay.cols.iter().enumerate() {
+            let ok = self
+                .handle(col.child)
+                .is_some_and(|h| self.child_write(&h, &stripe[lay.stored(c)], col.leaf_off));
+            if !ok {
+                failed_cols += 1;
+                missed.push(col.child);
+            }
+        }
+        // Unusable children that hold no column of this block still miss the txg.
+        for idx in 0..self.width() {
+            if !missed.contains(&idx) && self.handle(idx).is_none() {
+                missed.push(idx);
+            }
+        }
+        missed.sort_unstable();
+        if failed_cols > lay.parity {
+            return Err(VdevError::InsufficientReplicas {
+                op: "write",
+                failed: failed_cols,
+                tolerated: lay.parity,
+            });
+        }
+        Ok(WriteOutcome { missed })
+    }
+
+    pub(crate) fn raidz_read(
+        &self,
+        offset: u64,
+        psize: usize,
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Vec<u8>, VdevError> {
+        let lay = self.layout(offset, psize as u64);
+        let (p, ncols) = (lay.parity, lay.ncols());
+        let handles: Vec<Option<Handle>> = lay.cols.iter().map(|c| self.handle(c.child)).collect();
+        let mut ok = vec![false; ncols];
+
+        // Fast path: read the data columns straight into the result.
+        let mut out = vec![0u8; lay.data_len];
+        let mut pos = 0;
+        for c in p..ncols {
+            let col = &lay.cols[c];
+            if let Some(h) = &handles[c] {
+                ok[c] = self.child_read(h, &mut out[pos..pos + col.len], col.leaf_off);
+            }
+            pos += col.len;
+        }
+        if ok[p..].iter().all(|&x| x) && verify(&out[..psize]) {
+            out.truncate(psize);
+            return Ok(out);
+        }
+
+        // Slow path: bring in parity, find a stripe that verifies, repair.
+        let mut stripe = vec![0u8; ncols * lay.shard_len];
+        let mut pos = 0;
+        for c in p..ncols {
+            let len = lay.cols[c].len;
+            if ok[c] {
+                stripe[lay.stored(c)].copy_from_slice(&out[pos..pos + len]);
+            }
+            pos += len;
+        }
+        for c in 0..p {
+            if let Some(h) = &handles[c] {
+                ok[c] = self.child_read(h, &mut stripe[lay.stored(c)], lay.cols[c].leaf_off);
+            }
+        }
+        let good = self.recover(&lay, &stripe, &ok, &handles, offset, psize, verify)?;
+        self.reconcile(&lay, &stripe, &ok, &handles, &good);
+        lay.gather(&good, &mut out);
+        out.truncate(psize);
+        Ok(out)
+    }
+
+    pub(crate) fn raidz_scrub(
+        &self,
+        offset: u64,
+        psize: usize,
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<ScrubOutcome, VdevError> {
+        let lay = self.layout(offset, psize as u64);
+        let (p, ncols) = (lay.parity, lay.ncols());
+        let handles: Vec<Option<Handle>> = lay.cols.iter().map(|c| self.handle(c.child)).collect();
+        let mut ok = vec![false; ncols];
+        let mut stripe = vec![0u8; ncols * lay.shard_len];
+        for c in 0..ncols {
+            if let Some(h) = &handles[c] {
+                ok[c] = self.child_read(h, &mut stripe[lay.stored(c)], lay.cols[c].leaf_off);
+            }
+        }
+        let data_ok = ok[p..].iter().all(|&x| x) && {
+            let mut data = vec![0u8; lay.data_len];
+            lay.gather(&stripe, &mut data);
+            verify(&data[..psize])
+        };
+        let good = if data_ok {
+            let mut good = stripe.clone();
+            encode(self.codec_for(&lay)?, &lay, &mut good)?;
+            good
+        } else {
+            self.recover(&lay, &stripe, &ok, &handles, offset, psize, verify)?
+        };
+        let (repaired_bytes, mut bad_children) = self.reconcile(&lay, &stripe, &ok, &handles, &good);
+        bad_children.sort_unstable();
+        Ok(ScrubOutcome {
+            repaired_bytes,
+            bad_children,
+        })
+    }
+
+    /// Finds the stripe whose data verifies, given what was read (`stripe`,
+    /// with `ok[c]` false for columns that could not be read). Returns a full
+    /// stripe: verified data plus parity recomputed from it.
+    #[allow(clippy::too_many_arguments)]
+    fn recover(
+        &self,
+        lay: &Layout,
+        stripe: &[u8],
+        ok: &[bool],
+        handles: &[Option<Handle>],
+        offset: u64,
+        psize: usize,
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Vec<u8>, VdevError> {
+        let (p, ncols) = (lay.parity, lay.ncols());
+        let fail = |reason: String| VdevError::Unrecoverable {
+            offset,
+            psize,
+            reason,
+        };
+        let erased: Vec<usize> = (0..ncols).filter(|&c| !ok[c]).collect();
+        if erased.len() > p {
+            return Err(fail(format!(
+                "{} of {ncols} columns unreadable, parity covers {p}",
+                erased.len()
+            )));
+        }
+        let codec = self.codec_for(lay)?;
+        let mut work = stripe.to_vec();
+        let mut data = vec![0u8; lay.data_len];
+        let mut missing = vec![false; ncols];
+        for &c in &erased {
+            missing[c] = true;
+        }
+        let erased_data = erased.iter().any(|&c| c >= p);
+        let mut found = erased_data
+            && try_stripe(codec, lay, &mut work, &missing, &mut data, psize, verify);
+
+        // Suspects, most likely first: resilvering children, then data, then parity.
+        let mut suspects: Vec<usize> = (0..ncols).filter(|&c| ok[c]).collect();
+        suspects.sort_by_key(|&c| (!handles[c].as_ref().is_some_and(|h| h.resilvering), c < p));
+        let mut tried = 0usize;
+        'search: for k in 1..=p - erased.len() {
+            if found {
+                break;
+            }
+            let mut combo = Combinations::new(suspects.len(), k);
+            while combo.advance() {
+                if !erased_data && combo.idx.iter().all(|&i| suspects[i] < p) {
+                    continue;
+                }
+                tried += 1;
+                if tried > MAX_COMBINATIONS {
+                    return Err(fail(format!(
+                        "gave up after {MAX_COMBINATIONS} column combinations"
+                    )));
+                }
+                for &i in &combo.idx {
+                    missing[suspects[i]] = true;
+                }
+                if try_stripe(codec, lay, &mut work, &missing, &mut data, psize, verify) {
+                    found = true;
+                    break 'search;
+                }
+                for &i in &combo.idx {
+                    let c = suspects[i];
+                    missing[c] = false;
+                    work[lay.shard(c)].copy_from_slice(&stripe[lay.shard(c)]);
+                }
+            }
+        }
+        if !found {
+            return Err(fail(format!(
+                "no combination of up to {p} bad columns out of {ncols} verifies \
+                 ({} unreadable, {tried} combinations tried)",
+                erased.len()
+            )));
+        }
+        // Short data columns are zero past their stored length by definition;
+        // clear whatever reconstruction left there before recomputing parity.
+        for c in p..ncols {
+            let end = c * lay.shard_len + lay.shard_len;
+            work[lay.stored(c).end..end].fill(0);
+        }
+        encode(codec, lay, &mut work)?;
+        Ok(work)
+    }
+
+    /// Compares what was read with the good stripe and rewrites every usable
+    /// column that differs or could not be read. Returns the bytes repaired
+    /// and the children found bad.
+    fn reconcile(
+        &self,
+        lay: &Layout,
+        stripe: &[u8],
+        ok: &[bool],
+        handles: &[Option<Handle>],
+        good: &[u8],
+    ) -> (u64, Vec<usize>) {
+        let mut repaired = 0;
+        let mut bad = Vec::new();
+        for (c, col) in lay.cols.iter().enumerate() {
+            // Unusable children are resilvered later, not repaired here.
+            let Some(h) = &handles[c] else { continue };
+            let want = &good[lay.stored(c)];
+            let wrong = if !ok[c] {
+                true
+            } else if stripe[lay.stored(c)] != *want {
+                self.note_cksum(h);
+                true
+            } else {
+                false
+            };
+            if wrong {
+                bad.push(col.child);
+                repaired += self.heal(h, want, col.leaf_off);
+            }
+        }
+        (repaired, bad)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn children(lay: &Layout) -> Vec<(usize, u64, usize)> {
+        lay.cols
+            .iter()
+            .map(|c| (c.child, (c.leaf_off - DATA_START) / 512, c.len / 512))
+            .collect()
+    }
+
+    #[test]
+    fn layout_matches_the_documented_map() {
+        // raidz1, width 5, 512-byte sectors, 10 data sectors at logical sector 7:
+        // q = 2, r = 2, bc = 3; columns on children 2,3,4,0,1 (rows 1,1,1,2,2).
+        let lay = Layout::new(7 * 512, 10 * 512, 5, 1, 9);
+        assert_eq!(
+            children(&lay),
+            vec![(2, 1, 3), (3, 1, 3), (4, 1, 3), (0, 2, 2), (1, 2, 2)]
+        );
+        assert_eq!(lay.shard_len, 3 * 512);
+        assert_eq!(lay.data_len, 10 * 512);
+        // 10 data + 3 parity = 13 sectors, padded to 14.
+        assert_eq!(alloc_size(10 * 512, 5, 1, 9), 14 * 512);
+
+        // Small block: 1 sector on raidz2 of 6 -> 3 columns of 1 sector.
+        let lay = Layout::new(0, 1, 6, 2, 12);
+        assert_eq!(lay.cols.len(), 3);
+        assert!(lay.cols.iter().all(|c| c.len == 4096));
+        assert_eq!(alloc_size(1, 6, 2, 12), 3 * 4096);
+
+        // Exact rows: 6 data sectors on raidz1 of 4 -> q = 2, r = 0, all columns 2.
+        let lay = Layout::new(4 * 512, 6 * 512, 4, 1, 9);
+        assert_eq!(children(&lay), vec![(0, 1, 2), (1, 1, 2), (2, 1, 2), (3, 1, 2)]);
+        assert_eq!(alloc_size(6 * 512, 4, 1, 9), 8 * 512);
+    }
+
+    #[test]
+    fn layout_stays_inside_its_allocation() {
+        // Every sector of every column maps back into [b, b + alloc).
+        for width in 3..=12usize {
+            for parity in 1..=3usize.min(width - 2) {
+                for d in 1..=40u64 {
+                    let b = 13u64;
+                    let lay = Layout::new(b * 512, d * 512, width, parity, 9);
+                    let alloc = alloc_size(d * 512, width, parity, 9) / 512;
+                    assert_eq!(alloc % (parity as u64 + 1), 0);
+                    let mut seen = std::collections::BTreeSet::new();
+                    for col in &lay.cols {
+                        let row0 = (col.leaf_off - DATA_START) / 512;
+                        for j in 0..(col.len / 512) as u64 {
+                            let l = (row0 + j) * width as u64 + col.child as u64;
+                            assert!(l >= b && l < b + alloc, "w{width} p{parity} d{d}");
+                            assert!(seen.insert(l));
+                        }
+                    }
+                    let stored = lay.cols.iter().map(|c| c.len as u64 / 512).sum::<u64>();
+                    assert_eq!(stored, d + parity as u64 * d.div_ceil((width - parity) as u64));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn combinations_enumerate_all_subsets() {
+        let mut c = Combinations::new(5, 3);
+        let mut all = Vec::new();
+        while c.advance() {
+            all.push(c.idx.clone());
+        }
+        assert_eq!(all.len(), 10);
+        assert_eq!(all[0], vec![0, 1, 2]);
+        assert_eq!(all[9], vec![2, 3, 4]);
+        let mut c = Combinations::new(2, 3);
+        assert!(!c.advance());
+    }
+}

@@ -1,0 +1,818 @@
+//! Top-level vdevs: the redundant address space the allocator hands out.
+//!
+//! A [`TopVdev`] owns its children and their state. Each child is either
+//! usable (present, not offline, not faulted) or not; I/O goes only to usable
+//! children, and each operation pins the child's leaf (`Arc`) for its duration,
+//! so state changes (offline, replace, fault) are safe while I/O is in flight:
+//! the old leaf finishes what it was given and the next operation sees the new
+//! state.
+//!
+//! Fault policy: a child that fails `FAULT_AFTER_ERRORS` reads in a row (no
+//! successful read in between) or as many writes in a row, or fails a flush, is marked faulted and no
+//! longer used — unless that would leave fewer healthy children than the data
+//! needs, in which case it keeps being tried (a flaky device beats none).
+//! Checksum errors are counted but never fault a device by themselves.
+//!
+//! The block-level algorithms live in `mirror.rs` (single and mirror) and
+//! `raidz.rs`; this module holds state, bounds checks and counting.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+
+use crate::label::{data_end, TopConfig, VdevKind, DATA_START, MIN_LEAF_SIZE};
+use crate::leaf::Leaf;
+use crate::parity::CodecCache;
+use crate::raidz::{self, Layout};
+use crate::{check_ashift, sector, VdevError, MAX_BLOCK_SIZE};
+
+/// Consecutive read (or write) errors after which a child is faulted (if redundancy allows).
+pub const FAULT_AFTER_ERRORS: u32 = 10;
+
+/// Most column combinations a raidz read tries before giving up on a block.
+/// It covers every combination for raidz1/2 at any width and raidz3 up to
+/// about 70 columns; it bounds the work one damaged block can cause.
+pub const MAX_COMBINATIONS: usize = 1 << 16;
+
+/// Per-child I/O statistics (a snapshot).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Reads that failed at the device.
+    pub read_errors: u64,
+    /// Writes (and flushes) that failed at the device.
+    pub write_errors: u64,
+    /// Reads that succeeded but returned bytes that were wrong.
+    pub cksum_errors: u64,
+    /// Successful reads.
+    pub read_ops: u64,
+    /// Successful writes.
+    pub write_ops: u64,
+    /// Bytes successfully read.
+    pub read_bytes: u64,
+    /// Bytes successfully written.
+    pub write_bytes: u64,
+}
+
+#[derive(Default)]
+struct AtomicCounters {
+    read_errors: AtomicU64,
+    write_errors: AtomicU64,
+    cksum_errors: AtomicU64,
+    read_ops: AtomicU64,
+    write_ops: AtomicU64,
+    read_bytes: AtomicU64,
+    write_bytes: AtomicU64,
+}
+
+impl AtomicCounters {
+    fn all(&self) -> [&AtomicU64; 7] {
+        [
+            &self.read_errors,
+            &self.write_errors,
+            &self.cksum_errors,
+            &self.read_ops,
+            &self.write_ops,
+            &self.read_bytes,
+            &self.write_bytes,
+        ]
+    }
+
+    fn snapshot(&self) -> Counters {
+        let [re, we, ce, ro, wo, rb, wb] = self.all().map(|a| a.load(Ordering::Relaxed));
+        Counters {
+            read_errors: re,
+            write_errors: we,
+            cksum_errors: ce,
+            read_ops: ro,
+            write_ops: wo,
+            read_bytes: rb,
+            write_bytes: wb,
+        }
+    }
+
+    fn clear(&self) {
+        for a in self.all() {
+            a.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+fn bump(a: &AtomicU64, n: u64) {
+    a.fetch_add(n, Ordering::Relaxed);
+}
+
+/// State of one child as seen by the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeafState {
+    /// In use.
+    Online,
+    /// Taken offline by the administrator.
+    Offline,
+    /// Could not be opened.
+    Missing,
+    /// I/O errors made us stop using it.
+    Faulted,
+}
+
+/// Overall state of a top-level vdev.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TopHealth {
+    /// Every child usable and complete.
+    Online,
+    /// Some redundancy lost (or a child resilvering); all data still readable.
+    Degraded,
+    /// More children unusable than the redundancy covers.
+    Faulted,
+}
+
+/// What the pool reports about one child.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeafInfo {
+    /// Device guid.
+    pub guid: u64,
+    /// Current path.
+    pub path: PathBuf,
+    /// Current state.
+    pub state: LeafState,
+    /// Statistics snapshot.
+    pub counters: Counters,
+    /// Still being filled in after a replace or a return.
+    pub resilvering: bool,
+}
+
+/// Result of a successful write.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WriteOutcome {
+    /// Children that did not get this write: failed, or unusable and skipped.
+    pub missed: Vec<usize>,
+}
+
+/// Result of scrubbing one block.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScrubOutcome {
+    /// Bytes rewritten to repair children.
+    pub repaired_bytes: u64,
+    /// Children whose copy or column was wrong or unreadable (repaired or not).
+    pub bad_children: Vec<usize>,
+}
+
+/// Where one piece of a block lives on a child (for I/O sorting and tools).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChildExtent {
+    /// Child index.
+    pub child: usize,
+    /// Byte offset on the leaf.
+    pub leaf_offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// True for raidz parity columns.
+    pub parity: bool,
+}
+
+struct Slot {
+    leaf: Option<Arc<dyn Leaf>>,
+    guid: u64,
+    path: PathBuf,
+    offline: bool,
+    faulted: bool,
+    resilvering: bool,
+}
+
+impl Slot {
+    fn usable(&self) -> bool {
+        self.leaf.is_some() && !self.offline && !self.faulted
+    }
+
+    fn state(&self) -> LeafState {
+        if self.offline {
+            LeafState::Offline
+        } else if self.leaf.is_none() {
+            LeafState::Missing
+        } else if self.faulted {
+            LeafState::Faulted
+        } else {
+            LeafState::Online
+        }
+    }
+}
+
+struct Child {
+    slot: Mutex<Slot>,
+    counters: AtomicCounters,
+    /// Failed reads and failed writes since the last success of the same
+    /// kind: a disk that cannot read is useless even if repairs write fine.
+    streaks: [AtomicU32; 2],
+}
+
+const READ: usize = 0;
+const WRITE: usize = 1;
+
+impl Child {
+    fn reset_streaks(&self) {
+        for s in &self.streaks {
+            s.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A usable child pinned for the duration of one I/O.
+pub(crate) struct Handle {
+    pub(crate) idx: usize,
+    leaf: Arc<dyn Leaf>,
+    pub(crate) resilvering: bool,
+}
+
+/// One top-level vdev: a single leaf, a mirror, or a raidz group. All methods
+/// take `&self` and may be called from many threads at once.
+pub struct TopVdev {
+    kind: VdevKind,
+    guid: u64,
+    ashift: u8,
+    parity: usize,
+    child_capacity: u64,
+    asize: u64,
+    children: Vec<Child>,
+    /// Serialises state changes so redundancy checks see a stable picture.
+    state_lock: Mutex<()>,
+    codecs: Option<CodecCache>,
+}
+
+impl std::fmt::Debug for TopVdev {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TopVdev")
+            .field("kind", &self.kind)
+            .field("guid", &self.guid)
+            .field("ashift", &self.ashift)
+            .field("asize", &self.asize)
+            .field("leaves", &self.leaves())
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn round_down(x: u64, unit: u64) -> u64 {
+    x - x % unit
+}
+
+impl TopVdev {
+    /// Opens a top-level vdev from its config. `leaves[i]` is `None` when
+    /// child i could not be opened (missing). Errors if the geometry is
+    /// invalid (raidz needs parity 1..=3 and >= parity+2 children, mirror >= 2,
+    /// single == 1, width <= 255) or a present leaf is smaller than
+    /// `MIN_LEAF_SIZE`.
+    ///
+    /// The address space is sized from the smallest *present* child: if the
+    /// smallest child is missing, `asize` can come out larger than when the
+    /// pool was created, so the pool should keep its own record of `asize` and
+    /// compare.
+    pub fn open(
+        config: &TopConfig,
+        ashift: u8,
+        leaves: Vec<Option<Arc<dyn Leaf>>>,
+    ) -> Result<TopVdev, VdevError> {
+        check_ashift(ashift).map_err(VdevError::Geometry)?;
+        let n = config.children.len();
+        if leaves.len() != n {
+            return Err(VdevError::Geometry(format!(
+                "{} leaves given for {n} children",
+                leaves.len()
+            )));
+        }
+        if n > 255 {
+            return Err(VdevError::Geometry(format!("{n} children (at most 255)")));
+        }
+        let parity = match config.kind {
+            VdevKind::Single if n != 1 => {
+                return Err(VdevError::Geometry(format!("single vdev with {n} children")))
+            }
+            VdevKind::Mirror if n < 2 => {
+                return Err(VdevError::Geometry(format!("mirror with {n} children")))
+            }
+            VdevKind::Raidz { parity } if !(1..=3).contains(&parity) => {
+                return Err(VdevError::Geometry(format!("raidz parity {parity}")))
+            }
+            VdevKind::Raidz { parity } if n < usize::from(parity) + 2 => {
+                return Err(VdevError::Geometry(format!(
+                    "raidz{parity} with {n} children (needs at least {})",
+                    parity + 2
+                )))
+            }
+            VdevKind::Raidz { parity } => usize::from(parity),
+            VdevKind::Single | VdevKind::Mirror => 0,
+        };
+        let mut capacity: Option<u64> = None;
+        for leaf in leaves.iter().flatten() {
+            let size = leaf.size();
+            if size < MIN_LEAF_SIZE {
+                return Err(VdevError::TooSmall {
+                    path: leaf.path().to_path_buf(),
+                    size,
+                    min: MIN_LEAF_SIZE,
+                });
+            }
+            let c = data_end(size, ashift).saturating_sub(DATA_START);
+            capacity = Some(capacity.map_or(c, |m| m.min(c)));
+        }
+        let child_capacity = capacity.unwrap_or(0);
+        let s = sector(ashift);
+        let asize = match config.kind {
+            VdevKind::Raidz { .. } => round_down(
+                child_capacity.saturating_mul(n as u64),
+                (parity as u64 + 1) * s,
+            ),
+            _ => round_down(child_capacity, s),
+        };
+        let children = config
+            .children
+            .iter()
+            .zip(leaves)
+            .map(|(lc, leaf)| Child {
+                slot: Mutex::new(Slot {
+                    path: leaf.as_ref().map_or(lc.path.clone(), |l| l.path().to_path_buf()),
+                    leaf,
+                    guid: lc.guid,
+                    offline: lc.offline,
+                    faulted: false,
+                    resilvering: false,
+                }),
+                counters: AtomicCounters::default(),
+                streaks: Default::default(),
+            })
+            .collect();
+        Ok(TopVdev {
+            kind: config.kind,
+            guid: config.guid,
+            ashift,
+            parity,
+            child_capacity,
+            asize,
+            children,
+            state_lock: Mutex::new(()),
+            codecs: (parity > 0).then(|| CodecCache::new(parity, n - parity)),
+        })
+    }
+
+    /// Redundancy scheme.
+    pub fn kind(&self) -> VdevKind {
+        self.kind
+    }
+
+    /// Guid of this top-level vdev.
+    pub fn guid(&self) -> u64 {
+        self.guid
+    }
+
+    /// Number of children.
+    pub fn width(&self) -> usize {
+        self.children.len()
+    }
+
+    /// Sector shift.
+    pub fn ashift(&self) -> u8 {
+        self.ashift
+    }
+
+    /// Size of the allocatable address space in bytes: per-child data capacity
+    /// (smallest present child) for single/mirror, width times that for raidz,
+    /// rounded down to the allocation alignment.
+    pub fn asize(&self) -> u64 {
+        self.asize
+    }
+
+    /// Bytes to allocate for a block of `psize` stored bytes: sector-rounded,
+    /// plus parity and padding to a multiple of parity+1 sectors on raidz.
+    pub fn alloc_size(&self, psize: u64) -> u64 {
+        if self.parity > 0 {
+            raidz::alloc_size(psize, self.width(), self.parity, self.ashift)
+        } else {
+            psize.div_ceil(self.sector()).saturating_mul(self.sector())
+        }
+    }
+
+    /// Allocation alignment in bytes: one sector, or parity+1 sectors on raidz.
+    pub fn alloc_align(&self) -> u64 {
+        self.sector() * (self.parity as u64 + 1)
+    }
+
+    /// How many children may be lost without losing data: 0, n-1 or parity.
+    pub fn redundancy(&self) -> usize {
+        match self.kind {
+            VdevKind::Single => 0,
+            VdevKind::Mirror => self.width() - 1,
+            VdevKind::Raidz { .. } => self.parity,
+        }
+    }
+
+    pub(crate) fn sector(&self) -> u64 {
+        sector(self.ashift)
+    }
+
+    pub(crate) fn layout(&self, offset: u64, psize: u64) -> Layout {
+        Layout::new(offset, psize, self.width(), self.parity, self.ashift)
+    }
+
+    pub(crate) fn codecs(&self) -> Result<&CodecCache, VdevError> {
+        self.codecs
+            .as_ref()
+            .ok_or_else(|| VdevError::Geometry("not a raidz vdev".into()))
+    }
+
+    /// Validates a block request against alignment and the address space;
+    /// offsets come from block pointers read from disk, so nothing is assumed.
+    fn check_block(&self, offset: u64, psize: u64) -> Result<(), VdevError> {
+        if psize == 0 || psize > MAX_BLOCK_SIZE as u64 {
+            return Err(VdevError::InvalidArgument(format!(
+                "block size {psize} outside 1..={MAX_BLOCK_SIZE}"
+            )));
+        }
+        if offset % self.sector() != 0 {
+            return Err(VdevError::InvalidArgument(format!(
+                "offset {offset:#x} not aligned to {} bytes",
+                self.sector()
+            )));
+        }
+        let len = self.alloc_size(psize);
+        match offset.checked_add(len) {
+            Some(end) if end <= self.asize => Ok(()),
+            _ => Err(VdevError::OutOfRange {
+                offset,
+                len,
+                limit: self.asize,
+            }),
+        }
+    }
+
+    /// Writes `data` (any length >= 1, zero-padded to sectors) at `offset`
+    /// to every usable child. Succeeds if the block is recoverable from what
+    /// was written (mirror: one child; raidz: at most parity columns failed);
+    /// the outcome lists children that did not get the write.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<WriteOutcome, VdevError> {
+        self.check_block(offset, data.len() as u64)?;
+        if self.parity > 0 {
+            self.raidz_write(offset, data)
+        } else {
+            self.mirror_write(offset, data)
+        }
+    }
+
+    /// Reads `psize` bytes at `offset` and returns the first version that
+    /// `verify` accepts, reconstructing from redundancy and rewriting the bad
+    /// copies or columns in place. Never returns bytes `verify` rejected.
+    pub fn read(
+        &self,
+        offset: u64,
+        psize: usize,
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Vec<u8>, VdevError> {
+        self.check_block(offset, psize as u64)?;
+        if self.parity > 0 {
+            self.raidz_read(offset, psize, verify)
+        } else {
+            self.mirror_read(offset, psize, verify)
+        }
+    }
+
+    /// Scrubs one block: checks every mirror side and every raidz column
+    /// (parity recomputed from verified data), repairs every difference, and
+    /// reports what it did. Errs like `read` when nothing verifies.
+    pub fn scrub(
+        &self,
+        offset: u64,
+        psize: usize,
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<ScrubOutcome, VdevError> {
+        self.check_block(offset, psize as u64)?;
+        if self.parity > 0 {
+            self.raidz_scrub(offset, psize, verify)
+        } else {
+            self.mirror_scrub(offset, psize, verify)
+        }
+    }
+
+    /// Where the pieces of a block live on the children (mirror: one extent
+    /// per child; raidz: one per column). Useful to sort scan I/O or to tell
+    /// whether a block touches a given child.
+    pub fn extents(&self, offset: u64, psize: u64) -> Result<Vec<ChildExtent>, VdevError> {
+        self.check_block(offset, psize)?;
+        if self.parity > 0 {
+            let lay = self.layout(offset, psize);
+            Ok(lay
+                .cols
+                .iter()
+                .enumerate()
+                .map(|(c, col)| ChildExtent {
+                    child: col.child,
+                    leaf_offset: col.leaf_off,
+                    len: col.len as u64,
+                    parity: c < self.parity,
+                })
+                .collect())
+        } else {
+            Ok((0..self.width())
+                .map(|child| ChildExtent {
+                    child,
+                    leaf_offset: DATA_START + offset,
+                    len: self.alloc_size(psize),
+                    parity: false,
+                })
+                .collect())
+        }
+    }
+
+    /// Makes every usable child durable (in parallel). Failures are counted
+    /// and fault the child; errs only if more children than the redundancy
+    /// are now not durable.
+    pub fn flush(&self) -> Result<(), VdevError> {
+        let handles: Vec<Handle> = (0..self.width()).filter_map(|i| self.handle(i)).collect();
+        let results: Vec<bool> = if handles.len() <= 1 {
+            handles.iter().map(|h| h.leaf.flush().is_ok()).collect()
+        } else {
+            std::thread::scope(|s| {
+                let jobs: Vec<_> = handles
+                    .iter()
+                    .map(|h| s.spawn(|| h.leaf.flush().is_ok()))
+                    .collect();
+                jobs.into_iter().map(|j| j.join().unwrap_or(false)).collect()
+            })
+        };
+        let mut durable = 0;
+        for (h, ok) in handles.iter().zip(results) {
+            if ok {
+                durable += 1;
+            } else {
+                bump(&self.children[h.idx].counters.write_errors, 1);
+                self.try_fault(h.idx);
+            }
+        }
+        let failed = self.width() - durable;
+        if failed > self.redundancy() {
+            return Err(VdevError::InsufficientReplicas {
+                op: "flush",
+                failed,
+                tolerated: self.redundancy(),
+            });
+        }
+        Ok(())
+    }
+
+    /// State and statistics of every child, in order.
+    pub fn leaves(&self) -> Vec<LeafInfo> {
+        self.children
+            .iter()
+            .map(|c| {
+                let s = lock(&c.slot);
+                LeafInfo {
+                    guid: s.guid,
+                    path: s.path.clone(),
+                    state: s.state(),
+                    counters: c.counters.snapshot(),
+                    resilvering: s.resilvering,
+                }
+            })
+            .collect()
+    }
+
+    /// The leaf of child `idx`, if one is attached (whatever its state).
+    pub fn leaf(&self, idx: usize) -> Option<Arc<dyn Leaf>> {
+        self.children.get(idx).and_then(|c| lock(&c.slot).leaf.clone())
+    }
+
+    fn child(&self, idx: usize) -> Result<&Child, VdevError> {
+        self.children.get(idx).ok_or(VdevError::NoSuchChild {
+            idx,
+            count: self.width(),
+        })
+    }
+
+    /// Children other than `except` that cannot be counted on for complete
+    /// data: unusable or still resilvering.
+    fn weak_children(&self, except: usize) -> usize {
+        self.children
+            .iter()
+            .enumerate()
+            .filter(|(i, c)| {
+                let s = lock(&c.slot);
+                *i != except && (!s.usable() || s.resilvering)
+            })
+            .count()
+    }
+
+    /// Takes a child offline or brings it back. Refuses to offline a child if
+    /// the remaining complete children could no longer serve all data. Bringing
+    /// a child back does not resilver it: the pool decides what it missed.
+    pub fn set_offline(&self, idx: usize, offline: bool) -> Result<(), VdevError> {
+        let child = self.child(idx)?;
+        let _g = lock(&self.state_lock);
+        if offline {
+            let (strong, already) = {
+                let s = lock(&child.slot);
+                (s.usable() && !s.resilvering, s.offline)
+            };
+            if !already && strong && self.weak_children(idx) + 1 > self.redundancy() {
+                return Err(VdevError::Refused(format!(
+                    "taking child {idx} offline would leave data unreadable"
+                )));
+            }
+        }
+        lock(&child.slot).offline = offline;
+        Ok(())
+    }
+
+    /// Puts a new device in place of child `idx` (online, resilvering, fresh
+    /// counters). Refuses a device smaller than the vdev's per-child capacity.
+    pub fn replace_leaf(
+        &self,
+        idx: usize,
+        leaf: Arc<dyn Leaf>,
+        guid: u64,
+    ) -> Result<(), VdevError> {
+        let child = self.child(idx)?;
+        let size = leaf.size();
+        let capacity = data_end(size, self.ashift).saturating_sub(DATA_START);
+        if size < MIN_LEAF_SIZE || capacity < self.child_capacity {
+            return Err(VdevError::TooSmall {
+                path: leaf.path().to_path_buf(),
+                size,
+                min: (self.child_capacity + DATA_START + 2 * crate::LABEL_SIZE).max(MIN_LEAF_SIZE),
+            });
+        }
+        let _g = lock(&self.state_lock);
+        *lock(&child.slot) = Slot {
+            path: leaf.path().to_path_buf(),
+            leaf: Some(leaf),
+            guid,
+            offline: false,
+            faulted: false,
+            resilvering: true,
+        };
+        child.counters.clear();
+        child.reset_streaks();
+        Ok(())
+    }
+
+    /// Marks child `idx` as resilvering (reads avoid it, its wrong bytes are
+    /// expected and not counted) or done. Unknown indexes are ignored.
+    pub fn set_resilvering(&self, idx: usize, on: bool) {
+        if let Some(c) = self.children.get(idx) {
+            lock(&c.slot).resilvering = on;
+        }
+    }
+
+    /// Un-faults child `idx` so it is used again (like `zpool clear`); the pool
+    /// should resilver it, since it missed writes while faulted.
+    pub fn clear_fault(&self, idx: usize) -> Result<(), VdevError> {
+        let child = self.child(idx)?;
+        let _g = lock(&self.state_lock);
+        lock(&child.slot).faulted = false;
+        child.reset_streaks();
+        Ok(())
+    }
+
+    /// Resets every child's statistics and error counts (not their states).
+    pub fn clear_counters(&self) {
+        for c in &self.children {
+            c.counters.clear();
+            c.reset_streaks();
+        }
+    }
+
+    /// Online if every child is usable and complete, Faulted if more children
+    /// are unusable than the redundancy covers, Degraded otherwise.
+    pub fn health(&self) -> TopHealth {
+        let mut unusable = 0;
+        let mut resilvering = false;
+        for c in &self.children {
+            let s = lock(&c.slot);
+            unusable += usize::from(!s.usable());
+            resilvering |= s.resilvering;
+        }
+        if unusable > self.redundancy() {
+            TopHealth::Faulted
+        } else if unusable > 0 || resilvering {
+            TopHealth::Degraded
+        } else {
+            TopHealth::Online
+        }
+    }
+
+    /// The current config: kind, guid, and each child's guid, path and
+    /// offline flag (replacements included).
+    pub fn config(&self) -> TopConfig {
+        TopConfig {
+            kind: self.kind,
+            guid: self.guid,
+            children: self
+                .children
+                .iter()
+                .map(|c| {
+                    let s = lock(&c.slot);
+                    crate::LeafConfig {
+                        guid: s.guid,
+                        path: s.path.clone(),
+                        offline: s.offline,
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    // ---- per-child I/O, shared by mirror and raidz ----
+
+    /// Pins child `idx` for one I/O if it is usable.
+    pub(crate) fn handle(&self, idx: usize) -> Option<Handle> {
+        let s = lock(&self.children.get(idx)?.slot);
+        if !s.usable() {
+            return None;
+        }
+        Some(Handle {
+            idx,
+            leaf: s.leaf.clone()?,
+            resilvering: s.resilvering,
+        })
+    }
+
+    /// Whether `[off, off + len)` lies in the data region of a leaf.
+    fn in_data_region(&self, leaf: &dyn Leaf, off: u64, len: usize) -> bool {
+        let end = data_end(leaf.size(), self.ashift);
+        off >= DATA_START && off.checked_add(len as u64).is_some_and(|e| e <= end)
+    }
+
+    /// Reads from a pinned child, counting the outcome; false on any error.
+    pub(crate) fn child_read(&self, h: &Handle, buf: &mut [u8], off: u64) -> bool {
+        let ok = self.in_data_region(&*h.leaf, off, buf.len()) && h.leaf.read_at(buf, off).is_ok();
+        let c = &self.children[h.idx].counters;
+        if ok {
+            bump(&c.read_ops, 1);
+            bump(&c.read_bytes, buf.len() as u64);
+            self.note_ok(h.idx, READ);
+        } else {
+            bump(&c.read_errors, 1);
+            self.note_error(h.idx, READ);
+        }
+        ok
+    }
+
+    /// Writes to a pinned child, counting the outcome; false on any error.
+    pub(crate) fn child_write(&self, h: &Handle, buf: &[u8], off: u64) -> bool {
+        let ok = self.in_data_region(&*h.leaf, off, buf.len()) && h.leaf.write_at(buf, off).is_ok();
+        let c = &self.children[h.idx].counters;
+        if ok {
+            bump(&c.write_ops, 1);
+            bump(&c.write_bytes, buf.len() as u64);
+            self.note_ok(h.idx, WRITE);
+        } else {
+            bump(&c.write_errors, 1);
+            self.note_error(h.idx, WRITE);
+        }
+        ok
+    }
+
+    /// Rewrites a bad copy or column; returns the bytes repaired (0 on failure).
+    pub(crate) fn heal(&self, h: &Handle, buf: &[u8], off: u64) -> u64 {
+        if self.child_write(h, buf, off) {
+            buf.len() as u64
+        } else {
+            0
+        }
+    }
+
+    /// Records that a child returned wrong bytes. A resilvering child is
+    /// expected to hold stale data, so it is not blamed.
+    pub(crate) fn note_cksum(&self, h: &Handle) {
+        if !h.resilvering {
+            bump(&self.children[h.idx].counters.cksum_errors, 1);
+        }
+    }
+
+    fn note_ok(&self, idx: usize, kind: usize) {
+        let r = &self.children[idx].streaks[kind];
+        if r.load(Ordering::Relaxed) != 0 {
+            r.store(0, Ordering::Relaxed);
+        }
+    }
+
+    fn note_error(&self, idx: usize, kind: usize) {
+        let n = self.children[idx].streaks[kind].fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= FAULT_AFTER_ERRORS {
+            self.try_fault(idx);
+        }
+    }
+
+    /// Stops using child `idx` unless the others could not serve all data.
+    fn try_fault(&self, idx: usize) {
+        let _g = lock(&self.state_lock);
+        let strong = {
+            let s = lock(&self.children[idx].slot);
+            s.usable() && !s.resilvering
+        };
+        if strong && self.weak_children(idx) + 1 > self.redundancy() {
+            return;
+        }
+        lock(&self.children[idx].slot).faulted = true;
+    }
+}
