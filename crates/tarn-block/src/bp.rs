@@ -56,7 +56,9 @@ impl ChecksumAlg {
         match v {
             1 => Ok(Self::Blake3),
             2 => Ok(Self::Xxh3),
-            _ => Err(BlockError::Format(format!("unknown checksum algorithm {v}"))),
+            _ => Err(BlockError::Format(format!(
+                "unknown checksum algorithm {v}"
+            ))),
         }
     }
 
@@ -267,7 +269,9 @@ impl BlockPtr {
             )));
         }
         if bp.used_dvas().count() == 0 {
-            return Err(BlockError::Format("block pointer without an address".into()));
+            return Err(BlockError::Format(
+                "block pointer without an address".into(),
+            ));
         }
         if bp.compress == CompressAlg::Off && bp.psize != bp.lsize {
             return Err(BlockError::Format(format!(
@@ -297,7 +301,11 @@ mod tests {
             .prop_map(|(dv, lsize, birth, kind, level, sum, fill)| {
                 let mut dvas = [Dva::default(); 3];
                 for (i, (vdev, asize, offset)) in dv.into_iter().enumerate() {
-                    dvas[i] = Dva { vdev, asize, offset };
+                    dvas[i] = Dva {
+                        vdev,
+                        asize,
+                        offset,
+                    };
                 }
                 BlockPtr {
                     dvas,
@@ -307,7 +315,11 @@ mod tests {
                     btype: BlockType::TreeNode,
                     level,
                     checksum_alg: ChecksumAlg::Xxh3,
-                    compress: if kind == 0 { CompressAlg::Off } else { CompressAlg::Zstd },
+                    compress: if kind == 0 {
+                        CompressAlg::Off
+                    } else {
+                        CompressAlg::Zstd
+                    },
                     flags: 0,
                     fill,
                     checksum: sum,
@@ -341,7 +353,11 @@ mod tests {
     fn layout_is_pinned() {
         let bp = BlockPtr {
             dvas: [
-                Dva { vdev: 1, asize: 0x2000, offset: 0x10_0000 },
+                Dva {
+                    vdev: 1,
+                    asize: 0x2000,
+                    offset: 0x10_0000,
+                },
                 Dva::default(),
                 Dva::default(),
             ],
@@ -358,7 +374,10 @@ mod tests {
             ..Default::default()
         };
         let e = bp.encode();
-        assert_eq!(&e[0..16], &[1, 0, 0, 0, 0, 0x20, 0, 0, 0, 0, 0x10, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            &e[0..16],
+            &[1, 0, 0, 0, 0, 0x20, 0, 0, 0, 0, 0x10, 0, 0, 0, 0, 0]
+        );
         assert_eq!(&e[48..56], &[0, 0, 2, 0, 0, 0x10, 0, 0]);
         assert_eq!(&e[56..64], &[7, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(&e[64..69], &[1, 0, 1, 1, 0]);

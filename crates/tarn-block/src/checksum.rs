@@ -30,7 +30,10 @@ mod tests {
             data[100] ^= 1;
             assert_eq!(a, checksum(alg, &data));
         }
-        assert_ne!(checksum(ChecksumAlg::Blake3, &data), checksum(ChecksumAlg::Xxh3, &data));
+        assert_ne!(
+            checksum(ChecksumAlg::Blake3, &data),
+            checksum(ChecksumAlg::Xxh3, &data)
+        );
     }
 
     #[test]

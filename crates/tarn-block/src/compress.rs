@@ -33,7 +33,11 @@ impl Compression {
             "lz4" | "on" => Ok(Self::Lz4),
             "zstd" => Ok(Self::Zstd(3)),
             _ => {
-                let level: i32 = s.strip_prefix("zstd-").ok_or_else(bad)?.parse().map_err(|_| bad())?;
+                let level: i32 = s
+                    .strip_prefix("zstd-")
+                    .ok_or_else(bad)?
+                    .parse()
+                    .map_err(|_| bad())?;
                 if (1..=19).contains(&level) {
                     Ok(Self::Zstd(level))
                 } else {
@@ -60,7 +64,8 @@ impl Compression {
         let out = match self {
             Self::Off => None,
             Self::Lz4 => {
-                let mut v = Vec::with_capacity(4 + lz4_flex::block::get_maximum_output_size(data.len()));
+                let mut v =
+                    Vec::with_capacity(4 + lz4_flex::block::get_maximum_output_size(data.len()));
                 v.extend_from_slice(&(data.len() as u32).to_le_bytes());
                 v.resize(4 + lz4_flex::block::get_maximum_output_size(data.len()), 0);
                 match lz4_flex::block::compress_into(data, &mut v[4..]) {
@@ -71,7 +76,9 @@ impl Compression {
                     Err(_) => None,
                 }
             }
-            Self::Zstd(level) => zstd::bulk::compress(data, *level).ok().map(|v| (CompressAlg::Zstd, v)),
+            Self::Zstd(level) => zstd::bulk::compress(data, *level)
+                .ok()
+                .map(|v| (CompressAlg::Zstd, v)),
         };
         match out {
             Some((alg, v)) if !data.is_empty() && v.len() <= limit => (alg, v),
@@ -99,7 +106,8 @@ pub fn decompress(alg: CompressAlg, stored: &[u8], lsize: usize) -> Result<Vec<u
                 return Err(format!("lz4 header says {n} bytes, pointer says {lsize}"));
             }
             let mut out = vec![0u8; lsize];
-            let got = lz4_flex::block::decompress_into(&stored[4..], &mut out).map_err(|e| e.to_string())?;
+            let got = lz4_flex::block::decompress_into(&stored[4..], &mut out)
+                .map_err(|e| e.to_string())?;
             if got != lsize {
                 return Err(format!("lz4 produced {got} bytes, expected {lsize}"));
             }
@@ -108,7 +116,10 @@ pub fn decompress(alg: CompressAlg, stored: &[u8], lsize: usize) -> Result<Vec<u
         CompressAlg::Zstd => {
             let out = zstd::bulk::decompress(stored, lsize).map_err(|e| e.to_string())?;
             if out.len() != lsize {
-                return Err(format!("zstd produced {} bytes, expected {lsize}", out.len()));
+                return Err(format!(
+                    "zstd produced {} bytes, expected {lsize}",
+                    out.len()
+                ));
             }
             Ok(out)
         }
@@ -139,7 +150,15 @@ mod tests {
 
     #[test]
     fn keeps_only_worthwhile_compression() {
-        let random: Vec<u8> = (0..65536u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let random: Vec<u8> = (0..65536)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect();
         assert_eq!(Compression::Lz4.compress(&random).0, CompressAlg::Off);
         let zeros = vec![0u8; 65536];
         let (alg, v) = Compression::Zstd(3).compress(&zeros);

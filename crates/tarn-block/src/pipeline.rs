@@ -37,9 +37,16 @@ pub struct Prepared {
 }
 
 /// Compresses (when it saves ≥ 1/8) and checksums one block.
-pub fn prepare(data: &[u8], compression: Compression, alg: ChecksumAlg) -> Result<Prepared, BlockError> {
+pub fn prepare(
+    data: &[u8],
+    compression: Compression,
+    alg: ChecksumAlg,
+) -> Result<Prepared, BlockError> {
     if data.is_empty() || data.len() > u32::MAX as usize {
-        return Err(BlockError::Format(format!("cannot store a block of {} bytes", data.len())));
+        return Err(BlockError::Format(format!(
+            "cannot store a block of {} bytes",
+            data.len()
+        )));
     }
     let (compress, stored) = compression.compress(data);
     let sum = checksum(alg, &stored);
@@ -85,19 +92,31 @@ pub struct Missed {
 }
 
 fn top<'a>(tops: &'a [Arc<TopVdev>], dva: &Dva) -> Result<&'a Arc<TopVdev>, BlockError> {
-    tops.get(dva.vdev as usize)
-        .ok_or_else(|| BlockError::Format(format!("block address names vdev {} of {}", dva.vdev, tops.len())))
+    tops.get(dva.vdev as usize).ok_or_else(|| {
+        BlockError::Format(format!(
+            "block address names vdev {} of {}",
+            dva.vdev,
+            tops.len()
+        ))
+    })
 }
 
 /// Writes `stored` at every address. Fails if any copy could not be written
 /// recoverably: a block is acknowledged only when every copy the pointer
 /// promises can be read back.
-pub fn write_copies(tops: &[Arc<TopVdev>], dvas: &[Dva], stored: &[u8]) -> Result<Vec<Missed>, BlockError> {
+pub fn write_copies(
+    tops: &[Arc<TopVdev>],
+    dvas: &[Dva],
+    stored: &[u8],
+) -> Result<Vec<Missed>, BlockError> {
     let mut missed = Vec::new();
     for d in dvas {
         let t = top(tops, d)?;
-        let out = t.write(d.offset, stored).map_err(|e| BlockError::Io(format!("{}", fmt_dva(d)), e))?;
-        missed.extend(out.missed.into_iter().map(|child| Missed { vdev: d.vdev, child }));
+        let out = t.write(d.offset, stored).map_err(|e| io_error(d, e))?;
+        missed.extend(out.missed.into_iter().map(|child| Missed {
+            vdev: d.vdev,
+            child,
+        }));
     }
     Ok(missed)
 }
@@ -130,14 +149,17 @@ pub fn read_stored(tops: &[Arc<TopVdev>], bp: &BlockPtr) -> Result<Vec<u8>, Bloc
     }
     Err(BlockError::Unrecoverable {
         block: describe(bp),
-        cause: last.map(|e| e.to_string()).unwrap_or_else(|| "no copies".into()),
+        cause: last
+            .map(|e| e.to_string())
+            .unwrap_or_else(|| "no copies".into()),
     })
 }
 
 /// Reads, verifies and decompresses a block into its logical bytes.
 pub fn read_block(tops: &[Arc<TopVdev>], bp: &BlockPtr) -> Result<Vec<u8>, BlockError> {
     let stored = read_stored(tops, bp)?;
-    decompress(bp.compress, &stored, bp.lsize as usize).map_err(|e| BlockError::Decompress(describe(bp), e))
+    decompress(bp.compress, &stored, bp.lsize as usize)
+        .map_err(|e| BlockError::Decompress(describe(bp), e))
 }
 
 /// What scrubbing one block found and did.
@@ -200,7 +222,12 @@ pub fn scrub_block(tops: &[Arc<TopVdev>], bp: &BlockPtr) -> BlockScrub {
 /// A short description of a block for error messages: type, birth, first address.
 pub fn describe(bp: &BlockPtr) -> String {
     let d = bp.used_dvas().next().copied().unwrap_or_default();
-    format!("{:?} block born in txg {} at {}", bp.btype, bp.birth, fmt_dva(&d))
+    format!(
+        "{:?} block born in txg {} at {}",
+        bp.btype,
+        bp.birth,
+        fmt_dva(&d)
+    )
 }
 
 /// Maps an I/O error text into a block error for a given address.

@@ -669,8 +669,7 @@ mod tests {
         );
         let back: Response = serde_json::from_str(&text).unwrap();
         assert_eq!(back.error.unwrap().code, ErrorCode::Busy);
-        let future: ApiError =
-            serde_json::from_str(r#"{"code":"quota","message":"m"}"#).unwrap();
+        let future: ApiError = serde_json::from_str(r#"{"code":"quota","message":"m"}"#).unwrap();
         assert_eq!(future.code, ErrorCode::Internal);
     }
 }

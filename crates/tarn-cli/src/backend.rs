@@ -258,8 +258,9 @@ impl ImportRequest {
 pub enum ImportResult {
     /// No pool was named: what could be imported.
     Candidates(Vec<ImportCandidate>),
-    /// The named pool, now imported.
-    Imported(PoolStatus),
+    /// The named pool, now imported (boxed: it is much larger than the
+    /// other variant).
+    Imported(Box<PoolStatus>),
 }
 
 /// What `pool.scrub` does.
@@ -389,14 +390,22 @@ mod tests {
         let err = create(vec![spec(VdevKind::Raidz3, &["/a", "/b", "/c"])])
             .validate()
             .unwrap_err();
-        assert!(err.message.contains("raidz3-0 needs at least 4"), "{}", err.message);
+        assert!(
+            err.message.contains("raidz3-0 needs at least 4"),
+            "{}",
+            err.message
+        );
         let err = create(vec![
             spec(VdevKind::Single, &["/a"]),
             spec(VdevKind::Mirror, &["/b", "/a"]),
         ])
         .validate()
         .unwrap_err();
-        assert!(err.message.contains("/a is listed twice"), "{}", err.message);
+        assert!(
+            err.message.contains("/a is listed twice"),
+            "{}",
+            err.message
+        );
         assert!(create(vec![]).validate().is_err());
         let mut req = create(vec![spec(VdevKind::Single, &["/a"])]);
         req.ashift = Some(30);

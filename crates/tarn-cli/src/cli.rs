@@ -21,8 +21,8 @@ use serde_json::Value;
 
 use crate::api::{
     method, ClearParams, DeviceParams, ForceParams, NameParams, NoParams, ObjectParams,
-    ObjectReadParams, ObjectWriteParams, OptionalNameParams, PingResult, PoolParams,
-    ReplaceParams, ScrubParams, SyncResult,
+    ObjectReadParams, ObjectWriteParams, OptionalNameParams, PingResult, PoolParams, ReplaceParams,
+    ScrubParams, SyncResult,
 };
 use crate::backend::{
     Backend, CreateRequest, ImportRequest, ImportResult, ObjectInfo, ScrubAction, VdevKind,
@@ -35,7 +35,7 @@ use crate::status::{IostatEntry, PoolListEntry, PoolStatus, ScanKind, ScanState,
 
 /// tarn: a self-healing storage pool server.
 #[derive(Parser, Debug)]
-#[command(name = "tarn", version, about, max_term_width = 100)]
+#[command(name = "tarn", version, max_term_width = 100)]
 pub struct Cli {
     /// Admin socket of the daemon [default: $XDG_RUNTIME_DIR/tarn/tarn.sock,
     /// /run/tarn/tarn.sock for root, else /tmp/tarn-$UID/tarn.sock]
@@ -278,9 +278,10 @@ pub enum PoolCommand {
     },
     /// I/O statistics: `iostat [POOL] [INTERVAL [COUNT]]`
     Iostat {
-        /// [POOL] [INTERVAL [COUNT]]: the first report shows totals since
-        /// import, later ones per-second rates over each interval
-        #[arg(num_args = 0..=3, value_name = "ARG")]
+        /// Optional pool, then seconds between reports and how many; the
+        /// first report shows totals since import, later ones per-second
+        /// rates over each interval
+        #[arg(num_args = 0..=3, value_names = ["POOL", "INTERVAL", "COUNT"])]
         args: Vec<String>,
     },
     /// Commit the pool's open transaction group now
@@ -341,37 +342,25 @@ pub fn run(cli: Cli, make_backend: Box<BackendFactory<'_>>) -> anyhow::Result<Ex
     let is_create = matches!(cli.command, Command::Pool(PoolCommand::Create { .. }));
     let (format, pool_props) = resolve_output(&cli.output, is_create)?;
 
-    if let Command::Daemon(DaemonArgs {
-        state_dir,
-        action: None,
-    }) = cli.command
-    {
-        let mut opts = DaemonOptions::new(socket, state_dir.unwrap_or_else(default_state_dir));
-        opts.handle_signals = true;
-        let backend = make_backend(&opts)?;
-        run_daemon(opts, backend)?;
-        return Ok(ExitCode::SUCCESS);
-    }
-
-    // A client whose output is cut short (`| head`) should end quietly, as
-    // other Unix tools do, rather than fail on a broken pipe.
-    // SAFETY: restoring the default disposition of SIGPIPE has no
-    // preconditions.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     let mut client = Session {
         path: socket,
         client: None,
     };
     let out = Out { format };
     match cli.command {
-        Command::Daemon(args) => match args.action {
+        Command::Daemon(DaemonArgs { state_dir, action }) => match action {
+            None => {
+                let state_dir = state_dir.unwrap_or_else(default_state_dir);
+                let mut opts = DaemonOptions::new(client.path, state_dir);
+                opts.handle_signals = true;
+                let backend = make_backend(&opts)?;
+                run_daemon(opts, backend)?;
+            }
             Some(DaemonAction::Stop) => {
                 let v = client.call(method::DAEMON_STOP, &NoParams {})?;
-                out.raw_or(&v, String::new);
+                out.raw_or(&v, String::new)?;
             }
-            Some(DaemonAction::Ping) | None => {
+            Some(DaemonAction::Ping) => {
                 let v = client.call(method::DAEMON_PING, &NoParams {})?;
                 let ping: PingResult = decode(method::DAEMON_PING, v.clone())?;
                 out.raw_or(&v, || {
@@ -381,13 +370,23 @@ pub fn run(cli: Cli, make_backend: Box<BackendFactory<'_>>) -> anyhow::Result<Ex
                         ping.pid,
                         client.path.display()
                     )
-                });
+                })?;
             }
         },
-        Command::Pool(cmd) => return pool_command(&mut client, &out, cmd, pool_props),
+        Command::Pool(cmd) => pool_command(&mut client, &out, cmd, pool_props)?,
         Command::Object(cmd) => object_command(&mut client, &out, cmd)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether `err` comes from writing to a closed stdout; such a run should
+/// end quietly with success, as other Unix filters do.
+pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// Splits the `-o` values into the output format and pool properties.
@@ -433,8 +432,10 @@ struct Out {
 }
 
 impl Out {
-    /// Prints the raw result in JSON mode, or `human()` otherwise.
-    fn raw_or(&self, raw: &Value, human: impl FnOnce() -> String) {
+    /// Prints the raw result in JSON mode, or `human()` otherwise. Fails
+    /// if stdout is gone (e.g. `| head` ended), which [`is_broken_pipe`]
+    /// recognises so the program can end quietly.
+    fn raw_or(&self, raw: &Value, human: impl FnOnce() -> String) -> anyhow::Result<()> {
         let text = match self.format {
             Format::Json => {
                 let mut s = serde_json::to_string_pretty(raw).unwrap_or_else(|_| raw.to_string());
@@ -445,9 +446,10 @@ impl Out {
         };
         if !text.is_empty() {
             let mut stdout = std::io::stdout().lock();
-            let _ = stdout.write_all(text.as_bytes());
-            let _ = stdout.flush();
+            stdout.write_all(text.as_bytes())?;
+            stdout.flush()?;
         }
+        Ok(())
     }
 }
 
@@ -528,10 +530,10 @@ fn group_word(word: &str) -> anyhow::Result<Option<VdevKind>> {
             "{w} is not a vdev type: tarn has raidz1, raidz2 and raidz3 (raidz means raidz1); \
              for a device with that name write ./{w}"
         ),
-        w if ["log", "cache", "spare", "special", "dedup"].contains(&w) || w.starts_with("draid") => {
-            bail!(
-                "{w} vdevs are not supported by tarn; for a device with that name write ./{w}"
-            )
+        w if ["log", "cache", "spare", "special", "dedup"].contains(&w)
+            || w.starts_with("draid") =>
+        {
+            bail!("{w} vdevs are not supported by tarn; for a device with that name write ./{w}")
         }
         _ => return Ok(None),
     };
@@ -571,7 +573,10 @@ fn build_create(
             .split_once('=')
             .filter(|(k, _)| !k.is_empty())
             .ok_or_else(|| anyhow!("-O {prop}: expected PROP=VALUE, e.g. -O compression=lz4"))?;
-        if properties.insert(key.to_string(), value.to_string()).is_some() {
+        if properties
+            .insert(key.to_string(), value.to_string())
+            .is_some()
+        {
             bail!("-O {key} is given twice; keep one");
         }
     }
@@ -588,9 +593,16 @@ fn build_create(
 
 /// Splits `iostat` arguments into pool, interval and count: trailing numbers
 /// are the interval and count, like `zpool iostat`.
-fn parse_iostat_args(args: &[String]) -> anyhow::Result<(Option<String>, Option<f64>, Option<u64>)> {
+fn parse_iostat_args(
+    args: &[String],
+) -> anyhow::Result<(Option<String>, Option<f64>, Option<u64>)> {
     let is_number = |s: &String| s.parse::<f64>().is_ok();
-    let numbers = args.iter().rev().take_while(|a| is_number(a)).count().min(2);
+    let numbers = args
+        .iter()
+        .rev()
+        .take_while(|a| is_number(a))
+        .count()
+        .min(2);
     let (names, numbers) = args.split_at(args.len() - numbers);
     if names.len() > 1 {
         bail!(
@@ -609,9 +621,10 @@ fn parse_iostat_args(args: &[String]) -> anyhow::Result<(Option<String>, Option<
         None => None,
     };
     let count = match numbers.get(1) {
-        Some(s) => Some(s.parse::<u64>().map_err(|_| {
-            anyhow!("iostat count {s}: give a whole number of reports")
-        })?),
+        Some(s) => Some(
+            s.parse::<u64>()
+                .map_err(|_| anyhow!("iostat count {s}: give a whole number of reports"))?,
+        ),
         None => None,
     };
     Ok((names.first().cloned(), interval, count))
@@ -622,7 +635,7 @@ fn pool_command(
     out: &Out,
     cmd: PoolCommand,
     pool_props: Vec<(String, String)>,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<()> {
     match cmd {
         PoolCommand::Create {
             properties,
@@ -632,7 +645,7 @@ fn pool_command(
         } => {
             let req = build_create(name, &vdevs, pool_props, &properties, force)?;
             let v = client.call(method::POOL_CREATE, &req)?;
-            out.raw_or(&v, String::new);
+            out.raw_or(&v, String::new)?;
         }
         PoolCommand::Import {
             dirs,
@@ -660,20 +673,20 @@ fn pool_command(
             out.raw_or(&v, || match result {
                 ImportResult::Candidates(c) => render::render_candidates(&c),
                 ImportResult::Imported(_) => String::new(),
-            });
+            })?;
         }
         PoolCommand::Export { force, pool } => {
             let v = client.call(method::POOL_EXPORT, &ForceParams { name: pool, force })?;
-            out.raw_or(&v, String::new);
+            out.raw_or(&v, String::new)?;
         }
         PoolCommand::Destroy { force, pool } => {
             let v = client.call(method::POOL_DESTROY, &ForceParams { name: pool, force })?;
-            out.raw_or(&v, String::new);
+            out.raw_or(&v, String::new)?;
         }
         PoolCommand::List => {
             let v = client.call(method::POOL_LIST, &NoParams {})?;
             let pools: Vec<PoolListEntry> = decode(method::POOL_LIST, v.clone())?;
-            out.raw_or(&v, || render::render_list(&pools));
+            out.raw_or(&v, || render::render_list(&pools))?;
         }
         PoolCommand::Status { unhealthy, pool } => {
             let v = client.call(method::POOL_STATUS, &OptionalNameParams { name: pool })?;
@@ -687,9 +700,9 @@ fn pool_command(
                     } else {
                         render::render_status(&pools)
                     }
-                });
+                })?;
             } else {
-                out.raw_or(&v, || render::render_status(&pools));
+                out.raw_or(&v, || render::render_status(&pools))?;
             }
         }
         PoolCommand::Scrub {
@@ -711,13 +724,12 @@ fn pool_command(
             };
             let v = client.call(method::POOL_SCRUB, &params)?;
             if !wait {
-                out.raw_or(&v, String::new);
-                return Ok(ExitCode::SUCCESS);
+                return out.raw_or(&v, String::new);
             }
             let started: Option<ScanStatus> = decode(method::POOL_SCRUB, v)?;
             let scan = wait_for_scrub(client, &pool, started.map_or(0, |s| s.started_unix))?;
             let v = serde_json::to_value(&scan)?;
-            out.raw_or(&v, || format!("{}\n", render::scan_text(&scan)));
+            out.raw_or(&v, || format!("{}\n", render::scan_text(&scan)))?;
             match scan.state {
                 ScanState::Canceled => bail!("the scrub of {pool} was canceled before it finished"),
                 _ if scan.errors > 0 => bail!(
@@ -735,7 +747,7 @@ fn pool_command(
                 device: device_arg(&device)?,
             };
             let v = client.call(method::POOL_OFFLINE, &params)?;
-            out.raw_or(&v, String::new);
+            out.raw_or(&v, String::new)?;
         }
         PoolCommand::Online { pool, device } => {
             let params = DeviceParams {
@@ -743,7 +755,7 @@ fn pool_command(
                 device: device_arg(&device)?,
             };
             let v = client.call(method::POOL_ONLINE, &params)?;
-            out.raw_or(&v, String::new);
+            out.raw_or(&v, String::new)?;
         }
         PoolCommand::Replace {
             force,
@@ -758,7 +770,7 @@ fn pool_command(
                 force,
             };
             let v = client.call(method::POOL_REPLACE, &params)?;
-            out.raw_or(&v, String::new);
+            out.raw_or(&v, String::new)?;
         }
         PoolCommand::Clear { pool, device } => {
             let params = ClearParams {
@@ -766,7 +778,7 @@ fn pool_command(
                 device: device.as_deref().map(device_arg).transpose()?,
             };
             let v = client.call(method::POOL_CLEAR, &params)?;
-            out.raw_or(&v, String::new);
+            out.raw_or(&v, String::new)?;
         }
         PoolCommand::Iostat { args } => {
             let (pool, interval, count) = parse_iostat_args(&args)?;
@@ -775,10 +787,10 @@ fn pool_command(
         PoolCommand::Sync { pool } => {
             let v = client.call(method::POOL_SYNC, &NameParams { name: pool.clone() })?;
             let synced: SyncResult = decode(method::POOL_SYNC, v.clone())?;
-            out.raw_or(&v, || format!("{pool}: committed txg {}\n", synced.txg));
+            out.raw_or(&v, || format!("{pool}: committed txg {}\n", synced.txg))?;
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 fn iostat(
@@ -809,7 +821,7 @@ fn iostat(
                 .as_ref()
                 .map(|(p, at)| (p.as_slice(), now.duration_since(*at)));
             render::render_iostat(&entries, prev)
-        });
+        })?;
         previous = Some((entries, now));
     }
     Ok(())
@@ -817,7 +829,11 @@ fn iostat(
 
 /// Polls the pool's status once a second until its scrub has ended; draws a
 /// progress bar on a terminal, or a line every ten seconds otherwise.
-fn wait_for_scrub(client: &mut Session, pool: &str, started_unix: u64) -> anyhow::Result<ScanStatus> {
+fn wait_for_scrub(
+    client: &mut Session,
+    pool: &str,
+    started_unix: u64,
+) -> anyhow::Result<ScanStatus> {
     const LOG_EVERY: Duration = Duration::from_secs(10);
     let tty = std::io::stderr().is_terminal();
     let mut last_log: Option<Instant> = None;
@@ -826,7 +842,7 @@ fn wait_for_scrub(client: &mut Session, pool: &str, started_unix: u64) -> anyhow
     };
     let finish_line = |drawn: bool| {
         if drawn {
-            eprint!("\r\x1b[K");
+            let _ = write!(std::io::stderr(), "\r\x1b[K");
         }
     };
     let mut drawn = false;
@@ -839,15 +855,28 @@ fn wait_for_scrub(client: &mut Session, pool: &str, started_unix: u64) -> anyhow
             .ok_or_else(|| anyhow!("pool {pool} disappeared while waiting for its scrub"))?;
         let Some(scan) = status.scan else {
             finish_line(drawn);
-            bail!("pool {pool} reports no scrub; it may have been canceled or the pool re-imported");
+            bail!(
+                "pool {pool} reports no scrub; it may have been canceled or the pool re-imported"
+            );
         };
         let ours = scan.kind == ScanKind::Scrub && scan.started_unix >= started_unix;
-        if ours && matches!(scan.state, ScanState::Finished | ScanState::Canceled) {
+        let ended = matches!(scan.state, ScanState::Finished | ScanState::Canceled);
+        if ended {
             finish_line(drawn);
-            return Ok(scan);
+            if ours {
+                return Ok(scan);
+            }
+            bail!(
+                "pool {pool} no longer reports the scrub that was started; its last scan is: {}",
+                render::scan_text(&scan)
+            );
         }
         if tty {
-            eprint!("\r{}\x1b[K", render::progress_line(&scan));
+            let _ = write!(
+                std::io::stderr(),
+                "\r{}\x1b[K",
+                render::progress_line(&scan)
+            );
             drawn = true;
         } else if last_log.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
             let pct = if scan.total_bytes == 0 {
@@ -858,10 +887,18 @@ fn wait_for_scrub(client: &mut Session, pool: &str, started_unix: u64) -> anyhow
             let eta = scan
                 .eta_secs
                 .map_or_else(|| "unknown".to_string(), render::format_duration);
-            eprintln!(
-                "{pool}: {:?} {:?}, {pct:.1}% done, {} of {}, {}, {eta} to go",
-                scan.kind,
-                scan.state,
+            let _ = writeln!(
+                std::io::stderr(),
+                "{pool}: {}{} {pct:.1}% done, {} of {} at {}, {eta} to go",
+                match scan.kind {
+                    ScanKind::Scrub => "scrub",
+                    ScanKind::Resilver => "resilver",
+                },
+                if scan.state == ScanState::Paused {
+                    " (paused)"
+                } else {
+                    ""
+                },
                 render::format_size(scan.examined_bytes),
                 render::format_size(scan.total_bytes),
                 render::format_rate(scan.rate_bytes_per_sec),
@@ -890,7 +927,7 @@ fn object_command(client: &mut Session, out: &Out, cmd: ObjectCommand) -> anyhow
                 sync,
             };
             let v = client.call(method::OBJECT_WRITE, &params)?;
-            out.raw_or(&v, String::new);
+            out.raw_or(&v, String::new)?;
         }
         ObjectCommand::Get { pool, name, file } => {
             let params = ObjectReadParams {
@@ -899,16 +936,16 @@ fn object_command(client: &mut Session, out: &Out, cmd: ObjectCommand) -> anyhow
                 to_path: absolute(&file)?,
             };
             let v = client.call(method::OBJECT_READ, &params)?;
-            out.raw_or(&v, String::new);
+            out.raw_or(&v, String::new)?;
         }
         ObjectCommand::Ls { pool } => {
             let v = client.call(method::OBJECT_LIST, &PoolParams { pool: pool.clone() })?;
             let objects: Vec<ObjectInfo> = decode(method::OBJECT_LIST, v.clone())?;
-            out.raw_or(&v, || render::render_objects(&pool, &objects));
+            out.raw_or(&v, || render::render_objects(&pool, &objects))?;
         }
         ObjectCommand::Rm { pool, name } => {
             let v = client.call(method::OBJECT_DELETE, &ObjectParams { pool, object: name })?;
-            out.raw_or(&v, String::new);
+            out.raw_or(&v, String::new)?;
         }
     }
     Ok(())
@@ -929,7 +966,10 @@ mod tests {
     #[test]
     fn vdev_words_group_like_zpool() {
         let specs = parse_vdev_words(&words("mirror a b raidz2 c d e f")).unwrap();
-        assert_eq!(kinds(&specs), [(VdevKind::Mirror, 2), (VdevKind::Raidz2, 4)]);
+        assert_eq!(
+            kinds(&specs),
+            [(VdevKind::Mirror, 2), (VdevKind::Raidz2, 4)]
+        );
         assert_eq!(specs[1].devices, ["c", "d", "e", "f"]);
 
         let specs = parse_vdev_words(&words("a b mirror c d mirror e f raidz g h")).unwrap();
@@ -947,17 +987,27 @@ mod tests {
 
     #[test]
     fn vdev_words_refuse_bad_groups() {
-        let err = parse_vdev_words(&words("mirror a")).unwrap_err().to_string();
+        let err = parse_vdev_words(&words("mirror a"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("mirror-0 needs at least 2 devices"), "{err}");
-        let err = parse_vdev_words(&words("mirror a b raidz3 c d e")).unwrap_err().to_string();
+        let err = parse_vdev_words(&words("mirror a b raidz3 c d e"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("raidz3-1 needs at least 4"), "{err}");
-        let err = parse_vdev_words(&words("raidz4 a b c d e")).unwrap_err().to_string();
+        let err = parse_vdev_words(&words("raidz4 a b c d e"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("raidz4 is not a vdev type"), "{err}");
-        let err = parse_vdev_words(&words("mirror a b log c")).unwrap_err().to_string();
+        let err = parse_vdev_words(&words("mirror a b log c"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("log vdevs are not supported"), "{err}");
         let err = parse_vdev_words(&[]).unwrap_err().to_string();
         assert!(err.contains("no devices given"), "{err}");
-        let err = parse_vdev_words(&words("mirror raidz1 a b")).unwrap_err().to_string();
+        let err = parse_vdev_words(&words("mirror raidz1 a b"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("got 0 (none)"), "{err}");
     }
 
@@ -980,10 +1030,22 @@ mod tests {
 
         let err = build_create("tank".into(), &words("a"), vec![], &["x".into()], false);
         assert!(err.unwrap_err().to_string().contains("expected PROP=VALUE"));
-        let err = build_create("tank".into(), &words("a"), vec![("autoexpand".into(), "on".into())], &[], false);
-        assert!(err.unwrap_err().to_string().contains("unknown pool property"));
+        let err = build_create(
+            "tank".into(),
+            &words("a"),
+            vec![("autoexpand".into(), "on".into())],
+            &[],
+            false,
+        );
+        assert!(err
+            .unwrap_err()
+            .to_string()
+            .contains("unknown pool property"));
         let err = build_create("mirror".into(), &words("a b"), vec![], &[], false);
-        assert!(err.unwrap_err().to_string().contains("forget the pool name"));
+        assert!(err
+            .unwrap_err()
+            .to_string()
+            .contains("forget the pool name"));
     }
 
     #[test]
@@ -1004,16 +1066,36 @@ mod tests {
 
     #[test]
     fn output_option_doubles_as_pool_property() {
-        let cli = Cli::try_parse_checked(["tarn", "pool", "create", "-o", "json", "-o", "ashift=12", "tank", "a"])
-            .unwrap();
+        let cli = Cli::try_parse_checked([
+            "tarn",
+            "pool",
+            "create",
+            "-o",
+            "json",
+            "-o",
+            "ashift=12",
+            "tank",
+            "a",
+        ])
+        .unwrap();
         let (format, props) = resolve_output(&cli.output, true).unwrap();
         assert_eq!(format, Format::Json);
         assert_eq!(props, [("ashift".to_string(), "12".to_string())]);
         let cli = Cli::try_parse_checked(["tarn", "-ojson", "pool", "status"]).unwrap();
         assert_eq!(resolve_output(&cli.output, false).unwrap().0, Format::Json);
         // clap would keep only the inner -o here; refuse instead of losing one.
-        let err = Cli::try_parse_checked(["tarn", "-o", "json", "pool", "create", "-o", "ashift=12", "tank", "a"])
-            .unwrap_err();
+        let err = Cli::try_parse_checked([
+            "tarn",
+            "-o",
+            "json",
+            "pool",
+            "create",
+            "-o",
+            "ashift=12",
+            "tank",
+            "a",
+        ])
+        .unwrap_err();
         assert_eq!(err.exit_code(), 2);
         assert!(err.to_string().contains("both before and after"), "{err}");
 

@@ -2,7 +2,7 @@
 //!
 //! One connection, one request at a time. Transport failures become `anyhow`
 //! errors that tell the operator what to do; API failures come back as
-//! [`ApiError`] inside the `anyhow::Error`, so callers can downcast to read
+//! [`crate::api::ApiError`] inside the `anyhow::Error`, so callers can downcast to read
 //! the code.
 
 use std::io::{self, BufReader, Write};
@@ -115,9 +115,9 @@ impl Client {
         match read_line_bounded(&mut self.reader, &mut self.line, MAX_RESPONSE_BYTES) {
             Ok(LineRead::Line) => serde_json::from_slice(&self.line)
                 .with_context(|| format!("the daemon on {shown} sent an unreadable answer")),
-            Ok(LineRead::TooLong) => bail!(
-                "the daemon on {shown} sent an answer longer than {MAX_RESPONSE_BYTES} bytes"
-            ),
+            Ok(LineRead::TooLong) => {
+                bail!("the daemon on {shown} sent an answer longer than {MAX_RESPONSE_BYTES} bytes")
+            }
             Ok(LineRead::Eof) => bail!(
                 "the tarn daemon on {shown} closed the connection without answering; \
                  it may have stopped or crashed; see its log"

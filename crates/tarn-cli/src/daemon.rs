@@ -195,7 +195,10 @@ impl Bound {
         match fs::symlink_metadata(&self.path) {
             Ok(md) if (md.dev(), md.ino()) == self.dev_ino => {
                 if let Err(e) = fs::remove_file(&self.path) {
-                    log(&format!("cannot remove socket {}: {e}", self.path.display()));
+                    log(&format!(
+                        "cannot remove socket {}: {e}",
+                        self.path.display()
+                    ));
                 }
             }
             _ => {}
@@ -218,11 +221,22 @@ fn bind_socket(path: &Path) -> anyhow::Result<Bound> {
                     )
                 })?;
         }
+        // Another user who can write the directory could swap our socket
+        // for theirs; a sticky directory such as /tmp protects its entries.
+        let md = fs::metadata(dir).with_context(|| format!("cannot examine {}", dir.display()))?;
+        if md.mode() & 0o022 != 0 && md.mode() & 0o1000 == 0 {
+            bail!(
+                "the socket directory {} is writable by other users; \
+                 make it private (chmod 700 {}) or choose another --socket",
+                dir.display(),
+                dir.display()
+            );
+        }
     }
     match fs::symlink_metadata(path) {
-        Ok(md) if !md.file_type().is_socket() => bail!(
-            "{shown} exists and is not a socket; remove it or choose another --socket"
-        ),
+        Ok(md) if !md.file_type().is_socket() => {
+            bail!("{shown} exists and is not a socket; remove it or choose another --socket")
+        }
         Ok(_) => match UnixStream::connect(path) {
             Ok(_) => bail!(
                 "a tarn daemon is already listening on {shown}\n\
@@ -233,9 +247,9 @@ fn bind_socket(path: &Path) -> anyhow::Result<Bound> {
                     format!("cannot remove the stale socket {shown}; remove it by hand")
                 })?;
             }
-            Err(e) => bail!(
-                "{shown} exists but cannot be checked ({e}); remove it if no daemon uses it"
-            ),
+            Err(e) => {
+                bail!("{shown} exists but cannot be checked ({e}); remove it if no daemon uses it")
+            }
         },
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => bail!("cannot examine {shown}: {e}"),
@@ -256,7 +270,7 @@ fn bind_socket(path: &Path) -> anyhow::Result<Bound> {
 }
 
 fn log(message: &str) {
-    eprintln!("tarn daemon: {message}");
+    let _ = writeln!(io::stderr(), "tarn daemon: {message}");
 }
 
 // ---------------------------------------------------------------------------
@@ -362,7 +376,10 @@ fn admit(
             Ok(handle) => handle,
             Err(e) => {
                 drop(conns);
-                refuse(stream, ApiError::busy(format!("the daemon is out of resources: {e}")));
+                refuse(
+                    stream,
+                    ApiError::busy(format!("the daemon is out of resources: {e}")),
+                );
                 return;
             }
         };
@@ -392,7 +409,10 @@ fn serve_connection(stream: UnixStream, shared: &Shared, backend: &dyn Backend) 
     let read_half = match stream.try_clone() {
         Ok(s) => s,
         Err(e) => {
-            refuse(stream, ApiError::busy(format!("the daemon is out of resources: {e}")));
+            refuse(
+                stream,
+                ApiError::busy(format!("the daemon is out of resources: {e}")),
+            );
             return;
         }
     };

@@ -13,13 +13,15 @@
 //! - [`cli`]: command-line parsing and the commands themselves.
 //! - [`render`]: human output in the style of `zpool status` and friends.
 
+#![warn(missing_docs)]
+
 pub mod api;
 pub mod backend;
 pub mod cli;
 pub mod client;
 pub mod daemon;
+pub mod pools;
 pub mod render;
-pub mod unwired;
 
 /// The status types shared with the pool layer, re-exported so API users
 /// need one crate.

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use crate::backend::ObjectInfo;
 use crate::status::{
-    Counters, Health, ImportCandidate, IostatEntry, PoolListEntry, PoolStatus, ScanKind,
-    ScanState, ScanStatus, VdevStatus,
+    Counters, Health, ImportCandidate, IostatEntry, PoolListEntry, PoolStatus, ScanKind, ScanState,
+    ScanStatus, VdevStatus,
 };
 
 const UNITS: [&str; 7] = ["", "K", "M", "G", "T", "P", "E"];
@@ -69,7 +69,12 @@ pub fn format_rate(bytes_per_sec: u64) -> String {
 /// A duration as `HH:MM:SS`, with a day count in front past 24 hours.
 pub fn format_duration(secs: u64) -> String {
     let (days, rest) = (secs / 86_400, secs % 86_400);
-    let hms = format!("{:02}:{:02}:{:02}", rest / 3600, rest % 3600 / 60, rest % 60);
+    let hms = format!(
+        "{:02}:{:02}:{:02}",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    );
     if days > 0 {
         format!("{days}d {hms}")
     } else {
@@ -155,7 +160,10 @@ pub fn scan_text(scan: &ScanStatus) -> String {
             let head = if scan.state == ScanState::Paused {
                 format!("{noun} paused, started {}", format_date(scan.started_unix))
             } else {
-                format!("{noun} in progress since {}", format_date(scan.started_unix))
+                format!(
+                    "{noun} in progress since {}",
+                    format_date(scan.started_unix)
+                )
             };
             let mut progress = format!(
                 "{} / {} scanned",
@@ -423,7 +431,10 @@ pub fn render_objects(pool: &str, objects: &[ObjectInfo]) -> String {
 /// leaf. Without `previous`, the numbers are totals since import; with the
 /// previous sample and the time between the two, they are per-second rates
 /// of the counter deltas (a row without a previous sample shows `-`).
-pub fn render_iostat(current: &[IostatEntry], previous: Option<(&[IostatEntry], Duration)>) -> String {
+pub fn render_iostat(
+    current: &[IostatEntry],
+    previous: Option<(&[IostatEntry], Duration)>,
+) -> String {
     fn keyed(entries: &[IostatEntry]) -> HashMap<(String, String), &Counters> {
         let mut pool = String::new();
         let mut map = HashMap::new();
@@ -434,6 +445,9 @@ pub fn render_iostat(current: &[IostatEntry], previous: Option<(&[IostatEntry], 
             map.insert((pool.clone(), e.name.clone()), &e.counters);
         }
         map
+    }
+    if current.is_empty() {
+        return "no pools available\n".to_string();
     }
     let before = previous.map(|(entries, elapsed)| (keyed(entries), elapsed.as_secs_f64()));
     let dash = || "-".to_string();
@@ -498,11 +512,11 @@ pub fn render_iostat(current: &[IostatEntry], previous: Option<(&[IostatEntry], 
         s
     };
     let mut out = String::new();
-    let _ = writeln!(
-        out,
+    let groups = format!(
         "{:<name_w$}  {:^12}  {:^12}  {:^12}",
         "", "capacity", "operations", "bandwidth"
     );
+    let _ = writeln!(out, "{}", groups.trim_end());
     let header: Vec<String> = ["pool", "alloc", "free", "read", "write", "read", "write"]
         .iter()
         .map(|s| s.to_string())
@@ -598,7 +612,12 @@ mod tests {
                 note: None,
                 children: vec![
                     leaf("/dev/sdb", Health::Online, counters(0, 3), None),
-                    leaf("/dev/sdc", Health::Offline, Counters::default(), Some("was /dev/sdc")),
+                    leaf(
+                        "/dev/sdc",
+                        Health::Offline,
+                        Counters::default(),
+                        Some("was /dev/sdc"),
+                    ),
                 ],
             }],
             damaged: vec![],
@@ -643,10 +662,19 @@ mod tests {
         for col in ["NAME", "STATE", "READ", "WRITE", "CKSUM"] {
             assert!(header.contains(col), "{header}");
         }
-        let sdc = lines.iter().find(|l| l.starts_with("\t    /dev/sdc")).unwrap();
-                assert!(sdc.contains("OFFLINE") && sdc.ends_with("was /dev/sdc"), "{sdc:?}");
+        let sdc = lines
+            .iter()
+            .find(|l| l.starts_with("\t    /dev/sdc"))
+            .unwrap();
+        assert!(
+            sdc.contains("OFFLINE") && sdc.ends_with("was /dev/sdc"),
+            "{sdc:?}"
+        );
         let pool_row = lines.iter().find(|l| l.starts_with("\ttank ")).unwrap();
-        assert!(pool_row.contains("DEGRADED") && pool_row.ends_with("3"), "{pool_row:?}");
+        assert!(
+            pool_row.contains("DEGRADED") && pool_row.ends_with("3"),
+            "{pool_row:?}"
+        );
     }
 
     #[test]
@@ -673,7 +701,10 @@ mod tests {
         );
         assert!(text.contains("\t1M resilvered, 1 error\n"), "{text}");
         assert!(text.contains("errors: Permanent errors"), "{text}");
-        assert!(text.contains("        object drill-1 offset 131072\n"), "{text}");
+        assert!(
+            text.contains("        object drill-1 offset 131072\n"),
+            "{text}"
+        );
         assert!(needs_attention(&pool));
         assert_eq!(render_status(&[]), "no pools available\n");
     }
@@ -710,23 +741,54 @@ mod tests {
                 ..Counters::default()
             },
         };
-        let first = vec![entry("tank", 0, 100), entry("mirror-0", 1, 100), entry("/dev/sdb", 2, 50)];
+        let first = vec![
+            entry("tank", 0, 100),
+            entry("mirror-0", 1, 100),
+            entry("/dev/sdb", 2, 50),
+        ];
         let text = render_iostat(&first, None);
-        assert!(text.contains("capacity") && text.contains("operations") && text.contains("bandwidth"));
-        let tank: Vec<&str> = text.lines().find(|l| l.starts_with("tank")).unwrap().split_whitespace().collect();
+        assert!(
+            text.contains("capacity") && text.contains("operations") && text.contains("bandwidth")
+        );
+        let tank: Vec<&str> = text
+            .lines()
+            .find(|l| l.starts_with("tank"))
+            .unwrap()
+            .split_whitespace()
+            .collect();
         assert_eq!(tank, ["tank", "1G", "3G", "100", "200", "400K", "800K"]);
-        let leaf: Vec<&str> = text.lines().find(|l| l.contains("/dev/sdb")).unwrap().split_whitespace().collect();
+        let leaf: Vec<&str> = text
+            .lines()
+            .find(|l| l.contains("/dev/sdb"))
+            .unwrap()
+            .split_whitespace()
+            .collect();
         assert_eq!(leaf, ["/dev/sdb", "-", "-", "50", "100", "200K", "400K"]);
 
         let mut second = first.clone();
         second[0] = entry("tank", 0, 300);
         second.push(entry("/dev/sdc", 2, 7));
         let text = render_iostat(&second, Some((&first, Duration::from_secs(2))));
-        let tank: Vec<&str> = text.lines().find(|l| l.starts_with("tank")).unwrap().split_whitespace().collect();
+        let tank: Vec<&str> = text
+            .lines()
+            .find(|l| l.starts_with("tank"))
+            .unwrap()
+            .split_whitespace()
+            .collect();
         assert_eq!(tank, ["tank", "1G", "3G", "100", "200", "400K", "800K"]);
-        let idle: Vec<&str> = text.lines().find(|l| l.contains("mirror-0")).unwrap().split_whitespace().collect();
+        let idle: Vec<&str> = text
+            .lines()
+            .find(|l| l.contains("mirror-0"))
+            .unwrap()
+            .split_whitespace()
+            .collect();
         assert_eq!(idle, ["mirror-0", "1G", "3G", "0", "0", "0B", "0B"]);
-        let new: Vec<&str> = text.lines().find(|l| l.contains("/dev/sdc")).unwrap().split_whitespace().collect();
+        let new: Vec<&str> = text
+            .lines()
+            .find(|l| l.contains("/dev/sdc"))
+            .unwrap()
+            .split_whitespace()
+            .collect();
         assert_eq!(new, ["/dev/sdc", "-", "-", "-", "-", "-", "-"]);
     }
 
@@ -750,6 +812,9 @@ mod tests {
         scan.eta_secs = Some(61);
         let line = progress_line(&scan);
         assert!(line.starts_with("scrub [===============>"), "{line}");
-        assert!(line.contains(" 50.0%") && line.ends_with("ETA 00:01:01"), "{line}");
+        assert!(
+            line.contains(" 50.0%") && line.ends_with("ETA 00:01:01"),
+            "{line}"
+        );
     }
 }

@@ -49,7 +49,11 @@ pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();
     let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
         Some((i, _)) => {
-            let m = match s[i..].to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+            let m = match s[i..]
+                .to_ascii_uppercase()
+                .trim_end_matches("IB")
+                .trim_end_matches('B')
+            {
                 "" => 1,
                 "K" => 1 << 10,
                 "M" => 1 << 20,
@@ -160,7 +164,10 @@ impl Default for PoolOptions {
             node_cache_bytes: 64 << 20,
             scan_batch_blocks: 16384,
             owner: String::new(),
-            sync_threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).min(8),
+            sync_threads: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2)
+                .min(8),
         }
     }
 }
@@ -186,7 +193,12 @@ mod tests {
         m.insert("recordsize".to_string(), "1M".to_string());
         p.apply(&m).unwrap();
         assert_eq!(p.recordsize, 1 << 20);
-        for (k, v) in [("recordsize", "3000"), ("copies", "4"), ("checksum", "md5"), ("frobnicate", "1")] {
+        for (k, v) in [
+            ("recordsize", "3000"),
+            ("copies", "4"),
+            ("checksum", "md5"),
+            ("frobnicate", "1"),
+        ] {
             let mut m = BTreeMap::new();
             m.insert(k.to_string(), v.to_string());
             assert!(p.clone().apply(&m).is_err(), "{k}={v} accepted");

@@ -29,7 +29,11 @@ impl Pool {
         let mut by_name = Vec::new();
         for (ti, t) in self.tops.iter().enumerate() {
             for (ci, l) in t.leaves().into_iter().enumerate() {
-                if l.path == Path::new(dev) || canon.as_deref() == Some(l.path.as_path()) || dev.parse::<u64>().ok() == Some(l.guid) || guid == Some(l.guid) {
+                if l.path == Path::new(dev)
+                    || canon.as_deref() == Some(l.path.as_path())
+                    || dev.parse::<u64>().ok() == Some(l.guid)
+                    || guid == Some(l.guid)
+                {
                     return Ok((ti, ci));
                 }
                 if l.path.file_name().and_then(|n| n.to_str()) == Some(dev) {
@@ -74,8 +78,9 @@ impl Pool {
     /// the same device (by its label GUID).
     fn reopen(&self, ti: usize, ci: usize) -> Result<Arc<dyn Leaf>, PoolError> {
         let info = &self.tops[ti].leaves()[ci];
-        let leaf = FileLeaf::open(&info.path)
-            .map_err(|e| PoolError::NotFound(format!("cannot open {}: {e}", info.path.display())))?;
+        let leaf = FileLeaf::open(&info.path).map_err(|e| {
+            PoolError::NotFound(format!("cannot open {}: {e}", info.path.display()))
+        })?;
         match tarn_vdev::read_label(&leaf) {
             Ok(l) if l.config.pool_guid == self.guid && l.config.device_guid == info.guid => {}
             _ => {
@@ -86,7 +91,10 @@ impl Pool {
                 )))
             }
         }
-        self.locks.lock().unwrap_or_else(|e| e.into_inner()).push(lock_device(&info.path)?);
+        self.locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(lock_device(&info.path)?);
         Ok(Arc::new(leaf))
     }
 
@@ -100,7 +108,8 @@ impl Pool {
             match info.state {
                 LeafState::Online => {}
                 LeafState::Offline => self.tops[ti].set_offline(ci, false)?,
-                LeafState::Missing | LeafState::Faulted => {
+                LeafState::Faulted => self.tops[ti].clear_fault(ci)?,
+                LeafState::Missing => {
                     let leaf = self.reopen(ti, ci)?;
                     self.tops[ti].replace_leaf(ci, leaf, info.guid)?;
                 }
@@ -118,7 +127,8 @@ impl Pool {
     /// Replaces `old` with the device at `new` and resilvers everything onto it.
     pub fn replace(self: &Arc<Self>, old: &str, new: &Path, force: bool) -> Result<(), PoolError> {
         let (ti, ci) = self.find_leaf(old)?;
-        let leaf = FileLeaf::open(new).map_err(|e| PoolError::Invalid(format!("device {}: {e}", new.display())))?;
+        let leaf = FileLeaf::open(new)
+            .map_err(|e| PoolError::Invalid(format!("device {}: {e}", new.display())))?;
         let need = self.tops[ti]
             .leaves()
             .iter()
@@ -136,7 +146,8 @@ impl Pool {
             )));
         }
         if let Ok(l) = tarn_vdev::read_label(&leaf) {
-            let same_leaf = l.config.pool_guid == self.guid && l.config.device_guid == self.tops[ti].leaves()[ci].guid;
+            let same_leaf = l.config.pool_guid == self.guid
+                && l.config.device_guid == self.tops[ti].leaves()[ci].guid;
             if l.config.state != PoolState::Destroyed && !same_leaf && !force {
                 return Err(PoolError::InUse(format!(
                     "device {} belongs to pool '{}'; use -f to overwrite it",
@@ -146,8 +157,12 @@ impl Pool {
             }
         }
         let canon = std::fs::canonicalize(new).unwrap_or_else(|_| new.to_path_buf());
-        if self.device_paths().iter().any(|p| *p == canon) && canon != self.tops[ti].leaves()[ci].path {
-            return Err(PoolError::InUse(format!("device {} is already part of pool '{}'", new.display(), self.name)));
+        if self.device_paths().contains(&canon) && canon != self.tops[ti].leaves()[ci].path {
+            return Err(PoolError::InUse(format!(
+                "device {} is already part of pool '{}'",
+                new.display(),
+                self.name
+            )));
         }
         {
             let mut st = self.lock();
@@ -156,7 +171,10 @@ impl Pool {
             let old_guid = self.tops[ti].leaves()[ci].guid;
             let guid = new_guid();
             self.tops[ti].replace_leaf(ci, Arc::new(leaf), guid)?;
-            self.locks.lock().unwrap_or_else(|e| e.into_inner()).push(lock);
+            self.locks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(lock);
             st.ms.dtl.remove(&old_guid);
             let now = st.txg;
             st.ms.dtl.insert(guid, (1, now));
@@ -179,11 +197,18 @@ impl Pool {
                 if only.is_some_and(|(_, y)| y != ci) {
                     continue;
                 }
-                if matches!(l.state, LeafState::Faulted | LeafState::Missing) {
-                    if let Ok(leaf) = self.reopen(ti, ci) {
-                        t.replace_leaf(ci, leaf, l.guid)?;
+                match l.state {
+                    LeafState::Faulted => {
+                        t.clear_fault(ci)?;
                         reopened = true;
                     }
+                    LeafState::Missing => {
+                        if let Ok(leaf) = self.reopen(ti, ci) {
+                            t.replace_leaf(ci, leaf, l.guid)?;
+                            reopened = true;
+                        }
+                    }
+                    _ => {}
                 }
             }
         }

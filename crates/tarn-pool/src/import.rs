@@ -37,7 +37,9 @@ fn candidates(dirs: &[PathBuf], devices: &[PathBuf]) -> Vec<PathBuf> {
     use std::os::unix::fs::FileTypeExt;
     let mut out: Vec<PathBuf> = devices.to_vec();
     for d in dirs {
-        let Ok(rd) = std::fs::read_dir(d) else { continue };
+        let Ok(rd) = std::fs::read_dir(d) else {
+            continue;
+        };
         for e in rd.flatten() {
             let Ok(ft) = e.file_type() else { continue };
             if ft.is_file() || ft.is_block_device() {
@@ -53,8 +55,12 @@ fn candidates(dirs: &[PathBuf], devices: &[PathBuf]) -> Vec<PathBuf> {
 fn scan_labels(dirs: &[PathBuf], devices: &[PathBuf]) -> Vec<Found> {
     let mut out = Vec::new();
     for p in candidates(dirs, devices) {
-        let Ok(leaf) = FileLeaf::open(&p) else { continue };
-        let Ok(l) = tarn_vdev::read_label(&leaf) else { continue };
+        let Ok(leaf) = FileLeaf::open(&p) else {
+            continue;
+        };
+        let Ok(l) = tarn_vdev::read_label(&leaf) else {
+            continue;
+        };
         let path = std::fs::canonicalize(&p).unwrap_or(p);
         out.push(Found {
             path,
@@ -72,7 +78,7 @@ fn group(found: Vec<Found>) -> BTreeMap<u64, Vec<Found>> {
         g.entry(f.config.pool_guid).or_default().push(f);
     }
     for v in g.values_mut() {
-        v.sort_by(|a, b| b.config.txg.cmp(&a.config.txg));
+        v.sort_by_key(|f| std::cmp::Reverse(f.config.txg));
     }
     g
 }
@@ -132,7 +138,11 @@ pub fn discover(dirs: &[PathBuf], devices: &[PathBuf]) -> Vec<ImportCandidate> {
 }
 
 /// Verifies the whole meta tree of an uberblock and loads the pool state.
-fn load_txg(tops: &[Arc<TopVdev>], cache: &NodeCache, ub: &Uberblock) -> Result<(Tree, Vec<SpaceMap>, PoolProps, MetaState), PoolError> {
+fn load_txg(
+    tops: &[Arc<TopVdev>],
+    cache: &NodeCache,
+    ub: &Uberblock,
+) -> Result<(Tree, Vec<SpaceMap>, PoolProps, MetaState), PoolError> {
     let rs = ReadStore { tops, cache };
     if !ub.meta_root.is_hole() {
         tarn_tree::walk(&rs, &ub.meta_root, 0, &mut |_| Ok(()), &mut |_, _| Ok(()))?;
@@ -140,6 +150,9 @@ fn load_txg(tops: &[Arc<TopVdev>], cache: &NodeCache, ub: &Uberblock) -> Result<
     let space_bytes = pipeline::read_block(tops, &ub.space_root)?;
     let space = decode_space_root(&space_bytes, tops.len())?;
     for (m, t) in space.iter().zip(tops) {
+        // With a member missing, the vdev cannot know its recorded size from
+        // the devices alone: adopt the one the space map was built for.
+        t.pin_asize(m.asize())?;
         if m.asize() != t.asize() || m.align() != t.alloc_align() {
             return Err(PoolError::Corrupt(format!(
                 "space map of size {} / unit {} does not fit a vdev of size {} / unit {}",
@@ -152,11 +165,13 @@ fn load_txg(tops: &[Arc<TopVdev>], cache: &NodeCache, ub: &Uberblock) -> Result<
     }
     let mut meta = Tree::open(ub.meta_root);
     let props = match meta.get(&rs, K_PROPS)? {
-        Some(v) => serde_json::from_slice(&v).map_err(|e| PoolError::Corrupt(format!("pool properties: {e}")))?,
+        Some(v) => serde_json::from_slice(&v)
+            .map_err(|e| PoolError::Corrupt(format!("pool properties: {e}")))?,
         None => PoolProps::default(),
     };
     let ms = match meta.get(&rs, K_STATE)? {
-        Some(v) => serde_json::from_slice(&v).map_err(|e| PoolError::Corrupt(format!("pool state: {e}")))?,
+        Some(v) => serde_json::from_slice(&v)
+            .map_err(|e| PoolError::Corrupt(format!("pool state: {e}")))?,
         None => MetaState::default(),
     };
     Ok((meta, space, props, ms))
@@ -179,7 +194,8 @@ impl Pool {
             .iter()
             .filter(|(g, f)| {
                 let c = &f[0].config;
-                c.state != PoolState::Destroyed && (c.pool_name == which || format!("{g:016x}") == which.to_ascii_lowercase())
+                c.state != PoolState::Destroyed
+                    && (c.pool_name == which || format!("{g:016x}") == which.to_ascii_lowercase())
             })
             .map(|(g, _)| *g)
             .collect();
@@ -200,7 +216,10 @@ impl Pool {
             return Err(PoolError::Internal("pool group vanished".into()));
         };
         let cfg = found[0].config.clone();
-        if cfg.state == PoolState::Active && !force && cfg.owner.as_deref() != Some(opts.owner.as_str()) {
+        if cfg.state == PoolState::Active
+            && !force
+            && cfg.owner.as_deref() != Some(opts.owner.as_str())
+        {
             return Err(PoolError::InUse(format!(
                 "pool '{}' was not exported and may be in use by {}; if that owner is gone, import with --force",
                 cfg.pool_name,
@@ -278,7 +297,9 @@ impl Pool {
             return Err(PoolError::Corrupt(format!(
                 "pool '{}': no uberblock with a verifiable tree ({})",
                 cfg.pool_name,
-                last_err.map(|e| e.to_string()).unwrap_or_else(|| "no uberblocks found".into())
+                last_err
+                    .map(|e| e.to_string())
+                    .unwrap_or_else(|| "no uberblocks found".into())
             )));
         };
         // Leaves that are absent now miss every txg from here on.
@@ -291,7 +312,20 @@ impl Pool {
                 }
             }
         }
-        let pool = Arc::new(Pool::assemble(&name, guid, cfg.ashift, tops, opts, newest_seen, meta, space, ub.space_root, props, ms, locks));
+        let pool = Arc::new(Pool::assemble(
+            &name,
+            guid,
+            cfg.ashift,
+            tops,
+            opts,
+            newest_seen,
+            meta,
+            space,
+            ub.space_root,
+            props,
+            ms,
+            locks,
+        ));
         {
             let mut st = pool.lock();
             pool.release_frees(&mut st);

@@ -19,9 +19,7 @@ use tarn_block::pipeline::{self, Missed, Prepared};
 use tarn_block::{BlockPtr, BlockType, CompressAlg};
 use tarn_space::{SpaceMap, DEFER_TXGS};
 use tarn_tree::Tree;
-use tarn_vdev::{
-    FileLeaf, LabelConfig, Leaf, LeafState, PoolState, TopHealth, TopVdev, VdevKind,
-};
+use tarn_vdev::{FileLeaf, LabelConfig, Leaf, LeafState, PoolState, TopHealth, TopVdev, VdevKind};
 
 use crate::config::{PoolOptions, PoolProps, VdevSpec};
 use crate::scan::ScanRecord;
@@ -128,16 +126,26 @@ pub struct Pool {
 }
 
 pub(crate) fn now_unix() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// A random 64-bit GUID (never 0).
 pub(crate) fn new_guid() -> u64 {
     use std::io::Read;
     let mut b = [0u8; 8];
-    let ok = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).is_ok();
+    let ok = File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_ok();
     if !ok {
-        let seed = format!("{:?}{}{:?}", SystemTime::now(), std::process::id(), std::thread::current().id());
+        let seed = format!(
+            "{:?}{}{:?}",
+            SystemTime::now(),
+            std::process::id(),
+            std::thread::current().id()
+        );
         b.copy_from_slice(&blake3::hash(seed.as_bytes()).as_bytes()[..8]);
     }
     u64::from_le_bytes(b).max(1)
@@ -146,7 +154,8 @@ pub(crate) fn new_guid() -> u64 {
 /// Takes an exclusive advisory lock on a device so no second process (and
 /// no second pool in this one) opens it while this pool holds it.
 pub(crate) fn lock_device(path: &Path) -> Result<File, PoolError> {
-    let f = File::open(path).map_err(|e| PoolError::NotFound(format!("cannot open {}: {e}", path.display())))?;
+    let f = File::open(path)
+        .map_err(|e| PoolError::NotFound(format!("cannot open {}: {e}", path.display())))?;
     match f.try_lock() {
         Ok(()) => Ok(f),
         Err(std::fs::TryLockError::WouldBlock) => Err(PoolError::InUse(format!(
@@ -165,7 +174,9 @@ pub(crate) fn check_pool_name(name: &str) -> Result<(), PoolError> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c));
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c));
     if ok {
         Ok(())
     } else {
@@ -229,7 +240,8 @@ pub(crate) fn decode_space_root(b: &[u8], tops: usize) -> Result<Vec<SpaceMap>, 
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let len_bytes = b.get(off..off + 4).ok_or_else(|| bad("truncated"))?;
-        let len = u32::from_le_bytes([len_bytes[0], len_bytes[1], len_bytes[2], len_bytes[3]]) as usize;
+        let len =
+            u32::from_le_bytes([len_bytes[0], len_bytes[1], len_bytes[2], len_bytes[3]]) as usize;
         off += 4;
         let body = b.get(off..off + len).ok_or_else(|| bad("truncated map"))?;
         out.push(SpaceMap::decode(body)?);
@@ -239,14 +251,21 @@ pub(crate) fn decode_space_root(b: &[u8], tops: usize) -> Result<Vec<SpaceMap>, 
 }
 
 /// Runs `f` over `items` on up to `threads` scoped threads, keeping order.
-fn parallel_map<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> R + Sync) -> Result<Vec<R>, PoolError> {
+fn parallel_map<T: Sync, R: Send>(
+    items: &[T],
+    threads: usize,
+    f: impl Fn(&T) -> R + Sync,
+) -> Result<Vec<R>, PoolError> {
     let threads = threads.clamp(1, items.len().max(1));
     if threads == 1 {
         return Ok(items.iter().map(&f).collect());
     }
     let chunk = items.len().div_ceil(threads);
     std::thread::scope(|s| {
-        let handles: Vec<_> = items.chunks(chunk).map(|c| s.spawn(|| c.iter().map(&f).collect::<Vec<R>>())).collect();
+        let handles: Vec<_> = items
+            .chunks(chunk)
+            .map(|c| s.spawn(|| c.iter().map(&f).collect::<Vec<R>>()))
+            .collect();
         let mut out = Vec::with_capacity(items.len());
         for h in handles {
             match h.join() {
@@ -270,7 +289,9 @@ impl Pool {
     ) -> Result<Arc<Pool>, PoolError> {
         check_pool_name(name)?;
         if ![9, 12, 13].contains(&ashift) {
-            return Err(PoolError::Invalid(format!("ashift={ashift}: expected 9, 12 or 13")));
+            return Err(PoolError::Invalid(format!(
+                "ashift={ashift}: expected 9, 12 or 13"
+            )));
         }
         if specs.is_empty() {
             return Err(PoolError::Invalid("a pool needs at least one vdev".into()));
@@ -282,7 +303,10 @@ impl Pool {
             for d in &s.devices {
                 let canon = std::fs::canonicalize(d).unwrap_or_else(|_| d.clone());
                 if !seen.insert(canon) {
-                    return Err(PoolError::Invalid(format!("device {} is listed twice", d.display())));
+                    return Err(PoolError::Invalid(format!(
+                        "device {} is listed twice",
+                        d.display()
+                    )));
                 }
             }
         }
@@ -293,7 +317,8 @@ impl Pool {
             let mut leaves: Vec<Option<Arc<dyn Leaf>>> = Vec::new();
             let mut children = Vec::new();
             for d in &s.devices {
-                let leaf = FileLeaf::open(d).map_err(|e| PoolError::Invalid(format!("device {}: {e}", d.display())))?;
+                let leaf = FileLeaf::open(d)
+                    .map_err(|e| PoolError::Invalid(format!("device {}: {e}", d.display())))?;
                 if leaf.size() < tarn_vdev::MIN_LEAF_SIZE {
                     return Err(PoolError::Invalid(format!(
                         "device {} is too small: {} bytes, at least {} MiB needed",
@@ -328,19 +353,43 @@ impl Pool {
             tops.push(Arc::new(TopVdev::open(&cfg, ashift, leaves)?));
             tree_cfg.push(cfg);
         }
-        let space = tops.iter().map(|t| SpaceMap::new(t.asize(), t.alloc_align())).collect();
+        let space = tops
+            .iter()
+            .map(|t| SpaceMap::new(t.asize(), t.alloc_align()))
+            .collect();
         let ms = MetaState {
             next_object: 1,
             created_unix: now_unix(),
             ..Default::default()
         };
-        let pool = Arc::new(Pool::assemble(name, new_guid(), ashift, tops, opts, 0, Tree::new(), space, BlockPtr::default(), pprops, ms, locks));
+        let pool = Arc::new(Pool::assemble(
+            name,
+            new_guid(),
+            ashift,
+            tops,
+            opts,
+            0,
+            Tree::new(),
+            space,
+            BlockPtr::default(),
+            pprops,
+            ms,
+            locks,
+        ));
         {
             let mut st = pool.lock();
             st.ms_dirty = true;
-            let props_json = serde_json::to_vec(&st.props).map_err(|e| PoolError::Internal(e.to_string()))?;
+            let props_json =
+                serde_json::to_vec(&st.props).map_err(|e| PoolError::Internal(e.to_string()))?;
             let State { meta, .. } = &mut *st;
-            meta.insert(&ReadStore { tops: &pool.tops, cache: &pool.cache }, K_PROPS, &props_json)?;
+            meta.insert(
+                &ReadStore {
+                    tops: &pool.tops,
+                    cache: &pool.cache,
+                },
+                K_PROPS,
+                &props_json,
+            )?;
             // Labels first, so the devices are recognisable; then txg 1.
             pool.write_labels(&st, PoolState::Active)?;
             pool.sync_locked(&mut st)?;
@@ -428,15 +477,26 @@ impl Pool {
 
     /// Paths of every device the pool uses now.
     pub fn device_paths(&self) -> Vec<PathBuf> {
-        self.tops.iter().flat_map(|t| t.leaves().into_iter().map(|l| l.path)).collect()
+        self.tops
+            .iter()
+            .flat_map(|t| t.leaves().into_iter().map(|l| l.path))
+            .collect()
     }
 
     pub(crate) fn check_usable(&self, st: &State) -> Result<(), PoolError> {
-        if let Some(f) = self.fault.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        if let Some(f) = self
+            .fault
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
             return Err(PoolError::Faulted(f.clone()));
         }
         if st.closed {
-            return Err(PoolError::NotFound(format!("pool '{}' is exported", self.name)));
+            return Err(PoolError::NotFound(format!(
+                "pool '{}' is exported",
+                self.name
+            )));
         }
         Ok(())
     }
@@ -524,13 +584,14 @@ impl Pool {
         let items: Vec<((u64, u64), Vec<u8>)> = std::mem::take(&mut st.dirty).into_iter().collect();
         st.dirty_bytes = 0;
         st.reserved = 0;
-        let prepared: Vec<Option<Result<Prepared, tarn_block::BlockError>>> = parallel_map(&items, threads, |(_, d)| {
-            if d.iter().all(|&b| b == 0) {
-                None // an all-zero record is a hole: it takes no space
-            } else {
-                Some(pipeline::prepare(d, compression, alg))
-            }
-        })?;
+        let prepared: Vec<Option<Result<Prepared, tarn_block::BlockError>>> =
+            parallel_map(&items, threads, |(_, d)| {
+                if d.iter().all(|&b| b == 0) {
+                    None // an all-zero record is a hole: it takes no space
+                } else {
+                    Some(pipeline::prepare(d, compression, alg))
+                }
+            })?;
         let mut jobs: Vec<(usize, Prepared, Vec<tarn_block::Dva>)> = Vec::new();
         for (i, p) in prepared.into_iter().enumerate() {
             if let Some(p) = p {
@@ -544,7 +605,9 @@ impl Pool {
                 jobs.push((i, p, dvas));
             }
         }
-        let results = parallel_map(&jobs, threads, |(_, p, dvas)| pipeline::write_copies(&self.tops, dvas, &p.stored))?;
+        let results = parallel_map(&jobs, threads, |(_, p, dvas)| {
+            pipeline::write_copies(&self.tops, dvas, &p.stored)
+        })?;
         let mut new_ptrs: BTreeMap<usize, BlockPtr> = BTreeMap::new();
         for ((i, p, dvas), r) in jobs.iter().zip(results) {
             missed.extend(r?);
@@ -552,7 +615,10 @@ impl Pool {
         }
         {
             let State { meta, frees, .. } = &mut *st;
-            let rs = ReadStore { tops: &self.tops, cache: &self.cache };
+            let rs = ReadStore {
+                tops: &self.tops,
+                cache: &self.cache,
+            };
             for (i, ((id, blk), _)) in items.iter().enumerate() {
                 let key = record_key(*id, *blk);
                 let old = match new_ptrs.get(&i) {
@@ -567,16 +633,34 @@ impl Pool {
 
         // 2. Pool state into the meta tree.
         if st.ms_dirty {
-            let json = serde_json::to_vec(&st.ms).map_err(|e| PoolError::Internal(e.to_string()))?;
+            let json =
+                serde_json::to_vec(&st.ms).map_err(|e| PoolError::Internal(e.to_string()))?;
             let State { meta, .. } = &mut *st;
-            meta.insert(&ReadStore { tops: &self.tops, cache: &self.cache }, K_STATE, &json)?;
+            meta.insert(
+                &ReadStore {
+                    tops: &self.tops,
+                    cache: &self.cache,
+                },
+                K_STATE,
+                &json,
+            )?;
             st.ms_dirty = false;
         }
 
         // 3. Meta tree, bottom-up.
-        let State { meta, space, rotor, frees, .. } = &mut *st;
+        let State {
+            meta,
+            space,
+            rotor,
+            frees,
+            ..
+        } = &mut *st;
         let mut tx = TxStore {
-            alloc: Allocator { tops: &self.tops, space, rotor },
+            alloc: Allocator {
+                tops: &self.tops,
+                space,
+                rotor,
+            },
             cache: &self.cache,
             txg,
             checksum: alg,
@@ -593,7 +677,9 @@ impl Pool {
         }
         for bp in &all_frees {
             for d in bp.used_dvas() {
-                let Some(m) = st.space.get_mut(d.vdev as usize) else { continue };
+                let Some(m) = st.space.get_mut(d.vdev as usize) else {
+                    continue;
+                };
                 let r = if bp.birth >= txg {
                     m.free_now(d.offset, d.asize as u64)
                 } else {
@@ -605,9 +691,18 @@ impl Pool {
 
         // 4. Space maps: allocate their block first, then encode (so the
         // encoding includes its own allocation), then write.
-        let bound = 12 + st.space.iter().map(|m| 4 + m.encoded_len_bound(meta_copies + 1)).sum::<usize>();
+        let bound = 12
+            + st.space
+                .iter()
+                .map(|m| 4 + m.encoded_len_bound(meta_copies + 1))
+                .sum::<usize>();
         let bound = bound.next_multiple_of(512);
-        let dvas = Allocator { tops: &self.tops, space: &mut st.space, rotor: &mut st.rotor }.alloc(bound as u64, meta_copies)?;
+        let dvas = Allocator {
+            tops: &self.tops,
+            space: &mut st.space,
+            rotor: &mut st.rotor,
+        }
+        .alloc(bound as u64, meta_copies)?;
         let body = encode_space_root(&st.space, bound);
         let p = Prepared {
             checksum: tarn_block::checksum(alg, &body),
@@ -646,7 +741,9 @@ impl Pool {
             }
         }
         if ub_written == 0 {
-            return Err(PoolError::Faulted(format!("txg {txg}: no device accepted the uberblock")));
+            return Err(PoolError::Faulted(format!(
+                "txg {txg}: no device accepted the uberblock"
+            )));
         }
         for t in &self.tops {
             t.flush()?;
@@ -658,7 +755,11 @@ impl Pool {
         st.last_sync_unix = now_unix();
         self.release_frees(st);
         for m in missed {
-            if let Some(info) = self.tops.get(m.vdev as usize).and_then(|t| t.leaves().into_iter().nth(m.child)) {
+            if let Some(info) = self
+                .tops
+                .get(m.vdev as usize)
+                .and_then(|t| t.leaves().into_iter().nth(m.child))
+            {
                 let e = st.ms.dtl.entry(info.guid).or_insert((txg, txg));
                 e.0 = e.0.min(txg);
                 e.1 = e.1.max(txg);
@@ -705,7 +806,11 @@ impl Pool {
                     if now >= deadline {
                         break;
                     }
-                    st = pool.cv.wait_timeout(st, (deadline - now).min(interval)).map(|r| r.0).unwrap_or_else(|e| e.into_inner().0);
+                    st = pool
+                        .cv
+                        .wait_timeout(st, (deadline - now).min(interval))
+                        .map(|r| r.0)
+                        .unwrap_or_else(|e| e.into_inner().0);
                 }
                 st.sync_requested = false;
                 let faulted = pool.fault.lock().map(|f| f.is_some()).unwrap_or(true);
@@ -728,7 +833,12 @@ impl Pool {
     pub fn export(&self, destroy: bool) -> Result<(), PoolError> {
         self.stop.store(true, Ordering::Release);
         self.cv.notify_all();
-        if let Some(h) = self.scanner.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(h) = self
+            .scanner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
             let _ = h.join();
         }
         if let Some(h) = self.syncer.lock().unwrap_or_else(|e| e.into_inner()).take() {
@@ -751,7 +861,11 @@ impl Pool {
                 result = self.sync_locked(&mut st).map(|_| ());
             }
             if result.is_ok() {
-                let state = if destroy { PoolState::Destroyed } else { PoolState::Exported };
+                let state = if destroy {
+                    PoolState::Destroyed
+                } else {
+                    PoolState::Exported
+                };
                 result = self.write_labels(&st, state);
             }
         }
@@ -771,40 +885,72 @@ impl Pool {
     fn writable_bytes(&self, st: &State) -> u64 {
         let size: u64 = st.space.iter().map(|m| m.asize()).sum();
         let free: u64 = st.space.iter().map(|m| m.free()).sum();
-        free.saturating_sub(tarn_space::slop_bytes(size)).saturating_sub(st.reserved)
+        free.saturating_sub(tarn_space::slop_bytes(size))
+            .saturating_sub(st.reserved)
     }
 
     /// Worst-case bytes allocated for a record of `len` logical bytes.
     fn record_cost(&self, st: &State, len: u64) -> u64 {
-        let per = self.tops.iter().map(|t| t.alloc_size(len)).max().unwrap_or(len);
+        let per = self
+            .tops
+            .iter()
+            .map(|t| t.alloc_size(len))
+            .max()
+            .unwrap_or(len);
         per * st.props.copies as u64
     }
 
     fn lookup_object(&self, st: &mut State, name: &str) -> Result<Option<ObjEntry>, PoolError> {
         let State { meta, .. } = st;
-        let v = meta.get(&ReadStore { tops: &self.tops, cache: &self.cache }, &objdir_key(name))?;
+        let v = meta.get(
+            &ReadStore {
+                tops: &self.tops,
+                cache: &self.cache,
+            },
+            &objdir_key(name),
+        )?;
         match v {
             None => Ok(None),
-            Some(v) => serde_json::from_slice(&v)
-                .map(Some)
-                .map_err(|e| PoolError::Corrupt(format!("directory entry of object '{name}': {e}"))),
+            Some(v) => serde_json::from_slice(&v).map(Some).map_err(|e| {
+                PoolError::Corrupt(format!("directory entry of object '{name}': {e}"))
+            }),
         }
     }
 
     fn store_object(&self, st: &mut State, name: &str, e: &ObjEntry) -> Result<(), PoolError> {
         let json = serde_json::to_vec(e).map_err(|e| PoolError::Internal(e.to_string()))?;
         let State { meta, .. } = st;
-        meta.insert(&ReadStore { tops: &self.tops, cache: &self.cache }, &objdir_key(name), &json)?;
+        meta.insert(
+            &ReadStore {
+                tops: &self.tops,
+                cache: &self.cache,
+            },
+            &objdir_key(name),
+            &json,
+        )?;
         Ok(())
     }
 
     /// Reads one record's current bytes (dirty or on disk); `None` for a hole.
-    fn load_record(&self, st: &mut State, obj: &str, id: u64, blk: u64, rs: u64) -> Result<Option<Vec<u8>>, PoolError> {
+    fn load_record(
+        &self,
+        st: &mut State,
+        obj: &str,
+        id: u64,
+        blk: u64,
+        rs: u64,
+    ) -> Result<Option<Vec<u8>>, PoolError> {
         if let Some(d) = st.dirty.get(&(id, blk)) {
             return Ok(Some(d.clone()));
         }
         let State { meta, .. } = st;
-        let v = meta.get(&ReadStore { tops: &self.tops, cache: &self.cache }, &record_key(id, blk))?;
+        let v = meta.get(
+            &ReadStore {
+                tops: &self.tops,
+                cache: &self.cache,
+            },
+            &record_key(id, blk),
+        )?;
         let Some(v) = v else { return Ok(None) };
         let bp = BlockPtr::decode(&v)?;
         match pipeline::read_block(&self.tops, &bp) {
@@ -820,12 +966,22 @@ impl Pool {
 
     /// Writes `data` at `offset` of raw object `name`, creating it. With
     /// `sync`, returns only after the txg holding the write has committed.
-    pub fn object_write(&self, name: &str, offset: u64, data: &[u8], sync: bool) -> Result<ObjectInfo, PoolError> {
+    pub fn object_write(
+        &self,
+        name: &str,
+        offset: u64,
+        data: &[u8],
+        sync: bool,
+    ) -> Result<ObjectInfo, PoolError> {
         check_object_name(name)?;
         let end = offset
             .checked_add(data.len() as u64)
             .filter(|e| *e <= 1 << 50)
-            .ok_or_else(|| PoolError::Invalid(format!("write beyond the maximum object size at offset {offset}")))?;
+            .ok_or_else(|| {
+                PoolError::Invalid(format!(
+                    "write beyond the maximum object size at offset {offset}"
+                ))
+            })?;
         let mut st = self.lock();
         self.check_usable(&st)?;
         let mut entry = match self.lookup_object(&mut st, name)? {
@@ -871,7 +1027,8 @@ impl Pool {
                 let base = if in_rec == 0 && n as u64 == rs {
                     Vec::new()
                 } else {
-                    self.load_record(&mut st, name, entry.id, blk, rs)?.unwrap_or_default()
+                    self.load_record(&mut st, name, entry.id, blk, rs)?
+                        .unwrap_or_default()
                 };
                 st.reserved += cost;
                 st.dirty_bytes += rs;
@@ -905,7 +1062,10 @@ impl Pool {
                 return Err(e);
             }
             self.cv.notify_all();
-            return Ok(ObjectInfo { txg: st.txg, ..info });
+            return Ok(ObjectInfo {
+                txg: st.txg,
+                ..info
+            });
         }
         Ok(info)
     }
@@ -914,9 +1074,9 @@ impl Pool {
     pub fn object_read(&self, name: &str, offset: u64, len: usize) -> Result<Vec<u8>, PoolError> {
         let mut st = self.lock();
         self.check_usable(&st)?;
-        let entry = self
-            .lookup_object(&mut st, name)?
-            .ok_or_else(|| PoolError::NotFound(format!("no object '{name}' in pool '{}'", self.name)))?;
+        let entry = self.lookup_object(&mut st, name)?.ok_or_else(|| {
+            PoolError::NotFound(format!("no object '{name}' in pool '{}'", self.name))
+        })?;
         if offset >= entry.size {
             return Ok(Vec::new());
         }
@@ -939,7 +1099,13 @@ impl Pool {
                 }
             } else {
                 let State { meta, .. } = &mut *st;
-                let v = meta.get(&ReadStore { tops: &self.tops, cache: &self.cache }, &record_key(entry.id, blk))?;
+                let v = meta.get(
+                    &ReadStore {
+                        tops: &self.tops,
+                        cache: &self.cache,
+                    },
+                    &record_key(entry.id, blk),
+                )?;
                 if let Some(v) = v {
                     to_read.push((done, in_rec, n, BlockPtr::decode(&v)?, blk));
                 }
@@ -976,9 +1142,9 @@ impl Pool {
     pub fn object_info(&self, name: &str) -> Result<ObjectInfo, PoolError> {
         let mut st = self.lock();
         self.check_usable(&st)?;
-        let e = self
-            .lookup_object(&mut st, name)?
-            .ok_or_else(|| PoolError::NotFound(format!("no object '{name}' in pool '{}'", self.name)))?;
+        let e = self.lookup_object(&mut st, name)?.ok_or_else(|| {
+            PoolError::NotFound(format!("no object '{name}' in pool '{}'", self.name))
+        })?;
         Ok(ObjectInfo {
             name: name.to_string(),
             size: e.size,
@@ -992,18 +1158,26 @@ impl Pool {
         self.check_usable(&st)?;
         let txg = st.txg;
         let State { meta, .. } = &mut *st;
-        let rs = ReadStore { tops: &self.tops, cache: &self.cache };
+        let rs = ReadStore {
+            tops: &self.tops,
+            cache: &self.cache,
+        };
         let mut out = Vec::new();
         let mut start = vec![P_OBJDIR];
         let mut incl = true;
         loop {
-            let lo = if incl { Bound::Included(&start[..]) } else { Bound::Excluded(&start[..]) };
+            let lo = if incl {
+                Bound::Included(&start[..])
+            } else {
+                Bound::Excluded(&start[..])
+            };
             let page = meta.range(&rs, lo, Bound::Excluded(&[P_OBJDIR + 1][..]), 1024)?;
             if page.is_empty() {
                 break;
             }
             for (k, v) in &page {
-                let e: ObjEntry = serde_json::from_slice(v).map_err(|e| PoolError::Corrupt(format!("object directory: {e}")))?;
+                let e: ObjEntry = serde_json::from_slice(v)
+                    .map_err(|e| PoolError::Corrupt(format!("object directory: {e}")))?;
                 out.push(ObjectInfo {
                     name: String::from_utf8_lossy(&k[1..]).into_owned(),
                     size: e.size,
@@ -1020,20 +1194,32 @@ impl Pool {
     pub fn object_delete(&self, name: &str) -> Result<(), PoolError> {
         let mut st = self.lock();
         self.check_usable(&st)?;
-        let e = self
-            .lookup_object(&mut st, name)?
-            .ok_or_else(|| PoolError::NotFound(format!("no object '{name}' in pool '{}'", self.name)))?;
-        let dropped: Vec<(u64, u64)> = st.dirty.range((e.id, 0)..=(e.id, u64::MAX)).map(|(k, _)| *k).collect();
+        let e = self.lookup_object(&mut st, name)?.ok_or_else(|| {
+            PoolError::NotFound(format!("no object '{name}' in pool '{}'", self.name))
+        })?;
+        let dropped: Vec<(u64, u64)> = st
+            .dirty
+            .range((e.id, 0)..=(e.id, u64::MAX))
+            .map(|(k, _)| *k)
+            .collect();
         for k in dropped {
             st.dirty.remove(&k);
             st.dirty_bytes = st.dirty_bytes.saturating_sub(e.recordsize as u64);
         }
-        let rs = ReadStore { tops: &self.tops, cache: &self.cache };
+        let rs = ReadStore {
+            tops: &self.tops,
+            cache: &self.cache,
+        };
         let State { meta, frees, .. } = &mut *st;
         let lo = record_key(e.id, 0);
         let hi = record_key(e.id, u64::MAX);
         loop {
-            let page = meta.range(&rs, Bound::Included(&lo[..]), Bound::Included(&hi[..]), 4096)?;
+            let page = meta.range(
+                &rs,
+                Bound::Included(&lo[..]),
+                Bound::Included(&hi[..]),
+                4096,
+            )?;
             if page.is_empty() {
                 break;
             }
@@ -1057,10 +1243,13 @@ impl Pool {
     pub fn object_blocks(&self, name: &str) -> Result<Vec<(u64, BlockPtr)>, PoolError> {
         let mut st = self.lock();
         self.check_usable(&st)?;
-        let e = self
-            .lookup_object(&mut st, name)?
-            .ok_or_else(|| PoolError::NotFound(format!("no object '{name}' in pool '{}'", self.name)))?;
-        let rs = ReadStore { tops: &self.tops, cache: &self.cache };
+        let e = self.lookup_object(&mut st, name)?.ok_or_else(|| {
+            PoolError::NotFound(format!("no object '{name}' in pool '{}'", self.name))
+        })?;
+        let rs = ReadStore {
+            tops: &self.tops,
+            cache: &self.cache,
+        };
         let State { meta, .. } = &mut *st;
         let lo = record_key(e.id, 0);
         let hi = record_key(e.id, u64::MAX);
@@ -1068,12 +1257,21 @@ impl Pool {
         let mut start = lo.to_vec();
         let mut incl = true;
         loop {
-            let b = if incl { Bound::Included(&start[..]) } else { Bound::Excluded(&start[..]) };
+            let b = if incl {
+                Bound::Included(&start[..])
+            } else {
+                Bound::Excluded(&start[..])
+            };
             let page = meta.range(&rs, b, Bound::Included(&hi[..]), 4096)?;
-            let Some(last) = page.last().map(|(k, _)| k.clone()) else { break };
+            let Some(last) = page.last().map(|(k, _)| k.clone()) else {
+                break;
+            };
             for (k, v) in &page {
                 let mut blk = [0u8; 8];
-                blk.copy_from_slice(k.get(9..17).ok_or_else(|| PoolError::Corrupt("short record key".into()))?);
+                blk.copy_from_slice(
+                    k.get(9..17)
+                        .ok_or_else(|| PoolError::Corrupt("short record key".into()))?,
+                );
                 out.push((u64::from_be_bytes(blk), BlockPtr::decode(v)?));
             }
             start = last;
@@ -1123,7 +1321,11 @@ impl Pool {
     /// Name of a top-level vdev as `status` shows it.
     pub(crate) fn top_name(&self, i: usize) -> String {
         match self.tops[i].kind() {
-            VdevKind::Single => self.tops[i].leaves().first().map(|l| l.path.display().to_string()).unwrap_or_default(),
+            VdevKind::Single => self.tops[i]
+                .leaves()
+                .first()
+                .map(|l| l.path.display().to_string())
+                .unwrap_or_default(),
             VdevKind::Mirror => format!("mirror-{i}"),
             VdevKind::Raidz { parity } => format!("raidz{parity}-{i}"),
         }
@@ -1251,7 +1453,10 @@ pub(crate) fn add_counters(sum: &mut Counters, c: &Counters) {
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pool").field("name", &self.name).field("guid", &format_args!("{:016x}", self.guid)).finish()
+        f.debug_struct("Pool")
+            .field("name", &self.name)
+            .field("guid", &format_args!("{:016x}", self.guid))
+            .finish()
     }
 }
 

@@ -31,7 +31,9 @@ use serde::{Deserialize, Serialize};
 use tarn_block::pipeline;
 use tarn_block::BlockPtr;
 
-use crate::pool::{now_unix, ObjEntry, Pool, State, P_OBJDIR, P_RECORD, SCAN_CANCEL, SCAN_PAUSE, SCAN_RUN};
+use crate::pool::{
+    now_unix, ObjEntry, Pool, State, P_OBJDIR, P_RECORD, SCAN_CANCEL, SCAN_PAUSE, SCAN_RUN,
+};
 use crate::status::{ScanKind, ScanState, ScanStatus};
 use crate::store::ReadStore;
 use crate::PoolError;
@@ -80,7 +82,11 @@ impl ScanRecord {
             total_bytes: self.total.max(self.examined),
             repaired_bytes: self.repaired,
             errors: self.errors,
-            rate_bytes_per_sec: if self.state == ScanState::Scanning { self.rate } else { 0 },
+            rate_bytes_per_sec: if self.state == ScanState::Scanning {
+                self.rate
+            } else {
+                0
+            },
             eta_secs: eta,
         }
     }
@@ -91,7 +97,9 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2).filter_map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()).collect()
+    (0..s.len() / 2)
+        .filter_map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect()
 }
 
 /// What to do with a scan: the API's scrub actions.
@@ -109,7 +117,10 @@ pub enum ScanAction {
 
 /// Sort key so a batch reaches the devices in ascending address order.
 fn addr_key(bp: &BlockPtr) -> (u32, u64) {
-    bp.used_dvas().next().map(|d| (d.vdev, d.offset)).unwrap_or((u32::MAX, 0))
+    bp.used_dvas()
+        .next()
+        .map(|d| (d.vdev, d.offset))
+        .unwrap_or((u32::MAX, 0))
 }
 
 enum Step {
@@ -123,7 +134,11 @@ impl Pool {
         let mut st = self.lock();
         self.check_usable(&st)?;
         let running = st.ms.scan.as_ref().is_some_and(|s| s.is_running());
-        let paused = st.ms.scan.as_ref().is_some_and(|s| s.state == ScanState::Paused);
+        let paused = st
+            .ms
+            .scan
+            .as_ref()
+            .is_some_and(|s| s.state == ScanState::Paused);
         match action {
             ScanAction::Start | ScanAction::Resume if paused => {
                 if let Some(s) = st.ms.scan.as_mut() {
@@ -136,7 +151,11 @@ impl Pool {
                     let kind = st.ms.scan.as_ref().map(|s| s.kind);
                     return Err(PoolError::Invalid(format!(
                         "a {} is already running on pool '{}'; pause or cancel it first",
-                        if kind == Some(ScanKind::Resilver) { "resilver" } else { "scrub" },
+                        if kind == Some(ScanKind::Resilver) {
+                            "resilver"
+                        } else {
+                            "scrub"
+                        },
                         self.name
                     )));
                 }
@@ -161,19 +180,38 @@ impl Pool {
             }
             ScanAction::Resume => {
                 if !running {
-                    return Err(PoolError::Invalid(format!("no paused scrub on pool '{}'", self.name)));
+                    return Err(PoolError::Invalid(format!(
+                        "no paused scrub on pool '{}'",
+                        self.name
+                    )));
                 }
             }
             ScanAction::Pause | ScanAction::Cancel => {
-                if !running && !(paused && action == ScanAction::Cancel) {
-                    return Err(PoolError::Invalid(format!("no scrub is running on pool '{}'", self.name)));
+                if !(running || (paused && action == ScanAction::Cancel)) {
+                    return Err(PoolError::Invalid(format!(
+                        "no scrub is running on pool '{}'",
+                        self.name
+                    )));
                 }
-                if st.ms.scan.as_ref().is_some_and(|s| s.kind == ScanKind::Resilver) && action == ScanAction::Cancel {
+                if st
+                    .ms
+                    .scan
+                    .as_ref()
+                    .is_some_and(|s| s.kind == ScanKind::Resilver)
+                    && action == ScanAction::Cancel
+                {
                     return Err(PoolError::Invalid(
                         "a resilver cannot be canceled: it restores redundancy".into(),
                     ));
                 }
-                self.scan_ctl.store(if action == ScanAction::Pause { SCAN_PAUSE } else { SCAN_CANCEL }, Ordering::Release);
+                self.scan_ctl.store(
+                    if action == ScanAction::Pause {
+                        SCAN_PAUSE
+                    } else {
+                        SCAN_CANCEL
+                    },
+                    Ordering::Release,
+                );
                 drop(st);
                 self.join_scanner();
                 let mut st = self.lock();
@@ -199,7 +237,12 @@ impl Pool {
     /// written now, unless one is running (it will be folded in next time).
     pub(crate) fn start_resilver_if_needed(self: &Arc<Self>) {
         let mut st = self.lock();
-        if st.ms.scan.as_ref().is_some_and(|s| s.is_running() && s.kind == ScanKind::Resilver) {
+        if st
+            .ms
+            .scan
+            .as_ref()
+            .is_some_and(|s| s.is_running() && s.kind == ScanKind::Resilver)
+        {
             return;
         }
         let mut targets = Vec::new();
@@ -251,7 +294,11 @@ impl Pool {
     }
 
     pub(crate) fn join_scanner(&self) {
-        let h = self.scanner.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let h = self
+            .scanner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         if let Some(h) = h {
             let _ = h.join();
         }
@@ -262,18 +309,20 @@ impl Pool {
         self.join_scanner();
         self.scan_ctl.store(SCAN_RUN, Ordering::Release);
         let pool = Arc::clone(self);
-        let h = std::thread::Builder::new().name(format!("scan-{}", self.name)).spawn(move || {
-            if let Err(e) = pool.run_scan() {
-                let mut st = pool.lock();
-                if let Some(s) = st.ms.scan.as_mut() {
-                    s.state = ScanState::Canceled;
-                    s.ended_unix = Some(now_unix());
-                    s.errors += 1;
+        let h = std::thread::Builder::new()
+            .name(format!("scan-{}", self.name))
+            .spawn(move || {
+                if let Err(e) = pool.run_scan() {
+                    let mut st = pool.lock();
+                    if let Some(s) = st.ms.scan.as_mut() {
+                        s.state = ScanState::Canceled;
+                        s.ended_unix = Some(now_unix());
+                        s.errors += 1;
+                    }
+                    st.ms.damaged.insert(format!("scan stopped: {e}"));
+                    st.ms_dirty = true;
                 }
-                st.ms.damaged.insert(format!("scan stopped: {e}"));
-                st.ms_dirty = true;
-            }
-        });
+            });
         if let Ok(h) = h {
             *self.scanner.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
         }
@@ -285,13 +334,22 @@ impl Pool {
 
     /// Name of a raw object by id, for damage reports.
     fn object_name(&self, st: &mut State, id: u64) -> String {
-        let rs = ReadStore { tops: &self.tops, cache: &self.cache };
+        let rs = ReadStore {
+            tops: &self.tops,
+            cache: &self.cache,
+        };
         let State { meta, .. } = st;
         let mut start = vec![P_OBJDIR];
         let mut incl = true;
         loop {
-            let lo = if incl { Bound::Included(&start[..]) } else { Bound::Excluded(&start[..]) };
-            let Ok(page) = meta.range(&rs, lo, Bound::Excluded(&[P_OBJDIR + 1][..]), 1024) else { break };
+            let lo = if incl {
+                Bound::Included(&start[..])
+            } else {
+                Bound::Excluded(&start[..])
+            };
+            let Ok(page) = meta.range(&rs, lo, Bound::Excluded(&[P_OBJDIR + 1][..]), 1024) else {
+                break;
+            };
             if page.is_empty() {
                 break;
             }
@@ -307,7 +365,12 @@ impl Pool {
     }
 
     /// Scrubs one sorted batch on the worker threads; returns whether to go on.
-    fn scrub_batch(&self, batch: &mut [(BlockPtr, Option<(u64, u64)>)], started: Instant, base: u64) -> Step {
+    fn scrub_batch(
+        &self,
+        batch: &mut [(BlockPtr, Option<(u64, u64)>)],
+        started: Instant,
+        base: u64,
+    ) -> Step {
         batch.sort_by_key(|(bp, _)| addr_key(bp));
         let threads = self.opts.sync_threads.max(1);
         for chunk in batch.chunks(64 * threads) {
@@ -318,12 +381,21 @@ impl Pool {
             let results: Vec<pipeline::BlockScrub> = std::thread::scope(|s| {
                 let hs: Vec<_> = chunk
                     .chunks(per.max(1))
-                    .map(|c| s.spawn(|| c.iter().map(|(bp, _)| pipeline::scrub_block(&self.tops, bp)).collect::<Vec<_>>()))
+                    .map(|c| {
+                        s.spawn(|| {
+                            c.iter()
+                                .map(|(bp, _)| pipeline::scrub_block(&self.tops, bp))
+                                .collect::<Vec<_>>()
+                        })
+                    })
                     .collect();
                 hs.into_iter()
                     .flat_map(|h| {
                         h.join().unwrap_or_else(|_| {
-                            vec![pipeline::BlockScrub { unrecoverable: true, ..Default::default() }]
+                            vec![pipeline::BlockScrub {
+                                unrecoverable: true,
+                                ..Default::default()
+                            }]
                         })
                     })
                     .collect()
@@ -364,7 +436,9 @@ impl Pool {
         let started = Instant::now();
         let (mut phase, min_birth, max_birth, base) = {
             let st = self.lock();
-            let Some(s) = st.ms.scan.as_ref().filter(|s| s.is_running()) else { return Ok(()) };
+            let Some(s) = st.ms.scan.as_ref().filter(|s| s.is_running()) else {
+                return Ok(());
+            };
             (s.phase, s.min_birth, s.max_birth, s.examined)
         };
         let in_window = |bp: &BlockPtr| bp.birth >= min_birth && bp.birth <= max_birth;
@@ -374,7 +448,10 @@ impl Pool {
             let space_root = st.space_root;
             let hold = self.holds.hold(st.txg);
             drop(st);
-            let rs = ReadStore { tops: &self.tops, cache: &self.cache };
+            let rs = ReadStore {
+                tops: &self.tops,
+                cache: &self.cache,
+            };
             let mut batch: Vec<(BlockPtr, Option<(u64, u64)>)> = Vec::new();
             if !space_root.is_hole() && in_window(&space_root) {
                 batch.push((space_root, None));
@@ -408,14 +485,33 @@ impl Pool {
         if phase == 1 {
             loop {
                 let mut st = self.lock();
-                let bookmark = st.ms.scan.as_ref().map(|s| unhex(&s.bookmark)).unwrap_or_default();
-                let lo = if bookmark.len() <= 1 { Bound::Included(&[P_RECORD][..]) } else { Bound::Excluded(&bookmark[..]) };
-                let rs = ReadStore { tops: &self.tops, cache: &self.cache };
+                let bookmark = st
+                    .ms
+                    .scan
+                    .as_ref()
+                    .map(|s| unhex(&s.bookmark))
+                    .unwrap_or_default();
+                let lo = if bookmark.len() <= 1 {
+                    Bound::Included(&[P_RECORD][..])
+                } else {
+                    Bound::Excluded(&bookmark[..])
+                };
+                let rs = ReadStore {
+                    tops: &self.tops,
+                    cache: &self.cache,
+                };
                 let State { meta, .. } = &mut *st;
-                let page = meta.range(&rs, lo, Bound::Excluded(&[P_RECORD + 1][..]), self.opts.scan_batch_blocks)?;
+                let page = meta.range(
+                    &rs,
+                    lo,
+                    Bound::Excluded(&[P_RECORD + 1][..]),
+                    self.opts.scan_batch_blocks,
+                )?;
                 let hold = self.holds.hold(st.txg);
                 drop(st);
-                let Some(last) = page.last().map(|(k, _)| k.clone()) else { break };
+                let Some(last) = page.last().map(|(k, _)| k.clone()) else {
+                    break;
+                };
                 let mut batch = Vec::with_capacity(page.len());
                 for (k, v) in &page {
                     let bp = BlockPtr::decode(v)?;
@@ -440,7 +536,9 @@ impl Pool {
         }
         // Finished.
         let mut st = self.lock();
-        let Some(s) = st.ms.scan.as_mut() else { return Ok(()) };
+        let Some(s) = st.ms.scan.as_mut() else {
+            return Ok(());
+        };
         s.phase = 2;
         s.state = ScanState::Finished;
         s.ended_unix = Some(now_unix());

@@ -104,17 +104,22 @@ impl NodeCache {
         c.map.insert(k, data);
         c.order.push_back(k);
         while c.bytes > self.max_bytes {
-            let Some(old) = c.order.pop_front() else { break };
+            let Some(old) = c.order.pop_front() else {
+                break;
+            };
             if let Some(v) = c.map.remove(&old) {
                 c.bytes -= v.len();
             }
         }
     }
-
 }
 
 /// Reads a tree node through the cache.
-fn read_node(tops: &[Arc<TopVdev>], cache: &NodeCache, ptr: &BlockPtr) -> Result<Vec<u8>, TreeError> {
+fn read_node(
+    tops: &[Arc<TopVdev>],
+    cache: &NodeCache,
+    ptr: &BlockPtr,
+) -> Result<Vec<u8>, TreeError> {
     if let Some(v) = cache.get(ptr) {
         return Ok(v.as_ref().clone());
     }

@@ -20,6 +20,9 @@ pub const UBERBLOCK_VERSION: u32 = 1;
 /// Encoded size of an uberblock (fits the smallest ring slot, 1 KiB).
 pub const UBERBLOCK_SIZE: usize = 8 + 4 + 4 + 8 + 8 + 8 + 2 * BLOCK_PTR_SIZE + 32;
 
+// An uberblock must fit the smallest ring slot.
+const _: () = assert!(UBERBLOCK_SIZE <= tarn_vdev::UBERBLOCK_SLOT_MIN);
+
 /// The root record of one committed txg.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Uberblock {
@@ -84,7 +87,8 @@ impl Uberblock {
             txg: u64_at(16),
             pool_guid: u64_at(24),
             timestamp: u64_at(32),
-            meta_root: BlockPtr::decode(&b[p..p + BLOCK_PTR_SIZE]).map_err(|e| bad(&e.to_string()))?,
+            meta_root: BlockPtr::decode(&b[p..p + BLOCK_PTR_SIZE])
+                .map_err(|e| bad(&e.to_string()))?,
             space_root: BlockPtr::decode(&b[p + BLOCK_PTR_SIZE..p + 2 * BLOCK_PTR_SIZE])
                 .map_err(|e| bad(&e.to_string()))?,
         })
@@ -105,7 +109,11 @@ mod tests {
             btype: BlockType::TreeNode,
             ..Default::default()
         };
-        bp.dvas[0] = Dva { vdev: 0, asize: 4096, offset: 8192 };
+        bp.dvas[0] = Dva {
+            vdev: 0,
+            asize: 4096,
+            offset: 8192,
+        };
         Uberblock {
             txg: 9,
             pool_guid: 0x1234,
@@ -120,7 +128,6 @@ mod tests {
         let u = sample();
         let e = u.encode();
         assert_eq!(e.len(), UBERBLOCK_SIZE);
-        assert!(UBERBLOCK_SIZE <= 1024);
         let mut slot = e.clone();
         slot.resize(1024, 0);
         assert_eq!(Uberblock::decode(&slot).unwrap(), u);

@@ -61,9 +61,27 @@ fn make_files(dir: &Path, prefix: &str, n: usize, size: u64) -> Vec<PathBuf> {
         .collect()
 }
 
-fn create(name: &str, kind: VdevKind, devs: &[PathBuf], props: &[(&str, &str)]) -> Result<Arc<Pool>, PoolError> {
-    let props: BTreeMap<String, String> = props.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    Pool::create(name, &[VdevSpec { kind, devices: devs.to_vec() }], 12, &props, false, opts())
+fn create(
+    name: &str,
+    kind: VdevKind,
+    devs: &[PathBuf],
+    props: &[(&str, &str)],
+) -> Result<Arc<Pool>, PoolError> {
+    let props: BTreeMap<String, String> = props
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Pool::create(
+        name,
+        &[VdevSpec {
+            kind,
+            devices: devs.to_vec(),
+        }],
+        12,
+        &props,
+        false,
+        opts(),
+    )
 }
 
 fn write_objects(pool: &Pool, rng: &mut Rng, n: usize, max_len: u64) -> BTreeMap<String, Vec<u8>> {
@@ -71,7 +89,8 @@ fn write_objects(pool: &Pool, rng: &mut Rng, n: usize, max_len: u64) -> BTreeMap
     for i in 0..n {
         let len = 1 + rng.below(max_len) as usize;
         let data = rng.bytes(len);
-        pool.object_write(&format!("obj{i}"), 0, &data, false).unwrap();
+        pool.object_write(&format!("obj{i}"), 0, &data, false)
+            .unwrap();
         out.insert(format!("obj{i}"), data);
     }
     pool.sync().unwrap();
@@ -80,8 +99,15 @@ fn write_objects(pool: &Pool, rng: &mut Rng, n: usize, max_len: u64) -> BTreeMap
 
 fn verify_all(pool: &Pool, objs: &BTreeMap<String, Vec<u8>>) {
     for (name, data) in objs {
-        let got = pool.object_read(name, 0, data.len() + 10).unwrap_or_else(|e| panic!("read {name}: {e}"));
-        assert!(got == *data, "object {name} differs ({} vs {} bytes)", got.len(), data.len());
+        let got = pool
+            .object_read(name, 0, data.len() + 10)
+            .unwrap_or_else(|e| panic!("read {name}: {e}"));
+        assert!(
+            got == *data,
+            "object {name} differs ({} vs {} bytes)",
+            got.len(),
+            data.len()
+        );
     }
 }
 
@@ -93,7 +119,10 @@ fn wait_scan(pool: &Pool) -> ScanStatus {
                 return s;
             }
         }
-        assert!(t0.elapsed() < Duration::from_secs(120), "scan did not finish");
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "scan did not finish"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -105,7 +134,15 @@ fn scrub(pool: &Arc<Pool>) -> ScanStatus {
 
 fn cksum_errors(pool: &Pool) -> u64 {
     fn sum(v: &[tarn_pool::status::VdevStatus]) -> u64 {
-        v.iter().map(|x| if x.children.is_empty() { x.counters.cksum_errors } else { sum(&x.children) }).sum()
+        v.iter()
+            .map(|x| {
+                if x.children.is_empty() {
+                    x.counters.cksum_errors
+                } else {
+                    sum(&x.children)
+                }
+            })
+            .sum()
     }
     sum(&pool.status().vdevs)
 }
@@ -134,7 +171,9 @@ fn block_ranges(kind: VdevKind, n: usize, bp: &BlockPtr) -> Vec<(usize, u64, u64
             }
             per.into_iter().map(|(c, (a, z))| (c, a, z - a)).collect()
         }
-        _ => (0..n).map(|c| (c, DATA_START + d.offset, d.asize as u64)).collect(),
+        _ => (0..n)
+            .map(|c| (c, DATA_START + d.offset, d.asize as u64))
+            .collect(),
     }
 }
 
@@ -176,7 +215,7 @@ fn corruption_within_redundancy(kind: VdevKind, n: usize, seed: u64) {
         hits += 1;
     }
     assert!(hits > 0);
-    if seed % 2 == 0 {
+    if seed.is_multiple_of(2) {
         // Scrub first: it must find and repair, then reads are exact.
         let s = scrub(&pool);
         assert_eq!(s.errors, 0, "scrub left unrepaired errors: {s:?}");
@@ -190,12 +229,24 @@ fn corruption_within_redundancy(kind: VdevKind, n: usize, seed: u64) {
     }
     assert!(cksum_errors(&pool) > 0, "no checksum errors counted");
     let again = scrub(&pool);
-    assert_eq!((again.errors, again.repaired_bytes), (0, 0), "second scrub not clean: {again:?}");
+    assert_eq!(
+        (again.errors, again.repaired_bytes),
+        (0, 0),
+        "second scrub not clean: {again:?}"
+    );
     assert!(pool.status().damaged.is_empty());
     // And after a clean export/import, still exact.
     pool.export(false).unwrap();
     drop(pool);
-    let pool = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, false, opts()).unwrap();
+    let pool = Pool::import(
+        &[dir.path().to_path_buf()],
+        &[],
+        "tank",
+        None,
+        false,
+        opts(),
+    )
+    .unwrap();
     assert_eq!(pool.health(), Health::Online);
     verify_all(&pool, &objs);
     pool.export(false).unwrap();
@@ -250,15 +301,28 @@ fn corruption_beyond_redundancy(kind: VdevKind, n: usize) {
     let what = format!("object victim at offset {}", blk * 128 * 1024);
     assert!(msg.contains(&what), "error does not name the damage: {msg}");
     // The undamaged records of the victim and the bystander still read.
-    assert_eq!(pool.object_read("victim", 0, 128 * 1024).unwrap(), victim[..128 * 1024]);
-    assert_eq!(pool.object_read("bystander", 0, bystander.len()).unwrap(), bystander);
-    assert!(pool.status().damaged.iter().any(|d| d.contains(&what)), "status does not list {what}");
+    assert_eq!(
+        pool.object_read("victim", 0, 128 * 1024).unwrap(),
+        victim[..128 * 1024]
+    );
+    assert_eq!(
+        pool.object_read("bystander", 0, bystander.len()).unwrap(),
+        bystander
+    );
+    assert!(
+        pool.status().damaged.iter().any(|d| d.contains(&what)),
+        "status does not list {what}"
+    );
     let s = scrub(&pool);
     assert!(s.errors >= 1, "scrub did not count the lost block: {s:?}");
     assert!(pool.status().damaged.iter().any(|d| d.contains(&what)));
     // The pool keeps working.
-    pool.object_write("after", 0, b"still writable", true).unwrap();
-    assert_eq!(pool.object_read("after", 0, 100).unwrap(), b"still writable");
+    pool.object_write("after", 0, b"still writable", true)
+        .unwrap();
+    assert_eq!(
+        pool.object_read("after", 0, 100).unwrap(),
+        b"still writable"
+    );
     // Deleting the damaged object removes it from the list.
     pool.object_delete("victim").unwrap();
     assert!(!pool.status().damaged.iter().any(|d| d.contains("victim")));
@@ -290,30 +354,55 @@ fn degraded_import_and_replace() {
     drop(pool);
 
     std::fs::remove_file(&devs[2]).unwrap();
-    let pool = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, false, opts()).unwrap();
+    let pool = Pool::import(
+        &[dir.path().to_path_buf()],
+        &[],
+        "tank",
+        None,
+        false,
+        opts(),
+    )
+    .unwrap();
     assert_eq!(pool.health(), Health::Degraded);
     assert!(pool.status().message.is_some());
     verify_all(&pool, &objs);
     // Writes while degraded are readable too.
-    pool.object_write("degraded-write", 0, &rng.bytes(300_000), true).unwrap();
+    pool.object_write("degraded-write", 0, &rng.bytes(300_000), true)
+        .unwrap();
 
     let spare = make_files(dir.path(), "spare", 1, 80 * MIB).remove(0);
-    pool.replace(devs[2].to_str().unwrap(), &spare, false).unwrap();
+    pool.replace(devs[2].to_str().unwrap(), &spare, false)
+        .unwrap();
     let s = wait_scan(&pool);
     assert_eq!(s.errors, 0);
     assert_eq!(pool.health(), Health::Online);
     let s = scrub(&pool);
-    assert_eq!((s.errors, s.repaired_bytes), (0, 0), "scrub after resilver: {s:?}");
+    assert_eq!(
+        (s.errors, s.repaired_bytes),
+        (0, 0),
+        "scrub after resilver: {s:?}"
+    );
     let extra = pool.object_read("degraded-write", 0, 300_000).unwrap();
     pool.export(false).unwrap();
     drop(pool);
 
     // Lose a different member: the resilvered one must carry its share.
     std::fs::remove_file(&devs[0]).unwrap();
-    let pool = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, false, opts()).unwrap();
+    let pool = Pool::import(
+        &[dir.path().to_path_buf()],
+        &[],
+        "tank",
+        None,
+        false,
+        opts(),
+    )
+    .unwrap();
     assert_eq!(pool.health(), Health::Degraded);
     verify_all(&pool, &objs);
-    assert_eq!(pool.object_read("degraded-write", 0, 300_000).unwrap(), extra);
+    assert_eq!(
+        pool.object_read("degraded-write", 0, 300_000).unwrap(),
+        extra
+    );
     pool.export(false).unwrap();
 }
 
@@ -327,20 +416,34 @@ fn offline_online_resilvers_missed_writes() {
     let mut rng = Rng::new(11);
     let before = write_objects(&pool, &mut rng, 4, MIB);
     assert!(pool.offline(devs[0].to_str().unwrap()).is_ok());
-    assert!(pool.offline(devs[1].to_str().unwrap()).is_err(), "offlined the last side");
+    assert!(
+        pool.offline(devs[1].to_str().unwrap()).is_err(),
+        "offlined the last side"
+    );
     assert_eq!(pool.health(), Health::Degraded);
     let during = rng.bytes(700_000);
     pool.object_write("during", 0, &during, true).unwrap();
     pool.online(devs[0].to_str().unwrap()).unwrap();
     let s = wait_scan(&pool);
     assert_eq!(s.errors, 0);
-    assert!(s.examined_bytes < pool.space().1, "resilver visited everything, not just the missed txgs");
+    assert!(
+        s.examined_bytes < pool.space().1,
+        "resilver visited everything, not just the missed txgs"
+    );
     assert_eq!(pool.health(), Health::Online);
     pool.export(false).unwrap();
     drop(pool);
     // Only the once-offline side remains: it must hold old and new data.
     std::fs::remove_file(&devs[1]).unwrap();
-    let pool = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, false, opts()).unwrap();
+    let pool = Pool::import(
+        &[dir.path().to_path_buf()],
+        &[],
+        "tank",
+        None,
+        false,
+        opts(),
+    )
+    .unwrap();
     verify_all(&pool, &before);
     assert_eq!(pool.object_read("during", 0, during.len()).unwrap(), during);
     pool.export(false).unwrap();
@@ -354,8 +457,14 @@ fn import_after_rename_and_move() {
     let pool = Pool::create(
         "tank",
         &[
-            VdevSpec { kind: VdevKind::Mirror, devices: devs[..2].to_vec() },
-            VdevSpec { kind: VdevKind::Single, devices: devs[2..].to_vec() },
+            VdevSpec {
+                kind: VdevKind::Mirror,
+                devices: devs[..2].to_vec(),
+            },
+            VdevSpec {
+                kind: VdevKind::Single,
+                devices: devs[2..].to_vec(),
+            },
         ],
         12,
         &BTreeMap::new(),
@@ -375,7 +484,15 @@ fn import_after_rename_and_move() {
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].name, "tank");
     assert_eq!(found[0].health, Health::Online);
-    let pool = Pool::import(&[moved.path().to_path_buf()], &[], "tank", Some("renamed"), false, opts()).unwrap();
+    let pool = Pool::import(
+        &[moved.path().to_path_buf()],
+        &[],
+        "tank",
+        Some("renamed"),
+        false,
+        opts(),
+    )
+    .unwrap();
     assert_eq!(pool.name(), "renamed");
     verify_all(&pool, &objs);
     pool.export(false).unwrap();
@@ -396,7 +513,12 @@ fn bad_input_is_refused() {
         Err(e) => e.to_string(),
     };
     // Listed twice.
-    let m = msg(create("t1", VdevKind::Mirror, &[devs[0].clone(), devs[0].clone()], &[]));
+    let m = msg(create(
+        "t1",
+        VdevKind::Mirror,
+        &[devs[0].clone(), devs[0].clone()],
+        &[],
+    ));
     assert!(m.contains("listed twice"), "{m}");
     // Belongs to another (open) pool.
     let m = msg(create("t2", VdevKind::Single, &good[..1], &[]));
@@ -406,9 +528,19 @@ fn bad_input_is_refused() {
     let m = msg(create("t3", VdevKind::Single, &small, &[]));
     assert!(m.contains("too small"), "{m}");
     // Unknown property and bad values.
-    let m = msg(create("t4", VdevKind::Single, &devs[..1], &[("frobnicate", "1")]));
+    let m = msg(create(
+        "t4",
+        VdevKind::Single,
+        &devs[..1],
+        &[("frobnicate", "1")],
+    ));
     assert!(m.contains("unknown pool property"), "{m}");
-    let m = msg(create("t5", VdevKind::Single, &devs[..1], &[("recordsize", "3K")]));
+    let m = msg(create(
+        "t5",
+        VdevKind::Single,
+        &devs[..1],
+        &[("recordsize", "3K")],
+    ));
     assert!(m.contains("recordsize"), "{m}");
     // Bad geometry and names.
     assert!(create("t6", VdevKind::Raidz { parity: 2 }, &devs[..3], &[]).is_err());
@@ -419,11 +551,29 @@ fn bad_input_is_refused() {
     // Garbage and truncated files are not pools.
     let junk = dir.path().join("junk");
     std::fs::write(&junk, Rng::new(1).bytes(3 * MIB as usize)).unwrap();
-    assert!(tarn_pool::discover(&[dir.path().to_path_buf()], &[]).iter().all(|c| c.name == "other"));
-    let e = Pool::import(&[], &[junk.clone()], "other2", None, false, opts()).unwrap_err();
+    assert!(tarn_pool::discover(&[dir.path().to_path_buf()], &[])
+        .iter()
+        .all(|c| c.name == "other"));
+    let e = Pool::import(
+        &[],
+        std::slice::from_ref(&junk),
+        "other2",
+        None,
+        false,
+        opts(),
+    )
+    .unwrap_err();
     assert!(matches!(e, PoolError::NotFound(_)), "{e}");
     // Importing a pool that is open here is refused (the devices are locked).
-    let e = Pool::import(&[dir.path().to_path_buf()], &[], "other", None, true, opts()).unwrap_err();
+    let e = Pool::import(
+        &[dir.path().to_path_buf()],
+        &[],
+        "other",
+        None,
+        true,
+        opts(),
+    )
+    .unwrap_err();
     assert!(matches!(e, PoolError::InUse(_)), "{e}");
 
     assert_eq!(other.object_read("keep", 0, 100).unwrap(), b"keep me");
@@ -445,18 +595,42 @@ fn damaged_members_at_import() {
     drop(pool);
     // Garbage over a whole member, labels included.
     std::fs::write(&devs[1], rng.bytes(64 * MIB as usize)).unwrap();
-    let pool = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, false, opts()).unwrap();
+    let pool = Pool::import(
+        &[dir.path().to_path_buf()],
+        &[],
+        "tank",
+        None,
+        false,
+        opts(),
+    )
+    .unwrap();
     assert_eq!(pool.health(), Health::Degraded);
     verify_all(&pool, &objs);
     pool.export(false).unwrap();
     drop(pool);
     // A second member truncated: now beyond redundancy.
-    let f = std::fs::OpenOptions::new().write(true).open(&devs[2]).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&devs[2])
+        .unwrap();
     f.set_len(5 * MIB).unwrap();
     drop(f);
-    let r = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, false, opts());
-    let e = r.err().expect("import of a pool beyond redundancy succeeded");
-    assert!(matches!(e, PoolError::Faulted(_) | PoolError::NotFound(_) | PoolError::Corrupt(_)), "{e}");
+    let r = Pool::import(
+        &[dir.path().to_path_buf()],
+        &[],
+        "tank",
+        None,
+        false,
+        opts(),
+    );
+    let e = r.expect_err("import of a pool beyond redundancy succeeded");
+    assert!(
+        matches!(
+            e,
+            PoolError::Faulted(_) | PoolError::NotFound(_) | PoolError::Corrupt(_)
+        ),
+        "{e}"
+    );
 }
 
 /// A full pool refuses writes with ENOSPC, stays consistent, and deletes
@@ -484,17 +658,31 @@ fn enospc_is_clean() {
     }
     // Space comes back once two more txgs are durable; until then a full
     // pool still refuses new data.
-    assert!(matches!(pool.object_write("early", 0, &chunk, false), Err(PoolError::NoSpace(_))));
+    assert!(matches!(
+        pool.object_write("early", 0, &chunk, false),
+        Err(PoolError::NoSpace(_))
+    ));
     let t0 = pool.txg();
     for _ in 0..3 {
         pool.sync().unwrap();
     }
-    assert!(pool.txg() >= t0 + 2, "pending deferred frees did not keep txgs coming");
+    assert!(
+        pool.txg() >= t0 + 2,
+        "pending deferred frees did not keep txgs coming"
+    );
     pool.object_write("again", 0, &chunk, true).unwrap();
     assert_eq!(pool.object_read("again", 0, chunk.len()).unwrap(), chunk);
     pool.export(false).unwrap();
     drop(pool);
-    let pool = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, false, opts()).unwrap();
+    let pool = Pool::import(
+        &[dir.path().to_path_buf()],
+        &[],
+        "tank",
+        None,
+        false,
+        opts(),
+    )
+    .unwrap();
     assert_eq!(pool.object_read("again", 0, chunk.len()).unwrap(), chunk);
     pool.export(false).unwrap();
 }
@@ -507,10 +695,18 @@ fn sparse_and_partial_writes() {
     let devs = make_files(dir.path(), "d", 1, 64 * MIB);
     let pool = create("tank", VdevKind::Single, &devs, &[("compression", "off")]).unwrap();
     let (_, before, _) = pool.space();
-    pool.object_write("sparse", 40 * MIB, b"tail", true).unwrap();
+    pool.object_write("sparse", 40 * MIB, b"tail", true)
+        .unwrap();
     let (_, after, _) = pool.space();
-    assert!(after - before < MIB, "a sparse object allocated {} bytes", after - before);
-    assert_eq!(pool.object_read("sparse", 0, 4096).unwrap(), vec![0u8; 4096]);
+    assert!(
+        after - before < MIB,
+        "a sparse object allocated {} bytes",
+        after - before
+    );
+    assert_eq!(
+        pool.object_read("sparse", 0, 4096).unwrap(),
+        vec![0u8; 4096]
+    );
     assert_eq!(pool.object_read("sparse", 40 * MIB, 10).unwrap(), b"tail");
     let mut model: Vec<u8> = Vec::new();
     let mut rng = Rng::new(2);
@@ -522,12 +718,24 @@ fn sparse_and_partial_writes() {
             model.resize(off + len, 0);
         }
         model[off..off + len].copy_from_slice(&data);
-        pool.object_write("patch", off as u64, &data, rng.below(4) == 0).unwrap();
+        pool.object_write("patch", off as u64, &data, rng.below(4) == 0)
+            .unwrap();
     }
-    assert_eq!(pool.object_read("patch", 0, model.len() + 1).unwrap(), model);
+    assert_eq!(
+        pool.object_read("patch", 0, model.len() + 1).unwrap(),
+        model
+    );
     pool.export(false).unwrap();
     drop(pool);
-    let pool = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, false, opts()).unwrap();
+    let pool = Pool::import(
+        &[dir.path().to_path_buf()],
+        &[],
+        "tank",
+        None,
+        false,
+        opts(),
+    )
+    .unwrap();
     let got = pool.object_read("patch", 0, model.len() + 1).unwrap();
     assert_eq!(got, model);
     pool.export(false).unwrap();

@@ -40,7 +40,10 @@
 //! with or borrow from a sibling below a quarter of it. A split leaves the
 //! left half full when the new key landed at the end of the node, so
 //! ascending inserts (object id ‖ offset) pack nodes instead of half-filling
-//! them.
+//! them. Merging is best effort: a sibling that cannot be read is left alone,
+//! so occupancy is a goal, not an invariant. A cached leaf keeps its entries
+//! in their encoded form, so it costs about its size on disk and decoding is
+//! validation plus one copy; [`Tree::evict_clean`] bounds the cache.
 //!
 //! # Commit order
 //!
@@ -77,6 +80,7 @@
 //! to the handle, so a failed operation leaves the handle as it was; only
 //! rebalancing, which is an optimization, may skip a sibling it cannot read.
 
+mod leaf;
 mod node;
 mod scan;
 #[cfg(test)]
@@ -86,7 +90,8 @@ use std::ops::Bound;
 
 use tarn_block::BlockPtr;
 
-use node::{child_index, leaf_entry_size, read_node, split_to_fit, Body, Kid, Node, Slot};
+use leaf::Leaf;
+use node::{child_index, read_node, split_to_fit, Body, Kid, Node, Slot, HEADER_BYTES};
 pub use scan::{check, walk, EntryVisitor, NodeVisitor, TreeStats};
 
 /// Largest encoded node; nodes above it are split. 32 KiB keeps a node one
@@ -199,7 +204,11 @@ impl Tree {
             root: Slot::clean(root),
             committed: root,
             len: if root.is_hole() { 0 } else { root.fill },
-            ctx: Ctx { node_max: NODE_MAX_BYTES, freed: Vec::new(), dropped: Vec::new() },
+            ctx: Ctx {
+                node_max: NODE_MAX_BYTES,
+                freed: Vec::new(),
+                dropped: Vec::new(),
+            },
         }
     }
 
@@ -225,9 +234,8 @@ impl Tree {
         loop {
             let node = slot.load(store)?;
             match &mut node.body {
-                Body::Leaf(es) => {
-                    let found = es.binary_search_by(|(k, _)| k.as_slice().cmp(key));
-                    return Ok(found.ok().map(|i| es[i].1.clone()));
+                Body::Leaf(leaf) => {
+                    return Ok(leaf.search(key).ok().map(|i| leaf.entry(i).1.to_vec()));
                 }
                 Body::Internal(kids) => {
                     let i = child_index(kids, key);
@@ -254,7 +262,7 @@ impl Tree {
             return Err(TreeError::ValueTooLarge(value.len()));
         }
         if self.root.is_vacant() {
-            let leaf = Node::new(0, Body::Leaf(vec![(key.to_vec(), value.to_vec())]));
+            let leaf = Node::new(0, Body::Leaf(Leaf::from_entries([(key, value)])));
             self.root = Slot::fresh(leaf);
             self.len = 1;
             return Ok(None);
@@ -268,7 +276,11 @@ impl Tree {
     }
 
     /// Removes `key` and returns its value.
-    pub fn remove(&mut self, store: &dyn NodeStore, key: &[u8]) -> Result<Option<Vec<u8>>, TreeError> {
+    pub fn remove(
+        &mut self,
+        store: &dyn NodeStore,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>, TreeError> {
         if self.root.is_vacant() {
             return Ok(None);
         }
@@ -317,7 +329,14 @@ impl Tree {
         // Read everything the deletion touches first, so that a read error
         // cannot leave a half-applied deletion behind.
         preload(store, &mut self.root, start, end, None, None)?;
-        let n = delete_rec(&mut self.ctx, store, &mut self.root, (start, end), None, None);
+        let n = delete_rec(
+            &mut self.ctx,
+            store,
+            &mut self.root,
+            (start, end),
+            None,
+            None,
+        );
         self.len = self.len.saturating_sub(n);
         self.fix_root(None);
         Ok(n)
@@ -374,7 +393,9 @@ impl Tree {
     fn fix_root(&mut self, grow_key: Option<&[u8]>) {
         let max = self.ctx.node_max;
         loop {
-            let Some(node) = self.root.node.as_deref_mut() else { return };
+            let Some(node) = self.root.node.as_deref_mut() else {
+                return;
+            };
             if !node.dirty {
                 return;
             }
@@ -395,10 +416,15 @@ impl Tree {
             }
             let append = grow_key.is_some_and(|k| node.ends_with(k));
             let level = node.level + 1;
-            let Some(old) = self.root.node.take() else { return };
+            let Some(old) = self.root.node.take() else {
+                return;
+            };
             let kids = split_to_fit(*old, max, append)
                 .into_iter()
-                .map(|(key, n)| Kid { key, slot: Slot::fresh(n) })
+                .map(|(key, n)| Kid {
+                    key,
+                    slot: Slot::fresh(n),
+                })
                 .collect();
             self.root = Slot::fresh(Node::new(level, Body::Internal(kids)));
         }
@@ -429,34 +455,33 @@ fn insert_rec(
     value: &[u8],
 ) -> Result<Option<Vec<u8>>, TreeError> {
     let node = slot.load(store)?;
-    let mut changed = false;
-    let old = match &mut node.body {
-        Body::Leaf(es) => match es.binary_search_by(|(k, _)| k.as_slice().cmp(key)) {
-            Ok(i) if es[i].1 == value => Some(value.to_vec()),
-            Ok(i) => {
-                let old = std::mem::replace(&mut es[i].1, value.to_vec());
-                node.size = node.size - old.len() + value.len();
-                changed = true;
-                Some(old)
-            }
-            Err(i) => {
-                es.insert(i, (key.to_vec(), value.to_vec()));
-                node.size += leaf_entry_size(key, value);
-                changed = true;
-                None
-            }
-        },
+    let (old, changed) = match &mut node.body {
+        Body::Leaf(leaf) => {
+            let old = match leaf.search(key) {
+                Ok(i) if leaf.entry(i).1 == value => return Ok(Some(value.to_vec())),
+                Ok(i) => Some(leaf.replace_value(i, value)),
+                Err(i) => {
+                    leaf.insert(i, key, value);
+                    None
+                }
+            };
+            node.size = HEADER_BYTES + leaf.bytes().len();
+            (old, true)
+        }
         Body::Internal(kids) => {
             let i = child_index(kids, key);
             let Some(kid) = kids.get_mut(i) else {
-                return Err(TreeError::Corrupt("<in memory>".into(), "internal node without children".into()));
+                return Err(TreeError::Corrupt(
+                    "<in memory>".into(),
+                    "internal node without children".into(),
+                ));
             };
             let old = insert_rec(ctx, store, &mut kid.slot, key, value)?;
-            changed = kid.slot.is_dirty();
+            let changed = kid.slot.is_dirty();
             if fix_child(ctx, store, kids, i, Fix::Grow(key)) {
                 node.recompute_size();
             }
-            old
+            (old, changed)
         }
     };
     if changed {
@@ -473,17 +498,19 @@ fn remove_rec(
 ) -> Result<Option<Vec<u8>>, TreeError> {
     let node = slot.load(store)?;
     let old = match &mut node.body {
-        Body::Leaf(es) => match es.binary_search_by(|(k, _)| k.as_slice().cmp(key)) {
+        Body::Leaf(leaf) => match leaf.search(key) {
             Ok(i) => {
-                let (k, v) = es.remove(i);
-                node.size -= leaf_entry_size(&k, &v);
+                let v = leaf.remove(i);
+                node.size = HEADER_BYTES + leaf.bytes().len();
                 Some(v)
             }
             Err(_) => None,
         },
         Body::Internal(kids) => {
             let i = child_index(kids, key);
-            let Some(kid) = kids.get_mut(i) else { return Ok(None) };
+            let Some(kid) = kids.get_mut(i) else {
+                return Ok(None);
+            };
             let old = remove_rec(ctx, store, &mut kid.slot, key)?;
             if old.is_some() && fix_child(ctx, store, kids, i, Fix::Shrink) {
                 node.recompute_size();
@@ -500,9 +527,17 @@ fn remove_rec(
 /// Repairs child `i` of an internal node after it changed. Returns true when
 /// the list of children (and so the parent's size) changed. Never fails: a
 /// sibling that cannot be read just means no rebalancing this time.
-fn fix_child(ctx: &mut Ctx, store: &dyn NodeStore, kids: &mut Vec<Kid>, i: usize, fix: Fix) -> bool {
+fn fix_child(
+    ctx: &mut Ctx,
+    store: &dyn NodeStore,
+    kids: &mut Vec<Kid>,
+    i: usize,
+    fix: Fix,
+) -> bool {
     let max = ctx.node_max;
-    let Some(node) = kids.get(i).and_then(|k| k.slot.node.as_deref()) else { return false };
+    let Some(node) = kids.get(i).and_then(|k| k.slot.node.as_deref()) else {
+        return false;
+    };
     if !node.dirty {
         return false;
     }
@@ -520,7 +555,10 @@ fn fix_child(ctx: &mut Ctx, store: &dyn NodeStore, kids: &mut Vec<Kid>, i: usize
             if let Some((_, first)) = pieces.next() {
                 kids[i].slot.node = Some(Box::new(first));
             }
-            let rest = pieces.map(|(key, n)| Kid { key, slot: Slot::fresh(n) });
+            let rest = pieces.map(|(key, n)| Kid {
+                key,
+                slot: Slot::fresh(n),
+            });
             kids.splice(i + 1..i + 1, rest);
         }
         return true;
@@ -555,7 +593,10 @@ fn rebalance(ctx: &mut Ctx, store: &dyn NodeStore, kids: &mut Vec<Kid>, i: usize
         return false;
     }
     let l = i.min(j);
-    let same_kind = match (kids[l].slot.node.as_deref(), kids[l + 1].slot.node.as_deref()) {
+    let same_kind = match (
+        kids[l].slot.node.as_deref(),
+        kids[l + 1].slot.node.as_deref(),
+    ) {
         (Some(a), Some(b)) => a.level == b.level,
         _ => false,
     };
@@ -572,14 +613,23 @@ fn rebalance(ctx: &mut Ctx, store: &dyn NodeStore, kids: &mut Vec<Kid>, i: usize
     if let Err(back) = merged.absorb(right.key.clone(), *right_node) {
         debug_assert!(false, "siblings of different kinds");
         kids[l].slot.node = Some(merged);
-        kids.insert(l + 1, Kid { key: right.key, slot: Slot::fresh(back) });
+        kids.insert(
+            l + 1,
+            Kid {
+                key: right.key,
+                slot: Slot::fresh(back),
+            },
+        );
         return true;
     }
     let mut pieces = split_to_fit(*merged, max, false).into_iter();
     if let Some((_, first)) = pieces.next() {
         kids[l].slot.node = Some(Box::new(first));
     }
-    let rest = pieces.map(|(key, n)| Kid { key, slot: Slot::fresh(n) });
+    let rest = pieces.map(|(key, n)| Kid {
+        key,
+        slot: Slot::fresh(n),
+    });
     kids.splice(l + 1..l + 1, rest);
     true
 }
@@ -629,8 +679,17 @@ fn span(kids: &[Kid], start: Bound<&[u8]>, end: Bound<&[u8]>) -> Option<(usize, 
 }
 
 /// Key bounds of child `j`: `[lo, hi)`, inherited from the parent at the edges.
-fn kid_bounds(kids: &[Kid], j: usize, lo: Option<&[u8]>, hi: Option<&[u8]>) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
-    let klo = if j == 0 { lo.map(<[u8]>::to_vec) } else { kids.get(j).map(|k| k.key.clone()) };
+fn kid_bounds(
+    kids: &[Kid],
+    j: usize,
+    lo: Option<&[u8]>,
+    hi: Option<&[u8]>,
+) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+    let klo = if j == 0 {
+        lo.map(<[u8]>::to_vec)
+    } else {
+        kids.get(j).map(|k| k.key.clone())
+    };
     let khi = match kids.get(j + 1) {
         Some(k) => Some(k.key.clone()),
         None => hi.map(<[u8]>::to_vec),
@@ -663,17 +722,19 @@ fn range_rec(
 ) -> Result<(), TreeError> {
     let node = slot.load(store)?;
     match &mut node.body {
-        Body::Leaf(es) => {
-            let from = es.partition_point(|(k, _)| before_start(k, start));
-            for (k, v) in &es[from..] {
+        Body::Leaf(leaf) => {
+            let from = leaf.partition_point(|k| before_start(k, start));
+            for (k, v) in leaf.iter().skip(from) {
                 if out.len() >= limit || !within_end(k, end) {
                     break;
                 }
-                out.push((k.clone(), v.clone()));
+                out.push((k.to_vec(), v.to_vec()));
             }
         }
         Body::Internal(kids) => {
-            let Some((first, last)) = span(kids, start, end) else { return Ok(()) };
+            let Some((first, last)) = span(kids, start, end) else {
+                return Ok(());
+            };
             for kid in &mut kids[first..=last] {
                 if out.len() >= limit {
                     break;
@@ -697,12 +758,21 @@ fn preload(
 ) -> Result<(), TreeError> {
     let node = slot.load(store)?;
     if let Body::Internal(kids) = &mut node.body {
-        let Some((first, last)) = span(kids, start, end) else { return Ok(()) };
+        let Some((first, last)) = span(kids, start, end) else {
+            return Ok(());
+        };
         // Children strictly between the two edges lie wholly inside the range.
         for j in std::iter::once(first).chain((last != first).then_some(last)) {
             let (klo, khi) = kid_bounds(kids, j, lo, hi);
             if !contained(start, end, klo.as_deref(), khi.as_deref()) {
-                preload(store, &mut kids[j].slot, start, end, klo.as_deref(), khi.as_deref())?;
+                preload(
+                    store,
+                    &mut kids[j].slot,
+                    start,
+                    end,
+                    klo.as_deref(),
+                    khi.as_deref(),
+                )?;
             }
         }
     }
@@ -727,32 +797,43 @@ fn delete_rec(
     let mut count = 0u64;
     let mut changed = false;
     match &mut node.body {
-        Body::Leaf(es) => {
-            let a = es.partition_point(|(k, _)| before_start(k, start));
-            let b = es.partition_point(|(k, _)| within_end(k, end));
+        Body::Leaf(leaf) => {
+            let a = leaf.partition_point(|k| before_start(k, start));
+            let b = leaf.partition_point(|k| within_end(k, end));
             if a < b {
-                for (k, v) in es.drain(a..b) {
-                    node.size -= leaf_entry_size(&k, &v);
-                }
+                leaf.remove_range(a, b);
+                node.size = HEADER_BYTES + leaf.bytes().len();
                 count = (b - a) as u64;
                 changed = true;
             }
         }
         Body::Internal(kids) => {
-            let Some((first, last)) = span(kids, start, end) else { return 0 };
+            let Some((first, last)) = span(kids, start, end) else {
+                return 0;
+            };
             for j in first..=last {
                 let (klo, khi) = kid_bounds(kids, j, lo, hi);
                 if contained(start, end, klo.as_deref(), khi.as_deref()) {
                     count = count.saturating_add(drop_subtree(ctx, &mut kids[j].slot));
                     changed = true;
                 } else if kids[j].slot.node.is_some() {
-                    let n = delete_rec(ctx, store, &mut kids[j].slot, range, klo.as_deref(), khi.as_deref());
+                    let n = delete_rec(
+                        ctx,
+                        store,
+                        &mut kids[j].slot,
+                        range,
+                        klo.as_deref(),
+                        khi.as_deref(),
+                    );
                     count = count.saturating_add(n);
                     changed |= n > 0;
                 }
             }
             if changed {
-                let window: Vec<Kid> = kids.drain(first..=last).filter(|k| !k.slot.is_gone()).collect();
+                let window: Vec<Kid> = kids
+                    .drain(first..=last)
+                    .filter(|k| !k.slot.is_gone())
+                    .collect();
                 let survivors = window.len();
                 kids.splice(first..first, window);
                 if let Some(k) = kids.first_mut() {
@@ -778,10 +859,10 @@ fn drop_subtree(ctx: &mut Ctx, slot: &mut Slot) -> u64 {
     let Slot { ptr, node } = std::mem::take(slot);
     match node {
         Some(n) if n.dirty => match n.body {
-            Body::Leaf(es) => es.len() as u64,
-            Body::Internal(kids) => kids
-                .into_iter()
-                .fold(0u64, |n, mut k| n.saturating_add(drop_subtree(ctx, &mut k.slot))),
+            Body::Leaf(leaf) => leaf.len() as u64,
+            Body::Internal(kids) => kids.into_iter().fold(0u64, |n, mut k| {
+                n.saturating_add(drop_subtree(ctx, &mut k.slot))
+            }),
         },
         _ if ptr.is_hole() => 0,
         _ => {
@@ -794,12 +875,14 @@ fn drop_subtree(ctx: &mut Ctx, slot: &mut Slot) -> u64 {
 /// Writes the dirty nodes under `slot`, children first, and sets each
 /// written node's pointer (with its subtree's entry count in `fill`).
 fn write_dirty(store: &mut dyn NodeStore, slot: &mut Slot) -> Result<(), TreeError> {
-    let Some(node) = slot.node.as_deref_mut() else { return Ok(()) };
+    let Some(node) = slot.node.as_deref_mut() else {
+        return Ok(());
+    };
     if !node.dirty {
         return Ok(());
     }
     let fill = match &mut node.body {
-        Body::Leaf(es) => es.len() as u64,
+        Body::Leaf(leaf) => leaf.len() as u64,
         Body::Internal(kids) => {
             let mut fill = 0u64;
             for kid in kids.iter_mut() {
@@ -819,7 +902,11 @@ fn write_dirty(store: &mut dyn NodeStore, slot: &mut Slot) -> Result<(), TreeErr
 
 /// Appends every node pointer of the committed subtree at `ptr`; reads only
 /// internal nodes.
-fn collect_subtree(store: &dyn NodeStore, ptr: &BlockPtr, out: &mut Vec<BlockPtr>) -> Result<(), TreeError> {
+fn collect_subtree(
+    store: &dyn NodeStore,
+    ptr: &BlockPtr,
+    out: &mut Vec<BlockPtr>,
+) -> Result<(), TreeError> {
     out.push(*ptr);
     if ptr.level == 0 {
         return Ok(());

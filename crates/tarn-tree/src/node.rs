@@ -3,7 +3,8 @@
 
 use tarn_block::{BlockPtr, BlockType, BLOCK_PTR_SIZE};
 
-use crate::{TreeError, MAX_KEY, MAX_VALUE, NODE_MAX_BYTES};
+use crate::leaf::Leaf;
+use crate::{TreeError, MAX_KEY, NODE_MAX_BYTES};
 
 /// The two magic bytes that open every node.
 pub(crate) const MAGIC: [u8; 2] = *b"TN";
@@ -11,15 +12,8 @@ pub(crate) const MAGIC: [u8; 2] = *b"TN";
 pub(crate) const VERSION: u8 = 1;
 /// Magic, version, level and entry count.
 pub(crate) const HEADER_BYTES: usize = 8;
-/// Key length (u16) and value length (u32) of a leaf entry.
-const LEAF_ENTRY_OVERHEAD: usize = 6;
 /// Key length (u16) and child pointer of an internal entry.
 const INTERNAL_ENTRY_OVERHEAD: usize = 2 + BLOCK_PTR_SIZE;
-
-/// Encoded size of one leaf entry.
-pub(crate) fn leaf_entry_size(key: &[u8], value: &[u8]) -> usize {
-    LEAF_ENTRY_OVERHEAD + key.len() + value.len()
-}
 
 /// Encoded size of one internal entry.
 fn internal_entry_size(key: &[u8]) -> usize {
@@ -60,7 +54,7 @@ pub(crate) struct Kid {
 /// Contents of a node.
 pub(crate) enum Body {
     /// Sorted, unique (key, value) pairs.
-    Leaf(Vec<(Vec<u8>, Vec<u8>)>),
+    Leaf(Leaf),
     /// Children in key order.
     Internal(Vec<Kid>),
 }
@@ -83,7 +77,10 @@ impl Slot {
     /// A position holding a node that exists only in memory.
     pub fn fresh(node: Node) -> Slot {
         debug_assert!(node.dirty);
-        Slot { ptr: BlockPtr::default(), node: Some(Box::new(node)) }
+        Slot {
+            ptr: BlockPtr::default(),
+            node: Some(Box::new(node)),
+        }
     }
 
     /// True when the position holds no node at all.
@@ -131,7 +128,12 @@ impl Slot {
 impl Node {
     /// A dirty node with the given body; its size is computed.
     pub fn new(level: u8, body: Body) -> Node {
-        let mut n = Node { level, dirty: true, size: 0, body };
+        let mut n = Node {
+            level,
+            dirty: true,
+            size: 0,
+            body,
+        };
         n.recompute_size();
         n
     }
@@ -139,7 +141,7 @@ impl Node {
     /// Number of entries (leaf) or children (internal).
     pub fn len(&self) -> usize {
         match &self.body {
-            Body::Leaf(es) => es.len(),
+            Body::Leaf(leaf) => leaf.len(),
             Body::Internal(kids) => kids.len(),
         }
     }
@@ -147,14 +149,15 @@ impl Node {
     pub fn recompute_size(&mut self) {
         self.size = HEADER_BYTES
             + match &self.body {
-                Body::Leaf(es) => es.iter().map(|(k, v)| leaf_entry_size(k, v)).sum::<usize>(),
+                Body::Leaf(leaf) => leaf.bytes().len(),
                 Body::Internal(kids) => kids.iter().map(|k| internal_entry_size(&k.key)).sum(),
             };
     }
 
     fn entry_size(&self, i: usize) -> usize {
         match &self.body {
-            Body::Leaf(es) => es.get(i).map_or(0, |(k, v)| leaf_entry_size(k, v)),
+            Body::Leaf(leaf) if i < leaf.len() => leaf.entry_size(i),
+            Body::Leaf(_) => 0,
             Body::Internal(kids) => kids.get(i).map_or(0, |k| internal_entry_size(&k.key)),
         }
     }
@@ -180,7 +183,7 @@ impl Node {
     /// arrive in ascending order, so a split should leave the left part full.
     pub fn ends_with(&self, key: &[u8]) -> bool {
         match &self.body {
-            Body::Leaf(es) => es.last().is_some_and(|(k, _)| k.as_slice() == key),
+            Body::Leaf(leaf) => leaf.last_key() == Some(key),
             Body::Internal(kids) => kids.len() > 1 && child_index(kids, key) == kids.len() - 1,
         }
     }
@@ -209,17 +212,20 @@ impl Node {
             at.clamp(1, n - 1)
         };
         let (sep, body) = match &mut self.body {
-            Body::Leaf(es) => {
-                let right = es.split_off(at);
-                let sep = match (es.last(), right.first()) {
-                    (Some((a, _)), Some((b, _))) => shortest_separator(a, b),
+            Body::Leaf(leaf) => {
+                let right = leaf.split_off(at);
+                let sep = match (leaf.last_key(), right.len()) {
+                    (Some(a), 1..) => shortest_separator(a, right.key(0)),
                     _ => Vec::new(),
                 };
                 (sep, Body::Leaf(right))
             }
             Body::Internal(kids) => {
                 let mut right = kids.split_off(at);
-                let sep = right.first_mut().map(|k| std::mem::take(&mut k.key)).unwrap_or_default();
+                let sep = right
+                    .first_mut()
+                    .map(|k| std::mem::take(&mut k.key))
+                    .unwrap_or_default();
                 (sep, Body::Internal(right))
             }
         };
@@ -231,7 +237,7 @@ impl Node {
     /// Gives `right` back if the two are not the same kind of node.
     pub fn absorb(&mut self, sep: Vec<u8>, right: Node) -> Result<(), Node> {
         match (&mut self.body, right.body) {
-            (Body::Leaf(a), Body::Leaf(b)) => a.extend(b),
+            (Body::Leaf(a), Body::Leaf(b)) => a.append(b),
             (Body::Internal(a), Body::Internal(mut b)) => {
                 if let Some(first) = b.first_mut() {
                     first.key = sep;
@@ -252,14 +258,7 @@ impl Node {
         out.push(self.level);
         out.extend_from_slice(&(self.len() as u32).to_le_bytes());
         match &self.body {
-            Body::Leaf(es) => {
-                for (k, v) in es {
-                    out.extend_from_slice(&(k.len() as u16).to_le_bytes());
-                    out.extend_from_slice(&(v.len() as u32).to_le_bytes());
-                    out.extend_from_slice(k);
-                    out.extend_from_slice(v);
-                }
-            }
+            Body::Leaf(leaf) => out.extend_from_slice(leaf.bytes()),
             Body::Internal(kids) => {
                 for kid in kids {
                     debug_assert!(!kid.slot.is_dirty() && !kid.slot.ptr.is_hole());
@@ -303,13 +302,17 @@ fn shortest_separator(a: &[u8], b: &[u8]) -> Vec<u8> {
 
 /// Index of the child whose key range holds `key`.
 pub(crate) fn child_index(kids: &[Kid], key: &[u8]) -> usize {
-    kids.get(1..).map_or(0, |seps| seps.partition_point(|k| k.key.as_slice() <= key))
+    kids.get(1..)
+        .map_or(0, |seps| seps.partition_point(|k| k.key.as_slice() <= key))
 }
 
 /// Reads and decodes the node `ptr` references.
 pub(crate) fn read_node(store: &dyn crate::NodeStore, ptr: &BlockPtr) -> Result<Node, TreeError> {
     if ptr.is_hole() {
-        return Err(TreeError::Corrupt(node_name(ptr), "reference to a hole".into()));
+        return Err(TreeError::Corrupt(
+            node_name(ptr),
+            "reference to a hole".into(),
+        ));
     }
     if ptr.btype != BlockType::TreeNode {
         return Err(TreeError::Corrupt(
@@ -339,10 +342,6 @@ impl<'a> Reader<'a> {
     fn u16(&mut self) -> Option<u16> {
         self.take(2).map(|b| u16::from_le_bytes([b[0], b[1]]))
     }
-
-    fn u32(&mut self) -> Option<u32> {
-        self.take(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
 }
 
 /// Decodes node bytes read through `ptr`, validating everything a later
@@ -351,10 +350,16 @@ impl<'a> Reader<'a> {
 pub(crate) fn decode(ptr: &BlockPtr, data: &[u8]) -> Result<Node, TreeError> {
     let bad = |what: String| TreeError::Corrupt(node_name(ptr), what);
     if data.len() < HEADER_BYTES {
-        return Err(bad(format!("{} bytes is shorter than a node header", data.len())));
+        return Err(bad(format!(
+            "{} bytes is shorter than a node header",
+            data.len()
+        )));
     }
     if data.len() > NODE_MAX_BYTES {
-        return Err(bad(format!("{} bytes exceeds the node maximum of {NODE_MAX_BYTES}", data.len())));
+        return Err(bad(format!(
+            "{} bytes exceeds the node maximum of {NODE_MAX_BYTES}",
+            data.len()
+        )));
     }
     if data[0..2] != MAGIC {
         return Err(bad(format!("bad magic {:02x}{:02x}", data[0], data[1])));
@@ -364,35 +369,23 @@ pub(crate) fn decode(ptr: &BlockPtr, data: &[u8]) -> Result<Node, TreeError> {
     }
     let level = data[3];
     if level != ptr.level {
-        return Err(bad(format!("node level {level} but its pointer says {}", ptr.level)));
+        return Err(bad(format!(
+            "node level {level} but its pointer says {}",
+            ptr.level
+        )));
     }
     let count = u32::from_le_bytes([data[4], data[5], data[6], data[7]]) as usize;
     if count == 0 {
         return Err(bad("node without entries".into()));
     }
-    let mut r = Reader { buf: &data[HEADER_BYTES..] };
-    let truncated = |i: usize| bad(format!("entry {i} of {count} is truncated"));
+    let entries = &data[HEADER_BYTES..];
     let body = if level == 0 {
-        let mut es: Vec<(Vec<u8>, Vec<u8>)> =
-            Vec::with_capacity(count.min(data.len() / LEAF_ENTRY_OVERHEAD));
-        for i in 0..count {
-            let klen = r.u16().ok_or_else(|| truncated(i))? as usize;
-            let vlen = r.u32().ok_or_else(|| truncated(i))? as usize;
-            if klen > MAX_KEY || vlen > MAX_VALUE {
-                return Err(bad(format!("entry {i} has key of {klen} and value of {vlen} bytes")));
-            }
-            let key = r.take(klen).ok_or_else(|| truncated(i))?;
-            let value = r.take(vlen).ok_or_else(|| truncated(i))?;
-            if let Some((prev, _)) = es.last() {
-                if prev.as_slice() >= key {
-                    return Err(bad(format!("entry {i} is out of key order")));
-                }
-            }
-            es.push((key.to_vec(), value.to_vec()));
-        }
-        Body::Leaf(es)
+        Body::Leaf(Leaf::parse(entries, count).map_err(bad)?)
     } else {
-        let mut kids: Vec<Kid> = Vec::with_capacity(count.min(data.len() / INTERNAL_ENTRY_OVERHEAD));
+        let mut r = Reader { buf: entries };
+        let truncated = |i: usize| bad(format!("entry {i} of {count} is truncated"));
+        let mut kids: Vec<Kid> =
+            Vec::with_capacity(count.min(data.len() / INTERNAL_ENTRY_OVERHEAD));
         for i in 0..count {
             let klen = r.u16().ok_or_else(|| truncated(i))? as usize;
             if klen > MAX_KEY {
@@ -411,20 +404,31 @@ pub(crate) fn decode(ptr: &BlockPtr, data: &[u8]) -> Result<Node, TreeError> {
                 return Err(bad(format!("child {i} has block type {:?}", child.btype)));
             }
             if child.level != level - 1 {
-                return Err(bad(format!("child {i} has level {} under level {level}", child.level)));
+                return Err(bad(format!(
+                    "child {i} has level {} under level {level}",
+                    child.level
+                )));
             }
             if let Some(prev) = kids.last() {
                 if prev.key.as_slice() >= key {
                     return Err(bad(format!("separator {i} is out of key order")));
                 }
             }
-            kids.push(Kid { key: key.to_vec(), slot: Slot::clean(child) });
+            kids.push(Kid {
+                key: key.to_vec(),
+                slot: Slot::clean(child),
+            });
+        }
+        if !r.buf.is_empty() {
+            return Err(bad(format!("{} trailing bytes", r.buf.len())));
         }
         Body::Internal(kids)
     };
-    if !r.buf.is_empty() {
-        return Err(bad(format!("{} trailing bytes", r.buf.len())));
-    }
     // The format has no padding, so the byte count is the encoded size.
-    Ok(Node { level, dirty: false, size: data.len(), body })
+    Ok(Node {
+        level,
+        dirty: false,
+        size: data.len(),
+        body,
+    })
 }

@@ -42,8 +42,8 @@ pub fn walk(
     }
     node(root)?;
     match read_node(store, root)?.body {
-        Body::Leaf(es) => {
-            for (k, v) in &es {
+        Body::Leaf(leaf) => {
+            for (k, v) in leaf.iter() {
                 entry(k, v)?;
             }
         }
@@ -74,7 +74,10 @@ pub fn check(store: &dyn NodeStore, root: &BlockPtr) -> Result<TreeStats, TreeEr
     if root.fill != entries {
         return Err(TreeError::Corrupt(
             node_name(root),
-            format!("root fill {} but the tree holds {entries} entries", root.fill),
+            format!(
+                "root fill {} but the tree holds {entries} entries",
+                root.fill
+            ),
         ));
     }
     stats.entries = entries;
@@ -95,14 +98,15 @@ fn check_node(
     stats.max_node_bytes = stats.max_node_bytes.max(node.size);
     let in_bounds = |k: &[u8]| lo.is_none_or(|lo| k >= lo) && hi.is_none_or(|hi| k < hi);
     match &node.body {
-        Body::Leaf(es) => {
+        Body::Leaf(leaf) => {
             // Keys are strictly ascending (checked by decoding), so the ends suffice.
-            for (k, _) in es.first().into_iter().chain(es.last()) {
+            let first = (leaf.len() > 0).then(|| leaf.key(0));
+            for k in first.into_iter().chain(leaf.last_key()) {
                 if !in_bounds(k) {
                     return Err(bad(format!("key {k:02x?} outside its separator bounds")));
                 }
             }
-            Ok(es.len() as u64)
+            Ok(leaf.len() as u64)
         }
         Body::Internal(kids) => {
             if is_root && kids.len() < 2 {
@@ -123,7 +127,10 @@ fn check_node(
                 let (klo, khi) = kid_bounds(kids, j, lo, hi);
                 let n = check_node(store, child, klo.as_deref(), khi.as_deref(), false, stats)?;
                 if child.fill != n {
-                    return Err(bad(format!("child {j} has fill {} but holds {n} entries", child.fill)));
+                    return Err(bad(format!(
+                        "child {j} has fill {} but holds {n} entries",
+                        child.fill
+                    )));
                 }
                 total += n;
             }

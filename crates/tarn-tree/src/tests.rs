@@ -5,6 +5,7 @@ use std::ops::Bound;
 use proptest::prelude::*;
 use tarn_block::{checksum, BlockPtr, BlockType, ChecksumAlg, Dva};
 
+use crate::leaf::Leaf;
 use crate::node::{decode, Body, Kid, Node, Slot};
 use crate::{check, walk, NodeStore, Tree, TreeError, MAX_KEY, MAX_VALUE, NODE_MAX_BYTES};
 
@@ -77,7 +78,15 @@ impl NodeStore for MemStore {
         let off = self.next * 0x1000;
         let len = data.len() as u32;
         let ptr = BlockPtr {
-            dvas: [Dva { vdev: 0, asize: len.next_multiple_of(512), offset: off }, Dva::default(), Dva::default()],
+            dvas: [
+                Dva {
+                    vdev: 0,
+                    asize: len.next_multiple_of(512),
+                    offset: off,
+                },
+                Dva::default(),
+                Dva::default(),
+            ],
             lsize: len,
             psize: len,
             birth: self.txg,
@@ -99,8 +108,14 @@ impl NodeStore for MemStore {
             self.freed.push(off);
             return;
         }
-        assert!(self.written.contains(&off), "freed a block never written: {off:#x}");
-        assert!(self.blocks.remove(&off).is_some(), "double free of {off:#x}");
+        assert!(
+            self.written.contains(&off),
+            "freed a block never written: {off:#x}"
+        );
+        assert!(
+            self.blocks.remove(&off).is_some(),
+            "double free of {off:#x}"
+        );
         self.freed.push(off);
     }
 }
@@ -114,7 +129,10 @@ fn reachable(store: &MemStore, root: &BlockPtr, min_birth: u64) -> (HashMap<u64,
         root,
         min_birth,
         &mut |p| {
-            assert!(nodes.insert(offset(p), p.birth).is_none(), "node reached twice");
+            assert!(
+                nodes.insert(offset(p), p.birth).is_none(),
+                "node reached twice"
+            );
             Ok(())
         },
         &mut |_, _| {
@@ -131,7 +149,11 @@ fn reachable(store: &MemStore, root: &BlockPtr, min_birth: u64) -> (HashMap<u64,
 fn verify(store: &MemStore, root: &BlockPtr, model: &BTreeMap<Vec<u8>, Vec<u8>>, node_max: usize) {
     let stats = check(store, root).expect("check");
     assert_eq!(stats.entries, model.len() as u64);
-    assert!(stats.max_node_bytes <= node_max, "node of {} bytes", stats.max_node_bytes);
+    assert!(
+        stats.max_node_bytes <= node_max,
+        "node of {} bytes",
+        stats.max_node_bytes
+    );
     let mut all = Vec::new();
     walk(store, root, 0, &mut |_| Ok(()), &mut |k, v| {
         all.push((k.to_vec(), v.to_vec()));
@@ -143,7 +165,10 @@ fn verify(store: &MemStore, root: &BlockPtr, model: &BTreeMap<Vec<u8>, Vec<u8>>,
     let (live, _) = reachable(store, root, 0);
     let live: HashSet<u64> = live.into_keys().collect();
     let stored: HashSet<u64> = store.blocks.keys().copied().collect();
-    assert_eq!(live, stored, "reachable blocks differ from written minus freed");
+    assert_eq!(
+        live, stored,
+        "reachable blocks differ from written minus freed"
+    );
     assert_eq!(store.freed.len() + stored.len(), store.written.len());
 }
 
@@ -252,11 +277,18 @@ fn run_model(node_max: usize, ops: Vec<Op>) {
                 assert_eq!(got, want);
             }
             Op::DeleteRange(s, e) => {
-                let doomed: Vec<_> = model.keys().filter(|k| in_range(k, &s, &e)).cloned().collect();
+                let doomed: Vec<_> = model
+                    .keys()
+                    .filter(|k| in_range(k, &s, &e))
+                    .cloned()
+                    .collect();
                 for k in &doomed {
                     model.remove(k);
                 }
-                assert_eq!(tree.delete_range(&store, as_ref(&s), as_ref(&e)).unwrap(), doomed.len() as u64);
+                assert_eq!(
+                    tree.delete_range(&store, as_ref(&s), as_ref(&e)).unwrap(),
+                    doomed.len() as u64
+                );
             }
             Op::Commit => {
                 let root = store.sync(&mut tree);
@@ -277,7 +309,9 @@ fn run_model(node_max: usize, ops: Vec<Op>) {
     let root = store.sync(&mut tree);
     verify(&store, &root, &model, node_max);
     let mut fresh = Tree::open(root);
-    let all = fresh.range(&store, Bound::Unbounded, Bound::Unbounded, usize::MAX).unwrap();
+    let all = fresh
+        .range(&store, Bound::Unbounded, Bound::Unbounded, usize::MAX)
+        .unwrap();
     assert_eq!(all.len(), model.len());
 }
 
@@ -403,8 +437,16 @@ fn walk_prunes_by_birth() {
     let mut pruned_somewhere = false;
     for t in 0..=last_txg {
         let (seen, _) = reachable(&store, &root, t);
-        let want: HashSet<u64> = all.iter().filter(|(_, &b)| b > t).map(|(&o, _)| o).collect();
-        assert_eq!(seen.keys().copied().collect::<HashSet<_>>(), want, "min_birth {t}");
+        let want: HashSet<u64> = all
+            .iter()
+            .filter(|(_, &b)| b > t)
+            .map(|(&o, _)| o)
+            .collect();
+        assert_eq!(
+            seen.keys().copied().collect::<HashSet<_>>(),
+            want,
+            "min_birth {t}"
+        );
         // What was born after t is exactly what the version committed at t lacks.
         if let Some((_, old)) = versions.iter().find(|(txg, _)| *txg == t) {
             let new: HashSet<u64> = all.keys().filter(|o| !old.contains(o)).copied().collect();
@@ -469,16 +511,30 @@ fn sequential_200k_then_random_deletes_to_empty() {
     }
     for (n, &i) in order.iter().enumerate() {
         assert_eq!(tree.remove(&store, &key(i)).unwrap(), Some(value(i)));
-        if n % 50_000 == 49_999 {
+        if n % 50_000 == 49_999 || n == 195_000 {
             let root = store.sync(&mut tree);
             let stats = check(&store, &root).unwrap();
-            assert_eq!(stats.entries, N - n as u64 - 1);
+            let left = N - n as u64 - 1;
+            assert_eq!(stats.entries, left);
+            // Removals merge small nodes: at least a quarter full, give or take
+            // one partly filled node per level.
+            let bytes = left as usize * (6 + 16 + 24);
+            let bound = bytes / (NODE_MAX_BYTES / 4) + 1 + 2 * stats.depth as usize;
+            assert!(
+                (stats.nodes as usize) <= bound,
+                "{} nodes for {left} entries",
+                stats.nodes
+            );
             tree.evict_clean();
         }
     }
     let root = store.sync(&mut tree);
     assert!(root.is_hole());
-    assert!(store.blocks.is_empty(), "{} blocks never freed", store.blocks.len());
+    assert!(
+        store.blocks.is_empty(),
+        "{} blocks never freed",
+        store.blocks.len()
+    );
     assert_eq!(store.freed.len(), store.written.len());
 }
 
@@ -499,18 +555,27 @@ fn delete_range_reads_only_the_edges() {
     let mut tree = Tree::open(root).with_node_max(1024);
     store.reads.set(0);
     let (lo, hi) = (1_000u32.to_be_bytes(), 19_000u32.to_be_bytes());
-    let n = tree.delete_range(&store, Bound::Included(&lo), Bound::Excluded(&hi)).unwrap();
+    let n = tree
+        .delete_range(&store, Bound::Included(&lo), Bound::Excluded(&hi))
+        .unwrap();
     assert_eq!(n, 18_000);
     model.retain(|k, _| k.as_slice() < &lo[..] || k.as_slice() >= &hi[..]);
     let reads = store.reads.get();
-    assert!(reads <= 4 * before.depth as u64, "{reads} reads for a range delete");
+    assert!(
+        reads <= 4 * before.depth as u64,
+        "{reads} reads for a range delete"
+    );
 
     store.reads.set(0);
     let freed_before = store.freed.len();
     let root = store.sync(&mut tree);
     let freed = (store.freed.len() - freed_before) as u64;
     // Commit reads the internal nodes of dropped subtrees, never their leaves.
-    assert!(store.reads.get() * 4 < freed, "{} reads to free {freed} nodes", store.reads.get());
+    assert!(
+        store.reads.get() * 4 < freed,
+        "{} reads to free {freed} nodes",
+        store.reads.get()
+    );
     verify(&store, &root, &model, 1024);
 }
 
@@ -532,7 +597,11 @@ fn delete_range_at_every_boundary() {
     let root = store.sync(&mut tree);
     assert!(check(&store, &root).unwrap().depth >= 3);
     let mut probes: Vec<Vec<u8>> = model.keys().cloned().collect();
-    probes.extend((0..8u8).map(|a| vec![a]).chain((0..64u8).map(|a| vec![a / 8, a % 8, 9])));
+    probes.extend(
+        (0..8u8)
+            .map(|a| vec![a])
+            .chain((0..64u8).map(|a| vec![a / 8, a % 8, 9])),
+    );
     let mut ranges = Vec::new();
     for p in &probes {
         for b in [Bound::Included(p.clone()), Bound::Excluded(p.clone())] {
@@ -544,7 +613,13 @@ fn delete_range_at_every_boundary() {
         let a = probes[rng.below(probes.len())].clone();
         let b = probes[rng.below(probes.len())].clone();
         let (a, b) = if a <= b { (a, b) } else { (b, a) };
-        let pick = |k: Vec<u8>, r: &mut Rng| if r.below(2) == 0 { Bound::Included(k) } else { Bound::Excluded(k) };
+        let pick = |k: Vec<u8>, r: &mut Rng| {
+            if r.below(2) == 0 {
+                Bound::Included(k)
+            } else {
+                Bound::Excluded(k)
+            }
+        };
         ranges.push((pick(a, &mut rng), pick(b, &mut rng)));
     }
     for (s, e) in ranges {
@@ -554,7 +629,9 @@ fn delete_range_at_every_boundary() {
         want.retain(|k, _| !in_range(k, &s, &e));
         let n = tree.delete_range(&store, as_ref(&s), as_ref(&e)).unwrap();
         assert_eq!(n as usize, model.len() - want.len(), "{s:?}..{e:?}");
-        let got = tree.range(&store, Bound::Unbounded, Bound::Unbounded, usize::MAX).unwrap();
+        let got = tree
+            .range(&store, Bound::Unbounded, Bound::Unbounded, usize::MAX)
+            .unwrap();
         assert!(got.iter().map(|(k, _)| k).eq(want.keys()), "{s:?}..{e:?}");
         let new_root = store.sync(&mut tree);
         verify(&store, &new_root, &want, 512);
@@ -563,7 +640,10 @@ fn delete_range_at_every_boundary() {
 
 #[test]
 fn node_format_is_pinned() {
-    let leaf = Node::new(0, Body::Leaf(vec![(b"ab".to_vec(), b"xyz".to_vec())]));
+    let leaf = Node::new(
+        0,
+        Body::Leaf(Leaf::from_entries([(&b"ab"[..], &b"xyz"[..])])),
+    );
     assert_eq!(
         leaf.encode(),
         [b'T', b'N', 1, 0, 1, 0, 0, 0, 2, 0, 3, 0, 0, 0, b'a', b'b', b'x', b'y', b'z']
@@ -571,8 +651,14 @@ fn node_format_is_pinned() {
     let mut store = MemStore::new();
     let child = store.write(leaf.encode(), 0).unwrap();
     let kids = vec![
-        Kid { key: Vec::new(), slot: Slot::clean(child) },
-        Kid { key: b"q".to_vec(), slot: Slot::clean(child) },
+        Kid {
+            key: Vec::new(),
+            slot: Slot::clean(child),
+        },
+        Kid {
+            key: b"q".to_vec(),
+            slot: Slot::clean(child),
+        },
     ];
     let inner = Node::new(1, Body::Internal(kids));
     let bytes = inner.encode();
@@ -585,6 +671,91 @@ fn node_format_is_pinned() {
     let back = decode(&ptr, &bytes).unwrap();
     assert_eq!(back.size, bytes.len());
     assert_eq!(back.encode(), bytes);
+}
+
+/// Each malformation the decoder guards against is reported as corrupt.
+#[test]
+fn decode_rejects_malformed_nodes() {
+    let mut store = MemStore::new();
+    let leaf = |keys: &[&[u8]]| {
+        Node::new(
+            0,
+            Body::Leaf(Leaf::from_entries(keys.iter().map(|k| (*k, &b"v"[..])))),
+        )
+        .encode()
+    };
+    let good_leaf = leaf(&[b"a", b"b"]);
+    let leaf_ptr = store.write(good_leaf.clone(), 0).unwrap();
+    let inner = |keys: [&[u8]; 2], child: BlockPtr| {
+        let kids = keys
+            .iter()
+            .map(|k| Kid {
+                key: k.to_vec(),
+                slot: Slot::clean(child),
+            })
+            .collect();
+        Node::new(1, Body::Internal(kids)).encode()
+    };
+    let good_inner = inner([b"", b"m"], leaf_ptr);
+    let mut inner_ptr = leaf_ptr;
+    inner_ptr.level = 1;
+    assert!(decode(&leaf_ptr, &good_leaf).is_ok());
+    assert!(decode(&inner_ptr, &good_inner).is_ok());
+
+    let edit = |bytes: &[u8], f: &dyn Fn(&mut Vec<u8>)| {
+        let mut b = bytes.to_vec();
+        f(&mut b);
+        b
+    };
+    let mut data_child = leaf_ptr;
+    data_child.btype = BlockType::Data;
+    let mut high_child = leaf_ptr;
+    high_child.level = 3;
+    let cases: Vec<(&str, &BlockPtr, Vec<u8>)> = vec![
+        ("short", &leaf_ptr, good_leaf[..5].to_vec()),
+        ("magic", &leaf_ptr, edit(&good_leaf, &|b| b[1] = b'X')),
+        ("version", &leaf_ptr, edit(&good_leaf, &|b| b[2] = 9)),
+        ("level", &inner_ptr, good_leaf.clone()),
+        ("count 0", &leaf_ptr, edit(&good_leaf, &|b| b[4..8].fill(0))),
+        ("count high", &leaf_ptr, edit(&good_leaf, &|b| b[4] = 3)),
+        (
+            "truncated",
+            &leaf_ptr,
+            good_leaf[..good_leaf.len() - 1].to_vec(),
+        ),
+        ("trailing", &leaf_ptr, edit(&good_leaf, &|b| b.push(0))),
+        (
+            "key length",
+            &leaf_ptr,
+            edit(&good_leaf, &|b| {
+                b[8..10].copy_from_slice(&1025u16.to_le_bytes())
+            }),
+        ),
+        ("unsorted", &leaf_ptr, leaf(&[b"b", b"a"])),
+        ("duplicate", &leaf_ptr, leaf(&[b"a", b"a"])),
+        ("too big", &leaf_ptr, vec![0; NODE_MAX_BYTES + 1]),
+        ("first separator", &inner_ptr, inner([b"a", b"m"], leaf_ptr)),
+        ("separators", &inner_ptr, inner([b"", b""], leaf_ptr)),
+        ("child level", &inner_ptr, inner([b"", b"m"], high_child)),
+        ("child type", &inner_ptr, inner([b"", b"m"], data_child)),
+        (
+            "child hole",
+            &inner_ptr,
+            edit(&good_inner, &|b| b[10..170].fill(0)),
+        ),
+        (
+            "child pointer",
+            &inner_ptr,
+            edit(&good_inner, &|b| b[10 + 64] = 77),
+        ),
+    ];
+    for (what, ptr, bytes) in cases {
+        match decode(ptr, &bytes) {
+            Err(TreeError::Corrupt(node, _)) => assert!(node.contains("birth"), "{what}: {node}"),
+            Err(e) => panic!("{what}: wrong error {e}"),
+            Ok(_) => panic!("{what}: accepted"),
+        }
+    }
 }
 
 #[test]
@@ -604,12 +775,23 @@ fn empty_and_noop_changes() {
     let root = store.sync(&mut tree);
     assert_eq!(root.fill, 1);
     // Rewriting the same value and removing a missing key change nothing.
-    assert_eq!(tree.insert(&store, b"k", b"v").unwrap(), Some(b"v".to_vec()));
+    assert_eq!(
+        tree.insert(&store, b"k", b"v").unwrap(),
+        Some(b"v".to_vec())
+    );
     assert_eq!(tree.remove(&store, b"zz").unwrap(), None);
-    assert_eq!(tree.delete_range(&store, Bound::Included(b"x"), Bound::Unbounded).unwrap(), 0);
+    assert_eq!(
+        tree.delete_range(&store, Bound::Included(b"x"), Bound::Unbounded)
+            .unwrap(),
+        0
+    );
     assert!(!tree.is_dirty());
     // Emptying a committed tree frees its root.
-    assert_eq!(tree.delete_range(&store, Bound::Unbounded, Bound::Unbounded).unwrap(), 1);
+    assert_eq!(
+        tree.delete_range(&store, Bound::Unbounded, Bound::Unbounded)
+            .unwrap(),
+        1
+    );
     assert!(tree.is_dirty());
     assert!(store.sync(&mut tree).is_hole());
     assert!(store.blocks.is_empty());
@@ -620,9 +802,14 @@ fn size_limits_and_store_errors() {
     let mut store = MemStore::new();
     let mut tree = Tree::new();
     let big_key = vec![0u8; MAX_KEY + 1];
-    assert!(matches!(tree.insert(&store, &big_key, b""), Err(TreeError::KeyTooLarge(n)) if n == MAX_KEY + 1));
+    assert!(
+        matches!(tree.insert(&store, &big_key, b""), Err(TreeError::KeyTooLarge(n)) if n == MAX_KEY + 1)
+    );
     let big_value = vec![0u8; MAX_VALUE + 1];
-    assert!(matches!(tree.insert(&store, b"k", &big_value), Err(TreeError::ValueTooLarge(_))));
+    assert!(matches!(
+        tree.insert(&store, b"k", &big_value),
+        Err(TreeError::ValueTooLarge(_))
+    ));
     // Entries of the maximum size still split into nodes that fit.
     for i in 0u8..20 {
         let mut k = vec![i; MAX_KEY];
@@ -660,8 +847,14 @@ fn evict_keeps_dirty_nodes() {
     assert!(kept > 0 && kept < cached, "{kept} of {cached}");
     let root = store.sync(&mut tree);
     let mut fresh = Tree::open(root);
-    assert_eq!(fresh.get(&store, &7u16.to_be_bytes()).unwrap(), Some(b"second".to_vec()));
-    assert_eq!(fresh.get(&store, &8u16.to_be_bytes()).unwrap(), Some(b"first".to_vec()));
+    assert_eq!(
+        fresh.get(&store, &7u16.to_be_bytes()).unwrap(),
+        Some(b"second".to_vec())
+    );
+    assert_eq!(
+        fresh.get(&store, &8u16.to_be_bytes()).unwrap(),
+        Some(b"first".to_vec())
+    );
 }
 
 #[test]

@@ -358,7 +358,10 @@ pub fn read_uberblocks(leaf: &dyn Leaf, ashift: u8) -> Vec<Vec<u8>> {
     let mut ring = vec![0u8; UBERBLOCK_RING_SIZE];
     let mut out = Vec::new();
     for off in offs {
-        if leaf.read_at(&mut ring, off + LABEL_CONFIG_SIZE as u64).is_ok() {
+        if leaf
+            .read_at(&mut ring, off + LABEL_CONFIG_SIZE as u64)
+            .is_ok()
+        {
             out.extend(ring.chunks_exact(size).map(<[u8]>::to_vec));
         }
     }
@@ -386,7 +389,8 @@ pub fn clear_labels(leaf: &dyn Leaf) -> Result<(), VdevError> {
     }
     let zeros = vec![0u8; LABEL_SIZE as usize];
     for off in offs {
-        leaf.write_at(&zeros, off).map_err(io(leaf, "clear label"))?;
+        leaf.write_at(&zeros, off)
+            .map_err(io(leaf, "clear label"))?;
     }
     leaf.flush().map_err(io(leaf, "flush label"))
 }

@@ -112,7 +112,7 @@ mod tests {
         leaf.read_at(&mut b, 4096).unwrap();
         assert_eq!(&b, b"hello");
         // Past the end: errors, and the file does not grow.
-        assert!(leaf.write_at(b"x", (1 << 20) - 0).is_err());
+        assert!(leaf.write_at(b"x", 1 << 20).is_err());
         let mut b = [0u8; 8];
         let e = leaf.read_at(&mut b, (1 << 20) - 4).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);

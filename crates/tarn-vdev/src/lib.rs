@@ -8,6 +8,8 @@
 //! never returns bytes the closure rejected: it reconstructs from redundancy,
 //! rewrites the bad copies in place, and counts what went wrong per leaf.
 
+#![warn(missing_docs)]
+
 mod label;
 mod leaf;
 mod mirror;

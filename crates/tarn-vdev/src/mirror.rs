@@ -29,7 +29,7 @@ impl TopVdev {
     pub(crate) fn mirror_write(&self, offset: u64, data: &[u8]) -> Result<WriteOutcome, VdevError> {
         let s = self.sector() as usize;
         let padded;
-        let buf = if data.len() % s == 0 {
+        let buf = if data.len().is_multiple_of(s) {
             data
         } else {
             let mut p = vec![0u8; data.len().div_ceil(s) * s];
@@ -40,7 +40,9 @@ impl TopVdev {
         let at = DATA_START + offset;
         let mut missed = Vec::new();
         for idx in 0..self.width() {
-            let ok = self.handle(idx).is_some_and(|h| self.child_write(&h, buf, at));
+            let ok = self
+                .handle(idx)
+                .is_some_and(|h| self.child_write(&h, buf, at));
             if !ok {
                 missed.push(idx);
             }

@@ -27,6 +27,17 @@ impl Codec {
         self.rs.encode(shards).map_err(|e| format!("encode: {e:?}"))
     }
 
+    /// Computes parity shards from data shards held in separate buffers.
+    pub(crate) fn encode_sep(
+        &self,
+        data: &[&[u8]],
+        parity: &mut [&mut [u8]],
+    ) -> Result<(), String> {
+        self.rs
+            .encode_sep(data, parity)
+            .map_err(|e| format!("encode: {e:?}"))
+    }
+
     /// Rebuilds every data shard whose flag is false from the shards whose
     /// flag is true. Parity shards marked false are left untouched.
     pub(crate) fn reconstruct_data(&self, shards: &mut [(&mut [u8], bool)]) -> Result<(), String> {

@@ -40,9 +40,14 @@
 //! checksum we guess: every set of up to p - (known erasures) further columns,
 //! data and parity alike, is treated as erased in turn, and the block checksum
 //! confirms the right guess. A guess that marks no data column cannot change
-//! the data and is skipped. Once data verifies, parity is recomputed from it
+//! the data and is skipped. The cost is C(columns, k) decodes for k guesses,
+//! small for sensible widths; `MAX_COMBINATIONS` bounds it for very wide
+//! raidz3. Rebuilt columns go to a small scratch area, so wrong guesses never
+//! disturb the columns as read. Once data verifies, parity is recomputed from it
+//! (with the sector padding past the block's end forced to zero, as written)
 //! and every column that differs from what the child returned is rewritten.
-//! Read only looks at parity when the data fails; scrub always does.
+//! Read only looks at parity when the data fails; scrub always does, and so
+//! also catches damage confined to the padding, which no checksum covers.
 
 use crate::label::DATA_START;
 use crate::parity::Codec;
@@ -113,11 +118,6 @@ impl Layout {
         c * self.shard_len..c * self.shard_len + self.cols[c].len
     }
 
-    /// Byte range of column c's whole shard inside a stripe buffer.
-    fn shard(&self, c: usize) -> std::ops::Range<usize> {
-        c * self.shard_len..(c + 1) * self.shard_len
-    }
-
     /// Copies the data columns of a stripe buffer into `out` (data_len bytes).
     fn gather(&self, stripe: &[u8], out: &mut [u8]) {
         let mut pos = 0;
@@ -160,28 +160,41 @@ fn encode(codec: &Codec, lay: &Layout, stripe: &mut [u8]) -> Result<(), VdevErro
     codec.encode(&mut shards).map_err(VdevError::Geometry)
 }
 
-/// Rebuilds the data shards flagged in `missing` from the others and checks
-/// the result. `data` is scratch space of `lay.data_len` bytes.
+/// Rebuilds the data columns flagged in `missing` into `scratch` (the stripe
+/// itself is only read), gathers the candidate block into `out` and checks it.
+#[allow(clippy::too_many_arguments)]
 fn try_stripe(
     codec: &Codec,
     lay: &Layout,
-    work: &mut [u8],
+    stripe: &mut [u8],
     missing: &[bool],
-    data: &mut [u8],
+    scratch: &mut [u8],
+    out: &mut [u8],
     psize: usize,
     verify: &dyn Fn(&[u8]) -> bool,
 ) -> bool {
-    let mut shards: Vec<(&mut [u8], bool)> = work
-        .chunks_exact_mut(lay.shard_len)
-        .zip(missing)
-        .map(|(s, &m)| (s, !m))
-        .collect();
+    let mut spare = scratch.chunks_exact_mut(lay.shard_len);
+    let mut shards: Vec<(&mut [u8], bool)> = Vec::with_capacity(lay.ncols());
+    for (shard, &gone) in stripe.chunks_exact_mut(lay.shard_len).zip(missing) {
+        if gone {
+            let Some(slot) = spare.next() else {
+                return false;
+            };
+            shards.push((slot, false));
+        } else {
+            shards.push((shard, true));
+        }
+    }
     shards.rotate_left(lay.parity);
     if codec.reconstruct_data(&mut shards).is_err() {
         return false;
     }
-    lay.gather(work, data);
-    verify(&data[..psize])
+    let mut pos = 0;
+    for (col, (shard, _)) in lay.cols[lay.parity..].iter().zip(&shards) {
+        out[pos..pos + col.len].copy_from_slice(&shard[..col.len]);
+        pos += col.len;
+    }
+    verify(&out[..psize])
 }
 
 /// The k-subsets of 0..n in lexicographic order.
@@ -225,6 +238,20 @@ impl Combinations {
     }
 }
 
+/// What one raidz read or scrub has in hand: the columns as read, which reads
+/// worked, the pinned children, and working space.
+struct Stripe<'a> {
+    lay: &'a Layout,
+    codec: &'a Codec,
+    /// Every column as read, one shard each (zero beyond the stored length).
+    bytes: Vec<u8>,
+    /// `ok[c]`: column c was read without error.
+    ok: Vec<bool>,
+    handles: Vec<Option<Handle>>,
+    /// Room for `parity` shards: rebuilt columns, then recomputed parity.
+    scratch: Vec<u8>,
+}
+
 impl TopVdev {
     fn codec_for(&self, lay: &Layout) -> Result<&Codec, VdevError> {
         self.codecs()?
@@ -265,6 +292,36 @@ impl TopVdev {
         Ok(WriteOutcome { missed })
     }
 
+    fn pin_columns(&self, lay: &Layout) -> Vec<Option<Handle>> {
+        lay.cols.iter().map(|c| self.handle(c.child)).collect()
+    }
+
+    fn new_stripe<'a>(
+        &'a self,
+        lay: &'a Layout,
+        handles: Vec<Option<Handle>>,
+        ok: Vec<bool>,
+    ) -> Result<Stripe<'a>, VdevError> {
+        Ok(Stripe {
+            lay,
+            codec: self.codec_for(lay)?,
+            bytes: vec![0u8; lay.ncols() * lay.shard_len],
+            ok,
+            handles,
+            scratch: vec![0u8; lay.parity * lay.shard_len],
+        })
+    }
+
+    /// Reads columns `cols` of the stripe from their children.
+    fn read_columns(&self, st: &mut Stripe<'_>, cols: std::ops::Range<usize>) {
+        for c in cols {
+            if let Some(h) = &st.handles[c] {
+                let col = &st.lay.cols[c];
+                st.ok[c] = self.child_read(h, &mut st.bytes[st.lay.stored(c)], col.leaf_off);
+            }
+        }
+    }
+
     pub(crate) fn raidz_read(
         &self,
         offset: u64,
@@ -273,42 +330,43 @@ impl TopVdev {
     ) -> Result<Vec<u8>, VdevError> {
         let lay = self.layout(offset, psize as u64);
         let (p, ncols) = (lay.parity, lay.ncols());
-        let handles: Vec<Option<Handle>> = lay.cols.iter().map(|c| self.handle(c.child)).collect();
-        let mut ok = vec![false; ncols];
-
-        // Fast path: read the data columns straight into the result.
         let mut out = vec![0u8; lay.data_len];
-        let mut pos = 0;
-        for c in p..ncols {
-            let col = &lay.cols[c];
-            if let Some(h) = &handles[c] {
-                ok[c] = self.child_read(h, &mut out[pos..pos + col.len], col.leaf_off);
+        let handles = self.pin_columns(&lay);
+        let mut ok = vec![false; ncols];
+        let fast = handles[p..].iter().all(Option::is_some);
+        if fast {
+            // Fast path: read the data columns straight into the result.
+            let mut pos = 0;
+            for c in p..ncols {
+                let col = &lay.cols[c];
+                if let Some(h) = &handles[c] {
+                    ok[c] = self.child_read(h, &mut out[pos..pos + col.len], col.leaf_off);
+                }
+                pos += col.len;
             }
-            pos += col.len;
-        }
-        if ok[p..].iter().all(|&x| x) && verify(&out[..psize]) {
-            out.truncate(psize);
-            return Ok(out);
-        }
-
-        // Slow path: bring in parity, find a stripe that verifies, repair.
-        let mut stripe = vec![0u8; ncols * lay.shard_len];
-        let mut pos = 0;
-        for c in p..ncols {
-            let len = lay.cols[c].len;
-            if ok[c] {
-                stripe[lay.stored(c)].copy_from_slice(&out[pos..pos + len]);
-            }
-            pos += len;
-        }
-        for c in 0..p {
-            if let Some(h) = &handles[c] {
-                ok[c] = self.child_read(h, &mut stripe[lay.stored(c)], lay.cols[c].leaf_off);
+            if ok[p..].iter().all(|&x| x) && verify(&out[..psize]) {
+                out.truncate(psize);
+                return Ok(out);
             }
         }
-        let good = self.recover(&lay, &stripe, &ok, &handles, offset, psize, verify)?;
-        self.reconcile(&lay, &stripe, &ok, &handles, &good);
-        lay.gather(&good, &mut out);
+        let mut st = self.new_stripe(&lay, handles, ok)?;
+        if fast {
+            // Keep what was read; bring in parity.
+            let mut pos = 0;
+            for c in p..ncols {
+                let len = lay.cols[c].len;
+                if st.ok[c] {
+                    st.bytes[lay.stored(c)].copy_from_slice(&out[pos..pos + len]);
+                }
+                pos += len;
+            }
+            self.read_columns(&mut st, 0..p);
+        } else {
+            // A data column is known lost: read everything into the stripe.
+            self.read_columns(&mut st, 0..ncols);
+        }
+        self.recover(&mut st, &mut out, offset, psize, verify)?;
+        self.reconcile(&mut st, &mut out, psize)?;
         out.truncate(psize);
         Ok(out)
     }
@@ -320,28 +378,17 @@ impl TopVdev {
         verify: &dyn Fn(&[u8]) -> bool,
     ) -> Result<ScrubOutcome, VdevError> {
         let lay = self.layout(offset, psize as u64);
-        let (p, ncols) = (lay.parity, lay.ncols());
-        let handles: Vec<Option<Handle>> = lay.cols.iter().map(|c| self.handle(c.child)).collect();
-        let mut ok = vec![false; ncols];
-        let mut stripe = vec![0u8; ncols * lay.shard_len];
-        for c in 0..ncols {
-            if let Some(h) = &handles[c] {
-                ok[c] = self.child_read(h, &mut stripe[lay.stored(c)], lay.cols[c].leaf_off);
-            }
-        }
-        let data_ok = ok[p..].iter().all(|&x| x) && {
-            let mut data = vec![0u8; lay.data_len];
-            lay.gather(&stripe, &mut data);
+        let mut st = self.new_stripe(&lay, self.pin_columns(&lay), vec![false; lay.ncols()])?;
+        self.read_columns(&mut st, 0..lay.ncols());
+        let mut data = vec![0u8; lay.data_len];
+        let data_ok = st.ok[lay.parity..].iter().all(|&x| x) && {
+            lay.gather(&st.bytes, &mut data);
             verify(&data[..psize])
         };
-        let good = if data_ok {
-            let mut good = stripe.clone();
-            encode(self.codec_for(&lay)?, &lay, &mut good)?;
-            good
-        } else {
-            self.recover(&lay, &stripe, &ok, &handles, offset, psize, verify)?
-        };
-        let (repaired_bytes, mut bad_children) = self.reconcile(&lay, &stripe, &ok, &handles, &good);
+        if !data_ok {
+            self.recover(&mut st, &mut data, offset, psize, verify)?;
+        }
+        let (repaired_bytes, mut bad_children) = self.reconcile(&mut st, &mut data, psize)?;
         bad_children.sort_unstable();
         Ok(ScrubOutcome {
             repaired_bytes,
@@ -349,56 +396,59 @@ impl TopVdev {
         })
     }
 
-    /// Finds the stripe whose data verifies, given what was read (`stripe`,
-    /// with `ok[c]` false for columns that could not be read). Returns a full
-    /// stripe: verified data plus parity recomputed from it.
-    #[allow(clippy::too_many_arguments)]
+    /// Finds the block data that verifies, given the columns as read (see the
+    /// module docs for the search order) and leaves it in `out`.
     fn recover(
         &self,
-        lay: &Layout,
-        stripe: &[u8],
-        ok: &[bool],
-        handles: &[Option<Handle>],
+        st: &mut Stripe<'_>,
+        out: &mut [u8],
         offset: u64,
         psize: usize,
         verify: &dyn Fn(&[u8]) -> bool,
-    ) -> Result<Vec<u8>, VdevError> {
+    ) -> Result<(), VdevError> {
+        let lay = st.lay;
         let (p, ncols) = (lay.parity, lay.ncols());
         let fail = |reason: String| VdevError::Unrecoverable {
             offset,
             psize,
             reason,
         };
-        let erased: Vec<usize> = (0..ncols).filter(|&c| !ok[c]).collect();
+        let erased: Vec<usize> = (0..ncols).filter(|&c| !st.ok[c]).collect();
         if erased.len() > p {
             return Err(fail(format!(
                 "{} of {ncols} columns unreadable, parity covers {p}",
                 erased.len()
             )));
         }
-        let codec = self.codec_for(lay)?;
-        let mut work = stripe.to_vec();
-        let mut data = vec![0u8; lay.data_len];
-        let mut missing = vec![false; ncols];
-        for &c in &erased {
-            missing[c] = true;
-        }
+        let mut missing = st.ok.iter().map(|&ok| !ok).collect::<Vec<bool>>();
         let erased_data = erased.iter().any(|&c| c >= p);
-        let mut found = erased_data
-            && try_stripe(codec, lay, &mut work, &missing, &mut data, psize, verify);
-
+        let mut attempt = |missing: &[bool], out: &mut [u8]| {
+            try_stripe(
+                st.codec,
+                lay,
+                &mut st.bytes,
+                missing,
+                &mut st.scratch,
+                out,
+                psize,
+                verify,
+            )
+        };
+        if erased_data && attempt(&missing, out) {
+            return Ok(());
+        }
         // Suspects, most likely first: resilvering children, then data, then parity.
-        let mut suspects: Vec<usize> = (0..ncols).filter(|&c| ok[c]).collect();
-        suspects.sort_by_key(|&c| (!handles[c].as_ref().is_some_and(|h| h.resilvering), c < p));
+        let mut suspects: Vec<usize> = (0..ncols).filter(|&c| st.ok[c]).collect();
+        suspects.sort_by_key(|&c| {
+            let resilvering = st.handles[c].as_ref().is_some_and(|h| h.resilvering);
+            (!resilvering, c < p)
+        });
         let mut tried = 0usize;
-        'search: for k in 1..=p - erased.len() {
-            if found {
-                break;
-            }
+        for k in 1..=p - erased.len() {
             let mut combo = Combinations::new(suspects.len(), k);
             while combo.advance() {
                 if !erased_data && combo.idx.iter().all(|&i| suspects[i] < p) {
-                    continue;
+                    continue; // only parity marked: the data would not change
                 }
                 tried += 1;
                 if tried > MAX_COMBINATIONS {
@@ -409,65 +459,80 @@ impl TopVdev {
                 for &i in &combo.idx {
                     missing[suspects[i]] = true;
                 }
-                if try_stripe(codec, lay, &mut work, &missing, &mut data, psize, verify) {
-                    found = true;
-                    break 'search;
+                if attempt(&missing, out) {
+                    return Ok(());
                 }
                 for &i in &combo.idx {
-                    let c = suspects[i];
-                    missing[c] = false;
-                    work[lay.shard(c)].copy_from_slice(&stripe[lay.shard(c)]);
+                    missing[suspects[i]] = false;
                 }
             }
         }
-        if !found {
-            return Err(fail(format!(
-                "no combination of up to {p} bad columns out of {ncols} verifies \
-                 ({} unreadable, {tried} combinations tried)",
-                erased.len()
-            )));
-        }
-        // Short data columns are zero past their stored length by definition;
-        // clear whatever reconstruction left there before recomputing parity.
-        for c in p..ncols {
-            let end = c * lay.shard_len + lay.shard_len;
-            work[lay.stored(c).end..end].fill(0);
-        }
-        encode(codec, lay, &mut work)?;
-        Ok(work)
+        Err(fail(format!(
+            "no combination of up to {p} bad columns out of {ncols} verifies \
+             ({} unreadable, {tried} combinations tried)",
+            erased.len()
+        )))
     }
 
-    /// Compares what was read with the good stripe and rewrites every usable
-    /// column that differs or could not be read. Returns the bytes repaired
-    /// and the children found bad.
+    /// Given verified block data in `data`, works out every column's correct
+    /// bytes (parity recomputed), compares them with what was read, and
+    /// rewrites each usable column that differs or could not be read.
+    /// Returns the bytes repaired and the children found bad.
     fn reconcile(
         &self,
-        lay: &Layout,
-        stripe: &[u8],
-        ok: &[bool],
-        handles: &[Option<Handle>],
-        good: &[u8],
-    ) -> (u64, Vec<usize>) {
+        st: &mut Stripe<'_>,
+        data: &mut [u8],
+        psize: usize,
+    ) -> Result<(u64, Vec<usize>), VdevError> {
+        let lay = st.lay;
+        let (p, sl) = (lay.parity, lay.shard_len);
+        // Padding is zero by definition, whatever a rebuilt column carried.
+        data[psize..].fill(0);
+        // Data columns: compare, then make the stripe hold the good bytes
+        // (zero-extended) so parity can be computed from it.
+        let mut wrong = st.ok.iter().map(|&ok| !ok).collect::<Vec<bool>>();
+        let mut pos = 0;
+        for (c, shard) in st.bytes.chunks_exact_mut(sl).enumerate().skip(p) {
+            let len = lay.cols[c].len;
+            let want = &data[pos..pos + len];
+            if shard[..len] != *want {
+                wrong[c] = true;
+                shard[..len].copy_from_slice(want);
+            }
+            // Bytes past `len` were never written: the shard's zero extension holds.
+            debug_assert!(shard[len..].iter().all(|&b| b == 0));
+            pos += len;
+        }
+        // Parity columns: recompute into scratch and compare.
+        let (parity_read, data_shards) = st.bytes.split_at(p * sl);
+        let dshards: Vec<&[u8]> = data_shards.chunks_exact(sl).collect();
+        let mut pshards: Vec<&mut [u8]> = st.scratch.chunks_exact_mut(sl).collect();
+        st.codec
+            .encode_sep(&dshards, &mut pshards)
+            .map_err(VdevError::Geometry)?;
+        for (c, col) in lay.cols[..p].iter().enumerate() {
+            let at = c * sl..c * sl + col.len;
+            wrong[c] |= parity_read[at.clone()] != st.scratch[at];
+        }
         let mut repaired = 0;
         let mut bad = Vec::new();
         for (c, col) in lay.cols.iter().enumerate() {
             // Unusable children are resilvered later, not repaired here.
-            let Some(h) = &handles[c] else { continue };
-            let want = &good[lay.stored(c)];
-            let wrong = if !ok[c] {
-                true
-            } else if stripe[lay.stored(c)] != *want {
-                self.note_cksum(h);
-                true
-            } else {
-                false
+            let (true, Some(h)) = (wrong[c], &st.handles[c]) else {
+                continue;
             };
-            if wrong {
-                bad.push(col.child);
-                repaired += self.heal(h, want, col.leaf_off);
+            if st.ok[c] {
+                self.note_cksum(h);
             }
+            let good = if c < p {
+                &st.scratch[c * sl..c * sl + col.len]
+            } else {
+                &st.bytes[lay.stored(c)]
+            };
+            bad.push(col.child);
+            repaired += self.heal(h, good, col.leaf_off);
         }
-        (repaired, bad)
+        Ok((repaired, bad))
     }
 }
 
@@ -504,7 +569,10 @@ mod tests {
 
         // Exact rows: 6 data sectors on raidz1 of 4 -> q = 2, r = 0, all columns 2.
         let lay = Layout::new(4 * 512, 6 * 512, 4, 1, 9);
-        assert_eq!(children(&lay), vec![(0, 1, 2), (1, 1, 2), (2, 1, 2), (3, 1, 2)]);
+        assert_eq!(
+            children(&lay),
+            vec![(0, 1, 2), (1, 1, 2), (2, 1, 2), (3, 1, 2)]
+        );
         assert_eq!(alloc_size(6 * 512, 4, 1, 9), 8 * 512);
     }
 
@@ -528,7 +596,10 @@ mod tests {
                         }
                     }
                     let stored = lay.cols.iter().map(|c| c.len as u64 / 512).sum::<u64>();
-                    assert_eq!(stored, d + parity as u64 * d.div_ceil((width - parity) as u64));
+                    assert_eq!(
+                        stored,
+                        d + parity as u64 * d.div_ceil((width - parity) as u64)
+                    );
                 }
             }
         }

@@ -136,9 +136,11 @@ impl Leaf for MemLeaf {
         }
         check_range(offset, buf.len(), self.size)?;
         let chunks = self.lock();
-        self.each_chunk(offset, buf.len(), |key, within, pos, n| match chunks.get(&key) {
-            Some(c) => buf[pos..pos + n].copy_from_slice(&c[within..within + n]),
-            None => buf[pos..pos + n].fill(0),
+        self.each_chunk(offset, buf.len(), |key, within, pos, n| {
+            match chunks.get(&key) {
+                Some(c) => buf[pos..pos + n].copy_from_slice(&c[within..within + n]),
+                None => buf[pos..pos + n].fill(0),
+            }
         });
         Ok(())
     }

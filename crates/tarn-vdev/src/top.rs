@@ -231,8 +231,10 @@ pub struct TopVdev {
     guid: u64,
     ashift: u8,
     parity: usize,
-    child_capacity: u64,
-    asize: u64,
+    /// Data bytes every child must offer (the smallest present at open, or
+    /// what `pin_asize` requires).
+    child_capacity: AtomicU64,
+    asize: AtomicU64,
     children: Vec<Child>,
     /// Serialises state changes so redundancy checks see a stable picture.
     state_lock: Mutex<()>,
@@ -245,7 +247,7 @@ impl std::fmt::Debug for TopVdev {
             .field("kind", &self.kind)
             .field("guid", &self.guid)
             .field("ashift", &self.ashift)
-            .field("asize", &self.asize)
+            .field("asize", &self.asize())
             .field("leaves", &self.leaves())
             .finish()
     }
@@ -268,8 +270,8 @@ impl TopVdev {
     ///
     /// The address space is sized from the smallest *present* child: if the
     /// smallest child is missing, `asize` can come out larger than when the
-    /// pool was created, so the pool should keep its own record of `asize` and
-    /// compare.
+    /// pool was created. A pool that keeps its own record of `asize` should
+    /// hand it to [`TopVdev::pin_asize`] after opening.
     pub fn open(
         config: &TopConfig,
         ashift: u8,
@@ -288,7 +290,9 @@ impl TopVdev {
         }
         let parity = match config.kind {
             VdevKind::Single if n != 1 => {
-                return Err(VdevError::Geometry(format!("single vdev with {n} children")))
+                return Err(VdevError::Geometry(format!(
+                    "single vdev with {n} children"
+                )))
             }
             VdevKind::Mirror if n < 2 => {
                 return Err(VdevError::Geometry(format!("mirror with {n} children")))
@@ -333,7 +337,9 @@ impl TopVdev {
             .zip(leaves)
             .map(|(lc, leaf)| Child {
                 slot: Mutex::new(Slot {
-                    path: leaf.as_ref().map_or(lc.path.clone(), |l| l.path().to_path_buf()),
+                    path: leaf
+                        .as_ref()
+                        .map_or(lc.path.clone(), |l| l.path().to_path_buf()),
                     leaf,
                     guid: lc.guid,
                     offline: lc.offline,
@@ -349,8 +355,8 @@ impl TopVdev {
             guid: config.guid,
             ashift,
             parity,
-            child_capacity,
-            asize,
+            child_capacity: AtomicU64::new(child_capacity),
+            asize: AtomicU64::new(asize),
             children,
             state_lock: Mutex::new(()),
             codecs: (parity > 0).then(|| CodecCache::new(parity, n - parity)),
@@ -381,7 +387,32 @@ impl TopVdev {
     /// (smallest present child) for single/mirror, width times that for raidz,
     /// rounded down to the allocation alignment.
     pub fn asize(&self) -> u64 {
-        self.asize
+        self.asize.load(Ordering::Relaxed)
+    }
+
+    /// Adopts the `asize` the pool recorded at creation, so the address space
+    /// does not depend on which children happen to be present. Errs if the
+    /// present children cannot hold it (a device was truncated or replaced by
+    /// a smaller one) or if it is not a multiple of the allocation alignment.
+    pub fn pin_asize(&self, recorded: u64) -> Result<(), VdevError> {
+        let _g = lock(&self.state_lock);
+        let current = self.asize();
+        if recorded > current || !recorded.is_multiple_of(self.alloc_align()) {
+            return Err(VdevError::Geometry(format!(
+                "recorded vdev size {recorded:#x} does not fit the present children \
+                 ({current:#x} available, unit {:#x})",
+                self.alloc_align()
+            )));
+        }
+        let s = self.sector();
+        let per_child = if self.parity > 0 {
+            (recorded / s).div_ceil(self.width() as u64) * s
+        } else {
+            recorded
+        };
+        self.asize.store(recorded, Ordering::Relaxed);
+        self.child_capacity.fetch_min(per_child, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Bytes to allocate for a block of `psize` stored bytes: sector-rounded,
@@ -430,20 +461,17 @@ impl TopVdev {
                 "block size {psize} outside 1..={MAX_BLOCK_SIZE}"
             )));
         }
-        if offset % self.sector() != 0 {
+        if !offset.is_multiple_of(self.sector()) {
             return Err(VdevError::InvalidArgument(format!(
                 "offset {offset:#x} not aligned to {} bytes",
                 self.sector()
             )));
         }
         let len = self.alloc_size(psize);
+        let limit = self.asize();
         match offset.checked_add(len) {
-            Some(end) if end <= self.asize => Ok(()),
-            _ => Err(VdevError::OutOfRange {
-                offset,
-                len,
-                limit: self.asize,
-            }),
+            Some(end) if end <= limit => Ok(()),
+            _ => Err(VdevError::OutOfRange { offset, len, limit }),
         }
     }
 
@@ -463,6 +491,8 @@ impl TopVdev {
     /// Reads `psize` bytes at `offset` and returns the first version that
     /// `verify` accepts, reconstructing from redundancy and rewriting the bad
     /// copies or columns in place. Never returns bytes `verify` rejected.
+    /// `verify` runs once on a healthy block, and once per candidate while
+    /// reconstructing (mirror side, or raidz column combination).
     pub fn read(
         &self,
         offset: u64,
@@ -537,7 +567,9 @@ impl TopVdev {
                     .iter()
                     .map(|h| s.spawn(|| h.leaf.flush().is_ok()))
                     .collect();
-                jobs.into_iter().map(|j| j.join().unwrap_or(false)).collect()
+                jobs.into_iter()
+                    .map(|j| j.join().unwrap_or(false))
+                    .collect()
             })
         };
         let mut durable = 0;
@@ -579,7 +611,9 @@ impl TopVdev {
 
     /// The leaf of child `idx`, if one is attached (whatever its state).
     pub fn leaf(&self, idx: usize) -> Option<Arc<dyn Leaf>> {
-        self.children.get(idx).and_then(|c| lock(&c.slot).leaf.clone())
+        self.children
+            .get(idx)
+            .and_then(|c| lock(&c.slot).leaf.clone())
     }
 
     fn child(&self, idx: usize) -> Result<&Child, VdevError> {
@@ -634,11 +668,12 @@ impl TopVdev {
         let child = self.child(idx)?;
         let size = leaf.size();
         let capacity = data_end(size, self.ashift).saturating_sub(DATA_START);
-        if size < MIN_LEAF_SIZE || capacity < self.child_capacity {
+        let needed = self.child_capacity.load(Ordering::Relaxed);
+        if size < MIN_LEAF_SIZE || capacity < needed {
             return Err(VdevError::TooSmall {
                 path: leaf.path().to_path_buf(),
                 size,
-                min: (self.child_capacity + DATA_START + 2 * crate::LABEL_SIZE).max(MIN_LEAF_SIZE),
+                min: (needed + DATA_START + 2 * crate::LABEL_SIZE).max(MIN_LEAF_SIZE),
             });
         }
         let _g = lock(&self.state_lock);

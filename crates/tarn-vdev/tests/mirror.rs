@@ -36,8 +36,8 @@ proptest! {
         } else {
             prop_assert_eq!(res.unwrap(), data.clone());
             let s = v.scrub(off, psize, &verify).unwrap();
-            for i in 0..n {
-                prop_assert_eq!(leaves[i].raw_read(DATA_START + off, psize), data.clone());
+            for l in &leaves {
+                prop_assert_eq!(l.raw_read(DATA_START + off, psize), data.clone());
             }
             // Read healed the sides it tried before the good one; scrub the rest.
             let total: u64 = v.leaves().iter().map(|l| l.counters.cksum_errors).sum();

@@ -68,6 +68,7 @@ proptest! {
         // Choose distinct columns to damage, at most `parity` of them.
         let mut free: Vec<usize> = (0..ext.len()).collect();
         let mut faults: Vec<(usize, Fault)> = Vec::new();
+        let mut corrupt_at = vec![0u64; ext.len()];
         for (idx, kind_sel, a, b) in picks.iter().take(parity) {
             if free.is_empty() { break; }
             let c = free.remove(idx.index(free.len()));
@@ -80,6 +81,7 @@ proptest! {
                     let start = u64::from(*a) % e.len;
                     let len = 1 + u64::from(*b) % (e.len - start);
                     leaves[e.child].corrupt(e.leaf_offset + start, len);
+                    corrupt_at[c] = start;
                 }
             }
             faults.push((c, f));
@@ -91,7 +93,18 @@ proptest! {
         let got = v.read(offset, psize, &verify).unwrap();
         prop_assert_eq!(&got, &data);
 
-        let touches_data = faults.iter().any(|(c, _)| !ext[*c].parity);
+        // Where each data column starts in the block's byte stream.
+        let mut data_pos = vec![0u64; ext.len()];
+        let mut pos = 0;
+        for (c, e) in ext.iter().enumerate().filter(|(_, e)| !e.parity) {
+            data_pos[c] = pos;
+            pos += e.len;
+        }
+        // Faults the block checksum can see: lost data columns, or corruption
+        // of real data bytes (not parity, not the padding past psize).
+        let touches_data = faults.iter().any(|(c, f)| {
+            !ext[*c].parity && (*f != Fault::Corrupt || data_pos[*c] + corrupt_at[*c] < psize as u64)
+        });
         let info = v.leaves();
         let fault_of = |child: usize| faults.iter().find(|(c, _)| ext[*c].child == child).map(|f| f.1);
         if touches_data {
@@ -115,7 +128,7 @@ proptest! {
         let s = v.scrub(offset, psize, &verify).unwrap();
         for (c, f) in &faults {
             if *f == Fault::Corrupt {
-                // Corrupt parity is only noticed by scrub; read already fixed the rest.
+                // Corrupt parity or padding is only noticed by scrub; read already fixed the rest.
                 prop_assert_eq!(s.bad_children.contains(&ext[*c].child), !touches_data);
             }
         }
@@ -176,14 +189,21 @@ fn parity_plus_one_bad_data_columns_is_unrecoverable() {
         let leaves = mem_leaves(width);
         let data = bytes(parity.into(), 64 * 1024);
         let (ext, cols) = write_block(&leaves, kind, 12, 0, &data);
-        for e in ext.iter().filter(|e| !e.parity).take(usize::from(parity) + 1) {
+        for e in ext
+            .iter()
+            .filter(|e| !e.parity)
+            .take(usize::from(parity) + 1)
+        {
             leaves[e.child].corrupt(e.leaf_offset + 100, 1);
         }
         let v = open(kind, 12, &leaves, &[]);
         let verify = verifier(&data);
         let err = v.read(0, data.len(), &verify).unwrap_err();
         assert!(matches!(err, VdevError::Unrecoverable { .. }), "{err}");
-        assert!(matches!(v.scrub(0, data.len(), &verify), Err(VdevError::Unrecoverable { .. })));
+        assert!(matches!(
+            v.scrub(0, data.len(), &verify),
+            Err(VdevError::Unrecoverable { .. })
+        ));
         // Nothing was "repaired" with a wrong guess: parity columns are untouched.
         for (c, e) in ext.iter().enumerate().filter(|(_, e)| e.parity) {
             assert_eq!(raw(&leaves, e), cols[c]);
@@ -240,6 +260,26 @@ fn rebuilt_short_column_does_not_poison_parity() {
     assert_eq!(v.leaves()[ext[1].child].counters.cksum_errors, 0);
 }
 
+/// Damage only in the zero padding after the block's last byte: the checksum
+/// cannot see it, read ignores it, scrub rewrites the data column (not the
+/// parity, which is right).
+#[test]
+fn scrub_repairs_padding_without_touching_parity() {
+    let kind = VdevKind::Raidz { parity: 1 };
+    let leaves = mem_leaves(4);
+    let data = bytes(8, 1000);
+    let (ext, cols) = write_block(&leaves, kind, 12, 0, &data);
+    assert_eq!(ext.len(), 2);
+    leaves[ext[1].child].corrupt(ext[1].leaf_offset + 2000, 3);
+    let v = open(kind, 12, &leaves, &[]);
+    let verify = verifier(&data);
+    assert_eq!(v.read(0, data.len(), &verify).unwrap(), data);
+    let s = v.scrub(0, data.len(), &verify).unwrap();
+    assert_eq!(s.bad_children, vec![ext[1].child]);
+    assert_eq!(raw(&leaves, &ext[0]), cols[0]);
+    assert_eq!(raw(&leaves, &ext[1]), cols[1]);
+}
+
 #[test]
 fn degraded_write_reports_missed_children_and_reads_back() {
     let kind = VdevKind::Raidz { parity: 1 };
@@ -253,7 +293,10 @@ fn degraded_write_reports_missed_children_and_reads_back() {
     // A second failure on this block is too many for raidz1.
     leaves[1].set_fail_writes(true);
     let e = v.write(4096, &data).unwrap_err();
-    assert!(matches!(e, VdevError::InsufficientReplicas { op: "write", .. }), "{e}");
+    assert!(
+        matches!(e, VdevError::InsufficientReplicas { op: "write", .. }),
+        "{e}"
+    );
 }
 
 #[test]

@@ -22,7 +22,10 @@ fn top_vdev_is_send_and_sync() {
 fn geometry_is_validated() {
     let l = mem_leaves(4);
     let some = |n: usize| -> Vec<Option<Arc<dyn Leaf>>> {
-        l[..n].iter().map(|x| Some(x.clone() as Arc<dyn Leaf>)).collect()
+        l[..n]
+            .iter()
+            .map(|x| Some(x.clone() as Arc<dyn Leaf>))
+            .collect()
     };
     let bad = [
         (VdevKind::Single, 2),
@@ -54,9 +57,30 @@ fn asize_uses_smallest_present_child() {
     assert_eq!(v.asize(), per_child);
     let v = open(VdevKind::Raidz { parity: 1 }, 12, &leaves, &[]);
     assert_eq!(v.asize(), 3 * per_child - (3 * per_child) % 8192);
-    // The smallest child missing: the others decide (documented).
+    // The smallest child missing: the others decide (documented)...
     let v = open(VdevKind::Mirror, 12, &leaves, &[0]);
     assert_eq!(v.asize(), per_child + 256 * 1024);
+    // ...unless the pool pins the size it recorded at creation.
+    assert!(
+        v.pin_asize(per_child + 512 * 1024).is_err(),
+        "larger than the children"
+    );
+    assert!(v.pin_asize(per_child - 512).is_err(), "not sector aligned");
+    v.pin_asize(per_child).unwrap();
+    assert_eq!(v.asize(), per_child);
+    assert!(matches!(
+        v.read(per_child, 1, &|_| true),
+        Err(VdevError::OutOfRange { .. })
+    ));
+    // A replacement only needs to hold the pinned size.
+    let r = Arc::new(MemLeaf::new(MIN_LEAF_SIZE));
+    v.replace_leaf(1, r, 9).unwrap();
+
+    let v = open(VdevKind::Raidz { parity: 1 }, 12, &leaves, &[0]);
+    assert!(v.asize() > 3 * per_child);
+    v.pin_asize(3 * per_child - (3 * per_child) % 8192).unwrap();
+    v.replace_leaf(0, Arc::new(MemLeaf::new(MIN_LEAF_SIZE)), 9)
+        .unwrap();
 }
 
 #[test]
@@ -66,18 +90,45 @@ fn untrusted_offsets_are_rejected() {
         let v = open(kind, 12, &leaves, &[]);
         let ok = |_: &[u8]| true;
         let a = v.asize();
-        assert!(matches!(v.read(a, 1, &ok), Err(VdevError::OutOfRange { .. })));
-        assert!(matches!(v.read(a - 4096, 8192, &ok), Err(VdevError::OutOfRange { .. })));
-        assert!(matches!(v.read(u64::MAX - 4095, 4096, &ok), Err(VdevError::OutOfRange { .. })));
-        assert!(matches!(v.read(100, 1, &ok), Err(VdevError::InvalidArgument(_))));
-        assert!(matches!(v.read(0, 0, &ok), Err(VdevError::InvalidArgument(_))));
-        assert!(matches!(v.read(0, MAX_BLOCK_SIZE + 1, &ok), Err(VdevError::InvalidArgument(_))));
-        assert!(matches!(v.write(a, &[1]), Err(VdevError::OutOfRange { .. })));
-        assert!(matches!(v.scrub(a, 1, &ok), Err(VdevError::OutOfRange { .. })));
+        assert!(matches!(
+            v.read(a, 1, &ok),
+            Err(VdevError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            v.read(a - 4096, 8192, &ok),
+            Err(VdevError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            v.read(u64::MAX - 4095, 4096, &ok),
+            Err(VdevError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            v.read(100, 1, &ok),
+            Err(VdevError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            v.read(0, 0, &ok),
+            Err(VdevError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            v.read(0, MAX_BLOCK_SIZE + 1, &ok),
+            Err(VdevError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            v.write(a, &[1]),
+            Err(VdevError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            v.scrub(a, 1, &ok),
+            Err(VdevError::OutOfRange { .. })
+        ));
         // The last block that fits is fine.
         let off = (a - v.alloc_size(4096)) / v.alloc_align() * v.alloc_align();
         v.write(off, &[7; 4096]).unwrap();
-        assert_eq!(v.read(off, 4096, &|b: &[u8]| b == [7; 4096]).unwrap(), vec![7; 4096]);
+        assert_eq!(
+            v.read(off, 4096, &|b: &[u8]| b == [7; 4096]).unwrap(),
+            vec![7; 4096]
+        );
     }
 }
 
@@ -100,7 +151,10 @@ fn offline_respects_redundancy_and_writes_report_missed() {
     // The returning child missed the write; scrub (as a resilver would) fixes it.
     let s = v.scrub(0, data.len(), &verifier(&data)).unwrap();
     assert_eq!(s.bad_children, vec![2]);
-    assert!(matches!(v.set_offline(9, true), Err(VdevError::NoSuchChild { .. })));
+    assert!(matches!(
+        v.set_offline(9, true),
+        Err(VdevError::NoSuchChild { .. })
+    ));
 }
 
 #[test]
@@ -121,7 +175,10 @@ fn replace_marks_resilvering_and_scrub_fills_the_new_device() {
     v.replace_leaf(1, new.clone(), 555).unwrap();
     let info = &v.leaves()[1];
     assert!(info.resilvering && info.state == LeafState::Online && info.guid == 555);
-    assert_eq!(v.config().children[1].path, std::path::Path::new("/dev/new"));
+    assert_eq!(
+        v.config().children[1].path,
+        std::path::Path::new("/dev/new")
+    );
     assert_eq!(v.health(), TopHealth::Degraded);
     for (off, d) in &blocks {
         assert_eq!(v.read(*off, d.len(), &verifier(d)).unwrap(), *d);
@@ -129,7 +186,11 @@ fn replace_marks_resilvering_and_scrub_fills_the_new_device() {
     }
     v.set_resilvering(1, false);
     assert_eq!(v.health(), TopHealth::Online);
-    assert_eq!(v.leaves()[1].counters.cksum_errors, 0, "stale bytes on a resilvering child are expected");
+    assert_eq!(
+        v.leaves()[1].counters.cksum_errors,
+        0,
+        "stale bytes on a resilvering child are expected"
+    );
     // Now the old children can go: the new one holds its share.
     v.set_offline(0, true).unwrap();
     for (off, d) in &blocks {
@@ -149,7 +210,10 @@ fn repeated_io_errors_fault_a_child_only_when_redundancy_allows() {
         assert_eq!(v.read(0, 4096, &verifier(&data)).unwrap(), data);
     }
     let st: Vec<LeafState> = v.leaves().iter().map(|l| l.state).collect();
-    assert_eq!(st, [LeafState::Faulted, LeafState::Faulted, LeafState::Online]);
+    assert_eq!(
+        st,
+        [LeafState::Faulted, LeafState::Faulted, LeafState::Online]
+    );
     assert_eq!(v.health(), TopHealth::Degraded);
     // Faulted children get no writes.
     assert_eq!(v.write(0, &data).unwrap().missed, vec![0, 1]);
@@ -180,8 +244,22 @@ fn flush_faults_failing_children_and_errs_past_redundancy() {
     assert_eq!(v.leaves()[3].counters.write_errors, 1);
     leaves[0].set_fail_flush(true);
     let e = v.flush().unwrap_err();
-    assert!(matches!(e, VdevError::InsufficientReplicas { op: "flush", failed: 2, .. }), "{e}");
-    assert_eq!(v.leaves()[0].state, LeafState::Online, "not faulted: it is needed");
+    assert!(
+        matches!(
+            e,
+            VdevError::InsufficientReplicas {
+                op: "flush",
+                failed: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        v.leaves()[0].state,
+        LeafState::Online,
+        "not faulted: it is needed"
+    );
 }
 
 #[test]

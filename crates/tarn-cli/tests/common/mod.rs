@@ -17,7 +17,8 @@ use tarn_cli::backend::{
 };
 use tarn_cli::daemon::{run_daemon, DaemonOptions};
 use tarn_cli::status::{
-    Counters, Health, IostatEntry, PoolListEntry, PoolStatus, ScanStatus, VdevStatus,
+    Counters, Health, IostatEntry, PoolListEntry, PoolStatus, ScanKind, ScanState, ScanStatus,
+    VdevStatus,
 };
 
 /// How long `pool.sync` takes in the fake, to test draining at stop.
@@ -28,6 +29,10 @@ pub const SYNC_DELAY: Duration = Duration::from_millis(500);
 pub struct FakeBackend {
     pub events: Mutex<Vec<&'static str>>,
     pub shutdowns: AtomicUsize,
+    /// Status polls since a scrub started; 0 means no scrub.
+    pub scrub_polls: AtomicUsize,
+    /// `pool.iostat` calls so far; each adds 100 read ops.
+    pub iostat_calls: AtomicUsize,
 }
 
 impl FakeBackend {
@@ -57,6 +62,27 @@ pub fn sample_status() -> PoolStatus {
             children: vec![],
         }],
         damaged: vec![],
+    }
+}
+
+/// The fake scrub after `polls` status calls.
+fn fake_scan(polls: usize) -> ScanStatus {
+    let finished = polls >= 3;
+    ScanStatus {
+        kind: ScanKind::Scrub,
+        state: if finished {
+            ScanState::Finished
+        } else {
+            ScanState::Scanning
+        },
+        started_unix: 1_700_000_000,
+        ended_unix: finished.then_some(1_700_000_060),
+        examined_bytes: (polls.min(3) as u64) << 20,
+        total_bytes: 3 << 20,
+        repaired_bytes: 4096,
+        errors: if finished { 2 } else { 0 },
+        rate_bytes_per_sec: 1 << 20,
+        eta_secs: (!finished).then_some(3 - polls as u64),
     }
 }
 
@@ -99,10 +125,22 @@ impl Backend for FakeBackend {
         if let Some(name) = name {
             known(name)?;
         }
-        Ok(vec![sample_status()])
+        let mut status = sample_status();
+        let polls = self.scrub_polls.load(Ordering::SeqCst);
+        if polls > 0 {
+            // Running for two polls, then finished with unrepaired errors.
+            self.scrub_polls.fetch_add(1, Ordering::SeqCst);
+            status.scan = Some(fake_scan(polls));
+        }
+        Ok(vec![status])
     }
-    fn pool_scrub(&self, _: &str, _: ScrubAction) -> Result<Option<ScanStatus>, ApiError> {
-        unsupported()
+    fn pool_scrub(&self, name: &str, action: ScrubAction) -> Result<Option<ScanStatus>, ApiError> {
+        known(name)?;
+        if action != ScrubAction::Start {
+            return unsupported();
+        }
+        self.scrub_polls.store(1, Ordering::SeqCst);
+        Ok(Some(fake_scan(0)))
     }
     fn pool_offline(&self, _: &str, _: &str) -> Result<(), ApiError> {
         unsupported()
@@ -117,7 +155,17 @@ impl Backend for FakeBackend {
         unsupported()
     }
     fn pool_iostat(&self, _: Option<&str>) -> Result<Vec<IostatEntry>, ApiError> {
-        Ok(vec![])
+        let ops = self.iostat_calls.fetch_add(1, Ordering::SeqCst) as u64 * 100;
+        Ok(vec![IostatEntry {
+            name: "tank".into(),
+            depth: 0,
+            allocated: 1 << 20,
+            free: 1 << 30,
+            counters: Counters {
+                read_ops: ops,
+                ..Counters::default()
+            },
+        }])
     }
     fn pool_sync(&self, name: &str) -> Result<u64, ApiError> {
         known(name)?;
@@ -126,7 +174,14 @@ impl Backend for FakeBackend {
         self.event("sync finished");
         Ok(8)
     }
-    fn object_write(&self, _: &str, _: &str, _: &str, _: u64, _: bool) -> Result<ObjectInfo, ApiError> {
+    fn object_write(
+        &self,
+        _: &str,
+        _: &str,
+        _: &str,
+        _: u64,
+        _: bool,
+    ) -> Result<ObjectInfo, ApiError> {
         unsupported()
     }
     fn object_read(&self, _: &str, _: &str, _: &str) -> Result<ObjectInfo, ApiError> {
@@ -160,6 +215,19 @@ impl TestDaemon {
     pub fn start(tune: impl FnOnce(&mut DaemonOptions)) -> TestDaemon {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("run").join("tarn.sock");
+        Self::launch(dir, socket, tune)
+    }
+
+    /// Starts a daemon with default options on a given socket path.
+    pub fn start_at(socket: PathBuf) -> TestDaemon {
+        Self::launch(tempfile::tempdir().unwrap(), socket, |_| {})
+    }
+
+    fn launch(
+        dir: tempfile::TempDir,
+        socket: PathBuf,
+        tune: impl FnOnce(&mut DaemonOptions),
+    ) -> TestDaemon {
         let mut opts = DaemonOptions::new(socket.clone(), dir.path().join("state"));
         tune(&mut opts);
         let backend = Arc::new(FakeBackend::default());
@@ -184,7 +252,11 @@ impl TestDaemon {
 pub fn wait_for_socket(path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while UnixStream::connect(path).is_err() {
-        assert!(Instant::now() < deadline, "nothing listens on {}", path.display());
+        assert!(
+            Instant::now() < deadline,
+            "nothing listens on {}",
+            path.display()
+        );
         thread::sleep(Duration::from_millis(20));
     }
 }
@@ -198,7 +270,9 @@ pub struct Raw {
 impl Raw {
     pub fn connect(path: &Path) -> Raw {
         let writer = UnixStream::connect(path).unwrap();
-        writer.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        writer
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
         let reader = BufReader::new(writer.try_clone().unwrap());
         Raw { writer, reader }
     }
@@ -215,6 +289,14 @@ impl Raw {
             return None;
         }
         Some(serde_json::from_str(&line).unwrap())
+    }
+
+    /// Like [`Raw::call`], but `None` if the daemon hung up instead.
+    pub fn try_call(&mut self, line: &str) -> Option<serde_json::Value> {
+        self.writer.write_all(format!("{line}\n").as_bytes()).ok()?;
+        let mut answer = String::new();
+        self.reader.read_line(&mut answer).ok()?;
+        serde_json::from_str(&answer).ok()
     }
 
     pub fn call(&mut self, line: &str) -> serde_json::Value {

@@ -34,7 +34,9 @@ pub fn config(kind: VdevKind, n: usize) -> TopConfig {
 }
 
 pub fn mem_leaves(n: usize) -> Vec<Arc<MemLeaf>> {
-    (0..n).map(|_| Arc::new(MemLeaf::new(MIN_LEAF_SIZE))).collect()
+    (0..n)
+        .map(|_| Arc::new(MemLeaf::new(MIN_LEAF_SIZE)))
+        .collect()
 }
 
 /// Opens a vdev over `leaves`, treating the children in `missing` as absent.

@@ -1,0 +1,447 @@
+//! The real backend: the daemon's set of imported pools.
+//!
+//! The daemon keeps two small files in its state directory:
+//!
+//! - `daemon-id`: a random identity written on first start. It is recorded as
+//!   the owner in the labels of every pool this daemon imports, so after a
+//!   crash the same daemon may take its pools back without `--force`, while
+//!   another daemon (or host) is asked for `--force`.
+//! - `pools.json`: the pools to import at start (name, GUID, device paths),
+//!   rewritten atomically (temp file + rename) whenever the set changes.
+//!
+//! Pool operations run on the calling connection's thread; the pool layer
+//! does its own locking, so requests to different pools never wait for each
+//! other and a failing pool never blocks the others.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use tarn_pool::status::{IostatEntry, PoolListEntry, PoolStatus, ScanStatus};
+use tarn_pool::{Pool, PoolError, PoolOptions, ScanAction};
+use tarn_vdev::VdevKind as PoolVdevKind;
+
+use crate::api::{ApiError, ErrorCode};
+use crate::backend::{
+    Backend, CreateRequest, ImportRequest, ImportResult, ObjectInfo, ScrubAction, VdevKind,
+};
+
+/// Bytes moved per call between an object and a file.
+const COPY_CHUNK_BYTES: usize = 8 << 20;
+
+/// One pool the daemon imports at start.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct CacheEntry {
+    name: String,
+    guid: String,
+    devices: Vec<PathBuf>,
+}
+
+/// Every imported pool of this daemon.
+pub struct Pools {
+    state_dir: PathBuf,
+    opts: PoolOptions,
+    pools: Mutex<BTreeMap<String, Arc<Pool>>>,
+}
+
+/// Maps a pool-layer error onto an API error code.
+pub fn api_error(e: PoolError) -> ApiError {
+    let code = match &e {
+        PoolError::NotFound(_) => ErrorCode::NotFound,
+        PoolError::Exists(_) => ErrorCode::Exists,
+        PoolError::InUse(_) => ErrorCode::Busy,
+        PoolError::Invalid(_) | PoolError::NoSpace(_) => ErrorCode::Invalid,
+        PoolError::Damaged(_) | PoolError::Corrupt(_) => ErrorCode::Damaged,
+        PoolError::Device(_) | PoolError::Block(_) | PoolError::Faulted(_) => ErrorCode::Io,
+        _ => ErrorCode::Internal,
+    };
+    ApiError::new(code, e.to_string())
+}
+
+fn io_error(what: &str, path: &str, e: std::io::Error) -> ApiError {
+    ApiError::io(format!("{what} {path}: {e}"))
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+impl Pools {
+    /// Opens (creating) the state directory and imports the pools the
+    /// daemon owned when it last ran. A pool that cannot be imported is
+    /// reported on stderr and skipped; the others still come up.
+    pub fn open(state_dir: &Path) -> anyhow::Result<Pools> {
+        std::fs::create_dir_all(state_dir).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot create state directory {}: {e}; choose another with --state-dir",
+                state_dir.display()
+            )
+        })?;
+        let id_path = state_dir.join("daemon-id");
+        let id = match std::fs::read_to_string(&id_path) {
+            Ok(s) if !s.trim().is_empty() => s.trim().to_string(),
+            _ => {
+                let mut b = [0u8; 8];
+                std::fs::File::open("/dev/urandom")
+                    .and_then(|mut f| f.read_exact(&mut b))
+                    .map_err(|e| anyhow::anyhow!("cannot read /dev/urandom: {e}"))?;
+                let id = format!("{:016x}", u64::from_le_bytes(b));
+                std::fs::write(&id_path, &id)?;
+                id
+            }
+        };
+        let opts = PoolOptions {
+            owner: format!("tarn daemon {id} on {}", hostname()),
+            ..Default::default()
+        };
+        let me = Pools {
+            state_dir: state_dir.to_path_buf(),
+            opts,
+            pools: Mutex::new(BTreeMap::new()),
+        };
+        for entry in me.read_cache() {
+            match Pool::import(
+                &[],
+                &entry.devices,
+                &entry.guid,
+                Some(&entry.name),
+                false,
+                me.opts.clone(),
+            ) {
+                Ok(pool) => {
+                    eprintln!(
+                        "tarn: imported pool '{}' (state {})",
+                        entry.name,
+                        pool.health()
+                    );
+                    me.lock().insert(entry.name.clone(), pool);
+                }
+                Err(e) => eprintln!("tarn: cannot import pool '{}': {e}", entry.name),
+            }
+        }
+        me.write_cache();
+        Ok(me)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Pool>>> {
+        self.pools.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn cache_path(&self) -> PathBuf {
+        self.state_dir.join("pools.json")
+    }
+
+    fn read_cache(&self) -> Vec<CacheEntry> {
+        match std::fs::read(self.cache_path()) {
+            Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
+                eprintln!(
+                    "tarn: ignoring unreadable {}: {e}",
+                    self.cache_path().display()
+                );
+                Vec::new()
+            }),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Rewrites the pool cache atomically.
+    fn write_cache(&self) {
+        let entries: Vec<CacheEntry> = self
+            .lock()
+            .values()
+            .map(|p| CacheEntry {
+                name: p.name().to_string(),
+                guid: format!("{:016x}", p.guid()),
+                devices: p.device_paths(),
+            })
+            .collect();
+        let tmp = self.state_dir.join("pools.json.tmp");
+        let result = serde_json::to_vec_pretty(&entries)
+            .map_err(std::io::Error::other)
+            .and_then(|b| {
+                let mut f = std::fs::File::create(&tmp)?;
+                f.write_all(&b)?;
+                f.sync_all()?;
+                std::fs::rename(&tmp, self.cache_path())
+            });
+        if let Err(e) = result {
+            eprintln!("tarn: cannot save {}: {e}", self.cache_path().display());
+        }
+    }
+
+    fn get(&self, name: &str) -> Result<Arc<Pool>, ApiError> {
+        self.lock().get(name).cloned().ok_or_else(|| {
+            ApiError::not_found(format!(
+                "no pool '{name}' is imported; `tarn pool list` shows the pools, `tarn pool import` finds others"
+            ))
+        })
+    }
+}
+
+fn kind(k: VdevKind) -> PoolVdevKind {
+    match k {
+        VdevKind::Single => PoolVdevKind::Single,
+        VdevKind::Mirror => PoolVdevKind::Mirror,
+        VdevKind::Raidz1 => PoolVdevKind::Raidz { parity: 1 },
+        VdevKind::Raidz2 => PoolVdevKind::Raidz { parity: 2 },
+        VdevKind::Raidz3 => PoolVdevKind::Raidz { parity: 3 },
+    }
+}
+
+impl Backend for Pools {
+    fn pool_create(&self, req: &CreateRequest) -> Result<PoolStatus, ApiError> {
+        if self.lock().contains_key(&req.name) {
+            return Err(ApiError::exists(format!(
+                "a pool named '{}' is already imported",
+                req.name
+            )));
+        }
+        let specs: Vec<tarn_pool::VdevSpec> = req
+            .vdevs
+            .iter()
+            .map(|v| tarn_pool::VdevSpec {
+                kind: kind(v.kind),
+                devices: v.devices.iter().map(PathBuf::from).collect(),
+            })
+            .collect();
+        let pool = Pool::create(
+            &req.name,
+            &specs,
+            req.ashift.unwrap_or(12),
+            &req.properties,
+            req.force,
+            self.opts.clone(),
+        )
+        .map_err(api_error)?;
+        let status = pool.status();
+        self.lock().insert(req.name.clone(), pool);
+        self.write_cache();
+        Ok(status)
+    }
+
+    fn pool_import(&self, req: &ImportRequest) -> Result<ImportResult, ApiError> {
+        let dirs: Vec<PathBuf> = req.dirs.iter().map(PathBuf::from).collect();
+        let devices: Vec<PathBuf> = req.devices.iter().map(PathBuf::from).collect();
+        let Some(which) = req.pool.as_deref() else {
+            let imported: Vec<String> = self
+                .lock()
+                .values()
+                .map(|p| format!("{:016x}", p.guid()))
+                .collect();
+            let found = tarn_pool::discover(&dirs, &devices)
+                .into_iter()
+                .filter(|c| !imported.contains(&c.guid))
+                .collect();
+            return Ok(ImportResult::Candidates(found));
+        };
+        let name = req.new_name.clone().unwrap_or_else(|| which.to_string());
+        if self.lock().contains_key(&name) {
+            return Err(ApiError::exists(format!(
+                "a pool named '{name}' is already imported; give the new one another name: `tarn pool import {which} NEWNAME`"
+            )));
+        }
+        let pool = Pool::import(
+            &dirs,
+            &devices,
+            which,
+            req.new_name.as_deref(),
+            req.force,
+            self.opts.clone(),
+        )
+        .map_err(api_error)?;
+        let status = pool.status();
+        self.lock().insert(pool.name().to_string(), pool);
+        self.write_cache();
+        Ok(ImportResult::Imported(Box::new(status)))
+    }
+
+    fn pool_export(&self, name: &str, _force: bool) -> Result<(), ApiError> {
+        let pool = self.get(name)?;
+        let r = pool.export(false);
+        self.lock().remove(name);
+        self.write_cache();
+        r.map_err(api_error)
+    }
+
+    fn pool_destroy(&self, name: &str, _force: bool) -> Result<(), ApiError> {
+        let pool = self.get(name)?;
+        let r = pool.export(true);
+        self.lock().remove(name);
+        self.write_cache();
+        r.map_err(api_error)
+    }
+
+    fn pool_list(&self) -> Result<Vec<PoolListEntry>, ApiError> {
+        let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+        Ok(pools.iter().map(|p| p.list_entry()).collect())
+    }
+
+    fn pool_status(&self, name: Option<&str>) -> Result<Vec<PoolStatus>, ApiError> {
+        match name {
+            Some(n) => Ok(vec![self.get(n)?.status()]),
+            None => {
+                let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+                Ok(pools.iter().map(|p| p.status()).collect())
+            }
+        }
+    }
+
+    fn pool_scrub(&self, name: &str, action: ScrubAction) -> Result<Option<ScanStatus>, ApiError> {
+        let a = match action {
+            ScrubAction::Start => ScanAction::Start,
+            ScrubAction::Pause => ScanAction::Pause,
+            ScrubAction::Resume => ScanAction::Resume,
+            ScrubAction::Cancel => ScanAction::Cancel,
+        };
+        self.get(name)?.scrub(a).map_err(api_error)
+    }
+
+    fn pool_offline(&self, name: &str, device: &str) -> Result<(), ApiError> {
+        self.get(name)?.offline(device).map_err(api_error)
+    }
+
+    fn pool_online(&self, name: &str, device: &str) -> Result<(), ApiError> {
+        self.get(name)?.online(device).map_err(api_error)
+    }
+
+    fn pool_replace(&self, name: &str, old: &str, new: &str, force: bool) -> Result<(), ApiError> {
+        let pool = self.get(name)?;
+        pool.replace(old, Path::new(new), force)
+            .map_err(api_error)?;
+        self.write_cache();
+        Ok(())
+    }
+
+    fn pool_clear(&self, name: &str, device: Option<&str>) -> Result<(), ApiError> {
+        self.get(name)?.clear(device).map_err(api_error)
+    }
+
+    fn pool_iostat(&self, name: Option<&str>) -> Result<Vec<IostatEntry>, ApiError> {
+        match name {
+            Some(n) => Ok(self.get(n)?.iostat()),
+            None => {
+                let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+                Ok(pools.iter().flat_map(|p| p.iostat()).collect())
+            }
+        }
+    }
+
+    fn pool_sync(&self, name: &str) -> Result<u64, ApiError> {
+        self.get(name)?.sync().map_err(api_error)
+    }
+
+    fn object_write(
+        &self,
+        pool: &str,
+        object: &str,
+        from_path: &str,
+        offset: u64,
+        sync: bool,
+    ) -> Result<ObjectInfo, ApiError> {
+        let p = self.get(pool)?;
+        let mut f =
+            std::fs::File::open(from_path).map_err(|e| io_error("cannot open", from_path, e))?;
+        let mut buf = vec![0u8; COPY_CHUNK_BYTES];
+        let mut pos = offset;
+        let mut info = None;
+        loop {
+            let n =
+                read_full(&mut f, &mut buf).map_err(|e| io_error("cannot read", from_path, e))?;
+            if n == 0 {
+                break;
+            }
+            info = Some(
+                p.object_write(object, pos, &buf[..n], false)
+                    .map_err(api_error)?,
+            );
+            pos += n as u64;
+        }
+        let info = match info {
+            Some(i) => i,
+            // An empty file still creates the object.
+            None => p
+                .object_write(object, offset, &[], false)
+                .map_err(api_error)?,
+        };
+        let txg = if sync {
+            p.sync().map_err(api_error)?
+        } else {
+            info.txg
+        };
+        Ok(ObjectInfo {
+            name: info.name,
+            size: info.size,
+            txg,
+        })
+    }
+
+    fn object_read(&self, pool: &str, object: &str, to_path: &str) -> Result<ObjectInfo, ApiError> {
+        let p = self.get(pool)?;
+        let info = p.object_info(object).map_err(api_error)?;
+        let mut f =
+            std::fs::File::create(to_path).map_err(|e| io_error("cannot create", to_path, e))?;
+        let mut pos = 0u64;
+        while pos < info.size {
+            let n = ((info.size - pos) as usize).min(COPY_CHUNK_BYTES);
+            let data = p.object_read(object, pos, n).map_err(api_error)?;
+            if data.is_empty() {
+                break;
+            }
+            f.write_all(&data)
+                .map_err(|e| io_error("cannot write", to_path, e))?;
+            pos += data.len() as u64;
+        }
+        f.sync_all()
+            .map_err(|e| io_error("cannot write", to_path, e))?;
+        Ok(ObjectInfo {
+            name: info.name,
+            size: info.size,
+            txg: info.txg,
+        })
+    }
+
+    fn object_list(&self, pool: &str) -> Result<Vec<ObjectInfo>, ApiError> {
+        let list = self.get(pool)?.object_list().map_err(api_error)?;
+        Ok(list
+            .into_iter()
+            .map(|o| ObjectInfo {
+                name: o.name,
+                size: o.size,
+                txg: o.txg,
+            })
+            .collect())
+    }
+
+    fn object_delete(&self, pool: &str, object: &str) -> Result<(), ApiError> {
+        self.get(pool)?.object_delete(object).map_err(api_error)
+    }
+
+    fn shutdown(&self) {
+        let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+        for p in pools {
+            if let Err(e) = p.export(false) {
+                eprintln!("tarn: exporting pool '{}': {e}", p.name());
+            }
+        }
+        // The cache keeps listing them: they come back at the next start.
+    }
+}
+
+/// Reads until `buf` is full or the file ends.
+fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}

@@ -1,0 +1,178 @@
+//! The built `tarn` binary: exit codes, error text, and a real daemon
+//! process stopped by `tarn daemon stop` and by SIGTERM.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::wait_for_socket;
+
+fn tarn(socket: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .env_remove("TARN_SOCKET")
+        .output()
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A `tarn daemon` process on a temporary socket.
+struct DaemonProcess {
+    child: Child,
+    socket: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl DaemonProcess {
+    fn start() -> DaemonProcess {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("tarn.sock");
+        let child = Command::new(env!("CARGO_BIN_EXE_tarn"))
+            .args(["daemon", "--socket"])
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for_socket(&socket);
+        DaemonProcess {
+            child,
+            socket,
+            _dir: dir,
+        }
+    }
+
+    /// Waits (bounded) for the process to exit and returns its status.
+    fn wait(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "the daemon did not exit");
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for DaemonProcess {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[test]
+fn no_daemon_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("nobody.sock");
+    let out = tarn(&socket, &["pool", "list"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "error: no tarn daemon is listening on {}\n\
+             hint: start one with `tarn daemon` (or set TARN_SOCKET / --socket to where it listens)\n",
+            socket.display()
+        )
+    );
+    assert!(out.stdout.is_empty());
+
+    // The same through the environment.
+    let out = Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .args(["pool", "status"])
+        .env("TARN_SOCKET", &socket)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains(&socket.display().to_string()));
+}
+
+#[test]
+fn usage_errors_exit_2_and_argument_errors_need_no_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("nobody.sock");
+    let out = tarn(&socket, &["pool", "create", "tank"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+
+    // Checked before connecting, so the message is about the mistake.
+    let out = tarn(&socket, &["pool", "create", "tank", "mirror", "/dev/a"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.starts_with("error: mirror-0 needs at least 2 devices"),
+        "{err}"
+    );
+
+    let out = tarn(
+        &socket,
+        &["pool", "create", "tank", "raidz4", "a", "b", "c", "d", "e"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("raidz4 is not a vdev type"));
+}
+
+#[test]
+fn daemon_process_answers_and_stops_on_request() {
+    let mut daemon = DaemonProcess::start();
+    let out = tarn(&daemon.socket, &["daemon", "ping"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("is listening on"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let out = tarn(&daemon.socket, &["-o", "json", "daemon", "ping"]);
+    let ping: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(ping["pid"], daemon.child.id());
+
+    // An API error: whatever backend is wired, this pool does not exist.
+    let out = tarn(&daemon.socket, &["pool", "status", "no-such-pool"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).starts_with("error: "),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // A second daemon on the same socket refuses to start.
+    let second = Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .args(["daemon", "--socket"])
+        .arg(&daemon.socket)
+        .arg("--state-dir")
+        .arg(daemon._dir.path().join("state2"))
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(1));
+    assert!(text(&second.stderr).contains("a tarn daemon is already listening on"));
+
+    let out = tarn(&daemon.socket, &["daemon", "stop"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(daemon.wait().success());
+    assert!(!daemon.socket.exists(), "socket left behind");
+}
+
+#[test]
+fn daemon_process_stops_on_sigterm() {
+    let mut daemon = DaemonProcess::start();
+    let pid = libc::pid_t::try_from(daemon.child.id()).unwrap();
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = daemon.wait();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(!daemon.socket.exists(), "socket left behind");
+}

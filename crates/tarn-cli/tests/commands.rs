@@ -1,0 +1,82 @@
+//! Client commands run in-process against a daemon with a fake backend:
+//! the parts of the CLI that loop (scrub --wait, iostat) and their exit
+//! status.
+
+mod common;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use common::TestDaemon;
+use serde_json::json;
+use tarn_cli::api::method;
+use tarn_cli::backend::Backend;
+use tarn_cli::cli::{run, BackendFactory, Cli};
+use tarn_cli::client::Client;
+use tarn_cli::daemon::DaemonOptions;
+
+fn no_backend() -> Box<BackendFactory<'static>> {
+    Box::new(|_: &DaemonOptions| -> anyhow::Result<Arc<dyn Backend>> {
+        panic!("client commands never build a backend")
+    })
+}
+
+fn run_args(daemon: &TestDaemon, args: &[&str]) -> anyhow::Result<ExitCode> {
+    let socket = daemon.socket.to_str().unwrap();
+    let mut argv = vec!["tarn", "--socket", socket];
+    argv.extend_from_slice(args);
+    run(Cli::try_parse_checked(argv).unwrap(), no_backend())
+}
+
+fn stop(mut daemon: TestDaemon) {
+    Client::connect(&daemon.socket)
+        .unwrap()
+        .call(method::DAEMON_STOP, &json!({}))
+        .unwrap();
+    daemon.join().unwrap();
+}
+
+#[test]
+fn scrub_wait_polls_until_done_and_fails_on_unrepaired_errors() {
+    let daemon = TestDaemon::start(|_| {});
+    let err = run_args(&daemon, &["pool", "scrub", "--wait", "tank"]).unwrap_err();
+    let message = format!("{err:#}");
+    assert!(
+        message.contains("the scrub of tank found 2 errors it could not repair"),
+        "{message}"
+    );
+    // Started, then polled until it reported finished.
+    assert!(
+        daemon
+            .backend
+            .scrub_polls
+            .load(std::sync::atomic::Ordering::SeqCst)
+            >= 4
+    );
+    stop(daemon);
+}
+
+#[test]
+fn iostat_samples_count_times_and_commands_report_api_errors() {
+    let daemon = TestDaemon::start(|_| {});
+    run_args(
+        &daemon,
+        &["-o", "json", "pool", "iostat", "tank", "0.05", "3"],
+    )
+    .unwrap();
+    assert_eq!(
+        daemon
+            .backend
+            .iostat_calls
+            .load(std::sync::atomic::Ordering::SeqCst),
+        3
+    );
+    let err = run_args(&daemon, &["pool", "export", "nope"]).unwrap_err();
+    let api = err.downcast::<tarn_cli::api::ApiError>().unwrap();
+    assert_eq!(api.code, tarn_cli::api::ErrorCode::NotFound);
+    assert_eq!(
+        run_args(&daemon, &["pool", "list"]).unwrap(),
+        ExitCode::SUCCESS
+    );
+    stop(daemon);
+}

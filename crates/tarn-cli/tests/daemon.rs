@@ -1,0 +1,314 @@
+//! The admin transport against a fake backend: framing, limits, errors,
+//! dispatch, and the stop sequence.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::sync::atomic::Ordering;
+use std::thread;
+use std::time::Duration;
+
+use common::{FakeBackend, Raw, TestDaemon};
+use serde_json::{json, Value};
+use tarn_cli::api::{dispatch, method, ApiError, ErrorCode, PingResult};
+use tarn_cli::client::Client;
+use tarn_cli::daemon::{run_daemon, DaemonOptions};
+
+fn code(response: &Value) -> &str {
+    response["error"]["code"].as_str().unwrap_or("<none>")
+}
+
+fn api_error(e: anyhow::Error) -> ApiError {
+    e.downcast::<ApiError>().expect("an API error")
+}
+
+#[test]
+fn ping_then_stop_exports_and_removes_the_socket() {
+    let mut daemon = TestDaemon::start(|_| {});
+    let mode = std::fs::metadata(&daemon.socket)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "socket mode {mode:o}");
+    let dir_mode = std::fs::metadata(daemon.socket.parent().unwrap())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(dir_mode & 0o777, 0o700, "socket dir mode {dir_mode:o}");
+
+    let mut client = Client::connect(&daemon.socket).unwrap();
+    let ping: PingResult = client.call_as(method::DAEMON_PING, &json!({})).unwrap();
+    assert_eq!(ping.pid, std::process::id());
+    assert_eq!(ping.version, env!("CARGO_PKG_VERSION"));
+
+    let stopped = client.call(method::DAEMON_STOP, &Value::Null).unwrap();
+    assert_eq!(stopped, Value::Null);
+    // The answer comes after the backend was shut down.
+    assert_eq!(daemon.backend.shutdowns.load(Ordering::SeqCst), 1);
+    daemon.join().unwrap();
+    assert!(!daemon.socket.exists(), "socket left behind");
+    assert_eq!(daemon.backend.shutdowns.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn oversized_garbage_and_unknown_requests_get_errors_and_service_goes_on() {
+    let mut daemon = TestDaemon::start(|_| {});
+    let mut raw = Raw::connect(&daemon.socket);
+
+    let mut huge = vec![b'x'; tarn_cli::daemon::MAX_REQUEST_BYTES + 4096];
+    huge.push(b'\n');
+    raw.send(&huge);
+    let refused = raw.recv().unwrap();
+    assert_eq!(code(&refused), "invalid");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("longer than"),
+        "{refused}"
+    );
+    assert_eq!(refused["id"], Value::Null);
+
+    // The same connection keeps working after the oversized line.
+    let pong = raw.call(r#"{"id":2,"method":"daemon.ping"}"#);
+    assert_eq!(pong["id"], 2);
+    assert_eq!(pong["result"]["pid"], std::process::id());
+
+    let garbage = raw.call("{this is not json");
+    assert_eq!(code(&garbage), "invalid");
+    assert!(garbage["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("not valid JSON"));
+
+    let unknown = raw.call(r#"{"id":4,"method":"pool.teleport","params":{}}"#);
+    assert_eq!(unknown["id"], 4);
+    assert_eq!(code(&unknown), "invalid");
+    assert!(unknown["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("unknown method"));
+
+    let not_object = raw.call("[1,2,3]");
+    assert_eq!(code(&not_object), "invalid");
+
+    let missing = raw.call(r#"{"id":5,"method":"pool.status","params":{"name":"nope"}}"#);
+    assert_eq!(missing["id"], 5);
+    assert_eq!(code(&missing), "not_found");
+
+    // Blank lines are skipped, CRLF is tolerated.
+    raw.send(b"\n\r\n");
+    let status = raw.call("{\"id\":6,\"method\":\"pool.status\"}\r");
+    assert_eq!(status["id"], 6);
+    assert_eq!(status["result"][0]["name"], "tank");
+
+    // A fresh connection is served too.
+    let mut other = Raw::connect(&daemon.socket);
+    assert_eq!(
+        other.call(r#"{"id":1,"method":"pool.list"}"#)["result"][0]["name"],
+        "tank"
+    );
+
+    other.call(r#"{"id":9,"method":"daemon.stop"}"#);
+    daemon.join().unwrap();
+}
+
+#[test]
+fn a_panicking_backend_call_is_an_internal_error() {
+    let mut daemon = TestDaemon::start(|_| {});
+    let mut client = Client::connect(&daemon.socket).unwrap();
+    let err = client
+        .call(
+            method::OBJECT_DELETE,
+            &json!({"pool": "tank", "object": "boom"}),
+        )
+        .unwrap_err();
+    let err = api_error(err);
+    assert_eq!(err.code, ErrorCode::Internal);
+    assert!(err.message.contains("object.delete"), "{}", err.message);
+    // Still serving, on the same connection.
+    let list = client.call(method::POOL_LIST, &json!({})).unwrap();
+    assert_eq!(list[0]["name"], "tank");
+    client.call(method::DAEMON_STOP, &json!({})).unwrap();
+    daemon.join().unwrap();
+}
+
+#[test]
+fn connections_over_the_limit_are_told_busy() {
+    let mut daemon = TestDaemon::start(|o| o.max_connections = 2);
+    // Admitted connections; retried because the probe that waited for the
+    // socket may hold a slot for a moment.
+    let admitted = || {
+        for _ in 0..500 {
+            let mut raw = Raw::connect(&daemon.socket);
+            if raw
+                .try_call(r#"{"id":1,"method":"daemon.ping"}"#)
+                .is_some_and(|r| r["result"].is_object())
+            {
+                return raw;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        panic!("never admitted");
+    };
+    let mut a = admitted();
+    let b = admitted();
+
+    let mut c = Raw::connect(&daemon.socket);
+    let busy = c.recv().expect("an answer before closing");
+    assert_eq!(code(&busy), "busy");
+    assert!(busy["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("limit of 2"));
+    assert!(c.recv().is_none(), "the refused connection is closed");
+
+    // The client reads the refusal as an API error.
+    let err = Client::connect(&daemon.socket)
+        .unwrap()
+        .call(method::DAEMON_PING, &json!({}))
+        .unwrap_err();
+    assert_eq!(api_error(err).code, ErrorCode::Busy);
+
+    // Once a slot frees up, new connections are served again.
+    drop(b);
+    let mut served = false;
+    for _ in 0..200 {
+        // Until the daemon notices the close, a new connection is refused.
+        let mut d = Client::connect(&daemon.socket).unwrap();
+        if d.call(method::DAEMON_PING, &json!({})).is_ok() {
+            served = true;
+            break;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    assert!(served, "the freed slot was never reused");
+    a.call(r#"{"id":2,"method":"daemon.stop"}"#);
+    daemon.join().unwrap();
+}
+
+#[test]
+fn stop_lets_running_requests_finish_before_shutdown() {
+    let mut daemon = TestDaemon::start(|_| {});
+    let socket = daemon.socket.clone();
+    let syncing = thread::spawn(move || {
+        let mut client = Client::connect(&socket).unwrap();
+        client.call(method::POOL_SYNC, &json!({"name": "tank"}))
+    });
+    // Wait until the sync is inside the backend, then ask to stop.
+    while !daemon.backend.events().contains(&"sync started") {
+        thread::sleep(Duration::from_millis(5));
+    }
+    let mut client = Client::connect(&daemon.socket).unwrap();
+    client.call(method::DAEMON_STOP, &json!({})).unwrap();
+    let synced = syncing.join().unwrap().unwrap();
+    assert_eq!(synced, json!({"txg": 8}));
+    assert_eq!(
+        daemon.backend.events(),
+        ["sync started", "sync finished", "shutdown"]
+    );
+    daemon.join().unwrap();
+}
+
+#[test]
+fn a_live_daemon_is_not_replaced_but_a_stale_socket_is() {
+    let mut daemon = TestDaemon::start(|_| {});
+    let second = run_daemon(
+        DaemonOptions::new(daemon.socket.clone(), daemon.dir.path().join("state2")),
+        std::sync::Arc::new(FakeBackend::default()),
+    );
+    let err = format!("{:#}", second.unwrap_err());
+    assert!(
+        err.contains("a tarn daemon is already listening on"),
+        "{err}"
+    );
+    assert!(
+        daemon.socket.exists(),
+        "the live daemon's socket was removed"
+    );
+    Client::connect(&daemon.socket)
+        .unwrap()
+        .call(method::DAEMON_STOP, &json!({}))
+        .unwrap();
+    daemon.join().unwrap();
+
+    // A socket file nobody listens on (a crashed daemon) is replaced.
+    let stale = daemon.dir.path().join("stale.sock");
+    drop(UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists());
+    let mut daemon2 = TestDaemon::start_at(stale.clone());
+    Client::connect(&stale)
+        .unwrap()
+        .call(method::DAEMON_STOP, &json!({}))
+        .unwrap();
+    daemon2.join().unwrap();
+    assert!(!stale.exists());
+
+    // A regular file in the way is not touched.
+    let file = daemon.dir.path().join("file.sock");
+    std::fs::write(&file, b"keep me").unwrap();
+    let err = run_daemon(
+        DaemonOptions::new(file.clone(), daemon.dir.path().join("state3")),
+        std::sync::Arc::new(FakeBackend::default()),
+    )
+    .unwrap_err();
+    assert!(format!("{err:#}").contains("is not a socket"), "{err:#}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+
+    // A directory others can write (and not sticky) is refused.
+    let open_dir = daemon.dir.path().join("open");
+    std::fs::create_dir(&open_dir).unwrap();
+    std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let err = run_daemon(
+        DaemonOptions::new(open_dir.join("tarn.sock"), daemon.dir.path().join("state4")),
+        std::sync::Arc::new(FakeBackend::default()),
+    )
+    .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("writable by other users"),
+        "{err:#}"
+    );
+}
+
+#[test]
+fn dispatch_refuses_bad_params_before_the_backend() {
+    let backend = FakeBackend::default();
+    let err = dispatch(&backend, "pool.frobnicate", Value::Null).unwrap_err();
+    assert_eq!(err.code, ErrorCode::Invalid);
+    assert!(err.message.contains("pool.status"), "{}", err.message);
+
+    let err = dispatch(
+        &backend,
+        method::POOL_EXPORT,
+        json!({"name": "tank", "forse": true}),
+    )
+    .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Invalid);
+    assert!(err.message.contains("forse"), "{}", err.message);
+
+    let err = dispatch(&backend, method::POOL_STATUS, json!([1, 2])).unwrap_err();
+    assert_eq!(err.code, ErrorCode::Invalid);
+
+    // Validation runs before the backend (whose create would say `exists`).
+    let err = dispatch(
+        &backend,
+        method::POOL_CREATE,
+        json!({"name": "tank", "vdevs": [{"kind": "mirror", "devices": ["/a"]}]}),
+    )
+    .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Invalid);
+    assert!(err.message.contains("mirror-0"), "{}", err.message);
+
+    let err = dispatch(&backend, method::DAEMON_STOP, Value::Null).unwrap_err();
+    assert_eq!(err.code, ErrorCode::Invalid);
+
+    assert_eq!(
+        dispatch(&backend, method::POOL_SYNC, json!({"name": "tank"})).unwrap(),
+        json!({"txg": 8})
+    );
+    assert_eq!(
+        dispatch(&backend, method::POOL_IMPORT, Value::Null).unwrap(),
+        json!({"candidates": []})
+    );
+}
