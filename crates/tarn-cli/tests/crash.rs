@@ -89,6 +89,14 @@ enum Op {
     Delete { name: String },
 }
 
+/// An issued operation and what the daemon said about it.
+struct Issued {
+    op: Op,
+    sync: bool,
+    acked: bool,
+    txg: u64,
+}
+
 /// The object contents after the first `n` operations.
 fn model(base: &BTreeMap<String, Vec<u8>>, ops: &[Op]) -> BTreeMap<String, Vec<u8>> {
     let mut m = base.clone();
@@ -168,7 +176,7 @@ fn sigkill_during_writes() {
     for round in 0..rounds {
         // The writer: issues ops until the daemon dies, recording each op
         // before sending it and whether it was acknowledged.
-        let ops: Arc<Mutex<Vec<(Op, bool, bool, u64)>>> = Arc::new(Mutex::new(Vec::new()));
+        let ops: Arc<Mutex<Vec<Issued>>> = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let writer = {
             let ops = Arc::clone(&ops);
@@ -183,12 +191,12 @@ fn sigkill_during_writes() {
                     let name = names[wrng.below(names.len() as u64) as usize].clone();
                     let sync = wrng.below(10) < 6;
                     let r = if wrng.below(12) == 0 {
-                        ops.lock().unwrap().push((
-                            Op::Delete { name: name.clone() },
-                            false,
-                            false,
-                            0,
-                        ));
+                        ops.lock().unwrap().push(Issued {
+                            op: Op::Delete { name: name.clone() },
+                            sync: false,
+                            acked: false,
+                            txg: 0,
+                        });
                         call(
                             &socket,
                             "object.delete",
@@ -201,15 +209,15 @@ fn sigkill_during_writes() {
                         let path = scratch.join(format!("w{k}"));
                         k += 1;
                         std::fs::write(&path, &data).unwrap();
-                        ops.lock().unwrap().push((
-                            Op::Write {
+                        ops.lock().unwrap().push(Issued {
+                            op: Op::Write {
                                 name: name.clone(),
                                 data: Arc::new(data),
                             },
                             sync,
-                            false,
-                            0,
-                        ));
+                            acked: false,
+                            txg: 0,
+                        });
                         call(&socket, "object.write", json!({"pool": "tank", "object": name, "from_path": path, "sync": sync}))
                             .map(|v| v["txg"].as_u64().unwrap_or(0))
                     };
@@ -217,15 +225,15 @@ fn sigkill_during_writes() {
                         Ok(txg) => {
                             let mut g = ops.lock().unwrap();
                             if let Some(last) = g.last_mut() {
-                                last.2 = true;
-                                last.3 = txg;
+                                last.acked = true;
+                                last.txg = txg;
                             }
                         }
                         Err(e) if e.starts_with("api error") && e.contains("not_found") => {
                             // Deleting a missing object: a no-op, acknowledged.
                             let mut g = ops.lock().unwrap();
                             if let Some(last) = g.last_mut() {
-                                last.2 = true;
+                                last.acked = true;
                             }
                         }
                         Err(_) => break,
@@ -250,12 +258,12 @@ fn sigkill_during_writes() {
         // write must be there; the rest may or may not be.
         let must = ops
             .iter()
-            .rposition(|(op, sync, acked, _)| *acked && (*sync && matches!(op, Op::Write { .. })))
+            .rposition(|i| i.acked && i.sync && matches!(i.op, Op::Write { .. }))
             .map(|i| i + 1)
             .unwrap_or(0);
-        for (_, sync, acked, t) in &ops[..must] {
-            if *sync && *acked {
-                last_acked_txg = last_acked_txg.max(*t);
+        for i in &ops[..must] {
+            if i.sync && i.acked {
+                last_acked_txg = last_acked_txg.max(i.txg);
             }
         }
         assert!(
@@ -263,7 +271,7 @@ fn sigkill_during_writes() {
             "round {round}: imported txg {txg} older than acknowledged txg {last_acked_txg}"
         );
         let seen = observe(&socket, dir.path());
-        let plain: Vec<Op> = ops.iter().map(|(o, ..)| o.clone()).collect();
+        let plain: Vec<Op> = ops.iter().map(|i| i.op.clone()).collect();
         let matched = (must..=plain.len())
             .rev()
             .find(|&j| model(&state, &plain[..j]) == seen);
