@@ -143,6 +143,20 @@ pub enum Command {
     /// Raw named objects in a pool (for drills, tests and benchmarks)
     #[command(subcommand)]
     Object(ObjectCommand),
+    /// Try tarn: a raidz1 pool of four sparse files under ./tarn-demo, served
+    /// by a daemon in the foreground until Ctrl-C
+    Demo(DemoArgs),
+}
+
+/// `tarn demo`.
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Folder for the demo's member files, socket and state
+    #[arg(long, default_value = "tarn-demo", value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Size of each member file (sparse: it takes only what is written)
+    #[arg(long, default_value_t = 256, value_name = "MIB")]
+    pub size_mib: u64,
 }
 
 /// `tarn daemon`.
@@ -375,6 +389,7 @@ pub fn run(cli: Cli, make_backend: Box<BackendFactory<'_>>) -> anyhow::Result<Ex
         },
         Command::Pool(cmd) => pool_command(&mut client, &out, cmd, pool_props)?,
         Command::Object(cmd) => object_command(&mut client, &out, cmd)?,
+        Command::Demo(args) => crate::demo::run_demo(&args, make_backend)?,
     }
     Ok(ExitCode::SUCCESS)
 }

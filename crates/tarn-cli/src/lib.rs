@@ -20,6 +20,7 @@ pub mod backend;
 pub mod cli;
 pub mod client;
 pub mod daemon;
+pub mod demo;
 pub mod pools;
 pub mod render;
 
