@@ -396,8 +396,12 @@ impl Backend for Pools {
                 .map_err(|e| io_error("cannot write", to_path, e))?;
             pos += data.len() as u64;
         }
-        f.sync_all()
-            .map_err(|e| io_error("cannot write", to_path, e))?;
+        // Make the copy durable; character devices such as /dev/null
+        // cannot be synced and need not be.
+        if f.metadata().map(|m| m.is_file()).unwrap_or(false) {
+            f.sync_all()
+                .map_err(|e| io_error("cannot write", to_path, e))?;
+        }
         Ok(ObjectInfo {
             name: info.name,
             size: info.size,

@@ -1115,8 +1115,12 @@ impl Pool {
         let hold: HoldGuard<'_> = self.holds.hold(st.txg);
         drop(st);
         let mut damaged = Vec::new();
-        for (at, in_rec, n, bp, blk) in to_read {
-            match pipeline::read_block(&self.tops, &bp) {
+        // Records are independent: read them on the worker threads.
+        let blocks = parallel_map(&to_read, self.opts.sync_threads, |(_, _, _, bp, _)| {
+            pipeline::read_block(&self.tops, bp)
+        })?;
+        for ((at, in_rec, n, _, blk), r) in to_read.into_iter().zip(blocks) {
+            match r {
                 Ok(d) => {
                     let have = d.len().saturating_sub(in_rec).min(n);
                     if have > 0 {
