@@ -168,6 +168,18 @@ pub struct DaemonArgs {
     #[arg(long, env = "TARN_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
 
+    /// Seconds between transaction group commits while anything is dirty
+    #[arg(long, value_name = "SECS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=300))]
+    pub txg_interval: u64,
+
+    /// Dirty data a pool may hold before writers wait, in MiB
+    #[arg(long, value_name = "MIB", default_value_t = 256, value_parser = clap::value_parser!(u64).range(16..=65536))]
+    pub dirty_max_mib: u64,
+
+    /// Verified metadata kept in memory per pool, in MiB
+    #[arg(long, value_name = "MIB", default_value_t = 64, value_parser = clap::value_parser!(u64).range(4..=65536))]
+    pub cache_mib: u64,
+
     /// Talk to a running daemon instead of starting one.
     #[command(subcommand)]
     pub action: Option<DaemonAction>,
@@ -362,11 +374,22 @@ pub fn run(cli: Cli, make_backend: Box<BackendFactory<'_>>) -> anyhow::Result<Ex
     };
     let out = Out { format };
     match cli.command {
-        Command::Daemon(DaemonArgs { state_dir, action }) => match action {
+        Command::Daemon(DaemonArgs {
+            state_dir,
+            action,
+            txg_interval,
+            dirty_max_mib,
+            cache_mib,
+        }) => match action {
             None => {
                 let state_dir = state_dir.unwrap_or_else(default_state_dir);
                 let mut opts = DaemonOptions::new(client.path, state_dir);
                 opts.handle_signals = true;
+                opts.tuning = crate::daemon::Tuning {
+                    txg_interval_secs: txg_interval,
+                    dirty_max_mib,
+                    cache_mib,
+                };
                 let backend = make_backend(&opts)?;
                 run_daemon(opts, backend)?;
             }

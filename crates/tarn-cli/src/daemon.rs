@@ -67,6 +67,29 @@ pub struct DaemonOptions {
     /// Stop on SIGINT/SIGTERM. The binary sets this; tests that run a daemon
     /// inside the test process leave it off.
     pub handle_signals: bool,
+    /// Limits and intervals handed to every pool the daemon imports.
+    pub tuning: Tuning,
+}
+
+/// The daemon's knobs for its pools; every one is a bound or an interval.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// Seconds between txg syncs while anything is dirty.
+    pub txg_interval_secs: u64,
+    /// Dirty data per pool before writers wait, in MiB.
+    pub dirty_max_mib: u64,
+    /// Verified metadata kept in memory per pool, in MiB.
+    pub cache_mib: u64,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            txg_interval_secs: 5,
+            dirty_max_mib: 256,
+            cache_mib: 64,
+        }
+    }
 }
 
 impl DaemonOptions {
@@ -78,6 +101,7 @@ impl DaemonOptions {
             max_connections: MAX_CONNECTIONS,
             max_request_bytes: MAX_REQUEST_BYTES,
             handle_signals: false,
+            tuning: Tuning::default(),
         }
     }
 }

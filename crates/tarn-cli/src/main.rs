@@ -12,7 +12,7 @@ use tarn_cli::pools::Pools;
 fn main() -> ExitCode {
     let cli = Cli::parse_args();
     let make_backend = Box::new(|opts: &tarn_cli::daemon::DaemonOptions| {
-        Ok(Arc::new(Pools::open(&opts.state_dir)?) as Arc<dyn Backend>)
+        Ok(Arc::new(Pools::open(&opts.state_dir, &opts.tuning)?) as Arc<dyn Backend>)
     });
     match run(cli, make_backend) {
         Ok(code) => code,

@@ -27,6 +27,7 @@ use crate::api::{ApiError, ErrorCode};
 use crate::backend::{
     Backend, CreateRequest, ImportRequest, ImportResult, ObjectInfo, ScrubAction, VdevKind,
 };
+use crate::daemon::Tuning;
 
 /// Bytes moved per call between an object and a file.
 const COPY_CHUNK_BYTES: usize = 8 << 20;
@@ -75,7 +76,7 @@ impl Pools {
     /// Opens (creating) the state directory and imports the pools the
     /// daemon owned when it last ran. A pool that cannot be imported is
     /// reported on stderr and skipped; the others still come up.
-    pub fn open(state_dir: &Path) -> anyhow::Result<Pools> {
+    pub fn open(state_dir: &Path, tuning: &Tuning) -> anyhow::Result<Pools> {
         std::fs::create_dir_all(state_dir).map_err(|e| {
             anyhow::anyhow!(
                 "cannot create state directory {}: {e}; choose another with --state-dir",
@@ -95,8 +96,13 @@ impl Pools {
                 id
             }
         };
+        let dirty_max = tuning.dirty_max_mib << 20;
         let opts = PoolOptions {
             owner: format!("tarn daemon {id} on {}", hostname()),
+            sync_interval: std::time::Duration::from_secs(tuning.txg_interval_secs.max(1)),
+            dirty_max_bytes: dirty_max,
+            dirty_sync_bytes: dirty_max / 4,
+            node_cache_bytes: (tuning.cache_mib << 20) as usize,
             ..Default::default()
         };
         let me = Pools {

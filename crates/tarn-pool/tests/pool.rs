@@ -740,3 +740,165 @@ fn sparse_and_partial_writes() {
     assert_eq!(got, model);
     pool.export(false).unwrap();
 }
+
+/// A scrub can be paused, survives export/import in that state, resumes
+/// where it stopped and finishes; a scrub interrupted by export while
+/// running resumes on import by itself.
+#[test]
+fn scrub_pause_resume_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = make_files(dir.path(), "d", 3, 96 * MIB);
+    let slow = || PoolOptions {
+        scan_batch_blocks: 1,
+        ..opts()
+    };
+    let props: BTreeMap<String, String> = [("recordsize", "4K"), ("compression", "off")]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let pool = Pool::create(
+        "tank",
+        &[VdevSpec {
+            kind: VdevKind::Raidz { parity: 1 },
+            devices: devs.clone(),
+        }],
+        12,
+        &props,
+        false,
+        slow(),
+    )
+    .unwrap();
+    let data = Rng::new(4).bytes(24 * MIB as usize);
+    pool.object_write("many-records", 0, &data, true).unwrap();
+
+    pool.scrub(ScanAction::Start).unwrap();
+    let paused = pool.scrub(ScanAction::Pause).unwrap().unwrap();
+    assert_eq!(paused.state, ScanState::Paused, "{paused:?}");
+    assert!(
+        paused.examined_bytes < paused.total_bytes,
+        "scrub finished before it could be paused: {paused:?}"
+    );
+    assert!(pool.scrub(ScanAction::Pause).is_err(), "paused twice");
+    pool.export(false).unwrap();
+    drop(pool);
+
+    let pool = Pool::import(
+        &[dir.path().to_path_buf()],
+        &[],
+        "tank",
+        None,
+        false,
+        slow(),
+    )
+    .unwrap();
+    let s = pool.status().scan.unwrap();
+    assert_eq!(
+        s.state,
+        ScanState::Paused,
+        "pause not kept across export: {s:?}"
+    );
+    assert!(s.examined_bytes >= paused.examined_bytes);
+    pool.scrub(ScanAction::Resume).unwrap();
+    // Interrupt it running: export mid-scan, import resumes it.
+    pool.export(false).unwrap();
+    drop(pool);
+    let pool = Pool::import(
+        &[dir.path().to_path_buf()],
+        &[],
+        "tank",
+        None,
+        false,
+        slow(),
+    )
+    .unwrap();
+    let s = wait_scan(&pool);
+    assert_eq!(s.state, ScanState::Finished, "{s:?}");
+    assert_eq!(s.errors, 0);
+    assert!(
+        s.examined_bytes >= s.total_bytes * 9 / 10,
+        "resumed scrub skipped data: {s:?}"
+    );
+    // Cancel works and is reported.
+    pool.scrub(ScanAction::Start).unwrap();
+    let c = pool.scrub(ScanAction::Cancel).unwrap().unwrap();
+    assert_eq!(c.state, ScanState::Canceled);
+    assert_eq!(
+        pool.object_read("many-records", 0, data.len()).unwrap(),
+        data
+    );
+    pool.export(false).unwrap();
+}
+
+/// The selectable algorithms: xxh3 checksums, zstd compression, two copies.
+#[test]
+fn xxh3_zstd_and_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = make_files(dir.path(), "d", 2, 64 * MIB);
+    let pool = Pool::create(
+        "tank",
+        &[
+            VdevSpec {
+                kind: VdevKind::Single,
+                devices: devs[..1].to_vec(),
+            },
+            VdevSpec {
+                kind: VdevKind::Single,
+                devices: devs[1..].to_vec(),
+            },
+        ],
+        9,
+        &[
+            ("checksum", "xxh3"),
+            ("compression", "zstd-3"),
+            ("copies", "2"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+        false,
+        opts(),
+    )
+    .unwrap();
+    let text: Vec<u8> = b"the quick brown fox jumps over the lazy dog. "
+        .iter()
+        .cycle()
+        .take(2 * MIB as usize)
+        .copied()
+        .collect();
+    pool.object_write("text", 0, &text, true).unwrap();
+    let blocks = pool.object_blocks("text").unwrap();
+    assert!(blocks
+        .iter()
+        .all(|(_, bp)| bp.checksum_alg == tarn_block::ChecksumAlg::Xxh3));
+    assert!(blocks
+        .iter()
+        .all(|(_, bp)| bp.compress == tarn_block::CompressAlg::Zstd && bp.psize < bp.lsize / 4));
+    assert!(blocks
+        .iter()
+        .all(|(_, bp)| bp.used_dvas().count() == 2 && bp.dvas[0].vdev != bp.dvas[1].vdev));
+    // With two copies on two single-device vdevs, losing one whole device's
+    // data region still reads back (ditto blocks).
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&devs[0])
+        .unwrap();
+    f.write_at(&vec![0xA5u8; 56 * MIB as usize], DATA_START)
+        .unwrap();
+    drop(f);
+    assert_eq!(pool.object_read("text", 0, text.len()).unwrap(), text);
+    let s = scrub(&pool);
+    assert_eq!(s.errors, 0, "{s:?}");
+    assert!(s.repaired_bytes > 0);
+    pool.export(false).unwrap();
+    let pool = Pool::import(
+        &[dir.path().to_path_buf()],
+        &[],
+        "tank",
+        None,
+        false,
+        opts(),
+    )
+    .unwrap();
+    assert_eq!(pool.object_read("text", 0, text.len()).unwrap(), text);
+    pool.export(false).unwrap();
+}
