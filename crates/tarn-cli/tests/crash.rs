@@ -13,16 +13,19 @@
 //! Rounds: `TARN_CRASH_ROUNDS` (default 50). The seed is printed; rerun with
 //! `TARN_CRASH_SEED=<seed>` to replay the same random choices.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
+use common::process::Daemon;
 
 struct Rng(u64);
 
@@ -57,29 +60,6 @@ fn call(socket: &Path, method: &str, params: Value) -> Result<Value, String> {
         Some(e) => Err(format!("api error: {e}")),
         None => Ok(v.get("result").cloned().unwrap_or(Value::Null)),
     }
-}
-
-fn start_daemon(dir: &Path) -> Child {
-    let socket = dir.join("tarn.sock");
-    let child = Command::new(env!("CARGO_BIN_EXE_tarn"))
-        .args(["daemon", "--socket"])
-        .arg(&socket)
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn tarn daemon");
-    let t0 = Instant::now();
-    while call(&socket, "daemon.ping", json!({})).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "daemon did not come up"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child
 }
 
 /// One operation of the workload, in the order it was issued.
@@ -162,7 +142,7 @@ fn sigkill_during_writes() {
             .set_len(192 << 20)
             .unwrap();
     }
-    let mut daemon = start_daemon(dir.path());
+    let mut daemon = Daemon::start(dir.path());
     call(
         &socket,
         "pool.create",
@@ -242,13 +222,12 @@ fn sigkill_during_writes() {
             })
         };
         std::thread::sleep(Duration::from_millis(20 + rng.below(400)));
-        daemon.kill().expect("SIGKILL the daemon");
-        let _ = daemon.wait();
+        daemon.kill();
         stop.store(true, Ordering::Relaxed);
         writer.join().expect("writer thread");
         let ops = std::mem::take(&mut *ops.lock().unwrap());
 
-        daemon = start_daemon(dir.path());
+        daemon = Daemon::start(dir.path());
         let status = call(&socket, "pool.status", json!({"name": "tank"}))
             .unwrap_or_else(|e| panic!("round {round}: pool not back after restart: {e}"));
         let st = &status[0];
@@ -311,6 +290,5 @@ fn sigkill_during_writes() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    call(&socket, "daemon.stop", json!({})).ok();
-    let _ = daemon.wait();
+    daemon.stop();
 }

@@ -3,104 +3,11 @@
 //! keeps serving; a restarted daemon brings its pools back; a degraded pool
 //! is replaced and resilvered through the CLI.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+mod common;
+
 use std::time::{Duration, Instant};
 
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-}
-
-impl Daemon {
-    fn start(dir: &Path) -> Daemon {
-        let socket = dir.join("tarn.sock");
-        let child = Command::new(env!("CARGO_BIN_EXE_tarn"))
-            .args(["daemon", "--socket"])
-            .arg(&socket)
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let d = Daemon { child, socket };
-        let t0 = Instant::now();
-        while !d.tarn(&["daemon", "ping"]).status.success() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "daemon did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        d
-    }
-
-    fn tarn(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_tarn"))
-            .arg("--socket")
-            .arg(&self.socket)
-            .args(args)
-            .env_remove("TARN_SOCKET")
-            .output()
-            .unwrap()
-    }
-
-    /// Runs a command that must succeed; returns stdout.
-    fn ok(&self, args: &[&str]) -> String {
-        let o = self.tarn(args);
-        assert!(
-            o.status.success(),
-            "tarn {args:?} failed: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    }
-
-    /// Runs a command that must fail cleanly; returns stderr.
-    fn fails(&self, args: &[&str]) -> String {
-        let o = self.tarn(args);
-        let err = String::from_utf8_lossy(&o.stderr).into_owned();
-        assert_eq!(
-            o.status.code(),
-            Some(1),
-            "tarn {args:?} should fail with exit 1: {err}"
-        );
-        assert!(
-            err.starts_with("error: "),
-            "unclear error for {args:?}: {err}"
-        );
-        err
-    }
-
-    fn stop(mut self) {
-        let _ = self.tarn(&["daemon", "stop"]);
-        let _ = self.child.wait();
-    }
-}
-
-fn files(dir: &Path, prefix: &str, n: usize, size: u64) -> Vec<String> {
-    (0..n)
-        .map(|i| {
-            let p = dir.join(format!("{prefix}{i}"));
-            std::fs::File::create(&p).unwrap().set_len(size).unwrap();
-            p.to_string_lossy().into_owned()
-        })
-        .collect()
-}
-
-fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+use common::process::{data, files, Daemon};
 
 #[test]
 fn bad_input_leaves_other_pools_serving() {

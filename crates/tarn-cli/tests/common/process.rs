@@ -1,0 +1,115 @@
+//! A real `tarn daemon` process on a temporary socket, and the CLI run
+//! against it: what tests of the built binary share.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `tarn daemon` with its socket and state in one folder.
+pub struct Daemon {
+    /// The daemon process.
+    pub child: Child,
+    /// Its admin socket.
+    pub socket: PathBuf,
+}
+
+impl Daemon {
+    /// Starts a daemon with socket and state under `dir` and waits until it answers.
+    pub fn start(dir: &Path) -> Daemon {
+        let socket = dir.join("tarn.sock");
+        let child = Command::new(env!("CARGO_BIN_EXE_tarn"))
+            .args(["daemon", "--socket"])
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn tarn daemon");
+        let d = Daemon { child, socket };
+        let t0 = Instant::now();
+        while !d.tarn(&["daemon", "ping"]).status.success() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "daemon did not start"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        d
+    }
+
+    /// Runs the CLI against this daemon.
+    pub fn tarn(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_tarn"))
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .env_remove("TARN_SOCKET")
+            .output()
+            .expect("run tarn")
+    }
+
+    /// Runs a command that must succeed; returns its stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let o = self.tarn(args);
+        assert!(
+            o.status.success(),
+            "tarn {args:?} failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// Runs a command that must fail cleanly (exit 1, `error: …`); returns stderr.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let o = self.tarn(args);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(
+            o.status.code(),
+            Some(1),
+            "tarn {args:?} should fail with exit 1: {err}"
+        );
+        assert!(
+            err.starts_with("error: "),
+            "unclear error for {args:?}: {err}"
+        );
+        err
+    }
+
+    /// SIGKILLs the daemon and reaps it.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Stops the daemon cleanly (it exports its pools) and reaps it.
+    pub fn stop(mut self) {
+        let _ = self.tarn(&["daemon", "stop"]);
+        let _ = self.child.wait();
+    }
+}
+
+/// Sparse files of `size` bytes named `prefix0..`, as path strings.
+pub fn files(dir: &Path, prefix: &str, n: usize, size: u64) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            let p = dir.join(format!("{prefix}{i}"));
+            std::fs::File::create(&p).unwrap().set_len(size).unwrap();
+            p.to_string_lossy().into_owned()
+        })
+        .collect()
+}
+
+/// Deterministic incompressible bytes.
+pub fn data(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
