@@ -36,7 +36,7 @@ fn start(dir: &Path) -> (Child, std::path::PathBuf) {
     (child, socket)
 }
 
-fn interrupt(mut child: Child) -> String {
+fn interrupt(child: Child) -> String {
     // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
     let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
     assert_eq!(rc, 0);
