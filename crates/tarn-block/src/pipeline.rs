@@ -179,8 +179,8 @@ pub struct BlockScrub {
 pub fn scrub_block(tops: &[Arc<TopVdev>], bp: &BlockPtr) -> BlockScrub {
     let verify = |b: &[u8]| checksum(bp.checksum_alg, b) == bp.checksum;
     let mut out = BlockScrub::default();
-    let mut good: Option<Vec<u8>> = None;
-    let mut lost: Vec<Dva> = Vec::new();
+    let mut healthy: Option<&Dva> = None;
+    let mut lost: Vec<&Dva> = Vec::new();
     for d in bp.used_dvas() {
         let Ok(t) = top(tops, d) else {
             out.bad_copies += 1;
@@ -192,28 +192,35 @@ pub fn scrub_block(tops: &[Arc<TopVdev>], bp: &BlockPtr) -> BlockScrub {
                 if !s.bad_children.is_empty() {
                     out.bad_copies += 1;
                 }
-                if good.is_none() {
-                    if let Ok(b) = t.read(d.offset, bp.psize as usize, &verify) {
-                        good = Some(b);
-                    }
-                }
+                healthy = healthy.or(Some(d));
             }
             Err(_) => {
                 out.bad_copies += 1;
-                lost.push(*d);
+                lost.push(d);
             }
         }
     }
-    match good {
-        None => out.unrecoverable = true,
-        Some(bytes) => {
-            for d in lost {
-                if let Ok(t) = top(tops, &d) {
-                    if t.write(d.offset, &bytes).is_ok() {
-                        out.repaired_bytes += bytes.len() as u64;
+    let Some(good) = healthy else {
+        out.unrecoverable = true;
+        return out;
+    };
+    // Only a whole lost copy needs the bytes again, from a healthy one.
+    if !lost.is_empty() {
+        let bytes = top(tops, good).and_then(|t| {
+            t.read(good.offset, bp.psize as usize, &verify)
+                .map_err(|e| io_error(good, e))
+        });
+        match bytes {
+            Ok(bytes) => {
+                for d in lost {
+                    if let Ok(t) = top(tops, d) {
+                        if t.write(d.offset, &bytes).is_ok() {
+                            out.repaired_bytes += bytes.len() as u64;
+                        }
                     }
                 }
             }
+            Err(_) => out.unrecoverable = true,
         }
     }
     out

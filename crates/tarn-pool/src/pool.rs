@@ -1006,7 +1006,12 @@ impl Pool {
             while st.dirty_bytes >= self.opts.dirty_max_bytes {
                 st.sync_requested = true;
                 self.cv.notify_all();
-                st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                // Bounded wait: re-ask for a sync rather than trust one wake-up.
+                st = self
+                    .cv
+                    .wait_timeout(st, std::time::Duration::from_secs(1))
+                    .map(|r| r.0)
+                    .unwrap_or_else(|e| e.into_inner().0);
                 self.check_usable(&st)?;
             }
             let blk = pos / rs;
