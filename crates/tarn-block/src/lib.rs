@@ -6,6 +6,8 @@
 //! held by the parent pointer. The checksum covers the *stored* bytes, so
 //! scrub and resilver can verify blocks without decompressing or decrypting.
 
+#![warn(missing_docs)]
+
 pub mod bp;
 pub mod checksum;
 pub mod compress;

@@ -31,6 +31,8 @@
 //! of `recordsize`. They exist so drills, crash tests and benchmarks can push
 //! real data through the pool before datasets do.
 
+#![warn(missing_docs)]
+
 pub mod status;
 pub mod uberblock;
 

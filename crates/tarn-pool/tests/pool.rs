@@ -902,3 +902,57 @@ fn xxh3_zstd_and_copies() {
     assert_eq!(pool.object_read("text", 0, text.len()).unwrap(), text);
     pool.export(false).unwrap();
 }
+
+/// raidz-p with p members missing and an N-way mirror with N-1 missing
+/// import DEGRADED and serve every byte; one more missing is refused.
+#[test]
+fn degraded_up_to_redundancy() {
+    for (kind, n) in [
+        (VdevKind::Raidz { parity: 2 }, 5),
+        (VdevKind::Raidz { parity: 3 }, 6),
+        (VdevKind::Mirror, 3),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let devs = make_files(dir.path(), "d", n, 64 * MIB);
+        let pool = create("tank", kind, &devs, &[]).unwrap();
+        let mut rng = Rng::new(n as u64);
+        let objs = write_objects(&pool, &mut rng, 6, MIB);
+        pool.export(false).unwrap();
+        drop(pool);
+        let p = redundancy(kind, n);
+        for d in &devs[..p] {
+            std::fs::remove_file(d).unwrap();
+        }
+        let pool = Pool::import(
+            &[dir.path().to_path_buf()],
+            &[],
+            "tank",
+            None,
+            false,
+            opts(),
+        )
+        .unwrap();
+        assert_eq!(pool.health(), Health::Degraded, "{kind:?}");
+        verify_all(&pool, &objs);
+        pool.export(false).unwrap();
+        drop(pool);
+        std::fs::remove_file(&devs[p]).unwrap();
+        let e = Pool::import(
+            &[dir.path().to_path_buf()],
+            &[],
+            "tank",
+            None,
+            false,
+            opts(),
+        )
+        .unwrap_err();
+        if p + 1 < n {
+            // Some members remain: the import names what is missing.
+            assert!(matches!(e, PoolError::Faulted(_)), "{kind:?}: {e}");
+            assert!(e.to_string().contains("missing"), "{e}");
+        } else {
+            // Nothing of the pool remains to be found.
+            assert!(matches!(e, PoolError::NotFound(_)), "{kind:?}: {e}");
+        }
+    }
+}

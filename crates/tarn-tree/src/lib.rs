@@ -80,6 +80,8 @@
 //! to the handle, so a failed operation leaves the handle as it was; only
 //! rebalancing, which is an optimization, may skip a sibling it cannot read.
 
+#![warn(missing_docs)]
+
 mod leaf;
 mod node;
 mod scan;
