@@ -156,6 +156,32 @@ impl Pool {
                 )));
             }
         }
+        // The old device leaves before the resilver runs, so it may go only
+        // if the rest of its vdev can rebuild everything it holds.
+        {
+            let st = self.lock();
+            let t = &self.tops[ti];
+            let weak = |i: usize, l: &tarn_vdev::LeafInfo| {
+                !matches!(l.state, LeafState::Online)
+                    || l.resilvering
+                    || st.ms.dtl.contains_key(&l.guid)
+                    || i == ci
+            };
+            let leaves = t.leaves();
+            let weak_after = leaves
+                .iter()
+                .enumerate()
+                .filter(|(i, l)| weak(*i, l))
+                .count();
+            if weak_after > t.redundancy() {
+                return Err(PoolError::Invalid(format!(
+                    "cannot replace {old}: {} would lose data that no other device of {} can rebuild; \
+                     let running resilvers finish or bring missing devices back first",
+                    leaves[ci].path.display(),
+                    self.top_name(ti)
+                )));
+            }
+        }
         let canon = std::fs::canonicalize(new).unwrap_or_else(|_| new.to_path_buf());
         if self.device_paths().contains(&canon) && canon != self.tops[ti].leaves()[ci].path {
             return Err(PoolError::InUse(format!(
@@ -186,6 +212,7 @@ impl Pool {
 
     /// Resets error counters (of one device or all) and retries faulted devices.
     pub fn clear(self: &Arc<Self>, dev: Option<&str>) -> Result<(), PoolError> {
+        self.check_usable(&self.lock())?;
         let only = dev.map(|d| self.find_leaf(d)).transpose()?;
         let mut reopened = false;
         for (ti, t) in self.tops.iter().enumerate() {

@@ -268,12 +268,16 @@ impl Pool {
         }
         // Every uberblock of every present leaf, newest first.
         let mut ubs: BTreeMap<u64, Uberblock> = BTreeMap::new();
+        // Per leaf GUID: the newest txg whose uberblock it holds.
+        let mut leaf_newest: BTreeMap<u64, u64> = BTreeMap::new();
         for t in &tops {
-            for (ci, _) in t.leaves().into_iter().enumerate() {
+            for (ci, info) in t.leaves().into_iter().enumerate() {
                 let Some(leaf) = t.leaf(ci) else { continue };
+                let newest = leaf_newest.entry(info.guid).or_insert(0);
                 for raw in tarn_vdev::read_uberblocks(leaf.as_ref(), cfg.ashift) {
                     if let Ok(u) = Uberblock::decode(&raw) {
                         if u.pool_guid == guid {
+                            *newest = (*newest).max(u.txg);
                             ubs.entry(u.txg).or_insert(u);
                         }
                     }
@@ -302,13 +306,31 @@ impl Pool {
                     .unwrap_or_else(|| "no uberblocks found".into())
             )));
         };
-        // Leaves that are absent now miss every txg from here on.
+        // Leaves that are absent now miss every txg from here on. A present
+        // leaf whose newest uberblock is older than the loaded txg missed the
+        // txgs in between (a write failed, it was replaced in, or the dirty
+        // time log of its last txg never reached disk): record that, so the
+        // resilver covers it. A record left open by an interrupted offline
+        // is closed at what this import has seen.
         let next = newest_seen + 1;
+        let loaded_txg = ub.txg;
         for t in &tops {
             for l in t.leaves() {
                 if matches!(l.state, LeafState::Missing | LeafState::Offline) {
                     let e = ms.dtl.entry(l.guid).or_insert((next, u64::MAX));
                     e.1 = u64::MAX;
+                    continue;
+                }
+                let newest = leaf_newest.get(&l.guid).copied().unwrap_or(0);
+                if newest < loaded_txg {
+                    let e = ms.dtl.entry(l.guid).or_insert((newest + 1, loaded_txg));
+                    e.0 = e.0.min(newest + 1);
+                    e.1 = e.1.max(loaded_txg);
+                }
+                if let Some(e) = ms.dtl.get_mut(&l.guid) {
+                    if e.1 == u64::MAX {
+                        e.1 = newest_seen.max(e.0);
+                    }
                 }
             }
         }
@@ -329,14 +351,20 @@ impl Pool {
         {
             let mut st = pool.lock();
             pool.release_frees(&mut st);
+            // The labels name the new owner now; the state changes of this
+            // import (dirty time logs) are committed by the first txg. Import
+            // itself writes no txg, so a pool too full or fragmented to
+            // commit one still imports and serves reads.
             st.ms_dirty = true;
             st.ms.config_gen += 1;
-            // A new txg records the import; then the labels name us as owner.
-            pool.sync_locked(&mut st)?;
             pool.write_labels(&st, PoolState::Active)?;
         }
         pool.start_syncer();
-        let resume = pool.lock().ms.scan.as_ref().is_some_and(|s| s.is_running());
+        let resume = {
+            let st = pool.lock();
+            pool.mark_resilver_targets(&st);
+            st.ms.scan.as_ref().is_some_and(|s| s.is_running())
+        };
         if resume {
             pool.spawn_scanner();
         }

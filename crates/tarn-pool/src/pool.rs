@@ -24,7 +24,9 @@ use tarn_vdev::{FileLeaf, LabelConfig, Leaf, LeafState, PoolState, TopHealth, To
 use crate::config::{PoolOptions, PoolProps, VdevSpec};
 use crate::scan::ScanRecord;
 use crate::status::{Counters, Health, PoolListEntry, PoolStatus, VdevStatus};
-use crate::store::{Allocator, HoldGuard, Holds, NodeCache, ReadStore, TxStore};
+use crate::store::{
+    Allocator, HoldGuard, Holds, NodeCache, ReadStore, TxStore, METADATA_RESERVE_BYTES,
+};
 use crate::uberblock::Uberblock;
 use crate::PoolError;
 
@@ -97,6 +99,11 @@ pub(crate) struct State {
     pub frees: Vec<BlockPtr>,
     pub rotor: usize,
     pub sync_requested: bool,
+    /// Last txg that freed blocks other than the space map's own.
+    pub last_free_txg: u64,
+    /// Records the last sync could not place (pool full or fragmented);
+    /// while nonzero, new data is refused with ENOSPC.
+    pub unplaced: usize,
     pub closed: bool,
     pub last_sync_unix: u64,
 }
@@ -122,6 +129,8 @@ pub struct Pool {
     pub(crate) scan_ctl: AtomicU8,
     pub(crate) syncer: Mutex<Option<JoinHandle<()>>>,
     pub(crate) scanner: Mutex<Option<JoinHandle<()>>>,
+    /// Serializes starting, pausing and cancelling scans.
+    pub(crate) scan_ops: Mutex<()>,
     pub(crate) locks: Mutex<Vec<File>>,
 }
 
@@ -436,6 +445,8 @@ impl Pool {
                 frees: Vec::new(),
                 rotor: 0,
                 sync_requested: false,
+                last_free_txg: 0,
+                unplaced: 0,
                 closed: false,
                 last_sync_unix: now_unix(),
             }),
@@ -447,6 +458,7 @@ impl Pool {
             scan_ctl: AtomicU8::new(SCAN_RUN),
             syncer: Mutex::new(None),
             scanner: Mutex::new(None),
+            scan_ops: Mutex::new(()),
             locks: Mutex::new(locks),
         }
     }
@@ -483,6 +495,18 @@ impl Pool {
             .collect()
     }
 
+    /// Reads need only an open pool: a faulted pool refuses changes but
+    /// keeps serving what it has, so data can be copied off.
+    pub(crate) fn check_readable(&self, st: &State) -> Result<(), PoolError> {
+        if st.closed {
+            return Err(PoolError::NotFound(format!(
+                "pool '{}' is exported",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
     pub(crate) fn check_usable(&self, st: &State) -> Result<(), PoolError> {
         if let Some(f) = self
             .fault
@@ -496,6 +520,18 @@ impl Pool {
             return Err(PoolError::NotFound(format!(
                 "pool '{}' is exported",
                 self.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// After a sync: data that could not be placed is not durable; say so.
+    fn check_placed(&self, st: &State) -> Result<(), PoolError> {
+        if st.unplaced > 0 {
+            return Err(PoolError::NoSpace(format!(
+                "pool '{}' is too full or fragmented to store {} record(s) written earlier; \
+                 they are kept in memory but not on disk: delete data to make room",
+                self.name, st.unplaced
             )));
         }
         Ok(())
@@ -545,13 +581,14 @@ impl Pool {
     }
 
     fn has_changes(st: &State) -> bool {
-        // Deferred frees only come back after more txgs commit, so their
-        // presence alone is reason to keep syncing.
+        // Deferred frees only come back after more txgs commit: keep syncing
+        // for DEFER_TXGS txgs after real frees (not for the space map's own
+        // block, which every sync replaces: an idle pool must stay idle).
         !st.dirty.is_empty()
             || st.meta.is_dirty()
             || st.ms_dirty
             || !st.frees.is_empty()
-            || st.space.iter().any(|m| m.deferred() > 0)
+            || st.txg < st.last_free_txg + DEFER_TXGS
     }
 
     /// Commits the open txg now (if anything changed) and returns the last
@@ -567,6 +604,7 @@ impl Pool {
             }
         }
         self.cv.notify_all();
+        self.check_placed(&st)?;
         Ok(st.txg)
     }
 
@@ -592,17 +630,28 @@ impl Pool {
                     Some(pipeline::prepare(d, compression, alg))
                 }
             })?;
+        // A record that finds no room stays dirty for a later txg rather
+        // than failing this one: the txg still commits (deletes, metadata),
+        // and whoever needs that record durable is told ENOSPC.
         let mut jobs: Vec<(usize, Prepared, Vec<tarn_block::Dva>)> = Vec::new();
+        let mut unplaced: BTreeSet<usize> = BTreeSet::new();
         for (i, p) in prepared.into_iter().enumerate() {
             if let Some(p) = p {
                 let p = p?;
-                let dvas = Allocator {
+                let r = Allocator {
                     tops: &self.tops,
                     space: &mut st.space,
                     rotor: &mut st.rotor,
+                    keep_contiguous: METADATA_RESERVE_BYTES,
                 }
-                .alloc(p.stored.len() as u64, data_copies)?;
-                jobs.push((i, p, dvas));
+                .alloc(p.stored.len() as u64, data_copies);
+                match r {
+                    Ok(dvas) => jobs.push((i, p, dvas)),
+                    Err(PoolError::NoSpace(_)) => {
+                        unplaced.insert(i);
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
         let results = parallel_map(&jobs, threads, |(_, p, dvas)| {
@@ -620,6 +669,9 @@ impl Pool {
                 cache: &self.cache,
             };
             for (i, ((id, blk), _)) in items.iter().enumerate() {
+                if unplaced.contains(&i) {
+                    continue;
+                }
                 let key = record_key(*id, *blk);
                 let old = match new_ptrs.get(&i) {
                     Some(bp) => meta.insert(&rs, &key, &bp.encode())?,
@@ -660,6 +712,7 @@ impl Pool {
                 tops: &self.tops,
                 space,
                 rotor,
+                keep_contiguous: 0,
             },
             cache: &self.cache,
             txg,
@@ -672,6 +725,9 @@ impl Pool {
         missed.append(&mut tx.missed);
         let mut all_frees = std::mem::take(frees);
         all_frees.append(&mut tx.freed);
+        if !all_frees.is_empty() {
+            st.last_free_txg = txg;
+        }
         if !st.space_root.is_hole() {
             all_frees.push(st.space_root);
         }
@@ -685,7 +741,14 @@ impl Pool {
                 } else {
                     m.free_deferred(d.offset, d.asize as u64, txg)
                 };
-                debug_assert!(r.is_ok(), "free of {bp:?} failed: {r:?}");
+                // A bad free means the accounting is wrong: stop rather than
+                // risk handing out space that is still in use.
+                r.map_err(|e| {
+                    PoolError::Internal(format!(
+                        "space accounting: {}: {e}",
+                        pipeline::describe(bp)
+                    ))
+                })?;
             }
         }
 
@@ -701,6 +764,7 @@ impl Pool {
             tops: &self.tops,
             space: &mut st.space,
             rotor: &mut st.rotor,
+            keep_contiguous: 0,
         }
         .alloc(bound as u64, meta_copies)?;
         let body = encode_space_root(&st.space, bound);
@@ -727,10 +791,18 @@ impl Pool {
         }
         .encode();
         let slot = (txg % tarn_vdev::uberblock_slots(self.ashift) as u64) as usize;
+        // A leaf's newest uberblock says "I hold everything up to here": a
+        // leaf that missed a write of this txg does not get this one, so
+        // import can tell what it missed even if the dirty time log of this
+        // txg never reaches disk.
         let mut ub_written = 0;
-        for t in &self.tops {
+        for (ti, t) in self.tops.iter().enumerate() {
             for (ci, info) in t.leaves().into_iter().enumerate() {
-                if !matches!(info.state, LeafState::Online) {
+                if !matches!(info.state, LeafState::Online)
+                    || missed
+                        .iter()
+                        .any(|m| m.vdev as usize == ti && m.child == ci)
+                {
                     continue;
                 }
                 if let Some(leaf) = t.leaf(ci) {
@@ -764,6 +836,14 @@ impl Pool {
                 e.0 = e.0.min(txg);
                 e.1 = e.1.max(txg);
                 st.ms_dirty = true;
+            }
+        }
+        st.unplaced = unplaced.len();
+        for (i, (key, data)) in items.into_iter().enumerate() {
+            if unplaced.contains(&i) {
+                st.dirty_bytes += data.len() as u64;
+                st.reserved += self.record_cost(st, data.len() as u64);
+                st.dirty.insert(key, data);
             }
         }
         st.meta.evict_clean();
@@ -820,7 +900,11 @@ impl Pool {
                     }
                 }
                 pool.cv.notify_all();
+                let resilver = pool.resilver_pending(&st);
                 drop(st);
+                if resilver {
+                    pool.start_resilver_if_needed();
+                }
                 drop(pool);
             });
         if let Ok(h) = h {
@@ -831,17 +915,17 @@ impl Pool {
     /// Stops background threads, commits what is dirty, and marks the labels
     /// exported (or destroyed). The pool cannot be used afterwards.
     pub fn export(&self, destroy: bool) -> Result<(), PoolError> {
-        self.stop.store(true, Ordering::Release);
-        self.cv.notify_all();
+        self.request_stop();
+        // The syncer first: it may start a resilver until it sees the flag.
+        if let Some(h) = self.syncer.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = h.join();
+        }
         if let Some(h) = self
             .scanner
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
         {
-            let _ = h.join();
-        }
-        if let Some(h) = self.syncer.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = h.join();
         }
         let mut st = self.lock();
@@ -873,6 +957,15 @@ impl Pool {
         self.locks.lock().unwrap_or_else(|e| e.into_inner()).clear();
         self.cv.notify_all();
         result
+    }
+
+    /// Tells the background threads to stop. The flag is set under the pool
+    /// lock: the syncer checks it under that lock before it waits, so the
+    /// wake-up cannot fall between its check and its wait.
+    fn request_stop(&self) {
+        let _st = self.lock();
+        self.stop.store(true, Ordering::Release);
+        self.cv.notify_all();
     }
 
     /// Is the pool still open (not exported)?
@@ -984,7 +1077,25 @@ impl Pool {
             })?;
         let mut st = self.lock();
         self.check_usable(&st)?;
-        let mut entry = match self.lookup_object(&mut st, name)? {
+        // Throttle once, before anything is looked up: the whole write then
+        // happens under the lock, so the directory entry cannot go stale and
+        // the write lands in one txg. One call may overshoot the dirty limit
+        // by its own size, which its caller bounds.
+        while st.dirty_bytes >= self.opts.dirty_max_bytes {
+            self.check_placed(&st)?;
+            st.sync_requested = true;
+            self.cv.notify_all();
+            // Bounded wait: re-ask for a sync rather than trust one wake-up.
+            st = self
+                .cv
+                .wait_timeout(st, std::time::Duration::from_secs(1))
+                .map(|r| r.0)
+                .unwrap_or_else(|e| e.into_inner().0);
+            self.check_usable(&st)?;
+        }
+        let existing = self.lookup_object(&mut st, name)?;
+        let is_new = existing.is_none();
+        let mut entry = match existing {
             Some(e) => e,
             None => {
                 let id = st.ms.next_object;
@@ -1001,39 +1112,34 @@ impl Pool {
         let rs = entry.recordsize as u64;
         let mut pos = offset;
         let mut src = data;
+        let mut failure = None;
         while !src.is_empty() {
-            // Throttle: wait for the syncer when the open txg is full.
-            while st.dirty_bytes >= self.opts.dirty_max_bytes {
-                st.sync_requested = true;
-                self.cv.notify_all();
-                // Bounded wait: re-ask for a sync rather than trust one wake-up.
-                st = self
-                    .cv
-                    .wait_timeout(st, std::time::Duration::from_secs(1))
-                    .map(|r| r.0)
-                    .unwrap_or_else(|e| e.into_inner().0);
-                self.check_usable(&st)?;
-            }
             let blk = pos / rs;
             let in_rec = (pos % rs) as usize;
             let n = (rs as usize - in_rec).min(src.len());
             let key = (entry.id, blk);
             if !st.dirty.contains_key(&key) {
                 let cost = self.record_cost(&st, rs);
-                if self.writable_bytes(&st) < cost {
+                if self.writable_bytes(&st) < cost || st.unplaced > 0 {
                     // What was already accepted stays; report the shortfall.
                     st.sync_requested = true;
                     self.cv.notify_all();
-                    return Err(PoolError::NoSpace(format!(
+                    failure = Some(PoolError::NoSpace(format!(
                         "pool '{}' has no room for object {name} at offset {pos}",
                         self.name
                     )));
+                    break;
                 }
                 let base = if in_rec == 0 && n as u64 == rs {
                     Vec::new()
                 } else {
-                    self.load_record(&mut st, name, entry.id, blk, rs)?
-                        .unwrap_or_default()
+                    match self.load_record(&mut st, name, entry.id, blk, rs) {
+                        Ok(b) => b.unwrap_or_default(),
+                        Err(e) => {
+                            failure = Some(e);
+                            break;
+                        }
+                    }
                 };
                 st.reserved += cost;
                 st.dirty_bytes += rs;
@@ -1049,9 +1155,18 @@ impl Pool {
             pos += n as u64;
             src = &src[n..];
         }
-        entry.size = entry.size.max(end);
+        // Record what was accepted even when the write stopped part-way, so
+        // no record is ever left without its directory entry.
+        if failure.is_some() && is_new && pos == offset {
+            // Nothing of a new object was accepted: it does not come to be.
+            return Err(failure.unwrap_or_else(|| PoolError::Internal("lost error".into())));
+        }
+        entry.size = entry.size.max(if failure.is_some() { pos } else { end });
         entry.mtime_unix = now_unix();
         self.store_object(&mut st, name, &entry)?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
         if st.dirty_bytes >= self.opts.dirty_sync_bytes {
             self.cv.notify_all();
         }
@@ -1067,6 +1182,7 @@ impl Pool {
                 return Err(e);
             }
             self.cv.notify_all();
+            self.check_placed(&st)?;
             return Ok(ObjectInfo {
                 txg: st.txg,
                 ..info
@@ -1078,7 +1194,7 @@ impl Pool {
     /// Reads up to `len` bytes at `offset` of raw object `name`.
     pub fn object_read(&self, name: &str, offset: u64, len: usize) -> Result<Vec<u8>, PoolError> {
         let mut st = self.lock();
-        self.check_usable(&st)?;
+        self.check_readable(&st)?;
         let entry = self.lookup_object(&mut st, name)?.ok_or_else(|| {
             PoolError::NotFound(format!("no object '{name}' in pool '{}'", self.name))
         })?;
@@ -1150,7 +1266,7 @@ impl Pool {
     /// Size of a raw object.
     pub fn object_info(&self, name: &str) -> Result<ObjectInfo, PoolError> {
         let mut st = self.lock();
-        self.check_usable(&st)?;
+        self.check_readable(&st)?;
         let e = self.lookup_object(&mut st, name)?.ok_or_else(|| {
             PoolError::NotFound(format!("no object '{name}' in pool '{}'", self.name))
         })?;
@@ -1164,7 +1280,7 @@ impl Pool {
     /// Every raw object, by name.
     pub fn object_list(&self) -> Result<Vec<ObjectInfo>, PoolError> {
         let mut st = self.lock();
-        self.check_usable(&st)?;
+        self.check_readable(&st)?;
         let txg = st.txg;
         let State { meta, .. } = &mut *st;
         let rs = ReadStore {
@@ -1211,9 +1327,11 @@ impl Pool {
             .range((e.id, 0)..=(e.id, u64::MAX))
             .map(|(k, _)| *k)
             .collect();
+        let cost = self.record_cost(&st, e.recordsize as u64);
         for k in dropped {
             st.dirty.remove(&k);
             st.dirty_bytes = st.dirty_bytes.saturating_sub(e.recordsize as u64);
+            st.reserved = st.reserved.saturating_sub(cost);
         }
         let rs = ReadStore {
             tops: &self.tops,
@@ -1238,7 +1356,7 @@ impl Pool {
             }
         }
         meta.remove(&rs, &objdir_key(name))?;
-        let prefix = format!("object {name} ");
+        let prefix = format!("object {name} at offset ");
         let before = st.ms.damaged.len();
         st.ms.damaged.retain(|d| !d.starts_with(&prefix));
         if st.ms.damaged.len() != before {
@@ -1251,7 +1369,7 @@ impl Pool {
     /// diagnostic view (like `zdb`) for drills and tests.
     pub fn object_blocks(&self, name: &str) -> Result<Vec<(u64, BlockPtr)>, PoolError> {
         let mut st = self.lock();
-        self.check_usable(&st)?;
+        self.check_readable(&st)?;
         let e = self.lookup_object(&mut st, name)?.ok_or_else(|| {
             PoolError::NotFound(format!("no object '{name}' in pool '{}'", self.name))
         })?;

@@ -58,6 +58,10 @@ pub(crate) struct ScanRecord {
     pub max_birth: u64,
     /// Leaf GUIDs being resilvered.
     pub targets: Vec<u64>,
+    /// Write errors of each target when the resilver started: a target that
+    /// failed any write since keeps its dirty time log.
+    #[serde(default)]
+    pub target_write_errors: Vec<u64>,
     #[serde(default)]
     pub rate: u64,
 }
@@ -131,6 +135,7 @@ enum Step {
 impl Pool {
     /// Starts, pauses, resumes or cancels a scrub.
     pub fn scrub(self: &Arc<Self>, action: ScanAction) -> Result<Option<ScanStatus>, PoolError> {
+        let _ops = self.scan_ops.lock().unwrap_or_else(|e| e.into_inner());
         let mut st = self.lock();
         self.check_usable(&st)?;
         let running = st.ms.scan.as_ref().is_some_and(|s| s.is_running());
@@ -174,6 +179,7 @@ impl Pool {
                     min_birth: 0,
                     max_birth: u64::MAX,
                     targets: Vec::new(),
+                    target_write_errors: Vec::new(),
                     rate: 0,
                 });
                 st.ms_dirty = true;
@@ -236,6 +242,7 @@ impl Pool {
     /// Starts a resilver of every leaf with a dirty time log that can be
     /// written now, unless one is running (it will be folded in next time).
     pub(crate) fn start_resilver_if_needed(self: &Arc<Self>) {
+        let _ops = self.scan_ops.lock().unwrap_or_else(|e| e.into_inner());
         let mut st = self.lock();
         if st
             .ms
@@ -246,6 +253,7 @@ impl Pool {
             return;
         }
         let mut targets = Vec::new();
+        let mut target_write_errors = Vec::new();
         let mut lo = u64::MAX;
         let mut hi = 0;
         for t in &self.tops {
@@ -253,6 +261,7 @@ impl Pool {
                 if let Some((a, b)) = st.ms.dtl.get(&l.guid) {
                     if matches!(l.state, tarn_vdev::LeafState::Online) {
                         targets.push(l.guid);
+                        target_write_errors.push(l.counters.write_errors);
                         lo = lo.min(*a);
                         hi = hi.max((*b).min(st.txg + 1));
                         t.set_resilvering(ci, true);
@@ -286,11 +295,45 @@ impl Pool {
             min_birth: lo,
             max_birth: hi,
             targets,
+            target_write_errors,
             rate: 0,
         });
         st.ms_dirty = true;
         drop(st);
         self.spawn_scanner();
+    }
+
+    /// Whether an online device has missed writes and no resilver runs:
+    /// checked after each sync so a device that came back during a resilver
+    /// gets its own.
+    pub(crate) fn resilver_pending(&self, st: &State) -> bool {
+        if st.ms.dtl.is_empty() || st.ms.scan.as_ref().is_some_and(|s| s.is_running()) {
+            return false;
+        }
+        self.tops.iter().any(|t| {
+            t.leaves().iter().any(|l| {
+                matches!(l.state, tarn_vdev::LeafState::Online) && st.ms.dtl.contains_key(&l.guid)
+            })
+        })
+    }
+
+    /// Marks the targets of a running resilver (after import resumes one).
+    pub(crate) fn mark_resilver_targets(&self, st: &State) {
+        let Some(s) = st
+            .ms
+            .scan
+            .as_ref()
+            .filter(|s| s.is_running() && s.kind == ScanKind::Resilver)
+        else {
+            return;
+        };
+        for t in &self.tops {
+            for (ci, l) in t.leaves().into_iter().enumerate() {
+                if s.targets.contains(&l.guid) {
+                    t.set_resilvering(ci, true);
+                }
+            }
+        }
     }
 
     pub(crate) fn join_scanner(&self) {
@@ -332,8 +375,8 @@ impl Pool {
         self.stop.load(Ordering::Acquire) || self.scan_ctl.load(Ordering::Acquire) != SCAN_RUN
     }
 
-    /// Name of a raw object by id, for damage reports.
-    fn object_name(&self, st: &mut State, id: u64) -> String {
+    /// Name and record size of a raw object by id, for damage reports.
+    fn object_name(&self, st: &mut State, id: u64) -> (String, u64) {
         let rs = ReadStore {
             tops: &self.tops,
             cache: &self.cache,
@@ -354,14 +397,19 @@ impl Pool {
                 break;
             }
             for (k, v) in &page {
-                if serde_json::from_slice::<ObjEntry>(v).is_ok_and(|e| e.id == id) {
-                    return String::from_utf8_lossy(&k[1..]).into_owned();
+                if let Ok(e) = serde_json::from_slice::<ObjEntry>(v) {
+                    if e.id == id {
+                        return (
+                            String::from_utf8_lossy(&k[1..]).into_owned(),
+                            e.recordsize as u64,
+                        );
+                    }
                 }
             }
             start = page.last().map(|(k, _)| k.clone()).unwrap_or_default();
             incl = false;
         }
-        format!("#{id} (deleted)")
+        (format!("#{id} (deleted)"), 0)
     }
 
     /// Scrubs one sorted batch on the worker threads; returns whether to go on.
@@ -410,8 +458,7 @@ impl Pool {
             for (bp, rec) in lost {
                 let what = match rec {
                     Some((id, blk)) => {
-                        let name = self.object_name(&mut st, id);
-                        let rs = bp.lsize as u64;
+                        let (name, rs) = self.object_name(&mut st, id);
                         format!("object {name} at offset {}", blk * rs)
                     }
                     None => format!("metadata: {}", pipeline::describe(&bp)),
@@ -545,10 +592,29 @@ impl Pool {
         s.examined = s.examined.max(s.total.min(s.examined));
         let kind = s.kind;
         let targets = s.targets.clone();
+        let before = s.target_write_errors.clone();
         let max_birth = s.max_birth;
         let clean = s.errors == 0;
         if kind == ScanKind::Resilver {
-            for g in &targets {
+            // A target that faulted or failed a write during the resilver
+            // did not get everything: it keeps its whole dirty time log.
+            let mut failed = Vec::new();
+            for t in &self.tops {
+                for l in t.leaves() {
+                    if let Some(i) = targets.iter().position(|g| *g == l.guid) {
+                        let errs_before = before.get(i).copied().unwrap_or(0);
+                        if !matches!(l.state, tarn_vdev::LeafState::Online)
+                            || l.counters.write_errors > errs_before
+                        {
+                            failed.push(l.guid);
+                        }
+                    }
+                }
+            }
+            if let Some(s) = st.ms.scan.as_mut() {
+                s.errors += failed.len() as u64;
+            }
+            for g in targets.iter().filter(|g| !failed.contains(g)) {
                 let keep = match st.ms.dtl.get(g) {
                     Some((_, hi)) if *hi > max_birth => Some((max_birth + 1, *hi)),
                     _ => None,
@@ -564,7 +630,7 @@ impl Pool {
             }
             for t in &self.tops {
                 for (ci, l) in t.leaves().into_iter().enumerate() {
-                    if targets.contains(&l.guid) {
+                    if targets.contains(&l.guid) && !failed.contains(&l.guid) {
                         t.set_resilvering(ci, false);
                     }
                 }

@@ -59,8 +59,11 @@ impl Drop for HoldGuard<'_> {
     }
 }
 
-/// A bounded cache of verified tree-node bytes keyed by first address and
-/// birth (an address is reused only after a free, which changes the birth).
+/// Address, birth and checksum of a node: the checksum makes a hit certain
+/// even if an address is reused within one txg number (after a rewind).
+type CacheKey = (Dva, u64, [u8; 32]);
+
+/// A bounded cache of verified tree-node bytes.
 pub struct NodeCache {
     inner: Mutex<CacheInner>,
     max_bytes: usize,
@@ -68,8 +71,8 @@ pub struct NodeCache {
 
 #[derive(Default)]
 struct CacheInner {
-    map: HashMap<(Dva, u64), Arc<Vec<u8>>>,
-    order: VecDeque<(Dva, u64)>,
+    map: HashMap<CacheKey, Arc<Vec<u8>>>,
+    order: VecDeque<CacheKey>,
     bytes: usize,
 }
 
@@ -82,8 +85,8 @@ impl NodeCache {
         }
     }
 
-    fn key(bp: &BlockPtr) -> (Dva, u64) {
-        (bp.dvas[0], bp.birth)
+    fn key(bp: &BlockPtr) -> CacheKey {
+        (bp.dvas[0], bp.birth, bp.checksum)
     }
 
     fn get(&self, bp: &BlockPtr) -> Option<Arc<Vec<u8>>> {
@@ -160,7 +163,15 @@ pub struct Allocator<'a> {
     pub space: &'a mut [SpaceMap],
     /// Round-robin position.
     pub rotor: &'a mut usize,
+    /// Contiguous bytes each vdev must keep free after this allocation:
+    /// data leaves room so that metadata (tree nodes, space maps), which
+    /// every txg needs, can always be placed. 0 for metadata itself.
+    pub keep_contiguous: u64,
 }
+
+/// Contiguous room data allocations leave on each top-level vdev for the
+/// metadata of the following txgs.
+pub const METADATA_RESERVE_BYTES: u64 = 4 << 20;
 
 impl Allocator<'_> {
     /// Allocates `copies` addresses for `psize` stored bytes.
@@ -183,7 +194,17 @@ impl Allocator<'_> {
                         continue;
                     }
                     let asize = t.alloc_size(psize);
+                    let largest_before = self.space[v].largest_free();
                     if let Ok(off) = self.space[v].alloc(asize) {
+                        // Data may not eat into the largest extent once that
+                        // is down to the reserve; small holes stay usable.
+                        let largest_after = self.space[v].largest_free();
+                        if self.keep_contiguous > 0
+                            && largest_after < largest_before.min(self.keep_contiguous)
+                        {
+                            let _ = self.space[v].free_now(off, asize);
+                            continue;
+                        }
                         out.push(Dva {
                             vdev: v as u32,
                             asize: asize as u32,
