@@ -113,6 +113,9 @@ pub(crate) const SCAN_RUN: u8 = 0;
 pub(crate) const SCAN_PAUSE: u8 = 1;
 pub(crate) const SCAN_CANCEL: u8 = 2;
 
+/// A visitor of meta-tree entries (key, value); false stops the walk.
+pub(crate) type EntryFn<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool, PoolError> + 'a;
+
 /// An imported pool.
 pub struct Pool {
     pub(crate) name: String,
@@ -1277,30 +1280,54 @@ impl Pool {
         })
     }
 
+    /// Visits the meta-tree entries from `lo` (inclusive) up to `hi`, in key
+    /// order, a page at a time so memory stays bounded; `f` returns false to
+    /// stop early.
+    pub(crate) fn for_each_entry(
+        &self,
+        st: &mut State,
+        lo: &[u8],
+        hi: Bound<&[u8]>,
+        f: &mut EntryFn<'_>,
+    ) -> Result<(), PoolError> {
+        let rs = ReadStore {
+            tops: &self.tops,
+            cache: &self.cache,
+        };
+        let State { meta, .. } = st;
+        let mut start = lo.to_vec();
+        let mut incl = true;
+        loop {
+            let b = if incl {
+                Bound::Included(&start[..])
+            } else {
+                Bound::Excluded(&start[..])
+            };
+            let page = meta.range(&rs, b, hi, 1024)?;
+            let Some(last) = page.last().map(|(k, _)| k.clone()) else {
+                return Ok(());
+            };
+            for (k, v) in &page {
+                if !f(k, v)? {
+                    return Ok(());
+                }
+            }
+            start = last;
+            incl = false;
+        }
+    }
+
     /// Every raw object, by name.
     pub fn object_list(&self) -> Result<Vec<ObjectInfo>, PoolError> {
         let mut st = self.lock();
         self.check_readable(&st)?;
         let txg = st.txg;
-        let State { meta, .. } = &mut *st;
-        let rs = ReadStore {
-            tops: &self.tops,
-            cache: &self.cache,
-        };
         let mut out = Vec::new();
-        let mut start = vec![P_OBJDIR];
-        let mut incl = true;
-        loop {
-            let lo = if incl {
-                Bound::Included(&start[..])
-            } else {
-                Bound::Excluded(&start[..])
-            };
-            let page = meta.range(&rs, lo, Bound::Excluded(&[P_OBJDIR + 1][..]), 1024)?;
-            if page.is_empty() {
-                break;
-            }
-            for (k, v) in &page {
+        self.for_each_entry(
+            &mut st,
+            &[P_OBJDIR],
+            Bound::Excluded(&[P_OBJDIR + 1][..]),
+            &mut |k, v| {
                 let e: ObjEntry = serde_json::from_slice(v)
                     .map_err(|e| PoolError::Corrupt(format!("object directory: {e}")))?;
                 out.push(ObjectInfo {
@@ -1308,10 +1335,9 @@ impl Pool {
                     size: e.size,
                     txg,
                 });
-            }
-            start = page.last().map(|(k, _)| k.clone()).unwrap_or_default();
-            incl = false;
-        }
+                Ok(true)
+            },
+        )?;
         Ok(out)
     }
 
@@ -1373,37 +1399,22 @@ impl Pool {
         let e = self.lookup_object(&mut st, name)?.ok_or_else(|| {
             PoolError::NotFound(format!("no object '{name}' in pool '{}'", self.name))
         })?;
-        let rs = ReadStore {
-            tops: &self.tops,
-            cache: &self.cache,
-        };
-        let State { meta, .. } = &mut *st;
-        let lo = record_key(e.id, 0);
         let hi = record_key(e.id, u64::MAX);
         let mut out = Vec::new();
-        let mut start = lo.to_vec();
-        let mut incl = true;
-        loop {
-            let b = if incl {
-                Bound::Included(&start[..])
-            } else {
-                Bound::Excluded(&start[..])
-            };
-            let page = meta.range(&rs, b, Bound::Included(&hi[..]), 4096)?;
-            let Some(last) = page.last().map(|(k, _)| k.clone()) else {
-                break;
-            };
-            for (k, v) in &page {
+        self.for_each_entry(
+            &mut st,
+            &record_key(e.id, 0),
+            Bound::Included(&hi[..]),
+            &mut |k, v| {
                 let mut blk = [0u8; 8];
                 blk.copy_from_slice(
                     k.get(9..17)
                         .ok_or_else(|| PoolError::Corrupt("short record key".into()))?,
                 );
                 out.push((u64::from_be_bytes(blk), BlockPtr::decode(v)?));
-            }
-            start = last;
-            incl = false;
-        }
+                Ok(true)
+            },
+        )?;
         Ok(out)
     }
 

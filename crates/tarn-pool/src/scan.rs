@@ -377,39 +377,23 @@ impl Pool {
 
     /// Name and record size of a raw object by id, for damage reports.
     fn object_name(&self, st: &mut State, id: u64) -> (String, u64) {
-        let rs = ReadStore {
-            tops: &self.tops,
-            cache: &self.cache,
-        };
-        let State { meta, .. } = st;
-        let mut start = vec![P_OBJDIR];
-        let mut incl = true;
-        loop {
-            let lo = if incl {
-                Bound::Included(&start[..])
-            } else {
-                Bound::Excluded(&start[..])
-            };
-            let Ok(page) = meta.range(&rs, lo, Bound::Excluded(&[P_OBJDIR + 1][..]), 1024) else {
-                break;
-            };
-            if page.is_empty() {
-                break;
-            }
-            for (k, v) in &page {
-                if let Ok(e) = serde_json::from_slice::<ObjEntry>(v) {
-                    if e.id == id {
-                        return (
-                            String::from_utf8_lossy(&k[1..]).into_owned(),
-                            e.recordsize as u64,
-                        );
-                    }
+        let mut found = None;
+        let _ = self.for_each_entry(
+            st,
+            &[P_OBJDIR],
+            Bound::Excluded(&[P_OBJDIR + 1][..]),
+            &mut |k, v| match serde_json::from_slice::<ObjEntry>(v) {
+                Ok(e) if e.id == id => {
+                    found = Some((
+                        String::from_utf8_lossy(&k[1..]).into_owned(),
+                        e.recordsize as u64,
+                    ));
+                    Ok(false)
                 }
-            }
-            start = page.last().map(|(k, _)| k.clone()).unwrap_or_default();
-            incl = false;
-        }
-        (format!("#{id} (deleted)"), 0)
+                _ => Ok(true),
+            },
+        );
+        found.unwrap_or_else(|| (format!("#{id} (deleted)"), 0))
     }
 
     /// Scrubs one sorted batch on the worker threads; returns whether to go on.

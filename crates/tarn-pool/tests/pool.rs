@@ -111,6 +111,11 @@ fn verify_all(pool: &Pool, objs: &BTreeMap<String, Vec<u8>>) {
     }
 }
 
+/// Imports the test pool `tank` from the devices in `dir`.
+fn import_tank(dir: &Path) -> Arc<Pool> {
+    Pool::import(&[dir.to_path_buf()], &[], "tank", None, false, opts()).unwrap()
+}
+
 fn wait_scan(pool: &Pool) -> ScanStatus {
     let t0 = Instant::now();
     loop {
@@ -238,15 +243,7 @@ fn corruption_within_redundancy(kind: VdevKind, n: usize, seed: u64) {
     // And after a clean export/import, still exact.
     pool.export(false).unwrap();
     drop(pool);
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        false,
-        opts(),
-    )
-    .unwrap();
+    let pool = import_tank(dir.path());
     assert_eq!(pool.health(), Health::Online);
     verify_all(&pool, &objs);
     pool.export(false).unwrap();
@@ -354,15 +351,7 @@ fn degraded_import_and_replace() {
     drop(pool);
 
     std::fs::remove_file(&devs[2]).unwrap();
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        false,
-        opts(),
-    )
-    .unwrap();
+    let pool = import_tank(dir.path());
     assert_eq!(pool.health(), Health::Degraded);
     assert!(pool.status().message.is_some());
     verify_all(&pool, &objs);
@@ -388,15 +377,7 @@ fn degraded_import_and_replace() {
 
     // Lose a different member: the resilvered one must carry its share.
     std::fs::remove_file(&devs[0]).unwrap();
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        false,
-        opts(),
-    )
-    .unwrap();
+    let pool = import_tank(dir.path());
     assert_eq!(pool.health(), Health::Degraded);
     verify_all(&pool, &objs);
     assert_eq!(
@@ -435,15 +416,7 @@ fn offline_online_resilvers_missed_writes() {
     drop(pool);
     // Only the once-offline side remains: it must hold old and new data.
     std::fs::remove_file(&devs[1]).unwrap();
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        false,
-        opts(),
-    )
-    .unwrap();
+    let pool = import_tank(dir.path());
     verify_all(&pool, &before);
     assert_eq!(pool.object_read("during", 0, during.len()).unwrap(), during);
     pool.export(false).unwrap();
@@ -595,15 +568,7 @@ fn damaged_members_at_import() {
     drop(pool);
     // Garbage over a whole member, labels included.
     std::fs::write(&devs[1], rng.bytes(64 * MIB as usize)).unwrap();
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        false,
-        opts(),
-    )
-    .unwrap();
+    let pool = import_tank(dir.path());
     assert_eq!(pool.health(), Health::Degraded);
     verify_all(&pool, &objs);
     pool.export(false).unwrap();
@@ -674,15 +639,7 @@ fn enospc_is_clean() {
     assert_eq!(pool.object_read("again", 0, chunk.len()).unwrap(), chunk);
     pool.export(false).unwrap();
     drop(pool);
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        false,
-        opts(),
-    )
-    .unwrap();
+    let pool = import_tank(dir.path());
     assert_eq!(pool.object_read("again", 0, chunk.len()).unwrap(), chunk);
     pool.export(false).unwrap();
 }
@@ -727,15 +684,7 @@ fn sparse_and_partial_writes() {
     );
     pool.export(false).unwrap();
     drop(pool);
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        false,
-        opts(),
-    )
-    .unwrap();
+    let pool = import_tank(dir.path());
     let got = pool.object_read("patch", 0, model.len() + 1).unwrap();
     assert_eq!(got, model);
     pool.export(false).unwrap();
@@ -890,15 +839,7 @@ fn xxh3_zstd_and_copies() {
     assert_eq!(s.errors, 0, "{s:?}");
     assert!(s.repaired_bytes > 0);
     pool.export(false).unwrap();
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        false,
-        opts(),
-    )
-    .unwrap();
+    let pool = import_tank(dir.path());
     assert_eq!(pool.object_read("text", 0, text.len()).unwrap(), text);
     pool.export(false).unwrap();
 }
@@ -923,15 +864,7 @@ fn degraded_up_to_redundancy() {
         for d in &devs[..p] {
             std::fs::remove_file(d).unwrap();
         }
-        let pool = Pool::import(
-            &[dir.path().to_path_buf()],
-            &[],
-            "tank",
-            None,
-            false,
-            opts(),
-        )
-        .unwrap();
+        let pool = import_tank(dir.path());
         assert_eq!(pool.health(), Health::Degraded, "{kind:?}");
         verify_all(&pool, &objs);
         pool.export(false).unwrap();
@@ -1022,15 +955,7 @@ fn fragmented_full_pool_stays_usable_and_importable() {
     }
     pool.export(false).unwrap();
     drop(pool);
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        false,
-        opts(),
-    )
-    .unwrap();
+    let pool = import_tank(dir.path());
     for (n, d) in live.iter().step_by(97) {
         assert_eq!(&pool.object_read(n, 0, 4096).unwrap(), d);
     }
@@ -1105,15 +1030,7 @@ fn stale_member_is_found_by_its_uberblocks() {
     drop(pool);
     // Put the old contents back under the member's name.
     std::fs::rename(&stale, &devs[1]).unwrap();
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        false,
-        opts(),
-    )
-    .unwrap();
+    let pool = import_tank(dir.path());
     let s = wait_scan(&pool);
     assert_eq!(
         s.kind,
@@ -1125,15 +1042,7 @@ fn stale_member_is_found_by_its_uberblocks() {
     drop(pool);
     // The once-stale member alone holds everything.
     std::fs::remove_file(&devs[0]).unwrap();
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        false,
-        opts(),
-    )
-    .unwrap();
+    let pool = import_tank(dir.path());
     verify_all(&pool, &old);
     assert_eq!(pool.object_read("newer", 0, newer.len()).unwrap(), newer);
     pool.export(false).unwrap();
