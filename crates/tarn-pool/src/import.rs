@@ -269,15 +269,15 @@ impl Pool {
         // Every uberblock of every present leaf, newest first.
         let mut ubs: BTreeMap<u64, Uberblock> = BTreeMap::new();
         // Per leaf GUID: the newest txg whose uberblock it holds.
-        let mut leaf_newest: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut leaf_txgs: BTreeMap<u64, std::collections::BTreeSet<u64>> = BTreeMap::new();
         for t in &tops {
             for (ci, info) in t.leaves().into_iter().enumerate() {
                 let Some(leaf) = t.leaf(ci) else { continue };
-                let newest = leaf_newest.entry(info.guid).or_insert(0);
+                let have = leaf_txgs.entry(info.guid).or_default();
                 for raw in tarn_vdev::read_uberblocks(leaf.as_ref(), cfg.ashift) {
                     if let Ok(u) = Uberblock::decode(&raw) {
                         if u.pool_guid == guid {
-                            *newest = (*newest).max(u.txg);
+                            have.insert(u.txg);
                             ubs.entry(u.txg).or_insert(u);
                         }
                     }
@@ -312,16 +312,23 @@ impl Pool {
         // time log of its last txg never reached disk): record that, so the
         // resilver covers it. A record left open by an interrupted offline
         // is closed at what this import has seen.
-        let next = newest_seen + 1;
+        // An absent leaf may have missed the loaded txg itself (its log would
+        // only have been committed with the next one): count from there.
         let loaded_txg = ub.txg;
+        let next = loaded_txg;
         for t in &tops {
             for l in t.leaves() {
                 if matches!(l.state, LeafState::Missing | LeafState::Offline) {
                     let e = ms.dtl.entry(l.guid).or_insert((next, u64::MAX));
+                    e.0 = e.0.min(next);
                     e.1 = u64::MAX;
                     continue;
                 }
-                let newest = leaf_newest.get(&l.guid).copied().unwrap_or(0);
+                // Uberblocks above the loaded txg (a rewind) say nothing.
+                let newest = leaf_txgs
+                    .get(&l.guid)
+                    .and_then(|t| t.range(..=loaded_txg).next_back().copied())
+                    .unwrap_or(0);
                 if newest < loaded_txg {
                     let e = ms.dtl.entry(l.guid).or_insert((newest + 1, loaded_txg));
                     e.0 = e.0.min(newest + 1);
@@ -357,7 +364,9 @@ impl Pool {
             // commit one still imports and serves reads.
             st.ms_dirty = true;
             st.ms.config_gen += 1;
-            pool.write_labels(&st, PoolState::Active)?;
+            // One above everything committed, so these labels outrank the
+            // ones an earlier export left on devices absent today.
+            pool.write_labels_at(&mut st, PoolState::Active, newest_seen.max(cfg.txg) + 1)?;
         }
         pool.start_syncer();
         let resume = {

@@ -101,9 +101,8 @@ pub(crate) struct State {
     pub sync_requested: bool,
     /// Last txg that freed blocks other than the space map's own.
     pub last_free_txg: u64,
-    /// Records the last sync could not place (pool full or fragmented);
-    /// while nonzero, new data is refused with ENOSPC.
-    pub unplaced: usize,
+    /// Config txg of the last label write.
+    pub label_txg: u64,
     pub closed: bool,
     pub last_sync_unix: u64,
 }
@@ -403,9 +402,9 @@ impl Pool {
                 &props_json,
             )?;
             // Labels first, so the devices are recognisable; then txg 1.
-            pool.write_labels(&st, PoolState::Active)?;
+            pool.write_labels(&mut st, PoolState::Active)?;
             pool.sync_locked(&mut st)?;
-            pool.write_labels(&st, PoolState::Active)?;
+            pool.write_labels(&mut st, PoolState::Active)?;
         }
         pool.start_syncer();
         Ok(pool)
@@ -449,7 +448,7 @@ impl Pool {
                 rotor: 0,
                 sync_requested: false,
                 last_free_txg: 0,
-                unplaced: 0,
+                label_txg: 0,
                 closed: false,
                 last_sync_unix: now_unix(),
             }),
@@ -498,18 +497,6 @@ impl Pool {
             .collect()
     }
 
-    /// Reads need only an open pool: a faulted pool refuses changes but
-    /// keeps serving what it has, so data can be copied off.
-    pub(crate) fn check_readable(&self, st: &State) -> Result<(), PoolError> {
-        if st.closed {
-            return Err(PoolError::NotFound(format!(
-                "pool '{}' is exported",
-                self.name
-            )));
-        }
-        Ok(())
-    }
-
     pub(crate) fn check_usable(&self, st: &State) -> Result<(), PoolError> {
         if let Some(f) = self
             .fault
@@ -528,18 +515,6 @@ impl Pool {
         Ok(())
     }
 
-    /// After a sync: data that could not be placed is not durable; say so.
-    fn check_placed(&self, st: &State) -> Result<(), PoolError> {
-        if st.unplaced > 0 {
-            return Err(PoolError::NoSpace(format!(
-                "pool '{}' is too full or fragmented to store {} record(s) written earlier; \
-                 they are kept in memory but not on disk: delete data to make room",
-                self.name, st.unplaced
-            )));
-        }
-        Ok(())
-    }
-
     pub(crate) fn set_fault(&self, why: String) {
         let mut f = self.fault.lock().unwrap_or_else(|e| e.into_inner());
         if f.is_none() {
@@ -549,7 +524,21 @@ impl Pool {
 
     /// Writes the current configuration into the labels of every usable leaf
     /// (even labels, flush, odd labels, flush).
-    pub(crate) fn write_labels(&self, st: &State, state: PoolState) -> Result<(), PoolError> {
+    /// Each label write carries a txg above every earlier one (labels on a
+    /// device absent at the write keep the older txg and lose to these).
+    pub(crate) fn write_labels(&self, st: &mut State, state: PoolState) -> Result<(), PoolError> {
+        let txg = st.txg.max(st.label_txg + 1);
+        self.write_labels_at(st, state, txg)
+    }
+
+    /// Writes the labels with an explicit config txg.
+    pub(crate) fn write_labels_at(
+        &self,
+        st: &mut State,
+        state: PoolState,
+        txg: u64,
+    ) -> Result<(), PoolError> {
+        st.label_txg = st.label_txg.max(txg);
         let tree: Vec<_> = self.tops.iter().map(|t| t.config()).collect();
         let mut written = 0;
         let mut last_err = None;
@@ -564,7 +553,7 @@ impl Pool {
                     pool_name: self.name.clone(),
                     pool_guid: self.guid,
                     state: state.clone(),
-                    txg: st.txg,
+                    txg,
                     device_guid: info.guid,
                     top_index: ti as u32,
                     ashift: self.ashift,
@@ -607,7 +596,6 @@ impl Pool {
             }
         }
         self.cv.notify_all();
-        self.check_placed(&st)?;
         Ok(st.txg)
     }
 
@@ -633,28 +621,27 @@ impl Pool {
                     Some(pipeline::prepare(d, compression, alg))
                 }
             })?;
-        // A record that finds no room stays dirty for a later txg rather
-        // than failing this one: the txg still commits (deletes, metadata),
-        // and whoever needs that record durable is told ENOSPC.
+        // Data leaves every vdev enough contiguous room for the metadata of
+        // this and the next txgs: at least the space maps twice over.
+        let keep = st
+            .space
+            .iter()
+            .map(|m| 2 * (m.encoded_len_bound(4) as u64) * meta_copies as u64)
+            .max()
+            .unwrap_or(0)
+            .max(METADATA_RESERVE_BYTES);
         let mut jobs: Vec<(usize, Prepared, Vec<tarn_block::Dva>)> = Vec::new();
-        let mut unplaced: BTreeSet<usize> = BTreeSet::new();
         for (i, p) in prepared.into_iter().enumerate() {
             if let Some(p) = p {
                 let p = p?;
-                let r = Allocator {
+                let dvas = Allocator {
                     tops: &self.tops,
                     space: &mut st.space,
                     rotor: &mut st.rotor,
-                    keep_contiguous: METADATA_RESERVE_BYTES,
+                    keep_contiguous: keep,
                 }
-                .alloc(p.stored.len() as u64, data_copies);
-                match r {
-                    Ok(dvas) => jobs.push((i, p, dvas)),
-                    Err(PoolError::NoSpace(_)) => {
-                        unplaced.insert(i);
-                    }
-                    Err(e) => return Err(e),
-                }
+                .alloc(p.stored.len() as u64, data_copies)?;
+                jobs.push((i, p, dvas));
             }
         }
         let results = parallel_map(&jobs, threads, |(_, p, dvas)| {
@@ -672,9 +659,6 @@ impl Pool {
                 cache: &self.cache,
             };
             for (i, ((id, blk), _)) in items.iter().enumerate() {
-                if unplaced.contains(&i) {
-                    continue;
-                }
                 let key = record_key(*id, *blk);
                 let old = match new_ptrs.get(&i) {
                     Some(bp) => meta.insert(&rs, &key, &bp.encode())?,
@@ -800,12 +784,21 @@ impl Pool {
         // txg never reaches disk.
         let mut ub_written = 0;
         for (ti, t) in self.tops.iter().enumerate() {
-            for (ci, info) in t.leaves().into_iter().enumerate() {
-                if !matches!(info.state, LeafState::Online)
-                    || missed
-                        .iter()
-                        .any(|m| m.vdev as usize == ti && m.child == ci)
-                {
+            let leaves = t.leaves();
+            let missed_here = |ci: usize| {
+                missed
+                    .iter()
+                    .any(|m| m.vdev as usize == ti && m.child == ci)
+            };
+            // Hold the uberblock back only while another leaf of this vdev
+            // got everything; otherwise the dirty time log committed with
+            // the next txg is what records the misses.
+            let some_complete = leaves
+                .iter()
+                .enumerate()
+                .any(|(ci, l)| matches!(l.state, LeafState::Online) && !missed_here(ci));
+            for (ci, info) in leaves.into_iter().enumerate() {
+                if !matches!(info.state, LeafState::Online) || (some_complete && missed_here(ci)) {
                     continue;
                 }
                 if let Some(leaf) = t.leaf(ci) {
@@ -839,14 +832,6 @@ impl Pool {
                 e.0 = e.0.min(txg);
                 e.1 = e.1.max(txg);
                 st.ms_dirty = true;
-            }
-        }
-        st.unplaced = unplaced.len();
-        for (i, (key, data)) in items.into_iter().enumerate() {
-            if unplaced.contains(&i) {
-                st.dirty_bytes += data.len() as u64;
-                st.reserved += self.record_cost(st, data.len() as u64);
-                st.dirty.insert(key, data);
             }
         }
         st.meta.evict_clean();
@@ -953,7 +938,7 @@ impl Pool {
                 } else {
                     PoolState::Exported
                 };
-                result = self.write_labels(&st, state);
+                result = self.write_labels(&mut st, state);
             }
         }
         st.closed = true;
@@ -1085,7 +1070,6 @@ impl Pool {
         // the write lands in one txg. One call may overshoot the dirty limit
         // by its own size, which its caller bounds.
         while st.dirty_bytes >= self.opts.dirty_max_bytes {
-            self.check_placed(&st)?;
             st.sync_requested = true;
             self.cv.notify_all();
             // Bounded wait: re-ask for a sync rather than trust one wake-up.
@@ -1123,7 +1107,7 @@ impl Pool {
             let key = (entry.id, blk);
             if !st.dirty.contains_key(&key) {
                 let cost = self.record_cost(&st, rs);
-                if self.writable_bytes(&st) < cost || st.unplaced > 0 {
+                if self.writable_bytes(&st) < cost {
                     // What was already accepted stays; report the shortfall.
                     st.sync_requested = true;
                     self.cv.notify_all();
@@ -1185,7 +1169,6 @@ impl Pool {
                 return Err(e);
             }
             self.cv.notify_all();
-            self.check_placed(&st)?;
             return Ok(ObjectInfo {
                 txg: st.txg,
                 ..info
@@ -1197,7 +1180,7 @@ impl Pool {
     /// Reads up to `len` bytes at `offset` of raw object `name`.
     pub fn object_read(&self, name: &str, offset: u64, len: usize) -> Result<Vec<u8>, PoolError> {
         let mut st = self.lock();
-        self.check_readable(&st)?;
+        self.check_usable(&st)?;
         let entry = self.lookup_object(&mut st, name)?.ok_or_else(|| {
             PoolError::NotFound(format!("no object '{name}' in pool '{}'", self.name))
         })?;
@@ -1269,7 +1252,7 @@ impl Pool {
     /// Size of a raw object.
     pub fn object_info(&self, name: &str) -> Result<ObjectInfo, PoolError> {
         let mut st = self.lock();
-        self.check_readable(&st)?;
+        self.check_usable(&st)?;
         let e = self.lookup_object(&mut st, name)?.ok_or_else(|| {
             PoolError::NotFound(format!("no object '{name}' in pool '{}'", self.name))
         })?;
@@ -1320,7 +1303,7 @@ impl Pool {
     /// Every raw object, by name.
     pub fn object_list(&self) -> Result<Vec<ObjectInfo>, PoolError> {
         let mut st = self.lock();
-        self.check_readable(&st)?;
+        self.check_usable(&st)?;
         let txg = st.txg;
         let mut out = Vec::new();
         self.for_each_entry(
@@ -1395,7 +1378,7 @@ impl Pool {
     /// diagnostic view (like `zdb`) for drills and tests.
     pub fn object_blocks(&self, name: &str) -> Result<Vec<(u64, BlockPtr)>, PoolError> {
         let mut st = self.lock();
-        self.check_readable(&st)?;
+        self.check_usable(&st)?;
         let e = self.lookup_object(&mut st, name)?.ok_or_else(|| {
             PoolError::NotFound(format!("no object '{name}' in pool '{}'", self.name))
         })?;

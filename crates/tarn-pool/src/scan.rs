@@ -244,12 +244,12 @@ impl Pool {
     pub(crate) fn start_resilver_if_needed(self: &Arc<Self>) {
         let _ops = self.scan_ops.lock().unwrap_or_else(|e| e.into_inner());
         let mut st = self.lock();
-        if st
-            .ms
-            .scan
-            .as_ref()
-            .is_some_and(|s| s.is_running() && s.kind == ScanKind::Resilver)
-        {
+        // A resilver that runs, or that the operator paused, is left alone
+        // (checked under `scan_ops`, so a caller that decided to start one
+        // before a pause cannot undo the pause).
+        if st.ms.scan.as_ref().is_some_and(|s| {
+            s.kind == ScanKind::Resilver && (s.is_running() || s.state == ScanState::Paused)
+        }) {
             return;
         }
         let mut targets = Vec::new();
@@ -307,7 +307,16 @@ impl Pool {
     /// checked after each sync so a device that came back during a resilver
     /// gets its own.
     pub(crate) fn resilver_pending(&self, st: &State) -> bool {
-        if st.ms.dtl.is_empty() || st.ms.scan.as_ref().is_some_and(|s| s.is_running()) {
+        // Not while a scan runs or is paused (a pause is the operator's), and
+        // not right after a resilver that failed: a device that keeps failing
+        // writes would otherwise be resilvered in a loop. `online` and `clear`
+        // start one explicitly.
+        let blocked = st.ms.scan.as_ref().is_some_and(|s| {
+            s.is_running()
+                || s.state == ScanState::Paused
+                || (s.kind == ScanKind::Resilver && s.errors > 0)
+        });
+        if st.ms.dtl.is_empty() || blocked {
             return false;
         }
         self.tops.iter().any(|t| {

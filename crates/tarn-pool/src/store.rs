@@ -194,17 +194,14 @@ impl Allocator<'_> {
                         continue;
                     }
                     let asize = t.alloc_size(psize);
-                    let largest_before = self.space[v].largest_free();
-                    if let Ok(off) = self.space[v].alloc(asize) {
-                        // Data may not eat into the largest extent once that
-                        // is down to the reserve; small holes stay usable.
-                        let largest_after = self.space[v].largest_free();
-                        if self.keep_contiguous > 0
-                            && largest_after < largest_before.min(self.keep_contiguous)
-                        {
-                            let _ = self.space[v].free_now(off, asize);
-                            continue;
-                        }
+                    // Data may not cut into the room kept for metadata;
+                    // small holes stay usable.
+                    let r = if self.keep_contiguous > 0 {
+                        self.space[v].alloc_keeping(asize, self.keep_contiguous)
+                    } else {
+                        self.space[v].alloc(asize)
+                    };
+                    if let Ok(off) = r {
                         out.push(Dva {
                             vdev: v as u32,
                             asize: asize as u32,

@@ -1077,3 +1077,59 @@ fn idle_pool_stays_idle() {
     assert_eq!(pool.txg(), settled, "an idle pool kept committing txgs");
     pool.export(false).unwrap();
 }
+
+/// A paused resilver stays paused while the pool keeps syncing, and
+/// finishes when resumed.
+#[test]
+fn paused_resilver_stays_paused() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = make_files(dir.path(), "d", 2, 96 * MIB);
+    let slow_fast_sync = || PoolOptions {
+        scan_batch_blocks: 1,
+        sync_interval: Duration::from_millis(20),
+        ..opts()
+    };
+    let props: BTreeMap<String, String> = [("recordsize", "4K"), ("compression", "off")]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let pool = Pool::create(
+        "tank",
+        &[VdevSpec {
+            kind: VdevKind::Mirror,
+            devices: devs.clone(),
+        }],
+        12,
+        &props,
+        false,
+        slow_fast_sync(),
+    )
+    .unwrap();
+    pool.offline(devs[1].to_str().unwrap()).unwrap();
+    let data = Rng::new(6).bytes(16 * MIB as usize);
+    pool.object_write("while-away", 0, &data, true).unwrap();
+    pool.online(devs[1].to_str().unwrap()).unwrap();
+    let paused = pool.scrub(ScanAction::Pause).unwrap().unwrap();
+    assert_eq!(paused.state, ScanState::Paused);
+    assert_eq!(paused.kind, tarn_pool::status::ScanKind::Resilver);
+    std::thread::sleep(Duration::from_millis(300));
+    let s = pool.status().scan.unwrap();
+    assert_eq!(
+        s.state,
+        ScanState::Paused,
+        "the syncer restarted a paused resilver: {s:?}"
+    );
+    assert!(s.examined_bytes >= paused.examined_bytes);
+    pool.scrub(ScanAction::Resume).unwrap();
+    let s = wait_scan(&pool);
+    assert_eq!(
+        (s.kind, s.state, s.errors),
+        (
+            tarn_pool::status::ScanKind::Resilver,
+            ScanState::Finished,
+            0
+        )
+    );
+    assert_eq!(pool.health(), Health::Online);
+    pool.export(false).unwrap();
+}

@@ -203,6 +203,51 @@ impl SpaceMap {
         Ok(offset)
     }
 
+    /// Allocates like [`SpaceMap::alloc`], but never leaves the largest free
+    /// extent smaller than `keep` bytes (or than it was, if already smaller):
+    /// the pool keeps that room for the metadata every txg must write. When
+    /// the usual choice would cut into it, the smallest other extent that
+    /// fits is used instead.
+    pub fn alloc_keeping(&mut self, size: u64, keep: u64) -> Result<u64, SpaceError> {
+        let need = size.max(1).div_ceil(self.align).saturating_mul(self.align);
+        let Some(&(big_len, big_off)) = self.by_size.last() else {
+            return Err(SpaceError::NoSpace { need, largest: 0 });
+        };
+        if need <= big_len {
+            let (start, len, offset) = self.find(need);
+            let left = offset - start;
+            let right = start + len - offset - need;
+            let cuts_reserve =
+                (start, len) == (big_off, big_len) && left.max(right) < keep.min(big_len);
+            if !cuts_reserve {
+                self.carve(start, len, offset, need);
+                self.cursor = offset + need;
+                self.debug_audit();
+                return Ok(offset);
+            }
+        }
+        let other = self
+            .by_size
+            .range((need, 0)..)
+            .find(|&&(l, s)| (l, s) != (big_len, big_off))
+            .copied();
+        match other {
+            Some((len, start)) => {
+                self.carve(start, len, start, need);
+                self.cursor = start + need;
+                self.debug_audit();
+                Ok(start)
+            }
+            None => {
+                let second = self.by_size.iter().rev().nth(1).map_or(0, |&(l, _)| l);
+                Err(SpaceError::NoSpace {
+                    need,
+                    largest: second,
+                })
+            }
+        }
+    }
+
     /// Picks the extent `(start, len)` and the offset inside it for `need`
     /// bytes; the caller guarantees `need <= largest_free()`.
     fn find(&self, need: u64) -> (u64, u64, u64) {

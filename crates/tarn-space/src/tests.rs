@@ -610,3 +610,46 @@ proptest! {
         decoded_is_canonical(&flipped);
     }
 }
+
+#[test]
+fn alloc_keeping_spares_the_largest_extent() {
+    // Free: many 4 KiB holes plus one 64 KiB extent at the end.
+    let mut m = SpaceMap::new(1 << 20, 4096);
+    let mut held = Vec::new();
+    while let Ok(o) = m.alloc(4096) {
+        held.push(o);
+    }
+    for (i, o) in held.iter().enumerate() {
+        if i % 2 == 0 && *o < (1 << 20) - 65536 {
+            m.free_now(*o, 4096).unwrap();
+        }
+    }
+    for o in held.iter().filter(|o| **o >= (1 << 20) - 65536) {
+        m.free_now(*o, 4096).unwrap();
+    }
+    assert_eq!(m.largest_free(), 65536);
+    let holes = (m.free() - 65536) / 4096;
+    // Data keeping 64 KiB fills every hole and never touches the extent.
+    for _ in 0..holes {
+        let o = m.alloc_keeping(4096, 65536).unwrap();
+        assert!(
+            o < (1 << 20) - 65536,
+            "cut into the reserved extent at {o:#x}"
+        );
+        assert_eq!(m.largest_free(), 65536);
+    }
+    assert!(matches!(
+        m.alloc_keeping(4096, 65536),
+        Err(SpaceError::NoSpace { .. })
+    ));
+    // Metadata (no reserve) still gets it.
+    assert!(m.alloc(32768).is_ok());
+}
+
+#[test]
+fn alloc_keeping_uses_the_largest_extent_while_it_stays_big() {
+    let mut m = SpaceMap::new(1 << 20, 4096);
+    let a = m.alloc_keeping(4096, 65536).unwrap();
+    let b = m.alloc_keeping(4096, 65536).unwrap();
+    assert_eq!(b, a + 4096, "sequential writes should stay sequential");
+}
