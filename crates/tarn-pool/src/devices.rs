@@ -61,9 +61,41 @@ impl Pool {
         self.write_labels(st, PoolState::Active)
     }
 
+    /// Refuses to take leaf `ci` of vdev `ti` out of use if the other
+    /// leaves cannot rebuild what it holds: a leaf counts as weak when it is
+    /// not online, is resilvering, or has missed writes on record.
+    fn check_can_lose(&self, ti: usize, ci: usize, what: &str) -> Result<(), PoolError> {
+        let st = self.lock();
+        let t = &self.tops[ti];
+        let leaves = t.leaves();
+        let weak = leaves
+            .iter()
+            .enumerate()
+            .filter(|(i, l)| {
+                *i == ci
+                    || !matches!(l.state, LeafState::Online)
+                    || l.resilvering
+                    || st.ms.dtl.contains_key(&l.guid)
+            })
+            .count();
+        if weak > t.redundancy() {
+            return Err(PoolError::Invalid(format!(
+                "cannot {what}: {} would lose data that no other device of {} can rebuild; \
+                 let running resilvers finish or bring missing devices back first",
+                leaves
+                    .get(ci)
+                    .map(|l| l.path.display().to_string())
+                    .unwrap_or_default(),
+                self.top_name(ti)
+            )));
+        }
+        Ok(())
+    }
+
     /// Takes a device out of service; refused if that would lose data.
     pub fn offline(&self, dev: &str) -> Result<(), PoolError> {
         let (ti, ci) = self.find_leaf(dev)?;
+        self.check_can_lose(ti, ci, &format!("offline {dev}"))?;
         let mut st = self.lock();
         self.check_usable(&st)?;
         self.tops[ti].set_offline(ci, true)?;
@@ -158,30 +190,7 @@ impl Pool {
         }
         // The old device leaves before the resilver runs, so it may go only
         // if the rest of its vdev can rebuild everything it holds.
-        {
-            let st = self.lock();
-            let t = &self.tops[ti];
-            let weak = |i: usize, l: &tarn_vdev::LeafInfo| {
-                !matches!(l.state, LeafState::Online)
-                    || l.resilvering
-                    || st.ms.dtl.contains_key(&l.guid)
-                    || i == ci
-            };
-            let leaves = t.leaves();
-            let weak_after = leaves
-                .iter()
-                .enumerate()
-                .filter(|(i, l)| weak(*i, l))
-                .count();
-            if weak_after > t.redundancy() {
-                return Err(PoolError::Invalid(format!(
-                    "cannot replace {old}: {} would lose data that no other device of {} can rebuild; \
-                     let running resilvers finish or bring missing devices back first",
-                    leaves[ci].path.display(),
-                    self.top_name(ti)
-                )));
-            }
-        }
+        self.check_can_lose(ti, ci, &format!("replace {old}"))?;
         let canon = std::fs::canonicalize(new).unwrap_or_else(|_| new.to_path_buf());
         if self.device_paths().contains(&canon) && canon != self.tops[ti].leaves()[ci].path {
             return Err(PoolError::InUse(format!(
@@ -252,9 +261,10 @@ impl Pool {
                 }
             }
             self.commit_config(&mut st)?;
-            drop(st);
-            self.start_resilver_if_needed();
         }
+        // Also the retry after a resilver that failed: the syncer does not
+        // restart those on its own.
+        self.start_resilver_if_needed();
         Ok(())
     }
 

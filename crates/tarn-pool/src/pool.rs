@@ -621,15 +621,11 @@ impl Pool {
                     Some(pipeline::prepare(d, compression, alg))
                 }
             })?;
-        // Data leaves every vdev enough contiguous room for the metadata of
-        // this and the next txgs: at least the space maps twice over.
-        let keep = st
-            .space
-            .iter()
-            .map(|m| 2 * (m.encoded_len_bound(4) as u64) * meta_copies as u64)
-            .max()
-            .unwrap_or(0)
-            .max(METADATA_RESERVE_BYTES);
+        // Data leaves every vdev contiguous room for the metadata of this
+        // and the next txgs (see `metadata_reserve`).
+        let keep: Vec<u64> = (0..self.tops.len())
+            .map(|v| self.metadata_reserve(st, v))
+            .collect();
         let mut jobs: Vec<(usize, Prepared, Vec<tarn_block::Dva>)> = Vec::new();
         for (i, p) in prepared.into_iter().enumerate() {
             if let Some(p) = p {
@@ -638,7 +634,7 @@ impl Pool {
                     tops: &self.tops,
                     space: &mut st.space,
                     rotor: &mut st.rotor,
-                    keep_contiguous: keep,
+                    keep_contiguous: &keep,
                 }
                 .alloc(p.stored.len() as u64, data_copies)?;
                 jobs.push((i, p, dvas));
@@ -699,7 +695,7 @@ impl Pool {
                 tops: &self.tops,
                 space,
                 rotor,
-                keep_contiguous: 0,
+                keep_contiguous: &[],
             },
             cache: &self.cache,
             txg,
@@ -751,7 +747,7 @@ impl Pool {
             tops: &self.tops,
             space: &mut st.space,
             rotor: &mut st.rotor,
-            keep_contiguous: 0,
+            keep_contiguous: &[],
         }
         .alloc(bound as u64, meta_copies)?;
         let body = encode_space_root(&st.space, bound);
@@ -963,11 +959,35 @@ impl Pool {
 
     /// Space that ordinary writes may still use (free minus slop minus what
     /// the open txg has reserved).
-    fn writable_bytes(&self, st: &State) -> u64 {
-        let size: u64 = st.space.iter().map(|m| m.asize()).sum();
-        let free: u64 = st.space.iter().map(|m| m.free()).sum();
-        free.saturating_sub(tarn_space::slop_bytes(size))
-            .saturating_sub(st.reserved)
+    fn writable_bytes(&self, st: &State, record_len: u64) -> u64 {
+        // Each vdev's metadata reserve (which is at least its slop) is off
+        // limits to data, and a record cannot straddle vdevs: count only
+        // whole records of the largest allocation size per vdev, less what
+        // the open txg already holds.
+        let per = self
+            .tops
+            .iter()
+            .map(|t| t.alloc_size(record_len))
+            .max()
+            .unwrap_or(record_len)
+            .max(1);
+        let mut writable = 0u64;
+        for (v, m) in st.space.iter().enumerate() {
+            let spare = m.free().saturating_sub(self.metadata_reserve(st, v));
+            writable += spare / per * per;
+        }
+        writable.saturating_sub(st.reserved)
+    }
+
+    /// Contiguous room data must leave on vdev `v`: its slop (so deletes on
+    /// a full pool can commit), at least `METADATA_RESERVE_BYTES`, and
+    /// twice what the space-root block needs per metadata copy.
+    pub(crate) fn metadata_reserve(&self, st: &State, v: usize) -> u64 {
+        let maps: u64 = st.space.iter().map(|m| m.encoded_len_bound(4) as u64).sum();
+        let asize = st.space.get(v).map_or(0, |m| m.asize());
+        tarn_space::slop_bytes(asize)
+            .max(METADATA_RESERVE_BYTES)
+            .max(2 * maps * st.props.metadata_copies() as u64)
     }
 
     /// Worst-case bytes allocated for a record of `len` logical bytes.
@@ -1107,7 +1127,7 @@ impl Pool {
             let key = (entry.id, blk);
             if !st.dirty.contains_key(&key) {
                 let cost = self.record_cost(&st, rs);
-                if self.writable_bytes(&st) < cost {
+                if self.writable_bytes(&st, rs) < cost {
                     // What was already accepted stays; report the shortfall.
                     st.sync_requested = true;
                     self.cv.notify_all();

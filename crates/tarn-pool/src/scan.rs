@@ -250,6 +250,8 @@ impl Pool {
         if st.ms.scan.as_ref().is_some_and(|s| {
             s.kind == ScanKind::Resilver && (s.is_running() || s.state == ScanState::Paused)
         }) {
+            // Devices that came back meanwhile are still untrusted.
+            self.mark_resilver_targets(&st);
             return;
         }
         let mut targets = Vec::new();
@@ -313,8 +315,7 @@ impl Pool {
         // start one explicitly.
         let blocked = st.ms.scan.as_ref().is_some_and(|s| {
             s.is_running()
-                || s.state == ScanState::Paused
-                || (s.kind == ScanKind::Resilver && s.errors > 0)
+                || (s.kind == ScanKind::Resilver && (s.state == ScanState::Paused || s.errors > 0))
         });
         if st.ms.dtl.is_empty() || blocked {
             return false;
@@ -326,19 +327,15 @@ impl Pool {
         })
     }
 
-    /// Marks the targets of a running resilver (after import resumes one).
+    /// Marks every online leaf with missed writes as resilvering (reads do
+    /// not trust it, offline/replace count it as weak), whether a resilver
+    /// for it runs, is paused, or is yet to start.
     pub(crate) fn mark_resilver_targets(&self, st: &State) {
-        let Some(s) = st
-            .ms
-            .scan
-            .as_ref()
-            .filter(|s| s.is_running() && s.kind == ScanKind::Resilver)
-        else {
-            return;
-        };
         for t in &self.tops {
             for (ci, l) in t.leaves().into_iter().enumerate() {
-                if s.targets.contains(&l.guid) {
+                if matches!(l.state, tarn_vdev::LeafState::Online)
+                    && st.ms.dtl.contains_key(&l.guid)
+                {
                     t.set_resilvering(ci, true);
                 }
             }

@@ -163,10 +163,11 @@ pub struct Allocator<'a> {
     pub space: &'a mut [SpaceMap],
     /// Round-robin position.
     pub rotor: &'a mut usize,
-    /// Contiguous bytes each vdev must keep free after this allocation:
-    /// data leaves room so that metadata (tree nodes, space maps), which
-    /// every txg needs, can always be placed. 0 for metadata itself.
-    pub keep_contiguous: u64,
+    /// Contiguous bytes each vdev (by index) must keep free after this
+    /// allocation: data leaves room so that metadata (tree nodes, space
+    /// maps), which every txg needs, can always be placed. Empty for
+    /// metadata itself.
+    pub keep_contiguous: &'a [u64],
 }
 
 /// Contiguous room data allocations leave on each top-level vdev for the
@@ -196,10 +197,9 @@ impl Allocator<'_> {
                     let asize = t.alloc_size(psize);
                     // Data may not cut into the room kept for metadata;
                     // small holes stay usable.
-                    let r = if self.keep_contiguous > 0 {
-                        self.space[v].alloc_keeping(asize, self.keep_contiguous)
-                    } else {
-                        self.space[v].alloc(asize)
+                    let r = match self.keep_contiguous.get(v) {
+                        Some(&keep) if keep > 0 => self.space[v].alloc_keeping(asize, keep),
+                        _ => self.space[v].alloc(asize),
                     };
                     if let Ok(off) = r {
                         out.push(Dva {

@@ -1133,3 +1133,102 @@ fn paused_resilver_stays_paused() {
     assert_eq!(pool.health(), Health::Online);
     pool.export(false).unwrap();
 }
+
+/// A pool striped over several small vdevs fills up with ENOSPC and stays
+/// healthy: per-vdev metadata reserves count against what data may take.
+#[test]
+fn multi_vdev_pool_fills_without_fault() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = make_files(dir.path(), "d", 6, 64 * MIB);
+    let specs: Vec<VdevSpec> = devs
+        .iter()
+        .map(|d| VdevSpec {
+            kind: VdevKind::Single,
+            devices: vec![d.clone()],
+        })
+        .collect();
+    let pool = Pool::create(
+        "tank",
+        &specs,
+        12,
+        &[("compression".to_string(), "off".to_string())]
+            .into_iter()
+            .collect(),
+        false,
+        opts(),
+    )
+    .unwrap();
+    let chunk = Rng::new(12).bytes(MIB as usize);
+    let mut n = 0;
+    loop {
+        match pool.object_write(&format!("f{n}"), 0, &chunk, false) {
+            Ok(_) => n += 1,
+            Err(PoolError::NoSpace(_)) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(n < 1000);
+        if n % 16 == 0 {
+            pool.sync()
+                .unwrap_or_else(|e| panic!("sync after {n} MiB: {e}"));
+        }
+    }
+    pool.sync().unwrap();
+    assert_eq!(pool.health(), Health::Online);
+    assert!(n > 150, "only {n} MiB fit in six 64 MiB vdevs");
+    pool.export(false).unwrap();
+}
+
+/// A paused resilver survives export/import with its targets still
+/// untrusted: the only complete side of a mirror cannot be taken offline.
+#[test]
+fn paused_resilver_keeps_targets_untrusted_across_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = make_files(dir.path(), "d", 2, 96 * MIB);
+    let slow = || PoolOptions {
+        scan_batch_blocks: 1,
+        ..opts()
+    };
+    let props: BTreeMap<String, String> = [("recordsize", "4K"), ("compression", "off")]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let pool = Pool::create(
+        "tank",
+        &[VdevSpec {
+            kind: VdevKind::Mirror,
+            devices: devs.clone(),
+        }],
+        12,
+        &props,
+        false,
+        slow(),
+    )
+    .unwrap();
+    pool.offline(devs[1].to_str().unwrap()).unwrap();
+    pool.object_write("away", 0, &Rng::new(8).bytes(16 * MIB as usize), true)
+        .unwrap();
+    pool.online(devs[1].to_str().unwrap()).unwrap();
+    assert_eq!(
+        pool.scrub(ScanAction::Pause).unwrap().unwrap().state,
+        ScanState::Paused
+    );
+    pool.export(false).unwrap();
+    drop(pool);
+    let pool = Pool::import(
+        &[dir.path().to_path_buf()],
+        &[],
+        "tank",
+        None,
+        false,
+        slow(),
+    )
+    .unwrap();
+    let e = pool.offline(devs[0].to_str().unwrap()).unwrap_err();
+    assert!(e.to_string().contains("lose data"), "{e}");
+    pool.scrub(ScanAction::Resume).unwrap();
+    let s = wait_scan(&pool);
+    assert_eq!((s.state, s.errors), (ScanState::Finished, 0));
+    pool.offline(devs[0].to_str().unwrap()).unwrap();
+    assert_eq!(pool.object_read("away", 0, 16).unwrap().len(), 16);
+    pool.export(false).unwrap();
+}

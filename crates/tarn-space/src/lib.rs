@@ -239,10 +239,12 @@ impl SpaceMap {
                 Ok(start)
             }
             None => {
+                // What data could still get: the largest extent's share
+                // above the reserve, or the next largest extent.
                 let second = self.by_size.iter().rev().nth(1).map_or(0, |&(l, _)| l);
                 Err(SpaceError::NoSpace {
                     need,
-                    largest: second,
+                    largest: second.max(big_len.saturating_sub(keep)),
                 })
             }
         }
