@@ -316,6 +316,17 @@ impl Pool {
         // only have been committed with the next one): count from there.
         let loaded_txg = ub.txg;
         let next = loaded_txg;
+        // Leaves the loaded uberblock names as having missed writes of its
+        // txg (their log would only have been committed with the next one).
+        for t in &tops {
+            for l in t.leaves() {
+                if ub.missed_overflow || ub.missed.contains(&l.guid) {
+                    let e = ms.dtl.entry(l.guid).or_insert((loaded_txg, loaded_txg));
+                    e.0 = e.0.min(loaded_txg);
+                    e.1 = e.1.max(loaded_txg);
+                }
+            }
+        }
         for t in &tops {
             for l in t.leaves() {
                 if matches!(l.state, LeafState::Missing | LeafState::Offline) {

@@ -765,12 +765,27 @@ impl Pool {
         for t in &self.tops {
             t.flush()?;
         }
+        // Every leaf that missed a write is named in the uberblock too, for
+        // the case where it gets the uberblock anyway (below).
+        let mut missed_guids: Vec<u64> = missed
+            .iter()
+            .filter_map(|m| {
+                self.tops
+                    .get(m.vdev as usize)
+                    .and_then(|t| t.leaves().into_iter().nth(m.child))
+                    .map(|l| l.guid)
+            })
+            .collect();
+        missed_guids.sort_unstable();
+        missed_guids.dedup();
         let ub = Uberblock {
             txg,
             pool_guid: self.guid,
             timestamp: now_unix(),
             meta_root,
             space_root,
+            missed_overflow: missed_guids.len() > crate::uberblock::MISSED_LISTED_MAX,
+            missed: missed_guids,
         }
         .encode();
         let slot = (txg % tarn_vdev::uberblock_slots(self.ashift) as u64) as usize;

@@ -17,8 +17,13 @@ use crate::PoolError;
 pub const UBERBLOCK_MAGIC: &[u8; 8] = b"TARNUBR1";
 /// Current uberblock version.
 pub const UBERBLOCK_VERSION: u32 = 1;
+/// Leaves that missed writes of the txg, listed by GUID, at most.
+pub const MISSED_LISTED_MAX: usize = 16;
+/// Count value meaning "more leaves missed writes than are listed".
+pub const MISSED_OVERFLOW: u32 = u32::MAX;
 /// Encoded size of an uberblock (fits the smallest ring slot, 1 KiB).
-pub const UBERBLOCK_SIZE: usize = 8 + 4 + 4 + 8 + 8 + 8 + 2 * BLOCK_PTR_SIZE + 32;
+pub const UBERBLOCK_SIZE: usize =
+    8 + 4 + 4 + 8 + 8 + 8 + 2 * BLOCK_PTR_SIZE + 4 + 8 * MISSED_LISTED_MAX + 32;
 
 // An uberblock must fit the smallest ring slot.
 const _: () = assert!(UBERBLOCK_SIZE <= tarn_vdev::UBERBLOCK_SLOT_MIN);
@@ -36,6 +41,14 @@ pub struct Uberblock {
     pub meta_root: BlockPtr,
     /// The block holding every top-level vdev's space map.
     pub space_root: BlockPtr,
+    /// Leaves that missed a write of this txg but still got this uberblock
+    /// (no leaf of their vdev got every write). Import records them as
+    /// having missed this txg even if the dirty time log of the next txg
+    /// never reached disk.
+    pub missed: Vec<u64>,
+    /// More leaves missed writes than fit in `missed`: every leaf is
+    /// treated as having missed this txg.
+    pub missed_overflow: bool,
 }
 
 impl Uberblock {
@@ -50,6 +63,16 @@ impl Uberblock {
         b.extend_from_slice(&self.timestamp.to_le_bytes());
         b.extend_from_slice(&self.meta_root.encode());
         b.extend_from_slice(&self.space_root.encode());
+        let listed = if self.missed_overflow || self.missed.len() > MISSED_LISTED_MAX {
+            b.extend_from_slice(&MISSED_OVERFLOW.to_le_bytes());
+            &[][..]
+        } else {
+            b.extend_from_slice(&(self.missed.len() as u32).to_le_bytes());
+            &self.missed[..]
+        };
+        for i in 0..MISSED_LISTED_MAX {
+            b.extend_from_slice(&listed.get(i).copied().unwrap_or(0).to_le_bytes());
+        }
         let sum = blake3::hash(&b);
         b.extend_from_slice(sum.as_bytes());
         debug_assert_eq!(b.len(), UBERBLOCK_SIZE);
@@ -83,7 +106,17 @@ impl Uberblock {
             )));
         }
         let p = 40;
+        let m = p + 2 * BLOCK_PTR_SIZE;
+        let count = u32_at(m);
+        let missed_overflow = count == MISSED_OVERFLOW;
+        if !missed_overflow && count as usize > MISSED_LISTED_MAX {
+            return Err(bad("missed-leaf count out of range"));
+        }
+        let listed = if missed_overflow { 0 } else { count as usize };
+        let missed = (0..listed).map(|i| u64_at(m + 4 + 8 * i)).collect();
         Ok(Uberblock {
+            missed,
+            missed_overflow,
             txg: u64_at(16),
             pool_guid: u64_at(24),
             timestamp: u64_at(32),
@@ -120,6 +153,8 @@ mod tests {
             timestamp: 1_700_000_000,
             meta_root: bp,
             space_root: BlockPtr::default(),
+            missed: vec![0xfeed, 0xbeef],
+            missed_overflow: false,
         }
     }
 
@@ -131,6 +166,16 @@ mod tests {
         let mut slot = e.clone();
         slot.resize(1024, 0);
         assert_eq!(Uberblock::decode(&slot).unwrap(), u);
+    }
+
+    #[test]
+    fn missed_leaves_roundtrip_and_overflow() {
+        let mut u = sample();
+        u.missed = (1..=MISSED_LISTED_MAX as u64).collect();
+        assert_eq!(Uberblock::decode(&u.encode()).unwrap(), u);
+        u.missed.push(99);
+        let d = Uberblock::decode(&u.encode()).unwrap();
+        assert!(d.missed_overflow && d.missed.is_empty());
     }
 
     proptest! {
