@@ -972,20 +972,11 @@ impl Pool {
         !self.lock().closed
     }
 
-    /// Space that ordinary writes may still use (free minus slop minus what
-    /// the open txg has reserved).
+    /// Space that ordinary writes may still use: on each vdev, whole records
+    /// above its metadata reserve (which is at least its slop; a record
+    /// cannot straddle vdevs), less what the open txg already holds.
     fn writable_bytes(&self, st: &State, record_len: u64) -> u64 {
-        // Each vdev's metadata reserve (which is at least its slop) is off
-        // limits to data, and a record cannot straddle vdevs: count only
-        // whole records of the largest allocation size per vdev, less what
-        // the open txg already holds.
-        let per = self
-            .tops
-            .iter()
-            .map(|t| t.alloc_size(record_len))
-            .max()
-            .unwrap_or(record_len)
-            .max(1);
+        let per = self.record_alloc_size(record_len).max(1);
         let mut writable = 0u64;
         for (v, m) in st.space.iter().enumerate() {
             let spare = m.free().saturating_sub(self.metadata_reserve(st, v));
@@ -1005,15 +996,18 @@ impl Pool {
             .max(2 * maps * st.props.metadata_copies() as u64)
     }
 
-    /// Worst-case bytes allocated for a record of `len` logical bytes.
-    fn record_cost(&self, st: &State, len: u64) -> u64 {
-        let per = self
-            .tops
+    /// Largest allocation one copy of a `len`-byte record takes on any vdev.
+    fn record_alloc_size(&self, len: u64) -> u64 {
+        self.tops
             .iter()
             .map(|t| t.alloc_size(len))
             .max()
-            .unwrap_or(len);
-        per * st.props.copies as u64
+            .unwrap_or(len)
+    }
+
+    /// Worst-case bytes allocated for a record of `len` logical bytes.
+    fn record_cost(&self, st: &State, len: u64) -> u64 {
+        self.record_alloc_size(len) * st.props.copies as u64
     }
 
     fn lookup_object(&self, st: &mut State, name: &str) -> Result<Option<ObjEntry>, PoolError> {
