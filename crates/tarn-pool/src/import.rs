@@ -288,6 +288,12 @@ impl Pool {
         let cache = NodeCache::new(opts.node_cache_bytes);
         let mut last_err = None;
         let mut loaded = None;
+        // No self-heal while trying uberblocks: an older txg's blocks may
+        // have been reused since, and repairing them would overwrite newer
+        // data. Reads still reconstruct from redundancy.
+        for t in &tops {
+            t.set_self_heal(false);
+        }
         for (_, ub) in ubs.iter().rev() {
             match load_txg(&tops, &cache, ub) {
                 Ok(x) => {
@@ -296,6 +302,9 @@ impl Pool {
                 }
                 Err(e) => last_err = Some(e),
             }
+        }
+        for t in &tops {
+            t.set_self_heal(true);
         }
         let Some((ub, (meta, space, props, mut ms))) = loaded else {
             return Err(PoolError::Corrupt(format!(

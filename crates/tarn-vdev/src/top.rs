@@ -17,7 +17,7 @@
 //! `raidz.rs`; this module holds state, bounds checks and counting.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
@@ -239,6 +239,8 @@ pub struct TopVdev {
     /// Serialises state changes so redundancy checks see a stable picture.
     state_lock: Mutex<()>,
     codecs: Option<CodecCache>,
+    /// When false, reads still reconstruct but write nothing back.
+    heal_enabled: AtomicBool,
 }
 
 impl std::fmt::Debug for TopVdev {
@@ -360,6 +362,7 @@ impl TopVdev {
             children,
             state_lock: Mutex::new(()),
             codecs: (parity > 0).then(|| CodecCache::new(parity, n - parity)),
+            heal_enabled: AtomicBool::new(true),
         })
     }
 
@@ -807,8 +810,19 @@ impl TopVdev {
         ok
     }
 
-    /// Rewrites a bad copy or column; returns the bytes repaired (0 on failure).
+    /// Turns self-heal on or off. Import turns it off while it tries older
+    /// uberblocks: their blocks may have been reused since, and "repairing"
+    /// them would overwrite newer data.
+    pub fn set_self_heal(&self, on: bool) {
+        self.heal_enabled.store(on, Ordering::Release);
+    }
+
+    /// Rewrites a bad copy or column; returns the bytes repaired (0 on failure
+    /// or while self-heal is off).
     pub(crate) fn heal(&self, h: &Handle, buf: &[u8], off: u64) -> u64 {
+        if !self.heal_enabled.load(Ordering::Acquire) {
+            return 0;
+        }
         if self.child_write(h, buf, off) {
             buf.len() as u64
         } else {

@@ -99,3 +99,42 @@ fn single_detects_but_cannot_repair() {
     assert!(matches!(e, VdevError::Unrecoverable { .. }), "{e}");
     assert_eq!(v.leaves()[0].counters.cksum_errors, 1);
 }
+
+/// With self-heal off a read still returns the right bytes from the good
+/// side but writes nothing back; turned on again, the next read heals.
+#[test]
+fn self_heal_can_be_switched_off() {
+    for kind in [VdevKind::Mirror, VdevKind::Raidz { parity: 1 }] {
+        let leaves = mem_leaves(3);
+        let v = open(kind, 12, &leaves, &[]);
+        let data = bytes(5, 64 * 1024);
+        let off = 1 << 20;
+        v.write(off, &data).unwrap();
+        let damaged = leaves[0].raw_read(DATA_START, 8 << 20);
+        leaves[0].corrupt(DATA_START, 8 << 20);
+        let corrupted = leaves[0].raw_read(DATA_START, 8 << 20);
+        assert_ne!(damaged, corrupted);
+        v.set_self_heal(false);
+        assert_eq!(
+            v.read(off, data.len(), &verifier(&data)).unwrap(),
+            data,
+            "{kind:?}"
+        );
+        assert_eq!(
+            leaves[0].raw_read(DATA_START, 8 << 20),
+            corrupted,
+            "{kind:?}: wrote while self-heal was off"
+        );
+        v.set_self_heal(true);
+        assert_eq!(
+            v.read(off, data.len(), &verifier(&data)).unwrap(),
+            data,
+            "{kind:?}"
+        );
+        assert_ne!(
+            leaves[0].raw_read(DATA_START, 8 << 20),
+            corrupted,
+            "{kind:?}: did not heal once on again"
+        );
+    }
+}
