@@ -906,8 +906,10 @@ impl Pool {
                 }
                 drop(pool);
             });
-        if let Ok(h) = h {
-            *self.syncer.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
+        match h {
+            Ok(h) => *self.syncer.lock().unwrap_or_else(|e| e.into_inner()) = Some(h),
+            // Without its syncer nothing would ever commit: say so.
+            Err(e) => self.set_fault(format!("cannot start the txg sync thread: {e}")),
         }
     }
 

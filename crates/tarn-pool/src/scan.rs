@@ -372,8 +372,18 @@ impl Pool {
                     st.ms_dirty = true;
                 }
             });
-        if let Ok(h) = h {
-            *self.scanner.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
+        match h {
+            Ok(h) => *self.scanner.lock().unwrap_or_else(|e| e.into_inner()) = Some(h),
+            Err(e) => {
+                // Do not show a scan as running that nobody runs; it resumes
+                // from its bookmark when started again.
+                let mut st = self.lock();
+                if let Some(s) = st.ms.scan.as_mut().filter(|s| s.is_running()) {
+                    s.state = ScanState::Paused;
+                }
+                st.ms.damaged.insert(format!("scan could not start: {e}"));
+                st.ms_dirty = true;
+            }
         }
     }
 
