@@ -17,6 +17,10 @@ use crate::BlockError;
 /// Size in bytes of an encoded [`BlockPtr`].
 pub const BLOCK_PTR_SIZE: usize = 160;
 
+/// Largest logical block size: a bound on what one read may allocate, so a
+/// pointer read from disk can never ask for gigabytes.
+pub const MAX_LSIZE: u32 = 16 << 20;
+
 /// Most copies (DVAs) a block pointer can carry.
 pub const MAX_COPIES: usize = 3;
 
@@ -262,6 +266,12 @@ impl BlockPtr {
         bp.iv.copy_from_slice(&b[88..100]);
         bp.mac.copy_from_slice(&b[100..116]);
         bp.checksum.copy_from_slice(&b[128..160]);
+        if bp.lsize > MAX_LSIZE {
+            return Err(BlockError::Format(format!(
+                "block pointer with lsize {} above the {MAX_LSIZE}-byte maximum",
+                bp.lsize
+            )));
+        }
         if bp.psize == 0 || bp.lsize == 0 || bp.psize > bp.lsize {
             return Err(BlockError::Format(format!(
                 "block pointer with psize {} lsize {}",

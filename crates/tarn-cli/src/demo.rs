@@ -61,6 +61,14 @@ pub fn run_demo(args: &DemoArgs, make_backend: Box<BackendFactory<'_>>) -> anyho
         };
         match backend.pool_import(&req) {
             Ok(ImportResult::Imported(_)) => "imported",
+            // Any error but "no such pool" is the user's to see: creating
+            // over it would need -f and could destroy the demo's data.
+            Err(e) if e.code != crate::api::ErrorCode::NotFound => {
+                return Err(anyhow::anyhow!(
+                    "cannot import the demo pool from {}: {e}",
+                    dir.display()
+                ))
+            }
             _ => {
                 let mut properties = BTreeMap::new();
                 properties.insert("compression".to_string(), "lz4".to_string());

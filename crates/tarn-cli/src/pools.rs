@@ -13,7 +13,7 @@
 //! does its own locking, so requests to different pools never wait for each
 //! other and a failing pool never blocks the others.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -45,6 +45,32 @@ pub struct Pools {
     state_dir: PathBuf,
     opts: PoolOptions,
     pools: Mutex<BTreeMap<String, Arc<Pool>>>,
+    /// Names being created or imported right now (lock order: `pools`
+    /// first, then `pending`).
+    pending: Mutex<BTreeSet<String>>,
+    /// Cached pools that could not be imported at start: kept in the cache
+    /// and listed as UNAVAIL until they are imported or destroyed.
+    unavailable: Mutex<Vec<CacheEntry>>,
+    /// Serializes rewrites of `pools.json`.
+    cache_lock: Mutex<()>,
+    /// Exclusive lock on the state directory: one daemon per state.
+    _state_lock: std::fs::File,
+}
+
+/// A pool name reserved while a create or import runs.
+struct NameGuard<'a> {
+    pools: &'a Pools,
+    name: String,
+}
+
+impl Drop for NameGuard<'_> {
+    fn drop(&mut self) {
+        self.pools
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.name);
+    }
 }
 
 /// Maps a pool-layer error onto an API error code.
@@ -65,13 +91,6 @@ fn io_error(what: &str, path: &str, e: std::io::Error) -> ApiError {
     ApiError::io(format!("{what} {path}: {e}"))
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "localhost".into())
-}
-
 impl Pools {
     /// Opens (creating) the state directory and imports the pools the
     /// daemon owned when it last ran. A pool that cannot be imported is
@@ -83,22 +102,33 @@ impl Pools {
                 state_dir.display()
             )
         })?;
+        let state_lock = std::fs::File::create(state_dir.join("lock"))?;
+        if state_lock.try_lock().is_err() {
+            anyhow::bail!(
+                "another tarn daemon is using the state directory {}; stop it first or pass another --state-dir",
+                state_dir.display()
+            );
+        }
         let id_path = state_dir.join("daemon-id");
         let id = match std::fs::read_to_string(&id_path) {
             Ok(s) if !s.trim().is_empty() => s.trim().to_string(),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                anyhow::bail!("cannot read {}: {e}", id_path.display())
+            }
             _ => {
                 let mut b = [0u8; 8];
                 std::fs::File::open("/dev/urandom")
                     .and_then(|mut f| f.read_exact(&mut b))
                     .map_err(|e| anyhow::anyhow!("cannot read /dev/urandom: {e}"))?;
                 let id = format!("{:016x}", u64::from_le_bytes(b));
-                std::fs::write(&id_path, &id)?;
+                write_atomically(&id_path, id.as_bytes())?;
                 id
             }
         };
         let dirty_max = tuning.dirty_max_mib << 20;
         let opts = PoolOptions {
-            owner: format!("tarn daemon {id} on {}", hostname()),
+            // The identity alone: a renamed host still owns its pools.
+            owner: format!("tarn daemon {id}"),
             sync_interval: std::time::Duration::from_secs(tuning.txg_interval_secs.max(1)),
             dirty_max_bytes: dirty_max,
             dirty_sync_bytes: dirty_max / 4,
@@ -109,6 +139,10 @@ impl Pools {
             state_dir: state_dir.to_path_buf(),
             opts,
             pools: Mutex::new(BTreeMap::new()),
+            pending: Mutex::new(BTreeSet::new()),
+            unavailable: Mutex::new(Vec::new()),
+            cache_lock: Mutex::new(()),
+            _state_lock: state_lock,
         };
         for entry in me.read_cache() {
             match Pool::import(
@@ -127,7 +161,14 @@ impl Pools {
                     );
                     me.lock().insert(entry.name.clone(), pool);
                 }
-                Err(e) => eprintln!("tarn: cannot import pool '{}': {e}", entry.name),
+                Err(e) => {
+                    // Kept in the cache: disks may come late, or be fixed.
+                    eprintln!("tarn: cannot import pool '{}': {e}", entry.name);
+                    me.unavailable
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(entry.clone());
+                }
             }
         }
         me.write_cache();
@@ -155,9 +196,11 @@ impl Pools {
         }
     }
 
-    /// Rewrites the pool cache atomically.
+    /// Rewrites the pool cache atomically; writers are serialized so the
+    /// last state always wins.
     fn write_cache(&self) {
-        let entries: Vec<CacheEntry> = self
+        let _serial = self.cache_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut entries: Vec<CacheEntry> = self
             .lock()
             .values()
             .map(|p| CacheEntry {
@@ -166,18 +209,49 @@ impl Pools {
                 devices: p.device_paths(),
             })
             .collect();
-        let tmp = self.state_dir.join("pools.json.tmp");
+        {
+            let mut unavailable = self.unavailable.lock().unwrap_or_else(|e| e.into_inner());
+            unavailable.retain(|u| !entries.iter().any(|e| e.guid == u.guid || e.name == u.name));
+            entries.extend(unavailable.iter().cloned());
+        }
         let result = serde_json::to_vec_pretty(&entries)
             .map_err(std::io::Error::other)
-            .and_then(|b| {
-                let mut f = std::fs::File::create(&tmp)?;
-                f.write_all(&b)?;
-                f.sync_all()?;
-                std::fs::rename(&tmp, self.cache_path())
-            });
+            .and_then(|b| write_atomically(&self.cache_path(), &b));
         if let Err(e) = result {
             eprintln!("tarn: cannot save {}: {e}", self.cache_path().display());
         }
+    }
+
+    /// Reserves `name` for a create or import; fails if it is taken.
+    fn reserve(&self, name: &str) -> Result<NameGuard<'_>, ApiError> {
+        let pools = self.lock();
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if pools.contains_key(name) || pending.contains(name) {
+            return Err(ApiError::exists(format!(
+                "a pool named '{name}' is already imported (or being imported); choose another name"
+            )));
+        }
+        pending.insert(name.to_string());
+        Ok(NameGuard {
+            pools: self,
+            name: name.to_string(),
+        })
+    }
+
+    /// Removes `pool` from the set if it is still the one under its name.
+    fn forget(&self, pool: &Arc<Pool>) {
+        let mut pools = self.lock();
+        if pools.get(pool.name()).is_some_and(|p| Arc::ptr_eq(p, pool)) {
+            pools.remove(pool.name());
+        }
+    }
+
+    /// Whether `path` is a device of an imported pool.
+    fn is_pool_device(&self, path: &Path) -> bool {
+        let canon = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        self.lock()
+            .values()
+            .any(|p| p.device_paths().contains(&canon))
     }
 
     fn get(&self, name: &str) -> Result<Arc<Pool>, ApiError> {
@@ -201,12 +275,7 @@ fn kind(k: VdevKind) -> PoolVdevKind {
 
 impl Backend for Pools {
     fn pool_create(&self, req: &CreateRequest) -> Result<PoolStatus, ApiError> {
-        if self.lock().contains_key(&req.name) {
-            return Err(ApiError::exists(format!(
-                "a pool named '{}' is already imported",
-                req.name
-            )));
-        }
+        let _name = self.reserve(&req.name)?;
         let specs: Vec<tarn_pool::VdevSpec> = req
             .vdevs
             .iter()
@@ -245,12 +314,10 @@ impl Backend for Pools {
                 .collect();
             return Ok(ImportResult::Candidates(found));
         };
+        // The name the pool will get is known up front unless it is imported
+        // by GUID under its own name: then it is checked once known.
         let name = req.new_name.clone().unwrap_or_else(|| which.to_string());
-        if self.lock().contains_key(&name) {
-            return Err(ApiError::exists(format!(
-                "a pool named '{name}' is already imported; give the new one another name: `tarn pool import {which} NEWNAME`"
-            )));
-        }
+        let _name = self.reserve(&name)?;
         let pool = Pool::import(
             &dirs,
             &devices,
@@ -261,7 +328,25 @@ impl Backend for Pools {
         )
         .map_err(api_error)?;
         let status = pool.status();
-        self.lock().insert(pool.name().to_string(), pool);
+        {
+            let mut pools = self.lock();
+            let taken = pools.contains_key(pool.name())
+                || (pool.name() != name
+                    && self
+                        .pending
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .contains(pool.name()));
+            if taken {
+                drop(pools);
+                let _ = pool.export(false);
+                return Err(ApiError::exists(format!(
+                    "a pool named '{}' is already imported; give this one another name: `tarn pool import {which} NEWNAME`",
+                    pool.name()
+                )));
+            }
+            pools.insert(pool.name().to_string(), pool);
+        }
         self.write_cache();
         Ok(ImportResult::Imported(Box::new(status)))
     }
@@ -269,7 +354,7 @@ impl Backend for Pools {
     fn pool_export(&self, name: &str, _force: bool) -> Result<(), ApiError> {
         let pool = self.get(name)?;
         let r = pool.export(false);
-        self.lock().remove(name);
+        self.forget(&pool);
         self.write_cache();
         r.map_err(api_error)
     }
@@ -277,14 +362,31 @@ impl Backend for Pools {
     fn pool_destroy(&self, name: &str, _force: bool) -> Result<(), ApiError> {
         let pool = self.get(name)?;
         let r = pool.export(true);
-        self.lock().remove(name);
+        self.forget(&pool);
         self.write_cache();
         r.map_err(api_error)
     }
 
     fn pool_list(&self) -> Result<Vec<PoolListEntry>, ApiError> {
         let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
-        Ok(pools.iter().map(|p| p.list_entry()).collect())
+        let mut out: Vec<PoolListEntry> = pools.iter().map(|p| p.list_entry()).collect();
+        // Pools this daemon owns but could not import at start.
+        for u in self
+            .unavailable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            out.push(PoolListEntry {
+                name: u.name.clone(),
+                size: 0,
+                allocated: 0,
+                free: 0,
+                health: tarn_pool::status::Health::Unavail,
+                guid: u.guid.clone(),
+            });
+        }
+        Ok(out)
     }
 
     fn pool_status(&self, name: Option<&str>) -> Result<Vec<PoolStatus>, ApiError> {
@@ -350,8 +452,19 @@ impl Backend for Pools {
         sync: bool,
     ) -> Result<ObjectInfo, ApiError> {
         let p = self.get(pool)?;
-        let mut f =
-            std::fs::File::open(from_path).map_err(|e| io_error("cannot open", from_path, e))?;
+        let from = absolute_path(from_path)?;
+        // Only regular files: a FIFO or terminal would hold this connection
+        // forever, a device is not what anyone means to copy.
+        match std::fs::metadata(from) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => {
+                return Err(ApiError::invalid(format!(
+                    "{from_path} is not a regular file"
+                )))
+            }
+            Err(e) => return Err(io_error("cannot open", from_path, e)),
+        }
+        let mut f = std::fs::File::open(from).map_err(|e| io_error("cannot open", from_path, e))?;
         let mut buf = vec![0u8; COPY_CHUNK_BYTES];
         let mut pos = offset;
         let mut info = None;
@@ -388,26 +501,71 @@ impl Backend for Pools {
 
     fn object_read(&self, pool: &str, object: &str, to_path: &str) -> Result<ObjectInfo, ApiError> {
         let p = self.get(pool)?;
+        let to = absolute_path(to_path)?;
+        if self.is_pool_device(to) {
+            return Err(ApiError::invalid(format!(
+                "{to_path} is a device of an imported pool"
+            )));
+        }
         let info = p.object_info(object).map_err(api_error)?;
-        let mut f =
-            std::fs::File::create(to_path).map_err(|e| io_error("cannot create", to_path, e))?;
-        let mut pos = 0u64;
-        while pos < info.size {
-            let n = ((info.size - pos) as usize).min(COPY_CHUNK_BYTES);
-            let data = p.object_read(object, pos, n).map_err(api_error)?;
-            if data.is_empty() {
-                break;
+        // /dev/null for benchmarks; otherwise a regular file, written under a
+        // temporary name and renamed into place only when complete, so an
+        // error never leaves the destination destroyed or half written.
+        let discard = to == Path::new("/dev/null");
+        if !discard {
+            if let Ok(m) = std::fs::symlink_metadata(to) {
+                if !m.is_file() {
+                    return Err(ApiError::invalid(format!(
+                        "{to_path} exists and is not a regular file"
+                    )));
+                }
             }
-            f.write_all(&data)
-                .map_err(|e| io_error("cannot write", to_path, e))?;
-            pos += data.len() as u64;
         }
-        // Make the copy durable; character devices such as /dev/null
-        // cannot be synced and need not be.
-        if f.metadata().map(|m| m.is_file()).unwrap_or(false) {
-            f.sync_all()
-                .map_err(|e| io_error("cannot write", to_path, e))?;
+        let tmp = if discard {
+            to.to_path_buf()
+        } else {
+            let file = to
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            to.with_file_name(format!(
+                ".{file}.tarn-{}-{}",
+                std::process::id(),
+                next_tmp()
+            ))
+        };
+        let result = (|| {
+            let mut f = if discard {
+                std::fs::OpenOptions::new().write(true).open(&tmp)
+            } else {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&tmp)
+            }
+            .map_err(|e| io_error("cannot create", to_path, e))?;
+            let mut pos = 0u64;
+            while pos < info.size {
+                let n = ((info.size - pos) as usize).min(COPY_CHUNK_BYTES);
+                let data = p.object_read(object, pos, n).map_err(api_error)?;
+                if data.is_empty() {
+                    break;
+                }
+                f.write_all(&data)
+                    .map_err(|e| io_error("cannot write", to_path, e))?;
+                pos += data.len() as u64;
+            }
+            if !discard {
+                f.sync_all()
+                    .map_err(|e| io_error("cannot write", to_path, e))?;
+                std::fs::rename(&tmp, to).map_err(|e| io_error("cannot write", to_path, e))?;
+            }
+            Ok(())
+        })();
+        if result.is_err() && !discard {
+            let _ = std::fs::remove_file(&tmp);
         }
+        result?;
         Ok(ObjectInfo {
             name: info.name,
             size: info.size,
@@ -454,4 +612,35 @@ fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
         }
     }
     Ok(n)
+}
+
+/// Paths come from clients: only absolute ones, so nothing depends on the
+/// daemon's working directory.
+fn absolute_path(p: &str) -> Result<&Path, ApiError> {
+    let path = Path::new(p);
+    if path.is_absolute() {
+        Ok(path)
+    } else {
+        Err(ApiError::invalid(format!("{p:?} is not an absolute path")))
+    }
+}
+
+/// A counter that makes temporary file names unique within the daemon.
+fn next_tmp() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Writes a small file so that readers see the old or the new contents,
+/// never a mix: temporary file, fsync, rename, fsync of the directory.
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp-{}-{}", std::process::id(), next_tmp()));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }

@@ -135,3 +135,82 @@ fn degraded_replace_through_the_cli() {
     assert_eq!(v[0]["health"], "ONLINE", "{st}");
     d.stop();
 }
+
+/// The daemon's own state is guarded: a second daemon on the same state
+/// directory is refused without touching the pool cache; importing another
+/// pool of the same name by GUID cannot displace the imported one; object
+/// copies refuse to write over a pool's device or to relative paths.
+#[test]
+fn daemon_state_and_paths_are_guarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path());
+    let a = files(dir.path(), "a", 1, 64 << 20);
+    d.ok(&["pool", "create", "tank", &a[0]]);
+    let cache = std::fs::read_to_string(dir.path().join("state/pools.json")).unwrap();
+    assert!(cache.contains("tank"));
+
+    let second = std::process::Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .args(["daemon", "--socket"])
+        .arg(dir.path().join("other.sock"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("state directory"),
+        "{second:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("state/pools.json")).unwrap(),
+        cache
+    );
+
+    // Another pool also named tank, exported, imported by its GUID.
+    let other = tempfile::tempdir().unwrap();
+    let b = files(other.path(), "b", 1, 64 << 20);
+    let d2 = Daemon::start(other.path());
+    d2.ok(&["pool", "create", "tank", &b[0]]);
+    let v: serde_json::Value =
+        serde_json::from_str(&d2.ok(&["-o", "json", "pool", "list"])).unwrap();
+    let guid = v[0]["guid"].as_str().unwrap().to_string();
+    d2.ok(&["pool", "export", "tank"]);
+    d2.stop();
+    let err = d.fails(&[
+        "pool",
+        "import",
+        "-d",
+        other.path().to_str().unwrap(),
+        &guid,
+    ]);
+    assert!(err.contains("already imported"), "{err}");
+    let list = d.ok(&["-o", "json", "pool", "list"]);
+    assert!(
+        !list.contains(&guid),
+        "the GUID import displaced the imported pool: {list}"
+    );
+    d.ok(&[
+        "pool",
+        "import",
+        "-d",
+        other.path().to_str().unwrap(),
+        &guid,
+        "tank2",
+    ]);
+
+    let payload = dir.path().join("payload");
+    std::fs::write(&payload, data(100_000, 5)).unwrap();
+    d.ok(&["object", "put", "tank", "x", payload.to_str().unwrap()]);
+    let err = d.fails(&["object", "get", "tank", "x", &a[0]]);
+    assert!(err.contains("device of an imported pool"), "{err}");
+    // A raw API client (the CLI always sends absolute paths).
+    use std::io::{BufRead, Write};
+    let mut raw = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
+    raw.write_all(b"{\"id\":1,\"method\":\"object.read\",\"params\":{\"pool\":\"tank\",\"object\":\"x\",\"to_path\":\"relative/out\"}}\n")
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(raw).read_line(&mut line).unwrap();
+    assert!(line.contains("not an absolute path"), "{line}");
+    d.ok(&["pool", "sync", "tank"]);
+    d.stop();
+}

@@ -165,8 +165,25 @@ pub(crate) fn new_guid() -> u64 {
 /// Takes an exclusive advisory lock on a device so no second process (and
 /// no second pool in this one) opens it while this pool holds it.
 pub(crate) fn lock_device(path: &Path) -> Result<File, PoolError> {
-    let f = File::open(path)
-        .map_err(|e| PoolError::NotFound(format!("cannot open {}: {e}", path.display())))?;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let is_block = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    if is_block {
+        // Linux refuses O_EXCL on a block device that is mounted or held
+        // by another program (a filesystem, md, device-mapper).
+        opts.custom_flags(libc::O_EXCL);
+    }
+    let f = opts.open(path).map_err(|e| {
+        if is_block && e.raw_os_error() == Some(libc::EBUSY) {
+            PoolError::InUse(format!(
+                "device {} is in use (mounted, or held by another program)",
+                path.display()
+            ))
+        } else {
+            PoolError::NotFound(format!("cannot open {}: {e}", path.display()))
+        }
+    })?;
     match f.try_lock() {
         Ok(()) => Ok(f),
         Err(std::fs::TryLockError::WouldBlock) => Err(PoolError::InUse(format!(
@@ -1023,9 +1040,18 @@ impl Pool {
         )?;
         match v {
             None => Ok(None),
-            Some(v) => serde_json::from_slice(&v).map(Some).map_err(|e| {
-                PoolError::Corrupt(format!("directory entry of object '{name}': {e}"))
-            }),
+            Some(v) => {
+                let e: ObjEntry = serde_json::from_slice(&v).map_err(|e| {
+                    PoolError::Corrupt(format!("directory entry of object '{name}': {e}"))
+                })?;
+                if !e.recordsize.is_power_of_two() || e.recordsize < 512 {
+                    return Err(PoolError::Corrupt(format!(
+                        "directory entry of object '{name}': record size {}",
+                        e.recordsize
+                    )));
+                }
+                Ok(Some(e))
+            }
         }
     }
 
