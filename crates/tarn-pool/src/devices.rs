@@ -297,7 +297,10 @@ impl Pool {
                 free: m.free(),
                 counters: sum,
             });
-            tops.extend(leaves);
+            // A single-device vdev is its leaf: one row, as in `status`.
+            if !matches!(t.kind(), tarn_vdev::VdevKind::Single) {
+                tops.extend(leaves);
+            }
         }
         rows.push(IostatEntry {
             name: self.name.clone(),
