@@ -3,22 +3,12 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use common::process::tarn_at as tarn;
+use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::wait_for_socket;
-
-fn tarn(socket: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tarn"))
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .env_remove("TARN_SOCKET")
-        .output()
-        .unwrap()
-}
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()

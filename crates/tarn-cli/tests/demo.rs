@@ -1,19 +1,13 @@
 //! The README's main command as a user runs it: start `tarn demo`, use the
 //! pool, stop it with SIGINT, start it again, and find the data still there.
 
+mod common;
+
 use std::path::Path;
+
+use common::process::tarn_at as tarn;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn tarn(socket: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_tarn"))
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .env_remove("TARN_SOCKET")
-        .output()
-        .unwrap()
-}
 
 fn start(dir: &Path) -> (Child, std::path::PathBuf) {
     let child = Command::new(env!("CARGO_BIN_EXE_tarn"))

@@ -986,11 +986,6 @@ impl Pool {
         self.cv.notify_all();
     }
 
-    /// Is the pool still open (not exported)?
-    pub fn is_open(&self) -> bool {
-        !self.lock().closed
-    }
-
     /// Space that ordinary writes may still use: on each vdev, whole records
     /// above its metadata reserve (which is at least its slop; a record
     /// cannot straddle vdevs), less what the open txg already holds.

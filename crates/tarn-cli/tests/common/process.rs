@@ -5,6 +5,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// Runs the built `tarn` CLI against the daemon on `socket`.
+pub fn tarn_at(socket: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .env_remove("TARN_SOCKET")
+        .output()
+        .expect("run tarn")
+}
+
 /// A running `tarn daemon` with its socket and state in one folder.
 pub struct Daemon {
     /// The daemon process.
@@ -41,13 +52,7 @@ impl Daemon {
 
     /// Runs the CLI against this daemon.
     pub fn tarn(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_tarn"))
-            .arg("--socket")
-            .arg(&self.socket)
-            .args(args)
-            .env_remove("TARN_SOCKET")
-            .output()
-            .expect("run tarn")
+        tarn_at(&self.socket, args)
     }
 
     /// Runs a command that must succeed; returns its stdout.
