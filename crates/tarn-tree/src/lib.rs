@@ -273,7 +273,7 @@ impl Tree {
         if old.is_none() {
             self.len = self.len.saturating_add(1);
         }
-        self.fix_root(Some(key));
+        self.fix_root(store, Some(key));
         Ok(old)
     }
 
@@ -289,7 +289,7 @@ impl Tree {
         let old = remove_rec(&mut self.ctx, store, &mut self.root, key)?;
         if old.is_some() {
             self.len = self.len.saturating_sub(1);
-            self.fix_root(None);
+            self.fix_root(store, None);
         }
         Ok(old)
     }
@@ -340,7 +340,7 @@ impl Tree {
             None,
         );
         self.len = self.len.saturating_sub(n);
-        self.fix_root(None);
+        self.fix_root(store, None);
         Ok(n)
     }
 
@@ -391,27 +391,37 @@ impl Tree {
     }
 
     /// Restores the root invariants after a change: no empty root node, no
-    /// internal root with a single child, no oversized root.
-    fn fix_root(&mut self, grow_key: Option<&[u8]>) {
+    /// internal root with a single child, no oversized root. Collapsing can
+    /// surface an untouched subtree whose top is an internal node with one
+    /// child (legal below the root), so clean roots are collapsed too, reading
+    /// them when needed; a read error only leaves the tree one level taller.
+    fn fix_root(&mut self, store: &dyn NodeStore, grow_key: Option<&[u8]>) {
         let max = self.ctx.node_max;
         loop {
+            let unread = self.root.node.is_none() && !self.root.ptr.is_hole();
+            if unread && self.root.ptr.level > 0 && self.root.load(store).is_err() {
+                return;
+            }
             let Some(node) = self.root.node.as_deref_mut() else {
                 return;
             };
+            if let Body::Internal(kids) = &mut node.body {
+                if kids.len() == 1 {
+                    if !node.dirty && !self.root.ptr.is_hole() {
+                        self.ctx.freed.push(self.root.ptr);
+                    }
+                    if let Some(kid) = kids.pop() {
+                        self.root = kid.slot;
+                    }
+                    continue;
+                }
+            }
             if !node.dirty {
                 return;
             }
             if node.len() == 0 {
                 self.root = Slot::default();
                 return;
-            }
-            if let Body::Internal(kids) = &mut node.body {
-                if kids.len() == 1 {
-                    if let Some(kid) = kids.pop() {
-                        self.root = kid.slot;
-                    }
-                    continue;
-                }
             }
             if !node.needs_split(max) || node.level == u8::MAX {
                 return;
