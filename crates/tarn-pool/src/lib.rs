@@ -38,15 +38,17 @@ pub mod uberblock;
 
 mod config;
 mod devices;
+pub mod ext;
 mod import;
 mod pool;
 mod scan;
 mod store;
 
-pub use config::{PoolOptions, PoolProps, VdevSpec};
+pub use config::{parse_size, PoolOptions, PoolProps, VdevSpec};
+pub use ext::{BlockOpts, Cx, ExtRef, Extension, ScanFn, SyncCx};
 pub use import::discover;
 pub use pool::{ObjectInfo, Pool};
-pub use scan::ScanAction;
+pub use scan::{LeakReport, ScanAction};
 
 use tarn_block::BlockError;
 use tarn_space::SpaceError;

@@ -105,6 +105,8 @@ pub(crate) struct State {
     pub label_txg: u64,
     pub closed: bool,
     pub last_sync_unix: u64,
+    /// The dataset layer's state (see `ext`).
+    pub ext: Option<Box<dyn crate::ext::Extension>>,
 }
 
 /// Control word for the scan thread.
@@ -134,6 +136,8 @@ pub struct Pool {
     /// Serializes starting, pausing and cancelling scans.
     pub(crate) scan_ops: Mutex<()>,
     pub(crate) locks: Mutex<Vec<File>>,
+    /// How scans find the blocks the extension references.
+    pub(crate) ext_scan: Mutex<Option<crate::ext::ScanFn>>,
 }
 
 pub(crate) fn now_unix() -> u64 {
@@ -279,7 +283,7 @@ pub(crate) fn decode_space_root(b: &[u8], tops: usize) -> Result<Vec<SpaceMap>, 
 }
 
 /// Runs `f` over `items` on up to `threads` scoped threads, keeping order.
-fn parallel_map<T: Sync, R: Send>(
+pub(crate) fn parallel_map<T: Sync, R: Send>(
     items: &[T],
     threads: usize,
     f: impl Fn(&T) -> R + Sync,
@@ -468,6 +472,7 @@ impl Pool {
                 label_txg: 0,
                 closed: false,
                 last_sync_unix: now_unix(),
+                ext: None,
             }),
             cv: Condvar::new(),
             holds: Holds::default(),
@@ -479,6 +484,7 @@ impl Pool {
             scanner: Mutex::new(None),
             scan_ops: Mutex::new(()),
             locks: Mutex::new(locks),
+            ext_scan: Mutex::new(None),
         }
     }
 
@@ -589,11 +595,12 @@ impl Pool {
         }
     }
 
-    fn has_changes(st: &State) -> bool {
+    pub(crate) fn has_changes(st: &State) -> bool {
         // Deferred frees only come back after more txgs commit: keep syncing
         // for DEFER_TXGS txgs after real frees (not for the space map's own
         // block, which every sync replaces: an idle pool must stay idle).
         !st.dirty.is_empty()
+            || Self::ext_has_changes(st)
             || st.meta.is_dirty()
             || st.ms_dirty
             || !st.frees.is_empty()
@@ -625,6 +632,10 @@ impl Pool {
         let data_copies = st.props.copies as usize;
         let meta_copies = st.props.metadata_copies();
         let mut missed: Vec<Missed> = Vec::new();
+
+        // 0. The dataset layer: its data blocks and tree nodes, and its
+        // entries of the meta tree, which commits below.
+        self.sync_ext(st, &mut missed)?;
 
         // 1. Data blocks: prepare in parallel, allocate in order, write in parallel.
         let items: Vec<((u64, u64), Vec<u8>)> = std::mem::take(&mut st.dirty).into_iter().collect();
@@ -863,6 +874,7 @@ impl Pool {
             }
         }
         st.meta.evict_clean();
+        self.ext_committed(st);
         Ok(txg)
     }
 
@@ -989,7 +1001,7 @@ impl Pool {
     /// Space that ordinary writes may still use: on each vdev, whole records
     /// above its metadata reserve (which is at least its slop; a record
     /// cannot straddle vdevs), less what the open txg already holds.
-    fn writable_bytes(&self, st: &State, record_len: u64) -> u64 {
+    pub(crate) fn writable_bytes(&self, st: &State, record_len: u64) -> u64 {
         let per = self.record_alloc_size(record_len).max(1);
         let mut writable = 0u64;
         for (v, m) in st.space.iter().enumerate() {
@@ -1011,7 +1023,7 @@ impl Pool {
     }
 
     /// Largest allocation one copy of a `len`-byte record takes on any vdev.
-    fn record_alloc_size(&self, len: u64) -> u64 {
+    pub(crate) fn record_alloc_size(&self, len: u64) -> u64 {
         self.tops
             .iter()
             .map(|t| t.alloc_size(len))

@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use tarn_block::pipeline;
 use tarn_block::BlockPtr;
 
+use crate::ext::{ExtRef, ScanFn, P_EXT};
 use crate::pool::{
     now_unix, ObjEntry, Pool, State, P_OBJDIR, P_RECORD, SCAN_CANCEL, SCAN_PAUSE, SCAN_RUN,
 };
@@ -49,7 +50,7 @@ pub(crate) struct ScanRecord {
     pub total: u64,
     pub repaired: u64,
     pub errors: u64,
-    /// 0: metadata, 1: object records, 2: done.
+    /// 0: metadata, 1: object records, 3: dataset trees, 2: done.
     pub phase: u8,
     /// Last record key whose batch completed (hex).
     pub bookmark: String,
@@ -95,6 +96,37 @@ impl ScanRecord {
         }
     }
 }
+
+/// What [`Pool::leak_check`] found, in bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeakReport {
+    /// Allocated according to the space maps (including deferred frees).
+    pub allocated: u64,
+    /// Freed but not yet reusable.
+    pub deferred: u64,
+    /// Reachable from the committed trees, each block counted once.
+    pub reachable: u64,
+    /// Addresses claimed by two different blocks.
+    pub conflicts: u64,
+}
+
+impl LeakReport {
+    /// True when every allocated byte is reachable and nothing reachable is
+    /// unaccounted for.
+    pub fn is_clean(&self) -> bool {
+        self.conflicts == 0 && self.allocated.saturating_sub(self.deferred) == self.reachable
+    }
+}
+
+/// Whose block a scanned pointer is, for damage reports.
+#[derive(Clone, Debug)]
+enum Who {
+    Meta,
+    Record(u64, u64),
+    Ext(u64, Vec<u8>),
+}
+
+type Batch = Vec<(BlockPtr, Who)>;
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -413,12 +445,7 @@ impl Pool {
     }
 
     /// Scrubs one sorted batch on the worker threads; returns whether to go on.
-    fn scrub_batch(
-        &self,
-        batch: &mut [(BlockPtr, Option<(u64, u64)>)],
-        started: Instant,
-        base: u64,
-    ) -> Step {
+    fn scrub_batch(&self, batch: &mut [(BlockPtr, Who)], started: Instant, base: u64) -> Step {
         batch.sort_by_key(|(bp, _)| addr_key(bp));
         let threads = self.opts.sync_threads.max(1);
         for chunk in batch.chunks(64 * threads) {
@@ -452,16 +479,19 @@ impl Pool {
             let mut lost = Vec::new();
             for ((bp, rec), r) in chunk.iter().zip(&results) {
                 if r.unrecoverable {
-                    lost.push((*bp, *rec));
+                    lost.push((*bp, rec.clone()));
                 }
             }
             for (bp, rec) in lost {
                 let what = match rec {
-                    Some((id, blk)) => {
+                    Who::Record(id, blk) => {
                         let (name, rs) = self.object_name(&mut st, id);
                         format!("object {name} at offset {}", blk * rs)
                     }
-                    None => format!("metadata: {}", pipeline::describe(&bp)),
+                    Who::Ext(tree, key) => {
+                        format!("dataset tree #{tree}, key {}", hex(&key))
+                    }
+                    Who::Meta => format!("metadata: {}", pipeline::describe(&bp)),
                 };
                 st.ms.damaged.insert(what);
             }
@@ -477,6 +507,203 @@ impl Pool {
             st.ms_dirty = true;
         }
         Step::Continue
+    }
+
+    /// Commits what is dirty, then compares the space the space maps hold
+    /// allocated with the space reachable from every committed tree (the
+    /// meta tree, raw-object records, every extension tree walked whole,
+    /// shared blocks counted once). A difference is a leak or a lost block.
+    pub fn leak_check(&self) -> Result<LeakReport, PoolError> {
+        let mut st = self.lock();
+        self.check_usable(&st)?;
+        if Self::has_changes(&st) {
+            self.sync_locked(&mut st)?;
+        }
+        let rs = ReadStore {
+            tops: &self.tops,
+            cache: &self.cache,
+        };
+        let seen = std::cell::RefCell::new(
+            std::collections::HashMap::<(u32, u64), ([u8; 32], u32)>::new(),
+        );
+        let conflicts = std::cell::Cell::new(0u64);
+        let add = |bp: &BlockPtr| {
+            for d in bp.used_dvas() {
+                let mut m = seen.borrow_mut();
+                match m.get(&(d.vdev, d.offset)) {
+                    Some((sum, _)) if *sum != bp.checksum => conflicts.set(conflicts.get() + 1),
+                    Some(_) => {}
+                    None => {
+                        m.insert((d.vdev, d.offset), (bp.checksum, d.asize));
+                    }
+                }
+            }
+        };
+        add(&st.space_root);
+        let scan = self.scan_fn();
+        let mut trees = Vec::new();
+        tarn_tree::walk(
+            &rs,
+            &st.meta.root(),
+            0,
+            &mut |bp| {
+                add(bp);
+                Ok(())
+            },
+            &mut |k, v| {
+                match k.split_first() {
+                    Some((&P_RECORD, _)) => {
+                        let bp = BlockPtr::decode(v)
+                            .map_err(|e| tarn_tree::TreeError::Store(Box::new(e)))?;
+                        add(&bp);
+                    }
+                    Some((&P_EXT, key)) => {
+                        if let Some(f) = scan {
+                            let mut refs = Vec::new();
+                            f(0, key, v, &mut refs);
+                            for r in refs {
+                                match r {
+                                    ExtRef::Block(bp) => add(&bp),
+                                    ExtRef::Tree { root, kind, .. } => trees.push((root, kind)),
+                                }
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                Ok(())
+            },
+        )?;
+        while let Some((root, kind)) = trees.pop() {
+            let Some(f) = scan else { break };
+            let mut nested = Vec::new();
+            tarn_tree::walk(
+                &rs,
+                &root,
+                0,
+                &mut |bp| {
+                    add(bp);
+                    Ok(())
+                },
+                &mut |k, v| {
+                    let mut refs = Vec::new();
+                    f(kind, k, v, &mut refs);
+                    for r in refs {
+                        match r {
+                            ExtRef::Block(bp) => add(&bp),
+                            ExtRef::Tree { root, kind, .. } => nested.push((root, kind)),
+                        }
+                    }
+                    Ok(())
+                },
+            )?;
+            trees.append(&mut nested);
+        }
+        let reachable = seen.borrow().values().map(|(_, a)| *a as u64).sum();
+        Ok(LeakReport {
+            allocated: st.space.iter().map(|m| m.allocated()).sum(),
+            deferred: st.space.iter().map(|m| m.deferred()).sum(),
+            reachable,
+            conflicts: conflicts.get(),
+        })
+    }
+
+    /// Every tree the extension references in the committed-or-open meta
+    /// tree, as (id, root, min_birth, kind), sorted by id.
+    pub(crate) fn ext_trees(
+        &self,
+        st: &mut State,
+        scan: ScanFn,
+    ) -> Result<Vec<(u64, BlockPtr, u64, u8)>, PoolError> {
+        let mut trees = Vec::new();
+        self.for_each_entry(
+            st,
+            &[P_EXT],
+            Bound::Excluded(&[P_EXT + 1][..]),
+            &mut |k, v| {
+                let mut refs = Vec::new();
+                scan(0, &k[1..], v, &mut refs);
+                for r in refs {
+                    if let ExtRef::Tree {
+                        id,
+                        root,
+                        min_birth,
+                        kind,
+                    } = r
+                    {
+                        trees.push((id, root, min_birth, kind));
+                    }
+                }
+                Ok(true)
+            },
+        )?;
+        trees.sort_by_key(|t| t.0);
+        Ok(trees)
+    }
+
+    /// Scrubs one extension tree: its nodes and the blocks its entries name,
+    /// in memory-bounded sorted batches.
+    #[allow(clippy::too_many_arguments)]
+    fn scan_tree(
+        &self,
+        id: u64,
+        root: &BlockPtr,
+        prune: u64,
+        kind: u8,
+        scan: ScanFn,
+        keep: &dyn Fn(&BlockPtr) -> bool,
+        started: Instant,
+        base: u64,
+    ) -> Result<Step, PoolError> {
+        let rs = ReadStore {
+            tops: &self.tops,
+            cache: &self.cache,
+        };
+        let batch: std::cell::RefCell<Batch> = std::cell::RefCell::new(Vec::new());
+        let stopped = std::cell::Cell::new(false);
+        let limit = self.opts.scan_batch_blocks.max(1);
+        let flush = |force: bool| -> Result<(), tarn_tree::TreeError> {
+            let mut b = batch.borrow_mut();
+            if b.len() >= limit || (force && !b.is_empty()) {
+                if let Step::Stop = self.scrub_batch(&mut b, started, base) {
+                    stopped.set(true);
+                    return Err(tarn_tree::TreeError::Store(Box::new(PoolError::Internal(
+                        "scan stopped".into(),
+                    ))));
+                }
+                b.clear();
+            }
+            Ok(())
+        };
+        let r = tarn_tree::walk(
+            &rs,
+            root,
+            prune,
+            &mut |bp| {
+                if keep(bp) {
+                    batch.borrow_mut().push((*bp, Who::Meta));
+                }
+                flush(false)
+            },
+            &mut |k, v| {
+                let mut refs = Vec::new();
+                scan(kind, k, v, &mut refs);
+                for r in refs {
+                    if let ExtRef::Block(bp) = r {
+                        if keep(&bp) {
+                            batch.borrow_mut().push((bp, Who::Ext(id, k.to_vec())));
+                        }
+                    }
+                }
+                flush(false)
+            },
+        )
+        .and_then(|()| flush(true));
+        if stopped.get() {
+            return Ok(Step::Stop);
+        }
+        r?;
+        Ok(Step::Continue)
     }
 
     fn run_scan(self: &Arc<Self>) -> Result<(), PoolError> {
@@ -499,10 +726,12 @@ impl Pool {
                 tops: &self.tops,
                 cache: &self.cache,
             };
-            let mut batch: Vec<(BlockPtr, Option<(u64, u64)>)> = Vec::new();
+            let mut batch: Batch = Vec::new();
+            let ext_scan = self.scan_fn();
             if !space_root.is_hole() && in_window(&space_root) {
-                batch.push((space_root, None));
+                batch.push((space_root, Who::Meta));
             }
+            let ext_blocks = std::cell::RefCell::new(Vec::new());
             if !root.is_hole() {
                 tarn_tree::walk(
                     &rs,
@@ -510,12 +739,26 @@ impl Pool {
                     min_birth.saturating_sub(1),
                     &mut |bp| {
                         if in_window(bp) {
-                            batch.push((*bp, None));
+                            ext_blocks.borrow_mut().push((*bp, Who::Meta));
                         }
                         Ok(())
                     },
-                    &mut |_, _| Ok(()),
+                    &mut |k, v| {
+                        if let (Some(f), Some((&P_EXT, key))) = (ext_scan, k.split_first()) {
+                            let mut refs = Vec::new();
+                            f(0, key, v, &mut refs);
+                            for r in refs {
+                                if let ExtRef::Block(bp) = r {
+                                    if in_window(&bp) {
+                                        ext_blocks.borrow_mut().push((bp, Who::Meta));
+                                    }
+                                }
+                            }
+                        }
+                        Ok(())
+                    },
                 )?;
+                batch.append(&mut ext_blocks.borrow_mut());
             }
             if let Step::Stop = self.scrub_batch(&mut batch, started, base) {
                 return Ok(());
@@ -567,7 +810,10 @@ impl Pool {
                         let mut blk = [0u8; 8];
                         id.copy_from_slice(&k[1..9]);
                         blk.copy_from_slice(&k[9..17]);
-                        batch.push((bp, Some((u64::from_be_bytes(id), u64::from_be_bytes(blk)))));
+                        batch.push((
+                            bp,
+                            Who::Record(u64::from_be_bytes(id), u64::from_be_bytes(blk)),
+                        ));
                     }
                 }
                 if let Step::Stop = self.scrub_batch(&mut batch, started, base) {
@@ -579,6 +825,49 @@ impl Pool {
                     s.bookmark = hex(&last);
                 }
                 st.ms_dirty = true;
+            }
+        }
+        if phase == 1 {
+            phase = 3;
+            let mut st = self.lock();
+            if let Some(s) = st.ms.scan.as_mut() {
+                s.phase = 3;
+                s.bookmark = String::new();
+            }
+            st.ms_dirty = true;
+        }
+        if phase == 3 {
+            if let Some(scan) = self.scan_fn() {
+                loop {
+                    let mut st = self.lock();
+                    let done = st
+                        .ms
+                        .scan
+                        .as_ref()
+                        .map(|s| unhex(&s.bookmark))
+                        .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+                        .map(u64::from_be_bytes);
+                    let trees = self.ext_trees(&mut st, scan)?;
+                    let Some(t) = trees.into_iter().find(|t| done.is_none_or(|d| t.0 > d)) else {
+                        break;
+                    };
+                    let hold = self.holds.hold(st.txg);
+                    drop(st);
+                    let (id, root, tree_min, kind) = t;
+                    let prune = tree_min.max(min_birth.saturating_sub(1));
+                    let keep = |bp: &BlockPtr| in_window(bp) && bp.birth > prune;
+                    if let Step::Stop =
+                        self.scan_tree(id, &root, prune, kind, scan, &keep, started, base)?
+                    {
+                        return Ok(());
+                    }
+                    drop(hold);
+                    let mut st = self.lock();
+                    if let Some(s) = st.ms.scan.as_mut() {
+                        s.bookmark = hex(&id.to_be_bytes());
+                    }
+                    st.ms_dirty = true;
+                }
             }
         }
         // Finished.

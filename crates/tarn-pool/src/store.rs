@@ -94,7 +94,7 @@ impl NodeCache {
         c.map.get(&Self::key(bp)).cloned()
     }
 
-    fn put(&self, bp: &BlockPtr, data: Arc<Vec<u8>>) {
+    pub(crate) fn put(&self, bp: &BlockPtr, data: Arc<Vec<u8>>) {
         if data.len() > self.max_bytes / 4 {
             return;
         }

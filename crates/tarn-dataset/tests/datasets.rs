@@ -1,0 +1,685 @@
+//! Dataset-layer tests on a real pool of files: properties, persistence,
+//! transactions that fail, and space accounting checked against an
+//! independent computation from the trees' block sets.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tarn_block::BlockPtr;
+use tarn_dataset::{self as ds, DatasetInfo, DsError, Source, Value};
+use tarn_pool::{Pool, PoolOptions, VdevSpec};
+use tarn_vdev::VdevKind;
+
+fn opts() -> PoolOptions {
+    PoolOptions {
+        sync_interval: Duration::from_secs(3600),
+        owner: "test".into(),
+        ..Default::default()
+    }
+}
+
+fn files(dir: &Path, n: usize, size: u64) -> Vec<PathBuf> {
+    (0..n)
+        .map(|i| {
+            let p = dir.join(format!("d{i}"));
+            let f = std::fs::File::create(&p).unwrap();
+            f.set_len(size).unwrap();
+            p
+        })
+        .collect()
+}
+
+fn new_pool(dir: &Path, kind: VdevKind, n: usize, size: u64) -> Arc<Pool> {
+    let devs = files(dir, n, size);
+    let pool = Pool::create(
+        "tank",
+        &[VdevSpec {
+            kind,
+            devices: devs,
+        }],
+        12,
+        &BTreeMap::new(),
+        false,
+        opts(),
+    )
+    .unwrap();
+    ds::attach(&pool).unwrap();
+    pool
+}
+
+fn info(pool: &Pool, name: &str) -> DatasetInfo {
+    ds::list(pool, true)
+        .unwrap()
+        .into_iter()
+        .find(|i| i.name == name)
+        .unwrap_or_else(|| panic!("no dataset {name}"))
+}
+
+fn props(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+    kv.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn key(i: u64) -> Vec<u8> {
+    let mut k = b"f".to_vec();
+    k.extend_from_slice(&i.to_be_bytes());
+    k
+}
+
+fn write(h: &ds::DatasetHandle, k: &[u8], data: Vec<u8>) -> Result<(), DsError> {
+    h.txn(true, |t| t.write_block(k, data))
+}
+
+fn read(h: &ds::DatasetHandle, k: &[u8]) -> Option<Vec<u8>> {
+    h.txn(false, |t| t.read_block(k)).unwrap()
+}
+
+#[test]
+fn properties_inherit_and_report_sources() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path(), VdevKind::Single, 1, 64 << 20);
+    ds::create(
+        &pool,
+        "tank/home",
+        &props(&[("compression", "zstd")]),
+        false,
+    )
+    .unwrap();
+    ds::create(&pool, "tank/home/alice/docs", &BTreeMap::new(), true).unwrap();
+    assert!(matches!(
+        ds::create(&pool, "tank/nope/x", &BTreeMap::new(), false),
+        Err(DsError::NotFound(_))
+    ));
+    assert!(matches!(
+        ds::create(&pool, "tank/home", &BTreeMap::new(), false),
+        Err(DsError::Exists(_))
+    ));
+    assert!(ds::create(&pool, "other/x", &BTreeMap::new(), false).is_err());
+    assert!(ds::create(&pool, "tank/bad name", &BTreeMap::new(), false).is_err());
+    assert!(ds::create(&pool, "tank/x", &props(&[("recordsize", "3000")]), false).is_err());
+
+    let get = |name: &str, p: &str| {
+        ds::get_props(&pool, name, &[p.to_string()])
+            .unwrap()
+            .remove(0)
+    };
+    let c = get("tank/home/alice/docs", "compression");
+    assert_eq!(c.value, "zstd");
+    assert_eq!(c.source, Source::Inherited("tank/home".into()));
+    assert_eq!(get("tank/home", "compression").source, Source::Local);
+    let r = get("tank/home/alice", "recordsize");
+    assert_eq!((r.value.as_str(), r.source), ("131072", Source::Default));
+
+    ds::set_prop(&pool, "tank/home", "mountpoint", "/srv/home").unwrap();
+    assert_eq!(
+        get("tank/home/alice/docs", "mountpoint").value,
+        "/srv/home/alice/docs"
+    );
+    ds::set_prop(&pool, "tank/home/alice", "compression", "off").unwrap();
+    assert_eq!(get("tank/home/alice/docs", "compression").value, "off");
+    ds::inherit(&pool, "tank/home/alice", "compression").unwrap();
+    assert_eq!(get("tank/home/alice/docs", "compression").value, "zstd");
+    assert!(ds::set_prop(&pool, "tank/home", "used", "5").is_err());
+    assert!(ds::set_prop(&pool, "tank/home", "sync", "sometimes").is_err());
+
+    // Rename moves descendants; properties follow.
+    ds::rename(&pool, "tank/home/alice", "tank/alice").unwrap();
+    assert_eq!(get("tank/alice/docs", "compression").value, "lz4");
+    assert!(ds::rename(&pool, "tank/alice", "tank/alice/docs/x").is_err());
+
+    // Everything survives export and import.
+    pool.export(false).unwrap();
+    drop(pool);
+    let pool = Pool::import(
+        &[dir.path().to_path_buf()],
+        &[],
+        "tank",
+        None,
+        false,
+        opts(),
+    )
+    .unwrap();
+    ds::attach(&pool).unwrap();
+    let names: Vec<String> = ds::list(&pool, false)
+        .unwrap()
+        .into_iter()
+        .map(|i| i.name)
+        .collect();
+    assert_eq!(
+        names,
+        ["tank", "tank/alice", "tank/alice/docs", "tank/home"]
+    );
+    let m = ds::get_props(&pool, "tank/alice/docs", &["mountpoint".into()]).unwrap();
+    assert_eq!(m[0].value, "none");
+}
+
+#[test]
+fn data_and_snapshots_survive_export_and_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path(), VdevKind::Raidz { parity: 1 }, 4, 64 << 20);
+    ds::create(&pool, "tank/photos", &BTreeMap::new(), false).unwrap();
+    let h = ds::open(&pool, "tank/photos").unwrap();
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    for i in 0..3 {
+        write(
+            &h,
+            &key(i),
+            big[..(100_000 * (i as usize + 1)).min(big.len())].to_vec(),
+        )
+        .unwrap();
+    }
+    h.txn::<_, DsError>(true, |t| t.put(b"meta", b"hello"))
+        .unwrap();
+    ds::snapshot(&pool, &["tank/photos@one".into()], false).unwrap();
+    write(&h, &key(0), vec![9; 5000]).unwrap();
+    h.txn::<_, DsError>(true, |t| t.delete(&key(1)).map(|_| ()))
+        .unwrap();
+    pool.export(false).unwrap();
+    drop((h, pool));
+
+    let pool = Pool::import(
+        &[dir.path().to_path_buf()],
+        &[],
+        "tank",
+        None,
+        false,
+        opts(),
+    )
+    .unwrap();
+    ds::attach(&pool).unwrap();
+    let h = ds::open(&pool, "tank/photos").unwrap();
+    assert_eq!(read(&h, &key(0)).unwrap(), vec![9; 5000]);
+    assert_eq!(read(&h, &key(1)), None);
+    assert_eq!(read(&h, &key(2)).unwrap(), big[..300_000].to_vec());
+    let s = ds::open(&pool, "tank/photos@one").unwrap();
+    assert_eq!(read(&s, &key(0)).unwrap(), big[..100_000].to_vec());
+    assert_eq!(read(&s, &key(1)).unwrap(), big[..200_000].to_vec());
+    assert_eq!(
+        s.txn(false, |t| t.get(b"meta")).unwrap(),
+        Some(Value::Plain(b"hello".to_vec()))
+    );
+    // Snapshots refuse changes.
+    assert!(matches!(
+        s.txn(true, |t| t.put(b"x", b"y")),
+        Err(DsError::ReadOnly(_))
+    ));
+    let snaps = h.snapshots().unwrap();
+    assert_eq!(snaps.len(), 1);
+    assert_eq!(snaps[0].0, "one");
+    // Scrub walks the dataset trees: every block is verified.
+    let report = pool.leak_check().unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}
+
+#[test]
+fn failed_transactions_leave_no_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path(), VdevKind::Single, 1, 64 << 20);
+    ds::create(&pool, "tank/q", &props(&[("quota", "1M")]), false).unwrap();
+    let h = ds::open(&pool, "tank/q").unwrap();
+    write(&h, &key(0), vec![1; 1000]).unwrap();
+    h.txn::<_, DsError>(true, |t| t.put(b"a", b"1")).unwrap();
+    pool.sync().unwrap();
+    let before = info(&pool, "tank/q");
+    // A transaction that changes several things and then fails.
+    let r: Result<(), DsError> = h.txn(true, |t| {
+        t.put(b"a", b"2")?;
+        t.put(b"b", b"new")?;
+        t.delete(&key(0))?;
+        t.write_block(&key(1), vec![5; 4096])?;
+        Err(DsError::Invalid("caller gave up".into()))
+    });
+    assert!(r.is_err());
+    assert_eq!(
+        h.txn(false, |t| t.get(b"a")).unwrap(),
+        Some(Value::Plain(b"1".to_vec()))
+    );
+    assert_eq!(h.txn(false, |t| t.get(b"b")).unwrap(), None);
+    assert_eq!(read(&h, &key(0)).unwrap(), vec![1; 1000]);
+    assert_eq!(read(&h, &key(1)), None);
+    // The quota: incompressible data until EDQUOT, which changes nothing.
+    let mut seed = 1u64;
+    let mut noise = |n: usize| {
+        (0..n)
+            .map(|_| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (seed >> 33) as u8
+            })
+            .collect::<Vec<u8>>()
+    };
+    let mut hit = None;
+    for i in 10..40 {
+        let r: Result<(), DsError> = h.txn(true, |t| {
+            t.put(format!("k{i}").as_bytes(), b"v")?;
+            t.write_block(&key(i), noise(128 * 1024))
+        });
+        if let Err(e) = r {
+            hit = Some((i, e));
+            break;
+        }
+        pool.sync().unwrap();
+    }
+    let (i, e) = hit.expect("the quota was never reached");
+    assert!(matches!(e, DsError::Quota(_)), "{e}");
+    assert_eq!(
+        h.txn(false, |t| t.get(format!("k{i}").as_bytes())).unwrap(),
+        None
+    );
+    assert!(info(&pool, "tank/q").used <= 1 << 20);
+    pool.sync().unwrap();
+    assert!(pool.leak_check().unwrap().is_clean());
+    let _ = before;
+}
+
+/// Blocks of a dataset by address, with their allocated size.
+type Blocks = HashMap<(u32, u64), u64>;
+
+fn block_set(pool: &Pool, name: &str) -> Blocks {
+    ds::blocks(pool, name)
+        .unwrap()
+        .into_iter()
+        .map(|bp: BlockPtr| ((bp.dvas[0].vdev, bp.dvas[0].offset), bp.allocated_bytes()))
+        .collect()
+}
+
+fn sum_except(of: &HashMap<(u32, u64), u64>, others: &[&HashMap<(u32, u64), u64>]) -> u64 {
+    of.iter()
+        .filter(|(k, _)| !others.iter().any(|o| o.contains_key(*k)))
+        .map(|(_, a)| a)
+        .sum()
+}
+
+/// Checks every figure of a filesystem and its snapshots against the block
+/// sets of the trees, and the pool for leaks.
+fn check_accounting(pool: &Pool, fs: &str) {
+    pool.sync().unwrap();
+    let all = ds::list(pool, true).unwrap();
+    let head = block_set(pool, fs);
+    let snaps: Vec<(String, Blocks)> = all
+        .iter()
+        .filter(|i| i.name.starts_with(&format!("{fs}@")))
+        .map(|i| (i.name.clone(), block_set(pool, &i.name)))
+        .collect();
+    let hi = all.iter().find(|i| i.name == fs).unwrap();
+    assert_eq!(hi.referenced, head.values().sum::<u64>(), "{fs} referenced");
+    let snap_refs: Vec<&HashMap<_, _>> = snaps.iter().map(|(_, s)| s).collect();
+    assert_eq!(
+        hi.usedbydataset,
+        sum_except(&head, &snap_refs),
+        "{fs} usedbydataset"
+    );
+    let mut union: HashMap<(u32, u64), u64> = HashMap::new();
+    for (_, s) in &snaps {
+        union.extend(s.iter().map(|(k, v)| (*k, *v)));
+    }
+    assert_eq!(
+        hi.usedbysnapshots,
+        sum_except(&union, &[&head]),
+        "{fs} usedbysnapshots"
+    );
+    for (name, s) in &snaps {
+        let mut others: Vec<&HashMap<_, _>> = vec![&head];
+        others.extend(snaps.iter().filter(|(n, _)| n != name).map(|(_, o)| o));
+        let si = all.iter().find(|i| &i.name == name).unwrap();
+        assert_eq!(si.used, sum_except(s, &others), "{name} used");
+        assert_eq!(si.referenced, s.values().sum::<u64>(), "{name} referenced");
+    }
+    let leak = pool.leak_check().unwrap();
+    assert!(leak.is_clean(), "{leak:?}");
+}
+
+#[test]
+fn space_returns_to_baseline() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path(), VdevKind::Raidz { parity: 1 }, 4, 64 << 20);
+    ds::create(&pool, "tank/fs", &props(&[("compression", "off")]), false).unwrap();
+    let h = ds::open(&pool, "tank/fs").unwrap();
+    h.txn::<_, DsError>(true, |t| t.put(b"root", b"inode"))
+        .unwrap();
+    for _ in 0..3 {
+        pool.sync().unwrap();
+    }
+    let base_pool = pool.space().1;
+    let base = info(&pool, "tank/fs");
+    let base_root = info(&pool, "tank");
+
+    for i in 0..8 {
+        write(&h, &key(i), vec![i as u8 + 1; 128 * 1024]).unwrap();
+    }
+    check_accounting(&pool, "tank/fs");
+    let full = info(&pool, "tank/fs");
+    assert!(full.used >= base.used + 8 * 128 * 1024);
+    assert!(full.available.unwrap() < base.available.unwrap());
+
+    ds::snapshot(&pool, &["tank/fs@a".into()], false).unwrap();
+    for i in 0..4 {
+        write(&h, &key(i), vec![0xaa; 128 * 1024]).unwrap(); // overwrite
+    }
+    for i in 4..8 {
+        h.txn::<_, DsError>(true, |t| t.delete(&key(i)).map(|_| ()))
+            .unwrap();
+    }
+    check_accounting(&pool, "tank/fs");
+    // Deleting what the snapshot holds freed nothing of it.
+    let a = info(&pool, "tank/fs@a");
+    assert!(
+        a.used >= 8 * 128 * 1024,
+        "snapshot holds all 8 old records: {}",
+        a.used
+    );
+    ds::snapshot(&pool, &["tank/fs@b".into()], false).unwrap();
+    ds::clone(&pool, "tank/fs@b", "tank/c", &BTreeMap::new()).unwrap();
+    let c = ds::open(&pool, "tank/c").unwrap();
+    write(&c, &key(0), vec![0xcc; 50_000]).unwrap();
+    assert_eq!(read(&c, &key(1)).unwrap(), vec![0xaa; 128 * 1024]);
+    check_accounting(&pool, "tank/fs");
+    assert!(matches!(
+        ds::destroy(&pool, "tank/fs@b", false),
+        Err(DsError::Busy(_))
+    ));
+    ds::destroy(&pool, "tank/c", false).unwrap();
+    ds::destroy(&pool, "tank/fs@a", false).unwrap();
+    check_accounting(&pool, "tank/fs");
+    // Roll back to b, then delete everything and drop b.
+    write(&h, &key(3), vec![0x33; 1000]).unwrap();
+    ds::rollback(&pool, "tank/fs@b", false).unwrap();
+    assert_eq!(read(&h, &key(3)).unwrap(), vec![0xaa; 128 * 1024]);
+    check_accounting(&pool, "tank/fs");
+    for i in 0..4 {
+        h.txn::<_, DsError>(true, |t| t.delete(&key(i)).map(|_| ()))
+            .unwrap();
+    }
+    ds::destroy(&pool, "tank/fs@b", false).unwrap();
+    check_accounting(&pool, "tank/fs");
+    for _ in 0..3 {
+        pool.sync().unwrap();
+    }
+    let end = info(&pool, "tank/fs");
+    assert_eq!((end.used, end.referenced), (base.used, base.referenced));
+    assert_eq!(end.available, base.available);
+    assert_eq!(info(&pool, "tank").used, base_root.used);
+    assert_eq!(
+        pool.space().1,
+        base_pool,
+        "pool allocated returns to its baseline"
+    );
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Write(u8, u32, u8),
+    Delete(u8),
+    Snapshot,
+    DestroySnap(u8),
+    Rollback,
+    Clone,
+    CloneWrite(u8, u8),
+    DestroyClone,
+    Sync,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (0u8..12, 1u32..70_000, any::<u8>()).prop_map(|(k, l, b)| Op::Write(k, l, b)),
+        4 => (0u8..12).prop_map(Op::Delete),
+        3 => Just(Op::Snapshot),
+        2 => any::<u8>().prop_map(Op::DestroySnap),
+        1 => Just(Op::Rollback),
+        1 => Just(Op::Clone),
+        2 => (0u8..12, any::<u8>()).prop_map(|(k, b)| Op::CloneWrite(k, b)),
+        1 => Just(Op::DestroyClone),
+        2 => Just(Op::Sync),
+    ]
+}
+
+fn data_of(len: u32, b: u8) -> Vec<u8> {
+    // Varied but compressible so compression is exercised too.
+    (0..len)
+        .map(|i| if i % 7 == 0 { b } else { (i / 64) as u8 ^ b })
+        .collect()
+}
+
+type Model = BTreeMap<u8, Vec<u8>>;
+
+fn run(ops: Vec<Op>) {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path(), VdevKind::Mirror, 2, 96 << 20);
+    ds::create(&pool, "tank/fs", &BTreeMap::new(), false).unwrap();
+    let h = ds::open(&pool, "tank/fs").unwrap();
+    let mut head: Model = BTreeMap::new();
+    let mut snaps: Vec<(String, Model)> = Vec::new();
+    let mut clone: Option<(String, Model)> = None;
+    let mut n = 0;
+    for op in ops {
+        match op {
+            Op::Write(k, len, b) => {
+                write(&h, &key(k as u64), data_of(len, b)).unwrap();
+                head.insert(k, data_of(len, b));
+            }
+            Op::Delete(k) => {
+                let had = h
+                    .txn::<_, DsError>(true, |t| t.delete(&key(k as u64)))
+                    .unwrap();
+                assert_eq!(had, head.remove(&k).is_some());
+            }
+            Op::Snapshot => {
+                n += 1;
+                let name = format!("tank/fs@s{n}");
+                ds::snapshot(&pool, std::slice::from_ref(&name), false).unwrap();
+                snaps.push((name, head.clone()));
+            }
+            Op::DestroySnap(i) => {
+                if snaps.is_empty() {
+                    continue;
+                }
+                let i = i as usize % snaps.len();
+                let is_origin =
+                    clone.is_some() && i == snaps.len() - 1 && clone_origin(&clone, &snaps[i].0);
+                let r = ds::destroy(&pool, &snaps[i].0, false);
+                if is_origin {
+                    assert!(matches!(r, Err(DsError::Busy(_))));
+                } else {
+                    r.unwrap();
+                    snaps.remove(i);
+                }
+            }
+            Op::Rollback => {
+                let Some((name, m)) = snaps.last().cloned() else {
+                    continue;
+                };
+                ds::rollback(&pool, &name, false).unwrap();
+                head = m;
+            }
+            Op::Clone => {
+                if clone.is_some() {
+                    continue;
+                }
+                let Some((name, m)) = snaps.last().cloned() else {
+                    continue;
+                };
+                ds::clone(&pool, &name, "tank/c", &BTreeMap::new()).unwrap();
+                clone = Some((name, m));
+            }
+            Op::CloneWrite(k, b) => {
+                let Some((_, m)) = clone.as_mut() else {
+                    continue;
+                };
+                let c = ds::open(&pool, "tank/c").unwrap();
+                write(&c, &key(k as u64), data_of(3000 + b as u32 * 10, b)).unwrap();
+                m.insert(k, data_of(3000 + b as u32 * 10, b));
+            }
+            Op::DestroyClone => {
+                if clone.take().is_some() {
+                    ds::destroy(&pool, "tank/c", false).unwrap();
+                }
+            }
+            Op::Sync => {
+                pool.sync().unwrap();
+            }
+        }
+    }
+    // Every view reads back exactly its model.
+    let check = |name: &str, m: &Model| {
+        let hh = ds::open(&pool, name).unwrap();
+        for k in 0..12u8 {
+            assert_eq!(
+                read(&hh, &key(k as u64)).as_ref(),
+                m.get(&k),
+                "{name} key {k}"
+            );
+        }
+        let listed = hh
+            .txn::<_, DsError>(false, |t| t.range(Bound::Unbounded, Bound::Unbounded, 100))
+            .unwrap();
+        assert_eq!(listed.len(), m.len(), "{name} listing");
+    };
+    check("tank/fs", &head);
+    for (name, m) in &snaps {
+        check(name, m);
+    }
+    if let Some((_, m)) = &clone {
+        check("tank/c", m);
+    }
+    check_accounting(&pool, "tank/fs");
+    // Tear everything down: the pool returns to a dataset-free footprint.
+    if clone.is_some() {
+        ds::destroy(&pool, "tank/c", false).unwrap();
+    }
+    ds::destroy(&pool, "tank/fs", true).unwrap();
+    for _ in 0..3 {
+        pool.sync().unwrap();
+    }
+    assert!(pool.leak_check().unwrap().is_clean());
+    assert_eq!(info(&pool, "tank").used, info(&pool, "tank").referenced);
+}
+
+fn clone_origin(clone: &Option<(String, Model)>, snap: &str) -> bool {
+    clone.as_ref().is_some_and(|(o, _)| o == snap)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    #[test]
+    fn accounting_matches_the_trees(ops in prop::collection::vec(op(), 1..40)) {
+        run(ops);
+    }
+}
+
+#[test]
+fn snapshots_of_a_subtree_are_atomic_and_ranges_destroy() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path(), VdevKind::Single, 1, 64 << 20);
+    ds::create(&pool, "tank/a/b", &BTreeMap::new(), true).unwrap();
+    let txg = pool.txg();
+    ds::snapshot(&pool, &["tank/a@x".into()], true).unwrap();
+    assert!(pool.txg() <= txg + 2);
+    let names: HashSet<String> = ds::list(&pool, true)
+        .unwrap()
+        .into_iter()
+        .map(|i| i.name)
+        .collect();
+    assert!(names.contains("tank/a@x") && names.contains("tank/a/b@x"));
+    assert!(matches!(
+        ds::snapshot(&pool, &["tank/a@x".into()], false),
+        Err(DsError::Exists(_))
+    ));
+    for s in ["y", "z", "w"] {
+        ds::snapshot(&pool, &[format!("tank/a@{s}")], false).unwrap();
+    }
+    ds::destroy(&pool, "tank/a@y%z", false).unwrap();
+    let left: Vec<String> = ds::list(&pool, true)
+        .unwrap()
+        .into_iter()
+        .map(|i| i.name)
+        .filter(|n| n.starts_with("tank/a@"))
+        .collect();
+    assert_eq!(left, ["tank/a@w", "tank/a@x"]);
+    assert!(matches!(
+        ds::destroy(&pool, "tank/a", false),
+        Err(DsError::Busy(_))
+    ));
+    ds::destroy(&pool, "tank/a", true).unwrap();
+    assert_eq!(ds::list(&pool, true).unwrap().len(), 1);
+    assert!(matches!(
+        ds::destroy(&pool, "tank", true),
+        Err(DsError::Invalid(_))
+    ));
+}
+
+fn wait_scan(pool: &Pool) -> tarn_pool::status::ScanStatus {
+    use tarn_pool::status::ScanState;
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(s) = pool.status().scan {
+            if s.state == ScanState::Finished || s.state == ScanState::Canceled {
+                return s;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "scan did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Scrub reaches the blocks of every dataset and snapshot tree: damage to
+/// a mirror half is found and repaired; on a single device it is reported.
+#[test]
+fn scrub_walks_dataset_trees() {
+    use std::os::unix::fs::FileExt;
+    for kind in [VdevKind::Mirror, VdevKind::Single] {
+        let dir = tempfile::tempdir().unwrap();
+        let n = if kind == VdevKind::Mirror { 2 } else { 1 };
+        let pool = new_pool(dir.path(), kind, n, 64 << 20);
+        ds::create(&pool, "tank/fs", &props(&[("compression", "off")]), false).unwrap();
+        let h = ds::open(&pool, "tank/fs").unwrap();
+        write(&h, &key(1), vec![0x5a; 64 * 1024]).unwrap();
+        ds::snapshot(&pool, &["tank/fs@s".into()], false).unwrap();
+        // Only the snapshot holds the block from now on.
+        h.txn::<_, DsError>(true, |t| t.delete(&key(1)).map(|_| ()))
+            .unwrap();
+        pool.sync().unwrap();
+        let bp = ds::blocks(&pool, "tank/fs@s")
+            .unwrap()
+            .into_iter()
+            .find(|b| b.lsize == 64 * 1024)
+            .expect("the data block");
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("d0"))
+            .unwrap();
+        f.write_at(&[0xff; 4096], tarn_vdev::DATA_START + bp.dvas[0].offset)
+            .unwrap();
+        drop(f);
+        pool.scrub(tarn_pool::ScanAction::Start).unwrap();
+        let s = wait_scan(&pool);
+        let st = pool.status();
+        if kind == VdevKind::Mirror {
+            assert!(s.repaired_bytes >= 4096, "{s:?}");
+            assert_eq!(s.errors, 0);
+            let snap = ds::open(&pool, "tank/fs@s").unwrap();
+            assert_eq!(read(&snap, &key(1)).unwrap(), vec![0x5a; 64 * 1024]);
+        } else {
+            assert_eq!(s.errors, 1, "{s:?}");
+            assert!(
+                st.damaged.iter().any(|d| d.contains("dataset tree")),
+                "{:?}",
+                st.damaged
+            );
+            let snap = ds::open(&pool, "tank/fs@s").unwrap();
+            assert!(matches!(
+                snap.txn(false, |t| t.read_block(&key(1))),
+                Err(DsError::Damaged(_))
+            ));
+        }
+    }
+}

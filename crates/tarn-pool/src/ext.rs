@@ -1,0 +1,477 @@
+//! The seam through which a higher layer (datasets) keeps state in the pool.
+//!
+//! # Theory
+//!
+//! The pool knows nothing of datasets, yet dataset changes must commit in the
+//! same txg as everything else, under the same lock, in the sync order of
+//! DESIGN.md. So the dataset layer installs one [`Extension`]: an object that
+//! lives *inside* the pool state, under the pool mutex. Open-context code
+//! reaches it through [`Pool::with_ext`] together with a [`Cx`] (meta-tree
+//! entries in the extension's namespace, verified block reads, space charges
+//! for the write throttle and ENOSPC, frees). At the start of every sync the
+//! pool calls [`Extension::sync`] with a [`SyncCx`] that writes data blocks
+//! and tree nodes of the txg being synced; everything it writes is then
+//! covered by the meta tree commit, the space maps and the uberblock that
+//! follow. One lock means no lock order to get wrong: the price is that
+//! extension work waits while a txg syncs (a known limit).
+//!
+//! The pool must still be able to *scan* what the extension references
+//! without understanding it, from its own thread and without the lock. The
+//! extension therefore also registers a pure [`ScanFn`]: given a meta entry
+//! of its namespace (tree kind 0) or an entry of one of its own trees, it
+//! names the block pointers and sub-trees inside. Scrub, resilver and the
+//! leak check walk those.
+
+use std::any::Any;
+use std::ops::Bound;
+
+use tarn_block::pipeline::{self, Missed, Prepared};
+use tarn_block::{BlockPtr, BlockType, ChecksumAlg, Compression};
+use tarn_tree::NodeStore;
+
+use crate::pool::{parallel_map, Pool, State};
+use crate::store::{Allocator, ReadStore};
+use crate::PoolError;
+
+/// A key and its value.
+pub type Entry = (Vec<u8>, Vec<u8>);
+
+/// Meta-tree prefix of the extension's namespace.
+pub(crate) const P_EXT: u8 = 0x40;
+
+/// Pool state owned by a higher layer, synced with every txg.
+pub trait Extension: Send {
+    /// True when the open txg holds changes of this extension.
+    fn has_changes(&self) -> bool;
+    /// Writes this extension's part of the txg being synced. Called first in
+    /// the sync, before the meta tree commits. An error faults the pool.
+    fn sync(&mut self, cx: &mut SyncCx<'_, '_>) -> Result<(), PoolError>;
+    /// Called once the txg has committed (to evict caches).
+    fn committed(&mut self, _txg: u64) {}
+    /// For [`Pool::with_ext`]'s downcast.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// Something an extension entry references, for scans.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExtRef {
+    /// A block to verify.
+    Block(BlockPtr),
+    /// A tree to walk. `id` orders trees and bookmarks a resumed scan;
+    /// blocks born at or before `min_birth` are reachable elsewhere (an
+    /// older snapshot) and are skipped; `kind` is passed back to the
+    /// [`ScanFn`] for the tree's entries.
+    Tree {
+        /// Stable identity, never reused.
+        id: u64,
+        /// Root of the committed tree.
+        root: BlockPtr,
+        /// Prune blocks born at or before this txg.
+        min_birth: u64,
+        /// Passed to the scan function for entries of this tree.
+        kind: u8,
+    },
+}
+
+/// Names what an entry references: `kind` 0 for the extension's meta-tree
+/// entries (key without the pool's prefix), otherwise the `kind` of the
+/// [`ExtRef::Tree`] the entry belongs to. Pure, so scans can call it
+/// without the pool lock.
+pub type ScanFn = fn(kind: u8, key: &[u8], value: &[u8], out: &mut Vec<ExtRef>);
+
+/// How a data block is stored.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockOpts {
+    /// Compression.
+    pub compression: Compression,
+    /// Checksum algorithm.
+    pub checksum: ChecksumAlg,
+    /// Copies (1..=3), on top of vdev redundancy.
+    pub copies: u8,
+}
+
+fn ext_key(key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(key.len() + 1);
+    k.push(P_EXT);
+    k.extend_from_slice(key);
+    k
+}
+
+/// Open-context access for the extension, under the pool lock.
+pub struct Cx<'p, 's> {
+    pub(crate) pool: &'p Pool,
+    pub(crate) st: &'s mut State,
+}
+
+impl Cx<'_, '_> {
+    /// The txg that changes made now will commit in.
+    pub fn txg(&self) -> u64 {
+        self.st.txg + 1
+    }
+
+    /// The last committed txg.
+    pub fn committed_txg(&self) -> u64 {
+        self.st.txg
+    }
+
+    /// Pool properties (defaults for datasets).
+    pub fn props(&self) -> crate::PoolProps {
+        self.st.props.clone()
+    }
+
+    /// A node store for reading committed trees (through the node cache).
+    pub fn store(&self) -> impl NodeStore + '_ {
+        ReadStore {
+            tops: &self.pool.tops,
+            cache: &self.pool.cache,
+        }
+    }
+
+    /// The value of an entry in the extension's meta namespace.
+    pub fn meta_get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PoolError> {
+        let rs = ReadStore {
+            tops: &self.pool.tops,
+            cache: &self.pool.cache,
+        };
+        Ok(self.st.meta.get(&rs, &ext_key(key))?)
+    }
+
+    /// Stores an entry in the extension's meta namespace.
+    pub fn meta_put(&mut self, key: &[u8], value: &[u8]) -> Result<(), PoolError> {
+        let rs = ReadStore {
+            tops: &self.pool.tops,
+            cache: &self.pool.cache,
+        };
+        self.st.meta.insert(&rs, &ext_key(key), value)?;
+        Ok(())
+    }
+
+    /// Removes an entry of the extension's meta namespace.
+    pub fn meta_delete(&mut self, key: &[u8]) -> Result<bool, PoolError> {
+        let rs = ReadStore {
+            tops: &self.pool.tops,
+            cache: &self.pool.cache,
+        };
+        Ok(self.st.meta.remove(&rs, &ext_key(key))?.is_some())
+    }
+
+    /// Up to `limit` entries of the namespace inside `start..end` (keys
+    /// without the pool's prefix).
+    pub fn meta_range(
+        &mut self,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Entry>, PoolError> {
+        let rs = ReadStore {
+            tops: &self.pool.tops,
+            cache: &self.pool.cache,
+        };
+        let map = |b: Bound<&[u8]>, unbounded: Bound<Vec<u8>>| match b {
+            Bound::Included(k) => Bound::Included(ext_key(k)),
+            Bound::Excluded(k) => Bound::Excluded(ext_key(k)),
+            Bound::Unbounded => unbounded,
+        };
+        let lo = map(start, Bound::Included(vec![P_EXT]));
+        let hi = map(end, Bound::Excluded(vec![P_EXT + 1]));
+        let page = self.st.meta.range(&rs, as_ref(&lo), as_ref(&hi), limit)?;
+        Ok(page
+            .into_iter()
+            .filter(|(k, _)| k.first() == Some(&P_EXT))
+            .map(|(mut k, v)| {
+                k.remove(0);
+                (k, v)
+            })
+            .collect())
+    }
+
+    /// Reads and verifies a data block. A failure is reported by the caller
+    /// (it knows which file it was).
+    pub fn read_block(&self, bp: &BlockPtr) -> Result<Vec<u8>, PoolError> {
+        Ok(pipeline::read_block(&self.pool.tops, bp)?)
+    }
+
+    /// Records damage for `status` (e.g. "tank/photos: file 7 at offset 0").
+    pub fn report_damage(&mut self, what: String) {
+        if self.st.ms.damaged.insert(what) {
+            self.st.ms_dirty = true;
+        }
+    }
+
+    /// Releases a block no longer referenced; it becomes reusable once the
+    /// txg that freed it is safely in the past.
+    pub fn free(&mut self, bp: BlockPtr) {
+        if !bp.is_hole() {
+            self.st.frees.push(bp);
+        }
+    }
+
+    /// Worst-case bytes allocated for a block of `lsize` bytes with `copies`.
+    pub fn alloc_cost(&self, lsize: u64, copies: u8) -> u64 {
+        self.pool.record_alloc_size(lsize) * copies.max(1) as u64
+    }
+
+    /// Bytes ordinary writes may still use (after slop, metadata reserve and
+    /// what the open txg already holds), counting whole blocks of `lsize`.
+    pub fn writable(&self, lsize: u64) -> u64 {
+        self.pool.writable_bytes(self.st, lsize)
+    }
+
+    /// Counts `dirty` bytes against the write throttle and `cost` against
+    /// free space until the next sync writes them.
+    pub fn charge(&mut self, dirty: u64, cost: u64) {
+        self.st.dirty_bytes += dirty;
+        self.st.reserved += cost;
+        if self.st.dirty_bytes >= self.pool.opts.dirty_sync_bytes {
+            self.pool.cv.notify_all();
+        }
+    }
+
+    /// Takes back a [`Cx::charge`] (an undone transaction).
+    pub fn uncharge(&mut self, dirty: u64, cost: u64) {
+        self.st.dirty_bytes = self.st.dirty_bytes.saturating_sub(dirty);
+        self.st.reserved = self.st.reserved.saturating_sub(cost);
+    }
+
+    /// Pool size, allocated and free bytes.
+    pub fn space(&self) -> (u64, u64, u64) {
+        let size: u64 = self.st.space.iter().map(|m| m.asize()).sum();
+        let alloc: u64 = self.st.space.iter().map(|m| m.allocated()).sum();
+        (size, alloc, size.saturating_sub(alloc))
+    }
+
+    /// Asks the syncer to commit soon.
+    pub fn request_sync(&mut self) {
+        self.st.sync_requested = true;
+        self.pool.cv.notify_all();
+    }
+}
+
+fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+    match b {
+        Bound::Included(k) => Bound::Included(k),
+        Bound::Excluded(k) => Bound::Excluded(k),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+/// Syncing-context access: everything of [`Cx`], plus writing blocks of the
+/// txg being synced.
+pub struct SyncCx<'p, 's> {
+    pub(crate) cx: Cx<'p, 's>,
+    pub(crate) missed: &'s mut Vec<Missed>,
+}
+
+impl<'p, 's> std::ops::Deref for SyncCx<'p, 's> {
+    type Target = Cx<'p, 's>;
+    fn deref(&self) -> &Self::Target {
+        &self.cx
+    }
+}
+
+impl std::ops::DerefMut for SyncCx<'_, '_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.cx
+    }
+}
+
+impl SyncCx<'_, '_> {
+    /// Compresses, checksums and writes data blocks of this txg (in
+    /// parallel) and returns their pointers; an all-zero block is a hole and
+    /// gets `None`.
+    pub fn write_blocks(
+        &mut self,
+        blocks: &[(&[u8], BlockOpts)],
+    ) -> Result<Vec<Option<BlockPtr>>, PoolError> {
+        let pool = self.cx.pool;
+        let threads = pool.opts.sync_threads;
+        let prepared: Vec<Option<Result<Prepared, tarn_block::BlockError>>> =
+            parallel_map(blocks, threads, |(d, o)| {
+                if d.iter().all(|&b| b == 0) {
+                    None
+                } else {
+                    Some(pipeline::prepare(d, o.compression, o.checksum))
+                }
+            })?;
+        let st = &mut *self.cx.st;
+        let keep: Vec<u64> = (0..pool.tops.len())
+            .map(|v| pool.metadata_reserve(st, v))
+            .collect();
+        let mut jobs = Vec::new();
+        for (i, p) in prepared.into_iter().enumerate() {
+            if let Some(p) = p {
+                let p = p?;
+                let copies = blocks[i].1.copies.clamp(1, 3) as usize;
+                let dvas = Allocator {
+                    tops: &pool.tops,
+                    space: &mut st.space,
+                    rotor: &mut st.rotor,
+                    keep_contiguous: &keep,
+                }
+                .alloc(p.stored.len() as u64, copies)?;
+                jobs.push((i, p, dvas));
+            }
+        }
+        let results = parallel_map(&jobs, threads, |(_, p, dvas)| {
+            pipeline::write_copies(&pool.tops, dvas, &p.stored)
+        })?;
+        let txg = st.txg + 1;
+        let mut out = vec![None; blocks.len()];
+        for ((i, p, dvas), r) in jobs.iter().zip(results) {
+            self.missed.extend(r?);
+            out[*i] = Some(pipeline::make_ptr(p, dvas, txg, BlockType::Data, 0));
+        }
+        Ok(out)
+    }
+
+    /// Writes one tree node of this txg (metadata copies, lz4) and caches it.
+    pub fn write_node(&mut self, data: &[u8], level: u8) -> Result<BlockPtr, PoolError> {
+        let pool = self.cx.pool;
+        let st = &mut *self.cx.st;
+        let alg = st.props.checksum_alg();
+        let copies = st.props.metadata_copies();
+        let p = pipeline::prepare(data, Compression::Lz4, alg)?;
+        let dvas = Allocator {
+            tops: &pool.tops,
+            space: &mut st.space,
+            rotor: &mut st.rotor,
+            keep_contiguous: &[],
+        }
+        .alloc(p.stored.len() as u64, copies)?;
+        match pipeline::write_copies(&pool.tops, &dvas, &p.stored) {
+            Ok(m) => self.missed.extend(m),
+            Err(e) => {
+                for d in &dvas {
+                    if let Some(m) = st.space.get_mut(d.vdev as usize) {
+                        let _ = m.free_now(d.offset, d.asize as u64);
+                    }
+                }
+                return Err(e.into());
+            }
+        }
+        let bp = pipeline::make_ptr(&p, &dvas, st.txg + 1, BlockType::TreeNode, level);
+        pool.cache.put(&bp, std::sync::Arc::new(data.to_vec()));
+        Ok(bp)
+    }
+
+    /// Reads a tree node (through the node cache).
+    pub fn read_node(&self, bp: &BlockPtr) -> Result<Vec<u8>, PoolError> {
+        let rs = ReadStore {
+            tops: &self.cx.pool.tops,
+            cache: &self.cx.pool.cache,
+        };
+        Ok(rs.read(bp)?)
+    }
+}
+
+impl Pool {
+    /// Installs the extension and its scan function (once, at attach).
+    pub fn set_extension(&self, ext: Box<dyn Extension>, scan: ScanFn) {
+        let mut st = self.lock();
+        st.ext = Some(ext);
+        *self.ext_scan.lock().unwrap_or_else(|e| e.into_inner()) = Some(scan);
+    }
+
+    /// True once an extension is installed.
+    pub fn has_extension(&self) -> bool {
+        self.lock().ext.is_some()
+    }
+
+    /// Runs `f` on the installed extension of type `T` under the pool lock.
+    /// With `write`, waits first while the open txg is at its dirty limit
+    /// (the write throttle); with `synced`, first commits whatever is dirty
+    /// so `f` starts from a clean open txg (destroy, rollback).
+    pub fn with_ext<T: Extension + 'static, R>(
+        &self,
+        write: bool,
+        synced: bool,
+        f: impl FnOnce(&mut T, &mut Cx<'_, '_>) -> Result<R, PoolError>,
+    ) -> Result<R, PoolError> {
+        let mut st = self.lock();
+        self.check_usable(&st)?;
+        if write {
+            st = self.throttle(st)?;
+        }
+        if synced && Self::has_changes(&st) {
+            if let Err(e) = self.sync_locked(&mut st) {
+                self.set_fault(format!("txg sync failed: {e}"));
+                self.cv.notify_all();
+                return Err(e);
+            }
+            self.cv.notify_all();
+        }
+        let Some(mut ext) = st.ext.take() else {
+            return Err(PoolError::Internal(format!(
+                "pool '{}' has no dataset layer attached",
+                self.name
+            )));
+        };
+        let r = match ext.as_any_mut().downcast_mut::<T>() {
+            Some(t) => f(
+                t,
+                &mut Cx {
+                    pool: self,
+                    st: &mut st,
+                },
+            ),
+            None => Err(PoolError::Internal("extension of another type".into())),
+        };
+        st.ext = Some(ext);
+        r
+    }
+
+    /// Waits until the open txg is below its dirty limit.
+    pub(crate) fn throttle<'a>(
+        &'a self,
+        mut st: std::sync::MutexGuard<'a, State>,
+    ) -> Result<std::sync::MutexGuard<'a, State>, PoolError> {
+        while st.dirty_bytes >= self.opts.dirty_max_bytes {
+            st.sync_requested = true;
+            self.cv.notify_all();
+            st = self
+                .cv
+                .wait_timeout(st, std::time::Duration::from_secs(1))
+                .map(|r| r.0)
+                .unwrap_or_else(|e| e.into_inner().0);
+            self.check_usable(&st)?;
+        }
+        Ok(st)
+    }
+
+    /// The extension's part of a sync (step 0 of `sync_locked`).
+    pub(crate) fn sync_ext(
+        &self,
+        st: &mut State,
+        missed: &mut Vec<Missed>,
+    ) -> Result<(), PoolError> {
+        let Some(mut ext) = st.ext.take() else {
+            return Ok(());
+        };
+        let r = if ext.has_changes() {
+            ext.sync(&mut SyncCx {
+                cx: Cx { pool: self, st },
+                missed,
+            })
+        } else {
+            Ok(())
+        };
+        st.ext = Some(ext);
+        r
+    }
+
+    /// Tells the extension a txg committed.
+    pub(crate) fn ext_committed(&self, st: &mut State) {
+        let txg = st.txg;
+        if let Some(ext) = st.ext.as_mut() {
+            ext.committed(txg);
+        }
+    }
+
+    pub(crate) fn ext_has_changes(st: &State) -> bool {
+        st.ext.as_ref().is_some_and(|e| e.has_changes())
+    }
+
+    pub(crate) fn scan_fn(&self) -> Option<ScanFn> {
+        *self.ext_scan.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
