@@ -15,6 +15,8 @@
 use std::fmt;
 use std::io::{self, BufRead};
 
+use std::collections::BTreeMap;
+
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -62,6 +64,27 @@ pub mod method {
     /// Delete a raw object: [`super::ObjectParams`].
     pub const OBJECT_DELETE: &str = "object.delete";
 
+    /// Create a filesystem: [`super::DatasetCreateParams`].
+    pub const DATASET_CREATE: &str = "dataset.create";
+    /// Destroy a dataset, snapshot or snapshot range: [`super::DatasetDestroyParams`].
+    pub const DATASET_DESTROY: &str = "dataset.destroy";
+    /// List datasets: [`super::DatasetListParams`].
+    pub const DATASET_LIST: &str = "dataset.list";
+    /// Property values: [`super::DatasetGetParams`].
+    pub const DATASET_GET: &str = "dataset.get";
+    /// Set a property: [`super::DatasetSetParams`].
+    pub const DATASET_SET: &str = "dataset.set";
+    /// Inherit a property: [`super::DatasetInheritParams`].
+    pub const DATASET_INHERIT: &str = "dataset.inherit";
+    /// Rename: [`super::DatasetRenameParams`].
+    pub const DATASET_RENAME: &str = "dataset.rename";
+    /// Take snapshots: [`super::SnapshotParams`].
+    pub const DATASET_SNAPSHOT: &str = "dataset.snapshot";
+    /// Roll back to a snapshot: [`super::RollbackParams`].
+    pub const DATASET_ROLLBACK: &str = "dataset.rollback";
+    /// Clone a snapshot: [`super::CloneParams`].
+    pub const DATASET_CLONE: &str = "dataset.clone";
+
     /// Every method, for error messages and documentation.
     pub const ALL: &[&str] = &[
         DAEMON_PING,
@@ -83,6 +106,16 @@ pub mod method {
         OBJECT_READ,
         OBJECT_LIST,
         OBJECT_DELETE,
+        DATASET_CREATE,
+        DATASET_DESTROY,
+        DATASET_LIST,
+        DATASET_GET,
+        DATASET_SET,
+        DATASET_INHERIT,
+        DATASET_RENAME,
+        DATASET_SNAPSHOT,
+        DATASET_ROLLBACK,
+        DATASET_CLONE,
     ];
 }
 
@@ -464,6 +497,118 @@ pub struct ObjectParams {
     pub object: String,
 }
 
+/// `dataset.create`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetCreateParams {
+    /// Full name (`tank/home/alice`).
+    pub name: String,
+    /// Local properties.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+    /// Create missing ancestors too.
+    #[serde(default)]
+    pub parents: bool,
+}
+
+/// `dataset.destroy`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetDestroyParams {
+    /// Filesystem, `fs@snap` or `fs@first%last`.
+    pub name: String,
+    /// Destroy descendants and snapshots too.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// `dataset.list`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetListParams {
+    /// Include snapshots.
+    #[serde(default)]
+    pub snapshots: bool,
+}
+
+/// `dataset.get`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetGetParams {
+    /// Dataset name.
+    pub name: String,
+    /// Property names; empty means all.
+    #[serde(default)]
+    pub properties: Vec<String>,
+}
+
+/// `dataset.set`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetSetParams {
+    /// Dataset name.
+    pub name: String,
+    /// Property name.
+    pub property: String,
+    /// New value.
+    pub value: String,
+}
+
+/// `dataset.inherit`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetInheritParams {
+    /// Dataset name.
+    pub name: String,
+    /// Property name.
+    pub property: String,
+}
+
+/// `dataset.rename`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetRenameParams {
+    /// Current name.
+    pub name: String,
+    /// New name.
+    pub new_name: String,
+}
+
+/// `dataset.snapshot`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotParams {
+    /// Snapshot names (`fs@name`), taken in one txg.
+    pub names: Vec<String>,
+    /// Also snapshot every descendant filesystem.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// `dataset.rollback`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackParams {
+    /// The snapshot to return to.
+    pub snapshot: String,
+    /// Destroy newer snapshots first.
+    #[serde(default)]
+    pub destroy_newer: bool,
+}
+
+/// `dataset.clone`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloneParams {
+    /// The origin snapshot.
+    pub snapshot: String,
+    /// The new filesystem.
+    pub name: String,
+    /// Local properties of the clone.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
 /// Result of `daemon.ping`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PingResult {
@@ -595,6 +740,64 @@ pub fn dispatch(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, 
         m::OBJECT_DELETE => {
             let ObjectParams { pool, object } = params(method, p)?;
             reply(backend.object_delete(&pool, &object)?)
+        }
+        m::DATASET_CREATE => {
+            let DatasetCreateParams {
+                name,
+                properties,
+                parents,
+            } = params(method, p)?;
+            reply(backend.dataset_create(&name, &properties, parents)?)
+        }
+        m::DATASET_DESTROY => {
+            let DatasetDestroyParams { name, recursive } = params(method, p)?;
+            reply(backend.dataset_destroy(&name, recursive)?)
+        }
+        m::DATASET_LIST => {
+            let DatasetListParams { snapshots } = params(method, p)?;
+            reply(backend.dataset_list(snapshots)?)
+        }
+        m::DATASET_GET => {
+            let DatasetGetParams { name, properties } = params(method, p)?;
+            reply(backend.dataset_get(&name, &properties)?)
+        }
+        m::DATASET_SET => {
+            let DatasetSetParams {
+                name,
+                property,
+                value,
+            } = params(method, p)?;
+            reply(backend.dataset_set(&name, &property, &value)?)
+        }
+        m::DATASET_INHERIT => {
+            let DatasetInheritParams { name, property } = params(method, p)?;
+            reply(backend.dataset_inherit(&name, &property)?)
+        }
+        m::DATASET_RENAME => {
+            let DatasetRenameParams { name, new_name } = params(method, p)?;
+            reply(backend.dataset_rename(&name, &new_name)?)
+        }
+        m::DATASET_SNAPSHOT => {
+            let SnapshotParams { names, recursive } = params(method, p)?;
+            if names.is_empty() {
+                return Err(ApiError::invalid("name at least one snapshot (fs@name)"));
+            }
+            reply(backend.dataset_snapshot(&names, recursive)?)
+        }
+        m::DATASET_ROLLBACK => {
+            let RollbackParams {
+                snapshot,
+                destroy_newer,
+            } = params(method, p)?;
+            reply(backend.dataset_rollback(&snapshot, destroy_newer)?)
+        }
+        m::DATASET_CLONE => {
+            let CloneParams {
+                snapshot,
+                name,
+                properties,
+            } = params(method, p)?;
+            reply(backend.dataset_clone(&snapshot, &name, &properties)?)
         }
         m::DAEMON_STOP => Err(ApiError::invalid(
             "daemon.stop is only served on the daemon's admin socket; use `tarn daemon stop`",

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::ApiError;
 use crate::status::{ImportCandidate, IostatEntry, PoolListEntry, PoolStatus, ScanStatus};
+pub use tarn_dataset::{DatasetInfo, DatasetKind, PropValue, Source};
 
 /// Layout of one top-level vdev.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -289,6 +290,10 @@ pub struct ObjectInfo {
     pub txg: u64,
 }
 
+fn no_datasets() -> ApiError {
+    ApiError::invalid("this backend has no datasets")
+}
+
 /// What the daemon serves: the storage engine behind the admin API.
 ///
 /// Calls arrive concurrently from several connections. Errors carry a
@@ -341,6 +346,58 @@ pub trait Backend: Send + Sync {
     fn object_list(&self, pool: &str) -> Result<Vec<ObjectInfo>, ApiError>;
     /// Deletes a raw object.
     fn object_delete(&self, pool: &str, object: &str) -> Result<(), ApiError>;
+    /// Creates a filesystem dataset (with `parents`, missing ancestors too).
+    fn dataset_create(
+        &self,
+        _name: &str,
+        _properties: &BTreeMap<String, String>,
+        _parents: bool,
+    ) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Destroys a filesystem (with `recursive`, everything below it), a
+    /// snapshot `fs@s` or a snapshot range `fs@a%c`.
+    fn dataset_destroy(&self, _name: &str, _recursive: bool) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Every dataset of every pool (and the snapshots, with `snapshots`).
+    fn dataset_list(&self, _snapshots: bool) -> Result<Vec<DatasetInfo>, ApiError> {
+        Err(no_datasets())
+    }
+    /// Property values (all when `properties` is empty).
+    fn dataset_get(&self, _name: &str, _properties: &[String]) -> Result<Vec<PropValue>, ApiError> {
+        Err(no_datasets())
+    }
+    /// Sets a property locally.
+    fn dataset_set(&self, _name: &str, _property: &str, _value: &str) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Drops a local value so the inherited one applies.
+    fn dataset_inherit(&self, _name: &str, _property: &str) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Renames a filesystem (with its descendants) or a snapshot.
+    fn dataset_rename(&self, _name: &str, _new_name: &str) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Takes snapshots atomically (with `recursive`, of descendants too).
+    fn dataset_snapshot(&self, _names: &[String], _recursive: bool) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Returns a filesystem to a snapshot (with `destroy_newer`, destroying
+    /// the snapshots taken after it).
+    fn dataset_rollback(&self, _snapshot: &str, _destroy_newer: bool) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Creates a filesystem from a snapshot.
+    fn dataset_clone(
+        &self,
+        _snapshot: &str,
+        _name: &str,
+        _properties: &BTreeMap<String, String>,
+    ) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
     /// Exports every pool cleanly; called once when the daemon stops.
     fn shutdown(&self);
 }

@@ -20,13 +20,15 @@ use clap::{Args, CommandFactory, Parser, Subcommand};
 use serde_json::Value;
 
 use crate::api::{
-    method, ClearParams, DeviceParams, ForceParams, NameParams, NoParams, ObjectParams,
-    ObjectReadParams, ObjectWriteParams, OptionalNameParams, PingResult, PoolParams, ReplaceParams,
-    ScrubParams, SyncResult,
+    method, ClearParams, CloneParams, DatasetCreateParams, DatasetDestroyParams, DatasetGetParams,
+    DatasetInheritParams, DatasetListParams, DatasetRenameParams, DatasetSetParams, DeviceParams,
+    ForceParams, NameParams, NoParams, ObjectParams, ObjectReadParams, ObjectWriteParams,
+    OptionalNameParams, PingResult, PoolParams, ReplaceParams, RollbackParams, ScrubParams,
+    SnapshotParams, SyncResult,
 };
 use crate::backend::{
-    Backend, CreateRequest, ImportRequest, ImportResult, ObjectInfo, ScrubAction, VdevKind,
-    VdevSpec,
+    Backend, CreateRequest, DatasetInfo, DatasetKind, ImportRequest, ImportResult, ObjectInfo,
+    PropValue, ScrubAction, VdevKind, VdevSpec,
 };
 use crate::client::Client;
 use crate::daemon::{default_socket_path, default_state_dir, run_daemon, DaemonOptions};
@@ -143,6 +145,41 @@ pub enum Command {
     /// Raw named objects in a pool (for drills, tests and benchmarks)
     #[command(subcommand)]
     Object(ObjectCommand),
+    /// Filesystems in pools: create, list, properties, rename, destroy
+    #[command(subcommand)]
+    Dataset(DatasetCommand),
+    /// Take snapshots, atomically: `tarn snapshot -r tank/home@monday`
+    Snapshot {
+        /// Also snapshot every filesystem below each one named
+        #[arg(short = 'r', long)]
+        recursive: bool,
+        /// Snapshot names, `FILESYSTEM@NAME`
+        #[arg(required = true, value_name = "FS@NAME")]
+        names: Vec<String>,
+    },
+    /// Return a filesystem to a snapshot, discarding later changes
+    Rollback {
+        /// Destroy snapshots newer than this one first
+        #[arg(short = 'r', long)]
+        recursive: bool,
+        /// The snapshot, `FILESYSTEM@NAME`
+        snapshot: String,
+    },
+    /// Make a new filesystem from a snapshot (`-o PROP=VALUE` sets properties)
+    Clone {
+        /// The origin snapshot
+        snapshot: String,
+        /// The new filesystem
+        name: String,
+    },
+    /// Destroy a filesystem, a snapshot, or a range `fs@first%last`
+    Destroy {
+        /// Also destroy descendants and snapshots
+        #[arg(short = 'r', long)]
+        recursive: bool,
+        /// What to destroy
+        name: String,
+    },
     /// Try tarn: a raidz1 pool of four sparse files under ./tarn-demo, served
     /// by a daemon in the foreground until Ctrl-C
     Demo(DemoArgs),
@@ -317,6 +354,66 @@ pub enum PoolCommand {
     },
 }
 
+/// `tarn dataset ...`.
+#[derive(Subcommand, Debug)]
+pub enum DatasetCommand {
+    /// Create a filesystem (`-o PROP=VALUE` sets properties)
+    Create {
+        /// Create missing parents too
+        #[arg(short = 'p', long)]
+        parents: bool,
+        /// Full name, e.g. tank/home/alice
+        name: String,
+    },
+    /// Destroy a filesystem, a snapshot, or a range `fs@first%last`
+    Destroy {
+        /// Also destroy descendants and snapshots
+        #[arg(short = 'r', long)]
+        recursive: bool,
+        /// What to destroy
+        name: String,
+    },
+    /// List filesystems (and snapshots with `-t snapshot` or `-t all`)
+    List {
+        /// filesystem, snapshot or all
+        #[arg(short = 't', long = "type", default_value = "filesystem")]
+        kind: String,
+        /// Only these datasets and what is below them
+        names: Vec<String>,
+    },
+    /// Show properties with their source: `tarn dataset get all tank/home`
+    Get {
+        /// Comma-separated property names, or `all`
+        properties: String,
+        /// Datasets
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Set a property: `tarn dataset set compression=zstd tank/home`
+    Set {
+        /// PROP=VALUE
+        assignment: String,
+        /// Datasets
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Drop a local value so the parent's applies
+    Inherit {
+        /// Property name
+        property: String,
+        /// Datasets
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Rename (or move) a filesystem with everything below it, or a snapshot
+    Rename {
+        /// Current name
+        name: String,
+        /// New name
+        new_name: String,
+    },
+}
+
 /// `tarn object ...`.
 #[derive(Subcommand, Debug)]
 pub enum ObjectCommand {
@@ -365,7 +462,12 @@ pub type BackendFactory<'a> = dyn FnOnce(&DaemonOptions) -> anyhow::Result<Arc<d
 /// daemon`, once the options are known.
 pub fn run(cli: Cli, make_backend: Box<BackendFactory<'_>>) -> anyhow::Result<ExitCode> {
     let socket = cli.socket.clone().unwrap_or_else(default_socket_path);
-    let is_create = matches!(cli.command, Command::Pool(PoolCommand::Create { .. }));
+    let is_create = matches!(
+        cli.command,
+        Command::Pool(PoolCommand::Create { .. })
+            | Command::Dataset(DatasetCommand::Create { .. })
+            | Command::Clone { .. }
+    );
     let (format, pool_props) = resolve_output(&cli.output, is_create)?;
 
     let mut client = Session {
@@ -412,6 +514,41 @@ pub fn run(cli: Cli, make_backend: Box<BackendFactory<'_>>) -> anyhow::Result<Ex
         },
         Command::Pool(cmd) => pool_command(&mut client, &out, cmd, pool_props)?,
         Command::Object(cmd) => object_command(&mut client, &out, cmd)?,
+        Command::Dataset(cmd) => dataset_command(&mut client, &out, cmd, pool_props)?,
+        Command::Snapshot { recursive, names } => {
+            let v = client.call(
+                method::DATASET_SNAPSHOT,
+                &SnapshotParams { names, recursive },
+            )?;
+            out.raw_or(&v, String::new)?;
+        }
+        Command::Rollback {
+            recursive,
+            snapshot,
+        } => {
+            let params = RollbackParams {
+                snapshot,
+                destroy_newer: recursive,
+            };
+            let v = client.call(method::DATASET_ROLLBACK, &params)?;
+            out.raw_or(&v, String::new)?;
+        }
+        Command::Clone { snapshot, name } => {
+            let params = CloneParams {
+                snapshot,
+                name,
+                properties: pool_props.into_iter().collect(),
+            };
+            let v = client.call(method::DATASET_CLONE, &params)?;
+            out.raw_or(&v, String::new)?;
+        }
+        Command::Destroy { recursive, name } => {
+            let v = client.call(
+                method::DATASET_DESTROY,
+                &DatasetDestroyParams { name, recursive },
+            )?;
+            out.raw_or(&v, String::new)?;
+        }
         Command::Demo(args) => crate::demo::run_demo(&args, make_backend)?,
     }
     Ok(ExitCode::SUCCESS)
@@ -439,7 +576,8 @@ fn resolve_output(
             OutputOpt::Format(f) => format = *f,
             OutputOpt::Property(k, v) if is_create => props.push((k.clone(), v.clone())),
             OutputOpt::Property(k, v) => bail!(
-                "-o {k}={v}: pool properties are set only by `tarn pool create`; \
+                "-o {k}={v}: properties are set only by `tarn pool create`, `tarn dataset create` \
+                 and `tarn clone`; \
                  elsewhere -o takes `human` or `json`"
             ),
         }
@@ -946,6 +1084,119 @@ fn wait_for_scrub(
         let _ = std::io::stderr().flush();
         thread::sleep(Duration::from_secs(1));
     }
+}
+
+fn dataset_command(
+    client: &mut Session,
+    out: &Out,
+    cmd: DatasetCommand,
+    props: Vec<(String, String)>,
+) -> anyhow::Result<()> {
+    match cmd {
+        DatasetCommand::Create { parents, name } => {
+            let params = DatasetCreateParams {
+                name,
+                properties: props.into_iter().collect(),
+                parents,
+            };
+            let v = client.call(method::DATASET_CREATE, &params)?;
+            out.raw_or(&v, String::new)?;
+        }
+        DatasetCommand::Destroy { recursive, name } => {
+            let v = client.call(
+                method::DATASET_DESTROY,
+                &DatasetDestroyParams { name, recursive },
+            )?;
+            out.raw_or(&v, String::new)?;
+        }
+        DatasetCommand::List { kind, names } => {
+            let (fs, snaps) = match kind.as_str() {
+                "filesystem" => (true, false),
+                "snapshot" => (false, true),
+                "all" => (true, true),
+                other => bail!("-t {other}: expected filesystem, snapshot or all"),
+            };
+            let v = client.call(
+                method::DATASET_LIST,
+                &DatasetListParams { snapshots: snaps },
+            )?;
+            let all: Vec<DatasetInfo> = decode(method::DATASET_LIST, v)?;
+            let below = |n: &str| {
+                names.is_empty()
+                    || names.iter().any(|w| {
+                        n == w
+                            || n.strip_prefix(w.as_str())
+                                .is_some_and(|r| r.starts_with('/') || r.starts_with('@'))
+                    })
+            };
+            let shown: Vec<DatasetInfo> = all
+                .into_iter()
+                .filter(|d| below(&d.name))
+                .filter(|d| match d.kind {
+                    DatasetKind::Filesystem => fs,
+                    DatasetKind::Snapshot => snaps,
+                })
+                .collect();
+            let raw = serde_json::to_value(&shown)?;
+            out.raw_or(&raw, || render::render_datasets(&shown))?;
+        }
+        DatasetCommand::Get { properties, names } => {
+            let wanted: Vec<String> = if properties == "all" {
+                Vec::new()
+            } else {
+                properties
+                    .split(',')
+                    .map(|p| p.trim().to_string())
+                    .collect()
+            };
+            let mut all: Vec<PropValue> = Vec::new();
+            for name in names {
+                let v = client.call(
+                    method::DATASET_GET,
+                    &DatasetGetParams {
+                        name,
+                        properties: wanted.clone(),
+                    },
+                )?;
+                let mut got: Vec<PropValue> = decode(method::DATASET_GET, v)?;
+                all.append(&mut got);
+            }
+            let raw = serde_json::to_value(&all)?;
+            out.raw_or(&raw, || render::render_props(&all))?;
+        }
+        DatasetCommand::Set { assignment, names } => {
+            let Some((property, value)) = assignment.split_once('=') else {
+                bail!("expected PROP=VALUE, e.g. compression=zstd; got {assignment:?}");
+            };
+            for name in names {
+                let params = DatasetSetParams {
+                    name,
+                    property: property.to_string(),
+                    value: value.to_string(),
+                };
+                let v = client.call(method::DATASET_SET, &params)?;
+                out.raw_or(&v, String::new)?;
+            }
+        }
+        DatasetCommand::Inherit { property, names } => {
+            for name in names {
+                let params = DatasetInheritParams {
+                    name,
+                    property: property.clone(),
+                };
+                let v = client.call(method::DATASET_INHERIT, &params)?;
+                out.raw_or(&v, String::new)?;
+            }
+        }
+        DatasetCommand::Rename { name, new_name } => {
+            let v = client.call(
+                method::DATASET_RENAME,
+                &DatasetRenameParams { name, new_name },
+            )?;
+            out.raw_or(&v, String::new)?;
+        }
+    }
+    Ok(())
 }
 
 fn object_command(client: &mut Session, out: &Out, cmd: ObjectCommand) -> anyhow::Result<()> {

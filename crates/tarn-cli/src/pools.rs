@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
+use tarn_dataset::{DatasetInfo, DsError, PropValue};
 use tarn_pool::status::{IostatEntry, PoolListEntry, PoolStatus, ScanStatus};
 use tarn_pool::{Pool, PoolError, PoolOptions, ScanAction};
 use tarn_vdev::VdevKind as PoolVdevKind;
@@ -85,6 +86,34 @@ pub fn api_error(e: PoolError) -> ApiError {
         _ => ErrorCode::Internal,
     };
     ApiError::new(code, e.to_string())
+}
+
+/// Loads a pool's datasets; a failure leaves the pool usable at the pool
+/// level and is reported, and dataset commands then say why they fail.
+fn attach_datasets(pool: &Arc<Pool>) {
+    if let Err(e) = tarn_dataset::attach(pool) {
+        eprintln!(
+            "tarn: pool '{}': cannot load its datasets: {e}",
+            pool.name()
+        );
+    }
+}
+
+/// Maps dataset-layer errors onto the API's codes.
+pub fn ds_error(e: DsError) -> ApiError {
+    match e {
+        DsError::NotFound(m) => ApiError::not_found(m),
+        DsError::Exists(m) => ApiError::exists(m),
+        DsError::Busy(m) => ApiError::busy(m),
+        DsError::Damaged(_) | DsError::Corrupt(_) => ApiError::damaged(e.to_string()),
+        DsError::Pool(p) => api_error(p),
+        other => ApiError::invalid(other.to_string()),
+    }
+}
+
+/// The pool part of a dataset name (`tank` of `tank/a@s`).
+fn pool_of(name: &str) -> &str {
+    name.split(['/', '@']).next().unwrap_or(name)
 }
 
 fn io_error(what: &str, path: &str, e: std::io::Error) -> ApiError {
@@ -154,6 +183,7 @@ impl Pools {
                 me.opts.clone(),
             ) {
                 Ok(pool) => {
+                    attach_datasets(&pool);
                     eprintln!(
                         "tarn: imported pool '{}' (state {})",
                         entry.name,
@@ -293,6 +323,7 @@ impl Backend for Pools {
             self.opts.clone(),
         )
         .map_err(api_error)?;
+        attach_datasets(&pool);
         let status = pool.status();
         self.lock().insert(req.name.clone(), pool);
         self.write_cache();
@@ -327,6 +358,7 @@ impl Backend for Pools {
             self.opts.clone(),
         )
         .map_err(api_error)?;
+        attach_datasets(&pool);
         let status = pool.status();
         {
             let mut pools = self.lock();
@@ -437,6 +469,90 @@ impl Backend for Pools {
                 Ok(pools.iter().flat_map(|p| p.iostat()).collect())
             }
         }
+    }
+
+    fn dataset_create(
+        &self,
+        name: &str,
+        properties: &BTreeMap<String, String>,
+        parents: bool,
+    ) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(name))?;
+        tarn_dataset::create(&pool, name, properties, parents).map_err(ds_error)
+    }
+
+    fn dataset_destroy(&self, name: &str, recursive: bool) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(name))?;
+        tarn_dataset::destroy(&pool, name, recursive).map_err(ds_error)
+    }
+
+    fn dataset_list(&self, snapshots: bool) -> Result<Vec<DatasetInfo>, ApiError> {
+        let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+        let mut out = Vec::new();
+        for p in pools {
+            match tarn_dataset::list(&p, snapshots) {
+                Ok(mut l) => out.append(&mut l),
+                Err(e) => eprintln!("tarn: pool '{}': cannot list datasets: {e}", p.name()),
+            }
+        }
+        Ok(out)
+    }
+
+    fn dataset_get(&self, name: &str, properties: &[String]) -> Result<Vec<PropValue>, ApiError> {
+        let pool = self.get(pool_of(name))?;
+        tarn_dataset::get_props(&pool, name, properties).map_err(ds_error)
+    }
+
+    fn dataset_set(&self, name: &str, property: &str, value: &str) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(name))?;
+        tarn_dataset::set_prop(&pool, name, property, value).map_err(ds_error)
+    }
+
+    fn dataset_inherit(&self, name: &str, property: &str) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(name))?;
+        tarn_dataset::inherit(&pool, name, property).map_err(ds_error)
+    }
+
+    fn dataset_rename(&self, name: &str, new_name: &str) -> Result<(), ApiError> {
+        if pool_of(name) != pool_of(new_name) {
+            return Err(ApiError::invalid(format!(
+                "cannot rename '{name}' to '{new_name}': datasets stay in their pool"
+            )));
+        }
+        let pool = self.get(pool_of(name))?;
+        tarn_dataset::rename(&pool, name, new_name).map_err(ds_error)
+    }
+
+    fn dataset_snapshot(&self, names: &[String], recursive: bool) -> Result<(), ApiError> {
+        let first = pool_of(names.first().map(String::as_str).unwrap_or(""));
+        if names.iter().any(|n| pool_of(n) != first) {
+            return Err(ApiError::invalid(
+                "snapshots taken together must be in one pool",
+            ));
+        }
+        let pool = self.get(first)?;
+        tarn_dataset::snapshot(&pool, names, recursive).map_err(ds_error)
+    }
+
+    fn dataset_rollback(&self, snapshot: &str, destroy_newer: bool) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(snapshot))?;
+        tarn_dataset::rollback(&pool, snapshot, destroy_newer).map_err(ds_error)
+    }
+
+    fn dataset_clone(
+        &self,
+        snapshot: &str,
+        name: &str,
+        properties: &BTreeMap<String, String>,
+    ) -> Result<(), ApiError> {
+        if pool_of(snapshot) != pool_of(name) {
+            return Err(ApiError::invalid(format!(
+                "a clone lives in its origin's pool: '{name}' must start with '{}/'",
+                pool_of(snapshot)
+            )));
+        }
+        let pool = self.get(pool_of(name))?;
+        tarn_dataset::clone(&pool, snapshot, name, properties).map_err(ds_error)
     }
 
     fn pool_sync(&self, name: &str) -> Result<u64, ApiError> {

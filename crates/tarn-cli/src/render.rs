@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::backend::ObjectInfo;
+use crate::backend::{DatasetInfo, DatasetKind, ObjectInfo, PropValue, Source};
 use crate::status::{
     Counters, Health, ImportCandidate, IostatEntry, PoolListEntry, PoolStatus, ScanKind, ScanState,
     ScanStatus, VdevStatus,
@@ -425,6 +425,77 @@ pub fn render_objects(pool: &str, objects: &[ObjectInfo]) -> String {
         .map(|o| vec![o.name.clone(), format_size(o.size), o.txg.to_string()])
         .collect();
     table(&["NAME", "SIZE", "TXG"], &rows, &[0])
+}
+
+/// `dataset list`: NAME USED AVAIL REFER MOUNTPOINT, like `zfs list`.
+pub fn render_datasets(list: &[DatasetInfo]) -> String {
+    if list.is_empty() {
+        return "no datasets\n".into();
+    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|d| {
+            vec![
+                d.name.clone(),
+                format_size(d.used),
+                d.available.map_or("-".into(), format_size),
+                format_size(d.referenced),
+                match d.kind {
+                    DatasetKind::Snapshot => "-".into(),
+                    DatasetKind::Filesystem => d.mountpoint.clone().unwrap_or_else(|| "-".into()),
+                },
+            ]
+        })
+        .collect();
+    table(
+        &["NAME", "USED", "AVAIL", "REFER", "MOUNTPOINT"],
+        &rows,
+        &[0, 4],
+    )
+}
+
+/// Properties whose values are byte counts, shown with units.
+const SIZE_PROPS: &[&str] = &[
+    "used",
+    "available",
+    "referenced",
+    "logicalused",
+    "logicalreferenced",
+    "usedbydataset",
+    "usedbysnapshots",
+    "usedbychildren",
+    "written",
+    "quota",
+    "reservation",
+    "recordsize",
+];
+
+/// `dataset get`: NAME PROPERTY VALUE SOURCE, like `zfs get`.
+pub fn render_props(props: &[PropValue]) -> String {
+    let rows: Vec<Vec<String>> = props
+        .iter()
+        .map(|p| {
+            let value = match p.value.parse::<u64>() {
+                Ok(n) if SIZE_PROPS.contains(&p.property.as_str()) => format_size(n),
+                _ if p.property == "creation" => p
+                    .value
+                    .parse::<u64>()
+                    .map(format_date)
+                    .unwrap_or_else(|_| p.value.clone()),
+                _ => p.value.clone(),
+            };
+            let source = match &p.source {
+                Source::None => "-".to_string(),
+                other => other.to_string(),
+            };
+            vec![p.dataset.clone(), p.property.clone(), value, source]
+        })
+        .collect();
+    table(
+        &["NAME", "PROPERTY", "VALUE", "SOURCE"],
+        &rows,
+        &[0, 1, 2, 3],
+    )
 }
 
 /// `iostat`: capacity, operations and bandwidth per pool, top-level vdev and

@@ -23,6 +23,8 @@ pub(crate) const TAG_BLOCK: u8 = 1;
 pub(crate) const TAG_STAGED: u8 = 2;
 
 const K_NEXT: &[u8] = b"N";
+/// Block size whose allocation defines the deflate ratio.
+const DEFLATE_BLOCK: u64 = 128 * 1024;
 const P_DS: u8 = b'D';
 const P_DEAD: u8 = b'L';
 
@@ -237,6 +239,8 @@ pub(crate) struct Dsl {
     /// Snapshots created in the open txg: (head, snapshot).
     pub pending_snaps: Vec<(u64, u64)>,
     pub next_dirty: bool,
+    /// Allocated bytes of one 128 KiB block on this pool's vdevs.
+    pub alloc_per_block: u64,
 }
 
 /// The node store of a dataset tree while it commits: records what it
@@ -442,6 +446,7 @@ impl Dsl {
     /// Reads every record from the meta tree.
     fn load(&mut self, cx: &mut Cx<'_, '_>, pool_name: &str) -> Result<(), DsError> {
         self.pool_name = pool_name.to_string();
+        self.alloc_per_block = cx.alloc_cost(DEFLATE_BLOCK, 1);
         if let Some(v) = cx.meta_get(K_NEXT)? {
             let b: [u8; 8] = v
                 .as_slice()
@@ -470,6 +475,24 @@ impl Dsl {
         if self.recs.is_empty() {
             let root = self.new_fs(pool_name, None, cx.txg());
             self.recs.insert(root.id, root);
+        }
+        // A pool imported under a new name renames its datasets with it.
+        let old_root = self
+            .recs
+            .values()
+            .find(|r| r.parent.is_none() && !r.is_snapshot())
+            .map(|r| r.name.clone());
+        if let Some(old) = old_root.filter(|o| o != pool_name) {
+            self.names.clear();
+            for r in self.recs.values_mut() {
+                if let Some(rest) = r.name.strip_prefix(&old) {
+                    if rest.is_empty() || rest.starts_with('/') || rest.starts_with('@') {
+                        r.name = format!("{pool_name}{rest}");
+                        self.dirty_recs.insert(r.id);
+                    }
+                }
+                self.names.insert(r.name.clone(), r.id);
+            }
         }
         self.loaded = true;
         Ok(())
@@ -706,7 +729,7 @@ impl Dsl {
         let mut children = Sums::default();
         for c in self.children_of(id) {
             let u = self.used(c);
-            let res = self.prop_u64(c, "reservation").unwrap_or(0);
+            let res = self.inflate(self.prop_u64(c, "reservation").unwrap_or(0));
             children.add(Sums {
                 asize: u.asize.max(res),
                 ..u
@@ -745,45 +768,71 @@ impl Dsl {
             .sum()
     }
 
-    /// What `id` may still write: the pool's writable space less others'
-    /// unused reservations, capped by every quota above it.
-    pub(crate) fn available(&self, cx: &Cx<'_, '_>, id: u64) -> u64 {
+    /// Allocated bytes in the space a user counts: raidz parity and padding
+    /// taken out at the ratio of a 128 KiB block, as `zfs list` does, so a
+    /// 1 GiB file shows as about 1G used and quotas mean what they say.
+    pub(crate) fn deflate(&self, raw: u64) -> u64 {
+        let per = self.alloc_per_block.max(1);
+        ((raw as u128 * DEFLATE_BLOCK as u128) / per as u128) as u64
+    }
+
+    /// The inverse of [`Dsl::deflate`], rounded up.
+    fn inflate(&self, user: u64) -> u64 {
+        let per = self.alloc_per_block.max(1);
+        (user as u128 * per as u128).div_ceil(DEFLATE_BLOCK as u128) as u64
+    }
+
+    /// Unused part of a dataset's reservation, in user bytes.
+    fn unused_reservation(&self, d: u64) -> u64 {
+        self.prop_u64(d, "reservation")
+            .unwrap_or(0)
+            .saturating_sub(self.deflate(self.used(d).asize))
+    }
+
+    /// Room in the pool for `id` in user bytes: the pool's writable space
+    /// less what other datasets hold reserved and have not used.
+    fn pool_room(&self, cx: &Cx<'_, '_>, id: u64) -> u64 {
         let rs = self.prop_u64(id, "recordsize").unwrap_or(128 * 1024);
-        let pool = cx.writable(rs);
-        let unused = |d: u64| {
-            self.prop_u64(d, "reservation")
-                .unwrap_or(0)
-                .saturating_sub(self.used(d).asize)
-        };
+        let pool = self.deflate(cx.writable(rs));
         let all: u64 = self
             .recs
             .values()
             .filter(|r| !r.is_snapshot())
-            .map(|r| unused(r.id))
+            .map(|r| self.unused_reservation(r.id))
             .sum();
-        let chain = self.ancestors_and_self(id);
-        let own: u64 = chain.iter().map(|d| unused(*d)).sum();
-        let mut avail = pool.saturating_sub(all.saturating_sub(own));
-        for a in chain {
+        let own: u64 = self
+            .ancestors_and_self(id)
+            .iter()
+            .map(|d| self.unused_reservation(*d))
+            .sum();
+        pool.saturating_sub(all.saturating_sub(own))
+    }
+
+    /// What `id` may still write (user bytes): its room in the pool, capped
+    /// by every quota above it.
+    pub(crate) fn available(&self, cx: &Cx<'_, '_>, id: u64) -> u64 {
+        let mut avail = self.pool_room(cx, id);
+        for a in self.ancestors_and_self(id) {
             if let Some(q) = self.prop_u64(a, "quota") {
-                let used = self.used(a).asize + self.pending(a);
+                let used = self.deflate(self.used(a).asize + self.pending(a));
                 avail = avail.min(q.saturating_sub(used));
             }
         }
         avail
     }
 
-    /// Checks that `cost` more bytes may be written to `id`.
+    /// Checks that `cost` more allocated bytes may be written to `id`.
     pub(crate) fn check_room(&self, cx: &Cx<'_, '_>, id: u64, cost: u64) -> Result<(), DsError> {
         let name = self
             .recs
             .get(&id)
             .map(|r| r.name.clone())
             .unwrap_or_default();
+        let user_cost = self.deflate(cost).max(1);
         for a in self.ancestors_and_self(id) {
             if let Some(q) = self.prop_u64(a, "quota") {
-                let used = self.used(a).asize + self.pending(a);
-                if used.saturating_add(cost) > q {
+                let used = self.deflate(self.used(a).asize + self.pending(a));
+                if used.saturating_add(user_cost) > q {
                     let an = self
                         .recs
                         .get(&a)
@@ -796,21 +845,7 @@ impl Dsl {
                 }
             }
         }
-        let rs = self.prop_u64(id, "recordsize").unwrap_or(128 * 1024);
-        let pool = cx.writable(rs);
-        let unused = |d: u64| {
-            self.prop_u64(d, "reservation")
-                .unwrap_or(0)
-                .saturating_sub(self.used(d).asize)
-        };
-        let others: u64 = self
-            .recs
-            .values()
-            .filter(|r| !r.is_snapshot())
-            .map(|r| unused(r.id))
-            .sum::<u64>()
-            .saturating_sub(self.ancestors_and_self(id).iter().map(|d| unused(*d)).sum());
-        if pool < cost.saturating_add(others) {
+        if self.pool_room(cx, id) < user_cost {
             return Err(DsError::NoSpace(format!(
                 "no room in pool '{}' for dataset '{name}'",
                 self.pool_name
@@ -838,13 +873,13 @@ impl Dsl {
             kind: r.kind,
             guid: r.guid,
             creation_unix: r.created_unix,
-            used: used.asize,
+            used: self.deflate(used.asize),
             available: if snapshot {
                 None
             } else {
                 Some(self.available(cx, id))
             },
-            referenced: r.referenced.asize,
+            referenced: self.deflate(r.referenced.asize),
             logicalused: if snapshot {
                 used.lsize
             } else {
@@ -856,10 +891,10 @@ impl Dsl {
             } else {
                 ((r.referenced.lsize as f64 / r.referenced.psize as f64) * 100.0).round() / 100.0
             },
-            usedbydataset: by_ds.asize,
-            usedbysnapshots: by_snaps.asize,
-            usedbychildren: by_children.asize,
-            written: r.unique.asize,
+            usedbydataset: self.deflate(by_ds.asize),
+            usedbysnapshots: self.deflate(by_snaps.asize),
+            usedbychildren: self.deflate(by_children.asize),
+            written: self.deflate(r.unique.asize),
             origin: r
                 .origin
                 .and_then(|o| self.recs.get(&o))
@@ -1703,6 +1738,12 @@ pub fn blocks(pool: &Pool, name: &str) -> Result<Vec<BlockPtr>, DsError> {
         )?;
         Ok(out.into_inner())
     })
+}
+
+/// Converts allocated bytes into the user-facing bytes `list` reports
+/// (raidz parity and padding taken out), for tools and tests.
+pub fn deflated(pool: &Pool, raw: u64) -> Result<u64, DsError> {
+    with(pool, false, false, |dsl, _| Ok(dsl.deflate(raw)))
 }
 
 /// Names and ids of a filesystem's snapshots, oldest first.

@@ -1,0 +1,110 @@
+//! Dataset commands through the real daemon and CLI: hierarchy, property
+//! sources, snapshots, rollback, clones, ranges, rename, JSON output, and
+//! the state after a daemon restart.
+
+mod common;
+
+use common::process::{files, Daemon};
+
+#[test]
+fn dataset_commands_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(dir.path());
+    let f = files(dir.path(), "m", 2, 64 << 20);
+    d.ok(&["pool", "create", "tank", "mirror", &f[0], &f[1]]);
+
+    // The pool's root dataset exists from the start.
+    let list = d.ok(&["dataset", "list"]);
+    assert!(list.contains("NAME") && list.contains("tank"), "{list}");
+
+    d.ok(&["dataset", "create", "-o", "compression=zstd", "tank/home"]);
+    d.ok(&["dataset", "create", "-p", "tank/home/alice/docs"]);
+    let err = d.fails(&["dataset", "create", "tank/nope/x"]);
+    assert!(err.contains("-p"), "{err}");
+    let err = d.fails(&["dataset", "create", "-o", "recordsize=3K", "tank/x"]);
+    assert!(err.contains("recordsize"), "{err}");
+    let err = d.fails(&["dataset", "create", "other/x"]);
+    assert!(err.contains("other"), "{err}");
+
+    let get = d.ok(&[
+        "dataset",
+        "get",
+        "compression,recordsize",
+        "tank/home/alice/docs",
+    ]);
+    assert!(get.contains("inherited from tank/home"), "{get}");
+    assert!(get.contains("128K") && get.contains("default"), "{get}");
+    d.ok(&["dataset", "set", "quota=1G", "tank/home/alice"]);
+    let get = d.ok(&["dataset", "get", "quota", "tank/home/alice"]);
+    assert!(get.contains("1G") && get.contains("local"), "{get}");
+    let err = d.fails(&["dataset", "set", "used=1", "tank/home"]);
+    assert!(err.contains("read-only"), "{err}");
+    d.ok(&["dataset", "inherit", "quota", "tank/home/alice"]);
+
+    // Snapshots, recursive and atomic; list -t snapshot; ranges.
+    d.ok(&["snapshot", "-r", "tank/home@mon"]);
+    d.ok(&["snapshot", "tank/home@tue", "tank/home/alice@tue"]);
+    d.ok(&["snapshot", "tank/home@wed"]);
+    let snaps = d.ok(&["dataset", "list", "-t", "snapshot"]);
+    for s in [
+        "tank/home@mon",
+        "tank/home/alice@mon",
+        "tank/home/alice/docs@mon",
+        "tank/home@wed",
+    ] {
+        assert!(snaps.contains(s), "{s} missing: {snaps}");
+    }
+    assert!(!snaps.contains("tank/home/alice/docs\n"), "{snaps}");
+    let err = d.fails(&["rollback", "tank/home@mon"]);
+    assert!(err.contains("-r"), "{err}");
+    d.ok(&[
+        "clone",
+        "-o",
+        "compression=off",
+        "tank/home@tue",
+        "tank/tuesday",
+    ]);
+    let err = d.fails(&["destroy", "tank/home@tue"]);
+    assert!(err.contains("clone"), "{err}");
+    d.ok(&["destroy", "tank/tuesday"]);
+    d.ok(&["destroy", "tank/home@tue%wed"]);
+    d.ok(&["rollback", "tank/home@mon"]);
+
+    // JSON output carries raw numbers.
+    let json = d.ok(&["dataset", "list", "-t", "all", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let names: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"tank/home@mon") && !names.contains(&"tank/home@wed"),
+        "{names:?}"
+    );
+    assert!(v[0]["used"].is_u64());
+
+    d.ok(&["dataset", "rename", "tank/home/alice", "tank/alice"]);
+    let err = d.fails(&["dataset", "rename", "tank/alice", "other/alice"]);
+    assert!(err.contains("pool"), "{err}");
+
+    // Everything is still there after a restart of the daemon.
+    d.stop();
+    d = Daemon::start(dir.path());
+    let all = d.ok(&["dataset", "list", "-t", "all"]);
+    for s in [
+        "tank/alice",
+        "tank/alice/docs",
+        "tank/alice@mon",
+        "tank/home@mon",
+    ] {
+        assert!(all.contains(s), "{s} missing after restart: {all}");
+    }
+    let err = d.fails(&["destroy", "tank/alice"]);
+    assert!(err.contains("-r"), "{err}");
+    d.ok(&["destroy", "-r", "tank/alice"]);
+    let err = d.fails(&["destroy", "-r", "tank"]);
+    assert!(err.contains("root dataset"), "{err}");
+    d.stop();
+}
