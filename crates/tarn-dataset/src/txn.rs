@@ -95,11 +95,12 @@ impl Txn<'_, '_, '_> {
         self.readonly
     }
 
-    /// Bytes the dataset may still write, and its used bytes.
+    /// Bytes the dataset may still write, and its used bytes (as `list`
+    /// reports them).
     pub fn space(&self) -> (u64, u64) {
         (
             self.dsl.available(self.cx, self.id),
-            self.dsl.used(self.id).asize,
+            self.dsl.deflate(self.dsl.used(self.id).asize),
         )
     }
 

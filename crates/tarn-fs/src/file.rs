@@ -1,0 +1,241 @@
+//! File data as records: record `i` of a file covers bytes
+//! `[i·rs, (i+1)·rs)` and is the block value `ino ‖ DATA ‖ i`. A file no
+//! larger than its record size is one block of just its length. A block may
+//! be shorter than its record (the missing tail reads as zeros) and a
+//! missing block is a hole.
+
+use std::ops::Bound;
+
+use crate::codec::{self, K_DATA};
+use crate::inode::{Inode, Tx};
+use crate::store::Val;
+use crate::{FsError, Result};
+
+/// Largest file size (`off_t` limit).
+pub(crate) const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+
+fn data_key(ino: u64, idx: u64) -> Vec<u8> {
+    codec::key3(ino, K_DATA, idx)
+}
+
+fn rs(inode: &Inode) -> u64 {
+    u64::from(inode.recordsize.max(512))
+}
+
+/// Existing blocks with record index in `first..=last`: (index, length).
+fn blocks_in(tx: &mut Tx, ino: u64, first: u64, last: u64) -> Result<Vec<(u64, u64)>> {
+    let hi = data_key(ino, last);
+    let mut lo = data_key(ino, first);
+    let mut incl = true;
+    let mut out = Vec::new();
+    loop {
+        let b = if incl {
+            Bound::Included(lo.as_slice())
+        } else {
+            Bound::Excluded(lo.as_slice())
+        };
+        let page = tx.s.range(b, Bound::Included(hi.as_slice()), 1024)?;
+        let n = page.len();
+        for (k, v) in &page {
+            let idx = codec::key3_suffix(k, ino, K_DATA)?;
+            match v {
+                Val::Block { len } => out.push((idx, u64::from(*len))),
+                Val::Plain(_) => {
+                    return Err(FsError::io(format!(
+                        "inode {ino}: data record {idx} is a plain value"
+                    )))
+                }
+            }
+        }
+        match page.into_iter().last() {
+            Some((k, _)) if n == 1024 => {
+                lo = k;
+                incl = false;
+            }
+            _ => break,
+        }
+    }
+    Ok(out)
+}
+
+/// Writes record `idx` (a hole if all zeros) and keeps `alloc` right.
+fn put_record(tx: &mut Tx, inode: &mut Inode, idx: u64, buf: Vec<u8>) -> Result<()> {
+    let key = data_key(inode.ino, idx);
+    let old = match tx.s.get(&key)? {
+        Some(Val::Block { len }) => u64::from(len),
+        None => 0,
+        Some(Val::Plain(_)) => {
+            return Err(FsError::io(format!(
+                "inode {}: data record {idx} is a plain value",
+                inode.ino
+            )))
+        }
+    };
+    let new = if buf.iter().all(|&b| b == 0) {
+        0
+    } else {
+        buf.len() as u64
+    };
+    tx.s.write_block(&key, buf)?;
+    inode.alloc = inode.alloc.saturating_sub(old).saturating_add(new);
+    Ok(())
+}
+
+fn get_record(tx: &mut Tx, ino: u64, idx: u64) -> Result<Vec<u8>> {
+    Ok(tx.s.read_block(&data_key(ino, idx))?.unwrap_or_default())
+}
+
+/// Bytes `[off, off+len)` clipped to the file size.
+pub(crate) fn read(tx: &mut Tx, inode: &Inode, off: u64, len: u64) -> Result<Vec<u8>> {
+    if off >= inode.size || len == 0 {
+        return Ok(Vec::new());
+    }
+    let end = inode.size.min(off.saturating_add(len));
+    let rs = rs(inode);
+    let mut buf = vec![0u8; (end - off) as usize];
+    for (idx, _) in blocks_in(tx, inode.ino, off / rs, (end - 1) / rs)? {
+        let data = get_record(tx, inode.ino, idx)?;
+        let rec = idx * rs;
+        let a = off.max(rec);
+        let b = end.min(rec + data.len() as u64);
+        if a < b {
+            buf[(a - off) as usize..(b - off) as usize]
+                .copy_from_slice(&data[(a - rec) as usize..(b - rec) as usize]);
+        }
+    }
+    Ok(buf)
+}
+
+/// Writes `data` at `off`, growing the file as needed.
+pub(crate) fn write(tx: &mut Tx, inode: &mut Inode, off: u64, data: &[u8]) -> Result<()> {
+    let end = off
+        .checked_add(data.len() as u64)
+        .filter(|&e| e <= MAX_FILE_SIZE)
+        .ok_or_else(|| FsError::new(libc::EFBIG, "write beyond the largest file size"))?;
+    if data.is_empty() {
+        return Ok(());
+    }
+    let rs = rs(inode);
+    let new_size = inode.size.max(end);
+    if new_size <= rs {
+        let mut buf = get_record(tx, inode.ino, 0)?;
+        buf.resize(new_size as usize, 0);
+        buf[off as usize..end as usize].copy_from_slice(data);
+        put_record(tx, inode, 0, buf)?;
+    } else {
+        for idx in off / rs..=(end - 1) / rs {
+            let rec = idx * rs;
+            let a = off.max(rec);
+            let b = end.min(rec + rs);
+            let src = &data[(a - off) as usize..(b - off) as usize];
+            let buf = if a == rec && b == rec + rs {
+                src.to_vec()
+            } else {
+                let mut buf = get_record(tx, inode.ino, idx)?;
+                buf.resize(rs as usize, 0);
+                buf[(a - rec) as usize..(b - rec) as usize].copy_from_slice(src);
+                buf
+            };
+            put_record(tx, inode, idx, buf)?;
+        }
+    }
+    inode.size = new_size;
+    Ok(())
+}
+
+/// Sets the size: shrinking frees whole records past the end and cuts the
+/// last one; growing only changes the size (the new bytes are a hole).
+pub(crate) fn truncate(tx: &mut Tx, inode: &mut Inode, new_size: u64) -> Result<()> {
+    if new_size > MAX_FILE_SIZE {
+        return Err(FsError::new(
+            libc::EFBIG,
+            "size beyond the largest file size",
+        ));
+    }
+    if new_size >= inode.size {
+        inode.size = new_size;
+        return Ok(());
+    }
+    let ino = inode.ino;
+    if new_size == 0 {
+        let lo = codec::key2(ino, K_DATA);
+        let hi = codec::key2(ino, K_DATA + 1);
+        tx.s.delete_range(Bound::Included(&lo), Bound::Excluded(&hi))?;
+        inode.alloc = 0;
+        inode.size = 0;
+        return Ok(());
+    }
+    let rs = rs(inode);
+    let keep = new_size.div_ceil(rs);
+    let past = blocks_in(tx, ino, keep, u64::MAX)?;
+    if !past.is_empty() {
+        let gone: u64 = past.iter().map(|&(_, l)| l).sum();
+        let lo = data_key(ino, keep);
+        let hi = codec::key2(ino, K_DATA + 1);
+        tx.s.delete_range(Bound::Included(&lo), Bound::Excluded(&hi))?;
+        inode.alloc = inode.alloc.saturating_sub(gone);
+    }
+    let last = keep - 1;
+    let within = (new_size - last * rs) as usize;
+    if let Some(mut buf) = tx.s.read_block(&data_key(ino, last))? {
+        if new_size <= rs {
+            if buf.len() > within {
+                buf.truncate(within);
+                put_record(tx, inode, last, buf)?;
+            }
+        } else if buf.len() > within && buf[within..].iter().any(|&b| b != 0) {
+            buf[within..].fill(0);
+            put_record(tx, inode, last, buf)?;
+        }
+    }
+    inode.size = new_size;
+    Ok(())
+}
+
+/// Frees `[off, off+len)` inside the file: records fully inside are
+/// deleted, partial ones zeroed. The size does not change.
+pub(crate) fn punch(tx: &mut Tx, inode: &mut Inode, off: u64, len: u64) -> Result<()> {
+    let end = inode.size.min(off.saturating_add(len));
+    if off >= end {
+        return Ok(());
+    }
+    let rs = rs(inode);
+    for (idx, blen) in blocks_in(tx, inode.ino, off / rs, (end - 1) / rs)? {
+        let rec = idx * rs;
+        let a = off.max(rec);
+        let b = end.min(rec + blen);
+        if a >= b {
+            continue;
+        }
+        if a == rec && b == rec + blen {
+            tx.s.delete(&data_key(inode.ino, idx))?;
+            inode.alloc = inode.alloc.saturating_sub(blen);
+        } else {
+            let mut buf = get_record(tx, inode.ino, idx)?;
+            let hi = ((b - rec) as usize).min(buf.len());
+            let lo = ((a - rec) as usize).min(hi);
+            buf[lo..hi].fill(0);
+            put_record(tx, inode, idx, buf)?;
+        }
+    }
+    Ok(())
+}
+
+/// Stores a symlink target too long for the inode record.
+pub(crate) fn put_long_target(tx: &mut Tx, ino: u64, target: &[u8]) -> Result<()> {
+    let mut v = Vec::with_capacity(target.len() + 1);
+    v.push(1u8);
+    v.extend_from_slice(target);
+    tx.s.write_block(&data_key(ino, 0), v)?;
+    Ok(())
+}
+
+/// Reads a symlink target stored by [`put_long_target`].
+pub(crate) fn get_long_target(tx: &mut Tx, ino: u64) -> Result<Vec<u8>> {
+    match tx.s.read_block(&data_key(ino, 0))? {
+        Some(v) if v.first() == Some(&1) => Ok(v[1..].to_vec()),
+        _ => Err(FsError::io(format!(
+            "symlink {ino}: target block missing or bad"
+        ))),
+    }
+}
