@@ -84,6 +84,12 @@ pub mod method {
     pub const DATASET_ROLLBACK: &str = "dataset.rollback";
     /// Clone a snapshot: [`super::CloneParams`].
     pub const DATASET_CLONE: &str = "dataset.clone";
+    /// Mount a dataset with FUSE: [`super::MountParams`].
+    pub const DATASET_MOUNT: &str = "dataset.mount";
+    /// Unmount: [`super::UnmountParams`].
+    pub const DATASET_UNMOUNT: &str = "dataset.unmount";
+    /// List mounts: [`super::NoParams`].
+    pub const DATASET_MOUNTS: &str = "dataset.mounts";
 
     /// Every method, for error messages and documentation.
     pub const ALL: &[&str] = &[
@@ -116,6 +122,9 @@ pub mod method {
         DATASET_SNAPSHOT,
         DATASET_ROLLBACK,
         DATASET_CLONE,
+        DATASET_MOUNT,
+        DATASET_UNMOUNT,
+        DATASET_MOUNTS,
     ];
 }
 
@@ -609,6 +618,31 @@ pub struct CloneParams {
     pub properties: BTreeMap<String, String>,
 }
 
+/// `dataset.mount`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MountParams {
+    /// Dataset or snapshot.
+    pub name: String,
+    /// Absolute directory; the `mountpoint` property when absent.
+    #[serde(default)]
+    pub mountpoint: Option<String>,
+    /// Let other users use the mount.
+    #[serde(default)]
+    pub allow_other: bool,
+    /// Mount read-only.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// `dataset.unmount`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnmountParams {
+    /// Dataset name or mountpoint.
+    pub name: String,
+}
+
 /// Result of `daemon.ping`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PingResult {
@@ -798,6 +832,23 @@ pub fn dispatch(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, 
                 properties,
             } = params(method, p)?;
             reply(backend.dataset_clone(&snapshot, &name, &properties)?)
+        }
+        m::DATASET_MOUNT => {
+            let MountParams {
+                name,
+                mountpoint,
+                allow_other,
+                read_only,
+            } = params(method, p)?;
+            reply(backend.dataset_mount(&name, mountpoint.as_deref(), allow_other, read_only)?)
+        }
+        m::DATASET_UNMOUNT => {
+            let UnmountParams { name } = params(method, p)?;
+            reply(backend.dataset_unmount(&name)?)
+        }
+        m::DATASET_MOUNTS => {
+            let NoParams {} = params(method, p)?;
+            reply(backend.dataset_mounts()?)
         }
         m::DAEMON_STOP => Err(ApiError::invalid(
             "daemon.stop is only served on the daemon's admin socket; use `tarn daemon stop`",

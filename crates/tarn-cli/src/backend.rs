@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::api::ApiError;
+pub use crate::mounts::MountInfo;
 use crate::status::{ImportCandidate, IostatEntry, PoolListEntry, PoolStatus, ScanStatus};
 pub use tarn_dataset::{DatasetInfo, DatasetKind, PropValue, Source};
 
@@ -396,6 +397,24 @@ pub trait Backend: Send + Sync {
         _name: &str,
         _properties: &BTreeMap<String, String>,
     ) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Mounts a dataset (at `mountpoint`, or where its property says).
+    fn dataset_mount(
+        &self,
+        _name: &str,
+        _mountpoint: Option<&str>,
+        _allow_other: bool,
+        _read_only: bool,
+    ) -> Result<MountInfo, ApiError> {
+        Err(no_datasets())
+    }
+    /// Unmounts a dataset, given by name or mountpoint.
+    fn dataset_unmount(&self, _name: &str) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// The daemon's mounts.
+    fn dataset_mounts(&self) -> Result<Vec<MountInfo>, ApiError> {
         Err(no_datasets())
     }
     /// Exports every pool cleanly; called once when the daemon stops.

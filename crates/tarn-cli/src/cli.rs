@@ -22,13 +22,13 @@ use serde_json::Value;
 use crate::api::{
     method, ClearParams, CloneParams, DatasetCreateParams, DatasetDestroyParams, DatasetGetParams,
     DatasetInheritParams, DatasetListParams, DatasetRenameParams, DatasetSetParams, DeviceParams,
-    ForceParams, NameParams, NoParams, ObjectParams, ObjectReadParams, ObjectWriteParams,
-    OptionalNameParams, PingResult, PoolParams, ReplaceParams, RollbackParams, ScrubParams,
-    SnapshotParams, SyncResult,
+    ForceParams, MountParams, NameParams, NoParams, ObjectParams, ObjectReadParams,
+    ObjectWriteParams, OptionalNameParams, PingResult, PoolParams, ReplaceParams, RollbackParams,
+    ScrubParams, SnapshotParams, SyncResult, UnmountParams,
 };
 use crate::backend::{
-    Backend, CreateRequest, DatasetInfo, DatasetKind, ImportRequest, ImportResult, ObjectInfo,
-    PropValue, ScrubAction, VdevKind, VdevSpec,
+    Backend, CreateRequest, DatasetInfo, DatasetKind, ImportRequest, ImportResult, MountInfo,
+    ObjectInfo, PropValue, ScrubAction, VdevKind, VdevSpec,
 };
 use crate::client::Client;
 use crate::daemon::{default_socket_path, default_state_dir, run_daemon, DaemonOptions};
@@ -178,6 +178,24 @@ pub enum Command {
         #[arg(short = 'r', long)]
         recursive: bool,
         /// What to destroy
+        name: String,
+    },
+    /// Mount a dataset with FUSE (no arguments: list the mounts)
+    Mount {
+        /// Let other users use the mount (off by default)
+        #[arg(long)]
+        allow_other: bool,
+        /// Mount read-only
+        #[arg(long)]
+        read_only: bool,
+        /// Dataset or snapshot
+        name: Option<String>,
+        /// Directory to mount on [default: the dataset's mountpoint property]
+        mountpoint: Option<PathBuf>,
+    },
+    /// Unmount a dataset, by name or by directory
+    Unmount {
+        /// Dataset name or mountpoint
         name: String,
     },
     /// Try tarn: a raidz1 pool of four sparse files under ./tarn-demo, served
@@ -540,6 +558,38 @@ pub fn run(cli: Cli, make_backend: Box<BackendFactory<'_>>) -> anyhow::Result<Ex
                 properties: pool_props.into_iter().collect(),
             };
             let v = client.call(method::DATASET_CLONE, &params)?;
+            out.raw_or(&v, String::new)?;
+        }
+        Command::Mount {
+            allow_other,
+            read_only,
+            name,
+            mountpoint,
+        } => match name {
+            None => {
+                let v = client.call(method::DATASET_MOUNTS, &NoParams {})?;
+                let mounts: Vec<MountInfo> = decode(method::DATASET_MOUNTS, v.clone())?;
+                out.raw_or(&v, || render::render_mounts(&mounts))?;
+            }
+            Some(name) => {
+                let params = MountParams {
+                    name,
+                    mountpoint: mountpoint.as_deref().map(absolute).transpose()?,
+                    allow_other,
+                    read_only,
+                };
+                let v = client.call(method::DATASET_MOUNT, &params)?;
+                out.raw_or(&v, String::new)?;
+            }
+        },
+        Command::Unmount { name } => {
+            // A relative directory means one below the current directory.
+            let target = if name.starts_with('.') || name.contains("/.") {
+                absolute(Path::new(&name))?
+            } else {
+                name
+            };
+            let v = client.call(method::DATASET_UNMOUNT, &UnmountParams { name: target })?;
             out.raw_or(&v, String::new)?;
         }
         Command::Destroy { recursive, name } => {

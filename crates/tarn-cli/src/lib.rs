@@ -21,6 +21,7 @@ pub mod cli;
 pub mod client;
 pub mod daemon;
 pub mod demo;
+pub mod mounts;
 pub mod pools;
 pub mod render;
 

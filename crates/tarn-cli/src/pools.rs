@@ -29,6 +29,7 @@ use crate::backend::{
     Backend, CreateRequest, ImportRequest, ImportResult, ObjectInfo, ScrubAction, VdevKind,
 };
 use crate::daemon::Tuning;
+use crate::mounts::{MountInfo, Mounts};
 
 /// Bytes moved per call between an object and a file.
 const COPY_CHUNK_BYTES: usize = 8 << 20;
@@ -56,6 +57,8 @@ pub struct Pools {
     cache_lock: Mutex<()>,
     /// Exclusive lock on the state directory: one daemon per state.
     _state_lock: std::fs::File,
+    /// FUSE mounts of datasets.
+    mounts: Mounts,
 }
 
 /// A pool name reserved while a create or import runs.
@@ -172,6 +175,7 @@ impl Pools {
             unavailable: Mutex::new(Vec::new()),
             cache_lock: Mutex::new(()),
             _state_lock: state_lock,
+            mounts: Mounts::default(),
         };
         for entry in me.read_cache() {
             match Pool::import(
@@ -189,6 +193,7 @@ impl Pools {
                         entry.name,
                         pool.health()
                     );
+                    me.mounts.automount(&pool);
                     me.lock().insert(entry.name.clone(), pool);
                 }
                 Err(e) => {
@@ -324,6 +329,7 @@ impl Backend for Pools {
         )
         .map_err(api_error)?;
         attach_datasets(&pool);
+        self.mounts.automount(&pool);
         let status = pool.status();
         self.lock().insert(req.name.clone(), pool);
         self.write_cache();
@@ -377,14 +383,16 @@ impl Backend for Pools {
                     pool.name()
                 )));
             }
-            pools.insert(pool.name().to_string(), pool);
+            pools.insert(pool.name().to_string(), pool.clone());
         }
         self.write_cache();
+        self.mounts.automount(&pool);
         Ok(ImportResult::Imported(Box::new(status)))
     }
 
     fn pool_export(&self, name: &str, _force: bool) -> Result<(), ApiError> {
         let pool = self.get(name)?;
+        self.mounts.unmount_pool(name);
         let r = pool.export(false);
         self.forget(&pool);
         self.write_cache();
@@ -393,6 +401,7 @@ impl Backend for Pools {
 
     fn pool_destroy(&self, name: &str, _force: bool) -> Result<(), ApiError> {
         let pool = self.get(name)?;
+        self.mounts.unmount_pool(name);
         let r = pool.export(true);
         self.forget(&pool);
         self.write_cache();
@@ -478,12 +487,32 @@ impl Backend for Pools {
         parents: bool,
     ) -> Result<(), ApiError> {
         let pool = self.get(pool_of(name))?;
-        tarn_dataset::create(&pool, name, properties, parents).map_err(ds_error)
+        tarn_dataset::create(&pool, name, properties, parents).map_err(ds_error)?;
+        self.mounts.automount(&pool);
+        Ok(())
     }
 
     fn dataset_destroy(&self, name: &str, recursive: bool) -> Result<(), ApiError> {
         let pool = self.get(pool_of(name))?;
-        tarn_dataset::destroy(&pool, name, recursive).map_err(ds_error)
+        // What goes away is unmounted first; a busy mount stops the destroy.
+        let (fs, snap) = name.split_once('@').unwrap_or((name, ""));
+        let gone = if snap.is_empty() {
+            self.mounts.unmount_tree(fs)?
+        } else {
+            let mut gone = Vec::new();
+            for m in self.mounts.list() {
+                if m.dataset.starts_with(&format!("{fs}@")) {
+                    gone.append(&mut self.mounts.unmount_tree(&m.dataset)?);
+                }
+            }
+            gone
+        };
+        let r = tarn_dataset::destroy(&pool, name, recursive).map_err(ds_error);
+        if r.is_err() {
+            self.mounts.remount(&pool, gone, None);
+            self.mounts.automount(&pool);
+        }
+        r
     }
 
     fn dataset_list(&self, snapshots: bool) -> Result<Vec<DatasetInfo>, ApiError> {
@@ -505,12 +534,20 @@ impl Backend for Pools {
 
     fn dataset_set(&self, name: &str, property: &str, value: &str) -> Result<(), ApiError> {
         let pool = self.get(pool_of(name))?;
-        tarn_dataset::set_prop(&pool, name, property, value).map_err(ds_error)
+        tarn_dataset::set_prop(&pool, name, property, value).map_err(ds_error)?;
+        if property == "mountpoint" {
+            self.mounts.automount(&pool);
+        }
+        Ok(())
     }
 
     fn dataset_inherit(&self, name: &str, property: &str) -> Result<(), ApiError> {
         let pool = self.get(pool_of(name))?;
-        tarn_dataset::inherit(&pool, name, property).map_err(ds_error)
+        tarn_dataset::inherit(&pool, name, property).map_err(ds_error)?;
+        if property == "mountpoint" {
+            self.mounts.automount(&pool);
+        }
+        Ok(())
     }
 
     fn dataset_rename(&self, name: &str, new_name: &str) -> Result<(), ApiError> {
@@ -520,7 +557,17 @@ impl Backend for Pools {
             )));
         }
         let pool = self.get(pool_of(name))?;
-        tarn_dataset::rename(&pool, name, new_name).map_err(ds_error)
+        let fs = name.split('@').next().unwrap_or(name);
+        let down = if name.contains('@') {
+            self.mounts.unmount_tree(name)?
+        } else {
+            self.mounts.unmount_tree(fs)?
+        };
+        let r = tarn_dataset::rename(&pool, name, new_name).map_err(ds_error);
+        let renamed = r.is_ok().then_some((name, new_name));
+        self.mounts.remount(&pool, down, renamed);
+        self.mounts.automount(&pool);
+        r
     }
 
     fn dataset_snapshot(&self, names: &[String], recursive: bool) -> Result<(), ApiError> {
@@ -536,7 +583,14 @@ impl Backend for Pools {
 
     fn dataset_rollback(&self, snapshot: &str, destroy_newer: bool) -> Result<(), ApiError> {
         let pool = self.get(pool_of(snapshot))?;
-        tarn_dataset::rollback(&pool, snapshot, destroy_newer).map_err(ds_error)
+        // The tree changes under the filesystem: take its mount (and those
+        // inside it) down and bring them back after.
+        let fs = snapshot.split('@').next().unwrap_or(snapshot);
+        let down = self.mounts.unmount_tree(fs)?;
+        let r = tarn_dataset::rollback(&pool, snapshot, destroy_newer).map_err(ds_error);
+        self.mounts.remount(&pool, down, None);
+        self.mounts.automount(&pool);
+        r
     }
 
     fn dataset_clone(
@@ -552,7 +606,43 @@ impl Backend for Pools {
             )));
         }
         let pool = self.get(pool_of(name))?;
-        tarn_dataset::clone(&pool, snapshot, name, properties).map_err(ds_error)
+        tarn_dataset::clone(&pool, snapshot, name, properties).map_err(ds_error)?;
+        self.mounts.automount(&pool);
+        Ok(())
+    }
+
+    fn dataset_mount(
+        &self,
+        name: &str,
+        mountpoint: Option<&str>,
+        allow_other: bool,
+        read_only: bool,
+    ) -> Result<MountInfo, ApiError> {
+        let pool = self.get(pool_of(name))?;
+        let path = match mountpoint {
+            Some(p) => absolute_path(p)?.to_path_buf(),
+            None => {
+                let props = tarn_dataset::get_props(&pool, name, &["mountpoint".to_string()])
+                    .map_err(ds_error)?;
+                let mp = props.first().map(|p| p.value.clone()).unwrap_or_default();
+                if !mp.starts_with('/') {
+                    return Err(ApiError::invalid(format!(
+                        "{name} has mountpoint={mp}; give a directory: `tarn mount {name} /mnt/dir`"
+                    )));
+                }
+                PathBuf::from(mp)
+            }
+        };
+        self.mounts
+            .mount(&pool, name, &path, true, allow_other, read_only)
+    }
+
+    fn dataset_unmount(&self, name: &str) -> Result<(), ApiError> {
+        self.mounts.unmount(name).map(|_| ())
+    }
+
+    fn dataset_mounts(&self) -> Result<Vec<MountInfo>, ApiError> {
+        Ok(self.mounts.list())
     }
 
     fn pool_sync(&self, name: &str) -> Result<u64, ApiError> {
@@ -706,6 +796,7 @@ impl Backend for Pools {
     }
 
     fn shutdown(&self) {
+        self.mounts.unmount_all();
         let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
         for p in pools {
             if let Err(e) = p.export(false) {

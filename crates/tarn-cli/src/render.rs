@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::backend::{DatasetInfo, DatasetKind, ObjectInfo, PropValue, Source};
+use crate::backend::{DatasetInfo, DatasetKind, MountInfo, ObjectInfo, PropValue, Source};
 use crate::status::{
     Counters, Health, ImportCandidate, IostatEntry, PoolListEntry, PoolStatus, ScanKind, ScanState,
     ScanStatus, VdevStatus,
@@ -452,6 +452,27 @@ pub fn render_datasets(list: &[DatasetInfo]) -> String {
         &rows,
         &[0, 4],
     )
+}
+
+/// `tarn mount` without arguments: what the daemon has mounted.
+pub fn render_mounts(mounts: &[MountInfo]) -> String {
+    if mounts.is_empty() {
+        return "nothing is mounted\n".into();
+    }
+    let rows: Vec<Vec<String>> = mounts
+        .iter()
+        .map(|m| {
+            let mut how = vec![if m.manual { "manual" } else { "property" }];
+            if m.read_only {
+                how.push("ro");
+            }
+            if m.allow_other {
+                how.push("allow_other");
+            }
+            vec![m.dataset.clone(), m.mountpoint.clone(), how.join(",")]
+        })
+        .collect();
+    table(&["DATASET", "MOUNTPOINT", "HOW"], &rows, &[0, 1, 2])
 }
 
 /// Properties whose values are byte counts, shown with units.

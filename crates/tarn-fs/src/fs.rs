@@ -1171,6 +1171,12 @@ impl<B: Backend> Fs<B> {
                 return err(libc::ELOOP, "is a symlink");
             }
             perm::check(&i, cred, mask)?;
+            // Opening a file (not a FIFO, socket or device) for writing on a
+            // read-only dataset fails at open, as on a read-only mount.
+            let writes_data = i.kind == FileKind::Regular || i.is_dir();
+            if mask & W_OK != 0 && writes_data && tx.info.readonly {
+                return err(libc::EROFS, "the dataset is read-only");
+            }
             if trunc && i.kind == FileKind::Regular {
                 Self::open_truncate(tx, &mut i, cred)?;
             }

@@ -946,6 +946,11 @@ fn readonly_dataset_is_erofs() {
     assert_eq!(eno(fs.unlink(ROOT_INO, b"f", &c)), libc::EROFS);
     let f = lookup(&fs, ROOT_INO, "f").unwrap();
     assert_eq!(read_all(&fs, f.ino), b"x");
+    // Opening for writing fails at open, not at the first write.
+    assert_eq!(eno(fs.open(f.ino, libc::O_WRONLY, &c)), libc::EROFS);
+    assert_eq!(eno(fs.open(f.ino, libc::O_RDWR, &c)), libc::EROFS);
+    fs.open(f.ino, libc::O_RDONLY, &c).unwrap();
+    fs.release(f.ino).unwrap();
     drop(fs);
     assert!(Fs::mount(b).is_ok());
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod process;
+pub mod require;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;

@@ -1,0 +1,278 @@
+//! FUSE mounts owned by the daemon.
+//!
+//! A filesystem dataset is mounted either because its `mountpoint`
+//! property names a path ("automatic": the daemon mounts it when the pool
+//! comes up and follows changes of the property) or because someone ran
+//! `tarn mount` ("manual"). Every mount holds one `Fs` over one dataset:
+//! the POSIX layer keeps open-file counts in memory, so a dataset is never
+//! mounted twice. Anything that replaces a dataset's tree under a mount
+//! (rollback) or removes it (destroy, export) unmounts it first; a busy
+//! mount makes that operation fail instead of pulling files from under a
+//! program. Rollback and rename mount again afterwards.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use tarn_fs::{DatasetBackend, Fs};
+use tarn_fuse::{FuseError, Mount, MountOptions};
+use tarn_pool::Pool;
+
+use crate::api::ApiError;
+use crate::pools::ds_error;
+
+/// A mount as `dataset.mounts` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountInfo {
+    /// Dataset (or snapshot) name.
+    pub dataset: String,
+    /// Where it is mounted.
+    pub mountpoint: String,
+    /// True when `tarn mount` made it, false when the `mountpoint`
+    /// property did.
+    pub manual: bool,
+    /// Other users may use it.
+    pub allow_other: bool,
+    /// Mounted read-only.
+    pub read_only: bool,
+}
+
+struct Entry {
+    info: MountInfo,
+    mount: Mount,
+}
+
+/// The daemon's mounts, by dataset name.
+#[derive(Default)]
+pub struct Mounts {
+    inner: Mutex<BTreeMap<String, Entry>>,
+}
+
+fn fuse_error(e: FuseError) -> ApiError {
+    match e {
+        FuseError::Busy { .. } => ApiError::busy(format!(
+            "{e}: close the files and leave the directories under it, then retry"
+        )),
+        FuseError::Mountpoint { .. } | FuseError::InvalidOption(_) => {
+            ApiError::invalid(e.to_string())
+        }
+        other => ApiError::io(other.to_string()),
+    }
+}
+
+/// True when `name` is `dataset` or lies below it (`tank/a` covers
+/// `tank/a/b` and `tank/a@s`).
+fn covers(dataset: &str, name: &str) -> bool {
+    name == dataset
+        || name
+            .strip_prefix(dataset)
+            .is_some_and(|r| r.starts_with('/') || r.starts_with('@'))
+}
+
+impl Mounts {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Mounts `dataset` of `pool` at `path`.
+    pub fn mount(
+        &self,
+        pool: &Arc<Pool>,
+        dataset: &str,
+        path: &Path,
+        manual: bool,
+        allow_other: bool,
+        read_only: bool,
+    ) -> Result<MountInfo, ApiError> {
+        let mut mounts = self.lock();
+        if let Some(e) = mounts.get(dataset) {
+            return Err(ApiError::exists(format!(
+                "{dataset} is already mounted at {}",
+                e.info.mountpoint
+            )));
+        }
+        let canonical = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+        if let Some((other, _)) = mounts
+            .iter()
+            .find(|(_, e)| Path::new(&e.info.mountpoint) == canonical)
+        {
+            return Err(ApiError::exists(format!(
+                "{} already has {other} mounted on it",
+                canonical.display()
+            )));
+        }
+        let handle = tarn_dataset::open(pool, dataset).map_err(ds_error)?;
+        let fs = Fs::mount(Arc::new(DatasetBackend::new(handle)))
+            .map_err(|e| ApiError::io(format!("cannot open {dataset} as a filesystem: {e}")))?;
+        let opts = MountOptions {
+            allow_other,
+            read_only,
+            fsname: dataset.replace(',', "_"),
+            ..Default::default()
+        };
+        let mount = tarn_fuse::mount(Arc::new(fs), &canonical, &opts).map_err(fuse_error)?;
+        let info = MountInfo {
+            dataset: dataset.to_string(),
+            mountpoint: canonical.display().to_string(),
+            manual,
+            allow_other,
+            read_only,
+        };
+        mounts.insert(
+            dataset.to_string(),
+            Entry {
+                info: info.clone(),
+                mount,
+            },
+        );
+        Ok(info)
+    }
+
+    /// Unmounts a dataset (given by name or by mountpoint path).
+    pub fn unmount(&self, what: &str) -> Result<MountInfo, ApiError> {
+        let mut mounts = self.lock();
+        let key = if mounts.contains_key(what) {
+            what.to_string()
+        } else {
+            let p = Path::new(what)
+                .canonicalize()
+                .unwrap_or_else(|_| PathBuf::from(what));
+            mounts
+                .iter()
+                .find(|(_, e)| Path::new(&e.info.mountpoint) == p)
+                .map(|(k, _)| k.clone())
+                .ok_or_else(|| ApiError::not_found(format!("{what} is not mounted by tarn")))?
+        };
+        let Some(mut e) = mounts.remove(&key) else {
+            return Err(ApiError::not_found(format!(
+                "{what} is not mounted by tarn"
+            )));
+        };
+        match e.mount.unmount() {
+            Ok(()) => Ok(e.info),
+            Err(err) => {
+                let api = fuse_error(err);
+                mounts.insert(key, e);
+                Err(api)
+            }
+        }
+    }
+
+    /// Unmounts `dataset` and everything below it; fails (leaving the rest
+    /// mounted) if one of them is busy. Returns what was unmounted.
+    pub fn unmount_tree(&self, dataset: &str) -> Result<Vec<MountInfo>, ApiError> {
+        let names: Vec<String> = self
+            .lock()
+            .keys()
+            .filter(|k| covers(dataset, k))
+            .cloned()
+            .collect();
+        let mut done = Vec::new();
+        for n in names.iter().rev() {
+            done.push(self.unmount(n)?);
+        }
+        Ok(done)
+    }
+
+    /// Mounts again what [`Mounts::unmount_tree`] took down, where it was
+    /// (best effort; failures are reported on stderr).
+    pub fn remount(&self, pool: &Arc<Pool>, infos: Vec<MountInfo>, rename: Option<(&str, &str)>) {
+        for i in infos.into_iter().rev() {
+            if !i.manual {
+                continue; // property mounts come back through `automount`
+            }
+            let name = match rename {
+                Some((old, new)) if covers(old, &i.dataset) => {
+                    format!("{new}{}", &i.dataset[old.len()..])
+                }
+                _ => i.dataset.clone(),
+            };
+            let path = PathBuf::from(&i.mountpoint);
+            if let Err(e) = self.mount(pool, &name, &path, true, i.allow_other, i.read_only) {
+                eprintln!("tarn: cannot mount {name} again at {}: {e}", i.mountpoint);
+            }
+        }
+    }
+
+    /// Unmounts everything of `pool` (lazily if busy: the pool is going).
+    pub fn unmount_pool(&self, pool: &str) {
+        let mut mounts = self.lock();
+        let names: Vec<String> = mounts.keys().filter(|k| covers(pool, k)).cloned().collect();
+        for n in names {
+            if let Some(mut e) = mounts.remove(&n) {
+                if e.mount.unmount().is_err() {
+                    // Dropping detaches it lazily.
+                    eprintln!(
+                        "tarn: {} was busy; detached it from {}",
+                        e.info.dataset, e.info.mountpoint
+                    );
+                }
+            }
+        }
+    }
+
+    /// Makes the property mounts of `pool` match its `mountpoint`
+    /// properties: mounts what names a path, unmounts what no longer does
+    /// (manual mounts are left alone). Failures are reported on stderr.
+    pub fn automount(&self, pool: &Arc<Pool>) {
+        let Ok(list) = tarn_dataset::list(pool, false) else {
+            return;
+        };
+        let wanted: BTreeMap<String, PathBuf> = list
+            .into_iter()
+            .filter_map(|d| {
+                let mp = d.mountpoint?;
+                mp.starts_with('/').then(|| (d.name, PathBuf::from(mp)))
+            })
+            .collect();
+        let stale: Vec<String> = self
+            .lock()
+            .iter()
+            .filter(|(name, e)| {
+                !e.info.manual
+                    && covers(pool.name(), name)
+                    && wanted
+                        .get(*name)
+                        .is_none_or(|p| Path::new(&e.info.mountpoint) != p.as_path())
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in stale {
+            if let Err(e) = self.unmount(&n) {
+                eprintln!("tarn: cannot unmount {n}: {e}");
+            }
+        }
+        // Parents before children, so a child's folder is inside the mount.
+        for (name, path) in wanted {
+            if self.lock().contains_key(&name) {
+                continue;
+            }
+            if let Err(e) = std::fs::create_dir_all(&path) {
+                eprintln!("tarn: cannot create mountpoint {}: {e}", path.display());
+                continue;
+            }
+            if let Err(e) = self.mount(pool, &name, &path, false, false, false) {
+                eprintln!("tarn: cannot mount {name} at {}: {e}", path.display());
+            }
+        }
+    }
+
+    /// Every mount.
+    pub fn list(&self) -> Vec<MountInfo> {
+        self.lock().values().map(|e| e.info.clone()).collect()
+    }
+
+    /// Unmounts everything (daemon shutdown).
+    pub fn unmount_all(&self) {
+        let mut mounts = self.lock();
+        for (_, mut e) in std::mem::take(&mut *mounts).into_iter().rev() {
+            if e.mount.unmount().is_err() {
+                eprintln!(
+                    "tarn: {} was busy; detached it from {}",
+                    e.info.dataset, e.info.mountpoint
+                );
+            }
+        }
+    }
+}

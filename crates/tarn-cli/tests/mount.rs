@@ -1,0 +1,95 @@
+//! Datasets mounted with FUSE by the real daemon: through the mountpoint
+//! property and `tarn mount`, with snapshots under `.snapshot`, unmounted
+//! on export, rollback, destroy and daemon stop, and mounted again when the
+//! pool comes back.
+
+mod common;
+
+use common::process::{files, Daemon};
+use common::require::{self, is_mounted};
+
+#[test]
+fn mounts_follow_properties_snapshots_and_pool_lifetime() {
+    if !require::fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(dir.path());
+    let f = files(dir.path(), "m", 4, 64 << 20);
+    d.ok(&[
+        "pool", "create", "tank", "raidz1", &f[0], &f[1], &f[2], &f[3],
+    ]);
+    let mnt = dir.path().join("mnt");
+    let photos = mnt.join("photos");
+    let mp = format!("mountpoint={}", photos.display());
+    d.ok(&["dataset", "create", "-o", &mp, "tank/photos"]);
+    assert!(
+        is_mounted(&photos),
+        "the mountpoint property mounts the dataset"
+    );
+
+    // Files through the kernel.
+    std::fs::create_dir(photos.join("2026")).unwrap();
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+    std::fs::write(photos.join("2026/beach.raw"), &big).unwrap();
+    std::fs::write(photos.join("note.txt"), b"first").unwrap();
+    d.ok(&["snapshot", "tank/photos@one"]);
+    std::fs::write(photos.join("note.txt"), b"second").unwrap();
+    std::fs::remove_file(photos.join("2026/beach.raw")).unwrap();
+    let snap = photos.join(".snapshot/one");
+    assert_eq!(std::fs::read(snap.join("note.txt")).unwrap(), b"first");
+    assert_eq!(std::fs::read(snap.join("2026/beach.raw")).unwrap(), big);
+    let e = std::fs::write(snap.join("x"), b"no").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    let list = d.ok(&["mount"]);
+    assert!(
+        list.contains("tank/photos") && list.contains("property"),
+        "{list}"
+    );
+
+    // A child inherits the mountpoint below its parent.
+    d.ok(&["dataset", "create", "tank/photos/raw"]);
+    assert!(is_mounted(&photos.join("raw")));
+    std::fs::write(photos.join("raw/a"), b"child").unwrap();
+
+    // Rollback takes the mounts down and brings them back.
+    d.ok(&["rollback", "tank/photos@one"]);
+    assert!(is_mounted(&photos) && is_mounted(&photos.join("raw")));
+    assert_eq!(std::fs::read(photos.join("note.txt")).unwrap(), b"first");
+    assert_eq!(std::fs::read(photos.join("2026/beach.raw")).unwrap(), big);
+
+    // A busy mount stops a destroy.
+    let held = std::fs::File::open(photos.join("raw/a")).unwrap();
+    let err = d.fails(&["destroy", "tank/photos/raw"]);
+    assert!(err.contains("busy"), "{err}");
+    drop(held);
+    d.ok(&["destroy", "tank/photos/raw"]);
+    assert!(!is_mounted(&photos.join("raw")));
+
+    // Manual mounts of a snapshot, read-only.
+    let snapdir = dir.path().join("snapview");
+    std::fs::create_dir(&snapdir).unwrap();
+    d.ok(&["mount", "tank/photos@one", snapdir.to_str().unwrap()]);
+    assert_eq!(std::fs::read(snapdir.join("note.txt")).unwrap(), b"first");
+    d.ok(&["unmount", snapdir.to_str().unwrap()]);
+    assert!(!is_mounted(&snapdir));
+    let err = d.fails(&["unmount", "tank/nothing"]);
+    assert!(err.contains("not mounted"), "{err}");
+
+    // Export unmounts; import mounts again; daemon stop unmounts.
+    d.ok(&["pool", "export", "tank"]);
+    assert!(!is_mounted(&photos));
+    d.ok(&["pool", "import", "-d", dir.path().to_str().unwrap(), "tank"]);
+    assert!(is_mounted(&photos));
+    assert_eq!(std::fs::read(photos.join("note.txt")).unwrap(), b"first");
+    d.stop();
+    assert!(!is_mounted(&photos), "daemon stop unmounts");
+    d = Daemon::start(dir.path());
+    assert!(
+        is_mounted(&photos),
+        "a restarted daemon mounts its datasets"
+    );
+    d.ok(&["dataset", "set", "mountpoint=none", "tank/photos"]);
+    assert!(!is_mounted(&photos));
+    d.stop();
+}

@@ -1,0 +1,544 @@
+//! tarn-fuse: the FUSE front end. It exposes a [`tarn_fs::Fs`] as a
+//! mounted Linux filesystem through `/dev/fuse`, using the `fuser` crate's
+//! pure-Rust mount path (a direct `mount(2)`, so it needs root or
+//! `CAP_SYS_ADMIN`, but no libfuse and no `fusermount`).
+//!
+//! # Shape
+//!
+//! [`mount`] mounts, completes the FUSE handshake and returns a [`Mount`]
+//! handle while worker threads serve requests in the background. Dropping
+//! the handle (or calling [`Mount::unmount`]) unmounts. Each FUSE request
+//! maps to one `Fs` call: `Fs` is inode based like the FUSE low-level API,
+//! so the adapter only converts types, fills in credentials and turns
+//! [`tarn_fs::FsError::errno`] into the reply's errno. Nothing here keeps
+//! filesystem state except the open flags inside file handles and the
+//! table of inodes the kernel knows (for invalidation, below).
+//!
+//! # Threading
+//!
+//! The session runs [`MountOptions::threads`] worker threads (default 4).
+//! Each has its own clone of the `/dev/fuse` descriptor
+//! (`FUSE_DEV_IOC_CLONE`), reads one request, runs the `Fs` call to
+//! completion on that thread and replies. `Fs` is safe to call from many
+//! threads (every call is one backend transaction), so a slow request (a
+//! read waiting on a disk, a large write) occupies one worker while the
+//! others keep serving; with `threads = 1` everything is serialised. The
+//! kernel side is asynchronous as well: `FUSE_ASYNC_READ` lets it send
+//! several reads of one file at once, and `FUSE_PARALLEL_DIROPS` lets it
+//! send lookups and readdirs of one directory concurrently.
+//!
+//! # Caching, TTLs and invalidation
+//!
+//! Replies carry a time-to-live for the attributes and the name → inode
+//! entry ([`MountOptions::attr_ttl`], [`MountOptions::entry_ttl`], 1 s by
+//! default). Errors are never cached (no negative dentries), so a name
+//! that appears is visible at once. The writeback cache is off: every
+//! `write(2)` reaches `Fs` before it returns, so `O_APPEND`, `mtime` and
+//! space errors (ENOSPC, EDQUOT) behave as on a local filesystem. The page
+//! cache is dropped when a file is opened (no `FOPEN_KEEP_CACHE`) and when
+//! the kernel notices a changed size or mtime (`FUSE_AUTO_INVAL_DATA`).
+//!
+//! All changes made through this mount go through the kernel, which keeps
+//! its caches right by itself. Changes made *under* the mount (a rollback
+//! to a snapshot, a `zfs recv`-like replace, a second front end) are not
+//! seen until the TTLs expire, at most one second. To make them visible at
+//! once, the daemon calls [`Mount::invalidate_all`] after such an
+//! operation: it tells the kernel, through FUSE notifications, to forget
+//! every cached name and every cached attribute and data page of the
+//! inodes it holds. To know which those are, the adapter keeps a table of
+//! the inodes it has handed to the kernel (lookup, create, readdirplus...)
+//! with their lookup counts and up to four names each, and drops entries
+//! when the kernel sends `FORGET`. The new snapshot in `.snapshot` needs no
+//! invalidation: lookups of missing names are never cached and directory
+//! listings are never cached.
+//!
+//! # Credentials
+//!
+//! Every `Fs` call gets a [`tarn_fs::Cred`]: `uid`/`gid` are the caller's
+//! filesystem uid and gid from the request header. FUSE does not send
+//! supplementary groups, so they are read from the `Groups:` line of
+//! `/proc/<pid>/status` of the calling thread and cached per (pid, uid,
+//! gid) for one second. This is best effort: a process that exits before
+//! the read, or one in another pid namespace, gets no supplementary groups,
+//! and a `setgroups(2)` takes up to a second to be seen. Root needs no
+//! groups (it passes every check), so requests from uid 0 skip the read.
+//! Requests the kernel makes on its own (pid 0) get no groups either.
+//!
+//! # `default_permissions`
+//!
+//! `Fs` enforces Linux permission rules on every call, so the result is
+//! right without the kernel's help. It is nevertheless **on** by default
+//! ([`MountOptions::default_permissions`]), because without it the kernel
+//! checks nothing itself and only asks the filesystem on the operations
+//! that reach it: a path walk through a directory whose entries are
+//! cached never sends `LOOKUP`, so a search-permission (`x`) check on that
+//! directory would be skipped for up to a TTL, and `execve` would only see
+//! "some x bit is set". With the option on, the kernel checks every step
+//! against its cached attributes using the caller's real credentials
+//! (including supplementary groups, exactly), and `Fs` checks again with
+//! the credentials above: the stricter of the two applies. The cost is that
+//! `access(2)` is answered by the kernel from cached attributes instead of
+//! reaching `Fs::access`. Turning it off leaves `Fs` as the only judge.
+//!
+//! # Other choices
+//!
+//! * Writes up to [`MountOptions::max_write`] (1 MiB, the most the kernel
+//!   accepts by default) arrive in one request (`big_writes`, `max_pages`).
+//! * `O_TRUNC` is passed to `Fs::open` (`FUSE_ATOMIC_O_TRUNC`) so open and
+//!   truncate are one transaction; `Fs` clears set-id bits on write, chown
+//!   and truncate itself (`FUSE_HANDLE_KILLPRIV`), so an unprivileged
+//!   write to a set-id file does not turn into a chmod that `Fs` refuses.
+//! * `lseek(SEEK_DATA/SEEK_HOLE)`, `copy_file_range` and POSIX locks are not
+//!   implemented: the kernel then falls back to its generic versions (the
+//!   whole file counts as data; copies go through read and write; locks
+//!   are local to this machine).
+//! * Device numbers are stored as the kernel's 32-bit FUSE encoding.
+//! * The mount uses `nodev` and `nosuid` (fuser's defaults for a direct
+//!   mount): device nodes and set-id bits are stored but not honoured.
+
+mod convert;
+mod creds;
+mod known;
+mod ops;
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{BackgroundSession, INodeNo, MountOption, Notifier, Session, SessionACL};
+use nix::errno::Errno;
+use nix::mount::MntFlags;
+use tarn_fs::{Backend, Fs};
+
+use crate::known::Known;
+use crate::ops::TarnFuse;
+
+/// Largest write the kernel is asked to send in one request.
+pub const DEFAULT_MAX_WRITE: u32 = 1 << 20;
+/// Most worker threads [`mount`] accepts.
+pub const MAX_THREADS: usize = 64;
+
+/// How to mount: the knobs of [`mount`]. Build it with
+/// `MountOptions { allow_other: true, ..Default::default() }`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountOptions {
+    /// Let users other than the one who mounted (root) use the mount
+    /// (`allow_other`). Off by default. An unprivileged mounter also needs
+    /// `user_allow_other` in `/etc/fuse.conf`; root does not.
+    pub allow_other: bool,
+    /// Mount read-only (`MS_RDONLY`): the kernel refuses every change with
+    /// EROFS before it reaches `Fs`. A read-only dataset or a snapshot
+    /// fails changes with EROFS either way; this makes it visible in
+    /// `mount` output and to programs that check `statvfs`.
+    pub read_only: bool,
+    /// Worker threads serving requests (1..=[`MAX_THREADS`]). Default 4.
+    pub threads: usize,
+    /// The "source" shown in `/proc/mounts` and `df` (e.g. `tank/photos`).
+    /// Must not contain `,` or NUL.
+    pub fsname: String,
+    /// Subtype: the filesystem type shows as `fuse.<subtype>`. Empty for
+    /// plain `fuse`. Must not contain `,` or NUL.
+    pub subtype: String,
+    /// Let the kernel check permissions too (see the crate docs for why it
+    /// is on by default). `Fs` checks them in any case.
+    pub default_permissions: bool,
+    /// How long the kernel may cache attributes. Default 1 s.
+    pub attr_ttl: Duration,
+    /// How long the kernel may cache name → inode entries. Default 1 s.
+    pub entry_ttl: Duration,
+    /// Largest write request, in bytes; the kernel may lower it (it caps
+    /// requests at `max_pages`, 256 pages by default). Default 1 MiB.
+    pub max_write: u32,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            allow_other: false,
+            read_only: false,
+            threads: 4,
+            fsname: "tarn".to_string(),
+            subtype: "tarn".to_string(),
+            default_permissions: true,
+            attr_ttl: Duration::from_secs(1),
+            entry_ttl: Duration::from_secs(1),
+            max_write: DEFAULT_MAX_WRITE,
+        }
+    }
+}
+
+/// Why mounting, unmounting or invalidating failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FuseError {
+    /// FUSE cannot be used here: no `/dev/fuse` (load the `fuse` module),
+    /// or the process may not open it.
+    #[error("FUSE is not available: {0}")]
+    Unavailable(String),
+    /// A [`MountOptions`] field is out of range or malformed.
+    #[error("invalid mount option: {0}")]
+    InvalidOption(String),
+    /// The mountpoint is missing or not a directory.
+    #[error("bad mountpoint {path}: {reason}")]
+    Mountpoint {
+        /// The mountpoint as given.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `mount(2)` or the FUSE handshake failed (EPERM: not root).
+    #[error("mounting {path}: {source}")]
+    Mount {
+        /// The mountpoint.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The filesystem is in use (open files, a working directory inside);
+    /// it stays mounted. Dropping the handle detaches it lazily instead.
+    #[error("{path} is busy")]
+    Busy {
+        /// The mountpoint.
+        path: PathBuf,
+    },
+    /// `umount(2)` failed for another reason; the filesystem stays mounted.
+    #[error("unmounting {path}: {source}")]
+    Unmount {
+        /// The mountpoint.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// A worker thread ended abnormally (it panicked or the device failed).
+    #[error("FUSE session of {path} ended with an error: {source}")]
+    Session {
+        /// The mountpoint.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The kernel refused a cache invalidation (e.g. the mount is gone).
+    #[error("cache invalidation failed: {0}")]
+    Notify(io::Error),
+}
+
+/// A mounted filesystem. Dropping it unmounts (lazily, with `MNT_DETACH`,
+/// if the filesystem is busy); [`Mount::unmount`] unmounts explicitly and
+/// reports errors.
+pub struct Mount {
+    mountpoint: PathBuf,
+    session: Option<BackgroundSession>,
+    /// A duplicate of the session's `/dev/fuse` descriptor: polling it
+    /// tells whether the connection is still alive, without touching the
+    /// mountpoint path (which may meanwhile hold another mount).
+    device: OwnedFd,
+    notifier: Notifier,
+    known: Arc<Known>,
+}
+
+impl std::fmt::Debug for Mount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mount")
+            .field("mountpoint", &self.mountpoint)
+            .field("mounted", &self.is_mounted())
+            .finish()
+    }
+}
+
+fn check_option_string(what: &str, s: &str) -> Result<(), FuseError> {
+    if s.contains(',') || s.contains('\0') {
+        return Err(FuseError::InvalidOption(format!(
+            "{what} {s:?} contains ',' or NUL"
+        )));
+    }
+    Ok(())
+}
+
+fn fuser_config(opts: &MountOptions) -> Result<fuser::Config, FuseError> {
+    if opts.threads == 0 || opts.threads > MAX_THREADS {
+        return Err(FuseError::InvalidOption(format!(
+            "threads must be 1..={MAX_THREADS}, not {}",
+            opts.threads
+        )));
+    }
+    if opts.max_write < 4096 {
+        return Err(FuseError::InvalidOption(format!(
+            "max_write must be at least 4096, not {}",
+            opts.max_write
+        )));
+    }
+    check_option_string("fsname", &opts.fsname)?;
+    check_option_string("subtype", &opts.subtype)?;
+    let mut mo = Vec::new();
+    if !opts.fsname.is_empty() {
+        mo.push(MountOption::FSName(opts.fsname.clone()));
+    }
+    if !opts.subtype.is_empty() {
+        // fuser's direct mount(2) path does not pass `Subtype` on; the
+        // kernel takes it as a plain `subtype=` option.
+        mo.push(MountOption::CUSTOM(format!("subtype={}", opts.subtype)));
+    }
+    if opts.default_permissions {
+        mo.push(MountOption::DefaultPermissions);
+    }
+    mo.push(if opts.read_only {
+        MountOption::RO
+    } else {
+        MountOption::RW
+    });
+    let mut config = fuser::Config::default();
+    config.mount_options = mo;
+    config.acl = if opts.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(opts.threads);
+    config.clone_fd = true;
+    Ok(config)
+}
+
+/// Mounts `fs` on `mountpoint` (an existing directory) and serves it from
+/// background threads until the returned handle is dropped or unmounted.
+/// Returns once the kernel has completed the FUSE handshake, so the mount
+/// is usable at once. Needs root (or `CAP_SYS_ADMIN`) and `/dev/fuse`.
+pub fn mount<B: Backend + 'static>(
+    fs: Arc<Fs<B>>,
+    mountpoint: &Path,
+    opts: &MountOptions,
+) -> Result<Mount, FuseError> {
+    let config = fuser_config(opts)?;
+    if !Path::new("/dev/fuse").exists() {
+        return Err(FuseError::Unavailable(
+            "/dev/fuse does not exist (is the fuse module loaded?)".to_string(),
+        ));
+    }
+    let bad = |reason: String| FuseError::Mountpoint {
+        path: mountpoint.to_path_buf(),
+        reason,
+    };
+    let meta = std::fs::metadata(mountpoint).map_err(|e| bad(e.to_string()))?;
+    if !meta.is_dir() {
+        return Err(bad("not a directory".to_string()));
+    }
+    let canonical = mountpoint.canonicalize().map_err(|e| bad(e.to_string()))?;
+    let known = Arc::new(Known::default());
+    let adapter = TarnFuse::new(fs, opts, known.clone());
+    let mount_err = |source: io::Error| FuseError::Mount {
+        path: canonical.clone(),
+        source,
+    };
+    let session = Session::new(adapter, &canonical, &config).map_err(mount_err)?;
+    let device = session.as_fd().try_clone_to_owned().map_err(mount_err)?;
+    let notifier = session.notifier();
+    // If spawning fails, the session is dropped inside `spawn`, which
+    // unmounts.
+    let bg = session.spawn().map_err(mount_err)?;
+    Ok(Mount {
+        mountpoint: canonical,
+        session: Some(bg),
+        device,
+        notifier,
+        known,
+    })
+}
+
+/// True while the FUSE connection behind `device` is alive (not unmounted,
+/// not aborted).
+fn connection_alive(device: &OwnedFd) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    loop {
+        let mut fds = [PollFd::new(device.as_fd(), PollFlags::empty())];
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Ok(0) => return true,
+            Ok(_) => {
+                return !fds[0]
+                    .revents()
+                    .is_some_and(|r| r.contains(PollFlags::POLLERR))
+            }
+            Err(Errno::EINTR) => continue,
+            // Cannot tell; assume alive so that unmounting is attempted.
+            Err(_) => return true,
+        }
+    }
+}
+
+impl Mount {
+    /// The mountpoint (canonical path).
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// True while the filesystem is mounted and served: the handle has not
+    /// been unmounted and the kernel connection is alive (an external
+    /// `umount` or an abort through `/sys/fs/fuse/connections` ends it).
+    pub fn is_mounted(&self) -> bool {
+        self.session.is_some() && connection_alive(&self.device)
+    }
+
+    /// Unmounts and waits for the worker threads to finish. If files are
+    /// still open or a process has its working directory inside, fails
+    /// with [`FuseError::Busy`] and stays mounted (retry, or drop the
+    /// handle to detach lazily). Succeeds without doing anything if the
+    /// filesystem is already unmounted, also when the kernel lost the mount
+    /// by itself (external `umount`, aborted connection); a dead mount left
+    /// at the path ("Transport endpoint is not connected") is detached.
+    pub fn unmount(&mut self) -> Result<(), FuseError> {
+        self.unmount_inner(false)
+    }
+
+    fn unmount_inner(&mut self, lazy_if_busy: bool) -> Result<(), FuseError> {
+        let Some(bg) = self.session.take() else {
+            return Ok(());
+        };
+        let path = self.mountpoint.clone();
+        if connection_alive(&self.device) {
+            match nix::mount::umount2(&path, MntFlags::empty()) {
+                Ok(()) => {}
+                // Not mounted at the path any more (detached by someone
+                // else) although the connection lives on: files are still
+                // open. The session serves them until they are closed.
+                Err(Errno::EINVAL) | Err(Errno::ENOENT) => {
+                    reap_later(bg);
+                    return Ok(());
+                }
+                Err(e) if lazy_if_busy => {
+                    if let Err(e2) = nix::mount::umount2(&path, MntFlags::MNT_DETACH) {
+                        eprintln!(
+                            "tarn-fuse: cannot unmount {} ({e}), nor detach it ({e2})",
+                            path.display()
+                        );
+                    }
+                    reap_later(bg);
+                    return Ok(());
+                }
+                Err(Errno::EBUSY) => {
+                    self.session = Some(bg);
+                    return Err(FuseError::Busy { path });
+                }
+                Err(e) => {
+                    self.session = Some(bg);
+                    return Err(FuseError::Unmount {
+                        path,
+                        source: e.into(),
+                    });
+                }
+            }
+        } else if let Err(e) = std::fs::symlink_metadata(&path) {
+            // The connection is gone; if a dead FUSE mount is still at the
+            // path, detach it so the directory is usable again.
+            if e.raw_os_error() == Some(libc::ENOTCONN) {
+                let _ = nix::mount::umount2(&path, MntFlags::MNT_DETACH);
+            }
+        }
+        // The connection is aborted once the superblock goes, so every
+        // worker sees ENODEV and exits.
+        bg.join()
+            .map_err(|source| FuseError::Session { path, source })
+    }
+
+    /// Tells the kernel to forget everything it caches about this mount:
+    /// every name → inode entry and the attributes and data pages of every
+    /// inode it holds. Call it after the tree changed under the mount (a
+    /// rollback); never from inside a request of this mount. Returns the
+    /// number of inodes invalidated.
+    pub fn invalidate_all(&self) -> Result<usize, FuseError> {
+        if self.session.is_none() {
+            return Ok(0);
+        }
+        let snapshot = self.known.snapshot();
+        for (_, names) in &snapshot {
+            for (parent, name) in names {
+                self.invalidate_entry(*parent, name)?;
+            }
+        }
+        self.invalidate_inode(tarn_fs::ROOT_INO)?;
+        for (ino, _) in &snapshot {
+            self.invalidate_inode(*ino)?;
+        }
+        Ok(snapshot.len() + 1)
+    }
+
+    /// Tells the kernel to drop its cached attributes and data pages of
+    /// `ino`. Unknown inodes are ignored.
+    pub fn invalidate_inode(&self, ino: u64) -> Result<(), FuseError> {
+        self.notifier
+            .inval_inode(INodeNo(ino), 0, 0)
+            .map_err(FuseError::Notify)
+    }
+
+    /// Tells the kernel to drop its cached entry `name` in directory
+    /// `parent`. Unknown entries are ignored.
+    pub fn invalidate_entry(&self, parent: u64, name: &OsStr) -> Result<(), FuseError> {
+        self.notifier
+            .inval_entry(INodeNo(parent), name)
+            .map_err(FuseError::Notify)
+    }
+}
+
+/// Joins a session in the background: used when the filesystem was
+/// detached while busy, so the workers keep serving open files until the
+/// last one is closed.
+fn reap_later(bg: BackgroundSession) {
+    let spawned = std::thread::Builder::new()
+        .name("tarn-fuse-reap".to_string())
+        .spawn(move || {
+            let _ = bg.join();
+        });
+    if let Err(e) = spawned {
+        eprintln!("tarn-fuse: cannot start a thread to reap a detached session: {e}");
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Err(e) = self.unmount_inner(true) {
+            eprintln!("tarn-fuse: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handle_can_move_between_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Mount>();
+        send_sync::<MountOptions>();
+        send_sync::<FuseError>();
+    }
+
+    #[test]
+    fn options_are_validated() {
+        let bad = MountOptions {
+            threads: 0,
+            ..Default::default()
+        };
+        assert!(matches!(
+            fuser_config(&bad),
+            Err(FuseError::InvalidOption(_))
+        ));
+        let bad = MountOptions {
+            fsname: "a,b".into(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            fuser_config(&bad),
+            Err(FuseError::InvalidOption(_))
+        ));
+        let ok = MountOptions {
+            read_only: true,
+            allow_other: true,
+            ..Default::default()
+        };
+        let c = fuser_config(&ok).expect("valid");
+        assert!(c.mount_options.contains(&MountOption::RO));
+        assert!(c.mount_options.contains(&MountOption::DefaultPermissions));
+        assert_eq!(c.acl, SessionACL::All);
+        assert_eq!(c.n_threads, Some(4));
+    }
+}

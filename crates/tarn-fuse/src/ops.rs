@@ -1,0 +1,666 @@
+//! The `fuser::Filesystem` implementation: one `Fs` call per request.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::panic::AssertUnwindSafe;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{
+    AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use tarn_fs::{Attr, Backend, Fs, FsError, SetAttr};
+
+use crate::convert::{errno, file_attr, file_type, time_set};
+use crate::creds::CredCache;
+use crate::known::Known;
+use crate::MountOptions;
+
+/// Directory entries fetched from `Fs` per READDIR request (a reply holds
+/// about a page: ~100 short names). Fewer than fit is fine; the kernel
+/// asks again from the last cookie.
+const READDIR_BATCH: usize = 128;
+/// Same for READDIRPLUS, whose entries carry attributes (~150 bytes).
+const READDIRPLUS_BATCH: usize = 32;
+
+/// A file handle carries the open(2) flags in its low 32 bits (so the
+/// write path needs no table lookup to know about `O_APPEND`) and a
+/// sequence number in its high bits (so handles are distinct).
+fn make_fh(seq: u32, flags: i32) -> FileHandle {
+    FileHandle((u64::from(seq) << 32) | u64::from(flags as u32))
+}
+
+fn fh_flags(fh: FileHandle) -> i32 {
+    (fh.0 & 0xffff_ffff) as u32 as i32
+}
+
+/// Serves one [`Fs`] to the kernel.
+pub(crate) struct TarnFuse<B: Backend> {
+    fs: Arc<Fs<B>>,
+    attr_ttl: Duration,
+    entry_ttl: Duration,
+    max_write: u32,
+    next_fh: AtomicU32,
+    creds: CredCache,
+    known: Arc<Known>,
+}
+
+impl<B: Backend> TarnFuse<B> {
+    pub(crate) fn new(fs: Arc<Fs<B>>, opts: &MountOptions, known: Arc<Known>) -> Self {
+        TarnFuse {
+            fs,
+            attr_ttl: opts.attr_ttl,
+            entry_ttl: opts.entry_ttl,
+            max_write: opts.max_write,
+            next_fh: AtomicU32::new(1),
+            creds: CredCache::default(),
+            known,
+        }
+    }
+
+    fn cred(&self, req: &Request) -> tarn_fs::Cred {
+        self.creds.cred(req.uid(), req.gid(), req.pid())
+    }
+
+    fn new_fh(&self, flags: i32) -> FileHandle {
+        make_fh(self.next_fh.fetch_add(1, Ordering::Relaxed), flags)
+    }
+
+    /// Replies with a new entry and counts the kernel's reference.
+    fn entry(&self, parent: INodeNo, name: &OsStr, r: Result<Attr, FsError>, reply: ReplyEntry) {
+        match r {
+            Ok(a) => {
+                self.known.add(a.ino, parent.0, name);
+                reply.entry_with_ttls(
+                    &self.attr_ttl,
+                    &self.entry_ttl,
+                    &file_attr(&a),
+                    Generation(a.generation),
+                );
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn attr(&self, r: Result<Attr, FsError>, reply: ReplyAttr) {
+        match r {
+            Ok(a) => reply.attr(&self.attr_ttl, &file_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}
+
+fn empty(r: Result<(), FsError>, reply: ReplyEmpty) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+/// Replies to getxattr/listxattr: size 0 asks for the length only; a
+/// buffer that is too small gets ERANGE.
+fn xattr_reply(value: &[u8], size: u32, reply: ReplyXattr) {
+    let Ok(len) = u32::try_from(value.len()) else {
+        return reply.error(Errno::E2BIG);
+    };
+    if size == 0 {
+        reply.size(len);
+    } else if len > size {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(value);
+    }
+}
+
+/// Runs one request handler. A panic (a bug in `Fs` or here) must not
+/// take a worker thread down: it is caught, the reply that was moved into
+/// the handler is dropped during unwinding, and fuser answers a dropped
+/// reply with EIO. `Fs` recovers its own poisoned locks.
+fn guarded(op: &'static str, f: impl FnOnce()) {
+    if std::panic::catch_unwind(AssertUnwindSafe(f)).is_err() {
+        eprintln!("tarn-fuse: {op} panicked; the request failed with EIO");
+    }
+}
+
+/// Asks for `flag` if the kernel offers it (each one on its own, so one
+/// missing capability does not cost the others).
+fn want(config: &mut KernelConfig, flag: InitFlags) {
+    let _ = config.add_capabilities(flag);
+}
+
+impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        if let Err(max) = config.set_max_write(self.max_write) {
+            let _ = config.set_max_write(max);
+        }
+        if let Err(max) = config.set_max_readahead(1 << 20) {
+            let _ = config.set_max_readahead(max);
+        }
+        want(config, InitFlags::FUSE_BIG_WRITES);
+        want(config, InitFlags::FUSE_MAX_PAGES);
+        want(config, InitFlags::FUSE_DO_READDIRPLUS);
+        want(config, InitFlags::FUSE_READDIRPLUS_AUTO);
+        want(config, InitFlags::FUSE_ATOMIC_O_TRUNC);
+        want(config, InitFlags::FUSE_HANDLE_KILLPRIV);
+        want(config, InitFlags::FUSE_PARALLEL_DIROPS);
+        want(config, InitFlags::FUSE_AUTO_INVAL_DATA);
+        let _ = config.set_max_background(64);
+        Ok(())
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        guarded("lookup", || {
+            let r = self.fs.lookup(parent.0, name.as_bytes(), &self.cred(req));
+            self.entry(parent, name, r, reply);
+        });
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        guarded("forget", || {
+            self.known.forget(ino.0, nlookup);
+        });
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        guarded("getattr", || {
+            self.attr(self.fs.getattr(ino.0), reply);
+        });
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<std::time::SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<std::time::SystemTime>,
+        _chgtime: Option<std::time::SystemTime>,
+        _bkuptime: Option<std::time::SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        guarded("setattr", || {
+            let sa = SetAttr {
+                mode,
+                uid,
+                gid,
+                size,
+                atime: atime.map(time_set),
+                mtime: mtime.map(time_set),
+                from_open_file: fh.is_some(),
+            };
+            self.attr(self.fs.setattr(ino.0, &sa, &self.cred(req)), reply);
+        });
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        guarded("readlink", || match self.fs.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        guarded("mknod", || {
+            let r = self.fs.mknod(
+                parent.0,
+                name.as_bytes(),
+                mode,
+                u64::from(rdev),
+                umask,
+                &self.cred(req),
+            );
+            self.entry(parent, name, r, reply);
+        });
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        guarded("mkdir", || {
+            let r = self
+                .fs
+                .mkdir(parent.0, name.as_bytes(), mode, umask, &self.cred(req));
+            self.entry(parent, name, r, reply);
+        });
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        guarded("unlink", || {
+            empty(
+                self.fs.unlink(parent.0, name.as_bytes(), &self.cred(req)),
+                reply,
+            );
+        });
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        guarded("rmdir", || {
+            empty(
+                self.fs.rmdir(parent.0, name.as_bytes(), &self.cred(req)),
+                reply,
+            );
+        });
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        guarded("symlink", || {
+            let r = self.fs.symlink(
+                parent.0,
+                link_name.as_bytes(),
+                target.as_os_str().as_bytes(),
+                &self.cred(req),
+            );
+            self.entry(parent, link_name, r, reply);
+        });
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        guarded("rename", || {
+            empty(
+                self.fs.rename(
+                    parent.0,
+                    name.as_bytes(),
+                    newparent.0,
+                    newname.as_bytes(),
+                    flags.bits(),
+                    &self.cred(req),
+                ),
+                reply,
+            );
+        });
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        guarded("link", || {
+            let r = self
+                .fs
+                .link(ino.0, newparent.0, newname.as_bytes(), &self.cred(req));
+            self.entry(newparent, newname, r, reply);
+        });
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        guarded("open", || {
+            match self.fs.open(ino.0, flags.0, &self.cred(req)) {
+                Ok(_) => reply.opened(self.new_fh(flags.0), FopenFlags::empty()),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        guarded("read", || match self.fs.read(ino.0, offset, size) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        write_flags: WriteFlags,
+        flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        guarded("write", || {
+            // Page-cache writeback (shared mmap) writes pages at their offset
+            // whatever the open flags; other writes append if the file was
+            // opened with O_APPEND or got it later through fcntl(F_SETFL).
+            let append = !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE)
+                && (fh_flags(fh) | flags.0) & libc::O_APPEND != 0;
+            match self.fs.write(ino.0, offset, data, append, &self.cred(req)) {
+                Ok(n) => reply.written(u32::try_from(n).unwrap_or(u32::MAX)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        guarded("flush", || {
+            // Every write is already a committed transaction: nothing to do.
+            reply.ok();
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        guarded("release", || {
+            empty(self.fs.release(ino.0), reply);
+        });
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        guarded("fsync", || {
+            empty(self.fs.fsync(ino.0), reply);
+        });
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        guarded("opendir", || {
+            match self.fs.opendir(ino.0, &self.cred(req)) {
+                Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        guarded("readdir", || {
+            match self.fs.readdir(ino.0, offset, READDIR_BATCH) {
+                Ok(entries) => {
+                    for e in &entries {
+                        let name = OsStr::from_bytes(&e.name);
+                        if reply.add(INodeNo(e.ino), e.cookie, file_type(e.kind), name) {
+                            break;
+                        }
+                    }
+                    reply.ok();
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        guarded("readdirplus", || {
+            match self.fs.readdirplus(ino.0, offset, READDIRPLUS_BATCH) {
+                Ok(entries) => {
+                    for (e, a) in &entries {
+                        let name = OsStr::from_bytes(&e.name);
+                        if reply.add(
+                            INodeNo(e.ino),
+                            e.cookie,
+                            name,
+                            &self.entry_ttl,
+                            &file_attr(a),
+                            Generation(a.generation),
+                        ) {
+                            break;
+                        }
+                        // The kernel takes a lookup count for every entry but
+                        // `.` and `..`.
+                        if e.name != b"." && e.name != b".." {
+                            self.known.add(e.ino, ino.0, name);
+                        }
+                    }
+                    reply.ok();
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        guarded("releasedir", || {
+            empty(self.fs.releasedir(ino.0), reply);
+        });
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        guarded("fsyncdir", || {
+            empty(self.fs.fsync(ino.0), reply);
+        });
+    }
+
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        guarded("statfs", || match self.fs.statfs(ino.0) {
+            Ok(s) => reply.statfs(
+                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
+            ),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        position: u32,
+        reply: ReplyEmpty,
+    ) {
+        guarded("setxattr", || {
+            if position != 0 {
+                // Only macOS resource forks use a position.
+                return reply.error(Errno::EINVAL);
+            }
+            empty(
+                self.fs
+                    .setxattr(ino.0, name.as_bytes(), value, flags as u32, &self.cred(req)),
+                reply,
+            );
+        });
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        guarded("getxattr", || {
+            match self.fs.getxattr(ino.0, name.as_bytes(), &self.cred(req)) {
+                Ok(v) => xattr_reply(&v, size, reply),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        guarded("listxattr", || {
+            match self.fs.listxattr(ino.0, &self.cred(req)) {
+                Ok(names) => {
+                    let mut buf = Vec::new();
+                    for n in names {
+                        buf.extend_from_slice(&n);
+                        buf.push(0);
+                    }
+                    xattr_reply(&buf, size, reply);
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        guarded("removexattr", || {
+            empty(
+                self.fs.removexattr(ino.0, name.as_bytes(), &self.cred(req)),
+                reply,
+            );
+        });
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        guarded("access", || {
+            empty(
+                self.fs.access(ino.0, mask.bits() as u32, &self.cred(req)),
+                reply,
+            );
+        });
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        guarded("create", || {
+            match self.fs.create(
+                parent.0,
+                name.as_bytes(),
+                mode,
+                umask,
+                flags,
+                &self.cred(req),
+            ) {
+                Ok(a) => {
+                    self.known.add(a.ino, parent.0, name);
+                    reply.created(
+                        &self.entry_ttl,
+                        &file_attr(&a),
+                        Generation(a.generation),
+                        self.new_fh(flags),
+                        FopenFlags::empty(),
+                    );
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        guarded("fallocate", || {
+            empty(self.fs.fallocate(ino.0, offset, length, mode as u32), reply);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_handles_carry_flags() {
+        let flags = libc::O_WRONLY | libc::O_APPEND | libc::O_CLOEXEC;
+        let fh = make_fh(7, flags);
+        assert_eq!(fh_flags(fh), flags);
+        assert_ne!(make_fh(8, flags), fh);
+        assert_eq!(fh_flags(make_fh(u32::MAX, -1)), -1);
+    }
+
+    #[test]
+    fn guarded_survives_panics() {
+        let mut ran = false;
+        guarded("test", || ran = true);
+        assert!(ran);
+        guarded("test", || panic!("deliberate panic in a handler"));
+    }
+}

@@ -1,0 +1,412 @@
+//! Mount lifecycle, cache invalidation, read-only mounts, credentials and
+//! concurrency. Needs root and /dev/fuse (each test prints why and passes
+//! if they are missing).
+
+mod common;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::{
+    in_mountinfo, mount_backend, mount_default, mount_test_backend, mount_with, pattern, skip,
+};
+use tarn_fs::testing::MemBackend;
+use tarn_fs::{Cred, ROOT_INO};
+use tarn_fuse::{FuseError, MountOptions};
+
+fn errno_of(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
+}
+
+fn assert_plain_empty_dir(p: &Path) {
+    assert!(!in_mountinfo(p), "{} still mounted", p.display());
+    let m = fs::symlink_metadata(p).unwrap();
+    assert!(m.is_dir());
+    assert_eq!(fs::read_dir(p).unwrap().count(), 0);
+}
+
+#[test]
+fn unmount_on_drop() {
+    if skip("unmount_on_drop") {
+        return;
+    }
+    let f = mount_default();
+    let mp = f.root();
+    fs::write(f.path("file"), b"x").unwrap();
+    assert!(in_mountinfo(&mp));
+    assert!(f.mount.is_mounted());
+    let common::Fixture {
+        mount,
+        dir,
+        fs: _fs,
+        ..
+    } = f;
+    drop(mount);
+    assert_plain_empty_dir(&mp);
+    drop(dir);
+    assert!(!mp.exists());
+}
+
+#[test]
+fn explicit_unmount_and_busy() {
+    if skip("explicit_unmount_and_busy") {
+        return;
+    }
+    let mut f = mount_default();
+    let mp = f.root();
+    fs::write(f.path("file"), b"x").unwrap();
+    let open = File::open(f.path("file")).unwrap();
+    match f.mount.unmount() {
+        Err(FuseError::Busy { .. }) => {}
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    assert!(f.mount.is_mounted());
+    let mut s = String::new();
+    (&open).read_to_string(&mut s).unwrap();
+    assert_eq!(s, "x");
+    drop(open);
+    f.mount.unmount().unwrap();
+    assert!(!f.mount.is_mounted());
+    assert_plain_empty_dir(&mp);
+    // Idempotent.
+    f.mount.unmount().unwrap();
+}
+
+#[test]
+fn drop_while_busy_detaches_lazily() {
+    if skip("drop_while_busy_detaches_lazily") {
+        return;
+    }
+    let f = mount_default();
+    let mp = f.root();
+    fs::write(f.path("file"), b"kept open").unwrap();
+    let open = File::open(f.path("file")).unwrap();
+    let common::Fixture { mount, dir, .. } = f;
+    drop(mount);
+    assert_plain_empty_dir(&mp);
+    // The open file is still served until it is closed.
+    let mut s = String::new();
+    (&open).read_to_string(&mut s).unwrap();
+    assert_eq!(s, "kept open");
+    drop(open);
+    drop(dir);
+}
+
+#[test]
+fn kernel_lost_the_mount() {
+    if skip("kernel_lost_the_mount") {
+        return;
+    }
+    // External umount.
+    let mut f = mount_default();
+    let mp = f.root();
+    let st = Command::new("umount").arg(&mp).status().unwrap();
+    assert!(st.success());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while f.mount.is_mounted() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!f.mount.is_mounted());
+    f.mount.unmount().unwrap();
+    assert_plain_empty_dir(&mp);
+
+    // Connection aborted through fusectl: a dead mount stays at the path
+    // until the handle detaches it.
+    let f = mount_default();
+    let mp = f.root();
+    let dev = fs::metadata(&mp).unwrap().dev();
+    let minor = libc::minor(dev);
+    let abort = format!("/sys/fs/fuse/connections/{minor}/abort");
+    if !Path::new(&abort).exists() {
+        eprintln!("fusectl not mounted; skipping the abort half");
+        return;
+    }
+    fs::write(&abort, b"1").unwrap();
+    let e = fs::metadata(f.path("x")).unwrap_err();
+    assert_eq!(errno_of(&e), libc::ENOTCONN);
+    assert!(!f.mount.is_mounted());
+    let common::Fixture { mount, dir, .. } = f;
+    drop(mount);
+    assert_plain_empty_dir(&mp);
+    drop(dir);
+}
+
+#[test]
+fn invalidate_all_shows_changes_made_under_the_mount() {
+    if skip("invalidate_all_shows_changes_made_under_the_mount") {
+        return;
+    }
+    // Long TTLs so the kernel certainly caches.
+    let f = mount_with(&MountOptions {
+        attr_ttl: Duration::from_secs(600),
+        entry_ttl: Duration::from_secs(600),
+        ..Default::default()
+    });
+    fs::write(f.path("f"), b"hello").unwrap();
+    assert_eq!(fs::read(f.path("f")).unwrap(), b"hello");
+    let ino = fs::metadata(f.path("f")).unwrap().ino();
+    assert_eq!(fs::metadata(f.path("f")).unwrap().len(), 5);
+
+    // Change the file behind the kernel's back (as a rollback would).
+    f.fs.write(ino, 0, b"HELLO, world", false, &Cred::root())
+        .unwrap();
+    f.fs.rename(ROOT_INO, b"f", ROOT_INO, b"g", 0, &Cred::root())
+        .unwrap();
+    // Still the cached view...
+    assert_eq!(fs::metadata(f.path("f")).unwrap().len(), 5);
+    // ...until invalidated.
+    let n = f.mount.invalidate_all().unwrap();
+    assert!(n >= 2);
+    let e = fs::metadata(f.path("f")).unwrap_err();
+    assert_eq!(errno_of(&e), libc::ENOENT);
+    assert_eq!(fs::read(f.path("g")).unwrap(), b"HELLO, world");
+
+    // Single-inode invalidation. (A read marks the cached atime stale, so
+    // stat once more to have every attribute cached again.)
+    assert_eq!(fs::metadata(f.path("g")).unwrap().len(), 12);
+    f.fs.write(ino, 12, b"!", false, &Cred::root()).unwrap();
+    assert_eq!(fs::metadata(f.path("g")).unwrap().len(), 12);
+    f.mount.invalidate_inode(ino).unwrap();
+    assert_eq!(fs::metadata(f.path("g")).unwrap().len(), 13);
+    assert_eq!(fs::read(f.path("g")).unwrap(), b"HELLO, world!");
+}
+
+#[test]
+fn read_only_backend_and_read_only_mount() {
+    if skip("read_only_backend_and_read_only_mount") {
+        return;
+    }
+    // A dataset made read-only after it was populated.
+    let backend = MemBackend::new();
+    {
+        let f = mount_backend(backend.clone(), &MountOptions::default());
+        fs::create_dir(f.path("d")).unwrap();
+        fs::write(f.path("d/file"), b"content").unwrap();
+    }
+    backend.set_readonly(true);
+    let f = mount_backend(backend.clone(), &MountOptions::default());
+    assert_eq!(fs::read(f.path("d/file")).unwrap(), b"content");
+    let e = fs::write(f.path("d/new"), b"x").unwrap_err();
+    assert_eq!(errno_of(&e), libc::EROFS);
+    // open(O_WRONLY) should fail with EROFS; tarn-fs currently lets the
+    // open succeed and fails the first write instead (reported), so accept
+    // either as long as nothing is written.
+    match OpenOptions::new().write(true).open(f.path("d/file")) {
+        Err(e) => assert_eq!(errno_of(&e), libc::EROFS),
+        Ok(mut file) => {
+            let e = file.write_all(b"overwrite").unwrap_err();
+            assert_eq!(errno_of(&e), libc::EROFS);
+        }
+    }
+    assert_eq!(fs::read(f.path("d/file")).unwrap(), b"content");
+    let e = fs::create_dir(f.path("d2")).unwrap_err();
+    assert_eq!(errno_of(&e), libc::EROFS);
+    let e = fs::remove_file(f.path("d/file")).unwrap_err();
+    assert_eq!(errno_of(&e), libc::EROFS);
+    let e = fs::set_permissions(f.path("d/file"), fs::Permissions::from_mode(0o600)).unwrap_err();
+    assert_eq!(errno_of(&e), libc::EROFS);
+    drop(f);
+
+    // A writable dataset mounted read-only: the kernel refuses.
+    backend.set_readonly(false);
+    let f = mount_backend(
+        backend,
+        &MountOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    );
+    assert_eq!(fs::read(f.path("d/file")).unwrap(), b"content");
+    let e = fs::write(f.path("d/new"), b"x").unwrap_err();
+    assert_eq!(errno_of(&e), libc::EROFS);
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.contains(&*f.root().to_string_lossy()))
+        .unwrap();
+    assert!(line.contains(" ro,"), "{line}");
+}
+
+fn setpriv(groups: Option<&str>, args: &[&str]) -> std::process::Output {
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=1000", "--regid=1000"]);
+    match groups {
+        Some(g) => c.arg(format!("--groups={g}")),
+        None => c.arg("--clear-groups"),
+    };
+    c.args(args).output().unwrap()
+}
+
+#[test]
+fn other_users_and_supplementary_groups() {
+    if skip("other_users_and_supplementary_groups") {
+        return;
+    }
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("SKIPPED other_users_and_supplementary_groups: no setpriv");
+        return;
+    }
+    for default_permissions in [false, true] {
+        let f = mount_with(&MountOptions {
+            allow_other: true,
+            default_permissions,
+            ..Default::default()
+        });
+        fs::set_permissions(f.root(), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::create_dir(f.path("team")).unwrap();
+        fs::write(f.path("team/plan"), b"secret plan").unwrap();
+        std::os::unix::fs::chown(f.path("team"), Some(0), Some(2000)).unwrap();
+        std::os::unix::fs::chown(f.path("team/plan"), Some(0), Some(2000)).unwrap();
+        fs::set_permissions(f.path("team"), fs::Permissions::from_mode(0o750)).unwrap();
+        fs::set_permissions(f.path("team/plan"), fs::Permissions::from_mode(0o640)).unwrap();
+        let plan = f.path("team/plan");
+        let plan = plan.to_str().unwrap();
+
+        // Not in group 2000: no search permission on the directory.
+        let out = setpriv(None, &["cat", plan]);
+        assert!(!out.status.success(), "dp={default_permissions}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+            "dp={default_permissions}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // In group 2000 as a supplementary group: may read, not write.
+        let out = setpriv(Some("2000"), &["cat", plan]);
+        assert!(
+            out.status.success(),
+            "dp={default_permissions}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, b"secret plan");
+        let out = setpriv(Some("2000"), &["sh", "-c", &format!("echo x >> {plan}")]);
+        assert!(!out.status.success(), "dp={default_permissions}");
+        // A file created by the user belongs to them.
+        fs::set_permissions(f.path("team"), fs::Permissions::from_mode(0o770)).unwrap();
+        let mine = f.path("team/mine");
+        let out = setpriv(Some("2000"), &["touch", mine.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let m = fs::metadata(&mine).unwrap();
+        assert_eq!((m.uid(), m.gid()), (1000, 1000));
+    }
+
+    // Without allow_other, other users are kept out entirely.
+    let f = mount_default();
+    fs::set_permissions(f.root(), fs::Permissions::from_mode(0o755)).unwrap();
+    let out = setpriv(None, &["ls", f.root().to_str().unwrap()]);
+    assert!(!out.status.success());
+}
+
+#[test]
+fn eight_threads_of_io() {
+    if skip("eight_threads_of_io") {
+        return;
+    }
+    let f = mount_default();
+    fs::create_dir(f.path("shared")).unwrap();
+    let root = f.root();
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let root = root.clone();
+            std::thread::spawn(move || {
+                let p = root.join(format!("file-{t}"));
+                let data = pattern(t, 3 * 1024 * 1024 + t as usize * 777);
+                let mut file = File::create(&p).unwrap();
+                // Uneven chunk sizes, so requests do not line up.
+                let mut off = 0;
+                let mut step = 1000 + t as usize * 3001;
+                while off < data.len() {
+                    let end = (off + step).min(data.len());
+                    file.write_all(&data[off..end]).unwrap();
+                    off = end;
+                    step = step * 7 % 300_000 + 1;
+                }
+                file.sync_all().unwrap();
+                drop(file);
+                for i in 0..100 {
+                    fs::write(root.join(format!("shared/t{t}-{i}")), [t as u8; 10]).unwrap();
+                }
+                // Read back in pieces at random-ish offsets, then whole.
+                let file = File::open(&p).unwrap();
+                for k in 0..50u64 {
+                    let start = (k * 65_537 * (t + 1)) as usize % data.len();
+                    let len = 4096.min(data.len() - start);
+                    let mut buf = vec![0u8; len];
+                    file.read_exact_at(&mut buf, start as u64).unwrap();
+                    assert_eq!(buf, &data[start..start + len]);
+                }
+                assert_eq!(fs::read(&p).unwrap(), data);
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(fs::read_dir(f.path("shared")).unwrap().count(), 800);
+    for t in 0..8u64 {
+        let data = pattern(t, 3 * 1024 * 1024 + t as usize * 777);
+        assert_eq!(fs::read(f.path(&format!("file-{t}"))).unwrap(), data);
+    }
+}
+
+#[test]
+fn slow_read_does_not_block_other_requests() {
+    if skip("slow_read_does_not_block_other_requests") {
+        return;
+    }
+    let f = mount_test_backend(&MountOptions::default(), false);
+    fs::write(f.path("slow"), pattern(1, 8192)).unwrap();
+    let ino = fs::metadata(f.path("slow")).unwrap().ino();
+    let fast = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(f.path("fast"))
+        .unwrap();
+    f.backend.slow_ms.store(3000, Ordering::SeqCst);
+    f.backend.slow_ino.store(ino, Ordering::SeqCst);
+    let slow_path = f.path("slow");
+    let started = Instant::now();
+    let reader = std::thread::spawn(move || {
+        let data = fs::read(slow_path).unwrap();
+        (data, started.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    fast.write_all_at(b"quick", 0).unwrap();
+    let meta = fs::metadata(f.path("fast")).unwrap();
+    fs::create_dir(f.path("newdir")).unwrap();
+    let quick = t0.elapsed();
+    assert_eq!(meta.len(), 5);
+    assert!(!reader.is_finished(), "the slow read finished early");
+    assert!(quick < Duration::from_millis(1500), "blocked for {quick:?}");
+    f.backend.slow_ino.store(0, Ordering::SeqCst);
+    let (data, took) = reader.join().unwrap();
+    assert_eq!(data, pattern(1, 8192));
+    assert!(took >= Duration::from_millis(2500), "read took {took:?}");
+}
+
+#[test]
+fn large_writes_arrive_in_few_requests() {
+    if skip("large_writes_arrive_in_few_requests") {
+        return;
+    }
+    let f = mount_test_backend(&MountOptions::default(), false);
+    let file = File::create(f.path("big")).unwrap();
+    let data = pattern(9, 8 << 20);
+    let before = f.backend.write_txns.load(Ordering::SeqCst);
+    file.write_all_at(&data, 0).unwrap();
+    let txns = f.backend.write_txns.load(Ordering::SeqCst) - before;
+    // 8 MiB in 1 MiB requests is 8 writes (128 KiB requests would be 64).
+    assert!(txns <= 12, "{txns} write transactions for 8 MiB");
+    drop(file);
+    assert_eq!(fs::read(f.path("big")).unwrap(), data);
+}
