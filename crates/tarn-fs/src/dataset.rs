@@ -122,19 +122,34 @@ impl Backend for DatasetBackend {
         write: bool,
         f: &mut dyn FnMut(&mut dyn Store) -> Result<R, FsError>,
     ) -> Result<R, FsError> {
-        self.handle.txn(write, |t| {
+        let mut always = false;
+        let r = self.handle.txn(write, |t| {
             let info = StoreInfo {
                 recordsize: t.prop("recordsize").parse().unwrap_or(128 * 1024),
                 readonly: t.is_readonly(),
                 atime: t.prop("atime") == "on",
                 guid: t.guid(),
             };
+            always = write && t.prop("sync") == "always";
             let mut s = TxnStore { t, info };
             f(&mut s)
-        })
+        })?;
+        // sync=always: every change is durable before it is acknowledged
+        // (until the intent log exists, by committing its txg).
+        if always {
+            self.handle.sync()?;
+        }
+        Ok(r)
     }
 
     fn sync(&self) -> Result<(), FsError> {
+        // sync=disabled: fsync returns at once (documented as unsafe).
+        let disabled = self
+            .handle
+            .txn::<_, DsError>(false, |t| Ok(t.prop("sync") == "disabled"))?;
+        if disabled {
+            return Ok(());
+        }
         self.handle.sync().map_err(FsError::from)
     }
 

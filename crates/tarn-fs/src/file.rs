@@ -82,7 +82,21 @@ fn put_record(tx: &mut Tx, inode: &mut Inode, idx: u64, buf: Vec<u8>) -> Result<
 }
 
 fn get_record(tx: &mut Tx, ino: u64, idx: u64) -> Result<Vec<u8>> {
-    Ok(tx.s.read_block(&data_key(ino, idx))?.unwrap_or_default())
+    match tx.s.read_block(&data_key(ino, idx)) {
+        Ok(b) => Ok(b.unwrap_or_default()),
+        // Damage is reported with the file it hit, for the daemon's log.
+        Err(e) => {
+            let e = FsError::from(e);
+            if e.errno() == libc::EIO {
+                Err(FsError::io(format!(
+                    "inode {ino}, record {idx}: {}",
+                    e.message()
+                )))
+            } else {
+                Err(e)
+            }
+        }
+    }
 }
 
 /// Bytes `[off, off+len)` clipped to the file size.
