@@ -84,6 +84,8 @@ pub mod method {
     pub const DATASET_ROLLBACK: &str = "dataset.rollback";
     /// Clone a snapshot: [`super::CloneParams`].
     pub const DATASET_CLONE: &str = "dataset.clone";
+    /// Promote a clone: [`super::NameParams`].
+    pub const DATASET_PROMOTE: &str = "dataset.promote";
     /// Mount a dataset with FUSE: [`super::MountParams`].
     pub const DATASET_MOUNT: &str = "dataset.mount";
     /// Unmount: [`super::UnmountParams`].
@@ -122,6 +124,7 @@ pub mod method {
         DATASET_SNAPSHOT,
         DATASET_ROLLBACK,
         DATASET_CLONE,
+        DATASET_PROMOTE,
         DATASET_MOUNT,
         DATASET_UNMOUNT,
         DATASET_MOUNTS,
@@ -832,6 +835,10 @@ pub fn dispatch(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, 
                 properties,
             } = params(method, p)?;
             reply(backend.dataset_clone(&snapshot, &name, &properties)?)
+        }
+        m::DATASET_PROMOTE => {
+            let NameParams { name } = params(method, p)?;
+            reply(backend.dataset_promote(&name)?)
         }
         m::DATASET_MOUNT => {
             let MountParams {

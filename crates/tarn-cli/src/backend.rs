@@ -399,6 +399,11 @@ pub trait Backend: Send + Sync {
     ) -> Result<(), ApiError> {
         Err(no_datasets())
     }
+    /// Makes a clone independent of its origin (the origin's history moves
+    /// to it).
+    fn dataset_promote(&self, _name: &str) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
     /// Mounts a dataset (at `mountpoint`, or where its property says).
     fn dataset_mount(
         &self,

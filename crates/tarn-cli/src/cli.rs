@@ -423,6 +423,11 @@ pub enum DatasetCommand {
         #[arg(required = true)]
         names: Vec<String>,
     },
+    /// Make a clone independent of its origin snapshot
+    Promote {
+        /// The clone
+        name: String,
+    },
     /// Rename (or move) a filesystem with everything below it, or a snapshot
     Rename {
         /// Current name
@@ -1237,6 +1242,10 @@ fn dataset_command(
                 let v = client.call(method::DATASET_INHERIT, &params)?;
                 out.raw_or(&v, String::new)?;
             }
+        }
+        DatasetCommand::Promote { name } => {
+            let v = client.call(method::DATASET_PROMOTE, &NameParams { name })?;
+            out.raw_or(&v, String::new)?;
         }
         DatasetCommand::Rename { name, new_name } => {
             let v = client.call(

@@ -611,6 +611,24 @@ impl Backend for Pools {
         Ok(())
     }
 
+    fn dataset_promote(&self, name: &str) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(name))?;
+        // Snapshots of the origin's filesystem change names: unmount them.
+        let origin = tarn_dataset::get_props(&pool, name, &["origin".to_string()])
+            .map_err(ds_error)?
+            .first()
+            .map(|p| p.value.clone())
+            .unwrap_or_default();
+        if let Some((fs, _)) = origin.split_once('@') {
+            for m in self.mounts.list() {
+                if m.dataset.starts_with(&format!("{fs}@")) {
+                    self.mounts.unmount(&m.dataset)?;
+                }
+            }
+        }
+        tarn_dataset::promote(&pool, name).map_err(ds_error)
+    }
+
     fn dataset_mount(
         &self,
         name: &str,

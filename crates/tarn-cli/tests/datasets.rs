@@ -66,6 +66,16 @@ fn dataset_commands_end_to_end() {
     ]);
     let err = d.fails(&["destroy", "tank/home@tue"]);
     assert!(err.contains("clone"), "{err}");
+    // Promote moves tue and older to the clone; then back again.
+    d.ok(&["dataset", "promote", "tank/tuesday"]);
+    let snaps = d.ok(&["dataset", "list", "-t", "snapshot"]);
+    assert!(
+        snaps.contains("tank/tuesday@mon") && snaps.contains("tank/tuesday@tue"),
+        "{snaps}"
+    );
+    let err = d.fails(&["dataset", "promote", "tank/tuesday"]);
+    assert!(err.contains("not a clone"), "{err}");
+    d.ok(&["dataset", "promote", "tank/home"]);
     d.ok(&["destroy", "tank/tuesday"]);
     d.ok(&["destroy", "tank/home@tue%wed"]);
     d.ok(&["rollback", "tank/home@mon"]);

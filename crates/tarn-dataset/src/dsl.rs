@@ -1523,6 +1523,124 @@ pub fn destroy(pool: &Pool, name: &str, recursive: bool) -> Result<(), DsError> 
     Ok(())
 }
 
+/// Makes clone `name` independent of its origin: the origin snapshot and
+/// every older snapshot of the origin's filesystem move to the clone, and
+/// that filesystem becomes a clone of the (moved) origin snapshot. After
+/// it, the old filesystem can be destroyed while the clone lives on.
+pub fn promote(pool: &Pool, name: &str) -> Result<(), DsError> {
+    with(pool, true, true, |dsl, cx| {
+        let c = dsl.id_of(name)?;
+        let crec = dsl.rec(c)?.clone();
+        let Some(origin) = crec.origin else {
+            return Err(DsError::Invalid(format!("'{name}' is not a clone")));
+        };
+        let orec = dsl.rec(origin)?.clone();
+        let Some(h) = orec.head else {
+            return Err(DsError::Corrupt(format!(
+                "origin of '{name}' has no filesystem"
+            )));
+        };
+        let hname = dsl.rec(h)?.name.clone();
+        // The snapshots that move: the origin and everything older.
+        let moving: Vec<u64> = dsl
+            .snapshots_of(h)
+            .into_iter()
+            .filter(|s| {
+                dsl.recs
+                    .get(s)
+                    .is_some_and(|r| r.created_txg <= orec.created_txg)
+            })
+            .collect();
+        let mut renames = Vec::new();
+        for s in &moving {
+            let r = dsl.rec(*s)?;
+            let short = r.name.split_once('@').map(|(_, x)| x).unwrap_or("");
+            let new = format!("{name}@{short}");
+            if dsl.names.contains_key(&new) {
+                return Err(DsError::Exists(format!(
+                    "'{name}' already has a snapshot '@{short}'; rename one of them first"
+                )));
+            }
+            renames.push((*s, new));
+        }
+        // Deadlist entries of the clone's side were bucketed with the
+        // clone's boundaries (0, the origin txg, its snapshots); the moving
+        // snapshots add boundaries below the origin txg, so entries born
+        // before it are sorted into their buckets again.
+        let mut chain: Vec<u64> = dsl.snapshots_of(c);
+        chain.push(c);
+        let mut new_bounds: Vec<u64> = vec![0];
+        for s in &moving {
+            new_bounds.push(dsl.rec(*s)?.created_txg);
+        }
+        new_bounds.sort_unstable();
+        for m in chain {
+            let (dl, below) = {
+                let r = dsl.rec(m)?;
+                (r.deadlist, orec.created_txg)
+            };
+            let lo = dead_prefix(dl, None);
+            let hi = dead_prefix(dl, Some(below));
+            let mut moved: Vec<(Vec<u8>, BlockPtr)> = Vec::new();
+            let mut start = Bound::Included(lo);
+            loop {
+                let page = cx.meta_range(as_ref(&start), Bound::Excluded(&hi), 512)?;
+                let Some(last) = page.last().map(|(k, _)| k.clone()) else {
+                    break;
+                };
+                for (k, v) in page {
+                    moved.push((k, BlockPtr::decode(&v)?));
+                }
+                start = Bound::Excluded(last);
+            }
+            let mut sums: BTreeMap<u64, Sums> = BTreeMap::new();
+            for (k, bp) in &moved {
+                cx.meta_delete(k)?;
+                let bucket = new_bounds
+                    .iter()
+                    .copied()
+                    .filter(|t| *t < bp.birth)
+                    .max()
+                    .unwrap_or(0);
+                cx.meta_put(&dead_key(dl, bucket, bp), &bp.encode())?;
+                sums.entry(bucket).or_default().add(Sums::of(bp));
+            }
+            if let Some(r) = dsl.recs.get_mut(&m) {
+                r.dead.retain(|b, _| *b >= below);
+                for (b, s) in sums {
+                    r.dead.entry(b).or_default().add(s);
+                }
+            }
+            dsl.dirty_recs.insert(m);
+        }
+        for (s, new) in renames {
+            if let Some(r) = dsl.recs.get_mut(&s) {
+                dsl.names.remove(&r.name);
+                r.name = new.clone();
+                r.head = Some(c);
+                dsl.names.insert(new, s);
+            }
+            dsl.dirty_recs.insert(s);
+        }
+        if let Some(r) = dsl.recs.get_mut(&origin) {
+            r.clones.retain(|x| *x != c);
+            r.clones.push(h);
+        }
+        if let Some(r) = dsl.recs.get_mut(&c) {
+            r.origin = None;
+        }
+        if let Some(r) = dsl.recs.get_mut(&h) {
+            r.origin = Some(origin);
+        }
+        dsl.dirty_recs.insert(c);
+        dsl.dirty_recs.insert(h);
+        let _ = hname;
+        Ok(())
+    })?;
+    pool.sync()?;
+    Ok(())
+}
+
 /// Returns filesystem `fs` to snapshot `fs@snap`. Newer snapshots must be
 /// destroyed first (`destroy_newer` does it).
 pub fn rollback(pool: &Pool, snap_name: &str, destroy_newer: bool) -> Result<(), DsError> {

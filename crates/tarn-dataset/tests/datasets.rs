@@ -333,12 +333,19 @@ fn check_accounting(pool: &Pool, fs: &str) {
         .collect();
     let d = |raw: u64| ds::deflated(pool, raw).unwrap();
     let hi = all.iter().find(|i| i.name == fs).unwrap();
+    // A clone shares its origin's blocks: they are the origin's to count.
+    let origin: Blocks = hi
+        .origin
+        .as_ref()
+        .map(|o| block_set(pool, o))
+        .unwrap_or_default();
     assert_eq!(
         hi.referenced,
         d(head.values().sum::<u64>()),
         "{fs} referenced"
     );
-    let snap_refs: Vec<&HashMap<_, _>> = snaps.iter().map(|(_, s)| s).collect();
+    let mut snap_refs: Vec<&HashMap<_, _>> = snaps.iter().map(|(_, s)| s).collect();
+    snap_refs.push(&origin);
     assert_eq!(
         hi.usedbydataset,
         d(sum_except(&head, &snap_refs)),
@@ -350,11 +357,11 @@ fn check_accounting(pool: &Pool, fs: &str) {
     }
     assert_eq!(
         hi.usedbysnapshots,
-        d(sum_except(&union, &[&head])),
+        d(sum_except(&union, &[&head, &origin])),
         "{fs} usedbysnapshots"
     );
     for (name, s) in &snaps {
-        let mut others: Vec<&HashMap<_, _>> = vec![&head];
+        let mut others: Vec<&HashMap<_, _>> = vec![&head, &origin];
         others.extend(snaps.iter().filter(|(n, _)| n != name).map(|(_, o)| o));
         let si = all.iter().find(|i| &i.name == name).unwrap();
         assert_eq!(si.used, d(sum_except(s, &others)), "{name} used");
@@ -717,4 +724,74 @@ fn scrub_walks_dataset_trees() {
             ));
         }
     }
+}
+
+#[test]
+fn promote_moves_the_origin_history_to_the_clone() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path(), VdevKind::Raidz { parity: 1 }, 4, 64 << 20);
+    ds::create(&pool, "tank/fs", &props(&[("compression", "off")]), false).unwrap();
+    for _ in 0..3 {
+        pool.sync().unwrap();
+    }
+    let base_pool = pool.space().1;
+    let h = ds::open(&pool, "tank/fs").unwrap();
+    for i in 0..4 {
+        write(&h, &key(i), vec![i as u8 + 1; 100_000]).unwrap();
+    }
+    ds::snapshot(&pool, &["tank/fs@s1".into()], false).unwrap();
+    write(&h, &key(0), vec![0x10; 100_000]).unwrap();
+    h.txn::<_, DsError>(true, |t| t.delete(&key(1)).map(|_| ()))
+        .unwrap();
+    ds::snapshot(&pool, &["tank/fs@s2".into()], false).unwrap();
+    write(&h, &key(2), vec![0x20; 100_000]).unwrap();
+    ds::snapshot(&pool, &["tank/fs@s3".into()], false).unwrap();
+    ds::clone(&pool, "tank/fs@s2", "tank/c", &BTreeMap::new()).unwrap();
+    let c = ds::open(&pool, "tank/c").unwrap();
+    write(&c, &key(3), vec![0x33; 100_000]).unwrap();
+    h.txn::<_, DsError>(true, |t| t.delete(&key(3)).map(|_| ()))
+        .unwrap();
+    ds::snapshot(&pool, &["tank/c@mine".into()], false).unwrap();
+    c.txn::<_, DsError>(true, |t| t.delete(&key(0)).map(|_| ()))
+        .unwrap();
+    check_accounting(&pool, "tank/fs");
+    check_accounting(&pool, "tank/c");
+    assert!(matches!(
+        ds::promote(&pool, "tank/fs"),
+        Err(DsError::Invalid(_))
+    ));
+
+    ds::promote(&pool, "tank/c").unwrap();
+    let names: Vec<String> = ds::list(&pool, true)
+        .unwrap()
+        .into_iter()
+        .map(|i| i.name)
+        .collect();
+    for n in ["tank/c@s1", "tank/c@s2", "tank/c@mine", "tank/fs@s3"] {
+        assert!(names.contains(&n.to_string()), "{n} missing: {names:?}");
+    }
+    assert!(!names.iter().any(|n| n == "tank/fs@s1" || n == "tank/fs@s2"));
+    assert_eq!(info(&pool, "tank/fs").origin.as_deref(), Some("tank/c@s2"));
+    assert_eq!(info(&pool, "tank/c").origin, None);
+    check_accounting(&pool, "tank/fs");
+    check_accounting(&pool, "tank/c");
+    // The old filesystem can go now; the clone keeps everything it sees.
+    assert!(matches!(
+        ds::destroy(&pool, "tank/c@s2", false),
+        Err(DsError::Busy(_))
+    ));
+    ds::destroy(&pool, "tank/fs", true).unwrap();
+    check_accounting(&pool, "tank/c");
+    let s1 = ds::open(&pool, "tank/c@s1").unwrap();
+    assert_eq!(read(&s1, &key(1)).unwrap(), vec![2; 100_000]);
+    assert_eq!(read(&c, &key(3)).unwrap(), vec![0x33; 100_000]);
+    assert_eq!(read(&c, &key(0)), None);
+    ds::destroy(&pool, "tank/c@s1%mine", false).unwrap();
+    check_accounting(&pool, "tank/c");
+    ds::destroy(&pool, "tank/c", false).unwrap();
+    for _ in 0..3 {
+        pool.sync().unwrap();
+    }
+    assert!(pool.leak_check().unwrap().is_clean());
+    assert!(pool.space().1 <= base_pool, "everything freed");
 }
