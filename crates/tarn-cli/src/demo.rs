@@ -14,6 +14,8 @@ use crate::daemon::{run_daemon, DaemonOptions};
 
 /// Name of the demo pool.
 pub const DEMO_POOL: &str = "demo";
+/// The demo's filesystem.
+pub const DEMO_FS: &str = "demo/files";
 
 fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
     Ok(if p.is_absolute() {
@@ -88,6 +90,47 @@ pub fn run_demo(args: &DemoArgs, make_backend: Box<BackendFactory<'_>>) -> anyho
             }
         }
     };
+    // A filesystem with lz4, mounted under the demo folder when this
+    // machine can mount FUSE (root and /dev/fuse).
+    let files = dir.join("files");
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let can_mount = unsafe { libc::geteuid() } == 0 && Path::new("/dev/fuse").exists();
+    let has_fs = backend
+        .dataset_list(false)
+        .map_err(anyhow::Error::msg)?
+        .iter()
+        .any(|d| d.name == DEMO_FS);
+    if !has_fs {
+        let mut props = BTreeMap::new();
+        props.insert("compression".to_string(), "lz4".to_string());
+        if can_mount {
+            std::fs::create_dir_all(&files)
+                .with_context(|| format!("cannot create {}", files.display()))?;
+            props.insert("mountpoint".to_string(), files.display().to_string());
+        }
+        backend
+            .dataset_create(DEMO_FS, &props, false)
+            .map_err(anyhow::Error::msg)?;
+    }
+    let mounted = backend
+        .dataset_mounts()
+        .map_err(anyhow::Error::msg)?
+        .iter()
+        .any(|m| m.dataset == DEMO_FS);
+    let files_hint = if mounted {
+        let f = files.display();
+        format!(
+            "  ls {f}    # the filesystem {DEMO_FS}, mounted with FUSE\n  \
+             cp -r /etc/apt {f}/ && tarn snapshot {DEMO_FS}@first\n  \
+             rm -r {f}/apt && ls {f}/.snapshot/first/apt    # snapshots are browsable\n  \
+             tarn dataset list -t all\n"
+        )
+    } else {
+        format!(
+            "  tarn dataset list -t all    # the filesystem {DEMO_FS}\n  \
+             sudo tarn mount {DEMO_FS} /mnt    # mounting it needs root\n"
+        )
+    };
     let exe = std::env::current_exe()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "tarn".into());
@@ -100,15 +143,15 @@ Try it from another terminal:
   alias tarn={exe}
   export TARN_SOCKET={socket}
   tarn pool status {DEMO_POOL}
-  tarn object put {DEMO_POOL} readme README.md --sync
+{files_hint}  tarn object put {DEMO_POOL} readme README.md --sync
   tarn object get {DEMO_POOL} readme /tmp/readme.copy && cmp README.md /tmp/readme.copy
   tarn pool scrub --wait {DEMO_POOL}
   tarn pool offline {DEMO_POOL} {d1}     # one disk out: DEGRADED, data still there
   tarn pool online {DEMO_POOL} {d1}      # back: only what it missed is resilvered
   tarn pool iostat {DEMO_POOL} 1
 
-NFS, WebDAV and the web page arrive with datasets (see docs/). Ctrl-C exports
-the pool cleanly; run `tarn demo` again and the data is still there.
+NFS, WebDAV and the web page come next (see docs/). Ctrl-C unmounts and
+exports the pool cleanly; run `tarn demo` again and the data is still there.
 ",
         dir = dir.display(),
         socket = socket.display(),

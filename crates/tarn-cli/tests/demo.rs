@@ -58,7 +58,19 @@ fn demo_survives_a_restart() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let st = tarn(&socket, &["pool", "status", "demo"]);
     assert!(String::from_utf8_lossy(&st.stdout).contains("raidz1-0"));
+    let ls = tarn(&socket, &["dataset", "list"]);
+    assert!(String::from_utf8_lossy(&ls.stdout).contains("demo/files"));
+    // As root with FUSE, the filesystem is a folder of the demo.
+    let files = dir.join("files");
+    let mounted = common::require::fuse();
+    if mounted {
+        assert!(common::require::is_mounted(&files));
+        std::fs::write(files.join("hello.txt"), b"hello, tarn").unwrap();
+    }
     let banner = interrupt(child);
+    if mounted {
+        assert!(!common::require::is_mounted(&files), "Ctrl-C unmounts");
+    }
     assert!(
         banner.contains("TARN_SOCKET="),
         "no hints printed: {banner}"
@@ -76,6 +88,12 @@ fn demo_survives_a_restart() {
         std::fs::read(&back).unwrap() == data,
         "data changed across the restart"
     );
+    if mounted {
+        assert_eq!(
+            std::fs::read(files.join("hello.txt")).unwrap(),
+            b"hello, tarn"
+        );
+    }
     let banner = interrupt(child);
     assert!(banner.contains("reused"), "{banner}");
 }

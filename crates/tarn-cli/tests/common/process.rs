@@ -82,6 +82,27 @@ impl Daemon {
         err
     }
 
+    /// Detaches FUSE mounts left under this daemon's folder by a killed
+    /// daemon, so a crashed or failed test leaves no dead mounts behind.
+    pub fn detach_mounts(&self) {
+        let Some(dir) = self.socket.parent() else {
+            return;
+        };
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        for line in mounts.lines() {
+            let Some(point) = line.split(' ').nth(1) else {
+                continue;
+            };
+            if Path::new(point).starts_with(dir) {
+                if let Ok(c) = std::ffi::CString::new(point) {
+                    // SAFETY: a valid NUL-terminated path; MNT_DETACH only
+                    // detaches, and failure is harmless here.
+                    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+                }
+            }
+        }
+    }
+
     /// SIGKILLs the daemon and reaps it.
     pub fn kill(mut self) {
         let _ = self.child.kill();
@@ -117,4 +138,15 @@ pub fn data(len: usize, seed: u64) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+impl Drop for Daemon {
+    /// A test that fails half-way still stops its daemon and its mounts.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        self.detach_mounts();
+    }
 }
