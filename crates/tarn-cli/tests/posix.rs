@@ -66,7 +66,7 @@ fn pjdfstest_passes() {
     // A second filesystem for the EXDEV cases: the test's own folder.
     let other = dir.path().join("other");
     std::fs::create_dir(&other).unwrap();
-    let out = Command::new(pjdfstest)
+    let out = Command::new(&pjdfstest)
         .arg("-c")
         .arg(&config)
         .arg("-p")
@@ -91,6 +91,35 @@ fn pjdfstest_passes() {
         }
     }
     let expected = expected_failures();
+    // A case that fails under the load of a full parallel test run but
+    // passes when run again alone is reported, not failed on; one that
+    // fails twice more is a real failure.
+    let mut flaky = Vec::new();
+    for name in failed.difference(&expected).cloned().collect::<Vec<_>>() {
+        let again = |_: u32| {
+            let o = Command::new(&pjdfstest)
+                .arg("-c")
+                .arg(&config)
+                .arg("-p")
+                .arg(dir.path().join("mnt"))
+                .arg("-s")
+                .arg(&other)
+                .arg(&name)
+                .current_dir(dir.path().join("mnt"))
+                .output()
+                .expect("run pjdfstest");
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .any(|l| l.split_whitespace().collect::<Vec<_>>() == [name.as_str(), "ok"])
+        };
+        if (0..2).all(again) {
+            flaky.push(name.clone());
+            failed.remove(&name);
+        }
+    }
+    if !flaky.is_empty() {
+        eprintln!("pjdfstest cases that failed once and then passed twice: {flaky:?}");
+    }
     let unexpected: Vec<&String> = failed.difference(&expected).collect();
     let fixed: Vec<&String> = expected.difference(&failed).collect();
     assert!(passed > 300, "pjdfstest ran only {passed} cases:\n{text}");

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tarn_block::{BlockPtr, ChecksumAlg, Compression, BLOCK_PTR_SIZE};
-use tarn_pool::{BlockOpts, Cx, ExtRef, Extension, Pool, PoolError, SyncCx};
+use tarn_pool::{BlockOpts, Cx, ExtRef, Extension, Pool, PoolError, Reservation, SyncCx};
 use tarn_tree::{NodeStore, Tree, TreeError};
 
 use crate::props::{self, PropValue, Source};
@@ -217,12 +217,39 @@ fn scan_refs(kind: u8, key: &[u8], value: &[u8], out: &mut Vec<ExtRef>) {
 pub(crate) struct Live {
     pub tree: Tree,
     /// Data blocks of the open txg, by key.
-    pub staged: BTreeMap<Vec<u8>, Vec<u8>>,
+    pub staged: BTreeMap<Vec<u8>, StagedBlock>,
+    /// Allocated bytes of the staged blocks' reservations.
+    pub staged_asize: u64,
     /// Blocks the open txg stopped referencing.
     pub kills: Vec<BlockPtr>,
-    /// Charged to the pool for the staged blocks.
-    pub charged_dirty: u64,
-    pub charged_cost: u64,
+}
+
+/// A data block of the open txg and the room already allocated for it.
+#[derive(Clone, Debug)]
+pub(crate) struct StagedBlock {
+    pub data: Vec<u8>,
+    pub res: Reservation,
+}
+
+impl Live {
+    /// Stages a block, returning the one it replaces.
+    pub(crate) fn stage(&mut self, key: Vec<u8>, b: StagedBlock) -> Option<StagedBlock> {
+        self.staged_asize += b.res.asize();
+        let old = self.staged.insert(key, b);
+        if let Some(o) = &old {
+            self.staged_asize = self.staged_asize.saturating_sub(o.res.asize());
+        }
+        old
+    }
+
+    /// Removes a staged block.
+    pub(crate) fn unstage(&mut self, key: &[u8]) -> Option<StagedBlock> {
+        let old = self.staged.remove(key);
+        if let Some(o) = &old {
+            self.staged_asize = self.staged_asize.saturating_sub(o.res.asize());
+        }
+        old
+    }
 }
 
 /// The dataset layer's state inside the pool.
@@ -287,23 +314,22 @@ impl Extension for Dsl {
     fn sync(&mut self, cx: &mut SyncCx<'_, '_>) -> Result<(), PoolError> {
         let txg = cx.txg();
         // 1. Staged data blocks, written in one parallel batch.
-        let mut items: Vec<(u64, Vec<u8>, Vec<u8>, BlockOpts)> = Vec::new();
+        let mut items: Vec<(u64, Vec<u8>, StagedBlock, BlockOpts)> = Vec::new();
         let ids: Vec<u64> = self.live.keys().copied().collect();
         for id in &ids {
             let opts = self.block_opts(*id);
             if let Some(live) = self.live.get_mut(id) {
-                live.charged_dirty = 0;
-                live.charged_cost = 0;
-                for (k, d) in std::mem::take(&mut live.staged) {
-                    items.push((*id, k, d, opts));
+                live.staged_asize = 0;
+                for (k, b) in std::mem::take(&mut live.staged) {
+                    items.push((*id, k, b, opts));
                 }
             }
         }
-        let refs: Vec<(&[u8], BlockOpts)> = items
+        let refs: Vec<(&[u8], BlockOpts, Option<Reservation>)> = items
             .iter()
-            .map(|(_, _, d, o)| (d.as_slice(), *o))
+            .map(|(_, _, b, o)| (b.data.as_slice(), *o, Some(b.res.clone())))
             .collect();
-        let ptrs = cx.write_blocks(&refs)?;
+        let ptrs = cx.write_blocks(refs)?;
         for ((id, key, _, _), p) in items.iter().zip(ptrs) {
             let (Some(live), Some(rec)) = (self.live.get_mut(id), self.recs.get_mut(id)) else {
                 return Err(PoolError::Internal(format!(
@@ -534,9 +560,8 @@ impl Dsl {
                 Live {
                     tree: Tree::open(root),
                     staged: BTreeMap::new(),
+                    staged_asize: 0,
                     kills: Vec::new(),
-                    charged_dirty: 0,
-                    charged_cost: 0,
                 },
             );
         }
@@ -764,7 +789,7 @@ impl Dsl {
         self.live
             .iter()
             .filter(|(l, _)| self.ancestors_and_self(**l).contains(&id))
-            .map(|(_, l)| l.charged_cost)
+            .map(|(_, l)| l.staged_asize)
             .sum()
     }
 

@@ -12,8 +12,9 @@ use std::sync::Arc;
 use tarn_block::BlockPtr;
 use tarn_pool::{Cx, Pool};
 
-use crate::dsl::{with_dsl, Dsl, TAG_BLOCK, TAG_PLAIN, TAG_STAGED};
+use crate::dsl::{with_dsl, Dsl, StagedBlock, TAG_BLOCK, TAG_PLAIN, TAG_STAGED};
 use crate::DsError;
+use tarn_pool::Reservation;
 
 /// A value as the POSIX layer sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,8 +36,8 @@ pub const MAX_BLOCK: usize = 1 << 20;
 enum Undo {
     /// Key and its previous raw tree value.
     Tree(Vec<u8>, Option<Vec<u8>>),
-    /// Key and its previous staged bytes.
-    Staged(Vec<u8>, Option<Vec<u8>>),
+    /// Key and its previous staged block.
+    Staged(Vec<u8>, Option<StagedBlock>),
 }
 
 /// One dataset inside one transaction (see the module docs).
@@ -47,8 +48,13 @@ pub struct Txn<'a, 'p, 's> {
     readonly: bool,
     undo: Vec<Undo>,
     kills: Vec<BlockPtr>,
+    /// Dirty bytes charged to the write throttle.
     charged_dirty: u64,
-    charged_cost: u64,
+    /// Room allocated by this transaction: given back if it fails.
+    reserved: Vec<Reservation>,
+    /// Room of staged blocks this transaction replaced or removed: given
+    /// back if it succeeds.
+    released: Vec<Reservation>,
 }
 
 fn decode(raw: &[u8], what: &[u8]) -> Result<Value, DsError> {
@@ -126,7 +132,10 @@ impl Txn<'_, '_, '_> {
                 self.kills.push(bp);
             }
             Some((&TAG_STAGED, _)) => {
-                let prev = live.staged.remove(key);
+                let prev = live.unstage(key);
+                if let Some(p) = &prev {
+                    self.released.push(p.res.clone());
+                }
                 self.undo.push(Undo::Staged(key.to_vec(), prev));
             }
             _ => {}
@@ -218,23 +227,23 @@ impl Txn<'_, '_, '_> {
             return Ok(());
         }
         let len = data.len() as u64;
-        let already = matches!(
-            self.raw_get(key)?.as_deref().and_then(|v| v.first()),
-            Some(&TAG_STAGED)
-        );
-        if !already {
-            let copies = self.dsl.block_opts(self.id).copies;
-            let cost = self.cx.alloc_cost(len, copies);
-            self.dsl.check_room(self.cx, self.id, cost)?;
-            self.cx.charge(len, cost);
-            self.charged_dirty += len;
-            self.charged_cost += cost;
-        }
+        // Quotas and reservations first, then the room itself: allocated
+        // now, so the sync that writes the block cannot run out of space.
+        let copies = self.dsl.block_opts(self.id).copies;
+        let cost = self.cx.alloc_cost(len, copies);
+        self.dsl.check_room(self.cx, self.id, cost)?;
+        let res = self.cx.reserve_block(len, copies).map_err(|e| match e {
+            tarn_pool::PoolError::NoSpace(m) => DsError::NoSpace(m),
+            other => DsError::Pool(other),
+        })?;
+        self.reserved.push(res.clone());
+        self.cx.charge(len, 0);
+        self.charged_dirty += len;
         let mut v = vec![TAG_STAGED];
         v.extend_from_slice(&(data.len() as u32).to_le_bytes());
         self.raw_set(key, Some(v))?;
         let live = self.dsl.live(self.id)?;
-        let prev = live.staged.insert(key.to_vec(), data);
+        let prev = live.stage(key.to_vec(), StagedBlock { data, res });
         self.undo.push(Undo::Staged(key.to_vec(), prev));
         Ok(())
     }
@@ -247,9 +256,14 @@ impl Txn<'_, '_, '_> {
         match raw.split_first() {
             Some((&TAG_STAGED, _)) => {
                 let live = self.dsl.live(self.id)?;
-                Ok(Some(live.staged.get(key).cloned().ok_or_else(|| {
-                    DsError::Corrupt(format!("staged block at key {key:02x?} is missing"))
-                })?))
+                Ok(Some(
+                    live.staged
+                        .get(key)
+                        .map(|b| b.data.clone())
+                        .ok_or_else(|| {
+                            DsError::Corrupt(format!("staged block at key {key:02x?} is missing"))
+                        })?,
+                ))
             }
             Some((&TAG_BLOCK, rest)) => {
                 let bp = BlockPtr::decode(rest)?;
@@ -270,8 +284,12 @@ impl Txn<'_, '_, '_> {
     }
 
     fn rollback(&mut self) {
-        self.cx.uncharge(self.charged_dirty, self.charged_cost);
+        self.cx.uncharge(self.charged_dirty, 0);
         self.kills.clear();
+        for r in std::mem::take(&mut self.reserved) {
+            self.cx.release_block(r);
+        }
+        self.released.clear();
         let store = self.cx.store();
         let Ok(live) = self.dsl.live(self.id) else {
             return;
@@ -284,11 +302,11 @@ impl Txn<'_, '_, '_> {
                 Undo::Tree(k, None) => {
                     let _ = live.tree.remove(&store, &k);
                 }
-                Undo::Staged(k, Some(d)) => {
-                    live.staged.insert(k, d);
+                Undo::Staged(k, Some(b)) => {
+                    live.stage(k, b);
                 }
                 Undo::Staged(k, None) => {
-                    live.staged.remove(&k);
+                    live.unstage(&k);
                 }
             }
         }
@@ -297,8 +315,10 @@ impl Txn<'_, '_, '_> {
     fn finish(&mut self) -> Result<(), DsError> {
         let live = self.dsl.live(self.id)?;
         live.kills.append(&mut self.kills);
-        live.charged_dirty += self.charged_dirty;
-        live.charged_cost += self.charged_cost;
+        self.reserved.clear();
+        for r in std::mem::take(&mut self.released) {
+            self.cx.release_block(r);
+        }
         Ok(())
     }
 }
@@ -370,7 +390,8 @@ impl DatasetHandle {
                 undo: Vec::new(),
                 kills: Vec::new(),
                 charged_dirty: 0,
-                charged_cost: 0,
+                reserved: Vec::new(),
+                released: Vec::new(),
             };
             match f(&mut t) {
                 Ok(v) => {

@@ -522,8 +522,7 @@ fn run(ops: Vec<Op>) {
                     continue;
                 }
                 let i = i as usize % snaps.len();
-                let is_origin =
-                    clone.is_some() && i == snaps.len() - 1 && clone_origin(&clone, &snaps[i].0);
+                let is_origin = clone_origin(&clone, &snaps[i].0);
                 let r = ds::destroy(&pool, &snaps[i].0, false);
                 if is_origin {
                     assert!(matches!(r, Err(DsError::Busy(_))));

@@ -1,12 +1,18 @@
 //! Model-based test: random operation sequences against a plain in-memory
 //! model of the tree; after every step every listing and every file's
 //! bytes (live, through open handles, and through `.snapshot/<name>/`) must
-//! match, and at the end no inode may have leaked.
+//! match, and at the end no inode or byte may have leaked. The same model
+//! runs on [`MemBackend`] and on a real pool and dataset
+//! ([`DatasetBackend`]) through the small [`Harness`] trait.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use proptest::prelude::*;
+use tarn_pool::{Pool, PoolOptions, VdevSpec};
 
 use crate::testing::MemBackend;
 use crate::*;
@@ -99,6 +105,8 @@ enum Op {
     Open(usize),
     ReleaseAll,
     Snapshot,
+    /// Back to the newest snapshot (the model becomes its model).
+    Rollback,
     Restart,
 }
 
@@ -117,13 +125,218 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => i().prop_map(Op::Open),
         1 => Just(Op::ReleaseAll),
         1 => Just(Op::Snapshot),
+        1 => Just(Op::Rollback),
         1 => Just(Op::Restart),
     ]
 }
 
-struct World {
+/// What the model test needs below the filesystem: snapshots, rollback,
+/// restarts and leak checks. The world drops its `Fs` before `restart` and
+/// `rollback_to_latest`, and mounts a fresh one after.
+trait Harness {
+    type B: Backend;
+    /// The live dataset.
+    fn backend(&self) -> Arc<Self::B>;
+    fn snapshot(&mut self, name: &str);
+    /// Rolls back to the newest snapshot; false when there is none.
+    fn rollback_to_latest(&mut self) -> bool;
+    /// Stops and starts everything below the filesystem.
+    fn restart(&mut self) -> Arc<Self::B>;
+    /// No handle is open and `reachable_inodes` inodes (root included) are
+    /// reachable: nothing else may be stored.
+    fn check_no_leaks(&mut self, reachable_inodes: usize);
+    fn destroy_snapshots(&mut self);
+    /// Only the empty root is left and no snapshot: the space used must be
+    /// exactly what the freshly formatted filesystem used.
+    fn check_empty(&mut self);
+}
+
+/// The in-memory backend; a restart keeps its state (only the `Fs` goes).
+struct MemHarness {
     b: Arc<MemBackend>,
-    fs: Fs<MemBackend>,
+    snaps: Vec<String>,
+    base_used: u64,
+}
+
+impl MemHarness {
+    fn new(rs: u32) -> Self {
+        let b = MemBackend::new();
+        b.set_recordsize(rs);
+        drop(Fs::mount(b.clone()).unwrap());
+        let base_used = b.used();
+        MemHarness {
+            b,
+            snaps: Vec::new(),
+            base_used,
+        }
+    }
+}
+
+impl Harness for MemHarness {
+    type B = MemBackend;
+    fn backend(&self) -> Arc<MemBackend> {
+        self.b.clone()
+    }
+    fn snapshot(&mut self, name: &str) {
+        self.b.snapshot(name).unwrap();
+        self.snaps.push(name.to_string());
+    }
+    fn rollback_to_latest(&mut self) -> bool {
+        let Some(last) = self.snaps.last() else {
+            return false;
+        };
+        self.b.rollback(last).unwrap();
+        true
+    }
+    fn restart(&mut self) -> Arc<MemBackend> {
+        self.b.clone()
+    }
+    fn check_no_leaks(&mut self, reachable_inodes: usize) {
+        let dump = self.b.dump();
+        let inodes = dump
+            .keys()
+            .filter(|k| k.len() == 9 && k[8] == 0x01 && k[..8] != [0u8; 8])
+            .count();
+        assert_eq!(inodes, reachable_inodes, "stored inodes vs reachable");
+        let orphans = dump
+            .keys()
+            .filter(|k| k.len() == 17 && k[..8] == [0u8; 8] && k[8] == 0x05)
+            .count();
+        assert_eq!(orphans, 0);
+    }
+    fn destroy_snapshots(&mut self) {
+        for n in self.snaps.drain(..) {
+            assert!(self.b.destroy_snapshot(&n));
+        }
+    }
+    fn check_empty(&mut self) {
+        assert_eq!(self.b.used(), self.base_used, "bytes stored when empty");
+    }
+}
+
+const FS: &str = "tank/fs";
+
+fn pool_opts() -> PoolOptions {
+    PoolOptions {
+        sync_interval: Duration::from_secs(3600),
+        owner: "test".into(),
+        ..Default::default()
+    }
+}
+
+/// Space figures of `tank/fs` and the pool: (used, available, referenced,
+/// pool allocated).
+fn pool_space(pool: &Pool) -> (u64, u64, u64, u64) {
+    for _ in 0..3 {
+        pool.sync().unwrap(); // frees are deferred by two txgs
+    }
+    let i = tarn_dataset::list(pool, true)
+        .unwrap()
+        .into_iter()
+        .find(|i| i.name == FS)
+        .unwrap();
+    (i.used, i.available.unwrap(), i.referenced, pool.space().1)
+}
+
+/// A real pool (raidz1 of four sparse 64 MiB files) holding `tank/fs`; a
+/// restart exports the pool and imports it again.
+struct PoolHarness {
+    dir: tempfile::TempDir,
+    pool: Option<Arc<Pool>>,
+    b: Option<Arc<DatasetBackend>>,
+    snaps: Vec<String>,
+    base: (u64, u64, u64, u64),
+}
+
+impl PoolHarness {
+    fn new(rs: u32) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let devices: Vec<PathBuf> = (0..4)
+            .map(|i| {
+                let p = dir.path().join(format!("d{i}"));
+                std::fs::File::create(&p)
+                    .unwrap()
+                    .set_len(64 << 20)
+                    .unwrap();
+                p
+            })
+            .collect();
+        let spec = VdevSpec {
+            kind: tarn_vdev::VdevKind::Raidz { parity: 1 },
+            devices,
+        };
+        let pool = Pool::create("tank", &[spec], 12, &BTreeMap::new(), false, pool_opts()).unwrap();
+        tarn_dataset::attach(&pool).unwrap();
+        let props = BTreeMap::from([("recordsize".to_string(), rs.to_string())]);
+        tarn_dataset::create(&pool, FS, &props, false).unwrap();
+        let b = Arc::new(DatasetBackend::new(tarn_dataset::open(&pool, FS).unwrap()));
+        drop(Fs::mount(b.clone()).unwrap());
+        let base = pool_space(&pool);
+        PoolHarness {
+            dir,
+            pool: Some(pool),
+            b: Some(b),
+            snaps: Vec::new(),
+            base,
+        }
+    }
+
+    fn pool(&self) -> &Arc<Pool> {
+        self.pool.as_ref().unwrap()
+    }
+}
+
+impl Harness for PoolHarness {
+    type B = DatasetBackend;
+    fn backend(&self) -> Arc<DatasetBackend> {
+        self.b.clone().unwrap()
+    }
+    fn snapshot(&mut self, name: &str) {
+        tarn_dataset::snapshot(self.pool(), &[format!("{FS}@{name}")], false).unwrap();
+        self.snaps.push(name.to_string());
+    }
+    fn rollback_to_latest(&mut self) -> bool {
+        let Some(last) = self.snaps.last() else {
+            return false;
+        };
+        tarn_dataset::rollback(self.pool(), &format!("{FS}@{last}"), false).unwrap();
+        true
+    }
+    fn restart(&mut self) -> Arc<DatasetBackend> {
+        self.b = None;
+        let pool = self.pool.take().unwrap();
+        pool.export(false).unwrap();
+        assert_eq!(Arc::strong_count(&pool), 1, "someone still holds the pool");
+        drop(pool);
+        let dirs = [self.dir.path().to_path_buf()];
+        let pool = Pool::import(&dirs, &[], "tank", None, false, pool_opts()).unwrap();
+        tarn_dataset::attach(&pool).unwrap();
+        let b = Arc::new(DatasetBackend::new(tarn_dataset::open(&pool, FS).unwrap()));
+        self.pool = Some(pool);
+        self.b = Some(b.clone());
+        b
+    }
+    fn check_no_leaks(&mut self, _reachable_inodes: usize) {
+        let r = self.pool().leak_check().unwrap();
+        assert!(r.is_clean(), "{r:?}");
+    }
+    fn destroy_snapshots(&mut self) {
+        for n in self.snaps.drain(..) {
+            tarn_dataset::destroy(self.pool.as_ref().unwrap(), &format!("{FS}@{n}"), false)
+                .unwrap();
+        }
+    }
+    fn check_empty(&mut self) {
+        assert_eq!(pool_space(self.pool()), self.base, "space when empty");
+        let r = self.pool().leak_check().unwrap();
+        assert!(r.is_clean(), "{r:?}");
+    }
+}
+
+struct World<H: Harness> {
+    h: H,
+    /// None only while the harness restarts or rolls back.
+    fs: Option<Fs<H::B>>,
     m: Model,
     rs: u64,
     /// Open handles: (ino, file id).
@@ -135,7 +348,7 @@ fn root() -> Cred {
     Cred::root()
 }
 
-fn walk(fs: &Fs<MemBackend>, start: u64, path: &[String]) -> u64 {
+fn walk<B: Backend>(fs: &Fs<B>, start: u64, path: &[String]) -> u64 {
     let mut ino = start;
     for p in path {
         ino = fs
@@ -144,6 +357,24 @@ fn walk(fs: &Fs<MemBackend>, start: u64, path: &[String]) -> u64 {
             .ino;
     }
     ino
+}
+
+/// Every key the backend stores, read through its transactions.
+fn stored_keys<B: Backend>(b: &B) -> Vec<Vec<u8>> {
+    let mut out: Vec<Vec<u8>> = Vec::new();
+    loop {
+        let after = out.last().cloned();
+        let page = b
+            .txn(false, &mut |s| {
+                let lo = after.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+                Ok(s.range(lo, Bound::Unbounded, 256)?)
+            })
+            .unwrap();
+        if page.is_empty() {
+            return out;
+        }
+        out.extend(page.into_iter().map(|(k, _)| k));
+    }
 }
 
 fn expect(r: Result<()>, want: std::result::Result<(), i32>, what: &str) -> bool {
@@ -157,13 +388,11 @@ fn expect(r: Result<()>, want: std::result::Result<(), i32>, what: &str) -> bool
     }
 }
 
-impl World {
-    fn new(rs: u32) -> World {
-        let b = MemBackend::new();
-        b.set_recordsize(rs);
-        let fs = Fs::mount(b.clone()).unwrap();
+impl<H: Harness> World<H> {
+    fn new(h: H, rs: u32) -> Self {
+        let fs = Some(Fs::mount(h.backend()).unwrap());
         World {
-            b,
+            h,
             fs,
             m: Model::new(),
             rs: u64::from(rs),
@@ -172,8 +401,21 @@ impl World {
         }
     }
 
+    fn fs(&self) -> &Fs<H::B> {
+        self.fs.as_ref().unwrap()
+    }
+
     fn dir_ino(&self, path: &[String]) -> u64 {
-        walk(&self.fs, ROOT_INO, path)
+        walk(self.fs(), ROOT_INO, path)
+    }
+
+    /// Drops the `Fs` (and so every open handle), runs `below` on the
+    /// harness, and mounts a fresh `Fs` on the backend it returns.
+    fn remount(&mut self, below: impl FnOnce(&mut H) -> Arc<H::B>) {
+        self.handles.clear();
+        self.fs = None;
+        let b = below(&mut self.h);
+        self.fs = Some(Fs::mount(b).unwrap());
     }
 
     fn apply(&mut self, op: &Op) {
@@ -194,9 +436,11 @@ impl World {
                 let want = if exists { Err(libc::EEXIST) } else { Ok(()) };
                 let is_dir = matches!(op, Op::Mkdir(..));
                 let r = if is_dir {
-                    self.fs.mkdir(p, name.as_bytes(), 0o755, 0, &c).map(|_| ())
+                    self.fs()
+                        .mkdir(p, name.as_bytes(), 0o755, 0, &c)
+                        .map(|_| ())
                 } else {
-                    self.fs
+                    self.fs()
                         .mknod(p, name.as_bytes(), libc::S_IFREG | 0o644, 0, 0, &c)
                         .map(|_| ())
                 };
@@ -232,8 +476,8 @@ impl World {
                         .map(|i| byte.wrapping_add((i % 13) as u8))
                         .collect()
                 };
-                let ino = walk(&self.fs, self.dir_ino(path), std::slice::from_ref(name));
-                let n = self.fs.write(ino, off, &data, false, &c).unwrap();
+                let ino = walk(self.fs(), self.dir_ino(path), std::slice::from_ref(name));
+                let n = self.fs().write(ino, off, &data, false, &c).unwrap();
                 assert_eq!(n, len);
                 let content = self.m.files.entry(*fid).or_default();
                 let end = off as usize + len;
@@ -249,12 +493,12 @@ impl World {
                 let (_, path, name, e) = &files[f % files.len()];
                 let MEnt::File(fid) = e else { return };
                 let size = u64::from(*size) % (3 * self.rs + 7);
-                let ino = walk(&self.fs, self.dir_ino(path), std::slice::from_ref(name));
+                let ino = walk(self.fs(), self.dir_ino(path), std::slice::from_ref(name));
                 let sa = SetAttr {
                     size: Some(size),
                     ..Default::default()
                 };
-                self.fs.setattr(ino, &sa, &c).unwrap();
+                self.fs().setattr(ino, &sa, &c).unwrap();
                 self.m
                     .files
                     .entry(*fid)
@@ -311,7 +555,7 @@ impl World {
                 let spi = self.dir_ino(&spath);
                 let dpi = self.dir_ino(&dpath);
                 let r = self
-                    .fs
+                    .fs()
                     .rename(spi, sname.as_bytes(), dpi, dname.as_bytes(), flags, &c);
                 if expect(r, want, &format!("rename {op:?}")) && de != Some(se) {
                     if exch {
@@ -339,9 +583,9 @@ impl World {
                 } else {
                     Ok(())
                 };
-                let ino = walk(&self.fs, self.dir_ino(&path), std::slice::from_ref(&name));
+                let ino = walk(self.fs(), self.dir_ino(&path), std::slice::from_ref(&name));
                 let r = self
-                    .fs
+                    .fs()
                     .link(ino, self.dir_ino(&dpath), dname.as_bytes(), &c)
                     .map(|_| ());
                 if expect(r, want, "link") {
@@ -366,9 +610,9 @@ impl World {
                 };
                 let pi = self.dir_ino(&path);
                 let r = if rmdir {
-                    self.fs.rmdir(pi, name.as_bytes(), &c)
+                    self.fs().rmdir(pi, name.as_bytes(), &c)
                 } else {
-                    self.fs.unlink(pi, name.as_bytes(), &c)
+                    self.fs().unlink(pi, name.as_bytes(), &c)
                 };
                 if expect(r, want, "remove") {
                     self.m.dirs.entry(p).or_default().remove(&name);
@@ -383,25 +627,37 @@ impl World {
                 }
                 let (_, path, name, e) = &files[f % files.len()];
                 let MEnt::File(fid) = e else { return };
-                let ino = walk(&self.fs, self.dir_ino(path), std::slice::from_ref(name));
-                self.fs.open(ino, libc::O_RDWR, &c).unwrap();
+                let ino = walk(self.fs(), self.dir_ino(path), std::slice::from_ref(name));
+                self.fs().open(ino, libc::O_RDWR, &c).unwrap();
                 self.handles.push((ino, *fid));
             }
             Op::ReleaseAll => {
-                for (ino, _) in self.handles.drain(..) {
-                    self.fs.release(ino).unwrap();
+                for (ino, _) in std::mem::take(&mut self.handles) {
+                    self.fs().release(ino).unwrap();
                 }
             }
             Op::Snapshot => {
                 let name = format!("s{}", self.snaps.len());
-                self.b.snapshot(&name).unwrap();
+                self.h.snapshot(&name);
                 self.snaps.push((name, self.m.clone()));
             }
-            Op::Restart => {
-                self.handles.clear();
-                let fresh = Fs::mount(self.b.clone()).unwrap();
-                self.fs = fresh;
+            Op::Rollback => {
+                // A rollback replaces every inode behind the mounted
+                // filesystem's back, so, like a restart, it is followed by
+                // a fresh mount: open handles are gone (a FUSE server
+                // would have to be remounted; the kernel's cached view is
+                // no longer valid).
+                let Some((_, sm)) = self.snaps.last() else {
+                    return;
+                };
+                let sm = sm.clone();
+                self.remount(|h| {
+                    assert!(h.rollback_to_latest());
+                    h.backend()
+                });
+                self.m = sm;
             }
+            Op::Restart => self.remount(|h| h.restart()),
         }
     }
 
@@ -410,7 +666,7 @@ impl World {
         let mut got: BTreeMap<String, (u64, FileKind)> = BTreeMap::new();
         let mut cookie = 0;
         loop {
-            let page = self.fs.readdir(ino, cookie, 3).unwrap();
+            let page = self.fs().readdir(ino, cookie, 3).unwrap();
             if page.is_empty() {
                 break;
             }
@@ -427,13 +683,13 @@ impl World {
         let gnames: Vec<_> = got.keys().collect();
         let wnames: Vec<_> = want.keys().collect();
         assert_eq!(gnames, wnames, "listing of {path}");
-        let da = self.fs.getattr(ino).unwrap();
+        let da = self.fs().getattr(ino).unwrap();
         let subdirs = want.values().filter(|e| matches!(e, MEnt::Dir(_))).count() as u32;
         assert_eq!(da.nlink, 2 + subdirs, "nlink of {path}");
         assert_eq!(da.size, want.len() as u64 + 2, "size of {path}");
         for (name, e) in want {
             let (cino, kind) = got[name];
-            let a = self.fs.lookup(ino, name.as_bytes(), &root()).unwrap();
+            let a = self.fs().lookup(ino, name.as_bytes(), &root()).unwrap();
             assert_eq!(a.ino, cino, "{path}/{name}");
             match e {
                 MEnt::Dir(cd) => {
@@ -445,7 +701,7 @@ impl World {
                     let content = &m.files[fid];
                     assert_eq!(a.size, content.len() as u64, "size of {path}/{name}");
                     assert_eq!(a.nlink, m.links(*fid), "nlink of {path}/{name}");
-                    let got = self.fs.read(cino, 0, content.len() as u32 + 100).unwrap();
+                    let got = self.fs().read(cino, 0, content.len() as u32 + 100).unwrap();
                     assert!(got == *content, "contents of {path}/{name}");
                     assert!(a.blocks * 512 <= a.size.next_multiple_of(self.rs) + 512);
                 }
@@ -457,19 +713,64 @@ impl World {
         self.check_dir(&self.m, ROOT_INO, 0, "");
         for (ino, fid) in &self.handles {
             let content = &self.m.files[fid];
-            let got = self.fs.read(*ino, 0, content.len() as u32 + 100).unwrap();
+            let got = self.fs().read(*ino, 0, content.len() as u32 + 100).unwrap();
             assert!(got == *content, "contents through handle {ino}");
         }
         for (name, sm) in &self.snaps {
-            let s = walk(&self.fs, ROOT_INO, &[".snapshot".to_string(), name.clone()]);
+            let s = walk(
+                self.fs(),
+                ROOT_INO,
+                &[".snapshot".to_string(), name.clone()],
+            );
             self.check_dir(sm, s, 0, &format!("/.snapshot/{name}"));
         }
     }
 
-    /// After releasing everything: only reachable inodes remain stored.
-    fn check_no_leaks(&mut self) {
-        for (ino, _) in self.handles.drain(..) {
-            self.fs.release(ino).unwrap();
+    /// Checks that exactly `reachable` inodes and no orphan are stored,
+    /// then the harness's own checks.
+    fn check_stored(&mut self, reachable: usize) {
+        let keys = stored_keys(&*self.h.backend());
+        let inodes = keys
+            .iter()
+            .filter(|k| k.len() == 9 && k[8] == 0x01 && k[..8] != [0u8; 8])
+            .count();
+        assert_eq!(inodes, reachable, "stored inodes vs reachable");
+        let orphans = keys
+            .iter()
+            .filter(|k| k.len() == 17 && k[..8] == [0u8; 8] && k[8] == 0x05)
+            .count();
+        assert_eq!(orphans, 0, "orphans with no handle open");
+        self.h.check_no_leaks(reachable);
+    }
+
+    /// Removes everything below model directory `d` (at `path`).
+    fn delete_tree(&mut self, d: usize, path: &[String]) {
+        let ino = self.dir_ino(path);
+        let ents: Vec<(String, MEnt)> = self.m.dirs[&d]
+            .iter()
+            .map(|(n, e)| (n.clone(), *e))
+            .collect();
+        for (name, e) in ents {
+            match e {
+                MEnt::Dir(c) => {
+                    let mut p = path.to_vec();
+                    p.push(name.clone());
+                    self.delete_tree(c, &p);
+                    self.fs().rmdir(ino, name.as_bytes(), &root()).unwrap();
+                    self.m.dirs.remove(&c);
+                }
+                MEnt::File(_) => self.fs().unlink(ino, name.as_bytes(), &root()).unwrap(),
+            }
+            self.m.dirs.entry(d).or_default().remove(&name);
+        }
+    }
+
+    /// After releasing everything only reachable inodes remain stored; after
+    /// deleting everything and destroying the snapshots, the dataset is back
+    /// to its freshly formatted size.
+    fn finish(&mut self) {
+        for (ino, _) in std::mem::take(&mut self.handles) {
+            self.fs().release(ino).unwrap();
         }
         let mut reachable: HashMap<MEnt, ()> = HashMap::new();
         for (d, _) in self.m.all_dirs() {
@@ -478,17 +779,13 @@ impl World {
                 reachable.insert(*e, ());
             }
         }
-        let dump = self.b.dump();
-        let inodes = dump
-            .keys()
-            .filter(|k| k.len() == 9 && k[8] == 0x01 && k[..8] != [0u8; 8])
-            .count();
-        assert_eq!(inodes, reachable.len(), "stored inodes vs reachable");
-        let orphans = dump
-            .keys()
-            .filter(|k| k.len() == 17 && k[..8] == [0u8; 8] && k[8] == 0x05)
-            .count();
-        assert_eq!(orphans, 0);
+        self.check_stored(reachable.len());
+        self.delete_tree(0, &[]);
+        self.h.destroy_snapshots();
+        self.snaps.clear();
+        self.check();
+        self.check_stored(1);
+        self.h.check_empty();
     }
 }
 
@@ -501,6 +798,15 @@ impl std::hash::Hash for MEnt {
     }
 }
 
+fn run<H: Harness>(h: H, rs: u32, ops: &[Op]) {
+    let mut w = World::new(h, rs);
+    for op in ops {
+        w.apply(op);
+        w.check();
+    }
+    w.finish();
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
@@ -509,11 +815,23 @@ proptest! {
         rs in prop_oneof![Just(512u32), Just(1024), Just(4096)],
         ops in proptest::collection::vec(op_strategy(), 1..60),
     ) {
-        let mut w = World::new(rs);
-        for op in &ops {
-            w.apply(op);
-            w.check();
-        }
-        w.check_no_leaks();
+        run(MemHarness::new(rs), rs, &ops);
+    }
+}
+
+proptest! {
+    // A real pool per case (and per shrink step): fewer, shorter cases.
+    #![proptest_config(ProptestConfig {
+        cases: 48,
+        max_shrink_iters: 200,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn fs_on_pool_matches_model(
+        rs in prop_oneof![Just(4096u32), Just(8192)],
+        ops in proptest::collection::vec(op_strategy(), 1..60),
+    ) {
+        run(PoolHarness::new(rs), rs, &ops);
     }
 }

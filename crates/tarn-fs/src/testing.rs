@@ -158,6 +158,23 @@ impl MemBackend {
         snaps.push((name.to_string(), Arc::new(copy)));
         Ok(())
     }
+    /// Returns the live state to snapshot `name` and destroys the newer
+    /// snapshots (like `rollback -r`). A mounted [`crate::Fs`] must be
+    /// mounted again afterwards, as after a restart.
+    pub fn rollback(&self, name: &str) -> Result<()> {
+        let mut st = lock(&self.state);
+        let mut snaps = lock(&self.snaps);
+        let Some(pos) = snaps.iter().position(|(n, _)| n == name) else {
+            return Err(FsError::new(libc::ENOENT, "no such snapshot"));
+        };
+        {
+            let snap = lock(&snaps[pos].1.state);
+            st.map = snap.map.clone();
+            st.used = snap.used;
+        }
+        snaps.truncate(pos + 1);
+        Ok(())
+    }
     /// Destroys snapshot `name`; false if there is none.
     pub fn destroy_snapshot(&self, name: &str) -> bool {
         let mut snaps = lock(&self.snaps);

@@ -26,7 +26,7 @@ use std::any::Any;
 use std::ops::Bound;
 
 use tarn_block::pipeline::{self, Missed, Prepared};
-use tarn_block::{BlockPtr, BlockType, ChecksumAlg, Compression};
+use tarn_block::{BlockPtr, BlockType, ChecksumAlg, Compression, Dva};
 use tarn_tree::NodeStore;
 
 use crate::pool::{parallel_map, Pool, State};
@@ -78,6 +78,21 @@ pub enum ExtRef {
 /// [`ExtRef::Tree`] the entry belongs to. Pure, so scans can call it
 /// without the pool lock.
 pub type ScanFn = fn(kind: u8, key: &[u8], value: &[u8], out: &mut Vec<ExtRef>);
+
+/// Space allocated for one data block of the open txg when it was
+/// accepted, so the sync that writes it cannot run out of room: admission
+/// is allocation. The sync trims what compression saved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    dvas: Vec<Dva>,
+}
+
+impl Reservation {
+    /// Bytes allocated, over all copies.
+    pub fn asize(&self) -> u64 {
+        self.dvas.iter().map(|d| d.asize as u64).sum()
+    }
+}
 
 /// How a data block is stored.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -240,10 +255,31 @@ impl Cx<'_, '_> {
         (size, alloc, size.saturating_sub(alloc))
     }
 
+    /// Allocates room for a data block of `lsize` bytes with `copies`
+    /// copies, keeping each vdev's metadata reserve. Fails with `NoSpace`
+    /// (and allocates nothing) when it does not fit.
+    pub fn reserve_block(&mut self, lsize: u64, copies: u8) -> Result<Reservation, PoolError> {
+        self.pool.reserve_data(self.st, lsize, copies)
+    }
+
+    /// Gives back a reservation that will not be written.
+    pub fn release_block(&mut self, r: Reservation) {
+        free_dvas(&mut self.st.space, &r.dvas);
+    }
+
     /// Asks the syncer to commit soon.
     pub fn request_sync(&mut self) {
         self.st.sync_requested = true;
         self.pool.cv.notify_all();
+    }
+}
+
+fn free_dvas(space: &mut [tarn_space::SpaceMap], dvas: &[Dva]) {
+    for d in dvas {
+        if let Some(m) = space.get_mut(d.vdev as usize) {
+            // Allocated in this txg and never referenced: free at once.
+            let _ = m.free_now(d.offset, d.asize as u64);
+        }
     }
 }
 
@@ -278,50 +314,14 @@ impl std::ops::DerefMut for SyncCx<'_, '_> {
 impl SyncCx<'_, '_> {
     /// Compresses, checksums and writes data blocks of this txg (in
     /// parallel) and returns their pointers; an all-zero block is a hole and
-    /// gets `None`.
+    /// gets `None`. A block with a [`Reservation`] is written into it (the
+    /// unused tail, what compression saved, is freed); one without is
+    /// allocated now.
     pub fn write_blocks(
         &mut self,
-        blocks: &[(&[u8], BlockOpts)],
+        blocks: Vec<(&[u8], BlockOpts, Option<Reservation>)>,
     ) -> Result<Vec<Option<BlockPtr>>, PoolError> {
-        let pool = self.cx.pool;
-        let threads = pool.opts.sync_threads;
-        let prepared: Vec<Option<Result<Prepared, tarn_block::BlockError>>> =
-            parallel_map(blocks, threads, |(d, o)| {
-                if d.iter().all(|&b| b == 0) {
-                    None
-                } else {
-                    Some(pipeline::prepare(d, o.compression, o.checksum))
-                }
-            })?;
-        let st = &mut *self.cx.st;
-        let keep: Vec<u64> = (0..pool.tops.len())
-            .map(|v| pool.metadata_reserve(st, v))
-            .collect();
-        let mut jobs = Vec::new();
-        for (i, p) in prepared.into_iter().enumerate() {
-            if let Some(p) = p {
-                let p = p?;
-                let copies = blocks[i].1.copies.clamp(1, 3) as usize;
-                let dvas = Allocator {
-                    tops: &pool.tops,
-                    space: &mut st.space,
-                    rotor: &mut st.rotor,
-                    keep_contiguous: &keep,
-                }
-                .alloc(p.stored.len() as u64, copies)?;
-                jobs.push((i, p, dvas));
-            }
-        }
-        let results = parallel_map(&jobs, threads, |(_, p, dvas)| {
-            pipeline::write_copies(&pool.tops, dvas, &p.stored)
-        })?;
-        let txg = st.txg + 1;
-        let mut out = vec![None; blocks.len()];
-        for ((i, p, dvas), r) in jobs.iter().zip(results) {
-            self.missed.extend(r?);
-            out[*i] = Some(pipeline::make_ptr(p, dvas, txg, BlockType::Data, 0));
-        }
-        Ok(out)
+        self.cx.pool.write_data(self.cx.st, self.missed, blocks)
     }
 
     /// Writes one tree node of this txg (metadata copies, lz4) and caches it.
@@ -365,6 +365,112 @@ impl SyncCx<'_, '_> {
 }
 
 impl Pool {
+    /// Allocates room for a data block of the open txg (see
+    /// [`Reservation`]), keeping each vdev's metadata reserve.
+    pub(crate) fn reserve_data(
+        &self,
+        st: &mut State,
+        lsize: u64,
+        copies: u8,
+    ) -> Result<Reservation, PoolError> {
+        let keep: Vec<u64> = (0..self.tops.len())
+            .map(|v| self.metadata_reserve(st, v))
+            .collect();
+        let dvas = Allocator {
+            tops: &self.tops,
+            space: &mut st.space,
+            rotor: &mut st.rotor,
+            keep_contiguous: &keep,
+        }
+        .alloc(lsize.max(1), copies.clamp(1, 3) as usize)?;
+        Ok(Reservation { dvas })
+    }
+
+    /// Gives back a reservation that will not be written.
+    pub(crate) fn release_data(&self, st: &mut State, r: Reservation) {
+        free_dvas(&mut st.space, &r.dvas);
+    }
+
+    /// Writes data blocks of the txg being synced (see
+    /// [`SyncCx::write_blocks`]).
+    pub(crate) fn write_data(
+        &self,
+        st: &mut State,
+        missed: &mut Vec<Missed>,
+        blocks: Vec<(&[u8], BlockOpts, Option<Reservation>)>,
+    ) -> Result<Vec<Option<BlockPtr>>, PoolError> {
+        let threads = self.opts.sync_threads;
+        let prepared: Vec<Option<Result<Prepared, tarn_block::BlockError>>> =
+            parallel_map(&blocks, threads, |(d, o, _)| {
+                if d.iter().all(|&b| b == 0) {
+                    None
+                } else {
+                    Some(pipeline::prepare(d, o.compression, o.checksum))
+                }
+            })?;
+        let keep: Vec<u64> = (0..self.tops.len())
+            .map(|v| self.metadata_reserve(st, v))
+            .collect();
+        let mut jobs = Vec::new();
+        for (i, (p, (_, o, res))) in prepared.into_iter().zip(blocks.iter()).enumerate() {
+            let Some(p) = p else {
+                if let Some(r) = res {
+                    free_dvas(&mut st.space, &r.dvas);
+                }
+                continue;
+            };
+            let p = p?;
+            let psize = p.stored.len() as u64;
+            let fits = res.as_ref().is_some_and(|r| {
+                r.dvas.iter().all(|d| {
+                    self.tops
+                        .get(d.vdev as usize)
+                        .is_some_and(|t| t.alloc_size(psize) <= d.asize as u64)
+                })
+            });
+            let dvas = match res {
+                Some(r) if fits => {
+                    // Keep what the stored size needs; free the rest.
+                    let mut dvas = r.dvas.clone();
+                    for d in &mut dvas {
+                        let need = self.tops[d.vdev as usize].alloc_size(psize);
+                        let tail = d.asize as u64 - need;
+                        if tail > 0 {
+                            if let Some(m) = st.space.get_mut(d.vdev as usize) {
+                                let _ = m.free_now(d.offset + need, tail);
+                            }
+                            d.asize = need as u32;
+                        }
+                    }
+                    dvas
+                }
+                other => {
+                    if let Some(r) = other {
+                        free_dvas(&mut st.space, &r.dvas);
+                    }
+                    Allocator {
+                        tops: &self.tops,
+                        space: &mut st.space,
+                        rotor: &mut st.rotor,
+                        keep_contiguous: &keep,
+                    }
+                    .alloc(psize, o.copies.clamp(1, 3) as usize)?
+                }
+            };
+            jobs.push((i, p, dvas));
+        }
+        let results = parallel_map(&jobs, threads, |(_, p, dvas)| {
+            pipeline::write_copies(&self.tops, dvas, &p.stored)
+        })?;
+        let txg = st.txg + 1;
+        let mut out = vec![None; blocks.len()];
+        for ((i, p, dvas), r) in jobs.iter().zip(results) {
+            missed.extend(r?);
+            out[*i] = Some(pipeline::make_ptr(p, dvas, txg, BlockType::Data, 0));
+        }
+        Ok(out)
+    }
+
     /// Installs the extension and its scan function (once, at attach).
     pub fn set_extension(&self, ext: Box<dyn Extension>, scan: ScanFn) {
         let mut st = self.lock();

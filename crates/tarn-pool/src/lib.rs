@@ -45,7 +45,7 @@ mod scan;
 mod store;
 
 pub use config::{parse_size, PoolOptions, PoolProps, VdevSpec};
-pub use ext::{BlockOpts, Cx, ExtRef, Extension, ScanFn, SyncCx};
+pub use ext::{BlockOpts, Cx, ExtRef, Extension, Reservation, ScanFn, SyncCx};
 pub use import::discover;
 pub use pool::{ObjectInfo, Pool};
 pub use scan::{LeakReport, ScanAction};

@@ -90,8 +90,10 @@ pub(crate) struct State {
     pub props: PoolProps,
     pub ms: MetaState,
     pub ms_dirty: bool,
-    /// Dirty records of the open txg, keyed by (object id, record index).
+    /// Dirty records of the open txg, keyed by (object id, record index),
+    /// with the room allocated for each when it became dirty.
     pub dirty: BTreeMap<(u64, u64), Vec<u8>>,
+    pub dirty_res: BTreeMap<(u64, u64), crate::ext::Reservation>,
     pub dirty_bytes: u64,
     /// Worst-case allocation of the dirty records, checked against free space.
     pub reserved: u64,
@@ -463,6 +465,7 @@ impl Pool {
                 ms,
                 ms_dirty: false,
                 dirty: BTreeMap::new(),
+                dirty_res: BTreeMap::new(),
                 dirty_bytes: 0,
                 reserved: 0,
                 frees: Vec::new(),
@@ -626,7 +629,6 @@ impl Pool {
     /// The txg sync (crate docs, "Sync of txg T").
     pub(crate) fn sync_locked(&self, st: &mut State) -> Result<u64, PoolError> {
         let txg = st.txg + 1;
-        let threads = self.opts.sync_threads;
         let alg = st.props.checksum_alg();
         let compression = st.props.compression();
         let data_copies = st.props.copies as usize;
@@ -637,45 +639,31 @@ impl Pool {
         // entries of the meta tree, which commits below.
         self.sync_ext(st, &mut missed)?;
 
-        // 1. Data blocks: prepare in parallel, allocate in order, write in parallel.
+        // 1. Data blocks: prepare in parallel, written into the room each
+        // record was given when it became dirty.
         let items: Vec<((u64, u64), Vec<u8>)> = std::mem::take(&mut st.dirty).into_iter().collect();
+        let mut res = std::mem::take(&mut st.dirty_res);
         st.dirty_bytes = 0;
         st.reserved = 0;
-        let prepared: Vec<Option<Result<Prepared, tarn_block::BlockError>>> =
-            parallel_map(&items, threads, |(_, d)| {
-                if d.iter().all(|&b| b == 0) {
-                    None // an all-zero record is a hole: it takes no space
-                } else {
-                    Some(pipeline::prepare(d, compression, alg))
-                }
-            })?;
-        // Data leaves every vdev contiguous room for the metadata of this
-        // and the next txgs (see `metadata_reserve`).
-        let keep: Vec<u64> = (0..self.tops.len())
-            .map(|v| self.metadata_reserve(st, v))
+        let opts = crate::ext::BlockOpts {
+            compression,
+            checksum: alg,
+            copies: data_copies as u8,
+        };
+        let blocks: Vec<(
+            &[u8],
+            crate::ext::BlockOpts,
+            Option<crate::ext::Reservation>,
+        )> = items
+            .iter()
+            .map(|(k, d)| (d.as_slice(), opts, res.remove(k)))
             .collect();
-        let mut jobs: Vec<(usize, Prepared, Vec<tarn_block::Dva>)> = Vec::new();
-        for (i, p) in prepared.into_iter().enumerate() {
-            if let Some(p) = p {
-                let p = p?;
-                let dvas = Allocator {
-                    tops: &self.tops,
-                    space: &mut st.space,
-                    rotor: &mut st.rotor,
-                    keep_contiguous: &keep,
-                }
-                .alloc(p.stored.len() as u64, data_copies)?;
-                jobs.push((i, p, dvas));
-            }
-        }
-        let results = parallel_map(&jobs, threads, |(_, p, dvas)| {
-            pipeline::write_copies(&self.tops, dvas, &p.stored)
-        })?;
-        let mut new_ptrs: BTreeMap<usize, BlockPtr> = BTreeMap::new();
-        for ((i, p, dvas), r) in jobs.iter().zip(results) {
-            missed.extend(r?);
-            new_ptrs.insert(*i, pipeline::make_ptr(p, dvas, txg, BlockType::Data, 0));
-        }
+        let written = self.write_data(st, &mut missed, blocks)?;
+        let new_ptrs: BTreeMap<usize, BlockPtr> = written
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, p)| p.map(|p| (i, p)))
+            .collect();
         {
             let State { meta, frees, .. } = &mut *st;
             let rs = ReadStore {
@@ -1031,11 +1019,6 @@ impl Pool {
             .unwrap_or(len)
     }
 
-    /// Worst-case bytes allocated for a record of `len` logical bytes.
-    fn record_cost(&self, st: &State, len: u64) -> u64 {
-        self.record_alloc_size(len) * st.props.copies as u64
-    }
-
     fn lookup_object(&self, st: &mut State, name: &str) -> Result<Option<ObjEntry>, PoolError> {
         let State { meta, .. } = st;
         let v = meta.get(
@@ -1170,31 +1153,37 @@ impl Pool {
             let n = (rs as usize - in_rec).min(src.len());
             let key = (entry.id, blk);
             if !st.dirty.contains_key(&key) {
-                let cost = self.record_cost(&st, rs);
-                if self.writable_bytes(&st, rs) < cost {
-                    // What was already accepted stays; report the shortfall.
-                    st.sync_requested = true;
-                    self.cv.notify_all();
-                    failure = Some(PoolError::NoSpace(format!(
-                        "pool '{}' has no room for object {name} at offset {pos}",
-                        self.name
-                    )));
-                    break;
-                }
+                // The record's room is allocated now, so the sync that
+                // writes it cannot run out of space.
+                let copies = st.props.copies;
+                let reservation = match self.reserve_data(&mut st, rs, copies) {
+                    Ok(r) => r,
+                    Err(_) => {
+                        // What was already accepted stays; report the shortfall.
+                        st.sync_requested = true;
+                        self.cv.notify_all();
+                        failure = Some(PoolError::NoSpace(format!(
+                            "pool '{}' has no room for object {name} at offset {pos}",
+                            self.name
+                        )));
+                        break;
+                    }
+                };
                 let base = if in_rec == 0 && n as u64 == rs {
                     Vec::new()
                 } else {
                     match self.load_record(&mut st, name, entry.id, blk, rs) {
                         Ok(b) => b.unwrap_or_default(),
                         Err(e) => {
+                            self.release_data(&mut st, reservation);
                             failure = Some(e);
                             break;
                         }
                     }
                 };
-                st.reserved += cost;
                 st.dirty_bytes += rs;
                 st.dirty.insert(key, base);
+                st.dirty_res.insert(key, reservation);
             }
             let Some(buf) = st.dirty.get_mut(&key) else {
                 return Err(PoolError::Internal("dirty record vanished".into()));
@@ -1400,11 +1389,12 @@ impl Pool {
             .range((e.id, 0)..=(e.id, u64::MAX))
             .map(|(k, _)| *k)
             .collect();
-        let cost = self.record_cost(&st, e.recordsize as u64);
         for k in dropped {
             st.dirty.remove(&k);
             st.dirty_bytes = st.dirty_bytes.saturating_sub(e.recordsize as u64);
-            st.reserved = st.reserved.saturating_sub(cost);
+            if let Some(r) = st.dirty_res.remove(&k) {
+                self.release_data(&mut st, r);
+            }
         }
         let rs = ReadStore {
             tops: &self.tops,
