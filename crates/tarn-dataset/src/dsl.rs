@@ -1038,6 +1038,9 @@ impl Dsl {
             }
             n.prev_snap = s.prev_snap;
             n.prev_snap_txg = s.prev_snap_txg;
+            // A scan that already walked `next` skipped blocks born after
+            // the new pruning point that only S's tree led to.
+            cx.rescan_tree(next);
             // What S wrote and next still holds is now next's alone.
             let mut gain = s.unique;
             gain.sub(freed);
@@ -1421,8 +1424,9 @@ pub fn snapshot(pool: &Pool, names: &[String], recursive: bool) -> Result<(), Ds
                 }
             }
         }
+        let mut seen = BTreeSet::new();
         for (_, n) in &todo {
-            if dsl.names.contains_key(n) {
+            if dsl.names.contains_key(n) || !seen.insert(n.clone()) {
                 return Err(DsError::Exists(format!("snapshot '{n}' already exists")));
             }
         }
@@ -1468,6 +1472,8 @@ pub fn snapshot(pool: &Pool, names: &[String], recursive: bool) -> Result<(), Ds
 /// (from a to c inclusive, by creation; either end may be empty).
 pub fn destroy(pool: &Pool, name: &str, recursive: bool) -> Result<(), DsError> {
     with(pool, true, true, |dsl, cx| {
+        // Everything a user can get wrong is checked before the first
+        // change; what fails after that is I/O or damage, and faults.
         if let Some((fs, spec)) = name.split_once('@') {
             let head = dsl.id_of(fs)?;
             let snaps = dsl.snapshots_of(head);
@@ -1504,48 +1510,89 @@ pub fn destroy(pool: &Pool, name: &str, recursive: bool) -> Result<(), DsError> 
                     }
                 }
             }
-            for id in chosen {
-                dsl.destroy_snapshot(cx, id)?;
-            }
-            return Ok(());
+            let r = chosen
+                .into_iter()
+                .try_for_each(|id| dsl.destroy_snapshot(cx, id));
+            return applied(cx, "destroy", r);
         }
         let id = dsl.id_of(name)?;
-        let mut order = vec![id];
-        if recursive {
-            // Deepest first.
-            let prefix = format!("{name}/");
-            let mut desc: Vec<&DsRec> = dsl
-                .recs
-                .values()
-                .filter(|r| !r.is_snapshot() && r.name.starts_with(&prefix))
-                .collect();
-            desc.sort_by_key(|r| std::cmp::Reverse(r.name.matches('/').count()));
-            order = desc.into_iter().map(|r| r.id).chain(order).collect();
-            for d in &order {
-                for s in dsl.snapshots_of(*d) {
-                    if let Some(r) = dsl.recs.get(&s) {
-                        if r.clones.iter().any(|c| !order.contains(c)) {
-                            return Err(DsError::Busy(format!(
-                                "snapshot '{}' has clones outside '{name}'; destroy them first",
-                                r.name
-                            )));
-                        }
+        if dsl.rec(id)?.parent.is_none() {
+            return Err(DsError::Invalid(format!(
+                "'{name}' is the pool's root dataset; destroy the pool instead"
+            )));
+        }
+        if !recursive {
+            // destroy_fs refuses (changing nothing) a dataset with
+            // snapshots or children.
+            let r = dsl.destroy_fs(cx, id);
+            return match r {
+                Err(e @ (DsError::Busy(_) | DsError::Invalid(_))) => Err(e),
+                other => applied(cx, "destroy", other),
+            };
+        }
+        let prefix = format!("{name}/");
+        let mut remaining: BTreeSet<u64> = dsl
+            .recs
+            .values()
+            .filter(|r| !r.is_snapshot() && (r.id == id || r.name.starts_with(&prefix)))
+            .map(|r| r.id)
+            .collect();
+        for d in &remaining {
+            for s in dsl.snapshots_of(*d) {
+                if let Some(r) = dsl.recs.get(&s) {
+                    if r.clones.iter().any(|c| !remaining.contains(c)) {
+                        return Err(DsError::Busy(format!(
+                            "snapshot '{}' has clones outside '{name}'; destroy them first",
+                            r.name
+                        )));
                     }
                 }
             }
         }
-        for d in order {
-            if recursive {
-                for s in dsl.snapshots_of(d).into_iter().rev() {
-                    dsl.destroy_snapshot(cx, s)?;
-                }
-            }
-            dsl.destroy_fs(cx, d)?;
+        // An order in which each dataset goes after its children and after
+        // the clones of its snapshots.
+        let mut order = Vec::new();
+        while !remaining.is_empty() {
+            let free = remaining.iter().copied().find(|d| {
+                let no_children = dsl.children_of(*d).iter().all(|c| !remaining.contains(c));
+                let no_clones = dsl.snapshots_of(*d).iter().all(|s| {
+                    dsl.recs
+                        .get(s)
+                        .is_none_or(|r| r.clones.iter().all(|c| !remaining.contains(c)))
+                });
+                no_children && no_clones
+            });
+            let Some(d) = free else {
+                return Err(DsError::Corrupt(format!(
+                    "datasets under '{name}' depend on each other in a cycle"
+                )));
+            };
+            order.push(d);
+            remaining.remove(&d);
         }
-        Ok(())
+        let r = order.into_iter().try_for_each(|d| {
+            for s in dsl.snapshots_of(d).into_iter().rev() {
+                dsl.destroy_snapshot(cx, s)?;
+            }
+            dsl.destroy_fs(cx, d)
+        });
+        applied(cx, "destroy", r)
     })?;
     pool.sync()?;
     Ok(())
+}
+
+/// Passes on the result of the changing part of an operation; an error
+/// there (I/O, damage) leaves changes behind that must not commit, so the
+/// pool faults.
+fn applied<R>(cx: &mut Cx<'_, '_>, what: &str, r: Result<R, DsError>) -> Result<R, DsError> {
+    if let Err(e) = &r {
+        cx.fault(format!(
+            "{what} failed part-way ({e}); the pool stopped so that nothing half-done is \
+             committed: export and import it"
+        ));
+    }
+    r
 }
 
 /// Makes clone `name` independent of its origin: the origin snapshot and
@@ -1592,75 +1639,89 @@ pub fn promote(pool: &Pool, name: &str) -> Result<(), DsError> {
         // clone's boundaries (0, the origin txg, its snapshots); the moving
         // snapshots add boundaries below the origin txg, so entries born
         // before it are sorted into their buckets again.
+        // If the origin's filesystem is itself a clone, its origin becomes
+        // the promoted clone's origin.
+        let grand = dsl.rec(h)?.origin;
         let mut chain: Vec<u64> = dsl.snapshots_of(c);
         chain.push(c);
-        let mut new_bounds: Vec<u64> = vec![0];
+        let mut new_bounds: Vec<u64> = vec![0, dsl.origin_txg(h)];
         for s in &moving {
             new_bounds.push(dsl.rec(*s)?.created_txg);
         }
         new_bounds.sort_unstable();
-        for m in chain {
-            let (dl, below) = {
-                let r = dsl.rec(m)?;
-                (r.deadlist, orec.created_txg)
-            };
-            let lo = dead_prefix(dl, None);
-            let hi = dead_prefix(dl, Some(below));
-            let mut moved: Vec<(Vec<u8>, BlockPtr)> = Vec::new();
-            let mut start = Bound::Included(lo);
-            loop {
-                let page = cx.meta_range(as_ref(&start), Bound::Excluded(&hi), 512)?;
-                let Some(last) = page.last().map(|(k, _)| k.clone()) else {
-                    break;
+        new_bounds.dedup();
+        let r = (|| -> Result<(), DsError> {
+            for m in chain {
+                let (dl, below) = {
+                    let r = dsl.rec(m)?;
+                    (r.deadlist, orec.created_txg)
                 };
-                for (k, v) in page {
-                    moved.push((k, BlockPtr::decode(&v)?));
+                let lo = dead_prefix(dl, None);
+                let hi = dead_prefix(dl, Some(below));
+                let mut moved: Vec<(Vec<u8>, BlockPtr)> = Vec::new();
+                let mut start = Bound::Included(lo);
+                loop {
+                    let page = cx.meta_range(as_ref(&start), Bound::Excluded(&hi), 512)?;
+                    let Some(last) = page.last().map(|(k, _)| k.clone()) else {
+                        break;
+                    };
+                    for (k, v) in page {
+                        moved.push((k, BlockPtr::decode(&v)?));
+                    }
+                    start = Bound::Excluded(last);
                 }
-                start = Bound::Excluded(last);
-            }
-            let mut sums: BTreeMap<u64, Sums> = BTreeMap::new();
-            for (k, bp) in &moved {
-                cx.meta_delete(k)?;
-                let bucket = new_bounds
-                    .iter()
-                    .copied()
-                    .filter(|t| *t < bp.birth)
-                    .max()
-                    .unwrap_or(0);
-                cx.meta_put(&dead_key(dl, bucket, bp), &bp.encode())?;
-                sums.entry(bucket).or_default().add(Sums::of(bp));
-            }
-            if let Some(r) = dsl.recs.get_mut(&m) {
-                r.dead.retain(|b, _| *b >= below);
-                for (b, s) in sums {
-                    r.dead.entry(b).or_default().add(s);
+                let mut sums: BTreeMap<u64, Sums> = BTreeMap::new();
+                for (k, bp) in &moved {
+                    cx.meta_delete(k)?;
+                    let bucket = new_bounds
+                        .iter()
+                        .copied()
+                        .filter(|t| *t < bp.birth)
+                        .max()
+                        .unwrap_or(0);
+                    cx.meta_put(&dead_key(dl, bucket, bp), &bp.encode())?;
+                    sums.entry(bucket).or_default().add(Sums::of(bp));
                 }
+                if let Some(r) = dsl.recs.get_mut(&m) {
+                    r.dead.retain(|b, _| *b >= below);
+                    for (b, s) in sums {
+                        r.dead.entry(b).or_default().add(s);
+                    }
+                }
+                dsl.dirty_recs.insert(m);
             }
-            dsl.dirty_recs.insert(m);
-        }
-        for (s, new) in renames {
-            if let Some(r) = dsl.recs.get_mut(&s) {
-                dsl.names.remove(&r.name);
-                r.name = new.clone();
-                r.head = Some(c);
-                dsl.names.insert(new, s);
+            for (s, new) in renames {
+                if let Some(r) = dsl.recs.get_mut(&s) {
+                    dsl.names.remove(&r.name);
+                    r.name = new.clone();
+                    r.head = Some(c);
+                    dsl.names.insert(new, s);
+                }
+                dsl.dirty_recs.insert(s);
             }
-            dsl.dirty_recs.insert(s);
-        }
-        if let Some(r) = dsl.recs.get_mut(&origin) {
-            r.clones.retain(|x| *x != c);
-            r.clones.push(h);
-        }
-        if let Some(r) = dsl.recs.get_mut(&c) {
-            r.origin = None;
-        }
-        if let Some(r) = dsl.recs.get_mut(&h) {
-            r.origin = Some(origin);
-        }
-        dsl.dirty_recs.insert(c);
-        dsl.dirty_recs.insert(h);
-        let _ = hname;
-        Ok(())
+            if let Some(r) = dsl.recs.get_mut(&origin) {
+                r.clones.retain(|x| *x != c);
+                r.clones.push(h);
+            }
+            if let Some(g) = grand {
+                if let Some(r) = dsl.recs.get_mut(&g) {
+                    r.clones.retain(|x| *x != h);
+                    r.clones.push(c);
+                }
+                dsl.dirty_recs.insert(g);
+            }
+            if let Some(r) = dsl.recs.get_mut(&c) {
+                r.origin = grand;
+            }
+            if let Some(r) = dsl.recs.get_mut(&h) {
+                r.origin = Some(origin);
+            }
+            dsl.dirty_recs.insert(c);
+            dsl.dirty_recs.insert(h);
+            let _ = hname;
+            Ok(())
+        })();
+        applied(cx, "promote", r)
     })?;
     pool.sync()?;
     Ok(())
@@ -1684,30 +1745,40 @@ pub fn rollback(pool: &Pool, snap_name: &str, destroy_newer: bool) -> Result<(),
                     .is_some_and(|r| r.created_txg > s.created_txg)
             })
             .collect();
-        if !newer.is_empty() {
-            if !destroy_newer {
+        if !newer.is_empty() && !destroy_newer {
+            return Err(DsError::Busy(format!(
+                "'{snap_name}' is not the most recent snapshot; use -r to destroy the newer ones"
+            )));
+        }
+        for n in &newer {
+            if let Some(r) = dsl.recs.get(n).filter(|r| !r.clones.is_empty()) {
                 return Err(DsError::Busy(format!(
-                    "'{snap_name}' is not the most recent snapshot; use -r to destroy the newer ones"
+                    "snapshot '{}' (newer than '{snap_name}') has dependent clones; \
+                     destroy or promote them first",
+                    r.name
                 )));
             }
+        }
+        let r = (|| {
             for n in newer.into_iter().rev() {
                 dsl.destroy_snapshot(cx, n)?;
             }
-        }
-        let h = dsl.rec(head)?.clone();
-        let root = h.root_ptr()?;
-        dsl.free_tree(cx, &root, s.created_txg)?;
-        dsl.drain_deadlist(cx, h.deadlist, 0, false, None)?;
-        let s = dsl.rec(snap)?.clone();
-        if let Some(hr) = dsl.recs.get_mut(&head) {
-            hr.root = s.root.clone();
-            hr.referenced = s.referenced;
-            hr.unique = Sums::default();
-            hr.dead.clear();
-        }
-        dsl.live.remove(&head);
-        dsl.dirty_recs.insert(head);
-        Ok(())
+            let h = dsl.rec(head)?.clone();
+            let root = h.root_ptr()?;
+            dsl.free_tree(cx, &root, s.created_txg)?;
+            dsl.drain_deadlist(cx, h.deadlist, 0, false, None)?;
+            let s = dsl.rec(snap)?.clone();
+            if let Some(hr) = dsl.recs.get_mut(&head) {
+                hr.root = s.root.clone();
+                hr.referenced = s.referenced;
+                hr.unique = Sums::default();
+                hr.dead.clear();
+            }
+            dsl.live.remove(&head);
+            dsl.dirty_recs.insert(head);
+            Ok(())
+        })();
+        applied(cx, "rollback", r)
     })?;
     pool.sync()?;
     Ok(())

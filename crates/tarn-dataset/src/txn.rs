@@ -294,13 +294,18 @@ impl Txn<'_, '_, '_> {
         let Ok(live) = self.dsl.live(self.id) else {
             return;
         };
+        let mut failed = None;
         while let Some(u) = self.undo.pop() {
             match u {
                 Undo::Tree(k, Some(v)) => {
-                    let _ = live.tree.insert(&store, &k, &v);
+                    if let Err(e) = live.tree.insert(&store, &k, &v) {
+                        failed = Some(e.to_string());
+                    }
                 }
                 Undo::Tree(k, None) => {
-                    let _ = live.tree.remove(&store, &k);
+                    if let Err(e) = live.tree.remove(&store, &k) {
+                        failed = Some(e.to_string());
+                    }
                 }
                 Undo::Staged(k, Some(b)) => {
                     live.stage(k, b);
@@ -309,6 +314,14 @@ impl Txn<'_, '_, '_> {
                     live.unstage(&k);
                 }
             }
+        }
+        drop(store);
+        if let Some(e) = failed {
+            // The tree keeps part of the failed change: it must not commit.
+            self.cx.fault(format!(
+                "undoing a failed change could not restore the dataset ({e}); the pool \
+                 stopped so that nothing half-done is committed: export and import it"
+            ));
         }
     }
 

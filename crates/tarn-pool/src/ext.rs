@@ -267,6 +267,31 @@ impl Cx<'_, '_> {
         free_dvas(&mut self.st.space, &r.dvas);
     }
 
+    /// Stops the pool: an operation failed after it had changed state that
+    /// must not commit half-done. Nothing of the open txg reaches disk.
+    pub fn fault(&mut self, why: String) {
+        self.pool.set_fault(why);
+        self.pool.cv.notify_all();
+    }
+
+    /// A running scan (scrub or resilver) that has already passed extension
+    /// tree `id` walks it again: its pruning point moved down (a snapshot
+    /// before it was destroyed), so blocks it skipped are no longer
+    /// reachable from a tree the scan has still to visit.
+    pub fn rescan_tree(&mut self, id: u64) {
+        let Some(scan) = self.st.ms.scan.as_mut() else {
+            return;
+        };
+        if !scan.is_running() && scan.state != crate::status::ScanState::Paused {
+            return;
+        }
+        let done = crate::scan::bookmark_id(&scan.bookmark);
+        if scan.phase == crate::scan::PHASE_TREES && done.is_some_and(|d| d >= id) {
+            scan.bookmark = crate::scan::id_bookmark(id.checked_sub(1));
+            self.st.ms_dirty = true;
+        }
+    }
+
     /// Asks the syncer to commit soon.
     pub fn request_sync(&mut self) {
         self.st.sync_requested = true;
@@ -512,21 +537,37 @@ impl Pool {
                 self.name
             )));
         };
-        let r = match ext.as_any_mut().downcast_mut::<T>() {
-            Some(t) => f(
-                t,
-                &mut Cx {
-                    pool: self,
-                    st: &mut st,
-                },
-            ),
-            None => Err(PoolError::Internal("extension of another type".into())),
-        };
+        // A panic in `f` (a bug) must not take the dataset layer with it,
+        // nor let a half-done change commit: the extension goes back and
+        // the pool faults.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            match ext.as_any_mut().downcast_mut::<T>() {
+                Some(t) => f(
+                    t,
+                    &mut Cx {
+                        pool: self,
+                        st: &mut st,
+                    },
+                ),
+                None => Err(PoolError::Internal("extension of another type".into())),
+            }
+        }));
         st.ext = Some(ext);
-        r
+        match r {
+            Ok(r) => r,
+            Err(_) => {
+                let why = "a dataset operation panicked; the pool stopped so that nothing \
+                           half-done is committed (export and import it)";
+                self.set_fault(why.to_string());
+                self.cv.notify_all();
+                Err(PoolError::Internal(why.to_string()))
+            }
+        }
     }
 
-    /// Waits until the open txg is below its dirty limit.
+    /// Waits until the open txg is below its dirty limit (the write
+    /// throttle). Bounded waits: it asks for a sync again rather than trust
+    /// one wake-up.
     pub(crate) fn throttle<'a>(
         &'a self,
         mut st: std::sync::MutexGuard<'a, State>,
@@ -551,6 +592,12 @@ impl Pool {
         missed: &mut Vec<Missed>,
     ) -> Result<(), PoolError> {
         let Some(mut ext) = st.ext.take() else {
+            if self.scan_fn().is_some() {
+                // Installed once, and now missing: its changes would be lost.
+                return Err(PoolError::Internal(
+                    "the dataset layer is missing from the pool state".into(),
+                ));
+            }
             return Ok(());
         };
         let r = if ext.has_changes() {

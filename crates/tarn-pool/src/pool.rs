@@ -1110,23 +1110,13 @@ impl Pool {
                     "write beyond the maximum object size at offset {offset}"
                 ))
             })?;
-        let mut st = self.lock();
+        let st = self.lock();
         self.check_usable(&st)?;
         // Throttle once, before anything is looked up: the whole write then
         // happens under the lock, so the directory entry cannot go stale and
         // the write lands in one txg. One call may overshoot the dirty limit
         // by its own size, which its caller bounds.
-        while st.dirty_bytes >= self.opts.dirty_max_bytes {
-            st.sync_requested = true;
-            self.cv.notify_all();
-            // Bounded wait: re-ask for a sync rather than trust one wake-up.
-            st = self
-                .cv
-                .wait_timeout(st, std::time::Duration::from_secs(1))
-                .map(|r| r.0)
-                .unwrap_or_else(|e| e.into_inner().0);
-            self.check_usable(&st)?;
-        }
+        let mut st = self.throttle(st)?;
         let existing = self.lookup_object(&mut st, name)?;
         let is_new = existing.is_none();
         let mut entry = match existing {
@@ -1203,7 +1193,14 @@ impl Pool {
         }
         entry.size = entry.size.max(if failure.is_some() { pos } else { end });
         entry.mtime_unix = now_unix();
-        self.store_object(&mut st, name, &entry)?;
+        if let Err(e) = self.store_object(&mut st, name, &entry) {
+            // Records without their directory entry must not commit.
+            self.set_fault(format!(
+                "object {name}: cannot store its directory entry: {e}"
+            ));
+            self.cv.notify_all();
+            return Err(e);
+        }
         if let Some(e) = failure {
             return Err(e);
         }

@@ -128,6 +128,21 @@ enum Who {
 
 type Batch = Vec<(BlockPtr, Who)>;
 
+/// Scan phase that walks extension trees in id order.
+pub(crate) const PHASE_TREES: u8 = 3;
+
+/// The last completed tree id of a phase-3 bookmark (none: nothing done).
+pub(crate) fn bookmark_id(bookmark: &str) -> Option<u64> {
+    <[u8; 8]>::try_from(unhex(bookmark).as_slice())
+        .ok()
+        .map(u64::from_be_bytes)
+}
+
+/// The phase-3 bookmark after tree `id` (none: before every tree).
+pub(crate) fn id_bookmark(id: Option<u64>) -> String {
+    id.map(|i| hex(&i.to_be_bytes())).unwrap_or_default()
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -828,25 +843,19 @@ impl Pool {
             }
         }
         if phase == 1 {
-            phase = 3;
+            phase = PHASE_TREES;
             let mut st = self.lock();
             if let Some(s) = st.ms.scan.as_mut() {
-                s.phase = 3;
+                s.phase = PHASE_TREES;
                 s.bookmark = String::new();
             }
             st.ms_dirty = true;
         }
-        if phase == 3 {
+        if phase == PHASE_TREES {
             if let Some(scan) = self.scan_fn() {
                 loop {
                     let mut st = self.lock();
-                    let done = st
-                        .ms
-                        .scan
-                        .as_ref()
-                        .map(|s| unhex(&s.bookmark))
-                        .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
-                        .map(u64::from_be_bytes);
+                    let done = st.ms.scan.as_ref().and_then(|s| bookmark_id(&s.bookmark));
                     let trees = self.ext_trees(&mut st, scan)?;
                     let Some(t) = trees.into_iter().find(|t| done.is_none_or(|d| t.0 > d)) else {
                         break;
@@ -864,7 +873,11 @@ impl Pool {
                     drop(hold);
                     let mut st = self.lock();
                     if let Some(s) = st.ms.scan.as_mut() {
-                        s.bookmark = hex(&id.to_be_bytes());
+                        // Unless a destroy asked for an earlier tree to be
+                        // walked again meanwhile (`Cx::rescan_tree`).
+                        if bookmark_id(&s.bookmark) == done {
+                            s.bookmark = id_bookmark(Some(id));
+                        }
                     }
                     st.ms_dirty = true;
                 }

@@ -1,0 +1,263 @@
+//! Operations that could fail part-way: refusals change nothing, duplicate
+//! snapshot names, promote of a clone of a clone, and a panicking
+//! transaction (the pool faults; nothing half-done commits).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tarn_dataset::{self as ds, DsError};
+use tarn_pool::{Pool, PoolOptions, VdevSpec};
+use tarn_vdev::VdevKind;
+
+fn opts() -> PoolOptions {
+    PoolOptions {
+        sync_interval: Duration::from_secs(3600),
+        owner: "test".into(),
+        ..Default::default()
+    }
+}
+
+fn files(dir: &Path, n: usize, size: u64) -> Vec<PathBuf> {
+    (0..n)
+        .map(|i| {
+            let p = dir.join(format!("d{i}"));
+            let f = std::fs::File::create(&p).unwrap();
+            f.set_len(size).unwrap();
+            p
+        })
+        .collect()
+}
+
+fn new_pool(dir: &Path) -> Arc<Pool> {
+    let devs = files(dir, 1, 64 << 20);
+    let pool = Pool::create(
+        "tank",
+        &[VdevSpec {
+            kind: VdevKind::Single,
+            devices: devs,
+        }],
+        12,
+        &BTreeMap::new(),
+        false,
+        opts(),
+    )
+    .unwrap();
+    ds::attach(&pool).unwrap();
+    pool
+}
+
+fn names(pool: &Pool) -> Vec<String> {
+    ds::list(pool, true)
+        .unwrap()
+        .into_iter()
+        .map(|i| i.name)
+        .collect()
+}
+
+fn key(i: u64) -> Vec<u8> {
+    let mut k = b"f".to_vec();
+    k.extend_from_slice(&i.to_be_bytes());
+    k
+}
+
+fn write(h: &ds::DatasetHandle, i: u64, b: u8) {
+    h.txn::<_, DsError>(true, |t| t.write_block(&key(i), vec![b; 50_000]))
+        .unwrap();
+}
+
+fn none() -> BTreeMap<String, String> {
+    BTreeMap::new()
+}
+
+fn snap(pool: &Pool, n: &str) {
+    ds::snapshot(pool, &[n.to_string()], false).unwrap();
+}
+
+/// `destroy -r` of the pool's root is refused before anything changes.
+#[test]
+fn destroy_r_of_root_fails_after_destroying_children() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path());
+    ds::create(&pool, "tank/a", &none(), false).unwrap();
+    let h = ds::open(&pool, "tank/a").unwrap();
+    write(&h, 1, 1);
+    snap(&pool, "tank/a@s");
+    let r = ds::destroy(&pool, "tank", true);
+    assert!(r.is_err(), "root destroy must be refused");
+    pool.sync().unwrap();
+    let n = names(&pool);
+    assert!(
+        n.contains(&"tank/a".to_string()) && n.contains(&"tank/a@s".to_string()),
+        "a refused destroy must change nothing, but now: {n:?}"
+    );
+}
+
+/// `destroy -r tank/x` where tank/x/b is a clone of tank/x/a@s: every
+/// clone is inside the tree, so the clone goes first and it succeeds.
+#[test]
+fn destroy_r_with_clone_inside_fails_part_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path());
+    ds::create(&pool, "tank/x", &none(), false).unwrap();
+    ds::create(&pool, "tank/x/a", &none(), false).unwrap();
+    let h = ds::open(&pool, "tank/x/a").unwrap();
+    write(&h, 1, 1);
+    snap(&pool, "tank/x/a@s");
+    write(&h, 2, 2);
+    snap(&pool, "tank/x/a@t");
+    ds::clone(&pool, "tank/x/a@s", "tank/x/b", &none()).unwrap();
+    let r = ds::destroy(&pool, "tank/x", true);
+    pool.sync().unwrap();
+    let n = names(&pool);
+    assert!(
+        r.is_ok(),
+        "destroy -r failed: {r:?}; left behind (partially destroyed): {n:?}"
+    );
+}
+
+/// rollback -r over a newer snapshot that has a clone is refused before
+/// any newer snapshot is destroyed.
+#[test]
+fn rollback_r_refused_after_destroying_newer() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path());
+    ds::create(&pool, "tank/fs", &none(), false).unwrap();
+    let h = ds::open(&pool, "tank/fs").unwrap();
+    write(&h, 1, 1);
+    snap(&pool, "tank/fs@s1");
+    write(&h, 2, 2);
+    snap(&pool, "tank/fs@s2");
+    write(&h, 3, 3);
+    snap(&pool, "tank/fs@s3");
+    ds::clone(&pool, "tank/fs@s2", "tank/c", &none()).unwrap();
+    let r = ds::rollback(&pool, "tank/fs@s1", true);
+    assert!(matches!(r, Err(DsError::Busy(_))), "{r:?}");
+    pool.sync().unwrap();
+    let n = names(&pool);
+    assert!(
+        n.contains(&"tank/fs@s3".to_string()),
+        "refused rollback destroyed tank/fs@s3: {n:?}"
+    );
+}
+
+/// The same snapshot name twice in one request is refused (it would make
+/// two records with one name, one of them hidden).
+#[test]
+fn duplicate_snapshot_names_in_one_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path());
+    ds::create(&pool, "tank/a", &none(), false).unwrap();
+    ds::create(&pool, "tank/a/b", &none(), false).unwrap();
+    let h = ds::open(&pool, "tank/a/b").unwrap();
+    write(&h, 1, 1);
+    // `tank/a@x -r` already covers tank/a/b@x.
+    let r = ds::snapshot(&pool, &["tank/a@x".into(), "tank/a/b@x".into()], true);
+    if r.is_err() {
+        return; // refused: fine
+    }
+    ds::destroy(&pool, "tank/a/b@x", false).unwrap();
+    let n = names(&pool);
+    assert!(!n.contains(&"tank/a/b@x".to_string()));
+    // No snapshot is listed any more, so this must work:
+    let r = ds::destroy(&pool, "tank/a/b", false);
+    assert!(r.is_ok(), "ghost snapshot: {r:?}; listed: {n:?}");
+}
+
+/// Promote of a clone whose origin filesystem is itself a clone.
+#[test]
+fn promote_of_clone_of_clone_leaks() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path());
+    ds::create(&pool, "tank/g", &none(), false).unwrap();
+    let g = ds::open(&pool, "tank/g").unwrap();
+    write(&g, 0, 0x10);
+    snap(&pool, "tank/g@base");
+    ds::clone(&pool, "tank/g@base", "tank/h", &none()).unwrap();
+    let h = ds::open(&pool, "tank/h").unwrap();
+    write(&h, 1, 0x11); // B: born after base, before s1
+    snap(&pool, "tank/h@s1");
+    write(&h, 2, 0x12);
+    snap(&pool, "tank/h@o");
+    ds::clone(&pool, "tank/h@o", "tank/c", &none()).unwrap();
+    ds::promote(&pool, "tank/c").unwrap();
+    let c = ds::open(&pool, "tank/c").unwrap();
+    // c kills B; only c@s1 and c@o hold it now (h is a clone of c@o
+    // and also holds it: destroy h first).
+    c.txn::<_, DsError>(true, |t| t.delete(&key(1)).map(|_| ()))
+        .unwrap();
+    let hi = ds::list(&pool, false).unwrap();
+    let origin_c = hi
+        .iter()
+        .find(|i| i.name == "tank/c")
+        .unwrap()
+        .origin
+        .clone();
+    assert_eq!(
+        origin_c.as_deref(),
+        Some("tank/g@base"),
+        "c inherits h's origin"
+    );
+    ds::destroy(&pool, "tank/h", true).unwrap();
+    ds::destroy(&pool, "tank/c@o", false).unwrap();
+    ds::destroy(&pool, "tank/c@s1", false).unwrap();
+    for _ in 0..4 {
+        pool.sync().unwrap();
+    }
+    let leak = pool.leak_check().unwrap();
+    assert!(leak.is_clean(), "{leak:?}");
+    // g@base now has c as its clone: refused until c is gone.
+    let gd = ds::destroy(&pool, "tank/g@base", false);
+    assert!(
+        matches!(&gd, Err(DsError::Busy(m)) if m.contains("clone")),
+        "{gd:?}"
+    );
+    ds::destroy(&pool, "tank/c", false).unwrap();
+    ds::destroy(&pool, "tank/g@base", false).unwrap();
+    ds::destroy(&pool, "tank/g", false).unwrap();
+    for _ in 0..4 {
+        pool.sync().unwrap();
+    }
+    let leak = pool.leak_check().unwrap();
+    assert!(leak.is_clean(), "{leak:?}");
+}
+
+/// A panic inside a transaction closure (a bug in a caller) comes back as
+/// an error, and the pool faults so its half-done change never commits;
+/// after export and import the pool is whole and holds what was committed.
+#[test]
+fn panic_in_txn_faults_the_pool_and_commits_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path());
+    ds::create(&pool, "tank/a", &none(), false).unwrap();
+    let h = ds::open(&pool, "tank/a").unwrap();
+    write(&h, 1, 1);
+    pool.sync().unwrap();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        h.txn::<(), DsError>(true, |t| {
+            t.write_block(&key(2), vec![2; 50_000])?;
+            panic!("bug in a caller");
+        })
+    }));
+    let inner = r.expect("the panic is contained");
+    assert!(inner.is_err());
+    assert!(pool.sync().is_err(), "the pool is faulted");
+    let _ = pool.export(false);
+    drop((h, pool));
+    let pool = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, true, opts()).unwrap();
+    ds::attach(&pool).unwrap();
+    let h = ds::open(&pool, "tank/a").unwrap();
+    assert_eq!(
+        h.txn::<_, DsError>(false, |t| t.read_block(&key(1)))
+            .unwrap(),
+        Some(vec![1; 50_000])
+    );
+    assert_eq!(
+        h.txn::<_, DsError>(false, |t| t.read_block(&key(2)))
+            .unwrap(),
+        None
+    );
+    let leak = pool.leak_check().unwrap();
+    assert!(leak.is_clean(), "{leak:?}");
+}
