@@ -59,7 +59,7 @@ files() {
     rm -rf "$dir"
     t3=$(now)
     awk -v n="$nfiles" -v a="$t0" -v b="$t1" -v c="$t2" -v d="$t3" \
-        'BEGIN { printf "%.0f %.0f %.0f", n / (b - a), n / (c - b), n / (d - c) }'
+        'BEGIN { printf "%.0f %.0f %.0f\n", n / (b - a), n / (c - b), n / (d - c) }'
 }
 
 declare -A r

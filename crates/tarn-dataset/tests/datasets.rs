@@ -794,3 +794,50 @@ fn promote_moves_the_origin_history_to_the_clone() {
     assert!(pool.leak_check().unwrap().is_clean());
     assert!(pool.space().1 <= base_pool, "everything freed");
 }
+
+/// compressratio and logicalused follow what compression did: lz4 on
+/// repetitive data stores far less than it holds; off stores it all.
+#[test]
+fn compression_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path(), VdevKind::Mirror, 2, 64 << 20);
+    ds::create(&pool, "tank/lz", &props(&[("compression", "lz4")]), false).unwrap();
+    ds::create(&pool, "tank/raw", &props(&[("compression", "off")]), false).unwrap();
+    let text: Vec<u8> = b"the same line again and again\n"
+        .iter()
+        .cycle()
+        .take(128 * 1024)
+        .copied()
+        .collect();
+    for name in ["tank/lz", "tank/raw"] {
+        let h = ds::open(&pool, name).unwrap();
+        for i in 0..8 {
+            write(&h, &key(i), text.clone()).unwrap();
+        }
+    }
+    pool.sync().unwrap();
+    let lz = info(&pool, "tank/lz");
+    let raw = info(&pool, "tank/raw");
+    assert!(lz.compressratio > 4.0, "{}", lz.compressratio);
+    assert!(
+        (raw.compressratio - 1.0).abs() < 0.02,
+        "{}",
+        raw.compressratio
+    );
+    // Logical sizes count the data as written (plus the tree nodes).
+    for i in [&lz, &raw] {
+        assert!(i.logicalused >= 8 * 128 * 1024, "{}", i.logicalused);
+        assert!(i.logicalreferenced >= 8 * 128 * 1024);
+        assert!(i.logicalused < 8 * 128 * 1024 + (64 << 10));
+    }
+    assert!(
+        lz.used * 4 < raw.used,
+        "lz4 {} vs off {}",
+        lz.used,
+        raw.used
+    );
+    // The pool's root counts both children.
+    let root = info(&pool, "tank");
+    assert!(root.logicalused >= lz.logicalused + raw.logicalused);
+    assert!(root.usedbychildren >= lz.used + raw.used);
+}
