@@ -86,6 +86,20 @@ pub mod method {
     pub const DATASET_CLONE: &str = "dataset.clone";
     /// Promote a clone: [`super::NameParams`].
     pub const DATASET_PROMOTE: &str = "dataset.promote";
+    /// Add a user: [`super::UserAddParams`].
+    pub const USER_ADD: &str = "user.add";
+    /// Remove a user: [`super::UserParams`].
+    pub const USER_DEL: &str = "user.del";
+    /// Change a password: [`super::UserPasswdParams`].
+    pub const USER_PASSWD: &str = "user.passwd";
+    /// List users: [`super::NoParams`].
+    pub const USER_LIST: &str = "user.list";
+    /// Add or replace a share: [`super::ShareAddParams`].
+    pub const SHARE_ADD: &str = "share.add";
+    /// Remove a share: [`super::ShareDelParams`].
+    pub const SHARE_DEL: &str = "share.del";
+    /// List shares: [`super::NoParams`].
+    pub const SHARE_LIST: &str = "share.list";
     /// Mount a dataset with FUSE: [`super::MountParams`].
     pub const DATASET_MOUNT: &str = "dataset.mount";
     /// Unmount: [`super::UnmountParams`].
@@ -125,6 +139,13 @@ pub mod method {
         DATASET_ROLLBACK,
         DATASET_CLONE,
         DATASET_PROMOTE,
+        USER_ADD,
+        USER_DEL,
+        USER_PASSWD,
+        USER_LIST,
+        SHARE_ADD,
+        SHARE_DEL,
+        SHARE_LIST,
         DATASET_MOUNT,
         DATASET_UNMOUNT,
         DATASET_MOUNTS,
@@ -646,6 +667,77 @@ pub struct UnmountParams {
     pub name: String,
 }
 
+/// `user.add`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserAddParams {
+    /// The pool that stores the user (optional with one pool).
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// Login name.
+    pub name: String,
+    /// The password (hashed by the daemon, never stored).
+    pub password: String,
+    /// Numeric uid (chosen from 10000 up when absent).
+    #[serde(default)]
+    pub uid: Option<u32>,
+    /// Numeric gid (the uid when absent).
+    #[serde(default)]
+    pub gid: Option<u32>,
+}
+
+/// `user.del`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserParams {
+    /// The pool (optional with one pool).
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// Login name.
+    pub name: String,
+}
+
+/// `user.passwd`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserPasswdParams {
+    /// The pool (optional with one pool).
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// Login name.
+    pub name: String,
+    /// The new password.
+    pub password: String,
+}
+
+/// `share.add`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShareAddParams {
+    /// The share (its pool is its dataset's).
+    pub share: crate::access::Share,
+}
+
+/// `share.del`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShareDelParams {
+    /// The pool (optional when the name is unique).
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// Share name.
+    pub name: String,
+}
+
+/// A share as `share.list` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareInfo {
+    /// The pool that stores it.
+    pub pool: String,
+    /// The share.
+    pub share: crate::access::Share,
+}
+
 /// Result of `daemon.ping`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PingResult {
@@ -839,6 +931,44 @@ pub fn dispatch(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, 
         m::DATASET_PROMOTE => {
             let NameParams { name } = params(method, p)?;
             reply(backend.dataset_promote(&name)?)
+        }
+        m::USER_ADD => {
+            let UserAddParams {
+                pool,
+                name,
+                password,
+                uid,
+                gid,
+            } = params(method, p)?;
+            reply(backend.user_add(pool.as_deref(), &name, &password, uid, gid)?)
+        }
+        m::USER_DEL => {
+            let UserParams { pool, name } = params(method, p)?;
+            reply(backend.user_del(pool.as_deref(), &name)?)
+        }
+        m::USER_PASSWD => {
+            let UserPasswdParams {
+                pool,
+                name,
+                password,
+            } = params(method, p)?;
+            reply(backend.user_passwd(pool.as_deref(), &name, &password)?)
+        }
+        m::USER_LIST => {
+            let NoParams {} = params(method, p)?;
+            reply(backend.user_list()?)
+        }
+        m::SHARE_ADD => {
+            let ShareAddParams { share } = params(method, p)?;
+            reply(backend.share_add(&share)?)
+        }
+        m::SHARE_DEL => {
+            let ShareDelParams { pool, name } = params(method, p)?;
+            reply(backend.share_del(pool.as_deref(), &name)?)
+        }
+        m::SHARE_LIST => {
+            let NoParams {} = params(method, p)?;
+            reply(backend.share_list()?)
         }
         m::DATASET_MOUNT => {
             let MountParams {

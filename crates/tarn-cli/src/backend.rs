@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::access::{Share, UserInfo};
 use crate::api::ApiError;
+pub use crate::api::ShareInfo;
 pub use crate::mounts::MountInfo;
 use crate::status::{ImportCandidate, IostatEntry, PoolListEntry, PoolStatus, ScanStatus};
 pub use tarn_dataset::{DatasetInfo, DatasetKind, PropValue, Source};
@@ -402,6 +404,46 @@ pub trait Backend: Send + Sync {
     /// Makes a clone independent of its origin (the origin's history moves
     /// to it).
     fn dataset_promote(&self, _name: &str) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Adds a user to a pool (the only pool when `pool` is none).
+    fn user_add(
+        &self,
+        _pool: Option<&str>,
+        _name: &str,
+        _password: &str,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+    ) -> Result<UserInfo, ApiError> {
+        Err(no_datasets())
+    }
+    /// Removes a user.
+    fn user_del(&self, _pool: Option<&str>, _name: &str) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Changes a user's password.
+    fn user_passwd(
+        &self,
+        _pool: Option<&str>,
+        _name: &str,
+        _password: &str,
+    ) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// The users of every pool.
+    fn user_list(&self) -> Result<Vec<UserInfo>, ApiError> {
+        Err(no_datasets())
+    }
+    /// Adds or replaces a share (stored in its dataset's pool).
+    fn share_add(&self, _share: &Share) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Removes a share.
+    fn share_del(&self, _pool: Option<&str>, _name: &str) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// The shares of every pool.
+    fn share_list(&self) -> Result<Vec<ShareInfo>, ApiError> {
         Err(no_datasets())
     }
     /// Mounts a dataset (at `mountpoint`, or where its property says).

@@ -24,11 +24,12 @@ use crate::api::{
     DatasetInheritParams, DatasetListParams, DatasetRenameParams, DatasetSetParams, DeviceParams,
     ForceParams, MountParams, NameParams, NoParams, ObjectParams, ObjectReadParams,
     ObjectWriteParams, OptionalNameParams, PingResult, PoolParams, ReplaceParams, RollbackParams,
-    ScrubParams, SnapshotParams, SyncResult, UnmountParams,
+    ScrubParams, ShareAddParams, ShareDelParams, SnapshotParams, SyncResult, UnmountParams,
+    UserAddParams, UserParams, UserPasswdParams,
 };
 use crate::backend::{
     Backend, CreateRequest, DatasetInfo, DatasetKind, ImportRequest, ImportResult, MountInfo,
-    ObjectInfo, PropValue, ScrubAction, VdevKind, VdevSpec,
+    ObjectInfo, PropValue, ScrubAction, Share, ShareInfo, UserInfo, VdevKind, VdevSpec,
 };
 use crate::client::Client;
 use crate::daemon::{default_socket_path, default_state_dir, run_daemon, DaemonOptions};
@@ -180,6 +181,12 @@ pub enum Command {
         /// What to destroy
         name: String,
     },
+    /// Users who reach shares over WebDAV (stored in the pool)
+    #[command(subcommand)]
+    User(UserCommand),
+    /// Shares: a dataset exported over NFS and/or WebDAV (stored in the pool)
+    #[command(subcommand)]
+    Share(ShareCommand),
     /// Mount a dataset with FUSE (no arguments: list the mounts)
     Mount {
         /// Let other users use the mount (off by default)
@@ -437,6 +444,93 @@ pub enum DatasetCommand {
     },
 }
 
+/// `tarn user ...`.
+#[derive(Subcommand, Debug)]
+pub enum UserCommand {
+    /// Add a user; asks for the password (or reads it from stdin)
+    Add {
+        /// The pool that stores the user [default: the only pool]
+        #[arg(long)]
+        pool: Option<String>,
+        /// Numeric uid of files the user creates [default: from 10000]
+        #[arg(long)]
+        uid: Option<u32>,
+        /// Numeric gid [default: the uid]
+        #[arg(long)]
+        gid: Option<u32>,
+        /// Read the password from the first line of stdin
+        #[arg(long)]
+        password_stdin: bool,
+        /// Login name
+        name: String,
+    },
+    /// Remove a user
+    Del {
+        /// The pool [default: the only pool]
+        #[arg(long)]
+        pool: Option<String>,
+        /// Login name
+        name: String,
+    },
+    /// Change a user's password
+    Passwd {
+        /// The pool [default: the only pool]
+        #[arg(long)]
+        pool: Option<String>,
+        /// Read the password from the first line of stdin
+        #[arg(long)]
+        password_stdin: bool,
+        /// Login name
+        name: String,
+    },
+    /// List users
+    List,
+}
+
+/// `tarn share ...`.
+#[derive(Subcommand, Debug)]
+pub enum ShareCommand {
+    /// Add (or replace) a share: `tarn share add photos tank/photos --nfs
+    /// 192.168.1.0/24 --webdav alice=rw --webdav bob=ro`
+    Add {
+        /// Share name: NFS export `/NAME`, WebDAV URL `/NAME/`
+        name: String,
+        /// The filesystem dataset
+        dataset: String,
+        /// Export over NFS to this client network (repeatable)
+        #[arg(long = "nfs", value_name = "CIDR")]
+        nfs: Vec<String>,
+        /// The NFS export is read-only
+        #[arg(long)]
+        nfs_ro: bool,
+        /// Let NFS clients act as root (root_squash is on by default)
+        #[arg(long)]
+        no_root_squash: bool,
+        /// Map every NFS user to the anonymous ids
+        #[arg(long)]
+        all_squash: bool,
+        /// Anonymous uid for squashed NFS users
+        #[arg(long, default_value_t = 65534)]
+        anon_uid: u32,
+        /// Anonymous gid for squashed NFS users
+        #[arg(long, default_value_t = 65534)]
+        anon_gid: u32,
+        /// Give a user WebDAV access, `NAME=rw` or `NAME=ro` (repeatable)
+        #[arg(long = "webdav", value_name = "USER=rw|ro")]
+        webdav: Vec<String>,
+    },
+    /// Remove a share
+    Del {
+        /// The pool [default: the one with that share]
+        #[arg(long)]
+        pool: Option<String>,
+        /// Share name
+        name: String,
+    },
+    /// List shares
+    List,
+}
+
 /// `tarn object ...`.
 #[derive(Subcommand, Debug)]
 pub enum ObjectCommand {
@@ -538,6 +632,8 @@ pub fn run(cli: Cli, make_backend: Box<BackendFactory<'_>>) -> anyhow::Result<Ex
         Command::Pool(cmd) => pool_command(&mut client, &out, cmd, pool_props)?,
         Command::Object(cmd) => object_command(&mut client, &out, cmd)?,
         Command::Dataset(cmd) => dataset_command(&mut client, &out, cmd, pool_props)?,
+        Command::User(cmd) => user_command(&mut client, &out, cmd)?,
+        Command::Share(cmd) => share_command(&mut client, &out, cmd)?,
         Command::Snapshot { recursive, names } => {
             let v = client.call(
                 method::DATASET_SNAPSHOT,
@@ -1253,6 +1349,153 @@ fn dataset_command(
                 &DatasetRenameParams { name, new_name },
             )?;
             out.raw_or(&v, String::new)?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads a password: the first line of stdin with `from_stdin` or when
+/// stdin is not a terminal, else from the terminal twice without echo.
+fn read_password(from_stdin: bool) -> anyhow::Result<String> {
+    let stdin = std::io::stdin();
+    if from_stdin || !stdin.is_terminal() {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut stdin.lock(), &mut line)?;
+        let p = line.trim_end_matches(['\n', '\r']).to_string();
+        if p.is_empty() {
+            bail!("no password on stdin");
+        }
+        return Ok(p);
+    }
+    let first = prompt_hidden("Password: ")?;
+    let again = prompt_hidden("Again: ")?;
+    if first != again {
+        bail!("the passwords differ");
+    }
+    Ok(first)
+}
+
+/// Reads one line from the terminal with echo off.
+fn prompt_hidden(prompt: &str) -> anyhow::Result<String> {
+    eprint!("{prompt}");
+    let fd = libc::STDIN_FILENO;
+    // SAFETY: termios is plain data; tcgetattr fills it for a valid fd and
+    // we only proceed when it succeeds.
+    let mut old: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: fd 0 is open (stdin is a terminal here); `old` is writable.
+    let have = unsafe { libc::tcgetattr(fd, &mut old) } == 0;
+    if have {
+        let mut quiet = old;
+        quiet.c_lflag &= !libc::ECHO;
+        // SAFETY: `quiet` is a valid termios derived from the current one.
+        unsafe { libc::tcsetattr(fd, libc::TCSANOW, &quiet) };
+    }
+    let mut line = String::new();
+    let r = std::io::BufRead::read_line(&mut std::io::stdin().lock(), &mut line);
+    if have {
+        // SAFETY: restores the settings read above.
+        unsafe { libc::tcsetattr(fd, libc::TCSANOW, &old) };
+    }
+    eprintln!();
+    r?;
+    Ok(line.trim_end_matches(['\n', '\r']).to_string())
+}
+
+fn user_command(client: &mut Session, out: &Out, cmd: UserCommand) -> anyhow::Result<()> {
+    match cmd {
+        UserCommand::Add {
+            pool,
+            uid,
+            gid,
+            password_stdin,
+            name,
+        } => {
+            crate::access::check_user_name(&name).map_err(anyhow::Error::msg)?;
+            let password = read_password(password_stdin)?;
+            let params = UserAddParams {
+                pool,
+                name,
+                password,
+                uid,
+                gid,
+            };
+            let v = client.call(method::USER_ADD, &params)?;
+            out.raw_or(&v, String::new)?;
+        }
+        UserCommand::Del { pool, name } => {
+            let v = client.call(method::USER_DEL, &UserParams { pool, name })?;
+            out.raw_or(&v, String::new)?;
+        }
+        UserCommand::Passwd {
+            pool,
+            password_stdin,
+            name,
+        } => {
+            let password = read_password(password_stdin)?;
+            let params = UserPasswdParams {
+                pool,
+                name,
+                password,
+            };
+            let v = client.call(method::USER_PASSWD, &params)?;
+            out.raw_or(&v, String::new)?;
+        }
+        UserCommand::List => {
+            let v = client.call(method::USER_LIST, &NoParams {})?;
+            let users: Vec<UserInfo> = decode(method::USER_LIST, v.clone())?;
+            out.raw_or(&v, || render::render_users(&users))?;
+        }
+    }
+    Ok(())
+}
+
+fn share_command(client: &mut Session, out: &Out, cmd: ShareCommand) -> anyhow::Result<()> {
+    match cmd {
+        ShareCommand::Add {
+            name,
+            dataset,
+            nfs,
+            nfs_ro,
+            no_root_squash,
+            all_squash,
+            anon_uid,
+            anon_gid,
+            webdav,
+        } => {
+            let mut users = BTreeMap::new();
+            for w in &webdav {
+                let (u, a) = w.split_once('=').unwrap_or((w.as_str(), "rw"));
+                let access = match a {
+                    "rw" => crate::access::Access::Rw,
+                    "ro" => crate::access::Access::Ro,
+                    other => bail!("--webdav {w}: access must be rw or ro, not {other:?}"),
+                };
+                users.insert(u.to_string(), access);
+            }
+            let share = Share {
+                name,
+                dataset,
+                nfs: (!nfs.is_empty()).then_some(crate::access::NfsShare {
+                    clients: nfs,
+                    read_only: nfs_ro,
+                    root_squash: !no_root_squash,
+                    all_squash,
+                    anon_uid,
+                    anon_gid,
+                }),
+                webdav: (!webdav.is_empty()).then_some(crate::access::WebdavShare { users }),
+            };
+            let v = client.call(method::SHARE_ADD, &ShareAddParams { share })?;
+            out.raw_or(&v, String::new)?;
+        }
+        ShareCommand::Del { pool, name } => {
+            let v = client.call(method::SHARE_DEL, &ShareDelParams { pool, name })?;
+            out.raw_or(&v, String::new)?;
+        }
+        ShareCommand::List => {
+            let v = client.call(method::SHARE_LIST, &NoParams {})?;
+            let shares: Vec<ShareInfo> = decode(method::SHARE_LIST, v.clone())?;
+            out.raw_or(&v, || render::render_shares(&shares))?;
         }
     }
     Ok(())

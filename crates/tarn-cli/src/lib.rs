@@ -15,6 +15,7 @@
 
 #![warn(missing_docs)]
 
+pub mod access;
 pub mod api;
 pub mod backend;
 pub mod cli;

@@ -24,6 +24,8 @@ use tarn_pool::status::{IostatEntry, PoolListEntry, PoolStatus, ScanStatus};
 use tarn_pool::{Pool, PoolError, PoolOptions, ScanAction};
 use tarn_vdev::VdevKind as PoolVdevKind;
 
+use crate::access::{self, Share, UserInfo};
+use crate::api::ShareInfo;
 use crate::api::{ApiError, ErrorCode};
 use crate::backend::{
     Backend, CreateRequest, ImportRequest, ImportResult, ObjectInfo, ScrubAction, VdevKind,
@@ -287,6 +289,23 @@ impl Pools {
         self.lock()
             .values()
             .any(|p| p.device_paths().contains(&canon))
+    }
+
+    /// The pool that stores users: the named one, or the only one.
+    fn pool_for_users(&self, pool: Option<&str>) -> Result<Arc<Pool>, ApiError> {
+        if let Some(p) = pool {
+            return self.get(p);
+        }
+        let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+        match pools.as_slice() {
+            [p] => Ok(p.clone()),
+            [] => Err(ApiError::not_found(
+                "no pool is imported; users are stored in a pool",
+            )),
+            _ => Err(ApiError::invalid(
+                "several pools are imported; say which stores the user with --pool",
+            )),
+        }
     }
 
     fn get(&self, name: &str) -> Result<Arc<Pool>, ApiError> {
@@ -627,6 +646,86 @@ impl Backend for Pools {
             }
         }
         tarn_dataset::promote(&pool, name).map_err(ds_error)
+    }
+
+    fn user_add(
+        &self,
+        pool: Option<&str>,
+        name: &str,
+        password: &str,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> Result<UserInfo, ApiError> {
+        let p = self.pool_for_users(pool)?;
+        access::user_add(&p, name, password, uid, gid)
+    }
+
+    fn user_del(&self, pool: Option<&str>, name: &str) -> Result<(), ApiError> {
+        let p = self.pool_for_users(pool)?;
+        access::user_del(&p, name)
+    }
+
+    fn user_passwd(&self, pool: Option<&str>, name: &str, password: &str) -> Result<(), ApiError> {
+        let p = self.pool_for_users(pool)?;
+        access::user_passwd(&p, name, password)
+    }
+
+    fn user_list(&self) -> Result<Vec<UserInfo>, ApiError> {
+        let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+        let mut out = Vec::new();
+        for p in pools {
+            for u in access::users(&p)? {
+                out.push(UserInfo {
+                    pool: p.name().to_string(),
+                    name: u.name,
+                    uid: u.uid,
+                    gid: u.gid,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn share_add(&self, share: &Share) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(&share.dataset))?;
+        access::share_put(&pool, share)
+    }
+
+    fn share_del(&self, pool: Option<&str>, name: &str) -> Result<(), ApiError> {
+        let found: Vec<Arc<Pool>> = match pool {
+            Some(p) => vec![self.get(p)?],
+            None => {
+                let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+                let mut hits = Vec::new();
+                for p in pools {
+                    if access::shares(&p)?.iter().any(|s| s.name == name) {
+                        hits.push(p);
+                    }
+                }
+                hits
+            }
+        };
+        match found.as_slice() {
+            [p] => access::share_del(p, name),
+            [] => Err(ApiError::not_found(format!("no share '{name}'"))),
+            _ => Err(ApiError::invalid(format!(
+                "share '{name}' exists in several pools; name one with --pool"
+            ))),
+        }
+    }
+
+    fn share_list(&self) -> Result<Vec<ShareInfo>, ApiError> {
+        let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+        let mut out = Vec::new();
+        for p in pools {
+            for s in access::shares(&p)? {
+                out.push(ShareInfo {
+                    pool: p.name().to_string(),
+                    share: s,
+                });
+            }
+        }
+        Ok(out)
     }
 
     fn dataset_mount(

@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::backend::{DatasetInfo, DatasetKind, MountInfo, ObjectInfo, PropValue, Source};
+use crate::backend::{
+    DatasetInfo, DatasetKind, MountInfo, ObjectInfo, PropValue, ShareInfo, Source, UserInfo,
+};
 use crate::status::{
     Counters, Health, ImportCandidate, IostatEntry, PoolListEntry, PoolStatus, ScanKind, ScanState,
     ScanStatus, VdevStatus,
@@ -473,6 +475,70 @@ pub fn render_mounts(mounts: &[MountInfo]) -> String {
         })
         .collect();
     table(&["DATASET", "MOUNTPOINT", "HOW"], &rows, &[0, 1, 2])
+}
+
+/// `tarn user list`.
+pub fn render_users(users: &[UserInfo]) -> String {
+    if users.is_empty() {
+        return "no users; add one with `tarn user add NAME`\n".into();
+    }
+    let rows: Vec<Vec<String>> = users
+        .iter()
+        .map(|u| {
+            vec![
+                u.name.clone(),
+                u.uid.to_string(),
+                u.gid.to_string(),
+                u.pool.clone(),
+            ]
+        })
+        .collect();
+    table(&["NAME", "UID", "GID", "POOL"], &rows, &[0, 3])
+}
+
+/// `tarn share list`.
+pub fn render_shares(shares: &[ShareInfo]) -> String {
+    if shares.is_empty() {
+        return "no shares; add one with `tarn share add NAME DATASET --nfs CIDR --webdav USER`\n"
+            .into();
+    }
+    let rows: Vec<Vec<String>> = shares
+        .iter()
+        .map(|i| {
+            let s = &i.share;
+            let nfs = match &s.nfs {
+                None => "-".to_string(),
+                Some(n) => {
+                    let mut opts = vec![if n.read_only { "ro" } else { "rw" }.to_string()];
+                    if n.all_squash {
+                        opts.push("all_squash".into());
+                    } else if !n.root_squash {
+                        opts.push("no_root_squash".into());
+                    }
+                    format!("{} ({})", n.clients.join(","), opts.join(","))
+                }
+            };
+            let dav = match &s.webdav {
+                None => "-".to_string(),
+                Some(w) => w
+                    .users
+                    .iter()
+                    .map(|(u, a)| {
+                        format!(
+                            "{u}={}",
+                            match a {
+                                crate::access::Access::Ro => "ro",
+                                crate::access::Access::Rw => "rw",
+                            }
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(","),
+            };
+            vec![s.name.clone(), s.dataset.clone(), nfs, dav]
+        })
+        .collect();
+    table(&["NAME", "DATASET", "NFS", "WEBDAV"], &rows, &[0, 1, 2, 3])
 }
 
 /// Properties whose values are byte counts, shown with units.

@@ -104,6 +104,6 @@ impl From<tarn_block::BlockError> for DsError {
 }
 
 pub use dsl::{
-    attach, blocks, clone, create, deflated, destroy, get_props, inherit, list, open, promote,
-    rename, rollback, set_prop, snapshot,
+    attach, blocks, clone, config_delete, config_list, config_put, create, deflated, destroy,
+    get_props, inherit, list, open, promote, rename, rollback, set_prop, snapshot,
 };

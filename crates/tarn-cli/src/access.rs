@@ -1,0 +1,449 @@
+//! Users and shares: who may reach which dataset, over NFS and WebDAV.
+//!
+//! Both live in the pool as configuration records (see `docs/format.md`),
+//! so they move with the disks: a pool imported elsewhere keeps its shares
+//! and its users. A user belongs to one pool (the pool whose shares they
+//! use); a share names one filesystem dataset and says how NFS exports it
+//! (client networks, read-only, squashing) and which users reach it over
+//! WebDAV, read-only or read-write.
+//!
+//! Passwords are kept only as argon2id hashes (PHC strings with their own
+//! salt); the daemon hashes what the client sends over its 0600 socket and
+//! never writes a password anywhere. Checking a password costs tens of
+//! milliseconds by design; the servers rate-limit failed logins per client
+//! address on top of that.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::Argon2;
+use serde::{Deserialize, Serialize};
+use tarn_pool::Pool;
+
+use crate::api::ApiError;
+use crate::pools::ds_error;
+
+/// Configuration-record kind of users.
+pub const KIND_USER: &str = "user";
+/// Configuration-record kind of shares.
+pub const KIND_SHARE: &str = "share";
+
+/// A user as stored in the pool (the hash, never the password).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserRecord {
+    /// Login name.
+    pub name: String,
+    /// Numeric user id that files created through WebDAV get.
+    pub uid: u32,
+    /// Numeric group id.
+    pub gid: u32,
+    /// argon2id PHC string.
+    pub hash: String,
+}
+
+/// A user as `user.list` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserInfo {
+    /// The pool that stores the user.
+    pub pool: String,
+    /// Login name.
+    pub name: String,
+    /// Numeric user id.
+    pub uid: u32,
+    /// Numeric group id.
+    pub gid: u32,
+}
+
+/// Read-only or read-write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Access {
+    /// May read.
+    Ro,
+    /// May read and change.
+    Rw,
+}
+
+/// How NFS exports a share.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NfsShare {
+    /// Client networks allowed (CIDR, e.g. `192.168.1.0/24`, `::1/128`).
+    pub clients: Vec<String>,
+    /// Refuse changes.
+    #[serde(default)]
+    pub read_only: bool,
+    /// Map uid 0 to the anonymous ids (on by default, as in exports(5)).
+    #[serde(default = "yes")]
+    pub root_squash: bool,
+    /// Map every uid to the anonymous ids.
+    #[serde(default)]
+    pub all_squash: bool,
+    /// Anonymous uid.
+    #[serde(default = "nobody")]
+    pub anon_uid: u32,
+    /// Anonymous gid.
+    #[serde(default = "nobody")]
+    pub anon_gid: u32,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn nobody() -> u32 {
+    65534
+}
+
+/// Which users reach a share over WebDAV.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebdavShare {
+    /// User name → access.
+    pub users: BTreeMap<String, Access>,
+}
+
+/// A share: a filesystem dataset and how it is served.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Share {
+    /// Share name: the NFS export path is `/NAME`, the WebDAV URL `/NAME/`.
+    pub name: String,
+    /// The filesystem dataset (`tank/photos`).
+    pub dataset: String,
+    /// NFS export, if any.
+    #[serde(default)]
+    pub nfs: Option<NfsShare>,
+    /// WebDAV share, if any.
+    #[serde(default)]
+    pub webdav: Option<WebdavShare>,
+}
+
+/// Checks a user name: what Unix tools accept.
+pub fn check_user_name(name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 32
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(format!(
+            "invalid user name '{name}': use up to 32 lowercase letters, digits, '_' or '-', \
+             starting with a letter"
+        )))
+    }
+}
+
+fn check_password(password: &str) -> Result<(), ApiError> {
+    if password.is_empty() || password.len() > 1024 || password.contains('\0') {
+        return Err(ApiError::invalid(
+            "a password must be 1 to 1024 bytes without NUL",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a share name: one path component.
+pub fn check_share_name(name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name != "."
+        && name != ".."
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(format!(
+            "invalid share name '{name}': use up to 64 letters, digits, '-', '_', '.'"
+        )))
+    }
+}
+
+/// Parses `a.b.c.d/n` or `x::y/n` (a bare address means one host).
+pub fn parse_cidr(s: &str) -> Result<(IpAddr, u8), ApiError> {
+    let bad = || ApiError::invalid(format!("'{s}' is not a network like 192.168.1.0/24"));
+    let (addr, len) = match s.split_once('/') {
+        Some((a, l)) => (a, Some(l)),
+        None => (s, None),
+    };
+    let ip: IpAddr = addr.parse().map_err(|_| bad())?;
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    let len = match len {
+        Some(l) => l.parse::<u8>().map_err(|_| bad())?,
+        None => max,
+    };
+    if len > max {
+        return Err(bad());
+    }
+    Ok((ip, len))
+}
+
+/// Whether `ip` lies in network `net/len`.
+pub fn in_network(ip: IpAddr, net: IpAddr, len: u8) -> bool {
+    match (ip, net) {
+        (IpAddr::V4(a), IpAddr::V4(n)) => {
+            let mask = if len == 0 {
+                0
+            } else {
+                u32::MAX << (32 - len as u32)
+            };
+            u32::from(a) & mask == u32::from(n) & mask
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) => {
+            let mask = if len == 0 {
+                0
+            } else {
+                u128::MAX << (128 - len as u32)
+            };
+            u128::from(a) & mask == u128::from(n) & mask
+        }
+        (IpAddr::V4(a), IpAddr::V6(n)) => {
+            in_network(IpAddr::V6(a.to_ipv6_mapped()), IpAddr::V6(n), len)
+        }
+        (IpAddr::V6(a), IpAddr::V4(n)) => match a.to_ipv4_mapped() {
+            Some(a) => in_network(IpAddr::V4(a), IpAddr::V4(n), len),
+            None => false,
+        },
+    }
+}
+
+/// Hashes a password with argon2id and a fresh random salt.
+pub fn hash_password(password: &str) -> Result<String, ApiError> {
+    check_password(password)?;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .map_err(|e| ApiError::internal(format!("cannot read /dev/urandom: {e}")))?;
+    let salt = SaltString::encode_b64(&bytes)
+        .map_err(|e| ApiError::internal(format!("cannot make a salt: {e}")))?;
+    Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .map(|h| h.to_string())
+        .map_err(|e| ApiError::internal(format!("cannot hash the password: {e}")))
+}
+
+/// Whether `password` matches a stored hash (false for a damaged hash).
+pub fn verify_password(hash: &str, password: &str) -> bool {
+    match PasswordHash::new(hash) {
+        Ok(h) => Argon2::default()
+            .verify_password(password.as_bytes(), &h)
+            .is_ok(),
+        Err(_) => false,
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(kind: &str, name: &str, v: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(v)
+        .map_err(|e| ApiError::damaged(format!("{kind} '{name}' is damaged: {e}")))
+}
+
+fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, ApiError> {
+    serde_json::to_vec(v).map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// The users stored in `pool`.
+pub fn users(pool: &Pool) -> Result<Vec<UserRecord>, ApiError> {
+    tarn_dataset::config_list(pool, KIND_USER)
+        .map_err(ds_error)?
+        .into_iter()
+        .map(|(n, v)| decode(KIND_USER, &n, &v))
+        .collect()
+}
+
+/// The shares stored in `pool`.
+pub fn shares(pool: &Pool) -> Result<Vec<Share>, ApiError> {
+    tarn_dataset::config_list(pool, KIND_SHARE)
+        .map_err(ds_error)?
+        .into_iter()
+        .map(|(n, v)| decode(KIND_SHARE, &n, &v))
+        .collect()
+}
+
+/// Adds a user (uid/gid chosen from 10000 up when not given).
+pub fn user_add(
+    pool: &Pool,
+    name: &str,
+    password: &str,
+    uid: Option<u32>,
+    gid: Option<u32>,
+) -> Result<UserInfo, ApiError> {
+    check_user_name(name)?;
+    let existing = users(pool)?;
+    if existing.iter().any(|u| u.name == name) {
+        return Err(ApiError::exists(format!(
+            "user '{name}' already exists in pool '{}'",
+            pool.name()
+        )));
+    }
+    let uid = uid.unwrap_or_else(|| {
+        (10000..)
+            .find(|u| !existing.iter().any(|x| x.uid == *u))
+            .unwrap_or(10000)
+    });
+    let rec = UserRecord {
+        name: name.to_string(),
+        uid,
+        gid: gid.unwrap_or(uid),
+        hash: hash_password(password)?,
+    };
+    tarn_dataset::config_put(pool, KIND_USER, name, &encode(&rec)?).map_err(ds_error)?;
+    Ok(UserInfo {
+        pool: pool.name().to_string(),
+        name: rec.name,
+        uid: rec.uid,
+        gid: rec.gid,
+    })
+}
+
+/// Changes a user's password.
+pub fn user_passwd(pool: &Pool, name: &str, password: &str) -> Result<(), ApiError> {
+    let mut rec = users(pool)?
+        .into_iter()
+        .find(|u| u.name == name)
+        .ok_or_else(|| {
+            ApiError::not_found(format!("no user '{name}' in pool '{}'", pool.name()))
+        })?;
+    rec.hash = hash_password(password)?;
+    tarn_dataset::config_put(pool, KIND_USER, name, &encode(&rec)?).map_err(ds_error)
+}
+
+/// Removes a user (refused while a share names them).
+pub fn user_del(pool: &Pool, name: &str) -> Result<(), ApiError> {
+    if let Some(s) = shares(pool)?.into_iter().find(|s| {
+        s.webdav
+            .as_ref()
+            .is_some_and(|w| w.users.contains_key(name))
+    }) {
+        return Err(ApiError::busy(format!(
+            "share '{}' gives user '{name}' access; change the share first",
+            s.name
+        )));
+    }
+    if !tarn_dataset::config_delete(pool, KIND_USER, name).map_err(ds_error)? {
+        return Err(ApiError::not_found(format!(
+            "no user '{name}' in pool '{}'",
+            pool.name()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a login against the users of `pool`.
+pub fn authenticate(pool: &Pool, name: &str, password: &str) -> Option<UserRecord> {
+    users(pool)
+        .ok()?
+        .into_iter()
+        .find(|u| u.name == name)
+        .filter(|u| verify_password(&u.hash, password))
+}
+
+/// Adds or replaces a share after checking it.
+pub fn share_put(pool: &Pool, share: &Share) -> Result<(), ApiError> {
+    check_share_name(&share.name)?;
+    let kind =
+        tarn_dataset::get_props(pool, &share.dataset, &["type".to_string()]).map_err(ds_error)?;
+    if kind.first().map(|p| p.value.as_str()) != Some("filesystem") {
+        return Err(ApiError::invalid(format!(
+            "'{}' is not a filesystem dataset",
+            share.dataset
+        )));
+    }
+    if let Some(n) = &share.nfs {
+        if n.clients.is_empty() {
+            return Err(ApiError::invalid(
+                "an NFS export needs at least one client network (e.g. 192.168.1.0/24)",
+            ));
+        }
+        for c in &n.clients {
+            parse_cidr(c)?;
+        }
+    }
+    if let Some(w) = &share.webdav {
+        let known = users(pool)?;
+        for u in w.users.keys() {
+            if !known.iter().any(|k| &k.name == u) {
+                return Err(ApiError::not_found(format!(
+                    "no user '{u}' in pool '{}'; add it first with `tarn user add {u}`",
+                    pool.name()
+                )));
+            }
+        }
+    }
+    if share.nfs.is_none() && share.webdav.is_none() {
+        return Err(ApiError::invalid("a share needs --nfs, --webdav or both"));
+    }
+    tarn_dataset::config_put(pool, KIND_SHARE, &share.name, &encode(share)?).map_err(ds_error)
+}
+
+/// Removes a share.
+pub fn share_del(pool: &Pool, name: &str) -> Result<(), ApiError> {
+    if !tarn_dataset::config_delete(pool, KIND_SHARE, name).map_err(ds_error)? {
+        return Err(ApiError::not_found(format!(
+            "no share '{name}' in pool '{}'",
+            pool.name()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn networks() {
+        let (n, l) = parse_cidr("192.168.1.0/24").unwrap();
+        assert!(in_network("192.168.1.77".parse().unwrap(), n, l));
+        assert!(!in_network("192.168.2.1".parse().unwrap(), n, l));
+        let (n, l) = parse_cidr("127.0.0.1").unwrap();
+        assert_eq!(l, 32);
+        assert!(in_network("127.0.0.1".parse().unwrap(), n, l));
+        assert!(!in_network("127.0.0.2".parse().unwrap(), n, l));
+        let (n, l) = parse_cidr("0.0.0.0/0").unwrap();
+        assert!(in_network("8.8.8.8".parse().unwrap(), n, l));
+        let (n, l) = parse_cidr("fd00::/8").unwrap();
+        assert!(in_network("fd12::1".parse().unwrap(), n, l));
+        assert!(!in_network("fe80::1".parse().unwrap(), n, l));
+        // An IPv4 client seen through an IPv6 socket still matches.
+        let (n, l) = parse_cidr("10.0.0.0/8").unwrap();
+        assert!(in_network("::ffff:10.1.2.3".parse().unwrap(), n, l));
+        for bad in ["10.0.0.0/33", "nonsense", "1.2.3/8", "::/129", "1.2.3.4/x"] {
+            assert!(parse_cidr(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn passwords_hash_with_salt_and_verify() {
+        let a = hash_password("correct horse").unwrap();
+        let b = hash_password("correct horse").unwrap();
+        assert_ne!(a, b, "salted");
+        assert!(a.starts_with("$argon2id$"));
+        assert!(verify_password(&a, "correct horse"));
+        assert!(!verify_password(&a, "correct horsf"));
+        assert!(!verify_password("garbage", "x"));
+        assert!(hash_password("").is_err());
+    }
+
+    #[test]
+    fn names() {
+        for ok in ["alice", "_svc", "bob-2"] {
+            check_user_name(ok).unwrap();
+        }
+        for bad in ["", "Alice", "1bob", "a b", "a/b", &"x".repeat(33)] {
+            assert!(check_user_name(bad).is_err(), "{bad}");
+        }
+        check_share_name("photos.2026").unwrap();
+        for bad in ["", "..", "a/b", "a b"] {
+            assert!(check_share_name(bad).is_err(), "{bad}");
+        }
+    }
+}

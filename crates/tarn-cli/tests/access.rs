@@ -1,0 +1,124 @@
+//! Users and shares through the real daemon and CLI: stored in the pool,
+//! checked, listed, kept across a restart; passwords only as argon2
+//! hashes.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::process::{files, Daemon};
+use tarn_pool::{Pool, PoolOptions};
+
+fn with_stdin(d: &Daemon, args: &[&str], input: &str) -> std::process::Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(args)
+        .env_remove("TARN_SOCKET")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn users_and_shares_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(dir.path());
+    let f = files(dir.path(), "m", 2, 64 << 20);
+    d.ok(&["pool", "create", "tank", "mirror", &f[0], &f[1]]);
+    d.ok(&["dataset", "create", "tank/photos"]);
+
+    let o = with_stdin(&d, &["user", "add", "alice"], "s3cret-pw\n");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = with_stdin(&d, &["user", "add", "--uid", "2000", "bob"], "hunter22\n");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = with_stdin(&d, &["user", "add", "alice"], "again\n");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("already exists"));
+    let o = with_stdin(&d, &["user", "add", "Bad Name"], "x\n");
+    assert!(!o.status.success());
+    let list = d.ok(&["user", "list"]);
+    assert!(list.contains("alice") && list.contains("10000"), "{list}");
+    assert!(list.contains("bob") && list.contains("2000"), "{list}");
+
+    d.ok(&[
+        "share",
+        "add",
+        "photos",
+        "tank/photos",
+        "--nfs",
+        "192.168.1.0/24",
+        "--nfs",
+        "::1",
+        "--webdav",
+        "alice=rw",
+        "--webdav",
+        "bob=ro",
+    ]);
+    let shares = d.ok(&["share", "list"]);
+    assert!(
+        shares.contains("photos") && shares.contains("192.168.1.0/24"),
+        "{shares}"
+    );
+    assert!(
+        shares.contains("alice=rw") && shares.contains("bob=ro"),
+        "{shares}"
+    );
+    let err = d.fails(&["share", "add", "x", "tank/photos", "--nfs", "10.0.0.0/33"]);
+    assert!(err.contains("10.0.0.0/33"), "{err}");
+    let err = d.fails(&["share", "add", "x", "tank/photos", "--webdav", "carol"]);
+    assert!(err.contains("carol"), "{err}");
+    let err = d.fails(&["share", "add", "x", "tank/photos"]);
+    assert!(err.contains("--nfs"), "{err}");
+    let err = d.fails(&["share", "add", "x", "tank/nothing", "--nfs", "10.0.0.0/8"]);
+    assert!(err.contains("tank/nothing"), "{err}");
+    let err = d.fails(&["user", "del", "bob"]);
+    assert!(err.contains("photos"), "{err}");
+    let o = with_stdin(&d, &["user", "passwd", "bob"], "new-pass\n");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    // Everything lives in the pool: a restart keeps it.
+    d.stop();
+    d = Daemon::start(dir.path());
+    let shares = d.ok(&["share", "list"]);
+    assert!(shares.contains("alice=rw"), "{shares}");
+    assert!(d.ok(&["user", "list"]).contains("bob"));
+    d.ok(&["share", "del", "photos"]);
+    d.ok(&["user", "del", "bob"]);
+    let err = d.fails(&["user", "del", "bob"]);
+    assert!(err.contains("no user"), "{err}");
+    d.ok(&["pool", "export", "tank"]);
+    d.stop();
+
+    // The password is stored only as a hash, and checks against it.
+    let pool = Pool::import(
+        &[dir.path().to_path_buf()],
+        &[],
+        "tank",
+        None,
+        true,
+        PoolOptions {
+            sync_interval: Duration::from_secs(3600),
+            owner: "test".into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    tarn_dataset::attach(&pool).unwrap();
+    let users = tarn_cli::access::users(&pool).unwrap();
+    let alice = users.iter().find(|u| u.name == "alice").unwrap();
+    assert!(alice.hash.starts_with("$argon2id$") && !alice.hash.contains("s3cret"));
+    assert!(tarn_cli::access::authenticate(&pool, "alice", "s3cret-pw").is_some());
+    assert!(tarn_cli::access::authenticate(&pool, "alice", "s3cret-pX").is_none());
+    assert!(tarn_cli::access::authenticate(&pool, "nobody", "s3cret-pw").is_none());
+}
