@@ -22,6 +22,7 @@ pub mod cli;
 pub mod client;
 pub mod daemon;
 pub mod demo;
+pub mod filesystems;
 pub mod mounts;
 pub mod pools;
 pub mod render;

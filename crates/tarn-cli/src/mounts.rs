@@ -15,12 +15,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
-use tarn_fs::{DatasetBackend, Fs};
 use tarn_fuse::{FuseError, Mount, MountOptions};
 use tarn_pool::Pool;
 
 use crate::api::ApiError;
-use crate::pools::ds_error;
+use crate::filesystems::{covers, Filesystems};
 
 /// A mount as `dataset.mounts` reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,23 +60,17 @@ fn fuse_error(e: FuseError) -> ApiError {
     }
 }
 
-/// True when `name` is `dataset` or lies below it (`tank/a` covers
-/// `tank/a/b` and `tank/a@s`).
-fn covers(dataset: &str, name: &str) -> bool {
-    name == dataset
-        || name
-            .strip_prefix(dataset)
-            .is_some_and(|r| r.starts_with('/') || r.starts_with('@'))
-}
-
 impl Mounts {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Mounts `dataset` of `pool` at `path`.
+    /// Mounts `dataset` of `pool` at `path`, with the dataset's shared
+    /// filesystem object from `fss`.
+    #[allow(clippy::too_many_arguments)]
     pub fn mount(
         &self,
+        fss: &Filesystems,
         pool: &Arc<Pool>,
         dataset: &str,
         path: &Path,
@@ -102,16 +95,14 @@ impl Mounts {
                 canonical.display()
             )));
         }
-        let handle = tarn_dataset::open(pool, dataset).map_err(ds_error)?;
-        let fs = Fs::mount(Arc::new(DatasetBackend::new(handle)))
-            .map_err(|e| ApiError::io(format!("cannot open {dataset} as a filesystem: {e}")))?;
+        let fs = fss.get(pool, dataset)?;
         let opts = MountOptions {
             allow_other,
             read_only,
             fsname: dataset.replace(',', "_"),
             ..Default::default()
         };
-        let mount = tarn_fuse::mount(Arc::new(fs), &canonical, &opts).map_err(fuse_error)?;
+        let mount = tarn_fuse::mount(fs, &canonical, &opts).map_err(fuse_error)?;
         let info = MountInfo {
             dataset: dataset.to_string(),
             mountpoint: canonical.display().to_string(),
@@ -177,7 +168,13 @@ impl Mounts {
 
     /// Mounts again what [`Mounts::unmount_tree`] took down, where it was
     /// (best effort; failures are reported on stderr).
-    pub fn remount(&self, pool: &Arc<Pool>, infos: Vec<MountInfo>, rename: Option<(&str, &str)>) {
+    pub fn remount(
+        &self,
+        fss: &Filesystems,
+        pool: &Arc<Pool>,
+        infos: Vec<MountInfo>,
+        rename: Option<(&str, &str)>,
+    ) {
         for i in infos.into_iter().rev() {
             if !i.manual {
                 continue; // property mounts come back through `automount`
@@ -189,7 +186,7 @@ impl Mounts {
                 _ => i.dataset.clone(),
             };
             let path = PathBuf::from(&i.mountpoint);
-            if let Err(e) = self.mount(pool, &name, &path, true, i.allow_other, i.read_only) {
+            if let Err(e) = self.mount(fss, pool, &name, &path, true, i.allow_other, i.read_only) {
                 eprintln!("tarn: cannot mount {name} again at {}: {e}", i.mountpoint);
             }
         }
@@ -215,7 +212,7 @@ impl Mounts {
     /// Makes the property mounts of `pool` match its `mountpoint`
     /// properties: mounts what names a path, unmounts what no longer does
     /// (manual mounts are left alone). Failures are reported on stderr.
-    pub fn automount(&self, pool: &Arc<Pool>) {
+    pub fn automount(&self, fss: &Filesystems, pool: &Arc<Pool>) {
         let Ok(list) = tarn_dataset::list(pool, false) else {
             return;
         };
@@ -252,7 +249,7 @@ impl Mounts {
                 eprintln!("tarn: cannot create mountpoint {}: {e}", path.display());
                 continue;
             }
-            if let Err(e) = self.mount(pool, &name, &path, false, false, false) {
+            if let Err(e) = self.mount(fss, pool, &name, &path, false, false, false) {
                 eprintln!("tarn: cannot mount {name} at {}: {e}", path.display());
             }
         }

@@ -31,6 +31,7 @@ use crate::backend::{
     Backend, CreateRequest, ImportRequest, ImportResult, ObjectInfo, ScrubAction, VdevKind,
 };
 use crate::daemon::Tuning;
+use crate::filesystems::Filesystems;
 use crate::mounts::{MountInfo, Mounts};
 
 /// Bytes moved per call between an object and a file.
@@ -61,6 +62,8 @@ pub struct Pools {
     _state_lock: std::fs::File,
     /// FUSE mounts of datasets.
     mounts: Mounts,
+    /// The one filesystem object of each dataset in use.
+    fss: Filesystems,
 }
 
 /// A pool name reserved while a create or import runs.
@@ -178,6 +181,7 @@ impl Pools {
             cache_lock: Mutex::new(()),
             _state_lock: state_lock,
             mounts: Mounts::default(),
+            fss: Filesystems::default(),
         };
         for entry in me.read_cache() {
             match Pool::import(
@@ -195,7 +199,7 @@ impl Pools {
                         entry.name,
                         pool.health()
                     );
-                    me.mounts.automount(&pool);
+                    me.mounts.automount(&me.fss, &pool);
                     me.lock().insert(entry.name.clone(), pool);
                 }
                 Err(e) => {
@@ -348,7 +352,7 @@ impl Backend for Pools {
         )
         .map_err(api_error)?;
         attach_datasets(&pool);
-        self.mounts.automount(&pool);
+        self.mounts.automount(&self.fss, &pool);
         let status = pool.status();
         self.lock().insert(req.name.clone(), pool);
         self.write_cache();
@@ -405,13 +409,14 @@ impl Backend for Pools {
             pools.insert(pool.name().to_string(), pool.clone());
         }
         self.write_cache();
-        self.mounts.automount(&pool);
+        self.mounts.automount(&self.fss, &pool);
         Ok(ImportResult::Imported(Box::new(status)))
     }
 
     fn pool_export(&self, name: &str, _force: bool) -> Result<(), ApiError> {
         let pool = self.get(name)?;
         self.mounts.unmount_pool(name);
+        self.fss.forget_tree(name);
         let r = pool.export(false);
         self.forget(&pool);
         self.write_cache();
@@ -421,6 +426,7 @@ impl Backend for Pools {
     fn pool_destroy(&self, name: &str, _force: bool) -> Result<(), ApiError> {
         let pool = self.get(name)?;
         self.mounts.unmount_pool(name);
+        self.fss.forget_tree(name);
         let r = pool.export(true);
         self.forget(&pool);
         self.write_cache();
@@ -507,7 +513,7 @@ impl Backend for Pools {
     ) -> Result<(), ApiError> {
         let pool = self.get(pool_of(name))?;
         tarn_dataset::create(&pool, name, properties, parents).map_err(ds_error)?;
-        self.mounts.automount(&pool);
+        self.mounts.automount(&self.fss, &pool);
         Ok(())
     }
 
@@ -526,10 +532,15 @@ impl Backend for Pools {
             }
             gone
         };
+        if snap.is_empty() {
+            self.fss.forget_tree(fs);
+        } else {
+            self.fss.forget_snapshots(fs);
+        }
         let r = tarn_dataset::destroy(&pool, name, recursive).map_err(ds_error);
         if r.is_err() {
-            self.mounts.remount(&pool, gone, None);
-            self.mounts.automount(&pool);
+            self.mounts.remount(&self.fss, &pool, gone, None);
+            self.mounts.automount(&self.fss, &pool);
         }
         r
     }
@@ -555,7 +566,7 @@ impl Backend for Pools {
         let pool = self.get(pool_of(name))?;
         tarn_dataset::set_prop(&pool, name, property, value).map_err(ds_error)?;
         if property == "mountpoint" {
-            self.mounts.automount(&pool);
+            self.mounts.automount(&self.fss, &pool);
         }
         Ok(())
     }
@@ -564,7 +575,7 @@ impl Backend for Pools {
         let pool = self.get(pool_of(name))?;
         tarn_dataset::inherit(&pool, name, property).map_err(ds_error)?;
         if property == "mountpoint" {
-            self.mounts.automount(&pool);
+            self.mounts.automount(&self.fss, &pool);
         }
         Ok(())
     }
@@ -582,10 +593,15 @@ impl Backend for Pools {
         } else {
             self.mounts.unmount_tree(fs)?
         };
+        if name.contains('@') {
+            self.fss.forget_tree(name);
+        } else {
+            self.fss.forget_tree(fs);
+        }
         let r = tarn_dataset::rename(&pool, name, new_name).map_err(ds_error);
         let renamed = r.is_ok().then_some((name, new_name));
-        self.mounts.remount(&pool, down, renamed);
-        self.mounts.automount(&pool);
+        self.mounts.remount(&self.fss, &pool, down, renamed);
+        self.mounts.automount(&self.fss, &pool);
         r
     }
 
@@ -606,9 +622,10 @@ impl Backend for Pools {
         // inside it) down and bring them back after.
         let fs = snapshot.split('@').next().unwrap_or(snapshot);
         let down = self.mounts.unmount_tree(fs)?;
+        self.fss.forget_tree(fs);
         let r = tarn_dataset::rollback(&pool, snapshot, destroy_newer).map_err(ds_error);
-        self.mounts.remount(&pool, down, None);
-        self.mounts.automount(&pool);
+        self.mounts.remount(&self.fss, &pool, down, None);
+        self.mounts.automount(&self.fss, &pool);
         r
     }
 
@@ -626,7 +643,7 @@ impl Backend for Pools {
         }
         let pool = self.get(pool_of(name))?;
         tarn_dataset::clone(&pool, snapshot, name, properties).map_err(ds_error)?;
-        self.mounts.automount(&pool);
+        self.mounts.automount(&self.fss, &pool);
         Ok(())
     }
 
@@ -644,6 +661,9 @@ impl Backend for Pools {
                     self.mounts.unmount(&m.dataset)?;
                 }
             }
+        }
+        if let Some((fs, _)) = origin.split_once('@') {
+            self.fss.forget_snapshots(fs);
         }
         tarn_dataset::promote(&pool, name).map_err(ds_error)
     }
@@ -751,7 +771,7 @@ impl Backend for Pools {
             }
         };
         self.mounts
-            .mount(&pool, name, &path, true, allow_other, read_only)
+            .mount(&self.fss, &pool, name, &path, true, allow_other, read_only)
     }
 
     fn dataset_unmount(&self, name: &str) -> Result<(), ApiError> {

@@ -1,0 +1,83 @@
+//! One POSIX filesystem object per dataset, shared by every front end.
+//!
+//! `tarn_fs::Fs` keeps the open-file counts of its dataset in memory (an
+//! unlinked file lives until its last close), so two `Fs` on one dataset
+//! would each free what the other still has open. The daemon therefore
+//! opens at most one per dataset and hands the same one to the FUSE mount,
+//! the NFS export and the WebDAV share of that dataset. An operation that
+//! replaces or removes a dataset's tree (rollback, destroy, rename,
+//! export) first takes the front ends down, then drops the entry here, and
+//! the next user opens a fresh one.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use tarn_fs::{DatasetBackend, Fs};
+use tarn_pool::Pool;
+
+use crate::api::ApiError;
+use crate::pools::ds_error;
+
+/// The filesystem of one dataset (or snapshot).
+pub type DatasetFs = Fs<DatasetBackend>;
+
+/// The open filesystems, by dataset name.
+#[derive(Default)]
+pub struct Filesystems {
+    map: Mutex<BTreeMap<String, Arc<DatasetFs>>>,
+}
+
+/// True when `name` is `dataset` or lies below it (`tank/a` covers
+/// `tank/a/b` and `tank/a@s`).
+pub fn covers(dataset: &str, name: &str) -> bool {
+    name == dataset
+        || name
+            .strip_prefix(dataset)
+            .is_some_and(|r| r.starts_with('/') || r.starts_with('@'))
+}
+
+impl Filesystems {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<DatasetFs>>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The filesystem of `dataset`, opened on first use (which creates the
+    /// root directory of a new dataset and frees orphans a crash left).
+    pub fn get(&self, pool: &Arc<Pool>, dataset: &str) -> Result<Arc<DatasetFs>, ApiError> {
+        let mut map = self.lock();
+        if let Some(fs) = map.get(dataset) {
+            return Ok(fs.clone());
+        }
+        let handle = tarn_dataset::open(pool, dataset).map_err(ds_error)?;
+        let fs = Fs::mount(Arc::new(DatasetBackend::new(handle)))
+            .map_err(|e| ApiError::io(format!("cannot open {dataset} as a filesystem: {e}")))?;
+        let fs = Arc::new(fs);
+        map.insert(dataset.to_string(), fs.clone());
+        Ok(fs)
+    }
+
+    /// Forgets the filesystems of the snapshots of filesystem `fs`.
+    pub fn forget_snapshots(&self, fs: &str) {
+        let prefix = format!("{fs}@");
+        self.lock().retain(|k, _| !k.starts_with(&prefix));
+    }
+
+    /// Forgets the filesystems of `dataset` and everything below it.
+    pub fn forget_tree(&self, dataset: &str) {
+        self.lock().retain(|k, _| !covers(dataset, k));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::covers;
+
+    #[test]
+    fn coverage() {
+        assert!(covers("tank/a", "tank/a"));
+        assert!(covers("tank/a", "tank/a/b"));
+        assert!(covers("tank/a", "tank/a@s"));
+        assert!(!covers("tank/a", "tank/ab"));
+        assert!(!covers("tank/a/b", "tank/a"));
+    }
+}
