@@ -1,0 +1,190 @@
+//! ONC RPC record marking over TCP (RFC 5531 §11): a record is a sequence
+//! of fragments, each preceded by a 4-byte big-endian header whose top bit
+//! marks the last fragment and whose low 31 bits give its length.
+//!
+//! [`Decoder`] is a push parser: the connection feeds it whatever bytes a
+//! read returned, in any split, and gets whole records back. It enforces
+//! the record size bound as soon as a header announces too much, before
+//! any of those bytes are buffered.
+
+/// Bit marking the last fragment of a record.
+pub const LAST_FRAGMENT: u32 = 0x8000_0000;
+
+/// Record marking failed; the connection must be closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    /// A fragment header announced a record larger than the bound.
+    #[error("record of at least {0} bytes exceeds the limit")]
+    TooLarge(u64),
+}
+
+/// Reassembles records from a byte stream.
+#[derive(Debug)]
+pub struct Decoder {
+    max: usize,
+    header: [u8; 4],
+    header_len: usize,
+    /// Bytes still expected in the current fragment (None: reading a header).
+    frag_left: Option<usize>,
+    last: bool,
+    record: Vec<u8>,
+}
+
+impl Decoder {
+    /// A decoder accepting records of at most `max` bytes.
+    pub fn new(max: usize) -> Self {
+        Decoder {
+            max,
+            header: [0; 4],
+            header_len: 0,
+            frag_left: None,
+            last: false,
+            record: Vec::new(),
+        }
+    }
+
+    /// True if the decoder holds part of a record (EOF now would truncate it).
+    pub fn in_record(&self) -> bool {
+        self.header_len > 0 || self.frag_left.is_some() || !self.record.is_empty()
+    }
+
+    /// Feeds `data`, appending every record it completes to `out`.
+    pub fn feed(&mut self, mut data: &[u8], out: &mut Vec<Vec<u8>>) -> Result<(), RecordError> {
+        loop {
+            match self.frag_left {
+                None => {
+                    if data.is_empty() {
+                        return Ok(());
+                    }
+                    let n = (4 - self.header_len).min(data.len());
+                    self.header[self.header_len..self.header_len + n].copy_from_slice(&data[..n]);
+                    self.header_len += n;
+                    data = &data[n..];
+                    if self.header_len < 4 {
+                        return Ok(());
+                    }
+                    self.header_len = 0;
+                    let h = u32::from_be_bytes(self.header);
+                    let len = (h & !LAST_FRAGMENT) as usize;
+                    self.last = h & LAST_FRAGMENT != 0;
+                    let total = self.record.len() as u64 + len as u64;
+                    if total > self.max as u64 {
+                        return Err(RecordError::TooLarge(total));
+                    }
+                    self.frag_left = Some(len);
+                }
+                Some(left) => {
+                    let n = left.min(data.len());
+                    self.record.extend_from_slice(&data[..n]);
+                    data = &data[n..];
+                    let left = left - n;
+                    if left > 0 {
+                        self.frag_left = Some(left);
+                        return Ok(());
+                    }
+                    self.frag_left = None;
+                    if self.last {
+                        out.push(std::mem::take(&mut self.record));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Frames `body` as one record of one fragment. Bodies are bounded far
+/// below 2 GiB by the server, so the length always fits 31 bits.
+pub fn frame(body: &[u8]) -> Vec<u8> {
+    let len = (body.len() as u32) & !LAST_FRAGMENT;
+    let mut v = Vec::with_capacity(body.len() + 4);
+    v.extend_from_slice(&(len | LAST_FRAGMENT).to_be_bytes());
+    v.extend_from_slice(body);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Encodes records, each split into fragments at the given cut points.
+    fn encode(records: &[Vec<u8>], cuts: &[usize]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut ci = 0;
+        for r in records {
+            let mut pos = 0;
+            loop {
+                let want = cuts.get(ci).copied().unwrap_or(usize::MAX);
+                ci += 1;
+                let n = want.min(r.len() - pos);
+                let last = pos + n == r.len();
+                let h = n as u32 | if last { LAST_FRAGMENT } else { 0 };
+                out.extend_from_slice(&h.to_be_bytes());
+                out.extend_from_slice(&r[pos..pos + n]);
+                pos += n;
+                if last {
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn reassembles_any_split(
+            records in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 0..6),
+            frag_cuts in proptest::collection::vec(0usize..120, 0..30),
+            read_cuts in proptest::collection::vec(1usize..50, 1..60),
+        ) {
+            let stream = encode(&records, &frag_cuts);
+            let mut d = Decoder::new(1000);
+            let mut out = Vec::new();
+            let mut pos = 0;
+            let mut i = 0;
+            while pos < stream.len() {
+                let n = read_cuts[i % read_cuts.len()].min(stream.len() - pos);
+                d.feed(&stream[pos..pos + n], &mut out).unwrap();
+                pos += n;
+                i += 1;
+            }
+            prop_assert_eq!(out, records);
+            prop_assert!(!d.in_record());
+        }
+
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let mut d = Decoder::new(64);
+            let mut out = Vec::new();
+            let _ = d.feed(&bytes, &mut out);
+            for r in &out {
+                prop_assert!(r.len() <= 64);
+            }
+        }
+    }
+
+    #[test]
+    fn too_large_is_refused_at_the_header() {
+        let mut d = Decoder::new(1 << 20);
+        let mut out = Vec::new();
+        let h = (100u32 << 20) | LAST_FRAGMENT;
+        assert_eq!(
+            d.feed(&h.to_be_bytes(), &mut out),
+            Err(RecordError::TooLarge(100 << 20))
+        );
+        // Fragments adding up past the limit are refused too.
+        let mut d = Decoder::new(10);
+        let mut s = 6u32.to_be_bytes().to_vec();
+        s.extend_from_slice(&[0; 6]);
+        s.extend_from_slice(&(5u32 | LAST_FRAGMENT).to_be_bytes());
+        assert_eq!(d.feed(&s, &mut out), Err(RecordError::TooLarge(11)));
+    }
+
+    #[test]
+    fn frame_round_trip() {
+        let mut d = Decoder::new(100);
+        let mut out = Vec::new();
+        d.feed(&frame(b"hello"), &mut out).unwrap();
+        assert_eq!(out, vec![b"hello".to_vec()]);
+    }
+}

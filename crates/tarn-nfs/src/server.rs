@@ -1,0 +1,298 @@
+//! Listeners, connections and the worker pool (see the crate docs).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use crate::export::Export;
+use crate::record::{self, Decoder};
+use crate::service::{build_entries, Service};
+use crate::Error;
+
+/// Server configuration: addresses and bounds.
+#[derive(Clone, Debug)]
+pub struct NfsConfig {
+    /// Address of the NFS service (port 0: any free port). It also answers
+    /// MOUNT and portmapper GETPORT calls.
+    pub bind: SocketAddr,
+    /// Address of a separate MOUNT listener; None: MOUNT only on `bind`.
+    pub mount_bind: Option<SocketAddr>,
+    /// Largest request record accepted; a larger record header closes the
+    /// connection. Default 1 MiB + 64 KiB.
+    pub max_record: usize,
+    /// Largest READ/WRITE payload and READDIR reply (FSINFO rtmax/wtmax).
+    /// Default 1 MiB.
+    pub max_io: u32,
+    /// Most simultaneous connections; more are closed at accept.
+    pub max_connections: usize,
+    /// Most requests of one connection being processed at once; the
+    /// connection is not read further until one finishes.
+    pub max_inflight_per_connection: usize,
+    /// Threads running filesystem calls (blocking work).
+    pub workers: usize,
+    /// Key for the handles' integrity check. Keep it stable (e.g. stored
+    /// in the pool) so handles survive restarts.
+    pub handle_key: [u8; 32],
+}
+
+impl Default for NfsConfig {
+    fn default() -> Self {
+        NfsConfig {
+            bind: SocketAddr::from(([0, 0, 0, 0], 2049)),
+            mount_bind: None,
+            max_record: (1 << 20) + (64 << 10),
+            max_io: 1 << 20,
+            max_connections: 256,
+            max_inflight_per_connection: 16,
+            workers: 8,
+            handle_key: *b"tarn-nfs default handle key v1\0\0",
+        }
+    }
+}
+
+/// The NFS server (see [`NfsServer::start`]).
+pub struct NfsServer;
+
+impl NfsServer {
+    /// Binds the listeners, starts the runtime and worker pool on their
+    /// own threads, and returns a handle. Exports can be changed later
+    /// with [`Running::set_exports`].
+    pub fn start(config: NfsConfig, exports: Vec<Export>) -> Result<Running, Error> {
+        if config.max_record < 4096
+            || config.max_io == 0
+            || config.max_io as usize > config.max_record
+        {
+            return Err(Error::Config(
+                "max_io must be in 1..=max_record, max_record >= 4096".into(),
+            ));
+        }
+        let entries = build_entries(exports)?;
+        let nfs_std = bind(config.bind)?;
+        let mount_std = config.mount_bind.map(bind).transpose()?;
+        let nfs_addr = nfs_std.local_addr()?;
+        let mount_addr = match &mount_std {
+            Some(l) => l.local_addr()?,
+            None => nfs_addr,
+        };
+        let svc = Arc::new(Service {
+            exports: RwLock::new(Arc::new(entries)),
+            handle_key: config.handle_key,
+            write_verf: new_verifier(),
+            max_io: config.max_io,
+            nfs_port: nfs_addr.port(),
+            mount_port: mount_addr.port(),
+            mounts: Mutex::new(Vec::new()),
+        });
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(config.workers.max(1))
+            .thread_name("tarn-nfs")
+            .enable_io()
+            .enable_time()
+            .build()?;
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), Error>>();
+        let svc2 = svc.clone();
+        let thread = std::thread::Builder::new()
+            .name("tarn-nfs-main".into())
+            .spawn(move || {
+                let ready_err = ready_tx.clone();
+                let r = rt.block_on(async move {
+                    let mut listeners = vec![TcpListener::from_std(nfs_std)?];
+                    if let Some(m) = mount_std {
+                        listeners.push(TcpListener::from_std(m)?);
+                    }
+                    let conns = Arc::new(Semaphore::new(config.max_connections.max(1)));
+                    for l in listeners {
+                        tokio::spawn(accept_loop(l, svc2.clone(), conns.clone(), config.clone()));
+                    }
+                    let _ = ready_tx.send(Ok(()));
+                    let _ = stop_rx.await;
+                    Ok::<(), Error>(())
+                });
+                if let Err(e) = r {
+                    let _ = ready_err.send(Err(e));
+                }
+                // Drops every task (closing every socket); lets running
+                // filesystem calls finish.
+                rt.shutdown_timeout(Duration::from_secs(10));
+            })?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(Error::Config("server thread failed to start".into()));
+            }
+        }
+        Ok(Running {
+            svc,
+            nfs_addr,
+            mount_addr,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        })
+    }
+}
+
+/// A running server. Dropping it stops it, as [`Running::stop`] does.
+pub struct Running {
+    svc: Arc<Service>,
+    nfs_addr: SocketAddr,
+    mount_addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Running {
+    /// The bound addresses: (NFS, MOUNT). Equal when MOUNT shares the NFS
+    /// listener.
+    pub fn local_addrs(&self) -> (SocketAddr, SocketAddr) {
+        (self.nfs_addr, self.mount_addr)
+    }
+
+    /// Replaces the export list. Connections stay open; the next call on
+    /// each uses the new list (a handle of a removed export turns STALE, a
+    /// client no longer allowed gets ACCES).
+    pub fn set_exports(&self, exports: Vec<Export>) -> Result<(), Error> {
+        let entries = Arc::new(build_entries(exports)?);
+        match self.svc.exports.write() {
+            Ok(mut g) => *g = entries,
+            Err(p) => *p.into_inner() = entries,
+        }
+        Ok(())
+    }
+
+    /// The write verifier of this server instance (changes at each start).
+    pub fn write_verifier(&self) -> [u8; 8] {
+        self.svc.write_verf
+    }
+
+    /// Stops the server: closes the listeners and every connection, waits
+    /// (up to 10 s) for filesystem calls in progress. The ports are free
+    /// when it returns. Must not be called from inside a tokio runtime's
+    /// async context (it blocks).
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, Error> {
+    // The standard library sets SO_REUSEADDR on Unix, so rebinding right
+    // after a stop works despite connections in TIME_WAIT.
+    let l = std::net::TcpListener::bind(addr)?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
+/// A write verifier that differs on every start: the standard library's
+/// randomly seeded hasher keys, mixed with the clock and process id.
+fn new_verifier() -> [u8; 8] {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    h.write_u128(now);
+    h.write_u32(std::process::id());
+    h.write_u64(COUNT.fetch_add(1, Ordering::Relaxed));
+    h.finish().to_be_bytes()
+}
+
+async fn accept_loop(l: TcpListener, svc: Arc<Service>, conns: Arc<Semaphore>, cfg: NfsConfig) {
+    loop {
+        let (stream, peer) = match l.accept().await {
+            Ok(x) => x,
+            Err(_) => {
+                // EMFILE and friends: back off instead of spinning.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = conns.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let svc = svc.clone();
+        let cfg = cfg.clone();
+        tokio::spawn(async move {
+            connection(stream, peer.ip(), svc, &cfg).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Serves one connection: the reader decodes records and hands each to a
+/// worker (at most `max_inflight_per_connection` at once); replies go
+/// back through a channel to the writer task in completion order.
+async fn connection(stream: TcpStream, peer: IpAddr, svc: Arc<Service>, cfg: &NfsConfig) {
+    let _ = stream.set_nodelay(true);
+    let (mut rd, mut wr) = stream.into_split();
+    let inflight = cfg.max_inflight_per_connection.max(1);
+    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(inflight);
+    let writer = tokio::spawn(async move {
+        while let Some(buf) = rx.recv().await {
+            if wr.write_all(&buf).await.is_err() {
+                break;
+            }
+        }
+        let _ = wr.shutdown().await;
+    });
+    let slots = Arc::new(Semaphore::new(inflight));
+    let mut dec = Decoder::new(cfg.max_record);
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut records = Vec::new();
+    'conn: loop {
+        let n = match rd.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if dec.feed(&buf[..n], &mut records).is_err() {
+            // A record over the bound: this connection only is closed.
+            break;
+        }
+        for rec in records.drain(..) {
+            let Ok(permit) = slots.clone().acquire_owned().await else {
+                break 'conn;
+            };
+            let svc = svc.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let reply = tokio::task::spawn_blocking(move || svc.dispatch(peer, &rec)).await;
+                if let Ok(Some(body)) = reply {
+                    let _ = tx.send(record::frame(&body)).await;
+                }
+                drop(permit);
+            });
+        }
+    }
+    drop(tx);
+    // Let requests already taken finish and their replies go out.
+    let _ = writer.await;
+}

@@ -1,0 +1,323 @@
+//! Authentication: HTTP Basic credentials checked by a pluggable
+//! [`Authenticator`], a short-lived cache of successful checks, and per-IP
+//! rate limiting of failed logins.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tarn_fs::Cred;
+
+/// Who a request runs as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Principal {
+    /// User name: the owner of the locks it takes, and what logs show.
+    pub name: String,
+    /// Filesystem user id every operation runs with.
+    pub uid: u32,
+    /// Primary group id.
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+    /// False: every modifying request (PUT, DELETE, MKCOL, COPY, MOVE,
+    /// PROPPATCH, LOCK, ...) is refused with 403.
+    pub can_write: bool,
+}
+
+impl Principal {
+    /// The filesystem credential of this principal.
+    pub fn cred(&self) -> Cred {
+        Cred {
+            uid: self.uid,
+            gid: self.gid,
+            groups: self.groups.clone(),
+        }
+    }
+}
+
+/// Checks user names and passwords. Implementations may block (e.g. hash a
+/// password with argon2): the server calls them on its blocking pool.
+pub trait Authenticator: Send + Sync + 'static {
+    /// The principal for these credentials, or None if they are wrong.
+    fn check(&self, user: &str, password: &str) -> Option<Principal>;
+    /// The principal of a request without credentials; None (the default)
+    /// answers such requests with 401.
+    fn anonymous(&self) -> Option<Principal> {
+        None
+    }
+}
+
+/// A fixed table of users and plain-text passwords (tests, simple setups).
+#[derive(Default)]
+pub struct StaticUsers {
+    users: HashMap<String, (String, Principal)>,
+}
+
+impl StaticUsers {
+    /// An empty table.
+    pub fn new() -> StaticUsers {
+        StaticUsers::default()
+    }
+    /// Adds (or replaces) a user; `principal.name` is set to `user`.
+    pub fn with_user(mut self, user: &str, password: &str, mut principal: Principal) -> Self {
+        principal.name = user.to_string();
+        self.users
+            .insert(user.to_string(), (password.to_string(), principal));
+        self
+    }
+}
+
+/// Compares without an early exit, so timing does not reveal how much of
+/// a password matched.
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, x) in a.iter().enumerate() {
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= usize::from(x ^ y);
+    }
+    diff == 0
+}
+
+impl Authenticator for StaticUsers {
+    fn check(&self, user: &str, password: &str) -> Option<Principal> {
+        let (pw, p) = self.users.get(user)?;
+        ct_eq(pw.as_bytes(), password.as_bytes()).then(|| p.clone())
+    }
+}
+
+/// Everyone, with or without credentials, is the given principal. For tests
+/// and trusted loopback setups only.
+pub struct Anonymous(pub Principal);
+
+impl Authenticator for Anonymous {
+    fn check(&self, _user: &str, _password: &str) -> Option<Principal> {
+        Some(self.0.clone())
+    }
+    fn anonymous(&self) -> Option<Principal> {
+        Some(self.0.clone())
+    }
+}
+
+/// Decodes standard base64 (with or without padding); None if invalid.
+fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    fn val(c: u8) -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    }
+    let s = s.trim_end_matches('=').as_bytes();
+    if s.len() % 4 == 1 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    for chunk in s.chunks(4) {
+        let mut acc = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            acc |= val(c)? << (18 - 6 * i);
+        }
+        let bytes = acc.to_be_bytes();
+        out.extend_from_slice(&bytes[1..chunk.len()]);
+    }
+    Some(out)
+}
+
+/// Parses an `Authorization: Basic ...` value into (user, password).
+pub(crate) fn parse_basic(header: &str) -> Option<(String, String)> {
+    let (scheme, rest) = header.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let raw = base64_decode(rest.trim())?;
+    let s = String::from_utf8(raw).ok()?;
+    let (u, p) = s.split_once(':')?;
+    Some((u.to_string(), p.to_string()))
+}
+
+/// Remembers successful checks for a short time, so an expensive password
+/// hash is not recomputed for every request of a session.
+pub(crate) struct AuthCache {
+    ttl: Duration,
+    map: Mutex<HashMap<[u8; 32], (Principal, Instant)>>,
+}
+
+const CACHE_MAX: usize = 4096;
+
+impl AuthCache {
+    pub(crate) fn new(ttl: Duration) -> AuthCache {
+        AuthCache {
+            ttl,
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn key(user: &str, password: &str) -> [u8; 32] {
+        let mut h = blake3::Hasher::new();
+        h.update(&(user.len() as u64).to_le_bytes());
+        h.update(user.as_bytes());
+        h.update(password.as_bytes());
+        *h.finalize().as_bytes()
+    }
+
+    pub(crate) fn get(&self, user: &str, password: &str) -> Option<Principal> {
+        if self.ttl.is_zero() {
+            return None;
+        }
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        match map.get(&Self::key(user, password)) {
+            Some((p, t)) if t.elapsed() < self.ttl => Some(p.clone()),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn put(&self, user: &str, password: &str, p: &Principal) {
+        if self.ttl.is_zero() {
+            return;
+        }
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= CACHE_MAX {
+            let ttl = self.ttl;
+            map.retain(|_, (_, t)| t.elapsed() < ttl);
+            if map.len() >= CACHE_MAX {
+                map.clear();
+            }
+        }
+        map.insert(Self::key(user, password), (p.clone(), Instant::now()));
+    }
+}
+
+/// Per-IP failed-login counter: after `max` failures within `window`, the
+/// IP is refused (429) until the oldest of them is older than `window`.
+pub(crate) struct RateLimiter {
+    max: usize,
+    window: Duration,
+    map: Mutex<HashMap<IpAddr, VecDeque<Instant>>>,
+}
+
+/// Most IPs tracked at once; beyond it expired entries are dropped.
+const LIMITER_MAX_IPS: usize = 65536;
+
+impl RateLimiter {
+    pub(crate) fn new(max: u32, window: Duration) -> RateLimiter {
+        RateLimiter {
+            max: max.max(1) as usize,
+            window,
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn prune(q: &mut VecDeque<Instant>, window: Duration, now: Instant) {
+        while q.front().is_some_and(|t| now.duration_since(*t) >= window) {
+            q.pop_front();
+        }
+    }
+
+    /// If `ip` is blocked now: how long until it may try again.
+    pub(crate) fn blocked(&self, ip: IpAddr) -> Option<Duration> {
+        let now = Instant::now();
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let q = map.get_mut(&ip)?;
+        Self::prune(q, self.window, now);
+        if q.len() >= self.max {
+            let oldest = *q.front()?;
+            Some(self.window.saturating_sub(now.duration_since(oldest)))
+        } else {
+            if q.is_empty() {
+                map.remove(&ip);
+            }
+            None
+        }
+    }
+
+    /// Records a failure; true if `ip` is now blocked.
+    pub(crate) fn fail(&self, ip: IpAddr) -> bool {
+        let now = Instant::now();
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= LIMITER_MAX_IPS && !map.contains_key(&ip) {
+            let w = self.window;
+            map.retain(|_, q| q.back().is_some_and(|t| now.duration_since(*t) < w));
+        }
+        let q = map.entry(ip).or_default();
+        Self::prune(q, self.window, now);
+        q.push_back(now);
+        while q.len() > self.max {
+            q.pop_front();
+        }
+        q.len() >= self.max
+    }
+
+    /// A successful login clears the IP's record.
+    pub(crate) fn succeed(&self, ip: IpAddr) {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        map.remove(&ip);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn basic_header() {
+        // "user:pa:ss" — the password may contain ':'.
+        assert_eq!(
+            parse_basic("Basic dXNlcjpwYTpzcw=="),
+            Some(("user".into(), "pa:ss".into()))
+        );
+        assert_eq!(
+            parse_basic("basic dXNlcjpwYTpzcw"),
+            Some(("user".into(), "pa:ss".into()))
+        );
+        assert_eq!(parse_basic("Bearer abc"), None);
+        assert_eq!(parse_basic("Basic !!!!"), None);
+        assert_eq!(parse_basic("Basic"), None);
+        assert_eq!(parse_basic("Basic dXNlcg=="), None); // no ':'
+        assert_eq!(base64_decode("TWFu").unwrap(), b"Man");
+        assert_eq!(base64_decode("TWE=").unwrap(), b"Ma");
+        assert_eq!(base64_decode("TQ==").unwrap(), b"M");
+        assert!(base64_decode("T").is_none());
+    }
+
+    #[test]
+    fn limiter_blocks_after_max() {
+        let l = RateLimiter::new(3, Duration::from_secs(60));
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let other: IpAddr = "10.0.0.2".parse().unwrap();
+        assert!(!l.fail(ip));
+        assert!(!l.fail(ip));
+        assert!(l.blocked(ip).is_none());
+        assert!(l.fail(ip));
+        assert!(l.blocked(ip).is_some());
+        assert!(l.blocked(other).is_none());
+        l.succeed(ip);
+        assert!(l.blocked(ip).is_none());
+        let short = RateLimiter::new(1, Duration::from_millis(20));
+        assert!(short.fail(ip));
+        assert!(short.blocked(ip).is_some());
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(short.blocked(ip).is_none());
+    }
+
+    #[test]
+    fn static_users() {
+        let p = Principal {
+            name: String::new(),
+            uid: 5,
+            gid: 6,
+            groups: vec![],
+            can_write: true,
+        };
+        let a = StaticUsers::new().with_user("u", "pw", p);
+        assert_eq!(a.check("u", "pw").map(|p| p.uid), Some(5));
+        assert_eq!(a.check("u", "pw").map(|p| p.name), Some("u".into()));
+        assert!(a.check("u", "pw2").is_none());
+        assert!(a.check("u", "p").is_none());
+        assert!(a.check("v", "pw").is_none());
+        assert!(a.anonymous().is_none());
+    }
+}

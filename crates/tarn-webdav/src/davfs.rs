@@ -1,0 +1,983 @@
+//! `dav-server`'s filesystem traits over a [`FsApi`], by path.
+//!
+//! Paths arrive decoded and normalized by dav-server (`..` resolved or
+//! refused above the share, `%2F` and NUL inside a segment refused). We
+//! still refuse `.`/`..`/NUL/`/` in any component ourselves and only ever
+//! walk *down* from the share's root inode with `lookup`, so no path can
+//! name an inode outside the share. Symlinks are never followed.
+//!
+//! Every `FsApi` call runs on tokio's blocking pool (`spawn_blocking`),
+//! whose size the server bounds; no call runs on an executor thread.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::io::SeekFrom;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{Buf, Bytes};
+use dav_server::davpath::DavPath;
+use dav_server::fs::{
+    DavDirEntry, DavFile, DavMetaData, DavProp, FsError, FsFuture, FsResult, FsStream,
+    GuardedFileSystem, OpenOptions, ReadDirMeta,
+};
+use futures_util::future::{self, FutureExt};
+use futures_util::stream;
+use http::StatusCode;
+use tarn_fs::{Attr, Cred, FileKind, SetAttr, TimeSet, Timestamp, R_OK};
+
+use crate::api::FsApi;
+use crate::props;
+
+/// Largest piece of file data moved in one `Fs` call (reads, writes, COPY).
+pub const IO_CHUNK: usize = 1 << 20;
+/// Directory entries fetched per `readdirplus` call.
+const DIR_PAGE: usize = 256;
+
+/// Per-request identity handed to the filesystem by the server.
+#[derive(Clone, Debug)]
+pub(crate) struct Ctx {
+    pub cred: Cred,
+    /// False for read-only principals and read-only shares.
+    pub can_write: bool,
+}
+
+/// Maps an errno from tarn-fs to the dav-server error (and so to the HTTP
+/// status dav-server answers with).
+pub(crate) fn map_err(e: tarn_fs::FsError) -> FsError {
+    match e.errno() {
+        libc::ENOENT | libc::ENOTDIR | libc::ENODATA | libc::ESTALE => FsError::NotFound,
+        libc::EEXIST | libc::ENOTEMPTY => FsError::Exists,
+        libc::EACCES | libc::EPERM | libc::EROFS | libc::EISDIR | libc::EINVAL | libc::EBUSY => {
+            FsError::Forbidden
+        }
+        libc::ENOSPC | libc::EDQUOT | libc::EMLINK => FsError::InsufficientStorage,
+        libc::EFBIG | libc::E2BIG => FsError::TooLarge,
+        libc::ENAMETOOLONG => FsError::PathTooLong,
+        libc::ELOOP => FsError::LoopDetected,
+        libc::EXDEV => FsError::IsRemote,
+        libc::EOPNOTSUPP | libc::ENOSYS => FsError::NotImplemented,
+        _ => {
+            eprintln!("tarn-webdav: filesystem error: {e}");
+            FsError::GeneralFailure
+        }
+    }
+}
+
+/// Runs a blocking filesystem call on the blocking pool.
+async fn blocking<T, F>(f: F) -> FsResult<T>
+where
+    F: FnOnce() -> FsResult<T> + Send + 'static,
+    T: Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("tarn-webdav: blocking task failed: {e}");
+            Err(FsError::GeneralFailure)
+        }
+    }
+}
+
+/// The path components below the share root; refuses anything that could
+/// step out of it or that no directory entry can hold.
+fn components(path: &DavPath) -> FsResult<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    for c in path.as_bytes().split(|&b| b == b'/') {
+        match c {
+            b"" => continue,
+            b"." | b".." => return Err(FsError::Forbidden),
+            c if c.contains(&0) => return Err(FsError::Forbidden),
+            c => out.push(c.to_vec()),
+        }
+    }
+    Ok(out)
+}
+
+/// One share's filesystem as dav-server sees it.
+#[derive(Clone)]
+pub(crate) struct TarnDavFs {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    fs: Arc<dyn FsApi>,
+    root: u64,
+    umask: u32,
+}
+
+impl TarnDavFs {
+    pub(crate) fn new(fs: Arc<dyn FsApi>, root: u64, umask: u32) -> TarnDavFs {
+        TarnDavFs {
+            inner: Arc::new(Inner { fs, root, umask }),
+        }
+    }
+}
+
+impl Inner {
+    /// Walks `comps` down from the share root.
+    fn walk(&self, comps: &[Vec<u8>], cred: &Cred) -> FsResult<Attr> {
+        let mut cur = self.fs.getattr(self.root).map_err(map_err)?;
+        for c in comps {
+            if cur.kind != FileKind::Directory {
+                return Err(FsError::NotFound);
+            }
+            cur = self.fs.lookup(cur.ino, c, cred).map_err(map_err)?;
+        }
+        Ok(cur)
+    }
+
+    fn resolve(&self, path: &DavPath, cred: &Cred) -> FsResult<Attr> {
+        self.walk(&components(path)?, cred)
+    }
+
+    /// The parent directory's inode and the last component. The share root
+    /// itself has no parent: Forbidden.
+    fn parent(&self, path: &DavPath, cred: &Cred) -> FsResult<(u64, Vec<u8>)> {
+        let mut comps = components(path)?;
+        let name = comps.pop().ok_or(FsError::Forbidden)?;
+        let dir = self.walk(&comps, cred)?;
+        if dir.kind != FileKind::Directory {
+            return Err(FsError::NotFound);
+        }
+        Ok((dir.ino, name))
+    }
+
+    fn copy_file(&self, from: &DavPath, to: &DavPath, cred: &Cred) -> FsResult<()> {
+        let src = self.resolve(from, cred)?;
+        if src.kind != FileKind::Regular {
+            return Err(FsError::Forbidden);
+        }
+        let (dparent, dname) = self.parent(to, cred)?;
+        let fs = &self.fs;
+        fs.open(src.ino, libc::O_RDONLY, cred).map_err(map_err)?;
+        let dst = match fs.create(
+            dparent,
+            &dname,
+            0o666,
+            self.umask,
+            libc::O_WRONLY | libc::O_TRUNC,
+            cred,
+        ) {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = fs.release(src.ino);
+                return Err(map_err(e));
+            }
+        };
+        let copy = || -> FsResult<()> {
+            let mut off = 0u64;
+            loop {
+                let data = fs.read(src.ino, off, IO_CHUNK as u32).map_err(map_err)?;
+                if data.is_empty() {
+                    break;
+                }
+                fs.write(dst.ino, off, &data, false, cred)
+                    .map_err(map_err)?;
+                off += data.len() as u64;
+            }
+            // Dead properties travel with the copy (RFC 4918 §9.8.2).
+            for name in fs.listxattr(src.ino, cred).map_err(map_err)? {
+                if name.starts_with(props::XATTR_PREFIX) {
+                    if let Ok(v) = fs.getxattr(src.ino, &name, cred) {
+                        fs.setxattr(dst.ino, &name, &v, 0, cred).map_err(map_err)?;
+                    }
+                }
+            }
+            Ok(())
+        };
+        let r = copy();
+        let _ = fs.release(src.ino);
+        let _ = fs.release(dst.ino);
+        r
+    }
+
+    fn patch_props(
+        &self,
+        path: &DavPath,
+        patch: Vec<(bool, DavProp)>,
+        cred: &Cred,
+    ) -> FsResult<Vec<(StatusCode, DavProp)>> {
+        let a = self.resolve(path, cred)?;
+        let fs = &self.fs;
+        let bare = |p: &DavProp| DavProp {
+            name: p.name.clone(),
+            prefix: p.prefix.clone(),
+            namespace: p.namespace.clone(),
+            xml: None,
+        };
+        // Validate first: a value too big for an xattr fails the whole
+        // PROPPATCH before anything changes.
+        let too_big: Vec<bool> = patch
+            .iter()
+            .map(|(set, p)| *set && props::encode(p).len() > tarn_fs::XATTR_SIZE_MAX)
+            .collect();
+        if too_big.iter().any(|&b| b) {
+            return Ok(patch
+                .iter()
+                .zip(too_big)
+                .map(|((_, p), big)| {
+                    let s = if big {
+                        StatusCode::INSUFFICIENT_STORAGE
+                    } else {
+                        StatusCode::FAILED_DEPENDENCY
+                    };
+                    (s, bare(p))
+                })
+                .collect());
+        }
+        // Apply in order, remembering old values so a failure halfway can
+        // put everything back (PROPPATCH is all-or-nothing).
+        let mut undo: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+        let mut failed: Option<(usize, StatusCode)> = None;
+        for (i, (set, p)) in patch.iter().enumerate() {
+            let name = props::xattr_name(p.namespace.as_deref(), &p.name);
+            let old = match fs.getxattr(a.ino, &name, cred) {
+                Ok(v) => Some(v),
+                Err(e) if e.errno() == libc::ENODATA => None,
+                Err(e) => {
+                    failed = Some((i, status_of(map_err(e))));
+                    break;
+                }
+            };
+            let r = if *set {
+                fs.setxattr(a.ino, &name, &props::encode(p), 0, cred)
+            } else if old.is_some() {
+                fs.removexattr(a.ino, &name, cred)
+            } else {
+                Ok(())
+            };
+            if let Err(e) = r {
+                failed = Some((i, status_of(map_err(e))));
+                break;
+            }
+            undo.push((name, old));
+        }
+        if let Some((at, status)) = failed {
+            for (name, old) in undo.into_iter().rev() {
+                let _ = match old {
+                    Some(v) => fs.setxattr(a.ino, &name, &v, 0, cred),
+                    None => fs.removexattr(a.ino, &name, cred),
+                };
+            }
+            return Ok(patch
+                .iter()
+                .enumerate()
+                .map(|(i, (_, p))| {
+                    let s = if i == at {
+                        status
+                    } else {
+                        StatusCode::FAILED_DEPENDENCY
+                    };
+                    (s, bare(p))
+                })
+                .collect());
+        }
+        Ok(patch
+            .iter()
+            .map(|(_, p)| (StatusCode::OK, bare(p)))
+            .collect())
+    }
+
+    fn get_props(&self, path: &DavPath, content: bool, cred: &Cred) -> FsResult<Vec<DavProp>> {
+        let a = self.resolve(path, cred)?;
+        let mut out = Vec::new();
+        let names = match self.fs.listxattr(a.ino, cred) {
+            Ok(n) => n,
+            // Inodes that cannot hold user xattrs simply have no properties.
+            Err(e) if e.errno() == libc::EOPNOTSUPP => return Ok(out),
+            Err(e) => return Err(map_err(e)),
+        };
+        for name in names {
+            if !name.starts_with(props::XATTR_PREFIX) {
+                continue;
+            }
+            let v = match self.fs.getxattr(a.ino, &name, cred) {
+                Ok(v) => v,
+                Err(e) if e.errno() == libc::ENODATA => continue,
+                Err(e) => return Err(map_err(e)),
+            };
+            if let Some(mut p) = props::decode(&v) {
+                if !content {
+                    p.xml = None;
+                }
+                out.push(p);
+            }
+        }
+        Ok(out)
+    }
+
+    fn get_prop(&self, path: &DavPath, prop: &DavProp, cred: &Cred) -> FsResult<Vec<u8>> {
+        let a = self.resolve(path, cred)?;
+        let name = props::xattr_name(prop.namespace.as_deref(), &prop.name);
+        let v = self.fs.getxattr(a.ino, &name, cred).map_err(map_err)?;
+        let p = props::decode(&v).ok_or(FsError::NotFound)?;
+        if p.name != prop.name || p.namespace != prop.namespace {
+            return Err(FsError::NotFound);
+        }
+        p.xml.ok_or(FsError::NotFound)
+    }
+}
+
+fn status_of(e: FsError) -> StatusCode {
+    match e {
+        FsError::NotFound => StatusCode::NOT_FOUND,
+        FsError::Forbidden => StatusCode::FORBIDDEN,
+        FsError::InsufficientStorage | FsError::TooLarge => StatusCode::INSUFFICIENT_STORAGE,
+        FsError::Exists => StatusCode::CONFLICT,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+fn ts_to_system(t: Timestamp) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        UNIX_EPOCH
+            .checked_sub(Duration::from_secs(t.sec.unsigned_abs()))
+            .and_then(|s| s.checked_add(Duration::from_nanos(u64::from(t.nsec))))
+            .unwrap_or(UNIX_EPOCH)
+    }
+}
+
+fn system_to_ts(t: SystemTime) -> Timestamp {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timestamp::new(
+            i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            d.subsec_nanos(),
+        ),
+        Err(e) => {
+            let d = e.duration();
+            // sec is negative; nsec must stay in 0..1e9.
+            let secs = i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+            if d.subsec_nanos() == 0 {
+                Timestamp::new(-secs, 0)
+            } else {
+                Timestamp::new(-secs - 1, 1_000_000_000 - d.subsec_nanos())
+            }
+        }
+    }
+}
+
+/// Metadata of one inode.
+#[derive(Clone, Debug)]
+pub(crate) struct Meta(pub Attr);
+
+impl DavMetaData for Meta {
+    fn len(&self) -> u64 {
+        if self.0.kind == FileKind::Directory {
+            0
+        } else {
+            self.0.size
+        }
+    }
+    fn modified(&self) -> FsResult<SystemTime> {
+        Ok(ts_to_system(self.0.mtime))
+    }
+    fn is_dir(&self) -> bool {
+        self.0.kind == FileKind::Directory
+    }
+    fn is_symlink(&self) -> bool {
+        self.0.kind == FileKind::Symlink
+    }
+    fn etag(&self) -> Option<String> {
+        // Changes whenever the content may have: a new inode (or a reused
+        // name), a write (mtime), a truncate (size).
+        let a = &self.0;
+        Some(format!(
+            "{:x}-{:x}-{:x}-{:x}",
+            a.ino,
+            a.generation,
+            a.mtime.as_nanos(),
+            a.size
+        ))
+    }
+    fn accessed(&self) -> FsResult<SystemTime> {
+        Ok(ts_to_system(self.0.atime))
+    }
+    fn created(&self) -> FsResult<SystemTime> {
+        Ok(ts_to_system(self.0.crtime))
+    }
+    fn status_changed(&self) -> FsResult<SystemTime> {
+        Ok(ts_to_system(self.0.ctime))
+    }
+    fn executable(&self) -> FsResult<bool> {
+        Ok(self.0.kind == FileKind::Regular && self.0.mode & 0o100 != 0)
+    }
+}
+
+struct Entry {
+    name: Vec<u8>,
+    meta: Meta,
+}
+
+impl DavDirEntry for Entry {
+    fn name(&self) -> Vec<u8> {
+        self.name.clone()
+    }
+    fn metadata(&self) -> FsFuture<'_, Box<dyn DavMetaData>> {
+        let m: Box<dyn DavMetaData> = Box::new(self.meta.clone());
+        future::ready(Ok(m)).boxed()
+    }
+}
+
+/// An open file: reads go straight to `Fs::read` (≤ [`IO_CHUNK`] each);
+/// writes are gathered into a buffer of about [`IO_CHUNK`] and written in
+/// whole chunks, so an upload costs one transaction per MiB and at most
+/// ~2 MiB of memory whatever the file size.
+pub(crate) struct TarnFile {
+    fs: Arc<dyn FsApi>,
+    ino: u64,
+    cred: Cred,
+    pos: u64,
+    append: bool,
+    writable: bool,
+    /// Pending bytes to write at `buf_off` (or at end of file if `append`).
+    buf: Vec<u8>,
+    buf_off: u64,
+    released: bool,
+}
+
+impl fmt::Debug for TarnFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TarnFile")
+            .field("ino", &self.ino)
+            .field("pos", &self.pos)
+            .field("pending", &self.buf.len())
+            .finish()
+    }
+}
+
+impl TarnFile {
+    /// Writes `data` (pending bytes starting at `off`) in chunks.
+    fn write_out(
+        fs: &dyn FsApi,
+        ino: u64,
+        mut off: u64,
+        data: &[u8],
+        append: bool,
+        cred: &Cred,
+    ) -> FsResult<()> {
+        for piece in data.chunks(IO_CHUNK) {
+            let mut done = 0;
+            while done < piece.len() {
+                let n = fs
+                    .write(ino, off, &piece[done..], append, cred)
+                    .map_err(map_err)?;
+                if n == 0 {
+                    return Err(FsError::GeneralFailure);
+                }
+                done += n;
+                off += n as u64;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the first `n` pending bytes (all of them if `n` is None).
+    async fn flush_pending(&mut self, n: Option<usize>) -> FsResult<()> {
+        let n = n.unwrap_or(self.buf.len()).min(self.buf.len());
+        if n == 0 {
+            return Ok(());
+        }
+        let tail = self.buf.split_off(n);
+        let data = std::mem::replace(&mut self.buf, tail);
+        let (fs, ino, off, append, cred) = (
+            self.fs.clone(),
+            self.ino,
+            self.buf_off,
+            self.append,
+            self.cred.clone(),
+        );
+        self.buf_off += n as u64;
+        blocking(move || Self::write_out(fs.as_ref(), ino, off, &data, append, &cred)).await
+    }
+
+    async fn add(&mut self, data: &[u8]) -> FsResult<()> {
+        if !self.writable {
+            return Err(FsError::Forbidden);
+        }
+        if self.buf.is_empty() {
+            self.buf_off = self.pos;
+        }
+        self.buf.extend_from_slice(data);
+        self.pos += data.len() as u64;
+        if self.buf.len() >= IO_CHUNK {
+            let whole = self.buf.len() / IO_CHUNK * IO_CHUNK;
+            self.flush_pending(Some(whole)).await?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for TarnFile {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        self.released = true;
+        let (fs, ino) = (self.fs.clone(), self.ino);
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn_blocking(move || {
+                    let _ = fs.release(ino);
+                });
+            }
+            Err(_) => {
+                let _ = fs.release(ino);
+            }
+        }
+    }
+}
+
+impl DavFile for TarnFile {
+    fn metadata(&mut self) -> FsFuture<'_, Box<dyn DavMetaData>> {
+        async move {
+            self.flush_pending(None).await?;
+            let (fs, ino) = (self.fs.clone(), self.ino);
+            let a = blocking(move || fs.getattr(ino).map_err(map_err)).await?;
+            let m: Box<dyn DavMetaData> = Box::new(Meta(a));
+            Ok(m)
+        }
+        .boxed()
+    }
+
+    fn write_buf(&mut self, mut buf: Box<dyn Buf + Send>) -> FsFuture<'_, ()> {
+        async move {
+            while buf.has_remaining() {
+                let chunk = buf.chunk().to_vec();
+                buf.advance(chunk.len());
+                self.add(&chunk).await?;
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn write_bytes(&mut self, buf: Bytes) -> FsFuture<'_, ()> {
+        async move { self.add(&buf).await }.boxed()
+    }
+
+    fn read_bytes(&mut self, count: usize) -> FsFuture<'_, Bytes> {
+        async move {
+            self.flush_pending(None).await?;
+            let size = count.min(IO_CHUNK) as u32;
+            let (fs, ino, pos) = (self.fs.clone(), self.ino, self.pos);
+            let data = blocking(move || fs.read(ino, pos, size).map_err(map_err)).await?;
+            self.pos += data.len() as u64;
+            Ok(Bytes::from(data))
+        }
+        .boxed()
+    }
+
+    fn seek(&mut self, pos: SeekFrom) -> FsFuture<'_, u64> {
+        async move {
+            self.flush_pending(None).await?;
+            let new = match pos {
+                SeekFrom::Start(n) => Some(n),
+                SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+                SeekFrom::End(d) => {
+                    let (fs, ino) = (self.fs.clone(), self.ino);
+                    let a = blocking(move || fs.getattr(ino).map_err(map_err)).await?;
+                    a.size.checked_add_signed(d)
+                }
+            };
+            self.pos = new.ok_or(FsError::GeneralFailure)?;
+            Ok(self.pos)
+        }
+        .boxed()
+    }
+
+    fn flush(&mut self) -> FsFuture<'_, ()> {
+        async move { self.flush_pending(None).await }.boxed()
+    }
+}
+
+fn need_write(ctx: &Ctx) -> FsResult<()> {
+    if ctx.can_write {
+        Ok(())
+    } else {
+        Err(FsError::Forbidden)
+    }
+}
+
+impl GuardedFileSystem<Ctx> for TarnDavFs {
+    fn open<'a>(
+        &'a self,
+        path: &'a DavPath,
+        options: OpenOptions,
+        ctx: &'a Ctx,
+    ) -> FsFuture<'a, Box<dyn DavFile>> {
+        async move {
+            let writes = options.write || options.append || options.truncate || options.create;
+            if writes {
+                need_write(ctx)?;
+            }
+            let inner = self.inner.clone();
+            let path = path.clone();
+            let cred = ctx.cred.clone();
+            let file = blocking(move || {
+                let mut flags = match (options.read, writes) {
+                    (_, false) => libc::O_RDONLY,
+                    (false, true) => libc::O_WRONLY,
+                    (true, true) => libc::O_RDWR,
+                };
+                if options.truncate {
+                    flags |= libc::O_TRUNC;
+                }
+                let a = if options.create || options.create_new {
+                    if options.create_new {
+                        flags |= libc::O_EXCL;
+                    }
+                    let (parent, name) = inner.parent(&path, &cred)?;
+                    inner
+                        .fs
+                        .create(parent, &name, 0o666, inner.umask, flags, &cred)
+                        .map_err(map_err)?
+                } else {
+                    let a = inner.resolve(&path, &cred)?;
+                    if a.kind == FileKind::Directory {
+                        return Err(FsError::Forbidden);
+                    }
+                    inner.fs.open(a.ino, flags, &cred).map_err(map_err)?
+                };
+                let f = TarnFile {
+                    fs: inner.fs.clone(),
+                    ino: a.ino,
+                    cred: cred.clone(),
+                    pos: 0,
+                    append: options.append,
+                    writable: writes,
+                    buf: Vec::new(),
+                    buf_off: 0,
+                    released: false,
+                };
+                if a.kind != FileKind::Regular {
+                    // Opened (and counted) but not a file we serve: dropping
+                    // `f` releases it.
+                    return Err(FsError::Forbidden);
+                }
+                Ok(f)
+            })
+            .await?;
+            let f: Box<dyn DavFile> = Box::new(file);
+            Ok(f)
+        }
+        .boxed()
+    }
+
+    fn read_dir<'a>(
+        &'a self,
+        path: &'a DavPath,
+        _meta: ReadDirMeta,
+        ctx: &'a Ctx,
+    ) -> FsFuture<'a, FsStream<Box<dyn DavDirEntry>>> {
+        async move {
+            let inner = self.inner.clone();
+            let (p, cred) = (path.clone(), ctx.cred.clone());
+            let dir = blocking(move || {
+                let a = inner.resolve(&p, &cred)?;
+                if a.kind != FileKind::Directory {
+                    return Err(FsError::Forbidden);
+                }
+                inner.fs.access(a.ino, R_OK, &cred).map_err(map_err)?;
+                Ok(a.ino)
+            })
+            .await?;
+            struct St {
+                fs: Arc<dyn FsApi>,
+                ino: u64,
+                cookie: u64,
+                page: VecDeque<(Vec<u8>, Attr)>,
+                done: bool,
+            }
+            let st = St {
+                fs: self.inner.fs.clone(),
+                ino: dir,
+                cookie: 0,
+                page: VecDeque::new(),
+                done: false,
+            };
+            let s = stream::unfold(st, |mut st| async move {
+                loop {
+                    if let Some((name, attr)) = st.page.pop_front() {
+                        let e: Box<dyn DavDirEntry> = Box::new(Entry {
+                            name,
+                            meta: Meta(attr),
+                        });
+                        return Some((Ok(e), st));
+                    }
+                    if st.done {
+                        return None;
+                    }
+                    let (fs, ino, cookie) = (st.fs.clone(), st.ino, st.cookie);
+                    match blocking(move || fs.readdirplus(ino, cookie, DIR_PAGE).map_err(map_err))
+                        .await
+                    {
+                        Ok(list) => {
+                            if list.is_empty() {
+                                st.done = true;
+                            }
+                            for (e, a) in list {
+                                st.cookie = e.cookie;
+                                if e.name != b"." && e.name != b".." {
+                                    st.page.push_back((e.name, a));
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            st.done = true;
+                            return Some((Err(e), st));
+                        }
+                    }
+                }
+            });
+            let s: FsStream<Box<dyn DavDirEntry>> = Box::pin(s);
+            Ok(s)
+        }
+        .boxed()
+    }
+
+    fn metadata<'a>(
+        &'a self,
+        path: &'a DavPath,
+        ctx: &'a Ctx,
+    ) -> FsFuture<'a, Box<dyn DavMetaData>> {
+        async move {
+            let inner = self.inner.clone();
+            let (p, cred) = (path.clone(), ctx.cred.clone());
+            let a = blocking(move || inner.resolve(&p, &cred)).await?;
+            let m: Box<dyn DavMetaData> = Box::new(Meta(a));
+            Ok(m)
+        }
+        .boxed()
+    }
+
+    fn create_dir<'a>(&'a self, path: &'a DavPath, ctx: &'a Ctx) -> FsFuture<'a, ()> {
+        async move {
+            need_write(ctx)?;
+            let inner = self.inner.clone();
+            let (p, cred) = (path.clone(), ctx.cred.clone());
+            blocking(move || {
+                let (parent, name) = inner.parent(&p, &cred)?;
+                inner
+                    .fs
+                    .mkdir(parent, &name, 0o777, inner.umask, &cred)
+                    .map_err(map_err)?;
+                Ok(())
+            })
+            .await
+        }
+        .boxed()
+    }
+
+    fn remove_dir<'a>(&'a self, path: &'a DavPath, ctx: &'a Ctx) -> FsFuture<'a, ()> {
+        async move {
+            need_write(ctx)?;
+            let inner = self.inner.clone();
+            let (p, cred) = (path.clone(), ctx.cred.clone());
+            blocking(move || {
+                let (parent, name) = inner.parent(&p, &cred)?;
+                inner.fs.rmdir(parent, &name, &cred).map_err(map_err)
+            })
+            .await
+        }
+        .boxed()
+    }
+
+    fn remove_file<'a>(&'a self, path: &'a DavPath, ctx: &'a Ctx) -> FsFuture<'a, ()> {
+        async move {
+            need_write(ctx)?;
+            let inner = self.inner.clone();
+            let (p, cred) = (path.clone(), ctx.cred.clone());
+            blocking(move || {
+                let (parent, name) = inner.parent(&p, &cred)?;
+                inner.fs.unlink(parent, &name, &cred).map_err(map_err)
+            })
+            .await
+        }
+        .boxed()
+    }
+
+    fn rename<'a>(&'a self, from: &'a DavPath, to: &'a DavPath, ctx: &'a Ctx) -> FsFuture<'a, ()> {
+        async move {
+            need_write(ctx)?;
+            let inner = self.inner.clone();
+            let (f, t, cred) = (from.clone(), to.clone(), ctx.cred.clone());
+            blocking(move || {
+                let (op, on) = inner.parent(&f, &cred)?;
+                let (np, nn) = inner.parent(&t, &cred)?;
+                inner.fs.rename(op, &on, np, &nn, 0, &cred).map_err(map_err)
+            })
+            .await
+        }
+        .boxed()
+    }
+
+    fn copy<'a>(&'a self, from: &'a DavPath, to: &'a DavPath, ctx: &'a Ctx) -> FsFuture<'a, ()> {
+        async move {
+            need_write(ctx)?;
+            let inner = self.inner.clone();
+            let (f, t, cred) = (from.clone(), to.clone(), ctx.cred.clone());
+            blocking(move || inner.copy_file(&f, &t, &cred)).await
+        }
+        .boxed()
+    }
+
+    fn set_accessed<'a>(
+        &'a self,
+        path: &'a DavPath,
+        tm: SystemTime,
+        ctx: &Ctx,
+    ) -> FsFuture<'a, ()> {
+        let ctx = ctx.clone();
+        async move {
+            need_write(&ctx)?;
+            let inner = self.inner.clone();
+            let p = path.clone();
+            blocking(move || {
+                let a = inner.resolve(&p, &ctx.cred)?;
+                let sa = SetAttr {
+                    atime: Some(TimeSet::At(system_to_ts(tm))),
+                    ..Default::default()
+                };
+                inner.fs.setattr(a.ino, &sa, &ctx.cred).map_err(map_err)?;
+                Ok(())
+            })
+            .await
+        }
+        .boxed()
+    }
+
+    fn set_modified<'a>(
+        &'a self,
+        path: &'a DavPath,
+        tm: SystemTime,
+        ctx: &'a Ctx,
+    ) -> FsFuture<'a, ()> {
+        async move {
+            need_write(ctx)?;
+            let inner = self.inner.clone();
+            let (p, cred) = (path.clone(), ctx.cred.clone());
+            blocking(move || {
+                let a = inner.resolve(&p, &cred)?;
+                let sa = SetAttr {
+                    mtime: Some(TimeSet::At(system_to_ts(tm))),
+                    ..Default::default()
+                };
+                inner.fs.setattr(a.ino, &sa, &cred).map_err(map_err)?;
+                Ok(())
+            })
+            .await
+        }
+        .boxed()
+    }
+
+    fn have_props<'a>(
+        &'a self,
+        _path: &'a DavPath,
+        _ctx: &'a Ctx,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>> {
+        future::ready(true).boxed()
+    }
+
+    fn patch_props<'a>(
+        &'a self,
+        path: &'a DavPath,
+        patch: Vec<(bool, DavProp)>,
+        ctx: &'a Ctx,
+    ) -> FsFuture<'a, Vec<(StatusCode, DavProp)>> {
+        async move {
+            need_write(ctx)?;
+            let inner = self.inner.clone();
+            let (p, cred) = (path.clone(), ctx.cred.clone());
+            blocking(move || inner.patch_props(&p, patch, &cred)).await
+        }
+        .boxed()
+    }
+
+    fn get_props<'a>(
+        &'a self,
+        path: &'a DavPath,
+        do_content: bool,
+        ctx: &'a Ctx,
+    ) -> FsFuture<'a, Vec<DavProp>> {
+        async move {
+            let inner = self.inner.clone();
+            let (p, cred) = (path.clone(), ctx.cred.clone());
+            blocking(move || inner.get_props(&p, do_content, &cred)).await
+        }
+        .boxed()
+    }
+
+    fn get_prop<'a>(
+        &'a self,
+        path: &'a DavPath,
+        prop: DavProp,
+        ctx: &'a Ctx,
+    ) -> FsFuture<'a, Vec<u8>> {
+        async move {
+            let inner = self.inner.clone();
+            let (p, cred) = (path.clone(), ctx.cred.clone());
+            blocking(move || inner.get_prop(&p, &prop, &cred)).await
+        }
+        .boxed()
+    }
+
+    fn get_quota<'a>(&'a self, _ctx: &'a Ctx) -> FsFuture<'a, (u64, Option<u64>)> {
+        async move {
+            let inner = self.inner.clone();
+            blocking(move || {
+                let s = inner.fs.statfs(inner.root).map_err(map_err)?;
+                let b = u64::from(s.bsize);
+                let total = s.blocks.saturating_mul(b);
+                let used = s.blocks.saturating_sub(s.bfree).saturating_mul(b);
+                Ok((used, Some(total)))
+            })
+            .await
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_round_trip() {
+        for ts in [
+            Timestamp::new(0, 0),
+            Timestamp::new(1_700_000_000, 123),
+            Timestamp::new(-5, 0),
+            Timestamp::new(-5, 250_000_000),
+        ] {
+            assert_eq!(system_to_ts(ts_to_system(ts)), ts);
+        }
+    }
+
+    #[test]
+    fn components_refuse_escapes() {
+        let p = DavPath::new("/a/b/").unwrap();
+        assert_eq!(components(&p).unwrap(), vec![b"a".to_vec(), b"b".to_vec()]);
+        assert!(DavPath::new("/../x").is_err());
+        assert!(DavPath::new("/a%2Fb").is_err());
+        assert!(DavPath::new("/a%00b").is_err());
+        // `%2e%2e` is `..`: resolved inside, refused above the root.
+        assert!(DavPath::new("/%2e%2e/x").is_err());
+        assert_eq!(DavPath::new("/a/%2e%2e/b").unwrap().as_bytes(), b"/b");
+    }
+
+    #[test]
+    fn errno_mapping() {
+        let m = |e| map_err(tarn_fs::FsError::new(e, "t"));
+        assert_eq!(m(libc::ENOENT), FsError::NotFound);
+        assert_eq!(m(libc::EEXIST), FsError::Exists);
+        assert_eq!(m(libc::EACCES), FsError::Forbidden);
+        assert_eq!(m(libc::EROFS), FsError::Forbidden);
+        assert_eq!(m(libc::ENOSPC), FsError::InsufficientStorage);
+        assert_eq!(m(libc::EDQUOT), FsError::InsufficientStorage);
+        assert_eq!(m(libc::ENAMETOOLONG), FsError::PathTooLong);
+        assert_eq!(m(libc::EIO), FsError::GeneralFailure);
+    }
+}

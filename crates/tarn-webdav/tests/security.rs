@@ -1,0 +1,554 @@
+//! Authentication, rate limiting, read-only access, path escapes, error
+//! statuses, live share changes, the root listing and TLS — with curl as
+//! the client.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use tarn_fs::testing::MemBackend;
+use tarn_fs::{Cred, Fs, ROOT_INO};
+use tarn_webdav::{serve, Anonymous, FsApi, Share, WebdavConfig, WebdavError};
+
+const A: &str = "alice:secret";
+
+fn put_bytes(fs: &dyn FsApi, parent: u64, name: &str, data: &[u8], cred: &Cred) -> u64 {
+    let a = fs
+        .create(parent, name.as_bytes(), 0o644, 0, libc::O_WRONLY, cred)
+        .unwrap();
+    fs.write(a.ino, 0, data, false, cred).unwrap();
+    fs.release(a.ino).unwrap();
+    a.ino
+}
+
+#[test]
+fn wrong_password_401_then_rate_limited() {
+    if !require("curl") {
+        return;
+    }
+    let server = start(vec![Share::new("s", mem_fs())]);
+    let u = url(server.local_addr(), "/s/");
+    // No credentials: 401 with a Basic challenge, not counted as a failure.
+    for _ in 0..8 {
+        let (code, _, out) = curl(&["-i", &u]);
+        assert_eq!(code, 401);
+        let _ = out;
+    }
+    let (_, head, _) = curl(&["-i", &u]);
+    let head = String::from_utf8_lossy(&head).to_lowercase();
+    assert!(
+        head.contains("www-authenticate: basic realm=\"tarn\""),
+        "{head}"
+    );
+    assert_eq!(
+        status(&["-u", A, "-X", "PROPFIND", "-H", "Depth: 0", &u]),
+        207
+    );
+    // Four wrong passwords: 401; the fifth trips the limiter.
+    for _ in 0..4 {
+        assert_eq!(status(&["-u", "alice:wrong", &u]), 401);
+    }
+    assert_eq!(status(&["-u", "alice:wrong", &u]), 429);
+    // Now even the right password is refused from this IP ...
+    let (code, _, out) = curl(&["-i", "-u", A, &u]);
+    assert_eq!(code, 429);
+    let _ = out;
+    // ... but another client address is not affected.
+    assert_eq!(
+        status(&[
+            "--interface",
+            "127.0.0.2",
+            "-u",
+            A,
+            "-X",
+            "PROPFIND",
+            "-H",
+            "Depth: 0",
+            &u
+        ]),
+        207
+    );
+    // Garbage Authorization headers count as failures too.
+    assert_eq!(
+        status(&[
+            "--interface",
+            "127.0.0.3",
+            "-H",
+            "Authorization: Basic !!!",
+            &u
+        ]),
+        401
+    );
+    server.stop();
+}
+
+#[test]
+fn rate_limit_window_expires() {
+    if !require("curl") {
+        return;
+    }
+    let mut cfg = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.auth_max_failures = 2;
+    cfg.auth_failure_window = Duration::from_millis(1500);
+    let server = serve(cfg, vec![Share::new("s", mem_fs())], users()).unwrap();
+    let u = url(server.local_addr(), "/s/");
+    assert_eq!(status(&["-u", "x:y", &u]), 401);
+    assert_eq!(status(&["-u", "x:y", &u]), 429);
+    assert_eq!(status(&["-u", A, &u]), 429);
+    std::thread::sleep(Duration::from_millis(1700));
+    assert_eq!(status(&["-u", A, &u]), 200);
+    server.stop();
+}
+
+#[test]
+fn read_only_principal_and_share_get_403() {
+    if !require("curl") {
+        return;
+    }
+    let fs = mem_fs();
+    put_bytes(
+        fs.as_ref(),
+        ROOT_INO,
+        "f.txt",
+        b"hello",
+        &Cred::user(UID, UID),
+    );
+    let mut ro = Share::new("ro", fs.clone());
+    ro.read_only = true;
+    let server = start(vec![Share::new("rw", fs.clone()), ro]);
+    let addr = server.local_addr();
+    let rw = |p: &str| url(addr, &format!("/rw/{p}"));
+    let r = "reader:pw";
+    assert_eq!(status(&["-u", r, &rw("f.txt")]), 200);
+    assert_eq!(status(&["-u", r, "-T", "/dev/null", &rw("new.txt")]), 403);
+    assert_eq!(status(&["-u", r, "-X", "MKCOL", &rw("d")]), 403);
+    assert_eq!(status(&["-u", r, "-X", "DELETE", &rw("f.txt")]), 403);
+    assert_eq!(
+        status(&[
+            "-u",
+            r,
+            "-X",
+            "MOVE",
+            "-H",
+            &format!("Destination: {}", rw("g.txt")),
+            &rw("f.txt")
+        ]),
+        403
+    );
+    assert_eq!(
+        status(&["-u", r, "-X", "PROPPATCH", "-d", "<x/>", &rw("f.txt")]),
+        403
+    );
+    // The writer can, on the writable share; nobody can on the read-only one.
+    assert_eq!(status(&["-u", A, "-T", "/dev/null", &rw("new.txt")]), 201);
+    let ro_url = url(addr, "/ro/f.txt");
+    assert_eq!(status(&["-u", A, &ro_url]), 200);
+    assert_eq!(
+        status(&["-u", A, "-T", "/dev/null", &url(addr, "/ro/x")]),
+        403
+    );
+    assert_eq!(status(&["-u", A, "-X", "DELETE", &ro_url]), 403);
+    assert!(fs.lookup(ROOT_INO, b"f.txt", &Cred::root()).is_ok());
+    assert!(fs.lookup(ROOT_INO, b"x", &Cred::root()).is_err());
+    server.stop();
+}
+
+/// A share with a user list admits only those users, each with its own
+/// access; others get 403 although their password is right.
+#[test]
+fn share_user_lists_decide_access() {
+    if !require("curl") {
+        return;
+    }
+    let fs = mem_fs();
+    put_bytes(
+        fs.as_ref(),
+        ROOT_INO,
+        "f.txt",
+        b"hello",
+        &Cred::user(UID, UID),
+    );
+    let mut only_reader = Share::new("team", fs.clone());
+    only_reader.users = Some([("reader".to_string(), false)].into_iter().collect());
+    let mut alice_ro = Share::new("archive", fs.clone());
+    alice_ro.users = Some([("alice".to_string(), false)].into_iter().collect());
+    let server = start(vec![only_reader, alice_ro]);
+    let addr = server.local_addr();
+    assert_eq!(status(&["-u", "reader:pw", &url(addr, "/team/f.txt")]), 200);
+    assert_eq!(
+        status(&["-u", A, &url(addr, "/team/f.txt")]),
+        403,
+        "alice is not listed"
+    );
+    assert_eq!(status(&["-u", A, &url(addr, "/archive/f.txt")]), 200);
+    assert_eq!(
+        status(&["-u", A, "-T", "/dev/null", &url(addr, "/archive/new.txt")]),
+        403,
+        "listed read-only, though alice may write elsewhere"
+    );
+    server.stop();
+}
+
+#[test]
+fn posix_permissions_apply() {
+    if !require("curl") {
+        return;
+    }
+    let fs = mem_fs();
+    // A file of another user, mode 0600: alice (uid 1000) may not read it.
+    let other = Cred::user(2000, 2000);
+    let ino = put_bytes(
+        fs.as_ref(),
+        ROOT_INO,
+        "private",
+        b"top secret",
+        &Cred::root(),
+    );
+    let sa = tarn_fs::SetAttr {
+        uid: Some(2000),
+        gid: Some(2000),
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    fs.setattr(ino, &sa, &Cred::root()).unwrap();
+    let _ = other;
+    let server = start(vec![Share::new("s", fs.clone())]);
+    let u = url(server.local_addr(), "/s/private");
+    let (code, body, _) = curl(&["-u", A, &u]);
+    assert_eq!(code, 403);
+    assert!(!String::from_utf8_lossy(&body).contains("top secret"));
+    assert_eq!(status(&["-u", A, "-T", "/dev/null", &u]), 403);
+    server.stop();
+}
+
+#[test]
+fn paths_cannot_escape_the_share() {
+    if !require("curl") {
+        return;
+    }
+    let fs = mem_fs();
+    let me = Cred::user(UID, UID);
+    // The share's root is /inner; /outside.txt lies above it.
+    put_bytes(fs.as_ref(), ROOT_INO, "outside.txt", b"OUTSIDE-MARKER", &me);
+    let inner = fs.mkdir(ROOT_INO, b"inner", 0o755, 0, &me).unwrap();
+    put_bytes(fs.as_ref(), inner.ino, "in.txt", b"inside", &me);
+    let mut share = Share::new("sub", fs.clone());
+    share.root = inner.ino;
+    let server = start(vec![share]);
+    let addr = server.local_addr();
+    let base = format!("http://{addr}");
+    assert_eq!(status(&["-u", A, &format!("{base}/sub/in.txt")]), 200);
+    let attacks = [
+        "/sub/../outside.txt",
+        "/sub/../../outside.txt",
+        "/sub/%2e%2e/outside.txt",
+        "/sub/%2E%2E/%2E%2E/outside.txt",
+        "/sub/..%2Foutside.txt",
+        "/sub/..%2fouts%69de.txt",
+        "/sub/%2F..%2F..%2Foutside.txt",
+        "/sub/%2e%2e%2f%2e%2e%2foutside.txt",
+        "/sub/in.txt%00",
+        "/sub/%00/../outside.txt",
+        "/sub/inner/../../outside.txt",
+        "/sub/./../outside.txt",
+        "/sub/..\\outside.txt",
+        "/sub/%5c..%5coutside.txt",
+        "/../outside.txt",
+        "/%2e%2e/outside.txt",
+    ];
+    for a in attacks {
+        let u = format!("{base}{a}");
+        for method in ["GET", "PROPFIND"] {
+            let (code, body, _) = curl(&["--path-as-is", "-u", A, "-X", method, &u]);
+            let text = String::from_utf8_lossy(&body);
+            assert!(
+                !text.contains("OUTSIDE-MARKER") && !text.contains("outside.txt"),
+                "{method} {a} -> {code}: {text}"
+            );
+            assert!(code >= 400, "{method} {a} -> {code}");
+            println!("{method} {a} -> {code}");
+        }
+        // Writes through the same paths must not touch the outside file.
+        let code = status(&["--path-as-is", "-u", A, "-T", "/dev/null", &u]);
+        println!("PUT {a} -> {code}");
+        assert!(code >= 400 || code == 201, "PUT {a} -> {code}");
+    }
+    // MOVE/COPY with escaping destinations.
+    for dest in [
+        "/sub/../outside.txt",
+        "/sub/%2e%2e/outside.txt",
+        "/outside.txt",
+    ] {
+        for m in ["MOVE", "COPY"] {
+            let code = status(&[
+                "-u",
+                A,
+                "-X",
+                m,
+                "-H",
+                &format!("Destination: {base}{dest}"),
+                &format!("{base}/sub/in.txt"),
+            ]);
+            assert!(code >= 400, "{m} -> {dest}: {code}");
+        }
+    }
+    // The outside file is untouched and nothing was created next to it.
+    let o = fs.lookup(ROOT_INO, b"outside.txt", &Cred::root()).unwrap();
+    assert_eq!(fs.read(o.ino, 0, 100).unwrap(), b"OUTSIDE-MARKER");
+    let names: Vec<Vec<u8>> = fs
+        .readdirplus(ROOT_INO, 0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|(e, _)| e.name)
+        .collect();
+    assert_eq!(names.len(), 4, "{:?}", names); // . .. outside.txt inner
+    assert!(fs.lookup(inner.ino, b"in.txt", &Cred::root()).is_ok());
+    // %2F inside a segment is refused, not treated as a separator.
+    assert_eq!(
+        status(&["--path-as-is", "-u", A, &format!("{base}/sub%2Fin.txt")]),
+        400
+    );
+    server.stop();
+}
+
+#[test]
+fn enospc_and_quota_are_507() {
+    if !require("curl") {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let big = work.path().join("big");
+    std::fs::write(&big, vec![7u8; 3 << 20]).unwrap();
+    for quota in [false, true] {
+        let b = MemBackend::new();
+        let fs = Arc::new(Fs::mount(b.clone()).unwrap());
+        chown_root(fs.as_ref());
+        b.set_budget(Some(b.used() + (1 << 20)), quota);
+        let server = start(vec![Share::new("s", fs.clone())]);
+        let u = url(server.local_addr(), "/s/big");
+        let code = status(&["-u", A, "-T", big.to_str().unwrap(), &u]);
+        assert_eq!(code, 507, "quota={quota}");
+        server.stop();
+    }
+}
+
+#[test]
+fn dead_props_with_long_names_and_quota() {
+    if !require("curl") {
+        return;
+    }
+    let fs = mem_fs();
+    let server = start(vec![Share::new("s", fs.clone())]);
+    let u = url(server.local_addr(), "/s/f");
+    assert_eq!(status(&["-u", A, "-T", "/dev/null", &u]), 201);
+    let ns = format!("urn:{}", "n".repeat(400));
+    let name = "p".repeat(200);
+    let patch = format!(
+        "<?xml version=\"1.0\"?><D:propertyupdate xmlns:D=\"DAV:\" xmlns:Z=\"{ns}\">\
+         <D:set><D:prop><Z:{name}>value-42</Z:{name}></D:prop></D:set></D:propertyupdate>"
+    );
+    let (code, body, _) = curl(&["-u", A, "-X", "PROPPATCH", "-d", &patch, &u]);
+    assert_eq!(code, 207, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("200 OK"));
+    let find = format!(
+        "<?xml version=\"1.0\"?><D:propfind xmlns:D=\"DAV:\" xmlns:Z=\"{ns}\">\
+         <D:prop><Z:{name}/><D:quota-available-bytes/><D:quota-used-bytes/></D:prop></D:propfind>"
+    );
+    let (code, body, _) = curl(&["-u", A, "-X", "PROPFIND", "-H", "Depth: 0", "-d", &find, &u]);
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(code, 207, "{text}");
+    assert!(text.contains("value-42"), "{text}");
+    assert!(text.contains("quota-available-bytes>"), "{text}");
+    // Stored as a hashed xattr name within the 255-byte limit.
+    let f = fs.lookup(ROOT_INO, b"f", &Cred::root()).unwrap();
+    let names = fs.listxattr(f.ino, &Cred::root()).unwrap();
+    assert_eq!(names.len(), 1);
+    assert!(names[0].starts_with(tarn_webdav::PROP_XATTR_PREFIX) && names[0].len() <= 255);
+    server.stop();
+}
+
+#[test]
+fn set_shares_live_keeps_locks() {
+    if !require("curl") {
+        return;
+    }
+    let fs_a = mem_fs();
+    let fs_b = mem_fs();
+    let server = start(vec![Share::new("a", fs_a.clone())]);
+    let addr = server.local_addr();
+    let fa = url(addr, "/a/f");
+    assert_eq!(status(&["-u", A, "-T", "/dev/null", &fa]), 201);
+    let lock = "<?xml version=\"1.0\"?><D:lockinfo xmlns:D=\"DAV:\"><D:lockscope><D:exclusive/>\
+                </D:lockscope><D:locktype><D:write/></D:locktype></D:lockinfo>";
+    assert_eq!(status(&["-u", A, "-X", "LOCK", "-d", lock, &fa]), 200);
+    assert_eq!(status(&["-u", A, &url(addr, "/b/")]), 404);
+    server
+        .set_shares(vec![Share::new("a", fs_a.clone()), Share::new("b", fs_b)])
+        .unwrap();
+    assert_eq!(status(&["-u", A, &url(addr, "/b/")]), 200);
+    // The lock on /a/f survived: a PUT without its token is refused.
+    assert_eq!(status(&["-u", A, "-T", "/dev/null", &fa]), 423);
+    server.set_shares(vec![Share::new("b", mem_fs())]).unwrap();
+    assert_eq!(status(&["-u", A, &fa]), 404);
+    assert!(matches!(
+        server.set_shares(vec![Share::new("bad/name", mem_fs())]),
+        Err(WebdavError::InvalidShare(_))
+    ));
+    server.stop();
+}
+
+#[test]
+fn root_lists_shares_and_anonymous_mode() {
+    if !require("curl") {
+        return;
+    }
+    let cfg = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
+    let server = serve(
+        cfg,
+        vec![Share::new("one", mem_fs()), Share::new("two", mem_fs())],
+        Arc::new(Anonymous(principal(true))),
+    )
+    .unwrap();
+    let addr = server.local_addr();
+    let (code, body, _) = curl(&[&url(addr, "/")]);
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(code, 200);
+    assert!(text.contains("/one/") && text.contains("/two/"), "{text}");
+    let (code, body, _) = curl(&["-X", "PROPFIND", "-H", "Depth: 1", &url(addr, "/")]);
+    assert_eq!(code, 207);
+    assert!(String::from_utf8_lossy(&body).contains("<D:href>/two/</D:href>"));
+    // Autoindex: GET on a collection is an HTML listing.
+    assert_eq!(
+        status(&["-T", "/dev/null", &url(addr, "/one/hello.txt")]),
+        201
+    );
+    let (code, body, _) = curl(&[&url(addr, "/one/")]);
+    assert_eq!(code, 200);
+    assert!(String::from_utf8_lossy(&body).contains("hello.txt"));
+    server.stop();
+}
+
+#[test]
+fn plain_http_refused_off_loopback() {
+    let cfg = WebdavConfig::new("0.0.0.0:0".parse().unwrap());
+    let r = serve(cfg.clone(), vec![], users());
+    assert!(matches!(r, Err(WebdavError::PlainHttpRefused(_))));
+    let mut cfg = cfg;
+    cfg.allow_plain_http_non_loopback = true;
+    let s = serve(cfg, vec![], users()).unwrap();
+    s.stop();
+}
+
+#[cfg(feature = "tls")]
+#[test]
+fn tls_self_signed_is_generated_once() {
+    use tarn_webdav::TlsConfig;
+    if !require("curl") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.tls = Some(TlsConfig::SelfSigned {
+        dir: dir.path().to_path_buf(),
+        names: vec![],
+    });
+    let server = serve(cfg.clone(), vec![Share::new("s", mem_fs())], users()).unwrap();
+    let fp = server.tls_fingerprint().unwrap().to_string();
+    assert_eq!(fp.len(), 32 * 3 - 1);
+    let port = server.local_addr().port();
+    let https = format!("https://127.0.0.1:{port}/s/");
+    assert_eq!(status(&["-k", "-u", A, &https]), 200);
+    // Plain HTTP to the TLS port does not get through.
+    assert_ne!(
+        status(&["-u", A, &format!("http://127.0.0.1:{port}/s/")]),
+        200
+    );
+    server.stop();
+    // The key is private; a restart reuses the same certificate.
+    use std::os::unix::fs::PermissionsExt;
+    let key = dir.path().join("webdav-key.pem");
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let server = serve(cfg, vec![], users()).unwrap();
+    assert_eq!(server.tls_fingerprint(), Some(fp.as_str()));
+    server.stop();
+    if have("openssl") {
+        let out = std::process::Command::new("openssl")
+            .args(["x509", "-noout", "-fingerprint", "-sha256", "-in"])
+            .arg(dir.path().join("webdav-cert.pem"))
+            .output()
+            .unwrap();
+        let s = String::from_utf8_lossy(&out.stdout);
+        assert!(s.trim().ends_with(&fp), "{s} vs {fp}");
+    }
+    // A PEM pair given explicitly works too.
+    let mut cfg2 = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg2.tls = Some(TlsConfig::Pem {
+        cert: dir.path().join("webdav-cert.pem"),
+        key,
+    });
+    let server = serve(cfg2, vec![], users()).unwrap();
+    assert_eq!(server.tls_fingerprint(), Some(fp.as_str()));
+    server.stop();
+    // A missing file is a clear error.
+    let mut cfg3 = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg3.tls = Some(TlsConfig::Pem {
+        cert: dir.path().join("nope.pem"),
+        key: dir.path().join("nope.pem"),
+    });
+    assert!(matches!(
+        serve(cfg3, vec![], users()),
+        Err(WebdavError::Tls(_))
+    ));
+}
+
+#[cfg(not(feature = "tls"))]
+#[test]
+fn tls_without_the_feature_is_an_error() {
+    let mut cfg = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.tls = Some(tarn_webdav::TlsConfig::SelfSigned {
+        dir: std::env::temp_dir(),
+        names: vec![],
+    });
+    assert!(matches!(
+        serve(cfg, vec![], users()),
+        Err(WebdavError::Tls(_))
+    ));
+}
+
+#[test]
+fn snapshots_are_browsable_read_only() {
+    if !require("curl") {
+        return;
+    }
+    let b = MemBackend::new();
+    let fs = Arc::new(Fs::mount(b.clone()).unwrap());
+    chown_root(fs.as_ref());
+    put_bytes(
+        fs.as_ref(),
+        ROOT_INO,
+        "v.txt",
+        b"version-1",
+        &Cred::user(UID, UID),
+    );
+    b.snapshot("monday").unwrap();
+    let server = start(vec![Share::new("s", fs.clone())]);
+    let addr = server.local_addr();
+    assert_eq!(
+        status(&["-u", A, "-T", "/dev/null", &url(addr, "/s/v.txt")]),
+        204
+    );
+    let (code, body, _) = curl(&["-u", A, &url(addr, "/s/.snapshot/monday/v.txt")]);
+    assert_eq!((code, body.as_slice()), (200, &b"version-1"[..]));
+    let (code, body, _) = curl(&["-u", A, &url(addr, "/s/.snapshot/")]);
+    assert_eq!(code, 200);
+    assert!(String::from_utf8_lossy(&body).contains("monday"));
+    let snap = url(addr, "/s/.snapshot/monday/v.txt");
+    assert_eq!(status(&["-u", A, "-T", "/dev/null", &snap]), 403);
+    assert_eq!(status(&["-u", A, "-X", "DELETE", &snap]), 403);
+    server.stop();
+}
