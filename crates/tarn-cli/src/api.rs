@@ -716,6 +716,10 @@ pub struct UserPasswdParams {
 pub struct ShareAddParams {
     /// The share (its pool is its dataset's).
     pub share: crate::access::Share,
+    /// Give the dataset's root directory to this user (uid and gid), so
+    /// the user can create files in it.
+    #[serde(default)]
+    pub owner: Option<String>,
 }
 
 /// `share.del`.
@@ -959,8 +963,8 @@ pub fn dispatch(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, 
             reply(backend.user_list()?)
         }
         m::SHARE_ADD => {
-            let ShareAddParams { share } = params(method, p)?;
-            reply(backend.share_add(&share)?)
+            let ShareAddParams { share, owner } = params(method, p)?;
+            reply(backend.share_add(&share, owner.as_deref())?)
         }
         m::SHARE_DEL => {
             let ShareDelParams { pool, name } = params(method, p)?;

@@ -434,8 +434,9 @@ pub trait Backend: Send + Sync {
     fn user_list(&self) -> Result<Vec<UserInfo>, ApiError> {
         Err(no_datasets())
     }
-    /// Adds or replaces a share (stored in its dataset's pool).
-    fn share_add(&self, _share: &Share) -> Result<(), ApiError> {
+    /// Adds or replaces a share (stored in its dataset's pool); with
+    /// `owner`, gives the dataset's root directory to that user.
+    fn share_add(&self, _share: &Share, _owner: Option<&str>) -> Result<(), ApiError> {
         Err(no_datasets())
     }
     /// Removes a share.
@@ -463,6 +464,10 @@ pub trait Backend: Send + Sync {
     /// The daemon's mounts.
     fn dataset_mounts(&self) -> Result<Vec<MountInfo>, ApiError> {
         Err(no_datasets())
+    }
+    /// Where the NFS and WebDAV servers listen (none when not running).
+    fn endpoints(&self) -> crate::servers::Endpoints {
+        crate::servers::Endpoints::default()
     }
     /// Exports every pool cleanly; called once when the daemon stops.
     fn shutdown(&self);

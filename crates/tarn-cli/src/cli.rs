@@ -242,6 +242,25 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "MIB", default_value_t = 64, value_parser = clap::value_parser!(u64).range(4..=65536))]
     pub cache_mib: u64,
 
+    /// Serve the shares over NFSv3 (and MOUNT, same port) on this address,
+    /// e.g. 0.0.0.0:2049
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub nfs: Option<std::net::SocketAddr>,
+
+    /// Serve the shares over WebDAV on this address, e.g. 0.0.0.0:8443;
+    /// HTTPS except on a loopback address
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub webdav: Option<std::net::SocketAddr>,
+
+    /// PEM certificate for WebDAV over HTTPS [default: a self-signed one
+    /// generated in the state directory]
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key for --tls-cert
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
     /// Talk to a running daemon instead of starting one.
     #[command(subcommand)]
     pub action: Option<DaemonAction>,
@@ -518,6 +537,9 @@ pub enum ShareCommand {
         /// Give a user WebDAV access, `NAME=rw` or `NAME=ro` (repeatable)
         #[arg(long = "webdav", value_name = "USER=rw|ro")]
         webdav: Vec<String>,
+        /// Make this user the owner of the dataset's top folder
+        #[arg(long, value_name = "USER")]
+        owner: Option<String>,
     },
     /// Remove a share
     Del {
@@ -599,6 +621,10 @@ pub fn run(cli: Cli, make_backend: Box<BackendFactory<'_>>) -> anyhow::Result<Ex
             txg_interval,
             dirty_max_mib,
             cache_mib,
+            nfs,
+            webdav,
+            tls_cert,
+            tls_key,
         }) => match action {
             None => {
                 let state_dir = state_dir.unwrap_or_else(default_state_dir);
@@ -608,6 +634,11 @@ pub fn run(cli: Cli, make_backend: Box<BackendFactory<'_>>) -> anyhow::Result<Ex
                     txg_interval_secs: txg_interval,
                     dirty_max_mib,
                     cache_mib,
+                };
+                opts.servers = crate::servers::ServerOptions {
+                    nfs,
+                    webdav,
+                    tls_cert: tls_cert.zip(tls_key),
                 };
                 let backend = make_backend(&opts)?;
                 run_daemon(opts, backend)?;
@@ -1461,6 +1492,7 @@ fn share_command(client: &mut Session, out: &Out, cmd: ShareCommand) -> anyhow::
             anon_uid,
             anon_gid,
             webdav,
+            owner,
         } => {
             let mut users = BTreeMap::new();
             for w in &webdav {
@@ -1485,7 +1517,7 @@ fn share_command(client: &mut Session, out: &Out, cmd: ShareCommand) -> anyhow::
                 }),
                 webdav: (!webdav.is_empty()).then_some(crate::access::WebdavShare { users }),
             };
-            let v = client.call(method::SHARE_ADD, &ShareAddParams { share })?;
+            let v = client.call(method::SHARE_ADD, &ShareAddParams { share, owner })?;
             out.raw_or(&v, String::new)?;
         }
         ShareCommand::Del { pool, name } => {

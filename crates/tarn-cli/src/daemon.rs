@@ -69,6 +69,8 @@ pub struct DaemonOptions {
     pub handle_signals: bool,
     /// Limits and intervals handed to every pool the daemon imports.
     pub tuning: Tuning,
+    /// Where NFS and WebDAV listen (not started when absent).
+    pub servers: crate::servers::ServerOptions,
 }
 
 /// The daemon's knobs for its pools; every one is a bound or an interval.
@@ -102,6 +104,7 @@ impl DaemonOptions {
             max_request_bytes: MAX_REQUEST_BYTES,
             handle_signals: false,
             tuning: Tuning::default(),
+            servers: crate::servers::ServerOptions::default(),
         }
     }
 }

@@ -26,6 +26,7 @@ pub mod filesystems;
 pub mod mounts;
 pub mod pools;
 pub mod render;
+pub mod servers;
 
 /// The status types shared with the pool layer, re-exported so API users
 /// need one crate.

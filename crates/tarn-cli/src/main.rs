@@ -12,7 +12,9 @@ use tarn_cli::pools::Pools;
 fn main() -> ExitCode {
     let cli = Cli::parse_args();
     let make_backend = Box::new(|opts: &tarn_cli::daemon::DaemonOptions| {
-        Ok(Arc::new(Pools::open(&opts.state_dir, &opts.tuning)?) as Arc<dyn Backend>)
+        let pools = Arc::new(Pools::open(&opts.state_dir, &opts.tuning)?);
+        pools.start_servers(&opts.servers)?;
+        Ok(pools as Arc<dyn Backend>)
     });
     match run(cli, make_backend) {
         Ok(code) => code,

@@ -33,6 +33,7 @@ use crate::backend::{
 use crate::daemon::Tuning;
 use crate::filesystems::Filesystems;
 use crate::mounts::{MountInfo, Mounts};
+use crate::servers::{share_entries, Endpoints, ServerOptions, Servers};
 
 /// Bytes moved per call between an object and a file.
 const COPY_CHUNK_BYTES: usize = 8 << 20;
@@ -64,6 +65,8 @@ pub struct Pools {
     mounts: Mounts,
     /// The one filesystem object of each dataset in use.
     fss: Filesystems,
+    /// NFS and WebDAV.
+    servers: Servers,
 }
 
 /// A pool name reserved while a create or import runs.
@@ -182,6 +185,7 @@ impl Pools {
             _state_lock: state_lock,
             mounts: Mounts::default(),
             fss: Filesystems::default(),
+            servers: Servers::default(),
         };
         for entry in me.read_cache() {
             match Pool::import(
@@ -295,6 +299,51 @@ impl Pools {
             .any(|p| p.device_paths().contains(&canon))
     }
 
+    /// Every imported pool.
+    pub fn all_pools(&self) -> Vec<Arc<Pool>> {
+        self.lock().values().cloned().collect()
+    }
+
+    /// The NFS exports and WebDAV shares of every pool's stored shares.
+    pub fn share_lists(&self) -> (Vec<tarn_nfs::Export>, Vec<tarn_webdav::Share>) {
+        let mut exports = Vec::new();
+        let mut shares = Vec::new();
+        for pool in self.all_pools() {
+            let list = match access::shares(&pool) {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("tarn: pool '{}': cannot read its shares: {e}", pool.name());
+                    continue;
+                }
+            };
+            for share in list {
+                let fs = match self.fss.get(&pool, &share.dataset) {
+                    Ok(fs) => fs,
+                    Err(e) => {
+                        eprintln!("tarn: share '{}': {e}", share.name);
+                        continue;
+                    }
+                };
+                let (export, dav) = share_entries(fs, &share);
+                exports.extend(export);
+                shares.extend(dav);
+            }
+        }
+        (exports, shares)
+    }
+
+    /// Starts NFS and WebDAV as the options say.
+    pub fn start_servers(self: &Arc<Self>, opts: &ServerOptions) -> anyhow::Result<()> {
+        self.servers.start(self, opts, &self.state_dir)
+    }
+
+    /// Gives the running servers the current shares (after any change of
+    /// shares, pools or datasets).
+    fn refresh_servers(&self) {
+        let (exports, shares) = self.share_lists();
+        self.servers.update(exports, shares);
+    }
+
     /// The pool that stores users: the named one, or the only one.
     fn pool_for_users(&self, pool: Option<&str>) -> Result<Arc<Pool>, ApiError> {
         if let Some(p) = pool {
@@ -356,6 +405,7 @@ impl Backend for Pools {
         let status = pool.status();
         self.lock().insert(req.name.clone(), pool);
         self.write_cache();
+        self.refresh_servers();
         Ok(status)
     }
 
@@ -410,6 +460,7 @@ impl Backend for Pools {
         }
         self.write_cache();
         self.mounts.automount(&self.fss, &pool);
+        self.refresh_servers();
         Ok(ImportResult::Imported(Box::new(status)))
     }
 
@@ -420,6 +471,7 @@ impl Backend for Pools {
         let r = pool.export(false);
         self.forget(&pool);
         self.write_cache();
+        self.refresh_servers();
         r.map_err(api_error)
     }
 
@@ -430,6 +482,7 @@ impl Backend for Pools {
         let r = pool.export(true);
         self.forget(&pool);
         self.write_cache();
+        self.refresh_servers();
         r.map_err(api_error)
     }
 
@@ -542,6 +595,7 @@ impl Backend for Pools {
             self.mounts.remount(&self.fss, &pool, gone, None);
             self.mounts.automount(&self.fss, &pool);
         }
+        self.refresh_servers();
         r
     }
 
@@ -602,6 +656,7 @@ impl Backend for Pools {
         let renamed = r.is_ok().then_some((name, new_name));
         self.mounts.remount(&self.fss, &pool, down, renamed);
         self.mounts.automount(&self.fss, &pool);
+        self.refresh_servers();
         r
     }
 
@@ -626,6 +681,7 @@ impl Backend for Pools {
         let r = tarn_dataset::rollback(&pool, snapshot, destroy_newer).map_err(ds_error);
         self.mounts.remount(&self.fss, &pool, down, None);
         self.mounts.automount(&self.fss, &pool);
+        self.refresh_servers();
         r
     }
 
@@ -665,7 +721,9 @@ impl Backend for Pools {
         if let Some((fs, _)) = origin.split_once('@') {
             self.fss.forget_snapshots(fs);
         }
-        tarn_dataset::promote(&pool, name).map_err(ds_error)
+        let r = tarn_dataset::promote(&pool, name).map_err(ds_error);
+        self.refresh_servers();
+        r
     }
 
     fn user_add(
@@ -706,9 +764,34 @@ impl Backend for Pools {
         Ok(out)
     }
 
-    fn share_add(&self, share: &Share) -> Result<(), ApiError> {
+    fn share_add(&self, share: &Share, owner: Option<&str>) -> Result<(), ApiError> {
         let pool = self.get(pool_of(&share.dataset))?;
-        access::share_put(&pool, share)
+        let owner = match owner {
+            None => None,
+            Some(name) => Some(
+                access::users(&pool)?
+                    .into_iter()
+                    .find(|u| u.name == name)
+                    .ok_or_else(|| {
+                        ApiError::not_found(format!("no user '{name}' in pool '{}'", pool.name()))
+                    })?,
+            ),
+        };
+        access::share_put(&pool, share)?;
+        if let Some(u) = owner {
+            let fs = self.fss.get(&pool, &share.dataset)?;
+            let sa = tarn_fs::SetAttr {
+                uid: Some(u.uid),
+                gid: Some(u.gid),
+                ..Default::default()
+            };
+            fs.setattr(tarn_fs::ROOT_INO, &sa, &tarn_fs::Cred::root())
+                .map_err(|e| {
+                    ApiError::io(format!("cannot give {} to {}: {e}", share.dataset, u.name))
+                })?;
+        }
+        self.refresh_servers();
+        Ok(())
     }
 
     fn share_del(&self, pool: Option<&str>, name: &str) -> Result<(), ApiError> {
@@ -726,7 +809,11 @@ impl Backend for Pools {
             }
         };
         match found.as_slice() {
-            [p] => access::share_del(p, name),
+            [p] => {
+                access::share_del(p, name)?;
+                self.refresh_servers();
+                Ok(())
+            }
             [] => Err(ApiError::not_found(format!("no share '{name}'"))),
             _ => Err(ApiError::invalid(format!(
                 "share '{name}' exists in several pools; name one with --pool"
@@ -780,6 +867,10 @@ impl Backend for Pools {
 
     fn dataset_mounts(&self) -> Result<Vec<MountInfo>, ApiError> {
         Ok(self.mounts.list())
+    }
+
+    fn endpoints(&self) -> Endpoints {
+        self.servers.endpoints()
     }
 
     fn pool_sync(&self, name: &str) -> Result<u64, ApiError> {
@@ -933,6 +1024,7 @@ impl Backend for Pools {
     }
 
     fn shutdown(&self) {
+        self.servers.stop();
         self.mounts.unmount_all();
         let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
         for p in pools {

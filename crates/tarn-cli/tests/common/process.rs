@@ -27,12 +27,18 @@ pub struct Daemon {
 impl Daemon {
     /// Starts a daemon with socket and state under `dir` and waits until it answers.
     pub fn start(dir: &Path) -> Daemon {
+        Daemon::start_with(dir, &[])
+    }
+
+    /// Like [`Daemon::start`], with more daemon arguments.
+    pub fn start_with(dir: &Path, extra: &[&str]) -> Daemon {
         let socket = dir.join("tarn.sock");
         let child = Command::new(env!("CARGO_BIN_EXE_tarn"))
             .args(["daemon", "--socket"])
             .arg(&socket)
             .arg("--state-dir")
             .arg(dir.join("state"))
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

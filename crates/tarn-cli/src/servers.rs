@@ -1,0 +1,243 @@
+//! The network front ends the daemon runs: NFSv3 and WebDAV.
+//!
+//! Both serve the shares stored in the pools (see `access`): every share
+//! with NFS settings is an export at `/NAME`, every share with WebDAV users
+//! is a folder at `/NAME/`. Whenever shares, pools or datasets change, the
+//! daemon rebuilds both lists from the pools and hands them to the running
+//! servers, which swap them in without dropping connections. Each share
+//! uses the dataset's one shared filesystem object (`filesystems`).
+//!
+//! NFS file handles are keyed with a secret kept in the state directory, so
+//! they stay valid across daemon restarts. WebDAV speaks plain HTTP only on
+//! a loopback address; elsewhere it uses TLS with a certificate given in
+//! the options or a self-signed one generated at the first start.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+
+use serde::{Deserialize, Serialize};
+use tarn_nfs::{Export, IpNet, NfsConfig, NfsServer};
+use tarn_webdav::{Authenticator, Principal, TlsConfig, WebdavConfig};
+
+use crate::access::{self, Access};
+use crate::pools::Pools;
+
+/// Where the front ends listen; none means not started.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerOptions {
+    /// NFS (and MOUNT, on the same port).
+    pub nfs: Option<SocketAddr>,
+    /// WebDAV.
+    pub webdav: Option<SocketAddr>,
+    /// A PEM certificate and key for WebDAV over TLS; a self-signed pair in
+    /// the state directory when absent.
+    pub tls_cert: Option<(PathBuf, PathBuf)>,
+}
+
+/// What the running front ends listen on, for the demo's hints.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoints {
+    /// NFS and MOUNT address.
+    pub nfs: Option<SocketAddr>,
+    /// WebDAV address.
+    pub webdav: Option<SocketAddr>,
+    /// True when WebDAV uses TLS.
+    pub webdav_tls: bool,
+    /// SHA-256 fingerprint of the WebDAV certificate.
+    pub tls_fingerprint: Option<String>,
+}
+
+/// The running front ends.
+#[derive(Default)]
+pub struct Servers {
+    nfs: Mutex<Option<tarn_nfs::Running>>,
+    webdav: Mutex<Option<tarn_webdav::Running>>,
+    endpoints: Mutex<Endpoints>,
+}
+
+/// Checks WebDAV logins against the users stored in the pools.
+struct PoolUsers {
+    pools: Weak<Pools>,
+}
+
+impl Authenticator for PoolUsers {
+    fn check(&self, user: &str, password: &str) -> Option<Principal> {
+        let pools = self.pools.upgrade()?;
+        let rec = pools
+            .all_pools()
+            .iter()
+            .find_map(|p| access::authenticate(p, user, password))?;
+        Some(Principal {
+            name: rec.name,
+            uid: rec.uid,
+            gid: rec.gid,
+            groups: Vec::new(),
+            // What a user may do on each share is the share's user list.
+            can_write: true,
+        })
+    }
+}
+
+/// The NFS handle key: 32 random bytes kept in the state directory (0600),
+/// so handles stay valid across restarts.
+fn handle_key(state_dir: &Path) -> anyhow::Result<[u8; 32]> {
+    let path = state_dir.join("nfs-handle-key");
+    let mut key = [0u8; 32];
+    match std::fs::File::open(&path) {
+        Ok(mut f) => {
+            f.read_exact(&mut key)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+            return Ok(key);
+        }
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            anyhow::bail!("cannot open {}: {e}", path.display())
+        }
+        Err(_) => {}
+    }
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut key))
+        .map_err(|e| anyhow::anyhow!("cannot read /dev/urandom: {e}"))?;
+    let tmp = state_dir.join("nfs-handle-key.tmp");
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(&key)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, &path)?;
+    Ok(key)
+}
+
+impl Servers {
+    /// Starts the front ends the options ask for.
+    pub fn start(
+        &self,
+        pools: &Arc<Pools>,
+        opts: &ServerOptions,
+        state_dir: &Path,
+    ) -> anyhow::Result<()> {
+        let (exports, shares) = pools.share_lists();
+        let mut ep = Endpoints::default();
+        if let Some(bind) = opts.nfs {
+            let config = NfsConfig {
+                bind,
+                mount_bind: None,
+                handle_key: handle_key(state_dir)?,
+                ..NfsConfig::default()
+            };
+            let running = NfsServer::start(config, exports)
+                .map_err(|e| anyhow::anyhow!("cannot start the NFS server on {bind}: {e}"))?;
+            ep.nfs = Some(running.local_addrs().0);
+            *self.nfs.lock().unwrap_or_else(|e| e.into_inner()) = Some(running);
+        }
+        if let Some(bind) = opts.webdav {
+            let mut config = WebdavConfig::new(bind);
+            if !bind.ip().is_loopback() {
+                config.tls = Some(match &opts.tls_cert {
+                    Some((cert, key)) => TlsConfig::Pem {
+                        cert: cert.clone(),
+                        key: key.clone(),
+                    },
+                    None => TlsConfig::SelfSigned {
+                        dir: state_dir.join("tls"),
+                        names: Vec::new(),
+                    },
+                });
+            }
+            let tls = config.tls.is_some();
+            let auth = Arc::new(PoolUsers {
+                pools: Arc::downgrade(pools),
+            });
+            let running = tarn_webdav::serve(config, shares, auth)
+                .map_err(|e| anyhow::anyhow!("cannot start the WebDAV server on {bind}: {e}"))?;
+            ep.webdav = Some(running.local_addr());
+            ep.webdav_tls = tls;
+            ep.tls_fingerprint = running.tls_fingerprint().map(|f| f.to_string());
+            *self.webdav.lock().unwrap_or_else(|e| e.into_inner()) = Some(running);
+        }
+        *self.endpoints.lock().unwrap_or_else(|e| e.into_inner()) = ep;
+        Ok(())
+    }
+
+    /// Hands fresh share lists to the running servers.
+    pub fn update(&self, exports: Vec<Export>, shares: Vec<tarn_webdav::Share>) {
+        if let Some(n) = self.nfs.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            if let Err(e) = n.set_exports(exports) {
+                eprintln!("tarn: cannot update the NFS exports: {e}");
+            }
+        }
+        if let Some(w) = self
+            .webdav
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            if let Err(e) = w.set_shares(shares) {
+                eprintln!("tarn: cannot update the WebDAV shares: {e}");
+            }
+        }
+    }
+
+    /// Where the servers listen.
+    pub fn endpoints(&self) -> Endpoints {
+        self.endpoints
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Stops both servers (daemon shutdown).
+    pub fn stop(&self) {
+        if let Some(n) = self.nfs.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            n.stop();
+        }
+        if let Some(w) = self.webdav.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            w.stop();
+        }
+    }
+}
+
+/// The NFS export and the WebDAV share of one stored share.
+pub fn share_entries(
+    fs: Arc<crate::filesystems::DatasetFs>,
+    share: &access::Share,
+) -> (Option<Export>, Option<tarn_webdav::Share>) {
+    let export = share.nfs.as_ref().map(|n| {
+        let clients: Vec<IpNet> = n
+            .clients
+            .iter()
+            .filter_map(|c| match c.parse::<IpNet>() {
+                Ok(net) => Some(net),
+                Err(_) => {
+                    eprintln!("tarn: share '{}': ignoring bad network {c}", share.name);
+                    None
+                }
+            })
+            .collect();
+        let mut e = Export::new(format!("/{}", share.name), fs.clone(), clients);
+        e.read_only = n.read_only;
+        e.root_squash = n.root_squash;
+        e.all_squash = n.all_squash;
+        e.anon_uid = n.anon_uid;
+        e.anon_gid = n.anon_gid;
+        e
+    });
+    let dav = share.webdav.as_ref().map(|w| {
+        let mut s = tarn_webdav::Share::new(share.name.clone(), fs.clone());
+        s.users = Some(
+            w.users
+                .iter()
+                .map(|(u, a)| (u.clone(), *a == Access::Rw))
+                .collect(),
+        );
+        s
+    });
+    (export, dav)
+}

@@ -1,0 +1,170 @@
+//! The daemon serving shares over NFS and WebDAV to real clients (libnfs's
+//! nfs-cp/nfs-cat, curl): users and shares from the pool, changes applied
+//! live, everything back after a restart.
+
+mod common;
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+
+use common::process::{files, Daemon};
+use common::require;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap()
+}
+
+fn add_user(d: &Daemon, name: &str, password: &str) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["user", "add", "--password-stdin", name])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(format!("{password}\n").as_bytes()).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn curl(args: &[&str]) -> (String, Vec<u8>) {
+    let out = Command::new("curl")
+        .args(["-s", "-o", "-", "-w", "\n%{http_code}"])
+        .args(args)
+        .output()
+        .unwrap();
+    let mut body = out.stdout;
+    let split = body.iter().rposition(|&b| b == b'\n').unwrap_or(0);
+    let code = String::from_utf8_lossy(&body[split + 1..]).into_owned();
+    body.truncate(split);
+    (code, body)
+}
+
+fn nfs_url(port: u16, path: &str) -> String {
+    format!("nfs://127.0.0.1{path}?nfsport={port}&mountport={port}&version=3")
+}
+
+#[test]
+fn shares_are_served_over_nfs_and_webdav() {
+    let (Some(_), Some(_), Some(_)) = (
+        require::program("curl"),
+        require::program("nfs-cp"),
+        require::program("nfs-cat"),
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (nfs, dav) = (free_port(), free_port());
+    let nfs_arg = format!("127.0.0.1:{nfs}");
+    let dav_arg = format!("127.0.0.1:{dav}");
+    let args = ["--nfs", nfs_arg.as_str(), "--webdav", dav_arg.as_str()];
+    let mut d = Daemon::start_with(dir.path(), &args);
+    let f = files(dir.path(), "m", 4, 64 << 20);
+    d.ok(&[
+        "pool", "create", "tank", "raidz1", &f[0], &f[1], &f[2], &f[3],
+    ]);
+    d.ok(&["dataset", "create", "tank/photos"]);
+    add_user(&d, "alice", "wonder-land");
+    add_user(&d, "bob", "build-it");
+    d.ok(&[
+        "share",
+        "add",
+        "photos",
+        "tank/photos",
+        "--nfs",
+        "127.0.0.1/32",
+        "--all-squash",
+        "--anon-uid",
+        "10000",
+        "--anon-gid",
+        "10000",
+        "--webdav",
+        "alice=rw",
+        "--webdav",
+        "bob=ro",
+        "--owner",
+        "alice",
+    ]);
+    let web = |p: &str| format!("http://127.0.0.1:{dav}/photos/{p}");
+
+    // WebDAV: alice writes, bob reads, a wrong password is refused.
+    let local = dir.path().join("hello.txt");
+    std::fs::write(&local, b"hello from webdav").unwrap();
+    let (code, _) = curl(&[
+        "-u",
+        "alice:wonder-land",
+        "-T",
+        local.to_str().unwrap(),
+        &web("hello.txt"),
+    ]);
+    assert_eq!(code, "201");
+    let (code, body) = curl(&["-u", "bob:build-it", &web("hello.txt")]);
+    assert_eq!(
+        (code.as_str(), body.as_slice()),
+        ("200", &b"hello from webdav"[..])
+    );
+    let (code, _) = curl(&[
+        "-u",
+        "bob:build-it",
+        "-T",
+        local.to_str().unwrap(),
+        &web("bob.txt"),
+    ]);
+    assert_eq!(code, "403", "bob is read-only on this share");
+    let (code, _) = curl(&["-u", "alice:wrong", &web("hello.txt")]);
+    assert_eq!(code, "401");
+
+    // NFS (every client squashed to alice, uid 10000): the same dataset;
+    // a file copied in shows up over WebDAV.
+    let big: Vec<u8> = (0..(1 << 20) + 1).map(|i: u32| (i % 247) as u8).collect();
+    let src = dir.path().join("big.bin");
+    std::fs::write(&src, &big).unwrap();
+    let out = Command::new("nfs-cp")
+        .arg(&src)
+        .arg(nfs_url(nfs, "/photos/big.bin"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "nfs-cp: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (code, body) = curl(&["-u", "alice:wonder-land", &web("big.bin")]);
+    assert_eq!(code, "200");
+    assert!(body == big, "WebDAV sees what NFS wrote");
+    let out = Command::new("nfs-cat")
+        .arg(nfs_url(nfs, "/photos/hello.txt"))
+        .output()
+        .unwrap();
+    assert_eq!(out.stdout, b"hello from webdav");
+
+    // A restarted daemon serves the same shares and data.
+    d.stop();
+    d = Daemon::start_with(dir.path(), &args);
+    let (code, body) = curl(&["-u", "alice:wonder-land", &web("big.bin")]);
+    assert_eq!(code, "200");
+    assert!(body == big);
+
+    // Removing the share takes it off both servers at once.
+    d.ok(&["share", "del", "photos"]);
+    let (code, _) = curl(&["-u", "alice:wonder-land", &web("hello.txt")]);
+    assert_eq!(code, "404");
+    let out = Command::new("nfs-cat")
+        .arg(nfs_url(nfs, "/photos/hello.txt"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the export is gone");
+    d.stop();
+}
