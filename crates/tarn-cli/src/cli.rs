@@ -219,6 +219,12 @@ pub struct DemoArgs {
     /// Size of each member file (sparse: it takes only what is written)
     #[arg(long, default_value_t = 256, value_name = "MIB")]
     pub size_mib: u64,
+    /// NFS (and MOUNT) port on 127.0.0.1; 0 picks a free one
+    #[arg(long, default_value_t = 20490, value_name = "PORT")]
+    pub nfs_port: u16,
+    /// WebDAV port on 127.0.0.1; 0 picks a free one
+    #[arg(long, default_value_t = 8080, value_name = "PORT")]
+    pub webdav_port: u16,
 }
 
 /// `tarn daemon`.

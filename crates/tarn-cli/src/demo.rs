@@ -16,6 +16,42 @@ use crate::daemon::{run_daemon, DaemonOptions};
 pub const DEMO_POOL: &str = "demo";
 /// The demo's filesystem.
 pub const DEMO_FS: &str = "demo/files";
+/// The demo's user.
+pub const DEMO_USER: &str = "demo";
+/// The demo's share.
+pub const DEMO_SHARE: &str = "files";
+
+/// The demo user's password: made up at the first run and kept in the
+/// demo folder (mode 0600), so every run prints the same one.
+fn demo_password(dir: &Path) -> anyhow::Result<String> {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("demo-password");
+    if let Ok(p) = std::fs::read_to_string(&path) {
+        let p = p.trim().to_string();
+        if !p.is_empty() {
+            return Ok(p);
+        }
+    }
+    let mut raw = [0u8; 12];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut raw))
+        .context("cannot read /dev/urandom")?;
+    const ALPHABET: &[u8] = b"abcdefghijkmnpqrstuvwxyz23456789";
+    let p: String = raw
+        .iter()
+        .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
+        .collect();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    writeln!(f, "{p}")?;
+    Ok(p)
+}
 
 fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
     Ok(if p.is_absolute() {
@@ -43,7 +79,15 @@ pub fn run_demo(args: &DemoArgs, make_backend: Box<BackendFactory<'_>>) -> anyho
     let socket = dir.join("tarn.sock");
     let mut opts = DaemonOptions::new(socket.clone(), dir.join("state"));
     opts.handle_signals = true;
-    let backend = make_backend(&opts)?;
+    let loopback = std::net::Ipv4Addr::LOCALHOST;
+    opts.servers = crate::servers::ServerOptions {
+        nfs: Some((loopback, args.nfs_port).into()),
+        webdav: Some((loopback, args.webdav_port).into()),
+        tls_cert: None,
+    };
+    let backend = make_backend(&opts).with_context(|| {
+        "cannot start the demo's daemon (ports taken? try --nfs-port 0 --webdav-port 0)"
+    })?;
 
     let imported = backend
         .pool_list()
@@ -112,6 +156,58 @@ pub fn run_demo(args: &DemoArgs, make_backend: Box<BackendFactory<'_>>) -> anyho
             .dataset_create(DEMO_FS, &props, false)
             .map_err(anyhow::Error::msg)?;
     }
+    // A demo user and a share of the filesystem over NFS and WebDAV.
+    let password = demo_password(&dir)?;
+    let users = backend.user_list().map_err(anyhow::Error::msg)?;
+    let user = match users.iter().find(|u| u.name == DEMO_USER) {
+        Some(u) => u.clone(),
+        None => backend
+            .user_add(Some(DEMO_POOL), DEMO_USER, &password, None, None)
+            .map_err(anyhow::Error::msg)?,
+    };
+    let shares = backend.share_list().map_err(anyhow::Error::msg)?;
+    if !shares.iter().any(|s| s.share.name == DEMO_SHARE) {
+        let share = crate::access::Share {
+            name: DEMO_SHARE.to_string(),
+            dataset: DEMO_FS.to_string(),
+            nfs: Some(crate::access::NfsShare {
+                clients: vec!["127.0.0.1/32".to_string()],
+                read_only: false,
+                root_squash: true,
+                all_squash: true,
+                anon_uid: user.uid,
+                anon_gid: user.gid,
+            }),
+            webdav: Some(crate::access::WebdavShare {
+                users: [(DEMO_USER.to_string(), crate::access::Access::Rw)]
+                    .into_iter()
+                    .collect(),
+            }),
+        };
+        backend
+            .share_add(&share, Some(DEMO_USER))
+            .map_err(anyhow::Error::msg)?;
+    }
+    let ep = backend.endpoints();
+    let serve_hint = match (ep.webdav, ep.nfs) {
+        (Some(w), Some(n)) => {
+            let (wp, np) = (w.port(), n.port());
+            format!(
+                "\
+WebDAV   http://127.0.0.1:{wp}/{DEMO_SHARE}/   user {DEMO_USER}, password {password}
+  (a browser lists the folder; rclone/cadaver/Finder/Windows connect to it)
+  curl -u {DEMO_USER}:{password} -T README.md http://127.0.0.1:{wp}/{DEMO_SHARE}/README.md
+  curl -u {DEMO_USER}:{password} http://127.0.0.1:{wp}/{DEMO_SHARE}/README.md
+NFS      127.0.0.1:/{DEMO_SHARE}, port {np} (NFS and MOUNT), every client acts as {DEMO_USER}
+  nfs-ls 'nfs://127.0.0.1/{DEMO_SHARE}?nfsport={np}&mountport={np}&version=3'
+  sudo mount -t nfs -o vers=3,proto=tcp,port={np},mountport={np},nolock 127.0.0.1:/{DEMO_SHARE} /mnt
+  (macOS: sudo mount -t nfs -o vers=3,tcp,port={np},mountport={np},nolocks 127.0.0.1:/{DEMO_SHARE} /Volumes/tarn)
+
+"
+            )
+        }
+        _ => String::new(),
+    };
     let mounted = backend
         .dataset_mounts()
         .map_err(anyhow::Error::msg)?
@@ -138,7 +234,7 @@ pub fn run_demo(args: &DemoArgs, make_backend: Box<BackendFactory<'_>>) -> anyho
         "\
 tarn demo: pool '{DEMO_POOL}' {how} — raidz1 over four sparse files in {dir}
 
-Try it from another terminal:
+{serve_hint}Try it from another terminal:
 
   alias tarn={exe}
   export TARN_SOCKET={socket}
@@ -150,8 +246,8 @@ Try it from another terminal:
   tarn pool online {DEMO_POOL} {d1}      # back: only what it missed is resilvered
   tarn pool iostat {DEMO_POOL} 1
 
-NFS, WebDAV and the web page come next (see docs/). Ctrl-C unmounts and
-exports the pool cleanly; run `tarn demo` again and the data is still there.
+Ctrl-C stops the servers, unmounts and exports the pool cleanly; run
+`tarn demo` again and the data is still there. More in docs/getting-started.md.
 ",
         dir = dir.display(),
         socket = socket.display(),

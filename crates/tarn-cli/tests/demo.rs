@@ -1,99 +1,170 @@
-//! The README's main command as a user runs it: start `tarn demo`, use the
-//! pool, stop it with SIGINT, start it again, and find the data still there.
+//! The README's main command as a user runs it: start `tarn demo`, use
+//! both URLs it prints (WebDAV with curl, NFS with libnfs's nfs-cat), the
+//! FUSE folder when running as root, stop it with SIGINT, start it again,
+//! and find the data still there.
 
 mod common;
 
-use std::path::Path;
-
-use common::process::tarn_at as tarn;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-fn start(dir: &Path) -> (Child, std::path::PathBuf) {
-    let child = Command::new(env!("CARGO_BIN_EXE_tarn"))
-        .args(["demo", "--dir"])
+use common::process::tarn_at as tarn;
+
+/// A running demo and what its banner told us.
+struct Demo {
+    child: Child,
+    socket: PathBuf,
+    banner: String,
+    webdav: String,
+    password: String,
+    nfs_port: u16,
+}
+
+fn start(dir: &Path) -> Demo {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .args(["demo", "--nfs-port", "0", "--webdav-port", "0", "--dir"])
         .arg(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let socket = dir.join("tarn.sock");
+    // Read the banner as a user would, until its last line.
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut banner = String::new();
     let t0 = Instant::now();
-    while !tarn(&socket, &["daemon", "ping"]).status.success() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "demo did not come up"
-        );
-        std::thread::sleep(Duration::from_millis(20));
+    while !banner.contains("still there") {
+        let left = Duration::from_secs(60).saturating_sub(t0.elapsed());
+        let line = rx
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("demo did not print its hints: {banner}"));
+        banner.push_str(&line);
+        banner.push('\n');
     }
-    (child, socket)
+    let webdav_line = banner
+        .lines()
+        .find(|l| l.starts_with("WebDAV"))
+        .unwrap_or_else(|| panic!("no WebDAV URL: {banner}"));
+    let webdav = webdav_line.split_whitespace().nth(1).unwrap().to_string();
+    let password = webdav_line.rsplit(' ').next().unwrap().to_string();
+    let nfs_port = banner
+        .lines()
+        .find(|l| l.starts_with("NFS"))
+        .and_then(|l| l.split("port ").nth(1))
+        .and_then(|p| p.split(' ').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no NFS port: {banner}"));
+    let socket = dir.join("tarn.sock");
+    assert!(tarn(&socket, &["daemon", "ping"]).status.success());
+    Demo {
+        child,
+        socket,
+        banner,
+        webdav,
+        password,
+        nfs_port,
+    }
 }
 
-fn interrupt(child: Child) -> String {
+fn interrupt(d: Demo) {
     // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
-    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let rc = unsafe { libc::kill(d.child.id() as libc::pid_t, libc::SIGINT) };
     assert_eq!(rc, 0);
-    let out = child.wait_with_output().unwrap();
+    let out = d.child.wait_with_output().unwrap();
     assert!(
         out.status.success(),
         "demo did not exit cleanly on SIGINT: {:?}",
         out.status
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn curl(args: &[&str]) -> (String, Vec<u8>) {
+    let out = Command::new("curl")
+        .args(["-s", "-o", "-", "-w", "\n%{http_code}"])
+        .args(args)
+        .output()
+        .unwrap();
+    let mut body = out.stdout;
+    let split = body.iter().rposition(|&b| b == b'\n').unwrap_or(0);
+    let code = String::from_utf8_lossy(&body[split + 1..]).into_owned();
+    body.truncate(split);
+    (code, body)
+}
+
+fn nfs_cat(port: u16, path: &str) -> Vec<u8> {
+    let url = format!("nfs://127.0.0.1{path}?nfsport={port}&mountport={port}&version=3");
+    let out = Command::new("nfs-cat").arg(&url).output().unwrap();
+    assert!(
+        out.status.success(),
+        "nfs-cat {url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
 }
 
 #[test]
-fn demo_survives_a_restart() {
+fn demo_serves_and_survives_a_restart() {
+    let (Some(_), Some(_)) = (
+        common::require::program("curl"),
+        common::require::program("nfs-cat"),
+    ) else {
+        return;
+    };
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("tarn-demo");
-    let (child, socket) = start(&dir);
-    let payload = tmp.path().join("payload");
-    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
-    std::fs::write(&payload, &data).unwrap();
-    let o = tarn(
-        &socket,
-        &["object", "put", "demo", "photo", payload.to_str().unwrap()],
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let st = tarn(&socket, &["pool", "status", "demo"]);
+    let d = start(&dir);
+    assert!(d.banner.contains("created"), "{}", d.banner);
+    assert!(d.banner.contains("TARN_SOCKET="), "{}", d.banner);
+    assert!(d.banner.contains("mount -t nfs"), "{}", d.banner);
+    let st = tarn(&d.socket, &["pool", "status", "demo"]);
     assert!(String::from_utf8_lossy(&st.stdout).contains("raidz1-0"));
-    let ls = tarn(&socket, &["dataset", "list"]);
-    assert!(String::from_utf8_lossy(&ls.stdout).contains("demo/files"));
-    // As root with FUSE, the filesystem is a folder of the demo.
+
+    // WebDAV: upload with the printed credentials; NFS reads it back.
+    let photo: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let payload = tmp.path().join("photo.raw");
+    std::fs::write(&payload, &photo).unwrap();
+    let creds = format!("demo:{}", d.password);
+    let url = format!("{}photo.raw", d.webdav);
+    let (code, _) = curl(&["-u", &creds, "-T", payload.to_str().unwrap(), &url]);
+    assert_eq!(code, "201", "{}", d.banner);
+    assert!(nfs_cat(d.nfs_port, "/files/photo.raw") == photo);
+    let (code, _) = curl(&["-u", "demo:wrong", &url]);
+    assert_eq!(code, "401");
+
+    // As root with FUSE, the filesystem is also a folder of the demo.
     let files = dir.join("files");
     let mounted = common::require::fuse();
     if mounted {
         assert!(common::require::is_mounted(&files));
+        assert!(std::fs::read(files.join("photo.raw")).unwrap() == photo);
         std::fs::write(files.join("hello.txt"), b"hello, tarn").unwrap();
     }
-    let banner = interrupt(child);
+    interrupt(d);
     if mounted {
         assert!(!common::require::is_mounted(&files), "Ctrl-C unmounts");
     }
-    assert!(
-        banner.contains("TARN_SOCKET="),
-        "no hints printed: {banner}"
-    );
-    assert!(banner.contains("created"), "{banner}");
 
-    let (child, socket) = start(&dir);
-    let back = tmp.path().join("back");
-    let o = tarn(
-        &socket,
-        &["object", "get", "demo", "photo", back.to_str().unwrap()],
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(
-        std::fs::read(&back).unwrap() == data,
-        "data changed across the restart"
-    );
+    // Again: same data, same password, both URLs.
+    let d = start(&dir);
+    assert!(d.banner.contains("reused"), "{}", d.banner);
+    let url = format!("{}photo.raw", d.webdav);
+    let (code, body) = curl(&["-u", &format!("demo:{}", d.password), &url]);
+    assert_eq!(code, "200");
+    assert!(body == photo, "data changed across the restart");
     if mounted {
-        assert_eq!(
-            std::fs::read(files.join("hello.txt")).unwrap(),
-            b"hello, tarn"
-        );
+        assert_eq!(nfs_cat(d.nfs_port, "/files/hello.txt"), b"hello, tarn");
     }
-    let banner = interrupt(child);
-    assert!(banner.contains("reused"), "{banner}");
+    interrupt(d);
 }
