@@ -83,7 +83,6 @@ fn mem_backend_copy_in_out_and_list() {
 }
 
 #[test]
-#[ignore = "1 GiB copy: slow; run with --ignored"]
 fn mem_backend_one_gib() {
     if !have_tools("mem_backend_one_gib") {
         return;

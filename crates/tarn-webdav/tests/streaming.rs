@@ -122,7 +122,6 @@ fn stream_256_mib() {
 }
 
 #[test]
-#[ignore = "2 GiB: run by hand"]
 fn stream_2_gib() {
     round_trip(2048 * MIB);
 }
