@@ -241,3 +241,34 @@ pub fn share_entries(
     });
     (export, dav)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::handle_key;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_handle_key_is_made_once_and_kept_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = handle_key(dir.path()).unwrap();
+        let b = handle_key(dir.path()).unwrap();
+        assert_eq!(a, b, "restarts must see the same key");
+        assert_ne!(a, [0u8; 32]);
+        let mode = std::fs::metadata(dir.path().join("nfs-handle-key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let other = tempfile::tempdir().unwrap();
+        assert_ne!(
+            handle_key(other.path()).unwrap(),
+            a,
+            "random per state directory"
+        );
+        std::fs::write(dir.path().join("nfs-handle-key"), b"short").unwrap();
+        assert!(
+            handle_key(dir.path()).is_err(),
+            "a damaged key is an error, not a new key"
+        );
+    }
+}

@@ -168,3 +168,27 @@ fn shares_are_served_over_nfs_and_webdav() {
     assert!(!out.status.success(), "the export is gone");
     d.stop();
 }
+
+/// Off loopback, WebDAV is HTTPS with a self-signed certificate made in the
+/// state directory at the first start and kept for the next.
+#[test]
+fn webdav_off_loopback_is_https() {
+    let Some(_) = require::program("curl") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let bind = format!("0.0.0.0:{port}");
+    let d = Daemon::start_with(dir.path(), &["--webdav", bind.as_str()]);
+    let url = format!("https://127.0.0.1:{port}/");
+    let (code, _) = curl(&["-k", &url]);
+    assert_eq!(code, "401", "HTTPS answers (and wants a login)");
+    let (code, _) = curl(&[&format!("http://127.0.0.1:{port}/")]);
+    assert_ne!(code, "401", "no plain HTTP off loopback");
+    let cert = dir.path().join("state/tls/webdav-cert.pem");
+    let first = std::fs::read(&cert).expect("the self-signed certificate");
+    d.stop();
+    let d = Daemon::start_with(dir.path(), &["--webdav", bind.as_str()]);
+    assert_eq!(std::fs::read(&cert).unwrap(), first, "kept across restarts");
+    d.stop();
+}
