@@ -267,6 +267,11 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 
+    /// Serve WebDAV over plain HTTP even off loopback: passwords then cross
+    /// the network in the clear (a trusted LAN, or behind a TLS proxy)
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
+    pub webdav_plain_http: bool,
+
     /// Talk to a running daemon instead of starting one.
     #[command(subcommand)]
     pub action: Option<DaemonAction>,
@@ -631,6 +636,7 @@ pub fn run(cli: Cli, make_backend: Box<BackendFactory<'_>>) -> anyhow::Result<Ex
             webdav,
             tls_cert,
             tls_key,
+            webdav_plain_http,
         }) => match action {
             None => {
                 let state_dir = state_dir.unwrap_or_else(default_state_dir);
@@ -645,6 +651,7 @@ pub fn run(cli: Cli, make_backend: Box<BackendFactory<'_>>) -> anyhow::Result<Ex
                     nfs,
                     webdav,
                     tls_cert: tls_cert.zip(tls_key),
+                    webdav_plain_http,
                 };
                 let backend = make_backend(&opts)?;
                 run_daemon(opts, backend)?;

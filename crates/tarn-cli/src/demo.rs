@@ -84,6 +84,7 @@ pub fn run_demo(args: &DemoArgs, make_backend: Box<BackendFactory<'_>>) -> anyho
         nfs: Some((loopback, args.nfs_port).into()),
         webdav: Some((loopback, args.webdav_port).into()),
         tls_cert: None,
+        webdav_plain_http: false,
     };
     let backend = make_backend(&opts).with_context(|| {
         "cannot start the demo's daemon (ports taken? try --nfs-port 0 --webdav-port 0)"

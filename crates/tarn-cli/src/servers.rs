@@ -34,6 +34,9 @@ pub struct ServerOptions {
     /// A PEM certificate and key for WebDAV over TLS; a self-signed pair in
     /// the state directory when absent.
     pub tls_cert: Option<(PathBuf, PathBuf)>,
+    /// Plain HTTP even off loopback (passwords cross the network in the
+    /// clear: only for a trusted network or behind a TLS proxy).
+    pub webdav_plain_http: bool,
 }
 
 /// What the running front ends listen on, for the demo's hints.
@@ -139,7 +142,9 @@ impl Servers {
         }
         if let Some(bind) = opts.webdav {
             let mut config = WebdavConfig::new(bind);
-            if !bind.ip().is_loopback() {
+            if opts.webdav_plain_http {
+                config.allow_plain_http_non_loopback = true;
+            } else if !bind.ip().is_loopback() {
                 config.tls = Some(match &opts.tls_cert {
                     Some((cert, key)) => TlsConfig::Pem {
                         cert: cert.clone(),

@@ -191,4 +191,12 @@ fn webdav_off_loopback_is_https() {
     let d = Daemon::start_with(dir.path(), &["--webdav", bind.as_str()]);
     assert_eq!(std::fs::read(&cert).unwrap(), first, "kept across restarts");
     d.stop();
+    // Plain HTTP off loopback only when asked for.
+    let d = Daemon::start_with(
+        dir.path(),
+        &["--webdav", bind.as_str(), "--webdav-plain-http"],
+    );
+    let (code, _) = curl(&[&format!("http://127.0.0.1:{port}/")]);
+    assert_eq!(code, "401");
+    d.stop();
 }
