@@ -92,8 +92,15 @@ impl Decoder {
     }
 }
 
-/// Frames `body` as one record of one fragment. Bodies are bounded far
-/// below 2 GiB by the server, so the length always fits 31 bits.
+/// The record-marking header of a one-fragment record of `len` bytes,
+/// written before the body so a large reply is not copied just to prefix
+/// four bytes. Bodies are bounded far below 2 GiB by the server, so the
+/// length always fits 31 bits.
+pub fn header(len: usize) -> [u8; 4] {
+    ((len as u32 & !LAST_FRAGMENT) | LAST_FRAGMENT).to_be_bytes()
+}
+
+/// Frames `body` as one record of one fragment (see [`header`]).
 pub fn frame(body: &[u8]) -> Vec<u8> {
     let len = (body.len() as u32) & !LAST_FRAGMENT;
     let mut v = Vec::with_capacity(body.len() + 4);

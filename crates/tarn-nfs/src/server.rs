@@ -258,7 +258,15 @@ async fn connection(stream: TcpStream, peer: IpAddr, svc: Arc<Service>, cfg: &Nf
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(inflight);
     let writer = tokio::spawn(async move {
         while let Some(buf) = rx.recv().await {
-            if wr.write_all(&buf).await.is_err() {
+            // Small replies go out in one write (one segment: the socket has
+            // no Nagle); large ones are not copied to prefix the header.
+            let ok = if buf.len() < 64 * 1024 {
+                wr.write_all(&record::frame(&buf)).await.is_ok()
+            } else {
+                let head = record::header(buf.len());
+                wr.write_all(&head).await.is_ok() && wr.write_all(&buf).await.is_ok()
+            };
+            if !ok {
                 break;
             }
         }
@@ -286,7 +294,7 @@ async fn connection(stream: TcpStream, peer: IpAddr, svc: Arc<Service>, cfg: &Nf
             tokio::spawn(async move {
                 let reply = tokio::task::spawn_blocking(move || svc.dispatch(peer, &rec)).await;
                 if let Ok(Some(body)) = reply {
-                    let _ = tx.send(record::frame(&body)).await;
+                    let _ = tx.send(body).await;
                 }
                 drop(permit);
             });
