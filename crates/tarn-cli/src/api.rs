@@ -86,6 +86,8 @@ pub mod method {
     pub const DATASET_CLONE: &str = "dataset.clone";
     /// Promote a clone: [`super::NameParams`].
     pub const DATASET_PROMOTE: &str = "dataset.promote";
+    /// Inject or clear a device fault (drills): [`super::InjectParams`].
+    pub const POOL_INJECT: &str = "pool.inject";
     /// Add a user: [`super::UserAddParams`].
     pub const USER_ADD: &str = "user.add";
     /// Remove a user: [`super::UserParams`].
@@ -139,6 +141,7 @@ pub mod method {
         DATASET_ROLLBACK,
         DATASET_CLONE,
         DATASET_PROMOTE,
+        POOL_INJECT,
         USER_ADD,
         USER_DEL,
         USER_PASSWD,
@@ -667,6 +670,19 @@ pub struct UnmountParams {
     pub name: String,
 }
 
+/// `pool.inject`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InjectParams {
+    /// Pool name.
+    pub name: String,
+    /// Member device.
+    pub device: String,
+    /// The fault to add; none clears every fault of the device.
+    #[serde(default)]
+    pub fault: Option<tarn_vdev::Fault>,
+}
+
 /// `user.add`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -935,6 +951,19 @@ pub fn dispatch(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, 
         m::DATASET_PROMOTE => {
             let NameParams { name } = params(method, p)?;
             reply(backend.dataset_promote(&name)?)
+        }
+        m::POOL_INJECT => {
+            let InjectParams {
+                name,
+                device,
+                fault,
+            } = params(method, p)?;
+            if let Some(f) = &fault {
+                if !(0.0..=1.0).contains(&f.probability) {
+                    return Err(ApiError::invalid("probability must be between 0 and 1"));
+                }
+            }
+            reply(backend.pool_inject(&name, &device, fault)?)
         }
         m::USER_ADD => {
             let UserAddParams {

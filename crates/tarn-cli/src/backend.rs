@@ -406,6 +406,16 @@ pub trait Backend: Send + Sync {
     fn dataset_promote(&self, _name: &str) -> Result<(), ApiError> {
         Err(no_datasets())
     }
+    /// Drills: makes a member device misbehave, or with `None` behave
+    /// again; answers the faults in force.
+    fn pool_inject(
+        &self,
+        _name: &str,
+        _device: &str,
+        _fault: Option<tarn_vdev::Fault>,
+    ) -> Result<Vec<tarn_vdev::Fault>, ApiError> {
+        Err(no_datasets())
+    }
     /// Adds a user to a pool (the only pool when `pool` is none).
     fn user_add(
         &self,

@@ -22,7 +22,7 @@ use serde_json::Value;
 use crate::api::{
     method, ClearParams, CloneParams, DatasetCreateParams, DatasetDestroyParams, DatasetGetParams,
     DatasetInheritParams, DatasetListParams, DatasetRenameParams, DatasetSetParams, DeviceParams,
-    ForceParams, MountParams, NameParams, NoParams, ObjectParams, ObjectReadParams,
+    ForceParams, InjectParams, MountParams, NameParams, NoParams, ObjectParams, ObjectReadParams,
     ObjectWriteParams, OptionalNameParams, PingResult, PoolParams, ReplaceParams, RollbackParams,
     ScrubParams, ShareAddParams, ShareDelParams, SnapshotParams, SyncResult, UnmountParams,
     UserAddParams, UserParams, UserPasswdParams,
@@ -406,6 +406,25 @@ pub enum PoolCommand {
     Sync {
         /// Pool name
         pool: String,
+    },
+    /// Drills: make a device misbehave (read-error, write-error, bitflip,
+    /// drop-write, torn-write, latency, vanish), or `--clear` it
+    Inject {
+        /// Pool name
+        pool: String,
+        /// Member device
+        device: String,
+        /// Fault kind; omit with --clear
+        kind: Option<String>,
+        /// Share of the I/Os it hits, 0..1
+        #[arg(long, default_value_t = 1.0)]
+        probability: f64,
+        /// Delay of a latency fault
+        #[arg(long, default_value_t = 100)]
+        latency_ms: u64,
+        /// Remove every fault of the device
+        #[arg(long)]
+        clear: bool,
     },
 }
 
@@ -1159,6 +1178,50 @@ fn pool_command(
             let v = client.call(method::POOL_SYNC, &NameParams { name: pool.clone() })?;
             let synced: SyncResult = decode(method::POOL_SYNC, v.clone())?;
             out.raw_or(&v, || format!("{pool}: committed txg {}\n", synced.txg))?;
+        }
+        PoolCommand::Inject {
+            pool,
+            device,
+            kind,
+            probability,
+            latency_ms,
+            clear,
+        } => {
+            let fault = match (kind, clear) {
+                (None, true) => None,
+                (Some(k), false) => {
+                    let kind = tarn_vdev::FaultKind::parse(&k).ok_or_else(|| {
+                        let names: Vec<&str> =
+                            tarn_vdev::FaultKind::ALL.iter().map(|k| k.name()).collect();
+                        anyhow!("unknown fault '{k}'; one of: {}", names.join(", "))
+                    })?;
+                    Some(tarn_vdev::Fault {
+                        kind,
+                        probability,
+                        range: None,
+                        latency_ms,
+                    })
+                }
+                _ => bail!("give a fault kind, or --clear"),
+            };
+            let params = InjectParams {
+                name: pool,
+                device: device_arg(&device)?,
+                fault,
+            };
+            let v = client.call(method::POOL_INJECT, &params)?;
+            let now: Vec<tarn_vdev::Fault> = decode(method::POOL_INJECT, v.clone())?;
+            out.raw_or(&v, || {
+                if now.is_empty() {
+                    format!("{device}: no faults\n")
+                } else {
+                    let list: Vec<String> = now
+                        .iter()
+                        .map(|f| format!("{} ({:.0}%)", f.kind.name(), f.probability * 100.0))
+                        .collect();
+                    format!("{device}: {}\n", list.join(", "))
+                }
+            })?;
         }
     }
     Ok(())

@@ -726,6 +726,21 @@ impl Backend for Pools {
         r
     }
 
+    fn pool_inject(
+        &self,
+        name: &str,
+        device: &str,
+        fault: Option<tarn_vdev::Fault>,
+    ) -> Result<Vec<tarn_vdev::Fault>, ApiError> {
+        let what = fault
+            .as_ref()
+            .map(|f| format!("{} ({:.0}%)", f.kind.name(), f.probability * 100.0))
+            .unwrap_or_else(|| "no faults".into());
+        let r = self.get(name)?.inject(device, fault).map_err(api_error)?;
+        eprintln!("tarn: drill: pool '{name}' device {device}: {what}");
+        Ok(r)
+    }
+
     fn user_add(
         &self,
         pool: Option<&str>,

@@ -15,7 +15,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use tarn_vdev::{FileLeaf, Leaf, LeafState, PoolState};
+use tarn_vdev::{Leaf, LeafState, PoolState};
 
 use crate::pool::{add_counters, conv_counters, lock_device, new_guid, Pool};
 use crate::status::{Counters, IostatEntry};
@@ -110,10 +110,10 @@ impl Pool {
     /// the same device (by its label GUID).
     fn reopen(&self, ti: usize, ci: usize) -> Result<Arc<dyn Leaf>, PoolError> {
         let info = &self.tops[ti].leaves()[ci];
-        let leaf = FileLeaf::open(&info.path).map_err(|e| {
+        let leaf = tarn_vdev::open_device(&info.path).map_err(|e| {
             PoolError::NotFound(format!("cannot open {}: {e}", info.path.display()))
         })?;
-        match tarn_vdev::read_label(&leaf) {
+        match tarn_vdev::read_label(leaf.as_ref()) {
             Ok(l) if l.config.pool_guid == self.guid && l.config.device_guid == info.guid => {}
             _ => {
                 return Err(PoolError::Invalid(format!(
@@ -127,7 +127,7 @@ impl Pool {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(lock_device(&info.path)?);
-        Ok(Arc::new(leaf))
+        Ok(leaf)
     }
 
     /// Brings a device back into service and resilvers what it missed.
@@ -156,10 +156,33 @@ impl Pool {
         Ok(())
     }
 
+    /// Drills: makes a device misbehave (see `tarn_vdev::fault`), or with
+    /// `None` behave again. Returns the faults now in force on it.
+    pub fn inject(
+        &self,
+        device: &str,
+        fault: Option<tarn_vdev::Fault>,
+    ) -> Result<Vec<tarn_vdev::Fault>, PoolError> {
+        let (ti, ci) = self.find_leaf(device)?;
+        let path = self.tops[ti].leaves()[ci].path.clone();
+        let leaf = tarn_vdev::find_device(&path).ok_or_else(|| {
+            PoolError::NotFound(format!(
+                "device {} of pool '{}' is not open",
+                path.display(),
+                self.name
+            ))
+        })?;
+        match fault {
+            Some(f) => leaf.inject(f),
+            None => leaf.clear(),
+        }
+        Ok(leaf.faults())
+    }
+
     /// Replaces `old` with the device at `new` and resilvers everything onto it.
     pub fn replace(self: &Arc<Self>, old: &str, new: &Path, force: bool) -> Result<(), PoolError> {
         let (ti, ci) = self.find_leaf(old)?;
-        let leaf = FileLeaf::open(new)
+        let leaf = tarn_vdev::open_device(new)
             .map_err(|e| PoolError::Invalid(format!("device {}: {e}", new.display())))?;
         let need = self.tops[ti]
             .leaves()
@@ -177,7 +200,7 @@ impl Pool {
                 need
             )));
         }
-        if let Ok(l) = tarn_vdev::read_label(&leaf) {
+        if let Ok(l) = tarn_vdev::read_label(leaf.as_ref()) {
             let same_leaf = l.config.pool_guid == self.guid
                 && l.config.device_guid == self.tops[ti].leaves()[ci].guid;
             if l.config.state != PoolState::Destroyed && !same_leaf && !force {
@@ -205,7 +228,7 @@ impl Pool {
             let lock = lock_device(new)?;
             let old_guid = self.tops[ti].leaves()[ci].guid;
             let guid = new_guid();
-            self.tops[ti].replace_leaf(ci, Arc::new(leaf), guid)?;
+            self.tops[ti].replace_leaf(ci, leaf, guid)?;
             self.locks
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())

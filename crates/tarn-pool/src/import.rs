@@ -15,7 +15,7 @@ use std::sync::Arc;
 use tarn_block::pipeline;
 use tarn_space::SpaceMap;
 use tarn_tree::Tree;
-use tarn_vdev::{FileLeaf, LabelConfig, Leaf, LeafState, PoolState, TopHealth, TopVdev};
+use tarn_vdev::{LabelConfig, Leaf, LeafState, PoolState, TopHealth, TopVdev};
 
 use crate::config::{PoolOptions, PoolProps};
 use crate::pool::{decode_space_root, lock_device, MetaState, Pool, K_PROPS, K_STATE};
@@ -55,16 +55,16 @@ fn candidates(dirs: &[PathBuf], devices: &[PathBuf]) -> Vec<PathBuf> {
 fn scan_labels(dirs: &[PathBuf], devices: &[PathBuf]) -> Vec<Found> {
     let mut out = Vec::new();
     for p in candidates(dirs, devices) {
-        let Ok(leaf) = FileLeaf::open(&p) else {
+        let Ok(leaf) = tarn_vdev::open_device(&p) else {
             continue;
         };
-        let Ok(l) = tarn_vdev::read_label(&leaf) else {
+        let Ok(l) = tarn_vdev::read_label(leaf.as_ref()) else {
             continue;
         };
         let path = std::fs::canonicalize(&p).unwrap_or(p);
         out.push(Found {
             path,
-            leaf: Arc::new(leaf),
+            leaf,
             config: l.config,
         });
     }

@@ -19,7 +19,7 @@ use tarn_block::pipeline::{self, Missed, Prepared};
 use tarn_block::{BlockPtr, BlockType, CompressAlg};
 use tarn_space::{SpaceMap, DEFER_TXGS};
 use tarn_tree::Tree;
-use tarn_vdev::{FileLeaf, LabelConfig, Leaf, LeafState, PoolState, TopHealth, TopVdev, VdevKind};
+use tarn_vdev::{LabelConfig, Leaf, LeafState, PoolState, TopHealth, TopVdev, VdevKind};
 
 use crate::config::{PoolOptions, PoolProps, VdevSpec};
 use crate::scan::ScanRecord;
@@ -351,7 +351,7 @@ impl Pool {
             let mut leaves: Vec<Option<Arc<dyn Leaf>>> = Vec::new();
             let mut children = Vec::new();
             for d in &s.devices {
-                let leaf = FileLeaf::open(d)
+                let leaf = tarn_vdev::open_device(d)
                     .map_err(|e| PoolError::Invalid(format!("device {}: {e}", d.display())))?;
                 if leaf.size() < tarn_vdev::MIN_LEAF_SIZE {
                     return Err(PoolError::Invalid(format!(
@@ -361,7 +361,7 @@ impl Pool {
                         tarn_vdev::MIN_LEAF_SIZE >> 20
                     )));
                 }
-                if let Ok(l) = tarn_vdev::read_label(&leaf) {
+                if let Ok(l) = tarn_vdev::read_label(leaf.as_ref()) {
                     if l.config.state != PoolState::Destroyed && !force {
                         return Err(PoolError::InUse(format!(
                             "device {} belongs to pool '{}' ({:?}); use -f to overwrite it",
@@ -377,7 +377,7 @@ impl Pool {
                     path: std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()),
                     offline: false,
                 });
-                leaves.push(Some(Arc::new(leaf) as Arc<dyn Leaf>));
+                leaves.push(Some(leaf as Arc<dyn Leaf>));
             }
             let cfg = tarn_vdev::TopConfig {
                 kind: s.kind,

@@ -15,6 +15,7 @@ mod leaf;
 mod mirror;
 mod parity;
 mod raidz;
+pub mod fault;
 pub mod testing;
 mod top;
 
@@ -27,6 +28,7 @@ pub use label::{
     LABEL_CONFIG_SIZE, LABEL_HEADER_LEN, LABEL_HEADER_VERSION, LABEL_MAGIC, LABEL_SIZE,
     MIN_LEAF_SIZE, UBERBLOCK_RING_SIZE, UBERBLOCK_SLOT_MIN,
 };
+pub use fault::{find_device, open_device, Fault, FaultKind, FaultLeaf};
 pub use leaf::{FileLeaf, Leaf};
 pub use top::{
     ChildExtent, Counters, LeafInfo, LeafState, ScrubOutcome, TopHealth, TopVdev, WriteOutcome,

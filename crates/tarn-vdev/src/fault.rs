@@ -1,0 +1,489 @@
+//! A leaf that injects faults: the drills and tests that prove the pool
+//! keeps its contract when devices misbehave.
+//!
+//! # Theory
+//!
+//! `FaultLeaf` wraps any leaf and, when told to, makes it misbehave the
+//! way real devices do (DESIGN.md, "assumptions about media"): reads or
+//! writes that fail, reads that return flipped bits, writes that are
+//! acknowledged but never land (dropped), writes of which only a prefix of
+//! the sectors lands (torn), slow I/O, and a device that vanishes. Each
+//! fault applies to a share of the I/Os, decided by a seeded xorshift
+//! generator so a failing run can be replayed exactly, optionally limited
+//! to a byte range of the device.
+//!
+//! For power cuts it keeps, when asked to, an undo record of every write
+//! since the last flush: [`FaultLeaf::power_cut`] then puts back the old
+//! bytes of each of those writes with a given probability, as a device
+//! loses what sat in its volatile cache. Flushed writes are never undone.
+//!
+//! The pool wraps every device it opens in a `FaultLeaf` with no faults
+//! set, so `tarn pool inject` can drill a live pool; the cost when idle is
+//! one uncontended lock per I/O.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::leaf::{FileLeaf, Leaf};
+use crate::VdevError;
+
+/// What a fault does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    /// Reads fail with an I/O error.
+    ReadError,
+    /// Writes fail with an I/O error.
+    WriteError,
+    /// Reads return data with one bit flipped.
+    Bitflip,
+    /// Writes are acknowledged but nothing lands.
+    DropWrite,
+    /// Writes land only partly: a prefix of whole sectors.
+    TornWrite,
+    /// Every I/O waits first (see [`Fault::latency_ms`]).
+    Latency,
+    /// The device is gone: every I/O and flush fails.
+    Vanish,
+}
+
+impl FaultKind {
+    /// Every kind, for help texts.
+    pub const ALL: [FaultKind; 7] = [
+        FaultKind::ReadError,
+        FaultKind::WriteError,
+        FaultKind::Bitflip,
+        FaultKind::DropWrite,
+        FaultKind::TornWrite,
+        FaultKind::Latency,
+        FaultKind::Vanish,
+    ];
+
+    /// The name used on the command line (`read-error`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::ReadError => "read-error",
+            FaultKind::WriteError => "write-error",
+            FaultKind::Bitflip => "bitflip",
+            FaultKind::DropWrite => "drop-write",
+            FaultKind::TornWrite => "torn-write",
+            FaultKind::Latency => "latency",
+            FaultKind::Vanish => "vanish",
+        }
+    }
+
+    /// Parses a command-line name.
+    pub fn parse(s: &str) -> Option<FaultKind> {
+        FaultKind::ALL.into_iter().find(|k| k.name() == s)
+    }
+}
+
+/// One injected fault.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Fault {
+    /// What it does.
+    pub kind: FaultKind,
+    /// Share of the matching I/Os it hits, 0.0..=1.0.
+    pub probability: f64,
+    /// Only I/Os touching this byte range [start, end) of the device.
+    pub range: Option<(u64, u64)>,
+    /// Delay of a `Latency` fault.
+    pub latency_ms: u64,
+}
+
+impl Fault {
+    /// A fault of `kind` hitting every I/O anywhere on the device.
+    pub fn always(kind: FaultKind) -> Fault {
+        Fault {
+            kind,
+            probability: 1.0,
+            range: None,
+            latency_ms: 0,
+        }
+    }
+}
+
+struct State {
+    faults: Vec<Fault>,
+    rng: u64,
+    /// Undo records (offset, old bytes) of writes since the last flush.
+    undo: Option<Vec<(u64, Vec<u8>)>>,
+    injected: u64,
+}
+
+impl State {
+    fn next(&mut self) -> u64 {
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        if p >= 1.0 {
+            return true;
+        }
+        if p <= 0.0 {
+            return false;
+        }
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+
+    /// The first fault of `kind` that hits an I/O of `len` bytes at `off`.
+    fn hit(&mut self, kind: FaultKind, off: u64, len: u64) -> Option<Fault> {
+        let f = self
+            .faults
+            .iter()
+            .find(|f| {
+                f.kind == kind
+                    && f.range
+                        .is_none_or(|(s, e)| off < e && off.saturating_add(len) > s)
+            })?
+            .clone();
+        if self.chance(f.probability) {
+            self.injected += 1;
+            Some(f)
+        } else {
+            None
+        }
+    }
+}
+
+/// Every device opened with [`open_device`], by canonical path, so a
+/// drill can find the live leaf of a pool member.
+fn registry() -> &'static Mutex<HashMap<PathBuf, Weak<FaultLeaf>>> {
+    static REG: OnceLock<Mutex<HashMap<PathBuf, Weak<FaultLeaf>>>> = OnceLock::new();
+    REG.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Opens a device (file or block device) the way the pool does: a
+/// [`FileLeaf`] inside a [`FaultLeaf`] with no faults, registered so
+/// [`find_device`] can reach it.
+pub fn open_device(path: &Path) -> Result<Arc<FaultLeaf>, VdevError> {
+    let leaf = FileLeaf::open(path)?;
+    let f = Arc::new(FaultLeaf::new(Arc::new(leaf), 4096));
+    let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut reg = registry().lock().unwrap_or_else(|e| e.into_inner());
+    reg.retain(|_, w| w.strong_count() > 0);
+    reg.insert(key, Arc::downgrade(&f));
+    Ok(f)
+}
+
+/// The open device at `path`, if this process has it open.
+pub fn find_device(path: &Path) -> Option<Arc<FaultLeaf>> {
+    let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    registry()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+        .and_then(Weak::upgrade)
+}
+
+/// A leaf that injects faults (see the module docs).
+pub struct FaultLeaf {
+    inner: Arc<dyn Leaf>,
+    sector: u64,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for FaultLeaf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FaultLeaf({:?})", self.inner)
+    }
+}
+
+fn injected(what: &str) -> io::Error {
+    io::Error::other(format!("injected fault: {what}"))
+}
+
+impl FaultLeaf {
+    /// Wraps `inner`; `sector` is the unit of torn writes.
+    pub fn new(inner: Arc<dyn Leaf>, sector: u64) -> FaultLeaf {
+        FaultLeaf {
+            inner,
+            sector: sector.max(512),
+            state: Mutex::new(State {
+                faults: Vec::new(),
+                rng: 0x9E37_79B9_7F4A_7C15,
+                undo: None,
+                injected: 0,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a fault.
+    pub fn inject(&self, fault: Fault) {
+        self.lock().faults.push(fault);
+    }
+
+    /// Removes every fault (the device behaves again).
+    pub fn clear(&self) {
+        self.lock().faults.clear();
+    }
+
+    /// The faults in force.
+    pub fn faults(&self) -> Vec<Fault> {
+        self.lock().faults.clone()
+    }
+
+    /// How many I/Os a fault has hit so far.
+    pub fn injected(&self) -> u64 {
+        self.lock().injected
+    }
+
+    /// Seeds the generator that decides which I/Os a fault hits.
+    pub fn seed(&self, seed: u64) {
+        self.lock().rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    }
+
+    /// Starts (or stops) keeping undo records of unflushed writes, for
+    /// [`FaultLeaf::power_cut`].
+    pub fn track_unflushed(&self, on: bool) {
+        self.lock().undo = on.then(Vec::new);
+    }
+
+    /// Simulates a power cut: each write since the last flush is undone
+    /// with `probability` (newest first, so overlapping writes unwind in
+    /// order). Returns how many were undone.
+    pub fn power_cut(&self, probability: f64) -> io::Result<usize> {
+        let mut st = self.lock();
+        let Some(undo) = st.undo.take() else {
+            return Ok(0);
+        };
+        let mut n = 0;
+        for (off, old) in undo.into_iter().rev() {
+            if st.chance(probability) {
+                self.inner.write_at(&old, off)?;
+                n += 1;
+            }
+        }
+        st.undo = Some(Vec::new());
+        Ok(n)
+    }
+
+    /// The wrapped leaf.
+    pub fn inner(&self) -> &Arc<dyn Leaf> {
+        &self.inner
+    }
+}
+
+impl Leaf for FaultLeaf {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let len = buf.len() as u64;
+        let (vanish, error, flip, delay) = {
+            let mut st = self.lock();
+            (
+                st.hit(FaultKind::Vanish, offset, len).is_some(),
+                st.hit(FaultKind::ReadError, offset, len).is_some(),
+                st.hit(FaultKind::Bitflip, offset, len)
+                    .map(|_| st.next() % (len.max(1) * 8)),
+                st.hit(FaultKind::Latency, offset, len).map(|f| f.latency_ms),
+            )
+        };
+        if let Some(ms) = delay {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+        if vanish {
+            return Err(injected("device vanished"));
+        }
+        if error {
+            return Err(injected("read error"));
+        }
+        self.inner.read_at(buf, offset)?;
+        if let Some(bit) = flip {
+            if let Some(b) = buf.get_mut((bit / 8) as usize) {
+                *b ^= 1 << (bit % 8);
+            }
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let len = buf.len() as u64;
+        let (vanish, error, drop, torn, delay, tracking) = {
+            let mut st = self.lock();
+            (
+                st.hit(FaultKind::Vanish, offset, len).is_some(),
+                st.hit(FaultKind::WriteError, offset, len).is_some(),
+                st.hit(FaultKind::DropWrite, offset, len).is_some(),
+                st.hit(FaultKind::TornWrite, offset, len).map(|_| {
+                    let sectors = len.div_ceil(self.sector).max(1);
+                    (st.next() % sectors) * self.sector
+                }),
+                st.hit(FaultKind::Latency, offset, len).map(|f| f.latency_ms),
+                st.undo.is_some(),
+            )
+        };
+        if let Some(ms) = delay {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+        if vanish {
+            return Err(injected("device vanished"));
+        }
+        if error {
+            return Err(injected("write error"));
+        }
+        if tracking {
+            let mut old = vec![0u8; buf.len()];
+            self.inner.read_at(&mut old, offset)?;
+            if let Some(u) = self.lock().undo.as_mut() {
+                u.push((offset, old));
+            }
+        }
+        if drop {
+            return Ok(()); // acknowledged, never written
+        }
+        match torn {
+            Some(keep) => self.inner.write_at(&buf[..keep as usize], offset),
+            None => self.inner.write_at(buf, offset),
+        }
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        let vanish = self.lock().hit(FaultKind::Vanish, 0, u64::MAX).is_some();
+        if vanish {
+            return Err(injected("device vanished"));
+        }
+        self.inner.flush()?;
+        if let Some(u) = self.lock().undo.as_mut() {
+            u.clear();
+        }
+        Ok(())
+    }
+
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+
+    fn path(&self) -> &Path {
+        self.inner.path()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::MemLeaf;
+
+    fn leaf() -> (Arc<MemLeaf>, FaultLeaf) {
+        let m = Arc::new(MemLeaf::new(1 << 20));
+        let f = FaultLeaf::new(m.clone(), 4096);
+        (m, f)
+    }
+
+    #[test]
+    fn passes_through_when_idle() {
+        let (_, f) = leaf();
+        f.write_at(&[7; 8192], 4096).unwrap();
+        let mut b = [0u8; 8192];
+        f.read_at(&mut b, 4096).unwrap();
+        assert_eq!(b, [7; 8192]);
+        assert_eq!(f.injected(), 0);
+    }
+
+    #[test]
+    fn each_kind_does_what_it_says() {
+        let (m, f) = leaf();
+        f.write_at(&[1; 8192], 0).unwrap();
+        let mut b = [0u8; 8192];
+
+        f.inject(Fault::always(FaultKind::ReadError));
+        assert!(f.read_at(&mut b, 0).is_err());
+        f.clear();
+
+        f.inject(Fault::always(FaultKind::Bitflip));
+        f.read_at(&mut b, 0).unwrap();
+        let flipped: u32 = b.iter().map(|x| (x ^ 1).count_ones()).sum();
+        assert_eq!(flipped, 1, "exactly one bit differs");
+        f.clear();
+
+        f.inject(Fault::always(FaultKind::DropWrite));
+        f.write_at(&[2; 8192], 0).unwrap();
+        m.read_at(&mut b, 0).unwrap();
+        assert_eq!(b, [1; 8192], "dropped: the old bytes stay");
+        f.clear();
+
+        f.inject(Fault::always(FaultKind::TornWrite));
+        f.write_at(&[3; 8192], 0).unwrap();
+        m.read_at(&mut b, 0).unwrap();
+        let landed = b.iter().take_while(|&&x| x == 3).count();
+        assert!(landed % 4096 == 0 && landed < 8192, "a sector prefix: {landed}");
+        assert!(b[landed..].iter().all(|&x| x == 1));
+        f.clear();
+
+        f.inject(Fault::always(FaultKind::WriteError));
+        assert!(f.write_at(&[4; 8192], 0).is_err());
+        f.clear();
+
+        f.inject(Fault::always(FaultKind::Vanish));
+        assert!(f.read_at(&mut b, 0).is_err());
+        assert!(f.flush().is_err());
+        f.clear();
+        f.flush().unwrap();
+
+        let mut slow = Fault::always(FaultKind::Latency);
+        slow.latency_ms = 30;
+        f.inject(slow);
+        let t = std::time::Instant::now();
+        f.read_at(&mut b, 0).unwrap();
+        assert!(t.elapsed() >= Duration::from_millis(30));
+    }
+
+    #[test]
+    fn ranges_and_probability_are_honoured_and_replayable() {
+        let (_, f) = leaf();
+        let mut fault = Fault::always(FaultKind::ReadError);
+        fault.range = Some((65536, 131072));
+        f.inject(fault);
+        let mut b = [0u8; 4096];
+        assert!(f.read_at(&mut b, 0).is_ok());
+        assert!(f.read_at(&mut b, 65536).is_err());
+        assert!(f.read_at(&mut b, 131072).is_ok());
+        f.clear();
+        let run = |seed| {
+            let (_, f) = leaf();
+            f.seed(seed);
+            let mut p = Fault::always(FaultKind::ReadError);
+            p.probability = 0.3;
+            f.inject(p);
+            (0..200)
+                .map(|i| f.read_at(&mut [0u8; 512], i * 512).is_err())
+                .collect::<Vec<bool>>()
+        };
+        let a = run(7);
+        assert_eq!(a, run(7), "the same seed replays exactly");
+        let hits = a.iter().filter(|x| **x).count();
+        assert!((30..=90).contains(&hits), "about 30% of 200: {hits}");
+        assert_ne!(a, run(8));
+    }
+
+    #[test]
+    fn power_cut_undoes_only_unflushed_writes() {
+        let (m, f) = leaf();
+        f.track_unflushed(true);
+        f.write_at(&[1; 4096], 0).unwrap();
+        f.flush().unwrap();
+        f.write_at(&[2; 4096], 0).unwrap();
+        f.write_at(&[3; 4096], 4096).unwrap();
+        assert_eq!(f.power_cut(1.0).unwrap(), 2);
+        let mut b = [0u8; 8192];
+        m.read_at(&mut b, 0).unwrap();
+        assert!(b[..4096].iter().all(|&x| x == 1), "the flushed write stays");
+        assert!(b[4096..].iter().all(|&x| x == 0), "the unflushed write is gone");
+        f.write_at(&[5; 4096], 0).unwrap();
+        assert_eq!(f.power_cut(0.0).unwrap(), 0, "probability 0 keeps them");
+        m.read_at(&mut b[..4096], 0).unwrap();
+        assert!(b[..4096].iter().all(|&x| x == 5));
+    }
+}
