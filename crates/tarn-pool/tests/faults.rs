@@ -24,7 +24,10 @@ fn files(dir: &Path, n: usize) -> Vec<PathBuf> {
     (0..n)
         .map(|i| {
             let p = dir.join(format!("d{i}"));
-            std::fs::File::create(&p).unwrap().set_len(64 << 20).unwrap();
+            std::fs::File::create(&p)
+                .unwrap()
+                .set_len(64 << 20)
+                .unwrap();
             p
         })
         .collect()
@@ -51,7 +54,10 @@ fn scrub(pool: &Arc<Pool>) -> ScanStatus {
                 return s;
             }
         }
-        assert!(t0.elapsed() < Duration::from_secs(60), "scrub did not finish");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "scrub did not finish"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -86,7 +92,8 @@ fn injected_faults_are_survived_and_repaired() {
 
     // Every read of one member returns a flipped bit: reads are still right
     // (reconstructed from parity) and the member's checksum errors count.
-    pool.inject(dev1, Some(Fault::always(FaultKind::Bitflip))).unwrap();
+    pool.inject(dev1, Some(Fault::always(FaultKind::Bitflip)))
+        .unwrap();
     check_all(&pool, &objs);
     let leaf = tarn_vdev::find_device(&devs[1]).unwrap();
     assert!(leaf.injected() > 0, "the fault was hit");
@@ -94,7 +101,8 @@ fn injected_faults_are_survived_and_repaired() {
 
     // Writes to one member silently vanish: the data still reads right, and
     // a scrub finds and rewrites what the member lacks.
-    pool.inject(dev2, Some(Fault::always(FaultKind::DropWrite))).unwrap();
+    pool.inject(dev2, Some(Fault::always(FaultKind::DropWrite)))
+        .unwrap();
     for i in 6..10u64 {
         let d = data(i, 200_000);
         pool.object_write(&format!("o{i}"), 0, &d, false).unwrap();
@@ -104,14 +112,22 @@ fn injected_faults_are_survived_and_repaired() {
     pool.inject(dev2, None).unwrap();
     check_all(&pool, &objs);
     let s = scrub(&pool);
-    assert!(s.repaired_bytes > 0, "the dropped writes were repaired: {s:?}");
+    assert!(
+        s.repaired_bytes > 0,
+        "the dropped writes were repaired: {s:?}"
+    );
     assert_eq!(s.errors, 0);
     let s = scrub(&pool);
-    assert_eq!((s.repaired_bytes, s.errors), (0, 0), "a second scrub is clean");
+    assert_eq!(
+        (s.repaired_bytes, s.errors),
+        (0, 0),
+        "a second scrub is clean"
+    );
 
     // A member that vanishes: the pool keeps serving every byte and accepts
     // writes within its redundancy.
-    pool.inject(dev1, Some(Fault::always(FaultKind::Vanish))).unwrap();
+    pool.inject(dev1, Some(Fault::always(FaultKind::Vanish)))
+        .unwrap();
     check_all(&pool, &objs);
     let d = data(99, 100_000);
     pool.object_write("late", 0, &d, false).unwrap();

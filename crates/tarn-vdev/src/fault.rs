@@ -288,7 +288,8 @@ impl Leaf for FaultLeaf {
                 st.hit(FaultKind::ReadError, offset, len).is_some(),
                 st.hit(FaultKind::Bitflip, offset, len)
                     .map(|_| st.next() % (len.max(1) * 8)),
-                st.hit(FaultKind::Latency, offset, len).map(|f| f.latency_ms),
+                st.hit(FaultKind::Latency, offset, len)
+                    .map(|f| f.latency_ms),
             )
         };
         if let Some(ms) = delay {
@@ -321,7 +322,8 @@ impl Leaf for FaultLeaf {
                     let sectors = len.div_ceil(self.sector).max(1);
                     (st.next() % sectors) * self.sector
                 }),
-                st.hit(FaultKind::Latency, offset, len).map(|f| f.latency_ms),
+                st.hit(FaultKind::Latency, offset, len)
+                    .map(|f| f.latency_ms),
                 st.undo.is_some(),
             )
         };
@@ -418,7 +420,10 @@ mod tests {
         f.write_at(&[3; 8192], 0).unwrap();
         m.read_at(&mut b, 0).unwrap();
         let landed = b.iter().take_while(|&&x| x == 3).count();
-        assert!(landed % 4096 == 0 && landed < 8192, "a sector prefix: {landed}");
+        assert!(
+            landed % 4096 == 0 && landed < 8192,
+            "a sector prefix: {landed}"
+        );
         assert!(b[landed..].iter().all(|&x| x == 1));
         f.clear();
 
@@ -480,7 +485,10 @@ mod tests {
         let mut b = [0u8; 8192];
         m.read_at(&mut b, 0).unwrap();
         assert!(b[..4096].iter().all(|&x| x == 1), "the flushed write stays");
-        assert!(b[4096..].iter().all(|&x| x == 0), "the unflushed write is gone");
+        assert!(
+            b[4096..].iter().all(|&x| x == 0),
+            "the unflushed write is gone"
+        );
         f.write_at(&[5; 4096], 0).unwrap();
         assert_eq!(f.power_cut(0.0).unwrap(), 0, "probability 0 keeps them");
         m.read_at(&mut b[..4096], 0).unwrap();

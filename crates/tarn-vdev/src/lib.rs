@@ -10,17 +10,18 @@
 
 #![warn(missing_docs)]
 
+pub mod fault;
 mod label;
 mod leaf;
 mod mirror;
 mod parity;
 mod raidz;
-pub mod fault;
 pub mod testing;
 mod top;
 
 use std::path::PathBuf;
 
+pub use fault::{find_device, open_device, Fault, FaultKind, FaultLeaf};
 pub use label::{
     clear_labels, data_end, label_offsets, read_label, read_uberblocks, uberblock_slot_size,
     uberblock_slots, write_label_config, write_label_config_all, write_uberblock, LabelConfig,
@@ -28,7 +29,6 @@ pub use label::{
     LABEL_CONFIG_SIZE, LABEL_HEADER_LEN, LABEL_HEADER_VERSION, LABEL_MAGIC, LABEL_SIZE,
     MIN_LEAF_SIZE, UBERBLOCK_RING_SIZE, UBERBLOCK_SLOT_MIN,
 };
-pub use fault::{find_device, open_device, Fault, FaultKind, FaultLeaf};
 pub use leaf::{FileLeaf, Leaf};
 pub use top::{
     ChildExtent, Counters, LeafInfo, LeafState, ScrubOutcome, TopHealth, TopVdev, WriteOutcome,
