@@ -109,6 +109,14 @@ impl Daemon {
         }
     }
 
+    /// SIGKILLs the daemon and reaps it, leaving its (now dead) mounts in
+    /// place so programs using them see the failure; dropping the daemon
+    /// detaches them.
+    pub fn kill_in_place(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// SIGKILLs the daemon and reaps it.
     pub fn kill(mut self) {
         let _ = self.child.kill();
