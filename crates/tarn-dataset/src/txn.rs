@@ -237,7 +237,7 @@ impl Txn<'_, '_, '_> {
             other => DsError::Pool(other),
         })?;
         self.reserved.push(res.clone());
-        self.cx.charge(len, 0);
+        self.cx.charge(len);
         self.charged_dirty += len;
         let mut v = vec![TAG_STAGED];
         v.extend_from_slice(&(data.len() as u32).to_le_bytes());
@@ -284,7 +284,7 @@ impl Txn<'_, '_, '_> {
     }
 
     fn rollback(&mut self) {
-        self.cx.uncharge(self.charged_dirty, 0);
+        self.cx.uncharge(self.charged_dirty);
         self.kills.clear();
         for r in std::mem::take(&mut self.reserved) {
             self.cx.release_block(r);

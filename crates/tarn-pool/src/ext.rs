@@ -226,26 +226,25 @@ impl Cx<'_, '_> {
         self.pool.record_alloc_size(lsize) * copies.max(1) as u64
     }
 
-    /// Bytes ordinary writes may still use (after slop, metadata reserve and
-    /// what the open txg already holds), counting whole blocks of `lsize`.
+    /// Bytes ordinary writes may still use (after slop and the metadata
+    /// reserve; what the open txg holds is allocated already), counting
+    /// whole blocks of `lsize`.
     pub fn writable(&self, lsize: u64) -> u64 {
         self.pool.writable_bytes(self.st, lsize)
     }
 
-    /// Counts `dirty` bytes against the write throttle and `cost` against
-    /// free space until the next sync writes them.
-    pub fn charge(&mut self, dirty: u64, cost: u64) {
+    /// Counts `dirty` bytes against the write throttle until the next sync
+    /// writes them (their room is a [`Reservation`] already).
+    pub fn charge(&mut self, dirty: u64) {
         self.st.dirty_bytes += dirty;
-        self.st.reserved += cost;
         if self.st.dirty_bytes >= self.pool.opts.dirty_sync_bytes {
             self.pool.cv.notify_all();
         }
     }
 
     /// Takes back a [`Cx::charge`] (an undone transaction).
-    pub fn uncharge(&mut self, dirty: u64, cost: u64) {
+    pub fn uncharge(&mut self, dirty: u64) {
         self.st.dirty_bytes = self.st.dirty_bytes.saturating_sub(dirty);
-        self.st.reserved = self.st.reserved.saturating_sub(cost);
     }
 
     /// Pool size, allocated and free bytes.

@@ -95,8 +95,6 @@ pub(crate) struct State {
     pub dirty: BTreeMap<(u64, u64), Vec<u8>>,
     pub dirty_res: BTreeMap<(u64, u64), crate::ext::Reservation>,
     pub dirty_bytes: u64,
-    /// Worst-case allocation of the dirty records, checked against free space.
-    pub reserved: u64,
     /// Blocks whose last reference was dropped in the open txg.
     pub frees: Vec<BlockPtr>,
     pub rotor: usize,
@@ -467,7 +465,6 @@ impl Pool {
                 dirty: BTreeMap::new(),
                 dirty_res: BTreeMap::new(),
                 dirty_bytes: 0,
-                reserved: 0,
                 frees: Vec::new(),
                 rotor: 0,
                 sync_requested: false,
@@ -644,7 +641,6 @@ impl Pool {
         let items: Vec<((u64, u64), Vec<u8>)> = std::mem::take(&mut st.dirty).into_iter().collect();
         let mut res = std::mem::take(&mut st.dirty_res);
         st.dirty_bytes = 0;
-        st.reserved = 0;
         let opts = crate::ext::BlockOpts {
             compression,
             checksum: alg,
@@ -988,7 +984,8 @@ impl Pool {
 
     /// Space that ordinary writes may still use: on each vdev, whole records
     /// above its metadata reserve (which is at least its slop; a record
-    /// cannot straddle vdevs), less what the open txg already holds.
+    /// cannot straddle vdevs). The open txg's records hold their room as
+    /// reservations, so it is already taken from the free space.
     pub(crate) fn writable_bytes(&self, st: &State, record_len: u64) -> u64 {
         let per = self.record_alloc_size(record_len).max(1);
         let mut writable = 0u64;
@@ -996,7 +993,7 @@ impl Pool {
             let spare = m.free().saturating_sub(self.metadata_reserve(st, v));
             writable += spare / per * per;
         }
-        writable.saturating_sub(st.reserved)
+        writable
     }
 
     /// Contiguous room data must leave on vdev `v`: its slop (so deletes on
