@@ -14,7 +14,6 @@
 //! address on top of that.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
@@ -168,52 +167,12 @@ pub fn check_share_name(name: &str) -> Result<(), ApiError> {
     }
 }
 
-/// Parses `a.b.c.d/n` or `x::y/n` (a bare address means one host).
-pub fn parse_cidr(s: &str) -> Result<(IpAddr, u8), ApiError> {
-    let bad = || ApiError::invalid(format!("'{s}' is not a network like 192.168.1.0/24"));
-    let (addr, len) = match s.split_once('/') {
-        Some((a, l)) => (a, Some(l)),
-        None => (s, None),
-    };
-    let ip: IpAddr = addr.parse().map_err(|_| bad())?;
-    let max = if ip.is_ipv4() { 32 } else { 128 };
-    let len = match len {
-        Some(l) => l.parse::<u8>().map_err(|_| bad())?,
-        None => max,
-    };
-    if len > max {
-        return Err(bad());
-    }
-    Ok((ip, len))
-}
-
-/// Whether `ip` lies in network `net/len`.
-pub fn in_network(ip: IpAddr, net: IpAddr, len: u8) -> bool {
-    match (ip, net) {
-        (IpAddr::V4(a), IpAddr::V4(n)) => {
-            let mask = if len == 0 {
-                0
-            } else {
-                u32::MAX << (32 - len as u32)
-            };
-            u32::from(a) & mask == u32::from(n) & mask
-        }
-        (IpAddr::V6(a), IpAddr::V6(n)) => {
-            let mask = if len == 0 {
-                0
-            } else {
-                u128::MAX << (128 - len as u32)
-            };
-            u128::from(a) & mask == u128::from(n) & mask
-        }
-        (IpAddr::V4(a), IpAddr::V6(n)) => {
-            in_network(IpAddr::V6(a.to_ipv6_mapped()), IpAddr::V6(n), len)
-        }
-        (IpAddr::V6(a), IpAddr::V4(n)) => match a.to_ipv4_mapped() {
-            Some(a) => in_network(IpAddr::V4(a), IpAddr::V4(n), len),
-            None => false,
-        },
-    }
+/// Checks a client network (`192.168.1.0/24`, `fd00::/8`, or one
+/// address) with the NFS server's own parser, so what is stored is what
+/// it will enforce.
+pub fn check_network(s: &str) -> Result<tarn_nfs::IpNet, ApiError> {
+    s.parse::<tarn_nfs::IpNet>()
+        .map_err(|_| ApiError::invalid(format!("'{s}' is not a network like 192.168.1.0/24")))
 }
 
 /// Hashes a password with argon2id and a fresh random salt.
@@ -364,7 +323,7 @@ pub fn share_put(pool: &Pool, share: &Share) -> Result<(), ApiError> {
             ));
         }
         for c in &n.clients {
-            parse_cidr(c)?;
+            check_network(c)?;
         }
     }
     if let Some(w) = &share.webdav {
@@ -400,24 +359,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn networks() {
-        let (n, l) = parse_cidr("192.168.1.0/24").unwrap();
-        assert!(in_network("192.168.1.77".parse().unwrap(), n, l));
-        assert!(!in_network("192.168.2.1".parse().unwrap(), n, l));
-        let (n, l) = parse_cidr("127.0.0.1").unwrap();
-        assert_eq!(l, 32);
-        assert!(in_network("127.0.0.1".parse().unwrap(), n, l));
-        assert!(!in_network("127.0.0.2".parse().unwrap(), n, l));
-        let (n, l) = parse_cidr("0.0.0.0/0").unwrap();
-        assert!(in_network("8.8.8.8".parse().unwrap(), n, l));
-        let (n, l) = parse_cidr("fd00::/8").unwrap();
-        assert!(in_network("fd12::1".parse().unwrap(), n, l));
-        assert!(!in_network("fe80::1".parse().unwrap(), n, l));
-        // An IPv4 client seen through an IPv6 socket still matches.
-        let (n, l) = parse_cidr("10.0.0.0/8").unwrap();
-        assert!(in_network("::ffff:10.1.2.3".parse().unwrap(), n, l));
-        for bad in ["10.0.0.0/33", "nonsense", "1.2.3/8", "::/129", "1.2.3.4/x"] {
-            assert!(parse_cidr(bad).is_err(), "{bad}");
+    fn networks_are_checked_before_they_are_stored() {
+        for ok in [
+            "192.168.1.0/24",
+            "127.0.0.1",
+            "0.0.0.0/0",
+            "fd00::/8",
+            "::1",
+        ] {
+            check_network(ok).unwrap();
+        }
+        for bad in [
+            "10.0.0.0/33",
+            "nonsense",
+            "1.2.3/8",
+            "::/129",
+            "1.2.3.4/x",
+            "",
+        ] {
+            assert!(check_network(bad).is_err(), "{bad}");
         }
     }
 
