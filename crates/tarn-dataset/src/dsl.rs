@@ -484,7 +484,8 @@ impl Dsl {
         let hi = vec![P_DS + 1];
         let mut start = Bound::Included(lo);
         loop {
-            let page = cx.meta_range(as_ref(&start), Bound::Excluded(&hi), 256)?;
+            let page =
+                cx.meta_range(start.as_ref().map(Vec::as_slice), Bound::Excluded(&hi), 256)?;
             let Some(last) = page.last().map(|(k, _)| k.clone()) else {
                 break;
             };
@@ -1085,14 +1086,6 @@ impl Dsl {
     }
 }
 
-fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
-    match b {
-        Bound::Included(k) => Bound::Included(k),
-        Bound::Excluded(k) => Bound::Excluded(k),
-        Bound::Unbounded => Bound::Unbounded,
-    }
-}
-
 fn now_unix() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1661,7 +1654,11 @@ pub fn promote(pool: &Pool, name: &str) -> Result<(), DsError> {
                 let mut moved: Vec<(Vec<u8>, BlockPtr)> = Vec::new();
                 let mut start = Bound::Included(lo);
                 loop {
-                    let page = cx.meta_range(as_ref(&start), Bound::Excluded(&hi), 512)?;
+                    let page = cx.meta_range(
+                        start.as_ref().map(Vec::as_slice),
+                        Bound::Excluded(&hi),
+                        512,
+                    )?;
                     let Some(last) = page.last().map(|(k, _)| k.clone()) else {
                         break;
                     };
@@ -2017,7 +2014,8 @@ pub fn config_list(pool: &Pool, kind: &str) -> Result<Vec<(String, Vec<u8>)>, Ds
         let mut out = Vec::new();
         let mut start = Bound::Included(lo);
         loop {
-            let page = cx.meta_range(as_ref(&start), Bound::Excluded(&hi), 256)?;
+            let page =
+                cx.meta_range(start.as_ref().map(Vec::as_slice), Bound::Excluded(&hi), 256)?;
             let Some(last) = page.last().map(|(k, _)| k.clone()) else {
                 return Ok(out);
             };

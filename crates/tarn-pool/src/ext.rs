@@ -189,7 +189,12 @@ impl Cx<'_, '_> {
         };
         let lo = map(start, Bound::Included(vec![P_EXT]));
         let hi = map(end, Bound::Excluded(vec![P_EXT + 1]));
-        let page = self.st.meta.range(&rs, as_ref(&lo), as_ref(&hi), limit)?;
+        let page = self.st.meta.range(
+            &rs,
+            lo.as_ref().map(Vec::as_slice),
+            hi.as_ref().map(Vec::as_slice),
+            limit,
+        )?;
         Ok(page
             .into_iter()
             .filter(|(k, _)| k.first() == Some(&P_EXT))
@@ -304,14 +309,6 @@ fn free_dvas(space: &mut [tarn_space::SpaceMap], dvas: &[Dva]) {
             // Allocated in this txg and never referenced: free at once.
             let _ = m.free_now(d.offset, d.asize as u64);
         }
-    }
-}
-
-fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
-    match b {
-        Bound::Included(k) => Bound::Included(k),
-        Bound::Excluded(k) => Bound::Excluded(k),
-        Bound::Unbounded => Bound::Unbounded,
     }
 }
 
