@@ -18,12 +18,13 @@
 //! loses what sat in its volatile cache. Flushed writes are never undone.
 //!
 //! The pool wraps every device it opens in a `FaultLeaf` with no faults
-//! set, so `tarn pool inject` can drill a live pool; the cost when idle is
-//! one uncontended lock per I/O.
+//! set, so `tarn pool inject` can drill a live pool; when idle an I/O costs
+//! one atomic load.
 
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -190,6 +191,9 @@ pub fn find_device(path: &Path) -> Option<Arc<FaultLeaf>> {
 pub struct FaultLeaf {
     inner: Arc<dyn Leaf>,
     sector: u64,
+    /// True while a fault is set or unflushed writes are tracked; when
+    /// false (every pool device, most of the time) I/O skips the lock.
+    armed: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -209,6 +213,7 @@ impl FaultLeaf {
         FaultLeaf {
             inner,
             sector: sector.max(512),
+            armed: AtomicBool::new(false),
             state: Mutex::new(State {
                 faults: Vec::new(),
                 rng: 0x9E37_79B9_7F4A_7C15,
@@ -222,14 +227,28 @@ impl FaultLeaf {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Recomputes `armed` after a change (under the state lock).
+    fn rearm(&self, st: &State) {
+        let on = !st.faults.is_empty() || st.undo.is_some();
+        self.armed.store(on, Ordering::Release);
+    }
+
+    fn idle(&self) -> bool {
+        !self.armed.load(Ordering::Acquire)
+    }
+
     /// Adds a fault.
     pub fn inject(&self, fault: Fault) {
-        self.lock().faults.push(fault);
+        let mut st = self.lock();
+        st.faults.push(fault);
+        self.rearm(&st);
     }
 
     /// Removes every fault (the device behaves again).
     pub fn clear(&self) {
-        self.lock().faults.clear();
+        let mut st = self.lock();
+        st.faults.clear();
+        self.rearm(&st);
     }
 
     /// The faults in force.
@@ -250,7 +269,9 @@ impl FaultLeaf {
     /// Starts (or stops) keeping undo records of unflushed writes, for
     /// [`FaultLeaf::power_cut`].
     pub fn track_unflushed(&self, on: bool) {
-        self.lock().undo = on.then(Vec::new);
+        let mut st = self.lock();
+        st.undo = on.then(Vec::new);
+        self.rearm(&st);
     }
 
     /// Simulates a power cut: each write since the last flush is undone
@@ -280,6 +301,9 @@ impl FaultLeaf {
 
 impl Leaf for FaultLeaf {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if self.idle() {
+            return self.inner.read_at(buf, offset);
+        }
         let len = buf.len() as u64;
         let (vanish, error, flip, delay) = {
             let mut st = self.lock();
@@ -311,6 +335,9 @@ impl Leaf for FaultLeaf {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if self.idle() {
+            return self.inner.write_at(buf, offset);
+        }
         let len = buf.len() as u64;
         let (vanish, error, drop, torn, delay, tracking) = {
             let mut st = self.lock();
@@ -353,6 +380,9 @@ impl Leaf for FaultLeaf {
     }
 
     fn flush(&self) -> io::Result<()> {
+        if self.idle() {
+            return self.inner.flush();
+        }
         let vanish = self.lock().hit(FaultKind::Vanish, 0, u64::MAX).is_some();
         if vanish {
             return Err(injected("device vanished"));
