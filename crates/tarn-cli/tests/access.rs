@@ -4,32 +4,11 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::clients::tarn_with_stdin;
 use common::process::{files, Daemon};
 use tarn_pool::{Pool, PoolOptions};
-
-fn with_stdin(d: &Daemon, args: &[&str], input: &str) -> std::process::Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tarn"))
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(args)
-        .env_remove("TARN_SOCKET")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
-}
 
 #[test]
 fn users_and_shares_end_to_end() {
@@ -39,13 +18,13 @@ fn users_and_shares_end_to_end() {
     d.ok(&["pool", "create", "tank", "mirror", &f[0], &f[1]]);
     d.ok(&["dataset", "create", "tank/photos"]);
 
-    let o = with_stdin(&d, &["user", "add", "alice"], "s3cret-pw\n");
+    let o = tarn_with_stdin(&d, &["user", "add", "alice"], "s3cret-pw\n");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = with_stdin(&d, &["user", "add", "--uid", "2000", "bob"], "hunter22\n");
+    let o = tarn_with_stdin(&d, &["user", "add", "--uid", "2000", "bob"], "hunter22\n");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = with_stdin(&d, &["user", "add", "alice"], "again\n");
+    let o = tarn_with_stdin(&d, &["user", "add", "alice"], "again\n");
     assert!(String::from_utf8_lossy(&o.stderr).contains("already exists"));
-    let o = with_stdin(&d, &["user", "add", "Bad Name"], "x\n");
+    let o = tarn_with_stdin(&d, &["user", "add", "Bad Name"], "x\n");
     assert!(!o.status.success());
     let list = d.ok(&["user", "list"]);
     assert!(list.contains("alice") && list.contains("10000"), "{list}");
@@ -84,7 +63,7 @@ fn users_and_shares_end_to_end() {
     assert!(err.contains("tank/nothing"), "{err}");
     let err = d.fails(&["user", "del", "bob"]);
     assert!(err.contains("photos"), "{err}");
-    let o = with_stdin(&d, &["user", "passwd", "bob"], "new-pass\n");
+    let o = tarn_with_stdin(&d, &["user", "passwd", "bob"], "new-pass\n");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 
     // Everything lives in the pool: a restart keeps it.

@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::clients::{curl, nfs_url};
 use common::process::tarn_at as tarn;
 
 /// A running demo and what its banner told us.
@@ -90,21 +91,8 @@ fn interrupt(d: Demo) {
     );
 }
 
-fn curl(args: &[&str]) -> (String, Vec<u8>) {
-    let out = Command::new("curl")
-        .args(["-s", "-o", "-", "-w", "\n%{http_code}"])
-        .args(args)
-        .output()
-        .unwrap();
-    let mut body = out.stdout;
-    let split = body.iter().rposition(|&b| b == b'\n').unwrap_or(0);
-    let code = String::from_utf8_lossy(&body[split + 1..]).into_owned();
-    body.truncate(split);
-    (code, body)
-}
-
 fn nfs_cat(port: u16, path: &str) -> Vec<u8> {
-    let url = format!("nfs://127.0.0.1{path}?nfsport={port}&mountport={port}&version=3");
+    let url = nfs_url(port, path);
     let out = Command::new("nfs-cat").arg(&url).output().unwrap();
     assert!(
         out.status.success(),

@@ -4,56 +4,23 @@
 
 mod common;
 
-use std::io::Write;
-use std::net::TcpListener;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
+use common::clients::{curl, free_port, nfs_url, tarn_with_stdin};
 use common::process::{files, Daemon};
 use common::require;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
-}
-
 fn add_user(d: &Daemon, name: &str, password: &str) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tarn"))
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(["user", "add", "--password-stdin", name])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(format!("{password}\n").as_bytes()).unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().unwrap();
+    let out = tarn_with_stdin(
+        d,
+        &["user", "add", "--password-stdin", name],
+        &format!("{password}\n"),
+    );
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn curl(args: &[&str]) -> (String, Vec<u8>) {
-    let out = Command::new("curl")
-        .args(["-s", "-o", "-", "-w", "\n%{http_code}"])
-        .args(args)
-        .output()
-        .unwrap();
-    let mut body = out.stdout;
-    let split = body.iter().rposition(|&b| b == b'\n').unwrap_or(0);
-    let code = String::from_utf8_lossy(&body[split + 1..]).into_owned();
-    body.truncate(split);
-    (code, body)
-}
-
-fn nfs_url(port: u16, path: &str) -> String {
-    format!("nfs://127.0.0.1{path}?nfsport={port}&mountport={port}&version=3")
 }
 
 #[test]

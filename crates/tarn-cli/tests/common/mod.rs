@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod clients;
 pub mod process;
 pub mod require;
 
