@@ -85,6 +85,7 @@
 mod codec;
 pub mod dataset;
 mod dir;
+mod dynfs;
 mod file;
 mod fs;
 mod inode;
@@ -102,6 +103,7 @@ mod tests;
 use std::borrow::Cow;
 
 pub use dataset::DatasetBackend;
+pub use dynfs::DynFs;
 pub use fs::{Fs, MAX_READ};
 pub use store::{Backend, SpaceInfo, Store, StoreError, StoreInfo, Val};
 pub use types::*;

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use tarn_fs::{Attr, Backend, Cred, DirEntry, FileHandle, Fs, Result, SetAttr, StatFs};
+use tarn_fs::Cred;
 
 /// An IPv4 or IPv6 network in CIDR form (`192.168.1.0/24`, `fd00::/8`); a
 /// bare address means that one host.
@@ -98,113 +98,9 @@ impl fmt::Display for IpNet {
     }
 }
 
-/// The filesystem operations the NFS server needs, object-safe so that
-/// exports over different [`Backend`]s can live in one list. Implemented
-/// for every [`Fs<B>`]; each method is the `Fs` method of the same name.
-#[allow(missing_docs, clippy::too_many_arguments)]
-pub trait ExportFs: Send + Sync {
-    fn getattr(&self, ino: u64) -> Result<Attr>;
-    fn getattr_handle(&self, h: &FileHandle) -> Result<Attr>;
-    fn setattr(&self, ino: u64, sa: &SetAttr, cred: &Cred) -> Result<Attr>;
-    fn access(&self, ino: u64, mask: u32, cred: &Cred) -> Result<()>;
-    fn lookup(&self, parent: u64, name: &[u8], cred: &Cred) -> Result<Attr>;
-    fn readlink(&self, ino: u64) -> Result<Vec<u8>>;
-    fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>>;
-    fn write(&self, ino: u64, offset: u64, data: &[u8], cred: &Cred) -> Result<usize>;
-    fn create(&self, parent: u64, name: &[u8], mode: u32, flags: i32, cred: &Cred) -> Result<Attr>;
-    fn release(&self, ino: u64) -> Result<()>;
-    fn mknod(&self, parent: u64, name: &[u8], mode: u32, rdev: u64, cred: &Cred) -> Result<Attr>;
-    fn mkdir(&self, parent: u64, name: &[u8], mode: u32, cred: &Cred) -> Result<Attr>;
-    fn symlink(&self, parent: u64, name: &[u8], target: &[u8], cred: &Cred) -> Result<Attr>;
-    fn link(&self, ino: u64, newparent: u64, newname: &[u8], cred: &Cred) -> Result<Attr>;
-    fn unlink(&self, parent: u64, name: &[u8], cred: &Cred) -> Result<()>;
-    fn rmdir(&self, parent: u64, name: &[u8], cred: &Cred) -> Result<()>;
-    fn rename(
-        &self,
-        parent: u64,
-        name: &[u8],
-        newparent: u64,
-        newname: &[u8],
-        cred: &Cred,
-    ) -> Result<()>;
-    fn readdir(&self, ino: u64, cookie: u64, limit: usize) -> Result<Vec<DirEntry>>;
-    fn readdirplus(&self, ino: u64, cookie: u64, limit: usize) -> Result<Vec<(DirEntry, Attr)>>;
-    fn statfs(&self, ino: u64) -> Result<StatFs>;
-    fn fsync(&self, ino: u64) -> Result<()>;
-}
-
-impl<B: Backend> ExportFs for Fs<B> {
-    fn getattr(&self, ino: u64) -> Result<Attr> {
-        Fs::getattr(self, ino)
-    }
-    fn getattr_handle(&self, h: &FileHandle) -> Result<Attr> {
-        Fs::getattr_handle(self, h)
-    }
-    fn setattr(&self, ino: u64, sa: &SetAttr, cred: &Cred) -> Result<Attr> {
-        Fs::setattr(self, ino, sa, cred)
-    }
-    fn access(&self, ino: u64, mask: u32, cred: &Cred) -> Result<()> {
-        Fs::access(self, ino, mask, cred)
-    }
-    fn lookup(&self, parent: u64, name: &[u8], cred: &Cred) -> Result<Attr> {
-        Fs::lookup(self, parent, name, cred)
-    }
-    fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
-        Fs::readlink(self, ino)
-    }
-    fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
-        Fs::read(self, ino, offset, size)
-    }
-    fn write(&self, ino: u64, offset: u64, data: &[u8], cred: &Cred) -> Result<usize> {
-        Fs::write(self, ino, offset, data, false, cred)
-    }
-    fn create(&self, parent: u64, name: &[u8], mode: u32, flags: i32, cred: &Cred) -> Result<Attr> {
-        Fs::create(self, parent, name, mode, 0, flags, cred)
-    }
-    fn release(&self, ino: u64) -> Result<()> {
-        Fs::release(self, ino)
-    }
-    fn mknod(&self, parent: u64, name: &[u8], mode: u32, rdev: u64, cred: &Cred) -> Result<Attr> {
-        Fs::mknod(self, parent, name, mode, rdev, 0, cred)
-    }
-    fn mkdir(&self, parent: u64, name: &[u8], mode: u32, cred: &Cred) -> Result<Attr> {
-        Fs::mkdir(self, parent, name, mode, 0, cred)
-    }
-    fn symlink(&self, parent: u64, name: &[u8], target: &[u8], cred: &Cred) -> Result<Attr> {
-        Fs::symlink(self, parent, name, target, cred)
-    }
-    fn link(&self, ino: u64, newparent: u64, newname: &[u8], cred: &Cred) -> Result<Attr> {
-        Fs::link(self, ino, newparent, newname, cred)
-    }
-    fn unlink(&self, parent: u64, name: &[u8], cred: &Cred) -> Result<()> {
-        Fs::unlink(self, parent, name, cred)
-    }
-    fn rmdir(&self, parent: u64, name: &[u8], cred: &Cred) -> Result<()> {
-        Fs::rmdir(self, parent, name, cred)
-    }
-    fn rename(
-        &self,
-        parent: u64,
-        name: &[u8],
-        newparent: u64,
-        newname: &[u8],
-        cred: &Cred,
-    ) -> Result<()> {
-        Fs::rename(self, parent, name, newparent, newname, 0, cred)
-    }
-    fn readdir(&self, ino: u64, cookie: u64, limit: usize) -> Result<Vec<DirEntry>> {
-        Fs::readdir(self, ino, cookie, limit)
-    }
-    fn readdirplus(&self, ino: u64, cookie: u64, limit: usize) -> Result<Vec<(DirEntry, Attr)>> {
-        Fs::readdirplus(self, ino, cookie, limit)
-    }
-    fn statfs(&self, ino: u64) -> Result<StatFs> {
-        Fs::statfs(self, ino)
-    }
-    fn fsync(&self, ino: u64) -> Result<()> {
-        Fs::fsync(self, ino)
-    }
-}
+/// The filesystem operations the NFS server needs: tarn-fs's object-safe
+/// face of `Fs`, so exports over different backends live in one list.
+pub use tarn_fs::DynFs as ExportFs;
 
 /// The uid and gid of `nobody`, the default anonymous identity.
 pub const NOBODY: u32 = 65534;
@@ -318,7 +214,7 @@ mod tests {
 
     #[test]
     fn squash() {
-        let fs = Arc::new(Fs::mount(tarn_fs::testing::MemBackend::new()).unwrap());
+        let fs = Arc::new(tarn_fs::Fs::mount(tarn_fs::testing::MemBackend::new()).unwrap());
         let mut e = Export::new("/x", fs, vec![]);
         let root = Cred::root();
         let user = Cred {

@@ -797,7 +797,7 @@ impl<'a> Cx<'a> {
             }
             let n = o
                 .fs()
-                .write(o.ino(), offset, data, &o.cred)
+                .write(o.ino(), offset, data, false, &o.cred)
                 .map_err(|e| stat_of(&e))?;
             if stable != 0 {
                 o.fs().fsync(o.ino()).map_err(|e| stat_of(&e))?;
@@ -898,6 +898,7 @@ impl<'a> Cx<'a> {
                             d.ino(),
                             name,
                             mode,
+                            0,
                             libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
                             &d.cred,
                         )
@@ -921,6 +922,7 @@ impl<'a> Cx<'a> {
                         d.ino(),
                         name,
                         0o600,
+                        0,
                         libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
                         &d.cred,
                     ) {
@@ -959,7 +961,7 @@ impl<'a> Cx<'a> {
             let mode = sa.mode.unwrap_or(0o755) & 0o7777;
             let a = d
                 .fs()
-                .mkdir(d.ino(), name, mode, &d.cred)
+                .mkdir(d.ino(), name, mode, 0, &d.cred)
                 .map_err(|e| stat_of(&e))?;
             Ok(Made {
                 obj: Self::apply_rest(d, a, &sa),
@@ -1022,7 +1024,7 @@ impl<'a> Cx<'a> {
             let mode = kind.mode_bits() | (sa.mode.unwrap_or(0o644) & 0o7777);
             let a = d
                 .fs()
-                .mknod(d.ino(), name, mode, rdev, &d.cred)
+                .mknod(d.ino(), name, mode, rdev, 0, &d.cred)
                 .map_err(|e| stat_of(&e))?;
             Ok(Made {
                 obj: Self::apply_rest(d, a, &sa),
@@ -1065,7 +1067,7 @@ impl<'a> Cx<'a> {
                 }
                 f.writable()?;
                 f.fs()
-                    .rename(f.ino(), fname, t.ino(), tname, &f.cred)
+                    .rename(f.ino(), fname, t.ino(), tname, 0, &f.cred)
                     .map_err(|e| stat_of(&e))
             })(),
             (Err(s), _) | (_, Err(s)) => Err(*s),
