@@ -222,13 +222,18 @@ pub(crate) struct Live {
     pub staged_asize: u64,
     /// Blocks the open txg stopped referencing.
     pub kills: Vec<BlockPtr>,
+    /// Operations of the open txg not yet in the intent log (see `zil`).
+    pub log: Vec<crate::zil::LogOp>,
 }
 
 /// A data block of the open txg and the room already allocated for it.
 #[derive(Clone, Debug)]
 pub(crate) struct StagedBlock {
-    pub data: Vec<u8>,
+    pub data: Arc<Vec<u8>>,
     pub res: Reservation,
+    /// Already written (for the intent log) at this pointer: the sync uses
+    /// it as is.
+    pub written: Option<BlockPtr>,
 }
 
 impl Live {
@@ -268,6 +273,10 @@ pub(crate) struct Dsl {
     pub next_dirty: bool,
     /// Allocated bytes of one 128 KiB block on this pool's vdevs.
     pub alloc_per_block: u64,
+    /// Datasets whose tree was replaced or created in the open txg: their
+    /// operations cannot be redone from the committed txg, so synchronous
+    /// requests commit the txg instead (see `zil`).
+    pub unlogged: BTreeSet<u64>,
 }
 
 /// The node store of a dataset tree while it commits: records what it
@@ -325,11 +334,20 @@ impl Extension for Dsl {
                 }
             }
         }
+        // Blocks the intent log already wrote are used as they are.
         let refs: Vec<(&[u8], BlockOpts, Option<Reservation>)> = items
             .iter()
+            .filter(|(_, _, b, _)| b.written.is_none())
             .map(|(_, _, b, o)| (b.data.as_slice(), *o, Some(b.res.clone())))
             .collect();
-        let ptrs = cx.write_blocks(refs)?;
+        let mut fresh = cx.write_blocks(refs)?.into_iter();
+        let ptrs: Vec<Option<BlockPtr>> = items
+            .iter()
+            .map(|(_, _, b, _)| match b.written {
+                Some(bp) => Some(bp),
+                None => fresh.next().flatten(),
+            })
+            .collect();
         for ((id, key, _, _), p) in items.iter().zip(ptrs) {
             let (Some(live), Some(rec)) = (self.live.get_mut(id), self.recs.get_mut(id)) else {
                 return Err(PoolError::Internal(format!(
@@ -353,6 +371,11 @@ impl Extension for Dsl {
             }
             self.dirty_recs.insert(*id);
         }
+        // Everything pending for the intent log commits now.
+        for live in self.live.values_mut() {
+            live.log.clear();
+        }
+        self.unlogged.clear();
         // 2. Blocks the open txg stopped referencing.
         let mut bounds = HashMap::new();
         for id in &ids {
@@ -528,6 +551,7 @@ impl Dsl {
     fn new_fs(&mut self, name: &str, parent: Option<u64>, txg: u64) -> DsRec {
         let id = self.alloc_id();
         let deadlist = self.alloc_id();
+        self.unlogged.insert(id);
         self.names.insert(name.to_string(), id);
         self.dirty_recs.insert(id);
         DsRec {
@@ -563,6 +587,7 @@ impl Dsl {
                     staged: BTreeMap::new(),
                     staged_asize: 0,
                     kills: Vec::new(),
+                    log: Vec::new(),
                 },
             );
         }
@@ -999,6 +1024,7 @@ impl Dsl {
             self.names.remove(&r.name);
         }
         self.live.remove(&id);
+        self.unlogged.insert(id);
         self.deleted.insert(id);
         self.dirty_recs.remove(&id);
     }
@@ -1227,6 +1253,8 @@ pub fn attach(pool: &Arc<Pool>) -> Result<(), DsError> {
     pool.set_extension(Box::<Dsl>::default(), scan_refs);
     let name = pool.name().to_string();
     pool.with_ext::<Dsl, Result<(), DsError>>(false, false, |dsl, cx| Ok(dsl.load(cx, &name)))??;
+    // Synchronous writes the last txg did not commit.
+    crate::zil::replay(pool)?;
     Ok(())
 }
 
@@ -1606,6 +1634,8 @@ pub fn promote(pool: &Pool, name: &str) -> Result<(), DsError> {
             )));
         };
         let hname = dsl.rec(h)?.name.clone();
+        dsl.unlogged.insert(c);
+        dsl.unlogged.insert(h);
         // The snapshots that move: the origin and everything older.
         let moving: Vec<u64> = dsl
             .snapshots_of(h)
@@ -1772,6 +1802,7 @@ pub fn rollback(pool: &Pool, snap_name: &str, destroy_newer: bool) -> Result<(),
                 hr.dead.clear();
             }
             dsl.live.remove(&head);
+            dsl.unlogged.insert(head);
             dsl.dirty_recs.insert(head);
             Ok(())
         })();

@@ -49,10 +49,12 @@
 mod dsl;
 pub mod props;
 mod txn;
+mod zil;
 
 pub use dsl::{DatasetInfo, DatasetKind, Sums};
 pub use props::{PropValue, Source};
 pub use txn::{DatasetHandle, Txn, Value};
+pub use zil::IMMEDIATE_BYTES;
 
 use tarn_pool::PoolError;
 

@@ -13,6 +13,7 @@ use tarn_block::BlockPtr;
 use tarn_pool::{Cx, Pool};
 
 use crate::dsl::{with_dsl, Dsl, StagedBlock, TAG_BLOCK, TAG_PLAIN, TAG_STAGED};
+use crate::zil::LogOp;
 use crate::DsError;
 use tarn_pool::Reservation;
 
@@ -52,9 +53,14 @@ pub struct Txn<'a, 'p, 's> {
     charged_dirty: u64,
     /// Room allocated by this transaction: given back if it fails.
     reserved: Vec<Reservation>,
-    /// Room of staged blocks this transaction replaced or removed: given
-    /// back if it succeeds.
-    released: Vec<Reservation>,
+    /// Staged blocks this transaction replaced or removed: their room is
+    /// given back if it succeeds.
+    released: Vec<StagedBlock>,
+    /// The operations that succeeded, for the intent log.
+    ops: Vec<LogOp>,
+    /// Redoing the intent log: skip the checks the operations passed when
+    /// they first ran (quota, read-only), and log nothing.
+    replay: bool,
 }
 
 fn decode(raw: &[u8], what: &[u8]) -> Result<Value, DsError> {
@@ -79,7 +85,7 @@ fn decode(raw: &[u8], what: &[u8]) -> Result<Value, DsError> {
 
 impl Txn<'_, '_, '_> {
     fn ro_check(&self) -> Result<(), DsError> {
-        if self.readonly {
+        if self.readonly && !self.replay {
             let name = crate::dsl::rec_name(self.dsl, self.id).unwrap_or_default();
             return Err(DsError::ReadOnly(format!("dataset '{name}' is read-only")));
         }
@@ -134,7 +140,7 @@ impl Txn<'_, '_, '_> {
             Some((&TAG_STAGED, _)) => {
                 let prev = live.unstage(key);
                 if let Some(p) = &prev {
-                    self.released.push(p.res.clone());
+                    self.released.push(p.clone());
                 }
                 self.undo.push(Undo::Staged(key.to_vec(), prev));
             }
@@ -164,7 +170,15 @@ impl Txn<'_, '_, '_> {
         v.push(TAG_PLAIN);
         v.extend_from_slice(value);
         self.raw_set(key, Some(v))?;
+        self.logged(|| LogOp::Put(key.to_vec(), value.to_vec()));
         Ok(())
+    }
+
+    /// Notes a successful operation for the intent log.
+    fn logged(&mut self, op: impl FnOnce() -> LogOp) {
+        if !self.replay {
+            self.ops.push(op());
+        }
     }
 
     /// Removes `key` (freeing its block); false if it was absent.
@@ -173,7 +187,9 @@ impl Txn<'_, '_, '_> {
         if self.raw_get(key)?.is_none() {
             return Ok(false);
         }
-        Ok(self.raw_set(key, None)?.is_some())
+        let had = self.raw_set(key, None)?.is_some();
+        self.logged(|| LogOp::Delete(key.to_vec()));
+        Ok(had)
     }
 
     /// Up to `limit` entries inside `start..end`.
@@ -201,6 +217,10 @@ impl Txn<'_, '_, '_> {
         loop {
             let page = self.range(start, end, 256)?;
             if page.is_empty() {
+                if n > 0 {
+                    let own = |b: Bound<&[u8]>| b.map(<[u8]>::to_vec);
+                    self.logged(|| LogOp::DeleteRange(own(start), own(end)));
+                }
                 return Ok(n);
             }
             for (k, _) in page {
@@ -223,6 +243,7 @@ impl Txn<'_, '_, '_> {
         if data.iter().all(|&b| b == 0) {
             if self.raw_get(key)?.is_some() {
                 self.raw_set(key, None)?;
+                self.logged(|| LogOp::Delete(key.to_vec()));
             }
             return Ok(());
         }
@@ -231,7 +252,9 @@ impl Txn<'_, '_, '_> {
         // now, so the sync that writes the block cannot run out of space.
         let copies = self.dsl.block_opts(self.id).copies;
         let cost = self.cx.alloc_cost(len, copies);
-        self.dsl.check_room(self.cx, self.id, cost)?;
+        if !self.replay {
+            self.dsl.check_room(self.cx, self.id, cost)?;
+        }
         let res = self.cx.reserve_block(len, copies).map_err(|e| match e {
             tarn_pool::PoolError::NoSpace(m) => DsError::NoSpace(m),
             other => DsError::Pool(other),
@@ -239,13 +262,58 @@ impl Txn<'_, '_, '_> {
         self.reserved.push(res.clone());
         self.cx.charge(len);
         self.charged_dirty += len;
+        let data = Arc::new(data);
+        self.stage_block(key, data.clone(), res, None)?;
+        self.logged(|| LogOp::Block(key.to_vec(), data));
+        Ok(())
+    }
+
+    /// Puts a staged block (and its placeholder) under `key`.
+    fn stage_block(
+        &mut self,
+        key: &[u8],
+        data: Arc<Vec<u8>>,
+        res: Reservation,
+        written: Option<BlockPtr>,
+    ) -> Result<(), DsError> {
         let mut v = vec![TAG_STAGED];
         v.extend_from_slice(&(data.len() as u32).to_le_bytes());
         self.raw_set(key, Some(v))?;
         let live = self.dsl.live(self.id)?;
-        let prev = live.stage(key.to_vec(), StagedBlock { data, res });
+        let prev = live.stage(key.to_vec(), StagedBlock { data, res, written });
         self.undo.push(Undo::Staged(key.to_vec(), prev));
         Ok(())
+    }
+
+    /// Redoes one operation of the intent log (see `zil`).
+    pub(crate) fn redo(&mut self, op: &LogOp) -> Result<(), DsError> {
+        match op {
+            LogOp::Put(k, v) => self.put(k, v),
+            LogOp::Delete(k) => self.delete(k).map(|_| ()),
+            LogOp::DeleteRange(a, b) => self
+                .delete_range(a.as_ref().map(Vec::as_slice), b.as_ref().map(Vec::as_slice))
+                .map(|_| ()),
+            LogOp::Block(k, d) => self.write_block(k, d.as_ref().clone()),
+            LogOp::BlockRef(k, bp) => {
+                // Written before the crash into room import claimed; read
+                // back through its checksum before anything refers to it.
+                let data = self.cx.read_block(bp).map_err(|e| {
+                    DsError::Damaged(format!(
+                        "intent log: the block written for key {k:02x?} does not read back: {e}"
+                    ))
+                })?;
+                if data.len() != bp.lsize as usize {
+                    return Err(DsError::Corrupt(format!(
+                        "intent log: block for key {k:02x?} has {} bytes, its pointer says {}",
+                        data.len(),
+                        bp.lsize
+                    )));
+                }
+                self.cx.charge(data.len() as u64);
+                self.charged_dirty += data.len() as u64;
+                self.stage_block(k, Arc::new(data), Reservation::of_block(bp), Some(*bp))
+            }
+        }
     }
 
     /// The bytes of the data block under `key`.
@@ -259,7 +327,7 @@ impl Txn<'_, '_, '_> {
                 Ok(Some(
                     live.staged
                         .get(key)
-                        .map(|b| b.data.clone())
+                        .map(|b| b.data.as_ref().clone())
                         .ok_or_else(|| {
                             DsError::Corrupt(format!("staged block at key {key:02x?} is missing"))
                         })?,
@@ -290,6 +358,7 @@ impl Txn<'_, '_, '_> {
             self.cx.release_block(r);
         }
         self.released.clear();
+        self.ops.clear();
         let store = self.cx.store();
         let Ok(live) = self.dsl.live(self.id) else {
             return;
@@ -328,11 +397,51 @@ impl Txn<'_, '_, '_> {
     fn finish(&mut self) -> Result<(), DsError> {
         let live = self.dsl.live(self.id)?;
         live.kills.append(&mut self.kills);
+        live.log.append(&mut self.ops);
         self.reserved.clear();
-        for r in std::mem::take(&mut self.released) {
-            self.cx.release_block(r);
+        for b in std::mem::take(&mut self.released) {
+            match b.written {
+                // Only the intent log refers to it: freed after the sync.
+                Some(bp) => self.cx.log_free(bp),
+                None => self.cx.release_block(b.res),
+            }
         }
         Ok(())
+    }
+}
+
+/// Runs `f` as one transaction on dataset `id` (see the module docs);
+/// the outer result is the dataset layer's, the inner one `f`'s.
+pub(crate) fn run<R, E>(
+    dsl: &mut Dsl,
+    cx: &mut Cx<'_, '_>,
+    id: u64,
+    replay: bool,
+    f: impl FnOnce(&mut Txn<'_, '_, '_>) -> Result<R, E>,
+) -> Result<Result<R, E>, DsError> {
+    dsl.live(id)?;
+    let mut t = Txn {
+        dsl,
+        cx,
+        id,
+        readonly: false,
+        undo: Vec::new(),
+        kills: Vec::new(),
+        charged_dirty: 0,
+        reserved: Vec::new(),
+        released: Vec::new(),
+        ops: Vec::new(),
+        replay,
+    };
+    match f(&mut t) {
+        Ok(v) => {
+            t.finish()?;
+            Ok(Ok(v))
+        }
+        Err(e) => {
+            t.rollback();
+            Ok(Err(e))
+        }
     }
 }
 
@@ -394,28 +503,10 @@ impl DatasetHandle {
         let snapshot = self.snapshot;
         let r = with_dsl(&self.pool, write, |dsl, cx| {
             let readonly = snapshot || dsl.prop_bool(id, "readonly");
-            dsl.live(id)?;
-            let mut t = Txn {
-                dsl,
-                cx,
-                id,
-                readonly,
-                undo: Vec::new(),
-                kills: Vec::new(),
-                charged_dirty: 0,
-                reserved: Vec::new(),
-                released: Vec::new(),
-            };
-            match f(&mut t) {
-                Ok(v) => {
-                    t.finish()?;
-                    Ok(Ok(v))
-                }
-                Err(e) => {
-                    t.rollback();
-                    Ok(Err(e))
-                }
-            }
+            run(dsl, cx, id, false, |t| {
+                t.readonly = readonly;
+                f(t)
+            })
         });
         match r {
             Ok(inner) => inner,
@@ -423,9 +514,17 @@ impl DatasetHandle {
         }
     }
 
-    /// Waits until every finished transaction is durable.
+    /// Makes every finished transaction of this dataset durable: through
+    /// the intent log when it can, else by committing the txg.
     pub fn sync(&self) -> Result<(), DsError> {
-        self.pool.sync()?;
+        if self.snapshot {
+            return Ok(());
+        }
+        let id = self.id;
+        let logged = with_dsl(&self.pool, false, |dsl, cx| crate::zil::commit(dsl, cx, id))?;
+        if !logged {
+            self.pool.sync()?;
+        }
         Ok(())
     }
 

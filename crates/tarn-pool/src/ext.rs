@@ -88,6 +88,14 @@ pub struct Reservation {
 }
 
 impl Reservation {
+    /// The room a block written early already occupies (see
+    /// [`Cx::write_block_now`]), or that import claimed for it.
+    pub fn of_block(bp: &BlockPtr) -> Reservation {
+        Reservation {
+            dvas: bp.used_dvas().copied().collect(),
+        }
+    }
+
     /// Bytes allocated, over all copies.
     pub fn asize(&self) -> u64 {
         self.dvas.iter().map(|d| d.asize as u64).sum()
@@ -300,6 +308,54 @@ impl Cx<'_, '_> {
     pub fn request_sync(&mut self) {
         self.st.sync_requested = true;
         self.pool.cv.notify_all();
+    }
+
+    /// Makes `records` (opaque to the pool) durable in the intent log,
+    /// together with the data blocks `refs` written in place for them
+    /// (see [`Cx::write_block_now`]). On [`crate::LogCommit::Unavailable`]
+    /// nothing is promised: commit a txg instead.
+    pub fn log_commit(
+        &mut self,
+        records: &[Vec<u8>],
+        refs: &[BlockPtr],
+    ) -> Result<crate::LogCommit, PoolError> {
+        self.pool.log_commit(self.st, records, refs)
+    }
+
+    /// Takes the records of the intent log found at import, to replay them
+    /// in the open txg (once; `None` when there is nothing to replay).
+    pub fn log_take_replay(&mut self) -> Option<Vec<Vec<u8>>> {
+        self.st.zil.replay.take()
+    }
+
+    /// Writes a data block of the open txg now, into the room `res` holds
+    /// for it, so the intent log can reference it instead of copying it.
+    /// The block belongs to the open txg (its birth); hand it back with
+    /// [`Cx::log_free`] if the open txg stops referencing it.
+    pub fn write_block_now(
+        &mut self,
+        data: &[u8],
+        opts: BlockOpts,
+        res: Reservation,
+    ) -> Result<Option<BlockPtr>, PoolError> {
+        let mut missed = Vec::new();
+        let out = self
+            .pool
+            .write_data(self.st, &mut missed, vec![(data, opts, Some(res))])?;
+        self.st.zil.missed.append(&mut missed);
+        Ok(out.into_iter().next().flatten())
+    }
+
+    /// Frees a block of the open txg that only the intent log references
+    /// (written early, then replaced before its txg committed): it stays
+    /// allocated until that txg commits, since replay may still need it.
+    pub fn log_free(&mut self, bp: BlockPtr) {
+        self.st.zil.frees.push(bp);
+    }
+
+    /// Intent log figures: (commits, bytes written) since import.
+    pub fn log_stats(&self) -> (u64, u64) {
+        (self.st.zil.commits, self.st.zil.bytes)
     }
 }
 

@@ -377,6 +377,9 @@ impl Pool {
         ));
         {
             let mut st = pool.lock();
+            // Before anything allocates: the intent log's blocks and the
+            // data blocks it references are in use until replay commits.
+            pool.log_claim(&mut st)?;
             pool.release_frees(&mut st);
             // The labels name the new owner now; the state changes of this
             // import (dirty time logs) are committed by the first txg. Import

@@ -43,12 +43,14 @@ mod import;
 mod pool;
 mod scan;
 mod store;
+mod zil;
 
 pub use config::{parse_size, PoolOptions, PoolProps, VdevSpec};
 pub use ext::{BlockOpts, Cx, ExtRef, Extension, Reservation, ScanFn, SyncCx};
 pub use import::discover;
 pub use pool::{ObjectInfo, Pool};
 pub use scan::{LeakReport, ScanAction};
+pub use zil::LogCommit;
 
 use tarn_block::BlockError;
 use tarn_space::SpaceError;

@@ -58,6 +58,9 @@ pub(crate) struct MetaState {
     pub scan: Option<ScanRecord>,
     /// Damaged objects and metadata, as shown by `status`.
     pub damaged: BTreeSet<String>,
+    /// Start of the intent log chain of the next txg (see `zil`).
+    #[serde(default)]
+    pub log: Option<crate::zil::LogHeader>,
 }
 
 /// A raw object's directory entry (JSON in the meta tree).
@@ -107,6 +110,8 @@ pub(crate) struct State {
     pub last_sync_unix: u64,
     /// The dataset layer's state (see `ext`).
     pub ext: Option<Box<dyn crate::ext::Extension>>,
+    /// The intent log (see `zil`).
+    pub zil: crate::zil::ZilState,
 }
 
 /// Control word for the scan thread.
@@ -422,7 +427,9 @@ impl Pool {
                 K_PROPS,
                 &props_json,
             )?;
-            // Labels first, so the devices are recognisable; then txg 1.
+            // Labels first, so the devices are recognisable; then txg 1,
+            // which also starts the intent log's chain.
+            st.zil.wanted = true;
             pool.write_labels(&mut st, PoolState::Active)?;
             pool.sync_locked(&mut st)?;
             pool.write_labels(&mut st, PoolState::Active)?;
@@ -473,6 +480,7 @@ impl Pool {
                 closed: false,
                 last_sync_unix: now_unix(),
                 ext: None,
+                zil: Default::default(),
             }),
             cv: Condvar::new(),
             holds: Holds::default(),
@@ -604,6 +612,8 @@ impl Pool {
             || st.meta.is_dirty()
             || st.ms_dirty
             || !st.frees.is_empty()
+            || !st.zil.frees.is_empty()
+            || st.zil.wanted
             || st.txg < st.last_free_txg + DEFER_TXGS
     }
 
@@ -630,7 +640,8 @@ impl Pool {
         let compression = st.props.compression();
         let data_copies = st.props.copies as usize;
         let meta_copies = st.props.metadata_copies();
-        let mut missed: Vec<Missed> = Vec::new();
+        // Leaves that missed writes made early for the intent log.
+        let mut missed: Vec<Missed> = std::mem::take(&mut st.zil.missed);
 
         // 0. The dataset layer: its data blocks and tree nodes, and its
         // entries of the meta tree, which commits below.
@@ -678,7 +689,9 @@ impl Pool {
             }
         }
 
-        // 2. Pool state into the meta tree.
+        // 2. The intent log chain this txg makes obsolete, and the header of
+        // the next one; then the pool state into the meta tree.
+        self.log_sync(st, txg)?;
         if st.ms_dirty {
             let json =
                 serde_json::to_vec(&st.ms).map_err(|e| PoolError::Internal(e.to_string()))?;
@@ -926,9 +939,21 @@ impl Pool {
         }
     }
 
-    /// Stops background threads, commits what is dirty, and marks the labels
-    /// exported (or destroyed). The pool cannot be used afterwards.
-    pub fn export(&self, destroy: bool) -> Result<(), PoolError> {
+    /// Stops every background thread and releases the devices without
+    /// writing anything more, as if the process died at this instant: what
+    /// no txg committed and no intent log holds is lost, exactly as in a
+    /// crash. For crash tests and simulations; the pool cannot be used
+    /// afterwards, and importing it again replays its intent log.
+    pub fn abandon(&self) {
+        self.stop_threads();
+        let mut st = self.lock();
+        st.closed = true;
+        self.locks.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.cv.notify_all();
+    }
+
+    /// Stops the syncer and the scanner and waits for them.
+    fn stop_threads(&self) {
         self.request_stop();
         // The syncer first: it may start a resilver until it sees the flag.
         if let Some(h) = self.syncer.lock().unwrap_or_else(|e| e.into_inner()).take() {
@@ -942,6 +967,12 @@ impl Pool {
         {
             let _ = h.join();
         }
+    }
+
+    /// Stops background threads, commits what is dirty, and marks the labels
+    /// exported (or destroyed). The pool cannot be used afterwards.
+    pub fn export(&self, destroy: bool) -> Result<(), PoolError> {
+        self.stop_threads();
         let mut st = self.lock();
         if st.closed {
             return Ok(());

@@ -555,6 +555,11 @@ impl Pool {
             }
         };
         add(&st.space_root);
+        for d in Self::log_allocated(&st) {
+            seen.borrow_mut()
+                .entry((d.vdev, d.offset))
+                .or_insert(([0xff; 32], d.asize));
+        }
         let scan = self.scan_fn();
         let mut trees = Vec::new();
         tarn_tree::walk(

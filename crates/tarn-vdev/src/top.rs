@@ -812,7 +812,8 @@ impl TopVdev {
 
     /// Turns self-heal on or off. Import turns it off while it tries older
     /// uberblocks: their blocks may have been reused since, and "repairing"
-    /// them would overwrite newer data.
+    /// them would overwrite newer data. While it is off, wrong bytes are
+    /// not counted as checksum errors either: the reader is probing.
     pub fn set_self_heal(&self, on: bool) {
         self.heal_enabled.store(on, Ordering::Release);
     }
@@ -833,7 +834,9 @@ impl TopVdev {
     /// Records that a child returned wrong bytes. A resilvering child is
     /// expected to hold stale data, so it is not blamed.
     pub(crate) fn note_cksum(&self, h: &Handle) {
-        if !h.resilvering {
+        // With self-heal off the reader is probing (import trying older
+        // uberblocks, the intent log's end): wrong bytes are expected.
+        if !h.resilvering && self.heal_enabled.load(Ordering::Acquire) {
             bump(&self.children[h.idx].counters.cksum_errors, 1);
         }
     }

@@ -1,0 +1,290 @@
+//! The intent log through the POSIX layer: what `fsync` and the `sync`
+//! property promise survives a crash that no txg commit followed, replay
+//! is idempotent, and the log leaves no space behind.
+//!
+//! A "crash" here drops every handle to the pool without exporting it:
+//! nothing more is written (the txg interval is an hour), exactly like a
+//! process killed after its last acknowledged request.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tarn_fs::{Cred, DatasetBackend, Fs, ROOT_INO};
+use tarn_pool::{Pool, PoolOptions, VdevSpec};
+use tarn_vdev::{Fault, FaultKind, VdevKind};
+
+type DsFs = Fs<DatasetBackend>;
+
+fn opts() -> PoolOptions {
+    PoolOptions {
+        sync_interval: Duration::from_secs(3600),
+        owner: "test".into(),
+        ..Default::default()
+    }
+}
+
+fn devices(dir: &Path, n: usize) -> Vec<PathBuf> {
+    (0..n)
+        .map(|i| {
+            let p = dir.join(format!("d{i}"));
+            std::fs::File::create(&p)
+                .expect("create device file")
+                .set_len(128 << 20)
+                .expect("size device file");
+            p
+        })
+        .collect()
+}
+
+fn create_pool(devs: &[PathBuf], kind: VdevKind) -> Arc<Pool> {
+    let spec = VdevSpec {
+        kind,
+        devices: devs.to_vec(),
+    };
+    let pool =
+        Pool::create("tank", &[spec], 12, &BTreeMap::new(), false, opts()).expect("create pool");
+    tarn_dataset::attach(&pool).expect("attach datasets");
+    pool
+}
+
+fn import(dir: &Path) -> Arc<Pool> {
+    let pool = Pool::import(&[dir.to_path_buf()], &[], "tank", None, true, opts())
+        .expect("import after the crash");
+    tarn_dataset::attach(&pool).expect("attach replays the log");
+    pool
+}
+
+fn mount(pool: &Arc<Pool>, name: &str) -> DsFs {
+    let h = tarn_dataset::open(pool, name).expect("open dataset");
+    Fs::mount(Arc::new(DatasetBackend::new(h))).expect("mount")
+}
+
+fn dataset(pool: &Arc<Pool>, name: &str, props: &[(&str, &str)]) -> DsFs {
+    let props: BTreeMap<String, String> = props
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    tarn_dataset::create(pool, name, &props, false).expect("create dataset");
+    mount(pool, name)
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn new_file(fs: &DsFs, name: &str) -> u64 {
+    let c = Cred::root();
+    let a = fs
+        .create(
+            ROOT_INO,
+            name.as_bytes(),
+            libc::S_IFREG | 0o644,
+            0,
+            libc::O_RDWR,
+            &c,
+        )
+        .expect("create file");
+    a.ino
+}
+
+fn write(fs: &DsFs, ino: u64, off: u64, data: &[u8]) {
+    let n = fs
+        .write(ino, off, data, false, &Cred::root())
+        .expect("write");
+    assert_eq!(n, data.len());
+}
+
+/// The whole content of `name`, or None when it does not exist.
+fn content(fs: &DsFs, name: &str) -> Option<Vec<u8>> {
+    let c = Cred::root();
+    let a = fs.lookup(ROOT_INO, name.as_bytes(), &c).ok()?;
+    let mut out = Vec::new();
+    loop {
+        let chunk = fs
+            .read(a.ino, out.len() as u64, 1 << 20)
+            .expect("read back");
+        if chunk.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&chunk);
+    }
+    assert_eq!(out.len() as u64, a.size, "{name}: bytes read vs size");
+    Some(out)
+}
+
+#[test]
+fn fsync_is_durable_without_a_txg_and_only_for_its_dataset() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let devs = devices(dir.path(), 4);
+    let pool = create_pool(&devs, VdevKind::Raidz { parity: 1 });
+    // recordsize 128K: the 1 MiB write goes in place (referenced from the
+    // log), the small ones are copied into it.
+    let a = dataset(&pool, "tank/a", &[("recordsize", "128K")]);
+    let b = dataset(&pool, "tank/b", &[]);
+    let big = pattern(1, 1 << 20);
+    let small = pattern(2, 5000);
+    let f1 = new_file(&a, "big");
+    write(&a, f1, 0, &big);
+    let f2 = new_file(&a, "small");
+    for (i, chunk) in small.chunks(700).enumerate() {
+        write(&a, f2, (i * 700) as u64, chunk);
+    }
+    let f3 = new_file(&a, "gone");
+    write(&a, f3, 0, b"soon deleted");
+    a.unlink(ROOT_INO, b"gone", &Cred::root()).expect("unlink");
+    // Renames are logged too.
+    let f4 = new_file(&a, "old-name");
+    write(&a, f4, 0, b"renamed");
+    a.rename(
+        ROOT_INO,
+        b"old-name",
+        ROOT_INO,
+        b"new-name",
+        0,
+        &Cred::root(),
+    )
+    .expect("rename");
+    // Another dataset's writes are not part of a's fsync.
+    let g = new_file(&b, "not-synced");
+    write(&b, g, 0, b"lost on crash");
+    let txg = pool.txg();
+    a.fsync(f2).expect("fsync");
+    assert_eq!(pool.txg(), txg, "fsync went through the log, not a txg");
+    // After the fsync, more writes that nobody synced.
+    write(&a, f2, 0, b"UNSYNCED");
+    drop((a, b));
+    pool.abandon();
+
+    let pool = import(dir.path());
+    let a = mount(&pool, "tank/a");
+    let b = mount(&pool, "tank/b");
+    assert_eq!(content(&a, "big").as_deref(), Some(&big[..]), "big file");
+    assert_eq!(
+        content(&a, "small").as_deref(),
+        Some(&small[..]),
+        "small writes, without the write after the fsync"
+    );
+    assert_eq!(content(&a, "gone"), None, "unlink replayed");
+    assert_eq!(content(&a, "old-name"), None, "rename replayed");
+    assert_eq!(content(&a, "new-name").as_deref(), Some(&b"renamed"[..]));
+    assert_eq!(content(&b, "not-synced"), None, "other dataset not logged");
+    drop((a, b));
+    let leaks = pool.leak_check().expect("leak check");
+    assert!(leaks.is_clean(), "no space lost to the log: {leaks:?}");
+    pool.export(false).expect("export");
+}
+
+#[test]
+fn sync_property_always_standard_disabled() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let devs = devices(dir.path(), 1);
+    let pool = create_pool(&devs, VdevKind::Single);
+    let modes = ["always", "standard", "disabled"];
+    // Every dataset exists (committed) before the first write, so no
+    // commit of one dataset's creation carries another's writes along.
+    let all: Vec<DsFs> = modes
+        .iter()
+        .map(|m| dataset(&pool, &format!("tank/{m}"), &[("sync", m)]))
+        .collect();
+    pool.sync().expect("sync");
+    for (m, fs) in modes.iter().zip(&all) {
+        let m = *m;
+        let f = new_file(fs, "f");
+        let txg = pool.txg();
+        write(fs, f, 0, b"written");
+        if m != "always" {
+            fs.fsync(f).expect("fsync");
+        }
+        assert_eq!(pool.txg(), txg, "{m}: no txg commit for a sync write");
+    }
+    drop(all);
+    pool.abandon();
+    let pool = import(dir.path());
+    for m in modes {
+        let fs = mount(&pool, &format!("tank/{m}"));
+        let want = (m != "disabled").then(|| b"written".to_vec());
+        assert_eq!(content(&fs, "f"), want, "sync={m}");
+    }
+}
+
+#[test]
+fn replay_is_idempotent_when_its_commit_fails() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let devs = devices(dir.path(), 2);
+    let pool = create_pool(&devs, VdevKind::Mirror);
+    let fs = dataset(&pool, "tank/fs", &[("recordsize", "64K")]);
+    let data = pattern(3, 300_000);
+    let f = new_file(&fs, "f");
+    write(&fs, f, 0, &data);
+    fs.fsync(f).expect("fsync");
+    drop(fs);
+    pool.abandon();
+
+    // Import, then fail every write: the replay cannot commit.
+    let pool =
+        Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, true, opts()).expect("import");
+    for d in &devs {
+        tarn_vdev::find_device(d)
+            .expect("device is open")
+            .inject(Fault::always(FaultKind::WriteError));
+    }
+    assert!(
+        tarn_dataset::attach(&pool).is_err(),
+        "the replay's commit cannot succeed with every write failing"
+    );
+    pool.abandon();
+
+    // The log is still there and replays again, exactly once.
+    let pool = import(dir.path());
+    let fs = mount(&pool, "tank/fs");
+    assert_eq!(content(&fs, "f").as_deref(), Some(&data[..]));
+    drop(fs);
+    let leaks = pool.leak_check().expect("leak check");
+    assert!(leaks.is_clean(), "{leaks:?}");
+
+    // And once committed, a further crash has nothing left to replay: the
+    // file is what the committed txg holds.
+    pool.abandon();
+    let pool = import(dir.path());
+    let fs = mount(&pool, "tank/fs");
+    assert_eq!(content(&fs, "f").as_deref(), Some(&data[..]));
+}
+
+#[test]
+fn writes_after_a_rollback_survive_a_crash() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let devs = devices(dir.path(), 1);
+    let pool = create_pool(&devs, VdevKind::Single);
+    let fs = dataset(&pool, "tank/fs", &[]);
+    let f = new_file(&fs, "f");
+    write(&fs, f, 0, b"before");
+    fs.fsync(f).expect("fsync");
+    tarn_dataset::snapshot(&pool, &["tank/fs@s".to_string()], false).expect("snapshot");
+    write(&fs, f, 0, b"AFTER!");
+    fs.fsync(f).expect("fsync");
+    drop(fs);
+    tarn_dataset::rollback(&pool, "tank/fs@s", false).expect("rollback");
+    let fs = mount(&pool, "tank/fs");
+    assert_eq!(content(&fs, "f").as_deref(), Some(&b"before"[..]));
+    let f = fs
+        .lookup(ROOT_INO, b"f", &Cred::root())
+        .expect("lookup")
+        .ino;
+    write(&fs, f, 0, b"third!");
+    fs.fsync(f).expect("fsync");
+    drop(fs);
+    pool.abandon();
+    let pool = import(dir.path());
+    let fs = mount(&pool, "tank/fs");
+    assert_eq!(content(&fs, "f").as_deref(), Some(&b"third!"[..]));
+}

@@ -1,0 +1,651 @@
+//! The intent log: synchronous operations made durable between txgs.
+//!
+//! # Theory
+//!
+//! A txg commit writes every dirty block, the trees above them, the space
+//! maps and an uberblock on every leaf, with two flushes: far too much to
+//! pay for each `fsync`. The intent log lets a synchronous operation be
+//! acknowledged after one small write and one flush instead: the dataset
+//! layer hands the pool opaque *records* (what it must redo), the pool
+//! appends them to a chain of log blocks and flushes; at import the pool
+//! hands the records of complete commits back for replay. The pool never
+//! interprets a record.
+//!
+//! **One chain per txg.** The committed pool state (`MetaState::log`) names
+//! the chain's *header*: a random chain guid, the first sequence number and
+//! the address of the first block, allocated by the sync that committed the
+//! header. Every synchronous commit of open txg `T + 1` writes blocks
+//! `seq, seq + 1, ...` starting at the chain's current *next* address; each
+//! block names the address of the one after it, allocated before the block
+//! is written, so the chain can grow without ever touching committed state.
+//! The sync of `T + 1` commits everything the records describe, so when it
+//! runs (under the pool lock, so no commit is in flight) the whole chain is
+//! obsolete: its blocks are freed (deferred, so they stay intact until
+//! `T + 1` is safely behind) and a fresh header with a new guid is committed
+//! with `T + 1`. After a crash, import finds header `T` and so exactly the
+//! chain of the txg that did not commit.
+//!
+//! **The end of the chain is unambiguous.** Each block carries the pool
+//! guid, the chain guid, its sequence number and a BLAKE3 checksum of
+//! itself. A block is accepted only if all of them match what its
+//! predecessor (or the header) promised. The address after the last block
+//! holds whatever was there before: stale data, an old log block (another
+//! chain guid or sequence), or a torn write; none of them verifies, so the
+//! walk stops there. Nothing is ever rewritten in place inside a chain.
+//!
+//! **Commits are atomic at replay.** One commit (one `fsync`) may span
+//! several blocks; the last carries an end flag. Import replays only the
+//! records of complete commits. A commit is acknowledged after all its
+//! blocks are written and the devices flushed, so every acknowledged commit
+//! is complete on disk, and a torn tail is a commit nobody was told about.
+//!
+//! **Referenced blocks.** Large writes are not copied into the log: the
+//! dataset layer writes the data block in place (into room it already
+//! holds) and logs its pointer; the commit lists those pointers so import
+//! can *claim* them before anything else allocates. Chain blocks and
+//! referenced blocks are allocated only in memory (the committed space map
+//! of `T` does not know them), so import claims them too; the header's first
+//! block is the one exception, allocated by a sync and committed with it.
+//! Claiming accepts space that is already allocated only when it is the
+//! header's block or was claimed before (a crash between import and replay).
+//!
+//! **Failure never costs durability.** If a log write or flush fails, the
+//! chain is marked broken and the caller falls back to a txg commit, which
+//! is durable on its own; the next sync starts a new chain.
+//!
+//! **Replay** happens when the dataset layer attaches: it takes the records,
+//! redoes them in the open txg, and the next sync commits the result and
+//! retires the chain. Until the records are taken the chain is kept as it
+//! is (a sync in between must not retire it), and no new commits are
+//! accepted. Replaying twice is harmless: the records redo operations on top
+//! of the committed txg they were logged against, which is still the one
+//! on disk until the replay commits.
+
+use serde::{Deserialize, Serialize};
+use tarn_block::pipeline::Missed;
+use tarn_block::{BlockPtr, Dva};
+
+use crate::pool::{new_guid, Pool, State};
+use crate::store::Allocator;
+use crate::PoolError;
+
+/// Magic at the start of every log block.
+const MAGIC: &[u8; 4] = b"TZIL";
+/// Log block format version.
+const VERSION: u32 = 1;
+/// Bytes of the block header before the payload.
+const HEADER: usize = 128;
+/// Offset of the checksum inside the header.
+const SUM_AT: usize = 64;
+/// Flag: the last block of a commit.
+const FLAG_END: u32 = 1;
+/// Smallest log block.
+const MIN_BLOCK: u32 = 8 << 10;
+/// Largest log block.
+const MAX_BLOCK: u32 = 1 << 20;
+/// Refuse absurd commits from a damaged stream.
+const MAX_COMMIT: usize = 1 << 30;
+
+/// Where a log block lives: like a [`Dva`], plus the stored size the
+/// vdev layout depends on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LogAddr {
+    pub vdev: u32,
+    pub offset: u64,
+    pub psize: u32,
+    pub asize: u32,
+}
+
+impl LogAddr {
+    fn dva(&self) -> Dva {
+        Dva {
+            vdev: self.vdev,
+            asize: self.asize,
+            offset: self.offset,
+        }
+    }
+}
+
+/// The committed start of the current chain (in the pool state record).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LogHeader {
+    /// Random per chain: blocks of older chains never verify.
+    pub guid: u64,
+    /// Sequence number of the first block.
+    pub seq: u64,
+    /// The first block, allocated by the sync that wrote this header.
+    pub first: LogAddr,
+}
+
+/// In-memory state of the intent log.
+#[derive(Default)]
+pub(crate) struct ZilState {
+    /// The next block to write and its sequence number.
+    pub next: Option<(LogAddr, u64)>,
+    /// Blocks allocated for the chain after its header's first block.
+    pub blocks: Vec<LogAddr>,
+    /// A block of the current chain was written.
+    pub used: bool,
+    /// A write failed: no more commits until the next sync starts a chain.
+    pub broken: bool,
+    /// A commit found no chain: the next sync creates one.
+    pub wanted: bool,
+    /// Records found at import, until the dataset layer takes them.
+    pub replay: Option<Vec<Vec<u8>>>,
+    /// Data blocks claimed at import for the records (until replay commits).
+    pub claimed: Vec<Dva>,
+    /// Blocks written early (in place) and superseded before their txg
+    /// committed: only the log references them; freed by the next sync.
+    pub frees: Vec<BlockPtr>,
+    /// Leaves that missed an early write, for the next sync's dirty time log.
+    pub missed: Vec<Missed>,
+    /// Size of the block the next header starts with.
+    pub size_hint: u32,
+    /// Commits and bytes written, for status and benchmarks.
+    pub commits: u64,
+    pub bytes: u64,
+}
+
+/// What a commit did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogCommit {
+    /// Durable in the log.
+    Logged,
+    /// No usable chain now (none yet, a failed write, replay pending, no
+    /// room): the caller must commit a txg instead.
+    Unavailable,
+}
+
+fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn put_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+fn get_u32(b: &[u8], at: usize) -> u32 {
+    let mut x = [0u8; 4];
+    x.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(x)
+}
+
+fn get_u64(b: &[u8], at: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(x)
+}
+
+fn block_sum(block: &[u8]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(&block[..SUM_AT]);
+    h.update(&[0u8; 32]);
+    h.update(&block[SUM_AT + 32..]);
+    *h.finalize().as_bytes()
+}
+
+/// One parsed log block.
+struct Parsed {
+    next: LogAddr,
+    end: bool,
+    payload: Vec<u8>,
+}
+
+/// Builds a log block of `psize` bytes.
+fn encode_block(
+    pool_guid: u64,
+    chain: u64,
+    seq: u64,
+    next: &LogAddr,
+    end: bool,
+    payload: &[u8],
+    psize: u32,
+) -> Vec<u8> {
+    let mut b = vec![0u8; psize as usize];
+    b[..4].copy_from_slice(MAGIC);
+    put_u32(&mut b, 4, VERSION);
+    put_u64(&mut b, 8, pool_guid);
+    put_u64(&mut b, 16, chain);
+    put_u64(&mut b, 24, seq);
+    put_u32(&mut b, 32, next.vdev);
+    put_u32(&mut b, 36, next.psize);
+    put_u64(&mut b, 40, next.offset);
+    put_u32(&mut b, 48, next.asize);
+    put_u32(&mut b, 52, if end { FLAG_END } else { 0 });
+    put_u32(&mut b, 56, payload.len() as u32);
+    b[HEADER..HEADER + payload.len()].copy_from_slice(payload);
+    let sum = block_sum(&b);
+    b[SUM_AT..SUM_AT + 32].copy_from_slice(&sum);
+    b
+}
+
+/// Checks a block read from disk against what its predecessor promised.
+fn verify_block(b: &[u8], pool_guid: u64, chain: u64, seq: u64) -> bool {
+    b.len() >= HEADER
+        && &b[..4] == MAGIC
+        && get_u32(b, 4) == VERSION
+        && get_u64(b, 8) == pool_guid
+        && get_u64(b, 16) == chain
+        && get_u64(b, 24) == seq
+        && (get_u32(b, 56) as usize) <= b.len() - HEADER
+        && b[SUM_AT..SUM_AT + 32] == block_sum(b)
+}
+
+fn parse_block(b: &[u8]) -> Parsed {
+    let len = get_u32(b, 56) as usize;
+    Parsed {
+        next: LogAddr {
+            vdev: get_u32(b, 32),
+            psize: get_u32(b, 36),
+            offset: get_u64(b, 40),
+            asize: get_u32(b, 48),
+        },
+        end: get_u32(b, 52) & FLAG_END != 0,
+        payload: b[HEADER..HEADER + len].to_vec(),
+    }
+}
+
+/// Serializes one commit: the blocks it references, then its records.
+fn encode_commit(records: &[Vec<u8>], refs: &[BlockPtr]) -> Vec<u8> {
+    let dvas: Vec<&Dva> = refs.iter().flat_map(|bp| bp.used_dvas()).collect();
+    let len = 8 + dvas.len() * 16 + records.iter().map(|r| r.len() + 4).sum::<usize>();
+    let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(&(dvas.len() as u32).to_le_bytes());
+    for d in dvas {
+        out.extend_from_slice(&d.vdev.to_le_bytes());
+        out.extend_from_slice(&d.asize.to_le_bytes());
+        out.extend_from_slice(&d.offset.to_le_bytes());
+    }
+    out.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    for r in records {
+        out.extend_from_slice(&(r.len() as u32).to_le_bytes());
+        out.extend_from_slice(r);
+    }
+    out
+}
+
+/// A commit read back: the blocks to claim and the records.
+type Commit = (Vec<Dva>, Vec<Vec<u8>>);
+
+fn decode_commit(b: &[u8]) -> Result<Commit, String> {
+    let mut pos = 0usize;
+    let mut take = |n: usize| -> Result<&[u8], String> {
+        let s = b
+            .get(pos..pos + n)
+            .ok_or_else(|| format!("commit truncated at byte {pos}"))?;
+        pos += n;
+        Ok(s)
+    };
+    let n = u32::from_le_bytes(take(4)?.try_into().map_err(|_| "count")?) as usize;
+    let mut dvas = Vec::with_capacity(n.min(4096));
+    for _ in 0..n {
+        let s = take(16)?;
+        dvas.push(Dva {
+            vdev: get_u32(s, 0),
+            asize: get_u32(s, 4),
+            offset: get_u64(s, 8),
+        });
+    }
+    let m = u32::from_le_bytes(take(4)?.try_into().map_err(|_| "count")?) as usize;
+    let mut recs = Vec::with_capacity(m.min(4096));
+    for _ in 0..m {
+        let len = u32::from_le_bytes(take(4)?.try_into().map_err(|_| "length")?) as usize;
+        recs.push(take(len)?.to_vec());
+    }
+    Ok((dvas, recs))
+}
+
+fn block_size_for(bytes: usize) -> u32 {
+    ((bytes + HEADER) as u32)
+        .next_power_of_two()
+        .clamp(MIN_BLOCK, MAX_BLOCK)
+}
+
+impl Pool {
+    /// Allocates one log block of `psize` bytes, keeping each vdev's
+    /// metadata reserve (log blocks are short-lived, but the next txg's
+    /// metadata must always fit).
+    fn log_alloc(&self, st: &mut State, psize: u32) -> Result<LogAddr, PoolError> {
+        let keep: Vec<u64> = (0..self.tops.len())
+            .map(|v| self.metadata_reserve(st, v))
+            .collect();
+        let dvas = Allocator {
+            tops: &self.tops,
+            space: &mut st.space,
+            rotor: &mut st.rotor,
+            keep_contiguous: &keep,
+        }
+        .alloc(psize as u64, 1)?;
+        let d = dvas
+            .first()
+            .ok_or_else(|| PoolError::Internal("allocator returned no address".into()))?;
+        Ok(LogAddr {
+            vdev: d.vdev,
+            offset: d.offset,
+            psize,
+            asize: d.asize,
+        })
+    }
+
+    /// Appends one commit of `records` (opaque to the pool), referencing
+    /// the data blocks `refs` written in place for them, to the chain and
+    /// flushes. [`LogCommit::Logged`] means durable.
+    pub(crate) fn log_commit(
+        &self,
+        st: &mut State,
+        records: &[Vec<u8>],
+        refs: &[BlockPtr],
+    ) -> Result<LogCommit, PoolError> {
+        let z = &mut st.zil;
+        if z.replay.is_some() || z.broken {
+            return Ok(LogCommit::Unavailable);
+        }
+        let Some(header) = st.ms.log else {
+            st.zil.wanted = true;
+            return Ok(LogCommit::Unavailable);
+        };
+        let Some((mut cur, mut seq)) = st.zil.next else {
+            st.zil.broken = true;
+            return Ok(LogCommit::Unavailable);
+        };
+        let stream = encode_commit(records, refs);
+        let mut writes: Vec<(LogAddr, Vec<u8>)> = Vec::new();
+        let mut pos = 0usize;
+        loop {
+            let cap = cur.psize as usize - HEADER;
+            let chunk = (stream.len() - pos).min(cap);
+            let rest = stream.len() - pos - chunk;
+            let end = rest == 0;
+            // The next block: more of this commit, or the start of the
+            // following one (sized like this commit).
+            let want = if end {
+                block_size_for(stream.len())
+            } else {
+                block_size_for(rest)
+            };
+            let next = match self.log_alloc(st, want) {
+                Ok(a) => a,
+                Err(_) => {
+                    st.zil.broken = true;
+                    return Ok(LogCommit::Unavailable);
+                }
+            };
+            st.zil.blocks.push(next);
+            let block = encode_block(
+                self.guid,
+                header.guid,
+                seq,
+                &next,
+                end,
+                &stream[pos..pos + chunk],
+                cur.psize,
+            );
+            writes.push((cur, block));
+            pos += chunk;
+            cur = next;
+            seq += 1;
+            if end {
+                break;
+            }
+        }
+        // Once anything is written the chain's next block has moved on,
+        // whatever happens below.
+        st.zil.next = Some((cur, seq));
+        st.zil.used = true;
+        let mut touched = Vec::new();
+        let mut failed = false;
+        for (a, b) in &writes {
+            let Some(top) = self.tops.get(a.vdev as usize) else {
+                failed = true;
+                break;
+            };
+            match top.write(a.offset, b) {
+                Ok(out) => {
+                    for child in out.missed {
+                        st.zil.missed.push(Missed {
+                            vdev: a.vdev,
+                            child,
+                        });
+                    }
+                }
+                Err(_) => {
+                    failed = true;
+                    break;
+                }
+            }
+            if !touched.contains(&a.vdev) {
+                touched.push(a.vdev);
+            }
+        }
+        if !failed {
+            for v in &touched {
+                if let Some(t) = self.tops.get(*v as usize) {
+                    if t.flush().is_err() {
+                        failed = true;
+                    }
+                }
+            }
+        }
+        if failed {
+            st.zil.broken = true;
+            return Ok(LogCommit::Unavailable);
+        }
+        st.zil.commits += 1;
+        st.zil.bytes += writes.iter().map(|(a, _)| a.psize as u64).sum::<u64>();
+        st.zil.size_hint = block_size_for(stream.len());
+        Ok(LogCommit::Logged)
+    }
+
+    /// The intent log's part of the sync of `txg`: retires the chain the
+    /// txg makes obsolete and commits a new header (see the module docs).
+    /// Called before the pool state is written into the meta tree.
+    pub(crate) fn log_sync(&self, st: &mut State, txg: u64) -> Result<(), PoolError> {
+        if st.zil.replay.is_some() {
+            return Ok(());
+        }
+        let mut free: Vec<Dva> = Vec::new();
+        for bp in std::mem::take(&mut st.zil.frees) {
+            free.extend(bp.used_dvas().copied());
+        }
+        // Claimed data blocks now belong to the trees the replay put them
+        // in (or were handed back through `frees`).
+        st.zil.claimed.clear();
+        let rotate = match st.ms.log {
+            Some(_) => st.zil.used || st.zil.broken,
+            None => st.zil.wanted,
+        };
+        if rotate {
+            if let Some(h) = st.ms.log {
+                free.push(h.first.dva());
+            }
+            free.extend(st.zil.blocks.drain(..).map(|a| a.dva()));
+        }
+        for d in &free {
+            let Some(m) = st.space.get_mut(d.vdev as usize) else {
+                continue;
+            };
+            m.free_deferred(d.offset, d.asize as u64, txg)
+                .map_err(|e| PoolError::Internal(format!("intent log space: {e}")))?;
+        }
+        if !free.is_empty() {
+            st.last_free_txg = txg;
+        }
+        if !rotate {
+            return Ok(());
+        }
+        let size = st.zil.size_hint.max(MIN_BLOCK);
+        let header = match self.log_alloc(st, size) {
+            Ok(first) => Some(LogHeader {
+                guid: new_guid(),
+                seq: 1,
+                first,
+            }),
+            // No room for a log block: synchronous writes commit txgs.
+            Err(_) => None,
+        };
+        st.ms.log = header;
+        st.ms_dirty = true;
+        let z = &mut st.zil;
+        z.next = header.map(|h| (h.first, h.seq));
+        z.used = false;
+        z.broken = false;
+        z.wanted = false;
+        Ok(())
+    }
+
+    /// At import, before anything allocates: walks the chain the committed
+    /// header names, claims its blocks and the data blocks its complete
+    /// commits reference, and keeps their records for replay.
+    pub(crate) fn log_claim(&self, st: &mut State) -> Result<(), PoolError> {
+        let Some(h) = st.ms.log else {
+            return Ok(());
+        };
+        // Whatever happens, the next sync starts a new chain; until then,
+        // synchronous writes commit txgs.
+        st.zil.used = true;
+        st.zil.broken = true;
+        let mut chain = vec![h.first];
+        let mut stream = Vec::new();
+        let mut commits: Vec<Commit> = Vec::new();
+        let (mut at, mut seq) = (h.first, h.seq);
+        // The block after the last one holds anything: reading it must
+        // neither "repair" it nor blame a device for it.
+        for t in &self.tops {
+            t.set_self_heal(false);
+        }
+        while let Some(top) = self.tops.get(at.vdev as usize) {
+            let ok = |b: &[u8]| verify_block(b, self.guid, h.guid, seq);
+            // A failed read is the end of the chain (see the module docs).
+            let Ok(b) = top.read(at.offset, at.psize as usize, &ok) else {
+                break;
+            };
+            let p = parse_block(&b);
+            stream.extend_from_slice(&p.payload);
+            if stream.len() > MAX_COMMIT {
+                break;
+            }
+            if p.end {
+                let c = decode_commit(&stream).map_err(|e| {
+                    PoolError::Corrupt(format!(
+                        "intent log block {seq} of pool '{}' verifies but does not parse: {e}",
+                        self.name
+                    ))
+                })?;
+                commits.push(c);
+                stream.clear();
+            }
+            if at != h.first {
+                chain.push(at);
+            }
+            at = p.next;
+            seq += 1;
+        }
+        for t in &self.tops {
+            t.set_self_heal(true);
+        }
+        for a in &chain {
+            self.claim_dva(st, &a.dva())?;
+        }
+        st.zil.blocks = chain.into_iter().skip(1).collect();
+        let mut records = Vec::new();
+        for (dvas, recs) in commits {
+            for d in dvas {
+                self.claim_dva(st, &d)?;
+                st.zil.claimed.push(d);
+            }
+            records.extend(recs);
+        }
+        if !records.is_empty() {
+            st.zil.replay = Some(records);
+        }
+        Ok(())
+    }
+
+    /// Marks a log-referenced range allocated. Space already wholly
+    /// allocated is accepted: the header's block, or a claim that a sync
+    /// committed before a second crash (the block verified, so nothing
+    /// else was written there); partly allocated space means the log and
+    /// the space maps disagree.
+    fn claim_dva(&self, st: &mut State, d: &Dva) -> Result<(), PoolError> {
+        let m = st.space.get_mut(d.vdev as usize).ok_or_else(|| {
+            PoolError::Corrupt(format!(
+                "intent log of pool '{}' names vdev {} which does not exist",
+                self.name, d.vdev
+            ))
+        })?;
+        if m.is_allocated(d.offset, d.asize as u64) {
+            return Ok(());
+        }
+        m.claim(d.offset, d.asize as u64).map_err(|e| {
+            PoolError::Corrupt(format!(
+                "intent log of pool '{}' names space the pool uses otherwise ({e}); \
+                 import refused so that nothing is overwritten",
+                self.name
+            ))
+        })
+    }
+
+    /// Every range the intent log holds allocated, for the leak check.
+    pub(crate) fn log_allocated(st: &State) -> Vec<Dva> {
+        let mut out: Vec<Dva> = st.ms.log.iter().map(|h| h.first.dva()).collect();
+        out.extend(st.zil.blocks.iter().map(|a| a.dva()));
+        out.extend(st.zil.claimed.iter().copied());
+        for bp in &st.zil.frees {
+            out.extend(bp.used_dvas().copied());
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_verify_only_where_promised() {
+        let next = LogAddr {
+            vdev: 0,
+            offset: 8192,
+            psize: 8192,
+            asize: 8192,
+        };
+        let b = encode_block(7, 9, 3, &next, true, b"hello", 8192);
+        assert!(verify_block(&b, 7, 9, 3));
+        assert!(!verify_block(&b, 7, 9, 4), "another sequence number");
+        assert!(!verify_block(&b, 7, 8, 3), "another chain");
+        assert!(!verify_block(&b, 6, 9, 3), "another pool");
+        let p = parse_block(&b);
+        assert_eq!(p.payload, b"hello");
+        assert!(p.end);
+        assert_eq!(p.next, next);
+        // Any flipped bit anywhere (header, payload or padding) is refused,
+        // and so is a torn block (a prefix of new sectors over old bytes).
+        for i in [0, 20, 60, 100, 130, 5000, 8191] {
+            let mut c = b.clone();
+            c[i] ^= 0x10;
+            assert!(!verify_block(&c, 7, 9, 3), "flip at {i}");
+        }
+        let mut torn = vec![0xAAu8; 8192];
+        torn[..4096].copy_from_slice(&b[..4096]);
+        assert!(!verify_block(&torn, 7, 9, 3));
+        assert!(!verify_block(&b[..64], 7, 9, 3), "short");
+    }
+
+    #[test]
+    fn commits_round_trip_and_refuse_truncation() {
+        let recs = vec![b"one".to_vec(), vec![], vec![5u8; 1000]];
+        let mut bp = BlockPtr::default();
+        bp.dvas[0] = Dva {
+            vdev: 1,
+            asize: 4096,
+            offset: 1 << 20,
+        };
+        let s = encode_commit(&recs, &[bp]);
+        let (d, r) = decode_commit(&s).expect("decodes");
+        assert_eq!(r, recs);
+        assert_eq!(d, vec![bp.dvas[0]]);
+        for cut in 0..s.len() {
+            assert!(decode_commit(&s[..cut]).is_err(), "truncated at {cut}");
+        }
+    }
+}
