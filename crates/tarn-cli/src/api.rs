@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::backend::{Backend, CreateRequest, ImportRequest, ScrubAction};
+use crate::backend::{Backend, CreateRequest, ImportRequest, ScrubAction, VdevSpec};
 
 /// Method names, shared by the client and [`dispatch`] so they cannot drift.
 pub mod method {
@@ -49,6 +49,10 @@ pub mod method {
     pub const POOL_ONLINE: &str = "pool.online";
     /// Replace a device: [`super::ReplaceParams`].
     pub const POOL_REPLACE: &str = "pool.replace";
+    /// Add a log vdev: [`super::AddLogParams`].
+    pub const POOL_ADD_LOG: &str = "pool.add_log";
+    /// Remove a log vdev: [`super::DeviceParams`].
+    pub const POOL_REMOVE: &str = "pool.remove";
     /// Reset error counters: [`super::ClearParams`].
     pub const POOL_CLEAR: &str = "pool.clear";
     /// Cumulative I/O counters: [`super::OptionalNameParams`].
@@ -123,6 +127,8 @@ pub mod method {
         POOL_OFFLINE,
         POOL_ONLINE,
         POOL_REPLACE,
+        POOL_ADD_LOG,
+        POOL_REMOVE,
         POOL_CLEAR,
         POOL_IOSTAT,
         POOL_SYNC,
@@ -457,6 +463,19 @@ pub struct DeviceParams {
     pub name: String,
     /// Device path (or another name the pool knows it by).
     pub device: String,
+}
+
+/// `pool.add_log`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddLogParams {
+    /// Pool name.
+    pub name: String,
+    /// The log vdev: one device, or a mirror.
+    pub vdev: VdevSpec,
+    /// Use devices even if they seem to belong to another pool.
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// `pool.replace`.
@@ -850,6 +869,14 @@ pub fn dispatch(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, 
                 force,
             } = params(method, p)?;
             reply(backend.pool_replace(&name, &old, &new, force)?)
+        }
+        m::POOL_ADD_LOG => {
+            let AddLogParams { name, vdev, force } = params(method, p)?;
+            reply(backend.pool_add_log(&name, &vdev, force)?)
+        }
+        m::POOL_REMOVE => {
+            let DeviceParams { name, device } = params(method, p)?;
+            reply(backend.pool_remove(&name, &device)?)
         }
         m::POOL_CLEAR => {
             let ClearParams { name, device } = params(method, p)?;

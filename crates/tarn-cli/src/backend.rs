@@ -239,6 +239,10 @@ pub struct ImportRequest {
     /// Import even if the labels say another process may own the pool.
     #[serde(default)]
     pub force: bool,
+    /// Import even with a log device missing, discarding the synchronous
+    /// writes only it held.
+    #[serde(default)]
+    pub discard_log: bool,
 }
 
 impl ImportRequest {
@@ -323,6 +327,10 @@ pub trait Backend: Send + Sync {
     fn pool_online(&self, name: &str, device: &str) -> Result<(), ApiError>;
     /// Replaces `old` by `new` and resilvers onto it.
     fn pool_replace(&self, name: &str, old: &str, new: &str, force: bool) -> Result<(), ApiError>;
+    /// Adds a separate intent log vdev (one device or a mirror).
+    fn pool_add_log(&self, name: &str, vdev: &VdevSpec, force: bool) -> Result<(), ApiError>;
+    /// Removes the log vdev holding `device`.
+    fn pool_remove(&self, name: &str, device: &str) -> Result<(), ApiError>;
     /// Resets error counters of one device or of the whole pool.
     fn pool_clear(&self, name: &str, device: Option<&str>) -> Result<(), ApiError>;
     /// Cumulative I/O counters of one pool or all of them, as a tree.

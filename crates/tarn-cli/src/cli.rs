@@ -20,12 +20,12 @@ use clap::{Args, CommandFactory, Parser, Subcommand};
 use serde_json::Value;
 
 use crate::api::{
-    method, ClearParams, CloneParams, DatasetCreateParams, DatasetDestroyParams, DatasetGetParams,
-    DatasetInheritParams, DatasetListParams, DatasetRenameParams, DatasetSetParams, DeviceParams,
-    ForceParams, InjectParams, MountParams, NameParams, NoParams, ObjectParams, ObjectReadParams,
-    ObjectWriteParams, OptionalNameParams, PingResult, PoolParams, ReplaceParams, RollbackParams,
-    ScrubParams, ShareAddParams, ShareDelParams, SnapshotParams, SyncResult, UnmountParams,
-    UserAddParams, UserParams, UserPasswdParams,
+    method, AddLogParams, ClearParams, CloneParams, DatasetCreateParams, DatasetDestroyParams,
+    DatasetGetParams, DatasetInheritParams, DatasetListParams, DatasetRenameParams,
+    DatasetSetParams, DeviceParams, ForceParams, InjectParams, MountParams, NameParams, NoParams,
+    ObjectParams, ObjectReadParams, ObjectWriteParams, OptionalNameParams, PingResult, PoolParams,
+    ReplaceParams, RollbackParams, ScrubParams, ShareAddParams, ShareDelParams, SnapshotParams,
+    SyncResult, UnmountParams, UserAddParams, UserParams, UserPasswdParams,
 };
 use crate::backend::{
     Backend, CreateRequest, DatasetInfo, DatasetKind, ImportRequest, ImportResult, MountInfo,
@@ -312,6 +312,10 @@ pub enum PoolCommand {
         /// Import even if the pool may be in use elsewhere
         #[arg(short, long)]
         force: bool,
+        /// Import even though a log device is missing, losing the
+        /// synchronous writes only it held
+        #[arg(long)]
+        discard_log: bool,
         /// Pool to import, by name or id; omit to list candidates
         pool: Option<String>,
         /// Import under this name instead
@@ -373,6 +377,24 @@ pub enum PoolCommand {
         /// Pool name
         pool: String,
         /// Device
+        device: String,
+    },
+    /// Add a separate intent log device: `tarn pool add tank log [mirror] DEV...`
+    Add {
+        /// Use devices even if they seem to belong to another pool
+        #[arg(short, long)]
+        force: bool,
+        /// Pool name
+        pool: String,
+        /// `log`, then one device or `mirror` and devices
+        #[arg(required = true, num_args = 2..)]
+        vdev: Vec<String>,
+    },
+    /// Remove a log device
+    Remove {
+        /// Pool name
+        pool: String,
+        /// The log device
         device: String,
     },
     /// Replace a device by another and resilver onto it
@@ -908,6 +930,31 @@ pub fn parse_vdev_words(words: &[String]) -> anyhow::Result<Vec<VdevSpec>> {
     Ok(vdevs)
 }
 
+/// Parses `log DEV` or `log mirror DEV...` (what `pool add` accepts).
+pub fn parse_log_words(words: &[String]) -> anyhow::Result<VdevSpec> {
+    let Some((first, rest)) = words.split_first() else {
+        bail!("nothing to add; e.g. `tarn pool add tank log /dev/nvme0n1`");
+    };
+    if first != "log" {
+        bail!(
+            "tarn pool add adds log devices only: `tarn pool add POOL log DEV` or \
+             `... log mirror DEV DEV`"
+        );
+    }
+    let mut vdevs = parse_vdev_words(rest)?;
+    let mut spec = match (vdevs.pop(), vdevs.is_empty()) {
+        (Some(v), true) => v,
+        _ => bail!("one log vdev at a time: a device, or `mirror` and its devices"),
+    };
+    if !matches!(spec.kind, VdevKind::Single | VdevKind::Mirror) {
+        bail!("a log vdev is one device or a mirror, not raidz");
+    }
+    for d in &mut spec.devices {
+        *d = absolute(Path::new(d.as_str()))?;
+    }
+    Ok(spec)
+}
+
 /// Recognises a group word; refuses words that look like vdev types tarn
 /// does not have, so they are not taken for device names.
 fn group_word(word: &str) -> anyhow::Result<Option<VdevKind>> {
@@ -1040,6 +1087,7 @@ fn pool_command(
         PoolCommand::Import {
             dirs,
             force,
+            discard_log,
             pool,
             new_name,
         } => {
@@ -1047,6 +1095,7 @@ fn pool_command(
                 pool,
                 new_name,
                 force,
+                discard_log,
                 ..ImportRequest::default()
             };
             for dir in &dirs {
@@ -1145,6 +1194,23 @@ fn pool_command(
                 device: device_arg(&device)?,
             };
             let v = client.call(method::POOL_ONLINE, &params)?;
+            out.raw_or(&v, String::new)?;
+        }
+        PoolCommand::Add { force, pool, vdev } => {
+            let params = AddLogParams {
+                name: pool,
+                vdev: parse_log_words(&vdev)?,
+                force,
+            };
+            let v = client.call(method::POOL_ADD_LOG, &params)?;
+            out.raw_or(&v, String::new)?;
+        }
+        PoolCommand::Remove { pool, device } => {
+            let params = DeviceParams {
+                name: pool,
+                device: device_arg(&device)?,
+            };
+            let v = client.call(method::POOL_REMOVE, &params)?;
             out.raw_or(&v, String::new)?;
         }
         PoolCommand::Replace {

@@ -105,6 +105,7 @@ pub fn run_demo(args: &DemoArgs, make_backend: Box<BackendFactory<'_>>) -> anyho
             pool: Some(DEMO_POOL.into()),
             new_name: None,
             force: false,
+            discard_log: false,
         };
         match backend.pool_import(&req) {
             Ok(ImportResult::Imported(_)) => "imported",

@@ -29,6 +29,7 @@ use crate::api::ShareInfo;
 use crate::api::{ApiError, ErrorCode};
 use crate::backend::{
     Backend, CreateRequest, ImportRequest, ImportResult, ObjectInfo, ScrubAction, VdevKind,
+    VdevSpec,
 };
 use crate::daemon::Tuning;
 use crate::filesystems::Filesystems;
@@ -428,13 +429,17 @@ impl Backend for Pools {
         // by GUID under its own name: then it is checked once known.
         let name = req.new_name.clone().unwrap_or_else(|| which.to_string());
         let _name = self.reserve(&name)?;
+        let opts = PoolOptions {
+            discard_missing_log: req.discard_log,
+            ..self.opts.clone()
+        };
         let pool = Pool::import(
             &dirs,
             &devices,
             which,
             req.new_name.as_deref(),
             req.force,
-            self.opts.clone(),
+            opts,
         )
         .map_err(api_error)?;
         attach_datasets(&pool);
@@ -534,6 +539,34 @@ impl Backend for Pools {
 
     fn pool_online(&self, name: &str, device: &str) -> Result<(), ApiError> {
         self.get(name)?.online(device).map_err(api_error)
+    }
+
+    fn pool_add_log(&self, name: &str, vdev: &VdevSpec, force: bool) -> Result<(), ApiError> {
+        vdev.validate(0)?;
+        let kind = match vdev.kind {
+            crate::backend::VdevKind::Single => tarn_vdev::VdevKind::Single,
+            crate::backend::VdevKind::Mirror => tarn_vdev::VdevKind::Mirror,
+            _ => {
+                return Err(ApiError::invalid(
+                    "a log vdev is one device or a mirror, not raidz",
+                ))
+            }
+        };
+        let spec = tarn_pool::VdevSpec {
+            kind,
+            devices: vdev.devices.iter().map(PathBuf::from).collect(),
+        };
+        self.get(name)?.add_log(&spec, force).map_err(api_error)?;
+        self.write_cache();
+        Ok(())
+    }
+
+    fn pool_remove(&self, name: &str, device: &str) -> Result<(), ApiError> {
+        self.get(name)?
+            .remove_log(Path::new(device))
+            .map_err(api_error)?;
+        self.write_cache();
+        Ok(())
     }
 
     fn pool_replace(&self, name: &str, old: &str, new: &str, force: bool) -> Result<(), ApiError> {

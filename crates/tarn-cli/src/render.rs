@@ -253,13 +253,40 @@ pub fn render_pool_status(pool: &PoolStatus) -> String {
     for vdev in &pool.vdevs {
         tree_rows(vdev, 1, &mut rows);
     }
-    let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(0).max(10);
+    // Separate log devices, under their own heading as zpool shows them.
+    let mut log_rows = Vec::new();
+    for vdev in &pool.logs {
+        tree_rows(vdev, 1, &mut log_rows);
+    }
+    let width = rows
+        .iter()
+        .chain(&log_rows)
+        .map(|r| r.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(10);
     let _ = writeln!(
         out,
         "\t{:<width$}  {:<8}  {:>5} {:>5} {:>5}",
         "NAME", "STATE", "READ", "WRITE", "CKSUM"
     );
-    for row in &rows {
+    let heading = TreeRow {
+        name: "logs".to_string(),
+        health: pool.health,
+        counters: Counters::default(),
+        note: None,
+    };
+    let logs_at = rows.len();
+    let all: Vec<&TreeRow> = rows
+        .iter()
+        .chain((!log_rows.is_empty()).then_some(&heading))
+        .chain(&log_rows)
+        .collect();
+    for (i, row) in all.into_iter().enumerate() {
+        if i == logs_at {
+            let _ = writeln!(out, "\t{}", row.name);
+            continue;
+        }
         let line = format!(
             "\t{:<width$}  {:<8}  {:>5} {:>5} {:>5}  {}",
             row.name,
@@ -778,6 +805,12 @@ mod tests {
                     ),
                 ],
             }],
+            logs: vec![leaf(
+                "/dev/nvme0n1",
+                Health::Online,
+                Counters::default(),
+                None,
+            )],
             damaged: vec![],
         }
     }
@@ -827,6 +860,12 @@ mod tests {
         assert!(
             sdc.contains("OFFLINE") && sdc.ends_with("was /dev/sdc"),
             "{sdc:?}"
+        );
+        // Log devices come last, under their own heading.
+        let logs = lines.iter().position(|l| *l == "\tlogs").unwrap();
+        assert!(
+            lines[logs + 1].starts_with("\t  /dev/nvme0n1") && lines[logs + 1].contains("ONLINE"),
+            "{text}"
         );
         let pool_row = lines.iter().find(|l| l.starts_with("\ttank ")).unwrap();
         assert!(

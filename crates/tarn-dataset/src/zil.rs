@@ -258,6 +258,13 @@ pub(crate) fn commit(dsl: &mut Dsl, cx: &mut Cx<'_, '_>, id: u64) -> Result<bool
         return Ok(false);
     }
     let opts = dsl.block_opts(id);
+    // With a separate log device, copying into the log beats writing in
+    // place on the data vdevs.
+    let immediate = if cx.log_device() {
+        usize::MAX
+    } else {
+        IMMEDIATE_BYTES
+    };
     let live = dsl.live(id)?;
     if live.log.is_empty() {
         return Ok(true);
@@ -266,7 +273,7 @@ pub(crate) fn commit(dsl: &mut Dsl, cx: &mut Cx<'_, '_>, id: u64) -> Result<bool
     let mut refs = Vec::new();
     for op in &mut ops {
         let LogOp::Block(k, data) = op else { continue };
-        if data.len() < IMMEDIATE_BYTES {
+        if data.len() < immediate {
             continue;
         }
         // The newest write of this key is the staged block itself.

@@ -288,3 +288,178 @@ fn writes_after_a_rollback_survive_a_crash() {
     let fs = mount(&pool, "tank/fs");
     assert_eq!(content(&fs, "f").as_deref(), Some(&b"third!"[..]));
 }
+
+fn written(v: &[tarn_pool::status::VdevStatus]) -> u64 {
+    v.iter().map(|x| x.counters.write_bytes).sum()
+}
+
+fn log_file(dir: &Path, name: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::File::create(&p)
+        .expect("create log file")
+        .set_len(64 << 20)
+        .expect("size log file");
+    p
+}
+
+#[test]
+fn a_log_device_takes_the_log_and_replays_after_a_crash() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let devs = devices(dir.path(), 4);
+    let pool = create_pool(&devs, VdevKind::Raidz { parity: 1 });
+    let logdir = tempfile::tempdir().expect("tempdir");
+    let slog = log_file(logdir.path(), "slog");
+    pool.add_log(
+        &VdevSpec {
+            kind: VdevKind::Single,
+            devices: vec![slog.clone()],
+        },
+        false,
+    )
+    .expect("add log");
+    assert!(
+        pool.add_log(
+            &VdevSpec {
+                kind: VdevKind::Single,
+                devices: vec![devs[0].clone()],
+            },
+            true,
+        )
+        .is_err(),
+        "a member cannot become its own pool's log"
+    );
+    let fs = dataset(&pool, "tank/vm", &[("recordsize", "64K")]);
+    // The next sync puts the chain's start on the log device.
+    pool.sync().expect("sync");
+    let f = new_file(&fs, "disk.img");
+    let before = pool.status();
+    let mut want = vec![0u8; 0];
+    for i in 0..20u64 {
+        let chunk = pattern(10 + i, 4096);
+        write(&fs, f, i * 4096, &chunk);
+        want.extend_from_slice(&chunk);
+        fs.fsync(f).expect("fsync");
+    }
+    // A 64K block goes into the log too: with a log device nothing is
+    // written in place.
+    let big = pattern(99, 65536);
+    write(&fs, f, 1 << 20, &big);
+    fs.fsync(f).expect("fsync");
+    let after = pool.status();
+    assert_eq!(after.logs.len(), 1, "status lists the log device");
+    let log_bytes = written(&after.logs) - written(&before.logs);
+    let data_bytes = written(&after.vdevs) - written(&before.vdevs);
+    assert!(
+        log_bytes >= 20 * 4096 + 65536,
+        "the log device took the log ({log_bytes} bytes)"
+    );
+    assert_eq!(data_bytes, 0, "no fsync wrote to the data vdevs");
+    drop(fs);
+    pool.abandon();
+
+    // Without its log device the pool refuses to import (next test); the
+    // device is found by its label wherever it lives.
+    let pool = Pool::import(
+        &[dir.path().to_path_buf(), logdir.path().to_path_buf()],
+        &[],
+        "tank",
+        None,
+        true,
+        opts(),
+    )
+    .expect("import with the log device");
+    tarn_dataset::attach(&pool).expect("attach replays the log");
+    let fs = mount(&pool, "tank/vm");
+    let mut got = content(&fs, "disk.img").expect("file exists");
+    assert_eq!(&got[..want.len()], &want[..], "the small writes");
+    assert_eq!(&got[1 << 20..], &big[..], "the 64K write");
+    got.truncate(0);
+    drop(fs);
+    let leaks = pool.leak_check().expect("leak check");
+    assert!(leaks.is_clean(), "{leaks:?}");
+    pool.export(false).expect("export");
+}
+
+#[test]
+fn a_missing_log_device_refuses_import_unless_discarded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let devs = devices(dir.path(), 2);
+    let pool = create_pool(&devs, VdevKind::Mirror);
+    let slog = log_file(dir.path(), "slog");
+    pool.add_log(
+        &VdevSpec {
+            kind: VdevKind::Single,
+            devices: vec![slog.clone()],
+        },
+        false,
+    )
+    .expect("add log");
+    let fs = dataset(&pool, "tank/fs", &[]);
+    let f = new_file(&fs, "committed");
+    write(&fs, f, 0, b"in a txg");
+    pool.sync().expect("sync");
+    let g = new_file(&fs, "logged");
+    write(&fs, g, 0, b"only in the log");
+    fs.fsync(g).expect("fsync");
+    drop(fs);
+    pool.abandon();
+    std::fs::remove_file(&slog).expect("lose the log device");
+
+    let err = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, true, opts())
+        .expect_err("import must refuse without the log device");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("log device") && msg.contains("slog") && msg.contains("--discard-log"),
+        "the refusal names the device and the way out: {msg}"
+    );
+    let pool = Pool::import(
+        &[dir.path().to_path_buf()],
+        &[],
+        "tank",
+        None,
+        true,
+        PoolOptions {
+            discard_missing_log: true,
+            ..opts()
+        },
+    )
+    .expect("import discarding the log");
+    tarn_dataset::attach(&pool).expect("attach");
+    let fs = mount(&pool, "tank/fs");
+    assert_eq!(content(&fs, "committed").as_deref(), Some(&b"in a txg"[..]));
+    assert_eq!(content(&fs, "logged"), None, "discarded with the device");
+}
+
+#[test]
+fn removing_a_log_device_keeps_every_acknowledged_write() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let devs = devices(dir.path(), 1);
+    let pool = create_pool(&devs, VdevKind::Single);
+    let logs = [log_file(dir.path(), "la"), log_file(dir.path(), "lb")];
+    pool.add_log(
+        &VdevSpec {
+            kind: VdevKind::Mirror,
+            devices: logs.to_vec(),
+        },
+        false,
+    )
+    .expect("add mirrored log");
+    let fs = dataset(&pool, "tank/fs", &[]);
+    pool.sync().expect("sync");
+    let f = new_file(&fs, "f");
+    write(&fs, f, 0, b"one");
+    fs.fsync(f).expect("fsync on the log device");
+    pool.remove_log(&logs[1]).expect("remove by either leg");
+    assert!(pool.status().logs.is_empty(), "gone from status");
+    write(&fs, f, 3, b"-two");
+    fs.fsync(f).expect("fsync without a log device");
+    drop(fs);
+    pool.abandon();
+    // The removed devices no longer claim to belong to the pool.
+    for l in &logs {
+        std::fs::remove_file(l).expect("remove old log file");
+    }
+    let pool = import(dir.path());
+    let fs = mount(&pool, "tank/fs");
+    assert_eq!(content(&fs, "f").as_deref(), Some(&b"one-two"[..]));
+}

@@ -153,6 +153,9 @@ pub struct PoolOptions {
     pub owner: String,
     /// Worker threads for checksumming and compressing at sync.
     pub sync_threads: usize,
+    /// Import even when a log device is missing, discarding whatever
+    /// acknowledged synchronous writes only it held.
+    pub discard_missing_log: bool,
 }
 
 impl Default for PoolOptions {
@@ -168,6 +171,7 @@ impl Default for PoolOptions {
                 .map(|n| n.get())
                 .unwrap_or(2)
                 .min(8),
+            discard_missing_log: false,
         }
     }
 }

@@ -353,6 +353,12 @@ impl Cx<'_, '_> {
         self.st.zil.frees.push(bp);
     }
 
+    /// True when the pool has a usable separate log device: copying data
+    /// into the log is then cheaper than writing it in place.
+    pub fn log_device(&self) -> bool {
+        Pool::has_log_device(self.st)
+    }
+
     /// Intent log figures: (commits, bytes written) since import.
     pub fn log_stats(&self) -> (u64, u64) {
         (self.st.zil.commits, self.st.zil.bytes)

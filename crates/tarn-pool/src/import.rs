@@ -266,6 +266,37 @@ impl Pool {
             }
             tops.push(Arc::new(top));
         }
+        // Log devices: a missing one may hold acknowledged synchronous
+        // writes that exist nowhere else (see `logdev`).
+        let mut logs = Vec::new();
+        let mut missing_logs = Vec::new();
+        for t in &cfg.logs {
+            let mut tc = t.clone();
+            let mut leaves = Vec::new();
+            for c in tc.children.iter_mut() {
+                match found.iter().position(|f| f.config.device_guid == c.guid) {
+                    Some(i) => {
+                        locks.push(lock_device(&found[i].path)?);
+                        c.path = found[i].path.clone();
+                        leaves.push(Some(Arc::clone(&found[i].leaf)));
+                    }
+                    None => leaves.push(None),
+                }
+            }
+            let top = TopVdev::open(&tc, cfg.ashift, leaves)?;
+            if matches!(top.health(), TopHealth::Faulted) {
+                missing_logs.extend(tc.children.iter().map(|c| c.path.display().to_string()));
+            }
+            logs.push(crate::logdev::LogVdev::new(Arc::new(top)));
+        }
+        if !missing_logs.is_empty() && !opts.discard_missing_log {
+            return Err(PoolError::Faulted(format!(
+                "cannot import '{}': its log device is missing ({}) and may hold acknowledged \
+                 synchronous writes; attach it, or import with --discard-log to go on without them",
+                cfg.pool_name,
+                missing_logs.join(", ")
+            )));
+        }
         // Every uberblock of every present leaf, newest first.
         let mut ubs: BTreeMap<u64, Uberblock> = BTreeMap::new();
         // Per leaf GUID: the newest txg whose uberblock it holds.
@@ -377,6 +408,7 @@ impl Pool {
         ));
         {
             let mut st = pool.lock();
+            st.logs = logs;
             // Before anything allocates: the intent log's blocks and the
             // data blocks it references are in use until replay commits.
             pool.log_claim(&mut st)?;

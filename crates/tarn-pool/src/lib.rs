@@ -40,6 +40,7 @@ mod config;
 mod devices;
 pub mod ext;
 mod import;
+mod logdev;
 mod pool;
 mod scan;
 mod store;

@@ -112,6 +112,8 @@ pub(crate) struct State {
     pub ext: Option<Box<dyn crate::ext::Extension>>,
     /// The intent log (see `zil`).
     pub zil: crate::zil::ZilState,
+    /// Separate log devices (see `logdev`).
+    pub logs: Vec<crate::logdev::LogVdev>,
 }
 
 /// Control word for the scan thread.
@@ -207,6 +209,54 @@ pub(crate) fn lock_device(path: &Path) -> Result<File, PoolError> {
 }
 
 /// Validates a pool name the way users expect from ZFS.
+/// Opens the devices of a new top-level vdev (refusing devices of another
+/// live pool unless `force`), locks them and gives each a new guid.
+pub(crate) fn open_new_top(
+    s: &VdevSpec,
+    ashift: u8,
+    force: bool,
+    locks: &mut Vec<File>,
+) -> Result<(Arc<TopVdev>, tarn_vdev::TopConfig), PoolError> {
+    let mut leaves: Vec<Option<Arc<dyn Leaf>>> = Vec::new();
+    let mut children = Vec::new();
+    for d in &s.devices {
+        let leaf = tarn_vdev::open_device(d)
+            .map_err(|e| PoolError::Invalid(format!("device {}: {e}", d.display())))?;
+        if leaf.size() < tarn_vdev::MIN_LEAF_SIZE {
+            return Err(PoolError::Invalid(format!(
+                "device {} is too small: {} bytes, at least {} MiB needed",
+                d.display(),
+                leaf.size(),
+                tarn_vdev::MIN_LEAF_SIZE >> 20
+            )));
+        }
+        if let Ok(l) = tarn_vdev::read_label(leaf.as_ref()) {
+            if l.config.state != PoolState::Destroyed && !force {
+                return Err(PoolError::InUse(format!(
+                    "device {} belongs to pool '{}' ({:?}); use -f to overwrite it",
+                    d.display(),
+                    l.config.pool_name,
+                    l.config.state
+                )));
+            }
+        }
+        locks.push(lock_device(d)?);
+        children.push(tarn_vdev::LeafConfig {
+            guid: new_guid(),
+            path: std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()),
+            offline: false,
+        });
+        leaves.push(Some(leaf as Arc<dyn Leaf>));
+    }
+    let cfg = tarn_vdev::TopConfig {
+        kind: s.kind,
+        guid: new_guid(),
+        children,
+    };
+    let top = Arc::new(TopVdev::open(&cfg, ashift, leaves)?);
+    Ok((top, cfg))
+}
+
 pub(crate) fn check_pool_name(name: &str) -> Result<(), PoolError> {
     let ok = !name.is_empty()
         && name.len() <= 64
@@ -351,43 +401,8 @@ impl Pool {
         let mut tops = Vec::new();
         let mut tree_cfg = Vec::new();
         for s in specs {
-            let mut leaves: Vec<Option<Arc<dyn Leaf>>> = Vec::new();
-            let mut children = Vec::new();
-            for d in &s.devices {
-                let leaf = tarn_vdev::open_device(d)
-                    .map_err(|e| PoolError::Invalid(format!("device {}: {e}", d.display())))?;
-                if leaf.size() < tarn_vdev::MIN_LEAF_SIZE {
-                    return Err(PoolError::Invalid(format!(
-                        "device {} is too small: {} bytes, at least {} MiB needed",
-                        d.display(),
-                        leaf.size(),
-                        tarn_vdev::MIN_LEAF_SIZE >> 20
-                    )));
-                }
-                if let Ok(l) = tarn_vdev::read_label(leaf.as_ref()) {
-                    if l.config.state != PoolState::Destroyed && !force {
-                        return Err(PoolError::InUse(format!(
-                            "device {} belongs to pool '{}' ({:?}); use -f to overwrite it",
-                            d.display(),
-                            l.config.pool_name,
-                            l.config.state
-                        )));
-                    }
-                }
-                locks.push(lock_device(d)?);
-                children.push(tarn_vdev::LeafConfig {
-                    guid: new_guid(),
-                    path: std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()),
-                    offline: false,
-                });
-                leaves.push(Some(leaf as Arc<dyn Leaf>));
-            }
-            let cfg = tarn_vdev::TopConfig {
-                kind: s.kind,
-                guid: new_guid(),
-                children,
-            };
-            tops.push(Arc::new(TopVdev::open(&cfg, ashift, leaves)?));
+            let (top, cfg) = open_new_top(s, ashift, force, &mut locks)?;
+            tops.push(top);
             tree_cfg.push(cfg);
         }
         let space = tops
@@ -481,6 +496,7 @@ impl Pool {
                 last_sync_unix: now_unix(),
                 ext: None,
                 zil: Default::default(),
+                logs: Vec::new(),
             }),
             cv: Condvar::new(),
             holds: Holds::default(),
@@ -571,9 +587,21 @@ impl Pool {
     ) -> Result<(), PoolError> {
         st.label_txg = st.label_txg.max(txg);
         let tree: Vec<_> = self.tops.iter().map(|t| t.config()).collect();
+        let logs: Vec<_> = st.logs.iter().map(|l| l.top.config()).collect();
         let mut written = 0;
         let mut last_err = None;
-        for (ti, t) in self.tops.iter().enumerate() {
+        let all = self
+            .tops
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (i as u32, t))
+            .chain(
+                st.logs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| (tarn_vdev::LOG_TOP_BASE + i as u32, &l.top)),
+            );
+        for (ti, t) in all {
             for (ci, info) in t.leaves().into_iter().enumerate() {
                 if !matches!(info.state, LeafState::Online) {
                     continue;
@@ -586,10 +614,11 @@ impl Pool {
                     state: state.clone(),
                     txg,
                     device_guid: info.guid,
-                    top_index: ti as u32,
+                    top_index: ti,
                     ashift: self.ashift,
                     owner: Some(self.opts.owner.clone()),
                     tree: tree.clone(),
+                    logs: logs.clone(),
                 };
                 match tarn_vdev::write_label_config_all(leaf.as_ref(), &cfg) {
                     Ok(()) => written += 1,
@@ -886,6 +915,9 @@ impl Pool {
         }
         for m in &mut st.space {
             m.release_deferred(upto);
+        }
+        for l in &mut st.logs {
+            l.space.release_deferred(upto);
         }
     }
 
@@ -1536,65 +1568,34 @@ impl Pool {
         let st = self.lock();
         let dtl = st.ms.dtl.clone();
         drop(st);
-        let mut out = Vec::new();
-        for (i, t) in self.tops.iter().enumerate() {
-            let mut children = Vec::new();
-            let mut sum = Counters::default();
-            for l in t.leaves() {
-                let c = conv_counters(&l.counters);
-                add_counters(&mut sum, &c);
-                let health = match l.state {
-                    LeafState::Online => Health::Online,
-                    LeafState::Offline => Health::Offline,
-                    LeafState::Missing => Health::Unavail,
-                    LeafState::Faulted => Health::Faulted,
+        self.tops
+            .iter()
+            .enumerate()
+            .map(|(i, t)| top_status(&self.top_name(i), t, &dtl))
+            .collect()
+    }
+
+    /// The separate log vdevs, as `status` shows them.
+    pub(crate) fn log_status(&self) -> Vec<VdevStatus> {
+        let st = self.lock();
+        st.logs
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let name = match l.top.kind() {
+                    VdevKind::Mirror => format!("mirror-log-{i}"),
+                    _ => format!("log-{i}"),
                 };
-                let note = if l.resilvering {
-                    Some("resilvering".to_string())
-                } else if matches!(l.state, LeafState::Missing) {
-                    Some("cannot open".to_string())
-                } else if dtl.contains_key(&l.guid) && matches!(l.state, LeafState::Online) {
-                    Some("missed writes; needs resilver".to_string())
-                } else {
-                    None
-                };
-                children.push(VdevStatus {
-                    name: l.path.display().to_string(),
-                    health,
-                    counters: c,
-                    note,
-                    children: Vec::new(),
-                });
-            }
-            let health = match t.health() {
-                TopHealth::Online => Health::Online,
-                TopHealth::Degraded => Health::Degraded,
-                TopHealth::Faulted => Health::Faulted,
-            };
-            if matches!(t.kind(), VdevKind::Single) {
-                if let Some(mut c) = children.pop() {
-                    if health == Health::Faulted {
-                        c.health = Health::Faulted;
-                    }
-                    out.push(c);
-                }
-            } else {
-                out.push(VdevStatus {
-                    name: self.top_name(i),
-                    health,
-                    counters: sum,
-                    note: None,
-                    children,
-                });
-            }
-        }
-        out
+                top_status(&name, &l.top, &st.ms.dtl)
+            })
+            .collect()
     }
 
     /// Everything `status` shows.
     pub fn status(&self) -> PoolStatus {
         let health = self.health();
         let vdevs = self.vdev_status();
+        let logs = self.log_status();
         let st = self.lock();
         let fault = self.fault.lock().map(|f| f.clone()).unwrap_or(None);
         let (message, action) = if let Some(f) = fault {
@@ -1624,8 +1625,69 @@ impl Pool {
             txg: st.txg,
             scan: st.ms.scan.as_ref().map(|s| s.to_status()),
             vdevs,
+            logs,
             damaged: st.ms.damaged.iter().cloned().collect(),
         }
+    }
+}
+
+/// One top-level vdev (and its leaves) as `status` shows it.
+fn top_status(name: &str, t: &TopVdev, dtl: &BTreeMap<u64, (u64, u64)>) -> VdevStatus {
+    let mut children = Vec::new();
+    let mut sum = Counters::default();
+    for l in t.leaves() {
+        let c = conv_counters(&l.counters);
+        add_counters(&mut sum, &c);
+        let health = match l.state {
+            LeafState::Online => Health::Online,
+            LeafState::Offline => Health::Offline,
+            LeafState::Missing => Health::Unavail,
+            LeafState::Faulted => Health::Faulted,
+        };
+        let note = if l.resilvering {
+            Some("resilvering".to_string())
+        } else if matches!(l.state, LeafState::Missing) {
+            Some("cannot open".to_string())
+        } else if dtl.contains_key(&l.guid) && matches!(l.state, LeafState::Online) {
+            Some("missed writes; needs resilver".to_string())
+        } else {
+            None
+        };
+        children.push(VdevStatus {
+            name: l.path.display().to_string(),
+            health,
+            counters: c,
+            note,
+            children: Vec::new(),
+        });
+    }
+    let health = match t.health() {
+        TopHealth::Online => Health::Online,
+        TopHealth::Degraded => Health::Degraded,
+        TopHealth::Faulted => Health::Faulted,
+    };
+    if matches!(t.kind(), VdevKind::Single) {
+        if let Some(mut c) = children.pop() {
+            if health == Health::Faulted {
+                c.health = Health::Faulted;
+            }
+            return c;
+        }
+    } else {
+        return VdevStatus {
+            name: name.to_string(),
+            health,
+            counters: sum,
+            note: None,
+            children,
+        };
+    }
+    VdevStatus {
+        name: name.to_string(),
+        health: Health::Faulted,
+        counters: Counters::default(),
+        note: Some("no devices".to_string()),
+        children: Vec::new(),
     }
 }
 

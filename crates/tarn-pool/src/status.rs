@@ -134,6 +134,9 @@ pub struct PoolStatus {
     pub scan: Option<ScanStatus>,
     /// The vdev tree (the root's children are the top-level vdevs).
     pub vdevs: Vec<VdevStatus>,
+    /// Separate intent log vdevs.
+    #[serde(default)]
+    pub logs: Vec<VdevStatus>,
     /// Objects with unrecoverable damage, named for the operator.
     pub damaged: Vec<String>,
 }

@@ -144,6 +144,8 @@ pub(crate) struct ZilState {
     /// Commits and bytes written, for status and benchmarks.
     pub commits: u64,
     pub bytes: u64,
+    /// Allocate no log blocks on log devices (one is being removed).
+    pub no_log_dev: bool,
 }
 
 /// What a commit did.
@@ -306,6 +308,14 @@ impl Pool {
     /// metadata reserve (log blocks are short-lived, but the next txg's
     /// metadata must always fit).
     fn log_alloc(&self, st: &mut State, psize: u32) -> Result<LogAddr, PoolError> {
+        if let Some((vdev, offset, asize)) = self.log_dev_alloc(st, psize) {
+            return Ok(LogAddr {
+                vdev,
+                offset,
+                psize,
+                asize,
+            });
+        }
         let keep: Vec<u64> = (0..self.tops.len())
             .map(|v| self.metadata_reserve(st, v))
             .collect();
@@ -395,7 +405,7 @@ impl Pool {
         let mut touched = Vec::new();
         let mut failed = false;
         for (a, b) in &writes {
-            let Some(top) = self.tops.get(a.vdev as usize) else {
+            let Some(top) = self.log_top(st, a.vdev) else {
                 failed = true;
                 break;
             };
@@ -419,7 +429,7 @@ impl Pool {
         }
         if !failed {
             for v in &touched {
-                if let Some(t) = self.tops.get(*v as usize) {
+                if let Some(t) = self.log_top(st, *v) {
                     if t.flush().is_err() {
                         failed = true;
                     }
@@ -461,9 +471,14 @@ impl Pool {
             free.extend(st.zil.blocks.drain(..).map(|a| a.dva()));
         }
         for d in &free {
-            let Some(m) = st.space.get_mut(d.vdev as usize) else {
+            let Some(m) = self.log_space(st, d.vdev) else {
                 continue;
             };
+            // A log device's space is rebuilt at import: a block there that
+            // import could not claim (the device was missing) is not held.
+            if d.vdev >= crate::logdev::LOG_VDEV_BASE && !m.is_allocated(d.offset, d.asize as u64) {
+                continue;
+            }
             m.free_deferred(d.offset, d.asize as u64, txg)
                 .map_err(|e| PoolError::Internal(format!("intent log space: {e}")))?;
         }
@@ -504,16 +519,29 @@ impl Pool {
         // synchronous writes commit txgs.
         st.zil.used = true;
         st.zil.broken = true;
+        let readable = self
+            .log_top(st, h.first.vdev)
+            .is_some_and(|t| !matches!(t.health(), tarn_vdev::TopHealth::Faulted));
+        if !readable {
+            // Only an import told to discard a missing log device gets here.
+            return Ok(());
+        }
         let mut chain = vec![h.first];
         let mut stream = Vec::new();
         let mut commits: Vec<Commit> = Vec::new();
         let (mut at, mut seq) = (h.first, h.seq);
         // The block after the last one holds anything: reading it must
         // neither "repair" it nor blame a device for it.
-        for t in &self.tops {
+        let all: Vec<_> = self
+            .tops
+            .iter()
+            .cloned()
+            .chain(st.logs.iter().map(|l| l.top.clone()))
+            .collect();
+        for t in &all {
             t.set_self_heal(false);
         }
-        while let Some(top) = self.tops.get(at.vdev as usize) {
+        while let Some(top) = self.log_top(st, at.vdev) {
             let ok = |b: &[u8]| verify_block(b, self.guid, h.guid, seq);
             // A failed read is the end of the chain (see the module docs).
             let Ok(b) = top.read(at.offset, at.psize as usize, &ok) else {
@@ -540,7 +568,7 @@ impl Pool {
             at = p.next;
             seq += 1;
         }
-        for t in &self.tops {
+        for t in &all {
             t.set_self_heal(true);
         }
         for a in &chain {
@@ -567,10 +595,11 @@ impl Pool {
     /// else was written there); partly allocated space means the log and
     /// the space maps disagree.
     fn claim_dva(&self, st: &mut State, d: &Dva) -> Result<(), PoolError> {
-        let m = st.space.get_mut(d.vdev as usize).ok_or_else(|| {
+        let name = self.name.clone();
+        let m = self.log_space(st, d.vdev).ok_or_else(|| {
             PoolError::Corrupt(format!(
-                "intent log of pool '{}' names vdev {} which does not exist",
-                self.name, d.vdev
+                "intent log of pool '{name}' names vdev {} which does not exist",
+                d.vdev
             ))
         })?;
         if m.is_allocated(d.offset, d.asize as u64) {
@@ -578,14 +607,14 @@ impl Pool {
         }
         m.claim(d.offset, d.asize as u64).map_err(|e| {
             PoolError::Corrupt(format!(
-                "intent log of pool '{}' names space the pool uses otherwise ({e}); \
-                 import refused so that nothing is overwritten",
-                self.name
+                "intent log of pool '{name}' names space the pool uses otherwise ({e}); \
+                 import refused so that nothing is overwritten"
             ))
         })
     }
 
-    /// Every range the intent log holds allocated, for the leak check.
+    /// Every range of the data vdevs the intent log holds allocated, for
+    /// the leak check (log devices have no persistent space map).
     pub(crate) fn log_allocated(st: &State) -> Vec<Dva> {
         let mut out: Vec<Dva> = st.ms.log.iter().map(|h| h.first.dva()).collect();
         out.extend(st.zil.blocks.iter().map(|a| a.dva()));
@@ -593,6 +622,7 @@ impl Pool {
         for bp in &st.zil.frees {
             out.extend(bp.used_dvas().copied());
         }
+        out.retain(|d| d.vdev < crate::logdev::LOG_VDEV_BASE);
         out
     }
 }

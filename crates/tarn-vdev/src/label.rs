@@ -130,7 +130,14 @@ pub struct LabelConfig {
     pub owner: Option<String>,
     /// The whole vdev tree.
     pub tree: Vec<TopConfig>,
+    /// Separate intent log devices (their leaves carry `top_index`
+    /// [`LOG_TOP_BASE`] + position).
+    #[serde(default)]
+    pub logs: Vec<TopConfig>,
 }
+
+/// `top_index` of the first log vdev in a label.
+pub const LOG_TOP_BASE: u32 = 1 << 16;
 
 /// Which two of the four label copies to write (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

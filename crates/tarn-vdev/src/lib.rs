@@ -27,7 +27,7 @@ pub use label::{
     uberblock_slots, write_label_config, write_label_config_all, write_uberblock, LabelConfig,
     LabelHalf, LabelRead, LeafConfig, PoolState, TopConfig, VdevKind, DATA_START,
     LABEL_CONFIG_SIZE, LABEL_HEADER_LEN, LABEL_HEADER_VERSION, LABEL_MAGIC, LABEL_SIZE,
-    MIN_LEAF_SIZE, UBERBLOCK_RING_SIZE, UBERBLOCK_SLOT_MIN,
+    LOG_TOP_BASE, MIN_LEAF_SIZE, UBERBLOCK_RING_SIZE, UBERBLOCK_SLOT_MIN,
 };
 pub use leaf::{FileLeaf, Leaf};
 pub use top::{

@@ -103,6 +103,7 @@ fn mirror_and_labels_on_files() {
         ashift: 12,
         owner: None,
         tree: vec![v.config()],
+        logs: Vec::new(),
     };
     write_label_config_all(&leaf, &cfg).unwrap();
     write_uberblock(&leaf, 12, 1, b"uber").unwrap();

@@ -26,6 +26,7 @@ fn cfg(txg: u64) -> LabelConfig {
                 })
                 .collect(),
         }],
+        logs: Vec::new(),
     }
 }
 

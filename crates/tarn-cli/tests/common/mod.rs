@@ -65,6 +65,7 @@ pub fn sample_status() -> PoolStatus {
             note: None,
             children: vec![],
         }],
+        logs: vec![],
         damaged: vec![],
     }
 }
@@ -153,6 +154,17 @@ impl Backend for FakeBackend {
         unsupported()
     }
     fn pool_replace(&self, _: &str, _: &str, _: &str, _: bool) -> Result<(), ApiError> {
+        unsupported()
+    }
+    fn pool_add_log(
+        &self,
+        _: &str,
+        _: &tarn_cli::backend::VdevSpec,
+        _: bool,
+    ) -> Result<(), ApiError> {
+        unsupported()
+    }
+    fn pool_remove(&self, _: &str, _: &str) -> Result<(), ApiError> {
         unsupported()
     }
     fn pool_clear(&self, _: &str, _: Option<&str>) -> Result<(), ApiError> {
