@@ -100,6 +100,25 @@ pub fn api_error(e: PoolError) -> ApiError {
     ApiError::new(code, e.to_string())
 }
 
+/// Maps the error of an operation on the imported pool `pool`. The message
+/// names the pool when it does not already (one daemon serves many), and a
+/// faulted pool's says how it comes back.
+fn in_pool(pool: &str) -> impl Fn(PoolError) -> ApiError + '_ {
+    move |e| match e {
+        PoolError::Faulted(why) => ApiError::io(format!(
+            "pool '{pool}' is faulted: {why}; \
+             fix or reattach its devices, then export and import it"
+        )),
+        other => {
+            let mut a = api_error(other);
+            if !a.message.contains(&format!("'{pool}'")) {
+                a.message = format!("pool '{pool}': {}", a.message);
+            }
+            a
+        }
+    }
+}
+
 /// Loads a pool's datasets; a failure leaves the pool usable at the pool
 /// level and is reported, and dataset commands then say why they fail.
 fn attach_datasets(pool: &Arc<Pool>) {
@@ -530,15 +549,15 @@ impl Backend for Pools {
             ScrubAction::Resume => ScanAction::Resume,
             ScrubAction::Cancel => ScanAction::Cancel,
         };
-        self.get(name)?.scrub(a).map_err(api_error)
+        self.get(name)?.scrub(a).map_err(in_pool(name))
     }
 
     fn pool_offline(&self, name: &str, device: &str) -> Result<(), ApiError> {
-        self.get(name)?.offline(device).map_err(api_error)
+        self.get(name)?.offline(device).map_err(in_pool(name))
     }
 
     fn pool_online(&self, name: &str, device: &str) -> Result<(), ApiError> {
-        self.get(name)?.online(device).map_err(api_error)
+        self.get(name)?.online(device).map_err(in_pool(name))
     }
 
     fn pool_add_log(&self, name: &str, vdev: &VdevSpec, force: bool) -> Result<(), ApiError> {
@@ -572,13 +591,13 @@ impl Backend for Pools {
     fn pool_replace(&self, name: &str, old: &str, new: &str, force: bool) -> Result<(), ApiError> {
         let pool = self.get(name)?;
         pool.replace(old, Path::new(new), force)
-            .map_err(api_error)?;
+            .map_err(in_pool(name))?;
         self.write_cache();
         Ok(())
     }
 
     fn pool_clear(&self, name: &str, device: Option<&str>) -> Result<(), ApiError> {
-        self.get(name)?.clear(device).map_err(api_error)
+        self.get(name)?.clear(device).map_err(in_pool(name))
     }
 
     fn pool_iostat(&self, name: Option<&str>) -> Result<Vec<IostatEntry>, ApiError> {
@@ -769,7 +788,10 @@ impl Backend for Pools {
             .as_ref()
             .map(|f| format!("{} ({:.0}%)", f.kind.name(), f.probability * 100.0))
             .unwrap_or_else(|| "no faults".into());
-        let r = self.get(name)?.inject(device, fault).map_err(api_error)?;
+        let r = self
+            .get(name)?
+            .inject(device, fault)
+            .map_err(in_pool(name))?;
         eprintln!("tarn: drill: pool '{name}' device {device}: {what}");
         Ok(r)
     }
@@ -922,7 +944,7 @@ impl Backend for Pools {
     }
 
     fn pool_sync(&self, name: &str) -> Result<u64, ApiError> {
-        self.get(name)?.sync().map_err(api_error)
+        self.get(name)?.sync().map_err(in_pool(name))
     }
 
     fn object_write(
@@ -958,7 +980,7 @@ impl Backend for Pools {
             }
             info = Some(
                 p.object_write(object, pos, &buf[..n], false)
-                    .map_err(api_error)?,
+                    .map_err(in_pool(pool))?,
             );
             pos += n as u64;
         }
@@ -967,10 +989,10 @@ impl Backend for Pools {
             // An empty file still creates the object.
             None => p
                 .object_write(object, offset, &[], false)
-                .map_err(api_error)?,
+                .map_err(in_pool(pool))?,
         };
         let txg = if sync {
-            p.sync().map_err(api_error)?
+            p.sync().map_err(in_pool(pool))?
         } else {
             info.txg
         };
@@ -989,7 +1011,7 @@ impl Backend for Pools {
                 "{to_path} is a device of an imported pool"
             )));
         }
-        let info = p.object_info(object).map_err(api_error)?;
+        let info = p.object_info(object).map_err(in_pool(pool))?;
         // /dev/null for benchmarks; otherwise a regular file, written under a
         // temporary name and renamed into place only when complete, so an
         // error never leaves the destination destroyed or half written.
@@ -1029,7 +1051,7 @@ impl Backend for Pools {
             let mut pos = 0u64;
             while pos < info.size {
                 let n = ((info.size - pos) as usize).min(COPY_CHUNK_BYTES);
-                let data = p.object_read(object, pos, n).map_err(api_error)?;
+                let data = p.object_read(object, pos, n).map_err(in_pool(pool))?;
                 if data.is_empty() {
                     break;
                 }
@@ -1056,7 +1078,7 @@ impl Backend for Pools {
     }
 
     fn object_list(&self, pool: &str) -> Result<Vec<ObjectInfo>, ApiError> {
-        let list = self.get(pool)?.object_list().map_err(api_error)?;
+        let list = self.get(pool)?.object_list().map_err(in_pool(pool))?;
         Ok(list
             .into_iter()
             .map(|o| ObjectInfo {
@@ -1068,7 +1090,7 @@ impl Backend for Pools {
     }
 
     fn object_delete(&self, pool: &str, object: &str) -> Result<(), ApiError> {
-        self.get(pool)?.object_delete(object).map_err(api_error)
+        self.get(pool)?.object_delete(object).map_err(in_pool(pool))
     }
 
     fn shutdown(&self) {

@@ -158,9 +158,12 @@ impl State {
 }
 
 /// Every device opened with [`open_device`], by canonical path, so a
-/// drill can find the live leaf of a pool member.
-fn registry() -> &'static Mutex<HashMap<PathBuf, Weak<FaultLeaf>>> {
-    static REG: OnceLock<Mutex<HashMap<PathBuf, Weak<FaultLeaf>>>> = OnceLock::new();
+/// drill can find the live leaf of a pool member. A path may be open more
+/// than once at a time (an import scanning a directory opens the members
+/// of pools already imported just to read their labels), so each path
+/// keeps every open leaf, oldest first.
+fn registry() -> &'static Mutex<HashMap<PathBuf, Vec<Weak<FaultLeaf>>>> {
+    static REG: OnceLock<Mutex<HashMap<PathBuf, Vec<Weak<FaultLeaf>>>>> = OnceLock::new();
     REG.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
@@ -172,19 +175,26 @@ pub fn open_device(path: &Path) -> Result<Arc<FaultLeaf>, VdevError> {
     let f = Arc::new(FaultLeaf::new(Arc::new(leaf), 4096));
     let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     let mut reg = registry().lock().unwrap_or_else(|e| e.into_inner());
-    reg.retain(|_, w| w.strong_count() > 0);
-    reg.insert(key, Arc::downgrade(&f));
+    reg.retain(|_, open| {
+        open.retain(|w| w.strong_count() > 0);
+        !open.is_empty()
+    });
+    reg.entry(key).or_default().push(Arc::downgrade(&f));
     Ok(f)
 }
 
-/// The open device at `path`, if this process has it open.
+/// The open device at `path`, if this process has it open: the newest of
+/// its leaves still in use, so a short-lived second opening (to read a
+/// label) never hides the leaf a pool keeps using.
 pub fn find_device(path: &Path) -> Option<Arc<FaultLeaf>> {
     let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     registry()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .get(&key)
-        .and_then(Weak::upgrade)
+        .get(&key)?
+        .iter()
+        .rev()
+        .find_map(Weak::upgrade)
 }
 
 /// A leaf that injects faults (see the module docs).
@@ -501,6 +511,29 @@ mod tests {
         let hits = a.iter().filter(|x| **x).count();
         assert!((30..=90).contains(&hits), "about 30% of 200: {hits}");
         assert_ne!(a, run(8));
+    }
+
+    #[test]
+    fn a_second_opening_of_a_device_does_not_hide_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dev");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        let first = open_device(&path).unwrap();
+        // A label scan opens the same file and lets it go.
+        drop(open_device(&path).unwrap());
+        let found = find_device(&path).expect("the first opening is still in use");
+        assert!(Arc::ptr_eq(&found, &first));
+        drop(found);
+        // While two are open, the newest is the one in charge.
+        let second = open_device(&path).unwrap();
+        assert!(Arc::ptr_eq(&find_device(&path).unwrap(), &second));
+        drop(second);
+        assert!(Arc::ptr_eq(&find_device(&path).unwrap(), &first));
+        drop(first);
+        assert!(find_device(&path).is_none());
     }
 
     #[test]

@@ -107,7 +107,10 @@ pub enum VdevError {
         reason: String,
     },
     /// More children failed an operation than the vdev's redundancy covers.
-    #[error("{op} failed on {failed} children, more than the {tolerated} this vdev tolerates")]
+    #[error(
+        "{op} failed on {failed} children ({}), more than the {tolerated} this vdev tolerates",
+        devices.join(", ")
+    )]
     InsufficientReplicas {
         /// "write" or "flush".
         op: &'static str,
@@ -115,6 +118,8 @@ pub enum VdevError {
         failed: usize,
         /// The vdev's redundancy.
         tolerated: usize,
+        /// Paths of the children that failed or were unusable.
+        devices: Vec<String>,
     },
     /// A state change was refused because it would leave data unreadable.
     #[error("refused: {0}")]

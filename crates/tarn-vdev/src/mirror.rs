@@ -15,14 +15,25 @@ impl TopVdev {
         hs
     }
 
-    fn unrecoverable(&self, offset: u64, psize: usize, tried: usize) -> VdevError {
+    /// No copy verified: says what each child did, by path, so an I/O
+    /// failure is not mistaken for damaged data or the other way round.
+    /// `bad` holds the children tried, with whether they could be read.
+    fn unrecoverable(&self, offset: u64, psize: usize, bad: &[(usize, bool)]) -> VdevError {
+        let what: Vec<String> = (0..self.width())
+            .map(|idx| {
+                let (path, out_of_service) = self.child_word(idx);
+                let did = match bad.iter().find(|(i, _)| *i == idx) {
+                    Some((_, true)) => "bad checksum",
+                    Some((_, false)) => "read error",
+                    None => out_of_service.unwrap_or("not read"),
+                };
+                format!("{path}: {did}")
+            })
+            .collect();
         VdevError::Unrecoverable {
             offset,
             psize,
-            reason: format!(
-                "none of {tried} readable copies of {} verifies",
-                self.width()
-            ),
+            reason: format!("no copy verifies ({})", what.join(", ")),
         }
     }
 
@@ -52,6 +63,7 @@ impl TopVdev {
                 op: "write",
                 failed: missed.len(),
                 tolerated: self.redundancy(),
+                devices: self.child_paths(&missed),
             });
         }
         Ok(WriteOutcome { missed })
@@ -67,23 +79,25 @@ impl TopVdev {
         let len = self.alloc_size(psize as u64) as usize;
         let order = self.read_order();
         let mut buf = vec![0u8; len];
-        let mut bad: Vec<&Handle> = Vec::new();
+        // The children that failed, each with whether it could be read.
+        let mut bad: Vec<(&Handle, bool)> = Vec::new();
         for h in &order {
             if !self.child_read(h, &mut buf, at) {
-                bad.push(h);
+                bad.push((h, false));
                 continue;
             }
             if verify(&buf[..psize]) {
-                for b in bad {
+                for (b, _) in bad {
                     self.heal(b, &buf, at);
                 }
                 buf.truncate(psize);
                 return Ok(buf);
             }
             self.note_cksum(h);
-            bad.push(h);
+            bad.push((h, true));
         }
-        Err(self.unrecoverable(offset, psize, order.len()))
+        let tried: Vec<(usize, bool)> = bad.iter().map(|(h, read)| (h.idx, *read)).collect();
+        Err(self.unrecoverable(offset, psize, &tried))
     }
 
     pub(crate) fn mirror_scrub(
@@ -97,22 +111,25 @@ impl TopVdev {
         let order = self.read_order();
         let mut buf = vec![0u8; len];
         let mut good: Option<Vec<u8>> = None;
-        let mut bad: Vec<&Handle> = Vec::new();
+        let mut bad: Vec<(&Handle, bool)> = Vec::new();
         for h in &order {
             if !self.child_read(h, &mut buf, at) {
-                bad.push(h);
+                bad.push((h, false));
             } else if verify(&buf[..psize]) {
                 if good.is_none() {
                     good = Some(std::mem::replace(&mut buf, vec![0u8; len]));
                 }
             } else {
                 self.note_cksum(h);
-                bad.push(h);
+                bad.push((h, true));
             }
         }
-        let good = good.ok_or_else(|| self.unrecoverable(offset, psize, order.len()))?;
+        let Some(good) = good else {
+            let tried: Vec<(usize, bool)> = bad.iter().map(|(h, read)| (h.idx, *read)).collect();
+            return Err(self.unrecoverable(offset, psize, &tried));
+        };
         let mut out = ScrubOutcome::default();
-        for h in bad {
+        for (h, _) in bad {
             out.repaired_bytes += self.heal(h, &good, at);
             out.bad_children.push(h.idx);
         }

@@ -275,6 +275,7 @@ impl TopVdev {
                 missed.push(col.child);
             }
         }
+        let failed_children = missed.clone();
         // Unusable children that hold no column of this block still miss the txg.
         for idx in 0..self.width() {
             if !missed.contains(&idx) && self.handle(idx).is_none() {
@@ -287,6 +288,7 @@ impl TopVdev {
                 op: "write",
                 failed: failed_cols,
                 tolerated: lay.parity,
+                devices: self.child_paths(&failed_children),
             });
         }
         Ok(WriteOutcome { missed })

@@ -575,21 +575,24 @@ impl TopVdev {
                     .collect()
             })
         };
-        let mut durable = 0;
+        let mut durable = Vec::new();
         for (h, ok) in handles.iter().zip(results) {
             if ok {
-                durable += 1;
+                durable.push(h.idx);
             } else {
                 bump(&self.children[h.idx].counters.write_errors, 1);
                 self.try_fault(h.idx);
             }
         }
-        let failed = self.width() - durable;
+        let failed = self.width() - durable.len();
         if failed > self.redundancy() {
+            let not_durable: Vec<usize> =
+                (0..self.width()).filter(|i| !durable.contains(i)).collect();
             return Err(VdevError::InsufficientReplicas {
                 op: "flush",
                 failed,
                 tolerated: self.redundancy(),
+                devices: self.child_paths(&not_durable),
             });
         }
         Ok(())
@@ -617,6 +620,27 @@ impl TopVdev {
         self.children
             .get(idx)
             .and_then(|c| lock(&c.slot).leaf.clone())
+    }
+
+    /// A child's path and, when it is out of service, why ("offline",
+    /// "missing", "faulted"): for error messages.
+    pub(crate) fn child_word(&self, idx: usize) -> (String, Option<&'static str>) {
+        let Some(c) = self.children.get(idx) else {
+            return (format!("child {idx}"), None);
+        };
+        let s = lock(&c.slot);
+        let why = match s.state() {
+            LeafState::Online => None,
+            LeafState::Offline => Some("offline"),
+            LeafState::Missing => Some("missing"),
+            LeafState::Faulted => Some("faulted"),
+        };
+        (s.path.display().to_string(), why)
+    }
+
+    /// The paths of children `idxs`, for error messages.
+    pub(crate) fn child_paths(&self, idxs: &[usize]) -> Vec<String> {
+        idxs.iter().map(|&i| self.child_word(i).0).collect()
     }
 
     fn child(&self, idx: usize) -> Result<&Child, VdevError> {

@@ -232,6 +232,38 @@ fn repeated_io_errors_fault_a_child_only_when_redundancy_allows() {
     assert_eq!(v.leaves()[0].counters, Default::default());
 }
 
+/// When no copy verifies, the error says what each device did, so a
+/// device that fails is not mistaken for damaged data, and names it.
+#[test]
+fn unrecoverable_errors_say_what_each_device_did() {
+    let leaves: Vec<Arc<MemLeaf>> = ["/dev/a", "/dev/b"]
+        .iter()
+        .map(|p| Arc::new(MemLeaf::with_path(*p, MIN_LEAF_SIZE)))
+        .collect();
+    let v = open(VdevKind::Mirror, 12, &leaves, &[]);
+    let data = bytes(9, 8192);
+    v.write(0, &data).unwrap();
+    leaves[0].set_fail_reads(true);
+    leaves[1].corrupt(DATA_START, 8192);
+    let e = v.read(0, 8192, &verifier(&data)).unwrap_err().to_string();
+    assert!(
+        e.contains("/dev/a: read error") && e.contains("/dev/b: bad checksum"),
+        "{e}"
+    );
+    leaves[1].set_fail_reads(true);
+    for _ in 0..FAULT_AFTER_ERRORS {
+        let _ = v.read(0, 8192, &verifier(&data));
+    }
+    let e = v.read(0, 8192, &verifier(&data)).unwrap_err().to_string();
+    assert!(
+        e.contains("/dev/a: faulted") && e.contains("/dev/b: read error"),
+        "{e}"
+    );
+    leaves[1].set_fail_writes(true);
+    let e = v.write(0, &data).unwrap_err().to_string();
+    assert!(e.contains("(/dev/a, /dev/b)"), "{e}");
+}
+
 #[test]
 fn flush_faults_failing_children_and_errs_past_redundancy() {
     let leaves = mem_leaves(4);

@@ -32,6 +32,17 @@ impl Daemon {
 
     /// Like [`Daemon::start`], with more daemon arguments.
     pub fn start_with(dir: &Path, extra: &[&str]) -> Daemon {
+        Daemon::spawn(dir, extra, Stdio::null())
+    }
+
+    /// Like [`Daemon::start_with`], keeping what the daemon says on stderr
+    /// in the file `log`, for tests that check it (no panics, say).
+    pub fn start_logged(dir: &Path, extra: &[&str], log: &Path) -> Daemon {
+        let file = std::fs::File::create(log).expect("create the daemon log");
+        Daemon::spawn(dir, extra, Stdio::from(file))
+    }
+
+    fn spawn(dir: &Path, extra: &[&str], stderr: Stdio) -> Daemon {
         let socket = dir.join("tarn.sock");
         let child = Command::new(env!("CARGO_BIN_EXE_tarn"))
             .args(["daemon", "--socket"])
@@ -41,7 +52,7 @@ impl Daemon {
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("spawn tarn daemon");
         let d = Daemon { child, socket };
