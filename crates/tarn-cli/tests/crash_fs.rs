@@ -140,7 +140,8 @@ fn sigkill_during_fsync_heavy_file_workload() {
     let dir = tempfile::tempdir().unwrap();
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
-    let mut d = Daemon::start_with(dir.path(), &["--txg-interval", "1"]);
+    let log = dir.path().join("daemon.log");
+    let mut d = Daemon::start_logged(dir.path(), &["--txg-interval", "1"], &log);
     let f = files(dir.path(), "m", 4, 256 << 20);
     d.ok(&[
         "pool", "create", "tank", "raidz1", &f[0], &f[1], &f[2], &f[3],
@@ -168,7 +169,9 @@ fn sigkill_during_fsync_heavy_file_workload() {
         }
         w.join().unwrap();
         drop(d); // detaches the dead mount
-        d = Daemon::start_with(dir.path(), &["--txg-interval", "1"]);
+        d = Daemon::start_logged(dir.path(), &["--txg-interval", "1"], &log);
+        // What the restarted daemon said, for the failure messages below.
+        let said = || std::fs::read_to_string(&log).unwrap_or_default();
         // Check every file against what the writer knows, then make the
         // state on disk the new baseline (any seen state is now fixed).
         let mut m = model.lock().unwrap();
@@ -185,13 +188,16 @@ fn sigkill_during_fsync_heavy_file_workload() {
                 assert!(
                     later.contains(&on_disk),
                     "round {round} (seed {seed}): {name} lost an fsynced change \
-                     ({} bytes on disk)",
-                    on_disk.as_ref().map_or(0, |b| b.len())
+                     ({} bytes on disk); the daemon said:\n{}",
+                    on_disk.as_ref().map_or(0, |b| b.len()),
+                    said()
                 );
             } else {
                 assert!(
                     on_disk.is_none() || k.seen.contains(&on_disk),
-                    "round {round} (seed {seed}): {name} holds bytes nobody wrote"
+                    "round {round} (seed {seed}): {name} holds bytes nobody wrote; \
+                     the daemon said:\n{}",
+                    said()
                 );
             }
             k.seen = vec![on_disk.clone()];

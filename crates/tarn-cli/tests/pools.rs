@@ -214,3 +214,78 @@ fn daemon_state_and_paths_are_guarded() {
     d.ok(&["pool", "sync", "tank"]);
     d.stop();
 }
+
+/// Separate log devices through the CLI: added (single or mirror) and shown
+/// under `logs`, refused when they make no sense, removed again; a pool
+/// whose log device went missing is refused at import, naming it, until
+/// `--discard-log`.
+#[test]
+fn log_devices_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool_dir = dir.path().join("members");
+    std::fs::create_dir(&pool_dir).unwrap();
+    let m = files(&pool_dir, "m", 2, 64 << 20);
+    let l = files(dir.path(), "l", 3, 64 << 20);
+    let d = Daemon::start(dir.path());
+    d.ok(&["pool", "create", "tank", "mirror", &m[0], &m[1]]);
+    let err = d.fails(&["pool", "add", "tank", "raidz1", &l[0], &l[1], &l[2]]);
+    assert!(err.contains("log devices only"), "{err}");
+    let err = d.fails(&["pool", "add", "tank", "log", "raidz1", &l[0], &l[1], &l[2]]);
+    assert!(err.contains("not raidz"), "{err}");
+    let err = d.fails(&["pool", "add", "tank", "log", &m[0]]);
+    assert!(err.contains("already part of pool"), "{err}");
+    d.ok(&["pool", "add", "tank", "log", "mirror", &l[0], &l[1]]);
+    let st = d.ok(&["pool", "status", "tank"]);
+    let logs_at = st
+        .find("\tlogs")
+        .unwrap_or_else(|| panic!("no logs heading:\n{st}"));
+    assert!(
+        st[logs_at..].contains(&l[0]) && st[logs_at..].contains(&l[1]),
+        "{st}"
+    );
+    let js = d.ok(&["-o", "json", "pool", "status", "tank"]);
+    let v: serde_json::Value = serde_json::from_str(&js).unwrap();
+    assert_eq!(
+        v[0]["logs"][0]["children"].as_array().map(Vec::len),
+        Some(2),
+        "{js}"
+    );
+
+    d.ok(&["pool", "remove", "tank", &l[0]]);
+    let st = d.ok(&["pool", "status", "tank"]);
+    assert!(!st.contains("\tlogs"), "{st}");
+    let err = d.fails(&["pool", "remove", "tank", &l[0]]);
+    assert!(err.contains("not a log device"), "{err}");
+
+    // A single log device that then goes missing with the daemon.
+    d.ok(&["pool", "add", "tank", "log", &l[2]]);
+    d.ok(&["pool", "export", "tank"]);
+    std::fs::remove_file(&l[2]).unwrap();
+    let err = d.fails(&["pool", "import", "-d", pool_dir.to_str().unwrap(), "tank"]);
+    assert!(
+        err.contains("log device is missing")
+            && err.contains(&l[2])
+            && err.contains("--discard-log"),
+        "{err}"
+    );
+    d.ok(&[
+        "pool",
+        "import",
+        "--discard-log",
+        "-d",
+        pool_dir.to_str().unwrap(),
+        "tank",
+    ]);
+    let st = d.ok(&["pool", "status", "tank"]);
+    assert!(
+        st.contains("logs"),
+        "the missing device is still listed:\n{st}"
+    );
+    d.ok(&["pool", "remove", "tank", &l[2]]);
+    let st = d.ok(&["pool", "status", "tank"]);
+    assert!(
+        !st.contains("\tlogs") && st.contains("state: ONLINE"),
+        "{st}"
+    );
+    d.stop();
+}

@@ -409,10 +409,13 @@ impl Pool {
         {
             let mut st = pool.lock();
             st.logs = logs;
+            // Frees the last commit released in memory (space map of the
+            // loaded txg still shows them deferred) were free when the
+            // intent log allocated its blocks: release them first.
+            pool.release_frees(&mut st);
             // Before anything allocates: the intent log's blocks and the
             // data blocks it references are in use until replay commits.
             pool.log_claim(&mut st)?;
-            pool.release_frees(&mut st);
             // The labels name the new owner now; the state changes of this
             // import (dirty time logs) are committed by the first txg. Import
             // itself writes no txg, so a pool too full or fragmented to

@@ -24,8 +24,10 @@
 //!   referenced by a valid uberblock (its blocks were written into free
 //!   space); a torn uberblock fails its checksum and import takes T-1; after
 //!   the flush T is complete. Import therefore always lands on a committed txg.
-//! * **Synchronous writes** (until the intent log exists) are acknowledged only
-//!   after the txg holding them has committed.
+//! * **Synchronous writes** of the dataset layer go to the intent log (`zil`):
+//!   records appended to a self-checksummed chain of log blocks between
+//!   txgs, optionally on separate log devices (`logdev`), claimed and handed
+//!   back for replay at import. Raw objects' `--sync` commits a txg.
 //!
 //! Raw objects are a pool-level store of named byte arrays split into records
 //! of `recordsize`. They exist so drills, crash tests and benchmarks can push
