@@ -17,6 +17,15 @@
 //! bytes of each of those writes with a given probability, as a device
 //! loses what sat in its volatile cache. Flushed writes are never undone.
 //!
+//! To cut the power *inside* the engine's I/O rather than between two
+//! calls, leaves can share a [`PowerSwitch`]: a budget of writes that may
+//! still land. Once it is spent the power is off for every attached leaf:
+//! each write and flush fails, nothing more lands, reads keep working. A
+//! simulation then calls [`FaultLeaf::power_cut`] on each leaf and imports
+//! the pool again. [`set_open_hook`] lets a test set up (fault, seed,
+//! switch, undo tracking) every leaf [`open_device`] makes for a path, so
+//! a pool reopened by import is armed from its very first I/O.
+//!
 //! The pool wraps every device it opens in a `FaultLeaf` with no faults
 //! set, so `tarn pool inject` can drill a live pool; when idle an I/O costs
 //! one atomic load.
@@ -24,7 +33,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -109,12 +118,133 @@ impl Fault {
     }
 }
 
+/// A power supply shared by several leaves (see the module docs): a
+/// budget of writes that may still land, after which every write and
+/// flush of every attached leaf fails. Reads are not affected.
+///
+/// Only writes spend the budget. Flushes do not (a vdev flushes its
+/// children in parallel, so counting them would make the cut point depend
+/// on thread scheduling); instead the switch decides what happens between
+/// the last write that lands and the next one: an *eager* switch goes off
+/// as soon as the budget is spent (a flush right after the last write
+/// fails, so that write may still be lost), a *lazy* one only when a write
+/// is refused (flushes in between succeed). Both are deterministic.
+#[derive(Debug)]
+pub struct PowerSwitch {
+    /// Writes that may still land; negative: no limit.
+    budget: AtomicI64,
+    /// Off when the budget reaches 0 rather than at the first refused write.
+    eager: AtomicBool,
+    /// The power is off: every write and flush fails.
+    off: AtomicBool,
+    /// Writes let through so far.
+    landed: AtomicU64,
+}
+
+impl Default for PowerSwitch {
+    fn default() -> Self {
+        PowerSwitch {
+            budget: AtomicI64::new(-1),
+            eager: AtomicBool::new(false),
+            off: AtomicBool::new(false),
+            landed: AtomicU64::new(0),
+        }
+    }
+}
+
+impl PowerSwitch {
+    /// A switch that is on, with no limit.
+    pub fn new() -> Arc<PowerSwitch> {
+        Arc::new(PowerSwitch::default())
+    }
+
+    /// Powers on with a budget: `writes` more writes land, then the power
+    /// goes off (`eager`: at once; otherwise at the next write).
+    pub fn arm(&self, writes: u64, eager: bool) {
+        let writes = i64::try_from(writes).unwrap_or(i64::MAX);
+        self.eager.store(eager, Ordering::Release);
+        self.budget.store(writes, Ordering::Release);
+        self.off.store(eager && writes == 0, Ordering::Release);
+    }
+
+    /// Powers on with no limit.
+    pub fn unlimited(&self) {
+        self.budget.store(-1, Ordering::Release);
+        self.off.store(false, Ordering::Release);
+    }
+
+    /// Cuts the power now.
+    pub fn cut(&self) {
+        self.budget.store(0, Ordering::Release);
+        self.off.store(true, Ordering::Release);
+    }
+
+    /// True once the power is off.
+    pub fn is_off(&self) -> bool {
+        self.off.load(Ordering::Acquire)
+    }
+
+    /// Writes let through since the switch was made.
+    pub fn landed(&self) -> u64 {
+        self.landed.load(Ordering::Acquire)
+    }
+
+    /// Whether a write may land now (spends one unit of the budget).
+    fn admit_write(&self) -> bool {
+        if self.is_off() {
+            return false;
+        }
+        let r = self
+            .budget
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| match b {
+                0 => None,
+                b if b < 0 => Some(b),
+                b => Some(b - 1),
+            });
+        match r {
+            Ok(b) => {
+                if b == 1 && self.eager.load(Ordering::Acquire) {
+                    self.off.store(true, Ordering::Release);
+                }
+                self.landed.fetch_add(1, Ordering::AcqRel);
+                true
+            }
+            Err(_) => {
+                self.off.store(true, Ordering::Release);
+                false
+            }
+        }
+    }
+}
+
+/// Set-up run on every leaf [`open_device`] makes for a path (see
+/// [`set_open_hook`]).
+pub type OpenHook = Arc<dyn Fn(&FaultLeaf) + Send + Sync>;
+
+fn hooks() -> &'static Mutex<HashMap<PathBuf, OpenHook>> {
+    static HOOKS: OnceLock<Mutex<HashMap<PathBuf, OpenHook>>> = OnceLock::new();
+    HOOKS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Runs `hook` on every leaf [`open_device`] opens at `path` from now on
+/// (`None` removes it), before the leaf does any I/O: a test arms the
+/// devices of a pool that import is about to open.
+pub fn set_open_hook(path: &Path, hook: Option<OpenHook>) {
+    let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut h = hooks().lock().unwrap_or_else(|e| e.into_inner());
+    match hook {
+        Some(f) => h.insert(key, f),
+        None => h.remove(&key),
+    };
+}
+
 struct State {
     faults: Vec<Fault>,
     rng: u64,
     /// Undo records (offset, old bytes) of writes since the last flush.
     undo: Option<Vec<(u64, Vec<u8>)>>,
     injected: u64,
+    switch: Option<Arc<PowerSwitch>>,
 }
 
 impl State {
@@ -174,6 +304,14 @@ pub fn open_device(path: &Path) -> Result<Arc<FaultLeaf>, VdevError> {
     let leaf = FileLeaf::open(path)?;
     let f = Arc::new(FaultLeaf::new(Arc::new(leaf), 4096));
     let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let hook = hooks()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+        .cloned();
+    if let Some(hook) = hook {
+        hook(&f);
+    }
     let mut reg = registry().lock().unwrap_or_else(|e| e.into_inner());
     reg.retain(|_, open| {
         open.retain(|w| w.strong_count() > 0);
@@ -201,8 +339,9 @@ pub fn find_device(path: &Path) -> Option<Arc<FaultLeaf>> {
 pub struct FaultLeaf {
     inner: Arc<dyn Leaf>,
     sector: u64,
-    /// True while a fault is set or unflushed writes are tracked; when
-    /// false (every pool device, most of the time) I/O skips the lock.
+    /// True while a fault is set, unflushed writes are tracked or a power
+    /// switch is attached; when false (every pool device, most of the
+    /// time) I/O skips the lock.
     armed: AtomicBool,
     state: Mutex<State>,
 }
@@ -229,6 +368,7 @@ impl FaultLeaf {
                 rng: 0x9E37_79B9_7F4A_7C15,
                 undo: None,
                 injected: 0,
+                switch: None,
             }),
         }
     }
@@ -239,7 +379,7 @@ impl FaultLeaf {
 
     /// Recomputes `armed` after a change (under the state lock).
     fn rearm(&self, st: &State) {
-        let on = !st.faults.is_empty() || st.undo.is_some();
+        let on = !st.faults.is_empty() || st.undo.is_some() || st.switch.is_some();
         self.armed.store(on, Ordering::Release);
     }
 
@@ -282,6 +422,18 @@ impl FaultLeaf {
         let mut st = self.lock();
         st.undo = on.then(Vec::new);
         self.rearm(&st);
+    }
+
+    /// Attaches the leaf to a shared [`PowerSwitch`] (`None` detaches it).
+    pub fn attach_switch(&self, switch: Option<Arc<PowerSwitch>>) {
+        let mut st = self.lock();
+        st.switch = switch;
+        self.rearm(&st);
+    }
+
+    /// The attached power switch.
+    pub fn switch(&self) -> Option<Arc<PowerSwitch>> {
+        self.lock().switch.clone()
     }
 
     /// Simulates a power cut: each write since the last flush is undone
@@ -351,6 +503,9 @@ impl Leaf for FaultLeaf {
         let len = buf.len() as u64;
         let (vanish, error, drop, torn, delay, tracking) = {
             let mut st = self.lock();
+            if st.switch.as_ref().is_some_and(|s| !s.admit_write()) {
+                return Err(injected("power is off"));
+            }
             (
                 st.hit(FaultKind::Vanish, offset, len).is_some(),
                 st.hit(FaultKind::WriteError, offset, len).is_some(),
@@ -393,7 +548,16 @@ impl Leaf for FaultLeaf {
         if self.idle() {
             return self.inner.flush();
         }
-        let vanish = self.lock().hit(FaultKind::Vanish, 0, u64::MAX).is_some();
+        let (vanish, power) = {
+            let mut st = self.lock();
+            (
+                st.hit(FaultKind::Vanish, 0, u64::MAX).is_some(),
+                st.switch.as_ref().is_none_or(|s| !s.is_off()),
+            )
+        };
+        if !power {
+            return Err(injected("power is off"));
+        }
         if vanish {
             return Err(injected("device vanished"));
         }
@@ -556,5 +720,104 @@ mod tests {
         assert_eq!(f.power_cut(0.0).unwrap(), 0, "probability 0 keeps them");
         m.read_at(&mut b[..4096], 0).unwrap();
         assert!(b[..4096].iter().all(|&x| x == 5));
+    }
+
+    #[test]
+    fn power_switch_cuts_every_attached_leaf_at_its_budget() {
+        let (ma, a) = leaf();
+        let (mb, b) = leaf();
+        let sw = PowerSwitch::new();
+        for f in [&a, &b] {
+            f.track_unflushed(true);
+            f.attach_switch(Some(sw.clone()));
+        }
+        // No limit yet: everything lands and flushes.
+        a.write_at(&[1; 4096], 0).unwrap();
+        b.write_at(&[1; 4096], 0).unwrap();
+        a.flush().unwrap();
+        b.flush().unwrap();
+        assert_eq!(sw.landed(), 2);
+
+        // Lazy: three more writes land (on either leaf); flushes in between
+        // succeed; the fourth write is refused and the power is off.
+        sw.arm(3, false);
+        a.write_at(&[2; 4096], 0).unwrap();
+        b.write_at(&[2; 4096], 0).unwrap();
+        a.write_at(&[3; 4096], 4096).unwrap();
+        assert!(!sw.is_off(), "lazy: still on with the budget spent");
+        a.flush().unwrap();
+        assert!(b.write_at(&[4; 4096], 4096).is_err(), "budget spent");
+        assert!(sw.is_off());
+        assert!(a.write_at(&[4; 4096], 0).is_err());
+        assert!(a.flush().is_err() && b.flush().is_err(), "flushes fail too");
+        let mut buf = [0u8; 4096];
+        b.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [2; 4096], "reads keep working");
+        mb.read_at(&mut buf, 4096).unwrap();
+        assert_eq!(buf, [0; 4096], "the refused write never landed");
+
+        // The cut: a's writes were flushed, b's unflushed one is undone.
+        assert_eq!(a.power_cut(1.0).unwrap(), 0);
+        assert_eq!(b.power_cut(1.0).unwrap(), 1);
+        mb.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [1; 4096]);
+        ma.read_at(&mut buf, 4096).unwrap();
+        assert_eq!(buf, [3; 4096]);
+
+        // Eager: off right after the last write of the budget, so the
+        // flush that would have made it durable fails.
+        sw.arm(1, true);
+        assert!(!sw.is_off());
+        a.write_at(&[5; 4096], 0).unwrap();
+        assert!(sw.is_off(), "eager: off as soon as the budget is spent");
+        assert!(a.flush().is_err());
+        assert_eq!(a.power_cut(1.0).unwrap(), 1);
+        ma.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [2; 4096], "the unflushed write is gone");
+
+        sw.arm(0, true);
+        assert!(sw.is_off(), "a budget of 0, eager: off at once");
+        sw.unlimited();
+        a.write_at(&[6; 4096], 0).unwrap();
+        a.flush().unwrap();
+        sw.cut();
+        assert!(a.write_at(&[7; 4096], 0).is_err());
+
+        // Detached and untracked, the leaf is idle again: no lock per I/O.
+        for f in [&a, &b] {
+            f.attach_switch(None);
+            f.track_unflushed(false);
+            assert!(f.idle());
+        }
+        a.write_at(&[8; 4096], 0).unwrap();
+        a.flush().unwrap();
+    }
+
+    #[test]
+    fn open_hook_arms_every_new_leaf_of_a_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dev");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        let sw = PowerSwitch::new();
+        let s2 = sw.clone();
+        set_open_hook(
+            &path,
+            Some(Arc::new(move |l: &FaultLeaf| {
+                l.attach_switch(Some(s2.clone()));
+                l.inject(Fault::always(FaultKind::ReadError));
+            })),
+        );
+        let l = open_device(&path).unwrap();
+        assert!(l.switch().is_some_and(|s| Arc::ptr_eq(&s, &sw)));
+        assert!(
+            l.read_at(&mut [0u8; 512], 0).is_err(),
+            "armed before any I/O"
+        );
+        set_open_hook(&path, None);
+        let l = open_device(&path).unwrap();
+        assert!(l.switch().is_none() && l.faults().is_empty() && l.idle());
     }
 }
