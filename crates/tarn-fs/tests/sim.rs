@@ -98,9 +98,9 @@
 //!    find nothing to repair, and the files must still read the same;
 //! 4. when import started a resilver and every block a device missed is
 //!    on record (no fault, or failed writes), the first scrub must find
-//!    nothing to repair. This one fails on the current engine (see
-//!    [`KNOWN_RESILVER_BEFORE_ATTACH`]): it is reported, and fatal only with
-//!    `TARN_SIM_STRICT=1`.
+//!    nothing to repair. (It found a real bug: a resilver started by import
+//!    ran before the dataset layer attached, skipped every dataset block
+//!    and still cleared the dirty time logs; scans now wait for it.)
 //!
 //! # Determinism and replay
 //!
@@ -122,8 +122,7 @@
 //! * `TARN_SIM_SEEDS=N`: N random seeds (a soak), printed;
 //! * `TARN_SIM_SEED=0x...`: exactly that seed;
 //! * `TARN_SIM_JOBS=N`: seeds run on N threads (default: up to 2);
-//! * `TARN_SIM_VERBOSE=1`: a line per round (operations, writes, the cut);
-//! * `TARN_SIM_STRICT=1`: violations of known engine issues fail too.
+//! * `TARN_SIM_VERBOSE=1`: a line per round (operations, writes, the cut).
 //!
 //! A failure prints one line that replays it, e.g.
 //! `TARN_SIM_SEED=0x1234abcd cargo test -p tarn-fs --test sim -- --nocapture`.
@@ -654,6 +653,7 @@ fn options(plan: &Plan, owner: &str) -> PoolOptions {
         scan_batch_blocks: plan.scan_batch,
         owner: owner.to_string(),
         sync_threads: 1,
+        discard_missing_log: false,
     }
 }
 
@@ -674,8 +674,6 @@ struct Stats {
     repaired: u64,
     /// Scans (resilvers) import started.
     import_scans: usize,
-    /// Violations of checks that are known to fail (see [`known_issue`]).
-    known_issues: usize,
     /// A hash of what each round did (operations, writes, where the cut
     /// fell, which state was recovered): equal for two runs of one seed.
     trace: u64,
@@ -1526,12 +1524,13 @@ impl Sim {
             .filter_map(|p| tarn_vdev::find_device(p))
             .collect();
         self.rig.reseed(&leaves, salt);
+        // The dataset layer attaches right after import, as in the daemon
+        // (it replays the intent log; a scan started by import waits for it).
+        tarn_dataset::attach(&pool).unwrap_or_else(|e| panic!("{ctx}: attach: {e}"));
         if pool.status().scan != self.last_scan {
             // Import started a resilver (or resumed a scan): let it finish
             // before anything else reads, so the faulty device's generator
-            // sees the same reads in the same order on every run. (It runs
-            // before the dataset layer is attached, as it does for the
-            // daemon, which attaches right after import.)
+            // sees the same reads in the same order on every run.
             self.stats.import_scans += 1;
             let s = wait_scan(&pool, txg0, "the scan started by import", &ctx);
             resilvered = s.kind == ScanKind::Resilver && s.state == ScanState::Finished;
@@ -1563,8 +1562,7 @@ impl Sim {
                  first scrub had to repair {} bytes: the resilver missed blocks",
                 s1.repaired_bytes
             );
-            known_issue(KNOWN_RESILVER_BEFORE_ATTACH, self.seed, &msg);
-            self.stats.known_issues += 1;
+            panic!("{msg}");
         }
         self.stats.repaired += s1.repaired_bytes;
         let leaks = e
@@ -1738,35 +1736,6 @@ fn wait_scan(pool: &Arc<Pool>, txg0: u64, what: &str, ctx: &str) -> ScanStatus {
     s
 }
 
-/// A known engine bug that a check of this simulation finds. `Pool::import`
-/// starts the resilver of devices with dirty time logs before it returns
-/// (`start_resilver_if_needed`), that is before anyone can attach the
-/// dataset layer (`tarn_dataset::attach` needs the imported pool). The scan
-/// thread takes the extension's scan function when it starts (phase 0) and
-/// again for phase 3; while none is installed it walks no dataset tree, yet
-/// a finished resilver clears the dirty time logs of its targets: the data
-/// blocks a device missed stay missing, the pool reports it healthy, and
-/// only the next scrub repairs them (until then that data has no
-/// redundancy). The daemon attaches right after import, so there it is a
-/// race; here the scan is let finish first, so it always shows, e.g.
-/// `TARN_SIM_STRICT=1 TARN_SIM_SEED=0xbcbee72fe94f82a0` (a mirror, one
-/// device failing half of its writes).
-const KNOWN_RESILVER_BEFORE_ATTACH: &str = "resilver-before-attach";
-
-/// Reports a violation of a check that is known to fail on the current
-/// engine. It fails the run only with `TARN_SIM_STRICT=1`, so the other
-/// checks keep guarding CI until the engine is fixed; then this goes.
-fn known_issue(name: &str, seed: u64, msg: &str) {
-    if strict() {
-        panic!("{msg} (known issue `{name}`)");
-    }
-    eprintln!(
-        "sim: KNOWN ENGINE ISSUE `{name}` (fatal with TARN_SIM_STRICT=1): {msg}\n  replay: \
-         TARN_SIM_STRICT=1 {}",
-        replay_line(seed)
-    );
-}
-
 /// Waits until the pool's background threads are idle: no scan runs and
 /// no commit happened for a few milliseconds (the syncer may start a
 /// resilver after the commit a scan asked for).
@@ -1899,15 +1868,8 @@ fn seeds() -> Vec<u64> {
     v
 }
 
-fn strict() -> bool {
-    std::env::var_os("TARN_SIM_STRICT").is_some_and(|v| v != "0")
-}
-
 fn replay_line(seed: u64) -> String {
-    format!(
-        "{}TARN_SIM_SEED={seed:#x} cargo test -p tarn-fs --test sim -- --nocapture",
-        if strict() { "TARN_SIM_STRICT=1 " } else { "" }
-    )
+    format!("TARN_SIM_SEED={seed:#x} cargo test -p tarn-fs --test sim -- --nocapture")
 }
 
 fn run_seed(seed: u64) -> Stats {
@@ -1957,8 +1919,8 @@ fn simulation_with_faults_and_power_cuts() {
                         "sim: seed {seed:#x} ok in {:.1}s: {} ops, {} cuts in I/O + {} between \
                          ops, {} ops failed at a cut, {} syncs acknowledged, {} writes, {} \
                          unflushed writes lost, recovered the last state {}x / an earlier one \
-                         {}x, {} faults injected, {} bytes repaired, {} scans at import, {} known \
-                         issues, trace {:016x}",
+                         {}x, {} faults injected, {} bytes repaired, {} scans at import, trace \
+                         {:016x}",
                         t.elapsed().as_secs_f64(),
                         st.ops,
                         st.cuts_in_io,
@@ -1972,7 +1934,6 @@ fn simulation_with_faults_and_power_cuts() {
                         st.faults_hit,
                         st.repaired,
                         st.import_scans,
-                        st.known_issues,
                         st.trace,
                     ),
                     Err(_) => {

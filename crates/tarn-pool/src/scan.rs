@@ -726,7 +726,35 @@ impl Pool {
         Ok(Step::Continue)
     }
 
+    /// True when the meta tree holds entries of an extension (datasets).
+    fn has_ext_entries(&self) -> Result<bool, PoolError> {
+        let mut st = self.lock();
+        let mut found = false;
+        self.for_each_entry(
+            &mut st,
+            &[P_EXT],
+            Bound::Excluded(&[P_EXT + 1][..]),
+            &mut |_, _| {
+                found = true;
+                Ok(false)
+            },
+        )?;
+        Ok(found)
+    }
+
     fn run_scan(self: &Arc<Self>) -> Result<(), PoolError> {
+        // A scan started at import runs before the dataset layer attaches;
+        // without its scan function it would skip every dataset block and
+        // still clear the dirty time logs. Wait for it (the scan stays
+        // running on disk, so stopping here resumes it after the next import).
+        if self.scan_fn().is_none() && self.has_ext_entries()? {
+            while self.scan_fn().is_none() {
+                if self.should_stop() {
+                    return Ok(());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
         let started = Instant::now();
         let (mut phase, min_birth, max_birth, base) = {
             let st = self.lock();
