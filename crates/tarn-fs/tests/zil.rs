@@ -463,3 +463,43 @@ fn removing_a_log_device_keeps_every_acknowledged_write() {
     let fs = mount(&pool, "tank/fs");
     assert_eq!(content(&fs, "f").as_deref(), Some(&b"one-two"[..]));
 }
+
+#[test]
+fn blocks_written_in_place_are_flushed_with_the_log() {
+    // Two top-level vdevs: the log blocks and the blocks written in place
+    // for them land on different devices, and a power cut drops whatever
+    // was not flushed.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let devs = devices(dir.path(), 2);
+    let specs: Vec<VdevSpec> = devs
+        .iter()
+        .map(|d| VdevSpec {
+            kind: VdevKind::Single,
+            devices: vec![d.clone()],
+        })
+        .collect();
+    let pool =
+        Pool::create("tank", &specs, 12, &BTreeMap::new(), false, opts()).expect("create pool");
+    tarn_dataset::attach(&pool).expect("attach");
+    let fs = dataset(&pool, "tank/fs", &[("recordsize", "128K")]);
+    pool.sync().expect("sync");
+    let leaves: Vec<_> = devs
+        .iter()
+        .map(|d| tarn_vdev::find_device(d).expect("device is open"))
+        .collect();
+    for l in &leaves {
+        l.track_unflushed(true);
+    }
+    let data = pattern(5, 2 << 20);
+    let f = new_file(&fs, "f");
+    write(&fs, f, 0, &data);
+    fs.fsync(f).expect("fsync");
+    drop(fs);
+    pool.abandon();
+    for l in &leaves {
+        l.power_cut(1.0).expect("power cut");
+    }
+    let pool = import(dir.path());
+    let fs = mount(&pool, "tank/fs");
+    assert_eq!(content(&fs, "f").as_deref(), Some(&data[..]));
+}

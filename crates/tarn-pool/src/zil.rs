@@ -402,7 +402,14 @@ impl Pool {
         // whatever happens below.
         st.zil.next = Some((cur, seq));
         st.zil.used = true;
-        let mut touched = Vec::new();
+        // Blocks written in place for this commit must be as durable as the
+        // log that references them: their vdevs are flushed too.
+        let mut touched: Vec<u32> = Vec::new();
+        for d in refs.iter().flat_map(|bp| bp.used_dvas()) {
+            if !touched.contains(&d.vdev) {
+                touched.push(d.vdev);
+            }
+        }
         let mut failed = false;
         for (a, b) in &writes {
             let Some(top) = self.log_top(st, a.vdev) else {
