@@ -239,8 +239,8 @@ pub struct ImportRequest {
     /// Import even if the labels say another process may own the pool.
     #[serde(default)]
     pub force: bool,
-    /// Import even with a log device missing, discarding the synchronous
-    /// writes only it held.
+    /// Import even when the intent log cannot be read or replayed in
+    /// full, keeping what precedes the damage.
     #[serde(default)]
     pub discard_log: bool,
 }

@@ -312,8 +312,9 @@ pub enum PoolCommand {
         /// Import even if the pool may be in use elsewhere
         #[arg(short, long)]
         force: bool,
-        /// Import even though a log device is missing, losing the
-        /// synchronous writes only it held
+        /// Import even though the intent log cannot be read or replayed
+        /// in full (a missing log device, device errors), keeping what
+        /// precedes the damage
         #[arg(long)]
         discard_log: bool,
         /// Pool to import, by name or id; omit to list candidates

@@ -449,7 +449,7 @@ impl Backend for Pools {
         let name = req.new_name.clone().unwrap_or_else(|| which.to_string());
         let _name = self.reserve(&name)?;
         let opts = PoolOptions {
-            discard_missing_log: req.discard_log,
+            discard_log: req.discard_log,
             ..self.opts.clone()
         };
         let pool = Pool::import(

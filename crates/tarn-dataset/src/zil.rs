@@ -39,7 +39,9 @@
 //! read-only checks (the operations passed them when they ran). A replay
 //! that fails anyway (a damaged referenced block, no room) faults the pool
 //! with the reason: nothing half-replayed commits, and the log stays for
-//! the next import.
+//! the next import. Imported with `--discard-log`, it keeps the records
+//! replayed so far instead (still a prefix of what was acknowledged) and
+//! lists what it dropped in the pool's damage list.
 
 use std::collections::HashMap;
 use std::ops::Bound;
@@ -269,7 +271,11 @@ pub(crate) fn commit(dsl: &mut Dsl, cx: &mut Cx<'_, '_>, id: u64) -> Result<bool
     if live.log.is_empty() {
         return Ok(true);
     }
-    let mut ops = collapse(std::mem::take(&mut live.log));
+    // The pending list stays until the log has it: a commit that fails or
+    // finds no chain leaves it for the next commit or the txg sync, so a
+    // concurrent fsync never sees an empty list before it is durable.
+    let pending = std::mem::take(&mut live.log);
+    let mut ops = collapse(pending.clone());
     let mut refs = Vec::new();
     for op in &mut ops {
         let LogOp::Block(k, data) = op else { continue };
@@ -280,24 +286,47 @@ pub(crate) fn commit(dsl: &mut Dsl, cx: &mut Cx<'_, '_>, id: u64) -> Result<bool
         let Some(sb) = live.staged.get_mut(k.as_slice()) else {
             continue;
         };
-        if sb.written.is_some() || !Arc::ptr_eq(&sb.data, data) {
+        if !Arc::ptr_eq(&sb.data, data) {
             continue;
         }
-        let Some(bp) = cx.write_block_now(&sb.data, opts, sb.res.clone())? else {
-            continue;
+        let bp = match sb.written {
+            // Written by an earlier commit that did not complete.
+            Some(bp) => bp,
+            None => match cx.write_block_now(&sb.data, opts, sb.res.clone()) {
+                Ok(Some(bp)) => {
+                    let res = Reservation::of_block(&bp);
+                    live.staged_asize = live
+                        .staged_asize
+                        .saturating_sub(sb.res.asize())
+                        .saturating_add(res.asize());
+                    sb.res = res;
+                    sb.written = Some(bp);
+                    bp
+                }
+                Ok(None) => continue,
+                Err(e) => {
+                    live.log = pending;
+                    // The block's room may be half given back: nothing of
+                    // this txg may commit with it.
+                    cx.fault(format!(
+                        "writing a block for the intent log failed ({e}); the pool stopped \
+                         so that nothing half-written is committed"
+                    ));
+                    return Err(e.into());
+                }
+            },
         };
-        let res = Reservation::of_block(&bp);
-        live.staged_asize = live
-            .staged_asize
-            .saturating_sub(sb.res.asize())
-            .saturating_add(res.asize());
-        sb.res = res;
-        sb.written = Some(bp);
         refs.push(bp);
         *op = LogOp::BlockRef(std::mem::take(k), bp);
     }
     let rec = encode_record(id, &ops);
-    Ok(cx.log_commit(&[rec], &refs)? == LogCommit::Logged)
+    let r = cx.log_commit(&[rec], &refs);
+    if !matches!(r, Ok(LogCommit::Logged)) {
+        if let Ok(live) = dsl.live(id) {
+            live.log = pending;
+        }
+    }
+    Ok(r? == LogCommit::Logged)
 }
 
 /// Replays the records the pool found in its intent log at import, in the
@@ -308,28 +337,36 @@ pub(crate) fn replay(pool: &Pool) -> Result<usize, DsError> {
             return Ok(0);
         };
         let n = records.len();
-        let mut apply = || -> Result<(), DsError> {
-            for rec in &records {
-                let (id, ops) = decode_record(rec)?;
+        for (i, rec) in records.iter().enumerate() {
+            let r = decode_record(rec).and_then(|(id, ops)| {
                 crate::txn::run(dsl, cx, id, true, |t| {
                     for op in &ops {
                         t.redo(op)?;
                     }
                     Ok::<(), DsError>(())
-                })??;
-            }
-            Ok(())
-        };
-        match apply() {
-            Ok(()) => Ok(n),
-            Err(e) => {
-                cx.fault(format!(
-                    "replaying the intent log failed ({e}); the pool stopped so that \
-                     nothing half-replayed is committed, and the log is kept"
+                })?
+            });
+            let Err(e) = r else { continue };
+            if cx.log_discard() {
+                // What was replayed is a prefix of what was acknowledged;
+                // keep it, say what was lost.
+                cx.report_damage(format!(
+                    "intent log: replay stopped at record {} of {n} ({e}); the rest was \
+                     discarded on request (--discard-log)",
+                    i + 1
                 ));
-                Err(e)
+                return Ok(n);
             }
+            cx.fault(format!(
+                "replaying the intent log failed at record {} of {n} ({e}); the pool stopped \
+                 so that nothing half-replayed is committed, and the log is kept. Fix the \
+                 devices and import again, or import with --discard-log to keep only the \
+                 records before it",
+                i + 1
+            ));
+            return Err(e);
         }
+        Ok(n)
     })?;
     if r > 0 {
         pool.sync()?;

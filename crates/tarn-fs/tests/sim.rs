@@ -653,7 +653,7 @@ fn options(plan: &Plan, owner: &str) -> PoolOptions {
         scan_batch_blocks: plan.scan_batch,
         owner: owner.to_string(),
         sync_threads: 1,
-        discard_missing_log: false,
+        discard_log: false,
     }
 }
 

@@ -419,7 +419,7 @@ fn a_missing_log_device_refuses_import_unless_discarded() {
         None,
         true,
         PoolOptions {
-            discard_missing_log: true,
+            discard_log: true,
             ..opts()
         },
     )
@@ -502,4 +502,102 @@ fn blocks_written_in_place_are_flushed_with_the_log() {
     let pool = import(dir.path());
     let fs = mount(&pool, "tank/fs");
     assert_eq!(content(&fs, "f").as_deref(), Some(&data[..]));
+}
+
+#[test]
+fn a_failed_log_write_never_acknowledges_an_fsync_later() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let devs = devices(dir.path(), 1);
+    let pool = create_pool(&devs, VdevKind::Single);
+    let fs = dataset(&pool, "tank/fs", &[("recordsize", "128K")]);
+    let f = new_file(&fs, "f");
+    pool.sync().expect("sync");
+    let data = pattern(7, 128 << 10);
+    write(&fs, f, 0, &data);
+    let leaf = tarn_vdev::find_device(&devs[0]).expect("device is open");
+    leaf.inject(Fault::always(FaultKind::WriteError));
+    assert!(
+        fs.fsync(f).is_err(),
+        "nothing can be durable with every write failing"
+    );
+    leaf.clear();
+    // The pending changes were not dropped by the failed commit: a later
+    // fsync either makes them durable or fails too.
+    let second = fs.fsync(f);
+    drop(fs);
+    pool.abandon();
+    let pool = import(dir.path());
+    let fs = mount(&pool, "tank/fs");
+    if second.is_ok() {
+        assert_eq!(
+            content(&fs, "f").as_deref(),
+            Some(&data[..]),
+            "acknowledged fsync lost"
+        );
+    }
+}
+
+#[test]
+fn an_unreadable_log_refuses_import_unless_discarded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let devs = devices(dir.path(), 1);
+    let pool = create_pool(&devs, VdevKind::Single);
+    let slog = log_file(dir.path(), "slog");
+    pool.add_log(
+        &VdevSpec {
+            kind: VdevKind::Single,
+            devices: vec![slog.clone()],
+        },
+        false,
+    )
+    .expect("add log");
+    let fs = dataset(&pool, "tank/fs", &[]);
+    pool.sync().expect("sync");
+    let f = new_file(&fs, "first");
+    write(&fs, f, 0, b"logged first");
+    fs.fsync(f).expect("fsync");
+    let g = new_file(&fs, "second");
+    write(&fs, g, 0, b"logged second");
+    fs.fsync(g).expect("fsync");
+    drop(fs);
+    pool.abandon();
+
+    // The log device's data region fails every read from now on (its
+    // labels still read, so it is present, not missing).
+    let size = std::fs::metadata(&slog).expect("log file").len();
+    let data = (tarn_vdev::DATA_START, size - 2 * tarn_vdev::LABEL_SIZE);
+    tarn_vdev::fault::set_open_hook(
+        &slog,
+        Some(Arc::new(move |l: &tarn_vdev::FaultLeaf| {
+            l.inject(Fault {
+                kind: FaultKind::ReadError,
+                probability: 1.0,
+                range: Some(data),
+                latency_ms: 0,
+            })
+        })),
+    );
+    let err = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, true, opts())
+        .expect_err("an unreadable log block is not the end of the log");
+    assert!(
+        err.to_string().contains("intent log could not be read"),
+        "{err}"
+    );
+    let pool = Pool::import(
+        &[dir.path().to_path_buf()],
+        &[],
+        "tank",
+        None,
+        true,
+        PoolOptions {
+            discard_log: true,
+            ..opts()
+        },
+    )
+    .expect("import discarding the log");
+    tarn_vdev::fault::set_open_hook(&slog, None);
+    tarn_dataset::attach(&pool).expect("attach");
+    let fs = mount(&pool, "tank/fs");
+    assert_eq!(content(&fs, "first"), None, "not replayed: unreadable");
+    assert_eq!(content(&fs, "second"), None);
 }

@@ -153,9 +153,10 @@ pub struct PoolOptions {
     pub owner: String,
     /// Worker threads for checksumming and compressing at sync.
     pub sync_threads: usize,
-    /// Import even when a log device is missing, discarding whatever
-    /// acknowledged synchronous writes only it held.
-    pub discard_missing_log: bool,
+    /// Import even when the intent log cannot be read or replayed in full
+    /// (a missing log device, device errors, a damaged referenced block),
+    /// keeping the part before the damage.
+    pub discard_log: bool,
 }
 
 impl Default for PoolOptions {
@@ -171,7 +172,7 @@ impl Default for PoolOptions {
                 .map(|n| n.get())
                 .unwrap_or(2)
                 .min(8),
-            discard_missing_log: false,
+            discard_log: false,
         }
     }
 }

@@ -359,6 +359,12 @@ impl Cx<'_, '_> {
         Pool::has_log_device(self.st)
     }
 
+    /// True when the pool was imported with `discard_log`: a replay that
+    /// cannot go on keeps what it replayed instead of stopping the pool.
+    pub fn log_discard(&self) -> bool {
+        self.pool.opts.discard_log
+    }
+
     /// Intent log figures: (commits, bytes written) since import.
     pub fn log_stats(&self) -> (u64, u64) {
         (self.st.zil.commits, self.st.zil.bytes)

@@ -289,7 +289,7 @@ impl Pool {
             }
             logs.push(crate::logdev::LogVdev::new(Arc::new(top)));
         }
-        if !missing_logs.is_empty() && !opts.discard_missing_log {
+        if !missing_logs.is_empty() && !opts.discard_log {
             return Err(PoolError::Faulted(format!(
                 "cannot import '{}': its log device is missing ({}) and may hold acknowledged \
                  synchronous writes; attach it, or import with --discard-log to go on without them",

@@ -19,7 +19,7 @@
 //!
 //! **A missing log device at import** may hold acknowledged synchronous
 //! writes that exist nowhere else. Import refuses, naming the device, unless
-//! told to discard the log (`PoolOptions::discard_missing_log`): silently
+//! told to discard the log (`PoolOptions::discard_log`): silently
 //! losing an acknowledged `fsync` is the one outcome we do not allow.
 
 use std::sync::Arc;
@@ -143,6 +143,12 @@ impl Pool {
         let canon = std::fs::canonicalize(device).unwrap_or_else(|_| device.to_path_buf());
         let mut st = self.lock();
         self.check_usable(&st)?;
+        if st.zil.replay.is_some() {
+            return Err(PoolError::InUse(format!(
+                "pool '{}' has an intent log to replay first (its datasets are not loaded)",
+                self.name
+            )));
+        }
         let Some(i) = st.logs.iter().position(|l| {
             l.top
                 .config()

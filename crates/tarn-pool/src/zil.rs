@@ -550,8 +550,26 @@ impl Pool {
         }
         while let Some(top) = self.log_top(st, at.vdev) {
             let ok = |b: &[u8]| verify_block(b, self.guid, h.guid, seq);
-            // A failed read is the end of the chain (see the module docs).
+            let io_errors = |t: &tarn_vdev::TopVdev| -> u64 {
+                t.leaves().iter().map(|l| l.counters.read_errors).sum()
+            };
+            let before = io_errors(&top);
+            // Bytes that do not verify are the end of the chain (see the
+            // module docs). A device that failed to read may have held the
+            // next block: that is not an end, and guessing would drop
+            // acknowledged writes.
             let Ok(b) = top.read(at.offset, at.psize as usize, &ok) else {
+                if io_errors(&top) > before && !self.opts.discard_log {
+                    for t in &all {
+                        t.set_self_heal(true);
+                    }
+                    return Err(PoolError::Faulted(format!(
+                        "cannot import '{}': block {seq} of its intent log could not be read \
+                         (device errors); it may hold acknowledged synchronous writes. Fix the \
+                         device, or import with --discard-log to keep only what precedes it",
+                        self.name
+                    )));
+                }
                 break;
             };
             let p = parse_block(&b);
