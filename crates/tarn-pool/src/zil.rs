@@ -550,16 +550,27 @@ impl Pool {
         }
         while let Some(top) = self.log_top(st, at.vdev) {
             let ok = |b: &[u8]| verify_block(b, self.guid, h.guid, seq);
-            let io_errors = |t: &tarn_vdev::TopVdev| -> u64 {
-                t.leaves().iter().map(|l| l.counters.read_errors).sum()
+            let errors = |t: &tarn_vdev::TopVdev| -> Vec<u64> {
+                t.leaves().iter().map(|l| l.counters.read_errors).collect()
             };
-            let before = io_errors(&top);
+            let before = errors(&top);
             // Bytes that do not verify are the end of the chain (see the
-            // module docs). A device that failed to read may have held the
-            // next block: that is not an end, and guessing would drop
+            // module docs). But if more devices failed to read (or are
+            // gone) than the vdev's redundancy covers, the next block may
+            // be there unseen: that is not an end, and guessing would drop
             // acknowledged writes.
             let Ok(b) = top.read(at.offset, at.psize as usize, &ok) else {
-                if io_errors(&top) > before && !self.opts.discard_log {
+                let after = errors(&top);
+                let unseen = top
+                    .leaves()
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, l)| {
+                        !matches!(l.state, tarn_vdev::LeafState::Online)
+                            || after.get(*i) > before.get(*i)
+                    })
+                    .count();
+                if unseen > top.redundancy() && !self.opts.discard_log {
                     for t in &all {
                         t.set_self_heal(true);
                     }
