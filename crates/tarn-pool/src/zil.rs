@@ -402,14 +402,25 @@ impl Pool {
         // whatever happens below.
         st.zil.next = Some((cur, seq));
         st.zil.used = true;
-        // Blocks written in place for this commit must be as durable as the
-        // log that references them: their vdevs are flushed too.
-        let mut touched: Vec<u32> = Vec::new();
+        // Blocks written in place for this commit reach stable storage
+        // before any log block that names them: a device may reorder
+        // unflushed writes, and a commit complete on disk (acknowledged or
+        // not) must never reference a block that is not there.
+        let mut data_vdevs: Vec<u32> = Vec::new();
         for d in refs.iter().flat_map(|bp| bp.used_dvas()) {
-            if !touched.contains(&d.vdev) {
-                touched.push(d.vdev);
+            if !data_vdevs.contains(&d.vdev) {
+                data_vdevs.push(d.vdev);
             }
         }
+        for v in &data_vdevs {
+            if let Some(t) = self.log_top(st, *v) {
+                if t.flush().is_err() {
+                    st.zil.broken = true;
+                    return Ok(LogCommit::Unavailable);
+                }
+            }
+        }
+        let mut touched: Vec<u32> = Vec::new();
         let mut failed = false;
         for (a, b) in &writes {
             let Some(top) = self.log_top(st, a.vdev) else {
