@@ -296,8 +296,9 @@ impl Txn<'_, '_, '_> {
             LogOp::Block(k, d) => self.write_block(k, d.as_ref().clone()),
             LogOp::BlockRef(k, bp) => {
                 // Written before the crash into room import claimed; read
-                // back through its checksum before anything refers to it.
-                let data = self.cx.read_block(bp).map_err(|e| {
+                // back through its checksum before anything refers to it,
+                // and made whole (a device may have missed the write).
+                let data = self.cx.read_block_repairing(bp).map_err(|e| {
                     DsError::Damaged(format!(
                         "intent log: the block written for key {k:02x?} does not read back: {e}"
                     ))

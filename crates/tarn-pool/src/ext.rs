@@ -219,6 +219,21 @@ impl Cx<'_, '_> {
         Ok(pipeline::read_block(&self.pool.tops, bp)?)
     }
 
+    /// Checks every copy and column of a block, repairs what differs, then
+    /// reads it. For blocks whose writes may have missed a device with no
+    /// record of it anywhere: written early for the intent log, the miss
+    /// was only in memory when the process died.
+    pub fn read_block_repairing(&self, bp: &BlockPtr) -> Result<Vec<u8>, PoolError> {
+        let s = pipeline::scrub_block(&self.pool.tops, bp);
+        if s.unrecoverable {
+            return Err(PoolError::Damaged(format!(
+                "{} has no copy that verifies",
+                pipeline::describe(bp)
+            )));
+        }
+        self.read_block(bp)
+    }
+
     /// Records damage for `status` (e.g. "tank/photos: file 7 at offset 0").
     pub fn report_damage(&mut self, what: String) {
         if self.st.ms.damaged.insert(what) {
