@@ -48,6 +48,11 @@
 //! block is the one exception, allocated by a sync and committed with it.
 //! Claiming accepts space that is already allocated only when it is the
 //! header's block or was claimed before (a crash between import and replay).
+//! A commit's log blocks and its in-place blocks share one flush, and a
+//! device may keep the one and lose the other; since every commit is
+//! flushed before the next starts, only the *last* complete commit can be
+//! in that state, and then it was never acknowledged: import drops it when
+//! a block it references does not verify.
 //!
 //! **Failure never costs durability.** If a log write or flush fails, the
 //! chain is marked broken and the caller falls back to a txg commit, which
@@ -62,8 +67,8 @@
 //! on disk until the replay commits.
 
 use serde::{Deserialize, Serialize};
-use tarn_block::pipeline::Missed;
-use tarn_block::{BlockPtr, Dva};
+use tarn_block::pipeline::{self, Missed};
+use tarn_block::{BlockPtr, Dva, BLOCK_PTR_SIZE};
 
 use crate::pool::{new_guid, Pool, State};
 use crate::store::Allocator;
@@ -249,14 +254,11 @@ fn parse_block(b: &[u8]) -> Parsed {
 
 /// Serializes one commit: the blocks it references, then its records.
 fn encode_commit(records: &[Vec<u8>], refs: &[BlockPtr]) -> Vec<u8> {
-    let dvas: Vec<&Dva> = refs.iter().flat_map(|bp| bp.used_dvas()).collect();
-    let len = 8 + dvas.len() * 16 + records.iter().map(|r| r.len() + 4).sum::<usize>();
+    let len = 8 + refs.len() * BLOCK_PTR_SIZE + records.iter().map(|r| r.len() + 4).sum::<usize>();
     let mut out = Vec::with_capacity(len);
-    out.extend_from_slice(&(dvas.len() as u32).to_le_bytes());
-    for d in dvas {
-        out.extend_from_slice(&d.vdev.to_le_bytes());
-        out.extend_from_slice(&d.asize.to_le_bytes());
-        out.extend_from_slice(&d.offset.to_le_bytes());
+    out.extend_from_slice(&(refs.len() as u32).to_le_bytes());
+    for bp in refs {
+        out.extend_from_slice(&bp.encode());
     }
     out.extend_from_slice(&(records.len() as u32).to_le_bytes());
     for r in records {
@@ -266,8 +268,8 @@ fn encode_commit(records: &[Vec<u8>], refs: &[BlockPtr]) -> Vec<u8> {
     out
 }
 
-/// A commit read back: the blocks to claim and the records.
-type Commit = (Vec<Dva>, Vec<Vec<u8>>);
+/// A commit read back: the blocks it references and its records.
+type Commit = (Vec<BlockPtr>, Vec<Vec<u8>>);
 
 fn decode_commit(b: &[u8]) -> Result<Commit, String> {
     let mut pos = 0usize;
@@ -279,14 +281,11 @@ fn decode_commit(b: &[u8]) -> Result<Commit, String> {
         Ok(s)
     };
     let n = u32::from_le_bytes(take(4)?.try_into().map_err(|_| "count")?) as usize;
-    let mut dvas = Vec::with_capacity(n.min(4096));
+    let mut refs = Vec::with_capacity(n.min(4096));
     for _ in 0..n {
-        let s = take(16)?;
-        dvas.push(Dva {
-            vdev: get_u32(s, 0),
-            asize: get_u32(s, 4),
-            offset: get_u64(s, 8),
-        });
+        let bp = BlockPtr::decode(take(BLOCK_PTR_SIZE)?)
+            .map_err(|e| format!("referenced block pointer: {e}"))?;
+        refs.push(bp);
     }
     let m = u32::from_le_bytes(take(4)?.try_into().map_err(|_| "count")?) as usize;
     let mut recs = Vec::with_capacity(m.min(4096));
@@ -294,7 +293,7 @@ fn decode_commit(b: &[u8]) -> Result<Commit, String> {
         let len = u32::from_le_bytes(take(4)?.try_into().map_err(|_| "length")?) as usize;
         recs.push(take(len)?.to_vec());
     }
-    Ok((dvas, recs))
+    Ok((refs, recs))
 }
 
 fn block_size_for(bytes: usize) -> u32 {
@@ -402,25 +401,14 @@ impl Pool {
         // whatever happens below.
         st.zil.next = Some((cur, seq));
         st.zil.used = true;
-        // Blocks written in place for this commit reach stable storage
-        // before any log block that names them: a device may reorder
-        // unflushed writes, and a commit complete on disk (acknowledged or
-        // not) must never reference a block that is not there.
-        let mut data_vdevs: Vec<u32> = Vec::new();
-        for d in refs.iter().flat_map(|bp| bp.used_dvas()) {
-            if !data_vdevs.contains(&d.vdev) {
-                data_vdevs.push(d.vdev);
-            }
-        }
-        for v in &data_vdevs {
-            if let Some(t) = self.log_top(st, *v) {
-                if t.flush().is_err() {
-                    st.zil.broken = true;
-                    return Ok(LogCommit::Unavailable);
-                }
-            }
-        }
+        // Blocks written in place for this commit are flushed with it (see
+        // `log_claim` for why one flush is enough).
         let mut touched: Vec<u32> = Vec::new();
+        for d in refs.iter().flat_map(|bp| bp.used_dvas()) {
+            if !touched.contains(&d.vdev) {
+                touched.push(d.vdev);
+            }
+        }
         let mut failed = false;
         for (a, b) in &writes {
             let Some(top) = self.log_top(st, a.vdev) else {
@@ -622,11 +610,24 @@ impl Pool {
             self.claim_dva(st, &a.dva())?;
         }
         st.zil.blocks = chain.into_iter().skip(1).collect();
+        // The last complete commit may never have been acknowledged: its
+        // blocks and the blocks written in place for it share one flush,
+        // and a device may have kept the log block but not the data. If a
+        // block it references is not there, it is not a commit anyone was
+        // told about. (Every earlier commit was flushed whole before the
+        // next began: a missing block there is damage, and replay says so.)
+        let last_whole = commits.last().is_none_or(|(refs, _)| {
+            refs.iter()
+                .all(|bp| !pipeline::scrub_block(&self.tops, bp).unrecoverable)
+        });
+        if !last_whole {
+            commits.pop();
+        }
         let mut records = Vec::new();
-        for (dvas, recs) in commits {
-            for d in dvas {
-                self.claim_dva(st, &d)?;
-                st.zil.claimed.push(d);
+        for (refs, recs) in commits {
+            for d in refs.iter().flat_map(|bp| bp.used_dvas()) {
+                self.claim_dva(st, d)?;
+                st.zil.claimed.push(*d);
             }
             records.extend(recs);
         }
@@ -711,16 +712,23 @@ mod tests {
     #[test]
     fn commits_round_trip_and_refuse_truncation() {
         let recs = vec![b"one".to_vec(), vec![], vec![5u8; 1000]];
-        let mut bp = BlockPtr::default();
-        bp.dvas[0] = Dva {
+        let mut dvas = [Dva::default(); 3];
+        dvas[0] = Dva {
             vdev: 1,
             asize: 4096,
             offset: 1 << 20,
         };
+        let bp = BlockPtr {
+            dvas,
+            lsize: 4096,
+            psize: 4096,
+            birth: 3,
+            ..Default::default()
+        };
         let s = encode_commit(&recs, &[bp]);
         let (d, r) = decode_commit(&s).expect("decodes");
         assert_eq!(r, recs);
-        assert_eq!(d, vec![bp.dvas[0]]);
+        assert_eq!(d, vec![bp]);
         for cut in 0..s.len() {
             assert!(decode_commit(&s[..cut]).is_err(), "truncated at {cut}");
         }
