@@ -516,7 +516,8 @@ impl DatasetHandle {
     }
 
     /// Makes every finished transaction of this dataset durable: through
-    /// the intent log when it can, else by committing the txg.
+    /// the intent log when it can, else by committing the txg. With
+    /// `sync=disabled` it returns at once (documented as unsafe).
     pub fn sync(&self) -> Result<(), DsError> {
         if self.snapshot {
             return Ok(());

@@ -253,9 +253,13 @@ fn collapse(ops: Vec<LogOp>) -> Vec<LogOp> {
 }
 
 /// Commits dataset `id`'s pending operations to the intent log. True when
-/// they are durable; false when the caller must commit the txg instead
-/// (the pending list is then left to that sync).
+/// they are durable, or when the dataset's `sync=disabled` says not to
+/// care; false when the caller must commit the txg instead (the pending
+/// list is then left to that sync).
 pub(crate) fn commit(dsl: &mut Dsl, cx: &mut Cx<'_, '_>, id: u64) -> Result<bool, DsError> {
+    if dsl.prop(id, "sync").0 == "disabled" {
+        return Ok(true);
+    }
     if dsl.unlogged.contains(&id) {
         return Ok(false);
     }

@@ -134,8 +134,8 @@ impl Backend for DatasetBackend {
             let mut s = TxnStore { t, info };
             f(&mut s)
         })?;
-        // sync=always: every change is durable before it is acknowledged
-        // (until the intent log exists, by committing its txg).
+        // sync=always: every change is durable (in the intent log) before
+        // it is acknowledged.
         if always {
             self.handle.sync()?;
         }
@@ -143,13 +143,7 @@ impl Backend for DatasetBackend {
     }
 
     fn sync(&self) -> Result<(), FsError> {
-        // sync=disabled: fsync returns at once (documented as unsafe).
-        let disabled = self
-            .handle
-            .txn::<_, DsError>(false, |t| Ok(t.prop("sync") == "disabled"))?;
-        if disabled {
-            return Ok(());
-        }
+        // sync=disabled is decided by the dataset layer in the same call.
         self.handle.sync().map_err(FsError::from)
     }
 

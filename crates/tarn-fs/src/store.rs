@@ -138,9 +138,9 @@ pub trait Backend: Send + Sync {
         write: bool,
         f: &mut dyn FnMut(&mut dyn Store) -> Result<R, crate::FsError>,
     ) -> Result<R, crate::FsError>;
-    /// Waits until every transaction that has returned is durable (the
-    /// txg holding it has committed). Used by fsync until the intent log
-    /// exists.
+    /// Waits until every transaction that has returned is durable (in the
+    /// intent log or a committed txg), unless the dataset says `sync=disabled`.
+    /// What fsync calls.
     fn sync(&self) -> Result<(), crate::FsError>;
     /// The dataset's snapshots, oldest first: (name, a backend to read it).
     /// Empty for a snapshot itself.

@@ -379,11 +379,6 @@ impl Cx<'_, '_> {
     pub fn log_discard(&self) -> bool {
         self.pool.opts.discard_log
     }
-
-    /// Intent log figures: (commits, bytes written) since import.
-    pub fn log_stats(&self) -> (u64, u64) {
-        (self.st.zil.commits, self.st.zil.bytes)
-    }
 }
 
 fn free_dvas(space: &mut [tarn_space::SpaceMap], dvas: &[Dva]) {

@@ -146,9 +146,6 @@ pub(crate) struct ZilState {
     pub missed: Vec<Missed>,
     /// Size of the block the next header starts with.
     pub size_hint: u32,
-    /// Commits and bytes written, for status and benchmarks.
-    pub commits: u64,
-    pub bytes: u64,
     /// Allocate no log blocks on log devices (one is being removed).
     pub no_log_dev: bool,
 }
@@ -446,8 +443,6 @@ impl Pool {
             st.zil.broken = true;
             return Ok(LogCommit::Unavailable);
         }
-        st.zil.commits += 1;
-        st.zil.bytes += writes.iter().map(|(a, _)| a.psize as u64).sum::<u64>();
         st.zil.size_hint = block_size_for(stream.len());
         Ok(LogCommit::Logged)
     }
