@@ -681,3 +681,33 @@ fn unlinked_open_file_stays_readable() {
     let e = File::create(f.path(&long)).unwrap_err();
     assert_eq!(errno_of(&e), libc::ENAMETOOLONG);
 }
+
+/// A write to a file opened `O_SYNC` or `O_DSYNC` returns only after the
+/// backend made it durable; a plain write does not wait.
+#[test]
+fn synchronous_writes_sync_before_returning() {
+    if skip("synchronous_writes_sync_before_returning") {
+        return;
+    }
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::sync::atomic::Ordering;
+    let f = common::mount_test_backend(&tarn_fuse::MountOptions::default(), false);
+    let syncs = || f.backend.syncs.load(Ordering::SeqCst);
+    let mut plain = File::create(f.path("plain")).expect("create");
+    let before = syncs();
+    plain.write_all(b"no wait").expect("write");
+    assert_eq!(syncs(), before, "a plain write is not synchronous");
+    for (name, flag) in [("o_sync", libc::O_SYNC), ("o_dsync", libc::O_DSYNC)] {
+        let mut file = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .custom_flags(flag)
+            .open(f.path(name))
+            .expect("open");
+        for i in 0..3u64 {
+            let before = syncs();
+            file.write_all(&pattern(i, 1000)).expect("write");
+            assert!(syncs() > before, "{name}: write {i} returned before a sync");
+        }
+    }
+}

@@ -111,6 +111,8 @@ use tarn_fs::{Backend, FsError, SpaceInfo, Store, StoreError, StoreInfo, Val};
 pub struct TestBackend {
     pub inner: Arc<MemBackend>,
     pub write_txns: AtomicU64,
+    /// Calls of `sync` (what fsync and synchronous writes ask for).
+    pub syncs: AtomicU64,
     /// Local inode number whose data reads are slow (0: none).
     pub slow_ino: AtomicU64,
     /// How slow, in milliseconds.
@@ -124,6 +126,7 @@ impl TestBackend {
         Arc::new(TestBackend {
             inner,
             write_txns: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
             slow_ino: AtomicU64::new(0),
             slow_ms: AtomicU64::new(0),
             real_clock: AtomicBool::new(false),
@@ -221,6 +224,7 @@ impl Backend for TestBackend {
         r
     }
     fn sync(&self) -> Result<(), FsError> {
+        self.syncs.fetch_add(1, Ordering::SeqCst);
         self.inner.sync()
     }
     fn snapshots(&self) -> Result<Vec<(String, Arc<Self>)>, FsError> {
