@@ -27,20 +27,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use common::process::Daemon;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+use common::seeded::{crash_settings, Rng};
 
 fn call(socket: &Path, method: &str, params: Value) -> Result<Value, String> {
     let mut s = UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))?;
@@ -155,20 +142,7 @@ fn scrub(socket: &Path) -> Value {
 
 #[test]
 fn sigkill_during_writes() {
-    let rounds: usize = std::env::var("TARN_CRASH_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(50);
-    let seed: u64 = std::env::var("TARN_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-                | 1
-        });
+    let (rounds, seed) = crash_settings(50);
     eprintln!("crash test: {rounds} rounds, replay with TARN_CRASH_SEED={seed}");
     let mut rng = Rng(seed);
 

@@ -25,20 +25,7 @@ use std::time::{Duration, Instant};
 
 use common::process::{files, Daemon};
 use common::require;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+use common::seeded::{crash_settings, Rng};
 
 /// What the writer knows about each file: every content it ever wrote
 /// (any of them may be on disk after a crash), and the content durable
@@ -122,19 +109,7 @@ fn sigkill_during_fsync_heavy_file_workload() {
     if !require::fuse() {
         return;
     }
-    let rounds: u64 = std::env::var("TARN_CRASH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
-    let seed: u64 = std::env::var("TARN_CRASH_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
+    let (rounds, seed) = crash_settings(100);
     eprintln!("crash_fs seed {seed} (replay: TARN_CRASH_SEED={seed})");
     let mut rng = Rng(seed | 1);
     let dir = tempfile::tempdir().unwrap();

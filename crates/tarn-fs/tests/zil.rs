@@ -49,9 +49,19 @@ fn create_pool(devs: &[PathBuf], kind: VdevKind) -> Arc<Pool> {
     pool
 }
 
+/// Imports "tank" from `dirs` (taking it over from the crashed owner),
+/// optionally discarding an intent log that cannot be read in full.
+fn try_import(dirs: &[&Path], discard_log: bool) -> Result<Arc<Pool>, tarn_pool::PoolError> {
+    let dirs: Vec<PathBuf> = dirs.iter().map(|d| d.to_path_buf()).collect();
+    let opts = PoolOptions {
+        discard_log,
+        ..opts()
+    };
+    Pool::import(&dirs, &[], "tank", None, true, opts)
+}
+
 fn import(dir: &Path) -> Arc<Pool> {
-    let pool = Pool::import(&[dir.to_path_buf()], &[], "tank", None, true, opts())
-        .expect("import after the crash");
+    let pool = try_import(&[dir], false).expect("import after the crash");
     tarn_dataset::attach(&pool).expect("attach replays the log");
     pool
 }
@@ -231,8 +241,7 @@ fn replay_is_idempotent_when_its_commit_fails() {
     pool.abandon();
 
     // Import, then fail every write: the replay cannot commit.
-    let pool =
-        Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, true, opts()).expect("import");
+    let pool = try_import(&[dir.path()], false).expect("import");
     for d in &devs {
         tarn_vdev::find_device(d)
             .expect("device is open")
@@ -293,6 +302,19 @@ fn written(v: &[tarn_pool::status::VdevStatus]) -> u64 {
     v.iter().map(|x| x.counters.write_bytes).sum()
 }
 
+fn add_log(
+    pool: &Pool,
+    kind: VdevKind,
+    devices: &[PathBuf],
+    force: bool,
+) -> Result<(), tarn_pool::PoolError> {
+    let spec = VdevSpec {
+        kind,
+        devices: devices.to_vec(),
+    };
+    pool.add_log(&spec, force)
+}
+
 fn log_file(dir: &Path, name: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::File::create(&p)
@@ -309,23 +331,9 @@ fn a_log_device_takes_the_log_and_replays_after_a_crash() {
     let pool = create_pool(&devs, VdevKind::Raidz { parity: 1 });
     let logdir = tempfile::tempdir().expect("tempdir");
     let slog = log_file(logdir.path(), "slog");
-    pool.add_log(
-        &VdevSpec {
-            kind: VdevKind::Single,
-            devices: vec![slog.clone()],
-        },
-        false,
-    )
-    .expect("add log");
+    add_log(&pool, VdevKind::Single, std::slice::from_ref(&slog), false).expect("add log");
     assert!(
-        pool.add_log(
-            &VdevSpec {
-                kind: VdevKind::Single,
-                devices: vec![devs[0].clone()],
-            },
-            true,
-        )
-        .is_err(),
+        add_log(&pool, VdevKind::Single, &devs[..1], true).is_err(),
         "a member cannot become its own pool's log"
     );
     let fs = dataset(&pool, "tank/vm", &[("recordsize", "64K")]);
@@ -359,15 +367,7 @@ fn a_log_device_takes_the_log_and_replays_after_a_crash() {
 
     // Without its log device the pool refuses to import (next test); the
     // device is found by its label wherever it lives.
-    let pool = Pool::import(
-        &[dir.path().to_path_buf(), logdir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        true,
-        opts(),
-    )
-    .expect("import with the log device");
+    let pool = try_import(&[dir.path(), logdir.path()], false).expect("import with the log device");
     tarn_dataset::attach(&pool).expect("attach replays the log");
     let fs = mount(&pool, "tank/vm");
     let mut got = content(&fs, "disk.img").expect("file exists");
@@ -386,14 +386,7 @@ fn a_missing_log_device_refuses_import_unless_discarded() {
     let devs = devices(dir.path(), 2);
     let pool = create_pool(&devs, VdevKind::Mirror);
     let slog = log_file(dir.path(), "slog");
-    pool.add_log(
-        &VdevSpec {
-            kind: VdevKind::Single,
-            devices: vec![slog.clone()],
-        },
-        false,
-    )
-    .expect("add log");
+    add_log(&pool, VdevKind::Single, std::slice::from_ref(&slog), false).expect("add log");
     let fs = dataset(&pool, "tank/fs", &[]);
     let f = new_file(&fs, "committed");
     write(&fs, f, 0, b"in a txg");
@@ -405,25 +398,14 @@ fn a_missing_log_device_refuses_import_unless_discarded() {
     pool.abandon();
     std::fs::remove_file(&slog).expect("lose the log device");
 
-    let err = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, true, opts())
-        .expect_err("import must refuse without the log device");
+    let err =
+        try_import(&[dir.path()], false).expect_err("import must refuse without the log device");
     let msg = err.to_string();
     assert!(
         msg.contains("log device") && msg.contains("slog") && msg.contains("--discard-log"),
         "the refusal names the device and the way out: {msg}"
     );
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        true,
-        PoolOptions {
-            discard_log: true,
-            ..opts()
-        },
-    )
-    .expect("import discarding the log");
+    let pool = try_import(&[dir.path()], true).expect("import discarding the log");
     tarn_dataset::attach(&pool).expect("attach");
     let fs = mount(&pool, "tank/fs");
     assert_eq!(content(&fs, "committed").as_deref(), Some(&b"in a txg"[..]));
@@ -436,14 +418,7 @@ fn removing_a_log_device_keeps_every_acknowledged_write() {
     let devs = devices(dir.path(), 1);
     let pool = create_pool(&devs, VdevKind::Single);
     let logs = [log_file(dir.path(), "la"), log_file(dir.path(), "lb")];
-    pool.add_log(
-        &VdevSpec {
-            kind: VdevKind::Mirror,
-            devices: logs.to_vec(),
-        },
-        false,
-    )
-    .expect("add mirrored log");
+    add_log(&pool, VdevKind::Mirror, &logs, false).expect("add mirrored log");
     let fs = dataset(&pool, "tank/fs", &[]);
     pool.sync().expect("sync");
     let f = new_file(&fs, "f");
@@ -543,14 +518,7 @@ fn an_unreadable_log_refuses_import_unless_discarded() {
     let devs = devices(dir.path(), 1);
     let pool = create_pool(&devs, VdevKind::Single);
     let slog = log_file(dir.path(), "slog");
-    pool.add_log(
-        &VdevSpec {
-            kind: VdevKind::Single,
-            devices: vec![slog.clone()],
-        },
-        false,
-    )
-    .expect("add log");
+    add_log(&pool, VdevKind::Single, std::slice::from_ref(&slog), false).expect("add log");
     let fs = dataset(&pool, "tank/fs", &[]);
     pool.sync().expect("sync");
     let f = new_file(&fs, "first");
@@ -577,24 +545,13 @@ fn an_unreadable_log_refuses_import_unless_discarded() {
             })
         })),
     );
-    let err = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, true, opts())
+    let err = try_import(&[dir.path()], false)
         .expect_err("an unreadable log block is not the end of the log");
     assert!(
         err.to_string().contains("intent log could not be read"),
         "{err}"
     );
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        true,
-        PoolOptions {
-            discard_log: true,
-            ..opts()
-        },
-    )
-    .expect("import discarding the log");
+    let pool = try_import(&[dir.path()], true).expect("import discarding the log");
     tarn_vdev::fault::set_open_hook(&slog, None);
     tarn_dataset::attach(&pool).expect("attach");
     let fs = mount(&pool, "tank/fs");

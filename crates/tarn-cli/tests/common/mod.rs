@@ -6,6 +6,7 @@
 pub mod clients;
 pub mod process;
 pub mod require;
+pub mod seeded;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
