@@ -17,8 +17,10 @@ use std::sync::Arc;
 
 use tarn_vdev::{Leaf, LeafState, PoolState};
 
-use crate::pool::{add_counters, conv_counters, lock_device, new_guid, Pool};
+use crate::pool::{new_guid, Pool};
+use crate::report::{add_counters, conv_counters};
 use crate::status::{Counters, IostatEntry};
+use crate::vdevs::lock_device;
 use crate::PoolError;
 
 impl Pool {

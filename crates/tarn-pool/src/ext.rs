@@ -29,8 +29,9 @@ use tarn_block::pipeline::{self, Missed, Prepared};
 use tarn_block::{BlockPtr, BlockType, ChecksumAlg, Compression, Dva};
 use tarn_tree::NodeStore;
 
-use crate::pool::{parallel_map, Pool, State};
+use crate::pool::{Pool, State};
 use crate::store::{Allocator, ReadStore};
+use crate::sync::parallel_map;
 use crate::PoolError;
 
 /// A key and its value.

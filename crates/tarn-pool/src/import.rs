@@ -18,10 +18,12 @@ use tarn_tree::Tree;
 use tarn_vdev::{LabelConfig, Leaf, LeafState, PoolState, TopHealth, TopVdev};
 
 use crate::config::{PoolOptions, PoolProps};
-use crate::pool::{decode_space_root, lock_device, MetaState, Pool, K_PROPS, K_STATE};
+use crate::pool::{MetaState, Pool, K_PROPS, K_STATE};
 use crate::status::{Health, ImportCandidate};
 use crate::store::{NodeCache, ReadStore};
+use crate::sync::decode_space_root;
 use crate::uberblock::Uberblock;
+use crate::vdevs::lock_device;
 use crate::PoolError;
 
 /// A device with a readable tarn label.
@@ -227,7 +229,7 @@ impl Pool {
             )));
         }
         let name = new_name.unwrap_or(&cfg.pool_name).to_string();
-        crate::pool::check_pool_name(&name)?;
+        crate::vdevs::check_pool_name(&name)?;
         let m = match_leaves(&cfg, &found);
         let mut locks = Vec::new();
         let mut tops = Vec::new();

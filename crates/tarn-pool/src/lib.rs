@@ -43,15 +43,21 @@ mod devices;
 pub mod ext;
 mod import;
 mod logdev;
+mod objects;
 mod pool;
+mod report;
 mod scan;
+mod space;
 mod store;
+mod sync;
+mod vdevs;
 mod zil;
 
 pub use config::{parse_size, PoolOptions, PoolProps, VdevSpec};
 pub use ext::{BlockOpts, Cx, ExtRef, Extension, Reservation, ScanFn, SyncCx};
 pub use import::discover;
-pub use pool::{ObjectInfo, Pool};
+pub use objects::ObjectInfo;
+pub use pool::Pool;
 pub use scan::{LeakReport, ScanAction};
 pub use zil::LogCommit;
 

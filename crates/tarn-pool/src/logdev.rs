@@ -28,7 +28,8 @@ use tarn_space::SpaceMap;
 use tarn_vdev::{TopHealth, TopVdev, VdevKind};
 
 use crate::config::VdevSpec;
-use crate::pool::{open_new_top, Pool, State};
+use crate::pool::{Pool, State};
+use crate::vdevs::open_new_top;
 use crate::PoolError;
 
 /// Vdev number of the first log device in log block addresses.

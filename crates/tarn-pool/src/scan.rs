@@ -32,9 +32,8 @@ use tarn_block::pipeline;
 use tarn_block::BlockPtr;
 
 use crate::ext::{ExtRef, ScanFn, P_EXT};
-use crate::pool::{
-    now_unix, ObjEntry, Pool, State, P_OBJDIR, P_RECORD, SCAN_CANCEL, SCAN_PAUSE, SCAN_RUN,
-};
+use crate::objects::{ObjEntry, P_OBJDIR, P_RECORD};
+use crate::pool::{now_unix, Pool, State, SCAN_CANCEL, SCAN_PAUSE, SCAN_RUN};
 use crate::status::{ScanKind, ScanState, ScanStatus};
 use crate::store::ReadStore;
 use crate::PoolError;

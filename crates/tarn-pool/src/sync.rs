@@ -1,0 +1,384 @@
+//! The txg sync: how the open txg becomes the committed one.
+//!
+//! [`Pool::sync_locked`] runs the steps in the order the crate docs justify
+//! (data, trees bottom-up, space maps, flush, uberblocks, flush), one
+//! function per step, under the pool lock. Nothing written before the second
+//! flush is referenced by a valid uberblock, so a crash at any point lands
+//! on the previous txg; frees are deferred so that txg stays intact.
+
+use tarn_block::pipeline::{self, Missed, Prepared};
+use tarn_block::{BlockPtr, BlockType, CompressAlg};
+use tarn_space::{SpaceMap, DEFER_TXGS};
+use tarn_vdev::LeafState;
+
+use crate::pool::{now_unix, Pool, State, K_STATE};
+use crate::store::{Allocator, ReadStore, TxStore};
+use crate::uberblock::Uberblock;
+use crate::PoolError;
+
+/// Magic of the space-root block.
+const SPACE_ROOT_MAGIC: &[u8; 4] = b"TSPR";
+
+/// Encodes every space map into one block (see docs/format.md).
+fn encode_space_root(space: &[SpaceMap], len: usize) -> Vec<u8> {
+    let mut b = Vec::with_capacity(len);
+    b.extend_from_slice(SPACE_ROOT_MAGIC);
+    b.extend_from_slice(&1u32.to_le_bytes());
+    b.extend_from_slice(&(space.len() as u32).to_le_bytes());
+    for m in space {
+        let e = m.encode();
+        b.extend_from_slice(&(e.len() as u32).to_le_bytes());
+        b.extend_from_slice(&e);
+    }
+    debug_assert!(b.len() <= len);
+    b.resize(len.max(b.len()), 0);
+    b
+}
+
+/// Decodes the space-root block; every length is checked.
+pub(crate) fn decode_space_root(b: &[u8], tops: usize) -> Result<Vec<SpaceMap>, PoolError> {
+    let bad = |w: &str| PoolError::Corrupt(format!("space root: {w}"));
+    if b.len() < 12 || &b[..4] != SPACE_ROOT_MAGIC {
+        return Err(bad("no magic"));
+    }
+    let n = u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize;
+    if n != tops {
+        return Err(bad(&format!("{n} space maps for {tops} top-level vdevs")));
+    }
+    let mut off = 12;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len_bytes = b.get(off..off + 4).ok_or_else(|| bad("truncated"))?;
+        let len =
+            u32::from_le_bytes([len_bytes[0], len_bytes[1], len_bytes[2], len_bytes[3]]) as usize;
+        off += 4;
+        let body = b.get(off..off + len).ok_or_else(|| bad("truncated map"))?;
+        out.push(SpaceMap::decode(body)?);
+        off += len;
+    }
+    Ok(out)
+}
+
+/// Runs `f` over `items` on up to `threads` scoped threads, keeping order.
+pub(crate) fn parallel_map<T: Sync, R: Send>(
+    items: &[T],
+    threads: usize,
+    f: impl Fn(&T) -> R + Sync,
+) -> Result<Vec<R>, PoolError> {
+    let threads = threads.clamp(1, items.len().max(1));
+    if threads == 1 {
+        return Ok(items.iter().map(&f).collect());
+    }
+    let chunk = items.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = items
+            .chunks(chunk)
+            .map(|c| s.spawn(|| c.iter().map(&f).collect::<Vec<R>>()))
+            .collect();
+        let mut out = Vec::with_capacity(items.len());
+        for h in handles {
+            match h.join() {
+                Ok(v) => out.extend(v),
+                Err(_) => return Err(PoolError::Internal("a sync worker thread panicked".into())),
+            }
+        }
+        Ok(out)
+    })
+}
+
+impl Pool {
+    pub(crate) fn has_changes(st: &State) -> bool {
+        // Deferred frees only come back after more txgs commit: keep syncing
+        // for DEFER_TXGS txgs after real frees (not for the space map's own
+        // block, which every sync replaces: an idle pool must stay idle).
+        !st.dirty.is_empty()
+            || Self::ext_has_changes(st)
+            || st.meta.is_dirty()
+            || st.ms_dirty
+            || !st.frees.is_empty()
+            || !st.zil.frees.is_empty()
+            || st.zil.wanted
+            || st.txg < st.last_free_txg + DEFER_TXGS
+    }
+
+    /// Commits the open txg now (if anything changed) and returns the last
+    /// committed txg.
+    pub fn sync(&self) -> Result<u64, PoolError> {
+        let mut st = self.lock();
+        self.check_usable(&st)?;
+        if Self::has_changes(&st) {
+            if let Err(e) = self.sync_locked(&mut st) {
+                self.set_fault(format!("txg sync failed: {e}"));
+                self.cv.notify_all();
+                return Err(e);
+            }
+        }
+        self.cv.notify_all();
+        Ok(st.txg)
+    }
+
+    /// The txg sync, in the order of the crate docs ("Sync of txg T"): each
+    /// step below is one function, and the order is the crash reasoning.
+    pub(crate) fn sync_locked(&self, st: &mut State) -> Result<u64, PoolError> {
+        let txg = st.txg + 1;
+        // Leaves that missed writes made early for the intent log.
+        let mut missed: Vec<Missed> = std::mem::take(&mut st.zil.missed);
+        // 1. The dataset layer: its data blocks and tree nodes, and its
+        // entries of the meta tree, which commits below.
+        self.sync_ext(st, &mut missed)?;
+        // 2. Raw objects' data blocks, into the room each record was given
+        // when it became dirty.
+        self.sync_objects(st, &mut missed)?;
+        // 3. The intent log chain this txg makes obsolete, the header of the
+        // next one, then the pool state record.
+        self.log_sync(st, txg)?;
+        self.sync_pool_state(st)?;
+        // 4. The meta tree, bottom-up; then every block this txg stopped
+        // referencing is freed (now, or deferred).
+        let meta_root = self.sync_meta_tree(st, txg, &mut missed)?;
+        // 5. The space maps, which must include their own new block.
+        let space_root = self.sync_space_maps(st, txg, &mut missed)?;
+        // 6. Flush, the uberblock on every leaf that has the whole txg, flush.
+        self.write_uberblocks(txg, meta_root, space_root, &missed)?;
+        // 7. Committed: only now may anything rely on txg `txg`.
+        self.sync_done(st, txg, space_root, missed);
+        Ok(txg)
+    }
+
+    /// Step 3b: the pool's own state record into the meta tree.
+    fn sync_pool_state(&self, st: &mut State) -> Result<(), PoolError> {
+        if !st.ms_dirty {
+            return Ok(());
+        }
+        let json = serde_json::to_vec(&st.ms).map_err(|e| PoolError::Internal(e.to_string()))?;
+        let State { meta, .. } = &mut *st;
+        meta.insert(
+            &ReadStore {
+                tops: &self.tops,
+                cache: &self.cache,
+            },
+            K_STATE,
+            &json,
+        )?;
+        st.ms_dirty = false;
+        Ok(())
+    }
+
+    /// Step 4: commits the meta tree (children before parents) and frees
+    /// everything the txg stopped referencing, including the previous
+    /// space-root block. Returns the new root.
+    fn sync_meta_tree(
+        &self,
+        st: &mut State,
+        txg: u64,
+        missed: &mut Vec<Missed>,
+    ) -> Result<BlockPtr, PoolError> {
+        let alg = st.props.checksum_alg();
+        let meta_copies = st.props.metadata_copies();
+        let State {
+            meta,
+            space,
+            rotor,
+            frees,
+            ..
+        } = &mut *st;
+        let mut tx = TxStore {
+            alloc: Allocator {
+                tops: &self.tops,
+                space,
+                rotor,
+                keep_contiguous: &[],
+            },
+            cache: &self.cache,
+            txg,
+            checksum: alg,
+            copies: meta_copies,
+            freed: Vec::new(),
+            missed: Vec::new(),
+        };
+        let meta_root = meta.commit(&mut tx)?;
+        missed.append(&mut tx.missed);
+        let mut all_frees = std::mem::take(frees);
+        all_frees.append(&mut tx.freed);
+        if !all_frees.is_empty() {
+            st.last_free_txg = txg;
+        }
+        if !st.space_root.is_hole() {
+            all_frees.push(st.space_root);
+        }
+        for bp in &all_frees {
+            for d in bp.used_dvas() {
+                let Some(m) = st.space.get_mut(d.vdev as usize) else {
+                    continue;
+                };
+                let r = if bp.birth >= txg {
+                    m.free_now(d.offset, d.asize as u64)
+                } else {
+                    m.free_deferred(d.offset, d.asize as u64, txg)
+                };
+                // A bad free means the accounting is wrong: stop rather than
+                // risk handing out space that is still in use.
+                r.map_err(|e| {
+                    PoolError::Internal(format!(
+                        "space accounting: {}: {e}",
+                        pipeline::describe(bp)
+                    ))
+                })?;
+            }
+        }
+        Ok(meta_root)
+    }
+
+    /// Step 5: allocates the space-root block first, then encodes every map
+    /// (so the encoding includes its own allocation), then writes it.
+    fn sync_space_maps(
+        &self,
+        st: &mut State,
+        txg: u64,
+        missed: &mut Vec<Missed>,
+    ) -> Result<BlockPtr, PoolError> {
+        let alg = st.props.checksum_alg();
+        let meta_copies = st.props.metadata_copies();
+        let bound = 12
+            + st.space
+                .iter()
+                .map(|m| 4 + m.encoded_len_bound(meta_copies + 1))
+                .sum::<usize>();
+        let bound = bound.next_multiple_of(512);
+        let dvas = Allocator {
+            tops: &self.tops,
+            space: &mut st.space,
+            rotor: &mut st.rotor,
+            keep_contiguous: &[],
+        }
+        .alloc(bound as u64, meta_copies)?;
+        let body = encode_space_root(&st.space, bound);
+        let p = Prepared {
+            checksum: tarn_block::checksum(alg, &body),
+            lsize: body.len() as u32,
+            compress: CompressAlg::Off,
+            checksum_alg: alg,
+            stored: body,
+        };
+        missed.extend(pipeline::write_copies(&self.tops, &dvas, &p.stored)?);
+        Ok(pipeline::make_ptr(&p, &dvas, txg, BlockType::SpaceMap, 0))
+    }
+
+    /// Step 6: flush, uberblock `txg` into every leaf that received every
+    /// write of the txg (see docs/format.md), flush.
+    fn write_uberblocks(
+        &self,
+        txg: u64,
+        meta_root: BlockPtr,
+        space_root: BlockPtr,
+        missed: &[Missed],
+    ) -> Result<(), PoolError> {
+        for t in &self.tops {
+            t.flush()?;
+        }
+        // Every leaf that missed a write is named in the uberblock too, for
+        // the case where it gets the uberblock anyway (below).
+        let mut missed_guids: Vec<u64> = missed
+            .iter()
+            .filter_map(|m| {
+                self.tops
+                    .get(m.vdev as usize)
+                    .and_then(|t| t.leaves().into_iter().nth(m.child))
+                    .map(|l| l.guid)
+            })
+            .collect();
+        missed_guids.sort_unstable();
+        missed_guids.dedup();
+        let ub = Uberblock {
+            txg,
+            pool_guid: self.guid,
+            timestamp: now_unix(),
+            meta_root,
+            space_root,
+            missed_overflow: missed_guids.len() > crate::uberblock::MISSED_LISTED_MAX,
+            missed: missed_guids,
+        }
+        .encode();
+        let slot = (txg % tarn_vdev::uberblock_slots(self.ashift) as u64) as usize;
+        // A leaf's newest uberblock says "I hold everything up to here": a
+        // leaf that missed a write of this txg does not get this one, so
+        // import can tell what it missed even if the dirty time log of this
+        // txg never reaches disk.
+        let mut ub_written = 0;
+        for (ti, t) in self.tops.iter().enumerate() {
+            let leaves = t.leaves();
+            let missed_here = |ci: usize| {
+                missed
+                    .iter()
+                    .any(|m| m.vdev as usize == ti && m.child == ci)
+            };
+            // Hold the uberblock back only while another leaf of this vdev
+            // got everything; otherwise the dirty time log committed with
+            // the next txg is what records the misses.
+            let some_complete = leaves
+                .iter()
+                .enumerate()
+                .any(|(ci, l)| matches!(l.state, LeafState::Online) && !missed_here(ci));
+            for (ci, info) in leaves.into_iter().enumerate() {
+                if !matches!(info.state, LeafState::Online) || (some_complete && missed_here(ci)) {
+                    continue;
+                }
+                if let Some(leaf) = t.leaf(ci) {
+                    if tarn_vdev::write_uberblock(leaf.as_ref(), self.ashift, slot, &ub).is_ok() {
+                        ub_written += 1;
+                    }
+                }
+            }
+        }
+        if ub_written == 0 {
+            return Err(PoolError::Faulted(format!(
+                "txg {txg}: no device accepted the uberblock"
+            )));
+        }
+        for t in &self.tops {
+            t.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Step 7: the txg is durable. Deferred frees that are old enough come
+    /// back, leaves that missed writes get a dirty time log entry (committed
+    /// with the next txg), caches drop clean nodes, the extension is told.
+    fn sync_done(&self, st: &mut State, txg: u64, space_root: BlockPtr, missed: Vec<Missed>) {
+        st.txg = txg;
+        st.space_root = space_root;
+        st.last_sync_unix = now_unix();
+        self.release_frees(st);
+        for m in missed {
+            if let Some(info) = self
+                .tops
+                .get(m.vdev as usize)
+                .and_then(|t| t.leaves().into_iter().nth(m.child))
+            {
+                let e = st.ms.dtl.entry(info.guid).or_insert((txg, txg));
+                e.0 = e.0.min(txg);
+                e.1 = e.1.max(txg);
+                st.ms_dirty = true;
+            }
+        }
+        st.meta.evict_clean();
+        self.ext_committed(st);
+    }
+
+    /// Returns deferred frees to the allocator once `DEFER_TXGS` newer txgs
+    /// are durable and no reader holds a txg that still references them.
+    pub(crate) fn release_frees(&self, st: &mut State) {
+        // release_deferred(S) returns frees of txgs <= S - DEFER_TXGS; a hold
+        // on txg H allows releasing frees of txgs <= H only.
+        let mut upto = st.txg;
+        if let Some(h) = self.holds.oldest() {
+            upto = upto.min(h + DEFER_TXGS);
+        }
+        for m in &mut st.space {
+            m.release_deferred(upto);
+        }
+        for l in &mut st.logs {
+            l.space.release_deferred(upto);
+        }
+    }
+}
