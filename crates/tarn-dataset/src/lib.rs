@@ -21,24 +21,13 @@
 //! never ran. Blocks it stops referencing ("kills") are only queued, and
 //! handed on when it succeeds.
 //!
-//! **Birth-time rule.** A killed block born after the dataset's newest
-//! snapshot (`prev_snap_txg`) is referenced by nobody else and is freed at
-//! once. An older one is still referenced by that snapshot: it goes on the
-//! dataset's *deadlist*. A snapshot taken in txg T captures the tree as
-//! committed at the end of T and takes over the head's deadlist; the head
-//! starts a new one. Destroying snapshot S frees, from the deadlist of the
-//! dataset after it ("next"), exactly the blocks born after S's own previous
-//! snapshot (nobody else references them), and moves S's deadlist into
-//! next's. Deadlist entries are bucketed by the snapshot interval of their
-//! birth, so these questions are range sums over small per-bucket
-//! summaries, which also make every snapshot's `used` exact.
+//! **Birth-time rule and deadlists** (`deadlist`): a block a dataset stops
+//! referencing is freed at once when no snapshot can reference it, else it
+//! goes on the dataset's deadlist; destroying a snapshot frees what only it
+//! held.
 //!
-//! **Accounting.** Per dataset: `referenced` (every block the tree
-//! reaches), `unique` (blocks born after `prev_snap_txg`: what destroying
-//! the head would free) and the deadlist summaries. Tree nodes count like
-//! data. Snapshots record `written`, the head's unique space when they
-//! were taken. Everything is in allocated bytes (parity and copies
-//! included), like ZFS; `compressratio` uses logical and physical sizes.
+//! **Accounting** (`accounting`): `referenced`, `unique` and deadlist
+//! summaries per dataset make every figure `list` shows a range sum.
 //!
 //! **Crash reasoning.** All of it lives in the meta tree and the dataset
 //! trees and commits in one txg with the uberblock, so a crash lands on a
@@ -46,13 +35,20 @@
 
 #![warn(missing_docs)]
 
+mod accounting;
+mod config;
+mod deadlist;
+mod destroy;
 mod dsl;
+mod ops;
 pub mod props;
+mod record;
+mod sync;
 mod txn;
 mod zil;
 
-pub use dsl::{DatasetInfo, DatasetKind, Sums};
 pub use props::{PropValue, Source};
+pub use record::{DatasetInfo, DatasetKind, Sums};
 pub use txn::{DatasetHandle, Txn, Value};
 pub use zil::IMMEDIATE_BYTES;
 
@@ -105,7 +101,8 @@ impl From<tarn_block::BlockError> for DsError {
     }
 }
 
-pub use dsl::{
-    attach, blocks, clone, config_delete, config_list, config_put, create, deflated, destroy,
-    get_props, inherit, list, open, promote, rename, rollback, set_prop, snapshot,
-};
+pub use config::{config_delete, config_list, config_put};
+pub use destroy::destroy;
+pub use dsl::{attach, blocks, deflated, list, open};
+pub use ops::{clone, create, promote, rename, rollback, snapshot};
+pub use props::{get_props, inherit, set_prop};

@@ -1,4 +1,5 @@
-//! Dataset properties: names, validation, defaults and inheritance.
+//! Dataset properties: names, validation, defaults and inheritance, and the
+//! `get`/`set`/`inherit` operations on them.
 //!
 //! Settable properties are stored per dataset only where set ("local");
 //! a dataset without a local value takes its parent's, up to the pool's
@@ -7,7 +8,10 @@
 
 use serde::{Deserialize, Serialize};
 use tarn_block::{ChecksumAlg, Compression};
+use tarn_pool::{BlockOpts, Pool};
 
+use crate::dsl::{with, Dsl};
+use crate::record::DatasetKind;
 use crate::DsError;
 
 /// Where a property's value comes from.
@@ -178,6 +182,156 @@ pub fn human_bytes(n: u64) -> String {
     } else {
         format!("{v:.0}{}", UNITS[u])
     }
+}
+
+impl Dsl {
+    /// Resolved value and source of a settable property.
+    pub(crate) fn prop(&self, id: u64, name: &str) -> (String, Source) {
+        let mut cur = self.recs.get(&id);
+        let mut first = true;
+        while let Some(r) = cur {
+            if let Some(v) = r.props.get(name) {
+                let src = if first {
+                    Source::Local
+                } else {
+                    Source::Inherited(r.name.clone())
+                };
+                if name == "mountpoint" && !first && v.starts_with('/') {
+                    // An inherited mountpoint extends by the relative name.
+                    let rel = self
+                        .recs
+                        .get(&id)
+                        .map(|me| {
+                            let base = me.name.split('@').next().unwrap_or(&me.name);
+                            base.strip_prefix(&r.name).unwrap_or("").to_string()
+                        })
+                        .unwrap_or_default();
+                    let v = format!("{}{}", v.trim_end_matches('/'), rel);
+                    return (v, src);
+                }
+                return (v.clone(), src);
+            }
+            first = false;
+            let up = if r.is_snapshot() { r.head } else { r.parent };
+            cur = up.and_then(|p| self.recs.get(&p));
+        }
+        (default_of(name).unwrap_or("").to_string(), Source::Default)
+    }
+
+    pub(crate) fn prop_bool(&self, id: u64, name: &str) -> bool {
+        self.prop(id, name).0 == "on"
+    }
+
+    pub(crate) fn prop_u64(&self, id: u64, name: &str) -> Option<u64> {
+        self.prop(id, name).0.parse().ok()
+    }
+
+    pub(crate) fn block_opts(&self, id: u64) -> BlockOpts {
+        BlockOpts {
+            compression: Compression::parse(&self.prop(id, "compression").0)
+                .unwrap_or(Compression::Lz4),
+            checksum: ChecksumAlg::parse(&self.prop(id, "checksum").0)
+                .unwrap_or(ChecksumAlg::Blake3),
+            copies: self.prop_u64(id, "copies").unwrap_or(1).clamp(1, 3) as u8,
+        }
+    }
+}
+
+/// Property values of a dataset (all of them when `names` is empty).
+pub fn get_props(pool: &Pool, name: &str, names: &[String]) -> Result<Vec<PropValue>, DsError> {
+    with(pool, false, false, |dsl, cx| {
+        let id = dsl.id_of(name)?;
+        let info = dsl
+            .info(cx, id)
+            .ok_or_else(|| DsError::NotFound(name.to_string()))?;
+        let wanted: Vec<String> = if names.is_empty() {
+            COMPUTED
+                .iter()
+                .map(|s| s.to_string())
+                .chain(SETTABLE.iter().map(|(n, _)| n.to_string()))
+                .collect()
+        } else {
+            names.to_vec()
+        };
+        let mut out = Vec::new();
+        for p in wanted {
+            let computed = |v: String| (v, Source::None);
+            let (value, source) = match p.as_str() {
+                "type" => computed(
+                    match info.kind {
+                        DatasetKind::Filesystem => "filesystem",
+                        DatasetKind::Snapshot => "snapshot",
+                    }
+                    .into(),
+                ),
+                "creation" => computed(info.creation_unix.to_string()),
+                "used" => computed(info.used.to_string()),
+                "available" => computed(info.available.map_or("-".into(), |a| a.to_string())),
+                "referenced" => computed(info.referenced.to_string()),
+                "compressratio" => computed(format!("{:.2}x", info.compressratio)),
+                "logicalused" => computed(info.logicalused.to_string()),
+                "logicalreferenced" => computed(info.logicalreferenced.to_string()),
+                "usedbydataset" => computed(info.usedbydataset.to_string()),
+                "usedbysnapshots" => computed(info.usedbysnapshots.to_string()),
+                "usedbychildren" => computed(info.usedbychildren.to_string()),
+                "written" => computed(info.written.to_string()),
+                "origin" => computed(info.origin.clone().unwrap_or_else(|| "-".into())),
+                "guid" => computed(info.guid.to_string()),
+                other if default_of(other).is_some() => dsl.prop(id, other),
+                other => {
+                    return Err(DsError::Invalid(format!("unknown property '{other}'")));
+                }
+            };
+            out.push(PropValue {
+                dataset: name.to_string(),
+                property: p,
+                value,
+                source,
+            });
+        }
+        Ok(out)
+    })
+}
+
+/// Sets a property on a filesystem.
+pub fn set_prop(pool: &Pool, name: &str, prop: &str, value: &str) -> Result<(), DsError> {
+    let v = validate(prop, value)?;
+    with(pool, true, false, |dsl, _cx| {
+        let id = dsl.id_of(name)?;
+        let r = dsl
+            .recs
+            .get_mut(&id)
+            .ok_or_else(|| DsError::NotFound(name.to_string()))?;
+        if r.is_snapshot() {
+            return Err(DsError::Invalid(format!(
+                "'{name}' is a snapshot: its properties come from its filesystem"
+            )));
+        }
+        r.props.insert(prop.to_string(), v);
+        dsl.dirty_recs.insert(id);
+        Ok(())
+    })?;
+    pool.sync()?;
+    Ok(())
+}
+
+/// Removes a local property value so the inherited one applies.
+pub fn inherit(pool: &Pool, name: &str, prop: &str) -> Result<(), DsError> {
+    if default_of(prop).is_none() {
+        return Err(DsError::Invalid(format!(
+            "'{prop}' is not an inheritable property"
+        )));
+    }
+    with(pool, true, false, |dsl, _cx| {
+        let id = dsl.id_of(name)?;
+        if let Some(r) = dsl.recs.get_mut(&id) {
+            r.props.remove(prop);
+        }
+        dsl.dirty_recs.insert(id);
+        Ok(())
+    })?;
+    pool.sync()?;
+    Ok(())
 }
 
 #[cfg(test)]

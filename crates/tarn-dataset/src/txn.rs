@@ -12,7 +12,8 @@ use std::sync::Arc;
 use tarn_block::BlockPtr;
 use tarn_pool::{Cx, Pool};
 
-use crate::dsl::{with_dsl, Dsl, StagedBlock, TAG_BLOCK, TAG_PLAIN, TAG_STAGED};
+use crate::dsl::{with_dsl, Dsl, StagedBlock};
+use crate::record::{TAG_BLOCK, TAG_PLAIN, TAG_STAGED};
 use crate::zil::LogOp;
 use crate::DsError;
 use tarn_pool::Reservation;

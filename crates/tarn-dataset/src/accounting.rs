@@ -1,0 +1,225 @@
+//! Space accounting: `used`, `referenced`, `available`, quotas and
+//! reservations, and the `list` view of a dataset.
+//!
+//! # Theory
+//!
+//! **Accounting.** Per dataset: `referenced` (every block the tree
+//! reaches), `unique` (blocks born after `prev_snap_txg`: what destroying
+//! the head would free) and the deadlist summaries. Tree nodes count like
+//! data. Snapshots record `written`, the head's unique space when they
+//! were taken. Everything is in allocated bytes (parity and copies
+//! included), like ZFS; `compressratio` uses logical and physical sizes.
+
+use tarn_pool::Cx;
+
+use crate::dsl::Dsl;
+use crate::props;
+use crate::record::{DatasetInfo, DsRec, Sums, DEFLATE_BLOCK};
+use crate::DsError;
+
+impl Dsl {
+    pub(crate) fn snapshots_of(&self, head: u64) -> Vec<u64> {
+        let mut v: Vec<&DsRec> = self
+            .recs
+            .values()
+            .filter(|r| r.head == Some(head))
+            .collect();
+        v.sort_by_key(|r| (r.created_txg, r.id));
+        v.into_iter().map(|r| r.id).collect()
+    }
+
+    pub(crate) fn children_of(&self, id: u64) -> Vec<u64> {
+        self.recs
+            .values()
+            .filter(|r| r.parent == Some(id) && !r.is_snapshot())
+            .map(|r| r.id)
+            .collect()
+    }
+
+    /// (by dataset, by snapshots, by children) of a filesystem.
+    pub(crate) fn used_parts(&self, id: u64) -> (Sums, Sums, Sums) {
+        let Some(r) = self.recs.get(&id) else {
+            return Default::default();
+        };
+        let from = self.origin_txg(id);
+        let mut snaps = self.dead_from(id, from);
+        for s in self.snapshots_of(id) {
+            snaps.add(self.dead_from(s, from));
+        }
+        let mut children = Sums::default();
+        for c in self.children_of(id) {
+            let u = self.used(c);
+            let res = self.inflate(self.prop_u64(c, "reservation").unwrap_or(0));
+            children.add(Sums {
+                asize: u.asize.max(res),
+                ..u
+            });
+        }
+        (r.unique, snaps, children)
+    }
+
+    pub(crate) fn used(&self, id: u64) -> Sums {
+        match self.recs.get(&id) {
+            Some(r) if r.is_snapshot() => self.snap_used(id),
+            Some(_) => {
+                let (a, b, c) = self.used_parts(id);
+                a.plus(b).plus(c)
+            }
+            None => Sums::default(),
+        }
+    }
+
+    pub(crate) fn ancestors_and_self(&self, id: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut cur = Some(id);
+        while let Some(c) = cur {
+            out.push(c);
+            cur = self.recs.get(&c).and_then(|r| r.parent);
+        }
+        out
+    }
+
+    /// Bytes charged in the open txg to `id` and its descendants.
+    pub(crate) fn pending(&self, id: u64) -> u64 {
+        self.live
+            .iter()
+            .filter(|(l, _)| self.ancestors_and_self(**l).contains(&id))
+            .map(|(_, l)| l.staged_asize)
+            .sum()
+    }
+
+    /// Allocated bytes in the space a user counts: raidz parity and padding
+    /// taken out at the ratio of a 128 KiB block, as `zfs list` does, so a
+    /// 1 GiB file shows as about 1G used and quotas mean what they say.
+    pub(crate) fn deflate(&self, raw: u64) -> u64 {
+        let per = self.alloc_per_block.max(1);
+        ((raw as u128 * DEFLATE_BLOCK as u128) / per as u128) as u64
+    }
+
+    /// The inverse of [`Dsl::deflate`], rounded up.
+    pub(crate) fn inflate(&self, user: u64) -> u64 {
+        let per = self.alloc_per_block.max(1);
+        (user as u128 * per as u128).div_ceil(DEFLATE_BLOCK as u128) as u64
+    }
+
+    /// Unused part of a dataset's reservation, in user bytes.
+    pub(crate) fn unused_reservation(&self, d: u64) -> u64 {
+        self.prop_u64(d, "reservation")
+            .unwrap_or(0)
+            .saturating_sub(self.deflate(self.used(d).asize))
+    }
+
+    /// Room in the pool for `id` in user bytes: the pool's writable space
+    /// less what other datasets hold reserved and have not used.
+    pub(crate) fn pool_room(&self, cx: &Cx<'_, '_>, id: u64) -> u64 {
+        let rs = self.prop_u64(id, "recordsize").unwrap_or(128 * 1024);
+        let pool = self.deflate(cx.writable(rs));
+        let all: u64 = self
+            .recs
+            .values()
+            .filter(|r| !r.is_snapshot())
+            .map(|r| self.unused_reservation(r.id))
+            .sum();
+        let own: u64 = self
+            .ancestors_and_self(id)
+            .iter()
+            .map(|d| self.unused_reservation(*d))
+            .sum();
+        pool.saturating_sub(all.saturating_sub(own))
+    }
+
+    /// What `id` may still write (user bytes): its room in the pool, capped
+    /// by every quota above it.
+    pub(crate) fn available(&self, cx: &Cx<'_, '_>, id: u64) -> u64 {
+        let mut avail = self.pool_room(cx, id);
+        for a in self.ancestors_and_self(id) {
+            if let Some(q) = self.prop_u64(a, "quota") {
+                let used = self.deflate(self.used(a).asize + self.pending(a));
+                avail = avail.min(q.saturating_sub(used));
+            }
+        }
+        avail
+    }
+
+    /// Checks that `cost` more allocated bytes may be written to `id`.
+    pub(crate) fn check_room(&self, cx: &Cx<'_, '_>, id: u64, cost: u64) -> Result<(), DsError> {
+        let name = self
+            .recs
+            .get(&id)
+            .map(|r| r.name.clone())
+            .unwrap_or_default();
+        let user_cost = self.deflate(cost).max(1);
+        for a in self.ancestors_and_self(id) {
+            if let Some(q) = self.prop_u64(a, "quota") {
+                let used = self.deflate(self.used(a).asize + self.pending(a));
+                if used.saturating_add(user_cost) > q {
+                    let an = self
+                        .recs
+                        .get(&a)
+                        .map(|r| r.name.clone())
+                        .unwrap_or_default();
+                    return Err(DsError::Quota(format!(
+                        "dataset '{an}' is at its quota of {}",
+                        props::human_bytes(q)
+                    )));
+                }
+            }
+        }
+        if self.pool_room(cx, id) < user_cost {
+            return Err(DsError::NoSpace(format!(
+                "no room in pool '{}' for dataset '{name}'",
+                self.pool_name
+            )));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn info(&self, cx: &Cx<'_, '_>, id: u64) -> Option<DatasetInfo> {
+        let r = self.recs.get(&id)?;
+        let snapshot = r.is_snapshot();
+        let (by_ds, by_snaps, by_children) = if snapshot {
+            (Sums::default(), Sums::default(), Sums::default())
+        } else {
+            self.used_parts(id)
+        };
+        let used = self.used(id);
+        let mountpoint = if snapshot {
+            None
+        } else {
+            Some(self.prop(id, "mountpoint").0)
+        };
+        Some(DatasetInfo {
+            name: r.name.clone(),
+            kind: r.kind,
+            guid: r.guid,
+            creation_unix: r.created_unix,
+            used: self.deflate(used.asize),
+            available: if snapshot {
+                None
+            } else {
+                Some(self.available(cx, id))
+            },
+            referenced: self.deflate(r.referenced.asize),
+            logicalused: if snapshot {
+                used.lsize
+            } else {
+                by_ds.lsize + by_snaps.lsize + by_children.lsize
+            },
+            logicalreferenced: r.referenced.lsize,
+            compressratio: if r.referenced.psize == 0 {
+                1.0
+            } else {
+                ((r.referenced.lsize as f64 / r.referenced.psize as f64) * 100.0).round() / 100.0
+            },
+            usedbydataset: self.deflate(by_ds.asize),
+            usedbysnapshots: self.deflate(by_snaps.asize),
+            usedbychildren: self.deflate(by_children.asize),
+            written: self.deflate(r.unique.asize),
+            origin: r
+                .origin
+                .and_then(|o| self.recs.get(&o))
+                .map(|o| o.name.clone()),
+            mountpoint,
+        })
+    }
+}

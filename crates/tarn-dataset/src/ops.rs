@@ -1,0 +1,467 @@
+//! Operations on datasets: create, snapshot, clone, promote, rollback,
+//! rename. Each checks every user error before its first change; a failure
+//! after that faults the pool (`applied`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
+
+use tarn_block::BlockPtr;
+use tarn_pool::{Cx, Pool};
+
+use crate::dsl::with;
+use crate::props;
+use crate::record::{
+    check_fs_name, check_snap_part, dead_key, dead_prefix, encode_ptr_hex, new_guid, now_unix,
+    parent_name, DatasetKind, DsRec, Sums,
+};
+use crate::DsError;
+
+/// Creates filesystem `name` (with `parents`, its missing ancestors too).
+pub fn create(
+    pool: &Pool,
+    name: &str,
+    props: &BTreeMap<String, String>,
+    parents: bool,
+) -> Result<(), DsError> {
+    check_fs_name(pool.name(), name)?;
+    let mut local = BTreeMap::new();
+    for (k, v) in props {
+        local.insert(k.clone(), props::validate(k, v)?);
+    }
+    with(pool, true, false, |dsl, cx| {
+        if dsl.names.contains_key(name) {
+            return Err(DsError::Exists(format!("dataset '{name}' already exists")));
+        }
+        let mut missing = Vec::new();
+        let mut cur = parent_name(name);
+        while let Some(p) = cur {
+            if dsl.names.contains_key(p) {
+                break;
+            }
+            missing.push(p.to_string());
+            cur = parent_name(p);
+        }
+        if !missing.is_empty() && !parents {
+            return Err(DsError::NotFound(format!(
+                "parent '{}' does not exist; create it first or use -p",
+                missing[0]
+            )));
+        }
+        let txg = cx.txg();
+        for n in missing
+            .iter()
+            .rev()
+            .chain(std::iter::once(&name.to_string()))
+        {
+            let parent = parent_name(n).and_then(|p| dsl.names.get(p).copied());
+            let mut rec = dsl.new_fs(n, parent, txg);
+            if n == name {
+                rec.props = local.clone();
+            }
+            dsl.recs.insert(rec.id, rec);
+        }
+        Ok(())
+    })?;
+    pool.sync()?;
+    Ok(())
+}
+
+/// Takes snapshots (`fs@name`), all in one txg; with `recursive`, of every
+/// descendant filesystem too, under the same snapshot name.
+pub fn snapshot(pool: &Pool, names: &[String], recursive: bool) -> Result<(), DsError> {
+    with(pool, true, false, |dsl, cx| {
+        let mut todo: Vec<(u64, String)> = Vec::new();
+        for full in names {
+            let Some((fs, snap)) = full.split_once('@') else {
+                return Err(DsError::Invalid(format!(
+                    "'{full}' is not a snapshot name (fs@name)"
+                )));
+            };
+            check_snap_part(full, snap)?;
+            let id = dsl.id_of(fs)?;
+            if dsl.recs.get(&id).is_some_and(|r| r.is_snapshot()) {
+                return Err(DsError::Invalid(format!("'{fs}' is a snapshot")));
+            }
+            todo.push((id, full.clone()));
+            if recursive {
+                let prefix = format!("{fs}/");
+                for r in dsl.recs.values() {
+                    if !r.is_snapshot() && r.name.starts_with(&prefix) {
+                        todo.push((r.id, format!("{}@{snap}", r.name)));
+                    }
+                }
+            }
+        }
+        let mut seen = BTreeSet::new();
+        for (_, n) in &todo {
+            if dsl.names.contains_key(n) || !seen.insert(n.clone()) {
+                return Err(DsError::Exists(format!("snapshot '{n}' already exists")));
+            }
+        }
+        let txg = cx.txg();
+        for (head, n) in todo {
+            let id = dsl.alloc_id();
+            let h = dsl.rec(head)?.clone();
+            dsl.names.insert(n.clone(), id);
+            dsl.recs.insert(
+                id,
+                DsRec {
+                    id,
+                    guid: new_guid(id),
+                    name: n,
+                    kind: DatasetKind::Snapshot,
+                    parent: None,
+                    head: Some(head),
+                    root: encode_ptr_hex(&BlockPtr::default()),
+                    created_txg: txg,
+                    created_unix: now_unix(),
+                    prev_snap: h.prev_snap,
+                    prev_snap_txg: h.prev_snap_txg,
+                    origin: None,
+                    clones: Vec::new(),
+                    props: BTreeMap::new(),
+                    referenced: Sums::default(),
+                    unique: Sums::default(),
+                    deadlist: 0,
+                    dead: BTreeMap::new(),
+                },
+            );
+            dsl.pending_snaps.push((head, id));
+            dsl.dirty_recs.insert(id);
+        }
+        Ok(())
+    })?;
+    pool.sync()?;
+    Ok(())
+}
+
+/// Passes on the result of the changing part of an operation; an error
+/// there (I/O, damage) leaves changes behind that must not commit, so the
+/// pool faults.
+pub(crate) fn applied<R>(
+    cx: &mut Cx<'_, '_>,
+    what: &str,
+    r: Result<R, DsError>,
+) -> Result<R, DsError> {
+    if let Err(e) = &r {
+        cx.fault(format!(
+            "{what} failed part-way ({e}); the pool stopped so that nothing half-done is \
+             committed: export and import it"
+        ));
+    }
+    r
+}
+
+/// Makes clone `name` independent of its origin: the origin snapshot and
+/// every older snapshot of the origin's filesystem move to the clone, and
+/// that filesystem becomes a clone of the (moved) origin snapshot. After
+/// it, the old filesystem can be destroyed while the clone lives on.
+pub fn promote(pool: &Pool, name: &str) -> Result<(), DsError> {
+    with(pool, true, true, |dsl, cx| {
+        let c = dsl.id_of(name)?;
+        let crec = dsl.rec(c)?.clone();
+        let Some(origin) = crec.origin else {
+            return Err(DsError::Invalid(format!("'{name}' is not a clone")));
+        };
+        let orec = dsl.rec(origin)?.clone();
+        let Some(h) = orec.head else {
+            return Err(DsError::Corrupt(format!(
+                "origin of '{name}' has no filesystem"
+            )));
+        };
+        let hname = dsl.rec(h)?.name.clone();
+        dsl.unlogged.insert(c);
+        dsl.unlogged.insert(h);
+        // The snapshots that move: the origin and everything older.
+        let moving: Vec<u64> = dsl
+            .snapshots_of(h)
+            .into_iter()
+            .filter(|s| {
+                dsl.recs
+                    .get(s)
+                    .is_some_and(|r| r.created_txg <= orec.created_txg)
+            })
+            .collect();
+        let mut renames = Vec::new();
+        for s in &moving {
+            let r = dsl.rec(*s)?;
+            let short = r.name.split_once('@').map(|(_, x)| x).unwrap_or("");
+            let new = format!("{name}@{short}");
+            if dsl.names.contains_key(&new) {
+                return Err(DsError::Exists(format!(
+                    "'{name}' already has a snapshot '@{short}'; rename one of them first"
+                )));
+            }
+            renames.push((*s, new));
+        }
+        // Deadlist entries of the clone's side were bucketed with the
+        // clone's boundaries (0, the origin txg, its snapshots); the moving
+        // snapshots add boundaries below the origin txg, so entries born
+        // before it are sorted into their buckets again.
+        // If the origin's filesystem is itself a clone, its origin becomes
+        // the promoted clone's origin.
+        let grand = dsl.rec(h)?.origin;
+        let mut chain: Vec<u64> = dsl.snapshots_of(c);
+        chain.push(c);
+        let mut new_bounds: Vec<u64> = vec![0, dsl.origin_txg(h)];
+        for s in &moving {
+            new_bounds.push(dsl.rec(*s)?.created_txg);
+        }
+        new_bounds.sort_unstable();
+        new_bounds.dedup();
+        let r = (|| -> Result<(), DsError> {
+            for m in chain {
+                let (dl, below) = {
+                    let r = dsl.rec(m)?;
+                    (r.deadlist, orec.created_txg)
+                };
+                let lo = dead_prefix(dl, None);
+                let hi = dead_prefix(dl, Some(below));
+                let mut moved: Vec<(Vec<u8>, BlockPtr)> = Vec::new();
+                let mut start = Bound::Included(lo);
+                loop {
+                    let page = cx.meta_range(
+                        start.as_ref().map(Vec::as_slice),
+                        Bound::Excluded(&hi),
+                        512,
+                    )?;
+                    let Some(last) = page.last().map(|(k, _)| k.clone()) else {
+                        break;
+                    };
+                    for (k, v) in page {
+                        moved.push((k, BlockPtr::decode(&v)?));
+                    }
+                    start = Bound::Excluded(last);
+                }
+                let mut sums: BTreeMap<u64, Sums> = BTreeMap::new();
+                for (k, bp) in &moved {
+                    cx.meta_delete(k)?;
+                    let bucket = new_bounds
+                        .iter()
+                        .copied()
+                        .filter(|t| *t < bp.birth)
+                        .max()
+                        .unwrap_or(0);
+                    cx.meta_put(&dead_key(dl, bucket, bp), &bp.encode())?;
+                    sums.entry(bucket).or_default().add(Sums::of(bp));
+                }
+                if let Some(r) = dsl.recs.get_mut(&m) {
+                    r.dead.retain(|b, _| *b >= below);
+                    for (b, s) in sums {
+                        r.dead.entry(b).or_default().add(s);
+                    }
+                }
+                dsl.dirty_recs.insert(m);
+            }
+            for (s, new) in renames {
+                if let Some(r) = dsl.recs.get_mut(&s) {
+                    dsl.names.remove(&r.name);
+                    r.name = new.clone();
+                    r.head = Some(c);
+                    dsl.names.insert(new, s);
+                }
+                dsl.dirty_recs.insert(s);
+            }
+            if let Some(r) = dsl.recs.get_mut(&origin) {
+                r.clones.retain(|x| *x != c);
+                r.clones.push(h);
+            }
+            if let Some(g) = grand {
+                if let Some(r) = dsl.recs.get_mut(&g) {
+                    r.clones.retain(|x| *x != h);
+                    r.clones.push(c);
+                }
+                dsl.dirty_recs.insert(g);
+            }
+            if let Some(r) = dsl.recs.get_mut(&c) {
+                r.origin = grand;
+            }
+            if let Some(r) = dsl.recs.get_mut(&h) {
+                r.origin = Some(origin);
+            }
+            dsl.dirty_recs.insert(c);
+            dsl.dirty_recs.insert(h);
+            let _ = hname;
+            Ok(())
+        })();
+        applied(cx, "promote", r)
+    })?;
+    pool.sync()?;
+    Ok(())
+}
+
+/// Returns filesystem `fs` to snapshot `fs@snap`. Newer snapshots must be
+/// destroyed first (`destroy_newer` does it).
+pub fn rollback(pool: &Pool, snap_name: &str, destroy_newer: bool) -> Result<(), DsError> {
+    with(pool, true, true, |dsl, cx| {
+        let snap = dsl.id_of(snap_name)?;
+        let s = dsl.rec(snap)?.clone();
+        let Some(head) = s.head else {
+            return Err(DsError::Invalid(format!("'{snap_name}' is not a snapshot")));
+        };
+        let newer: Vec<u64> = dsl
+            .snapshots_of(head)
+            .into_iter()
+            .filter(|x| {
+                dsl.recs
+                    .get(x)
+                    .is_some_and(|r| r.created_txg > s.created_txg)
+            })
+            .collect();
+        if !newer.is_empty() && !destroy_newer {
+            return Err(DsError::Busy(format!(
+                "'{snap_name}' is not the most recent snapshot; use -r to destroy the newer ones"
+            )));
+        }
+        for n in &newer {
+            if let Some(r) = dsl.recs.get(n).filter(|r| !r.clones.is_empty()) {
+                return Err(DsError::Busy(format!(
+                    "snapshot '{}' (newer than '{snap_name}') has dependent clones; \
+                     destroy or promote them first",
+                    r.name
+                )));
+            }
+        }
+        let r = (|| {
+            for n in newer.into_iter().rev() {
+                dsl.destroy_snapshot(cx, n)?;
+            }
+            let h = dsl.rec(head)?.clone();
+            let root = h.root_ptr()?;
+            dsl.free_tree(cx, &root, s.created_txg)?;
+            dsl.drain_deadlist(cx, h.deadlist, 0, false, None)?;
+            let s = dsl.rec(snap)?.clone();
+            if let Some(hr) = dsl.recs.get_mut(&head) {
+                hr.root = s.root.clone();
+                hr.referenced = s.referenced;
+                hr.unique = Sums::default();
+                hr.dead.clear();
+            }
+            dsl.live.remove(&head);
+            dsl.unlogged.insert(head);
+            dsl.dirty_recs.insert(head);
+            Ok(())
+        })();
+        applied(cx, "rollback", r)
+    })?;
+    pool.sync()?;
+    Ok(())
+}
+
+/// Creates filesystem `name` from snapshot `snap_name`, sharing its blocks.
+pub fn clone(
+    pool: &Pool,
+    snap_name: &str,
+    name: &str,
+    props: &BTreeMap<String, String>,
+) -> Result<(), DsError> {
+    check_fs_name(pool.name(), name)?;
+    let mut local = BTreeMap::new();
+    for (k, v) in props {
+        local.insert(k.clone(), props::validate(k, v)?);
+    }
+    with(pool, true, true, |dsl, cx| {
+        let snap = dsl.id_of(snap_name)?;
+        let s = dsl.rec(snap)?.clone();
+        if !s.is_snapshot() {
+            return Err(DsError::Invalid(format!("'{snap_name}' is not a snapshot")));
+        }
+        if dsl.names.contains_key(name) {
+            return Err(DsError::Exists(format!("dataset '{name}' already exists")));
+        }
+        let parent = parent_name(name)
+            .and_then(|p| dsl.names.get(p).copied())
+            .ok_or_else(|| DsError::NotFound(format!("the parent of '{name}' does not exist")))?;
+        let mut rec = dsl.new_fs(name, Some(parent), cx.txg());
+        rec.root = s.root.clone();
+        rec.referenced = s.referenced;
+        rec.origin = Some(snap);
+        rec.prev_snap = Some(snap);
+        rec.prev_snap_txg = s.created_txg;
+        rec.props = local;
+        let id = rec.id;
+        dsl.recs.insert(id, rec);
+        if let Some(sr) = dsl.recs.get_mut(&snap) {
+            sr.clones.push(id);
+        }
+        dsl.dirty_recs.insert(snap);
+        Ok(())
+    })?;
+    pool.sync()?;
+    Ok(())
+}
+
+/// Renames a filesystem (moving it under another parent if the new name
+/// says so, with all its descendants and snapshots) or a snapshot.
+pub fn rename(pool: &Pool, old: &str, new: &str) -> Result<(), DsError> {
+    with(pool, true, false, |dsl, _cx| {
+        let id = dsl.id_of(old)?;
+        if dsl.names.contains_key(new) {
+            return Err(DsError::Exists(format!("dataset '{new}' already exists")));
+        }
+        let is_snap = dsl.rec(id)?.is_snapshot();
+        if is_snap {
+            let (ofs, _) = old.split_once('@').unwrap_or((old, ""));
+            let Some((nfs, nsnap)) = new.split_once('@') else {
+                return Err(DsError::Invalid(format!("'{new}' is not a snapshot name")));
+            };
+            if nfs != ofs {
+                return Err(DsError::Invalid(
+                    "a snapshot can only be renamed within its filesystem".into(),
+                ));
+            }
+            check_snap_part(new, nsnap)?;
+        } else {
+            check_fs_name(&dsl.pool_name, new)?;
+            if dsl.rec(id)?.parent.is_none() {
+                return Err(DsError::Invalid(
+                    "the pool's root dataset cannot be renamed".into(),
+                ));
+            }
+            if new.starts_with(&format!("{old}/")) {
+                return Err(DsError::Invalid(format!(
+                    "cannot move '{old}' into its own descendant"
+                )));
+            }
+        }
+        let new_parent =
+            if is_snap {
+                None
+            } else {
+                let p = parent_name(new).unwrap_or("");
+                Some(dsl.id_of(p).map_err(|_| {
+                    DsError::NotFound(format!("the parent of '{new}' does not exist"))
+                })?)
+            };
+        let renames: Vec<(u64, String)> = dsl
+            .recs
+            .values()
+            .filter_map(|r| {
+                if r.name == old {
+                    Some((r.id, new.to_string()))
+                } else if !is_snap {
+                    r.name
+                        .strip_prefix(old)
+                        .filter(|rest| rest.starts_with('/') || rest.starts_with('@'))
+                        .map(|rest| (r.id, format!("{new}{rest}")))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        for (rid, n) in renames {
+            if let Some(r) = dsl.recs.get_mut(&rid) {
+                dsl.names.remove(&r.name);
+                r.name = n.clone();
+                dsl.names.insert(n, rid);
+                dsl.dirty_recs.insert(rid);
+            }
+        }
+        if let (Some(np), Some(r)) = (new_parent, dsl.recs.get_mut(&id)) {
+            r.parent = Some(np);
+        }
+        Ok(())
+    })?;
+    pool.sync()?;
+    Ok(())
+}
