@@ -89,11 +89,15 @@ mod dynfs;
 mod file;
 mod fs;
 mod inode;
+mod io;
+mod namespace;
 mod perm;
+mod readdir;
 pub mod store;
 pub mod testing;
 mod types;
 mod xattr;
+mod xattrs;
 
 #[cfg(test)]
 mod model_tests;
