@@ -9,11 +9,13 @@
 #![warn(missing_docs)]
 
 pub mod bp;
+pub mod cache;
 pub mod checksum;
 pub mod compress;
 pub mod pipeline;
 
 pub use bp::{BlockPtr, BlockType, ChecksumAlg, CompressAlg, Dva, BLOCK_PTR_SIZE, MAX_COPIES};
+pub use cache::{BlockCache, BlockKind, CacheStats};
 pub use checksum::checksum;
 pub use compress::Compression;
 
