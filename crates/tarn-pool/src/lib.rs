@@ -48,6 +48,9 @@ mod scan;
 mod store;
 mod zil;
 
+#[cfg(test)]
+mod golden;
+
 pub use config::{parse_size, PoolOptions, PoolProps, VdevSpec};
 pub use ext::{BlockOpts, Cx, ExtRef, Extension, Reservation, ScanFn, SyncCx};
 pub use import::discover;
