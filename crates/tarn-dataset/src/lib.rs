@@ -51,6 +51,9 @@ pub mod props;
 mod txn;
 mod zil;
 
+#[cfg(test)]
+mod golden;
+
 pub use dsl::{DatasetInfo, DatasetKind, Sums};
 pub use props::{PropValue, Source};
 pub use txn::{DatasetHandle, Txn, Value};
