@@ -47,6 +47,9 @@ mod sync;
 mod txn;
 mod zil;
 
+#[cfg(test)]
+mod golden;
+
 pub use props::{PropValue, Source};
 pub use record::{DatasetInfo, DatasetKind, Sums};
 pub use txn::{DatasetHandle, Txn, Value};

@@ -53,6 +53,9 @@ mod sync;
 mod vdevs;
 mod zil;
 
+#[cfg(test)]
+mod golden;
+
 pub use config::{parse_size, PoolOptions, PoolProps, VdevSpec};
 pub use ext::{BlockOpts, Cx, ExtRef, Extension, Reservation, ScanFn, SyncCx};
 pub use import::discover;
