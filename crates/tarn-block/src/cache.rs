@@ -3,14 +3,16 @@
 //!
 //! # Theory
 //!
-//! **What a key names.** A block is cached under its first address, its
-//! birth txg, its logical size, its compression and the checksum of its
-//! stored bytes. Blocks are never rewritten in place with other contents:
+//! **What a key names.** A block is cached under its pool's guid, its first
+//! address, its birth txg, its logical size, its compression and the
+//! checksum of its stored bytes. Blocks are never rewritten in place with other contents:
 //! a block freed and its space reused gets a new birth and checksum, a
 //! rollback or receive brings other pointers, and self-heal rewrites the
 //! same bytes. So a hit is always the right content for the pointer that
-//! asked, and nothing ever has to be invalidated. Only bytes that passed
-//! their checksum (or that the pipeline just wrote) are inserted.
+//! asked, and nothing ever has to be invalidated while the pool is
+//! imported. Only bytes that passed their checksum (or that the pipeline
+//! just wrote) are inserted. Exporting a pool drops its blocks
+//! ([`BlockCache::evict_pool`]): the devices may change hands.
 //!
 //! **Eviction (S3-FIFO).** A plain LRU lets one large sequential read
 //! flush a hot working set. Here every new block enters a *small* FIFO
@@ -44,8 +46,10 @@ const SHARDS: usize = 16;
 const SMALL_TENTHS: usize = 1;
 /// Highest access count a cached block keeps.
 const FREQ_MAX: u8 = 3;
-/// Smallest budget a cache accepts (so every shard holds a large block).
-pub const MIN_CACHE_BYTES: usize = 32 << 20;
+/// Smallest budget a cache accepts. Blocks above a quarter of a shard's
+/// share are not cached, so a budget this small caches small blocks only
+/// (tests use it to exercise the paths a cache miss takes).
+pub const MIN_CACHE_BYTES: usize = 64 << 10;
 
 /// What a block is, for the hit counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +63,7 @@ pub enum BlockKind {
 /// The identity of a block's contents (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Key {
+    pool: u64,
     vdev: u32,
     offset: u64,
     birth: u64,
@@ -68,9 +73,10 @@ struct Key {
 }
 
 impl Key {
-    fn of(bp: &BlockPtr) -> Option<Key> {
+    fn of(pool: u64, bp: &BlockPtr) -> Option<Key> {
         let d = bp.used_dvas().next()?;
         Some(Key {
+            pool,
             vdev: d.vdev,
             offset: d.offset,
             birth: bp.birth,
@@ -277,9 +283,9 @@ impl BlockCache {
         self.max_bytes() / SHARDS
     }
 
-    /// The cached logical bytes of `bp`, if any.
-    pub fn get(&self, bp: &BlockPtr, kind: BlockKind) -> Option<Arc<[u8]>> {
-        let found = Key::of(bp).and_then(|k| {
+    /// The cached logical bytes of `bp` of pool `pool` (its guid), if any.
+    pub fn get(&self, pool: u64, bp: &BlockPtr, kind: BlockKind) -> Option<Arc<[u8]>> {
+        let found = Key::of(pool, bp).and_then(|k| {
             let mut sh = lock(&self.shards[k.shard()]);
             let e = sh.map.get_mut(&k)?;
             e.freq = (e.freq + 1).min(FREQ_MAX);
@@ -300,25 +306,33 @@ impl BlockCache {
         found
     }
 
-    /// True when `bp` is cached (no counters move).
-    pub fn contains(&self, bp: &BlockPtr) -> bool {
-        Key::of(bp).is_some_and(|k| lock(&self.shards[k.shard()]).map.contains_key(&k))
+    /// True when `bp` of pool `pool` is cached (no counters move).
+    pub fn contains(&self, pool: u64, bp: &BlockPtr) -> bool {
+        Key::of(pool, bp).is_some_and(|k| lock(&self.shards[k.shard()]).map.contains_key(&k))
     }
 
-    /// Caches the logical bytes of `bp`. The caller vouches for them: they
-    /// passed the checksum in `bp`, or were just written under it.
-    pub fn insert(&self, bp: &BlockPtr, data: Arc<[u8]>, kind: BlockKind) {
-        self.insert_inner(bp, data, kind, false);
+    /// Caches the logical bytes of `bp` of pool `pool`. The caller vouches
+    /// for them: they passed the checksum in `bp`, or were just written
+    /// under it.
+    pub fn insert(&self, pool: u64, bp: &BlockPtr, data: Arc<[u8]>, kind: BlockKind) {
+        self.insert_inner(pool, bp, data, kind, false);
     }
 
     /// Like [`BlockCache::insert`], for read-ahead: the block enters with
     /// no credit, so it leaves first unless it is read.
-    pub fn insert_prefetched(&self, bp: &BlockPtr, data: Arc<[u8]>, kind: BlockKind) {
-        self.insert_inner(bp, data, kind, true);
+    pub fn insert_prefetched(&self, pool: u64, bp: &BlockPtr, data: Arc<[u8]>, kind: BlockKind) {
+        self.insert_inner(pool, bp, data, kind, true);
     }
 
-    fn insert_inner(&self, bp: &BlockPtr, data: Arc<[u8]>, kind: BlockKind, prefetched: bool) {
-        let Some(k) = Key::of(bp) else { return };
+    fn insert_inner(
+        &self,
+        pool: u64,
+        bp: &BlockPtr,
+        data: Arc<[u8]>,
+        kind: BlockKind,
+        prefetched: bool,
+    ) {
+        let Some(k) = Key::of(pool, bp) else { return };
         let len = data.len();
         // A block larger than a quarter of a shard would empty it.
         if len == 0 || len > self.shard_max() / 4 {
@@ -371,6 +385,31 @@ impl BlockCache {
             if sh.evict_one(small_max, &self.stats).is_none() {
                 break;
             }
+        }
+    }
+
+    /// Drops every block of pool `pool` (at export: its devices may be
+    /// imported elsewhere, or rewritten, before it comes back).
+    pub fn evict_pool(&self, pool: u64) {
+        for s in &self.shards {
+            let mut sh = lock(s);
+            let Shard {
+                map,
+                small_bytes,
+                main_bytes,
+                ..
+            } = &mut *sh;
+            map.retain(|k, e| {
+                if k.pool != pool {
+                    return true;
+                }
+                match e.queue {
+                    Queue::Small => *small_bytes -= e.data.len(),
+                    Queue::Main => *main_bytes -= e.data.len(),
+                }
+                false
+            });
+            // Queue slots of dropped keys are skipped when they surface.
         }
     }
 
@@ -434,6 +473,9 @@ pub fn default_cache_bytes() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A budget that holds many 64 KiB blocks per shard.
+    const BUDGET: usize = 32 << 20;
     use crate::bp::Dva;
     use proptest::prelude::*;
 
@@ -459,50 +501,55 @@ mod tests {
 
     #[test]
     fn hits_return_what_was_inserted_and_holes_are_never_cached() {
-        let c = BlockCache::new(MIN_CACHE_BYTES);
+        let c = BlockCache::new(BUDGET);
         let b = bp(1, 1000);
-        assert!(c.get(&b, BlockKind::Data).is_none());
-        c.insert(&b, data(1, 1000), BlockKind::Data);
-        assert_eq!(c.get(&b, BlockKind::Data).as_deref(), Some(&*data(1, 1000)));
+        assert!(c.get(7, &b, BlockKind::Data).is_none());
+        c.insert(7, &b, data(1, 1000), BlockKind::Data);
+        assert_eq!(
+            c.get(7, &b, BlockKind::Data).as_deref(),
+            Some(&*data(1, 1000))
+        );
         // Same address and birth, other contents: another key.
         let mut other = b;
         other.checksum[31] ^= 1;
-        assert!(c.get(&other, BlockKind::Data).is_none());
+        assert!(c.get(7, &other, BlockKind::Data).is_none());
         let hole = BlockPtr::default();
-        c.insert(&hole, data(2, 10), BlockKind::Data);
-        assert!(c.get(&hole, BlockKind::Data).is_none());
+        c.insert(7, &hole, data(2, 10), BlockKind::Data);
+        assert!(c.get(7, &hole, BlockKind::Data).is_none());
         let s = c.stats();
         assert_eq!((s.data_hits, s.data_misses), (1, 3));
     }
 
     #[test]
     fn a_large_scan_does_not_flush_the_hot_set() {
-        let c = BlockCache::new(MIN_CACHE_BYTES);
+        let c = BlockCache::new(BUDGET);
         let blk = 64 << 10;
         // A hot set of a quarter of the budget, read several times.
-        let hot = (MIN_CACHE_BYTES / 4 / blk) as u64;
+        let hot = (BUDGET / 4 / blk) as u64;
         for round in 0..4 {
             for n in 0..hot {
-                if c.get(&bp(n, blk as u32), BlockKind::Data).is_none() {
+                if c.get(7, &bp(n, blk as u32), BlockKind::Data).is_none() {
                     assert!(round < 2, "hot block {n} lost in round {round}");
-                    c.insert(&bp(n, blk as u32), data(n, blk), BlockKind::Data);
+                    c.insert(7, &bp(n, blk as u32), data(n, blk), BlockKind::Data);
                 }
             }
         }
         // A scan of ten times the budget, each block read once.
-        let scan = 10 * (MIN_CACHE_BYTES / blk) as u64;
+        let scan = 10 * (BUDGET / blk) as u64;
         for n in 0..scan {
             let b = bp(1_000_000 + n, blk as u32);
-            if c.get(&b, BlockKind::Data).is_none() {
-                c.insert(&b, data(n, blk), BlockKind::Data);
+            if c.get(7, &b, BlockKind::Data).is_none() {
+                c.insert(7, &b, data(n, blk), BlockKind::Data);
             }
         }
-        let kept = (0..hot).filter(|n| c.contains(&bp(*n, blk as u32))).count() as u64;
+        let kept = (0..hot)
+            .filter(|n| c.contains(7, &bp(*n, blk as u32)))
+            .count() as u64;
         assert!(
             kept * 10 >= hot * 8,
             "only {kept} of {hot} hot blocks survived the scan"
         );
-        assert!(c.stats().bytes <= MIN_CACHE_BYTES as u64);
+        assert!(c.stats().bytes <= BUDGET as u64);
     }
 
     #[test]
@@ -510,43 +557,62 @@ mod tests {
         // The same workload with every block given credit on insertion
         // (what an LRU-like policy amounts to here) loses the hot set:
         // this is what the test above guards against.
-        let c = BlockCache::new(MIN_CACHE_BYTES);
+        let c = BlockCache::new(BUDGET);
         let blk = 64 << 10;
-        let hot = (MIN_CACHE_BYTES / 4 / blk) as u64;
+        let hot = (BUDGET / 4 / blk) as u64;
         for n in 0..hot {
-            c.insert(&bp(n, blk as u32), data(n, blk), BlockKind::Data);
+            c.insert(7, &bp(n, blk as u32), data(n, blk), BlockKind::Data);
         }
-        let scan = 10 * (MIN_CACHE_BYTES / blk) as u64;
+        let scan = 10 * (BUDGET / blk) as u64;
         for n in 0..scan {
             let b = bp(1_000_000 + n, blk as u32);
-            c.insert(&b, data(n, blk), BlockKind::Data);
+            c.insert(7, &b, data(n, blk), BlockKind::Data);
             // Read twice at once: the scan now looks hot too.
-            c.get(&b, BlockKind::Data);
+            c.get(7, &b, BlockKind::Data);
         }
-        let kept = (0..hot).filter(|n| c.contains(&bp(*n, blk as u32))).count();
+        let kept = (0..hot)
+            .filter(|n| c.contains(7, &bp(*n, blk as u32)))
+            .count();
         assert!(kept < hot as usize / 2, "kept {kept}");
     }
 
     #[test]
     fn prefetched_blocks_count_when_used() {
-        let c = BlockCache::new(MIN_CACHE_BYTES);
+        let c = BlockCache::new(BUDGET);
         let b = bp(9, 4096);
-        c.insert_prefetched(&b, data(9, 4096), BlockKind::Data);
-        assert!(c.get(&b, BlockKind::Data).is_some());
-        assert!(c.get(&b, BlockKind::Data).is_some());
+        c.insert_prefetched(7, &b, data(9, 4096), BlockKind::Data);
+        assert!(c.get(7, &b, BlockKind::Data).is_some());
+        assert!(c.get(7, &b, BlockKind::Data).is_some());
         let s = c.stats();
         assert_eq!((s.prefetched, s.prefetch_hits), (1, 1));
     }
 
     #[test]
-    fn shrinking_the_bound_evicts() {
-        let c = BlockCache::new(4 * MIN_CACHE_BYTES);
-        for n in 0..2000 {
-            c.insert(&bp(n, 65536), data(n, 65536), BlockKind::Meta);
+    fn exporting_a_pool_drops_only_its_blocks() {
+        let c = BlockCache::new(BUDGET);
+        c.insert(1, &bp(1, 4096), data(1, 4096), BlockKind::Data);
+        c.insert(2, &bp(1, 4096), data(1, 4096), BlockKind::Data);
+        c.evict_pool(1);
+        assert!(!c.contains(1, &bp(1, 4096)));
+        assert!(c.contains(2, &bp(1, 4096)));
+        assert_eq!(c.stats().bytes, 4096);
+        // The stale queue slot is skipped, and the block can come back.
+        c.insert(1, &bp(1, 4096), data(1, 4096), BlockKind::Data);
+        for n in 2..2000 {
+            c.insert(1, &bp(n, 65536), data(n, 65536), BlockKind::Data);
         }
-        assert!(c.stats().bytes > MIN_CACHE_BYTES as u64);
-        c.set_max_bytes(MIN_CACHE_BYTES);
-        assert!(c.stats().bytes <= MIN_CACHE_BYTES as u64);
+        assert!(c.stats().bytes <= BUDGET as u64);
+    }
+
+    #[test]
+    fn shrinking_the_bound_evicts() {
+        let c = BlockCache::new(4 * BUDGET);
+        for n in 0..2000 {
+            c.insert(7, &bp(n, 65536), data(n, 65536), BlockKind::Meta);
+        }
+        assert!(c.stats().bytes > BUDGET as u64);
+        c.set_max_bytes(BUDGET);
+        assert!(c.stats().bytes <= BUDGET as u64);
         assert_eq!(c.bytes_of(BlockKind::Meta), c.stats().bytes);
     }
 
@@ -555,7 +621,7 @@ mod tests {
         /// key, the bound holds after every step, and counters add up.
         #[test]
         fn model(ops in proptest::collection::vec((0u8..3, 0u64..200, 1usize..200_000), 1..400)) {
-            let c = BlockCache::new(MIN_CACHE_BYTES);
+            let c = BlockCache::new(BUDGET);
             let mut model: HashMap<u64, Arc<[u8]>> = HashMap::new();
             let mut gets = 0u64;
             for (op, n, len) in ops {
@@ -565,11 +631,11 @@ mod tests {
                     0 | 1 => {
                         let d = data(n, len);
                         model.entry(n).or_insert_with(|| d.clone());
-                        if op == 0 { c.insert(&b, d, BlockKind::Data) } else { c.insert_prefetched(&b, d, BlockKind::Data) }
+                        if op == 0 { c.insert(7, &b, d, BlockKind::Data) } else { c.insert_prefetched(7, &b, d, BlockKind::Data) }
                     }
                     _ => {
                         gets += 1;
-                        if let Some(got) = c.get(&b, BlockKind::Data) {
+                        if let Some(got) = c.get(7, &b, BlockKind::Data) {
                             prop_assert_eq!(Some(&got), model.get(&n));
                         }
                     }

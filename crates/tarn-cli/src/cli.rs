@@ -244,8 +244,9 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "MIB", default_value_t = 256, value_parser = clap::value_parser!(u64).range(16..=65536))]
     pub dirty_max_mib: u64,
 
-    /// Verified metadata kept in memory per pool, in MiB
-    #[arg(long, value_name = "MIB", default_value_t = 64, value_parser = clap::value_parser!(u64).range(4..=65536))]
+    /// Block cache (verified data and metadata, shared by all pools), in
+    /// MiB; 0 means an eighth of the memory, at least 256 MiB
+    #[arg(long, value_name = "MIB", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1048576))]
     pub cache_mib: u64,
 
     /// Serve the shares over NFSv3 (and MOUNT, same port) on this address,

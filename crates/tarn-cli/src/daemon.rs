@@ -80,7 +80,8 @@ pub struct Tuning {
     pub txg_interval_secs: u64,
     /// Dirty data per pool before writers wait, in MiB.
     pub dirty_max_mib: u64,
-    /// Verified metadata kept in memory per pool, in MiB.
+    /// Block cache shared by all pools, in MiB; 0 for the default (an
+    /// eighth of the memory, at least 256 MiB).
     pub cache_mib: u64,
 }
 
@@ -89,7 +90,7 @@ impl Default for Tuning {
         Tuning {
             txg_interval_secs: 5,
             dirty_max_mib: 256,
-            cache_mib: 64,
+            cache_mib: 0,
         }
     }
 }

@@ -186,13 +186,16 @@ impl Pools {
             }
         };
         let dirty_max = tuning.dirty_max_mib << 20;
+        // One block cache for every pool of the daemon.
+        if tuning.cache_mib > 0 {
+            tarn_block::BlockCache::global().set_max_bytes((tuning.cache_mib << 20) as usize);
+        }
         let opts = PoolOptions {
             // The identity alone: a renamed host still owns its pools.
             owner: format!("tarn daemon {id}"),
             sync_interval: std::time::Duration::from_secs(tuning.txg_interval_secs.max(1)),
             dirty_max_bytes: dirty_max,
             dirty_sync_bytes: dirty_max / 4,
-            node_cache_bytes: (tuning.cache_mib << 20) as usize,
             ..Default::default()
         };
         let me = Pools {

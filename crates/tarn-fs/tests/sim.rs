@@ -649,7 +649,9 @@ fn options(plan: &Plan, owner: &str) -> PoolOptions {
         sync_interval: Duration::from_secs(24 * 3600),
         dirty_max_bytes: 1 << 30,
         dirty_sync_bytes: 1 << 30,
-        node_cache_bytes: plan.node_cache,
+        cache: Some(std::sync::Arc::new(tarn_block::BlockCache::new(
+            plan.node_cache,
+        ))),
         scan_batch_blocks: plan.scan_batch,
         owner: owner.to_string(),
         sync_threads: 1,

@@ -3,10 +3,11 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tarn_block::{ChecksumAlg, Compression};
+use tarn_block::{BlockCache, ChecksumAlg, Compression};
 use tarn_vdev::VdevKind;
 
 use crate::PoolError;
@@ -144,8 +145,9 @@ pub struct PoolOptions {
     pub dirty_max_bytes: u64,
     /// A sync starts early once this many bytes are dirty.
     pub dirty_sync_bytes: u64,
-    /// Bytes of verified tree nodes kept in memory.
-    pub node_cache_bytes: usize,
+    /// The cache of verified blocks (tree nodes and data); `None` uses the
+    /// process-wide one ([`BlockCache::global`]), which every pool shares.
+    pub cache: Option<Arc<BlockCache>>,
     /// Block pointers gathered per scrub batch before sorting and reading.
     pub scan_batch_blocks: usize,
     /// Who imports the pool; recorded in the labels so another importer can
@@ -159,13 +161,20 @@ pub struct PoolOptions {
     pub discard_log: bool,
 }
 
+impl PoolOptions {
+    /// The block cache this pool uses.
+    pub fn block_cache(&self) -> Arc<BlockCache> {
+        self.cache.clone().unwrap_or_else(BlockCache::global)
+    }
+}
+
 impl Default for PoolOptions {
     fn default() -> Self {
         PoolOptions {
             sync_interval: Duration::from_secs(5),
             dirty_max_bytes: 256 << 20,
             dirty_sync_bytes: 64 << 20,
-            node_cache_bytes: 64 << 20,
+            cache: None,
             scan_batch_blocks: 16384,
             owner: String::new(),
             sync_threads: std::thread::available_parallelism()

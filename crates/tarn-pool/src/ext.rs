@@ -30,7 +30,7 @@ use tarn_block::{BlockPtr, BlockType, ChecksumAlg, Compression, Dva};
 use tarn_tree::NodeStore;
 
 use crate::pool::{Pool, State};
-use crate::store::{Allocator, ReadStore};
+use crate::store::Allocator;
 use crate::sync::parallel_map;
 use crate::PoolError;
 
@@ -145,37 +145,25 @@ impl Cx<'_, '_> {
 
     /// A node store for reading committed trees (through the node cache).
     pub fn store(&self) -> impl NodeStore + '_ {
-        ReadStore {
-            tops: &self.pool.tops,
-            cache: &self.pool.cache,
-        }
+        self.pool.read_store()
     }
 
     /// The value of an entry in the extension's meta namespace.
     pub fn meta_get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PoolError> {
-        let rs = ReadStore {
-            tops: &self.pool.tops,
-            cache: &self.pool.cache,
-        };
+        let rs = self.pool.read_store();
         Ok(self.st.meta.get(&rs, &ext_key(key))?)
     }
 
     /// Stores an entry in the extension's meta namespace.
     pub fn meta_put(&mut self, key: &[u8], value: &[u8]) -> Result<(), PoolError> {
-        let rs = ReadStore {
-            tops: &self.pool.tops,
-            cache: &self.pool.cache,
-        };
+        let rs = self.pool.read_store();
         self.st.meta.insert(&rs, &ext_key(key), value)?;
         Ok(())
     }
 
     /// Removes an entry of the extension's meta namespace.
     pub fn meta_delete(&mut self, key: &[u8]) -> Result<bool, PoolError> {
-        let rs = ReadStore {
-            tops: &self.pool.tops,
-            cache: &self.pool.cache,
-        };
+        let rs = self.pool.read_store();
         Ok(self.st.meta.remove(&rs, &ext_key(key))?.is_some())
     }
 
@@ -187,10 +175,7 @@ impl Cx<'_, '_> {
         end: Bound<&[u8]>,
         limit: usize,
     ) -> Result<Vec<Entry>, PoolError> {
-        let rs = ReadStore {
-            tops: &self.pool.tops,
-            cache: &self.pool.cache,
-        };
+        let rs = self.pool.read_store();
         let map = |b: Bound<&[u8]>, unbounded: Bound<Vec<u8>>| match b {
             Bound::Included(k) => Bound::Included(ext_key(k)),
             Bound::Excluded(k) => Bound::Excluded(ext_key(k)),
@@ -217,7 +202,7 @@ impl Cx<'_, '_> {
     /// Reads and verifies a data block. A failure is reported by the caller
     /// (it knows which file it was).
     pub fn read_block(&self, bp: &BlockPtr) -> Result<Vec<u8>, PoolError> {
-        Ok(pipeline::read_block(&self.pool.tops, bp)?)
+        Ok(self.pool.read_data(bp)?.to_vec())
     }
 
     /// Checks every copy and column of a block, repairs what differs, then
@@ -450,16 +435,18 @@ impl SyncCx<'_, '_> {
             }
         }
         let bp = pipeline::make_ptr(&p, &dvas, st.txg + 1, BlockType::TreeNode, level);
-        pool.cache.put(&bp, std::sync::Arc::new(data.to_vec()));
+        pool.cache.insert(
+            pool.guid,
+            &bp,
+            std::sync::Arc::from(data),
+            tarn_block::BlockKind::Meta,
+        );
         Ok(bp)
     }
 
     /// Reads a tree node (through the node cache).
     pub fn read_node(&self, bp: &BlockPtr) -> Result<Vec<u8>, PoolError> {
-        let rs = ReadStore {
-            tops: &self.cx.pool.tops,
-            cache: &self.cx.pool.cache,
-        };
+        let rs = self.cx.pool.read_store();
         Ok(rs.read(bp)?)
     }
 }

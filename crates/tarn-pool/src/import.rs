@@ -20,7 +20,7 @@ use tarn_vdev::{LabelConfig, Leaf, LeafState, PoolState, TopHealth, TopVdev};
 use crate::config::{PoolOptions, PoolProps};
 use crate::pool::{MetaState, Pool, K_PROPS, K_STATE};
 use crate::status::{Health, ImportCandidate};
-use crate::store::{NodeCache, ReadStore};
+use crate::store::ReadStore;
 use crate::sync::decode_space_root;
 use crate::uberblock::Uberblock;
 use crate::vdevs::lock_device;
@@ -142,10 +142,14 @@ pub fn discover(dirs: &[PathBuf], devices: &[PathBuf]) -> Vec<ImportCandidate> {
 /// Verifies the whole meta tree of an uberblock and loads the pool state.
 fn load_txg(
     tops: &[Arc<TopVdev>],
-    cache: &NodeCache,
+    cache: &tarn_block::BlockCache,
     ub: &Uberblock,
 ) -> Result<(Tree, Vec<SpaceMap>, PoolProps, MetaState), PoolError> {
-    let rs = ReadStore { tops, cache };
+    let rs = ReadStore {
+        tops,
+        cache,
+        pool: ub.pool_guid,
+    };
     if !ub.meta_root.is_hole() {
         tarn_tree::walk(&rs, &ub.meta_root, 0, &mut |_| Ok(()), &mut |_, _| Ok(()))?;
     }
@@ -318,7 +322,7 @@ impl Pool {
             }
         }
         let newest_seen = ubs.keys().next_back().copied().unwrap_or(0);
-        let cache = NodeCache::new(opts.node_cache_bytes);
+        let cache = opts.block_cache();
         let mut last_err = None;
         let mut loaded = None;
         // No self-heal while trying uberblocks: an older txg's blocks may

@@ -7,11 +7,11 @@
 use std::ops::Bound;
 
 use serde::{Deserialize, Serialize};
-use tarn_block::pipeline::{self, Missed};
+use tarn_block::pipeline::Missed;
 use tarn_block::BlockPtr;
 
 use crate::pool::{now_unix, Pool, State};
-use crate::store::{HoldGuard, ReadStore};
+use crate::store::HoldGuard;
 use crate::sync::parallel_map;
 use crate::PoolError;
 
@@ -67,13 +67,7 @@ fn check_object_name(name: &str) -> Result<(), PoolError> {
 impl Pool {
     fn lookup_object(&self, st: &mut State, name: &str) -> Result<Option<ObjEntry>, PoolError> {
         let State { meta, .. } = st;
-        let v = meta.get(
-            &ReadStore {
-                tops: &self.tops,
-                cache: &self.cache,
-            },
-            &objdir_key(name),
-        )?;
+        let v = meta.get(&self.read_store(), &objdir_key(name))?;
         match v {
             None => Ok(None),
             Some(v) => {
@@ -94,14 +88,7 @@ impl Pool {
     fn store_object(&self, st: &mut State, name: &str, e: &ObjEntry) -> Result<(), PoolError> {
         let json = serde_json::to_vec(e).map_err(|e| PoolError::Internal(e.to_string()))?;
         let State { meta, .. } = st;
-        meta.insert(
-            &ReadStore {
-                tops: &self.tops,
-                cache: &self.cache,
-            },
-            &objdir_key(name),
-            &json,
-        )?;
+        meta.insert(&self.read_store(), &objdir_key(name), &json)?;
         Ok(())
     }
 
@@ -118,17 +105,11 @@ impl Pool {
             return Ok(Some(d.clone()));
         }
         let State { meta, .. } = st;
-        let v = meta.get(
-            &ReadStore {
-                tops: &self.tops,
-                cache: &self.cache,
-            },
-            &record_key(id, blk),
-        )?;
+        let v = meta.get(&self.read_store(), &record_key(id, blk))?;
         let Some(v) = v else { return Ok(None) };
         let bp = BlockPtr::decode(&v)?;
-        match pipeline::read_block(&self.tops, &bp) {
-            Ok(d) => Ok(Some(d)),
+        match self.read_data(&bp) {
+            Ok(d) => Ok(Some(d.to_vec())),
             Err(e) => {
                 let what = format!("object {obj} at offset {}", blk * rs);
                 st.ms.damaged.insert(what.clone());
@@ -302,13 +283,7 @@ impl Pool {
                 }
             } else {
                 let State { meta, .. } = &mut *st;
-                let v = meta.get(
-                    &ReadStore {
-                        tops: &self.tops,
-                        cache: &self.cache,
-                    },
-                    &record_key(entry.id, blk),
-                )?;
+                let v = meta.get(&self.read_store(), &record_key(entry.id, blk))?;
                 if let Some(v) = v {
                     to_read.push((done, in_rec, n, BlockPtr::decode(&v)?, blk));
                 }
@@ -320,7 +295,7 @@ impl Pool {
         let mut damaged = Vec::new();
         // Records are independent: read them on the worker threads.
         let blocks = parallel_map(&to_read, self.opts.sync_threads, |(_, _, _, bp, _)| {
-            pipeline::read_block(&self.tops, bp)
+            self.read_data(bp)
         })?;
         for ((at, in_rec, n, _, blk), r) in to_read.into_iter().zip(blocks) {
             match r {
@@ -402,10 +377,7 @@ impl Pool {
                 self.release_data(&mut st, r);
             }
         }
-        let rs = ReadStore {
-            tops: &self.tops,
-            cache: &self.cache,
-        };
+        let rs = self.read_store();
         let State { meta, frees, .. } = &mut *st;
         let lo = record_key(e.id, 0);
         let hi = record_key(e.id, u64::MAX);
@@ -487,10 +459,7 @@ impl Pool {
             .collect();
         let written = self.write_data(st, missed, blocks)?;
         let State { meta, frees, .. } = &mut *st;
-        let rs = ReadStore {
-            tops: &self.tops,
-            cache: &self.cache,
-        };
+        let rs = self.read_store();
         for (((id, blk), _), new) in items.iter().zip(written) {
             let key = record_key(*id, *blk);
             let old = match new {

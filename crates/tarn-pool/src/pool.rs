@@ -37,7 +37,7 @@ use tarn_vdev::{PoolState, TopVdev};
 
 use crate::config::{PoolOptions, PoolProps, VdevSpec};
 use crate::scan::ScanRecord;
-use crate::store::{Holds, NodeCache, ReadStore};
+use crate::store::{Holds, ReadStore};
 use crate::vdevs::{check_pool_name, open_new_top};
 use crate::PoolError;
 
@@ -119,7 +119,7 @@ pub struct Pool {
     pub(crate) st: Mutex<State>,
     pub(crate) cv: Condvar,
     pub(crate) holds: Holds,
-    pub(crate) cache: NodeCache,
+    pub(crate) cache: Arc<tarn_block::BlockCache>,
     pub(crate) fault: Mutex<Option<String>>,
     pub(crate) stop: AtomicBool,
     pub(crate) scan_ctl: AtomicU8,
@@ -228,14 +228,7 @@ impl Pool {
             let props_json =
                 serde_json::to_vec(&st.props).map_err(|e| PoolError::Internal(e.to_string()))?;
             let State { meta, .. } = &mut *st;
-            meta.insert(
-                &ReadStore {
-                    tops: &pool.tops,
-                    cache: &pool.cache,
-                },
-                K_PROPS,
-                &props_json,
-            )?;
+            meta.insert(&pool.read_store(), K_PROPS, &props_json)?;
             // Labels first, so the devices are recognisable; then txg 1,
             // which also starts the intent log's chain.
             st.zil.wanted = true;
@@ -263,7 +256,7 @@ impl Pool {
         ms: MetaState,
         locks: Vec<File>,
     ) -> Pool {
-        let cache = NodeCache::new(opts.node_cache_bytes);
+        let cache = opts.block_cache();
         Pool {
             name: name.to_string(),
             guid,
@@ -303,6 +296,15 @@ impl Pool {
             scan_ops: Mutex::new(()),
             locks: Mutex::new(locks),
             ext_scan: Mutex::new(None),
+        }
+    }
+
+    /// A store for reading committed trees through the block cache.
+    pub(crate) fn read_store(&self) -> ReadStore<'_> {
+        ReadStore {
+            tops: &self.tops,
+            cache: &self.cache,
+            pool: self.guid,
         }
     }
 
@@ -423,6 +425,8 @@ impl Pool {
         let mut st = self.lock();
         st.closed = true;
         self.locks.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        // A crash takes the process's memory with it.
+        self.cache.evict_pool(self.guid);
         self.cv.notify_all();
     }
 
@@ -474,6 +478,9 @@ impl Pool {
         }
         st.closed = true;
         self.locks.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        // The devices may be imported elsewhere, or rewritten, before the
+        // pool comes back: nothing of it stays cached.
+        self.cache.evict_pool(self.guid);
         self.cv.notify_all();
         result
     }
@@ -497,10 +504,7 @@ impl Pool {
         hi: Bound<&[u8]>,
         f: &mut EntryFn<'_>,
     ) -> Result<(), PoolError> {
-        let rs = ReadStore {
-            tops: &self.tops,
-            cache: &self.cache,
-        };
+        let rs = self.read_store();
         let State { meta, .. } = st;
         let mut start = lo.to_vec();
         let mut incl = true;

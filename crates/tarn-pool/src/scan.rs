@@ -35,7 +35,6 @@ use crate::ext::{ExtRef, ScanFn, P_EXT};
 use crate::objects::{ObjEntry, P_OBJDIR, P_RECORD};
 use crate::pool::{now_unix, Pool, State, SCAN_CANCEL, SCAN_PAUSE, SCAN_RUN};
 use crate::status::{ScanKind, ScanState, ScanStatus};
-use crate::store::ReadStore;
 use crate::PoolError;
 
 /// Persistent record of the current or last scan.
@@ -533,10 +532,7 @@ impl Pool {
         if Self::has_changes(&st) {
             self.sync_locked(&mut st)?;
         }
-        let rs = ReadStore {
-            tops: &self.tops,
-            cache: &self.cache,
-        };
+        let rs = self.read_store();
         let seen = std::cell::RefCell::new(
             std::collections::HashMap::<(u32, u64), ([u8; 32], u32)>::new(),
         );
@@ -674,10 +670,7 @@ impl Pool {
         started: Instant,
         base: u64,
     ) -> Result<Step, PoolError> {
-        let rs = ReadStore {
-            tops: &self.tops,
-            cache: &self.cache,
-        };
+        let rs = self.read_store();
         let batch: std::cell::RefCell<Batch> = std::cell::RefCell::new(Vec::new());
         let stopped = std::cell::Cell::new(false);
         let limit = self.opts.scan_batch_blocks.max(1);
@@ -769,10 +762,7 @@ impl Pool {
             let space_root = st.space_root;
             let hold = self.holds.hold(st.txg);
             drop(st);
-            let rs = ReadStore {
-                tops: &self.tops,
-                cache: &self.cache,
-            };
+            let rs = self.read_store();
             let mut batch: Batch = Vec::new();
             let ext_scan = self.scan_fn();
             if !space_root.is_hole() && in_window(&space_root) {
@@ -833,10 +823,7 @@ impl Pool {
                 } else {
                     Bound::Excluded(&bookmark[..])
                 };
-                let rs = ReadStore {
-                    tops: &self.tops,
-                    cache: &self.cache,
-                };
+                let rs = self.read_store();
                 let State { meta, .. } = &mut *st;
                 let page = meta.range(
                     &rs,

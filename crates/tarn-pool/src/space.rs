@@ -1,10 +1,29 @@
-//! Space policy: what ordinary writes may use, and the room every vdev keeps
-//! for the metadata of the txgs to come.
+//! Space policy (what ordinary writes may use, and the room every vdev
+//! keeps for the metadata of the txgs to come) and cached data reads.
+
+use std::sync::Arc;
+
+use tarn_block::pipeline;
+use tarn_block::{BlockKind, BlockPtr};
 
 use crate::pool::{Pool, State};
 use crate::store::METADATA_RESERVE_BYTES;
+use crate::PoolError;
 
 impl Pool {
+    /// Reads, verifies and decompresses a data block through the block
+    /// cache: a hit costs no I/O and no checksum. Only verified bytes are
+    /// cached. The caller keeps `bp` from being freed and reused while it
+    /// reads (the pool lock, or a hold on the txg it came from).
+    pub(crate) fn read_data(&self, bp: &BlockPtr) -> Result<Arc<[u8]>, PoolError> {
+        if let Some(d) = self.cache.get(self.guid, bp, BlockKind::Data) {
+            return Ok(d);
+        }
+        let d: Arc<[u8]> = Arc::from(pipeline::read_block(&self.tops, bp)?);
+        self.cache.insert(self.guid, bp, d.clone(), BlockKind::Data);
+        Ok(d)
+    }
+
     /// Space that ordinary writes may still use: on each vdev, whole records
     /// above its metadata reserve (which is at least its slop; a record
     /// cannot straddle vdevs). The open txg's records hold their room as

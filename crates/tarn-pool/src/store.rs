@@ -9,11 +9,11 @@
 //! committed txg the pointer came from; deferred frees of later txgs are not
 //! returned to the allocator until every hold on an earlier txg is released.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use tarn_block::pipeline::{self, Missed};
-use tarn_block::{BlockPtr, BlockType, ChecksumAlg, Compression, Dva};
+use tarn_block::{BlockCache, BlockKind, BlockPtr, BlockType, ChecksumAlg, Compression, Dva};
 use tarn_space::SpaceMap;
 use tarn_tree::{NodeStore, TreeError};
 use tarn_vdev::TopVdev;
@@ -59,75 +59,18 @@ impl Drop for HoldGuard<'_> {
     }
 }
 
-/// Address, birth and checksum of a node: the checksum makes a hit certain
-/// even if an address is reused within one txg number (after a rewind).
-type CacheKey = (Dva, u64, [u8; 32]);
-
-/// A bounded cache of verified tree-node bytes.
-pub struct NodeCache {
-    inner: Mutex<CacheInner>,
-    max_bytes: usize,
-}
-
-#[derive(Default)]
-struct CacheInner {
-    map: HashMap<CacheKey, Arc<Vec<u8>>>,
-    order: VecDeque<CacheKey>,
-    bytes: usize,
-}
-
-impl NodeCache {
-    /// A cache holding at most `max_bytes` of node data.
-    pub fn new(max_bytes: usize) -> Self {
-        NodeCache {
-            inner: Mutex::new(CacheInner::default()),
-            max_bytes,
-        }
-    }
-
-    fn key(bp: &BlockPtr) -> CacheKey {
-        (bp.dvas[0], bp.birth, bp.checksum)
-    }
-
-    fn get(&self, bp: &BlockPtr) -> Option<Arc<Vec<u8>>> {
-        let c = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        c.map.get(&Self::key(bp)).cloned()
-    }
-
-    pub(crate) fn put(&self, bp: &BlockPtr, data: Arc<Vec<u8>>) {
-        if data.len() > self.max_bytes / 4 {
-            return;
-        }
-        let mut c = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let k = Self::key(bp);
-        if c.map.contains_key(&k) {
-            return;
-        }
-        c.bytes += data.len();
-        c.map.insert(k, data);
-        c.order.push_back(k);
-        while c.bytes > self.max_bytes {
-            let Some(old) = c.order.pop_front() else {
-                break;
-            };
-            if let Some(v) = c.map.remove(&old) {
-                c.bytes -= v.len();
-            }
-        }
-    }
-}
-
 /// Reads a tree node through the cache.
 fn read_node(
     tops: &[Arc<TopVdev>],
-    cache: &NodeCache,
+    cache: &BlockCache,
+    pool: u64,
     ptr: &BlockPtr,
 ) -> Result<Vec<u8>, TreeError> {
-    if let Some(v) = cache.get(ptr) {
-        return Ok(v.as_ref().clone());
+    if let Some(v) = cache.get(pool, ptr, BlockKind::Meta) {
+        return Ok(v.to_vec());
     }
     let data = pipeline::read_block(tops, ptr).map_err(|e| TreeError::Store(Box::new(e)))?;
-    cache.put(ptr, Arc::new(data.clone()));
+    cache.insert(pool, ptr, Arc::from(data.as_slice()), BlockKind::Meta);
     Ok(data)
 }
 
@@ -135,13 +78,15 @@ fn read_node(
 pub struct ReadStore<'a> {
     /// The pool's top-level vdevs.
     pub tops: &'a [Arc<TopVdev>],
-    /// The node cache.
-    pub cache: &'a NodeCache,
+    /// The block cache.
+    pub cache: &'a BlockCache,
+    /// The pool's guid (part of every cache key).
+    pub pool: u64,
 }
 
 impl NodeStore for ReadStore<'_> {
     fn read(&self, ptr: &BlockPtr) -> Result<Vec<u8>, TreeError> {
-        read_node(self.tops, self.cache, ptr)
+        read_node(self.tops, self.cache, self.pool, ptr)
     }
 
     fn write(&mut self, _data: Vec<u8>, _level: u8) -> Result<BlockPtr, TreeError> {
@@ -234,8 +179,10 @@ impl Allocator<'_> {
 pub struct TxStore<'a> {
     /// Allocation of new blocks.
     pub alloc: Allocator<'a>,
-    /// The node cache (new nodes are cached as they are written).
-    pub cache: &'a NodeCache,
+    /// The block cache (new nodes are cached as they are written).
+    pub cache: &'a BlockCache,
+    /// The pool's guid (part of every cache key).
+    pub pool: u64,
     /// The txg being synced: birth of every block written.
     pub txg: u64,
     /// Checksum for metadata.
@@ -274,14 +221,15 @@ impl TxStore<'_> {
 
 impl NodeStore for TxStore<'_> {
     fn read(&self, ptr: &BlockPtr) -> Result<Vec<u8>, TreeError> {
-        read_node(self.alloc.tops, self.cache, ptr)
+        read_node(self.alloc.tops, self.cache, self.pool, ptr)
     }
 
     fn write(&mut self, data: Vec<u8>, level: u8) -> Result<BlockPtr, TreeError> {
         let bp = self
             .write_block(&data, Compression::Lz4, BlockType::TreeNode, level)
             .map_err(|e| TreeError::Store(Box::new(e)))?;
-        self.cache.put(&bp, Arc::new(data));
+        self.cache
+            .insert(self.pool, &bp, Arc::from(data), BlockKind::Meta);
         Ok(bp)
     }
 

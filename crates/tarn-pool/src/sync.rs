@@ -12,7 +12,7 @@ use tarn_space::{SpaceMap, DEFER_TXGS};
 use tarn_vdev::LeafState;
 
 use crate::pool::{now_unix, Pool, State, K_STATE};
-use crate::store::{Allocator, ReadStore, TxStore};
+use crate::store::{Allocator, TxStore};
 use crate::uberblock::Uberblock;
 use crate::PoolError;
 
@@ -152,14 +152,7 @@ impl Pool {
         }
         let json = serde_json::to_vec(&st.ms).map_err(|e| PoolError::Internal(e.to_string()))?;
         let State { meta, .. } = &mut *st;
-        meta.insert(
-            &ReadStore {
-                tops: &self.tops,
-                cache: &self.cache,
-            },
-            K_STATE,
-            &json,
-        )?;
+        meta.insert(&self.read_store(), K_STATE, &json)?;
         st.ms_dirty = false;
         Ok(())
     }
@@ -190,6 +183,7 @@ impl Pool {
                 keep_contiguous: &[],
             },
             cache: &self.cache,
+            pool: self.guid,
             txg,
             checksum: alg,
             copies: meta_copies,
