@@ -84,7 +84,7 @@ impl Dsl {
         self.live
             .iter()
             .filter(|(l, _)| self.ancestors_and_self(**l).contains(&id))
-            .map(|(_, l)| l.staged_asize)
+            .map(|(_, l)| l.open.staged_asize())
             .sum()
     }
 

@@ -7,9 +7,10 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use tarn_block::BlockPtr;
-use tarn_pool::{Cx, Pool, Reservation};
+use tarn_pool::{Cx, Pool};
 use tarn_tree::{Tree, TreeError};
 
+use crate::overlay::Overlay;
 use crate::record::{
     encode_ptr_hex, hex, new_guid, now_unix, scan_refs, DatasetInfo, DatasetKind, DsRec, Sums,
     DEFLATE_BLOCK, K_NEXT, P_DS, TAG_BLOCK,
@@ -19,46 +20,13 @@ use crate::DsError;
 
 /// In-memory state of a dataset whose tree is open.
 pub(crate) struct Live {
+    /// The committed tree. Open context only reads it (through `open`);
+    /// the sync applies `open` to it and commits.
     pub tree: Tree,
-    /// Data blocks of the open txg, by key.
-    pub staged: BTreeMap<Vec<u8>, StagedBlock>,
-    /// Allocated bytes of the staged blocks' reservations.
-    pub staged_asize: u64,
-    /// Blocks the open txg stopped referencing.
-    pub kills: Vec<BlockPtr>,
+    /// The open txg's changes (see `overlay`).
+    pub open: Overlay,
     /// Operations of the open txg not yet in the intent log (see `zil`).
     pub log: Vec<crate::zil::LogOp>,
-}
-
-/// A data block of the open txg and the room already allocated for it.
-#[derive(Clone, Debug)]
-pub(crate) struct StagedBlock {
-    pub data: Arc<Vec<u8>>,
-    pub res: Reservation,
-    /// Already written (for the intent log) at this pointer: the sync uses
-    /// it as is.
-    pub written: Option<BlockPtr>,
-}
-
-impl Live {
-    /// Stages a block, returning the one it replaces.
-    pub(crate) fn stage(&mut self, key: Vec<u8>, b: StagedBlock) -> Option<StagedBlock> {
-        self.staged_asize += b.res.asize();
-        let old = self.staged.insert(key, b);
-        if let Some(o) = &old {
-            self.staged_asize = self.staged_asize.saturating_sub(o.res.asize());
-        }
-        old
-    }
-
-    /// Removes a staged block.
-    pub(crate) fn unstage(&mut self, key: &[u8]) -> Option<StagedBlock> {
-        let old = self.staged.remove(key);
-        if let Some(o) = &old {
-            self.staged_asize = self.staged_asize.saturating_sub(o.res.asize());
-        }
-        old
-    }
 }
 
 /// The dataset layer's state inside the pool.
@@ -196,9 +164,7 @@ impl Dsl {
                 id,
                 Live {
                     tree: Tree::open(root),
-                    staged: BTreeMap::new(),
-                    staged_asize: 0,
-                    kills: Vec::new(),
+                    open: Overlay::default(),
                     log: Vec::new(),
                 },
             );

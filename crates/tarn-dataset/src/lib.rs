@@ -9,17 +9,20 @@
 //! root dataset carries the pool's name. Names are kept in the records; the
 //! name index is rebuilt in memory when the pool is attached.
 //!
-//! **Values.** The tree's values carry a one-byte tag: plain bytes, a block
-//! pointer to a data block, or (in memory only) a placeholder for a data
-//! block staged in the open txg. At sync the staged blocks are written and
-//! every placeholder is replaced by its pointer before the tree commits, so
-//! no placeholder ever reaches disk.
+//! **Values.** The tree's values carry a one-byte tag: plain bytes, or a
+//! block pointer to a data block.
 //!
-//! **Transactions.** A [`Txn`] changes one dataset under the pool lock and
-//! journals every change; if its closure fails, the journal is applied
-//! backwards and its space charge returned, so the open txg is as if it
-//! never ran. Blocks it stops referencing ("kills") are only queued, and
-//! handed on when it succeeds.
+//! **Open txg** (`overlay`). Open context never changes a committed tree:
+//! the txg's changes (plain values, data blocks staged with the room
+//! already allocated for them, deletions, deleted ranges) sit in the
+//! dataset's overlay, and readers see the overlay over the tree. The sync
+//! writes the staged blocks, applies the overlay to the tree and commits
+//! it; every value it replaces that names a block is killed then.
+//!
+//! **Transactions.** A [`Txn`] changes one dataset's overlay under the pool
+//! lock and journals every change; if its closure fails, the journal is
+//! applied backwards and its space charge and room returned, so the open
+//! txg is as if it never ran.
 //!
 //! **Birth-time rule and deadlists** (`deadlist`): a block a dataset stops
 //! referencing is freed at once when no snapshot can reference it, else it
@@ -41,6 +44,7 @@ mod deadlist;
 mod destroy;
 mod dsl;
 mod ops;
+mod overlay;
 pub mod props;
 mod record;
 mod sync;

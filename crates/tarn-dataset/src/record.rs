@@ -16,10 +16,6 @@ pub(crate) const TAG_PLAIN: u8 = 0;
 
 pub(crate) const TAG_BLOCK: u8 = 1;
 
-/// In memory only: a data block staged in the open txg; followed by its
-/// logical length (u32 LE).
-pub(crate) const TAG_STAGED: u8 = 2;
-
 pub(crate) const K_NEXT: &[u8] = b"N";
 
 /// Block size whose allocation defines the deflate ratio.

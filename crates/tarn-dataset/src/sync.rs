@@ -2,13 +2,15 @@
 //! dataset trees bottom-up, snapshots of the txg, then records.
 
 use std::collections::HashMap;
+use std::ops::Bound;
 
 use tarn_block::BlockPtr;
 use tarn_pool::{BlockOpts, Extension, PoolError, Reservation, SyncCx};
 use tarn_tree::{NodeStore, TreeError};
 
-use crate::dsl::{Dsl, StagedBlock};
-use crate::record::{block_value, ds_key, encode_ptr_hex, Sums, K_NEXT, TAG_STAGED};
+use crate::dsl::Dsl;
+use crate::overlay::{Change, Overlay, StagedBlock};
+use crate::record::{block_value, ds_key, encode_ptr_hex, Sums, K_NEXT, TAG_BLOCK, TAG_PLAIN};
 
 /// The node store of a dataset tree while it commits: records what it
 /// writes and frees so the accounting and the birth-time rule see nodes.
@@ -45,79 +47,32 @@ impl Extension for Dsl {
             || !self.dirty_recs.is_empty()
             || !self.deleted.is_empty()
             || self.next_dirty
-            || self
-                .live
-                .values()
-                .any(|l| !l.staged.is_empty() || !l.kills.is_empty() || l.tree.is_dirty())
+            || self.live.values().any(|l| !l.open.is_empty())
     }
 
     fn sync(&mut self, cx: &mut SyncCx<'_, '_>) -> Result<(), PoolError> {
         let txg = cx.txg();
-        // 1. Staged data blocks, written in one parallel batch.
-        let mut items: Vec<(u64, Vec<u8>, StagedBlock, BlockOpts)> = Vec::new();
         let ids: Vec<u64> = self.live.keys().copied().collect();
+        // The open txg's changes, now this sync's to apply.
+        let mut overlays: Vec<(u64, Overlay)> = Vec::new();
         for id in &ids {
-            let opts = self.block_opts(*id);
             if let Some(live) = self.live.get_mut(id) {
-                live.staged_asize = 0;
-                for (k, b) in std::mem::take(&mut live.staged) {
-                    items.push((*id, k, b, opts));
+                if !live.open.is_empty() {
+                    overlays.push((*id, std::mem::take(&mut live.open)));
                 }
+                // Everything pending for the intent log commits now.
+                live.log.clear();
             }
-        }
-        // Blocks the intent log already wrote are used as they are.
-        let refs: Vec<(&[u8], BlockOpts, Option<Reservation>)> = items
-            .iter()
-            .filter(|(_, _, b, _)| b.written.is_none())
-            .map(|(_, _, b, o)| (b.data.as_slice(), *o, Some(b.res.clone())))
-            .collect();
-        let mut fresh = cx.write_blocks(refs)?.into_iter();
-        let ptrs: Vec<Option<BlockPtr>> = items
-            .iter()
-            .map(|(_, _, b, _)| match b.written {
-                Some(bp) => Some(bp),
-                None => fresh.next().flatten(),
-            })
-            .collect();
-        for ((id, key, _, _), p) in items.iter().zip(ptrs) {
-            let (Some(live), Some(rec)) = (self.live.get_mut(id), self.recs.get_mut(id)) else {
-                return Err(PoolError::Internal(format!(
-                    "staged block of unknown dataset {id}"
-                )));
-            };
-            let store = cx.store();
-            let old = match p {
-                Some(bp) => {
-                    rec.referenced.add(Sums::of(&bp));
-                    rec.unique.add(Sums::of(&bp));
-                    live.tree.insert(&store, key, &block_value(&bp))?
-                }
-                None => live.tree.remove(&store, key)?,
-            };
-            if old.as_deref().and_then(|v| v.first()) != Some(&TAG_STAGED) {
-                return Err(PoolError::Internal(format!(
-                    "dataset {}: staged block without its placeholder",
-                    rec.name
-                )));
-            }
-            self.dirty_recs.insert(*id);
-        }
-        // Everything pending for the intent log commits now.
-        for live in self.live.values_mut() {
-            live.log.clear();
         }
         self.unlogged.clear();
-        // 2. Blocks the open txg stopped referencing.
+        // 1. Staged data blocks, written in one parallel batch (blocks the
+        // intent log already wrote are used as they are).
+        write_staged(self, cx, &overlays)?;
+        // 2. Each overlay onto its tree: deleted ranges first, then every
+        // entry in key order; what they replace is killed.
         let mut bounds = HashMap::new();
-        for id in &ids {
-            let kills = self
-                .live
-                .get_mut(id)
-                .map(|l| std::mem::take(&mut l.kills))
-                .unwrap_or_default();
-            for bp in kills {
-                self.kill(cx, *id, &bp, &mut bounds)?;
-            }
+        for (id, o) in &overlays {
+            self.apply_overlay(cx, *id, o, &mut bounds)?;
         }
         // 3. Dataset trees, bottom-up; their replaced nodes are kills too.
         for id in &ids {
@@ -199,5 +154,124 @@ impl Extension for Dsl {
 
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
         self
+    }
+}
+
+/// Sync step 1: writes every staged block of the overlays that is not
+/// written yet, compressed and checksummed in parallel, into the room it
+/// was given when it was accepted. Each block's slot then holds its pointer
+/// (or none, for a block that turned out to be all zeros).
+fn write_staged(
+    dsl: &Dsl,
+    cx: &mut SyncCx<'_, '_>,
+    overlays: &[(u64, Overlay)],
+) -> Result<(), PoolError> {
+    let mut todo: Vec<(&StagedBlock, BlockOpts, Reservation)> = Vec::new();
+    for (id, o) in overlays {
+        let opts = dsl.block_opts(*id);
+        for (_, b) in o.staged() {
+            let slot = b.slot();
+            if slot.written.is_none() {
+                todo.push((b, opts, slot.res.clone()));
+            }
+        }
+    }
+    let blocks: Vec<(&[u8], BlockOpts, Option<Reservation>)> = todo
+        .iter()
+        .map(|(b, o, r)| (b.data.as_slice(), *o, Some(r.clone())))
+        .collect();
+    let written = cx.write_blocks(blocks)?;
+    for ((b, _, _), bp) in todo.iter().zip(written) {
+        let mut slot = b.slot();
+        slot.written = bp;
+        slot.res = bp.map(|bp| Reservation::of_block(&bp)).unwrap_or_default();
+    }
+    Ok(())
+}
+
+impl Dsl {
+    /// Sync step 2 for one dataset: applies overlay `o` to its tree. Every
+    /// value it replaces that names a block is killed (birth-time rule).
+    fn apply_overlay(
+        &mut self,
+        cx: &mut SyncCx<'_, '_>,
+        id: u64,
+        o: &Overlay,
+        bounds: &mut HashMap<u64, Vec<u64>>,
+    ) -> Result<(), PoolError> {
+        let mut killed: Vec<BlockPtr> = Vec::new();
+        let mut added: Vec<BlockPtr> = Vec::new();
+        {
+            let Some(live) = self.live.get_mut(&id) else {
+                return Err(PoolError::Internal(format!(
+                    "changes of unknown dataset {id}"
+                )));
+            };
+            let store = cx.store();
+            for (lo, hi) in o.ranges() {
+                let (lo, hi) = (
+                    lo.as_ref().map(Vec::as_slice),
+                    hi.as_ref().map(Vec::as_slice),
+                );
+                // The blocks in the range, a page at a time, then the range.
+                let mut from = lo.map(<[u8]>::to_vec);
+                loop {
+                    let page =
+                        live.tree
+                            .range(&store, from.as_ref().map(Vec::as_slice), hi, 1024)?;
+                    let Some((last, _)) = page.last() else { break };
+                    from = Bound::Excluded(last.clone());
+                    for (_, v) in &page {
+                        if let Some(bp) = block_of(v)? {
+                            killed.push(bp);
+                        }
+                    }
+                }
+                live.tree.delete_range(&store, lo, hi)?;
+            }
+            for (key, c) in o.entries() {
+                let old = match c {
+                    Change::Plain(v) => {
+                        let mut raw = Vec::with_capacity(v.len() + 1);
+                        raw.push(TAG_PLAIN);
+                        raw.extend_from_slice(v);
+                        live.tree.insert(&store, key, &raw)?
+                    }
+                    Change::Block(b) => match b.slot().written {
+                        Some(bp) => {
+                            added.push(bp);
+                            live.tree.insert(&store, key, &block_value(&bp))?
+                        }
+                        None => live.tree.remove(&store, key)?,
+                    },
+                    Change::Delete => live.tree.remove(&store, key)?,
+                };
+                if let Some(bp) = old.as_deref().map(block_of).transpose()?.flatten() {
+                    killed.push(bp);
+                }
+            }
+        }
+        let Some(rec) = self.recs.get_mut(&id) else {
+            return Err(PoolError::Internal(format!(
+                "changes of unknown dataset {id}"
+            )));
+        };
+        for bp in &added {
+            rec.referenced.add(Sums::of(bp));
+            rec.unique.add(Sums::of(bp));
+        }
+        self.dirty_recs.insert(id);
+        for bp in killed {
+            self.kill(cx, id, &bp, bounds)?;
+        }
+        Ok(())
+    }
+}
+
+/// The block a raw tree value names, if it names one.
+fn block_of(raw: &[u8]) -> Result<Option<BlockPtr>, PoolError> {
+    match raw.split_first() {
+        Some((&TAG_BLOCK, rest)) => Ok(Some(BlockPtr::decode(rest)?)),
+        _ => Ok(None),
     }
 }

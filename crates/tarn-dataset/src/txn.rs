@@ -1,10 +1,11 @@
 //! Transactions on one dataset: the open-context API the POSIX layer uses.
 //!
-//! A [`Txn`] journals every change it makes to the dataset's tree and
-//! staged blocks. When the closure given to [`DatasetHandle::txn`] fails,
-//! the journal is replayed backwards, the space charge returned and the
-//! queued kills dropped, so a failed operation leaves no trace in the open
-//! txg. Reads of data blocks happen under the pool lock (a known limit).
+//! A [`Txn`] reads the dataset as the open txg's changes over its committed
+//! tree (see `overlay`) and writes only into the open overlay, journaling
+//! every change. When the closure given to [`DatasetHandle::txn`] fails,
+//! the journal is replayed backwards and the space charge and room
+//! returned, so a failed operation leaves no trace in the open txg. Reads of
+//! data blocks happen under the pool lock (a known limit).
 
 use std::ops::Bound;
 use std::sync::Arc;
@@ -12,8 +13,8 @@ use std::sync::Arc;
 use tarn_block::BlockPtr;
 use tarn_pool::{Cx, Pool};
 
-use crate::dsl::{with_dsl, Dsl, StagedBlock};
-use crate::record::{TAG_BLOCK, TAG_PLAIN, TAG_STAGED};
+use crate::dsl::{with_dsl, Dsl, Live};
+use crate::overlay::{Change, Found, StagedBlock, View};
 use crate::zil::LogOp;
 use crate::DsError;
 use tarn_pool::Reservation;
@@ -36,10 +37,10 @@ pub const MAX_PLAIN: usize = tarn_tree::MAX_VALUE - 1;
 pub const MAX_BLOCK: usize = 1 << 20;
 
 enum Undo {
-    /// Key and its previous raw tree value.
-    Tree(Vec<u8>, Option<Vec<u8>>),
-    /// Key and its previous staged block.
-    Staged(Vec<u8>, Option<StagedBlock>),
+    /// Key and the open overlay's previous entry for it.
+    Entry(Vec<u8>, Option<Change>),
+    /// A range deletion and the overlay entries it removed.
+    Range(Vec<(Vec<u8>, Change)>),
 }
 
 /// One dataset inside one transaction (see the module docs).
@@ -49,38 +50,29 @@ pub struct Txn<'a, 'p, 's> {
     id: u64,
     readonly: bool,
     undo: Vec<Undo>,
-    kills: Vec<BlockPtr>,
     /// Dirty bytes charged to the write throttle.
     charged_dirty: u64,
     /// Room allocated by this transaction: given back if it fails.
     reserved: Vec<Reservation>,
     /// Staged blocks this transaction replaced or removed: their room is
     /// given back if it succeeds.
-    released: Vec<StagedBlock>,
+    released: Vec<Arc<StagedBlock>>,
     /// The operations that succeeded, for the intent log.
     ops: Vec<LogOp>,
     /// Redoing the intent log: skip the checks the operations passed when
     /// they first ran (quota, read-only), and log nothing.
     replay: bool,
+    /// The open overlay's plain bytes when the transaction began.
+    plain_before: u64,
 }
 
-fn decode(raw: &[u8], what: &[u8]) -> Result<Value, DsError> {
-    match raw.split_first() {
-        Some((&TAG_PLAIN, rest)) => Ok(Value::Plain(rest.to_vec())),
-        Some((&TAG_BLOCK, rest)) => {
-            let bp = BlockPtr::decode(rest)
-                .map_err(|e| DsError::Corrupt(format!("block pointer at key {what:02x?}: {e}")))?;
-            Ok(Value::Block { len: bp.lsize })
-        }
-        Some((&TAG_STAGED, rest)) => {
-            let len = rest
-                .get(..4)
-                .and_then(|b| <[u8; 4]>::try_from(b).ok())
-                .map(u32::from_le_bytes)
-                .unwrap_or(0);
-            Ok(Value::Block { len })
-        }
-        _ => Err(DsError::Corrupt(format!("value tag at key {what:02x?}"))),
+fn value_of(f: Found) -> Value {
+    match f {
+        Found::Plain(v) => Value::Plain(v),
+        Found::Staged(b) => Value::Block {
+            len: b.data.len() as u32,
+        },
+        Found::Block(bp) => Value::Block { len: bp.lsize },
     }
 }
 
@@ -117,45 +109,35 @@ impl Txn<'_, '_, '_> {
         )
     }
 
-    fn raw_get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, DsError> {
+    /// What the dataset holds under `key`: the open txg's changes over the
+    /// committed tree.
+    fn found(&mut self, key: &[u8]) -> Result<Option<Found>, DsError> {
         let store = self.cx.store();
         let live = self.dsl.live(self.id)?;
-        Ok(live.tree.get(&store, key)?)
+        let Live { tree, open, .. } = live;
+        let layers = [&*open];
+        View {
+            layers: &layers,
+            tree,
+        }
+        .get(&store, key)
     }
 
-    /// Replaces the raw value under `key`, journaling the old one and
-    /// queueing the kill of a block it referenced.
-    fn raw_set(&mut self, key: &[u8], new: Option<Vec<u8>>) -> Result<Option<Vec<u8>>, DsError> {
-        let store = self.cx.store();
+    /// Records a change of `key` in the open overlay, journaling the entry
+    /// it replaces.
+    fn set(&mut self, key: &[u8], c: Change) -> Result<(), DsError> {
         let live = self.dsl.live(self.id)?;
-        let old = match &new {
-            Some(v) => live.tree.insert(&store, key, v)?,
-            None => live.tree.remove(&store, key)?,
-        };
-        self.undo.push(Undo::Tree(key.to_vec(), old.clone()));
-        match old.as_deref().and_then(|o| o.split_first()) {
-            Some((&TAG_BLOCK, rest)) => {
-                let bp = BlockPtr::decode(rest)?;
-                self.kills.push(bp);
-            }
-            Some((&TAG_STAGED, _)) => {
-                let prev = live.unstage(key);
-                if let Some(p) = &prev {
-                    self.released.push(p.clone());
-                }
-                self.undo.push(Undo::Staged(key.to_vec(), prev));
-            }
-            _ => {}
+        let prev = live.open.set(key, c);
+        if let Some(Change::Block(b)) = &prev {
+            self.released.push(b.clone());
         }
-        Ok(old)
+        self.undo.push(Undo::Entry(key.to_vec(), prev));
+        Ok(())
     }
 
     /// The value under `key`.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Value>, DsError> {
-        match self.raw_get(key)? {
-            Some(raw) => Ok(Some(decode(&raw, key)?)),
-            None => Ok(None),
-        }
+        Ok(self.found(key)?.map(value_of))
     }
 
     /// Stores a plain value.
@@ -167,10 +149,14 @@ impl Txn<'_, '_, '_> {
                 value.len()
             )));
         }
-        let mut v = Vec::with_capacity(value.len() + 1);
-        v.push(TAG_PLAIN);
-        v.extend_from_slice(value);
-        self.raw_set(key, Some(v))?;
+        if key.len() > tarn_tree::MAX_KEY {
+            return Err(DsError::Invalid(format!(
+                "key of {} bytes exceeds {}",
+                key.len(),
+                tarn_tree::MAX_KEY
+            )));
+        }
+        self.set(key, Change::Plain(value.to_vec()))?;
         self.logged(|| LogOp::Put(key.to_vec(), value.to_vec()));
         Ok(())
     }
@@ -185,12 +171,12 @@ impl Txn<'_, '_, '_> {
     /// Removes `key` (freeing its block); false if it was absent.
     pub fn delete(&mut self, key: &[u8]) -> Result<bool, DsError> {
         self.ro_check()?;
-        if self.raw_get(key)?.is_none() {
+        if self.found(key)?.is_none() {
             return Ok(false);
         }
-        let had = self.raw_set(key, None)?.is_some();
+        self.set(key, Change::Delete)?;
         self.logged(|| LogOp::Delete(key.to_vec()));
-        Ok(had)
+        Ok(true)
     }
 
     /// Up to `limit` entries inside `start..end`.
@@ -202,33 +188,31 @@ impl Txn<'_, '_, '_> {
     ) -> Result<Vec<(Vec<u8>, Value)>, DsError> {
         let store = self.cx.store();
         let live = self.dsl.live(self.id)?;
-        let page = live.tree.range(&store, start, end, limit)?;
-        page.into_iter()
-            .map(|(k, v)| {
-                let val = decode(&v, &k)?;
-                Ok((k, val))
-            })
-            .collect()
+        let Live { tree, open, .. } = live;
+        let layers = [&*open];
+        let page = View {
+            layers: &layers,
+            tree,
+        }
+        .range(&store, start, end, limit)?;
+        Ok(page.into_iter().map(|(k, f)| (k, value_of(f))).collect())
     }
 
-    /// Removes every key inside `start..end`, freeing their blocks.
-    pub fn delete_range(&mut self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<u64, DsError> {
+    /// Removes every key inside `start..end`, freeing their blocks when the
+    /// txg syncs. Costs the same whatever the range holds.
+    pub fn delete_range(&mut self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<(), DsError> {
         self.ro_check()?;
-        let mut n = 0u64;
-        loop {
-            let page = self.range(start, end, 256)?;
-            if page.is_empty() {
-                if n > 0 {
-                    let own = |b: Bound<&[u8]>| b.map(<[u8]>::to_vec);
-                    self.logged(|| LogOp::DeleteRange(own(start), own(end)));
-                }
-                return Ok(n);
-            }
-            for (k, _) in page {
-                self.raw_set(&k, None)?;
-                n += 1;
+        let live = self.dsl.live(self.id)?;
+        let removed = live.open.delete_range(start, end);
+        for (_, c) in &removed {
+            if let Change::Block(b) = c {
+                self.released.push(b.clone());
             }
         }
+        self.undo.push(Undo::Range(removed));
+        let own = |b: Bound<&[u8]>| b.map(<[u8]>::to_vec);
+        self.logged(|| LogOp::DeleteRange(own(start), own(end)));
+        Ok(())
     }
 
     /// Stages `data` as a data block under `key` for the next sync. All
@@ -242,8 +226,8 @@ impl Txn<'_, '_, '_> {
             )));
         }
         if data.iter().all(|&b| b == 0) {
-            if self.raw_get(key)?.is_some() {
-                self.raw_set(key, None)?;
+            if self.found(key)?.is_some() {
+                self.set(key, Change::Delete)?;
                 self.logged(|| LogOp::Delete(key.to_vec()));
             }
             return Ok(());
@@ -264,25 +248,11 @@ impl Txn<'_, '_, '_> {
         self.cx.charge(len);
         self.charged_dirty += len;
         let data = Arc::new(data);
-        self.stage_block(key, data.clone(), res, None)?;
+        self.set(
+            key,
+            Change::Block(Arc::new(StagedBlock::new(data.clone(), res, None))),
+        )?;
         self.logged(|| LogOp::Block(key.to_vec(), data));
-        Ok(())
-    }
-
-    /// Puts a staged block (and its placeholder) under `key`.
-    fn stage_block(
-        &mut self,
-        key: &[u8],
-        data: Arc<Vec<u8>>,
-        res: Reservation,
-        written: Option<BlockPtr>,
-    ) -> Result<(), DsError> {
-        let mut v = vec![TAG_STAGED];
-        v.extend_from_slice(&(data.len() as u32).to_le_bytes());
-        self.raw_set(key, Some(v))?;
-        let live = self.dsl.live(self.id)?;
-        let prev = live.stage(key.to_vec(), StagedBlock { data, res, written });
-        self.undo.push(Undo::Staged(key.to_vec(), prev));
         Ok(())
     }
 
@@ -291,9 +261,9 @@ impl Txn<'_, '_, '_> {
         match op {
             LogOp::Put(k, v) => self.put(k, v),
             LogOp::Delete(k) => self.delete(k).map(|_| ()),
-            LogOp::DeleteRange(a, b) => self
-                .delete_range(a.as_ref().map(Vec::as_slice), b.as_ref().map(Vec::as_slice))
-                .map(|_| ()),
+            LogOp::DeleteRange(a, b) => {
+                self.delete_range(a.as_ref().map(Vec::as_slice), b.as_ref().map(Vec::as_slice))
+            }
             LogOp::Block(k, d) => self.write_block(k, d.as_ref().clone()),
             LogOp::BlockRef(k, bp) => {
                 // Written before the crash into room import claimed; read
@@ -313,41 +283,27 @@ impl Txn<'_, '_, '_> {
                 }
                 self.cx.charge(data.len() as u64);
                 self.charged_dirty += data.len() as u64;
-                self.stage_block(k, Arc::new(data), Reservation::of_block(bp), Some(*bp))
+                let b = StagedBlock::new(Arc::new(data), Reservation::of_block(bp), Some(*bp));
+                self.set(k, Change::Block(Arc::new(b)))
             }
         }
     }
 
     /// The bytes of the data block under `key`.
     pub fn read_block(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, DsError> {
-        let Some(raw) = self.raw_get(key)? else {
-            return Ok(None);
-        };
-        match raw.split_first() {
-            Some((&TAG_STAGED, _)) => {
-                let live = self.dsl.live(self.id)?;
-                Ok(Some(
-                    live.staged
-                        .get(key)
-                        .map(|b| b.data.as_ref().clone())
-                        .ok_or_else(|| {
-                            DsError::Corrupt(format!("staged block at key {key:02x?} is missing"))
-                        })?,
-                ))
-            }
-            Some((&TAG_BLOCK, rest)) => {
-                let bp = BlockPtr::decode(rest)?;
-                match self.cx.read_block(&bp) {
-                    Ok(d) => Ok(Some(d)),
-                    Err(e) => {
-                        let name = crate::dsl::rec_name(self.dsl, self.id).unwrap_or_default();
-                        let what = format!("dataset {name}: block at key {key:02x?}");
-                        self.cx.report_damage(what.clone());
-                        Err(DsError::Damaged(format!("{what}: {e}")))
-                    }
+        match self.found(key)? {
+            None => Ok(None),
+            Some(Found::Staged(b)) => Ok(Some(b.data.as_ref().clone())),
+            Some(Found::Block(bp)) => match self.cx.read_block(&bp) {
+                Ok(d) => Ok(Some(d)),
+                Err(e) => {
+                    let name = crate::dsl::rec_name(self.dsl, self.id).unwrap_or_default();
+                    let what = format!("dataset {name}: block at key {key:02x?}");
+                    self.cx.report_damage(what.clone());
+                    Err(DsError::Damaged(format!("{what}: {e}")))
                 }
-            }
-            _ => Err(DsError::Invalid(format!(
+            },
+            Some(Found::Plain(_)) => Err(DsError::Invalid(format!(
                 "key {key:02x?} holds a plain value, not a block"
             ))),
         }
@@ -355,57 +311,38 @@ impl Txn<'_, '_, '_> {
 
     fn rollback(&mut self) {
         self.cx.uncharge(self.charged_dirty);
-        self.kills.clear();
         for r in std::mem::take(&mut self.reserved) {
             self.cx.release_block(r);
         }
         self.released.clear();
         self.ops.clear();
-        let store = self.cx.store();
         let Ok(live) = self.dsl.live(self.id) else {
             return;
         };
-        let mut failed = None;
         while let Some(u) = self.undo.pop() {
             match u {
-                Undo::Tree(k, Some(v)) => {
-                    if let Err(e) = live.tree.insert(&store, &k, &v) {
-                        failed = Some(e.to_string());
-                    }
-                }
-                Undo::Tree(k, None) => {
-                    if let Err(e) = live.tree.remove(&store, &k) {
-                        failed = Some(e.to_string());
-                    }
-                }
-                Undo::Staged(k, Some(b)) => {
-                    live.stage(k, b);
-                }
-                Undo::Staged(k, None) => {
-                    live.unstage(&k);
-                }
+                Undo::Entry(k, prev) => live.open.restore(&k, prev),
+                Undo::Range(removed) => live.open.undo_delete_range(removed),
             }
-        }
-        drop(store);
-        if let Some(e) = failed {
-            // The tree keeps part of the failed change: it must not commit.
-            self.cx.fault(format!(
-                "undoing a failed change could not restore the dataset ({e}); the pool \
-                 stopped so that nothing half-done is committed: export and import it"
-            ));
         }
     }
 
     fn finish(&mut self) -> Result<(), DsError> {
         let live = self.dsl.live(self.id)?;
-        live.kills.append(&mut self.kills);
         live.log.append(&mut self.ops);
+        // Keys and plain values held for the sync count against the write
+        // throttle too, so a txg of metadata changes stays bounded.
+        let plain = live.open.plain_bytes();
+        if plain > self.plain_before {
+            self.cx.charge(plain - self.plain_before);
+        }
         self.reserved.clear();
         for b in std::mem::take(&mut self.released) {
-            match b.written {
+            let slot = b.slot().clone();
+            match slot.written {
                 // Only the intent log refers to it: freed after the sync.
                 Some(bp) => self.cx.log_free(bp),
-                None => self.cx.release_block(b.res),
+                None => self.cx.release_block(slot.res),
             }
         }
         Ok(())
@@ -421,19 +358,19 @@ pub(crate) fn run<R, E>(
     replay: bool,
     f: impl FnOnce(&mut Txn<'_, '_, '_>) -> Result<R, E>,
 ) -> Result<Result<R, E>, DsError> {
-    dsl.live(id)?;
+    let plain_before = dsl.live(id)?.open.plain_bytes();
     let mut t = Txn {
         dsl,
         cx,
         id,
         readonly: false,
         undo: Vec::new(),
-        kills: Vec::new(),
         charged_dirty: 0,
         reserved: Vec::new(),
         released: Vec::new(),
         ops: Vec::new(),
         replay,
+        plain_before,
     };
     match f(&mut t) {
         Ok(v) => {

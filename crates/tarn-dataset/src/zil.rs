@@ -287,24 +287,24 @@ pub(crate) fn commit(dsl: &mut Dsl, cx: &mut Cx<'_, '_>, id: u64) -> Result<bool
             continue;
         }
         // The newest write of this key is the staged block itself.
-        let Some(sb) = live.staged.get_mut(k.as_slice()) else {
+        let Some(sb) = live.open.staged_at(k.as_slice()).cloned() else {
             continue;
         };
         if !Arc::ptr_eq(&sb.data, data) {
             continue;
         }
-        let bp = match sb.written {
+        let mut slot = sb.slot();
+        let bp = match slot.written {
             // Written by an earlier commit that did not complete.
             Some(bp) => bp,
-            None => match cx.write_block_now(&sb.data, opts, sb.res.clone()) {
+            None => match cx.write_block_now(&sb.data, opts, slot.res.clone()) {
                 Ok(Some(bp)) => {
                     let res = Reservation::of_block(&bp);
-                    live.staged_asize = live
-                        .staged_asize
-                        .saturating_sub(sb.res.asize())
-                        .saturating_add(res.asize());
-                    sb.res = res;
-                    sb.written = Some(bp);
+                    let (old, new) = (slot.res.asize(), res.asize());
+                    slot.res = res;
+                    slot.written = Some(bp);
+                    drop(slot);
+                    live.open.restaged(old, new);
                     bp
                 }
                 Ok(None) => continue,

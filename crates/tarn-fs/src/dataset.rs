@@ -78,7 +78,7 @@ impl Store for TxnStore<'_, '_, '_, '_> {
             .map_err(store_err)
     }
 
-    fn delete_range(&mut self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<u64, StoreError> {
+    fn delete_range(&mut self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<(), StoreError> {
         self.t.delete_range(start, end).map_err(store_err)
     }
 

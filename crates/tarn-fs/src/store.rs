@@ -104,9 +104,9 @@ pub trait Store {
         end: Bound<&[u8]>,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Val)>, StoreError>;
-    /// Removes every key inside `start..end` (freeing their blocks) and
-    /// returns how many.
-    fn delete_range(&mut self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<u64, StoreError>;
+    /// Removes every key inside `start..end` (freeing their blocks). Costs
+    /// the same whatever the range holds.
+    fn delete_range(&mut self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<(), StoreError>;
     /// Stores `data` as a block value under `key`, replacing what was there.
     /// Fails with `NoSpace`/`Quota` before changing anything when it cannot
     /// fit. Data that is all zeros is stored as no block at all (a hole):

@@ -323,10 +323,10 @@ impl Store for MemTxn<'_> {
             })
             .collect())
     }
-    fn delete_range(&mut self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<u64, StoreError> {
+    fn delete_range(&mut self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<(), StoreError> {
         self.check_write(&[])?;
         if bounds_empty(start, end) {
-            return Ok(0);
+            return Ok(());
         }
         let keys: Vec<Vec<u8>> = self
             .st
@@ -337,7 +337,7 @@ impl Store for MemTxn<'_> {
         for k in &keys {
             self.set(k, None)?;
         }
-        Ok(keys.len() as u64)
+        Ok(())
     }
     fn write_block(&mut self, key: &[u8], data: Vec<u8>) -> Result<(), StoreError> {
         self.check_write(key)?;

@@ -83,7 +83,7 @@ pub type ScanFn = fn(kind: u8, key: &[u8], value: &[u8], out: &mut Vec<ExtRef>);
 /// Space allocated for one data block of the open txg when it was
 /// accepted, so the sync that writes it cannot run out of room: admission
 /// is allocation. The sync trims what compression saved.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Reservation {
     dvas: Vec<Dva>,
 }

@@ -173,7 +173,7 @@ impl Store for WrapStore<'_> {
     ) -> Result<Vec<(Vec<u8>, Val)>, StoreError> {
         self.s.range(start, end, limit)
     }
-    fn delete_range(&mut self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<u64, StoreError> {
+    fn delete_range(&mut self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<(), StoreError> {
         self.s.delete_range(start, end)
     }
     fn write_block(&mut self, key: &[u8], data: Vec<u8>) -> Result<(), StoreError> {
