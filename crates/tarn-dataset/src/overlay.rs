@@ -518,6 +518,9 @@ mod tests {
         }
     }
 
+    /// What to undo: an entry's previous value, or a range's removals.
+    type Undone = Result<(Vec<u8>, Option<Change>), Vec<(Vec<u8>, Change)>>;
+
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             4 => (0u8..40, any::<u8>()).prop_map(|(k, v)| Op::Put(k, v)),
@@ -589,7 +592,7 @@ mod tests {
                 apply_overlay(&mut o, op);
             }
             let before = format!("{:?}", (&o.entries, &o.ranges, o.plain_bytes));
-            let mut undo: Vec<Result<(Vec<u8>, Option<Change>), Vec<(Vec<u8>, Change)>>> = Vec::new();
+            let mut undo: Vec<Undone> = Vec::new();
             for op in &ops[keep..] {
                 match *op {
                     Op::Put(k, v) => undo.push(Ok((key(k), o.set(&key(k), Change::Plain(vec![v]))))),
