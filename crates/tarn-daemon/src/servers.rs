@@ -18,10 +18,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
 use serde::{Deserialize, Serialize};
+use tarn_api::access::{Access, Share};
 use tarn_nfs::{Export, IpNet, NfsConfig, NfsServer};
 use tarn_webdav::{Authenticator, Principal, TlsConfig, WebdavConfig};
 
-use crate::access::{self, Access};
+use crate::access;
+use crate::error::{DaemonError, Result};
 use crate::pools::Pools;
 
 /// Where the front ends listen; none means not started.
@@ -85,23 +87,26 @@ impl Authenticator for PoolUsers {
 
 /// The NFS handle key: 32 random bytes kept in the state directory (0600),
 /// so handles stay valid across restarts.
-fn handle_key(state_dir: &Path) -> anyhow::Result<[u8; 32]> {
+fn handle_key(state_dir: &Path) -> Result<[u8; 32]> {
     let path = state_dir.join("nfs-handle-key");
     let mut key = [0u8; 32];
     match std::fs::File::open(&path) {
         Ok(mut f) => {
             f.read_exact(&mut key)
-                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+                .map_err(|e| DaemonError::msg(format!("cannot read {}: {e}", path.display())))?;
             return Ok(key);
         }
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            anyhow::bail!("cannot open {}: {e}", path.display())
+            return Err(DaemonError::msg(format!(
+                "cannot open {}: {e}",
+                path.display()
+            )))
         }
         Err(_) => {}
     }
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut key))
-        .map_err(|e| anyhow::anyhow!("cannot read /dev/urandom: {e}"))?;
+        .map_err(|e| DaemonError::msg(format!("cannot read /dev/urandom: {e}")))?;
     let tmp = state_dir.join("nfs-handle-key.tmp");
     {
         use std::os::unix::fs::OpenOptionsExt;
@@ -120,12 +125,7 @@ fn handle_key(state_dir: &Path) -> anyhow::Result<[u8; 32]> {
 
 impl Servers {
     /// Starts the front ends the options ask for.
-    pub fn start(
-        &self,
-        pools: &Arc<Pools>,
-        opts: &ServerOptions,
-        state_dir: &Path,
-    ) -> anyhow::Result<()> {
+    pub fn start(&self, pools: &Arc<Pools>, opts: &ServerOptions, state_dir: &Path) -> Result<()> {
         let (exports, shares) = pools.share_lists();
         let mut ep = Endpoints::default();
         if let Some(bind) = opts.nfs {
@@ -135,8 +135,9 @@ impl Servers {
                 handle_key: handle_key(state_dir)?,
                 ..NfsConfig::default()
             };
-            let running = NfsServer::start(config, exports)
-                .map_err(|e| anyhow::anyhow!("cannot start the NFS server on {bind}: {e}"))?;
+            let running = NfsServer::start(config, exports).map_err(|e| {
+                DaemonError::msg(format!("cannot start the NFS server on {bind}: {e}"))
+            })?;
             ep.nfs = Some(running.local_addrs().0);
             *self.nfs.lock().unwrap_or_else(|e| e.into_inner()) = Some(running);
         }
@@ -160,8 +161,9 @@ impl Servers {
             let auth = Arc::new(PoolUsers {
                 pools: Arc::downgrade(pools),
             });
-            let running = tarn_webdav::serve(config, shares, auth)
-                .map_err(|e| anyhow::anyhow!("cannot start the WebDAV server on {bind}: {e}"))?;
+            let running = tarn_webdav::serve(config, shares, auth).map_err(|e| {
+                DaemonError::msg(format!("cannot start the WebDAV server on {bind}: {e}"))
+            })?;
             ep.webdav = Some(running.local_addr());
             ep.webdav_tls = tls;
             ep.tls_fingerprint = running.tls_fingerprint().map(|f| f.to_string());
@@ -212,7 +214,7 @@ impl Servers {
 /// The NFS export and the WebDAV share of one stored share.
 pub fn share_entries(
     fs: Arc<crate::filesystems::DatasetFs>,
-    share: &access::Share,
+    share: &Share,
 ) -> (Option<Export>, Option<tarn_webdav::Share>) {
     let export = share.nfs.as_ref().map(|n| {
         let clients: Vec<IpNet> = n
