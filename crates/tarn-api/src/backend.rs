@@ -1,6 +1,6 @@
 //! The seam between the admin API and whatever serves it.
 //!
-//! [`Backend`] is called by [`crate::dispatch`] after the parameters were
+//! [`Backend`] is called by [`crate::dispatch()`] after the parameters were
 //! decoded and the checks that need no pool passed; it never sees JSON.
 
 use std::collections::BTreeMap;

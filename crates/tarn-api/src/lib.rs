@@ -4,7 +4,7 @@
 //! engine behind it: the method names ([`method`]), the request and
 //! response lines and their framing ([`wire`]), the errors ([`ApiError`]),
 //! every parameter and result type (pools, datasets, users, shares,
-//! mounts), the [`Backend`] trait a node implements, and [`dispatch`], the
+//! mounts), the [`Backend`] trait a node implements, and [`dispatch()`], the
 //! one table that maps a method onto a [`Backend`] function.
 //!
 //! The types here are the API's own copies, not the engine's: the daemon

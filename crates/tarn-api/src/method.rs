@@ -1,4 +1,4 @@
-//! Method names, shared by clients and [`crate::dispatch`] so they cannot
+//! Method names, shared by clients and [`crate::dispatch()`] so they cannot
 //! drift. Each names its parameter type.
 
 /// Liveness check: answers [`crate::params::PingResult`].

@@ -15,8 +15,8 @@ use tarn_api::params::{
     NoParams, ShareAddParams, ShareDelParams, UserAddParams, UserParams, UserPasswdParams,
 };
 
-use crate::cli::{decode, Out, Session};
 use crate::render;
+use crate::session::{decode, Out, Session};
 
 /// `tarn user ...`.
 #[derive(Subcommand, Debug)]
@@ -177,12 +177,10 @@ pub(crate) fn user_command(
                 uid,
                 gid,
             };
-            let v = client.call(method::USER_ADD, &params)?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(out, method::USER_ADD, &params)?;
         }
         UserCommand::Del { pool, name } => {
-            let v = client.call(method::USER_DEL, &UserParams { pool, name })?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(out, method::USER_DEL, &UserParams { pool, name })?;
         }
         UserCommand::Passwd {
             pool,
@@ -195,8 +193,7 @@ pub(crate) fn user_command(
                 name,
                 password,
             };
-            let v = client.call(method::USER_PASSWD, &params)?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(out, method::USER_PASSWD, &params)?;
         }
         UserCommand::List => {
             let v = client.call(method::USER_LIST, &NoParams {})?;
@@ -248,12 +245,10 @@ pub(crate) fn share_command(
                 }),
                 webdav: (!webdav.is_empty()).then_some(WebdavShare { users }),
             };
-            let v = client.call(method::SHARE_ADD, &ShareAddParams { share, owner })?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(out, method::SHARE_ADD, &ShareAddParams { share, owner })?;
         }
         ShareCommand::Del { pool, name } => {
-            let v = client.call(method::SHARE_DEL, &ShareDelParams { pool, name })?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(out, method::SHARE_DEL, &ShareDelParams { pool, name })?;
         }
         ShareCommand::List => {
             let v = client.call(method::SHARE_LIST, &NoParams {})?;

@@ -10,20 +10,19 @@
 //! plain options ([`Run`]) for the binary to run in-process.
 
 use std::ffi::OsString;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::bail;
 use clap::{CommandFactory, Parser, Subcommand};
-use serde_json::Value;
 
 use crate::access::{ShareCommand, UserCommand};
-use crate::client::Client;
 use crate::daemon::{default_socket_path, DaemonArgs, DaemonRun, DemoArgs, DemoRun};
 use crate::dataset::DatasetCommand;
 use crate::object::ObjectCommand;
 use crate::pool::PoolCommand;
+pub use crate::session::Format;
+use crate::session::{Out, Session};
 
 /// tarn: a self-healing storage pool server.
 #[derive(Parser, Debug)]
@@ -90,15 +89,6 @@ fn is_output_flag(arg: &OsString) -> bool {
         return false;
     };
     a == "--output" || a.starts_with("--output=") || (a.starts_with("-o") && !a.starts_with("--"))
-}
-
-/// How results are printed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
-    /// Tables and trees like the `zpool` commands.
-    Human,
-    /// The raw result of each API call, pretty-printed.
-    Json,
 }
 
 /// A value of `-o`: an output format, or a pool property for `pool create`.
@@ -225,7 +215,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Run> {
     let (format, pool_props) = resolve_output(&cli.output, is_create)?;
 
     let mut client = Session::new(socket);
-    let out = Out { format };
+    let out = Out::new(format);
     match cli.command {
         Command::Daemon(args) => {
             if let Some(run) = crate::daemon::daemon_command(&mut client, &out, args)? {
@@ -300,94 +290,6 @@ fn resolve_output(
         }
     }
     Ok((format, props))
-}
-
-/// The connection to the daemon, opened on first use so that mistakes in
-/// the arguments are reported even when no daemon runs. A fresh connection
-/// first checks that the daemon speaks this client's API version.
-pub(crate) struct Session {
-    pub(crate) path: PathBuf,
-    client: Option<Client>,
-}
-
-impl Session {
-    fn new(path: PathBuf) -> Session {
-        Session { path, client: None }
-    }
-
-    /// Calls `method` on the daemon and returns its raw JSON result.
-    pub(crate) fn call(
-        &mut self,
-        method: &str,
-        params: &impl serde::Serialize,
-    ) -> anyhow::Result<Value> {
-        let client = match self.client.take() {
-            Some(client) => client,
-            None => {
-                let mut client = Client::connect(&self.path)?;
-                client.check_api_version()?;
-                client
-            }
-        };
-        self.client.insert(client).call(method, params)
-    }
-}
-
-/// Where results go.
-pub(crate) struct Out {
-    format: Format,
-}
-
-impl Out {
-    /// Prints the raw result in JSON mode, or `human()` otherwise. Fails
-    /// if stdout is gone (e.g. `| head` ended), which [`is_broken_pipe`]
-    /// recognises so the program can end quietly.
-    pub(crate) fn raw_or(&self, raw: &Value, human: impl FnOnce() -> String) -> anyhow::Result<()> {
-        let text = match self.format {
-            Format::Json => {
-                let mut s = serde_json::to_string_pretty(raw).unwrap_or_else(|_| raw.to_string());
-                s.push('\n');
-                s
-            }
-            Format::Human => human(),
-        };
-        if !text.is_empty() {
-            let mut stdout = std::io::stdout().lock();
-            stdout.write_all(text.as_bytes())?;
-            stdout.flush()?;
-        }
-        Ok(())
-    }
-}
-
-pub(crate) fn decode<T: serde::de::DeserializeOwned>(method: &str, v: Value) -> anyhow::Result<T> {
-    serde_json::from_value(v).with_context(|| {
-        format!(
-            "the daemon's answer to {method} does not have the expected shape; \
-             are the daemon and this client the same version? (`tarn daemon ping`)"
-        )
-    })
-}
-
-pub(crate) fn absolute(path: &Path) -> anyhow::Result<String> {
-    let abs = std::path::absolute(path)
-        .with_context(|| format!("cannot make {} absolute", path.display()))?;
-    abs.to_str().map(str::to_string).ok_or_else(|| {
-        anyhow!(
-            "path {} is not valid UTF-8; rename it or use a symlink with a UTF-8 name",
-            abs.display()
-        )
-    })
-}
-
-/// Devices named by path are made absolute; a bare word that is not a file
-/// here (`sdb`, a GUID) is passed on for the daemon to match.
-pub(crate) fn device_arg(device: &str) -> anyhow::Result<String> {
-    if device.contains('/') || Path::new(device).exists() {
-        absolute(Path::new(device))
-    } else {
-        Ok(device.to_string())
-    }
 }
 
 #[cfg(test)]

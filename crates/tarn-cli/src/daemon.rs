@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use tarn_api::method;
 use tarn_api::params::{NoParams, PingResult};
 
-use crate::cli::{decode, Out, Session};
+use crate::session::{decode, Out, Session};
 
 /// `tarn demo`.
 #[derive(Args, Debug)]
@@ -209,8 +209,7 @@ pub(crate) fn daemon_command(
             }))
         }
         Some(DaemonAction::Stop) => {
-            let v = client.call(method::DAEMON_STOP, &NoParams {})?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(out, method::DAEMON_STOP, &NoParams {})?;
         }
         Some(DaemonAction::Ping) => {
             let v = client.call(method::DAEMON_PING, &NoParams {})?;

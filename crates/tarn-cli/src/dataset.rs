@@ -14,8 +14,8 @@ use tarn_api::params::{
     RollbackParams, SnapshotParams, UnmountParams,
 };
 
-use crate::cli::{absolute, decode, Out, Session};
 use crate::render;
+use crate::session::{absolute, decode, Out, Session};
 
 /// `tarn dataset ...`.
 #[derive(Subcommand, Debug)]
@@ -95,15 +95,14 @@ pub(crate) fn dataset_command(
                 properties: props.into_iter().collect(),
                 parents,
             };
-            let v = client.call(method::DATASET_CREATE, &params)?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(out, method::DATASET_CREATE, &params)?;
         }
         DatasetCommand::Destroy { recursive, name } => {
-            let v = client.call(
+            client.call_quietly(
+                out,
                 method::DATASET_DESTROY,
                 &DatasetDestroyParams { name, recursive },
             )?;
-            out.raw_or(&v, String::new)?;
         }
         DatasetCommand::List { kind, names } => {
             let (fs, snaps) = match kind.as_str() {
@@ -170,8 +169,7 @@ pub(crate) fn dataset_command(
                     property: property.to_string(),
                     value: value.to_string(),
                 };
-                let v = client.call(method::DATASET_SET, &params)?;
-                out.raw_or(&v, String::new)?;
+                client.call_quietly(out, method::DATASET_SET, &params)?;
             }
         }
         DatasetCommand::Inherit { property, names } => {
@@ -180,20 +178,18 @@ pub(crate) fn dataset_command(
                     name,
                     property: property.clone(),
                 };
-                let v = client.call(method::DATASET_INHERIT, &params)?;
-                out.raw_or(&v, String::new)?;
+                client.call_quietly(out, method::DATASET_INHERIT, &params)?;
             }
         }
         DatasetCommand::Promote { name } => {
-            let v = client.call(method::DATASET_PROMOTE, &NameParams { name })?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(out, method::DATASET_PROMOTE, &NameParams { name })?;
         }
         DatasetCommand::Rename { name, new_name } => {
-            let v = client.call(
+            client.call_quietly(
+                out,
                 method::DATASET_RENAME,
                 &DatasetRenameParams { name, new_name },
             )?;
-            out.raw_or(&v, String::new)?;
         }
     }
     Ok(())
@@ -206,11 +202,11 @@ pub(crate) fn snapshot(
     names: Vec<String>,
     recursive: bool,
 ) -> anyhow::Result<()> {
-    let v = client.call(
+    client.call_quietly(
+        out,
         method::DATASET_SNAPSHOT,
         &SnapshotParams { names, recursive },
-    )?;
-    out.raw_or(&v, String::new)
+    )
 }
 
 /// `tarn rollback [-r] FS@NAME`.
@@ -224,8 +220,7 @@ pub(crate) fn rollback(
         snapshot,
         destroy_newer: recursive,
     };
-    let v = client.call(method::DATASET_ROLLBACK, &params)?;
-    out.raw_or(&v, String::new)
+    client.call_quietly(out, method::DATASET_ROLLBACK, &params)
 }
 
 /// `tarn clone SNAPSHOT NAME`, with the `-o PROP=VALUE` properties.
@@ -241,8 +236,7 @@ pub(crate) fn clone(
         name,
         properties: props.into_iter().collect(),
     };
-    let v = client.call(method::DATASET_CLONE, &params)?;
-    out.raw_or(&v, String::new)
+    client.call_quietly(out, method::DATASET_CLONE, &params)
 }
 
 /// `tarn destroy [-r] NAME`.
@@ -252,11 +246,11 @@ pub(crate) fn destroy(
     name: String,
     recursive: bool,
 ) -> anyhow::Result<()> {
-    let v = client.call(
+    client.call_quietly(
+        out,
         method::DATASET_DESTROY,
         &DatasetDestroyParams { name, recursive },
-    )?;
-    out.raw_or(&v, String::new)
+    )
 }
 
 /// `tarn mount`: lists the mounts without a name, else mounts one dataset.
@@ -281,8 +275,7 @@ pub(crate) fn mount(
                 allow_other,
                 read_only,
             };
-            let v = client.call(method::DATASET_MOUNT, &params)?;
-            out.raw_or(&v, String::new)
+            client.call_quietly(out, method::DATASET_MOUNT, &params)
         }
     }
 }
@@ -295,6 +288,9 @@ pub(crate) fn unmount(client: &mut Session, out: &Out, name: String) -> anyhow::
     } else {
         name
     };
-    let v = client.call(method::DATASET_UNMOUNT, &UnmountParams { name: target })?;
-    out.raw_or(&v, String::new)
+    client.call_quietly(
+        out,
+        method::DATASET_UNMOUNT,
+        &UnmountParams { name: target },
+    )
 }

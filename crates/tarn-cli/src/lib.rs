@@ -10,7 +10,8 @@
 //! - [`cli`]: the top-level parser, output options and [`cli::run`].
 //! - [`pool`], [`dataset`], [`access`], [`object`], [`daemon`]: each command
 //!   group's arguments and what it sends.
-//! - [`client`]: a blocking client of the admin socket.
+//! - [`client`]: a blocking client of the admin socket; `session` opens it
+//!   for a command and prints what it answers.
 //! - [`render`]: human output in the style of `zpool status` and friends.
 //!
 //! Layering: this crate depends on `tarn-api`, clap, anyhow and serde, and
@@ -27,5 +28,6 @@ pub mod dataset;
 pub mod object;
 pub mod pool;
 pub mod render;
+mod session;
 
 pub use cli::{is_broken_pipe, run, Cli, Run};

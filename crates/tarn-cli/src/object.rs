@@ -7,8 +7,8 @@ use clap::Subcommand;
 use tarn_api::method;
 use tarn_api::params::{ObjectInfo, ObjectParams, ObjectReadParams, ObjectWriteParams, PoolParams};
 
-use crate::cli::{absolute, decode, Out, Session};
 use crate::render;
+use crate::session::{absolute, decode, Out, Session};
 
 /// `tarn object ...`.
 #[derive(Subcommand, Debug)]
@@ -71,8 +71,7 @@ pub(crate) fn object_command(
                 offset,
                 sync,
             };
-            let v = client.call(method::OBJECT_WRITE, &params)?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(out, method::OBJECT_WRITE, &params)?;
         }
         ObjectCommand::Get { pool, name, file } => {
             let params = ObjectReadParams {
@@ -80,8 +79,7 @@ pub(crate) fn object_command(
                 object: name,
                 to_path: absolute(&file)?,
             };
-            let v = client.call(method::OBJECT_READ, &params)?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(out, method::OBJECT_READ, &params)?;
         }
         ObjectCommand::Ls { pool } => {
             let v = client.call(method::OBJECT_LIST, &PoolParams { pool: pool.clone() })?;
@@ -89,8 +87,11 @@ pub(crate) fn object_command(
             out.raw_or(&v, || render::render_objects(&pool, &objects))?;
         }
         ObjectCommand::Rm { pool, name } => {
-            let v = client.call(method::OBJECT_DELETE, &ObjectParams { pool, object: name })?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(
+                out,
+                method::OBJECT_DELETE,
+                &ObjectParams { pool, object: name },
+            )?;
         }
     }
     Ok(())

@@ -21,8 +21,8 @@ use tarn_api::pool::{
     PoolStatus, ScanKind, ScanState, ScanStatus, ScrubAction, VdevKind, VdevSpec,
 };
 
-use crate::cli::{absolute, decode, device_arg, Out, Session};
 use crate::render;
+use crate::session::{absolute, decode, device_arg, Out, Session};
 
 /// `tarn pool ...`.
 #[derive(Subcommand, Debug)]
@@ -375,8 +375,7 @@ pub(crate) fn pool_command(
             vdevs,
         } => {
             let req = build_create(name, &vdevs, pool_props, &properties, force)?;
-            let v = client.call(method::POOL_CREATE, &req)?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(out, method::POOL_CREATE, &req)?;
         }
         PoolCommand::Import {
             dirs,
@@ -409,12 +408,14 @@ pub(crate) fn pool_command(
             })?;
         }
         PoolCommand::Export { force, pool } => {
-            let v = client.call(method::POOL_EXPORT, &ForceParams { name: pool, force })?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(out, method::POOL_EXPORT, &ForceParams { name: pool, force })?;
         }
         PoolCommand::Destroy { force, pool } => {
-            let v = client.call(method::POOL_DESTROY, &ForceParams { name: pool, force })?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(
+                out,
+                method::POOL_DESTROY,
+                &ForceParams { name: pool, force },
+            )?;
         }
         PoolCommand::List => {
             let v = client.call(method::POOL_LIST, &NoParams {})?;
@@ -479,16 +480,14 @@ pub(crate) fn pool_command(
                 name: pool,
                 device: device_arg(&device)?,
             };
-            let v = client.call(method::POOL_OFFLINE, &params)?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(out, method::POOL_OFFLINE, &params)?;
         }
         PoolCommand::Online { pool, device } => {
             let params = DeviceParams {
                 name: pool,
                 device: device_arg(&device)?,
             };
-            let v = client.call(method::POOL_ONLINE, &params)?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(out, method::POOL_ONLINE, &params)?;
         }
         PoolCommand::Add { force, pool, vdev } => {
             let params = AddLogParams {
@@ -496,16 +495,14 @@ pub(crate) fn pool_command(
                 vdev: parse_log_words(&vdev)?,
                 force,
             };
-            let v = client.call(method::POOL_ADD_LOG, &params)?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(out, method::POOL_ADD_LOG, &params)?;
         }
         PoolCommand::Remove { pool, device } => {
             let params = DeviceParams {
                 name: pool,
                 device: device_arg(&device)?,
             };
-            let v = client.call(method::POOL_REMOVE, &params)?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(out, method::POOL_REMOVE, &params)?;
         }
         PoolCommand::Replace {
             force,
@@ -519,16 +516,14 @@ pub(crate) fn pool_command(
                 new: absolute(Path::new(&new))?,
                 force,
             };
-            let v = client.call(method::POOL_REPLACE, &params)?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(out, method::POOL_REPLACE, &params)?;
         }
         PoolCommand::Clear { pool, device } => {
             let params = ClearParams {
                 name: pool,
                 device: device.as_deref().map(device_arg).transpose()?,
             };
-            let v = client.call(method::POOL_CLEAR, &params)?;
-            out.raw_or(&v, String::new)?;
+            client.call_quietly(out, method::POOL_CLEAR, &params)?;
         }
         PoolCommand::Iostat { args } => {
             let (pool, interval, count) = parse_iostat_args(&args)?;

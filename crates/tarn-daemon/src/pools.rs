@@ -20,11 +20,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use serde::{Deserialize, Serialize};
 use tarn_api::ApiError;
 use tarn_pool::{Pool, PoolOptions};
+use tarn_webdav::{Authenticator, Principal};
 
 use crate::access;
 use crate::error::{DaemonError, Result};
@@ -62,6 +63,29 @@ pub struct Pools {
     pub(crate) fss: Filesystems,
     /// NFS and WebDAV.
     pub(crate) servers: Servers,
+}
+
+/// Checks WebDAV logins against the users stored in the pools.
+struct PoolUsers {
+    pools: Weak<Pools>,
+}
+
+impl Authenticator for PoolUsers {
+    fn check(&self, user: &str, password: &str) -> Option<Principal> {
+        let pools = self.pools.upgrade()?;
+        let rec = pools
+            .all_pools()
+            .iter()
+            .find_map(|p| access::authenticate(p, user, password))?;
+        Some(Principal {
+            name: rec.name,
+            uid: rec.uid,
+            gid: rec.gid,
+            groups: Vec::new(),
+            // What a user may do on each share is the share's user list.
+            can_write: true,
+        })
+    }
 }
 
 /// A pool name reserved while a create or import runs.
@@ -302,7 +326,11 @@ impl Pools {
 
     /// Starts NFS and WebDAV as the options say.
     pub fn start_servers(self: &Arc<Self>, opts: &ServerOptions) -> Result<()> {
-        self.servers.start(self, opts, &self.state_dir)
+        let auth = Arc::new(PoolUsers {
+            pools: Arc::downgrade(self),
+        });
+        self.servers
+            .start(opts, &self.state_dir, self.share_lists(), auth)
     }
 
     /// Gives the running servers the current shares (after any change of

@@ -15,16 +15,14 @@
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use tarn_api::access::{Access, Share};
 use tarn_nfs::{Export, IpNet, NfsConfig, NfsServer};
-use tarn_webdav::{Authenticator, Principal, TlsConfig, WebdavConfig};
+use tarn_webdav::{Authenticator, TlsConfig, WebdavConfig};
 
-use crate::access;
 use crate::error::{DaemonError, Result};
-use crate::pools::Pools;
 
 /// Where the front ends listen; none means not started.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -60,29 +58,6 @@ pub struct Servers {
     nfs: Mutex<Option<tarn_nfs::Running>>,
     webdav: Mutex<Option<tarn_webdav::Running>>,
     endpoints: Mutex<Endpoints>,
-}
-
-/// Checks WebDAV logins against the users stored in the pools.
-struct PoolUsers {
-    pools: Weak<Pools>,
-}
-
-impl Authenticator for PoolUsers {
-    fn check(&self, user: &str, password: &str) -> Option<Principal> {
-        let pools = self.pools.upgrade()?;
-        let rec = pools
-            .all_pools()
-            .iter()
-            .find_map(|p| access::authenticate(p, user, password))?;
-        Some(Principal {
-            name: rec.name,
-            uid: rec.uid,
-            gid: rec.gid,
-            groups: Vec::new(),
-            // What a user may do on each share is the share's user list.
-            can_write: true,
-        })
-    }
 }
 
 /// The NFS handle key: 32 random bytes kept in the state directory (0600),
@@ -124,9 +99,15 @@ fn handle_key(state_dir: &Path) -> Result<[u8; 32]> {
 }
 
 impl Servers {
-    /// Starts the front ends the options ask for.
-    pub fn start(&self, pools: &Arc<Pools>, opts: &ServerOptions, state_dir: &Path) -> Result<()> {
-        let (exports, shares) = pools.share_lists();
+    /// Starts the front ends the options ask for, serving `exports` over
+    /// NFS and `shares` over WebDAV, with logins checked by `auth`.
+    pub fn start(
+        &self,
+        opts: &ServerOptions,
+        state_dir: &Path,
+        (exports, shares): (Vec<Export>, Vec<tarn_webdav::Share>),
+        auth: Arc<dyn Authenticator>,
+    ) -> Result<()> {
         let mut ep = Endpoints::default();
         if let Some(bind) = opts.nfs {
             let config = NfsConfig {
@@ -158,9 +139,6 @@ impl Servers {
                 });
             }
             let tls = config.tls.is_some();
-            let auth = Arc::new(PoolUsers {
-                pools: Arc::downgrade(pools),
-            });
             let running = tarn_webdav::serve(config, shares, auth).map_err(|e| {
                 DaemonError::msg(format!("cannot start the WebDAV server on {bind}: {e}"))
             })?;
