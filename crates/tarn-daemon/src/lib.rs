@@ -39,9 +39,9 @@ pub mod transport;
 use std::sync::Arc;
 
 pub use error::{DaemonError, Result};
-pub use pools::Pools;
+pub use pools::{Pools, Tuning};
 pub use servers::ServerOptions;
-pub use transport::{run_daemon, DaemonOptions, Node, Tuning};
+pub use transport::{run_daemon, DaemonOptions, Node};
 
 /// Opens the state directory, imports the pools the daemon owned, and
 /// starts the NFS and WebDAV servers the options ask for.

@@ -32,7 +32,27 @@ use crate::error::{DaemonError, Result};
 use crate::filesystems::Filesystems;
 use crate::mounts::Mounts;
 use crate::servers::{share_entries, Endpoints, ServerOptions, Servers};
-use crate::transport::Tuning;
+
+/// The daemon's knobs for its pools; every one is a bound or an interval.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// Seconds between txg syncs while anything is dirty.
+    pub txg_interval_secs: u64,
+    /// Dirty data per pool before writers wait, in MiB.
+    pub dirty_max_mib: u64,
+    /// Verified metadata kept in memory per pool, in MiB.
+    pub cache_mib: u64,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            txg_interval_secs: 5,
+            dirty_max_mib: 256,
+            cache_mib: 64,
+        }
+    }
+}
 
 /// One pool the daemon imports at start.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use tarn_api::{method, read_line_bounded, ApiError, Backend, LineRead, Response};
 
 use crate::error::{DaemonError, IoContext, Result};
+use crate::pools::Tuning;
 
 /// Returns early with a [`DaemonError::Message`] made like `format!`.
 macro_rules! bail {
@@ -77,27 +78,6 @@ pub struct DaemonOptions {
     pub tuning: Tuning,
     /// Where NFS and WebDAV listen (not started when absent).
     pub servers: crate::servers::ServerOptions,
-}
-
-/// The daemon's knobs for its pools; every one is a bound or an interval.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Tuning {
-    /// Seconds between txg syncs while anything is dirty.
-    pub txg_interval_secs: u64,
-    /// Dirty data per pool before writers wait, in MiB.
-    pub dirty_max_mib: u64,
-    /// Verified metadata kept in memory per pool, in MiB.
-    pub cache_mib: u64,
-}
-
-impl Default for Tuning {
-    fn default() -> Self {
-        Tuning {
-            txg_interval_secs: 5,
-            dirty_max_mib: 256,
-            cache_mib: 64,
-        }
-    }
 }
 
 impl DaemonOptions {
