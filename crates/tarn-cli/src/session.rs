@@ -76,7 +76,7 @@ impl Out {
     }
 
     /// Prints the raw result in JSON mode, or `human()` otherwise. Fails
-    /// if stdout is gone (e.g. `| head` ended), which [`is_broken_pipe`]
+    /// if stdout is gone (e.g. `| head` ended), which [`crate::cli::is_broken_pipe`]
     /// recognises so the program can end quietly.
     pub(crate) fn raw_or(&self, raw: &Value, human: impl FnOnce() -> String) -> anyhow::Result<()> {
         let text = match self.format {
