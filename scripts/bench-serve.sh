@@ -27,7 +27,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 tarn=$root/target/release/tarn
 nfs_bench=$root/target/release/examples/nfs-bench
 # A no-op when both are up to date.
-(cd "$root" && cargo build --release -q -p tarn-cli -p tarn-nfs --bin tarn --example nfs-bench)
+(cd "$root" && cargo build --release -q -p tarn -p tarn-nfs --bin tarn --example nfs-bench)
 
 work=$(mktemp -d "${BENCH_DIR:-$root}/bench.XXXXXX")
 daemon=

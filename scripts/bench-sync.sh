@@ -21,7 +21,7 @@ runtime=${1:-20}
 size_mib=${2:-64}
 root=$(cd "$(dirname "$0")/.." && pwd)
 tarn=${TARN_BIN:-${CARGO_TARGET_DIR:-$root/target}/release/tarn}
-[ -n "${TARN_BIN:-}" ] || (cd "$root" && cargo build --release -q -p tarn-cli)
+[ -n "${TARN_BIN:-}" ] || (cd "$root" && cargo build --release -q -p tarn)
 
 if [ "$(id -u)" -ne 0 ] || [ ! -e /dev/fuse ]; then
     echo "bench-sync: needs root and /dev/fuse (the dataset is mounted with FUSE)" >&2

@@ -1,409 +1,260 @@
-//! Users and shares: who may reach which dataset, over NFS and WebDAV.
-//!
-//! Both live in the pool as configuration records (see `docs/format.md`),
-//! so they move with the disks: a pool imported elsewhere keeps its shares
-//! and its users. A user belongs to one pool (the pool whose shares they
-//! use); a share names one filesystem dataset and says how NFS exports it
-//! (client networks, read-only, squashing) and which users reach it over
-//! WebDAV, read-only or read-write.
-//!
-//! Passwords are kept only as argon2id hashes (PHC strings with their own
-//! salt); the daemon hashes what the client sends over its 0600 socket and
-//! never writes a password anywhere. Checking a password costs tens of
-//! milliseconds by design; the servers rate-limit failed logins per client
-//! address on top of that.
+//! Who reaches what: `tarn user ...` (users stored in the pool, with a
+//! password read from the terminal or stdin) and `tarn share ...` (a
+//! dataset exported over NFS and/or WebDAV).
 
 use std::collections::BTreeMap;
+use std::io::IsTerminal;
 
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
-use argon2::Argon2;
-use serde::{Deserialize, Serialize};
-use tarn_pool::Pool;
+use anyhow::bail;
+use clap::Subcommand;
+use tarn_api::access::{
+    check_user_name, Access, NfsShare, Share, ShareInfo, UserInfo, WebdavShare,
+};
+use tarn_api::method;
+use tarn_api::params::{
+    NoParams, ShareAddParams, ShareDelParams, UserAddParams, UserParams, UserPasswdParams,
+};
 
-use crate::api::ApiError;
-use crate::pools::ds_error;
+use crate::render;
+use crate::session::{decode, Out, Session};
 
-/// Configuration-record kind of users.
-pub const KIND_USER: &str = "user";
-/// Configuration-record kind of shares.
-pub const KIND_SHARE: &str = "share";
-
-/// A user as stored in the pool (the hash, never the password).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UserRecord {
-    /// Login name.
-    pub name: String,
-    /// Numeric user id that files created through WebDAV get.
-    pub uid: u32,
-    /// Numeric group id.
-    pub gid: u32,
-    /// argon2id PHC string.
-    pub hash: String,
+/// `tarn user ...`.
+#[derive(Subcommand, Debug)]
+pub enum UserCommand {
+    /// Add a user; asks for the password (or reads it from stdin)
+    Add {
+        /// The pool that stores the user [default: the only pool]
+        #[arg(long)]
+        pool: Option<String>,
+        /// Numeric uid of files the user creates [default: from 10000]
+        #[arg(long)]
+        uid: Option<u32>,
+        /// Numeric gid [default: the uid]
+        #[arg(long)]
+        gid: Option<u32>,
+        /// Read the password from the first line of stdin
+        #[arg(long)]
+        password_stdin: bool,
+        /// Login name
+        name: String,
+    },
+    /// Remove a user
+    Del {
+        /// The pool [default: the only pool]
+        #[arg(long)]
+        pool: Option<String>,
+        /// Login name
+        name: String,
+    },
+    /// Change a user's password
+    Passwd {
+        /// The pool [default: the only pool]
+        #[arg(long)]
+        pool: Option<String>,
+        /// Read the password from the first line of stdin
+        #[arg(long)]
+        password_stdin: bool,
+        /// Login name
+        name: String,
+    },
+    /// List users
+    List,
 }
 
-/// A user as `user.list` reports it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UserInfo {
-    /// The pool that stores the user.
-    pub pool: String,
-    /// Login name.
-    pub name: String,
-    /// Numeric user id.
-    pub uid: u32,
-    /// Numeric group id.
-    pub gid: u32,
+/// `tarn share ...`.
+#[derive(Subcommand, Debug)]
+pub enum ShareCommand {
+    /// Add (or replace) a share: `tarn share add photos tank/photos --nfs
+    /// 192.168.1.0/24 --webdav alice=rw --webdav bob=ro`
+    Add {
+        /// Share name: NFS export `/NAME`, WebDAV URL `/NAME/`
+        name: String,
+        /// The filesystem dataset
+        dataset: String,
+        /// Export over NFS to this client network (repeatable)
+        #[arg(long = "nfs", value_name = "CIDR")]
+        nfs: Vec<String>,
+        /// The NFS export is read-only
+        #[arg(long)]
+        nfs_ro: bool,
+        /// Let NFS clients act as root (root_squash is on by default)
+        #[arg(long)]
+        no_root_squash: bool,
+        /// Map every NFS user to the anonymous ids
+        #[arg(long)]
+        all_squash: bool,
+        /// Anonymous uid for squashed NFS users
+        #[arg(long, default_value_t = 65534)]
+        anon_uid: u32,
+        /// Anonymous gid for squashed NFS users
+        #[arg(long, default_value_t = 65534)]
+        anon_gid: u32,
+        /// Give a user WebDAV access, `NAME=rw` or `NAME=ro` (repeatable)
+        #[arg(long = "webdav", value_name = "USER=rw|ro")]
+        webdav: Vec<String>,
+        /// Make this user the owner of the dataset's top folder
+        #[arg(long, value_name = "USER")]
+        owner: Option<String>,
+    },
+    /// Remove a share
+    Del {
+        /// The pool [default: the one with that share]
+        #[arg(long)]
+        pool: Option<String>,
+        /// Share name
+        name: String,
+    },
+    /// List shares
+    List,
 }
 
-/// Read-only or read-write.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Access {
-    /// May read.
-    Ro,
-    /// May read and change.
-    Rw,
-}
-
-/// How NFS exports a share.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NfsShare {
-    /// Client networks allowed (CIDR, e.g. `192.168.1.0/24`, `::1/128`).
-    pub clients: Vec<String>,
-    /// Refuse changes.
-    #[serde(default)]
-    pub read_only: bool,
-    /// Map uid 0 to the anonymous ids (on by default, as in exports(5)).
-    #[serde(default = "yes")]
-    pub root_squash: bool,
-    /// Map every uid to the anonymous ids.
-    #[serde(default)]
-    pub all_squash: bool,
-    /// Anonymous uid.
-    #[serde(default = "nobody")]
-    pub anon_uid: u32,
-    /// Anonymous gid.
-    #[serde(default = "nobody")]
-    pub anon_gid: u32,
-}
-
-fn yes() -> bool {
-    true
-}
-
-fn nobody() -> u32 {
-    65534
-}
-
-/// Which users reach a share over WebDAV.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WebdavShare {
-    /// User name → access.
-    pub users: BTreeMap<String, Access>,
-}
-
-/// A share: a filesystem dataset and how it is served.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Share {
-    /// Share name: the NFS export path is `/NAME`, the WebDAV URL `/NAME/`.
-    pub name: String,
-    /// The filesystem dataset (`tank/photos`).
-    pub dataset: String,
-    /// NFS export, if any.
-    #[serde(default)]
-    pub nfs: Option<NfsShare>,
-    /// WebDAV share, if any.
-    #[serde(default)]
-    pub webdav: Option<WebdavShare>,
-}
-
-/// Checks a user name: what Unix tools accept.
-pub fn check_user_name(name: &str) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= 32
-        && name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(format!(
-            "invalid user name '{name}': use up to 32 lowercase letters, digits, '_' or '-', \
-             starting with a letter"
-        )))
+/// Reads a password: the first line of stdin with `from_stdin` or when
+/// stdin is not a terminal, else from the terminal twice without echo.
+fn read_password(from_stdin: bool) -> anyhow::Result<String> {
+    let stdin = std::io::stdin();
+    if from_stdin || !stdin.is_terminal() {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut stdin.lock(), &mut line)?;
+        let p = line.trim_end_matches(['\n', '\r']).to_string();
+        if p.is_empty() {
+            bail!("no password on stdin");
+        }
+        return Ok(p);
     }
+    let first = prompt_hidden("Password: ")?;
+    let again = prompt_hidden("Again: ")?;
+    if first != again {
+        bail!("the passwords differ");
+    }
+    Ok(first)
 }
 
-fn check_password(password: &str) -> Result<(), ApiError> {
-    if password.is_empty() || password.len() > 1024 || password.contains('\0') {
-        return Err(ApiError::invalid(
-            "a password must be 1 to 1024 bytes without NUL",
-        ));
+/// Reads one line from the terminal with echo off.
+fn prompt_hidden(prompt: &str) -> anyhow::Result<String> {
+    eprint!("{prompt}");
+    let fd = libc::STDIN_FILENO;
+    // SAFETY: termios is plain data; tcgetattr fills it for a valid fd and
+    // we only proceed when it succeeds.
+    let mut old: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: fd 0 is open (stdin is a terminal here); `old` is writable.
+    let have = unsafe { libc::tcgetattr(fd, &mut old) } == 0;
+    if have {
+        let mut quiet = old;
+        quiet.c_lflag &= !libc::ECHO;
+        // SAFETY: `quiet` is a valid termios derived from the current one.
+        unsafe { libc::tcsetattr(fd, libc::TCSANOW, &quiet) };
+    }
+    let mut line = String::new();
+    let r = std::io::BufRead::read_line(&mut std::io::stdin().lock(), &mut line);
+    if have {
+        // SAFETY: restores the settings read above.
+        unsafe { libc::tcsetattr(fd, libc::TCSANOW, &old) };
+    }
+    eprintln!();
+    r?;
+    Ok(line.trim_end_matches(['\n', '\r']).to_string())
+}
+
+pub(crate) fn user_command(
+    client: &mut Session,
+    out: &Out,
+    cmd: UserCommand,
+) -> anyhow::Result<()> {
+    match cmd {
+        UserCommand::Add {
+            pool,
+            uid,
+            gid,
+            password_stdin,
+            name,
+        } => {
+            check_user_name(&name).map_err(anyhow::Error::msg)?;
+            let password = read_password(password_stdin)?;
+            let params = UserAddParams {
+                pool,
+                name,
+                password,
+                uid,
+                gid,
+            };
+            client.call_quietly(out, method::USER_ADD, &params)?;
+        }
+        UserCommand::Del { pool, name } => {
+            client.call_quietly(out, method::USER_DEL, &UserParams { pool, name })?;
+        }
+        UserCommand::Passwd {
+            pool,
+            password_stdin,
+            name,
+        } => {
+            let password = read_password(password_stdin)?;
+            let params = UserPasswdParams {
+                pool,
+                name,
+                password,
+            };
+            client.call_quietly(out, method::USER_PASSWD, &params)?;
+        }
+        UserCommand::List => {
+            let v = client.call(method::USER_LIST, &NoParams {})?;
+            let users: Vec<UserInfo> = decode(method::USER_LIST, v.clone())?;
+            out.raw_or(&v, || render::render_users(&users))?;
+        }
     }
     Ok(())
 }
 
-/// Checks a share name: one path component.
-pub fn check_share_name(name: &str) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name != "."
-        && name != ".."
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(format!(
-            "invalid share name '{name}': use up to 64 letters, digits, '-', '_', '.'"
-        )))
-    }
-}
-
-/// Checks a client network (`192.168.1.0/24`, `fd00::/8`, or one
-/// address) with the NFS server's own parser, so what is stored is what
-/// it will enforce.
-pub fn check_network(s: &str) -> Result<tarn_nfs::IpNet, ApiError> {
-    s.parse::<tarn_nfs::IpNet>()
-        .map_err(|_| ApiError::invalid(format!("'{s}' is not a network like 192.168.1.0/24")))
-}
-
-/// Hashes a password with argon2id and a fresh random salt.
-pub fn hash_password(password: &str) -> Result<String, ApiError> {
-    check_password(password)?;
-    let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
-        .map_err(|e| ApiError::internal(format!("cannot read /dev/urandom: {e}")))?;
-    let salt = SaltString::encode_b64(&bytes)
-        .map_err(|e| ApiError::internal(format!("cannot make a salt: {e}")))?;
-    Argon2::default()
-        .hash_password(password.as_bytes(), &salt)
-        .map(|h| h.to_string())
-        .map_err(|e| ApiError::internal(format!("cannot hash the password: {e}")))
-}
-
-/// Whether `password` matches a stored hash (false for a damaged hash).
-pub fn verify_password(hash: &str, password: &str) -> bool {
-    match PasswordHash::new(hash) {
-        Ok(h) => Argon2::default()
-            .verify_password(password.as_bytes(), &h)
-            .is_ok(),
-        Err(_) => false,
-    }
-}
-
-fn decode<T: serde::de::DeserializeOwned>(kind: &str, name: &str, v: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(v)
-        .map_err(|e| ApiError::damaged(format!("{kind} '{name}' is damaged: {e}")))
-}
-
-fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, ApiError> {
-    serde_json::to_vec(v).map_err(|e| ApiError::internal(e.to_string()))
-}
-
-/// The users stored in `pool`.
-pub fn users(pool: &Pool) -> Result<Vec<UserRecord>, ApiError> {
-    tarn_dataset::config_list(pool, KIND_USER)
-        .map_err(ds_error)?
-        .into_iter()
-        .map(|(n, v)| decode(KIND_USER, &n, &v))
-        .collect()
-}
-
-/// The shares stored in `pool`.
-pub fn shares(pool: &Pool) -> Result<Vec<Share>, ApiError> {
-    tarn_dataset::config_list(pool, KIND_SHARE)
-        .map_err(ds_error)?
-        .into_iter()
-        .map(|(n, v)| decode(KIND_SHARE, &n, &v))
-        .collect()
-}
-
-/// Adds a user (uid/gid chosen from 10000 up when not given).
-pub fn user_add(
-    pool: &Pool,
-    name: &str,
-    password: &str,
-    uid: Option<u32>,
-    gid: Option<u32>,
-) -> Result<UserInfo, ApiError> {
-    check_user_name(name)?;
-    let existing = users(pool)?;
-    if existing.iter().any(|u| u.name == name) {
-        return Err(ApiError::exists(format!(
-            "user '{name}' already exists in pool '{}'",
-            pool.name()
-        )));
-    }
-    let uid = uid.unwrap_or_else(|| {
-        (10000..)
-            .find(|u| !existing.iter().any(|x| x.uid == *u))
-            .unwrap_or(10000)
-    });
-    let rec = UserRecord {
-        name: name.to_string(),
-        uid,
-        gid: gid.unwrap_or(uid),
-        hash: hash_password(password)?,
-    };
-    tarn_dataset::config_put(pool, KIND_USER, name, &encode(&rec)?).map_err(ds_error)?;
-    Ok(UserInfo {
-        pool: pool.name().to_string(),
-        name: rec.name,
-        uid: rec.uid,
-        gid: rec.gid,
-    })
-}
-
-/// Changes a user's password.
-pub fn user_passwd(pool: &Pool, name: &str, password: &str) -> Result<(), ApiError> {
-    let mut rec = users(pool)?
-        .into_iter()
-        .find(|u| u.name == name)
-        .ok_or_else(|| {
-            ApiError::not_found(format!("no user '{name}' in pool '{}'", pool.name()))
-        })?;
-    rec.hash = hash_password(password)?;
-    tarn_dataset::config_put(pool, KIND_USER, name, &encode(&rec)?).map_err(ds_error)
-}
-
-/// Removes a user (refused while a share names them).
-pub fn user_del(pool: &Pool, name: &str) -> Result<(), ApiError> {
-    if let Some(s) = shares(pool)?.into_iter().find(|s| {
-        s.webdav
-            .as_ref()
-            .is_some_and(|w| w.users.contains_key(name))
-    }) {
-        return Err(ApiError::busy(format!(
-            "share '{}' gives user '{name}' access; change the share first",
-            s.name
-        )));
-    }
-    if !tarn_dataset::config_delete(pool, KIND_USER, name).map_err(ds_error)? {
-        return Err(ApiError::not_found(format!(
-            "no user '{name}' in pool '{}'",
-            pool.name()
-        )));
-    }
-    Ok(())
-}
-
-/// Checks a login against the users of `pool`.
-pub fn authenticate(pool: &Pool, name: &str, password: &str) -> Option<UserRecord> {
-    users(pool)
-        .ok()?
-        .into_iter()
-        .find(|u| u.name == name)
-        .filter(|u| verify_password(&u.hash, password))
-}
-
-/// Adds or replaces a share after checking it.
-pub fn share_put(pool: &Pool, share: &Share) -> Result<(), ApiError> {
-    check_share_name(&share.name)?;
-    let kind =
-        tarn_dataset::get_props(pool, &share.dataset, &["type".to_string()]).map_err(ds_error)?;
-    if kind.first().map(|p| p.value.as_str()) != Some("filesystem") {
-        return Err(ApiError::invalid(format!(
-            "'{}' is not a filesystem dataset",
-            share.dataset
-        )));
-    }
-    if let Some(n) = &share.nfs {
-        if n.clients.is_empty() {
-            return Err(ApiError::invalid(
-                "an NFS export needs at least one client network (e.g. 192.168.1.0/24)",
-            ));
-        }
-        for c in &n.clients {
-            check_network(c)?;
-        }
-    }
-    if let Some(w) = &share.webdav {
-        let known = users(pool)?;
-        for u in w.users.keys() {
-            if !known.iter().any(|k| &k.name == u) {
-                return Err(ApiError::not_found(format!(
-                    "no user '{u}' in pool '{}'; add it first with `tarn user add {u}`",
-                    pool.name()
-                )));
+pub(crate) fn share_command(
+    client: &mut Session,
+    out: &Out,
+    cmd: ShareCommand,
+) -> anyhow::Result<()> {
+    match cmd {
+        ShareCommand::Add {
+            name,
+            dataset,
+            nfs,
+            nfs_ro,
+            no_root_squash,
+            all_squash,
+            anon_uid,
+            anon_gid,
+            webdav,
+            owner,
+        } => {
+            let mut users = BTreeMap::new();
+            for w in &webdav {
+                let (u, a) = w.split_once('=').unwrap_or((w.as_str(), "rw"));
+                let access = match a {
+                    "rw" => Access::Rw,
+                    "ro" => Access::Ro,
+                    other => bail!("--webdav {w}: access must be rw or ro, not {other:?}"),
+                };
+                users.insert(u.to_string(), access);
             }
+            let share = Share {
+                name,
+                dataset,
+                nfs: (!nfs.is_empty()).then_some(NfsShare {
+                    clients: nfs,
+                    read_only: nfs_ro,
+                    root_squash: !no_root_squash,
+                    all_squash,
+                    anon_uid,
+                    anon_gid,
+                }),
+                webdav: (!webdav.is_empty()).then_some(WebdavShare { users }),
+            };
+            client.call_quietly(out, method::SHARE_ADD, &ShareAddParams { share, owner })?;
         }
-    }
-    if share.nfs.is_none() && share.webdav.is_none() {
-        return Err(ApiError::invalid("a share needs --nfs, --webdav or both"));
-    }
-    tarn_dataset::config_put(pool, KIND_SHARE, &share.name, &encode(share)?).map_err(ds_error)
-}
-
-/// Removes a share.
-pub fn share_del(pool: &Pool, name: &str) -> Result<(), ApiError> {
-    if !tarn_dataset::config_delete(pool, KIND_SHARE, name).map_err(ds_error)? {
-        return Err(ApiError::not_found(format!(
-            "no share '{name}' in pool '{}'",
-            pool.name()
-        )));
+        ShareCommand::Del { pool, name } => {
+            client.call_quietly(out, method::SHARE_DEL, &ShareDelParams { pool, name })?;
+        }
+        ShareCommand::List => {
+            let v = client.call(method::SHARE_LIST, &NoParams {})?;
+            let shares: Vec<ShareInfo> = decode(method::SHARE_LIST, v.clone())?;
+            out.raw_or(&v, || render::render_shares(&shares))?;
+        }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn networks_are_checked_before_they_are_stored() {
-        for ok in [
-            "192.168.1.0/24",
-            "127.0.0.1",
-            "0.0.0.0/0",
-            "fd00::/8",
-            "::1",
-        ] {
-            check_network(ok).unwrap();
-        }
-        for bad in [
-            "10.0.0.0/33",
-            "nonsense",
-            "1.2.3/8",
-            "::/129",
-            "1.2.3.4/x",
-            "",
-        ] {
-            assert!(check_network(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn passwords_hash_with_salt_and_verify() {
-        let a = hash_password("correct horse").unwrap();
-        let b = hash_password("correct horse").unwrap();
-        assert_ne!(a, b, "salted");
-        assert!(a.starts_with("$argon2id$"));
-        assert!(verify_password(&a, "correct horse"));
-        assert!(!verify_password(&a, "correct horsf"));
-        assert!(!verify_password("garbage", "x"));
-        assert!(hash_password("").is_err());
-    }
-
-    #[test]
-    fn names() {
-        for ok in ["alice", "_svc", "bob-2"] {
-            check_user_name(ok).unwrap();
-        }
-        for bad in ["", "Alice", "1bob", "a b", "a/b", &"x".repeat(33)] {
-            assert!(check_user_name(bad).is_err(), "{bad}");
-        }
-        check_share_name("photos.2026").unwrap();
-        for bad in ["", "..", "a/b", "a b"] {
-            assert!(check_share_name(bad).is_err(), "{bad}");
-        }
-    }
 }

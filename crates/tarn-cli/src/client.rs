@@ -2,7 +2,7 @@
 //!
 //! One connection, one request at a time. Transport failures become `anyhow`
 //! errors that tell the operator what to do; API failures come back as
-//! [`crate::api::ApiError`] inside the `anyhow::Error`, so callers can downcast to read
+//! [`tarn_api::ApiError`] inside the `anyhow::Error`, so callers can downcast to read
 //! the code.
 
 use std::io::{self, BufReader, Write};
@@ -14,7 +14,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::api::{read_line_bounded, LineRead, Request, Response};
+use tarn_api::params::{NoParams, PingResult};
+use tarn_api::{method, read_line_bounded, LineRead, Request, Response, API_VERSION};
 
 /// Longest response line the client accepts.
 pub const MAX_RESPONSE_BYTES: usize = 64 << 20;
@@ -108,6 +109,29 @@ impl Client {
                  are the daemon and this client the same version? (`tarn daemon ping`)"
             )
         })
+    }
+
+    /// Asks the daemon which admin API it speaks, and refuses one of
+    /// another major version: its answers could be misread.
+    pub fn check_api_version(&mut self) -> anyhow::Result<PingResult> {
+        let ping: PingResult = self.call_as(method::DAEMON_PING, &NoParams {})?;
+        if !tarn_api::api_compatible(&ping.api_version) {
+            let theirs = if ping.api_version.is_empty() {
+                "an older, unversioned admin API".to_string()
+            } else {
+                format!("admin API {}", ping.api_version)
+            };
+            bail!(
+                "the tarn daemon on {} (tarn {}, pid {}) speaks {theirs}; this tarn speaks admin \
+                 API {API_VERSION}\n\
+                 hint: use the tarn command of the daemon's version, or restart the daemon \
+                 with this one",
+                self.path.display(),
+                ping.version,
+                ping.pid,
+            );
+        }
+        Ok(ping)
     }
 
     fn read_response(&mut self) -> anyhow::Result<Response> {

@@ -1,33 +1,33 @@
-//! tarn-cli: the `tarn` binary's library half.
+//! tarn-cli: the `tarn` command's client half: argument parsing, the
+//! blocking client of the daemon's admin socket, and human output.
 //!
-//! The daemon owns the pools and serves the admin API over a Unix socket; the
-//! command-line client is a thin program that sends one request per command
-//! and renders the answer. The pieces:
+//! Every command is one or a few admin API calls ([`tarn_api`]) whose
+//! answers are rendered like the `zpool` and `zfs` commands (or printed as
+//! JSON with `-o json`). `tarn daemon` and `tarn demo` are parsed here too,
+//! into plain options ([`daemon::DaemonRun`], [`daemon::DemoRun`]) that the
+//! binary runs with the node crate. The pieces:
 //!
-//! - [`api`]: the protocol (one JSON object per line), typed parameters and
-//!   [`api::dispatch`], which maps a method name onto a [`backend::Backend`].
-//! - [`backend`]: the trait the storage engine implements, and its request
-//!   types.
-//! - [`daemon`]: the socket listener, connection limits and signal handling.
-//! - [`client`]: a blocking client of the admin socket.
-//! - [`cli`]: command-line parsing and the commands themselves.
+//! - [`cli`]: the top-level parser, output options and [`cli::run`].
+//! - [`pool`], [`dataset`], [`access`], [`object`], [`daemon`]: each command
+//!   group's arguments and what it sends.
+//! - [`client`]: a blocking client of the admin socket; `session` opens it
+//!   for a command and prints what it answers.
 //! - [`render`]: human output in the style of `zpool status` and friends.
+//!
+//! Layering: this crate depends on `tarn-api`, clap, anyhow and serde, and
+//! never on `tarn-daemon` or the engine and server crates, so the client
+//! does not link the code it talks to.
 
 #![warn(missing_docs)]
 
 pub mod access;
-pub mod api;
-pub mod backend;
 pub mod cli;
 pub mod client;
 pub mod daemon;
-pub mod demo;
-pub mod filesystems;
-pub mod mounts;
-pub mod pools;
+pub mod dataset;
+pub mod object;
+pub mod pool;
 pub mod render;
-pub mod servers;
+mod session;
 
-/// The status types shared with the pool layer, re-exported so API users
-/// need one crate.
-pub use tarn_pool::status;
+pub use cli::{is_broken_pipe, run, Cli, Run};

@@ -15,14 +15,14 @@
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
+use tarn_api::access::{Access, Share};
 use tarn_nfs::{Export, IpNet, NfsConfig, NfsServer};
-use tarn_webdav::{Authenticator, Principal, TlsConfig, WebdavConfig};
+use tarn_webdav::{Authenticator, TlsConfig, WebdavConfig};
 
-use crate::access::{self, Access};
-use crate::pools::Pools;
+use crate::error::{DaemonError, Result};
 
 /// Where the front ends listen; none means not started.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -60,48 +60,28 @@ pub struct Servers {
     endpoints: Mutex<Endpoints>,
 }
 
-/// Checks WebDAV logins against the users stored in the pools.
-struct PoolUsers {
-    pools: Weak<Pools>,
-}
-
-impl Authenticator for PoolUsers {
-    fn check(&self, user: &str, password: &str) -> Option<Principal> {
-        let pools = self.pools.upgrade()?;
-        let rec = pools
-            .all_pools()
-            .iter()
-            .find_map(|p| access::authenticate(p, user, password))?;
-        Some(Principal {
-            name: rec.name,
-            uid: rec.uid,
-            gid: rec.gid,
-            groups: Vec::new(),
-            // What a user may do on each share is the share's user list.
-            can_write: true,
-        })
-    }
-}
-
 /// The NFS handle key: 32 random bytes kept in the state directory (0600),
 /// so handles stay valid across restarts.
-fn handle_key(state_dir: &Path) -> anyhow::Result<[u8; 32]> {
+fn handle_key(state_dir: &Path) -> Result<[u8; 32]> {
     let path = state_dir.join("nfs-handle-key");
     let mut key = [0u8; 32];
     match std::fs::File::open(&path) {
         Ok(mut f) => {
             f.read_exact(&mut key)
-                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+                .map_err(|e| DaemonError::msg(format!("cannot read {}: {e}", path.display())))?;
             return Ok(key);
         }
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            anyhow::bail!("cannot open {}: {e}", path.display())
+            return Err(DaemonError::msg(format!(
+                "cannot open {}: {e}",
+                path.display()
+            )))
         }
         Err(_) => {}
     }
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut key))
-        .map_err(|e| anyhow::anyhow!("cannot read /dev/urandom: {e}"))?;
+        .map_err(|e| DaemonError::msg(format!("cannot read /dev/urandom: {e}")))?;
     let tmp = state_dir.join("nfs-handle-key.tmp");
     {
         use std::os::unix::fs::OpenOptionsExt;
@@ -119,14 +99,15 @@ fn handle_key(state_dir: &Path) -> anyhow::Result<[u8; 32]> {
 }
 
 impl Servers {
-    /// Starts the front ends the options ask for.
+    /// Starts the front ends the options ask for, serving `exports` over
+    /// NFS and `shares` over WebDAV, with logins checked by `auth`.
     pub fn start(
         &self,
-        pools: &Arc<Pools>,
         opts: &ServerOptions,
         state_dir: &Path,
-    ) -> anyhow::Result<()> {
-        let (exports, shares) = pools.share_lists();
+        (exports, shares): (Vec<Export>, Vec<tarn_webdav::Share>),
+        auth: Arc<dyn Authenticator>,
+    ) -> Result<()> {
         let mut ep = Endpoints::default();
         if let Some(bind) = opts.nfs {
             let config = NfsConfig {
@@ -135,8 +116,9 @@ impl Servers {
                 handle_key: handle_key(state_dir)?,
                 ..NfsConfig::default()
             };
-            let running = NfsServer::start(config, exports)
-                .map_err(|e| anyhow::anyhow!("cannot start the NFS server on {bind}: {e}"))?;
+            let running = NfsServer::start(config, exports).map_err(|e| {
+                DaemonError::msg(format!("cannot start the NFS server on {bind}: {e}"))
+            })?;
             ep.nfs = Some(running.local_addrs().0);
             *self.nfs.lock().unwrap_or_else(|e| e.into_inner()) = Some(running);
         }
@@ -157,11 +139,9 @@ impl Servers {
                 });
             }
             let tls = config.tls.is_some();
-            let auth = Arc::new(PoolUsers {
-                pools: Arc::downgrade(pools),
-            });
-            let running = tarn_webdav::serve(config, shares, auth)
-                .map_err(|e| anyhow::anyhow!("cannot start the WebDAV server on {bind}: {e}"))?;
+            let running = tarn_webdav::serve(config, shares, auth).map_err(|e| {
+                DaemonError::msg(format!("cannot start the WebDAV server on {bind}: {e}"))
+            })?;
             ep.webdav = Some(running.local_addr());
             ep.webdav_tls = tls;
             ep.tls_fingerprint = running.tls_fingerprint().map(|f| f.to_string());
@@ -212,7 +192,7 @@ impl Servers {
 /// The NFS export and the WebDAV share of one stored share.
 pub fn share_entries(
     fs: Arc<crate::filesystems::DatasetFs>,
-    share: &access::Share,
+    share: &Share,
 ) -> (Option<Export>, Option<tarn_webdav::Share>) {
     let export = share.nfs.as_ref().map(|n| {
         let clients: Vec<IpNet> = n

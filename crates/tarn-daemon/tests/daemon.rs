@@ -11,9 +11,11 @@ use std::time::Duration;
 
 use common::{FakeBackend, Raw, TestDaemon};
 use serde_json::{json, Value};
-use tarn_cli::api::{dispatch, method, ApiError, ErrorCode, PingResult};
+use tarn_api::params::PingResult;
+use tarn_api::{call, method, ApiError, ErrorCode, API_VERSION};
 use tarn_cli::client::Client;
-use tarn_cli::daemon::{run_daemon, DaemonOptions};
+use tarn_daemon::transport::MAX_REQUEST_BYTES;
+use tarn_daemon::{run_daemon, DaemonOptions};
 
 fn code(response: &Value) -> &str {
     response["error"]["code"].as_str().unwrap_or("<none>")
@@ -41,6 +43,7 @@ fn ping_then_stop_exports_and_removes_the_socket() {
     let ping: PingResult = client.call_as(method::DAEMON_PING, &json!({})).unwrap();
     assert_eq!(ping.pid, std::process::id());
     assert_eq!(ping.version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(ping.api_version, API_VERSION);
 
     let stopped = client.call(method::DAEMON_STOP, &Value::Null).unwrap();
     assert_eq!(stopped, Value::Null);
@@ -56,7 +59,7 @@ fn oversized_garbage_and_unknown_requests_get_errors_and_service_goes_on() {
     let mut daemon = TestDaemon::start(|_| {});
     let mut raw = Raw::connect(&daemon.socket);
 
-    let mut huge = vec![b'x'; tarn_cli::daemon::MAX_REQUEST_BYTES + 4096];
+    let mut huge = vec![b'x'; MAX_REQUEST_BYTES + 4096];
     huge.push(b'\n');
     raw.send(&huge);
     let refused = raw.recv().unwrap();
@@ -274,11 +277,11 @@ fn a_live_daemon_is_not_replaced_but_a_stale_socket_is() {
 #[test]
 fn dispatch_refuses_bad_params_before_the_backend() {
     let backend = FakeBackend::default();
-    let err = dispatch(&backend, "pool.frobnicate", Value::Null).unwrap_err();
+    let err = call(&backend, "pool.frobnicate", Value::Null).unwrap_err();
     assert_eq!(err.code, ErrorCode::Invalid);
     assert!(err.message.contains("pool.status"), "{}", err.message);
 
-    let err = dispatch(
+    let err = call(
         &backend,
         method::POOL_EXPORT,
         json!({"name": "tank", "forse": true}),
@@ -287,11 +290,11 @@ fn dispatch_refuses_bad_params_before_the_backend() {
     assert_eq!(err.code, ErrorCode::Invalid);
     assert!(err.message.contains("forse"), "{}", err.message);
 
-    let err = dispatch(&backend, method::POOL_STATUS, json!([1, 2])).unwrap_err();
+    let err = call(&backend, method::POOL_STATUS, json!([1, 2])).unwrap_err();
     assert_eq!(err.code, ErrorCode::Invalid);
 
     // Validation runs before the backend (whose create would say `exists`).
-    let err = dispatch(
+    let err = call(
         &backend,
         method::POOL_CREATE,
         json!({"name": "tank", "vdevs": [{"kind": "mirror", "devices": ["/a"]}]}),
@@ -300,15 +303,15 @@ fn dispatch_refuses_bad_params_before_the_backend() {
     assert_eq!(err.code, ErrorCode::Invalid);
     assert!(err.message.contains("mirror-0"), "{}", err.message);
 
-    let err = dispatch(&backend, method::DAEMON_STOP, Value::Null).unwrap_err();
+    let err = call(&backend, method::DAEMON_STOP, Value::Null).unwrap_err();
     assert_eq!(err.code, ErrorCode::Invalid);
 
     assert_eq!(
-        dispatch(&backend, method::POOL_SYNC, json!({"name": "tank"})).unwrap(),
+        call(&backend, method::POOL_SYNC, json!({"name": "tank"})).unwrap(),
         json!({"txg": 8})
     );
     assert_eq!(
-        dispatch(&backend, method::POOL_IMPORT, Value::Null).unwrap(),
+        call(&backend, method::POOL_IMPORT, Value::Null).unwrap(),
         json!({"candidates": []})
     );
 }

@@ -1,22 +1,201 @@
-//! The seam between the admin API and the storage engine.
-//!
-//! [`Backend`] is what the daemon serves: one function per API method, plain
-//! data in and out, every failure an [`ApiError`]. The request types here are
-//! also the JSON parameters of their methods, so the wire format and the
-//! engine's entry points cannot drift apart. Checks that need no pool
-//! (device counts, reserved names) live here, in `validate`, and run both in
-//! the client and in [`crate::api::dispatch`].
+//! Pools as the API shows them: status, list and iostat rows, import
+//! candidates, scans, and the requests that create, import and change
+//! pools. These are the API's own copies of what the pool layer reports,
+//! with the same JSON shape; the daemon converts into them.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::access::{Share, UserInfo};
-use crate::api::ApiError;
-pub use crate::api::ShareInfo;
-pub use crate::mounts::MountInfo;
-use crate::status::{ImportCandidate, IostatEntry, PoolListEntry, PoolStatus, ScanStatus};
-pub use tarn_dataset::{DatasetInfo, DatasetKind, PropValue, Source};
+use crate::error::ApiError;
+
+/// Health of a pool, a top-level vdev or a leaf, in ZFS's words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Health {
+    /// Every device answers and nothing is missing.
+    Online,
+    /// Some redundancy is lost; all data is still readable.
+    Degraded,
+    /// Too many devices are gone; data cannot be served.
+    Faulted,
+    /// Taken out of service by the administrator.
+    Offline,
+    /// The device could not be opened.
+    Unavail,
+}
+
+impl std::fmt::Display for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = match self {
+            Health::Online => "ONLINE",
+            Health::Degraded => "DEGRADED",
+            Health::Faulted => "FAULTED",
+            Health::Offline => "OFFLINE",
+            Health::Unavail => "UNAVAIL",
+        };
+        f.write_str(s)
+    }
+}
+
+/// Error and traffic counters of one device since import or `clear`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Reads that failed with an I/O error.
+    pub read_errors: u64,
+    /// Writes that failed with an I/O error.
+    pub write_errors: u64,
+    /// Reads that returned bytes failing their checksum (or parity).
+    pub cksum_errors: u64,
+    /// Read operations issued.
+    pub read_ops: u64,
+    /// Write operations issued.
+    pub write_ops: u64,
+    /// Bytes read.
+    pub read_bytes: u64,
+    /// Bytes written.
+    pub write_bytes: u64,
+}
+
+/// One node of the vdev tree as shown by `status`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VdevStatus {
+    /// `raidz1-0`, `mirror-1`, or a leaf's path.
+    pub name: String,
+    /// Health of this node.
+    pub health: Health,
+    /// Counters (summed over children for interior nodes).
+    pub counters: Counters,
+    /// Extra words for the operator, e.g. "resilvering" or "was /dev/sdb".
+    pub note: Option<String>,
+    /// Children (empty for leaves).
+    pub children: Vec<VdevStatus>,
+}
+
+/// Kind of a scan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScanKind {
+    /// Verify and repair every block.
+    Scrub,
+    /// Rebuild what a returning or new device missed.
+    Resilver,
+}
+
+/// State of the last or current scan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScanState {
+    /// Running now.
+    Scanning,
+    /// Paused by the administrator; resumes where it stopped.
+    Paused,
+    /// Ran to the end.
+    Finished,
+    /// Stopped by the administrator before the end.
+    Canceled,
+}
+
+/// Progress and result of a scrub or resilver.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScanStatus {
+    /// Scrub or resilver.
+    pub kind: ScanKind,
+    /// Running, paused, finished or canceled.
+    pub state: ScanState,
+    /// Unix seconds when the scan started.
+    pub started_unix: u64,
+    /// Unix seconds when it ended, if it did.
+    pub ended_unix: Option<u64>,
+    /// Allocated bytes examined so far.
+    pub examined_bytes: u64,
+    /// Allocated bytes the scan will examine in all.
+    pub total_bytes: u64,
+    /// Bytes rewritten to repair damage.
+    pub repaired_bytes: u64,
+    /// Blocks that could not be repaired.
+    pub errors: u64,
+    /// Recent rate in bytes per second while running.
+    pub rate_bytes_per_sec: u64,
+    /// Estimated seconds to completion while running.
+    pub eta_secs: Option<u64>,
+}
+
+/// What `status` says about one pool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PoolStatus {
+    /// Pool name.
+    pub name: String,
+    /// Pool GUID, hex.
+    pub guid: String,
+    /// Overall health.
+    pub health: Health,
+    /// A sentence for the operator when something needs attention.
+    pub message: Option<String>,
+    /// What to do about it.
+    pub action: Option<String>,
+    /// Last committed txg.
+    pub txg: u64,
+    /// The current or last scan.
+    pub scan: Option<ScanStatus>,
+    /// The vdev tree (the root's children are the top-level vdevs).
+    pub vdevs: Vec<VdevStatus>,
+    /// Separate intent log vdevs.
+    #[serde(default)]
+    pub logs: Vec<VdevStatus>,
+    /// Objects with unrecoverable damage, named for the operator.
+    pub damaged: Vec<String>,
+}
+
+/// One row of `list`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolListEntry {
+    /// Pool name.
+    pub name: String,
+    /// Usable bytes (after parity), data region only.
+    pub size: u64,
+    /// Allocated bytes (as the allocator counts them: with parity/padding).
+    pub allocated: u64,
+    /// Bytes still allocatable.
+    pub free: u64,
+    /// Overall health.
+    pub health: Health,
+    /// Pool GUID, hex.
+    pub guid: String,
+}
+
+/// One row of `iostat`: a device's cumulative counters; the client computes
+/// rates from two samples.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IostatEntry {
+    /// Pool, top-level vdev name or leaf path.
+    pub name: String,
+    /// Nesting depth (0 pool, 1 top-level, 2 leaf) for indentation.
+    pub depth: u8,
+    /// Allocated bytes (pool and top-level rows; 0 for leaves).
+    pub allocated: u64,
+    /// Free bytes (pool and top-level rows; 0 for leaves).
+    pub free: u64,
+    /// Cumulative counters.
+    pub counters: Counters,
+}
+
+/// A pool found on devices by `import` without a name: what can be imported.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ImportCandidate {
+    /// Pool name from the labels.
+    pub name: String,
+    /// Pool GUID, hex.
+    pub guid: String,
+    /// Whether it can be imported as found.
+    pub health: Health,
+    /// Devices found, by path.
+    pub devices: Vec<String>,
+    /// Why it cannot be imported, or what is missing.
+    pub note: Option<String>,
+    /// Whether the labels say another process may own it (needs --force).
+    pub active: bool,
+}
 
 /// Layout of one top-level vdev.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -286,215 +465,74 @@ pub enum ScrubAction {
     Cancel,
 }
 
-/// A raw object as `object.*` methods report it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ObjectInfo {
-    /// Object name.
-    pub name: String,
-    /// Size in bytes.
-    pub size: u64,
-    /// Txg of the object's last change.
-    pub txg: u64,
+/// Drills (`pool.inject`): what an injected device fault does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    /// Reads fail with an I/O error.
+    ReadError,
+    /// Writes fail with an I/O error.
+    WriteError,
+    /// Reads return data with one bit flipped.
+    Bitflip,
+    /// Writes are acknowledged but nothing lands.
+    DropWrite,
+    /// Writes land only partly: a prefix of whole sectors.
+    TornWrite,
+    /// Every I/O waits first (see [`Fault::latency_ms`]).
+    Latency,
+    /// The device is gone: every I/O and flush fails.
+    Vanish,
 }
 
-fn no_datasets() -> ApiError {
-    ApiError::invalid("this backend has no datasets")
+impl FaultKind {
+    /// Every kind, for help texts.
+    pub const ALL: [FaultKind; 7] = [
+        FaultKind::ReadError,
+        FaultKind::WriteError,
+        FaultKind::Bitflip,
+        FaultKind::DropWrite,
+        FaultKind::TornWrite,
+        FaultKind::Latency,
+        FaultKind::Vanish,
+    ];
+
+    /// The name used on the command line (`read-error`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::ReadError => "read-error",
+            FaultKind::WriteError => "write-error",
+            FaultKind::Bitflip => "bitflip",
+            FaultKind::DropWrite => "drop-write",
+            FaultKind::TornWrite => "torn-write",
+            FaultKind::Latency => "latency",
+            FaultKind::Vanish => "vanish",
+        }
+    }
+
+    /// Parses a command-line name.
+    pub fn parse(s: &str) -> Option<FaultKind> {
+        FaultKind::ALL.into_iter().find(|k| k.name() == s)
+    }
 }
 
-/// What the daemon serves: the storage engine behind the admin API.
-///
-/// Calls arrive concurrently from several connections. Errors carry a
-/// message for the operator that names the pool or device, the cause and the
-/// fix.
-pub trait Backend: Send + Sync {
-    /// Creates and imports a pool.
-    fn pool_create(&self, req: &CreateRequest) -> Result<PoolStatus, ApiError>;
-    /// Lists importable pools (no `pool` given) or imports one.
-    fn pool_import(&self, req: &ImportRequest) -> Result<ImportResult, ApiError>;
-    /// Commits and releases a pool so another host or process can import it.
-    fn pool_export(&self, name: &str, force: bool) -> Result<(), ApiError>;
-    /// Destroys a pool: its labels are invalidated, its data abandoned.
-    fn pool_destroy(&self, name: &str, force: bool) -> Result<(), ApiError>;
-    /// Imported pools with their sizes and health.
-    fn pool_list(&self) -> Result<Vec<PoolListEntry>, ApiError>;
-    /// Status of one pool or all of them.
-    fn pool_status(&self, name: Option<&str>) -> Result<Vec<PoolStatus>, ApiError>;
-    /// Starts, pauses, resumes or cancels a scrub; answers the scan's state.
-    fn pool_scrub(&self, name: &str, action: ScrubAction) -> Result<Option<ScanStatus>, ApiError>;
-    /// Takes a device out of service.
-    fn pool_offline(&self, name: &str, device: &str) -> Result<(), ApiError>;
-    /// Brings a device back and resilvers what it missed.
-    fn pool_online(&self, name: &str, device: &str) -> Result<(), ApiError>;
-    /// Replaces `old` by `new` and resilvers onto it.
-    fn pool_replace(&self, name: &str, old: &str, new: &str, force: bool) -> Result<(), ApiError>;
-    /// Adds a separate intent log vdev (one device or a mirror).
-    fn pool_add_log(&self, name: &str, vdev: &VdevSpec, force: bool) -> Result<(), ApiError>;
-    /// Removes the log vdev holding `device`.
-    fn pool_remove(&self, name: &str, device: &str) -> Result<(), ApiError>;
-    /// Resets error counters of one device or of the whole pool.
-    fn pool_clear(&self, name: &str, device: Option<&str>) -> Result<(), ApiError>;
-    /// Cumulative I/O counters of one pool or all of them, as a tree.
-    fn pool_iostat(&self, name: Option<&str>) -> Result<Vec<IostatEntry>, ApiError>;
-    /// Commits the open txg; answers the committed txg.
-    fn pool_sync(&self, name: &str) -> Result<u64, ApiError>;
-    /// Writes the file at `from_path` into `object` at `offset`; durable
-    /// before returning when `sync`.
-    ///
-    /// Raw objects: a pool-level store of named byte objects used by drills,
-    /// tests and benchmarks until datasets exist. Data moves through files
-    /// on the daemon's machine, never through JSON.
-    fn object_write(
-        &self,
-        pool: &str,
-        object: &str,
-        from_path: &str,
-        offset: u64,
-        sync: bool,
-    ) -> Result<ObjectInfo, ApiError>;
-    /// Writes the whole of `object` into a file at `to_path`.
-    fn object_read(&self, pool: &str, object: &str, to_path: &str) -> Result<ObjectInfo, ApiError>;
-    /// Lists the raw objects of a pool.
-    fn object_list(&self, pool: &str) -> Result<Vec<ObjectInfo>, ApiError>;
-    /// Deletes a raw object.
-    fn object_delete(&self, pool: &str, object: &str) -> Result<(), ApiError>;
-    /// Creates a filesystem dataset (with `parents`, missing ancestors too).
-    fn dataset_create(
-        &self,
-        _name: &str,
-        _properties: &BTreeMap<String, String>,
-        _parents: bool,
-    ) -> Result<(), ApiError> {
-        Err(no_datasets())
-    }
-    /// Destroys a filesystem (with `recursive`, everything below it), a
-    /// snapshot `fs@s` or a snapshot range `fs@a%c`.
-    fn dataset_destroy(&self, _name: &str, _recursive: bool) -> Result<(), ApiError> {
-        Err(no_datasets())
-    }
-    /// Every dataset of every pool (and the snapshots, with `snapshots`).
-    fn dataset_list(&self, _snapshots: bool) -> Result<Vec<DatasetInfo>, ApiError> {
-        Err(no_datasets())
-    }
-    /// Property values (all when `properties` is empty).
-    fn dataset_get(&self, _name: &str, _properties: &[String]) -> Result<Vec<PropValue>, ApiError> {
-        Err(no_datasets())
-    }
-    /// Sets a property locally.
-    fn dataset_set(&self, _name: &str, _property: &str, _value: &str) -> Result<(), ApiError> {
-        Err(no_datasets())
-    }
-    /// Drops a local value so the inherited one applies.
-    fn dataset_inherit(&self, _name: &str, _property: &str) -> Result<(), ApiError> {
-        Err(no_datasets())
-    }
-    /// Renames a filesystem (with its descendants) or a snapshot.
-    fn dataset_rename(&self, _name: &str, _new_name: &str) -> Result<(), ApiError> {
-        Err(no_datasets())
-    }
-    /// Takes snapshots atomically (with `recursive`, of descendants too).
-    fn dataset_snapshot(&self, _names: &[String], _recursive: bool) -> Result<(), ApiError> {
-        Err(no_datasets())
-    }
-    /// Returns a filesystem to a snapshot (with `destroy_newer`, destroying
-    /// the snapshots taken after it).
-    fn dataset_rollback(&self, _snapshot: &str, _destroy_newer: bool) -> Result<(), ApiError> {
-        Err(no_datasets())
-    }
-    /// Creates a filesystem from a snapshot.
-    fn dataset_clone(
-        &self,
-        _snapshot: &str,
-        _name: &str,
-        _properties: &BTreeMap<String, String>,
-    ) -> Result<(), ApiError> {
-        Err(no_datasets())
-    }
-    /// Makes a clone independent of its origin (the origin's history moves
-    /// to it).
-    fn dataset_promote(&self, _name: &str) -> Result<(), ApiError> {
-        Err(no_datasets())
-    }
-    /// Drills: makes a member device misbehave, or with `None` behave
-    /// again; answers the faults in force.
-    fn pool_inject(
-        &self,
-        _name: &str,
-        _device: &str,
-        _fault: Option<tarn_vdev::Fault>,
-    ) -> Result<Vec<tarn_vdev::Fault>, ApiError> {
-        Err(no_datasets())
-    }
-    /// Adds a user to a pool (the only pool when `pool` is none).
-    fn user_add(
-        &self,
-        _pool: Option<&str>,
-        _name: &str,
-        _password: &str,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
-    ) -> Result<UserInfo, ApiError> {
-        Err(no_datasets())
-    }
-    /// Removes a user.
-    fn user_del(&self, _pool: Option<&str>, _name: &str) -> Result<(), ApiError> {
-        Err(no_datasets())
-    }
-    /// Changes a user's password.
-    fn user_passwd(
-        &self,
-        _pool: Option<&str>,
-        _name: &str,
-        _password: &str,
-    ) -> Result<(), ApiError> {
-        Err(no_datasets())
-    }
-    /// The users of every pool.
-    fn user_list(&self) -> Result<Vec<UserInfo>, ApiError> {
-        Err(no_datasets())
-    }
-    /// Adds or replaces a share (stored in its dataset's pool); with
-    /// `owner`, gives the dataset's root directory to that user.
-    fn share_add(&self, _share: &Share, _owner: Option<&str>) -> Result<(), ApiError> {
-        Err(no_datasets())
-    }
-    /// Removes a share.
-    fn share_del(&self, _pool: Option<&str>, _name: &str) -> Result<(), ApiError> {
-        Err(no_datasets())
-    }
-    /// The shares of every pool.
-    fn share_list(&self) -> Result<Vec<ShareInfo>, ApiError> {
-        Err(no_datasets())
-    }
-    /// Mounts a dataset (at `mountpoint`, or where its property says).
-    fn dataset_mount(
-        &self,
-        _name: &str,
-        _mountpoint: Option<&str>,
-        _allow_other: bool,
-        _read_only: bool,
-    ) -> Result<MountInfo, ApiError> {
-        Err(no_datasets())
-    }
-    /// Unmounts a dataset, given by name or mountpoint.
-    fn dataset_unmount(&self, _name: &str) -> Result<(), ApiError> {
-        Err(no_datasets())
-    }
-    /// The daemon's mounts.
-    fn dataset_mounts(&self) -> Result<Vec<MountInfo>, ApiError> {
-        Err(no_datasets())
-    }
-    /// Where the NFS and WebDAV servers listen (none when not running).
-    fn endpoints(&self) -> crate::servers::Endpoints {
-        crate::servers::Endpoints::default()
-    }
-    /// Exports every pool cleanly; called once when the daemon stops.
-    fn shutdown(&self);
+/// One injected device fault, as `pool.inject` takes and answers it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Fault {
+    /// What it does.
+    pub kind: FaultKind,
+    /// Share of the matching I/Os it hits, 0.0..=1.0.
+    pub probability: f64,
+    /// Only I/Os touching this byte range [start, end) of the device.
+    pub range: Option<(u64, u64)>,
+    /// Delay of a `Latency` fault.
+    pub latency_ms: u64,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::ErrorCode;
+    use crate::error::ErrorCode;
 
     fn create(vdevs: Vec<VdevSpec>) -> CreateRequest {
         CreateRequest {

@@ -14,28 +14,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use serde::{Deserialize, Serialize};
-use tarn_fuse::{FuseError, Mount, MountOptions};
+use tarn_api::dataset::MountInfo;
+use tarn_api::ApiError;
+use tarn_fuse::{Mount, MountOptions};
 use tarn_pool::Pool;
 
-use crate::api::ApiError;
+use crate::convert::fuse_error;
 use crate::filesystems::{covers, Filesystems};
-
-/// A mount as `dataset.mounts` reports it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MountInfo {
-    /// Dataset (or snapshot) name.
-    pub dataset: String,
-    /// Where it is mounted.
-    pub mountpoint: String,
-    /// True when `tarn mount` made it, false when the `mountpoint`
-    /// property did.
-    pub manual: bool,
-    /// Other users may use it.
-    pub allow_other: bool,
-    /// Mounted read-only.
-    pub read_only: bool,
-}
 
 struct Entry {
     info: MountInfo,
@@ -46,18 +31,6 @@ struct Entry {
 #[derive(Default)]
 pub struct Mounts {
     inner: Mutex<BTreeMap<String, Entry>>,
-}
-
-fn fuse_error(e: FuseError) -> ApiError {
-    match e {
-        FuseError::Busy { .. } => ApiError::busy(format!(
-            "{e}: close the files and leave the directories under it, then retry"
-        )),
-        FuseError::Mountpoint { .. } | FuseError::InvalidOption(_) => {
-            ApiError::invalid(e.to_string())
-        }
-        other => ApiError::io(other.to_string()),
-    }
 }
 
 impl Mounts {

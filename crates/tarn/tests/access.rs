@@ -94,10 +94,10 @@ fn users_and_shares_end_to_end() {
     )
     .unwrap();
     tarn_dataset::attach(&pool).unwrap();
-    let users = tarn_cli::access::users(&pool).unwrap();
+    let users = tarn_daemon::access::users(&pool).unwrap();
     let alice = users.iter().find(|u| u.name == "alice").unwrap();
     assert!(alice.hash.starts_with("$argon2id$") && !alice.hash.contains("s3cret"));
-    assert!(tarn_cli::access::authenticate(&pool, "alice", "s3cret-pw").is_some());
-    assert!(tarn_cli::access::authenticate(&pool, "alice", "s3cret-pX").is_none());
-    assert!(tarn_cli::access::authenticate(&pool, "nobody", "s3cret-pw").is_none());
+    assert!(tarn_daemon::access::authenticate(&pool, "alice", "s3cret-pw").is_some());
+    assert!(tarn_daemon::access::authenticate(&pool, "alice", "s3cret-pX").is_none());
+    assert!(tarn_daemon::access::authenticate(&pool, "nobody", "s3cret-pw").is_none());
 }

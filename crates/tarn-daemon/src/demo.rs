@@ -6,11 +6,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
+use tarn_api::access::{Access, NfsShare, Share, WebdavShare};
+use tarn_api::pool::{CreateRequest, ImportRequest, ImportResult, VdevKind, VdevSpec};
+use tarn_api::{Backend, ErrorCode};
 
-use crate::backend::{CreateRequest, ImportRequest, ImportResult, VdevKind, VdevSpec};
-use crate::cli::{BackendFactory, DemoArgs};
-use crate::daemon::{run_daemon, DaemonOptions};
+use crate::error::{DaemonError, IoContext, Result};
+use crate::servers::ServerOptions;
+use crate::transport::{run_daemon, DaemonOptions};
 
 /// Name of the demo pool.
 pub const DEMO_POOL: &str = "demo";
@@ -21,9 +23,22 @@ pub const DEMO_USER: &str = "demo";
 /// The demo's share.
 pub const DEMO_SHARE: &str = "files";
 
+/// What `tarn demo` was asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DemoOptions {
+    /// Folder for the member files, the socket and the state.
+    pub dir: PathBuf,
+    /// Size of each (sparse) member file, in MiB; at least 64 is used.
+    pub size_mib: u64,
+    /// NFS (and MOUNT) port on 127.0.0.1; 0 picks a free one.
+    pub nfs_port: u16,
+    /// WebDAV port on 127.0.0.1; 0 picks a free one.
+    pub webdav_port: u16,
+}
+
 /// The demo user's password: made up at the first run and kept in the
 /// demo folder (mode 0600), so every run prints the same one.
-fn demo_password(dir: &Path) -> anyhow::Result<String> {
+fn demo_password(dir: &Path) -> Result<String> {
     use std::io::{Read, Write};
     use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join("demo-password");
@@ -36,7 +51,7 @@ fn demo_password(dir: &Path) -> anyhow::Result<String> {
     let mut raw = [0u8; 12];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut raw))
-        .context("cannot read /dev/urandom")?;
+        .io_context(|| "cannot read /dev/urandom")?;
     const ALPHABET: &[u8] = b"abcdefghijkmnpqrstuvwxyz23456789";
     let p: String = raw
         .iter()
@@ -48,12 +63,12 @@ fn demo_password(dir: &Path) -> anyhow::Result<String> {
         .truncate(true)
         .mode(0o600)
         .open(&path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
+        .io_context(|| format!("cannot write {}", path.display()))?;
     writeln!(f, "{p}")?;
     Ok(p)
 }
 
-fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
+fn absolute(p: &Path) -> Result<PathBuf> {
     Ok(if p.is_absolute() {
         p.to_path_buf()
     } else {
@@ -62,16 +77,16 @@ fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// Runs the demo until the daemon stops.
-pub fn run_demo(args: &DemoArgs, make_backend: Box<BackendFactory<'_>>) -> anyhow::Result<()> {
+pub fn run_demo(args: &DemoOptions) -> Result<()> {
     let dir = absolute(&args.dir)?;
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    std::fs::create_dir_all(&dir).io_context(|| format!("cannot create {}", dir.display()))?;
     let size = args.size_mib.max(64) << 20;
     let mut devices = Vec::new();
     for i in 0..4 {
         let p = dir.join(format!("disk{i}.img"));
         if !p.exists() {
             let f = std::fs::File::create(&p)
-                .with_context(|| format!("cannot create {}", p.display()))?;
+                .io_context(|| format!("cannot create {}", p.display()))?;
             f.set_len(size)?;
         }
         devices.push(p.to_string_lossy().into_owned());
@@ -80,21 +95,17 @@ pub fn run_demo(args: &DemoArgs, make_backend: Box<BackendFactory<'_>>) -> anyho
     let mut opts = DaemonOptions::new(socket.clone(), dir.join("state"));
     opts.handle_signals = true;
     let loopback = std::net::Ipv4Addr::LOCALHOST;
-    opts.servers = crate::servers::ServerOptions {
+    opts.servers = ServerOptions {
         nfs: Some((loopback, args.nfs_port).into()),
         webdav: Some((loopback, args.webdav_port).into()),
         tls_cert: None,
         webdav_plain_http: false,
     };
-    let backend = make_backend(&opts).with_context(|| {
-        "cannot start the demo's daemon (ports taken? try --nfs-port 0 --webdav-port 0)"
+    let backend = crate::start_node(&opts).map_err(|e| {
+        e.context("cannot start the demo's daemon (ports taken? try --nfs-port 0 --webdav-port 0)")
     })?;
 
-    let imported = backend
-        .pool_list()
-        .map_err(anyhow::Error::msg)?
-        .iter()
-        .any(|p| p.name == DEMO_POOL);
+    let imported = backend.pool_list()?.iter().any(|p| p.name == DEMO_POOL);
     let how = if imported {
         "reused"
     } else {
@@ -111,27 +122,25 @@ pub fn run_demo(args: &DemoArgs, make_backend: Box<BackendFactory<'_>>) -> anyho
             Ok(ImportResult::Imported(_)) => "imported",
             // Any error but "no such pool" is the user's to see: creating
             // over it would need -f and could destroy the demo's data.
-            Err(e) if e.code != crate::api::ErrorCode::NotFound => {
-                return Err(anyhow::anyhow!(
+            Err(e) if e.code != ErrorCode::NotFound => {
+                return Err(DaemonError::msg(format!(
                     "cannot import the demo pool from {}: {e}",
                     dir.display()
-                ))
+                )))
             }
             _ => {
                 let mut properties = BTreeMap::new();
                 properties.insert("compression".to_string(), "lz4".to_string());
-                backend
-                    .pool_create(&CreateRequest {
-                        name: DEMO_POOL.into(),
-                        vdevs: vec![VdevSpec {
-                            kind: VdevKind::Raidz1,
-                            devices: devices.clone(),
-                        }],
-                        ashift: None,
-                        properties,
-                        force: false,
-                    })
-                    .map_err(anyhow::Error::msg)?;
+                backend.pool_create(&CreateRequest {
+                    name: DEMO_POOL.into(),
+                    vdevs: vec![VdevSpec {
+                        kind: VdevKind::Raidz1,
+                        devices: devices.clone(),
+                    }],
+                    ashift: None,
+                    properties,
+                    force: false,
+                })?;
                 "created"
             }
         }
@@ -142,8 +151,7 @@ pub fn run_demo(args: &DemoArgs, make_backend: Box<BackendFactory<'_>>) -> anyho
     // SAFETY: geteuid has no preconditions and cannot fail.
     let can_mount = unsafe { libc::geteuid() } == 0 && Path::new("/dev/fuse").exists();
     let has_fs = backend
-        .dataset_list(false)
-        .map_err(anyhow::Error::msg)?
+        .dataset_list(false)?
         .iter()
         .any(|d| d.name == DEMO_FS);
     if !has_fs {
@@ -151,28 +159,24 @@ pub fn run_demo(args: &DemoArgs, make_backend: Box<BackendFactory<'_>>) -> anyho
         props.insert("compression".to_string(), "lz4".to_string());
         if can_mount {
             std::fs::create_dir_all(&files)
-                .with_context(|| format!("cannot create {}", files.display()))?;
+                .io_context(|| format!("cannot create {}", files.display()))?;
             props.insert("mountpoint".to_string(), files.display().to_string());
         }
-        backend
-            .dataset_create(DEMO_FS, &props, false)
-            .map_err(anyhow::Error::msg)?;
+        backend.dataset_create(DEMO_FS, &props, false)?;
     }
     // A demo user and a share of the filesystem over NFS and WebDAV.
     let password = demo_password(&dir)?;
-    let users = backend.user_list().map_err(anyhow::Error::msg)?;
+    let users = backend.user_list()?;
     let user = match users.iter().find(|u| u.name == DEMO_USER) {
         Some(u) => u.clone(),
-        None => backend
-            .user_add(Some(DEMO_POOL), DEMO_USER, &password, None, None)
-            .map_err(anyhow::Error::msg)?,
+        None => backend.user_add(Some(DEMO_POOL), DEMO_USER, &password, None, None)?,
     };
-    let shares = backend.share_list().map_err(anyhow::Error::msg)?;
+    let shares = backend.share_list()?;
     if !shares.iter().any(|s| s.share.name == DEMO_SHARE) {
-        let share = crate::access::Share {
+        let share = Share {
             name: DEMO_SHARE.to_string(),
             dataset: DEMO_FS.to_string(),
-            nfs: Some(crate::access::NfsShare {
+            nfs: Some(NfsShare {
                 clients: vec!["127.0.0.1/32".to_string()],
                 read_only: false,
                 root_squash: true,
@@ -180,15 +184,11 @@ pub fn run_demo(args: &DemoArgs, make_backend: Box<BackendFactory<'_>>) -> anyho
                 anon_uid: user.uid,
                 anon_gid: user.gid,
             }),
-            webdav: Some(crate::access::WebdavShare {
-                users: [(DEMO_USER.to_string(), crate::access::Access::Rw)]
-                    .into_iter()
-                    .collect(),
+            webdav: Some(WebdavShare {
+                users: [(DEMO_USER.to_string(), Access::Rw)].into_iter().collect(),
             }),
         };
-        backend
-            .share_add(&share, Some(DEMO_USER))
-            .map_err(anyhow::Error::msg)?;
+        backend.share_add(&share, Some(DEMO_USER))?;
     }
     let ep = backend.endpoints();
     let serve_hint = match (ep.webdav, ep.nfs) {
@@ -211,8 +211,7 @@ NFS      127.0.0.1:/{DEMO_SHARE}, port {np} (NFS and MOUNT), every client acts a
         _ => String::new(),
     };
     let mounted = backend
-        .dataset_mounts()
-        .map_err(anyhow::Error::msg)?
+        .dataset_mounts()?
         .iter()
         .any(|m| m.dataset == DEMO_FS);
     let files_hint = if mounted {

@@ -3,11 +3,6 @@
 
 #![allow(dead_code)]
 
-pub mod clients;
-pub mod process;
-pub mod require;
-pub mod seeded;
-
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -16,15 +11,13 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use tarn_cli::api::ApiError;
-use tarn_cli::backend::{
-    Backend, CreateRequest, ImportRequest, ImportResult, ObjectInfo, ScrubAction,
+use tarn_api::params::ObjectInfo;
+use tarn_api::pool::{
+    Counters, CreateRequest, Health, ImportRequest, ImportResult, IostatEntry, PoolListEntry,
+    PoolStatus, ScanKind, ScanState, ScanStatus, ScrubAction, VdevSpec, VdevStatus,
 };
-use tarn_cli::daemon::{run_daemon, DaemonOptions};
-use tarn_cli::status::{
-    Counters, Health, IostatEntry, PoolListEntry, PoolStatus, ScanKind, ScanState, ScanStatus,
-    VdevStatus,
-};
+use tarn_api::{ApiError, Backend};
+use tarn_daemon::{run_daemon, DaemonOptions, Node};
 
 /// How long `pool.sync` takes in the fake, to test draining at stop.
 pub const SYNC_DELAY: Duration = Duration::from_millis(500);
@@ -157,12 +150,7 @@ impl Backend for FakeBackend {
     fn pool_replace(&self, _: &str, _: &str, _: &str, _: bool) -> Result<(), ApiError> {
         unsupported()
     }
-    fn pool_add_log(
-        &self,
-        _: &str,
-        _: &tarn_cli::backend::VdevSpec,
-        _: bool,
-    ) -> Result<(), ApiError> {
+    fn pool_add_log(&self, _: &str, _: &VdevSpec, _: bool) -> Result<(), ApiError> {
         unsupported()
     }
     fn pool_remove(&self, _: &str, _: &str) -> Result<(), ApiError> {
@@ -213,6 +201,9 @@ impl Backend for FakeBackend {
         }
         unsupported()
     }
+}
+
+impl Node for FakeBackend {
     fn shutdown(&self) {
         self.event("shutdown");
         self.shutdowns.fetch_add(1, Ordering::SeqCst);
@@ -224,7 +215,7 @@ pub struct TestDaemon {
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
     pub backend: Arc<FakeBackend>,
-    pub thread: Option<JoinHandle<anyhow::Result<()>>>,
+    pub thread: Option<JoinHandle<tarn_daemon::Result<()>>>,
 }
 
 impl TestDaemon {
@@ -248,7 +239,7 @@ impl TestDaemon {
         let mut opts = DaemonOptions::new(socket.clone(), dir.path().join("state"));
         tune(&mut opts);
         let backend = Arc::new(FakeBackend::default());
-        let served: Arc<dyn Backend> = backend.clone();
+        let served: Arc<dyn Node> = backend.clone();
         let thread = thread::spawn(move || run_daemon(opts, served));
         wait_for_socket(&socket);
         TestDaemon {
@@ -260,7 +251,7 @@ impl TestDaemon {
     }
 
     /// Waits for `run_daemon` to return and hands back its result.
-    pub fn join(&mut self) -> anyhow::Result<()> {
+    pub fn join(&mut self) -> tarn_daemon::Result<()> {
         self.thread.take().expect("joined twice").join().unwrap()
     }
 }

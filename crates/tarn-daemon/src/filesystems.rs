@@ -15,8 +15,9 @@ use std::sync::{Arc, Mutex};
 use tarn_fs::{DatasetBackend, Fs};
 use tarn_pool::Pool;
 
-use crate::api::ApiError;
-use crate::pools::ds_error;
+use tarn_api::ApiError;
+
+use crate::convert::ds_error;
 
 /// The filesystem of one dataset (or snapshot).
 pub type DatasetFs = Fs<DatasetBackend>;

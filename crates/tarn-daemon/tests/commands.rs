@@ -5,27 +5,21 @@
 mod common;
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use common::TestDaemon;
 use serde_json::json;
-use tarn_cli::api::method;
-use tarn_cli::backend::Backend;
-use tarn_cli::cli::{run, BackendFactory, Cli};
+use tarn_api::method;
 use tarn_cli::client::Client;
-use tarn_cli::daemon::DaemonOptions;
-
-fn no_backend() -> Box<BackendFactory<'static>> {
-    Box::new(|_: &DaemonOptions| -> anyhow::Result<Arc<dyn Backend>> {
-        panic!("client commands never build a backend")
-    })
-}
+use tarn_cli::{run, Cli, Run};
 
 fn run_args(daemon: &TestDaemon, args: &[&str]) -> anyhow::Result<ExitCode> {
     let socket = daemon.socket.to_str().unwrap();
     let mut argv = vec!["tarn", "--socket", socket];
     argv.extend_from_slice(args);
-    run(Cli::try_parse_checked(argv).unwrap(), no_backend())
+    match run(Cli::try_parse_checked(argv).unwrap())? {
+        Run::Done(code) => Ok(code),
+        other => panic!("client commands never run a daemon: {other:?}"),
+    }
 }
 
 fn stop(mut daemon: TestDaemon) {
@@ -72,8 +66,8 @@ fn iostat_samples_count_times_and_commands_report_api_errors() {
         3
     );
     let err = run_args(&daemon, &["pool", "export", "nope"]).unwrap_err();
-    let api = err.downcast::<tarn_cli::api::ApiError>().unwrap();
-    assert_eq!(api.code, tarn_cli::api::ErrorCode::NotFound);
+    let api = err.downcast::<tarn_api::ApiError>().unwrap();
+    assert_eq!(api.code, tarn_api::ErrorCode::NotFound);
     assert_eq!(
         run_args(&daemon, &["pool", "list"]).unwrap(),
         ExitCode::SUCCESS

@@ -1,0 +1,157 @@
+//! Users and shares as the API shows them: who may reach which dataset,
+//! over NFS and WebDAV. The daemon stores shares in the pool in this same
+//! shape; users are stored with a password hash the API never shows.
+//!
+//! The name checks here need no pool, so the client runs them before
+//! sending and the daemon again before storing.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ApiError;
+
+/// A user as `user.list` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserInfo {
+    /// The pool that stores the user.
+    pub pool: String,
+    /// Login name.
+    pub name: String,
+    /// Numeric user id.
+    pub uid: u32,
+    /// Numeric group id.
+    pub gid: u32,
+}
+
+/// Read-only or read-write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Access {
+    /// May read.
+    Ro,
+    /// May read and change.
+    Rw,
+}
+
+/// How NFS exports a share.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NfsShare {
+    /// Client networks allowed (CIDR, e.g. `192.168.1.0/24`, `::1/128`).
+    pub clients: Vec<String>,
+    /// Refuse changes.
+    #[serde(default)]
+    pub read_only: bool,
+    /// Map uid 0 to the anonymous ids (on by default, as in exports(5)).
+    #[serde(default = "yes")]
+    pub root_squash: bool,
+    /// Map every uid to the anonymous ids.
+    #[serde(default)]
+    pub all_squash: bool,
+    /// Anonymous uid.
+    #[serde(default = "nobody")]
+    pub anon_uid: u32,
+    /// Anonymous gid.
+    #[serde(default = "nobody")]
+    pub anon_gid: u32,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn nobody() -> u32 {
+    65534
+}
+
+/// Which users reach a share over WebDAV.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebdavShare {
+    /// User name → access.
+    pub users: BTreeMap<String, Access>,
+}
+
+/// A share: a filesystem dataset and how it is served.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Share {
+    /// Share name: the NFS export path is `/NAME`, the WebDAV URL `/NAME/`.
+    pub name: String,
+    /// The filesystem dataset (`tank/photos`).
+    pub dataset: String,
+    /// NFS export, if any.
+    #[serde(default)]
+    pub nfs: Option<NfsShare>,
+    /// WebDAV share, if any.
+    #[serde(default)]
+    pub webdav: Option<WebdavShare>,
+}
+
+/// A share as `share.list` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareInfo {
+    /// The pool that stores it.
+    pub pool: String,
+    /// The share.
+    pub share: Share,
+}
+
+/// Checks a user name: what Unix tools accept.
+pub fn check_user_name(name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 32
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(format!(
+            "invalid user name '{name}': use up to 32 lowercase letters, digits, '_' or '-', \
+             starting with a letter"
+        )))
+    }
+}
+
+/// Checks a share name: one path component.
+pub fn check_share_name(name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name != "."
+        && name != ".."
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(format!(
+            "invalid share name '{name}': use up to 64 letters, digits, '-', '_', '.'"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for ok in ["alice", "_svc", "bob-2"] {
+            check_user_name(ok).unwrap();
+        }
+        for bad in ["", "Alice", "1bob", "a b", "a/b", &"x".repeat(33)] {
+            assert!(check_user_name(bad).is_err(), "{bad}");
+        }
+        check_share_name("photos.2026").unwrap();
+        for bad in ["", "..", "a/b", "a b"] {
+            assert!(check_share_name(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! Datasets as the API shows them: `dataset.list` rows, property values
+//! with their source, and FUSE mounts. The API's own copies of what the
+//! dataset layer reports, with the same JSON shape.
+
+use serde::{Deserialize, Serialize};
+
+/// What a dataset is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DatasetKind {
+    /// A POSIX filesystem (a clone is one too).
+    Filesystem,
+    /// A read-only point-in-time copy of a filesystem.
+    Snapshot,
+}
+
+/// What `list` reports about a dataset (sizes in allocated bytes).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DatasetInfo {
+    /// Full name (`tank/photos`, `tank/photos@monday`).
+    pub name: String,
+    /// Filesystem or snapshot.
+    pub kind: DatasetKind,
+    /// Stable 64-bit id.
+    pub guid: u64,
+    /// Creation time (Unix seconds).
+    pub creation_unix: u64,
+    /// Space this dataset and everything below it uses; for a snapshot,
+    /// what destroying it would free.
+    pub used: u64,
+    /// What can still be written (none for snapshots).
+    pub available: Option<u64>,
+    /// Space the dataset's tree references (shared or not).
+    pub referenced: u64,
+    /// `used` in logical (uncompressed) bytes.
+    pub logicalused: u64,
+    /// `referenced` in logical bytes.
+    pub logicalreferenced: u64,
+    /// Logical / physical size of the referenced data.
+    pub compressratio: f64,
+    /// Part of `used` only the live filesystem holds.
+    pub usedbydataset: u64,
+    /// Part of `used` only snapshots hold.
+    pub usedbysnapshots: u64,
+    /// Part of `used` children hold.
+    pub usedbychildren: u64,
+    /// Space written since the previous snapshot.
+    pub written: u64,
+    /// The snapshot a clone came from.
+    pub origin: Option<String>,
+    /// Resolved mountpoint (filesystems).
+    pub mountpoint: Option<String>,
+}
+
+/// Where a property's value comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// Set on this dataset.
+    Local,
+    /// Taken from the named ancestor.
+    Inherited(String),
+    /// Nobody set it.
+    Default,
+    /// Computed (space figures, type, ...); cannot be set.
+    None,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Local => write!(f, "local"),
+            Source::Inherited(from) => write!(f, "inherited from {from}"),
+            Source::Default => write!(f, "default"),
+            Source::None => write!(f, "-"),
+        }
+    }
+}
+
+/// One property value as `get` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PropValue {
+    /// Dataset name.
+    pub dataset: String,
+    /// Property name.
+    pub property: String,
+    /// Value as text (sizes in bytes).
+    pub value: String,
+    /// Where it comes from.
+    pub source: Source,
+}
+
+/// A mount as `dataset.mounts` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountInfo {
+    /// Dataset (or snapshot) name.
+    pub dataset: String,
+    /// Where it is mounted.
+    pub mountpoint: String,
+    /// True when `tarn mount` made it, false when the `mountpoint`
+    /// property did.
+    pub manual: bool,
+    /// Other users may use it.
+    pub allow_other: bool,
+    /// Mounted read-only.
+    pub read_only: bool,
+}

@@ -1,0 +1,289 @@
+//! The one dispatch table: which method calls which [`Backend`] function.
+//!
+//! It decodes the parameters (typed structs that refuse unknown fields),
+//! runs the checks that need no pool, calls the backend and encodes the
+//! result. It knows nothing of sockets, so any transport (the daemon's Unix
+//! socket today, HTTPS later) reaches the same methods the same way.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::backend::Backend;
+use crate::error::ApiError;
+use crate::params::*;
+use crate::pool::{CreateRequest, ImportRequest};
+use crate::wire::{Request, Response};
+use crate::API_VERSION;
+
+/// Decodes `params` for `method`; `null` reads as `{}`.
+fn params<T: DeserializeOwned>(method: &str, params: Value) -> Result<T, ApiError> {
+    let params = if params.is_null() {
+        Value::Object(Default::default())
+    } else {
+        params
+    };
+    serde_json::from_value(params)
+        .map_err(|e| ApiError::invalid(format!("bad params for {method}: {e}")))
+}
+
+/// Encodes a result.
+fn reply<T: Serialize>(value: T) -> Result<Value, ApiError> {
+    serde_json::to_value(value)
+        .map_err(|e| ApiError::internal(format!("the daemon could not encode its answer: {e}")))
+}
+
+/// Answers one request line's worth: runs [`call`] and wraps the outcome
+/// with the request's id.
+pub fn dispatch(backend: &dyn Backend, request: Request) -> Response {
+    let outcome = call(backend, &request.method, request.params);
+    Response::new(request.id, outcome)
+}
+
+/// Runs one API call against `backend`. Transport-independent: the socket
+/// daemon and any other front end call this with the decoded method and
+/// params. `daemon.stop` belongs to the transport and is refused here.
+pub fn call(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, ApiError> {
+    use crate::method as m;
+    match method {
+        m::DAEMON_PING => {
+            let NoParams {} = params(method, p)?;
+            reply(PingResult {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                pid: std::process::id(),
+                api_version: API_VERSION.to_string(),
+            })
+        }
+        m::POOL_CREATE => {
+            let req: CreateRequest = params(method, p)?;
+            req.validate()?;
+            reply(backend.pool_create(&req)?)
+        }
+        m::POOL_IMPORT => {
+            let req: ImportRequest = params(method, p)?;
+            req.validate()?;
+            reply(backend.pool_import(&req)?)
+        }
+        m::POOL_EXPORT => {
+            let ForceParams { name, force } = params(method, p)?;
+            reply(backend.pool_export(&name, force)?)
+        }
+        m::POOL_DESTROY => {
+            let ForceParams { name, force } = params(method, p)?;
+            reply(backend.pool_destroy(&name, force)?)
+        }
+        m::POOL_LIST => {
+            let NoParams {} = params(method, p)?;
+            reply(backend.pool_list()?)
+        }
+        m::POOL_STATUS => {
+            let OptionalNameParams { name } = params(method, p)?;
+            reply(backend.pool_status(name.as_deref())?)
+        }
+        m::POOL_SCRUB => {
+            let ScrubParams { name, action } = params(method, p)?;
+            reply(backend.pool_scrub(&name, action)?)
+        }
+        m::POOL_OFFLINE => {
+            let DeviceParams { name, device } = params(method, p)?;
+            reply(backend.pool_offline(&name, &device)?)
+        }
+        m::POOL_ONLINE => {
+            let DeviceParams { name, device } = params(method, p)?;
+            reply(backend.pool_online(&name, &device)?)
+        }
+        m::POOL_REPLACE => {
+            let ReplaceParams {
+                name,
+                old,
+                new,
+                force,
+            } = params(method, p)?;
+            reply(backend.pool_replace(&name, &old, &new, force)?)
+        }
+        m::POOL_ADD_LOG => {
+            let AddLogParams { name, vdev, force } = params(method, p)?;
+            reply(backend.pool_add_log(&name, &vdev, force)?)
+        }
+        m::POOL_REMOVE => {
+            let DeviceParams { name, device } = params(method, p)?;
+            reply(backend.pool_remove(&name, &device)?)
+        }
+        m::POOL_CLEAR => {
+            let ClearParams { name, device } = params(method, p)?;
+            reply(backend.pool_clear(&name, device.as_deref())?)
+        }
+        m::POOL_IOSTAT => {
+            let OptionalNameParams { name } = params(method, p)?;
+            reply(backend.pool_iostat(name.as_deref())?)
+        }
+        m::POOL_SYNC => {
+            let NameParams { name } = params(method, p)?;
+            let txg = backend.pool_sync(&name)?;
+            reply(SyncResult { txg })
+        }
+        m::OBJECT_WRITE => {
+            let ObjectWriteParams {
+                pool,
+                object,
+                from_path,
+                offset,
+                sync,
+            } = params(method, p)?;
+            reply(backend.object_write(&pool, &object, &from_path, offset, sync)?)
+        }
+        m::OBJECT_READ => {
+            let ObjectReadParams {
+                pool,
+                object,
+                to_path,
+            } = params(method, p)?;
+            reply(backend.object_read(&pool, &object, &to_path)?)
+        }
+        m::OBJECT_LIST => {
+            let PoolParams { pool } = params(method, p)?;
+            reply(backend.object_list(&pool)?)
+        }
+        m::OBJECT_DELETE => {
+            let ObjectParams { pool, object } = params(method, p)?;
+            reply(backend.object_delete(&pool, &object)?)
+        }
+        m::DATASET_CREATE => {
+            let DatasetCreateParams {
+                name,
+                properties,
+                parents,
+            } = params(method, p)?;
+            reply(backend.dataset_create(&name, &properties, parents)?)
+        }
+        m::DATASET_DESTROY => {
+            let DatasetDestroyParams { name, recursive } = params(method, p)?;
+            reply(backend.dataset_destroy(&name, recursive)?)
+        }
+        m::DATASET_LIST => {
+            let DatasetListParams { snapshots } = params(method, p)?;
+            reply(backend.dataset_list(snapshots)?)
+        }
+        m::DATASET_GET => {
+            let DatasetGetParams { name, properties } = params(method, p)?;
+            reply(backend.dataset_get(&name, &properties)?)
+        }
+        m::DATASET_SET => {
+            let DatasetSetParams {
+                name,
+                property,
+                value,
+            } = params(method, p)?;
+            reply(backend.dataset_set(&name, &property, &value)?)
+        }
+        m::DATASET_INHERIT => {
+            let DatasetInheritParams { name, property } = params(method, p)?;
+            reply(backend.dataset_inherit(&name, &property)?)
+        }
+        m::DATASET_RENAME => {
+            let DatasetRenameParams { name, new_name } = params(method, p)?;
+            reply(backend.dataset_rename(&name, &new_name)?)
+        }
+        m::DATASET_SNAPSHOT => {
+            let SnapshotParams { names, recursive } = params(method, p)?;
+            if names.is_empty() {
+                return Err(ApiError::invalid("name at least one snapshot (fs@name)"));
+            }
+            reply(backend.dataset_snapshot(&names, recursive)?)
+        }
+        m::DATASET_ROLLBACK => {
+            let RollbackParams {
+                snapshot,
+                destroy_newer,
+            } = params(method, p)?;
+            reply(backend.dataset_rollback(&snapshot, destroy_newer)?)
+        }
+        m::DATASET_CLONE => {
+            let CloneParams {
+                snapshot,
+                name,
+                properties,
+            } = params(method, p)?;
+            reply(backend.dataset_clone(&snapshot, &name, &properties)?)
+        }
+        m::DATASET_PROMOTE => {
+            let NameParams { name } = params(method, p)?;
+            reply(backend.dataset_promote(&name)?)
+        }
+        m::POOL_INJECT => {
+            let InjectParams {
+                name,
+                device,
+                fault,
+            } = params(method, p)?;
+            if let Some(f) = &fault {
+                if !(0.0..=1.0).contains(&f.probability) {
+                    return Err(ApiError::invalid("probability must be between 0 and 1"));
+                }
+            }
+            reply(backend.pool_inject(&name, &device, fault)?)
+        }
+        m::USER_ADD => {
+            let UserAddParams {
+                pool,
+                name,
+                password,
+                uid,
+                gid,
+            } = params(method, p)?;
+            reply(backend.user_add(pool.as_deref(), &name, &password, uid, gid)?)
+        }
+        m::USER_DEL => {
+            let UserParams { pool, name } = params(method, p)?;
+            reply(backend.user_del(pool.as_deref(), &name)?)
+        }
+        m::USER_PASSWD => {
+            let UserPasswdParams {
+                pool,
+                name,
+                password,
+            } = params(method, p)?;
+            reply(backend.user_passwd(pool.as_deref(), &name, &password)?)
+        }
+        m::USER_LIST => {
+            let NoParams {} = params(method, p)?;
+            reply(backend.user_list()?)
+        }
+        m::SHARE_ADD => {
+            let ShareAddParams { share, owner } = params(method, p)?;
+            reply(backend.share_add(&share, owner.as_deref())?)
+        }
+        m::SHARE_DEL => {
+            let ShareDelParams { pool, name } = params(method, p)?;
+            reply(backend.share_del(pool.as_deref(), &name)?)
+        }
+        m::SHARE_LIST => {
+            let NoParams {} = params(method, p)?;
+            reply(backend.share_list()?)
+        }
+        m::DATASET_MOUNT => {
+            let MountParams {
+                name,
+                mountpoint,
+                allow_other,
+                read_only,
+            } = params(method, p)?;
+            reply(backend.dataset_mount(&name, mountpoint.as_deref(), allow_other, read_only)?)
+        }
+        m::DATASET_UNMOUNT => {
+            let UnmountParams { name } = params(method, p)?;
+            reply(backend.dataset_unmount(&name)?)
+        }
+        m::DATASET_MOUNTS => {
+            let NoParams {} = params(method, p)?;
+            reply(backend.dataset_mounts()?)
+        }
+        m::DAEMON_STOP => Err(ApiError::invalid(
+            "daemon.stop is only served on the daemon's admin socket; use `tarn daemon stop`",
+        )),
+        other => Err(ApiError::invalid(format!(
+            "unknown method {other:?}; known methods: {}",
+            m::ALL.join(", ")
+        ))),
+    }
+}

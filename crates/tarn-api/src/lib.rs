@@ -1,0 +1,74 @@
+//! tarn-api: the admin API of a tarn node, as plain data.
+//!
+//! Everything a client needs to talk to the daemon, and nothing of the
+//! engine behind it: the method names ([`method`]), the request and
+//! response lines and their framing ([`wire`]), the errors ([`ApiError`]),
+//! every parameter and result type (pools, datasets, users, shares,
+//! mounts), the [`Backend`] trait a node implements, and [`dispatch()`], the
+//! one table that maps a method onto a [`Backend`] function.
+//!
+//! The types here are the API's own copies, not the engine's: the daemon
+//! converts its engine's types into them, so a client (the `tarn` command,
+//! a web page) links this crate alone. Their JSON shape is the wire format;
+//! changing it is a change of [`API_VERSION`].
+//!
+//! Layering: this crate depends on serde, serde_json and thiserror only. It
+//! sits below `tarn-daemon` (which implements [`Backend`]) and `tarn-cli`
+//! (which sends requests), and imports neither.
+
+#![warn(missing_docs)]
+
+pub mod access;
+pub mod backend;
+pub mod dataset;
+pub mod dispatch;
+pub mod error;
+pub mod method;
+pub mod params;
+pub mod pool;
+pub mod wire;
+
+pub use backend::Backend;
+pub use dispatch::{call, dispatch};
+pub use error::{ApiError, ErrorCode};
+pub use wire::{parse_request, read_line_bounded, LineRead, Request, Response};
+
+/// Version of the admin API, `MAJOR.MINOR`, reported by `daemon.ping`.
+///
+/// The minor number grows when methods or optional fields are added (old
+/// clients keep working); the major number when something a client relies
+/// on changes. A client refuses a daemon of another major version rather
+/// than misread its answers.
+pub const API_VERSION: &str = "1.0";
+
+/// The major number of an API version string (`1` of `1.0`), or `None`
+/// when the string is not a version.
+pub fn api_major(version: &str) -> Option<u32> {
+    version.split('.').next()?.parse().ok()
+}
+
+/// Whether a daemon reporting API `version` speaks the same major version
+/// as this build.
+pub fn api_compatible(version: &str) -> bool {
+    api_major(version).is_some() && api_major(version) == api_major(API_VERSION)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_compare_by_major() {
+        assert_eq!(api_major("1.0"), Some(1));
+        assert_eq!(api_major("12.3"), Some(12));
+        assert_eq!(api_major(""), None);
+        assert!(api_compatible(API_VERSION));
+        assert!(api_compatible(&format!(
+            "{}.99",
+            api_major(API_VERSION).unwrap()
+        )));
+        assert!(!api_compatible("0.9"));
+        assert!(!api_compatible("999.0"));
+        assert!(!api_compatible("garbage"));
+    }
+}

@@ -1,0 +1,137 @@
+//! Method names, shared by clients and [`crate::dispatch()`] so they cannot
+//! drift. Each names its parameter type.
+
+/// Liveness check: answers [`crate::params::PingResult`].
+pub const DAEMON_PING: &str = "daemon.ping";
+/// Export every pool and stop the daemon (served by the socket transport).
+pub const DAEMON_STOP: &str = "daemon.stop";
+/// Create a pool: [`crate::pool::CreateRequest`].
+pub const POOL_CREATE: &str = "pool.create";
+/// Find or import pools: [`crate::pool::ImportRequest`].
+pub const POOL_IMPORT: &str = "pool.import";
+/// Export a pool: [`crate::params::ForceParams`].
+pub const POOL_EXPORT: &str = "pool.export";
+/// Destroy a pool: [`crate::params::ForceParams`].
+pub const POOL_DESTROY: &str = "pool.destroy";
+/// List imported pools.
+pub const POOL_LIST: &str = "pool.list";
+/// Status of one or all pools: [`crate::params::OptionalNameParams`].
+pub const POOL_STATUS: &str = "pool.status";
+/// Start, pause, resume or cancel a scrub: [`crate::params::ScrubParams`].
+pub const POOL_SCRUB: &str = "pool.scrub";
+/// Take a device out of service: [`crate::params::DeviceParams`].
+pub const POOL_OFFLINE: &str = "pool.offline";
+/// Bring a device back: [`crate::params::DeviceParams`].
+pub const POOL_ONLINE: &str = "pool.online";
+/// Replace a device: [`crate::params::ReplaceParams`].
+pub const POOL_REPLACE: &str = "pool.replace";
+/// Add a log vdev: [`crate::params::AddLogParams`].
+pub const POOL_ADD_LOG: &str = "pool.add_log";
+/// Remove a log vdev: [`crate::params::DeviceParams`].
+pub const POOL_REMOVE: &str = "pool.remove";
+/// Reset error counters: [`crate::params::ClearParams`].
+pub const POOL_CLEAR: &str = "pool.clear";
+/// Cumulative I/O counters: [`crate::params::OptionalNameParams`].
+pub const POOL_IOSTAT: &str = "pool.iostat";
+/// Commit the open txg now: [`crate::params::NameParams`].
+pub const POOL_SYNC: &str = "pool.sync";
+/// Write a raw object from a file: [`crate::params::ObjectWriteParams`].
+pub const OBJECT_WRITE: &str = "object.write";
+/// Read a raw object into a file: [`crate::params::ObjectReadParams`].
+pub const OBJECT_READ: &str = "object.read";
+/// List raw objects: [`crate::params::PoolParams`].
+pub const OBJECT_LIST: &str = "object.list";
+/// Delete a raw object: [`crate::params::ObjectParams`].
+pub const OBJECT_DELETE: &str = "object.delete";
+
+/// Create a filesystem: [`crate::params::DatasetCreateParams`].
+pub const DATASET_CREATE: &str = "dataset.create";
+/// Destroy a dataset, snapshot or snapshot range: [`crate::params::DatasetDestroyParams`].
+pub const DATASET_DESTROY: &str = "dataset.destroy";
+/// List datasets: [`crate::params::DatasetListParams`].
+pub const DATASET_LIST: &str = "dataset.list";
+/// Property values: [`crate::params::DatasetGetParams`].
+pub const DATASET_GET: &str = "dataset.get";
+/// Set a property: [`crate::params::DatasetSetParams`].
+pub const DATASET_SET: &str = "dataset.set";
+/// Inherit a property: [`crate::params::DatasetInheritParams`].
+pub const DATASET_INHERIT: &str = "dataset.inherit";
+/// Rename: [`crate::params::DatasetRenameParams`].
+pub const DATASET_RENAME: &str = "dataset.rename";
+/// Take snapshots: [`crate::params::SnapshotParams`].
+pub const DATASET_SNAPSHOT: &str = "dataset.snapshot";
+/// Roll back to a snapshot: [`crate::params::RollbackParams`].
+pub const DATASET_ROLLBACK: &str = "dataset.rollback";
+/// Clone a snapshot: [`crate::params::CloneParams`].
+pub const DATASET_CLONE: &str = "dataset.clone";
+/// Promote a clone: [`crate::params::NameParams`].
+pub const DATASET_PROMOTE: &str = "dataset.promote";
+/// Inject or clear a device fault (drills): [`crate::params::InjectParams`].
+pub const POOL_INJECT: &str = "pool.inject";
+/// Add a user: [`crate::params::UserAddParams`].
+pub const USER_ADD: &str = "user.add";
+/// Remove a user: [`crate::params::UserParams`].
+pub const USER_DEL: &str = "user.del";
+/// Change a password: [`crate::params::UserPasswdParams`].
+pub const USER_PASSWD: &str = "user.passwd";
+/// List users: [`crate::params::NoParams`].
+pub const USER_LIST: &str = "user.list";
+/// Add or replace a share: [`crate::params::ShareAddParams`].
+pub const SHARE_ADD: &str = "share.add";
+/// Remove a share: [`crate::params::ShareDelParams`].
+pub const SHARE_DEL: &str = "share.del";
+/// List shares: [`crate::params::NoParams`].
+pub const SHARE_LIST: &str = "share.list";
+/// Mount a dataset with FUSE: [`crate::params::MountParams`].
+pub const DATASET_MOUNT: &str = "dataset.mount";
+/// Unmount: [`crate::params::UnmountParams`].
+pub const DATASET_UNMOUNT: &str = "dataset.unmount";
+/// List mounts: [`crate::params::NoParams`].
+pub const DATASET_MOUNTS: &str = "dataset.mounts";
+
+/// Every method, for error messages and documentation.
+pub const ALL: &[&str] = &[
+    DAEMON_PING,
+    DAEMON_STOP,
+    POOL_CREATE,
+    POOL_IMPORT,
+    POOL_EXPORT,
+    POOL_DESTROY,
+    POOL_LIST,
+    POOL_STATUS,
+    POOL_SCRUB,
+    POOL_OFFLINE,
+    POOL_ONLINE,
+    POOL_REPLACE,
+    POOL_ADD_LOG,
+    POOL_REMOVE,
+    POOL_CLEAR,
+    POOL_IOSTAT,
+    POOL_SYNC,
+    OBJECT_WRITE,
+    OBJECT_READ,
+    OBJECT_LIST,
+    OBJECT_DELETE,
+    DATASET_CREATE,
+    DATASET_DESTROY,
+    DATASET_LIST,
+    DATASET_GET,
+    DATASET_SET,
+    DATASET_INHERIT,
+    DATASET_RENAME,
+    DATASET_SNAPSHOT,
+    DATASET_ROLLBACK,
+    DATASET_CLONE,
+    DATASET_PROMOTE,
+    POOL_INJECT,
+    USER_ADD,
+    USER_DEL,
+    USER_PASSWD,
+    USER_LIST,
+    SHARE_ADD,
+    SHARE_DEL,
+    SHARE_LIST,
+    DATASET_MOUNT,
+    DATASET_UNMOUNT,
+    DATASET_MOUNTS,
+];

@@ -1,0 +1,397 @@
+//! The parameters of the methods (one struct each, refusing unknown
+//! fields: a misspelt `"forse": true` is an error, never a silently ignored
+//! flag) and the small results that have no other home.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::pool::{Fault, ScrubAction, VdevSpec};
+
+/// Parameters of methods that take none (`{}` or `null`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoParams {}
+
+/// A pool by name (`pool.sync`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NameParams {
+    /// Pool name.
+    pub name: String,
+}
+
+/// An optional pool name (`pool.status`, `pool.iostat`); none means all.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptionalNameParams {
+    /// Pool name, or all pools.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// A pool and a force flag (`pool.export`, `pool.destroy`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForceParams {
+    /// Pool name.
+    pub name: String,
+    /// Proceed although the pool is busy.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// `pool.scrub`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScrubParams {
+    /// Pool name.
+    pub name: String,
+    /// What to do; `start` when absent.
+    #[serde(default)]
+    pub action: ScrubAction,
+}
+
+/// A device of a pool (`pool.offline`, `pool.online`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceParams {
+    /// Pool name.
+    pub name: String,
+    /// Device path (or another name the pool knows it by).
+    pub device: String,
+}
+
+/// `pool.add_log`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddLogParams {
+    /// Pool name.
+    pub name: String,
+    /// The log vdev: one device, or a mirror.
+    pub vdev: VdevSpec,
+    /// Use devices even if they seem to belong to another pool.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// `pool.replace`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplaceParams {
+    /// Pool name.
+    pub name: String,
+    /// The device leaving the pool.
+    pub old: String,
+    /// The device taking its place (absolute path).
+    pub new: String,
+    /// Use the new device even if it seems to belong to another pool.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// `pool.clear`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClearParams {
+    /// Pool name.
+    pub name: String,
+    /// One device, or every device of the pool.
+    #[serde(default)]
+    pub device: Option<String>,
+}
+
+/// A pool, for object methods (`object.list`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolParams {
+    /// Pool name.
+    pub pool: String,
+}
+
+/// `object.write`: copy a file on the daemon's machine into an object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectWriteParams {
+    /// Pool name.
+    pub pool: String,
+    /// Object name.
+    pub object: String,
+    /// Absolute path of the source file.
+    pub from_path: String,
+    /// Byte offset in the object at which the file's bytes land.
+    #[serde(default)]
+    pub offset: u64,
+    /// Make the write durable before answering.
+    #[serde(default)]
+    pub sync: bool,
+}
+
+/// `object.read`: copy an object into a file on the daemon's machine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectReadParams {
+    /// Pool name.
+    pub pool: String,
+    /// Object name.
+    pub object: String,
+    /// Absolute path of the file to write.
+    pub to_path: String,
+}
+
+/// An object of a pool (`object.delete`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectParams {
+    /// Pool name.
+    pub pool: String,
+    /// Object name.
+    pub object: String,
+}
+
+/// `dataset.create`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetCreateParams {
+    /// Full name (`tank/home/alice`).
+    pub name: String,
+    /// Local properties.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+    /// Create missing ancestors too.
+    #[serde(default)]
+    pub parents: bool,
+}
+
+/// `dataset.destroy`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetDestroyParams {
+    /// Filesystem, `fs@snap` or `fs@first%last`.
+    pub name: String,
+    /// Destroy descendants and snapshots too.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// `dataset.list`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetListParams {
+    /// Include snapshots.
+    #[serde(default)]
+    pub snapshots: bool,
+}
+
+/// `dataset.get`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetGetParams {
+    /// Dataset name.
+    pub name: String,
+    /// Property names; empty means all.
+    #[serde(default)]
+    pub properties: Vec<String>,
+}
+
+/// `dataset.set`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetSetParams {
+    /// Dataset name.
+    pub name: String,
+    /// Property name.
+    pub property: String,
+    /// New value.
+    pub value: String,
+}
+
+/// `dataset.inherit`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetInheritParams {
+    /// Dataset name.
+    pub name: String,
+    /// Property name.
+    pub property: String,
+}
+
+/// `dataset.rename`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetRenameParams {
+    /// Current name.
+    pub name: String,
+    /// New name.
+    pub new_name: String,
+}
+
+/// `dataset.snapshot`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotParams {
+    /// Snapshot names (`fs@name`), taken in one txg.
+    pub names: Vec<String>,
+    /// Also snapshot every descendant filesystem.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// `dataset.rollback`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackParams {
+    /// The snapshot to return to.
+    pub snapshot: String,
+    /// Destroy newer snapshots first.
+    #[serde(default)]
+    pub destroy_newer: bool,
+}
+
+/// `dataset.clone`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloneParams {
+    /// The origin snapshot.
+    pub snapshot: String,
+    /// The new filesystem.
+    pub name: String,
+    /// Local properties of the clone.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+/// `dataset.mount`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MountParams {
+    /// Dataset or snapshot.
+    pub name: String,
+    /// Absolute directory; the `mountpoint` property when absent.
+    #[serde(default)]
+    pub mountpoint: Option<String>,
+    /// Let other users use the mount.
+    #[serde(default)]
+    pub allow_other: bool,
+    /// Mount read-only.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// `dataset.unmount`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnmountParams {
+    /// Dataset name or mountpoint.
+    pub name: String,
+}
+
+/// `pool.inject`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InjectParams {
+    /// Pool name.
+    pub name: String,
+    /// Member device.
+    pub device: String,
+    /// The fault to add; none clears every fault of the device.
+    #[serde(default)]
+    pub fault: Option<Fault>,
+}
+
+/// `user.add`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserAddParams {
+    /// The pool that stores the user (optional with one pool).
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// Login name.
+    pub name: String,
+    /// The password (hashed by the daemon, never stored).
+    pub password: String,
+    /// Numeric uid (chosen from 10000 up when absent).
+    #[serde(default)]
+    pub uid: Option<u32>,
+    /// Numeric gid (the uid when absent).
+    #[serde(default)]
+    pub gid: Option<u32>,
+}
+
+/// `user.del`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserParams {
+    /// The pool (optional with one pool).
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// Login name.
+    pub name: String,
+}
+
+/// `user.passwd`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserPasswdParams {
+    /// The pool (optional with one pool).
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// Login name.
+    pub name: String,
+    /// The new password.
+    pub password: String,
+}
+
+/// `share.add`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShareAddParams {
+    /// The share (its pool is its dataset's).
+    pub share: crate::access::Share,
+    /// Give the dataset's root directory to this user (uid and gid), so
+    /// the user can create files in it.
+    #[serde(default)]
+    pub owner: Option<String>,
+}
+
+/// `share.del`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShareDelParams {
+    /// The pool (optional when the name is unique).
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// Share name.
+    pub name: String,
+}
+
+/// Result of `daemon.ping`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PingResult {
+    /// The daemon's version.
+    pub version: String,
+    /// The daemon's process id.
+    pub pid: u32,
+    /// The admin API version the daemon speaks ([`crate::API_VERSION`]);
+    /// empty from a daemon older than versioned APIs.
+    #[serde(default)]
+    pub api_version: String,
+}
+
+/// Result of `pool.sync`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncResult {
+    /// The txg committed by the sync.
+    pub txg: u64,
+}
+
+/// A raw object as `object.*` methods report it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectInfo {
+    /// Object name.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Txg of the object's last change.
+    pub txg: u64,
+}

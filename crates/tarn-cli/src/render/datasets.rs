@@ -1,0 +1,176 @@
+//! Datasets, properties, mounts, users, shares and raw objects, as tables
+//! in the style of `zfs list` and `zfs get`.
+
+use tarn_api::access::{Access, ShareInfo, UserInfo};
+use tarn_api::dataset::{DatasetInfo, DatasetKind, MountInfo, PropValue, Source};
+use tarn_api::params::ObjectInfo;
+
+use super::{format_date, format_size, table};
+
+/// `object ls`: NAME SIZE TXG.
+pub fn render_objects(pool: &str, objects: &[ObjectInfo]) -> String {
+    if objects.is_empty() {
+        return format!("no objects in pool {pool}\n");
+    }
+    let rows: Vec<Vec<String>> = objects
+        .iter()
+        .map(|o| vec![o.name.clone(), format_size(o.size), o.txg.to_string()])
+        .collect();
+    table(&["NAME", "SIZE", "TXG"], &rows, &[0])
+}
+
+/// `dataset list`: NAME USED AVAIL REFER MOUNTPOINT, like `zfs list`.
+pub fn render_datasets(list: &[DatasetInfo]) -> String {
+    if list.is_empty() {
+        return "no datasets\n".into();
+    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|d| {
+            vec![
+                d.name.clone(),
+                format_size(d.used),
+                d.available.map_or("-".into(), format_size),
+                format_size(d.referenced),
+                match d.kind {
+                    DatasetKind::Snapshot => "-".into(),
+                    DatasetKind::Filesystem => d.mountpoint.clone().unwrap_or_else(|| "-".into()),
+                },
+            ]
+        })
+        .collect();
+    table(
+        &["NAME", "USED", "AVAIL", "REFER", "MOUNTPOINT"],
+        &rows,
+        &[0, 4],
+    )
+}
+
+/// `tarn mount` without arguments: what the daemon has mounted.
+pub fn render_mounts(mounts: &[MountInfo]) -> String {
+    if mounts.is_empty() {
+        return "nothing is mounted\n".into();
+    }
+    let rows: Vec<Vec<String>> = mounts
+        .iter()
+        .map(|m| {
+            let mut how = vec![if m.manual { "manual" } else { "property" }];
+            if m.read_only {
+                how.push("ro");
+            }
+            if m.allow_other {
+                how.push("allow_other");
+            }
+            vec![m.dataset.clone(), m.mountpoint.clone(), how.join(",")]
+        })
+        .collect();
+    table(&["DATASET", "MOUNTPOINT", "HOW"], &rows, &[0, 1, 2])
+}
+
+/// `tarn user list`.
+pub fn render_users(users: &[UserInfo]) -> String {
+    if users.is_empty() {
+        return "no users; add one with `tarn user add NAME`\n".into();
+    }
+    let rows: Vec<Vec<String>> = users
+        .iter()
+        .map(|u| {
+            vec![
+                u.name.clone(),
+                u.uid.to_string(),
+                u.gid.to_string(),
+                u.pool.clone(),
+            ]
+        })
+        .collect();
+    table(&["NAME", "UID", "GID", "POOL"], &rows, &[0, 3])
+}
+
+/// `tarn share list`.
+pub fn render_shares(shares: &[ShareInfo]) -> String {
+    if shares.is_empty() {
+        return "no shares; add one with `tarn share add NAME DATASET --nfs CIDR --webdav USER`\n"
+            .into();
+    }
+    let rows: Vec<Vec<String>> = shares
+        .iter()
+        .map(|i| {
+            let s = &i.share;
+            let nfs = match &s.nfs {
+                None => "-".to_string(),
+                Some(n) => {
+                    let mut opts = vec![if n.read_only { "ro" } else { "rw" }.to_string()];
+                    if n.all_squash {
+                        opts.push("all_squash".into());
+                    } else if !n.root_squash {
+                        opts.push("no_root_squash".into());
+                    }
+                    format!("{} ({})", n.clients.join(","), opts.join(","))
+                }
+            };
+            let dav = match &s.webdav {
+                None => "-".to_string(),
+                Some(w) => w
+                    .users
+                    .iter()
+                    .map(|(u, a)| {
+                        format!(
+                            "{u}={}",
+                            match a {
+                                Access::Ro => "ro",
+                                Access::Rw => "rw",
+                            }
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(","),
+            };
+            vec![s.name.clone(), s.dataset.clone(), nfs, dav]
+        })
+        .collect();
+    table(&["NAME", "DATASET", "NFS", "WEBDAV"], &rows, &[0, 1, 2, 3])
+}
+
+/// Properties whose values are byte counts, shown with units.
+const SIZE_PROPS: &[&str] = &[
+    "used",
+    "available",
+    "referenced",
+    "logicalused",
+    "logicalreferenced",
+    "usedbydataset",
+    "usedbysnapshots",
+    "usedbychildren",
+    "written",
+    "quota",
+    "reservation",
+    "recordsize",
+];
+
+/// `dataset get`: NAME PROPERTY VALUE SOURCE, like `zfs get`.
+pub fn render_props(props: &[PropValue]) -> String {
+    let rows: Vec<Vec<String>> = props
+        .iter()
+        .map(|p| {
+            let value = match p.value.parse::<u64>() {
+                Ok(n) if SIZE_PROPS.contains(&p.property.as_str()) => format_size(n),
+                _ if p.property == "creation" => p
+                    .value
+                    .parse::<u64>()
+                    .map(format_date)
+                    .unwrap_or_else(|_| p.value.clone()),
+                _ => p.value.clone(),
+            };
+            let source = match &p.source {
+                Source::None => "-".to_string(),
+                other => other.to_string(),
+            };
+            vec![p.dataset.clone(), p.property.clone(), value, source]
+        })
+        .collect();
+    table(
+        &["NAME", "PROPERTY", "VALUE", "SOURCE"],
+        &rows,
+        &[0, 1, 2, 3],
+    )
+}

@@ -1,0 +1,630 @@
+//! The node's API: [`Backend`] over the daemon's pools, one function per
+//! method. Each runs on the calling connection's thread; it finds the pool,
+//! calls the pool or dataset layer, keeps mounts and servers in step with
+//! what changed, and converts the answer into the API's types (`convert`).
+//! Raw objects are in `objects`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tarn_api::access::{Share, ShareInfo, UserInfo};
+use tarn_api::dataset::{DatasetInfo, MountInfo, PropValue};
+use tarn_api::params::ObjectInfo;
+use tarn_api::pool::{
+    CreateRequest, Fault, Health, ImportRequest, ImportResult, IostatEntry, PoolListEntry,
+    PoolStatus, ScanStatus, ScrubAction, VdevKind, VdevSpec,
+};
+use tarn_api::{ApiError, Backend};
+use tarn_pool::{Pool, PoolOptions, ScanAction};
+
+use crate::access;
+use crate::convert::{
+    api_error, dataset_info, ds_error, fault_to_engine, import_candidate, in_pool, iostat_entry,
+    list_entry, pool_status, prop_value, scan_status, vdev_kind,
+};
+use crate::objects::absolute_path;
+use crate::pools::{attach_datasets, pool_of, Pools};
+use crate::transport::Node;
+
+impl Backend for Pools {
+    fn pool_create(&self, req: &CreateRequest) -> Result<PoolStatus, ApiError> {
+        let _name = self.reserve(&req.name)?;
+        let specs: Vec<tarn_pool::VdevSpec> = req
+            .vdevs
+            .iter()
+            .map(|v| tarn_pool::VdevSpec {
+                kind: vdev_kind(v.kind),
+                devices: v.devices.iter().map(PathBuf::from).collect(),
+            })
+            .collect();
+        let pool = Pool::create(
+            &req.name,
+            &specs,
+            req.ashift.unwrap_or(12),
+            &req.properties,
+            req.force,
+            self.opts.clone(),
+        )
+        .map_err(api_error)?;
+        attach_datasets(&pool);
+        self.mounts.automount(&self.fss, &pool);
+        let status = pool_status(pool.status());
+        self.lock().insert(req.name.clone(), pool);
+        self.write_cache();
+        self.refresh_servers();
+        Ok(status)
+    }
+
+    fn pool_import(&self, req: &ImportRequest) -> Result<ImportResult, ApiError> {
+        let dirs: Vec<PathBuf> = req.dirs.iter().map(PathBuf::from).collect();
+        let devices: Vec<PathBuf> = req.devices.iter().map(PathBuf::from).collect();
+        let Some(which) = req.pool.as_deref() else {
+            let imported: Vec<String> = self
+                .lock()
+                .values()
+                .map(|p| format!("{:016x}", p.guid()))
+                .collect();
+            let found = tarn_pool::discover(&dirs, &devices)
+                .into_iter()
+                .filter(|c| !imported.contains(&c.guid))
+                .map(import_candidate)
+                .collect();
+            return Ok(ImportResult::Candidates(found));
+        };
+        // The name the pool will get is known up front unless it is imported
+        // by GUID under its own name: then it is checked once known.
+        let name = req.new_name.clone().unwrap_or_else(|| which.to_string());
+        let _name = self.reserve(&name)?;
+        let opts = PoolOptions {
+            discard_log: req.discard_log,
+            ..self.opts.clone()
+        };
+        let pool = Pool::import(
+            &dirs,
+            &devices,
+            which,
+            req.new_name.as_deref(),
+            req.force,
+            opts,
+        )
+        .map_err(api_error)?;
+        attach_datasets(&pool);
+        let status = pool_status(pool.status());
+        {
+            let mut pools = self.lock();
+            let taken = pools.contains_key(pool.name())
+                || (pool.name() != name
+                    && self
+                        .pending
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .contains(pool.name()));
+            if taken {
+                drop(pools);
+                let _ = pool.export(false);
+                return Err(ApiError::exists(format!(
+                    "a pool named '{}' is already imported; give this one another name: `tarn pool import {which} NEWNAME`",
+                    pool.name()
+                )));
+            }
+            pools.insert(pool.name().to_string(), pool.clone());
+        }
+        self.write_cache();
+        self.mounts.automount(&self.fss, &pool);
+        self.refresh_servers();
+        Ok(ImportResult::Imported(Box::new(status)))
+    }
+
+    fn pool_export(&self, name: &str, _force: bool) -> Result<(), ApiError> {
+        let pool = self.get(name)?;
+        self.mounts.unmount_pool(name);
+        self.fss.forget_tree(name);
+        let r = pool.export(false);
+        self.forget(&pool);
+        self.write_cache();
+        self.refresh_servers();
+        r.map_err(api_error)
+    }
+
+    fn pool_destroy(&self, name: &str, _force: bool) -> Result<(), ApiError> {
+        let pool = self.get(name)?;
+        self.mounts.unmount_pool(name);
+        self.fss.forget_tree(name);
+        let r = pool.export(true);
+        self.forget(&pool);
+        self.write_cache();
+        self.refresh_servers();
+        r.map_err(api_error)
+    }
+
+    fn pool_list(&self) -> Result<Vec<PoolListEntry>, ApiError> {
+        let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+        let mut out: Vec<PoolListEntry> =
+            pools.iter().map(|p| list_entry(p.list_entry())).collect();
+        // Pools this daemon owns but could not import at start.
+        for u in self
+            .unavailable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            out.push(PoolListEntry {
+                name: u.name.clone(),
+                size: 0,
+                allocated: 0,
+                free: 0,
+                health: Health::Unavail,
+                guid: u.guid.clone(),
+            });
+        }
+        Ok(out)
+    }
+
+    fn pool_status(&self, name: Option<&str>) -> Result<Vec<PoolStatus>, ApiError> {
+        match name {
+            Some(n) => Ok(vec![pool_status(self.get(n)?.status())]),
+            None => {
+                let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+                Ok(pools.iter().map(|p| pool_status(p.status())).collect())
+            }
+        }
+    }
+
+    fn pool_scrub(&self, name: &str, action: ScrubAction) -> Result<Option<ScanStatus>, ApiError> {
+        let a = match action {
+            ScrubAction::Start => ScanAction::Start,
+            ScrubAction::Pause => ScanAction::Pause,
+            ScrubAction::Resume => ScanAction::Resume,
+            ScrubAction::Cancel => ScanAction::Cancel,
+        };
+        let scan = self.get(name)?.scrub(a).map_err(in_pool(name))?;
+        Ok(scan.map(scan_status))
+    }
+
+    fn pool_offline(&self, name: &str, device: &str) -> Result<(), ApiError> {
+        self.get(name)?.offline(device).map_err(in_pool(name))
+    }
+
+    fn pool_online(&self, name: &str, device: &str) -> Result<(), ApiError> {
+        self.get(name)?.online(device).map_err(in_pool(name))
+    }
+
+    fn pool_add_log(&self, name: &str, vdev: &VdevSpec, force: bool) -> Result<(), ApiError> {
+        vdev.validate(0)?;
+        let kind = match vdev.kind {
+            VdevKind::Single => tarn_vdev::VdevKind::Single,
+            VdevKind::Mirror => tarn_vdev::VdevKind::Mirror,
+            _ => {
+                return Err(ApiError::invalid(
+                    "a log vdev is one device or a mirror, not raidz",
+                ))
+            }
+        };
+        let spec = tarn_pool::VdevSpec {
+            kind,
+            devices: vdev.devices.iter().map(PathBuf::from).collect(),
+        };
+        self.get(name)?.add_log(&spec, force).map_err(api_error)?;
+        self.write_cache();
+        Ok(())
+    }
+
+    fn pool_remove(&self, name: &str, device: &str) -> Result<(), ApiError> {
+        self.get(name)?
+            .remove_log(Path::new(device))
+            .map_err(api_error)?;
+        self.write_cache();
+        Ok(())
+    }
+
+    fn pool_replace(&self, name: &str, old: &str, new: &str, force: bool) -> Result<(), ApiError> {
+        let pool = self.get(name)?;
+        pool.replace(old, Path::new(new), force)
+            .map_err(in_pool(name))?;
+        self.write_cache();
+        Ok(())
+    }
+
+    fn pool_clear(&self, name: &str, device: Option<&str>) -> Result<(), ApiError> {
+        self.get(name)?.clear(device).map_err(in_pool(name))
+    }
+
+    fn pool_iostat(&self, name: Option<&str>) -> Result<Vec<IostatEntry>, ApiError> {
+        match name {
+            Some(n) => Ok(self
+                .get(n)?
+                .iostat()
+                .into_iter()
+                .map(iostat_entry)
+                .collect()),
+            None => {
+                let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+                Ok(pools
+                    .iter()
+                    .flat_map(|p| p.iostat())
+                    .map(iostat_entry)
+                    .collect())
+            }
+        }
+    }
+
+    fn dataset_create(
+        &self,
+        name: &str,
+        properties: &BTreeMap<String, String>,
+        parents: bool,
+    ) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(name))?;
+        tarn_dataset::create(&pool, name, properties, parents).map_err(ds_error)?;
+        self.mounts.automount(&self.fss, &pool);
+        Ok(())
+    }
+
+    fn dataset_destroy(&self, name: &str, recursive: bool) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(name))?;
+        // What goes away is unmounted first; a busy mount stops the destroy.
+        let (fs, snap) = name.split_once('@').unwrap_or((name, ""));
+        let gone = if snap.is_empty() {
+            self.mounts.unmount_tree(fs)?
+        } else {
+            let mut gone = Vec::new();
+            for m in self.mounts.list() {
+                if m.dataset.starts_with(&format!("{fs}@")) {
+                    gone.append(&mut self.mounts.unmount_tree(&m.dataset)?);
+                }
+            }
+            gone
+        };
+        if snap.is_empty() {
+            self.fss.forget_tree(fs);
+        } else {
+            self.fss.forget_snapshots(fs);
+        }
+        let r = tarn_dataset::destroy(&pool, name, recursive).map_err(ds_error);
+        if r.is_err() {
+            self.mounts.remount(&self.fss, &pool, gone, None);
+            self.mounts.automount(&self.fss, &pool);
+        }
+        self.refresh_servers();
+        r
+    }
+
+    fn dataset_list(&self, snapshots: bool) -> Result<Vec<DatasetInfo>, ApiError> {
+        let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+        let mut out = Vec::new();
+        for p in pools {
+            match tarn_dataset::list(&p, snapshots) {
+                Ok(l) => out.extend(l.into_iter().map(dataset_info)),
+                Err(e) => eprintln!("tarn: pool '{}': cannot list datasets: {e}", p.name()),
+            }
+        }
+        Ok(out)
+    }
+
+    fn dataset_get(&self, name: &str, properties: &[String]) -> Result<Vec<PropValue>, ApiError> {
+        let pool = self.get(pool_of(name))?;
+        let props = tarn_dataset::get_props(&pool, name, properties).map_err(ds_error)?;
+        Ok(props.into_iter().map(prop_value).collect())
+    }
+
+    fn dataset_set(&self, name: &str, property: &str, value: &str) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(name))?;
+        tarn_dataset::set_prop(&pool, name, property, value).map_err(ds_error)?;
+        if property == "mountpoint" {
+            self.mounts.automount(&self.fss, &pool);
+        }
+        Ok(())
+    }
+
+    fn dataset_inherit(&self, name: &str, property: &str) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(name))?;
+        tarn_dataset::inherit(&pool, name, property).map_err(ds_error)?;
+        if property == "mountpoint" {
+            self.mounts.automount(&self.fss, &pool);
+        }
+        Ok(())
+    }
+
+    fn dataset_rename(&self, name: &str, new_name: &str) -> Result<(), ApiError> {
+        if pool_of(name) != pool_of(new_name) {
+            return Err(ApiError::invalid(format!(
+                "cannot rename '{name}' to '{new_name}': datasets stay in their pool"
+            )));
+        }
+        let pool = self.get(pool_of(name))?;
+        let fs = name.split('@').next().unwrap_or(name);
+        let down = if name.contains('@') {
+            self.mounts.unmount_tree(name)?
+        } else {
+            self.mounts.unmount_tree(fs)?
+        };
+        if name.contains('@') {
+            self.fss.forget_tree(name);
+        } else {
+            self.fss.forget_tree(fs);
+        }
+        let r = tarn_dataset::rename(&pool, name, new_name).map_err(ds_error);
+        let renamed = r.is_ok().then_some((name, new_name));
+        self.mounts.remount(&self.fss, &pool, down, renamed);
+        self.mounts.automount(&self.fss, &pool);
+        self.refresh_servers();
+        r
+    }
+
+    fn dataset_snapshot(&self, names: &[String], recursive: bool) -> Result<(), ApiError> {
+        let first = pool_of(names.first().map(String::as_str).unwrap_or(""));
+        if names.iter().any(|n| pool_of(n) != first) {
+            return Err(ApiError::invalid(
+                "snapshots taken together must be in one pool",
+            ));
+        }
+        let pool = self.get(first)?;
+        tarn_dataset::snapshot(&pool, names, recursive).map_err(ds_error)
+    }
+
+    fn dataset_rollback(&self, snapshot: &str, destroy_newer: bool) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(snapshot))?;
+        // The tree changes under the filesystem: take its mount (and those
+        // inside it) down and bring them back after.
+        let fs = snapshot.split('@').next().unwrap_or(snapshot);
+        let down = self.mounts.unmount_tree(fs)?;
+        self.fss.forget_tree(fs);
+        let r = tarn_dataset::rollback(&pool, snapshot, destroy_newer).map_err(ds_error);
+        self.mounts.remount(&self.fss, &pool, down, None);
+        self.mounts.automount(&self.fss, &pool);
+        self.refresh_servers();
+        r
+    }
+
+    fn dataset_clone(
+        &self,
+        snapshot: &str,
+        name: &str,
+        properties: &BTreeMap<String, String>,
+    ) -> Result<(), ApiError> {
+        if pool_of(snapshot) != pool_of(name) {
+            return Err(ApiError::invalid(format!(
+                "a clone lives in its origin's pool: '{name}' must start with '{}/'",
+                pool_of(snapshot)
+            )));
+        }
+        let pool = self.get(pool_of(name))?;
+        tarn_dataset::clone(&pool, snapshot, name, properties).map_err(ds_error)?;
+        self.mounts.automount(&self.fss, &pool);
+        Ok(())
+    }
+
+    fn dataset_promote(&self, name: &str) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(name))?;
+        // Snapshots of the origin's filesystem change names: unmount them.
+        let origin = tarn_dataset::get_props(&pool, name, &["origin".to_string()])
+            .map_err(ds_error)?
+            .first()
+            .map(|p| p.value.clone())
+            .unwrap_or_default();
+        if let Some((fs, _)) = origin.split_once('@') {
+            for m in self.mounts.list() {
+                if m.dataset.starts_with(&format!("{fs}@")) {
+                    self.mounts.unmount(&m.dataset)?;
+                }
+            }
+        }
+        if let Some((fs, _)) = origin.split_once('@') {
+            self.fss.forget_snapshots(fs);
+        }
+        let r = tarn_dataset::promote(&pool, name).map_err(ds_error);
+        self.refresh_servers();
+        r
+    }
+
+    fn pool_inject(
+        &self,
+        name: &str,
+        device: &str,
+        fault: Option<Fault>,
+    ) -> Result<Vec<Fault>, ApiError> {
+        let what = fault
+            .as_ref()
+            .map(|f| format!("{} ({:.0}%)", f.kind.name(), f.probability * 100.0))
+            .unwrap_or_else(|| "no faults".into());
+        let r = self
+            .get(name)?
+            .inject(device, fault.map(fault_to_engine))
+            .map_err(in_pool(name))?;
+        eprintln!("tarn: drill: pool '{name}' device {device}: {what}");
+        Ok(r.into_iter().map(crate::convert::fault).collect())
+    }
+
+    fn user_add(
+        &self,
+        pool: Option<&str>,
+        name: &str,
+        password: &str,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> Result<UserInfo, ApiError> {
+        let p = self.pool_for_users(pool)?;
+        access::user_add(&p, name, password, uid, gid)
+    }
+
+    fn user_del(&self, pool: Option<&str>, name: &str) -> Result<(), ApiError> {
+        let p = self.pool_for_users(pool)?;
+        access::user_del(&p, name)
+    }
+
+    fn user_passwd(&self, pool: Option<&str>, name: &str, password: &str) -> Result<(), ApiError> {
+        let p = self.pool_for_users(pool)?;
+        access::user_passwd(&p, name, password)
+    }
+
+    fn user_list(&self) -> Result<Vec<UserInfo>, ApiError> {
+        let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+        let mut out = Vec::new();
+        for p in pools {
+            for u in access::users(&p)? {
+                out.push(UserInfo {
+                    pool: p.name().to_string(),
+                    name: u.name,
+                    uid: u.uid,
+                    gid: u.gid,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn share_add(&self, share: &Share, owner: Option<&str>) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(&share.dataset))?;
+        let owner = match owner {
+            None => None,
+            Some(name) => Some(
+                access::users(&pool)?
+                    .into_iter()
+                    .find(|u| u.name == name)
+                    .ok_or_else(|| {
+                        ApiError::not_found(format!("no user '{name}' in pool '{}'", pool.name()))
+                    })?,
+            ),
+        };
+        access::share_put(&pool, share)?;
+        if let Some(u) = owner {
+            let fs = self.fss.get(&pool, &share.dataset)?;
+            let sa = tarn_fs::SetAttr {
+                uid: Some(u.uid),
+                gid: Some(u.gid),
+                ..Default::default()
+            };
+            fs.setattr(tarn_fs::ROOT_INO, &sa, &tarn_fs::Cred::root())
+                .map_err(|e| {
+                    ApiError::io(format!("cannot give {} to {}: {e}", share.dataset, u.name))
+                })?;
+        }
+        self.refresh_servers();
+        Ok(())
+    }
+
+    fn share_del(&self, pool: Option<&str>, name: &str) -> Result<(), ApiError> {
+        let found: Vec<Arc<Pool>> = match pool {
+            Some(p) => vec![self.get(p)?],
+            None => {
+                let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+                let mut hits = Vec::new();
+                for p in pools {
+                    if access::shares(&p)?.iter().any(|s| s.name == name) {
+                        hits.push(p);
+                    }
+                }
+                hits
+            }
+        };
+        match found.as_slice() {
+            [p] => {
+                access::share_del(p, name)?;
+                self.refresh_servers();
+                Ok(())
+            }
+            [] => Err(ApiError::not_found(format!("no share '{name}'"))),
+            _ => Err(ApiError::invalid(format!(
+                "share '{name}' exists in several pools; name one with --pool"
+            ))),
+        }
+    }
+
+    fn share_list(&self) -> Result<Vec<ShareInfo>, ApiError> {
+        let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+        let mut out = Vec::new();
+        for p in pools {
+            for s in access::shares(&p)? {
+                out.push(ShareInfo {
+                    pool: p.name().to_string(),
+                    share: s,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn dataset_mount(
+        &self,
+        name: &str,
+        mountpoint: Option<&str>,
+        allow_other: bool,
+        read_only: bool,
+    ) -> Result<MountInfo, ApiError> {
+        let pool = self.get(pool_of(name))?;
+        let path = match mountpoint {
+            Some(p) => absolute_path(p)?.to_path_buf(),
+            None => {
+                let props = tarn_dataset::get_props(&pool, name, &["mountpoint".to_string()])
+                    .map_err(ds_error)?;
+                let mp = props.first().map(|p| p.value.clone()).unwrap_or_default();
+                if !mp.starts_with('/') {
+                    return Err(ApiError::invalid(format!(
+                        "{name} has mountpoint={mp}; give a directory: `tarn mount {name} /mnt/dir`"
+                    )));
+                }
+                PathBuf::from(mp)
+            }
+        };
+        self.mounts
+            .mount(&self.fss, &pool, name, &path, true, allow_other, read_only)
+    }
+
+    fn dataset_unmount(&self, name: &str) -> Result<(), ApiError> {
+        self.mounts.unmount(name).map(|_| ())
+    }
+
+    fn dataset_mounts(&self) -> Result<Vec<MountInfo>, ApiError> {
+        Ok(self.mounts.list())
+    }
+
+    fn pool_sync(&self, name: &str) -> Result<u64, ApiError> {
+        self.get(name)?.sync().map_err(in_pool(name))
+    }
+
+    fn object_write(
+        &self,
+        pool: &str,
+        object: &str,
+        from_path: &str,
+        offset: u64,
+        sync: bool,
+    ) -> Result<ObjectInfo, ApiError> {
+        self.copy_file_into_object(pool, object, from_path, offset, sync)
+    }
+
+    fn object_read(&self, pool: &str, object: &str, to_path: &str) -> Result<ObjectInfo, ApiError> {
+        self.copy_object_into_file(pool, object, to_path)
+    }
+
+    fn object_list(&self, pool: &str) -> Result<Vec<ObjectInfo>, ApiError> {
+        let list = self.get(pool)?.object_list().map_err(in_pool(pool))?;
+        Ok(list
+            .into_iter()
+            .map(|o| ObjectInfo {
+                name: o.name,
+                size: o.size,
+                txg: o.txg,
+            })
+            .collect())
+    }
+
+    fn object_delete(&self, pool: &str, object: &str) -> Result<(), ApiError> {
+        self.get(pool)?.object_delete(object).map_err(in_pool(pool))
+    }
+}
+
+impl Node for Pools {
+    fn shutdown(&self) {
+        self.servers.stop();
+        self.mounts.unmount_all();
+        let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+        for p in pools {
+            if let Err(e) = p.export(false) {
+                eprintln!("tarn: exporting pool '{}': {e}", p.name());
+            }
+        }
+        // The cache keeps listing them: they come back at the next start.
+    }
+}

@@ -1,0 +1,416 @@
+//! The node's pools: the set the daemon has imported, and its state.
+//!
+//! The daemon keeps two small files in its state directory:
+//!
+//! - `daemon-id`: a random identity written on first start. It is recorded as
+//!   the owner in the labels of every pool this daemon imports, so after a
+//!   crash the same daemon may take its pools back without `--force`, while
+//!   another daemon (or host) is asked for `--force`.
+//! - `pools.json`: the pools to import at start (name, GUID, device paths),
+//!   rewritten atomically (temp file + rename) whenever the set changes.
+//!
+//! Pool operations run on the calling connection's thread; the pool layer
+//! does its own locking, so requests to different pools never wait for each
+//! other and a failing pool never blocks the others.
+//!
+//! The API methods on them are in `node` (pools, datasets, users, shares,
+//! mounts) and `objects` (raw objects); the conversions to API types in
+//! `convert`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+
+use serde::{Deserialize, Serialize};
+use tarn_api::ApiError;
+use tarn_pool::{Pool, PoolOptions};
+use tarn_webdav::{Authenticator, Principal};
+
+use crate::access;
+use crate::error::{DaemonError, Result};
+use crate::filesystems::Filesystems;
+use crate::mounts::Mounts;
+use crate::servers::{share_entries, Endpoints, ServerOptions, Servers};
+
+/// The daemon's knobs for its pools; every one is a bound or an interval.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// Seconds between txg syncs while anything is dirty.
+    pub txg_interval_secs: u64,
+    /// Dirty data per pool before writers wait, in MiB.
+    pub dirty_max_mib: u64,
+    /// Block cache shared by all pools, in MiB; 0 for the default (an
+    /// eighth of the memory, at least 256 MiB).
+    pub cache_mib: u64,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            txg_interval_secs: 5,
+            dirty_max_mib: 256,
+            cache_mib: 0,
+        }
+    }
+}
+
+/// One pool the daemon imports at start.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct CacheEntry {
+    pub(crate) name: String,
+    pub(crate) guid: String,
+    devices: Vec<PathBuf>,
+}
+
+/// Every imported pool of this daemon.
+pub struct Pools {
+    state_dir: PathBuf,
+    pub(crate) opts: PoolOptions,
+    pools: Mutex<BTreeMap<String, Arc<Pool>>>,
+    /// Names being created or imported right now (lock order: `pools`
+    /// first, then `pending`).
+    pub(crate) pending: Mutex<BTreeSet<String>>,
+    /// Cached pools that could not be imported at start: kept in the cache
+    /// and listed as UNAVAIL until they are imported or destroyed.
+    pub(crate) unavailable: Mutex<Vec<CacheEntry>>,
+    /// Serializes rewrites of `pools.json`.
+    cache_lock: Mutex<()>,
+    /// Exclusive lock on the state directory: one daemon per state.
+    _state_lock: std::fs::File,
+    /// FUSE mounts of datasets.
+    pub(crate) mounts: Mounts,
+    /// The one filesystem object of each dataset in use.
+    pub(crate) fss: Filesystems,
+    /// NFS and WebDAV.
+    pub(crate) servers: Servers,
+}
+
+/// Checks WebDAV logins against the users stored in the pools.
+struct PoolUsers {
+    pools: Weak<Pools>,
+}
+
+impl Authenticator for PoolUsers {
+    fn check(&self, user: &str, password: &str) -> Option<Principal> {
+        let pools = self.pools.upgrade()?;
+        let rec = pools
+            .all_pools()
+            .iter()
+            .find_map(|p| access::authenticate(p, user, password))?;
+        Some(Principal {
+            name: rec.name,
+            uid: rec.uid,
+            gid: rec.gid,
+            groups: Vec::new(),
+            // What a user may do on each share is the share's user list.
+            can_write: true,
+        })
+    }
+}
+
+/// A pool name reserved while a create or import runs.
+pub(crate) struct NameGuard<'a> {
+    pools: &'a Pools,
+    name: String,
+}
+
+impl Drop for NameGuard<'_> {
+    fn drop(&mut self) {
+        self.pools
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.name);
+    }
+}
+
+/// Loads a pool's datasets; a failure leaves the pool usable at the pool
+/// level and is reported, and dataset commands then say why they fail.
+pub(crate) fn attach_datasets(pool: &Arc<Pool>) {
+    if let Err(e) = tarn_dataset::attach(pool) {
+        eprintln!(
+            "tarn: pool '{}': cannot load its datasets: {e}",
+            pool.name()
+        );
+    }
+}
+
+/// The pool part of a dataset name (`tank` of `tank/a@s`).
+pub(crate) fn pool_of(name: &str) -> &str {
+    name.split(['/', '@']).next().unwrap_or(name)
+}
+
+impl Pools {
+    /// Opens (creating) the state directory and imports the pools the
+    /// daemon owned when it last ran. A pool that cannot be imported is
+    /// reported on stderr and skipped; the others still come up.
+    pub fn open(state_dir: &Path, tuning: &Tuning) -> Result<Pools> {
+        std::fs::create_dir_all(state_dir).map_err(|e| {
+            DaemonError::msg(format!(
+                "cannot create state directory {}: {e}; choose another with --state-dir",
+                state_dir.display()
+            ))
+        })?;
+        let state_lock = std::fs::File::create(state_dir.join("lock"))?;
+        if state_lock.try_lock().is_err() {
+            return Err(DaemonError::msg(format!(
+                "another tarn daemon is using the state directory {}; stop it first or pass another --state-dir",
+                state_dir.display()
+            )));
+        }
+        let id_path = state_dir.join("daemon-id");
+        let id = match std::fs::read_to_string(&id_path) {
+            Ok(s) if !s.trim().is_empty() => s.trim().to_string(),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(DaemonError::msg(format!(
+                    "cannot read {}: {e}",
+                    id_path.display()
+                )))
+            }
+            _ => {
+                let mut b = [0u8; 8];
+                std::fs::File::open("/dev/urandom")
+                    .and_then(|mut f| f.read_exact(&mut b))
+                    .map_err(|e| DaemonError::msg(format!("cannot read /dev/urandom: {e}")))?;
+                let id = format!("{:016x}", u64::from_le_bytes(b));
+                write_atomically(&id_path, id.as_bytes())?;
+                id
+            }
+        };
+        let dirty_max = tuning.dirty_max_mib << 20;
+        // One block cache for every pool of the daemon.
+        if tuning.cache_mib > 0 {
+            tarn_block::BlockCache::global().set_max_bytes((tuning.cache_mib << 20) as usize);
+        }
+        let opts = PoolOptions {
+            // The identity alone: a renamed host still owns its pools.
+            owner: format!("tarn daemon {id}"),
+            sync_interval: std::time::Duration::from_secs(tuning.txg_interval_secs.max(1)),
+            dirty_max_bytes: dirty_max,
+            dirty_sync_bytes: dirty_max / 4,
+            ..Default::default()
+        };
+        let me = Pools {
+            state_dir: state_dir.to_path_buf(),
+            opts,
+            pools: Mutex::new(BTreeMap::new()),
+            pending: Mutex::new(BTreeSet::new()),
+            unavailable: Mutex::new(Vec::new()),
+            cache_lock: Mutex::new(()),
+            _state_lock: state_lock,
+            mounts: Mounts::default(),
+            fss: Filesystems::default(),
+            servers: Servers::default(),
+        };
+        for entry in me.read_cache() {
+            match Pool::import(
+                &[],
+                &entry.devices,
+                &entry.guid,
+                Some(&entry.name),
+                false,
+                me.opts.clone(),
+            ) {
+                Ok(pool) => {
+                    attach_datasets(&pool);
+                    eprintln!(
+                        "tarn: imported pool '{}' (state {})",
+                        entry.name,
+                        pool.health()
+                    );
+                    me.mounts.automount(&me.fss, &pool);
+                    me.lock().insert(entry.name.clone(), pool);
+                }
+                Err(e) => {
+                    // Kept in the cache: disks may come late, or be fixed.
+                    eprintln!("tarn: cannot import pool '{}': {e}", entry.name);
+                    me.unavailable
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(entry.clone());
+                }
+            }
+        }
+        me.write_cache();
+        Ok(me)
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Pool>>> {
+        self.pools.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn cache_path(&self) -> PathBuf {
+        self.state_dir.join("pools.json")
+    }
+
+    fn read_cache(&self) -> Vec<CacheEntry> {
+        match std::fs::read(self.cache_path()) {
+            Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
+                eprintln!(
+                    "tarn: ignoring unreadable {}: {e}",
+                    self.cache_path().display()
+                );
+                Vec::new()
+            }),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Rewrites the pool cache atomically; writers are serialized so the
+    /// last state always wins.
+    pub(crate) fn write_cache(&self) {
+        let _serial = self.cache_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut entries: Vec<CacheEntry> = self
+            .lock()
+            .values()
+            .map(|p| CacheEntry {
+                name: p.name().to_string(),
+                guid: format!("{:016x}", p.guid()),
+                devices: p.device_paths(),
+            })
+            .collect();
+        {
+            let mut unavailable = self.unavailable.lock().unwrap_or_else(|e| e.into_inner());
+            unavailable.retain(|u| !entries.iter().any(|e| e.guid == u.guid || e.name == u.name));
+            entries.extend(unavailable.iter().cloned());
+        }
+        let result = serde_json::to_vec_pretty(&entries)
+            .map_err(std::io::Error::other)
+            .and_then(|b| write_atomically(&self.cache_path(), &b));
+        if let Err(e) = result {
+            eprintln!("tarn: cannot save {}: {e}", self.cache_path().display());
+        }
+    }
+
+    /// Reserves `name` for a create or import; fails if it is taken.
+    pub(crate) fn reserve(&self, name: &str) -> Result<NameGuard<'_>, ApiError> {
+        let pools = self.lock();
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if pools.contains_key(name) || pending.contains(name) {
+            return Err(ApiError::exists(format!(
+                "a pool named '{name}' is already imported (or being imported); choose another name"
+            )));
+        }
+        pending.insert(name.to_string());
+        Ok(NameGuard {
+            pools: self,
+            name: name.to_string(),
+        })
+    }
+
+    /// Removes `pool` from the set if it is still the one under its name.
+    pub(crate) fn forget(&self, pool: &Arc<Pool>) {
+        let mut pools = self.lock();
+        if pools.get(pool.name()).is_some_and(|p| Arc::ptr_eq(p, pool)) {
+            pools.remove(pool.name());
+        }
+    }
+
+    /// Whether `path` is a device of an imported pool.
+    pub(crate) fn is_pool_device(&self, path: &Path) -> bool {
+        let canon = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        self.lock()
+            .values()
+            .any(|p| p.device_paths().contains(&canon))
+    }
+
+    /// Every imported pool.
+    pub fn all_pools(&self) -> Vec<Arc<Pool>> {
+        self.lock().values().cloned().collect()
+    }
+
+    /// The NFS exports and WebDAV shares of every pool's stored shares.
+    pub fn share_lists(&self) -> (Vec<tarn_nfs::Export>, Vec<tarn_webdav::Share>) {
+        let mut exports = Vec::new();
+        let mut shares = Vec::new();
+        for pool in self.all_pools() {
+            let list = match access::shares(&pool) {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("tarn: pool '{}': cannot read its shares: {e}", pool.name());
+                    continue;
+                }
+            };
+            for share in list {
+                let fs = match self.fss.get(&pool, &share.dataset) {
+                    Ok(fs) => fs,
+                    Err(e) => {
+                        eprintln!("tarn: share '{}': {e}", share.name);
+                        continue;
+                    }
+                };
+                let (export, dav) = share_entries(fs, &share);
+                exports.extend(export);
+                shares.extend(dav);
+            }
+        }
+        (exports, shares)
+    }
+
+    /// Starts NFS and WebDAV as the options say.
+    pub fn start_servers(self: &Arc<Self>, opts: &ServerOptions) -> Result<()> {
+        let auth = Arc::new(PoolUsers {
+            pools: Arc::downgrade(self),
+        });
+        self.servers
+            .start(opts, &self.state_dir, self.share_lists(), auth)
+    }
+
+    /// Gives the running servers the current shares (after any change of
+    /// shares, pools or datasets).
+    pub(crate) fn refresh_servers(&self) {
+        let (exports, shares) = self.share_lists();
+        self.servers.update(exports, shares);
+    }
+
+    /// The pool that stores users: the named one, or the only one.
+    pub(crate) fn pool_for_users(&self, pool: Option<&str>) -> Result<Arc<Pool>, ApiError> {
+        if let Some(p) = pool {
+            return self.get(p);
+        }
+        let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+        match pools.as_slice() {
+            [p] => Ok(p.clone()),
+            [] => Err(ApiError::not_found(
+                "no pool is imported; users are stored in a pool",
+            )),
+            _ => Err(ApiError::invalid(
+                "several pools are imported; say which stores the user with --pool",
+            )),
+        }
+    }
+
+    pub(crate) fn get(&self, name: &str) -> Result<Arc<Pool>, ApiError> {
+        self.lock().get(name).cloned().ok_or_else(|| {
+            ApiError::not_found(format!(
+                "no pool '{name}' is imported; `tarn pool list` shows the pools, `tarn pool import` finds others"
+            ))
+        })
+    }
+
+    /// Where the NFS and WebDAV servers listen (none when not running).
+    pub fn endpoints(&self) -> Endpoints {
+        self.servers.endpoints()
+    }
+}
+
+/// A counter that makes temporary file names unique within the daemon.
+pub(crate) fn next_tmp() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Writes a small file so that readers see the old or the new contents,
+/// never a mix: temporary file, fsync, rename, fsync of the directory.
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp-{}-{}", std::process::id(), next_tmp()));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
