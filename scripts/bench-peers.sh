@@ -26,7 +26,9 @@
 #              (write, read and random reads; VmHWM)
 #   sync     fio randwrite 4k / 64k, fsync after each      p99 us   no regression
 #            write (fsync p99), without and with a log
-#            device (a file on tmpfs) added to the pool
+#            device (a file on tmpfs) added to the pool;
+#            as bench-sync.sh: a 64 MiB file, dataset with
+#            the default recordsize (128K), sync=standard
 #   idle     daemon CPU over IDLE_SECONDS while idle       CPU s    ~ 0
 #            bytes written while idle                      bytes    0
 #
@@ -164,7 +166,7 @@ stop_ganesha() {
 cleanup() {
     set +e
     stop_daemon
-    mountpoint -q "$work/tarn" && umount -l "$work/tarn"
+    for m in "$work/tarn" "$work/tarn-sync"; do mountpoint -q "$m" && umount -l "$m"; done
     stop_ganesha
     if [ -n "$rpcbind" ]; then kill "$rpcbind" 2>/dev/null; wait "$rpcbind" 2>/dev/null; fi
     [ -z "$made_ns" ] || ip netns del "$ns" 2>/dev/null
@@ -483,6 +485,12 @@ fi
 # ----- fsync latency ---------------------------------------------------------------
 if want sync; then
     echo "sync: ${sync_s} s per run" >&2
+    # As in bench-sync.sh: a dataset of its own with the default recordsize
+    # (128K), sync=standard, and a 64 MiB file on each side.
+    mkdir -p "$work/tarn-sync" "$work/btrfs/sync"
+    "$tarn" dataset create -o compression=off -o sync=standard -o "mountpoint=$work/tarn-sync" bench/sync >/dev/null
+    for _ in $(seq 100); do mountpoint -q "$work/tarn-sync" && break; sleep 0.1; done
+    mountpoint -q "$work/tarn-sync" || { echo "bench-peers: bench/sync is not mounted" >&2; exit 1; }
     # ops/s and fsync p99 (us) of one fio run, from its JSON.
     sync_run() {
         local dir=$1 bs=$2 json=$work/fio-sync.json
@@ -499,13 +507,13 @@ print("%.0f %.0f" % (j["write"]["iops"], j["sync"]["lat_ns"].get("percentile", {
         row sync.$bs "fsync p99, randwrite $bs" us btrfs none 0 "no regression"
         row slog.$bs "fsync p99, randwrite $bs, log device" us btrfs none 0 "no regression"
         probe_begin
-        r=$(sync_run "$work/btrfs/fuse" $bs)
+        r=$(sync_run "$work/btrfs/sync" $bs)
         n=$(probe_end)
         read -r ops p99 <<<"$r"
         put peer sync.$bs "$p99" "$ops writes+fsyncs/s; $n"
         put peer slog.$bs "$p99" "$ops writes+fsyncs/s (no log device); $n"
         probe_begin "$daemon"
-        r=$(sync_run "$work/tarn" $bs)
+        r=$(sync_run "$work/tarn-sync" $bs)
         read -r ops p99 <<<"$r"
         put tarn sync.$bs "$p99" "$ops writes+fsyncs/s; $(probe_end)"
     done
@@ -513,7 +521,7 @@ print("%.0f %.0f" % (j["write"]["iops"], j["sync"]["lat_ns"].get("percentile", {
     "$tarn" pool add bench log "$slog" >/dev/null
     for bs in 4k 64k; do
         probe_begin "$daemon"
-        r=$(sync_run "$work/tarn" $bs)
+        r=$(sync_run "$work/tarn-sync" $bs)
         read -r ops p99 <<<"$r"
         put tarn slog.$bs "$p99" "$ops writes+fsyncs/s, log on tmpfs; $(probe_end)"
     done
