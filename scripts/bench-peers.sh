@@ -5,9 +5,9 @@
 # raidz1 pool of them; the peer a btrfs with data raid5 and metadata raid1
 # (mkfs.btrfs -d raid5 -m raid1) on four loop devices made from them (plain
 # buffered loop devices: the same host page-cache path as tarn's member
-# files). tarn's datasets have recordsize=1M and compression=off; btrfs
-# mounts with its defaults (no compression). nfs-ganesha (FSAL VFS) exports
-# a directory of that btrfs.
+# files). tarn's datasets for the fuse and nfs sections have recordsize=1M
+# and compression=off; btrfs mounts with its defaults (no compression).
+# nfs-ganesha (FSAL VFS) exports a directory of that btrfs.
 #
 #   section  workload                                   unit     target tarn/peer
 #   fuse     fio seq write bs=1M, SIZE, end_fsync         MiB/s    >= 0.9
@@ -43,7 +43,8 @@
 # loop devices' writes in the same minute.
 #
 # NFS setup: nfs-ganesha registers its programs with rpcbind and will not
-# start without one. So the script makes a private network namespace with
+# start without one (it exits with "Cannot register NFS V3 on TCP", also
+# with UDP, NLM and RQUOTA off). So the script makes a private network namespace with
 # only loopback up, runs rpcbind (with its own /run, in a mount namespace of
 # its own, so it meets no other rpcbind) and nfs-ganesha in it, and runs
 # tarn's daemon (its NFS server on 127.0.0.1) and the client there too: both
@@ -73,7 +74,8 @@
 # starting their services (a temporary policy-rc.d during the install).
 #
 # Output: the table on stdout and in OUT.md, the raw figures in OUT.json
-# (OUT defaults to target/bench-peers).
+# (OUT defaults to target/bench-peers). 1 GiB takes 10-15 minutes on two
+# cores.
 #
 # Usage: scripts/bench-peers.sh [--only fuse|nfs|sync|idle[,...]]
 # Env:   SIZE_MIB (default 1024), FILES (100000), LIST_FILES (20000),
