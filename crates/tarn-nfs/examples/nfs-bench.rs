@@ -5,7 +5,11 @@
 //! ```text
 //! nfs-bench --server 127.0.0.1:2049 --export /NAME --file NAME \
 //!           --size-mib N --conns C --mode write|read|randread4k
-//!           [--seconds S] [--depth D] [--uid U] [--gid G]
+//!           [--seconds S] [--depth D] [--uid U] [--gid G] [--mount-port P]
+//! nfs-bench --server 127.0.0.1:2049 --export /NAME --file DIR \
+//!           --mode mkfiles --count N [--conns C] [--depth D]
+//! nfs-bench --server 127.0.0.1:2049 --export /NAME --file DIR \
+//!           --mode list [--passes P] [--dtsize BYTES]
 //! ```
 //!
 //! `write` CREATEs (or reuses) the file and writes N MiB in 1 MiB UNSTABLE
@@ -13,8 +17,16 @@
 //! first N MiB in 1 MiB READs. Both hand out 1 MiB chunks in file order to C
 //! TCP connections, each keeping D calls in flight (replies are matched by
 //! xid). `randread4k` issues 4 KiB READs at random aligned offsets within the
-//! first N MiB (default: the whole file) for S seconds. One result line goes
-//! to stdout.
+//! first N MiB (default: the whole file) for S seconds, on each of the C
+//! connections. `mkfiles` makes the directory DIR (or reuses it) and CREATEs
+//! N empty files `f0000000`, ... in it, spread over the connections.
+//! `list` reads DIR with READDIRPLUS (names, attributes and handles, what
+//! `ls -l` asks of a Linux client) from the first cookie to EOF, P times
+//! over one connection, asking for DTSIZE bytes per reply (default 64 KiB).
+//! One result line goes to stdout.
+//!
+//! The MOUNT call goes to the NFS port unless `--mount-port` names another
+//! (servers that register MOUNT separately with the portmapper).
 
 use std::collections::HashMap;
 use std::error::Error;
@@ -43,6 +55,8 @@ enum Mode {
     Write,
     Read,
     RandRead4k,
+    MkFiles,
+    List,
 }
 
 struct Cfg {
@@ -54,11 +68,16 @@ struct Cfg {
     depth: usize,
     mode: Mode,
     seconds: u64,
+    count: u64,
+    passes: u32,
+    dtsize: u32,
+    mount: SocketAddr,
     auth: Auth,
 }
 
 const USAGE: &str = "usage: nfs-bench --server ADDR:PORT --export /NAME --file NAME \
---size-mib N --conns C --mode write|read|randread4k [--seconds S] [--depth D] [--uid U] [--gid G]";
+--mode write|read|randread4k|mkfiles|list [--size-mib N] [--conns C] [--seconds S] [--depth D] \
+[--count N] [--passes P] [--dtsize BYTES] [--mount-port P] [--uid U] [--gid G]";
 
 fn parse_args() -> Res<Cfg> {
     let mut kv = HashMap::new();
@@ -87,21 +106,29 @@ fn parse_args() -> Res<Cfg> {
         Some("write") => Mode::Write,
         Some("read") => Mode::Read,
         Some("randread4k") => Mode::RandRead4k,
+        Some("mkfiles") => Mode::MkFiles,
+        Some("list") => Mode::List,
         other => {
-            return Err(format!("--mode must be write, read or randread4k, not {other:?}").into())
+            return Err(format!(
+                "--mode must be write, read, randread4k, mkfiles or list, not {other:?}"
+            )
+            .into())
         }
     };
     let size_mib: Option<u64> = take("size-mib")
         .map(|s| num("size-mib", Some(s), None))
         .transpose()?;
-    if mode != Mode::RandRead4k && size_mib.is_none() {
+    if matches!(mode, Mode::Write | Mode::Read) && size_mib.is_none() {
         return Err("--size-mib is required for write and read".into());
     }
     let server = take("server").ok_or("--server is required")?;
+    let server: SocketAddr = server
+        .parse()
+        .map_err(|_| format!("--server: not ADDR:PORT: {server:?}"))?;
+    let mount_port = num("mount-port", take("mount-port"), Some(server.port()))?;
     let cfg = Cfg {
-        server: server
-            .parse()
-            .map_err(|_| format!("--server: not ADDR:PORT: {server:?}"))?,
+        server,
+        mount: SocketAddr::new(server.ip(), mount_port),
         export: take("export").ok_or("--export is required")?,
         file: take("file").ok_or("--file is required")?,
         size: size_mib.map(|m| m * MIB),
@@ -109,6 +136,13 @@ fn parse_args() -> Res<Cfg> {
         depth: num("depth", take("depth"), Some(8))?,
         mode,
         seconds: num("seconds", take("seconds"), Some(30))?,
+        count: num(
+            "count",
+            take("count"),
+            if mode == Mode::MkFiles { None } else { Some(0) },
+        )?,
+        passes: num("passes", take("passes"), Some(1))?,
+        dtsize: num("dtsize", take("dtsize"), Some(64 << 10))?,
         auth: Auth::Sys(AuthSys {
             stamp: 0,
             machine: b"nfs-bench".to_vec(),
@@ -120,8 +154,11 @@ fn parse_args() -> Res<Cfg> {
     if let Some(k) = kv.keys().next() {
         return Err(format!("unknown option --{k}\n{USAGE}").into());
     }
-    if cfg.conns == 0 || cfg.depth == 0 || cfg.seconds == 0 {
-        return Err("--conns, --depth and --seconds must be at least 1".into());
+    if cfg.conns == 0 || cfg.depth == 0 || cfg.seconds == 0 || cfg.passes == 0 {
+        return Err("--conns, --depth, --seconds and --passes must be at least 1".into());
+    }
+    if !(1024..=MIB as u32).contains(&cfg.dtsize) {
+        return Err("--dtsize must be between 1024 and 1048576".into());
     }
     Ok(cfg)
 }
@@ -271,12 +308,19 @@ fn skip_wcc(r: &mut Reader) -> XdrResult<()> {
     skip_post_op(r)
 }
 
-/// MNT the export, then LOOKUP (or, for writing, CREATE) the file.
-/// Returns its handle and size.
-fn open_file(cfg: &Cfg, c: &mut Conn) -> Res<(Vec<u8>, u64)> {
+/// MNT the export (over `c`, or a connection of its own if MOUNT has its
+/// own port); returns the root handle.
+fn mount_root(cfg: &Cfg, c: &mut Conn) -> Res<Vec<u8>> {
+    let mut own;
+    let m = if cfg.mount == cfg.server {
+        c
+    } else {
+        own = Conn::connect(cfg.mount, &cfg.auth, 0x00ff_0000)?;
+        &mut own
+    };
     let mut w = Writer::new();
     w.opaque(cfg.export.as_bytes());
-    let mut r = c.call(MOUNT_PROG, mountproc::MNT, &w.into_bytes())?;
+    let mut r = m.call(MOUNT_PROG, mountproc::MNT, &w.into_bytes())?;
     let export = &cfg.export;
     match r.u32()? {
         0 => {}
@@ -286,25 +330,49 @@ fn open_file(cfg: &Cfg, c: &mut Conn) -> Res<(Vec<u8>, u64)> {
         }
         s => return Err(format!("MNT {export} failed: mountstat3 {s}").into()),
     }
-    let root = r.opaque(64)?.to_vec();
+    Ok(r.opaque(64)?.to_vec())
+}
 
+/// sattr3 of a new file or directory: the mode; uid, gid, size unset; times
+/// unchanged.
+fn new_sattr(w: &mut Writer, mode: u32) {
+    w.bool(true)
+        .u32(mode)
+        .bool(false)
+        .bool(false)
+        .bool(false)
+        .u32(0)
+        .u32(0);
+}
+
+/// MNT the export, then LOOKUP (or, for writing, CREATE) the file; for
+/// `mkfiles` and `list`, LOOKUP (or for `mkfiles`, MKDIR) the directory.
+/// Returns its handle and size.
+fn open_file(cfg: &Cfg, c: &mut Conn) -> Res<(Vec<u8>, u64)> {
+    let root = mount_root(cfg, c)?;
+    let export = &cfg.export;
     let mut w = Writer::new();
     w.opaque(&root).opaque(cfg.file.as_bytes());
     let mut r = c.call(NFS_PROG, nfsproc::LOOKUP, &w.into_bytes())?;
     let fh = match r.u32()? {
         0 => r.opaque(64)?.to_vec(),
+        2 if cfg.mode == Mode::MkFiles => {
+            let mut w = Writer::new();
+            w.opaque(&root).opaque(cfg.file.as_bytes());
+            new_sattr(&mut w, 0o755);
+            let mut r = c.call(NFS_PROG, nfsproc::MKDIR, &w.into_bytes())?;
+            match r.u32()? {
+                0 => r
+                    .option(|r| r.opaque(64).map(<[u8]>::to_vec))?
+                    .ok_or("MKDIR returned no handle")?,
+                s => return Err(nfs_err(&format!("MKDIR {}", cfg.file), s)),
+            }
+        }
         2 if cfg.mode == Mode::Write => {
             let mut w = Writer::new();
-            // UNCHECKED, with sattr3: mode 0644; uid, gid, size unset;
-            // times unchanged.
+            // UNCHECKED, mode 0644.
             w.opaque(&root).opaque(cfg.file.as_bytes()).u32(0);
-            w.bool(true)
-                .u32(0o644)
-                .bool(false)
-                .bool(false)
-                .bool(false)
-                .u32(0)
-                .u32(0);
+            new_sattr(&mut w, 0o644);
             let mut r = c.call(NFS_PROG, nfsproc::CREATE, &w.into_bytes())?;
             match r.u32()? {
                 0 => r
@@ -314,11 +382,16 @@ fn open_file(cfg: &Cfg, c: &mut Conn) -> Res<(Vec<u8>, u64)> {
             }
         }
         2 => {
+            let first = if cfg.mode == Mode::List {
+                "mkfiles"
+            } else {
+                "write"
+            };
             return Err(format!(
-                "{} does not exist in {export}; write it first (--mode write)",
+                "{} does not exist in {export}; make it first (--mode {first})",
                 cfg.file
             )
-            .into())
+            .into());
         }
         s => return Err(nfs_err(&format!("LOOKUP {}", cfg.file), s)),
     };
@@ -367,9 +440,16 @@ fn noise(seed: u64, n: usize) -> Vec<u8> {
     v
 }
 
-/// Checks a WRITE or READ reply for `len` bytes; returns a WRITE's verifier.
+/// Checks a WRITE or READ reply for `len` bytes (or a CREATE's); returns a
+/// WRITE's verifier.
 fn check_reply(mode: Mode, r: &mut Reader, len: u32) -> Res<Option<[u8; 8]>> {
     let stat = r.u32()?;
+    if mode == Mode::MkFiles {
+        return match stat {
+            0 => Ok(None),
+            s => Err(nfs_err("CREATE", s)),
+        };
+    }
     if mode == Mode::Write {
         skip_wcc(r)?;
         if stat != 0 {
@@ -409,7 +489,11 @@ fn worker(cfg: &Cfg, fh: &[u8], size: u64, sh: &Shared, id: u32) -> Res<Stats> {
     let mut rng = u64::from(id).wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x5851_f42d_4c95_7f2d;
     let mut pending: HashMap<u32, (u64, u32, Instant)> = HashMap::new();
     let mut st = Stats::default();
-    let chunks = size.div_ceil(CHUNK);
+    let chunks = if cfg.mode == Mode::MkFiles {
+        cfg.count
+    } else {
+        size.div_ceil(CHUNK)
+    };
     let blocks = size / SMALL;
     loop {
         while pending.len() < cfg.depth && !sh.abort.load(Ordering::Relaxed) {
@@ -423,9 +507,21 @@ fn worker(cfg: &Cfg, fh: &[u8], size: u64, sh: &Shared, id: u32) -> Res<Stats> {
                 if i >= chunks {
                     break;
                 }
-                (i * CHUNK, CHUNK.min(size - i * CHUNK) as u32)
+                if cfg.mode == Mode::MkFiles {
+                    (i, 0)
+                } else {
+                    (i * CHUNK, CHUNK.min(size - i * CHUNK) as u32)
+                }
             };
             let mut w = Writer::with_capacity(64);
+            if cfg.mode == Mode::MkFiles {
+                // `off` is the file's number; UNCHECKED, mode 0644.
+                w.opaque(fh).opaque(format!("f{off:07}").as_bytes()).u32(0);
+                new_sattr(&mut w, 0o644);
+                let xid = c.send(NFS_PROG, nfsproc::CREATE, &w.into_bytes(), &[])?;
+                pending.insert(xid, (off, 0, Instant::now()));
+                continue;
+            }
             w.opaque(fh).u64(off).u32(len);
             let xid = if cfg.mode == Mode::Write {
                 data[..8].copy_from_slice(&off.to_le_bytes()); // no two chunks alike
@@ -448,7 +544,10 @@ fn worker(cfg: &Cfg, fh: &[u8], size: u64, sh: &Shared, id: u32) -> Res<Stats> {
         let (off, len, t0) = pending
             .remove(&xid)
             .ok_or_else(|| format!("reply to unknown xid {xid}"))?;
-        let verf = check_reply(cfg.mode, &mut r, len).map_err(|e| format!("offset {off}: {e}"))?;
+        let verf = check_reply(cfg.mode, &mut r, len).map_err(|e| match cfg.mode {
+            Mode::MkFiles => format!("file {off}: {e}"),
+            _ => format!("offset {off}: {e}"),
+        })?;
         match (st.verf, verf) {
             (Some(a), Some(b)) if a != b => {
                 return Err("write verifier changed: the server restarted".into())
@@ -462,10 +561,68 @@ fn worker(cfg: &Cfg, fh: &[u8], size: u64, sh: &Shared, id: u32) -> Res<Stats> {
     }
 }
 
+/// Reads the directory `dir` once with READDIRPLUS; returns the number of
+/// entries (with `.` and `..`) and of calls.
+fn list_once(cfg: &Cfg, c: &mut Conn, dir: &[u8]) -> Res<(u64, u64)> {
+    let (mut cookie, mut verf, mut entries, mut calls) = (0u64, [0u8; 8], 0u64, 0u64);
+    loop {
+        let mut w = Writer::with_capacity(96);
+        w.opaque(dir)
+            .u64(cookie)
+            .fixed(&verf)
+            .u32(cfg.dtsize)
+            .u32(cfg.dtsize);
+        let mut r = c.call(NFS_PROG, nfsproc::READDIRPLUS, &w.into_bytes())?;
+        calls += 1;
+        let stat = r.u32()?;
+        skip_post_op(&mut r)?;
+        if stat != 0 {
+            return Err(nfs_err("READDIRPLUS", stat));
+        }
+        verf.copy_from_slice(r.fixed(8)?);
+        let before = entries;
+        while r.bool()? {
+            r.u64()?; // fileid
+            r.string(255)?;
+            cookie = r.u64()?;
+            if r.option(fattr_size)?.is_none() {
+                return Err("READDIRPLUS entry without attributes".into());
+            }
+            r.option(|r| r.opaque(64).map(drop))?;
+            entries += 1;
+        }
+        if r.bool()? {
+            return Ok((entries, calls));
+        }
+        if entries == before {
+            return Err("READDIRPLUS returned no entries and no EOF".into());
+        }
+    }
+}
+
 fn run() -> Res<()> {
     let cfg = parse_args()?;
     let mut c = Conn::connect(cfg.server, &cfg.auth, 0)?;
     let (fh, file_size) = open_file(&cfg, &mut c)?;
+    if cfg.mode == Mode::List {
+        let t0 = Instant::now();
+        let (mut entries, mut calls) = (0, 0);
+        for _ in 0..cfg.passes {
+            let (e, n) = list_once(&cfg, &mut c, &fh)?;
+            entries = e;
+            calls += n;
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let per_pass = secs / f64::from(cfg.passes);
+        println!(
+            "nfs-bench mode=list passes={} dtsize={} entries={entries} calls={calls} \
+             seconds={secs:.3} seconds_per_pass={per_pass:.4} entries_per_s={:.0}",
+            cfg.passes,
+            cfg.dtsize,
+            entries as f64 / per_pass
+        );
+        return Ok(());
+    }
     let size = match (cfg.mode, cfg.size) {
         (Mode::RandRead4k, want) => want.map_or(file_size, |w| w.min(file_size)),
         (Mode::Read, Some(want)) if want > file_size => {
@@ -535,12 +692,14 @@ fn run() -> Res<()> {
         Mode::Write => "write",
         Mode::Read => "read",
         Mode::RandRead4k => "randread4k",
+        Mode::MkFiles => "mkfiles",
+        Mode::List => "list",
     };
     let head = format!(
         "nfs-bench mode={mode} conns={} depth={}",
         cfg.conns, cfg.depth
     );
-    if cfg.mode == Mode::RandRead4k {
+    if cfg.mode == Mode::RandRead4k || cfg.mode == Mode::MkFiles {
         let iops = total.ops as f64 / secs;
         println!(
             "{head} ops={} seconds={secs:.3} iops={iops:.0} mean_latency_us={mean_us:.0}",
