@@ -49,6 +49,8 @@ used=$((alloc / 4 + (4 << 20)))
 member_bytes=$((4 * used))
 drop; t0=$(now); for i in 0 1 2 3; do head -c "$used" "$work/d$i"; done > /dev/null; t1=$(now)
 cat_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
+# Cold means the daemon's block cache too: export and import drop it.
+"$tarn" pool export bench && "$tarn" pool import -d "$work" bench
 drop; t0=$(now); "$tarn" object get bench data /dev/null; t1=$(now)
 get_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
 "$tarn" object get bench data "$work/back"
@@ -72,5 +74,6 @@ printf '%-34s %8s MiB/s\n' "cat of used member bytes ($cold)" "$cat_r" "tarn obj
 printf '  read ratio tarn/cat: %s\n' "$(ratio "$get_r" "$cat_r")"
 printf '%-34s %8s MiB/s (allocated bytes / wall time)\n' "tarn pool scrub ($cold)" "$scrub_r"
 printf '  scrub ratio tarn/cat: %s (target >= 0.80)\n' "$(ratio "$scrub_r" "$cat_r")"
-printf 'daemon peak RSS: %s MiB (bound: node cache 64 MiB + dirty 256 MiB + 256 MiB)\n' "$((hwm_kib / 1024))"
+cache_mib=$("$tarn" -o json pool iostat 2>/dev/null | awk -F: '/"cache_max_bytes"/ { gsub(/[ ,]/, "", $2); print int($2 / 1048576); exit }')
+printf 'daemon peak RSS: %s MiB (bound: block cache %s MiB + dirty 256 MiB + 256 MiB)\n' "$((hwm_kib / 1024))" "${cache_mib:-?}"
 "$tarn" daemon stop >/dev/null

@@ -599,19 +599,11 @@ impl Backend for Pools {
     }
 
     fn object_list(&self, pool: &str) -> Result<Vec<ObjectInfo>, ApiError> {
-        let list = self.get(pool)?.object_list().map_err(in_pool(pool))?;
-        Ok(list
-            .into_iter()
-            .map(|o| ObjectInfo {
-                name: o.name,
-                size: o.size,
-                txg: o.txg,
-            })
-            .collect())
+        self.list_objects(pool)
     }
 
     fn object_delete(&self, pool: &str, object: &str) -> Result<(), ApiError> {
-        self.get(pool)?.object_delete(object).map_err(in_pool(pool))
+        self.delete_object(pool, object)
     }
 }
 

@@ -35,6 +35,8 @@ pub(crate) struct Dsl {
     pub loaded: bool,
     pub pool_name: String,
     pub recs: BTreeMap<u64, DsRec>,
+    /// The pool's properties: defaults where no dataset sets a value.
+    pub pool_props: tarn_pool::PoolProps,
     pub names: BTreeMap<String, u64>,
     pub next_id: u64,
     pub live: HashMap<u64, Live>,
@@ -74,6 +76,7 @@ impl Dsl {
 
     /// Reads every record from the meta tree.
     pub(crate) fn load(&mut self, cx: &mut Cx<'_, '_>, pool_name: &str) -> Result<(), DsError> {
+        self.pool_props = cx.props();
         self.pool_name = pool_name.to_string();
         self.alloc_per_block = cx.alloc_cost(DEFLATE_BLOCK, 1);
         if let Some(v) = cx.meta_get(K_NEXT)? {

@@ -215,7 +215,16 @@ impl Dsl {
             let up = if r.is_snapshot() { r.head } else { r.parent };
             cur = up.and_then(|p| self.recs.get(&p));
         }
-        (default_of(name).unwrap_or("").to_string(), Source::Default)
+        // The pool's own properties are its datasets' defaults.
+        let pool = match name {
+            "recordsize" => Some(self.pool_props.recordsize.to_string()),
+            "compression" => Some(self.pool_props.compression.clone()),
+            "checksum" => Some(self.pool_props.checksum.clone()),
+            "copies" => Some(self.pool_props.copies.to_string()),
+            _ => None,
+        };
+        let v = pool.unwrap_or_else(|| default_of(name).unwrap_or("").to_string());
+        (v, Source::Default)
     }
 
     pub(crate) fn prop_bool(&self, id: u64, name: &str) -> bool {

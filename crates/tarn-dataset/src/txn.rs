@@ -14,7 +14,7 @@ use tarn_block::BlockPtr;
 use tarn_pool::{Cx, Pool};
 
 use crate::dsl::{with_dsl, Dsl, Live};
-use crate::overlay::{Change, Found, StagedBlock, View};
+use crate::overlay::{decode_tree_value, Change, Found, StagedBlock, View};
 use crate::zil::LogOp;
 use crate::DsError;
 use tarn_pool::Reservation;
@@ -488,6 +488,40 @@ impl DatasetHandle {
                     ))
                 })
                 .collect())
+        })
+    }
+
+    /// The committed block pointers of the keys in `start..end`, in key
+    /// order: a diagnostic view (like `zdb`) for drills and tests. Changes
+    /// of the open txg are not included.
+    pub fn committed_blocks(
+        &self,
+        start: &[u8],
+        end: &[u8],
+    ) -> Result<Vec<(Vec<u8>, BlockPtr)>, DsError> {
+        let id = self.id;
+        with_dsl(&self.pool, false, |dsl, cx| {
+            let store = cx.store();
+            let live = dsl.live(id)?;
+            let mut out = Vec::new();
+            let mut from = Bound::Included(start.to_vec());
+            loop {
+                let page = live.tree.range(
+                    &store,
+                    from.as_ref().map(Vec::as_slice),
+                    Bound::Excluded(end),
+                    1024,
+                )?;
+                let Some((last, _)) = page.last() else {
+                    return Ok(out);
+                };
+                from = Bound::Excluded(last.clone());
+                for (k, v) in page {
+                    if let Found::Block(bp) = decode_tree_value(&v, &k)? {
+                        out.push((k, bp));
+                    }
+                }
+            }
         })
     }
 

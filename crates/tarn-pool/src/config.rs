@@ -21,16 +21,19 @@ pub struct VdevSpec {
     pub devices: Vec<PathBuf>,
 }
 
-/// Properties that live in the pool and move with the disks.
+/// Properties that live in the pool and move with the disks. `checksum`
+/// and `copies` govern the pool's own metadata too; all four are the
+/// defaults of the pool's datasets where no dataset sets them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolProps {
     /// Checksum of new blocks: `blake3` (default) or `xxh3`.
     pub checksum: String,
-    /// Compression of new raw-object records.
+    /// Default compression of the pool's datasets.
     pub compression: String,
     /// Copies of each data block (1..=3); metadata gets one more, up to 3.
     pub copies: u8,
-    /// Record size of raw objects in bytes (4 KiB ..= 16 MiB, power of two).
+    /// Default record size of the pool's datasets in bytes (4 KiB ..= 1 MiB,
+    /// power of two).
     pub recordsize: u32,
 }
 
@@ -92,10 +95,10 @@ impl PoolProps {
                 }
                 "recordsize" => {
                     let r = parse_size(v)
-                        .filter(|r| r.is_power_of_two() && (4096..=16 << 20).contains(r))
+                        .filter(|r| r.is_power_of_two() && (4096..=1 << 20).contains(r))
                         .ok_or_else(|| {
                             PoolError::Invalid(format!(
-                                "recordsize={v}: expected a power of two from 4K to 16M"
+                                "recordsize={v}: expected a power of two from 4K to 1M"
                             ))
                         })?;
                     self.recordsize = r as u32;
@@ -115,7 +118,7 @@ impl PoolProps {
         ChecksumAlg::parse(&self.checksum).unwrap_or_default()
     }
 
-    /// The compression for new object records.
+    /// The default compression of the pool's datasets.
     pub fn compression(&self) -> Compression {
         Compression::parse(&self.compression).unwrap_or_default()
     }

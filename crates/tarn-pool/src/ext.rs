@@ -473,11 +473,6 @@ impl Pool {
         Ok(Reservation { dvas })
     }
 
-    /// Gives back a reservation that will not be written.
-    pub(crate) fn release_data(&self, st: &mut State, r: Reservation) {
-        free_dvas(&mut st.space, &r.dvas);
-    }
-
     /// Writes data blocks of the txg being synced (see
     /// [`SyncCx::write_blocks`]).
     pub(crate) fn write_data(

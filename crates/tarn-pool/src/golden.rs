@@ -14,7 +14,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::Value;
 
 use crate::config::PoolProps;
-use crate::objects::{ObjEntry, P_OBJDIR, P_RECORD};
 use crate::pool::{MetaState, K_PROPS, K_STATE};
 use crate::scan::ScanRecord;
 use crate::status::{ScanKind, ScanState};
@@ -32,8 +31,6 @@ fn to_json<T: serde::Serialize>(v: &T) -> Value {
 fn meta_tree_keys_are_pinned() {
     assert_eq!(K_PROPS, b"\x01props");
     assert_eq!(K_STATE, b"\x01state");
-    assert_eq!(P_OBJDIR, 0x10);
-    assert_eq!(P_RECORD, 0x20);
 }
 
 #[test]
@@ -124,7 +121,6 @@ fn scan_record_json_is_pinned() {
 
 fn meta_state() -> MetaState {
     MetaState {
-        next_object: 4242,
         created_unix: 1_650_000_000,
         config_gen: 17,
         dtl: BTreeMap::from([(0xF00D_CAFE_0000_0001, (5, 9)), (77, (100, 100))]),
@@ -147,7 +143,7 @@ fn meta_state() -> MetaState {
 fn meta_state_json_is_pinned() {
     let golden = format!(
         r#"{{
-        "next_object": 4242, "created_unix": 1650000000, "config_gen": 17,
+        "created_unix": 1650000000, "config_gen": 17,
         "dtl": {{"17297704936070447105": [5, 9], "77": [100, 100]}},
         "scan": {SCAN_GOLDEN},
         "damaged": ["meta tree", "object 'x' record 3"],
@@ -164,37 +160,22 @@ fn meta_state_json_is_pinned() {
 
 #[test]
 fn older_and_minimal_meta_states_decode() {
-    // Written before the intent log existed (no `log`), never scanned.
+    // Written before the intent log existed (no `log`), never scanned, by
+    // a tarn that still had raw objects (`next_object`, ignored now).
     let old = r#"{"next_object":1,"created_unix":2,"config_gen":0,"dtl":{},
         "scan":null,"damaged":[]}"#;
     let ms: MetaState = serde_json::from_str(old).unwrap();
     assert_eq!(
         ms,
         MetaState {
-            next_object: 1,
             created_unix: 2,
             ..MetaState::default()
         }
     );
     // `scan` may be absent too; `log` may be null; unknown fields are ignored.
-    let minimal = r#"{"next_object":1,"created_unix":2,"config_gen":0,"dtl":{},
+    let minimal = r#"{"created_unix":2,"config_gen":0,"dtl":{},
         "damaged":[],"log":null,"from_the_future":{"a":1}}"#;
     assert_eq!(serde_json::from_str::<MetaState>(minimal).unwrap(), ms);
     // Required fields are required.
     assert!(serde_json::from_str::<MetaState>(&old.replace(r#""dtl":{},"#, "")).is_err());
-}
-
-#[test]
-fn obj_entry_json_is_pinned() {
-    let e = ObjEntry {
-        id: 0xF00D_CAFE_0000_0001,
-        size: 5_000_000_003,
-        recordsize: 16 << 20,
-        mtime_unix: 1_700_000_123,
-    };
-    let golden = r#"{"id": 17297704936070447105, "size": 5000000003,
-        "recordsize": 16777216, "mtime_unix": 1700000123}"#;
-    assert_eq!(to_json(&e), json(golden));
-    assert_eq!(serde_json::from_str::<ObjEntry>(golden).unwrap(), e);
-    assert!(serde_json::from_str::<ObjEntry>(r#"{"id":1,"size":2,"recordsize":4096}"#).is_err());
 }

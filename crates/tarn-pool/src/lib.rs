@@ -6,10 +6,11 @@
 //! A pool on disk is always exactly one committed txg: the newest uberblock
 //! whose trees verify. Everything else is in memory until the next sync.
 //!
-//! * **Open txg.** Writes to raw objects land in a dirty-record map (bounded by
-//!   `dirty_max_bytes`; writers wait when it is full: the write throttle).
-//!   Metadata changes (object directory, pool state) go straight into the
-//!   in-memory meta tree, which only reaches disk in the next sync.
+//! * **Open txg.** The dataset layer (the extension, see `ext`) keeps the
+//!   open txg's changes and charges their bytes to the write throttle
+//!   (`dirty_max_bytes`: writers wait when it is full). The pool's own
+//!   metadata changes (pool state, extension records) go into the in-memory
+//!   meta tree, which only reaches disk in the next sync.
 //! * **Sync of txg T**, under the pool lock, in the order of DESIGN.md:
 //!   data blocks (compressed and checksummed on worker threads, then written)
 //!   → meta tree nodes bottom-up (the tree commits children before parents)
@@ -27,11 +28,8 @@
 //! * **Synchronous writes** of the dataset layer go to the intent log (`zil`):
 //!   records appended to a self-checksummed chain of log blocks between
 //!   txgs, optionally on separate log devices (`logdev`), claimed and handed
-//!   back for replay at import. Raw objects' `--sync` commits a txg.
+//!   back for replay at import.
 //!
-//! Raw objects are a pool-level store of named byte arrays split into records
-//! of `recordsize`. They exist so drills, crash tests and benchmarks can push
-//! real data through the pool before datasets do.
 
 #![warn(missing_docs)]
 
@@ -43,7 +41,6 @@ mod devices;
 pub mod ext;
 mod import;
 mod logdev;
-mod objects;
 mod pool;
 mod report;
 mod scan;
@@ -59,7 +56,6 @@ mod golden;
 pub use config::{parse_size, PoolOptions, PoolProps, VdevSpec};
 pub use ext::{BlockOpts, Cx, ExtRef, Extension, Reservation, ScanFn, SyncCx};
 pub use import::discover;
-pub use objects::ObjectInfo;
 pub use pool::Pool;
 pub use scan::{LeakReport, ScanAction};
 pub use zil::LogCommit;

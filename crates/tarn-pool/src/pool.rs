@@ -3,8 +3,8 @@
 //! # Locking
 //!
 //! Deliberately simple: one mutex (`Pool::st`) over all mutable pool state
-//! (the meta tree, the space maps, the pool state record, raw objects' dirty
-//! records, the intent log's chain, the dataset layer installed as the
+//! (the meta tree, the space maps, the pool state record, the intent log's
+//! chain, the dataset layer installed as the
 //! extension), held for the whole of a txg sync. Open-context readers and
 //! writers take it for the length of one operation; the write throttle
 //! waits on the condvar `Pool::cv` with it released. Scans take it only to
@@ -51,8 +51,6 @@ pub(crate) const LABEL_VERSION: u32 = 1;
 /// Pool state kept in the meta tree (JSON): what must survive export.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct MetaState {
-    /// Next raw-object id; ids are never reused.
-    pub next_object: u64,
     /// Unix seconds at creation.
     pub created_unix: u64,
     /// Bumped on every vdev configuration change so labels carry a new txg.
@@ -78,10 +76,7 @@ pub(crate) struct State {
     pub props: PoolProps,
     pub ms: MetaState,
     pub ms_dirty: bool,
-    /// Dirty records of the open txg, keyed by (object id, record index),
-    /// with the room allocated for each when it became dirty.
-    pub dirty: BTreeMap<(u64, u64), Vec<u8>>,
-    pub dirty_res: BTreeMap<(u64, u64), crate::ext::Reservation>,
+    /// Bytes the open txg holds for the next sync (the write throttle).
     pub dirty_bytes: u64,
     /// Blocks whose last reference was dropped in the open txg.
     pub frees: Vec<BlockPtr>,
@@ -204,7 +199,6 @@ impl Pool {
             .map(|t| SpaceMap::new(t.asize(), t.alloc_align()))
             .collect();
         let ms = MetaState {
-            next_object: 1,
             created_unix: now_unix(),
             ..Default::default()
         };
@@ -271,8 +265,6 @@ impl Pool {
                 props,
                 ms,
                 ms_dirty: false,
-                dirty: BTreeMap::new(),
-                dirty_res: BTreeMap::new(),
                 dirty_bytes: 0,
                 frees: Vec::new(),
                 rotor: 0,

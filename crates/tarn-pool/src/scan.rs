@@ -6,17 +6,19 @@
 //! The scan runs on its own thread in two phases. The *meta* phase walks the
 //! committed meta tree (every node pointer, pruned by birth for a resilver)
 //! plus the space-map block, sorts those pointers by device address and
-//! scrubs them. The *data* phase pages through the raw-object records in key
-//! order, `scan_batch_blocks` pointers at a time (the memory bound), sorts
-//! each batch by (vdev, offset) so the devices see ascending, mostly
-//! sequential reads, and scrubs it on the worker threads.
+//! scrubs them. The *trees* phase walks every tree the extension (the
+//! dataset layer) names, in id order, each pruned at the birth below which
+//! an older snapshot's tree holds its blocks, gathering `scan_batch_blocks`
+//! pointers at a time (the memory bound); each batch is sorted by (vdev,
+//! offset) so the devices see ascending, mostly sequential reads, and
+//! scrubbed on the worker threads.
 //!
 //! Pointers of a batch come from the committed txg C; the scan holds C (see
 //! `store::Holds`) until the batch is done, so no block it is about to read,
 //! or to repair, can be freed and reused under it. Repairs are therefore
 //! always written over the block the pointer names, never over a new owner.
 //!
-//! Progress (phase, the last record key completed, counters) lives in the
+//! Progress (phase, the last tree completed, counters) lives in the
 //! pool's meta state and is committed with every txg, so a scan interrupted
 //! by export or a crash resumes from its last committed batch. A resilver is
 //! a scan restricted to blocks born in the missed-txg window of its target
@@ -32,7 +34,6 @@ use tarn_block::pipeline;
 use tarn_block::BlockPtr;
 
 use crate::ext::{ExtRef, ScanFn, P_EXT};
-use crate::objects::{ObjEntry, P_OBJDIR, P_RECORD};
 use crate::pool::{now_unix, Pool, State, SCAN_CANCEL, SCAN_PAUSE, SCAN_RUN};
 use crate::status::{ScanKind, ScanState, ScanStatus};
 use crate::PoolError;
@@ -48,7 +49,8 @@ pub(crate) struct ScanRecord {
     pub total: u64,
     pub repaired: u64,
     pub errors: u64,
-    /// 0: metadata, 1: object records, 3: dataset trees, 2: done.
+    /// 0: metadata, 3: dataset trees, 2: done (1, the raw-object records
+    /// of older versions, now goes straight on to the trees).
     pub phase: u8,
     /// Last record key whose batch completed (hex).
     pub bookmark: String,
@@ -120,7 +122,6 @@ impl LeakReport {
 #[derive(Clone, Debug)]
 enum Who {
     Meta,
-    Record(u64, u64),
     Ext(u64, Vec<u8>),
 }
 
@@ -436,27 +437,6 @@ impl Pool {
         self.stop.load(Ordering::Acquire) || self.scan_ctl.load(Ordering::Acquire) != SCAN_RUN
     }
 
-    /// Name and record size of a raw object by id, for damage reports.
-    fn object_name(&self, st: &mut State, id: u64) -> (String, u64) {
-        let mut found = None;
-        let _ = self.for_each_entry(
-            st,
-            &[P_OBJDIR],
-            Bound::Excluded(&[P_OBJDIR + 1][..]),
-            &mut |k, v| match serde_json::from_slice::<ObjEntry>(v) {
-                Ok(e) if e.id == id => {
-                    found = Some((
-                        String::from_utf8_lossy(&k[1..]).into_owned(),
-                        e.recordsize as u64,
-                    ));
-                    Ok(false)
-                }
-                _ => Ok(true),
-            },
-        );
-        found.unwrap_or_else(|| (format!("#{id} (deleted)"), 0))
-    }
-
     /// Scrubs one sorted batch on the worker threads; returns whether to go on.
     fn scrub_batch(&self, batch: &mut [(BlockPtr, Who)], started: Instant, base: u64) -> Step {
         batch.sort_by_key(|(bp, _)| addr_key(bp));
@@ -497,10 +477,6 @@ impl Pool {
             }
             for (bp, rec) in lost {
                 let what = match rec {
-                    Who::Record(id, blk) => {
-                        let (name, rs) = self.object_name(&mut st, id);
-                        format!("object {name} at offset {}", blk * rs)
-                    }
                     Who::Ext(tree, key) => {
                         format!("dataset tree #{tree}, key {}", hex(&key))
                     }
@@ -524,7 +500,7 @@ impl Pool {
 
     /// Commits what is dirty, then compares the space the space maps hold
     /// allocated with the space reachable from every committed tree (the
-    /// meta tree, raw-object records, every extension tree walked whole,
+    /// meta tree, every extension tree walked whole,
     /// shared blocks counted once). A difference is a leak or a lost block.
     pub fn leak_check(&self) -> Result<LeakReport, PoolError> {
         let mut st = self.lock();
@@ -566,25 +542,15 @@ impl Pool {
                 Ok(())
             },
             &mut |k, v| {
-                match k.split_first() {
-                    Some((&P_RECORD, _)) => {
-                        let bp = BlockPtr::decode(v)
-                            .map_err(|e| tarn_tree::TreeError::Store(Box::new(e)))?;
-                        add(&bp);
-                    }
-                    Some((&P_EXT, key)) => {
-                        if let Some(f) = scan {
-                            let mut refs = Vec::new();
-                            f(0, key, v, &mut refs);
-                            for r in refs {
-                                match r {
-                                    ExtRef::Block(bp) => add(&bp),
-                                    ExtRef::Tree { root, kind, .. } => trees.push((root, kind)),
-                                }
-                            }
+                if let (Some((&P_EXT, key)), Some(f)) = (k.split_first(), scan) {
+                    let mut refs = Vec::new();
+                    f(0, key, v, &mut refs);
+                    for r in refs {
+                        match r {
+                            ExtRef::Block(bp) => add(&bp),
+                            ExtRef::Tree { root, kind, .. } => trees.push((root, kind)),
                         }
                     }
-                    _ => {}
                 }
                 Ok(())
             },
@@ -802,64 +768,6 @@ impl Pool {
             }
             drop(hold);
             phase = 1;
-            let mut st = self.lock();
-            if let Some(s) = st.ms.scan.as_mut() {
-                s.phase = 1;
-                s.bookmark = hex(&[P_RECORD]);
-            }
-            st.ms_dirty = true;
-        }
-        if phase == 1 {
-            loop {
-                let mut st = self.lock();
-                let bookmark = st
-                    .ms
-                    .scan
-                    .as_ref()
-                    .map(|s| unhex(&s.bookmark))
-                    .unwrap_or_default();
-                let lo = if bookmark.len() <= 1 {
-                    Bound::Included(&[P_RECORD][..])
-                } else {
-                    Bound::Excluded(&bookmark[..])
-                };
-                let rs = self.read_store();
-                let State { meta, .. } = &mut *st;
-                let page = meta.range(
-                    &rs,
-                    lo,
-                    Bound::Excluded(&[P_RECORD + 1][..]),
-                    self.opts.scan_batch_blocks,
-                )?;
-                let hold = self.holds.hold(st.txg);
-                drop(st);
-                let Some(last) = page.last().map(|(k, _)| k.clone()) else {
-                    break;
-                };
-                let mut batch = Vec::with_capacity(page.len());
-                for (k, v) in &page {
-                    let bp = BlockPtr::decode(v)?;
-                    if in_window(&bp) && k.len() == 17 {
-                        let mut id = [0u8; 8];
-                        let mut blk = [0u8; 8];
-                        id.copy_from_slice(&k[1..9]);
-                        blk.copy_from_slice(&k[9..17]);
-                        batch.push((
-                            bp,
-                            Who::Record(u64::from_be_bytes(id), u64::from_be_bytes(blk)),
-                        ));
-                    }
-                }
-                if let Step::Stop = self.scrub_batch(&mut batch, started, base) {
-                    return Ok(());
-                }
-                drop(hold);
-                let mut st = self.lock();
-                if let Some(s) = st.ms.scan.as_mut() {
-                    s.bookmark = hex(&last);
-                }
-                st.ms_dirty = true;
-            }
         }
         if phase == 1 {
             phase = PHASE_TREES;

@@ -91,8 +91,7 @@ impl Pool {
         // Deferred frees only come back after more txgs commit: keep syncing
         // for DEFER_TXGS txgs after real frees (not for the space map's own
         // block, which every sync replaces: an idle pool must stay idle).
-        !st.dirty.is_empty()
-            || Self::ext_has_changes(st)
+        Self::ext_has_changes(st)
             || st.meta.is_dirty()
             || st.ms_dirty
             || !st.frees.is_empty()
@@ -126,9 +125,8 @@ impl Pool {
         // 1. The dataset layer: its data blocks and tree nodes, and its
         // entries of the meta tree, which commits below.
         self.sync_ext(st, &mut missed)?;
-        // 2. Raw objects' data blocks, into the room each record was given
-        // when it became dirty.
-        self.sync_objects(st, &mut missed)?;
+        // Everything the open txg held is being written now.
+        st.dirty_bytes = 0;
         // 3. The intent log chain this txg makes obsolete, the header of the
         // next one, then the pool state record.
         self.log_sync(st, txg)?;

@@ -6,63 +6,19 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use tarn_pool::status::{ScanState, ScanStatus};
-use tarn_pool::{Pool, PoolOptions, ScanAction, VdevSpec};
+use tarn_pool::{Pool, VdevSpec};
+use tarn_testkit::blobs::Blobs;
+use tarn_testkit::data::pattern as data;
+use tarn_testkit::files::make as make_files;
+use tarn_testkit::pools::{opts, scrub};
 use tarn_vdev::{Fault, FaultKind, VdevKind};
 
-fn opts() -> PoolOptions {
-    PoolOptions {
-        sync_interval: Duration::from_secs(3600),
-        owner: "test".into(),
-        ..Default::default()
-    }
-}
-
 fn files(dir: &Path, n: usize) -> Vec<PathBuf> {
-    (0..n)
-        .map(|i| {
-            let p = dir.join(format!("d{i}"));
-            std::fs::File::create(&p)
-                .unwrap()
-                .set_len(64 << 20)
-                .unwrap();
-            p
-        })
-        .collect()
+    make_files(dir, "d", n, 64 << 20)
 }
 
-fn data(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-fn scrub(pool: &Arc<Pool>) -> ScanStatus {
-    pool.scrub(ScanAction::Start).unwrap();
-    let t0 = Instant::now();
-    loop {
-        if let Some(s) = pool.status().scan {
-            if s.state == ScanState::Finished {
-                return s;
-            }
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "scrub did not finish"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn check_all(pool: &Pool, objs: &BTreeMap<String, Vec<u8>>) {
+fn check_all(pool: &Arc<Pool>, objs: &BTreeMap<String, Vec<u8>>) {
     for (name, want) in objs {
         let got = pool.object_read(name, 0, want.len() + 1).unwrap();
         assert!(got == *want, "object {name} differs");

@@ -3,88 +3,28 @@
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tarn_block::BlockPtr;
-use tarn_pool::status::{Health, ScanState, ScanStatus};
+use tarn_pool::status::{Health, ScanState};
 use tarn_pool::{Pool, PoolError, PoolOptions, ScanAction, VdevSpec};
 use tarn_vdev::{VdevKind, DATA_START};
 
-const MIB: u64 = 1 << 20;
+use tarn_testkit::blobs::{damage_name, Blobs};
+use tarn_testkit::data::Rng;
+use tarn_testkit::files::{make as make_files, overwrite};
+use tarn_testkit::pools::{
+    attached, block_ranges, cksum_errors, create, opts, redundancy, scrub, wait_scan,
+};
+use tarn_testkit::MIB;
 
-/// xorshift64*: deterministic, seedable, good enough for test data.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn bytes(&mut self, len: usize) -> Vec<u8> {
-        let mut v = Vec::with_capacity(len + 8);
-        while v.len() < len {
-            v.extend_from_slice(&self.next().to_le_bytes());
-        }
-        v.truncate(len);
-        v
-    }
-}
-
-fn opts() -> PoolOptions {
-    PoolOptions {
-        sync_interval: Duration::from_secs(3600),
-        owner: "test".into(),
-        ..Default::default()
-    }
-}
-
-fn make_files(dir: &Path, prefix: &str, n: usize, size: u64) -> Vec<PathBuf> {
-    (0..n)
-        .map(|i| {
-            let p = dir.join(format!("{prefix}{i}"));
-            let f = std::fs::File::create(&p).unwrap();
-            f.set_len(size).unwrap();
-            p
-        })
-        .collect()
-}
-
-fn create(
-    name: &str,
-    kind: VdevKind,
-    devs: &[PathBuf],
-    props: &[(&str, &str)],
-) -> Result<Arc<Pool>, PoolError> {
-    let props: BTreeMap<String, String> = props
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    Pool::create(
-        name,
-        &[VdevSpec {
-            kind,
-            devices: devs.to_vec(),
-        }],
-        12,
-        &props,
-        false,
-        opts(),
-    )
-}
-
-fn write_objects(pool: &Pool, rng: &mut Rng, n: usize, max_len: u64) -> BTreeMap<String, Vec<u8>> {
+fn write_objects(
+    pool: &Arc<Pool>,
+    rng: &mut Rng,
+    n: usize,
+    max_len: u64,
+) -> BTreeMap<String, Vec<u8>> {
     let mut out = BTreeMap::new();
     for i in 0..n {
         let len = 1 + rng.below(max_len) as usize;
@@ -97,7 +37,7 @@ fn write_objects(pool: &Pool, rng: &mut Rng, n: usize, max_len: u64) -> BTreeMap
     out
 }
 
-fn verify_all(pool: &Pool, objs: &BTreeMap<String, Vec<u8>>) {
+fn verify_all(pool: &Arc<Pool>, objs: &BTreeMap<String, Vec<u8>>) {
     for (name, data) in objs {
         let got = pool
             .object_read(name, 0, data.len() + 10)
@@ -113,81 +53,7 @@ fn verify_all(pool: &Pool, objs: &BTreeMap<String, Vec<u8>>) {
 
 /// Imports the test pool `tank` from the devices in `dir`.
 fn import_tank(dir: &Path) -> Arc<Pool> {
-    Pool::import(&[dir.to_path_buf()], &[], "tank", None, false, opts()).unwrap()
-}
-
-fn wait_scan(pool: &Pool) -> ScanStatus {
-    let t0 = Instant::now();
-    loop {
-        if let Some(s) = pool.status().scan {
-            if s.state == ScanState::Finished || s.state == ScanState::Canceled {
-                return s;
-            }
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "scan did not finish"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn scrub(pool: &Arc<Pool>) -> ScanStatus {
-    pool.scrub(ScanAction::Start).unwrap();
-    wait_scan(pool)
-}
-
-fn cksum_errors(pool: &Pool) -> u64 {
-    fn sum(v: &[tarn_pool::status::VdevStatus]) -> u64 {
-        v.iter()
-            .map(|x| {
-                if x.children.is_empty() {
-                    x.counters.cksum_errors
-                } else {
-                    sum(&x.children)
-                }
-            })
-            .sum()
-    }
-    sum(&pool.status().vdevs)
-}
-
-fn overwrite(path: &Path, off: u64, bytes: &[u8]) {
-    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-    f.write_at(bytes, off).unwrap();
-}
-
-/// Leaf byte ranges holding a block's sectors on each child:
-/// (child index, leaf offset, length).
-fn block_ranges(kind: VdevKind, n: usize, bp: &BlockPtr) -> Vec<(usize, u64, u64)> {
-    let d = bp.dvas[0];
-    match kind {
-        VdevKind::Raidz { .. } => {
-            let s = 4096u64;
-            let b = d.offset / s;
-            let tot = d.asize as u64 / s;
-            let mut per: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
-            for l in b..b + tot {
-                let child = (l % n as u64) as usize;
-                let off = DATA_START + (l / n as u64) * s;
-                let e = per.entry(child).or_insert((off, off));
-                e.0 = e.0.min(off);
-                e.1 = e.1.max(off + s);
-            }
-            per.into_iter().map(|(c, (a, z))| (c, a, z - a)).collect()
-        }
-        _ => (0..n)
-            .map(|c| (c, DATA_START + d.offset, d.asize as u64))
-            .collect(),
-    }
-}
-
-fn redundancy(kind: VdevKind, n: usize) -> usize {
-    match kind {
-        VdevKind::Raidz { parity } => parity as usize,
-        VdevKind::Mirror => n - 1,
-        VdevKind::Single => 0,
-    }
+    tarn_testkit::pools::import(dir, "tank")
 }
 
 /// Random ranges overwritten on up to `p` members: every byte still reads
@@ -295,8 +161,11 @@ fn corruption_beyond_redundancy(kind: VdevKind, n: usize) {
     }
     let err = pool.object_read("victim", 0, victim.len()).unwrap_err();
     let msg = err.to_string();
-    let what = format!("object victim at offset {}", blk * 128 * 1024);
-    assert!(msg.contains(&what), "error does not name the damage: {msg}");
+    let what = damage_name(&pool, "victim", blk);
+    assert!(
+        msg.contains(&what) && msg.contains(&format!("at offset {}", blk * 128 * 1024)),
+        "error does not name the damage: {msg}"
+    );
     // The undamaged records of the victim and the bystander still read.
     assert_eq!(
         pool.object_read("victim", 0, 128 * 1024).unwrap(),
@@ -320,9 +189,12 @@ fn corruption_beyond_redundancy(kind: VdevKind, n: usize) {
         pool.object_read("after", 0, 100).unwrap(),
         b"still writable"
     );
-    // Deleting the damaged object removes it from the list.
+    // Deleting the damaged blob frees its blocks: a scrub then finds
+    // nothing wrong.
     pool.object_delete("victim").unwrap();
-    assert!(!pool.status().damaged.iter().any(|d| d.contains("victim")));
+    pool.sync().unwrap();
+    let s = scrub(&pool);
+    assert_eq!(s.errors, 0, "{s:?}");
     pool.export(false).unwrap();
 }
 
@@ -457,15 +329,17 @@ fn import_after_rename_and_move() {
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].name, "tank");
     assert_eq!(found[0].health, Health::Online);
-    let pool = Pool::import(
-        &[moved.path().to_path_buf()],
-        &[],
-        "tank",
-        Some("renamed"),
-        false,
-        opts(),
-    )
-    .unwrap();
+    let pool = attached(
+        Pool::import(
+            &[moved.path().to_path_buf()],
+            &[],
+            "tank",
+            Some("renamed"),
+            false,
+            opts(),
+        )
+        .unwrap(),
+    );
     assert_eq!(pool.name(), "renamed");
     verify_all(&pool, &objs);
     pool.export(false).unwrap();
@@ -731,15 +605,17 @@ fn scrub_pause_resume_and_restart() {
     pool.export(false).unwrap();
     drop(pool);
 
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        false,
-        slow(),
-    )
-    .unwrap();
+    let pool = attached(
+        Pool::import(
+            &[dir.path().to_path_buf()],
+            &[],
+            "tank",
+            None,
+            false,
+            slow(),
+        )
+        .unwrap(),
+    );
     let s = pool.status().scan.unwrap();
     assert_eq!(
         s.state,
@@ -751,15 +627,17 @@ fn scrub_pause_resume_and_restart() {
     // Interrupt it running: export mid-scan, import resumes it.
     pool.export(false).unwrap();
     drop(pool);
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        false,
-        slow(),
-    )
-    .unwrap();
+    let pool = attached(
+        Pool::import(
+            &[dir.path().to_path_buf()],
+            &[],
+            "tank",
+            None,
+            false,
+            slow(),
+        )
+        .unwrap(),
+    );
     let s = wait_scan(&pool);
     assert_eq!(s.state, ScanState::Finished, "{s:?}");
     assert_eq!(s.errors, 0);
@@ -1015,15 +893,17 @@ fn stale_member_is_found_by_its_uberblocks() {
     drop(pool);
     let stale = dir.path().join("stale-copy");
     std::fs::copy(&devs[1], &stale).unwrap();
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &devs,
-        "tank",
-        None,
-        false,
-        opts(),
-    )
-    .unwrap();
+    let pool = attached(
+        Pool::import(
+            &[dir.path().to_path_buf()],
+            &devs,
+            "tank",
+            None,
+            false,
+            opts(),
+        )
+        .unwrap(),
+    );
     let newer = rng.bytes(900_000);
     pool.object_write("newer", 0, &newer, true).unwrap();
     pool.export(false).unwrap();
@@ -1214,15 +1094,17 @@ fn paused_resilver_keeps_targets_untrusted_across_import() {
     );
     pool.export(false).unwrap();
     drop(pool);
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        false,
-        slow(),
-    )
-    .unwrap();
+    let pool = attached(
+        Pool::import(
+            &[dir.path().to_path_buf()],
+            &[],
+            "tank",
+            None,
+            false,
+            slow(),
+        )
+        .unwrap(),
+    );
     let e = pool.offline(devs[0].to_str().unwrap()).unwrap_err();
     assert!(e.to_string().contains("lose data"), "{e}");
     pool.scrub(ScanAction::Resume).unwrap();
