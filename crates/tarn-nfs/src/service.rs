@@ -607,6 +607,12 @@ impl<'a> Cx<'a> {
                 }
             }
             let mut set = sa.to_setattr();
+            // Nothing to set: no change at all, as in Linux's nfsd (the
+            // filesystem would take an empty setattr for chown(-1, -1)
+            // and update ctime).
+            if set == SetAttr::default() {
+                return Ok(o.attr.clone());
+            }
             // The owner may truncate a file whose mode denies them writing
             // (they created it that way and still hold it open).
             if set.size.is_some() && o.cred.uid == o.attr.uid {
