@@ -8,9 +8,11 @@
 //! - an address that already holds [`Limits::max_per_address`]
 //!   connections is refused (its own connections are its own business;
 //!   nobody else's slots are touched);
-//! - when all [`Limits::max_connections`] slots are taken, the connection
-//!   that has been *idle* longest is closed to make room, so a newcomer
-//!   is refused only when every connection is busy.
+//! - when all [`Limits::max_connections`] slots are taken, an *idle*
+//!   connection is closed to make room: one of the address holding the
+//!   most connections, the longest idle of those. So a newcomer is
+//!   refused only when every connection is busy, and a flood from a few
+//!   addresses pushes out its own connections before anyone else's.
 //!
 //! "Idle" is defined by the server, not by bytes on the wire: a
 //! connection is busy while it holds a [`Busy`] guard (NFS: a request
@@ -135,8 +137,9 @@ impl Admission {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Admits a connection from `ip`, closing the longest-idle connection
-    /// if every slot is taken; or refuses it (counted and logged).
+    /// Admits a connection from `ip`, closing an idle connection if every
+    /// slot is taken (see the crate docs); or refuses it (counted and
+    /// logged).
     pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Conn, Refused> {
         let ip = ip.to_canonical();
         let mut t = self.table();
@@ -156,12 +159,18 @@ impl Admission {
             return Err(Refused::PerAddress);
         }
         if t.slots.len() >= self.limits.max_connections {
+            // The idle connection of the address holding the most
+            // connections, the longest idle of those: a flood from a few
+            // addresses evicts its own connections first.
             let victim = t
                 .slots
                 .iter()
-                .filter_map(|(id, s)| s.state.idle_ms().map(|idle| (idle, *id)))
+                .filter_map(|(id, s)| {
+                    let held = t.per_addr.get(&s.ip).copied().unwrap_or(0);
+                    s.state.idle_ms().map(|idle| (held, idle, *id))
+                })
                 .max();
-            let Some((_, id)) = victim else {
+            let Some((_, _, id)) = victim else {
                 drop(t);
                 self.counters.refused_full.fetch_add(1, Ordering::Relaxed);
                 self.log.log(
@@ -179,7 +188,7 @@ impl Admission {
                 self.log.log(
                     "evicted",
                     &format!(
-                        "connection limit ({}) reached: closed the longest-idle connection (from {}) for a newcomer from {ip}",
+                        "connection limit ({}) reached: closed an idle connection from {} for a newcomer from {ip}",
                         self.limits.max_connections, slot.ip
                     ),
                 );
@@ -476,6 +485,26 @@ mod tests {
         // The evicted connection's own drop does not free another slot.
         drop(old);
         assert_eq!(a.stats().open, 3);
+    }
+
+    #[test]
+    fn eviction_hits_the_address_holding_most_connections() {
+        let a = Admission::new(
+            "test",
+            Limits {
+                max_connections: 4,
+                max_per_address: 4,
+            },
+        );
+        let lone = a.admit(ip(2)).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let flood: Vec<Conn> = (0..3).map(|_| a.admit(ip(3)).unwrap()).collect();
+        let _new = a.admit(ip(4)).unwrap();
+        assert!(
+            !lone.state().is_closing(),
+            "the longer-idle lone client stays"
+        );
+        assert_eq!(flood.iter().filter(|c| c.state().is_closing()).count(), 1);
     }
 
     #[test]
