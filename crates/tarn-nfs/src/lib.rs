@@ -118,6 +118,8 @@
 #![warn(missing_docs)]
 
 mod export;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod handle;
 pub mod proto;
 pub mod record;
