@@ -94,3 +94,6 @@ pub use davfs::IO_CHUNK;
 pub use props::XATTR_PREFIX as PROP_XATTR_PREFIX;
 pub use server::{serve, Running, Share, TlsConfig, WebdavConfig, WebdavError};
 pub use tarn_conn::Stats as ConnStats;
+
+#[cfg(test)]
+mod fuzz_tests;
