@@ -74,7 +74,7 @@ pub(crate) fn report(what: &str, payload: &(dyn std::any::Any + Send)) {
     msg.truncate(300);
     log().log(
         "panic",
-        &format!("caught a panic in {what}: {msg:?} at {at}; answered 500"),
+        &format!("caught a panic in {what}: {msg:?} at {at}"),
     );
 }
 

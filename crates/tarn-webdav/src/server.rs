@@ -704,10 +704,14 @@ async fn authenticate(
             Some(p) => Some(p),
             None => {
                 let (auth, u, p) = (st.auth.clone(), user.clone(), pass.clone());
-                let r = tokio::task::spawn_blocking(move || auth.check(&u, &p))
-                    .await
-                    .ok()
-                    .flatten();
+                let check = move || {
+                    panics::catch(
+                        "a password check",
+                        std::panic::AssertUnwindSafe(|| auth.check(&u, &p)),
+                    )
+                    .flatten()
+                };
+                let r = tokio::task::spawn_blocking(check).await.ok().flatten();
                 if let Some(p) = &r {
                     st.cache.put(user, pass, p);
                 }

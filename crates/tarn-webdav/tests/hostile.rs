@@ -222,6 +222,9 @@ struct PanicAuth;
 
 impl Authenticator for PanicAuth {
     fn check(&self, user: &str, password: &str) -> Option<Principal> {
+        if user == "boom" {
+            panic!("deliberate panic in a password check");
+        }
         users().check(user, password)
     }
     fn anonymous(&self) -> Option<Principal> {
@@ -277,6 +280,10 @@ fn panics_are_caught_per_request_and_answered_500() {
             "panic on the request task"
         );
     }
+    // A password check that panics is a failed login.
+    let mut c = Http::connect(r.local_addr());
+    c.send_raw(b"GET /s/ HTTP/1.1\r\nHost: t\r\nAuthorization: Basic Ym9vbTp4\r\n\r\n");
+    assert_eq!(c.read(false).unwrap().status, 401);
     let mut c = Http::connect(r.local_addr());
     assert_eq!(c.call("PUT", "/s/f", &[], b"x").status, 201);
     armed.store(true, Ordering::Relaxed);
