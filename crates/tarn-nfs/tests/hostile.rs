@@ -174,7 +174,7 @@ fn idle_and_slow_connections_do_not_lock_out_a_good_client() {
 /// its connection.
 #[test]
 fn idle_timeout_is_rpc_aware() {
-    let timeout = Duration::from_millis(400);
+    let timeout = Duration::from_millis(800);
     let fs = Arc::new(
         Fs::mount(Arc::new(SlowSync {
             inner: MemBackend::new(),

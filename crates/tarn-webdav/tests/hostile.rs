@@ -406,7 +406,7 @@ fn connection_limits_and_idle_keep_alive() {
     let r = server_with(|c| {
         c.max_connections = 4;
         c.max_connections_per_address = 2;
-        c.header_read_timeout = Duration::from_millis(600);
+        c.header_read_timeout = Duration::from_secs(2);
     });
     let addr = r.local_addr();
     let mut a1 = Http::new(connect_from([127, 0, 0, 2], addr).unwrap());
@@ -433,6 +433,6 @@ fn connection_limits_and_idle_keep_alive() {
     // Kept alive but idle: closed at the header timeout.
     let t = Instant::now();
     assert!(c.closed_within(Duration::from_secs(10)));
-    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
     drop(a1.stream().flush());
 }
