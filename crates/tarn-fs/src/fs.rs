@@ -506,7 +506,14 @@ impl<B: Backend> Fs<B> {
             }
 
             let now = tx.now;
-            let mut changed = false;
+            // Nothing to set is chown(path, -1, -1) (or its like): Linux
+            // still marks the inode changed.
+            let mut changed = sa.mode.is_none()
+                && sa.uid.is_none()
+                && sa.gid.is_none()
+                && sa.size.is_none()
+                && sa.atime.is_none()
+                && sa.mtime.is_none();
             if sa.uid.is_some() || sa.gid.is_some() {
                 if let Some(uid) = sa.uid {
                     i.uid = uid;

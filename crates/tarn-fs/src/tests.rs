@@ -598,6 +598,44 @@ fn sticky_directory_rules() {
     );
 }
 
+/// chown(path, -1, -1) reaches the filesystem as a setattr with nothing
+/// set; like Linux filesystems, it marks the inode changed (ctime), and
+/// nothing else moves.
+#[test]
+fn chown_minus_one_updates_ctime() {
+    let (b, fs) = setup();
+    open_root(&fs);
+    let alice = Cred::user(1000, 1000);
+    let f = mkfile(&fs, ROOT_INO, "f", b"data");
+    let before = fs.getattr(f).unwrap();
+    b.advance(1_000_000);
+    let after = fs.setattr(f, &SetAttr::default(), &alice).unwrap();
+    assert!(after.ctime > before.ctime, "ctime updated");
+    assert_eq!(
+        (
+            after.mtime,
+            after.atime,
+            after.uid,
+            after.gid,
+            after.mode,
+            after.size
+        ),
+        (
+            before.mtime,
+            before.atime,
+            before.uid,
+            before.gid,
+            before.mode,
+            before.size
+        )
+    );
+    assert_eq!(
+        fs.getattr(f).unwrap().ctime,
+        after.ctime,
+        "and it is stored"
+    );
+}
+
 #[test]
 fn chmod_chown_utimes_ownership_rules() {
     let (b, fs) = setup();

@@ -216,6 +216,10 @@ impl Attr {
 }
 
 /// Changes for [`crate::Fs::setattr`]; `None` leaves a field alone.
+///
+/// A `SetAttr` with nothing set still marks the inode changed (ctime =
+/// now): that is what the kernel asks for on `chown(path, -1, -1)`, and
+/// what Linux filesystems do then.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SetAttr {
     /// New permission bits (type bits are ignored).

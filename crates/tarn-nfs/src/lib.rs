@@ -48,7 +48,24 @@
 //! order, so a slow COMMIT never holds up a GETATTR behind it (no
 //! head-of-line blocking; the xid matches replies to calls). Memory is
 //! bounded by `max_connections × max_inflight_per_connection ×
-//! max_record`; connections beyond `max_connections` are closed at accept.
+//! max_record`.
+//!
+//! # Connection admission
+//!
+//! At accept, a client address that no export lists is closed at once and
+//! takes no slot (it could not use any share anyway). Others are admitted
+//! by [`tarn_conn::Admission`]: at most
+//! [`NfsConfig::max_connections_per_address`] per address; when all
+//! [`NfsConfig::max_connections`] are taken, an idle connection is closed
+//! for the newcomer (one of the address holding the most connections,
+//! the longest idle of those), and the newcomer is refused only if every
+//! connection has requests in flight. A connection is busy from the moment a request
+//! record is complete until its reply is written; a client trickling a
+//! partial record is idle. After [`NfsConfig::idle_timeout`] without a
+//! request the connection is closed (Linux clients reconnect
+//! transparently), and so is one whose reply cannot be written within
+//! that time. Refusals and evictions are counted ([`Running::stats`]) and
+//! logged, at most one line per kind every 10 s.
 //!
 //! # File handles
 //!
@@ -101,6 +118,8 @@
 #![warn(missing_docs)]
 
 mod export;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod handle;
 pub mod proto;
 pub mod record;
@@ -111,7 +130,7 @@ pub mod xdr;
 
 pub use export::{Export, ExportFs, IpNet, IpNetError, NOBODY};
 pub use proto::NfsStat;
-pub use server::{NfsConfig, NfsServer, Running};
+pub use server::{ConnStats, NfsConfig, NfsServer, Running};
 
 /// Errors starting or reconfiguring the server.
 #[derive(Debug, thiserror::Error)]

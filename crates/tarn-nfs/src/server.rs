@@ -1,6 +1,6 @@
 //! Listeners, connections and the worker pool (see the crate docs).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -9,6 +9,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use tarn_conn::{Admission, Busy, Conn, Limits};
 
 use crate::export::Export;
 use crate::record::{self, Decoder};
@@ -29,8 +31,21 @@ pub struct NfsConfig {
     /// Largest READ/WRITE payload and READDIR reply (FSINFO rtmax/wtmax).
     /// Default 1 MiB.
     pub max_io: u32,
-    /// Most simultaneous connections; more are closed at accept.
+    /// Most simultaneous connections. When all are taken, an idle
+    /// connection is closed for a newcomer (one of the address holding the
+    /// most connections, the longest idle of those); only when every one
+    /// is busy is the newcomer closed at accept. Default 256.
     pub max_connections: usize,
+    /// Most simultaneous connections from one client address; more from
+    /// that address are closed at accept. Default 32 (Linux's `nconnect`
+    /// uses at most 16 per server).
+    pub max_connections_per_address: usize,
+    /// A connection with no request in progress for this long is closed
+    /// (a client reconnects transparently). Partial requests do not count
+    /// as activity. `Duration::ZERO`: never. Default 6 minutes, as Linux's
+    /// nfsd. Also the time a reply may take to be written before the
+    /// connection is given up.
+    pub idle_timeout: Duration,
     /// Most requests of one connection being processed at once; the
     /// connection is not read further until one finishes.
     pub max_inflight_per_connection: usize,
@@ -49,12 +64,17 @@ impl Default for NfsConfig {
             max_record: (1 << 20) + (64 << 10),
             max_io: 1 << 20,
             max_connections: 256,
+            max_connections_per_address: 32,
+            idle_timeout: Duration::from_secs(6 * 60),
             max_inflight_per_connection: 16,
             workers: 8,
             handle_key: *b"tarn-nfs default handle key v1\0\0",
         }
     }
 }
+
+/// Connection counters of a running server (see [`Running::stats`]).
+pub use tarn_conn::Stats as ConnStats;
 
 /// The NFS server (see [`NfsServer::start`]).
 pub struct NfsServer;
@@ -98,7 +118,15 @@ impl NfsServer {
             .build()?;
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), Error>>();
+        let admission = Admission::new(
+            "tarn-nfs",
+            Limits {
+                max_connections: config.max_connections,
+                max_per_address: config.max_connections_per_address,
+            },
+        );
         let svc2 = svc.clone();
+        let adm2 = admission.clone();
         let thread = std::thread::Builder::new()
             .name("tarn-nfs-main".into())
             .spawn(move || {
@@ -108,9 +136,8 @@ impl NfsServer {
                     if let Some(m) = mount_std {
                         listeners.push(TcpListener::from_std(m)?);
                     }
-                    let conns = Arc::new(Semaphore::new(config.max_connections.max(1)));
                     for l in listeners {
-                        tokio::spawn(accept_loop(l, svc2.clone(), conns.clone(), config.clone()));
+                        tokio::spawn(accept_loop(l, svc2.clone(), adm2.clone(), config.clone()));
                     }
                     let _ = ready_tx.send(Ok(()));
                     let _ = stop_rx.await;
@@ -136,6 +163,7 @@ impl NfsServer {
         }
         Ok(Running {
             svc,
+            admission,
             nfs_addr,
             mount_addr,
             stop: Some(stop_tx),
@@ -147,6 +175,7 @@ impl NfsServer {
 /// A running server. Dropping it stops it, as [`Running::stop`] does.
 pub struct Running {
     svc: Arc<Service>,
+    admission: Arc<Admission>,
     nfs_addr: SocketAddr,
     mount_addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
@@ -170,6 +199,12 @@ impl Running {
             Err(p) => *p.into_inner() = entries,
         }
         Ok(())
+    }
+
+    /// Connection counters: open connections, refusals by reason,
+    /// evictions, idle closes.
+    pub fn stats(&self) -> ConnStats {
+        self.admission.stats()
     }
 
     /// The write verifier of this server instance (changes at each start).
@@ -225,7 +260,7 @@ fn new_verifier() -> [u8; 8] {
     h.finish().to_be_bytes()
 }
 
-async fn accept_loop(l: TcpListener, svc: Arc<Service>, conns: Arc<Semaphore>, cfg: NfsConfig) {
+async fn accept_loop(l: TcpListener, svc: Arc<Service>, adm: Arc<Admission>, cfg: NfsConfig) {
     loop {
         let (stream, peer) = match l.accept().await {
             Ok(x) => x,
@@ -235,38 +270,59 @@ async fn accept_loop(l: TcpListener, svc: Arc<Service>, conns: Arc<Semaphore>, c
                 continue;
             }
         };
-        let Ok(permit) = conns.clone().try_acquire_owned() else {
+        // An address no export lists gets nothing, not even a slot: it
+        // can neither use a share nor crowd out those who may.
+        if !svc.any_export_allows(peer.ip()) {
+            adm.refuse_unlisted(peer.ip(), "no export lists this client");
+            drop(stream);
+            continue;
+        }
+        let Ok(conn) = adm.admit(peer.ip()) else {
             drop(stream);
             continue;
         };
         let svc = svc.clone();
         let cfg = cfg.clone();
         tokio::spawn(async move {
-            connection(stream, peer.ip(), svc, &cfg).await;
-            drop(permit);
+            connection(stream, conn, svc, &cfg).await;
         });
     }
 }
 
 /// Serves one connection: the reader decodes records and hands each to a
 /// worker (at most `max_inflight_per_connection` at once); replies go
-/// back through a channel to the writer task in completion order.
-async fn connection(stream: TcpStream, peer: IpAddr, svc: Arc<Service>, cfg: &NfsConfig) {
+/// back through a channel to the writer task in completion order. Each
+/// request holds a [`Busy`] guard from its decoding until its reply is
+/// written, so a connection with requests in flight is never idle.
+async fn connection(stream: TcpStream, conn: Conn, svc: Arc<Service>, cfg: &NfsConfig) {
+    let peer = conn.ip();
+    let idle = (!cfg.idle_timeout.is_zero()).then_some(cfg.idle_timeout);
     let _ = stream.set_nodelay(true);
     let (mut rd, mut wr) = stream.into_split();
     let inflight = cfg.max_inflight_per_connection.max(1);
-    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(inflight);
+    let (tx, mut rx) = mpsc::channel::<(Vec<u8>, Busy)>(inflight);
+    let state = conn.state().clone();
     let writer = tokio::spawn(async move {
-        while let Some(buf) = rx.recv().await {
+        while let Some((buf, busy)) = rx.recv().await {
             // Small replies go out in one write (one segment: the socket has
             // no Nagle); large ones are not copied to prefix the header.
-            let ok = if buf.len() < 64 * 1024 {
-                wr.write_all(&record::frame(&buf)).await.is_ok()
-            } else {
-                let head = record::header(buf.len());
-                wr.write_all(&head).await.is_ok() && wr.write_all(&buf).await.is_ok()
+            let write = async {
+                if buf.len() < 64 * 1024 {
+                    wr.write_all(&record::frame(&buf)).await
+                } else {
+                    let head = record::header(buf.len());
+                    wr.write_all(&head).await?;
+                    wr.write_all(&buf).await
+                }
             };
+            let ok = match idle {
+                // A client that does not read its replies is given up.
+                Some(t) => matches!(tokio::time::timeout(t, write).await, Ok(Ok(()))),
+                None => write.await.is_ok(),
+            };
+            drop(busy);
             if !ok {
+                state.close();
                 break;
             }
         }
@@ -277,15 +333,20 @@ async fn connection(stream: TcpStream, peer: IpAddr, svc: Arc<Service>, cfg: &Nf
     let mut buf = vec![0u8; 64 * 1024];
     let mut records = Vec::new();
     'conn: loop {
-        let n = match rd.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
+        let n = tokio::select! {
+            r = rd.read(&mut buf) => match r {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            },
+            // Evicted for a newcomer, idle too long, or the writer gave up.
+            _ = conn.closed(idle) => break,
         };
         if dec.feed(&buf[..n], &mut records).is_err() {
             // A record over the bound: this connection only is closed.
             break;
         }
         for rec in records.drain(..) {
+            let busy = conn.state().begin();
             let Ok(permit) = slots.clone().acquire_owned().await else {
                 break 'conn;
             };
@@ -294,7 +355,7 @@ async fn connection(stream: TcpStream, peer: IpAddr, svc: Arc<Service>, cfg: &Nf
             tokio::spawn(async move {
                 let reply = tokio::task::spawn_blocking(move || svc.dispatch(peer, &rec)).await;
                 if let Ok(Some(body)) = reply {
-                    let _ = tx.send(body).await;
+                    let _ = tx.send((body, busy)).await;
                 }
                 drop(permit);
             });
@@ -303,4 +364,5 @@ async fn connection(stream: TcpStream, peer: IpAddr, svc: Arc<Service>, cfg: &Nf
     drop(tx);
     // Let requests already taken finish and their replies go out.
     let _ = writer.await;
+    drop(conn);
 }

@@ -54,6 +54,17 @@ pub(crate) struct Service {
     pub mounts: Mutex<Vec<(String, String)>>,
 }
 
+impl Service {
+    /// True if at least one export admits a client at `ip`.
+    pub(crate) fn any_export_allows(&self, ip: IpAddr) -> bool {
+        let entries = match self.exports.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        };
+        entries.iter().any(|e| e.export.allows(ip))
+    }
+}
+
 /// Builds the export table: reads each export's root attributes.
 pub(crate) fn build_entries(exports: Vec<Export>) -> Result<Vec<Entry>, crate::Error> {
     let mut out: Vec<Entry> = Vec::with_capacity(exports.len());
@@ -607,6 +618,12 @@ impl<'a> Cx<'a> {
                 }
             }
             let mut set = sa.to_setattr();
+            // Nothing to set: no change at all, as in Linux's nfsd (the
+            // filesystem would take an empty setattr for chown(-1, -1)
+            // and update ctime).
+            if set == SetAttr::default() {
+                return Ok(o.attr.clone());
+            }
             // The owner may truncate a file whose mode denies them writing
             // (they created it that way and still hold it open).
             if set.size.is_some() && o.cred.uid == o.attr.uid {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use tarn_fs::testing::MemBackend;
-use tarn_fs::{Backend, Cred, Fs, FsError, Store};
+use tarn_fs::{Cred, Fs};
 use tarn_nfs::proto::{mountproc, nfsproc, MOUNT_PROG, NFS_PROG, PMAP_PROG};
 use tarn_nfs::rpc::Auth;
 use tarn_nfs::xdr::{Reader, Writer};
@@ -152,7 +152,17 @@ fn client_outside_networks_is_refused() {
         "10.99.0.0/16".parse().unwrap(),
         "fd00:99::/32".parse().unwrap(),
     ];
-    let r = start(vec![e.clone()]);
+    // With no export listing localhost, its connections are closed at
+    // accept.
+    let alone = start(vec![e.clone()]);
+    let mut s = TcpStream::connect(alone.local_addrs().0).unwrap();
+    assert!(closed_by_server(&mut s), "unlisted client closed at accept");
+    assert_eq!(alone.stats().refused_unlisted, 1);
+    assert_eq!(alone.stats().accepted, 0);
+    drop(alone);
+    // Another export lets localhost connect; /secret still refuses it.
+    let open = open_export("/open", mem_fs());
+    let r = start(vec![e.clone(), open.clone()]);
     let mut mc = Client::connect(r.local_addrs().1, sys(0, 0));
     assert_eq!(mc.mnt("/secret").0, ACCES);
     assert_eq!(mc.mnt("/nonexistent").0, 2);
@@ -171,13 +181,13 @@ fn client_outside_networks_is_refused() {
     // Live change: allow localhost, the same connection works at once;
     // then take it away again.
     e.clients = local();
-    r.set_exports(vec![e.clone()]).unwrap();
+    r.set_exports(vec![e.clone(), open.clone()]).unwrap();
     assert_eq!(c.getattr(&root).0, OK);
     e.clients = vec![IpNet::any_v6()];
-    r.set_exports(vec![e]).unwrap();
+    r.set_exports(vec![e, open.clone()]).unwrap();
     assert_eq!(c.getattr(&root).0, ACCES);
     // Removing the export makes its handles stale.
-    r.set_exports(vec![]).unwrap();
+    r.set_exports(vec![open]).unwrap();
     assert_eq!(c.getattr(&root).0, STALE);
 }
 
@@ -268,29 +278,6 @@ fn create_modes() {
     assert_eq!((st, &x2), (OK, &x1), "idempotent retry");
     assert_eq!(c.create(&root, "x", 2, *b"otherver").0, EXIST);
     assert_eq!(c.create(&root, "u", 2, v).0, EXIST);
-}
-
-/// A backend whose sync takes a while and is counted.
-struct SlowSync {
-    inner: Arc<MemBackend>,
-    delay: Duration,
-}
-
-impl Backend for SlowSync {
-    fn txn<R>(
-        &self,
-        write: bool,
-        f: &mut dyn FnMut(&mut dyn Store) -> Result<R, FsError>,
-    ) -> Result<R, FsError> {
-        self.inner.txn(write, f)
-    }
-    fn sync(&self) -> Result<(), FsError> {
-        std::thread::sleep(self.delay);
-        self.inner.sync()
-    }
-    fn snapshots(&self) -> Result<Vec<(String, Arc<Self>)>, FsError> {
-        Ok(vec![])
-    }
 }
 
 #[test]
@@ -443,20 +430,7 @@ fn rpc_level_errors() {
 
 /// True if the server closed the connection (EOF or reset) within 10 s.
 fn closed_by_server(s: &mut TcpStream) -> bool {
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut b = [0u8; 4096];
-    loop {
-        match s.read(&mut b) {
-            Ok(0) => return true,
-            Ok(_) => continue, // replies to garbage that parsed as calls
-            Err(e) => {
-                return matches!(
-                    e.kind(),
-                    std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
-                )
-            }
-        }
-    }
+    closed_within(s, Duration::from_secs(10))
 }
 
 #[test]
@@ -531,7 +505,7 @@ fn hostile_input_does_not_disturb_other_clients() {
 }
 
 #[test]
-fn connection_limit_closes_extra_connections_only() {
+fn connection_limit_evicts_the_longest_idle_connection() {
     let cfg = NfsConfig {
         bind: "127.0.0.1:0".parse().unwrap(),
         mount_bind: None,
@@ -544,15 +518,16 @@ fn connection_limit_closes_extra_connections_only() {
     let mut a = Client::connect(nfs, sys(0, 0));
     let (st, root) = a.mnt("/l");
     assert_eq!(st, 0);
+    std::thread::sleep(Duration::from_millis(50));
     let mut b = Client::connect(nfs, sys(0, 0));
     assert_eq!(b.getattr(&root).0, OK);
-    let mut extra = TcpStream::connect(nfs).unwrap();
-    assert!(closed_by_server(&mut extra));
-    assert_eq!(a.getattr(&root).0, OK);
-    drop(b);
-    std::thread::sleep(Duration::from_millis(200));
+    // Full: the newcomer gets in, the connection idle longest (a) goes.
     let mut c = Client::connect(nfs, sys(0, 0));
-    assert_eq!(c.getattr(&root).0, OK, "a slot frees when a client leaves");
+    assert_eq!(c.getattr(&root).0, OK, "newcomer served");
+    assert!(closed_by_server(&mut a.s), "longest-idle connection closed");
+    assert_eq!(b.getattr(&root).0, OK, "the other one untouched");
+    let st = r.stats();
+    assert_eq!((st.evicted, st.open, st.refused_full), (1, 2, 0));
 }
 
 /// Pages through a directory with small replies: every entry exactly once,

@@ -70,8 +70,11 @@ where
     F: FnOnce() -> FsResult<T> + Send + 'static,
     T: Send + 'static,
 {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r,
+    let call = move || crate::panics::catch("a filesystem call", std::panic::AssertUnwindSafe(f));
+    match tokio::task::spawn_blocking(call).await {
+        Ok(Some(r)) => r,
+        // Logged by the catcher.
+        Ok(None) => Err(FsError::GeneralFailure),
         Err(e) => {
             eprintln!("tarn-webdav: blocking task failed: {e}");
             Err(FsError::GeneralFailure)

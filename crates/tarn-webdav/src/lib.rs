@@ -79,7 +79,11 @@
 mod api;
 mod auth;
 mod davfs;
+pub mod headers;
+mod panics;
+pub mod propfix;
 mod props;
+pub mod reqwatch;
 mod server;
 #[cfg(feature = "tls")]
 mod tls;
@@ -89,3 +93,7 @@ pub use auth::{Anonymous, Authenticator, Principal, StaticUsers};
 pub use davfs::IO_CHUNK;
 pub use props::XATTR_PREFIX as PROP_XATTR_PREFIX;
 pub use server::{serve, Running, Share, TlsConfig, WebdavConfig, WebdavError};
+pub use tarn_conn::Stats as ConnStats;
+
+#[cfg(test)]
+mod fuzz_tests;

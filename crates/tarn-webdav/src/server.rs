@@ -6,8 +6,13 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use bytes::Bytes;
 
 use dav_server::body::Body;
 use dav_server::davpath::DavPath;
@@ -15,15 +20,24 @@ use dav_server::ls::DavLockSystem;
 use dav_server::memls::MemLs;
 use dav_server::DavHandler;
 use http::{header, Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
+use http_body_util::BodyExt;
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tarn_conn::{Admission, Busy, Conn, Limits};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use crate::api::FsApi;
 use crate::auth::{parse_basic, AuthCache, Authenticator, Principal, RateLimiter};
 use crate::davfs::{Ctx, TarnDavFs, IO_CHUNK};
+use crate::headers::{self, Depth};
+use crate::panics;
+use crate::propfix::{self, PropFix};
+use crate::reqwatch::{Heads, Watched};
+
+/// Largest PROPFIND body read (dav-server's limit for XML bodies).
+const MAX_XML_BODY: usize = 64 << 10;
 
 /// Errors of [`serve`] and [`Running::set_shares`].
 #[derive(Debug, thiserror::Error)]
@@ -79,9 +93,16 @@ pub struct WebdavConfig {
     /// Allow plain HTTP on an address that is not loopback (passwords then
     /// travel in clear text). Off by default.
     pub allow_plain_http_non_loopback: bool,
-    /// Most connections served at once; further clients wait in the
-    /// kernel's accept queue.
+    /// Most connections open at once. When all are taken, an idle
+    /// connection (waiting for or receiving a request head) is closed for
+    /// a newcomer: one of the address holding the most connections, the
+    /// longest idle of those. Only when every connection is serving a
+    /// request is the newcomer turned away (503 on plain HTTP).
     pub max_connections: usize,
+    /// Most connections open at once from one client address; more are
+    /// turned away at accept (503 on plain HTTP). Clients behind one NAT
+    /// address share it.
+    pub max_connections_per_address: usize,
     /// Async worker threads (network I/O only).
     pub worker_threads: usize,
     /// Most threads running blocking filesystem calls at once.
@@ -94,25 +115,29 @@ pub struct WebdavConfig {
     /// How long a successful password check is remembered (0: never), so a
     /// slow password hash is not recomputed on every request.
     pub auth_cache_ttl: Duration,
-    /// A client must send a request's headers within this time.
+    /// A client must complete the TLS handshake, and send each request's
+    /// head, within this time; a kept-alive connection waiting for its
+    /// next request is closed after it too.
     pub header_read_timeout: Duration,
 }
 
 impl WebdavConfig {
-    /// Defaults: no TLS, 256 connections, 2 async workers, 16 blocking
-    /// threads, 5 failures per 60 s, 30 s auth cache and header timeout.
+    /// Defaults: no TLS, 256 connections and 32 per address, 2 async
+    /// workers, 16 blocking threads, 5 failures per 60 s, 30 s auth cache,
+    /// 5 s header timeout.
     pub fn new(bind: SocketAddr) -> WebdavConfig {
         WebdavConfig {
             bind,
             tls: None,
             allow_plain_http_non_loopback: false,
             max_connections: 256,
+            max_connections_per_address: 32,
             worker_threads: 2,
             blocking_threads: 16,
             auth_max_failures: 5,
             auth_failure_window: Duration::from_secs(60),
             auth_cache_ttl: Duration::from_secs(30),
-            header_read_timeout: Duration::from_secs(30),
+            header_read_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -232,8 +257,7 @@ pub struct Running {
     state: Arc<State>,
     shutdown: watch::Sender<bool>,
     runtime: Option<tokio::runtime::Runtime>,
-    conns: Arc<Semaphore>,
-    max_conns: usize,
+    admission: Arc<Admission>,
     fingerprint: Option<String>,
 }
 
@@ -246,6 +270,12 @@ impl Running {
     /// SHA-256 fingerprint of the TLS certificate (`AB:CD:...`), if TLS is on.
     pub fn tls_fingerprint(&self) -> Option<&str> {
         self.fingerprint.as_deref()
+    }
+
+    /// Connection counters: open connections, refusals by reason,
+    /// evictions.
+    pub fn stats(&self) -> tarn_conn::Stats {
+        self.admission.stats()
     }
 
     /// Replaces the set of shares. Connections stay open; requests already
@@ -274,10 +304,10 @@ impl Running {
             rt.shutdown_background();
             return;
         }
-        let (conns, max) = (self.conns.clone(), self.max_conns);
+        let adm = self.admission.clone();
         rt.block_on(async move {
             let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-            while conns.available_permits() < max && tokio::time::Instant::now() < deadline {
+            while adm.stats().open > 0 && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         });
@@ -306,6 +336,7 @@ pub fn serve(
         return Err(WebdavError::PlainHttpRefused(config.bind));
     }
     let shares = build_shares(shares, &HashMap::new())?;
+    panics::install_hook();
     #[cfg(feature = "tls")]
     let (tls, fingerprint) = match &config.tls {
         Some(t) => {
@@ -345,17 +376,27 @@ pub fn serve(
         window: config.auth_failure_window,
         header_timeout: config.header_read_timeout,
     });
-    let max_conns = config.max_connections.max(1);
-    let conns = Arc::new(Semaphore::new(max_conns));
+    let admission = Admission::new(
+        "tarn-webdav",
+        Limits {
+            max_connections: config.max_connections,
+            max_per_address: config.max_connections_per_address,
+        },
+    );
     let (tx, rx) = watch::channel(false);
-    rt.spawn(accept_loop(listener, state.clone(), tls, rx, conns.clone()));
+    rt.spawn(accept_loop(
+        listener,
+        state.clone(),
+        tls,
+        rx,
+        admission.clone(),
+    ));
     Ok(Running {
         addr,
         state,
         shutdown: tx,
         runtime: Some(rt),
-        conns,
-        max_conns,
+        admission,
         fingerprint,
     })
 }
@@ -369,21 +410,19 @@ type Acceptor = tokio_rustls::TlsAcceptor;
 #[cfg(not(feature = "tls"))]
 type Acceptor = NoTls;
 
+/// The answer to a plain-HTTP client turned away at accept: written if
+/// the socket takes it at once, never waited for.
+const BUSY_503: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n\
+Connection: close\r\nContent-Length: 0\r\n\r\n";
+
 async fn accept_loop(
     listener: tokio::net::TcpListener,
     state: Arc<State>,
     tls: Option<Acceptor>,
     mut shutdown: watch::Receiver<bool>,
-    conns: Arc<Semaphore>,
+    adm: Arc<Admission>,
 ) {
     loop {
-        let permit = tokio::select! {
-            p = conns.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => return,
-            },
-            _ = shutdown.changed() => return,
-        };
         let (sock, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
@@ -396,21 +435,34 @@ async fn accept_loop(
             },
             _ = shutdown.changed() => return,
         };
+        let conn = match adm.admit(peer.ip()) {
+            Ok(c) => c,
+            Err(_) => {
+                if tls.is_none() {
+                    let _ = sock.try_write(BUSY_503);
+                }
+                drop(sock);
+                continue;
+            }
+        };
         let _ = sock.set_nodelay(true);
         let (st, tls, sd) = (state.clone(), tls.clone(), shutdown.clone());
         tokio::spawn(async move {
-            let _permit = permit;
             match tls {
                 #[cfg(feature = "tls")]
                 Some(acc) => {
-                    let handshake = tokio::time::timeout(Duration::from_secs(15), acc.accept(sock));
-                    if let Ok(Ok(s)) = handshake.await {
-                        serve_conn(s, peer, st, sd).await;
+                    let handshake = tokio::time::timeout(st.header_timeout, acc.accept(sock));
+                    let s = tokio::select! {
+                        r = handshake => r,
+                        _ = conn.closed(None) => return,
+                    };
+                    if let Ok(Ok(s)) = s {
+                        serve_conn(s, peer, conn, st, sd).await;
                     }
                 }
                 #[cfg(not(feature = "tls"))]
                 Some(n) => match n {},
-                None => serve_conn(sock, peer, st, sd).await,
+                None => serve_conn(sock, peer, conn, st, sd).await,
             }
         });
     }
@@ -419,29 +471,190 @@ async fn accept_loop(
 async fn serve_conn<I>(
     io: I,
     peer: SocketAddr,
+    conn: Conn,
     state: Arc<State>,
     mut shutdown: watch::Receiver<bool>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let timeout = state.header_timeout;
+    let heads = Heads::default();
+    let io = Watched::new(io, heads.clone());
+    let activity = conn.state().clone();
     let svc = service_fn(move |req: Request<Incoming>| {
         let st = state.clone();
-        async move { Ok::<_, Infallible>(handle(req, peer.ip(), st).await) }
+        let heads = heads.clone();
+        let busy = activity.begin();
+        async move { Ok::<_, Infallible>(serve_request(req, peer.ip(), st, heads, busy).await) }
     });
-    let conn = hyper::server::conn::http1::Builder::new()
+    let http = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(timeout)
         .serve_connection(TokioIo::new(io), svc);
-    tokio::pin!(conn);
+    tokio::pin!(http);
     if *shutdown.borrow() {
-        conn.as_mut().graceful_shutdown();
+        http.as_mut().graceful_shutdown();
     }
     tokio::select! {
-        _ = conn.as_mut() => {}
+        _ = http.as_mut() => {}
+        // Evicted for a newcomer while idle: just close.
+        _ = conn.closed(None) => {}
         _ = shutdown.changed() => {
-            conn.as_mut().graceful_shutdown();
-            let _ = conn.as_mut().await;
+            http.as_mut().graceful_shutdown();
+            let _ = http.as_mut().await;
+        }
+    }
+}
+
+/// One request: panics caught (500, one log line), the request's
+/// [`Busy`] guard held until its response body is done.
+async fn serve_request(
+    req: Request<Incoming>,
+    ip: IpAddr,
+    st: Arc<State>,
+    heads: Heads,
+    busy: Busy,
+) -> Response<RespBody> {
+    let what = format!("{} {:.200} from {ip}", req.method(), req.uri().path());
+    match panics::Caught(Box::pin(handle(req, ip, st, heads))).await {
+        Ok((resp, fix)) => resp.map(|b| RespBody::new(b, busy, fix, what)),
+        Err(p) => {
+            panics::report(&what, p.as_ref());
+            let mut r = simple(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n");
+            r.headers_mut()
+                .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+            r.map(|b| RespBody::new(b, busy, None, what))
+        }
+    }
+}
+
+/// A request body handed to dav-server: the connection's (a decoding
+/// error is remembered, so the request is answered 400 rather than with
+/// the library's 502), or one read ahead.
+enum ReqBody {
+    Stream(Incoming, Arc<AtomicBool>),
+    Read(Option<Bytes>),
+}
+
+impl HttpBody for ReqBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        match self.get_mut() {
+            ReqBody::Stream(b, failed) => Pin::new(b).poll_frame(cx).map_err(|e| {
+                failed.store(true, Ordering::Relaxed);
+                std::io::Error::new(std::io::ErrorKind::InvalidData, e)
+            }),
+            ReqBody::Read(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ReqBody::Stream(b, _) => b.is_end_stream(),
+            ReqBody::Read(b) => b.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ReqBody::Stream(b, _) => b.size_hint(),
+            ReqBody::Read(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            ReqBody::Read(None) => SizeHint::with_exact(0),
+        }
+    }
+}
+
+/// A response body: dav-server's, possibly completed by [`PropFix`],
+/// holding the request's [`Busy`] guard until it is done, and with
+/// panics while it is produced caught (the connection is then closed).
+pub(crate) struct RespBody {
+    inner: Body,
+    fix: Option<PropFix>,
+    done: bool,
+    _busy: Busy,
+    what: String,
+}
+
+impl RespBody {
+    fn new(inner: Body, busy: Busy, fix: Option<PropFix>, what: String) -> RespBody {
+        RespBody {
+            inner,
+            fix,
+            done: false,
+            _busy: busy,
+            what,
+        }
+    }
+}
+
+impl HttpBody for RespBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        let this = self.get_mut();
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            let inner = &mut this.inner;
+            let polled = panics::catch(
+                &this.what,
+                std::panic::AssertUnwindSafe(|| Pin::new(inner).poll_frame(cx)),
+            );
+            let frame = match polled {
+                None => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(std::io::Error::other(
+                        "panic while producing the response",
+                    ))));
+                }
+                Some(Poll::Pending) => return Poll::Pending,
+                Some(Poll::Ready(f)) => f,
+            };
+            let Some(fix) = &mut this.fix else {
+                return Poll::Ready(frame);
+            };
+            match frame {
+                Some(Ok(f)) => match f.into_data() {
+                    Ok(data) => {
+                        let out = fix.feed(&data);
+                        if !out.is_empty() {
+                            return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                        }
+                    }
+                    Err(f) => return Poll::Ready(Some(Ok(f))),
+                },
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => {
+                    this.done = true;
+                    let out = fix.finish();
+                    if !out.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                    }
+                    return Poll::Ready(None);
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || (self.fix.is_none() && self.inner.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.fix.is_some() {
+            SizeHint::default()
+        } else {
+            self.inner.size_hint()
         }
     }
 }
@@ -491,10 +704,14 @@ async fn authenticate(
             Some(p) => Some(p),
             None => {
                 let (auth, u, p) = (st.auth.clone(), user.clone(), pass.clone());
-                let r = tokio::task::spawn_blocking(move || auth.check(&u, &p))
-                    .await
-                    .ok()
-                    .flatten();
+                let check = move || {
+                    panics::catch(
+                        "a password check",
+                        std::panic::AssertUnwindSafe(|| auth.check(&u, &p)),
+                    )
+                    .flatten()
+                };
+                let r = tokio::task::spawn_blocking(check).await.ok().flatten();
                 if let Some(p) = &r {
                     st.cache.put(user, pass, p);
                 }
@@ -532,23 +749,64 @@ fn is_read_only_method(m: &Method) -> bool {
     )
 }
 
-async fn handle(req: Request<Incoming>, ip: IpAddr, st: Arc<State>) -> Response<Body> {
+/// The answer to a PROPFIND with `Depth: infinity` (RFC 4918 §9.1).
+fn finite_depth() -> Response<Body> {
+    let mut r = Response::new(Body::from(
+        "<?xml version=\"1.0\" encoding=\"utf-8\"?>\n\
+         <D:error xmlns:D=\"DAV:\"><D:propfind-finite-depth/></D:error>\n",
+    ));
+    *r.status_mut() = StatusCode::FORBIDDEN;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/xml; charset=utf-8"),
+    );
+    r
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    ip: IpAddr,
+    st: Arc<State>,
+    heads: Heads,
+) -> (Response<Body>, Option<PropFix>) {
     if let Some(wait) = st.limiter.blocked(ip) {
-        return too_many(wait);
+        return (too_many(wait), None);
+    }
+    // A fragment never reaches a request target the HTTP stack hands us,
+    // so `DELETE /share/dir/#x` would remove all of dir/: refuse it.
+    if heads.had_fragment(req.method().as_str(), &req.uri().to_string()) {
+        return (
+            simple(StatusCode::BAD_REQUEST, "fragment in request target\n"),
+            None,
+        );
+    }
+    if let Err(e) = headers::check(req.method(), req.version(), req.headers()) {
+        let mut r = Response::new(Body::from(format!("{e}\n")));
+        *r.status_mut() = StatusCode::BAD_REQUEST;
+        return (r, None);
     }
     let principal = match authenticate(&req, ip, &st).await {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return (r, None),
     };
+    if req.method().as_str() == "PROPFIND"
+        && req
+            .headers()
+            .get("depth")
+            .and_then(|d| headers::parse_depth(d.as_bytes()).ok())
+            == Some(Depth::Infinity)
+    {
+        return (finite_depth(), None);
+    }
     // Normalize exactly as dav-server will (percent-decoding, `.`/`..`
     // resolution, NUL and encoded '/' refused), then route on the first
     // segment. dav-server re-checks that the path lies under the prefix.
     let path = match DavPath::new(req.uri().path()) {
         Ok(p) => p,
         Err(dav_server::davpath::ParseError::ForbiddenPath) => {
-            return simple(StatusCode::FORBIDDEN, "forbidden path\n")
+            return (simple(StatusCode::FORBIDDEN, "forbidden path\n"), None)
         }
-        Err(_) => return simple(StatusCode::BAD_REQUEST, "invalid path\n"),
+        Err(_) => return (simple(StatusCode::BAD_REQUEST, "invalid path\n"), None),
     };
     let first = path
         .as_bytes()
@@ -556,12 +814,12 @@ async fn handle(req: Request<Incoming>, ip: IpAddr, st: Arc<State>) -> Response<
         .find(|s| !s.is_empty())
         .map(<[u8]>::to_vec);
     let Some(first) = first else {
-        return root(&req, &st);
+        return (root(&req, &st), None);
     };
     let shares = st.shares.read().unwrap_or_else(|e| e.into_inner()).clone();
     let share = match std::str::from_utf8(&first).ok().and_then(|n| shares.get(n)) {
         Some(s) => s.clone(),
-        None => return simple(StatusCode::NOT_FOUND, "no such share\n"),
+        None => return (simple(StatusCode::NOT_FOUND, "no such share\n"), None),
     };
     drop(shares);
     let listed = match &share.share.users {
@@ -569,20 +827,67 @@ async fn handle(req: Request<Incoming>, ip: IpAddr, st: Arc<State>) -> Response<
         Some(users) => users.get(&principal.name).copied(),
     };
     let Some(share_write) = listed else {
-        return simple(StatusCode::FORBIDDEN, "no access to this share\n");
+        return (
+            simple(StatusCode::FORBIDDEN, "no access to this share\n"),
+            None,
+        );
     };
     let can_write = principal.can_write && share_write && !share.share.read_only;
     if !can_write && !is_read_only_method(req.method()) {
-        return simple(StatusCode::FORBIDDEN, "read-only\n");
+        return (simple(StatusCode::FORBIDDEN, "read-only\n"), None);
     }
     let ctx = Ctx {
         cred: principal.cred(),
         can_write,
     };
-    share
+    let (parts, body) = req.into_parts();
+    let failed = Arc::new(AtomicBool::new(false));
+    // A PROPFIND body is small XML (dav-server reads it whole too): read
+    // it here to learn which properties the answer must list.
+    let (body, wanted) = if parts.method.as_str() == "PROPFIND" {
+        match http_body_util::Limited::new(body, MAX_XML_BODY)
+            .collect()
+            .await
+        {
+            Ok(c) => {
+                let b = c.to_bytes();
+                let wanted = propfix::requested(&b);
+                (ReqBody::Read(Some(b)), wanted)
+            }
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                return (
+                    simple(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n"),
+                    None,
+                )
+            }
+            Err(_) => {
+                return (
+                    simple(StatusCode::BAD_REQUEST, "malformed request body\n"),
+                    None,
+                )
+            }
+        }
+    } else {
+        (ReqBody::Stream(body, failed.clone()), None)
+    };
+    let req = Request::from_parts(parts, body);
+    let resp = share
         .handler
         .handle_guarded(req, principal.name.clone(), ctx)
-        .await
+        .await;
+    if failed.load(Ordering::Relaxed) {
+        // The body could not be decoded (e.g. broken chunked encoding):
+        // the client's fault, not a gateway's.
+        let mut r = simple(StatusCode::BAD_REQUEST, "malformed request body\n");
+        r.headers_mut()
+            .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+        return (r, None);
+    }
+    let fix = match wanted {
+        Some(w) if resp.status() == StatusCode::MULTI_STATUS => Some(PropFix::new(w)),
+        _ => None,
+    };
+    (resp, fix)
 }
 
 fn xml_escape(s: &str) -> String {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tarn_fs::testing::MemBackend;
-use tarn_fs::Fs;
+use tarn_fs::{Backend, Fs, FsError, Store};
 use tarn_nfs::proto::{mountproc, nfsproc, MOUNT_PROG, NFS_PROG};
 use tarn_nfs::rpc::{encode_call, Auth, AuthSys};
 use tarn_nfs::xdr::{Reader, Writer};
@@ -190,6 +190,11 @@ impl Client {
     pub fn connect(addr: SocketAddr, auth: Auth) -> Client {
         let s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        Client { s, xid: 1, auth }
+    }
+
+    /// A client over an already connected stream.
+    pub fn over(s: TcpStream, auth: Auth) -> Client {
         Client { s, xid: 1, auth }
     }
 
@@ -424,4 +429,58 @@ pub fn skip_wcc(r: &mut Reader) {
         r.u64().unwrap();
     }
     skip_post_op(r);
+}
+
+/// A TCP connection to `server` from the loopback address `from`
+/// (127.0.0.x: Linux routes all of 127.0.0.0/8 to the loopback device).
+pub fn connect_from(from: [u8; 4], server: SocketAddr) -> std::io::Result<TcpStream> {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    s.bind(&SocketAddr::from((from, 0)).into())?;
+    s.connect_timeout(&server.into(), Duration::from_secs(10))?;
+    let s: TcpStream = s.into();
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    Ok(s)
+}
+
+/// True if the server closed the connection (EOF or reset) within
+/// `within`; replies to anything the test sent are skipped.
+pub fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut b = [0u8; 4096];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) => {
+                return matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+                )
+            }
+        }
+    }
+}
+
+/// A backend whose sync (what COMMIT and stable writes wait for) takes
+/// `delay`.
+pub struct SlowSync {
+    pub inner: Arc<MemBackend>,
+    pub delay: Duration,
+}
+
+impl Backend for SlowSync {
+    fn txn<R>(
+        &self,
+        write: bool,
+        f: &mut dyn FnMut(&mut dyn Store) -> Result<R, FsError>,
+    ) -> Result<R, FsError> {
+        self.inner.txn(write, f)
+    }
+    fn sync(&self) -> Result<(), FsError> {
+        std::thread::sleep(self.delay);
+        self.inner.sync()
+    }
+    fn snapshots(&self) -> Result<Vec<(String, Arc<Self>)>, FsError> {
+        Ok(vec![])
+    }
 }
