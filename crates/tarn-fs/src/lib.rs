@@ -94,6 +94,7 @@ mod namespace;
 mod perm;
 mod readdir;
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod types;
 mod xattr;

@@ -2,6 +2,10 @@
 //! a `BTreeMap` behind a mutex, with undo of failed transactions, holes,
 //! snapshots as frozen copies, a byte budget that simulates ENOSPC or
 //! EDQUOT, and a controllable clock.
+//!
+//! Built for this crate's unit tests and with the feature `testing`, which
+//! other crates enable in their `[dev-dependencies]` (and `tarn-nfs`'s
+//! `fuzzing` feature): production builds do not carry it.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;

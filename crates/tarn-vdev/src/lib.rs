@@ -16,6 +16,7 @@ mod leaf;
 mod mirror;
 mod parity;
 mod raidz;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod top;
 

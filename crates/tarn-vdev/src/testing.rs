@@ -1,6 +1,7 @@
 //! An in-memory leaf with fault injection, for this crate's tests and the
-//! tests of the layers above (it is plain public code, not test-only, so other
-//! crates' tests can use it without feature flags).
+//! tests of the layers above. Built for this crate's unit tests and with the
+//! feature `testing`, which tests enable through `[dev-dependencies]`:
+//! production builds do not carry it.
 
 use std::collections::HashMap;
 use std::io;
