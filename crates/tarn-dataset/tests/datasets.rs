@@ -4,66 +4,15 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
 
 use proptest::prelude::*;
 use tarn_block::BlockPtr;
-use tarn_dataset::{self as ds, DatasetInfo, DsError, Source, Value};
-use tarn_pool::{Pool, PoolOptions, VdevSpec};
+use tarn_dataset::{self as ds, DsError, Source, Value};
+use tarn_pool::Pool;
+use tarn_testkit::datasets::info;
+use tarn_testkit::files::overwrite;
+use tarn_testkit::pools::{import, opts, props, scrub, tank as new_pool};
 use tarn_vdev::VdevKind;
-
-fn opts() -> PoolOptions {
-    PoolOptions {
-        sync_interval: Duration::from_secs(3600),
-        owner: "test".into(),
-        ..Default::default()
-    }
-}
-
-fn files(dir: &Path, n: usize, size: u64) -> Vec<PathBuf> {
-    (0..n)
-        .map(|i| {
-            let p = dir.join(format!("d{i}"));
-            let f = std::fs::File::create(&p).unwrap();
-            f.set_len(size).unwrap();
-            p
-        })
-        .collect()
-}
-
-fn new_pool(dir: &Path, kind: VdevKind, n: usize, size: u64) -> Arc<Pool> {
-    let devs = files(dir, n, size);
-    let pool = Pool::create(
-        "tank",
-        &[VdevSpec {
-            kind,
-            devices: devs,
-        }],
-        12,
-        &BTreeMap::new(),
-        false,
-        opts(),
-    )
-    .unwrap();
-    ds::attach(&pool).unwrap();
-    pool
-}
-
-fn info(pool: &Pool, name: &str) -> DatasetInfo {
-    ds::list(pool, true)
-        .unwrap()
-        .into_iter()
-        .find(|i| i.name == name)
-        .unwrap_or_else(|| panic!("no dataset {name}"))
-}
-
-fn props(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
-    kv.iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
 
 fn key(i: u64) -> Vec<u8> {
     let mut k = b"f".to_vec();
@@ -135,16 +84,7 @@ fn properties_inherit_and_report_sources() {
     // Everything survives export and import.
     pool.export(false).unwrap();
     drop(pool);
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        false,
-        opts(),
-    )
-    .unwrap();
-    ds::attach(&pool).unwrap();
+    let pool = import(dir.path(), "tank");
     let names: Vec<String> = ds::list(&pool, false)
         .unwrap()
         .into_iter()
@@ -206,16 +146,7 @@ fn data_and_snapshots_survive_export_and_import() {
     pool.export(false).unwrap();
     drop((h, pool));
 
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        false,
-        opts(),
-    )
-    .unwrap();
-    ds::attach(&pool).unwrap();
+    let pool = import(dir.path(), "tank");
     let h = ds::open(&pool, "tank/photos").unwrap();
     assert_eq!(read(&h, &key(0)).unwrap(), vec![9; 5000]);
     assert_eq!(read(&h, &key(1)), None);
@@ -655,28 +586,10 @@ fn snapshots_of_a_subtree_are_atomic_and_ranges_destroy() {
     ));
 }
 
-fn wait_scan(pool: &Pool) -> tarn_pool::status::ScanStatus {
-    use tarn_pool::status::ScanState;
-    let t0 = std::time::Instant::now();
-    loop {
-        if let Some(s) = pool.status().scan {
-            if s.state == ScanState::Finished || s.state == ScanState::Canceled {
-                return s;
-            }
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "scan did not finish"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Scrub reaches the blocks of every dataset and snapshot tree: damage to
 /// a mirror half is found and repaired; on a single device it is reported.
 #[test]
 fn scrub_walks_dataset_trees() {
-    use std::os::unix::fs::FileExt;
     for kind in [VdevKind::Mirror, VdevKind::Single] {
         let dir = tempfile::tempdir().unwrap();
         let n = if kind == VdevKind::Mirror { 2 } else { 1 };
@@ -694,15 +607,12 @@ fn scrub_walks_dataset_trees() {
             .into_iter()
             .find(|b| b.lsize == 64 * 1024)
             .expect("the data block");
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(dir.path().join("d0"))
-            .unwrap();
-        f.write_at(&[0xff; 4096], tarn_vdev::DATA_START + bp.dvas[0].offset)
-            .unwrap();
-        drop(f);
-        pool.scrub(tarn_pool::ScanAction::Start).unwrap();
-        let s = wait_scan(&pool);
+        overwrite(
+            &dir.path().join("d0"),
+            tarn_vdev::DATA_START + bp.dvas[0].offset,
+            &[0xff; 4096],
+        );
+        let s = scrub(&pool);
         let st = pool.status();
         if kind == VdevKind::Mirror {
             assert!(s.repaired_bytes >= 4096, "{s:?}");

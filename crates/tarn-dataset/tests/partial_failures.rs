@@ -3,49 +3,16 @@
 //! transaction (the pool faults; nothing half-done commits).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tarn_dataset::{self as ds, DsError};
-use tarn_pool::{Pool, PoolOptions, VdevSpec};
+use tarn_pool::Pool;
+use tarn_testkit::pools::{opts, tank, try_import};
 use tarn_vdev::VdevKind;
 
-fn opts() -> PoolOptions {
-    PoolOptions {
-        sync_interval: Duration::from_secs(3600),
-        owner: "test".into(),
-        ..Default::default()
-    }
-}
-
-fn files(dir: &Path, n: usize, size: u64) -> Vec<PathBuf> {
-    (0..n)
-        .map(|i| {
-            let p = dir.join(format!("d{i}"));
-            let f = std::fs::File::create(&p).unwrap();
-            f.set_len(size).unwrap();
-            p
-        })
-        .collect()
-}
-
 fn new_pool(dir: &Path) -> Arc<Pool> {
-    let devs = files(dir, 1, 64 << 20);
-    let pool = Pool::create(
-        "tank",
-        &[VdevSpec {
-            kind: VdevKind::Single,
-            devices: devs,
-        }],
-        12,
-        &BTreeMap::new(),
-        false,
-        opts(),
-    )
-    .unwrap();
-    ds::attach(&pool).unwrap();
-    pool
+    tank(dir, VdevKind::Single, 1, 64 << 20)
 }
 
 fn names(pool: &Pool) -> Vec<String> {
@@ -245,7 +212,7 @@ fn panic_in_txn_faults_the_pool_and_commits_nothing() {
     assert!(pool.sync().is_err(), "the pool is faulted");
     let _ = pool.export(false);
     drop((h, pool));
-    let pool = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, true, opts()).unwrap();
+    let pool = try_import(&[dir.path()], "tank", true, opts()).unwrap();
     ds::attach(&pool).unwrap();
     let h = ds::open(&pool, "tank/a").unwrap();
     assert_eq!(

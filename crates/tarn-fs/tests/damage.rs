@@ -2,45 +2,18 @@
 //! dataset, the inode and the record, and `status` lists it; the rest of
 //! the filesystem keeps working.
 
-use std::collections::BTreeMap;
-use std::os::unix::fs::FileExt;
-use std::sync::Arc;
-use std::time::Duration;
-
-use tarn_fs::{Cred, DatasetBackend, Fs, ROOT_INO};
-use tarn_pool::{Pool, PoolOptions, VdevSpec};
+use tarn_fs::{Cred, ROOT_INO};
+use tarn_testkit::datasets::filesystem;
+use tarn_testkit::files::overwrite;
+use tarn_testkit::pools::tank;
 use tarn_vdev::VdevKind;
 
 #[test]
 fn unrecoverable_block_is_eio_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
+    let pool = tank(dir.path(), VdevKind::Single, 1, 64 << 20);
     let dev = dir.path().join("d0");
-    std::fs::File::create(&dev)
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
-    let opts = PoolOptions {
-        sync_interval: Duration::from_secs(3600),
-        owner: "test".into(),
-        ..Default::default()
-    };
-    let pool = Pool::create(
-        "tank",
-        &[VdevSpec {
-            kind: VdevKind::Single,
-            devices: vec![dev.clone()],
-        }],
-        12,
-        &BTreeMap::new(),
-        false,
-        opts,
-    )
-    .unwrap();
-    tarn_dataset::attach(&pool).unwrap();
-    let props = BTreeMap::from([("compression".to_string(), "off".to_string())]);
-    tarn_dataset::create(&pool, "tank/fs", &props, false).unwrap();
-    let h = tarn_dataset::open(&pool, "tank/fs").unwrap();
-    let fs = Fs::mount(Arc::new(DatasetBackend::new(h))).unwrap();
+    let fs = filesystem(&pool, "tank/fs", &[("compression", "off")]);
     let c = Cred::root();
     let bad = fs
         .create(ROOT_INO, b"bad", libc::S_IFREG | 0o644, 0, libc::O_RDWR, &c)
@@ -66,10 +39,11 @@ fn unrecoverable_block_is_eio_naming_the_file() {
         .into_iter()
         .find(|b| b.lsize == 8192)
         .expect("the data block of 'bad'");
-    let f = std::fs::OpenOptions::new().write(true).open(&dev).unwrap();
-    f.write_at(&[0u8; 4096], tarn_vdev::DATA_START + bp.dvas[0].offset)
-        .unwrap();
-    drop(f);
+    overwrite(
+        &dev,
+        tarn_vdev::DATA_START + bp.dvas[0].offset,
+        &[0u8; 4096],
+    );
     let e = fs.read(bad.ino, 0, 8192).unwrap_err();
     assert_eq!(e.errno(), libc::EIO, "{e}");
     assert!(

@@ -128,19 +128,17 @@
 //! `TARN_SIM_SEED=0x1234abcd cargo test -p tarn-fs --test sim -- --nocapture`.
 
 use std::collections::BTreeMap;
-use std::ops::Bound;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tarn_fs::{
-    Backend, Cred, DatasetBackend, FileKind, Fs, FsError, SetAttr, SpaceInfo, Store, StoreError,
-    StoreInfo, Val, ROOT_INO,
-};
+use tarn_fs::{Backend, Cred, DatasetBackend, FileKind, Fs, FsError, SetAttr, Store, ROOT_INO};
 use tarn_pool::status::{Health, ScanKind, ScanState, ScanStatus};
 use tarn_pool::{Pool, PoolError, PoolOptions, ScanAction, VdevSpec};
+use tarn_testkit::data::{env_seed, random_seed, Rng};
+use tarn_testkit::stores::{tick, Tap};
 use tarn_vdev::fault::{set_open_hook, OpenHook, PowerSwitch};
 use tarn_vdev::{Fault, FaultKind, FaultLeaf, VdevKind};
 
@@ -157,84 +155,6 @@ const RECORD_SIZES: [u64; 6] = [4096, 8192, 16384, 32768, 65536, 131072];
 const BASE_SEED: u64 = 0x7a51_d000_0000_0000;
 const FIXED_SEEDS: u64 = 32;
 const RANDOM_SEEDS: u64 = 8;
-
-// ----- randomness -------------------------------------------------------
-
-/// SplitMix64: small, fast, and the same on every platform.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, n) (0 when n is 0).
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-
-    /// Uniform in [lo, hi).
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.below(hi.saturating_sub(lo))
-    }
-
-    fn chance(&mut self, p: f64) -> bool {
-        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
-
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[self.below(xs.len() as u64) as usize]
-    }
-
-    /// An independent stream.
-    fn fork(&mut self) -> Rng {
-        Rng::new(self.next())
-    }
-
-    /// `len` bytes of one of several kinds: random (incompressible),
-    /// runs of bytes, a repeated phrase (compressible), or all zeros
-    /// (which the engine stores as holes).
-    fn data(&mut self, len: usize) -> (Vec<u8>, &'static str) {
-        match self.below(10) {
-            0..=4 => {
-                let mut v = Vec::with_capacity(len + 8);
-                while v.len() < len {
-                    v.extend_from_slice(&self.next().to_le_bytes());
-                }
-                v.truncate(len);
-                (v, "random")
-            }
-            5 | 6 => {
-                let mut v = Vec::with_capacity(len);
-                while v.len() < len {
-                    let b = self.next() as u8;
-                    let run = self.range(1, 3000) as usize;
-                    v.extend(std::iter::repeat_n(b, run.min(len - v.len())));
-                }
-                (v, "runs")
-            }
-            7 => (vec![0; len], "zeros"),
-            _ => {
-                let phrase: Vec<u8> = (0..self.range(3, 40))
-                    .map(|_| b'a' + self.below(26) as u8)
-                    .collect();
-                (phrase.iter().copied().cycle().take(len).collect(), "phrase")
-            }
-        }
-    }
-}
 
 // ----- the model ----------------------------------------------------------
 
@@ -377,59 +297,15 @@ struct SimBackend {
     clock: Arc<AtomicU64>,
 }
 
-struct SimStore<'a> {
-    s: &'a mut dyn Store,
-    clock: &'a AtomicU64,
-}
-
-impl Store for SimStore<'_> {
-    fn info(&self) -> StoreInfo {
-        self.s.info()
-    }
-    fn space(&mut self) -> SpaceInfo {
-        self.s.space()
-    }
-    fn get(&mut self, key: &[u8]) -> Result<Option<Val>, StoreError> {
-        self.s.get(key)
-    }
-    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        self.s.put(key, value)
-    }
-    fn delete(&mut self, key: &[u8]) -> Result<bool, StoreError> {
-        self.s.delete(key)
-    }
-    fn range(
-        &mut self,
-        start: Bound<&[u8]>,
-        end: Bound<&[u8]>,
-        limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Val)>, StoreError> {
-        self.s.range(start, end, limit)
-    }
-    fn delete_range(&mut self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<(), StoreError> {
-        self.s.delete_range(start, end)
-    }
-    fn write_block(&mut self, key: &[u8], data: Vec<u8>) -> Result<(), StoreError> {
-        self.s.write_block(key, data)
-    }
-    fn read_block(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.s.read_block(key)
-    }
-    fn now(&self) -> (i64, u32) {
-        let ns = self.clock.fetch_add(1_000_000, Ordering::AcqRel);
-        ((ns / 1_000_000_000) as i64, (ns % 1_000_000_000) as u32)
-    }
-}
-
 impl Backend for SimBackend {
     fn txn<R>(
         &self,
         write: bool,
         f: &mut dyn FnMut(&mut dyn Store) -> Result<R, FsError>,
     ) -> Result<R, FsError> {
-        let clock = &*self.clock;
+        let clock = || tick(&self.clock, 1_000_000);
         self.inner
-            .txn(write, &mut |s| f(&mut SimStore { s, clock }))
+            .txn(write, &mut |s| f(&mut Tap::new(s).clock(&clock)))
     }
 
     fn sync(&self) -> Result<(), FsError> {
@@ -473,13 +349,9 @@ impl Rig {
     fn new(n: usize, seed: u64) -> Rig {
         let dir = tempfile::tempdir().expect("temporary directory for the device files");
         let switch = PowerSwitch::new();
-        let mut paths = Vec::new();
+        let paths = tarn_testkit::files::make(dir.path(), "dev", n, tarn_vdev::MIN_LEAF_SIZE);
         let mut arming = Vec::new();
-        for i in 0..n {
-            let p = dir.path().join(format!("dev{i}"));
-            std::fs::File::create(&p)
-                .and_then(|f| f.set_len(tarn_vdev::MIN_LEAF_SIZE))
-                .expect("create a device file");
+        for (i, p) in paths.iter().enumerate() {
             let a = Arc::new(Mutex::new(Arming {
                 fault: None,
                 seed: seed ^ (i as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F),
@@ -496,8 +368,7 @@ impl Rig {
                 leaf.attach_switch(Some(sw.clone()));
                 leaf.track_unflushed(true);
             });
-            set_open_hook(&p, Some(hook));
-            paths.push(p);
+            set_open_hook(p, Some(hook));
             arming.push(a);
         }
         Rig {
@@ -534,7 +405,7 @@ impl Rig {
         for (i, (a, l)) in self.arming.iter().zip(leaves).enumerate() {
             let base = a.lock().unwrap_or_else(|e| e.into_inner()).seed;
             let mut r = Rng::new(base ^ salt.wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ i as u64);
-            l.seed(r.next());
+            l.seed(r.next_u64());
         }
     }
 }
@@ -1091,7 +962,7 @@ impl Sim {
             _ => w.range(64 << 10, 160 << 10),
         } as usize;
         let len = len.min(MAX_FILE - off).max(1);
-        let (data, kind) = w.data(len);
+        let (data, kind) = w.mixed(len);
         let Some(ino) = self.ino_of(e, &path) else {
             return true;
         };
@@ -1831,29 +1702,8 @@ fn verbose() -> bool {
     std::env::var_os("TARN_SIM_VERBOSE").is_some_and(|v| v != "0")
 }
 
-fn parse_seed(s: &str) -> Option<u64> {
-    let s = s.trim();
-    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        Some(h) => u64::from_str_radix(&h.replace('_', ""), 16).ok(),
-        None => s.replace('_', "").parse().ok(),
-    }
-}
-
-fn random_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.finish()
-}
-
 fn seeds() -> Vec<u64> {
-    if let Ok(s) = std::env::var("TARN_SIM_SEED") {
-        let seed = parse_seed(&s).unwrap_or_else(|| panic!("TARN_SIM_SEED={s}: not a number"));
+    if let Some(seed) = env_seed("TARN_SIM_SEED") {
         return vec![seed];
     }
     if let Ok(n) = std::env::var("TARN_SIM_SEEDS") {

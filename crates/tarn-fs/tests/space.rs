@@ -4,49 +4,15 @@
 //! ENOSPC on a full pool leave files exactly as they were.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
 
-use tarn_dataset::DatasetInfo;
 use tarn_fs::{Cred, DatasetBackend, Fs, ROOT_INO};
-use tarn_pool::{Pool, PoolOptions, VdevSpec};
+use tarn_pool::Pool;
+use tarn_testkit::data::pattern as noise;
+use tarn_testkit::datasets::{filesystem as mount, info};
+use tarn_testkit::pools::{import, tank as new_pool};
 use tarn_vdev::VdevKind;
 
 const REC: usize = 128 * 1024;
-
-fn opts() -> PoolOptions {
-    PoolOptions {
-        sync_interval: Duration::from_secs(3600),
-        owner: "test".into(),
-        ..Default::default()
-    }
-}
-
-fn new_pool(dir: &Path, kind: VdevKind, n: usize, size: u64) -> Arc<Pool> {
-    let devices: Vec<PathBuf> = (0..n)
-        .map(|i| {
-            let p = dir.join(format!("d{i}"));
-            std::fs::File::create(&p).unwrap().set_len(size).unwrap();
-            p
-        })
-        .collect();
-    let spec = VdevSpec { kind, devices };
-    let pool = Pool::create("tank", &[spec], 12, &BTreeMap::new(), false, opts()).unwrap();
-    tarn_dataset::attach(&pool).unwrap();
-    pool
-}
-
-/// Creates `name` with `props` and mounts a filesystem on it.
-fn mount(pool: &Arc<Pool>, name: &str, props: &[(&str, &str)]) -> Fs<DatasetBackend> {
-    let props = props
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    tarn_dataset::create(pool, name, &props, false).unwrap();
-    let h = tarn_dataset::open(pool, name).unwrap();
-    Fs::mount(Arc::new(DatasetBackend::new(h))).unwrap()
-}
 
 /// Three syncs: frees are deferred by two txgs.
 fn settle(pool: &Pool) {
@@ -55,32 +21,11 @@ fn settle(pool: &Pool) {
     }
 }
 
-fn info(pool: &Pool, name: &str) -> DatasetInfo {
-    tarn_dataset::list(pool, true)
-        .unwrap()
-        .into_iter()
-        .find(|i| i.name == name)
-        .unwrap_or_else(|| panic!("no dataset {name}"))
-}
-
 /// (used, available, referenced, pool allocated), after settling.
 fn figures(pool: &Pool, name: &str) -> (u64, u64, u64, u64) {
     settle(pool);
     let i = info(pool, name);
     (i.used, i.available.unwrap(), i.referenced, pool.space().1)
-}
-
-/// Incompressible bytes.
-fn noise(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
 }
 
 fn c() -> Cred {
@@ -253,9 +198,7 @@ fn space_returns_exactly_to_baseline() {
     drop(fs);
     pool.export(false).unwrap();
     drop(pool);
-    let dirs = [dir.path().to_path_buf()];
-    let pool = Pool::import(&dirs, &[], "tank", None, false, opts()).unwrap();
-    tarn_dataset::attach(&pool).unwrap();
+    let pool = import(dir.path(), "tank");
     assert_eq!(figures(&pool, "tank/fs"), base);
 }
 

@@ -9,87 +9,34 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use tarn_fs::{Cred, DatasetBackend, Fs, ROOT_INO};
+use tarn_fs::{Cred, ROOT_INO};
 use tarn_pool::{Pool, PoolOptions, VdevSpec};
+use tarn_testkit::data::pattern;
+use tarn_testkit::datasets::{filesystem as dataset, mount, DsFs};
+use tarn_testkit::pools::{attached, create, opts, singles};
 use tarn_vdev::{Fault, FaultKind, VdevKind};
 
-type DsFs = Fs<DatasetBackend>;
-
-fn opts() -> PoolOptions {
-    PoolOptions {
-        sync_interval: Duration::from_secs(3600),
-        owner: "test".into(),
-        ..Default::default()
-    }
-}
-
 fn devices(dir: &Path, n: usize) -> Vec<PathBuf> {
-    (0..n)
-        .map(|i| {
-            let p = dir.join(format!("d{i}"));
-            std::fs::File::create(&p)
-                .expect("create device file")
-                .set_len(128 << 20)
-                .expect("size device file");
-            p
-        })
-        .collect()
+    tarn_testkit::files::make(dir, "d", n, 128 << 20)
 }
 
 fn create_pool(devs: &[PathBuf], kind: VdevKind) -> Arc<Pool> {
-    let spec = VdevSpec {
-        kind,
-        devices: devs.to_vec(),
-    };
-    let pool =
-        Pool::create("tank", &[spec], 12, &BTreeMap::new(), false, opts()).expect("create pool");
-    tarn_dataset::attach(&pool).expect("attach datasets");
-    pool
+    attached(create("tank", kind, devs, &[]).expect("create pool"))
 }
 
 /// Imports "tank" from `dirs` (taking it over from the crashed owner),
 /// optionally discarding an intent log that cannot be read in full.
 fn try_import(dirs: &[&Path], discard_log: bool) -> Result<Arc<Pool>, tarn_pool::PoolError> {
-    let dirs: Vec<PathBuf> = dirs.iter().map(|d| d.to_path_buf()).collect();
     let opts = PoolOptions {
         discard_log,
         ..opts()
     };
-    Pool::import(&dirs, &[], "tank", None, true, opts)
+    tarn_testkit::pools::try_import(dirs, "tank", true, opts)
 }
 
 fn import(dir: &Path) -> Arc<Pool> {
-    let pool = try_import(&[dir], false).expect("import after the crash");
-    tarn_dataset::attach(&pool).expect("attach replays the log");
-    pool
-}
-
-fn mount(pool: &Arc<Pool>, name: &str) -> DsFs {
-    let h = tarn_dataset::open(pool, name).expect("open dataset");
-    Fs::mount(Arc::new(DatasetBackend::new(h))).expect("mount")
-}
-
-fn dataset(pool: &Arc<Pool>, name: &str, props: &[(&str, &str)]) -> DsFs {
-    let props: BTreeMap<String, String> = props
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    tarn_dataset::create(pool, name, &props, false).expect("create dataset");
-    mount(pool, name)
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    attached(try_import(&[dir], false).expect("import after the crash"))
 }
 
 fn new_file(fs: &DsFs, name: &str) -> u64 {
@@ -446,15 +393,8 @@ fn blocks_written_in_place_are_flushed_with_the_log() {
     // was not flushed.
     let dir = tempfile::tempdir().expect("tempdir");
     let devs = devices(dir.path(), 2);
-    let specs: Vec<VdevSpec> = devs
-        .iter()
-        .map(|d| VdevSpec {
-            kind: VdevKind::Single,
-            devices: vec![d.clone()],
-        })
-        .collect();
-    let pool =
-        Pool::create("tank", &specs, 12, &BTreeMap::new(), false, opts()).expect("create pool");
+    let pool = Pool::create("tank", &singles(&devs), 12, &BTreeMap::new(), false, opts())
+        .expect("create pool");
     tarn_dataset::attach(&pool).expect("attach");
     let fs = dataset(&pool, "tank/fs", &[("recordsize", "128K")]);
     pool.sync().expect("sync");

@@ -15,7 +15,8 @@ use tarn_testkit::blobs::{damage_name, Blobs};
 use tarn_testkit::data::Rng;
 use tarn_testkit::files::{make as make_files, overwrite};
 use tarn_testkit::pools::{
-    attached, block_ranges, cksum_errors, create, opts, redundancy, scrub, wait_scan,
+    attached, block_ranges, cksum_errors, create, opts, props, redundancy, scrub, singles,
+    wait_scan,
 };
 use tarn_testkit::MIB;
 
@@ -1020,20 +1021,11 @@ fn paused_resilver_stays_paused() {
 fn multi_vdev_pool_fills_without_fault() {
     let dir = tempfile::tempdir().unwrap();
     let devs = make_files(dir.path(), "d", 6, 64 * MIB);
-    let specs: Vec<VdevSpec> = devs
-        .iter()
-        .map(|d| VdevSpec {
-            kind: VdevKind::Single,
-            devices: vec![d.clone()],
-        })
-        .collect();
     let pool = Pool::create(
         "tank",
-        &specs,
+        &singles(&devs),
         12,
-        &[("compression".to_string(), "off".to_string())]
-            .into_iter()
-            .collect(),
+        &props(&[("compression", "off")]),
         false,
         opts(),
     )

@@ -1,21 +1,31 @@
 //! tarn-testkit: what tarn's tests share, so no fixture is copied between
 //! crates. A dev-dependency only; nothing in a production crate uses it.
 //!
-//! - [`data`]: a seeded generator, so every failure replays exactly.
-//! - [`files`]: sparse member files in a temporary folder.
-//! - [`pools`]: pools on those files (create, import, options that never
-//!   sync on their own), scans waited for, counters summed.
+//! - [`data`]: a seeded generator, patterns and mixed workloads, so every
+//!   failure replays exactly; seeds from the environment; proptest's cases.
+//! - [`files`]: sparse member files in a temporary folder, damaged on
+//!   purpose.
+//! - [`pools`]: pools on those files (`tank` in one call, create, import,
+//!   options that never sync on their own), scans waited for, counters
+//!   summed, where a block's bytes lie.
+//! - [`datasets`]: filesystem datasets with the POSIX layer mounted, and a
+//!   pool with one filesystem ready.
 //! - [`blobs`]: named byte arrays kept in a pool's root dataset, for the
 //!   pool's own tests, which need data to damage, scrub and resilver.
+//! - [`stores`]: a pass-through store with its own clock and a watch on
+//!   reads, for test backends that wrap a real one.
 //!
-//! Crates below `tarn-dataset` may use this kit in their integration tests
-//! (`tests/*.rs`): those link the crate's normal library, the same one the
-//! kit links. Unit tests (`src/`) cannot.
+//! The kit links tarn-vdev, -block, -pool, -dataset and -fs (and what they
+//! link). Those crates may use it in their integration tests (`tests/*.rs`):
+//! these link the crate's normal library, the same one the kit links. Their
+//! unit tests (`src/`) cannot: they would see two copies of the crate.
 
 pub mod blobs;
 pub mod data;
+pub mod datasets;
 pub mod files;
 pub mod pools;
+pub mod stores;
 
 /// One mebibyte.
 pub const MIB: u64 = 1 << 20;

@@ -1,5 +1,6 @@
-//! Pools on member files: options for tests, create and import, scans
-//! waited for, error counters summed, where a block's bytes lie.
+//! Pools on member files: options for tests, create and import (`tank`
+//! on fresh files in one call), scans waited for, error counters summed,
+//! where a block's bytes lie.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,6 +22,26 @@ pub fn opts() -> PoolOptions {
     }
 }
 
+/// Properties from `(name, value)` pairs.
+pub fn props(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+    kv.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Pool `tank` on `n` fresh member files `d0..` of `size` bytes in `dir`
+/// (one top-level vdev of `kind`, ashift 12, [`opts`]), with the dataset
+/// layer attached.
+pub fn tank(dir: &Path, kind: VdevKind, n: usize, size: u64) -> Arc<Pool> {
+    tank_with(dir, kind, n, size, opts())
+}
+
+/// Like [`tank`], with other options.
+pub fn tank_with(dir: &Path, kind: VdevKind, n: usize, size: u64, opts: PoolOptions) -> Arc<Pool> {
+    let devs = crate::files::make(dir, "d", n, size);
+    attached(create_with("tank", kind, &devs, &[], opts).expect("create pool tank"))
+}
+
 /// Creates pool `name` of one top-level vdev over `devs` (ashift 12) with
 /// `props`, using [`opts`].
 pub fn create(
@@ -37,33 +58,45 @@ pub fn create_with(
     name: &str,
     kind: VdevKind,
     devs: &[PathBuf],
-    props: &[(&str, &str)],
+    props_kv: &[(&str, &str)],
     opts: PoolOptions,
 ) -> Result<Arc<Pool>, PoolError> {
-    let props: BTreeMap<String, String> = props
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    Pool::create(
-        name,
-        &[VdevSpec {
-            kind,
-            devices: devs.to_vec(),
-        }],
-        12,
-        &props,
-        false,
-        opts,
-    )
+    let spec = VdevSpec {
+        kind,
+        devices: devs.to_vec(),
+    };
+    Pool::create(name, &[spec], 12, &props(props_kv), false, opts)
+}
+
+/// One top-level vdev of a single device for each of `devs` (a stripe).
+pub fn singles(devs: &[PathBuf]) -> Vec<VdevSpec> {
+    devs.iter()
+        .map(|d| VdevSpec {
+            kind: VdevKind::Single,
+            devices: vec![d.clone()],
+        })
+        .collect()
 }
 
 /// Imports pool `name` from the files in `dir`, using [`opts`], with the
 /// dataset layer attached (as the daemon does).
 pub fn import(dir: &Path, name: &str) -> Arc<Pool> {
     attached(
-        Pool::import(&[dir.to_path_buf()], &[], name, None, false, opts())
-            .unwrap_or_else(|e| panic!("import {name}: {e}")),
+        try_import(&[dir], name, false, opts()).unwrap_or_else(|e| panic!("import {name}: {e}")),
     )
+}
+
+/// Imports pool `name` from the files in `dirs` with `opts` (`force`: take
+/// it over from an owner that never exported it), without attaching the
+/// dataset layer, and says why not when it cannot.
+pub fn try_import(
+    dirs: &[&Path],
+    name: &str,
+    force: bool,
+    opts: PoolOptions,
+) -> Result<Arc<Pool>, PoolError> {
+    let dirs: Vec<PathBuf> = dirs.iter().map(|d| d.to_path_buf()).collect();
+    Pool::import(&dirs, &[], name, None, force, opts)
 }
 
 /// Attaches the dataset layer to a pool just imported: until it is, scans

@@ -9,7 +9,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use common::{bytes, config};
+use common::config;
+use tarn_testkit::data::pattern;
 use tarn_vdev::{Leaf, TopVdev, VdevKind, MIN_LEAF_SIZE};
 
 /// Discards writes and reads zeros.
@@ -40,7 +41,7 @@ fn run(kind: VdevKind, width: usize, block: usize, missing: Option<usize>) {
         .map(|i| (Some(i) != missing).then(|| Arc::new(NullLeaf) as Arc<dyn Leaf>))
         .collect();
     let v = TopVdev::open(&config(kind, width), 12, leaves).unwrap();
-    let data = bytes(1, block);
+    let data = pattern(1, block);
     let n = (4usize << 30) / block;
     let step = v.alloc_size(block as u64);
     let t = Instant::now();

@@ -7,18 +7,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use common::{bytes, verifier};
+use common::verifier;
+use tarn_testkit::data::pattern;
+use tarn_testkit::files::make as make_files;
 use tarn_vdev::*;
-
-fn make_files(dir: &Path, n: usize, size: u64) -> Vec<PathBuf> {
-    (0..n)
-        .map(|i| {
-            let p = dir.join(format!("disk{i}"));
-            File::create(&p).unwrap().set_len(size).unwrap();
-            p
-        })
-        .collect()
-}
 
 fn open_top(kind: VdevKind, paths: &[PathBuf]) -> TopVdev {
     let config = TopConfig {
@@ -56,9 +48,9 @@ fn scribble(p: &Path, off: u64, len: usize) {
 #[test]
 fn raidz_on_files_heals_on_disk_damage() {
     let dir = tempfile::tempdir().unwrap();
-    let paths = make_files(dir.path(), 4, MIN_LEAF_SIZE);
+    let paths = make_files(dir.path(), "disk", 4, MIN_LEAF_SIZE);
     let v = open_top(VdevKind::Raidz { parity: 1 }, &paths);
-    let data = bytes(77, 1 << 20);
+    let data = pattern(77, 1 << 20);
     let off = 5 * v.alloc_align();
     v.write(off, &data).unwrap();
     v.flush().unwrap();
@@ -83,9 +75,9 @@ fn raidz_on_files_heals_on_disk_damage() {
 #[test]
 fn mirror_and_labels_on_files() {
     let dir = tempfile::tempdir().unwrap();
-    let paths = make_files(dir.path(), 2, MIN_LEAF_SIZE + 100_000);
+    let paths = make_files(dir.path(), "disk", 2, MIN_LEAF_SIZE + 100_000);
     let v = open_top(VdevKind::Mirror, &paths);
-    let data = bytes(5, 12_345);
+    let data = pattern(5, 12_345);
     v.write(0, &data).unwrap();
     scribble(&paths[0], DATA_START + 100, 1);
     assert_eq!(v.read(0, data.len(), &verifier(&data)).unwrap(), data);

@@ -2,8 +2,9 @@
 
 mod common;
 
-use common::{bytes, mem_leaves, open, verifier};
+use common::{mem_leaves, open, verifier};
 use proptest::prelude::*;
+use tarn_testkit::data::pattern;
 use tarn_vdev::{VdevError, VdevKind, DATA_START};
 
 proptest! {
@@ -21,7 +22,7 @@ proptest! {
     ) {
         let leaves = mem_leaves(n);
         let v = open(VdevKind::Mirror, ashift, &leaves, &[]);
-        let data = bytes(seed, psize);
+        let data = pattern(seed, psize);
         let off = 3 << 20;
         v.write(off, &data).unwrap();
         let bad: Vec<usize> = (0..n).filter(|i| mask & (1 << i) != 0).collect();
@@ -53,7 +54,7 @@ proptest! {
 fn mirror_all_but_one_corrupted_reads_and_heals() {
     let leaves = mem_leaves(3);
     let v = open(VdevKind::Mirror, 12, &leaves, &[]);
-    let data = bytes(1, 10_000);
+    let data = pattern(1, 10_000);
     v.write(0, &data).unwrap();
     leaves[0].corrupt(DATA_START, 4096);
     leaves[1].corrupt(DATA_START + 5000, 10);
@@ -75,7 +76,7 @@ fn mirror_all_but_one_corrupted_reads_and_heals() {
 fn mirror_read_errors_fall_over_and_heal() {
     let leaves = mem_leaves(2);
     let v = open(VdevKind::Mirror, 9, &leaves, &[]);
-    let data = bytes(2, 4096);
+    let data = pattern(2, 4096);
     v.write(512, &data).unwrap();
     leaves[0].set_fail_reads(true);
     assert_eq!(v.read(512, 4096, &verifier(&data)).unwrap(), data);
@@ -91,7 +92,7 @@ fn single_detects_but_cannot_repair() {
     let leaves = mem_leaves(1);
     let v = open(VdevKind::Single, 12, &leaves, &[]);
     assert_eq!(v.redundancy(), 0);
-    let data = bytes(3, 5000);
+    let data = pattern(3, 5000);
     v.write(8192, &data).unwrap();
     assert_eq!(v.read(8192, 5000, &verifier(&data)).unwrap(), data);
     leaves[0].corrupt(DATA_START + 8192, 1);
@@ -107,7 +108,7 @@ fn self_heal_can_be_switched_off() {
     for kind in [VdevKind::Mirror, VdevKind::Raidz { parity: 1 }] {
         let leaves = mem_leaves(3);
         let v = open(kind, 12, &leaves, &[]);
-        let data = bytes(5, 64 * 1024);
+        let data = pattern(5, 64 * 1024);
         let off = 1 << 20;
         v.write(off, &data).unwrap();
         let damaged = leaves[0].raw_read(DATA_START, 8 << 20);

@@ -4,9 +4,10 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{bytes, mem_leaves, open, verifier};
+use common::{mem_leaves, open, verifier};
 use proptest::prelude::*;
 use proptest::sample::Index;
+use tarn_testkit::data::pattern;
 use tarn_vdev::testing::MemLeaf;
 use tarn_vdev::{ChildExtent, TopVdev, VdevError, VdevKind};
 
@@ -61,7 +62,7 @@ proptest! {
         let width = (parity + 2 + extra).min(12);
         let kind = VdevKind::Raidz { parity: parity as u8 };
         let leaves = mem_leaves(width);
-        let data = bytes(seed, psize);
+        let data = pattern(seed, psize);
         let offset = aligned_offset(&open(kind, ashift, &leaves, &[]), slot);
         let (ext, cols) = write_block(&leaves, kind, ashift, offset, &data);
 
@@ -159,7 +160,7 @@ proptest! {
         let width = (parity + 2 + extra).min(12);
         let kind = VdevKind::Raidz { parity: parity as u8 };
         let leaves = mem_leaves(width);
-        let data = bytes(seed, psize);
+        let data = pattern(seed, psize);
         let (ext, _) = write_block(&leaves, kind, ashift, 0, &data);
         let mut free: Vec<usize> = (0..ext.len()).collect();
         let mut bad_data_cols = 0;
@@ -187,7 +188,7 @@ fn parity_plus_one_bad_data_columns_is_unrecoverable() {
         let width = 8;
         let kind = VdevKind::Raidz { parity };
         let leaves = mem_leaves(width);
-        let data = bytes(parity.into(), 64 * 1024);
+        let data = pattern(parity.into(), 64 * 1024);
         let (ext, cols) = write_block(&leaves, kind, 12, 0, &data);
         for e in ext
             .iter()
@@ -215,7 +216,7 @@ fn parity_plus_one_bad_data_columns_is_unrecoverable() {
 fn scrub_repairs_parity_that_read_does_not_see() {
     let kind = VdevKind::Raidz { parity: 2 };
     let leaves = mem_leaves(6);
-    let data = bytes(9, 100_000);
+    let data = pattern(9, 100_000);
     let (ext, cols) = write_block(&leaves, kind, 12, 0, &data);
     let p0 = &ext[0];
     assert!(p0.parity);
@@ -246,7 +247,7 @@ fn rebuilt_short_column_does_not_poison_parity() {
     let kind = VdevKind::Raidz { parity: 2 };
     let leaves = mem_leaves(6);
     // 9 data sectors on 4 data columns: q = 2, r = 1 -> columns 0..3 big (3 sectors), 3..6 short.
-    let data = bytes(5, 9 * 512);
+    let data = pattern(5, 9 * 512);
     let (ext, cols) = write_block(&leaves, kind, 9, 0, &data);
     assert_eq!(ext[0].len, 3 * 512);
     assert_eq!(ext[5].len, 2 * 512);
@@ -267,7 +268,7 @@ fn rebuilt_short_column_does_not_poison_parity() {
 fn scrub_repairs_padding_without_touching_parity() {
     let kind = VdevKind::Raidz { parity: 1 };
     let leaves = mem_leaves(4);
-    let data = bytes(8, 1000);
+    let data = pattern(8, 1000);
     let (ext, cols) = write_block(&leaves, kind, 12, 0, &data);
     assert_eq!(ext.len(), 2);
     leaves[ext[1].child].corrupt(ext[1].leaf_offset + 2000, 3);
@@ -285,7 +286,7 @@ fn degraded_write_reports_missed_children_and_reads_back() {
     let kind = VdevKind::Raidz { parity: 1 };
     let leaves = mem_leaves(5);
     let v = open(kind, 9, &leaves, &[3]);
-    let data = bytes(3, 20_000);
+    let data = pattern(3, 20_000);
     let out = v.write(0, &data).unwrap();
     assert_eq!(out.missed, vec![3]);
     assert_eq!(v.read(0, data.len(), &verifier(&data)).unwrap(), data);

@@ -10,7 +10,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{bytes, mem_leaves, open};
+use common::{mem_leaves, open};
+use tarn_testkit::data::pattern;
 use tarn_vdev::testing::MemLeaf;
 use tarn_vdev::{VdevKind, DATA_START};
 
@@ -177,7 +178,7 @@ fn raidz_columns_are_the_documented_layout_and_parity() {
         for (i, &psize) in sizes.iter().enumerate() {
             // Stagger the start so the columns begin on every child.
             off += (i as u64 % width as u64 + 1) * v.alloc_align();
-            let data = bytes(0x5eed + i as u64 * 31 + width as u64, psize as usize);
+            let data = pattern(0x5eed + i as u64 * 31 + width as u64, psize as usize);
             v.write(off, &data).unwrap();
             let cols = columns(width as u64, parity as u64, s, off, psize);
             let want = parity_columns(&data, &cols, parity, s);

@@ -4,7 +4,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{bytes, config, mem_leaves, open, verifier};
+use common::{config, mem_leaves, open, verifier};
+use tarn_testkit::data::pattern;
 use tarn_vdev::testing::MemLeaf;
 use tarn_vdev::{
     Leaf, LeafState, TopHealth, TopVdev, VdevError, VdevKind, DATA_START, FAULT_AFTER_ERRORS,
@@ -142,7 +143,7 @@ fn offline_respects_redundancy_and_writes_report_missed() {
     assert_eq!(v.leaves()[2].state, LeafState::Offline);
     assert!(matches!(v.set_offline(0, true), Err(VdevError::Refused(_))));
     v.set_offline(2, true).unwrap(); // idempotent
-    let data = bytes(4, 40_000);
+    let data = pattern(4, 40_000);
     assert_eq!(v.write(0, &data).unwrap().missed, vec![2]);
     assert_eq!(v.read(0, data.len(), &verifier(&data)).unwrap(), data);
     assert!(v.config().children[2].offline);
@@ -164,7 +165,7 @@ fn replace_marks_resilvering_and_scrub_fills_the_new_device() {
     assert_eq!(v.leaves()[1].state, LeafState::Missing);
     assert_eq!(v.health(), TopHealth::Degraded);
     let blocks: Vec<(u64, Vec<u8>)> = (0..5u64)
-        .map(|i| (i * 65536, bytes(i + 10, 3000 + 7000 * i as usize)))
+        .map(|i| (i * 65536, pattern(i + 10, 3000 + 7000 * i as usize)))
         .collect();
     for (off, d) in &blocks {
         v.write(*off, d).unwrap();
@@ -202,7 +203,7 @@ fn replace_marks_resilvering_and_scrub_fills_the_new_device() {
 fn repeated_io_errors_fault_a_child_only_when_redundancy_allows() {
     let leaves = mem_leaves(3);
     let v = open(VdevKind::Mirror, 12, &leaves, &[]);
-    let data = bytes(6, 4096);
+    let data = pattern(6, 4096);
     v.write(0, &data).unwrap();
     leaves[0].set_fail_reads(true);
     leaves[1].set_fail_reads(true);
@@ -241,7 +242,7 @@ fn unrecoverable_errors_say_what_each_device_did() {
         .map(|p| Arc::new(MemLeaf::with_path(*p, MIN_LEAF_SIZE)))
         .collect();
     let v = open(VdevKind::Mirror, 12, &leaves, &[]);
-    let data = bytes(9, 8192);
+    let data = pattern(9, 8192);
     v.write(0, &data).unwrap();
     leaves[0].set_fail_reads(true);
     leaves[1].corrupt(DATA_START, 8192);
@@ -317,7 +318,7 @@ fn concurrent_io_with_state_changes() {
             s.spawn(move || {
                 for i in 0..50u64 {
                     let off = (t * 50 + i) * 65536;
-                    let d = bytes(off + 1, 1000 + (i as usize * 997) % 60_000);
+                    let d = pattern(off + 1, 1000 + (i as usize * 997) % 60_000);
                     v.write(off, &d).unwrap();
                     rv.write(off, &d).unwrap();
                     assert_eq!(v.read(off, d.len(), &verifier(&d)).unwrap(), d);

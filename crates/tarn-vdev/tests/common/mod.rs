@@ -1,23 +1,11 @@
-//! Helpers shared by the integration tests.
+//! Helpers shared by this crate's integration tests: vdevs over memory
+//! leaves (seeded data comes from `tarn_testkit::data`).
 #![allow(dead_code)]
 
 use std::sync::Arc;
 
 use tarn_vdev::testing::MemLeaf;
 use tarn_vdev::{Leaf, LeafConfig, TopConfig, TopVdev, VdevKind, MIN_LEAF_SIZE};
-
-/// Deterministic pseudo-random bytes (xorshift), so failures replay exactly.
-pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
 
 pub fn config(kind: VdevKind, n: usize) -> TopConfig {
     TopConfig {

@@ -1,0 +1,56 @@
+//! Filesystem datasets: create one and mount the POSIX layer on it, or get
+//! a pool on a temporary file with one filesystem ready.
+
+use std::sync::Arc;
+
+use tarn_dataset::DatasetInfo;
+use tarn_fs::{DatasetBackend, Fs};
+use tarn_pool::{Pool, PoolOptions};
+use tarn_vdev::VdevKind;
+
+/// The POSIX layer on a dataset.
+pub type DsFs = Fs<DatasetBackend>;
+
+/// Mounts the POSIX layer on the existing dataset `name`.
+pub fn mount(pool: &Arc<Pool>, name: &str) -> DsFs {
+    let h = tarn_dataset::open(pool, name).unwrap_or_else(|e| panic!("open {name}: {e}"));
+    Fs::mount(Arc::new(DatasetBackend::new(h))).unwrap_or_else(|e| panic!("mount {name}: {e}"))
+}
+
+/// Creates dataset `name` with `props` and mounts the POSIX layer on it.
+pub fn filesystem(pool: &Arc<Pool>, name: &str, props: &[(&str, &str)]) -> DsFs {
+    tarn_dataset::create(pool, name, &crate::pools::props(props), false)
+        .unwrap_or_else(|e| panic!("create {name}: {e}"));
+    mount(pool, name)
+}
+
+/// What the dataset layer reports of dataset (or snapshot) `name`.
+pub fn info(pool: &Pool, name: &str) -> DatasetInfo {
+    tarn_dataset::list(pool, true)
+        .unwrap_or_else(|e| panic!("list datasets: {e}"))
+        .into_iter()
+        .find(|i| i.name == name)
+        .unwrap_or_else(|| panic!("no dataset {name}"))
+}
+
+/// A pool `tank` on one temporary file with the filesystem `tank/fs`
+/// mounted. Fields drop in order: the filesystem, the pool, the folder.
+pub struct FsPool {
+    /// The mounted filesystem `tank/fs`.
+    pub fs: Arc<DsFs>,
+    /// The pool.
+    pub pool: Arc<Pool>,
+    /// The folder that holds the member file.
+    pub dir: tempfile::TempDir,
+}
+
+impl FsPool {
+    /// A member file of `dev_size` bytes, the pool made with `opts`, and
+    /// `tank/fs` with default properties.
+    pub fn new(dev_size: u64, opts: PoolOptions) -> FsPool {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let pool = crate::pools::tank_with(dir.path(), VdevKind::Single, 1, dev_size, opts);
+        let fs = Arc::new(filesystem(&pool, "tank/fs", &[]));
+        FsPool { fs, pool, dir }
+    }
+}
