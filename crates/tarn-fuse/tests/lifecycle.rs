@@ -12,19 +12,19 @@ use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{
-    in_mountinfo, mount_backend, mount_default, mount_test_backend, mount_with, pattern, skip,
-};
+use common::{mount_backend, mount_default, mount_test_backend, mount_with};
 use tarn_fs::testing::MemBackend;
 use tarn_fs::{Cred, ROOT_INO};
 use tarn_fuse::{FuseError, MountOptions};
+use tarn_testkit::data::pattern;
+use tarn_testkit::require::{self, is_mounted};
 
 fn errno_of(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(0)
 }
 
 fn assert_plain_empty_dir(p: &Path) {
-    assert!(!in_mountinfo(p), "{} still mounted", p.display());
+    assert!(!is_mounted(p), "{} still mounted", p.display());
     let m = fs::symlink_metadata(p).unwrap();
     assert!(m.is_dir());
     assert_eq!(fs::read_dir(p).unwrap().count(), 0);
@@ -32,13 +32,13 @@ fn assert_plain_empty_dir(p: &Path) {
 
 #[test]
 fn unmount_on_drop() {
-    if skip("unmount_on_drop") {
+    if !require::fuse() {
         return;
     }
     let f = mount_default();
     let mp = f.root();
     fs::write(f.path("file"), b"x").unwrap();
-    assert!(in_mountinfo(&mp));
+    assert!(is_mounted(&mp));
     assert!(f.mount.is_mounted());
     let common::Fixture {
         mount,
@@ -54,7 +54,7 @@ fn unmount_on_drop() {
 
 #[test]
 fn explicit_unmount_and_busy() {
-    if skip("explicit_unmount_and_busy") {
+    if !require::fuse() {
         return;
     }
     let mut f = mount_default();
@@ -79,7 +79,7 @@ fn explicit_unmount_and_busy() {
 
 #[test]
 fn drop_while_busy_detaches_lazily() {
-    if skip("drop_while_busy_detaches_lazily") {
+    if !require::fuse() {
         return;
     }
     let f = mount_default();
@@ -99,7 +99,7 @@ fn drop_while_busy_detaches_lazily() {
 
 #[test]
 fn kernel_lost_the_mount() {
-    if skip("kernel_lost_the_mount") {
+    if !require::fuse() {
         return;
     }
     // External umount.
@@ -138,7 +138,7 @@ fn kernel_lost_the_mount() {
 
 #[test]
 fn invalidate_all_shows_changes_made_under_the_mount() {
-    if skip("invalidate_all_shows_changes_made_under_the_mount") {
+    if !require::fuse() {
         return;
     }
     // Long TTLs so the kernel certainly caches.
@@ -178,7 +178,7 @@ fn invalidate_all_shows_changes_made_under_the_mount() {
 
 #[test]
 fn read_only_backend_and_read_only_mount() {
-    if skip("read_only_backend_and_read_only_mount") {
+    if !require::fuse() {
         return;
     }
     // A dataset made read-only after it was populated.
@@ -244,7 +244,7 @@ fn setpriv(groups: Option<&str>, args: &[&str]) -> std::process::Output {
 
 #[test]
 fn other_users_and_supplementary_groups() {
-    if skip("other_users_and_supplementary_groups") {
+    if !require::fuse() {
         return;
     }
     if Command::new("setpriv").arg("--version").output().is_err() {
@@ -307,7 +307,7 @@ fn other_users_and_supplementary_groups() {
 
 #[test]
 fn eight_threads_of_io() {
-    if skip("eight_threads_of_io") {
+    if !require::fuse() {
         return;
     }
     let f = mount_default();
@@ -359,7 +359,7 @@ fn eight_threads_of_io() {
 
 #[test]
 fn slow_read_does_not_block_other_requests() {
-    if skip("slow_read_does_not_block_other_requests") {
+    if !require::fuse() {
         return;
     }
     let f = mount_test_backend(&MountOptions::default(), false);
@@ -396,7 +396,7 @@ fn slow_read_does_not_block_other_requests() {
 
 #[test]
 fn large_writes_arrive_in_few_requests() {
-    if skip("large_writes_arrive_in_few_requests") {
+    if !require::fuse() {
         return;
     }
     let f = mount_test_backend(&MountOptions::default(), false);

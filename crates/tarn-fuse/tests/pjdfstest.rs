@@ -7,7 +7,7 @@
 //! ```
 //!
 //! `PJDFSTEST` overrides the binary (default: `pjdfstest` on `PATH`, then
-//! `/root/.cargo/bin/pjdfstest`); `PJDFSTEST_FILTER` passes test-name
+//! in `~/.cargo/bin`); `PJDFSTEST_FILTER` passes test-name
 //! patterns (space separated); `PJDFSTEST_ALLOW_REMOUNT=1` enables the
 //! EROFS tests, which remount the mount read-only with `mount -o
 //! remount,ro` (they pass alone, but in a full run the remount sometimes
@@ -20,8 +20,9 @@ mod common;
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::{mount_test_backend, skip};
+use common::mount_test_backend;
 use tarn_fuse::MountOptions;
+use tarn_testkit::require;
 
 /// The configuration; `{secondary}` is replaced by a directory on another
 /// filesystem (for the EXDEV tests), `{remount}` by whether the EROFS tests
@@ -46,24 +47,19 @@ entries = [
 "#;
 
 fn pjdfstest_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("PJDFSTEST") {
-        return Some(PathBuf::from(p));
+    match std::env::var_os("PJDFSTEST") {
+        Some(p) => Some(PathBuf::from(p)),
+        None => require::program("pjdfstest"),
     }
-    if Command::new("pjdfstest").arg("--version").output().is_ok() {
-        return Some(PathBuf::from("pjdfstest"));
-    }
-    let p = PathBuf::from("/root/.cargo/bin/pjdfstest");
-    p.exists().then_some(p)
 }
 
 #[test]
 #[ignore = "slow; run explicitly to audit POSIX semantics"]
 fn pjdfstest_suite() {
-    if skip("pjdfstest_suite") {
+    if !require::fuse() {
         return;
     }
     let Some(bin) = pjdfstest_binary() else {
-        eprintln!("SKIPPED pjdfstest_suite: pjdfstest not installed");
         return;
     };
     // Real clock (pjdfstest checks that times move), other users allowed

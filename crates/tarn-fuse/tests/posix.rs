@@ -14,7 +14,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, UNIX_EPOCH};
 
-use common::{mount_default, pattern, skip};
+use common::mount_default;
+use tarn_testkit::data::pattern;
+use tarn_testkit::require;
 
 fn cpath(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).expect("no NUL in test paths")
@@ -30,7 +32,7 @@ fn last_errno() -> i32 {
 
 #[test]
 fn create_write_read_append() {
-    if skip("create_write_read_append") {
+    if !require::fuse() {
         return;
     }
     let f = mount_default();
@@ -92,7 +94,7 @@ fn create_write_read_append() {
 
 #[test]
 fn rename_over_existing_and_flags() {
-    if skip("rename_over_existing_and_flags") {
+    if !require::fuse() {
         return;
     }
     let f = mount_default();
@@ -144,7 +146,7 @@ fn rename_over_existing_and_flags() {
 
 #[test]
 fn hard_links_and_symlinks() {
-    if skip("hard_links_and_symlinks") {
+    if !require::fuse() {
         return;
     }
     let f = mount_default();
@@ -188,7 +190,7 @@ fn hard_links_and_symlinks() {
 
 #[test]
 fn special_files() {
-    if skip("special_files") {
+    if !require::fuse() {
         return;
     }
     let f = mount_default();
@@ -232,7 +234,7 @@ fn umask() -> u32 {
 
 #[test]
 fn chmod_chown() {
-    if skip("chmod_chown") {
+    if !require::fuse() {
         return;
     }
     let f = mount_default();
@@ -256,7 +258,7 @@ fn chmod_chown() {
 
 #[test]
 fn timestamps_with_nanoseconds() {
-    if skip("timestamps_with_nanoseconds") {
+    if !require::fuse() {
         return;
     }
     let f = mount_default();
@@ -312,7 +314,7 @@ fn timestamps_with_nanoseconds() {
 
 #[test]
 fn xattrs() {
-    if skip("xattrs") {
+    if !require::fuse() {
         return;
     }
     let f = mount_default();
@@ -386,7 +388,7 @@ fn xattrs() {
 
 #[test]
 fn sparse_files_truncate_fallocate() {
-    if skip("sparse_files_truncate_fallocate") {
+    if !require::fuse() {
         return;
     }
     let f = mount_default();
@@ -457,7 +459,7 @@ fn sparse_files_truncate_fallocate() {
 
 #[test]
 fn readdir_ten_thousand() {
-    if skip("readdir_ten_thousand") {
+    if !require::fuse() {
         return;
     }
     let f = mount_default();
@@ -508,7 +510,7 @@ fn build_tree(root: &Path) {
 
 #[test]
 fn cp_a_and_diff() {
-    if skip("cp_a_and_diff") {
+    if !require::fuse() {
         return;
     }
     let f = mount_default();
@@ -574,7 +576,7 @@ fn cp_a_and_diff() {
 
 #[test]
 fn snapshot_directory() {
-    if skip("snapshot_directory") {
+    if !require::fuse() {
         return;
     }
     let f = mount_default();
@@ -622,7 +624,7 @@ fn snapshot_directory() {
 
 #[test]
 fn statfs_and_df() {
-    if skip("statfs_and_df") {
+    if !require::fuse() {
         return;
     }
     let f = mount_default();
@@ -656,7 +658,7 @@ fn statfs_and_df() {
 
 #[test]
 fn unlinked_open_file_stays_readable() {
-    if skip("unlinked_open_file_stays_readable") {
+    if !require::fuse() {
         return;
     }
     let f = mount_default();
@@ -686,7 +688,7 @@ fn unlinked_open_file_stays_readable() {
 /// backend made it durable; a plain write does not wait.
 #[test]
 fn synchronous_writes_sync_before_returning() {
-    if skip("synchronous_writes_sync_before_returning") {
+    if !require::fuse() {
         return;
     }
     use std::os::unix::fs::OpenOptionsExt;

@@ -6,20 +6,12 @@
 //! (see docs/security.md).
 
 use proptest::prelude::*;
+use tarn_testkit::data::cases;
 
 use crate::fuzzing::Target;
 use crate::proto::{MOUNT_PROG, NFS_PROG, PMAP_PROG};
 use crate::record::Decoder;
 use crate::rpc::{encode_call, parse_call, Auth, AuthSys};
-
-/// `ci` cases, or `PROPTEST_CASES` when set (for longer runs).
-fn cases(ci: u32) -> ProptestConfig {
-    if std::env::var_os("PROPTEST_CASES").is_some() {
-        ProptestConfig::default()
-    } else {
-        ProptestConfig::with_cases(ci)
-    }
-}
 
 thread_local! {
     static TARGET: Target = Target::new();

@@ -3,15 +3,14 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::*;
-use tarn_fs::{DatasetBackend, Fs};
 use tarn_nfs::ExportFs;
-use tarn_pool::{Pool, PoolOptions, VdevSpec};
+use tarn_testkit::clients::{nfs_cp, nfs_tools, tool, write_file};
+use tarn_testkit::data::pattern;
+use tarn_testkit::datasets::filesystem;
+use tarn_testkit::pools::tank;
 use tarn_vdev::VdevKind;
 
 const MIB: usize = 1 << 20;
@@ -64,14 +63,14 @@ fn sample_files(big: usize) -> Vec<(&'static str, Vec<u8>)> {
     vec![
         ("empty", vec![]),
         ("one", vec![b'x']),
-        ("mib1", noise(1, MIB + 1)),
-        ("big", noise(2, big)),
+        ("mib1", pattern(1, MIB + 1)),
+        ("big", pattern(2, big)),
     ]
 }
 
 #[test]
 fn mem_backend_copy_in_out_and_list() {
-    if !have_tools("mem_backend_copy_in_out_and_list") {
+    if !nfs_tools() {
         return;
     }
     let fs = mem_fs();
@@ -84,16 +83,16 @@ fn mem_backend_copy_in_out_and_list() {
 
 #[test]
 fn mem_backend_one_gib() {
-    if !have_tools("mem_backend_one_gib") {
+    if !nfs_tools() {
         return;
     }
     let r = start(vec![open_export("/big", mem_fs())]);
-    round_trip(&r, "/big", &[("gib", noise(9, 1 << 30))]);
+    round_trip(&r, "/big", &[("gib", pattern(9, 1 << 30))]);
 }
 
 #[test]
 fn many_entries_listing() {
-    if !have_tools("many_entries_listing") {
+    if !nfs_tools() {
         return;
     }
     let fs = mem_fs();
@@ -129,42 +128,14 @@ fn many_entries_listing() {
 
 // ----- a real pool ------------------------------------------------------
 
-fn new_pool(dir: &Path) -> Arc<Pool> {
-    let devices: Vec<PathBuf> = (0..2)
-        .map(|i| {
-            let p = dir.join(format!("d{i}"));
-            std::fs::File::create(&p)
-                .unwrap()
-                .set_len(512 << 20)
-                .unwrap();
-            p
-        })
-        .collect();
-    let spec = VdevSpec {
-        kind: VdevKind::Mirror,
-        devices,
-    };
-    let opts = PoolOptions {
-        sync_interval: Duration::from_secs(3600),
-        owner: "test".into(),
-        ..Default::default()
-    };
-    let pool = Pool::create("tank", &[spec], 12, &BTreeMap::new(), false, opts).unwrap();
-    tarn_dataset::attach(&pool).unwrap();
-    pool
-}
-
 #[test]
 fn real_dataset_copy_in_out_and_list() {
-    if !have_tools("real_dataset_copy_in_out_and_list") {
+    if !nfs_tools() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let pool = new_pool(dir.path());
-    tarn_dataset::create(&pool, "tank/photos", &BTreeMap::new(), false).unwrap();
-    let h = tarn_dataset::open(&pool, "tank/photos").unwrap();
-    let fs: Arc<Fs<DatasetBackend>> =
-        Arc::new(Fs::mount(Arc::new(DatasetBackend::new(h))).unwrap());
+    let pool = tank(dir.path(), VdevKind::Mirror, 2, 512 << 20);
+    let fs = Arc::new(filesystem(&pool, "tank/photos", &[]));
     let dyn_fs: Arc<dyn ExportFs> = fs.clone();
     let r = start(vec![open_export("/tank/photos", dyn_fs)]);
     round_trip(&r, "/tank/photos", &sample_files(16 * MIB));
@@ -173,5 +144,5 @@ fn real_dataset_copy_in_out_and_list() {
     let a = fs.lookup(1, b"big", &tarn_fs::Cred::root()).unwrap();
     assert_eq!(a.size, (16 * MIB) as u64);
     let data = fs.read(a.ino, 0, 4096).unwrap();
-    assert_eq!(data, noise(2, 16 * MIB)[..4096]);
+    assert_eq!(data, pattern(2, 16 * MIB)[..4096]);
 }

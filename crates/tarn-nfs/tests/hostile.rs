@@ -15,6 +15,7 @@ use common::*;
 use tarn_fs::testing::MemBackend;
 use tarn_fs::Fs;
 use tarn_nfs::{Export, NfsConfig, NfsServer, Running};
+use tarn_testkit::net::{closed_within, connect_from, idle_and_trickling, Trickle};
 
 const OK: u32 = 0;
 
@@ -34,22 +35,10 @@ fn server(cfg: NfsConfig, exports: Vec<Export>) -> Running {
     NfsServer::start(cfg, exports).expect("server starts")
 }
 
-/// Keeps `socks` open, sending one byte of a never-finished record to
-/// each every 100 ms until `stop`.
-fn trickle(mut socks: Vec<TcpStream>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        // A header announcing a 1000-byte last fragment, then the body
-        // one byte at a time: never complete.
-        for s in &mut socks {
-            let _ = s.write_all(&(1000u32 | 0x8000_0000).to_be_bytes());
-        }
-        while !stop.load(Ordering::Relaxed) {
-            for s in &mut socks {
-                let _ = s.write_all(&[0]);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    })
+/// What a trickling connection sends: a header announcing a 1000-byte
+/// last fragment, then the body one byte at a time, never complete.
+fn trickle() -> Trickle {
+    Trickle::new(&(1000u32 | 0x8000_0000).to_be_bytes(), &[0])
 }
 
 /// 300 connection attempts from five addresses (half idle, half trickling
@@ -76,29 +65,10 @@ fn idle_and_slow_connections_do_not_lock_out_a_good_client() {
     let stop = Arc::new(AtomicBool::new(false));
     // The attackers connect from their own thread while the good client
     // works.
-    let attackers = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut idle = Vec::new();
-            let mut slow = Vec::new();
-            for i in 0..300u32 {
-                let from = [127, 0, 0, 2 + (i % 5) as u8];
-                if let Ok(s) = connect_from(from, addr) {
-                    if i % 2 == 0 {
-                        idle.push(s);
-                    } else {
-                        slow.push(s);
-                    }
-                }
-            }
-            let t = trickle(slow, stop.clone());
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            t.join().unwrap();
-            drop(idle);
-        })
-    };
+    let from = (0..300u32)
+        .map(|i| [127, 0, 0, 2 + (i % 5) as u8])
+        .collect();
+    let attackers = idle_and_trickling(addr, from, trickle(), stop.clone());
     // Unlisted clients: closed at accept, whatever they send.
     let unlisted = std::thread::spawn(move || {
         let mut closed = 0;
@@ -195,7 +165,7 @@ fn idle_timeout_is_rpc_aware() {
     let idle = connect_from([127, 0, 0, 2], addr).unwrap();
     let slow = connect_from([127, 0, 0, 3], addr).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let t = trickle(vec![slow.try_clone().unwrap()], stop.clone());
+    let t = trickle().start(vec![slow.try_clone().unwrap()], stop.clone());
 
     let started = Instant::now();
     assert_eq!(c.commit(&fh).0, OK, "slow COMMIT answered");

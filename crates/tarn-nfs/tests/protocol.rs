@@ -18,6 +18,9 @@ use tarn_nfs::proto::{mountproc, nfsproc, MOUNT_PROG, NFS_PROG, PMAP_PROG};
 use tarn_nfs::rpc::Auth;
 use tarn_nfs::xdr::{Reader, Writer};
 use tarn_nfs::{Export, ExportFs, IpNet, NfsConfig};
+use tarn_testkit::clients::{nfs_cp, nfs_tools, tool, write_file};
+use tarn_testkit::data::pattern;
+use tarn_testkit::net::closed_within;
 
 const OK: u32 = 0;
 const ACCES: u32 = 13;
@@ -48,10 +51,10 @@ fn handles_survive_restart_and_verifier_changes() {
         "UNSTABLE write acknowledged as such"
     );
     assert_eq!(c.commit(&fh), (OK, v1));
-    let with_tools = have_tools("handles_survive_restart (tool part)");
+    let with_tools = nfs_tools();
     let tmp = tempfile::tempdir().unwrap();
     if with_tools {
-        let src = write_file(tmp.path(), "a", &noise(3, 300_000));
+        let src = write_file(tmp.path(), "a", &pattern(3, 300_000));
         assert!(nfs_cp(&src, &url(&r, "/data", "/a")));
     }
 
@@ -77,7 +80,7 @@ fn handles_survive_restart_and_verifier_changes() {
     if with_tools {
         let back = tmp.path().join("a.back");
         assert!(nfs_cp(&url(&r, "/data", "/a"), &back.to_string_lossy()));
-        assert_eq!(std::fs::read(back).unwrap(), noise(3, 300_000));
+        assert_eq!(std::fs::read(back).unwrap(), pattern(3, 300_000));
     }
 }
 
@@ -127,7 +130,7 @@ fn read_only_export_refuses_changes() {
     assert_eq!(rd.u32().unwrap(), OK);
     skip_post_op(&mut rd);
     assert_eq!(rd.u32().unwrap() & 0x1c, 0);
-    if have_tools("read_only_export_refuses_changes (tool part)") {
+    if nfs_tools() {
         let tmp = tempfile::tempdir().unwrap();
         let src = write_file(tmp.path(), "x", b"x");
         assert!(
@@ -174,7 +177,7 @@ fn client_outside_networks_is_refused() {
     let mut c = root_client(&r);
     assert_eq!(c.getattr(&root).0, ACCES);
     assert_eq!(c.create(&root, "x", 0, [0; 8]).0, ACCES);
-    if have_tools("client_outside_networks_is_refused (tool part)") {
+    if nfs_tools() {
         let (ok, _, _) = tool(&["nfs-ls", &url(&r, "/secret", "/")]);
         assert!(!ok, "nfs-ls must fail");
     }
@@ -462,14 +465,14 @@ fn hostile_input_does_not_disturb_other_clients() {
     // 2. Pure garbage bytes (random headers and bodies).
     for seed in 0..20u64 {
         let mut s = TcpStream::connect(nfs).unwrap();
-        let _ = s.write_all(&noise(seed, 5000));
+        let _ = s.write_all(&pattern(seed, 5000));
         let _ = s.shutdown(Shutdown::Write);
         assert!(closed_by_server(&mut s));
     }
     // 3. Small garbage records: answered or dropped, connection survives.
     let mut c = Client::connect(nfs, sys(0, 0));
     for seed in 0..50u64 {
-        let body = noise(seed + 100, (seed as usize * 7) % 200);
+        let body = pattern(seed + 100, (seed as usize * 7) % 200);
         c.s.write_all(&frame(&body)).unwrap();
     }
     // Drain any replies to garbage that parsed as calls, then a real call.

@@ -14,17 +14,27 @@
 //!   pool's own tests, which need data to damage, scrub and resilver.
 //! - [`stores`]: a pass-through store with its own clock and a watch on
 //!   reads, for test backends that wrap a real one.
+//! - [`require`]: root and FUSE, programs: skip when missing, fail under
+//!   `TARN_REQUIRE_ALL`.
+//! - [`clients`]: curl, libnfs's tools and URLs, litmus, run as programs.
+//! - [`net`]: free ports, Unix sockets waited for, connections from
+//!   127.0.0.x, hang-ups noticed, idle and trickling crowds.
 //!
 //! The kit links tarn-vdev, -block, -pool, -dataset and -fs (and what they
 //! link). Those crates may use it in their integration tests (`tests/*.rs`):
 //! these link the crate's normal library, the same one the kit links. Their
-//! unit tests (`src/`) cannot: they would see two copies of the crate.
+//! unit tests (`src/`) cannot: they would see two copies of the crate. The
+//! kit needs no async runtime and no HTTP stack; clients are run as
+//! programs.
 
 pub mod blobs;
+pub mod clients;
 pub mod data;
 pub mod datasets;
 pub mod files;
+pub mod net;
 pub mod pools;
+pub mod require;
 pub mod stores;
 
 /// One mebibyte.

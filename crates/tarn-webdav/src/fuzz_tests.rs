@@ -8,19 +8,11 @@
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Version};
 use proptest::prelude::*;
+use tarn_testkit::data::cases;
 
 use crate::headers;
 use crate::propfix::{self, PropFix};
 use crate::reqwatch::{Heads, Tracker};
-
-/// `ci` cases, or `PROPTEST_CASES` when set (for longer runs).
-fn cases(ci: u32) -> ProptestConfig {
-    if std::env::var_os("PROPTEST_CASES").is_some() {
-        ProptestConfig::default()
-    } else {
-        ProptestConfig::with_cases(ci)
-    }
-}
 
 /// Strings made of the pieces header grammars are built from.
 fn shaped() -> impl Strategy<Value = String> {

@@ -12,15 +12,8 @@ use std::sync::{Mutex, OnceLock};
 
 use common::*;
 use proptest::prelude::*;
+use tarn_testkit::data::cases;
 use tarn_webdav::{Running, Share};
-
-fn cases(ci: u32) -> ProptestConfig {
-    if std::env::var_os("PROPTEST_CASES").is_some() {
-        ProptestConfig::default()
-    } else {
-        ProptestConfig::with_cases(ci)
-    }
-}
 
 fn shaped() -> impl Strategy<Value = String> {
     let piece = prop_oneof![

@@ -6,7 +6,6 @@
 mod common;
 
 use std::io::Write;
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,6 +13,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use tarn_fs::testing::MemBackend;
 use tarn_fs::{Backend, Fs, FsError, Store};
+use tarn_testkit::net::{connect_from, idle_and_trickling, Trickle};
 use tarn_webdav::{serve, Authenticator, Principal, Running, Share, WebdavConfig};
 
 fn server_with(cfg: impl FnOnce(&mut WebdavConfig)) -> Running {
@@ -298,20 +298,10 @@ fn panics_are_caught_per_request_and_answered_500() {
     assert_eq!(c.call("GET", "/s/f", &[], b"").status, 200);
 }
 
-/// Keeps `socks` sending a request head one byte every 100 ms, never
-/// finishing it, until `stop`.
-fn trickle(mut socks: Vec<TcpStream>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        for s in &mut socks {
-            let _ = s.write_all(b"GET /s/ HTTP/1.1\r\nHost: t\r\nX-Slow: ");
-        }
-        while !stop.load(Ordering::Relaxed) {
-            for s in &mut socks {
-                let _ = s.write_all(b"a");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    })
+/// What a trickling connection sends: a request head, then one byte of a
+/// header every 100 ms, never finishing it.
+fn trickle() -> Trickle {
+    Trickle::new(b"GET /s/ HTTP/1.1\r\nHost: t\r\nX-Slow: ", b"a")
 }
 
 /// Hundreds of connection attempts, half idle and half trickling a
@@ -335,30 +325,10 @@ fn idle_and_slow_connections_do_not_lock_out_a_good_client() {
     drop(setup);
 
     let stop = Arc::new(AtomicBool::new(false));
-    let attackers = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut idle = Vec::new();
-            let mut slow = Vec::new();
-            let big = (0..200u32).map(|i| 2 + (i % 2) as u8);
-            let small = (0..60u32).map(|i| 4 + (i % 4) as u8);
-            for (i, last) in big.chain(small).enumerate() {
-                if let Ok(s) = connect_from([127, 0, 0, last], addr) {
-                    if i % 2 == 0 {
-                        idle.push(s);
-                    } else {
-                        slow.push(s);
-                    }
-                }
-            }
-            let t = trickle(slow, stop.clone());
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            t.join().unwrap();
-            drop(idle);
-        })
-    };
+    let big = (0..200u32).map(|i| 2 + (i % 2) as u8);
+    let small = (0..60u32).map(|i| 4 + (i % 4) as u8);
+    let from = big.chain(small).map(|last| [127, 0, 0, last]).collect();
+    let attackers = idle_and_trickling(addr, from, trickle(), stop.clone());
     let start = Instant::now();
     let mut c = Http::connect(addr);
     for i in 0..100 {
@@ -378,7 +348,7 @@ fn idle_and_slow_connections_do_not_lock_out_a_good_client() {
     // A slow head is cut at the header timeout (2 s), whatever it sends.
     let mut slow = Http::new(connect_from([127, 0, 0, 9], addr).unwrap());
     let stop_one = Arc::new(AtomicBool::new(false));
-    let t = trickle(vec![slow.stream().try_clone().unwrap()], stop_one.clone());
+    let t = trickle().start(vec![slow.stream().try_clone().unwrap()], stop_one.clone());
     let cut = Instant::now();
     assert!(slow.closed_within(Duration::from_secs(10)), "slow head cut");
     assert!(

@@ -10,6 +10,8 @@ use std::time::Duration;
 use common::*;
 use tarn_fs::testing::MemBackend;
 use tarn_fs::{Cred, Fs, ROOT_INO};
+use tarn_testkit::clients::{curl, status};
+use tarn_testkit::require;
 use tarn_webdav::{serve, Anonymous, FsApi, Share, WebdavConfig, WebdavError};
 
 const A: &str = "alice:secret";
@@ -25,7 +27,7 @@ fn put_bytes(fs: &dyn FsApi, parent: u64, name: &str, data: &[u8], cred: &Cred) 
 
 #[test]
 fn wrong_password_401_then_rate_limited() {
-    if !require("curl") {
+    if !require::programs(&["curl"]) {
         return;
     }
     let server = start(vec![Share::new("s", mem_fs())]);
@@ -86,7 +88,7 @@ fn wrong_password_401_then_rate_limited() {
 
 #[test]
 fn rate_limit_window_expires() {
-    if !require("curl") {
+    if !require::programs(&["curl"]) {
         return;
     }
     let mut cfg = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
@@ -104,7 +106,7 @@ fn rate_limit_window_expires() {
 
 #[test]
 fn read_only_principal_and_share_get_403() {
-    if !require("curl") {
+    if !require::programs(&["curl"]) {
         return;
     }
     let fs = mem_fs();
@@ -159,7 +161,7 @@ fn read_only_principal_and_share_get_403() {
 /// access; others get 403 although their password is right.
 #[test]
 fn share_user_lists_decide_access() {
-    if !require("curl") {
+    if !require::programs(&["curl"]) {
         return;
     }
     let fs = mem_fs();
@@ -193,7 +195,7 @@ fn share_user_lists_decide_access() {
 
 #[test]
 fn posix_permissions_apply() {
-    if !require("curl") {
+    if !require::programs(&["curl"]) {
         return;
     }
     let fs = mem_fs();
@@ -225,7 +227,7 @@ fn posix_permissions_apply() {
 
 #[test]
 fn paths_cannot_escape_the_share() {
-    if !require("curl") {
+    if !require::programs(&["curl"]) {
         return;
     }
     let fs = mem_fs();
@@ -315,7 +317,7 @@ fn paths_cannot_escape_the_share() {
 
 #[test]
 fn enospc_and_quota_are_507() {
-    if !require("curl") {
+    if !require::programs(&["curl"]) {
         return;
     }
     let work = tempfile::tempdir().unwrap();
@@ -336,7 +338,7 @@ fn enospc_and_quota_are_507() {
 
 #[test]
 fn dead_props_with_long_names_and_quota() {
-    if !require("curl") {
+    if !require::programs(&["curl"]) {
         return;
     }
     let fs = mem_fs();
@@ -371,7 +373,7 @@ fn dead_props_with_long_names_and_quota() {
 
 #[test]
 fn set_shares_live_keeps_locks() {
-    if !require("curl") {
+    if !require::programs(&["curl"]) {
         return;
     }
     let fs_a = mem_fs();
@@ -401,7 +403,7 @@ fn set_shares_live_keeps_locks() {
 
 #[test]
 fn root_lists_shares_and_anonymous_mode() {
-    if !require("curl") {
+    if !require::programs(&["curl"]) {
         return;
     }
     let cfg = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
@@ -445,7 +447,7 @@ fn plain_http_refused_off_loopback() {
 #[test]
 fn tls_self_signed_is_generated_once() {
     use tarn_webdav::TlsConfig;
-    if !require("curl") {
+    if !require::programs(&["curl"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -476,7 +478,7 @@ fn tls_self_signed_is_generated_once() {
     let server = serve(cfg, vec![], users()).unwrap();
     assert_eq!(server.tls_fingerprint(), Some(fp.as_str()));
     server.stop();
-    if have("openssl") {
+    if require::find("openssl").is_some() {
         let out = std::process::Command::new("openssl")
             .args(["x509", "-noout", "-fingerprint", "-sha256", "-in"])
             .arg(dir.path().join("webdav-cert.pem"))
@@ -522,7 +524,7 @@ fn tls_without_the_feature_is_an_error() {
 
 #[test]
 fn snapshots_are_browsable_read_only() {
-    if !require("curl") {
+    if !require::programs(&["curl"]) {
         return;
     }
     let b = MemBackend::new();

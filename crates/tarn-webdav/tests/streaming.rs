@@ -8,26 +8,23 @@ use std::path::Path;
 
 use common::*;
 use tarn_pool::PoolOptions;
+use tarn_testkit::clients::curl;
+use tarn_testkit::data::Rng;
+use tarn_testkit::require;
+use tarn_testkit::MIB;
 use tarn_webdav::Share;
-
-const MIB: u64 = 1 << 20;
 
 /// Writes `size` bytes of incompressible noise to `path` in 1 MiB pieces;
 /// returns their BLAKE3 hash.
 fn make_file(path: &Path, size: u64, seed: u64) -> blake3::Hash {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
     let mut h = blake3::Hasher::new();
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut rng = Rng::new(seed);
     let mut buf = vec![0u8; MIB as usize];
     let mut left = size;
     while left > 0 {
         let n = left.min(MIB) as usize;
-        for c in buf[..n].chunks_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
-        }
+        rng.fill(&mut buf[..n]);
         f.write_all(&buf[..n]).unwrap();
         h.update(&buf[..n]);
         left -= n as u64;
@@ -53,7 +50,7 @@ fn hash_file(path: &Path) -> (blake3::Hash, u64) {
 }
 
 fn round_trip(size: u64) {
-    if !require("curl") {
+    if !require::programs(&["curl"]) {
         return;
     }
     let opts = PoolOptions {

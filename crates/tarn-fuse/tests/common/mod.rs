@@ -1,39 +1,19 @@
-//! Shared helpers of the integration tests: skip without root or
-//! `/dev/fuse`, and mount a memory-backed filesystem on a temporary
-//! directory.
+//! Shared helpers of the integration tests: mount a memory-backed
+//! filesystem on a temporary directory, or one that counts, slows and
+//! clocks what it does (root and /dev/fuse are checked with
+//! `tarn_testkit::require::fuse`).
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tarn_fs::testing::MemBackend;
-use tarn_fs::Fs;
+use tarn_fs::{Backend, Fs, FsError, Store};
 use tarn_fuse::{Mount, MountOptions};
-
-/// Why FUSE tests cannot run here, if they cannot.
-pub fn skip_reason() -> Option<String> {
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse is missing".into());
-    }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let euid = unsafe { libc::geteuid() };
-    if euid != 0 {
-        return Some(format!("not root (euid {euid}); mounting needs root"));
-    }
-    None
-}
-
-/// Returns true (after printing why) when the calling test must skip.
-pub fn skip(test: &str) -> bool {
-    match skip_reason() {
-        Some(r) => {
-            eprintln!("SKIPPED {test}: {r}");
-            true
-        }
-        None => false,
-    }
-}
+use tarn_testkit::stores::{wall_clock, Tap};
 
 /// A mounted memory filesystem; fields drop in order (mount first).
 pub struct Fixture {
@@ -77,33 +57,6 @@ pub fn mount_default() -> Fixture {
     mount_with(&MountOptions::default())
 }
 
-/// True if `path` appears as a mountpoint in /proc/self/mountinfo.
-pub fn in_mountinfo(path: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let want = path.to_string_lossy().into_owned();
-    info.lines()
-        .any(|l| l.split(' ').nth(4).is_some_and(|mp| mp == want))
-}
-
-/// Deterministic test data.
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
-use std::ops::Bound;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use tarn_fs::{Backend, FsError, SpaceInfo, Store, StoreError, StoreInfo, Val};
-
 /// A [`MemBackend`] wrapper for tests: counts write transactions, can make
 /// transactions that read one inode's data slow (the sleep happens after
 /// the transaction, outside the memory backend's lock, like a slow disk
@@ -134,67 +87,6 @@ impl TestBackend {
     }
 }
 
-struct WrapStore<'a> {
-    s: &'a mut dyn Store,
-    slow_ino: u64,
-    touched: bool,
-    real_clock: bool,
-}
-
-impl WrapStore<'_> {
-    fn note(&mut self, key: &[u8]) {
-        if self.slow_ino != 0 && key.len() >= 8 && key[..8] == self.slow_ino.to_be_bytes() {
-            self.touched = true;
-        }
-    }
-}
-
-impl Store for WrapStore<'_> {
-    fn info(&self) -> StoreInfo {
-        self.s.info()
-    }
-    fn space(&mut self) -> SpaceInfo {
-        self.s.space()
-    }
-    fn get(&mut self, key: &[u8]) -> Result<Option<Val>, StoreError> {
-        self.s.get(key)
-    }
-    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        self.s.put(key, value)
-    }
-    fn delete(&mut self, key: &[u8]) -> Result<bool, StoreError> {
-        self.s.delete(key)
-    }
-    fn range(
-        &mut self,
-        start: Bound<&[u8]>,
-        end: Bound<&[u8]>,
-        limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Val)>, StoreError> {
-        self.s.range(start, end, limit)
-    }
-    fn delete_range(&mut self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<(), StoreError> {
-        self.s.delete_range(start, end)
-    }
-    fn write_block(&mut self, key: &[u8], data: Vec<u8>) -> Result<(), StoreError> {
-        self.s.write_block(key, data)
-    }
-    fn read_block(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.note(key);
-        self.s.read_block(key)
-    }
-    fn now(&self) -> (i64, u32) {
-        if self.real_clock {
-            let d = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default();
-            (d.as_secs() as i64, d.subsec_nanos())
-        } else {
-            self.s.now()
-        }
-    }
-}
-
 impl Backend for TestBackend {
     fn txn<R>(
         &self,
@@ -208,15 +100,19 @@ impl Backend for TestBackend {
         let real_clock = self.real_clock.load(Ordering::SeqCst);
         let mut touched = false;
         let r = self.inner.txn(write, &mut |s| {
-            let mut w = WrapStore {
-                s,
-                slow_ino,
-                touched: false,
-                real_clock,
+            // Data keys start with the inode number.
+            let mut note = |key: &[u8]| {
+                if slow_ino != 0 && key.len() >= 8 && key[..8] == slow_ino.to_be_bytes() {
+                    touched = true;
+                }
             };
-            let r = f(&mut w);
-            touched |= w.touched;
-            r
+            let tap = Tap::new(s).on_read(&mut note);
+            let mut tap = if real_clock {
+                tap.clock(&wall_clock)
+            } else {
+                tap
+            };
+            f(&mut tap)
         });
         if touched {
             std::thread::sleep(Duration::from_millis(self.slow_ms.load(Ordering::SeqCst)));

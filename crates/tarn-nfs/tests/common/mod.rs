@@ -1,13 +1,12 @@
 //! Shared test support: a tiny raw ONC RPC client over TCP (to hold
 //! handles across restarts and send exactly the calls a test needs),
-//! servers over `MemBackend`, and the libnfs command-line tools.
+//! servers over `MemBackend`, and URLs of their exports for the libnfs
+//! command-line tools (which `tarn_testkit::clients` runs).
 
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +16,7 @@ use tarn_nfs::proto::{mountproc, nfsproc, MOUNT_PROG, NFS_PROG};
 use tarn_nfs::rpc::{encode_call, Auth, AuthSys};
 use tarn_nfs::xdr::{Reader, Writer};
 use tarn_nfs::{Export, IpNet, NfsConfig, NfsServer, Running};
+use tarn_testkit::clients::nfs_url;
 
 /// A server on an ephemeral port (NFS and MOUNT on separate listeners).
 pub fn start(exports: Vec<Export>) -> Running {
@@ -48,75 +48,10 @@ pub fn open_export(path: &str, fs: std::sync::Arc<dyn tarn_nfs::ExportFs>) -> Ex
     e
 }
 
-/// True if the libnfs tools are installed; otherwise prints a skip
-/// message, or panics when `TARN_REQUIRE_ALL` is set.
-pub fn have_tools(test: &str) -> bool {
-    let ok = ["nfs-cp", "nfs-ls", "nfs-cat"].iter().all(|t| {
-        Command::new("sh")
-            .arg("-c")
-            .arg(format!("command -v {t}"))
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false)
-    });
-    if !ok {
-        if std::env::var_os("TARN_REQUIRE_ALL").is_some() {
-            panic!("{test}: libnfs-utils (nfs-cp, nfs-ls, nfs-cat) missing and TARN_REQUIRE_ALL is set");
-        }
-        eprintln!("SKIP {test}: libnfs-utils (nfs-cp, nfs-ls, nfs-cat) not installed");
-    }
-    ok
-}
-
 /// `nfs://` URL of `path` inside export `export` of server `r`.
 pub fn url(r: &Running, export: &str, path: &str) -> String {
     let (n, m) = r.local_addrs();
-    format!(
-        "nfs://127.0.0.1{export}{path}?nfsport={}&mountport={}&version=3",
-        n.port(),
-        m.port()
-    )
-}
-
-/// Runs a libnfs tool; returns (success, stdout, stderr).
-pub fn tool(args: &[&str]) -> (bool, Vec<u8>, String) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .expect("run tool");
-    (
-        out.status.success(),
-        out.stdout,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-pub fn nfs_cp(src: &str, dst: &str) -> bool {
-    let (ok, _, err) = tool(&["nfs-cp", src, dst]);
-    if !ok {
-        eprintln!("nfs-cp {src} {dst} failed: {err}");
-    }
-    ok
-}
-
-/// Incompressible pseudo-random bytes.
-pub fn noise(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut v = Vec::with_capacity(n);
-    while v.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(n);
-    v
-}
-
-pub fn write_file(dir: &Path, name: &str, data: &[u8]) -> String {
-    let p = dir.join(name);
-    std::fs::write(&p, data).unwrap();
-    p.to_string_lossy().into_owned()
+    nfs_url(n.port(), m.port(), &format!("{export}{path}"))
 }
 
 // ----- raw RPC client -----------------------------------------------------
@@ -429,36 +364,6 @@ pub fn skip_wcc(r: &mut Reader) {
         r.u64().unwrap();
     }
     skip_post_op(r);
-}
-
-/// A TCP connection to `server` from the loopback address `from`
-/// (127.0.0.x: Linux routes all of 127.0.0.0/8 to the loopback device).
-pub fn connect_from(from: [u8; 4], server: SocketAddr) -> std::io::Result<TcpStream> {
-    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
-    s.bind(&SocketAddr::from((from, 0)).into())?;
-    s.connect_timeout(&server.into(), Duration::from_secs(10))?;
-    let s: TcpStream = s.into();
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    Ok(s)
-}
-
-/// True if the server closed the connection (EOF or reset) within
-/// `within`; replies to anything the test sent are skipped.
-pub fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
-    s.set_read_timeout(Some(within)).unwrap();
-    let mut b = [0u8; 4096];
-    loop {
-        match s.read(&mut b) {
-            Ok(0) => return true,
-            Ok(_) => continue,
-            Err(e) => {
-                return matches!(
-                    e.kind(),
-                    std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
-                )
-            }
-        }
-    }
 }
 
 /// A backend whose sync (what COMMIT and stable writes wait for) takes

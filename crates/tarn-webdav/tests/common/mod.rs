@@ -1,19 +1,18 @@
-//! Shared helpers of the integration tests: servers over a MemBackend or a
-//! real pool on temporary files, and a curl wrapper.
+//! Shared helpers of the integration tests: users, servers over a
+//! MemBackend or a real pool on a temporary file, and a raw HTTP client
+//! (curl, sockets and pools come from `tarn_testkit`).
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tarn_fs::testing::MemBackend;
-use tarn_fs::{Cred, DatasetBackend, Fs, SetAttr, ROOT_INO};
-use tarn_pool::{Pool, PoolOptions, VdevSpec};
-use tarn_vdev::VdevKind;
+use tarn_fs::{Cred, Fs, SetAttr, ROOT_INO};
+use tarn_pool::PoolOptions;
+use tarn_testkit::datasets::FsPool;
+use tarn_testkit::net::{connect_from, ends};
 use tarn_webdav::{serve, FsApi, Principal, Running, Share, StaticUsers, WebdavConfig};
 
 pub const UID: u32 = 1000;
@@ -58,31 +57,12 @@ pub fn start(shares: Vec<Share>) -> Running {
     serve(cfg, shares, users()).unwrap()
 }
 
-/// A pool on one temporary file, with one filesystem dataset `tank/fs`.
-pub struct RealFs {
-    pub dir: tempfile::TempDir,
-    pub pool: Arc<Pool>,
-    pub fs: Arc<Fs<DatasetBackend>>,
-}
-
-pub fn real_fs(dev_size: u64, opts: PoolOptions) -> RealFs {
-    let dir = tempfile::tempdir().unwrap();
-    let dev: PathBuf = dir.path().join("d0");
-    std::fs::File::create(&dev)
-        .unwrap()
-        .set_len(dev_size)
-        .unwrap();
-    let spec = VdevSpec {
-        kind: VdevKind::Single,
-        devices: vec![dev],
-    };
-    let pool = Pool::create("tank", &[spec], 12, &BTreeMap::new(), false, opts).unwrap();
-    tarn_dataset::attach(&pool).unwrap();
-    tarn_dataset::create(&pool, "tank/fs", &BTreeMap::new(), false).unwrap();
-    let h = tarn_dataset::open(&pool, "tank/fs").unwrap();
-    let fs = Arc::new(Fs::mount(Arc::new(DatasetBackend::new(h))).unwrap());
-    chown_root(fs.as_ref());
-    RealFs { dir, pool, fs }
+/// A pool on one temporary file, with one filesystem dataset `tank/fs`
+/// whose root belongs to the test user.
+pub fn real_fs(dev_size: u64, opts: PoolOptions) -> FsPool {
+    let real = FsPool::new(dev_size, opts);
+    chown_root(real.fs.as_ref());
+    real
 }
 
 pub fn pool_opts() -> PoolOptions {
@@ -97,58 +77,6 @@ pub fn url(addr: SocketAddr, path: &str) -> String {
     format!("http://{addr}{path}")
 }
 
-/// Runs curl with `args`; returns (HTTP status, body, output).
-pub fn curl(args: &[&str]) -> (u16, Vec<u8>, Output) {
-    let out = Command::new("curl")
-        .args([
-            "-s",
-            "-S",
-            "--max-time",
-            "600",
-            "-o",
-            "-",
-            "-w",
-            "\n%{http_code}",
-        ])
-        .args(args)
-        .output()
-        .expect("curl runs");
-    let mut body = out.stdout.clone();
-    let pos = body.iter().rposition(|&b| b == b'\n').unwrap_or(0);
-    let code = String::from_utf8_lossy(&body[pos + 1..])
-        .trim()
-        .parse()
-        .unwrap_or(0);
-    body.truncate(pos);
-    (code, body, out)
-}
-
-/// Status of a request (body discarded).
-pub fn status(args: &[&str]) -> u16 {
-    curl(args).0
-}
-
-pub fn have(cmd: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {cmd} >/dev/null")])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
-/// True if the test should go on; prints a skip message otherwise (and
-/// panics when `TARN_REQUIRE_ALL` is set).
-pub fn require(cmd: &str) -> bool {
-    if have(cmd) {
-        return true;
-    }
-    if std::env::var_os("TARN_REQUIRE_ALL").is_some() {
-        panic!("{cmd} is required (TARN_REQUIRE_ALL is set) but not installed");
-    }
-    eprintln!("SKIP: {cmd} is not installed");
-    false
-}
-
 /// Peak resident memory of this process, in bytes (VmHWM).
 pub fn vm_hwm() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -157,26 +85,11 @@ pub fn vm_hwm() -> u64 {
     kb * 1024
 }
 
-pub fn tmp_file(dir: &Path, name: &str) -> PathBuf {
-    dir.join(name)
-}
-
 // ----- a raw HTTP/1.1 client ----------------------------------------------
 //
 // curl and other clients fix up what a hostile client sends (they drop a
 // `#fragment`, always send Host, encode chunks correctly), so these tests
 // speak HTTP over a plain socket.
-
-/// A TCP connection to `server` from the loopback address `from`
-/// (127.0.0.x: Linux routes all of 127.0.0.0/8 to the loopback device).
-pub fn connect_from(from: [u8; 4], server: SocketAddr) -> std::io::Result<TcpStream> {
-    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
-    s.bind(&SocketAddr::from((from, 0)).into())?;
-    s.connect_timeout(&server.into(), Duration::from_secs(10))?;
-    let s: TcpStream = s.into();
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    Ok(s)
-}
 
 /// `Authorization` header value for alice/secret.
 pub const ALICE: &str = "Basic YWxpY2U6c2VjcmV0";
@@ -310,18 +223,6 @@ impl Http {
     /// True if the server closed the connection within `within`.
     pub fn closed_within(&mut self, within: Duration) -> bool {
         self.r.get_mut().set_read_timeout(Some(within)).unwrap();
-        let mut b = [0u8; 4096];
-        loop {
-            match self.r.read(&mut b) {
-                Ok(0) => return true,
-                Ok(_) => continue,
-                Err(e) => {
-                    return matches!(
-                        e.kind(),
-                        std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
-                    )
-                }
-            }
-        }
+        ends(&mut self.r)
     }
 }
