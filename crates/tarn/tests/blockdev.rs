@@ -10,7 +10,8 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::process::{data, files, Daemon};
+use common::process::{files, Daemon};
+use tarn_testkit::data::pattern;
 
 /// A loop device detached when dropped.
 struct Loop(String);
@@ -52,7 +53,7 @@ fn mirror_on_loop_devices_survives_renaming() {
     let name = format!("loop{}", std::process::id());
     d.ok(&["pool", "create", &name, "mirror", &a.0, &b.0]);
     let payload = dir.path().join("payload");
-    std::fs::write(&payload, data(5 << 20, 11)).unwrap();
+    std::fs::write(&payload, pattern(11, 5 << 20)).unwrap();
     d.ok(&[
         "object",
         "put",

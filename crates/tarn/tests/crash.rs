@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use common::process::Daemon;
-use common::seeded::{crash_settings, Rng};
+use common::seeded::crash_settings;
+use tarn_testkit::data::Rng;
 
 fn call(socket: &Path, method: &str, params: Value) -> Result<Value, String> {
     let mut s = UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))?;
@@ -144,7 +145,7 @@ fn scrub(socket: &Path) -> Value {
 fn sigkill_during_writes() {
     let (rounds, seed) = crash_settings(50);
     eprintln!("crash test: {rounds} rounds, replay with TARN_CRASH_SEED={seed}");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
 
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("tarn.sock");
@@ -177,7 +178,7 @@ fn sigkill_during_writes() {
             let socket = socket.clone();
             let names = names.clone();
             let scratch = dir.path().to_path_buf();
-            let mut wrng = Rng(rng.next() | 1);
+            let mut wrng = rng.fork();
             std::thread::spawn(move || {
                 let mut k = 0;
                 while !stop.load(Ordering::Relaxed) {
@@ -198,7 +199,7 @@ fn sigkill_during_writes() {
                         .map(|_| 0)
                     } else {
                         let len = 1 + wrng.below(1 << 20) as usize;
-                        let data: Vec<u8> = (0..len).map(|_| wrng.next() as u8).collect();
+                        let data = wrng.bytes(len);
                         let path = scratch.join(format!("w{k}"));
                         k += 1;
                         std::fs::write(&path, &data).unwrap();

@@ -24,8 +24,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::process::{files, Daemon};
-use common::require;
-use common::seeded::{crash_settings, Rng};
+use common::seeded::crash_settings;
+use tarn_testkit::data::{pattern, Rng};
+use tarn_testkit::require;
 
 /// What the writer knows about each file: every content it ever wrote
 /// (any of them may be on disk after a crash), and the content durable
@@ -34,11 +35,6 @@ use common::seeded::{crash_settings, Rng};
 struct Known {
     seen: Vec<Option<Vec<u8>>>,
     durable: Option<Option<Vec<u8>>>,
-}
-
-fn content(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = Rng(seed | 1);
-    (0..len).map(|_| r.next() as u8).collect()
 }
 
 fn fsync_dir(dir: &Path) -> std::io::Result<()> {
@@ -50,7 +46,7 @@ static FSYNCED: AtomicU64 = AtomicU64::new(0);
 
 /// Runs the writer until an I/O fails (the daemon died).
 fn writer(mnt: &Path, seed: u64, model: &Mutex<BTreeMap<String, Known>>) {
-    let mut r = Rng(seed | 1);
+    let mut r = Rng::new(seed);
     for step in 0.. {
         let name = format!("f{}", r.below(12));
         let path = mnt.join(&name);
@@ -62,13 +58,13 @@ fn writer(mnt: &Path, seed: u64, model: &Mutex<BTreeMap<String, Known>>) {
             0 => None,
             1..=2 => prev.as_ref().map(|p| {
                 let mut v = p.clone();
-                v.extend_from_slice(&content(seed ^ step, 1 + r.below(20_000) as usize));
+                v.extend_from_slice(&pattern(seed ^ step, 1 + r.below(20_000) as usize));
                 v
             }),
-            _ => Some(content(seed ^ (step << 8), r.below(300_000) as usize)),
+            _ => Some(pattern(seed ^ (step << 8), r.below(300_000) as usize)),
         };
         let next = match (op, next) {
-            (1..=2, None) => Some(content(seed ^ step, 1000)),
+            (1..=2, None) => Some(pattern(seed ^ step, 1000)),
             (_, n) => n,
         };
         k.seen.push(next.clone());
@@ -111,7 +107,7 @@ fn sigkill_during_fsync_heavy_file_workload() {
     }
     let (rounds, seed) = crash_settings(100);
     eprintln!("crash_fs seed {seed} (replay: TARN_CRASH_SEED={seed})");
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed);
     let dir = tempfile::tempdir().unwrap();
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
@@ -128,7 +124,7 @@ fn sigkill_during_fsync_heavy_file_workload() {
         assert!(require::is_mounted(&mnt), "round {round}: not mounted");
         let m = model.clone();
         let p = mnt.clone();
-        let wseed = rng.next();
+        let wseed = rng.next_u64();
         let w = std::thread::spawn(move || writer(&p, wseed, &m));
         std::thread::sleep(Duration::from_millis(20 + rng.below(250)));
         // The dead mount stays until the writer has seen it fail: detached

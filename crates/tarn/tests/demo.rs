@@ -11,8 +11,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::clients::{curl, nfs_url};
 use common::process::tarn_at as tarn;
+use tarn_testkit::clients::{self, curl, nfs_url};
+use tarn_testkit::require;
 
 /// A running demo and what its banner told us.
 struct Demo {
@@ -91,23 +92,14 @@ fn interrupt(d: Demo) {
     );
 }
 
+/// What `nfs-cat` reads at `path` of the demo's NFS server.
 fn nfs_cat(port: u16, path: &str) -> Vec<u8> {
-    let url = nfs_url(port, path);
-    let out = Command::new("nfs-cat").arg(&url).output().unwrap();
-    assert!(
-        out.status.success(),
-        "nfs-cat {url}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
+    clients::nfs_cat(&nfs_url(port, port, path))
 }
 
 #[test]
 fn demo_serves_and_survives_a_restart() {
-    let (Some(_), Some(_)) = (
-        common::require::program("curl"),
-        common::require::program("nfs-cat"),
-    ) else {
+    let (Some(_), Some(_)) = (require::program("curl"), require::program("nfs-cat")) else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -125,31 +117,31 @@ fn demo_serves_and_survives_a_restart() {
     std::fs::write(&payload, &photo).unwrap();
     let creds = format!("demo:{}", d.password);
     let url = format!("{}photo.raw", d.webdav);
-    let (code, _) = curl(&["-u", &creds, "-T", payload.to_str().unwrap(), &url]);
-    assert_eq!(code, "201", "{}", d.banner);
+    let (code, _, _) = curl(&["-u", &creds, "-T", payload.to_str().unwrap(), &url]);
+    assert_eq!(code, 201, "{}", d.banner);
     assert!(nfs_cat(d.nfs_port, "/files/photo.raw") == photo);
-    let (code, _) = curl(&["-u", "demo:wrong", &url]);
-    assert_eq!(code, "401");
+    let (code, _, _) = curl(&["-u", "demo:wrong", &url]);
+    assert_eq!(code, 401);
 
     // As root with FUSE, the filesystem is also a folder of the demo.
     let files = dir.join("files");
-    let mounted = common::require::fuse();
+    let mounted = require::fuse();
     if mounted {
-        assert!(common::require::is_mounted(&files));
+        assert!(require::is_mounted(&files));
         assert!(std::fs::read(files.join("photo.raw")).unwrap() == photo);
         std::fs::write(files.join("hello.txt"), b"hello, tarn").unwrap();
     }
     interrupt(d);
     if mounted {
-        assert!(!common::require::is_mounted(&files), "Ctrl-C unmounts");
+        assert!(!require::is_mounted(&files), "Ctrl-C unmounts");
     }
 
     // Again: same data, same password, both URLs.
     let d = start(&dir);
     assert!(d.banner.contains("reused"), "{}", d.banner);
     let url = format!("{}photo.raw", d.webdav);
-    let (code, body) = curl(&["-u", &format!("demo:{}", d.password), &url]);
-    assert_eq!(code, "200");
+    let (code, body, _) = curl(&["-u", &format!("demo:{}", d.password), &url]);
+    assert_eq!(code, 200);
     assert!(body == photo, "data changed across the restart");
     if mounted {
         assert_eq!(nfs_cat(d.nfs_port, "/files/hello.txt"), b"hello, tarn");

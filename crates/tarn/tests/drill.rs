@@ -4,7 +4,8 @@
 
 mod common;
 
-use common::process::{data, files, Daemon};
+use common::process::{files, Daemon};
+use tarn_testkit::data::pattern;
 
 #[test]
 fn inject_drill_through_the_cli() {
@@ -24,7 +25,7 @@ fn inject_drill_through_the_cli() {
         &f[3],
     ]);
     let payload = dir.path().join("payload");
-    let bytes = data(2 << 20, 11);
+    let bytes = pattern(11, 2 << 20);
     std::fs::write(&payload, &bytes).unwrap();
     d.ok(&[
         "object",

@@ -38,8 +38,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use common::process::{data, files, Daemon};
-use common::require::{self, is_mounted};
+use common::process::{files, Daemon};
+use tarn_testkit::data::pattern;
+use tarn_testkit::require::{self, is_mounted};
 
 /// Longest one CLI call (or one file operation through a mount) may take
 /// before the test calls it a hang.
@@ -273,7 +274,7 @@ fn writer(
         let mut k = 0u64;
         while !stop.load(Ordering::Relaxed) {
             let name = format!("{prefix}{k}");
-            let bytes = data(40_000 + (k as usize * 37_123) % 200_000, 7_000 + k);
+            let bytes = pattern(7_000 + k, 40_000 + (k as usize * 37_123) % 200_000);
             let o = cli.put(pool, &name, &bytes, true);
             let mut l = ledger.lock().unwrap();
             if o.code == Some(0) {
@@ -333,7 +334,7 @@ impl Workload {
     }
 
     fn bytes(k: u64) -> Vec<u8> {
-        data(4096 + (k as usize * 104_729) % 600_000, 1_000 + k)
+        pattern(1_000 + k, 4096 + (k as usize * 104_729) % 600_000)
     }
 
     fn round(cli: &Cli, files: Option<&Path>, k: u64) -> Result<(), String> {
@@ -488,7 +489,7 @@ impl World {
         let Some(mnt) = &v.mount else { return };
         let p = mnt.join("during-fault");
         let r = bounded("write and fsync through the mount", move || {
-            write_fsync(&p, &data(200_000, 99))
+            write_fsync(&p, &pattern(99, 200_000))
         });
         let e = r.expect_err("fsync acknowledged a write the pool could not make durable");
         assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
@@ -578,7 +579,7 @@ fn says_why_writes_failed(message: &str, v: &Victim) -> bool {
 /// Objects (and files, when mounted) written and synced before any fault.
 fn seed(cli: &Cli, v: &mut Victim, objects: &[(&str, usize)]) {
     for (i, (name, len)) in objects.iter().enumerate() {
-        let bytes = data(*len, 500 + i as u64);
+        let bytes = pattern(500 + i as u64, *len);
         let o = cli.put(v.name, name, &bytes, true);
         assert_eq!(o.code, Some(0), "{}", o.stderr);
         v.ledger
@@ -590,7 +591,7 @@ fn seed(cli: &Cli, v: &mut Victim, objects: &[(&str, usize)]) {
     if let Some(m) = &v.mount {
         for (i, (name, len)) in objects.iter().enumerate() {
             let p = m.join(format!("{name}.bin"));
-            let bytes = data(*len, 900 + i as u64);
+            let bytes = pattern(900 + i as u64, *len);
             write_fsync(&p, &bytes).unwrap();
             v.files.insert(p, bytes);
         }
@@ -622,7 +623,7 @@ fn vanish_every_device(w: &World, bad: &Victim) {
     // streak of them); the failed write below does.
     let st = cli.status("bad");
     assert!(st["message"].is_string(), "status says why: {st}");
-    let late = data(100_000, 3);
+    let late = pattern(3, 100_000);
     let o = cli.put("bad", "late", &late, true);
     clean_failure(&o, &["object", "put", "bad", "late", "--sync"]);
     assert!(o.stderr.contains("'bad'"), "{}", o.stderr);

@@ -6,7 +6,7 @@
 mod common;
 
 use common::process::{files, Daemon};
-use common::require::{self, is_mounted};
+use tarn_testkit::require::{self, is_mounted};
 
 #[test]
 fn mounts_follow_properties_snapshots_and_pool_lifetime() {

@@ -7,7 +7,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::process::{data, files, Daemon};
+use common::process::{files, Daemon};
+use tarn_testkit::data::pattern;
 
 #[test]
 fn bad_input_leaves_other_pools_serving() {
@@ -16,7 +17,7 @@ fn bad_input_leaves_other_pools_serving() {
     let a = files(dir.path(), "a", 2, 64 << 20);
     d.ok(&["pool", "create", "alpha", "mirror", &a[0], &a[1]]);
     let payload = dir.path().join("payload");
-    std::fs::write(&payload, data(3 << 20, 7)).unwrap();
+    std::fs::write(&payload, pattern(7, 3 << 20)).unwrap();
     let p = payload.to_str().unwrap();
     d.ok(&["object", "put", "alpha", "keep", p, "--sync"]);
 
@@ -38,14 +39,14 @@ fn bad_input_leaves_other_pools_serving() {
     d.ok(&["pool", "create", "gamma", "raidz1", &b[0], &b[1], &b[2]]);
     d.ok(&["object", "put", "gamma", "x", p, "--sync"]);
     d.ok(&["pool", "export", "gamma"]);
-    std::fs::write(&b[0], data(64 << 20, 3)).unwrap();
+    std::fs::write(&b[0], pattern(3, 64 << 20)).unwrap();
     std::fs::OpenOptions::new()
         .write(true)
         .open(&b[1])
         .unwrap()
         .set_len(70 << 20)
         .unwrap();
-    std::fs::write(&b[2], data(1 << 20, 4)).unwrap();
+    std::fs::write(&b[2], pattern(4, 1 << 20)).unwrap();
     let err = d.fails(&[
         "pool",
         "import",
@@ -91,7 +92,7 @@ fn degraded_replace_through_the_cli() {
         "pool", "create", "tank", "raidz1", &m[0], &m[1], &m[2], &m[3],
     ]);
     let payload = dir.path().join("payload");
-    std::fs::write(&payload, data(20 << 20, 9)).unwrap();
+    std::fs::write(&payload, pattern(9, 20 << 20)).unwrap();
     d.ok(&[
         "object",
         "put",
@@ -199,7 +200,7 @@ fn daemon_state_and_paths_are_guarded() {
     ]);
 
     let payload = dir.path().join("payload");
-    std::fs::write(&payload, data(100_000, 5)).unwrap();
+    std::fs::write(&payload, pattern(5, 100_000)).unwrap();
     d.ok(&["object", "put", "tank", "x", payload.to_str().unwrap()]);
     let err = d.fails(&["object", "get", "tank", "x", &a[0]]);
     assert!(err.contains("device of an imported pool"), "{err}");

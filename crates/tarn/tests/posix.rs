@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::process::{files, Daemon};
-use common::require;
+use tarn_testkit::require;
 
 /// A daemon with a raidz1 pool of four files and `tank/fs` mounted at
 /// `<dir>/mnt` (with `allow_other`, so other users can use it too, as

@@ -6,9 +6,11 @@ mod common;
 
 use std::process::Command;
 
-use common::clients::{curl, free_port, nfs_url, tarn_with_stdin};
+use common::clients::tarn_with_stdin;
 use common::process::{files, Daemon};
-use common::require;
+use tarn_testkit::clients::{curl, nfs_url};
+use tarn_testkit::net::free_port;
+use tarn_testkit::require;
 
 fn add_user(d: &Daemon, name: &str, password: &str) {
     let out = tarn_with_stdin(
@@ -69,29 +71,26 @@ fn shares_are_served_over_nfs_and_webdav() {
     // WebDAV: alice writes, bob reads, a wrong password is refused.
     let local = dir.path().join("hello.txt");
     std::fs::write(&local, b"hello from webdav").unwrap();
-    let (code, _) = curl(&[
+    let (code, _, _) = curl(&[
         "-u",
         "alice:wonder-land",
         "-T",
         local.to_str().unwrap(),
         &web("hello.txt"),
     ]);
-    assert_eq!(code, "201");
-    let (code, body) = curl(&["-u", "bob:build-it", &web("hello.txt")]);
-    assert_eq!(
-        (code.as_str(), body.as_slice()),
-        ("200", &b"hello from webdav"[..])
-    );
-    let (code, _) = curl(&[
+    assert_eq!(code, 201);
+    let (code, body, _) = curl(&["-u", "bob:build-it", &web("hello.txt")]);
+    assert_eq!((code, body.as_slice()), (200, &b"hello from webdav"[..]));
+    let (code, _, _) = curl(&[
         "-u",
         "bob:build-it",
         "-T",
         local.to_str().unwrap(),
         &web("bob.txt"),
     ]);
-    assert_eq!(code, "403", "bob is read-only on this share");
-    let (code, _) = curl(&["-u", "alice:wrong", &web("hello.txt")]);
-    assert_eq!(code, "401");
+    assert_eq!(code, 403, "bob is read-only on this share");
+    let (code, _, _) = curl(&["-u", "alice:wrong", &web("hello.txt")]);
+    assert_eq!(code, 401);
 
     // NFS (every client squashed to alice, uid 10000): the same dataset;
     // a file copied in shows up over WebDAV.
@@ -100,7 +99,7 @@ fn shares_are_served_over_nfs_and_webdav() {
     std::fs::write(&src, &big).unwrap();
     let out = Command::new("nfs-cp")
         .arg(&src)
-        .arg(nfs_url(nfs, "/photos/big.bin"))
+        .arg(nfs_url(nfs, nfs, "/photos/big.bin"))
         .output()
         .unwrap();
     assert!(
@@ -108,11 +107,11 @@ fn shares_are_served_over_nfs_and_webdav() {
         "nfs-cp: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (code, body) = curl(&["-u", "alice:wonder-land", &web("big.bin")]);
-    assert_eq!(code, "200");
+    let (code, body, _) = curl(&["-u", "alice:wonder-land", &web("big.bin")]);
+    assert_eq!(code, 200);
     assert!(body == big, "WebDAV sees what NFS wrote");
     let out = Command::new("nfs-cat")
-        .arg(nfs_url(nfs, "/photos/hello.txt"))
+        .arg(nfs_url(nfs, nfs, "/photos/hello.txt"))
         .output()
         .unwrap();
     assert_eq!(out.stdout, b"hello from webdav");
@@ -120,16 +119,16 @@ fn shares_are_served_over_nfs_and_webdav() {
     // A restarted daemon serves the same shares and data.
     d.stop();
     d = Daemon::start_with(dir.path(), &args);
-    let (code, body) = curl(&["-u", "alice:wonder-land", &web("big.bin")]);
-    assert_eq!(code, "200");
+    let (code, body, _) = curl(&["-u", "alice:wonder-land", &web("big.bin")]);
+    assert_eq!(code, 200);
     assert!(body == big);
 
     // Removing the share takes it off both servers at once.
     d.ok(&["share", "del", "photos"]);
-    let (code, _) = curl(&["-u", "alice:wonder-land", &web("hello.txt")]);
-    assert_eq!(code, "404");
+    let (code, _, _) = curl(&["-u", "alice:wonder-land", &web("hello.txt")]);
+    assert_eq!(code, 404);
     let out = Command::new("nfs-cat")
-        .arg(nfs_url(nfs, "/photos/hello.txt"))
+        .arg(nfs_url(nfs, nfs, "/photos/hello.txt"))
         .output()
         .unwrap();
     assert!(!out.status.success(), "the export is gone");
@@ -148,10 +147,10 @@ fn webdav_off_loopback_is_https() {
     let bind = format!("0.0.0.0:{port}");
     let d = Daemon::start_with(dir.path(), &["--webdav", bind.as_str()]);
     let url = format!("https://127.0.0.1:{port}/");
-    let (code, _) = curl(&["-k", &url]);
-    assert_eq!(code, "401", "HTTPS answers (and wants a login)");
-    let (code, _) = curl(&[&format!("http://127.0.0.1:{port}/")]);
-    assert_ne!(code, "401", "no plain HTTP off loopback");
+    let (code, _, _) = curl(&["-k", &url]);
+    assert_eq!(code, 401, "HTTPS answers (and wants a login)");
+    let (code, _, _) = curl(&[&format!("http://127.0.0.1:{port}/")]);
+    assert_ne!(code, 401, "no plain HTTP off loopback");
     let cert = dir.path().join("state/tls/webdav-cert.pem");
     let first = std::fs::read(&cert).expect("the self-signed certificate");
     d.stop();
@@ -163,7 +162,7 @@ fn webdav_off_loopback_is_https() {
         dir.path(),
         &["--webdav", bind.as_str(), "--webdav-plain-http"],
     );
-    let (code, _) = curl(&[&format!("http://127.0.0.1:{port}/")]);
-    assert_eq!(code, "401");
+    let (code, _, _) = curl(&[&format!("http://127.0.0.1:{port}/")]);
+    assert_eq!(code, 401);
     d.stop();
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tarn_api::params::ObjectInfo;
 use tarn_api::pool::{
@@ -18,6 +18,7 @@ use tarn_api::pool::{
 };
 use tarn_api::{ApiError, Backend};
 use tarn_daemon::{run_daemon, DaemonOptions, Node};
+use tarn_testkit::net::wait_for_socket;
 
 /// How long `pool.sync` takes in the fake, to test draining at stop.
 pub const SYNC_DELAY: Duration = Duration::from_millis(500);
@@ -253,19 +254,6 @@ impl TestDaemon {
     /// Waits for `run_daemon` to return and hands back its result.
     pub fn join(&mut self) -> tarn_daemon::Result<()> {
         self.thread.take().expect("joined twice").join().unwrap()
-    }
-}
-
-/// Waits until something listens on `path` (bounded).
-pub fn wait_for_socket(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while UnixStream::connect(path).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "nothing listens on {}",
-            path.display()
-        );
-        thread::sleep(Duration::from_millis(20));
     }
 }
 

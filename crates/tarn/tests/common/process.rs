@@ -141,27 +141,12 @@ impl Daemon {
     }
 }
 
-/// Sparse files of `size` bytes named `prefix0..`, as path strings.
+/// Sparse member files (`tarn_testkit::files::make`) as path strings, for
+/// the CLI's arguments.
 pub fn files(dir: &Path, prefix: &str, n: usize, size: u64) -> Vec<String> {
-    (0..n)
-        .map(|i| {
-            let p = dir.join(format!("{prefix}{i}"));
-            std::fs::File::create(&p).unwrap().set_len(size).unwrap();
-            p.to_string_lossy().into_owned()
-        })
-        .collect()
-}
-
-/// Deterministic incompressible bytes.
-pub fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
+    tarn_testkit::files::make(dir, prefix, n, size)
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
         .collect()
 }
 
