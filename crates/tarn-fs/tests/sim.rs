@@ -138,7 +138,7 @@ use tarn_fs::{Backend, Cred, DatasetBackend, FileKind, Fs, FsError, SetAttr, Sto
 use tarn_pool::status::{Health, ScanKind, ScanState, ScanStatus};
 use tarn_pool::{Pool, PoolError, PoolOptions, ScanAction, VdevSpec};
 use tarn_testkit::data::{env_seed, random_seed, Rng};
-use tarn_testkit::stores::{tick, Tap};
+use tarn_testkit::stores::{snapshots_wrapped, tick, Tap};
 use tarn_vdev::fault::{set_open_hook, OpenHook, PowerSwitch};
 use tarn_vdev::{Fault, FaultKind, FaultLeaf, VdevKind};
 
@@ -313,16 +313,11 @@ impl Backend for SimBackend {
     }
 
     fn snapshots(&self) -> Result<Vec<(String, Arc<Self>)>, FsError> {
-        Ok(self
-            .inner
-            .snapshots()?
-            .into_iter()
-            .map(|(name, b)| {
-                let inner = (*b).clone();
-                let clock = self.clock.clone();
-                (name, Arc::new(SimBackend { inner, clock }))
-            })
-            .collect())
+        snapshots_wrapped(&self.inner, |b| {
+            let inner = (*b).clone();
+            let clock = self.clock.clone();
+            Arc::new(SimBackend { inner, clock })
+        })
     }
 }
 

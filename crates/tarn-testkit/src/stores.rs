@@ -1,12 +1,15 @@
-//! A [`Store`] seen through a tap, for test backends that wrap a real one
-//! (a dataset, the memory backend): every call passes through, except that
-//! the clock may be replaced and reads of blocks can be watched.
+//! For test backends that wrap a real one (a dataset, the memory
+//! backend): a [`Store`] seen through a tap, where every call passes
+//! through except that the clock may be replaced and reads of blocks can be
+//! watched, and the wrapped backend's snapshots, wrapped alike.
 
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use tarn_fs::{SpaceInfo, Store, StoreError, StoreInfo, Val};
+use std::sync::Arc;
+
+use tarn_fs::{Backend, FsError, SpaceInfo, Store, StoreError, StoreInfo, Val};
 
 /// What [`Tap::on_read`] calls with the key of each block read.
 pub type ReadWatch<'a> = &'a mut dyn FnMut(&[u8]);
@@ -56,6 +59,19 @@ pub fn wall_clock() -> (i64, u32) {
 pub fn tick(ns: &AtomicU64, step: u64) -> (i64, u32) {
     let t = ns.fetch_add(step, Ordering::AcqRel);
     ((t / 1_000_000_000) as i64, (t % 1_000_000_000) as u32)
+}
+
+/// The snapshots of a test backend that wraps `inner`: `inner`'s, each
+/// wrapped by `wrap`.
+pub fn snapshots_wrapped<B: Backend, W>(
+    inner: &B,
+    wrap: impl Fn(Arc<B>) -> Arc<W>,
+) -> Result<Vec<(String, Arc<W>)>, FsError> {
+    Ok(inner
+        .snapshots()?
+        .into_iter()
+        .map(|(name, b)| (name, wrap(b)))
+        .collect())
 }
 
 impl Store for Tap<'_> {

@@ -4,11 +4,9 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::clients::tarn_with_stdin;
 use common::process::{files, Daemon};
-use tarn_pool::{Pool, PoolOptions};
+use tarn_testkit::pools::{attached, opts, try_import};
 
 #[test]
 fn users_and_shares_end_to_end() {
@@ -80,20 +78,7 @@ fn users_and_shares_end_to_end() {
     d.stop();
 
     // The password is stored only as a hash, and checks against it.
-    let pool = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        true,
-        PoolOptions {
-            sync_interval: Duration::from_secs(3600),
-            owner: "test".into(),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    tarn_dataset::attach(&pool).unwrap();
+    let pool = attached(try_import(&[dir.path()], "tank", true, opts()).unwrap());
     let users = tarn_daemon::access::users(&pool).unwrap();
     let alice = users.iter().find(|u| u.name == "alice").unwrap();
     assert!(alice.hash.starts_with("$argon2id$") && !alice.hash.contains("s3cret"));

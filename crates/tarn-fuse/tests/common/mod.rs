@@ -13,7 +13,7 @@ use std::time::Duration;
 use tarn_fs::testing::MemBackend;
 use tarn_fs::{Backend, Fs, FsError, Store};
 use tarn_fuse::{Mount, MountOptions};
-use tarn_testkit::stores::{wall_clock, Tap};
+use tarn_testkit::stores::{snapshots_wrapped, wall_clock, Tap};
 
 /// A mounted memory filesystem; fields drop in order (mount first).
 pub struct Fixture {
@@ -124,17 +124,12 @@ impl Backend for TestBackend {
         self.inner.sync()
     }
     fn snapshots(&self) -> Result<Vec<(String, Arc<Self>)>, FsError> {
-        Ok(self
-            .inner
-            .snapshots()?
-            .into_iter()
-            .map(|(n, b)| {
-                let w = TestBackend::wrap(b);
-                w.real_clock
-                    .store(self.real_clock.load(Ordering::SeqCst), Ordering::SeqCst);
-                (n, w)
-            })
-            .collect())
+        snapshots_wrapped(self.inner.as_ref(), |b| {
+            let w = TestBackend::wrap(b);
+            w.real_clock
+                .store(self.real_clock.load(Ordering::SeqCst), Ordering::SeqCst);
+            w
+        })
     }
 }
 
