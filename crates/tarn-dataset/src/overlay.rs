@@ -48,6 +48,9 @@ use crate::DsError;
 pub(crate) struct StagedBlock {
     /// The logical bytes.
     pub data: Arc<Vec<u8>>,
+    /// Allocated bytes the block was charged when it was staged (its room
+    /// may shrink later, when it is written: the overlay's count does not).
+    charged: u64,
     slot: Mutex<StagedSlot>,
 }
 
@@ -66,6 +69,7 @@ impl StagedBlock {
     pub(crate) fn new(data: Arc<Vec<u8>>, res: Reservation, written: Option<BlockPtr>) -> Self {
         StagedBlock {
             data,
+            charged: res.asize(),
             slot: Mutex::new(StagedSlot { res, written }),
         }
     }
@@ -75,9 +79,9 @@ impl StagedBlock {
         self.slot.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Allocated bytes the block holds.
+    /// Allocated bytes the block was charged when it was staged.
     pub(crate) fn asize(&self) -> u64 {
-        self.slot().res.asize()
+        self.charged
     }
 }
 
@@ -143,12 +147,6 @@ impl Overlay {
     /// Allocated bytes of its staged blocks.
     pub(crate) fn staged_asize(&self) -> u64 {
         self.staged_asize
-    }
-
-    /// A staged block's room changed from `old` to `new` allocated bytes
-    /// (written early: only what its stored size needs is kept).
-    pub(crate) fn restaged(&mut self, old: u64, new: u64) {
-        self.staged_asize = self.staged_asize.saturating_sub(old).saturating_add(new);
     }
 
     /// Bytes of plain values and keys it holds.

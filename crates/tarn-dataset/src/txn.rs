@@ -8,12 +8,13 @@
 //! data blocks happen under the pool lock (a known limit).
 
 use std::ops::Bound;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tarn_block::BlockPtr;
 use tarn_pool::{Cx, Pool};
 
-use crate::dsl::{with_dsl, Dsl, Live};
+use crate::dsl::{with_dsl, Dsl, LiveDs, LiveState};
 use crate::overlay::{decode_tree_value, Change, Found, StagedBlock, View};
 use crate::zil::LogOp;
 use crate::DsError;
@@ -44,9 +45,11 @@ enum Undo {
 }
 
 /// One dataset inside one transaction (see the module docs).
-pub struct Txn<'a, 'p, 's> {
-    dsl: &'a mut Dsl,
-    cx: &'a mut Cx<'p, 's>,
+pub struct Txn<'a, 'p> {
+    dsl: &'a Dsl,
+    live: &'a LiveDs,
+    st: &'a mut LiveState,
+    cx: &'a mut Cx<'p>,
     id: u64,
     readonly: bool,
     undo: Vec<Undo>,
@@ -76,10 +79,10 @@ fn value_of(f: Found) -> Value {
     }
 }
 
-impl Txn<'_, '_, '_> {
+impl Txn<'_, '_> {
     fn ro_check(&self) -> Result<(), DsError> {
         if self.readonly && !self.replay {
-            let name = crate::dsl::rec_name(self.dsl, self.id).unwrap_or_default();
+            let name = crate::dsl::rec_name(&self.dsl.dir(), self.id).unwrap_or_default();
             return Err(DsError::ReadOnly(format!("dataset '{name}' is read-only")));
         }
         Ok(())
@@ -87,12 +90,12 @@ impl Txn<'_, '_, '_> {
 
     /// The dataset's resolved property value.
     pub fn prop(&self, name: &str) -> String {
-        self.dsl.prop(self.id, name).0
+        self.dsl.dir().prop(self.id, name).0
     }
 
     /// Stable id of the dataset.
     pub fn guid(&self) -> u64 {
-        crate::dsl::rec_guid(self.dsl, self.id).unwrap_or(0)
+        crate::dsl::rec_guid(&self.dsl.dir(), self.id).unwrap_or(0)
     }
 
     /// True when changes are refused (snapshot, `readonly=on`).
@@ -103,9 +106,10 @@ impl Txn<'_, '_, '_> {
     /// Bytes the dataset may still write, and its used bytes (as `list`
     /// reports them).
     pub fn space(&self) -> (u64, u64) {
+        let dir = self.dsl.dir();
         (
-            self.dsl.available(self.cx, self.id),
-            self.dsl.deflate(self.dsl.used(self.id).asize),
+            dir.available(self.cx, self.id),
+            dir.deflate(dir.used(self.id).asize),
         )
     }
 
@@ -113,9 +117,16 @@ impl Txn<'_, '_, '_> {
     /// committed tree.
     fn found(&mut self, key: &[u8]) -> Result<Option<Found>, DsError> {
         let store = self.cx.store();
-        let live = self.dsl.live(self.id)?;
-        let Live { tree, open, .. } = live;
-        let layers = [&*open];
+        let LiveState {
+            tree,
+            open,
+            syncing,
+            ..
+        } = &mut *self.st;
+        let mut layers = vec![&*open];
+        if let Some((_, s)) = syncing.as_ref() {
+            layers.push(&**s);
+        }
         View {
             layers: &layers,
             tree,
@@ -126,8 +137,7 @@ impl Txn<'_, '_, '_> {
     /// Records a change of `key` in the open overlay, journaling the entry
     /// it replaces.
     fn set(&mut self, key: &[u8], c: Change) -> Result<(), DsError> {
-        let live = self.dsl.live(self.id)?;
-        let prev = live.open.set(key, c);
+        let prev = self.st.open.set(key, c);
         if let Some(Change::Block(b)) = &prev {
             self.released.push(b.clone());
         }
@@ -187,9 +197,16 @@ impl Txn<'_, '_, '_> {
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Value)>, DsError> {
         let store = self.cx.store();
-        let live = self.dsl.live(self.id)?;
-        let Live { tree, open, .. } = live;
-        let layers = [&*open];
+        let LiveState {
+            tree,
+            open,
+            syncing,
+            ..
+        } = &mut *self.st;
+        let mut layers = vec![&*open];
+        if let Some((_, s)) = syncing.as_ref() {
+            layers.push(&**s);
+        }
         let page = View {
             layers: &layers,
             tree,
@@ -202,8 +219,7 @@ impl Txn<'_, '_, '_> {
     /// txg syncs. Costs the same whatever the range holds.
     pub fn delete_range(&mut self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<(), DsError> {
         self.ro_check()?;
-        let live = self.dsl.live(self.id)?;
-        let removed = live.open.delete_range(start, end);
+        let removed = self.st.open.delete_range(start, end);
         for (_, c) in &removed {
             if let Change::Block(b) = c {
                 self.released.push(b.clone());
@@ -235,10 +251,10 @@ impl Txn<'_, '_, '_> {
         let len = data.len() as u64;
         // Quotas and reservations first, then the room itself: allocated
         // now, so the sync that writes the block cannot run out of space.
-        let copies = self.dsl.block_opts(self.id).copies;
+        let copies = self.dsl.dir().block_opts(self.id).copies;
         let cost = self.cx.alloc_cost(len, copies);
         if !self.replay {
-            self.dsl.check_room(self.cx, self.id, cost)?;
+            self.dsl.dir().check_room(self.cx, self.id, cost)?;
         }
         let res = self.cx.reserve_block(len, copies).map_err(|e| match e {
             tarn_pool::PoolError::NoSpace(m) => DsError::NoSpace(m),
@@ -297,7 +313,7 @@ impl Txn<'_, '_, '_> {
             Some(Found::Block(bp)) => match self.cx.read_block(&bp) {
                 Ok(d) => Ok(Some(d)),
                 Err(e) => {
-                    let name = crate::dsl::rec_name(self.dsl, self.id).unwrap_or_default();
+                    let name = crate::dsl::rec_name(&self.dsl.dir(), self.id).unwrap_or_default();
                     let what = format!("dataset {name}: block at key {key:02x?}");
                     self.cx.report_damage(what.clone());
                     Err(DsError::Damaged(format!("{what}: {e}")))
@@ -316,23 +332,27 @@ impl Txn<'_, '_, '_> {
         }
         self.released.clear();
         self.ops.clear();
-        let Ok(live) = self.dsl.live(self.id) else {
-            return;
-        };
         while let Some(u) = self.undo.pop() {
             match u {
-                Undo::Entry(k, prev) => live.open.restore(&k, prev),
-                Undo::Range(removed) => live.open.undo_delete_range(removed),
+                Undo::Entry(k, prev) => self.st.open.restore(&k, prev),
+                Undo::Range(removed) => self.st.open.undo_delete_range(removed),
             }
         }
+        self.live
+            .pending
+            .store(self.st.staged_asize(), Ordering::Relaxed);
     }
 
     fn finish(&mut self) -> Result<(), DsError> {
-        let live = self.dsl.live(self.id)?;
-        live.log.append(&mut self.ops);
+        let txg = self.cx.txg();
+        for op in std::mem::take(&mut self.ops) {
+            let seq = self.st.log_seq;
+            self.st.log_seq += 1;
+            self.st.log.push((txg, seq, op));
+        }
         // Keys and plain values held for the sync count against the write
         // throttle too, so a txg of metadata changes stays bounded.
-        let plain = live.open.plain_bytes();
+        let plain = self.st.open.plain_bytes();
         if plain > self.plain_before {
             self.cx.charge(plain - self.plain_before);
         }
@@ -340,11 +360,15 @@ impl Txn<'_, '_, '_> {
         for b in std::mem::take(&mut self.released) {
             let slot = b.slot().clone();
             match slot.written {
-                // Only the intent log refers to it: freed after the sync.
-                Some(bp) => self.cx.log_free(bp),
+                // Only the intent log refers to it: freed after the sync of
+                // this txg.
+                Some(bp) => self.cx.log_free(txg, bp),
                 None => self.cx.release_block(slot.res),
             }
         }
+        self.live
+            .pending
+            .store(self.st.staged_asize(), Ordering::Relaxed);
         Ok(())
     }
 }
@@ -352,18 +376,23 @@ impl Txn<'_, '_, '_> {
 /// Runs `f` as one transaction on dataset `id` (see the module docs);
 /// the outer result is the dataset layer's, the inner one `f`'s.
 pub(crate) fn run<R, E>(
-    dsl: &mut Dsl,
-    cx: &mut Cx<'_, '_>,
+    dsl: &Dsl,
+    cx: &mut Cx<'_>,
     id: u64,
     replay: bool,
-    f: impl FnOnce(&mut Txn<'_, '_, '_>) -> Result<R, E>,
+    readonly: bool,
+    f: impl FnOnce(&mut Txn<'_, '_>) -> Result<R, E>,
 ) -> Result<Result<R, E>, DsError> {
-    let plain_before = dsl.live(id)?.open.plain_bytes();
+    let live = dsl.live(id)?;
+    let mut st = live.lock();
+    let plain_before = st.open.plain_bytes();
     let mut t = Txn {
         dsl,
+        live: &live,
+        st: &mut st,
         cx,
         id,
-        readonly: false,
+        readonly,
         undo: Vec::new(),
         charged_dirty: 0,
         reserved: Vec::new(),
@@ -436,16 +465,13 @@ impl DatasetHandle {
     pub fn txn<R, E: From<DsError>>(
         &self,
         write: bool,
-        f: impl FnOnce(&mut Txn<'_, '_, '_>) -> Result<R, E>,
+        f: impl FnOnce(&mut Txn<'_, '_>) -> Result<R, E>,
     ) -> Result<R, E> {
         let id = self.id;
         let snapshot = self.snapshot;
         let r = with_dsl(&self.pool, write, |dsl, cx| {
-            let readonly = snapshot || dsl.prop_bool(id, "readonly");
-            run(dsl, cx, id, false, |t| {
-                t.readonly = readonly;
-                f(t)
-            })
+            let readonly = snapshot || dsl.dir().prop_bool(id, "readonly");
+            run(dsl, cx, id, false, readonly, f)
         });
         match r {
             Ok(inner) => inner,
@@ -477,6 +503,7 @@ impl DatasetHandle {
         let id = self.id;
         let pool = self.pool.clone();
         with_dsl(&self.pool, false, |dsl, _| {
+            let dsl = &*dsl.dir();
             Ok(crate::dsl::snapshot_ids(dsl, id)
                 .into_iter()
                 .filter_map(|(name, sid)| {
@@ -503,6 +530,7 @@ impl DatasetHandle {
         with_dsl(&self.pool, false, |dsl, cx| {
             let store = cx.store();
             let live = dsl.live(id)?;
+            let live = &mut *live.lock();
             let mut out = Vec::new();
             let mut from = Bound::Included(start.to_vec());
             loop {
@@ -528,6 +556,8 @@ impl DatasetHandle {
     /// The committed root of this dataset's tree (for tests and tools).
     pub fn root(&self) -> Result<BlockPtr, DsError> {
         let id = self.id;
-        with_dsl(&self.pool, false, |dsl, _| crate::dsl::rec_root(dsl, id))
+        with_dsl(&self.pool, false, |dsl, _| {
+            crate::dsl::rec_root(&dsl.dir(), id)
+        })
     }
 }

@@ -36,12 +36,12 @@ fn val(v: Value) -> Val {
 }
 
 /// One dataset transaction seen as a [`Store`].
-struct TxnStore<'t, 'a, 'p, 's> {
-    t: &'t mut Txn<'a, 'p, 's>,
+struct TxnStore<'t, 'a, 'p> {
+    t: &'t mut Txn<'a, 'p>,
     info: StoreInfo,
 }
 
-impl Store for TxnStore<'_, '_, '_, '_> {
+impl Store for TxnStore<'_, '_, '_> {
     fn info(&self) -> StoreInfo {
         self.info.clone()
     }

@@ -47,6 +47,7 @@ mod scan;
 mod space;
 mod store;
 mod sync;
+mod txg;
 mod vdevs;
 mod zil;
 

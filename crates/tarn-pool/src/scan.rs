@@ -503,11 +503,20 @@ impl Pool {
     /// meta tree, every extension tree walked whole,
     /// shared blocks counted once). A difference is a leak or a lost block.
     pub fn leak_check(&self) -> Result<LeakReport, PoolError> {
-        let mut st = self.lock();
-        self.check_usable(&st)?;
-        if Self::has_changes(&st) {
-            self.sync_locked(&mut st)?;
-        }
+        self.exclusive(|_| self.leak_check_quiet())
+    }
+
+    /// [`Pool::leak_check`] of a quiet pool (inside an exclusive operation).
+    fn leak_check_quiet(&self) -> Result<LeakReport, PoolError> {
+        let (space_root, meta_root, allocated, deferred) = {
+            let st = self.lock();
+            (
+                st.space_root,
+                st.meta_root,
+                st.space.iter().map(|m| m.allocated()).sum(),
+                st.space.iter().map(|m| m.deferred()).sum(),
+            )
+        };
         let rs = self.read_store();
         let seen = std::cell::RefCell::new(
             std::collections::HashMap::<(u32, u64), ([u8; 32], u32)>::new(),
@@ -525,8 +534,8 @@ impl Pool {
                 }
             }
         };
-        add(&st.space_root);
-        for d in Self::log_allocated(&st) {
+        add(&space_root);
+        for d in self.log_allocated() {
             seen.borrow_mut()
                 .entry((d.vdev, d.offset))
                 .or_insert(([0xff; 32], d.asize));
@@ -535,7 +544,7 @@ impl Pool {
         let mut trees = Vec::new();
         tarn_tree::walk(
             &rs,
-            &st.meta.root(),
+            &meta_root,
             0,
             &mut |bp| {
                 add(bp);
@@ -582,42 +591,70 @@ impl Pool {
         }
         let reachable = seen.borrow().values().map(|(_, a)| *a as u64).sum();
         Ok(LeakReport {
-            allocated: st.space.iter().map(|m| m.allocated()).sum(),
-            deferred: st.space.iter().map(|m| m.deferred()).sum(),
+            allocated,
+            deferred,
             reachable,
             conflicts: conflicts.get(),
         })
     }
 
-    /// Every tree the extension references in the committed-or-open meta
-    /// tree, as (id, root, min_birth, kind), sorted by id.
+    /// Visits the extension's entries of the committed meta tree at `root`,
+    /// in key order, a page at a time so memory stays bounded; `f` returns
+    /// false to stop early.
+    fn for_each_ext_entry(
+        &self,
+        root: BlockPtr,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), PoolError> {
+        let rs = self.read_store();
+        let mut meta = tarn_tree::Tree::open(root);
+        let hi = [P_EXT + 1];
+        let mut start = vec![P_EXT];
+        let mut incl = true;
+        loop {
+            let lo = if incl {
+                Bound::Included(&start[..])
+            } else {
+                Bound::Excluded(&start[..])
+            };
+            let page = meta.range(&rs, lo, Bound::Excluded(&hi[..]), 1024)?;
+            let Some(last) = page.last().map(|(k, _)| k.clone()) else {
+                return Ok(());
+            };
+            for (k, v) in &page {
+                if !f(&k[1..], v) {
+                    return Ok(());
+                }
+            }
+            start = last;
+            incl = false;
+        }
+    }
+
+    /// Every tree the extension references in the committed meta tree at
+    /// `root`, as (id, root, min_birth, kind), sorted by id.
     pub(crate) fn ext_trees(
         &self,
-        st: &mut State,
+        root: BlockPtr,
         scan: ScanFn,
     ) -> Result<Vec<(u64, BlockPtr, u64, u8)>, PoolError> {
         let mut trees = Vec::new();
-        self.for_each_entry(
-            st,
-            &[P_EXT],
-            Bound::Excluded(&[P_EXT + 1][..]),
-            &mut |k, v| {
-                let mut refs = Vec::new();
-                scan(0, &k[1..], v, &mut refs);
-                for r in refs {
-                    if let ExtRef::Tree {
-                        id,
-                        root,
-                        min_birth,
-                        kind,
-                    } = r
-                    {
-                        trees.push((id, root, min_birth, kind));
-                    }
+        self.for_each_ext_entry(root, &mut |k, v| {
+            let mut refs = Vec::new();
+            scan(0, k, v, &mut refs);
+            for r in refs {
+                if let ExtRef::Tree {
+                    id,
+                    root,
+                    min_birth,
+                    kind,
+                } = r
+                {
+                    trees.push((id, root, min_birth, kind));
                 }
-                Ok(true)
-            },
-        )?;
+            }
+            true
+        })?;
         trees.sort_by_key(|t| t.0);
         Ok(trees)
     }
@@ -684,19 +721,15 @@ impl Pool {
         Ok(Step::Continue)
     }
 
-    /// True when the meta tree holds entries of an extension (datasets).
+    /// True when the committed meta tree holds entries of an extension
+    /// (datasets).
     fn has_ext_entries(&self) -> Result<bool, PoolError> {
-        let mut st = self.lock();
+        let root = self.lock().meta_root;
         let mut found = false;
-        self.for_each_entry(
-            &mut st,
-            &[P_EXT],
-            Bound::Excluded(&[P_EXT + 1][..]),
-            &mut |_, _| {
-                found = true;
-                Ok(false)
-            },
-        )?;
+        self.for_each_ext_entry(root, &mut |_, _| {
+            found = true;
+            false
+        })?;
         Ok(found)
     }
 
@@ -724,7 +757,7 @@ impl Pool {
         let in_window = |bp: &BlockPtr| bp.birth >= min_birth && bp.birth <= max_birth;
         if phase == 0 {
             let st = self.lock();
-            let root = st.meta.root();
+            let root = st.meta_root;
             let space_root = st.space_root;
             let hold = self.holds.hold(st.txg);
             drop(st);
@@ -781,14 +814,15 @@ impl Pool {
         if phase == PHASE_TREES {
             if let Some(scan) = self.scan_fn() {
                 loop {
-                    let mut st = self.lock();
+                    let st = self.lock();
                     let done = st.ms.scan.as_ref().and_then(|s| bookmark_id(&s.bookmark));
-                    let trees = self.ext_trees(&mut st, scan)?;
+                    let (root, txg) = (st.meta_root, st.txg);
+                    drop(st);
+                    let hold = self.holds.hold(txg);
+                    let trees = self.ext_trees(root, scan)?;
                     let Some(t) = trees.into_iter().find(|t| done.is_none_or(|d| t.0 > d)) else {
                         break;
                     };
-                    let hold = self.holds.hold(st.txg);
-                    drop(st);
                     let (id, root, tree_min, kind) = t;
                     let prune = tree_min.max(min_birth.saturating_sub(1));
                     let keep = |bp: &BlockPtr| in_window(bp) && bp.birth > prune;
