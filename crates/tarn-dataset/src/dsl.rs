@@ -83,6 +83,19 @@ pub(crate) struct LiveState {
 }
 
 impl LiveState {
+    /// What readers see: the uncommitted overlays, newest first, over the
+    /// committed tree.
+    pub(crate) fn view(&mut self) -> crate::overlay::View<'_> {
+        let mut layers = vec![&self.open];
+        if let Some((_, s)) = self.syncing.as_ref() {
+            layers.push(&**s);
+        }
+        crate::overlay::View {
+            layers,
+            tree: &mut self.tree,
+        }
+    }
+
     /// Allocated bytes the staged blocks of the uncommitted overlays hold.
     pub(crate) fn staged_asize(&self) -> u64 {
         self.open.staged_asize() + self.syncing.as_ref().map_or(0, |(_, s)| s.staged_asize())

@@ -322,7 +322,7 @@ fn from_change(c: &Change) -> Option<Found> {
 /// Overlays, newest first, over a committed tree: what a reader sees.
 pub(crate) struct View<'a> {
     /// The layers, newest first.
-    pub layers: &'a [&'a Overlay],
+    pub layers: Vec<&'a Overlay>,
     /// The committed tree below them.
     pub tree: &'a mut Tree,
 }
@@ -337,7 +337,7 @@ impl View<'_> {
         store: &dyn NodeStore,
         key: &[u8],
     ) -> Result<Option<Found>, DsError> {
-        for l in self.layers {
+        for l in &self.layers {
             match l.seen(key) {
                 Seen::Entry(c) => return Ok(from_change(c)),
                 Seen::Hidden => return Ok(None),
@@ -362,7 +362,7 @@ impl View<'_> {
         if limit == 0 {
             return Ok(out);
         }
-        let layers = self.layers;
+        let layers = &self.layers;
         let mut iters: Vec<_> = layers
             .iter()
             .map(|l| l.entries_in(start, end).peekable())
@@ -555,8 +555,7 @@ mod tests {
                 apply_overlay(&mut o2, op);
                 apply_model(&mut model, op);
             }
-            let layers = [&o2, &o1];
-            let mut view = View { layers: &layers, tree: &mut tree };
+            let mut view = View { layers: vec![&o2, &o1], tree: &mut tree };
             for k in 0u8..42 {
                 let got = view.get(&store, &key(k)).unwrap().map(|f| match f {
                     Found::Plain(v) => v[0],

@@ -15,7 +15,7 @@ use tarn_block::BlockPtr;
 use tarn_pool::{Cx, Pool};
 
 use crate::dsl::{with_dsl, Dsl, LiveDs, LiveState};
-use crate::overlay::{decode_tree_value, Change, Found, StagedBlock, View};
+use crate::overlay::{decode_tree_value, Change, Found, StagedBlock};
 use crate::zil::LogOp;
 use crate::DsError;
 use tarn_pool::Reservation;
@@ -117,21 +117,7 @@ impl Txn<'_, '_> {
     /// committed tree.
     fn found(&mut self, key: &[u8]) -> Result<Option<Found>, DsError> {
         let store = self.cx.store();
-        let LiveState {
-            tree,
-            open,
-            syncing,
-            ..
-        } = &mut *self.st;
-        let mut layers = vec![&*open];
-        if let Some((_, s)) = syncing.as_ref() {
-            layers.push(&**s);
-        }
-        View {
-            layers: &layers,
-            tree,
-        }
-        .get(&store, key)
+        self.st.view().get(&store, key)
     }
 
     /// Records a change of `key` in the open overlay, journaling the entry
@@ -197,21 +183,7 @@ impl Txn<'_, '_> {
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Value)>, DsError> {
         let store = self.cx.store();
-        let LiveState {
-            tree,
-            open,
-            syncing,
-            ..
-        } = &mut *self.st;
-        let mut layers = vec![&*open];
-        if let Some((_, s)) = syncing.as_ref() {
-            layers.push(&**s);
-        }
-        let page = View {
-            layers: &layers,
-            tree,
-        }
-        .range(&store, start, end, limit)?;
+        let page = self.st.view().range(&store, start, end, limit)?;
         Ok(page.into_iter().map(|(k, f)| (k, value_of(f))).collect())
     }
 
