@@ -60,9 +60,9 @@ pub trait Backend: Send + Sync {
     /// Writes the file at `from_path` into `object` at `offset`; durable
     /// before returning when `sync`.
     ///
-    /// Raw objects: a pool-level store of named byte objects used by drills,
-    /// tests and benchmarks until datasets exist. Data moves through files
-    /// on the daemon's machine, never through JSON.
+    /// Objects: the regular files at the top of a pool's root filesystem,
+    /// copied in and out without a mount by drills, tests and benchmarks.
+    /// Data moves through files on the daemon's machine, never through JSON.
     fn object_write(
         &self,
         pool: &str,
@@ -73,9 +73,9 @@ pub trait Backend: Send + Sync {
     ) -> Result<ObjectInfo, ApiError>;
     /// Writes the whole of `object` into a file at `to_path`.
     fn object_read(&self, pool: &str, object: &str, to_path: &str) -> Result<ObjectInfo, ApiError>;
-    /// Lists the raw objects of a pool.
+    /// Lists the objects of a pool.
     fn object_list(&self, pool: &str) -> Result<Vec<ObjectInfo>, ApiError>;
-    /// Deletes a raw object.
+    /// Deletes an object.
     fn object_delete(&self, pool: &str, object: &str) -> Result<(), ApiError>;
     /// Creates a filesystem dataset (with `parents`, missing ancestors too).
     fn dataset_create(

@@ -35,13 +35,13 @@ pub const POOL_CLEAR: &str = "pool.clear";
 pub const POOL_IOSTAT: &str = "pool.iostat";
 /// Commit the open txg now: [`crate::params::NameParams`].
 pub const POOL_SYNC: &str = "pool.sync";
-/// Write a raw object from a file: [`crate::params::ObjectWriteParams`].
+/// Write an object from a file: [`crate::params::ObjectWriteParams`].
 pub const OBJECT_WRITE: &str = "object.write";
-/// Read a raw object into a file: [`crate::params::ObjectReadParams`].
+/// Read an object into a file: [`crate::params::ObjectReadParams`].
 pub const OBJECT_READ: &str = "object.read";
-/// List raw objects: [`crate::params::PoolParams`].
+/// List objects: [`crate::params::PoolParams`].
 pub const OBJECT_LIST: &str = "object.list";
-/// Delete a raw object: [`crate::params::ObjectParams`].
+/// Delete an object: [`crate::params::ObjectParams`].
 pub const OBJECT_DELETE: &str = "object.delete";
 
 /// Create a filesystem: [`crate::params::DatasetCreateParams`].

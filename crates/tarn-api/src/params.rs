@@ -385,13 +385,14 @@ pub struct SyncResult {
     pub txg: u64,
 }
 
-/// A raw object as `object.*` methods report it.
+/// An object as `object.*` methods report it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectInfo {
     /// Object name.
     pub name: String,
     /// Size in bytes.
     pub size: u64,
-    /// Txg of the object's last change.
+    /// The pool's last committed txg when the answer was made (objects are
+    /// files; no txg of their last change is kept).
     pub txg: u64,
 }

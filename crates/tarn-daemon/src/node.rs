@@ -2,7 +2,7 @@
 //! method. Each runs on the calling connection's thread; it finds the pool,
 //! calls the pool or dataset layer, keeps mounts and servers in step with
 //! what changed, and converts the answer into the API's types (`convert`).
-//! Raw objects are in `objects`.
+//! Objects (files at the top of a pool's root filesystem) are in `objects`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

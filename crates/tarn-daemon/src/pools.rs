@@ -10,12 +10,15 @@
 //!   rewritten atomically (temp file + rename) whenever the set changes.
 //!
 //! Pool operations run on the calling connection's thread; the pool layer
-//! does its own locking, so requests to different pools never wait for each
-//! other and a failing pool never blocks the others.
+//! does its own locking, so requests to different pools do not wait for
+//! each other and a failing pool does not block the others, except where
+//! they meet in the node's own maps: opening a dataset's filesystem holds
+//! the `filesystems` map while it waits for that pool's lock (the locks and
+//! their order: docs/design.md, "Locks").
 //!
 //! The API methods on them are in `node` (pools, datasets, users, shares,
-//! mounts) and `objects` (raw objects); the conversions to API types in
-//! `convert`.
+//! mounts) and `objects` (files at the top of a pool's root filesystem);
+//! the conversions to API types in `convert`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};

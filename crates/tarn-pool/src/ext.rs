@@ -4,7 +4,7 @@
 //!
 //! The pool knows nothing of datasets, yet dataset changes must commit in the
 //! same txg as everything else, under the same lock, in the sync order of
-//! DESIGN.md. So the dataset layer installs one [`Extension`]: an object that
+//! docs/design.md. So the dataset layer installs one [`Extension`]: an object that
 //! lives *inside* the pool state, under the pool mutex. Open-context code
 //! reaches it through [`Pool::with_ext`] together with a [`Cx`] (meta-tree
 //! entries in the extension's namespace, verified block reads, space charges

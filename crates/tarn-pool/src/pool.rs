@@ -12,6 +12,7 @@
 //! do their I/O without it. The other mutexes (`fault`, `syncer`,
 //! `scanner`, `scan_ops`, `locks`, `ext_scan`) guard one field each and are
 //! never held while taking `st`, except `scan_ops`, which is taken first.
+//! Every lock of the process, with its scope and order: docs/design.md.
 //!
 //! # Threads
 //!

@@ -1,4 +1,4 @@
-//! Datasets, properties, mounts, users, shares and raw objects, as tables
+//! Datasets, properties, mounts, users, shares and objects, as tables
 //! in the style of `zfs list` and `zfs get`.
 
 use tarn_api::access::{Access, ShareInfo, UserInfo};
