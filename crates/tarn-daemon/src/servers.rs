@@ -12,7 +12,7 @@
 //! a loopback address; elsewhere it uses TLS with a certificate given in
 //! the options or a self-signed one generated at the first start.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -82,19 +82,8 @@ fn handle_key(state_dir: &Path) -> Result<[u8; 32]> {
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut key))
         .map_err(|e| DaemonError::msg(format!("cannot read /dev/urandom: {e}")))?;
-    let tmp = state_dir.join("nfs-handle-key.tmp");
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(&key)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, &path)?;
+    crate::pools::write_atomically(&path, &key, 0o600)
+        .map_err(|e| DaemonError::msg(format!("cannot write {}: {e}", path.display())))?;
     Ok(key)
 }
 
