@@ -579,6 +579,10 @@ impl Backend for Pools {
         Ok(self.mounts.list())
     }
 
+    fn daemon_stats(&self) -> Result<tarn_api::params::DaemonStats, ApiError> {
+        Ok(self.servers.stats())
+    }
+
     fn pool_sync(&self, name: &str) -> Result<u64, ApiError> {
         self.get(name)?.sync().map_err(in_pool(name))
     }
