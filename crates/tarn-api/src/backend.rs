@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use crate::access::{Share, ShareInfo, UserInfo};
 use crate::dataset::{DatasetInfo, MountInfo, PropValue};
 use crate::error::ApiError;
-use crate::params::ObjectInfo;
+use crate::params::{DaemonStats, ObjectInfo};
 use crate::pool::{
     CreateRequest, Fault, ImportRequest, ImportResult, IostatEntry, PoolListEntry, PoolStatus,
     ScanStatus, ScrubAction, VdevSpec,
@@ -202,5 +202,10 @@ pub trait Backend: Send + Sync {
     /// The daemon's mounts.
     fn dataset_mounts(&self) -> Result<Vec<MountInfo>, ApiError> {
         Err(no_datasets())
+    }
+    /// Connection counters of the servers the node runs (NFS, WebDAV);
+    /// the transport fills in its own (`admin`). None by default.
+    fn daemon_stats(&self) -> Result<DaemonStats, ApiError> {
+        Ok(DaemonStats::default())
     }
 }

@@ -5,6 +5,9 @@
 pub const DAEMON_PING: &str = "daemon.ping";
 /// Export every pool and stop the daemon (served by the socket transport).
 pub const DAEMON_STOP: &str = "daemon.stop";
+/// Connection counters of the admin socket and the NFS and WebDAV servers:
+/// answers [`crate::params::DaemonStats`].
+pub const DAEMON_STATS: &str = "daemon.stats";
 /// Create a pool: [`crate::pool::CreateRequest`].
 pub const POOL_CREATE: &str = "pool.create";
 /// Find or import pools: [`crate::pool::ImportRequest`].
@@ -93,6 +96,7 @@ pub const DATASET_MOUNTS: &str = "dataset.mounts";
 pub const ALL: &[&str] = &[
     DAEMON_PING,
     DAEMON_STOP,
+    DAEMON_STATS,
     POOL_CREATE,
     POOL_IMPORT,
     POOL_EXPORT,

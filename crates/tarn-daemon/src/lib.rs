@@ -42,7 +42,7 @@ use std::sync::Arc;
 
 pub use error::{DaemonError, Result};
 pub use pools::{Pools, Tuning};
-pub use servers::ServerOptions;
+pub use servers::{NfsLimits, ServerOptions, WebdavLimits};
 pub use transport::{run_daemon, DaemonOptions, Node};
 
 /// Opens the state directory, imports the pools the daemon owned, and
