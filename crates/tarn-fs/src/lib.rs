@@ -1,5 +1,6 @@
 //! tarn-fs: POSIX files, directories and attributes on one dataset — the
-//! API every front end (FUSE now, NFS and WebDAV later) calls.
+//! API every front end (FUSE, NFS, WebDAV) calls, and the only crate they
+//! call into (docs/design.md, "Layers and crates").
 //!
 //! # Shape
 //!

@@ -19,6 +19,7 @@
 //! (a log commit), or under no pool lock at all (data reads, scans). The
 //! write throttle waits on `cv` with `st` released; so do callers waiting
 //! for a txg to commit.
+//! Every lock of the process, with its scope and order: docs/design.md.
 //!
 //! # Threads
 //!

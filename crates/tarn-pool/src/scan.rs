@@ -3,26 +3,34 @@
 //!
 //! # Theory
 //!
-//! The scan runs on its own thread in two phases. The *meta* phase walks the
-//! committed meta tree (every node pointer, pruned by birth for a resilver)
-//! plus the space-map block, sorts those pointers by device address and
-//! scrubs them. The *trees* phase walks every tree the extension (the
-//! dataset layer) names, in id order, each pruned at the birth below which
-//! an older snapshot's tree holds its blocks, gathering `scan_batch_blocks`
-//! pointers at a time (the memory bound); each batch is sorted by (vdev,
-//! offset) so the devices see ascending, mostly sequential reads, and
-//! scrubbed on the worker threads.
+//! The scan runs on its own thread in two phases (docs/design.md, "Scan").
+//! The *meta* phase (0) walks the committed meta tree (every node pointer,
+//! pruned by birth for a resilver) and collects the blocks the extension's
+//! meta entries name directly, plus the space-map block; it sorts those
+//! pointers by device address and scrubs them as one batch. The *trees*
+//! phase (3) walks every tree the extension (the dataset layer) names, in
+//! id order, each pruned at the birth below which an older snapshot's tree
+//! holds its blocks, gathering `scan_batch_blocks` pointers at a time (the
+//! memory bound); each batch is sorted by (vdev, offset) so the devices see
+//! ascending, mostly sequential reads, and scrubbed on up to
+//! `sync_threads` scoped threads.
 //!
-//! Pointers of a batch come from the committed txg C; the scan holds C (see
-//! `store::Holds`) until the batch is done, so no block it is about to read,
-//! or to repair, can be freed and reused under it. Repairs are therefore
-//! always written over the block the pointer names, never over a new owner.
+//! Pointers come from the committed txg C; the scan holds C (see
+//! `store::Holds`) for the whole meta phase, and in the trees phase from
+//! reading the list of trees until the tree it walks is done (all its
+//! batches), so no block it is about to read, or to repair, can be freed
+//! and reused under it. Repairs are therefore always written over the
+//! block the pointer names, never over a new owner. The pool lock is taken
+//! only to read the roots and the list of trees, and to record each
+//! chunk's results; the walks and the I/O run without it.
 //!
-//! Progress (phase, the last tree completed, counters) lives in the
-//! pool's meta state and is committed with every txg, so a scan interrupted
-//! by export or a crash resumes from its last committed batch. A resilver is
-//! a scan restricted to blocks born in the missed-txg window of its target
-//! devices; when it finishes, their dirty time logs are cleared.
+//! Progress (phase, the id of the last tree completed, counters) lives in
+//! the pool's meta state and is committed with every txg, so a scan
+//! interrupted by export or a crash resumes after the last completed tree;
+//! an interrupted tree, or an interrupted meta phase, is walked again from
+//! its start. A resilver is a scan restricted to blocks born in the
+//! missed-txg window of its target devices; when it finishes, the targets
+//! that got every write have their dirty time logs cleared.
 
 use std::ops::Bound;
 use std::sync::atomic::Ordering;

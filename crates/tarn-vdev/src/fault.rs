@@ -4,13 +4,13 @@
 //! # Theory
 //!
 //! `FaultLeaf` wraps any leaf and, when told to, makes it misbehave the
-//! way real devices do (DESIGN.md, "assumptions about media"): reads or
-//! writes that fail, reads that return flipped bits, writes that are
-//! acknowledged but never land (dropped), writes of which only a prefix of
-//! the sectors lands (torn), slow I/O, and a device that vanishes. Each
-//! fault applies to a share of the I/Os, decided by a seeded xorshift
-//! generator so a failing run can be replayed exactly, optionally limited
-//! to a byte range of the device.
+//! way real devices do (the assumptions about media in docs/design.md,
+//! "The contract"): reads or writes that fail, reads that return flipped
+//! bits, writes that are acknowledged but never land (dropped), writes of
+//! which only a prefix of the sectors lands (torn), slow I/O, and a device
+//! that vanishes. Each fault applies to a share of the I/Os, decided by a
+//! seeded xorshift generator so a failing run can be replayed exactly,
+//! optionally limited to a byte range of the device.
 //!
 //! For power cuts it keeps, when asked to, an undo record of every write
 //! since the last flush: [`FaultLeaf::power_cut`] then puts back the old

@@ -20,7 +20,10 @@ pub fn tarn_with_stdin(d: &Daemon, args: &[&str], input: &str) -> Output {
         .spawn()
         .expect("run tarn");
     if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(input.as_bytes()).expect("write stdin");
+        // A command refused before it reads (a bad user name) may be gone.
+        if let Err(e) = stdin.write_all(input.as_bytes()) {
+            assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "write stdin: {e}");
+        }
     }
     child.wait_with_output().expect("wait for tarn")
 }
