@@ -4,15 +4,27 @@
 //! tree (see `overlay`) and writes only into the open overlay, journaling
 //! every change. When the closure given to [`DatasetHandle::txn`] fails,
 //! the journal is replayed backwards and the space charge and room
-//! returned, so a failed operation leaves no trace in the open txg. Reads of
-//! data blocks happen under the pool lock (a known limit).
+//! returned, so a failed operation leaves no trace in the open txg.
+//!
+//! **Reads outside the transaction.** A transaction holds its dataset's
+//! lock, so a data block read inside one (a cache miss is a disk read)
+//! would make every other operation on the dataset wait. [`Txn::block_ref`]
+//! instead resolves a key to a [`BlockRef`] and the caller reads it after
+//! the transaction: the bytes of an uncommitted block are shared with the
+//! overlay (it never changes once staged: a new write stages a new block),
+//! and a committed pointer comes with a hold on the txg of the tree it was
+//! found in, taken under the dataset lock, so its space cannot be freed and
+//! reused before the read (frees are deferred past every hold, see
+//! `tarn_pool`'s `store`). The read then sees the dataset as it was when
+//! the transaction ran: a later write never changes bytes already staged
+//! or committed, it stages a new block.
 
 use std::ops::Bound;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tarn_block::BlockPtr;
-use tarn_pool::{Cx, Pool};
+use tarn_pool::{Cx, Pool, PoolError};
 
 use crate::dsl::{with_dsl, Dsl, LiveDs, LiveState};
 use crate::overlay::{decode_tree_value, Change, Found, StagedBlock};
@@ -67,6 +79,82 @@ pub struct Txn<'a, 'p> {
     replay: bool,
     /// The open overlay's plain bytes when the transaction began.
     plain_before: u64,
+}
+
+/// The bytes of a data block, shared with the block cache or with the
+/// open txg's overlay: reading them costs no copy.
+#[derive(Clone, Debug)]
+pub enum BlockData {
+    /// A committed block, verified and decompressed (as cached).
+    Committed(Arc<[u8]>),
+    /// A block of a txg not committed yet.
+    Staged(Arc<Vec<u8>>),
+}
+
+impl std::ops::Deref for BlockData {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            BlockData::Committed(d) => d,
+            BlockData::Staged(d) => d,
+        }
+    }
+}
+
+impl AsRef<[u8]> for BlockData {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+/// A data block found by a transaction, to read after it ends (see the
+/// module docs).
+pub struct BlockRef(RefInner);
+
+enum RefInner {
+    Staged(Arc<Vec<u8>>),
+    Committed {
+        bp: BlockPtr,
+        hold: tarn_pool::OwnedHold,
+        id: u64,
+        key: Vec<u8>,
+    },
+}
+
+impl BlockRef {
+    /// Logical length of the block.
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            RefInner::Staged(d) => d.len(),
+            RefInner::Committed { bp, .. } => bp.lsize as usize,
+        }
+    }
+
+    /// True for a block of no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Reads the block (through the block cache) without any dataset lock.
+    /// A block that does not verify is reported as damage, named after the
+    /// dataset and key, like a read inside a transaction.
+    pub fn read(self, pool: &Pool) -> Result<BlockData, DsError> {
+        match self.0 {
+            RefInner::Staged(d) => Ok(BlockData::Staged(d)),
+            RefInner::Committed { bp, hold, id, key } => match pool.read_held(&bp, &hold) {
+                Ok(d) => Ok(BlockData::Committed(d)),
+                Err(e @ (PoolError::Faulted(_) | PoolError::NotFound(_))) => Err(e.into()),
+                Err(e) => {
+                    drop(hold);
+                    let name = crate::dsl::with_dir(pool, |dir, _| crate::dsl::rec_name(dir, id))
+                        .unwrap_or_default();
+                    let what = format!("dataset {name}: block at key {key:02x?}");
+                    pool.report_damage(what.clone());
+                    Err(DsError::Damaged(format!("{what}: {e}")))
+                }
+            },
+        }
+    }
 }
 
 fn value_of(f: Found) -> Value {
@@ -291,6 +379,27 @@ impl Txn<'_, '_> {
                     Err(DsError::Damaged(format!("{what}: {e}")))
                 }
             },
+            Some(Found::Plain(_)) => Err(DsError::Invalid(format!(
+                "key {key:02x?} holds a plain value, not a block"
+            ))),
+        }
+    }
+
+    /// The data block under `key`, to read after the transaction (see the
+    /// module docs): None if absent, an error if the key holds a plain
+    /// value.
+    pub fn block_ref(&mut self, key: &[u8]) -> Result<Option<BlockRef>, DsError> {
+        match self.found(key)? {
+            None => Ok(None),
+            Some(Found::Staged(b)) => Ok(Some(BlockRef(RefInner::Staged(b.data.clone())))),
+            // Found in the committed tree of `tree_txg`: the hold keeps
+            // every block it references from reuse until the read is done.
+            Some(Found::Block(bp)) => Ok(Some(BlockRef(RefInner::Committed {
+                bp,
+                hold: self.cx.hold(self.st.tree_txg),
+                id: self.id,
+                key: key.to_vec(),
+            }))),
             Some(Found::Plain(_)) => Err(DsError::Invalid(format!(
                 "key {key:02x?} holds a plain value, not a block"
             ))),

@@ -110,7 +110,7 @@ use std::borrow::Cow;
 pub use dataset::DatasetBackend;
 pub use dynfs::DynFs;
 pub use fs::{Fs, MAX_READ};
-pub use store::{Backend, SpaceInfo, Store, StoreError, StoreInfo, Val};
+pub use store::{Backend, BlockReader, Bytes, SpaceInfo, Store, StoreError, StoreInfo, Val};
 pub use types::*;
 
 /// Result type of every `tarn-fs` operation.

@@ -195,10 +195,7 @@ impl Cx<'_> {
 
     /// Records damage for `status` (e.g. "tank/photos: file 7 at offset 0").
     pub fn report_damage(&self, what: String) {
-        let mut st = self.pool.lock();
-        if st.ms.damaged.insert(what) {
-            st.ms_dirty = true;
-        }
+        self.pool.report_damage(what);
     }
 
     /// Worst-case bytes allocated for a block of `lsize` bytes with `copies`.
@@ -608,6 +605,15 @@ impl Pool {
                 self.cv.notify_all();
                 Err(PoolError::Internal(why.to_string()))
             }
+        }
+    }
+
+    /// Records damage for `status`, from a reader outside any transaction
+    /// (see [`Pool::read_held`]).
+    pub fn report_damage(&self, what: String) {
+        let mut st = self.lock();
+        if st.ms.damaged.insert(what) {
+            st.ms_dirty = true;
         }
     }
 

@@ -61,6 +61,7 @@ pub use ext::{BlockOpts, Cx, ExtRef, Extension, Reservation, ScanFn, SyncCx};
 pub use import::discover;
 pub use pool::Pool;
 pub use scan::{LeakReport, ScanAction};
+pub use store::OwnedHold;
 pub use zil::LogCommit;
 
 use tarn_block::BlockError;

@@ -163,6 +163,20 @@ impl Pool {
         Ok(d)
     }
 
+    /// Reads a data block outside any transaction, so reads of one dataset
+    /// run in parallel. `_hold`, taken while the pointer was looked up (see
+    /// [`crate::Cx::hold`]), is the proof that its space is not reused
+    /// meanwhile: without it a reader could get another block's bytes,
+    /// which would fail the checksum and pass for damage.
+    pub fn read_held(
+        &self,
+        bp: &BlockPtr,
+        _hold: &crate::OwnedHold,
+    ) -> Result<Arc<[u8]>, PoolError> {
+        self.check_usable(&self.lock())?;
+        self.read_data(bp)
+    }
+
     /// Space that ordinary writes may still use: on each vdev, whole records
     /// above its metadata reserve (which is at least its slop; a record
     /// cannot straddle vdevs). The open txg's records hold their room as
