@@ -1,6 +1,7 @@
 //! Users and shares as the API shows them: who may reach which dataset,
-//! over NFS and WebDAV. The daemon stores shares in the pool in this same
-//! shape; users are stored with a password hash the API never shows.
+//! over NFS and WebDAV. The daemon stores shares in the pool in its own
+//! record type, of the same JSON shape; users are stored with a password
+//! hash the API never shows.
 //!
 //! The name checks here need no pool, so the client runs them before
 //! sending and the daemon again before storing.
@@ -94,8 +95,13 @@ pub struct Share {
 pub struct ShareInfo {
     /// The pool that stores it.
     pub pool: String,
-    /// The share.
+    /// The share. For a damaged record only its name is known (the dataset
+    /// is empty, neither NFS nor WebDAV set).
     pub share: Share,
+    /// Why the share's stored record cannot be read, if it cannot: such a
+    /// share is not served (API 1.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub damaged: Option<String>,
 }
 
 /// Checks a user name: what Unix tools accept.

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use crate::access::{Share, ShareInfo, UserInfo};
 use crate::dataset::{DatasetInfo, MountInfo, PropValue};
 use crate::error::ApiError;
-use crate::params::ObjectInfo;
+use crate::params::{DaemonStats, ObjectInfo};
 use crate::pool::{
     CreateRequest, Fault, ImportRequest, ImportResult, IostatEntry, PoolListEntry, PoolStatus,
     ScanStatus, ScrubAction, VdevSpec,
@@ -60,9 +60,9 @@ pub trait Backend: Send + Sync {
     /// Writes the file at `from_path` into `object` at `offset`; durable
     /// before returning when `sync`.
     ///
-    /// Raw objects: a pool-level store of named byte objects used by drills,
-    /// tests and benchmarks until datasets exist. Data moves through files
-    /// on the daemon's machine, never through JSON.
+    /// Objects: the regular files at the top of a pool's root filesystem,
+    /// copied in and out without a mount by drills, tests and benchmarks.
+    /// Data moves through files on the daemon's machine, never through JSON.
     fn object_write(
         &self,
         pool: &str,
@@ -73,9 +73,9 @@ pub trait Backend: Send + Sync {
     ) -> Result<ObjectInfo, ApiError>;
     /// Writes the whole of `object` into a file at `to_path`.
     fn object_read(&self, pool: &str, object: &str, to_path: &str) -> Result<ObjectInfo, ApiError>;
-    /// Lists the raw objects of a pool.
+    /// Lists the objects of a pool.
     fn object_list(&self, pool: &str) -> Result<Vec<ObjectInfo>, ApiError>;
-    /// Deletes a raw object.
+    /// Deletes an object.
     fn object_delete(&self, pool: &str, object: &str) -> Result<(), ApiError>;
     /// Creates a filesystem dataset (with `parents`, missing ancestors too).
     fn dataset_create(
@@ -202,5 +202,10 @@ pub trait Backend: Send + Sync {
     /// The daemon's mounts.
     fn dataset_mounts(&self) -> Result<Vec<MountInfo>, ApiError> {
         Err(no_datasets())
+    }
+    /// Connection counters of the servers the node runs (NFS, WebDAV);
+    /// the transport fills in its own (`admin`). None by default.
+    fn daemon_stats(&self) -> Result<DaemonStats, ApiError> {
+        Ok(DaemonStats::default())
     }
 }

@@ -278,6 +278,10 @@ pub fn call(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, ApiE
             let NoParams {} = params(method, p)?;
             reply(backend.dataset_mounts()?)
         }
+        m::DAEMON_STATS => {
+            let NoParams {} = params(method, p)?;
+            reply(backend.daemon_stats()?)
+        }
         m::DAEMON_STOP => Err(ApiError::invalid(
             "daemon.stop is only served on the daemon's admin socket; use `tarn daemon stop`",
         )),

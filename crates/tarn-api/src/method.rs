@@ -5,6 +5,9 @@
 pub const DAEMON_PING: &str = "daemon.ping";
 /// Export every pool and stop the daemon (served by the socket transport).
 pub const DAEMON_STOP: &str = "daemon.stop";
+/// Connection counters of the admin socket and the NFS and WebDAV servers:
+/// answers [`crate::params::DaemonStats`].
+pub const DAEMON_STATS: &str = "daemon.stats";
 /// Create a pool: [`crate::pool::CreateRequest`].
 pub const POOL_CREATE: &str = "pool.create";
 /// Find or import pools: [`crate::pool::ImportRequest`].
@@ -35,13 +38,13 @@ pub const POOL_CLEAR: &str = "pool.clear";
 pub const POOL_IOSTAT: &str = "pool.iostat";
 /// Commit the open txg now: [`crate::params::NameParams`].
 pub const POOL_SYNC: &str = "pool.sync";
-/// Write a raw object from a file: [`crate::params::ObjectWriteParams`].
+/// Write an object from a file: [`crate::params::ObjectWriteParams`].
 pub const OBJECT_WRITE: &str = "object.write";
-/// Read a raw object into a file: [`crate::params::ObjectReadParams`].
+/// Read an object into a file: [`crate::params::ObjectReadParams`].
 pub const OBJECT_READ: &str = "object.read";
-/// List raw objects: [`crate::params::PoolParams`].
+/// List objects: [`crate::params::PoolParams`].
 pub const OBJECT_LIST: &str = "object.list";
-/// Delete a raw object: [`crate::params::ObjectParams`].
+/// Delete an object: [`crate::params::ObjectParams`].
 pub const OBJECT_DELETE: &str = "object.delete";
 
 /// Create a filesystem: [`crate::params::DatasetCreateParams`].
@@ -93,6 +96,7 @@ pub const DATASET_MOUNTS: &str = "dataset.mounts";
 pub const ALL: &[&str] = &[
     DAEMON_PING,
     DAEMON_STOP,
+    DAEMON_STATS,
     POOL_CREATE,
     POOL_IMPORT,
     POOL_EXPORT,

@@ -378,6 +378,46 @@ pub struct PingResult {
     pub api_version: String,
 }
 
+/// Connection counters of one server since the daemon started: how often
+/// its limits tripped. Every field reads as 0 when absent.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ConnCounters {
+    /// Connections open now.
+    pub open: u64,
+    /// Connections admitted.
+    pub accepted: u64,
+    /// Refused: the client address already held its per-address limit.
+    pub refused_per_address: u64,
+    /// Refused: every connection slot was running a request.
+    pub refused_full: u64,
+    /// Refused: the client may not use the server at all (NFS: no export
+    /// lists its address; admin socket: another user than the daemon's or
+    /// root).
+    pub refused_unlisted: u64,
+    /// Idle connections closed to make room for a newcomer.
+    pub evicted: u64,
+    /// Connections closed after their idle timeout.
+    pub idle_closed: u64,
+    /// Connections closed because a request did not arrive whole in time
+    /// (admin socket).
+    pub request_timeouts: u64,
+}
+
+/// Result of `daemon.stats`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DaemonStats {
+    /// The admin socket.
+    #[serde(default)]
+    pub admin: ConnCounters,
+    /// The NFS server, when it runs.
+    #[serde(default)]
+    pub nfs: Option<ConnCounters>,
+    /// The WebDAV server, when it runs.
+    #[serde(default)]
+    pub webdav: Option<ConnCounters>,
+}
+
 /// Result of `pool.sync`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SyncResult {
@@ -385,13 +425,14 @@ pub struct SyncResult {
     pub txg: u64,
 }
 
-/// A raw object as `object.*` methods report it.
+/// An object as `object.*` methods report it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectInfo {
     /// Object name.
     pub name: String,
     /// Size in bytes.
     pub size: u64,
-    /// Txg of the object's last change.
+    /// The pool's last committed txg when the answer was made (objects are
+    /// files; no txg of their last change is kept).
     pub txg: u64,
 }

@@ -7,8 +7,8 @@
 //! address, its birth txg, its logical size, its compression and the
 //! checksum of its stored bytes. Blocks are never rewritten in place with other contents:
 //! a block freed and its space reused gets a new birth and checksum, a
-//! rollback or receive brings other pointers, and self-heal rewrites the
-//! same bytes. So a hit is always the right content for the pointer that
+//! rollback (or, once it exists, a receive) brings other pointers, and
+//! self-heal rewrites the same bytes. So a hit is always the right content for the pointer that
 //! asked, and nothing ever has to be invalidated while the pool is
 //! imported. Only bytes that passed their checksum (or that the pipeline
 //! just wrote) are inserted. Exporting a pool drops its blocks
@@ -23,8 +23,9 @@
 //! head unless it was read since its last pass (a counter from 0 to 3,
 //! decremented per pass), in which case the block goes around again. A
 //! stream of blocks read once therefore passes through the small FIFO and
-//! never displaces main. Prefetched blocks enter the small FIFO with no
-//! credit, so read-ahead that is never used costs nothing but memory.
+//! never displaces main. Prefetched blocks ([`BlockCache::insert_prefetched`])
+//! enter the small FIFO with no credit, so read-ahead that is never used
+//! costs nothing but memory; no caller issues read-ahead yet.
 //!
 //! **Concurrency.** The cache is split into shards by key hash, each under
 //! its own mutex held only for map and queue updates (never for I/O or

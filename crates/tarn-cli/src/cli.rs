@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::bail;
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::access::{ShareCommand, UserCommand};
 use crate::daemon::{default_socket_path, DaemonArgs, DaemonRun, DemoArgs, DemoRun};
@@ -51,9 +51,12 @@ pub struct Cli {
 
 impl Cli {
     /// Parses the process's arguments; on a usage error prints it and exits
-    /// with status 2, as clap does.
-    pub fn parse_args() -> Cli {
-        Cli::try_parse_checked(std::env::args_os()).unwrap_or_else(|e| e.exit())
+    /// with status 2, as clap does. `defaults` are the default values of
+    /// `tarn daemon`'s flags, by argument id (`txg_interval`,
+    /// `nfs_max_connections`, ...): the binary takes them from the code
+    /// that uses them, so `--help` shows what the daemon really does.
+    pub fn parse_args_with(defaults: &[(&'static str, String)]) -> Cli {
+        Cli::try_parse_with(std::env::args_os(), defaults).unwrap_or_else(|e| e.exit())
     }
 
     /// Parses `args` (program name first) like clap's `try_parse_from`, and
@@ -65,8 +68,24 @@ impl Cli {
         I: IntoIterator<Item = T>,
         T: Into<OsString> + Clone,
     {
+        Cli::try_parse_with(args, &[])
+    }
+
+    /// Like [`Cli::try_parse_checked`], with `tarn daemon`'s flag defaults
+    /// (see [`Cli::parse_args_with`]); a flag without one is `None` unless
+    /// given.
+    pub fn try_parse_with<I, T>(
+        args: I,
+        defaults: &[(&'static str, String)],
+    ) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
         let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
-        let cli = Cli::try_parse_from(&args)?;
+        let mut command = Cli::command_with(defaults);
+        let mut matches = command.try_get_matches_from_mut(&args)?;
+        let cli = Cli::from_arg_matches_mut(&mut matches).map_err(|e| e.format(&mut command))?;
         let given = args
             .iter()
             .skip(1)
@@ -74,13 +93,25 @@ impl Cli {
             .filter(|a| is_output_flag(a))
             .count();
         if given > cli.output.len() {
-            return Err(Cli::command().error(
+            return Err(command.error(
                 clap::error::ErrorKind::ArgumentConflict,
                 "-o is given both before and after a subcommand; put every -o after the last \
                  subcommand, e.g. `tarn pool create -o json -o ashift=12 tank ...`",
             ));
         }
         Ok(cli)
+    }
+
+    /// The command line's definition with `tarn daemon`'s flag defaults
+    /// set. Panics on an id that names no flag of `tarn daemon` (a bug of
+    /// the caller, caught by its tests).
+    pub fn command_with(defaults: &[(&'static str, String)]) -> clap::Command {
+        Cli::command().mut_subcommand("daemon", |mut daemon| {
+            for (id, value) in defaults {
+                daemon = daemon.mut_arg(*id, |arg| arg.default_value(value.clone()));
+            }
+            daemon
+        })
     }
 }
 
@@ -114,6 +145,9 @@ fn parse_output_opt(s: &str) -> Result<OutputOpt, String> {
 }
 
 /// Top-level commands.
+// Parsed once per process: the size of `tarn daemon`'s many flags costs
+// nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the daemon in the foreground (use a service manager to keep it
@@ -195,7 +229,7 @@ pub enum Run {
     /// A client command ran; exit with this status.
     Done(ExitCode),
     /// `tarn daemon`: run the daemon in the foreground with these options.
-    Daemon(DaemonRun),
+    Daemon(Box<DaemonRun>),
     /// `tarn demo`: create or reuse the demo pool and run its daemon.
     Demo(DemoRun),
 }
@@ -219,7 +253,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Run> {
     match cli.command {
         Command::Daemon(args) => {
             if let Some(run) = crate::daemon::daemon_command(&mut client, &out, args)? {
-                return Ok(Run::Daemon(run));
+                return Ok(Run::Daemon(Box::new(run)));
             }
         }
         Command::Pool(cmd) => crate::pool::pool_command(&mut client, &out, cmd, pool_props)?,

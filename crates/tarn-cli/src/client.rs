@@ -6,6 +6,7 @@
 //! the code.
 
 use std::io::{self, BufReader, Write};
+use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
@@ -19,6 +20,20 @@ use tarn_api::{method, read_line_bounded, LineRead, Request, Response, API_VERSI
 
 /// Longest response line the client accepts.
 pub const MAX_RESPONSE_BYTES: usize = 64 << 20;
+
+/// The daemon closed the connection before answering a request: it
+/// stopped, or closed the connection to make room for another (a fresh
+/// connection's first request, a ping, may be sent again).
+#[derive(Debug)]
+pub struct ClosedUnanswered(String);
+
+impl std::fmt::Display for ClosedUnanswered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ClosedUnanswered {}
 
 /// A connection to a tarn daemon.
 pub struct Client {
@@ -58,6 +73,28 @@ impl Client {
         })
     }
 
+    /// Whether this connection can no longer carry a request: the daemon
+    /// closed it (idle too long, evicted, stopped) or sent something unasked
+    /// (the reason it closed it). Looked at before reusing a connection
+    /// that waited between requests, such as `pool iostat 60`'s.
+    pub fn closed_by_daemon(&self) -> bool {
+        if !self.reader.buffer().is_empty() {
+            return true;
+        }
+        let mut byte = 0u8;
+        // SAFETY: one writable byte; MSG_PEEK | MSG_DONTWAIT neither consumes
+        // data nor blocks, and the descriptor is open while `self` lives.
+        let n = unsafe {
+            libc::recv(
+                self.writer.as_raw_fd(),
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock
+    }
+
     /// The socket this client talks to.
     pub fn path(&self) -> &Path {
         &self.path
@@ -79,10 +116,10 @@ impl Client {
         line.push(b'\n');
         let shown = self.path.display().to_string();
         let lost = |e: io::Error| {
-            anyhow!(
+            anyhow::Error::from(ClosedUnanswered(format!(
                 "lost the connection to the tarn daemon on {shown} ({e}); \
                  it may have stopped; see its log"
-            )
+            )))
         };
         if let Err(e) = self.writer.write_all(&line) {
             // The daemon may have answered (e.g. `busy`) and closed before
@@ -142,10 +179,11 @@ impl Client {
             Ok(LineRead::TooLong) => {
                 bail!("the daemon on {shown} sent an answer longer than {MAX_RESPONSE_BYTES} bytes")
             }
-            Ok(LineRead::Eof) => bail!(
+            Ok(LineRead::Eof) => Err(ClosedUnanswered(format!(
                 "the tarn daemon on {shown} closed the connection without answering; \
                  it may have stopped or crashed; see its log"
-            ),
+            ))
+            .into()),
             Err(e) => bail!("lost the connection to the tarn daemon on {shown}: {e}"),
         }
     }

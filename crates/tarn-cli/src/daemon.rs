@@ -1,14 +1,15 @@
 //! `tarn daemon` and `tarn demo`: their arguments, the plain options the
 //! binary runs them with, where the socket and the state live by default,
-//! and the client side of `tarn daemon stop|ping`.
+//! and the client side of `tarn daemon stop|ping|stats`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 use tarn_api::method;
-use tarn_api::params::{NoParams, PingResult};
+use tarn_api::params::{DaemonStats, NoParams, PingResult};
 
+use crate::render;
 use crate::session::{decode, Out, Session};
 
 /// `tarn demo`.
@@ -38,17 +39,17 @@ pub struct DaemonArgs {
     pub state_dir: Option<PathBuf>,
 
     /// Seconds between transaction group commits while anything is dirty
-    #[arg(long, value_name = "SECS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=300))]
-    pub txg_interval: u64,
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=300))]
+    pub txg_interval: Option<u64>,
 
     /// Dirty data a pool may hold before writers wait, in MiB
-    #[arg(long, value_name = "MIB", default_value_t = 256, value_parser = clap::value_parser!(u64).range(16..=65536))]
-    pub dirty_max_mib: u64,
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(16..=65536))]
+    pub dirty_max_mib: Option<u64>,
 
     /// Block cache (verified data and metadata, shared by all pools), in
     /// MiB; 0 means an eighth of the memory, at least 256 MiB
-    #[arg(long, value_name = "MIB", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1048576))]
-    pub cache_mib: u64,
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(0..=1048576))]
+    pub cache_mib: Option<u64>,
 
     /// Serve the shares over NFSv3 (and MOUNT, same port) on this address,
     /// e.g. 0.0.0.0:2049
@@ -74,18 +75,86 @@ pub struct DaemonArgs {
     #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
     pub webdav_plain_http: bool,
 
+    /// Connection limits and timeouts (see docs/security.md).
+    #[command(flatten)]
+    pub limits: LimitArgs,
+
     /// Talk to a running daemon instead of starting one.
     #[command(subcommand)]
     pub action: Option<DaemonAction>,
 }
 
-/// `tarn daemon stop|ping`.
+/// `tarn daemon`'s connection limits and timeouts. Each is `None` unless
+/// given: the daemon then uses its own default (the one `--help` shows,
+/// taken from the code that enforces it). Their names are the keys of the
+/// future configuration file with `-` for `_`.
+#[derive(Args, Clone, Debug, Default, PartialEq, Eq)]
+#[command(next_help_heading = "Connection limits")]
+pub struct LimitArgs {
+    /// Admin socket: most connections at once; at the limit the one idle
+    /// the longest is closed for a newcomer
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub admin_max_connections: Option<u64>,
+
+    /// Admin socket: close a connection after this many seconds without a
+    /// request; 0: never
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(0..=86400))]
+    pub admin_idle_timeout: Option<u64>,
+
+    /// Admin socket: a request line must arrive whole within this many
+    /// seconds of its first byte
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub admin_request_timeout: Option<u64>,
+
+    /// NFS: most connections at once; at the limit an idle one of the
+    /// address holding the most is closed for a newcomer
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub nfs_max_connections: Option<u64>,
+
+    /// NFS: most connections from one client address
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub nfs_max_connections_per_address: Option<u64>,
+
+    /// NFS: close a connection after this many seconds without a request
+    /// in progress (clients reconnect by themselves); 0: never
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(0..=86400))]
+    pub nfs_idle_timeout: Option<u64>,
+
+    /// NFS: most requests of one connection processed at once (each holds
+    /// up to 1 MiB); the connection is not read further meanwhile
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub nfs_max_inflight_per_connection: Option<u64>,
+
+    /// NFS: threads running filesystem calls
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub nfs_workers: Option<u64>,
+
+    /// WebDAV: most connections at once; at the limit an idle one of the
+    /// address holding the most is closed for a newcomer
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub webdav_max_connections: Option<u64>,
+
+    /// WebDAV: most connections from one client address (clients behind
+    /// one NAT address share it)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub webdav_max_connections_per_address: Option<u64>,
+
+    /// WebDAV: seconds a client has for the TLS handshake, for each request
+    /// head, and between requests on a kept-alive connection
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub webdav_header_timeout: Option<u64>,
+}
+
+/// `tarn daemon stop|ping|stats`.
 #[derive(Subcommand, Debug)]
 pub enum DaemonAction {
     /// Export every pool and stop the daemon; returns once it has
     Stop,
     /// Check that a daemon answers, and show its version and pid
     Ping,
+    /// Show how often connection limits tripped: refused, evicted and
+    /// timed-out connections of the admin socket, NFS and WebDAV
+    Stats,
 }
 
 /// How to run the daemon, as `tarn daemon` was asked: plain data the binary
@@ -96,12 +165,17 @@ pub struct DaemonRun {
     pub socket: PathBuf,
     /// Where the daemon keeps its state.
     pub state_dir: PathBuf,
-    /// Seconds between transaction group commits while anything is dirty.
-    pub txg_interval_secs: u64,
-    /// Dirty data a pool may hold before writers wait, in MiB.
-    pub dirty_max_mib: u64,
-    /// Block cache shared by all pools, in MiB; 0 for the default.
-    pub cache_mib: u64,
+    /// Seconds between transaction group commits while anything is
+    /// dirty; `None`: the daemon's default.
+    pub txg_interval_secs: Option<u64>,
+    /// Dirty data a pool may hold before writers wait, in MiB; `None`: the
+    /// daemon's default.
+    pub dirty_max_mib: Option<u64>,
+    /// Block cache shared by all pools, in MiB (0: an eighth of memory);
+    /// `None`: the daemon's default.
+    pub cache_mib: Option<u64>,
+    /// Connection limits and timeouts given on the command line.
+    pub limits: LimitArgs,
     /// Where NFS (and MOUNT) listen; not started when absent.
     pub nfs: Option<SocketAddr>,
     /// Where WebDAV listens; not started when absent.
@@ -176,8 +250,9 @@ pub fn default_state_dir() -> PathBuf {
     }
 }
 
-/// `tarn daemon [stop|ping]`: stops or pings a running daemon, or (with no
-/// action) answers the options to run one with.
+/// `tarn daemon [stop|ping|stats]`: stops, pings or asks a running daemon
+/// for its counters, or (with no action) answers the options to run one
+/// with.
 pub(crate) fn daemon_command(
     client: &mut Session,
     out: &Out,
@@ -194,6 +269,7 @@ pub(crate) fn daemon_command(
         tls_cert,
         tls_key,
         webdav_plain_http,
+        limits,
     } = args;
     match action {
         None => {
@@ -203,6 +279,7 @@ pub(crate) fn daemon_command(
                 txg_interval_secs: txg_interval,
                 dirty_max_mib,
                 cache_mib,
+                limits,
                 nfs,
                 webdav,
                 tls_cert: tls_cert.zip(tls_key),
@@ -223,6 +300,11 @@ pub(crate) fn daemon_command(
                     client.path.display()
                 )
             })?;
+        }
+        Some(DaemonAction::Stats) => {
+            let v = client.call(method::DAEMON_STATS, &NoParams {})?;
+            let stats: DaemonStats = decode(method::DAEMON_STATS, v.clone())?;
+            out.raw_or(&v, || render::render_daemon_stats(&stats))?;
         }
     }
     Ok(None)

@@ -1,4 +1,5 @@
-//! `tarn object ...`: raw named objects in a pool, for drills, tests and
+//! `tarn object ...`: objects, the files at the top of a pool's root
+//! filesystem, copied in and out without a mount, for drills, tests and
 //! benchmarks. Data moves through files on the daemon's machine.
 
 use std::path::PathBuf;

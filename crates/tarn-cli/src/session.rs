@@ -40,13 +40,11 @@ impl Session {
         method: &str,
         params: &impl serde::Serialize,
     ) -> anyhow::Result<Value> {
+        // A connection that waited (`pool iostat 60`) may have been closed
+        // by the daemon's idle timeout meanwhile: open a fresh one.
         let client = match self.client.take() {
-            Some(client) => client,
-            None => {
-                let mut client = Client::connect(&self.path)?;
-                client.check_api_version()?;
-                client
-            }
+            Some(client) if !client.closed_by_daemon() => client,
+            _ => connect_checked(&self.path)?,
         };
         self.client.insert(client).call(method, params)
     }
@@ -61,6 +59,26 @@ impl Session {
     ) -> anyhow::Result<()> {
         let v = self.call(method, params)?;
         out.raw_or(&v, String::new)
+    }
+}
+
+/// A fresh connection whose daemon speaks this client's API. The first
+/// request is a ping, safe to repeat: when a daemon at its connection
+/// limit closes the new connection before it was heard (it makes room by
+/// closing the connection idle the longest), the ping is tried again on
+/// another connection, a few times.
+fn connect_checked(path: &Path) -> anyhow::Result<Client> {
+    let mut tries = 0;
+    loop {
+        let mut client = Client::connect(path)?;
+        match client.check_api_version() {
+            Ok(_) => return Ok(client),
+            Err(e) if tries < 3 && e.is::<crate::client::ClosedUnanswered>() => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20 << tries));
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 

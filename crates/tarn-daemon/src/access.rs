@@ -8,8 +8,14 @@
 //! (client networks, read-only, squashing) and which users reach it over
 //! WebDAV, read-only or read-write.
 //!
-//! Shares are stored as the API's [`Share`] (JSON), users as
-//! [`UserRecord`]s, which add the password hash the API never shows.
+//! Shares are stored as [`ShareRecord`]s, users as [`UserRecord`]s (which
+//! add the password hash the API never shows): the daemon's own types, so
+//! a change of the API's cannot change what is on disk (their JSON is
+//! pinned by golden tests, see `docs/format.md`). A share record that
+//! cannot be decoded (damaged, or written by a newer tarn with fields this
+//! one does not know, which might restrict access) affects only itself: it
+//! is not served, it is reported by name, and the pool's other shares are
+//! served.
 //!
 //! Passwords are kept only as argon2id hashes (PHC strings with their own
 //! salt); the daemon hashes what the client sends over its 0600 socket and
@@ -22,7 +28,11 @@ use argon2::Argon2;
 use serde::{Deserialize, Serialize};
 use tarn_pool::Pool;
 
-use tarn_api::access::{check_share_name, check_user_name, Share, UserInfo};
+use std::collections::BTreeMap;
+
+use tarn_api::access::{
+    check_share_name, check_user_name, Access, NfsShare, Share, UserInfo, WebdavShare,
+};
 use tarn_api::ApiError;
 
 use crate::convert::ds_error;
@@ -43,6 +53,153 @@ pub struct UserRecord {
     pub gid: u32,
     /// argon2id PHC string.
     pub hash: String,
+}
+
+/// A share as stored in the pool (a `share` configuration record, keyed by
+/// its name). Unknown fields are refused: a newer tarn's field may narrow
+/// who gets in, so a record this build cannot fully read is not served.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShareRecord {
+    /// Share name: the NFS export path is `/NAME`, the WebDAV URL `/NAME/`.
+    pub name: String,
+    /// The filesystem dataset.
+    pub dataset: String,
+    /// NFS export, if any.
+    #[serde(default)]
+    pub nfs: Option<NfsRecord>,
+    /// WebDAV share, if any.
+    #[serde(default)]
+    pub webdav: Option<WebdavRecord>,
+}
+
+/// How NFS exports a stored share.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NfsRecord {
+    /// Client networks allowed.
+    pub clients: Vec<String>,
+    /// Refuse changes.
+    #[serde(default)]
+    pub read_only: bool,
+    /// Map uid 0 to the anonymous ids.
+    #[serde(default = "yes")]
+    pub root_squash: bool,
+    /// Map every uid to the anonymous ids.
+    #[serde(default)]
+    pub all_squash: bool,
+    /// Anonymous uid.
+    #[serde(default = "nobody")]
+    pub anon_uid: u32,
+    /// Anonymous gid.
+    #[serde(default = "nobody")]
+    pub anon_gid: u32,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn nobody() -> u32 {
+    65534
+}
+
+/// Which users reach a stored share over WebDAV.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebdavRecord {
+    /// User name → access.
+    pub users: BTreeMap<String, AccessRecord>,
+}
+
+/// Read-only or read-write, as stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessRecord {
+    /// May read.
+    Ro,
+    /// May read and change.
+    Rw,
+}
+
+impl From<&Share> for ShareRecord {
+    fn from(s: &Share) -> Self {
+        ShareRecord {
+            name: s.name.clone(),
+            dataset: s.dataset.clone(),
+            nfs: s.nfs.as_ref().map(|n| NfsRecord {
+                clients: n.clients.clone(),
+                read_only: n.read_only,
+                root_squash: n.root_squash,
+                all_squash: n.all_squash,
+                anon_uid: n.anon_uid,
+                anon_gid: n.anon_gid,
+            }),
+            webdav: s.webdav.as_ref().map(|w| WebdavRecord {
+                users: w
+                    .users
+                    .iter()
+                    .map(|(u, a)| {
+                        let a = match a {
+                            Access::Ro => AccessRecord::Ro,
+                            Access::Rw => AccessRecord::Rw,
+                        };
+                        (u.clone(), a)
+                    })
+                    .collect(),
+            }),
+        }
+    }
+}
+
+impl From<ShareRecord> for Share {
+    fn from(r: ShareRecord) -> Self {
+        Share {
+            name: r.name,
+            dataset: r.dataset,
+            nfs: r.nfs.map(|n| NfsShare {
+                clients: n.clients,
+                read_only: n.read_only,
+                root_squash: n.root_squash,
+                all_squash: n.all_squash,
+                anon_uid: n.anon_uid,
+                anon_gid: n.anon_gid,
+            }),
+            webdav: r.webdav.map(|w| WebdavShare {
+                users: w
+                    .users
+                    .into_iter()
+                    .map(|(u, a)| {
+                        let a = match a {
+                            AccessRecord::Ro => Access::Ro,
+                            AccessRecord::Rw => Access::Rw,
+                        };
+                        (u, a)
+                    })
+                    .collect(),
+            }),
+        }
+    }
+}
+
+/// A stored share record that cannot be read: its name (the record's key)
+/// and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DamagedShare {
+    /// The record's key: the share's name.
+    pub name: String,
+    /// Why it cannot be read.
+    pub error: String,
+}
+
+/// The stored shares of a pool: those that can be read, and those that
+/// cannot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoredShares {
+    /// Readable shares.
+    pub shares: Vec<Share>,
+    /// Records that cannot be read (not served).
+    pub damaged: Vec<DamagedShare>,
 }
 
 fn check_password(password: &str) -> Result<(), ApiError> {
@@ -105,13 +262,38 @@ pub fn users(pool: &Pool) -> Result<Vec<UserRecord>, ApiError> {
         .collect()
 }
 
-/// The shares stored in `pool`.
+/// The shares stored in `pool`, each record read on its own: one that
+/// cannot be read is listed apart and does not hide the others.
+pub fn stored_shares(pool: &Pool) -> Result<StoredShares, ApiError> {
+    let mut out = StoredShares::default();
+    for (name, bytes) in tarn_dataset::config_list(pool, KIND_SHARE).map_err(ds_error)? {
+        match serde_json::from_slice::<ShareRecord>(&bytes) {
+            Ok(record) => out.shares.push(record.into()),
+            Err(e) => out.damaged.push(DamagedShare {
+                name,
+                error: e.to_string(),
+            }),
+        }
+    }
+    Ok(out)
+}
+
+/// The readable shares stored in `pool`; each record that cannot be read
+/// is logged by name and left out.
 pub fn shares(pool: &Pool) -> Result<Vec<Share>, ApiError> {
-    tarn_dataset::config_list(pool, KIND_SHARE)
-        .map_err(ds_error)?
-        .into_iter()
-        .map(|(n, v)| decode(KIND_SHARE, &n, &v))
-        .collect()
+    let stored = stored_shares(pool)?;
+    for d in &stored.damaged {
+        eprintln!(
+            "tarn: pool '{}': share '{}' is not served: its record cannot be read ({}); \
+             `tarn share add {}` replaces it, `tarn share del {}` removes it",
+            pool.name(),
+            d.name,
+            d.error,
+            d.name,
+            d.name
+        );
+    }
+    Ok(stored.shares)
 }
 
 /// Adds a user (uid/gid chosen from 10000 up when not given).
@@ -227,7 +409,8 @@ pub fn share_put(pool: &Pool, share: &Share) -> Result<(), ApiError> {
     if share.nfs.is_none() && share.webdav.is_none() {
         return Err(ApiError::invalid("a share needs --nfs, --webdav or both"));
     }
-    tarn_dataset::config_put(pool, KIND_SHARE, &share.name, &encode(share)?).map_err(ds_error)
+    let record = ShareRecord::from(share);
+    tarn_dataset::config_put(pool, KIND_SHARE, &share.name, &encode(&record)?).map_err(ds_error)
 }
 
 /// Removes a share.
@@ -266,6 +449,56 @@ mod tests {
         ] {
             assert!(check_network(bad).is_err(), "{bad}");
         }
+    }
+
+    /// The share record's JSON, pinned: renaming a field or a variant in
+    /// the code must fail here, not change the format (docs/format.md).
+    #[test]
+    fn share_record_golden() {
+        let golden = r#"{"name":"photos","dataset":"tank/photos","nfs":{"clients":["192.168.1.0/24","::1"],"read_only":true,"root_squash":false,"all_squash":true,"anon_uid":1000,"anon_gid":1001},"webdav":{"users":{"alice":"rw","bob":"ro"}}}"#;
+        let record = ShareRecord {
+            name: "photos".into(),
+            dataset: "tank/photos".into(),
+            nfs: Some(NfsRecord {
+                clients: vec!["192.168.1.0/24".into(), "::1".into()],
+                read_only: true,
+                root_squash: false,
+                all_squash: true,
+                anon_uid: 1000,
+                anon_gid: 1001,
+            }),
+            webdav: Some(WebdavRecord {
+                users: [
+                    ("alice".to_string(), AccessRecord::Rw),
+                    ("bob".to_string(), AccessRecord::Ro),
+                ]
+                .into(),
+            }),
+        };
+        let written: serde_json::Value = serde_json::to_value(&record).unwrap();
+        let pinned: serde_json::Value = serde_json::from_str(golden).unwrap();
+        assert_eq!(written, pinned);
+        assert_eq!(serde_json::from_str::<ShareRecord>(golden).unwrap(), record);
+        // Through the API's type and back, nothing is lost.
+        assert_eq!(ShareRecord::from(&Share::from(record.clone())), record);
+
+        // Absent optional fields take their documented defaults.
+        let minimal: ShareRecord = serde_json::from_str(
+            r#"{"name":"a","dataset":"tank/a","nfs":{"clients":["10.0.0.0/8"]}}"#,
+        )
+        .unwrap();
+        let nfs = minimal.nfs.unwrap();
+        assert_eq!(
+            (nfs.read_only, nfs.root_squash, nfs.all_squash),
+            (false, true, false)
+        );
+        assert_eq!((nfs.anon_uid, nfs.anon_gid), (65534, 65534));
+        assert_eq!(minimal.webdav, None);
+        // A field this build does not know is refused (it might narrow access).
+        assert!(serde_json::from_str::<ShareRecord>(
+            r#"{"name":"a","dataset":"tank/a","expires":1}"#
+        )
+        .is_err());
     }
 
     #[test]

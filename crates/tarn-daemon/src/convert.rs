@@ -15,6 +15,20 @@ use tarn_fuse::FuseError;
 use tarn_pool::status as eng;
 use tarn_pool::PoolError;
 
+/// A network server's connection counters as `daemon.stats` reports them.
+pub fn conn_counters(s: tarn_nfs::ConnStats) -> tarn_api::params::ConnCounters {
+    tarn_api::params::ConnCounters {
+        open: s.open,
+        accepted: s.accepted,
+        refused_per_address: s.refused_per_address,
+        refused_full: s.refused_full,
+        refused_unlisted: s.refused_unlisted,
+        evicted: s.evicted,
+        idle_closed: s.idle_closed,
+        request_timeouts: 0,
+    }
+}
+
 /// Maps a pool-layer error onto an API error code.
 pub fn api_error(e: PoolError) -> ApiError {
     let code = match &e {

@@ -98,8 +98,7 @@ pub fn run_demo(args: &DemoOptions) -> Result<()> {
     opts.servers = ServerOptions {
         nfs: Some((loopback, args.nfs_port).into()),
         webdav: Some((loopback, args.webdav_port).into()),
-        tls_cert: None,
-        webdav_plain_http: false,
+        ..ServerOptions::default()
     };
     let backend = crate::start_node(&opts).map_err(|e| {
         e.context("cannot start the demo's daemon (ports taken? try --nfs-port 0 --webdav-port 0)")

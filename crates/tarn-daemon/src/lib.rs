@@ -7,7 +7,8 @@
 //!
 //! - [`pools`]: the set of imported pools and the daemon's state directory;
 //!   [`node`] implements the admin API ([`tarn_api::Backend`]) over it and
-//!   [`objects`] the raw-object methods.
+//!   [`objects`] the object methods (files at the top of a pool's root
+//!   filesystem, copied in and out without a mount).
 //! - [`convert`]: engine types and errors into the API's types, in one place.
 //! - [`access`]: users and shares as stored in the pools.
 //! - [`filesystems`], [`mounts`]: one POSIX filesystem per dataset, and its
@@ -20,7 +21,8 @@
 //! (`tarn-pool`, `tarn-dataset`, `tarn-fs`, `tarn-fuse`, `tarn-nfs`,
 //! `tarn-webdav`, `tarn-vdev`). It never calls `tarn-cli`; the `tarn` binary
 //! hands it plain options. Later transports (HTTPS), schedules and alerts
-//! plug in here.
+//! plug in here. Its threads, its maps and their lock order are in
+//! docs/design.md ("Process and threading model").
 
 #![warn(missing_docs)]
 
@@ -40,7 +42,7 @@ use std::sync::Arc;
 
 pub use error::{DaemonError, Result};
 pub use pools::{Pools, Tuning};
-pub use servers::ServerOptions;
+pub use servers::{NfsLimits, ServerOptions, WebdavLimits};
 pub use transport::{run_daemon, DaemonOptions, Node};
 
 /// Opens the state directory, imports the pools the daemon owned, and

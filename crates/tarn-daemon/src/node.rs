@@ -2,7 +2,7 @@
 //! method. Each runs on the calling connection's thread; it finds the pool,
 //! calls the pool or dataset layer, keeps mounts and servers in step with
 //! what changed, and converts the answer into the API's types (`convert`).
-//! Raw objects are in `objects`.
+//! Objects (files at the top of a pool's root filesystem) are in `objects`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -511,7 +511,11 @@ impl Backend for Pools {
                 let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
                 let mut hits = Vec::new();
                 for p in pools {
-                    if access::shares(&p)?.iter().any(|s| s.name == name) {
+                    // A damaged record can be removed by name too.
+                    let stored = access::stored_shares(&p)?;
+                    if stored.shares.iter().any(|s| s.name == name)
+                        || stored.damaged.iter().any(|d| d.name == name)
+                    {
                         hits.push(p);
                     }
                 }
@@ -535,10 +539,24 @@ impl Backend for Pools {
         let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
         let mut out = Vec::new();
         for p in pools {
-            for s in access::shares(&p)? {
+            let stored = access::stored_shares(&p)?;
+            for s in stored.shares {
                 out.push(ShareInfo {
                     pool: p.name().to_string(),
                     share: s,
+                    damaged: None,
+                });
+            }
+            for d in stored.damaged {
+                out.push(ShareInfo {
+                    pool: p.name().to_string(),
+                    share: Share {
+                        name: d.name,
+                        dataset: String::new(),
+                        nfs: None,
+                        webdav: None,
+                    },
+                    damaged: Some(d.error),
                 });
             }
         }
@@ -577,6 +595,10 @@ impl Backend for Pools {
 
     fn dataset_mounts(&self) -> Result<Vec<MountInfo>, ApiError> {
         Ok(self.mounts.list())
+    }
+
+    fn daemon_stats(&self) -> Result<tarn_api::params::DaemonStats, ApiError> {
+        Ok(self.servers.stats())
     }
 
     fn pool_sync(&self, name: &str) -> Result<u64, ApiError> {

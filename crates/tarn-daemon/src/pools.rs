@@ -7,15 +7,20 @@
 //!   crash the same daemon may take its pools back without `--force`, while
 //!   another daemon (or host) is asked for `--force`.
 //! - `pools.json`: the pools to import at start (name, GUID, device paths),
-//!   rewritten atomically (temp file + rename) whenever the set changes.
+//!   rewritten atomically (temp file + rename) whenever the set changes. One
+//!   that cannot be read or decoded stops the start with an error that
+//!   says how to recover: rewriting it would forget the pools it lists.
 //!
 //! Pool operations run on the calling connection's thread; the pool layer
-//! does its own locking, so requests to different pools never wait for each
-//! other and a failing pool never blocks the others.
+//! does its own locking, so requests to different pools do not wait for
+//! each other and a failing pool does not block the others, except where
+//! they meet in the node's own maps: opening a dataset's filesystem holds
+//! the `filesystems` map while it waits for that pool's lock (the locks and
+//! their order: docs/design.md, "Locks").
 //!
 //! The API methods on them are in `node` (pools, datasets, users, shares,
-//! mounts) and `objects` (raw objects); the conversions to API types in
-//! `convert`.
+//! mounts) and `objects` (files at the top of a pool's root filesystem);
+//! the conversions to API types in `convert`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -174,7 +179,7 @@ impl Pools {
                     .and_then(|mut f| f.read_exact(&mut b))
                     .map_err(|e| DaemonError::msg(format!("cannot read /dev/urandom: {e}")))?;
                 let id = format!("{:016x}", u64::from_le_bytes(b));
-                write_atomically(&id_path, id.as_bytes())?;
+                write_atomically(&id_path, id.as_bytes(), 0o644)?;
                 id
             }
         };
@@ -203,7 +208,7 @@ impl Pools {
             fss: Filesystems::default(),
             servers: Servers::default(),
         };
-        for entry in me.read_cache() {
+        for entry in me.read_cache()? {
             match Pool::import(
                 &[],
                 &entry.devices,
@@ -244,17 +249,31 @@ impl Pools {
         self.state_dir.join("pools.json")
     }
 
-    fn read_cache(&self) -> Vec<CacheEntry> {
-        match std::fs::read(self.cache_path()) {
-            Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
-                eprintln!(
-                    "tarn: ignoring unreadable {}: {e}",
-                    self.cache_path().display()
-                );
-                Vec::new()
-            }),
-            Err(_) => Vec::new(),
-        }
+    /// The pools to import at start. A missing file is an empty list; a
+    /// file that cannot be read or decoded stops the start: going on
+    /// without it would rewrite it with only the pools imported this time,
+    /// silently forgetting the others.
+    fn read_cache(&self) -> Result<Vec<CacheEntry>> {
+        let path = self.cache_path();
+        let shown = path.display();
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => {
+                return Err(DaemonError::msg(format!(
+                    "cannot read {shown}, the list of pools this daemon imports at start: {e}\n\
+                     hint: fix its permissions (or the disk under it) and start again"
+                )))
+            }
+        };
+        serde_json::from_slice(&bytes).map_err(|e| {
+            DaemonError::msg(format!(
+                "{shown} is damaged ({e}); it lists the pools this daemon imports at start, \
+                 so the daemon does not start rather than rewrite it without them\n\
+                 hint: repair it, or move it aside (mv {shown} {shown}.damaged) to start with \
+                 no pools and bring each one back with `tarn pool import`"
+            ))
+        })
     }
 
     /// Rewrites the pool cache atomically; writers are serialized so the
@@ -277,7 +296,7 @@ impl Pools {
         }
         let result = serde_json::to_vec_pretty(&entries)
             .map_err(std::io::Error::other)
-            .and_then(|b| write_atomically(&self.cache_path(), &b));
+            .and_then(|b| write_atomically(&self.cache_path(), &b, 0o644));
         if let Err(e) = result {
             eprintln!("tarn: cannot save {}: {e}", self.cache_path().display());
         }
@@ -401,16 +420,74 @@ pub(crate) fn next_tmp() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Writes a small file so that readers see the old or the new contents,
-/// never a mix: temporary file, fsync, rename, fsync of the directory.
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes a small file of the state directory so that readers see the old
+/// or the new contents, never a mix, and the new contents survive a crash
+/// once this returns: temporary file (created with `mode`), fsync, rename,
+/// fsync of the directory.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension(format!("tmp-{}-{}", std::process::id(), next_tmp()));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::File::open(dir)?.sync_all()?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_damaged_pool_list_stops_the_start_and_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let list = dir.path().join("pools.json");
+        let damaged = br#"[{"name":"tank","guid":"00c0ffee","devices":["/dev/sdb"]},{"name":"#;
+        std::fs::write(&list, damaged).unwrap();
+        let err = Pools::open(dir.path(), &Tuning::default())
+            .err()
+            .expect("a damaged pools.json must stop the start");
+        let text = err.to_string();
+        assert!(text.contains("pools.json is damaged"), "{text}");
+        assert!(text.contains("tarn pool import"), "{text}");
+        assert_eq!(std::fs::read(&list).unwrap(), damaged, "left as it was");
+
+        // A list that decodes is used; an absent one is an empty list.
+        std::fs::write(&list, b"[]").unwrap();
+        drop(Pools::open(dir.path(), &Tuning::default()).unwrap());
+        std::fs::remove_file(&list).unwrap();
+        drop(Pools::open(dir.path(), &Tuning::default()).unwrap());
+        assert_eq!(std::fs::read(&list).unwrap(), b"[]");
+    }
+
+    #[test]
+    fn state_files_are_replaced_whole_with_their_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        write_atomically(&path, b"one", 0o600).unwrap();
+        write_atomically(&path, b"two", 0o600).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["secret"], "no temporary file left behind");
+        assert!(write_atomically(&dir.path().join("no/such/dir/f"), b"x", 0o600).is_err());
+    }
 }

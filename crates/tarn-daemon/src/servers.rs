@@ -12,10 +12,11 @@
 //! a loopback address; elsewhere it uses TLS with a certificate given in
 //! the options or a self-signed one generated at the first start.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tarn_api::access::{Access, Share};
@@ -37,6 +38,62 @@ pub struct ServerOptions {
     /// Plain HTTP even off loopback (passwords cross the network in the
     /// clear: only for a trusted network or behind a TLS proxy).
     pub webdav_plain_http: bool,
+    /// NFS connection limits and threads.
+    pub nfs_limits: NfsLimits,
+    /// WebDAV connection limits.
+    pub webdav_limits: WebdavLimits,
+}
+
+/// The NFS server's limits `tarn daemon` sets; the defaults are tarn-nfs's
+/// own ([`NfsConfig::default`]), what each does is said there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NfsLimits {
+    /// Most connections at once.
+    pub max_connections: usize,
+    /// Most connections from one client address.
+    pub max_connections_per_address: usize,
+    /// Idle connections are closed after this long; zero: never.
+    pub idle_timeout: Duration,
+    /// Requests of one connection processed at once.
+    pub max_inflight_per_connection: usize,
+    /// Threads running filesystem calls.
+    pub workers: usize,
+}
+
+impl Default for NfsLimits {
+    fn default() -> Self {
+        let c = NfsConfig::default();
+        NfsLimits {
+            max_connections: c.max_connections,
+            max_connections_per_address: c.max_connections_per_address,
+            idle_timeout: c.idle_timeout,
+            max_inflight_per_connection: c.max_inflight_per_connection,
+            workers: c.workers,
+        }
+    }
+}
+
+/// The WebDAV server's limits `tarn daemon` sets; the defaults are
+/// tarn-webdav's own ([`WebdavConfig::new`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WebdavLimits {
+    /// Most connections at once.
+    pub max_connections: usize,
+    /// Most connections from one client address.
+    pub max_connections_per_address: usize,
+    /// Time for the TLS handshake, each request head, and between requests.
+    pub header_read_timeout: Duration,
+}
+
+impl Default for WebdavLimits {
+    fn default() -> Self {
+        let c = WebdavConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)));
+        WebdavLimits {
+            max_connections: c.max_connections,
+            max_connections_per_address: c.max_connections_per_address,
+            header_read_timeout: c.header_read_timeout,
+        }
+    }
 }
 
 /// What the running front ends listen on, for the demo's hints.
@@ -82,19 +139,8 @@ fn handle_key(state_dir: &Path) -> Result<[u8; 32]> {
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut key))
         .map_err(|e| DaemonError::msg(format!("cannot read /dev/urandom: {e}")))?;
-    let tmp = state_dir.join("nfs-handle-key.tmp");
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(&key)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, &path)?;
+    crate::pools::write_atomically(&path, &key, 0o600)
+        .map_err(|e| DaemonError::msg(format!("cannot write {}: {e}", path.display())))?;
     Ok(key)
 }
 
@@ -110,10 +156,16 @@ impl Servers {
     ) -> Result<()> {
         let mut ep = Endpoints::default();
         if let Some(bind) = opts.nfs {
+            let l = opts.nfs_limits;
             let config = NfsConfig {
                 bind,
                 mount_bind: None,
                 handle_key: handle_key(state_dir)?,
+                max_connections: l.max_connections,
+                max_connections_per_address: l.max_connections_per_address,
+                idle_timeout: l.idle_timeout,
+                max_inflight_per_connection: l.max_inflight_per_connection,
+                workers: l.workers,
                 ..NfsConfig::default()
             };
             let running = NfsServer::start(config, exports).map_err(|e| {
@@ -124,6 +176,9 @@ impl Servers {
         }
         if let Some(bind) = opts.webdav {
             let mut config = WebdavConfig::new(bind);
+            config.max_connections = opts.webdav_limits.max_connections;
+            config.max_connections_per_address = opts.webdav_limits.max_connections_per_address;
+            config.header_read_timeout = opts.webdav_limits.header_read_timeout;
             if opts.webdav_plain_http {
                 config.allow_plain_http_non_loopback = true;
             } else if !bind.ip().is_loopback() {
@@ -176,6 +231,22 @@ impl Servers {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// The connection counters of the running servers (`admin` is the
+    /// transport's to fill in).
+    pub fn stats(&self) -> tarn_api::params::DaemonStats {
+        let nfs = self.nfs.lock().unwrap_or_else(|e| e.into_inner());
+        let webdav = self.webdav.lock().unwrap_or_else(|e| e.into_inner());
+        tarn_api::params::DaemonStats {
+            admin: Default::default(),
+            nfs: nfs
+                .as_ref()
+                .map(|n| crate::convert::conn_counters(n.stats())),
+            webdav: webdav
+                .as_ref()
+                .map(|w| crate::convert::conn_counters(w.stats())),
+        }
     }
 
     /// Stops both servers (daemon shutdown).

@@ -9,10 +9,24 @@
 //!    to it.
 //! 2. Serve. A non-blocking accept loop polls the listener with a short
 //!    timeout so it can notice a stop request; each connection gets a
-//!    thread, at most [`MAX_CONNECTIONS`] at once (one more is answered
-//!    `busy` and closed). A connection sends any number of request lines,
-//!    each at most [`MAX_REQUEST_BYTES`]; a longer line is drained, answered
-//!    with an `invalid` error, and the connection goes on.
+//!    thread. A connection sends any number of request lines, each at most
+//!    [`MAX_REQUEST_BYTES`]; a longer line is drained, answered with an
+//!    `invalid` error, and the connection goes on. Only the daemon's own
+//!    user and root are served (checked on the peer's credentials, beside
+//!    the socket's mode 0600).
+//!
+//!    A local program holding connections open (a leak, a hung script)
+//!    must not lock `tarn` commands out, so connections are admitted like
+//!    the network servers' (tarn-conn): at most [`MAX_CONNECTIONS`] at
+//!    once, and when all are taken an idle one (no request in progress) is
+//!    closed for the newcomer: one that never sent a request if any, the
+//!    longest idle of those; only when every connection is
+//!    running a request is the newcomer answered `busy` and closed. A
+//!    connection with no request for [`IDLE_TIMEOUT`] is closed, and a
+//!    request line must arrive whole within [`REQUEST_TIMEOUT`] of its
+//!    first byte, so a trickling client cannot hold a slot either. Each
+//!    decision is counted ([`AdminStats`], in `daemon.stats`) and logged at
+//!    most once per kind every 10 seconds.
 //! 3. Stop, on SIGINT/SIGTERM or a `daemon.stop` request. The socket file is
 //!    removed first (new clients see "no daemon"), reading is shut on every
 //!    connection so no new request starts, requests already running finish
@@ -23,18 +37,20 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::{self, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use tarn_api::params::ConnCounters;
 use tarn_api::{method, read_line_bounded, ApiError, Backend, LineRead, Response};
+use tarn_conn::RateLog;
 
 use crate::error::{DaemonError, IoContext, Result};
 use crate::pools::Tuning;
@@ -48,8 +64,13 @@ macro_rules! bail {
 
 /// Longest request line the daemon holds in memory.
 pub const MAX_REQUEST_BYTES: usize = 1 << 20;
-/// Most connections served at once.
+/// Most connections open at once; at the limit the longest-idle one is
+/// closed for a newcomer.
 pub const MAX_CONNECTIONS: usize = 64;
+/// How long a connection may go without a request before it is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a request line may take to arrive, from its first byte.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the accept loop looks for a stop request.
 const POLL_INTERVAL_MS: i32 = 200;
 /// How long a response write may block on a client that does not read.
@@ -71,6 +92,11 @@ pub struct DaemonOptions {
     pub max_connections: usize,
     /// Request line limit in bytes; [`MAX_REQUEST_BYTES`] by default.
     pub max_request_bytes: usize,
+    /// Idle limit of a connection; [`IDLE_TIMEOUT`] by default, `None`:
+    /// never.
+    pub idle_timeout: Option<Duration>,
+    /// Time limit of one request line; [`REQUEST_TIMEOUT`] by default.
+    pub request_timeout: Duration,
     /// Stop on SIGINT/SIGTERM. The binary sets this; tests that run a daemon
     /// inside the test process leave it off.
     pub handle_signals: bool,
@@ -88,6 +114,8 @@ impl DaemonOptions {
             state_dir,
             max_connections: MAX_CONNECTIONS,
             max_request_bytes: MAX_REQUEST_BYTES,
+            idle_timeout: Some(IDLE_TIMEOUT),
+            request_timeout: REQUEST_TIMEOUT,
             handle_signals: false,
             tuning: Tuning::default(),
             servers: crate::servers::ServerOptions::default(),
@@ -258,23 +286,64 @@ fn log(message: &str) {
 // ---------------------------------------------------------------------------
 // Connections
 
+/// Counters of the admin socket's admission decisions since the start.
+#[derive(Default)]
+struct AdminCounters {
+    accepted: AtomicU64,
+    refused_full: AtomicU64,
+    refused_user: AtomicU64,
+    evicted: AtomicU64,
+    idle_closed: AtomicU64,
+    request_timeouts: AtomicU64,
+}
+
+/// The admin socket's counters as `daemon.stats` reports them.
+pub type AdminStats = ConnCounters;
+
 /// State shared by the accept loop and the connection threads.
 struct Shared {
     stop: AtomicBool,
     conns: Mutex<Conns>,
     changed: Condvar,
     max_request_bytes: usize,
+    max_connections: usize,
+    idle_timeout: Option<Duration>,
+    request_timeout: Duration,
+    counters: AdminCounters,
+    log: RateLog,
+}
+
+/// What the accept loop knows of an open connection.
+struct Open {
+    /// A handle on the socket, to shut it at eviction or stop.
+    stream: UnixStream,
+    activity: Arc<Mutex<Activity>>,
+}
+
+/// Whether a connection is running a request, and since when it is idle.
+struct Activity {
+    busy: bool,
+    /// End of the last request (or the accept).
+    idle_since: Instant,
+    /// A request has been answered on this connection.
+    served: bool,
+    /// Evicted: the connection must not start another request.
+    closing: bool,
 }
 
 #[derive(Default)]
 struct Conns {
-    /// A handle on every open connection, to shut its reading side at stop.
-    streams: HashMap<u64, UnixStream>,
+    /// Every open connection.
+    open: HashMap<u64, Open>,
     next_id: u64,
     /// Connections waiting in `daemon.stop` for the stop to finish.
     waiting_for_stop: usize,
     /// The backend has been shut down.
     stopped: bool,
+}
+
+fn lock_activity(a: &Mutex<Activity>) -> MutexGuard<'_, Activity> {
+    a.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Shared {
@@ -312,6 +381,55 @@ impl Shared {
         conns.waiting_for_stop -= 1;
         self.changed.notify_all();
     }
+
+    /// The counters, for `daemon.stats`.
+    fn stats(&self) -> AdminStats {
+        let c = &self.counters;
+        AdminStats {
+            open: self.lock().open.len() as u64,
+            accepted: c.accepted.load(Ordering::Relaxed),
+            refused_full: c.refused_full.load(Ordering::Relaxed),
+            refused_unlisted: c.refused_user.load(Ordering::Relaxed),
+            evicted: c.evicted.load(Ordering::Relaxed),
+            idle_closed: c.idle_closed.load(Ordering::Relaxed),
+            request_timeouts: c.request_timeouts.load(Ordering::Relaxed),
+            ..AdminStats::default()
+        }
+    }
+
+    /// Closes an idle connection to make room: one that never sent a
+    /// request if there is one (a command's connection between its first
+    /// and its next request is spared), the one idle the longest of those.
+    /// Answers whether one was closed. Called with the table locked.
+    fn evict_one(&self, conns: &mut Conns) -> bool {
+        let victim = conns
+            .open
+            .iter()
+            .filter_map(|(id, o)| {
+                let a = lock_activity(&o.activity);
+                (!a.busy && !a.closing).then_some((a.served, a.idle_since, *id))
+            })
+            .min();
+        let Some((_, since, id)) = victim else {
+            return false;
+        };
+        let Some(open) = conns.open.remove(&id) else {
+            return false;
+        };
+        lock_activity(&open.activity).closing = true;
+        let _ = open.stream.shutdown(std::net::Shutdown::Both);
+        self.counters.evicted.fetch_add(1, Ordering::Relaxed);
+        self.log.log(
+            "evicted",
+            &format!(
+                "connection limit ({}) reached: closed a connection idle for {} ms for a newcomer",
+                self.max_connections,
+                since.elapsed().as_millis()
+            ),
+        );
+        self.changed.notify_all();
+        true
+    }
 }
 
 /// Removes a connection from [`Conns`] when its thread ends, however it ends.
@@ -323,7 +441,7 @@ struct Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         let mut conns = self.shared.lock();
-        conns.streams.remove(&self.id);
+        conns.open.remove(&self.id);
         self.shared.changed.notify_all();
     }
 }
@@ -334,22 +452,79 @@ fn refuse(mut stream: UnixStream, error: ApiError) {
     let _ = stream.write_all(&Response::new(None, Err(error)).to_line());
 }
 
-fn admit(
-    stream: UnixStream,
-    shared: &Arc<Shared>,
-    backend: &Arc<dyn Node>,
-    max_connections: usize,
-) {
+/// The uid of the process at the other end of `stream`.
+fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes given, and
+    // the descriptor is open for the duration of the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.uid)
+}
+
+/// Whether a peer of uid `peer` may use the daemon run by uid `own`: the
+/// same user, or root.
+fn peer_allowed(peer: u32, own: u32) -> bool {
+    peer == own || peer == 0
+}
+
+fn admit(stream: UnixStream, shared: &Arc<Shared>, backend: &Arc<dyn Node>) {
     let _ = stream.set_nonblocking(false);
-    let id = {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let own = unsafe { libc::geteuid() };
+    match peer_uid(&stream) {
+        Ok(uid) if peer_allowed(uid, own) => {}
+        Ok(uid) => {
+            shared.counters.refused_user.fetch_add(1, Ordering::Relaxed);
+            shared.log.log(
+                "user",
+                &format!("refused a connection from uid {uid}: only uid {own} and root are served"),
+            );
+            refuse(
+                stream,
+                ApiError::invalid(format!(
+                    "this tarn daemon serves only its own user (uid {own}) and root"
+                )),
+            );
+            return;
+        }
+        Err(e) => {
+            log(&format!("cannot check who connected (refused): {e}"));
+            return;
+        }
+    }
+    let max_connections = shared.max_connections;
+    let (id, activity) = {
         let mut conns = shared.lock();
-        if conns.streams.len() >= max_connections {
+        if conns.open.len() >= max_connections && !shared.evict_one(&mut conns) {
             drop(conns);
+            shared.counters.refused_full.fetch_add(1, Ordering::Relaxed);
+            shared.log.log(
+                "full",
+                &format!(
+                    "refused a connection: all {max_connections} connections are running requests"
+                ),
+            );
             refuse(
                 stream,
                 ApiError::busy(format!(
-                    "the tarn daemon is already serving its limit of {max_connections} connections; \
-                     retry in a moment"
+                    "the tarn daemon is already serving its limit of {max_connections} connections, \
+                     all running requests; retry in a moment"
                 )),
             );
             return;
@@ -365,11 +540,24 @@ fn admit(
                 return;
             }
         };
+        let activity = Arc::new(Mutex::new(Activity {
+            busy: false,
+            idle_since: Instant::now(),
+            served: false,
+            closing: false,
+        }));
         let id = conns.next_id;
         conns.next_id += 1;
-        conns.streams.insert(id, handle);
-        id
+        conns.open.insert(
+            id,
+            Open {
+                stream: handle,
+                activity: Arc::clone(&activity),
+            },
+        );
+        (id, activity)
     };
+    shared.counters.accepted.fetch_add(1, Ordering::Relaxed);
     let slot = Slot {
         shared: Arc::clone(shared),
         id,
@@ -379,14 +567,56 @@ fn admit(
         .name(format!("tarn-conn-{id}"))
         .spawn(move || {
             let slot = slot;
-            serve_connection(stream, &slot.shared, &*backend);
+            serve_connection(stream, &slot.shared, &activity, &*backend);
         });
     if let Err(e) = spawned {
         log(&format!("cannot start a thread for a connection: {e}"));
     }
 }
 
-fn serve_connection(stream: UnixStream, shared: &Shared, backend: &dyn Backend) {
+/// The reading side of a connection, with a deadline for each read.
+struct Timed {
+    stream: UnixStream,
+    deadline: Option<Instant>,
+}
+
+impl Read for Timed {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let timeout = match self.deadline {
+            None => None,
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(io::ErrorKind::TimedOut.into());
+                }
+                Some(left)
+            }
+        };
+        self.stream.set_read_timeout(timeout)?;
+        match self.stream.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(io::ErrorKind::TimedOut.into()),
+            other => other,
+        }
+    }
+}
+
+fn timed_out(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::TimedOut
+}
+
+/// Tells a client why its connection is being closed (best effort: it
+/// may not be reading).
+fn farewell(stream: &mut UnixStream, message: String) {
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+    let _ = stream.write_all(&Response::new(None, Err(ApiError::busy(message))).to_line());
+}
+
+fn serve_connection(
+    stream: UnixStream,
+    shared: &Shared,
+    activity: &Mutex<Activity>,
+    backend: &dyn Backend,
+) {
     let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let read_half = match stream.try_clone() {
         Ok(s) => s,
@@ -398,12 +628,56 @@ fn serve_connection(stream: UnixStream, shared: &Shared, backend: &dyn Backend) 
             return;
         }
     };
-    let mut reader = BufReader::with_capacity(64 * 1024, read_half);
+    let mut reader = BufReader::with_capacity(
+        64 * 1024,
+        Timed {
+            stream: read_half,
+            deadline: None,
+        },
+    );
     let mut writer = stream;
     let mut line = Vec::new();
     loop {
+        // Between requests: the next one must start within the idle timeout.
+        if reader.buffer().is_empty() {
+            reader.get_mut().deadline = shared.idle_timeout.map(|t| Instant::now() + t);
+            match reader.fill_buf() {
+                Ok([]) => return,
+                Ok(_) => {}
+                Err(e) if timed_out(&e) => {
+                    shared.counters.idle_closed.fetch_add(1, Ordering::Relaxed);
+                    let idle = shared.idle_timeout.unwrap_or_default().as_secs();
+                    farewell(
+                        &mut writer,
+                        format!("closed after {idle} s without a request; connect again"),
+                    );
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return,
+            }
+        }
+        // A request has started: it must arrive whole in time.
+        reader.get_mut().deadline = Some(Instant::now() + shared.request_timeout);
         let response = match read_line_bounded(&mut reader, &mut line, shared.max_request_bytes) {
-            Ok(LineRead::Eof) | Err(_) => return,
+            Ok(LineRead::Eof) => return,
+            Err(e) if timed_out(&e) => {
+                shared
+                    .counters
+                    .request_timeouts
+                    .fetch_add(1, Ordering::Relaxed);
+                let limit = shared.request_timeout.as_secs_f64();
+                shared.log.log(
+                    "slow",
+                    &format!("closed a connection whose request line took over {limit} s"),
+                );
+                farewell(
+                    &mut writer,
+                    format!("closed: a request line must arrive within {limit} s"),
+                );
+                return;
+            }
+            Err(_) => return,
             Ok(LineRead::TooLong) => Response::new(
                 None,
                 Err(ApiError::invalid(format!(
@@ -417,10 +691,25 @@ fn serve_connection(stream: UnixStream, shared: &Shared, backend: &dyn Backend) 
                 if text.is_empty() {
                     continue;
                 }
-                answer(text, shared, backend)
+                {
+                    let mut a = lock_activity(activity);
+                    if a.closing {
+                        return; // evicted while its request arrived
+                    }
+                    a.busy = true;
+                }
+                let response = answer(text, shared, backend);
+                lock_activity(activity).busy = false;
+                response
             }
         };
-        if writer.write_all(&response.to_line()).is_err() {
+        let written = writer.write_all(&response.to_line());
+        {
+            let mut a = lock_activity(activity);
+            a.idle_since = Instant::now();
+            a.served = true;
+        }
+        if written.is_err() {
             return;
         }
     }
@@ -436,14 +725,26 @@ fn answer(line: &[u8], shared: &Shared, backend: &dyn Backend) -> Response {
         return Response::new(request.id, Ok(serde_json::Value::Null));
     }
     let (id, called) = (request.id, request.method.clone());
-    catch_unwind(AssertUnwindSafe(|| tarn_api::dispatch(backend, request))).unwrap_or_else(|_| {
-        Response::new(
-            id,
-            Err(ApiError::internal(format!(
-                "the daemon hit a bug while handling {called}; see the daemon's log"
-            ))),
-        )
-    })
+    let stats = request.method == method::DAEMON_STATS;
+    let mut response = catch_unwind(AssertUnwindSafe(|| tarn_api::dispatch(backend, request)))
+        .unwrap_or_else(|_| {
+            Response::new(
+                id,
+                Err(ApiError::internal(format!(
+                    "the daemon hit a bug while handling {called}; see the daemon's log"
+                ))),
+            )
+        });
+    // The backend knows its servers; the admin socket's counters are here.
+    if stats {
+        if let (Some(result), Ok(admin)) = (
+            response.result.as_mut(),
+            serde_json::to_value(shared.stats()),
+        ) {
+            result["admin"] = admin;
+        }
+    }
+    response
 }
 
 // ---------------------------------------------------------------------------
@@ -470,8 +771,12 @@ pub fn run_daemon(opts: DaemonOptions, backend: Arc<dyn Node>) -> Result<()> {
         conns: Mutex::new(Conns::default()),
         changed: Condvar::new(),
         max_request_bytes: opts.max_request_bytes,
+        max_connections: opts.max_connections.max(1),
+        idle_timeout: opts.idle_timeout.filter(|t| !t.is_zero()),
+        request_timeout: opts.request_timeout.max(Duration::from_millis(1)),
+        counters: AdminCounters::default(),
+        log: RateLog::new("tarn daemon", Duration::from_secs(10)),
     });
-    let max_connections = opts.max_connections.max(1);
 
     loop {
         if shared.stop.load(Ordering::SeqCst) {
@@ -493,7 +798,7 @@ pub fn run_daemon(opts: DaemonOptions, backend: Arc<dyn Node>) -> Result<()> {
             continue; // timeout, or EINTR from a signal: look at the flags again
         }
         match bound.listener.accept() {
-            Ok((stream, _)) => admit(stream, &shared, &backend, max_connections),
+            Ok((stream, _)) => admit(stream, &shared, &backend),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
@@ -515,11 +820,11 @@ pub fn run_daemon(opts: DaemonOptions, backend: Arc<dyn Node>) -> Result<()> {
     shared.stop.store(true, Ordering::SeqCst);
     {
         let conns = shared.lock();
-        for stream in conns.streams.values() {
-            let _ = stream.shutdown(std::net::Shutdown::Read);
+        for open in conns.open.values() {
+            let _ = open.stream.shutdown(std::net::Shutdown::Read);
         }
     }
-    let drained = shared.wait_until(DRAIN_TIMEOUT, |c| c.streams.len() <= c.waiting_for_stop);
+    let drained = shared.wait_until(DRAIN_TIMEOUT, |c| c.open.len() <= c.waiting_for_stop);
     if !drained {
         log("requests still running after the drain timeout; exporting anyway");
     }
@@ -529,10 +834,10 @@ pub fn run_daemon(opts: DaemonOptions, backend: Arc<dyn Node>) -> Result<()> {
         conns.stopped = true;
         shared.changed.notify_all();
     }
-    if !shared.wait_until(FAREWELL_TIMEOUT, |c| c.streams.is_empty()) {
+    if !shared.wait_until(FAREWELL_TIMEOUT, |c| c.open.is_empty()) {
         let conns = shared.lock();
-        for stream in conns.streams.values() {
-            let _ = stream.shutdown(std::net::Shutdown::Both);
+        for open in conns.open.values() {
+            let _ = open.stream.shutdown(std::net::Shutdown::Both);
         }
     }
     log("stopped");

@@ -7,9 +7,6 @@ mod common;
 use std::process::ExitCode;
 
 use common::TestDaemon;
-use serde_json::json;
-use tarn_api::method;
-use tarn_cli::client::Client;
 use tarn_cli::{run, Cli, Run};
 
 fn run_args(daemon: &TestDaemon, args: &[&str]) -> anyhow::Result<ExitCode> {
@@ -22,12 +19,8 @@ fn run_args(daemon: &TestDaemon, args: &[&str]) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn stop(mut daemon: TestDaemon) {
-    Client::connect(&daemon.socket)
-        .unwrap()
-        .call(method::DAEMON_STOP, &json!({}))
-        .unwrap();
-    daemon.join().unwrap();
+fn stop(daemon: TestDaemon) {
+    daemon.stop();
 }
 
 #[test]

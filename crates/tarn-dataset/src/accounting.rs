@@ -12,12 +12,12 @@
 
 use tarn_pool::Cx;
 
-use crate::dsl::Dsl;
+use crate::dsl::Dir;
 use crate::props;
 use crate::record::{DatasetInfo, DsRec, Sums, DEFLATE_BLOCK};
 use crate::DsError;
 
-impl Dsl {
+impl Dir {
     pub(crate) fn snapshots_of(&self, head: u64) -> Vec<u64> {
         let mut v: Vec<&DsRec> = self
             .recs
@@ -81,10 +81,10 @@ impl Dsl {
 
     /// Bytes charged in the open txg to `id` and its descendants.
     pub(crate) fn pending(&self, id: u64) -> u64 {
-        self.live
+        self.pending
             .iter()
             .filter(|(l, _)| self.ancestors_and_self(**l).contains(&id))
-            .map(|(_, l)| l.open.staged_asize())
+            .map(|(_, p)| p.load(std::sync::atomic::Ordering::Relaxed))
             .sum()
     }
 
@@ -111,7 +111,7 @@ impl Dsl {
 
     /// Room in the pool for `id` in user bytes: the pool's writable space
     /// less what other datasets hold reserved and have not used.
-    pub(crate) fn pool_room(&self, cx: &Cx<'_, '_>, id: u64) -> u64 {
+    pub(crate) fn pool_room(&self, cx: &Cx<'_>, id: u64) -> u64 {
         let rs = self.prop_u64(id, "recordsize").unwrap_or(128 * 1024);
         let pool = self.deflate(cx.writable(rs));
         let all: u64 = self
@@ -130,7 +130,7 @@ impl Dsl {
 
     /// What `id` may still write (user bytes): its room in the pool, capped
     /// by every quota above it.
-    pub(crate) fn available(&self, cx: &Cx<'_, '_>, id: u64) -> u64 {
+    pub(crate) fn available(&self, cx: &Cx<'_>, id: u64) -> u64 {
         let mut avail = self.pool_room(cx, id);
         for a in self.ancestors_and_self(id) {
             if let Some(q) = self.prop_u64(a, "quota") {
@@ -142,7 +142,7 @@ impl Dsl {
     }
 
     /// Checks that `cost` more allocated bytes may be written to `id`.
-    pub(crate) fn check_room(&self, cx: &Cx<'_, '_>, id: u64, cost: u64) -> Result<(), DsError> {
+    pub(crate) fn check_room(&self, cx: &Cx<'_>, id: u64, cost: u64) -> Result<(), DsError> {
         let name = self
             .recs
             .get(&id)
@@ -174,7 +174,7 @@ impl Dsl {
         Ok(())
     }
 
-    pub(crate) fn info(&self, cx: &Cx<'_, '_>, id: u64) -> Option<DatasetInfo> {
+    pub(crate) fn info(&self, cx: &Cx<'_>, id: u64) -> Option<DatasetInfo> {
         let r = self.recs.get(&id)?;
         let snapshot = r.is_snapshot();
         let (by_ds, by_snaps, by_children) = if snapshot {

@@ -1,11 +1,9 @@
 //! Configuration records: small values that belong to the pool (users,
 //! shares), so they move with the disks.
 
-use std::ops::Bound;
-
 use tarn_pool::Pool;
 
-use crate::dsl::with;
+use crate::dsl::{with_dir, with_dir_excl};
 use crate::record::prefix_end;
 use crate::DsError;
 
@@ -39,43 +37,39 @@ pub fn config_put(pool: &Pool, kind: &str, name: &str, value: &[u8]) -> Result<(
             "{kind} '{name}': record too large"
         )));
     }
-    with(pool, true, false, |_, cx| {
-        cx.meta_put(&config_key(kind, name), value)?;
+    with_dir_excl(pool, |dir, cx| {
+        let key = config_key(kind, name);
+        cx.meta_put(&key, value)?;
+        dir.config.insert(key, value.to_vec());
         Ok(())
-    })?;
-    pool.sync()?;
-    Ok(())
+    })
 }
 
-/// Removes a configuration record; false if there was none.
+/// Removes a configuration record; false if there was none. Durable on
+/// return.
 pub fn config_delete(pool: &Pool, kind: &str, name: &str) -> Result<bool, DsError> {
     check_config_name(kind, name)?;
-    let had = with(pool, true, false, |_, cx| {
-        Ok(cx.meta_delete(&config_key(kind, name))?)
-    })?;
-    pool.sync()?;
-    Ok(had)
+    with_dir_excl(pool, |dir, cx| {
+        let key = config_key(kind, name);
+        let had = cx.meta_delete(&key)?;
+        dir.config.remove(&key);
+        Ok(had)
+    })
 }
 
 /// Every configuration record of a kind, by name.
 pub fn config_list(pool: &Pool, kind: &str) -> Result<Vec<(String, Vec<u8>)>, DsError> {
     check_config_name(kind, "x")?;
-    with(pool, false, false, |_, cx| {
+    with_dir(pool, |dir, _| {
         let lo = config_key(kind, "");
         let hi = prefix_end(&lo);
-        let mut out = Vec::new();
-        let mut start = Bound::Included(lo);
-        loop {
-            let page =
-                cx.meta_range(start.as_ref().map(Vec::as_slice), Bound::Excluded(&hi), 256)?;
-            let Some(last) = page.last().map(|(k, _)| k.clone()) else {
-                return Ok(out);
-            };
-            for (k, v) in page {
+        Ok(dir
+            .config
+            .range(lo..hi)
+            .map(|(k, v)| {
                 let name = String::from_utf8_lossy(&k[kind.len() + 2..]).into_owned();
-                out.push((name, v));
-            }
-            start = Bound::Excluded(last);
-        }
+                (name, v.clone())
+            })
+            .collect())
     })
 }

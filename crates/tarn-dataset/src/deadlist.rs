@@ -19,18 +19,18 @@ use std::collections::HashMap;
 use std::ops::Bound;
 
 use tarn_block::BlockPtr;
-use tarn_pool::{Cx, PoolError};
+use tarn_pool::{PoolError, SyncCx};
 use tarn_tree::TreeError;
 
-use crate::dsl::Dsl;
+use crate::dsl::Dir;
 use crate::record::{dead_key, dead_prefix, prefix_end, Sums, TAG_BLOCK};
 use crate::DsError;
 
-impl Dsl {
+impl Dir {
     /// Applies the birth-time rule to a block dataset `id` no longer references.
     pub(crate) fn kill(
         &mut self,
-        cx: &mut Cx<'_, '_>,
+        cx: &mut SyncCx<'_>,
         id: u64,
         bp: &BlockPtr,
         bounds: &mut HashMap<u64, Vec<u64>>,
@@ -129,7 +129,7 @@ impl Dsl {
     /// Frees every block of `root`'s tree born after `after` (nodes and data).
     pub(crate) fn free_tree(
         &self,
-        cx: &mut Cx<'_, '_>,
+        cx: &mut SyncCx<'_>,
         root: &BlockPtr,
         after: u64,
     ) -> Result<(), DsError> {
@@ -166,7 +166,7 @@ impl Dsl {
     /// frees their blocks, otherwise moves them to deadlist `to` (if any).
     pub(crate) fn drain_deadlist(
         &mut self,
-        cx: &mut Cx<'_, '_>,
+        cx: &mut SyncCx<'_>,
         dl: u64,
         from_bucket: u64,
         free: bool,

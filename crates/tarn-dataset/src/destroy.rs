@@ -2,19 +2,18 @@
 
 use std::collections::BTreeSet;
 
-use tarn_pool::{Cx, Pool};
+use tarn_pool::{Pool, SyncCx};
 
-use crate::dsl::{with, Dsl};
+use crate::dsl::{with_dir_excl, Dir};
 use crate::ops::applied;
 use crate::DsError;
 
-impl Dsl {
+impl Dir {
     pub(crate) fn remove_rec(&mut self, id: u64) {
         if let Some(r) = self.recs.remove(&id) {
             self.names.remove(&r.name);
         }
-        self.live.remove(&id);
-        self.unlogged.insert(id);
+        self.forgotten.push(id);
         self.deleted.insert(id);
         self.dirty_recs.remove(&id);
     }
@@ -22,7 +21,7 @@ impl Dsl {
     /// Destroys one snapshot (checked by the caller: no clones).
     pub(crate) fn destroy_snapshot(
         &mut self,
-        cx: &mut Cx<'_, '_>,
+        cx: &mut SyncCx<'_>,
         snap: u64,
     ) -> Result<(), DsError> {
         let s = self.rec(snap)?.clone();
@@ -78,7 +77,7 @@ impl Dsl {
     }
 
     /// Destroys a filesystem without snapshots or children.
-    pub(crate) fn destroy_fs(&mut self, cx: &mut Cx<'_, '_>, id: u64) -> Result<(), DsError> {
+    pub(crate) fn destroy_fs(&mut self, cx: &mut SyncCx<'_>, id: u64) -> Result<(), DsError> {
         let r = self.rec(id)?.clone();
         if r.parent.is_none() {
             return Err(DsError::Invalid(format!(
@@ -110,7 +109,7 @@ impl Dsl {
 /// snapshots first), a snapshot `fs@a`, or a range of snapshots `fs@a%c`
 /// (from a to c inclusive, by creation; either end may be empty).
 pub fn destroy(pool: &Pool, name: &str, recursive: bool) -> Result<(), DsError> {
-    with(pool, true, true, |dsl, cx| {
+    with_dir_excl(pool, |dsl, cx| {
         // Everything a user can get wrong is checked before the first
         // change; what fails after that is I/O or damage, and faults.
         if let Some((fs, spec)) = name.split_once('@') {
@@ -216,7 +215,5 @@ pub fn destroy(pool: &Pool, name: &str, recursive: bool) -> Result<(), DsError> 
             dsl.destroy_fs(cx, d)
         });
         applied(cx, "destroy", r)
-    })?;
-    pool.sync()?;
-    Ok(())
+    })
 }

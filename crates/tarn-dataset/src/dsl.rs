@@ -1,13 +1,35 @@
-//! The dataset directory: the dataset layer's state inside the pool
-//! (`Dsl`), the in-memory state of open datasets (`Live`), attaching to a
-//! pool, and looking datasets up. See the crate documentation for the theory.
+//! The dataset layer's state inside the pool, and how it is shared.
+//!
+//! # Locking
+//!
+//! The pool calls the dataset layer from open context (transactions and
+//! intent log commits, many threads at once), from the syncer, and from
+//! exclusive operations (see `tarn_pool`'s `txg`). Its state is therefore
+//! split, each part under its own lock, taken in this order:
+//!
+//! | lock | guards | held by |
+//! |---|---|---|
+//! | `LiveDs::commit` | one dataset's intent log commits | an `fsync` of that dataset, across its log I/O |
+//! | `Dsl::lives` | the map of open datasets | briefly, to find or add one; never while locking a dataset |
+//! | `LiveDs::st` ([`LiveState`]) | one dataset: its committed tree handle, the overlays of the txgs not committed yet, its pending log operations | a transaction of that dataset for its length; the syncer and the commit briefly |
+//! | `Dsl::dir` ([`Dir`]) | records, names, properties, ids, accounting | briefly, by anyone; never while locking a dataset |
+//! | `Dsl::sync_trees` | the trees the sync applies overlays to | the syncer and exclusive operations only |
+//!
+//! Two transactions of one dataset run one after the other; transactions of
+//! different datasets, the sync, and intent log commits of other datasets
+//! run in parallel. A transaction never waits for a sync: it reads the
+//! overlay of the txg being synced and the committed tree beneath, which
+//! the sync does not touch (it applies overlays to its own handle of the
+//! tree, in `sync_trees`, and the committed handle is replaced only when
+//! the txg has committed).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
-use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tarn_block::BlockPtr;
-use tarn_pool::{Cx, Pool};
+use tarn_pool::{Cx, Pool, SyncCx};
 use tarn_tree::{Tree, TreeError};
 
 use crate::overlay::Overlay;
@@ -16,22 +38,73 @@ use crate::record::{
     DEFLATE_BLOCK, K_NEXT, P_DS, TAG_BLOCK,
 };
 use crate::txn::DatasetHandle;
+use crate::zil::LogOp;
 use crate::DsError;
 
-/// In-memory state of a dataset whose tree is open.
-pub(crate) struct Live {
-    /// The committed tree. Open context only reads it (through `open`);
-    /// the sync applies `open` to it and commits.
-    pub tree: Tree,
-    /// The open txg's changes (see `overlay`).
-    pub open: Overlay,
-    /// Operations of the open txg not yet in the intent log (see `zil`).
-    pub log: Vec<crate::zil::LogOp>,
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The dataset layer's state inside the pool.
+/// One dataset whose tree is open.
+pub(crate) struct LiveDs {
+    pub id: u64,
+    /// Serializes this dataset's intent log commits (see `zil`).
+    pub commit: Mutex<()>,
+    pub st: Mutex<LiveState>,
+    /// Allocated bytes the staged blocks of this dataset's uncommitted
+    /// overlays hold, for quota checks of other datasets (see `Dir`).
+    pub pending: Arc<AtomicU64>,
+}
+
+impl LiveDs {
+    /// The dataset's state, locked.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, LiveState> {
+        lock(&self.st)
+    }
+}
+
+/// A dataset's state between its committed tree and open context.
+pub(crate) struct LiveState {
+    /// A handle on the committed tree, for readers (it caches the nodes it
+    /// reads). Replaced when a txg that changed the tree commits.
+    pub tree: Tree,
+    /// The txg `tree` was committed in: what a reader holds while it reads
+    /// a block the tree names outside this lock.
+    pub tree_txg: u64,
+    /// The overlay of the txg being synced, if it changed this dataset.
+    pub syncing: Option<(u64, Arc<Overlay>)>,
+    /// The open txg's changes (see `overlay`).
+    pub open: Overlay,
+    /// Operations not yet in the intent log nor committed, each with its
+    /// txg and a sequence number (see `zil`).
+    pub log: Vec<(u64, u64, LogOp)>,
+    /// The next operation's sequence number.
+    pub log_seq: u64,
+}
+
+impl LiveState {
+    /// What readers see: the uncommitted overlays, newest first, over the
+    /// committed tree.
+    pub(crate) fn view(&mut self) -> crate::overlay::View<'_> {
+        let mut layers = vec![&self.open];
+        if let Some((_, s)) = self.syncing.as_ref() {
+            layers.push(&**s);
+        }
+        crate::overlay::View {
+            layers,
+            tree: &mut self.tree,
+        }
+    }
+
+    /// Allocated bytes the staged blocks of the uncommitted overlays hold.
+    pub(crate) fn staged_asize(&self) -> u64 {
+        self.open.staged_asize() + self.syncing.as_ref().map_or(0, |(_, s)| s.staged_asize())
+    }
+}
+
+/// The dataset directory: everything about datasets except their trees.
 #[derive(Default)]
-pub(crate) struct Dsl {
+pub(crate) struct Dir {
     pub loaded: bool,
     pub pool_name: String,
     pub recs: BTreeMap<u64, DsRec>,
@@ -39,21 +112,82 @@ pub(crate) struct Dsl {
     pub pool_props: tarn_pool::PoolProps,
     pub names: BTreeMap<String, u64>,
     pub next_id: u64,
-    pub live: HashMap<u64, Live>,
     pub dirty_recs: BTreeSet<u64>,
     pub deleted: BTreeSet<u64>,
-    /// Snapshots created in the open txg: (head, snapshot).
+    /// Snapshots the next sync takes: (head, snapshot).
     pub pending_snaps: Vec<(u64, u64)>,
     pub next_dirty: bool,
     /// Allocated bytes of one 128 KiB block on this pool's vdevs.
     pub alloc_per_block: u64,
-    /// Datasets whose tree was replaced or created in the open txg: their
-    /// operations cannot be redone from the committed txg, so synchronous
-    /// requests commit the txg instead (see `zil`).
-    pub unlogged: BTreeSet<u64>,
+    /// Each open dataset's uncommitted staged bytes (see `LiveDs::pending`).
+    pub pending: HashMap<u64, Arc<AtomicU64>>,
+    /// Datasets an exclusive operation removed or whose tree it replaced:
+    /// their open state is forgotten when it ends.
+    pub forgotten: Vec<u64>,
+    /// The configuration records (users, shares), by meta key; kept here so
+    /// readers need not reach the meta tree, written through by
+    /// `config_put` and `config_delete`.
+    pub config: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+/// The dataset layer's state inside the pool (see the module docs).
+#[derive(Default)]
+pub(crate) struct Dsl {
+    pub dir: Mutex<Dir>,
+    pub lives: Mutex<HashMap<u64, Arc<LiveDs>>>,
+    pub sync_trees: Mutex<HashMap<u64, Tree>>,
 }
 
 impl Dsl {
+    /// The directory, locked.
+    pub(crate) fn dir(&self) -> MutexGuard<'_, Dir> {
+        lock(&self.dir)
+    }
+
+    /// The open dataset `id`, opening its tree on first use.
+    pub(crate) fn live(&self, id: u64) -> Result<Arc<LiveDs>, DsError> {
+        let mut lives = lock(&self.lives);
+        if let Some(l) = lives.get(&id) {
+            return Ok(l.clone());
+        }
+        let mut dir = self.dir();
+        let rec = dir.rec(id)?;
+        let root = rec.root_ptr()?;
+        // A committed txg that holds this root: the root's own birth.
+        let tree_txg = root.birth;
+        let l = Arc::new(LiveDs {
+            id,
+            commit: Mutex::new(()),
+            st: Mutex::new(LiveState {
+                tree: Tree::open(root),
+                tree_txg,
+                syncing: None,
+                open: Overlay::default(),
+                log: Vec::new(),
+                log_seq: 0,
+            }),
+            pending: Arc::new(AtomicU64::new(0)),
+        });
+        dir.pending.insert(id, l.pending.clone());
+        lives.insert(id, l.clone());
+        Ok(l)
+    }
+
+    /// Every open dataset.
+    pub(crate) fn all_lives(&self) -> Vec<Arc<LiveDs>> {
+        lock(&self.lives).values().cloned().collect()
+    }
+
+    /// Forgets dataset `id`'s open state (exclusive operations that replace
+    /// or remove its tree): the next user opens it afresh from its record.
+    pub(crate) fn forget(&self, id: u64) {
+        lock(&self.lives).remove(&id);
+        lock(&self.sync_trees).remove(&id);
+        self.dir().pending.remove(&id);
+    }
+}
+
+impl Dir {
     pub(crate) fn alloc_id(&mut self) -> u64 {
         let id = self.next_id.max(1);
         self.next_id = id + 1;
@@ -75,7 +209,7 @@ impl Dsl {
     }
 
     /// Reads every record from the meta tree.
-    pub(crate) fn load(&mut self, cx: &mut Cx<'_, '_>, pool_name: &str) -> Result<(), DsError> {
+    pub(crate) fn load(&mut self, cx: &mut SyncCx<'_>, pool_name: &str) -> Result<(), DsError> {
         self.pool_props = cx.props();
         self.pool_name = pool_name.to_string();
         self.alloc_per_block = cx.alloc_cost(DEFLATE_BLOCK, 1);
@@ -103,6 +237,18 @@ impl Dsl {
                 self.names.insert(rec.name.clone(), rec.id);
                 self.recs.insert(rec.id, rec);
             }
+            start = Bound::Excluded(last);
+        }
+        let lo = vec![crate::config::P_CONFIG];
+        let hi = vec![crate::config::P_CONFIG + 1];
+        let mut start = Bound::Included(lo);
+        loop {
+            let page =
+                cx.meta_range(start.as_ref().map(Vec::as_slice), Bound::Excluded(&hi), 256)?;
+            let Some(last) = page.last().map(|(k, _)| k.clone()) else {
+                break;
+            };
+            self.config.extend(page);
             start = Bound::Excluded(last);
         }
         if self.recs.is_empty() {
@@ -134,7 +280,6 @@ impl Dsl {
     pub(crate) fn new_fs(&mut self, name: &str, parent: Option<u64>, txg: u64) -> DsRec {
         let id = self.alloc_id();
         let deadlist = self.alloc_id();
-        self.unlogged.insert(id);
         self.names.insert(name.to_string(), id);
         self.dirty_recs.insert(id);
         DsRec {
@@ -158,47 +303,62 @@ impl Dsl {
             dead: BTreeMap::new(),
         }
     }
-
-    /// The live state of a dataset, opening its tree on first use.
-    pub(crate) fn live(&mut self, id: u64) -> Result<&mut Live, DsError> {
-        if !self.live.contains_key(&id) {
-            let root = self.rec(id)?.root_ptr()?;
-            self.live.insert(
-                id,
-                Live {
-                    tree: Tree::open(root),
-                    open: Overlay::default(),
-                    log: Vec::new(),
-                },
-            );
-        }
-        self.live
-            .get_mut(&id)
-            .ok_or_else(|| DsError::NotFound(format!("dataset #{id}")))
-    }
 }
 
-/// Runs `f` on the pool's dataset layer.
-pub(crate) fn with<R>(
+/// Runs `f` in open context on the pool's dataset layer (see the module
+/// docs: `f` takes the locks it needs).
+pub(crate) fn with_dsl<R>(
     pool: &Pool,
     write: bool,
-    synced: bool,
-    f: impl FnOnce(&mut Dsl, &mut Cx<'_, '_>) -> Result<R, DsError>,
+    f: impl FnOnce(&Dsl, &mut Cx<'_>) -> Result<R, DsError>,
 ) -> Result<R, DsError> {
-    pool.with_ext::<Dsl, Result<R, DsError>>(write, synced, |dsl, cx| {
-        if !dsl.loaded {
+    pool.with_ext::<Dsl, Result<R, DsError>>(write, |dsl, cx| {
+        if !dsl.dir().loaded {
             return Ok(Err(DsError::Invalid("datasets are not loaded".into())));
         }
         Ok(f(dsl, cx))
     })?
 }
 
-pub(crate) fn with_dsl<R>(
+/// Runs `f` as an exclusive operation on the dataset layer: everything
+/// pending is committed first and `f`'s changes before this returns.
+pub(crate) fn with_excl<R>(
     pool: &Pool,
-    write: bool,
-    f: impl FnOnce(&mut Dsl, &mut Cx<'_, '_>) -> Result<R, DsError>,
+    f: impl FnOnce(&Dsl, &mut SyncCx<'_>) -> Result<R, DsError>,
 ) -> Result<R, DsError> {
-    with(pool, write, false, f)
+    pool.with_ext_exclusive::<Dsl, Result<R, DsError>>(|dsl, cx| {
+        if !dsl.dir().loaded {
+            return Ok(Err(DsError::Invalid("datasets are not loaded".into())));
+        }
+        Ok(f(dsl, cx))
+    })?
+}
+
+/// Runs `f` as an exclusive operation on the directory (see `with_excl`);
+/// datasets it removes or rolls back are forgotten afterwards.
+pub(crate) fn with_dir_excl<R>(
+    pool: &Pool,
+    f: impl FnOnce(&mut Dir, &mut SyncCx<'_>) -> Result<R, DsError>,
+) -> Result<R, DsError> {
+    with_excl(pool, |dsl, cx| {
+        let (r, gone) = {
+            let mut dir = dsl.dir();
+            let r = f(&mut dir, cx);
+            (r, std::mem::take(&mut dir.forgotten))
+        };
+        for id in gone {
+            dsl.forget(id);
+        }
+        r
+    })
+}
+
+/// Runs `f` on the directory in open context (reading).
+pub(crate) fn with_dir<R>(
+    pool: &Pool,
+    f: impl FnOnce(&Dir, &mut Cx<'_>) -> Result<R, DsError>,
+) -> Result<R, DsError> {
+    with_dsl(pool, false, |dsl, cx| f(&dsl.dir(), cx))
 }
 
 /// Installs the dataset layer in an imported pool (once) and loads its
@@ -207,9 +367,9 @@ pub fn attach(pool: &Arc<Pool>) -> Result<(), DsError> {
     if pool.has_extension() {
         return Ok(());
     }
-    pool.set_extension(Box::<Dsl>::default(), scan_refs);
+    pool.set_extension(Arc::new(Dsl::default()), scan_refs);
     let name = pool.name().to_string();
-    pool.with_ext::<Dsl, Result<(), DsError>>(false, false, |dsl, cx| Ok(dsl.load(cx, &name)))??;
+    pool.with_ext_exclusive::<Dsl, Result<(), DsError>>(|dsl, cx| Ok(dsl.dir().load(cx, &name)))??;
     // Synchronous writes the last txg did not commit.
     crate::zil::replay(pool)?;
     Ok(())
@@ -217,16 +377,10 @@ pub fn attach(pool: &Arc<Pool>) -> Result<(), DsError> {
 
 /// A handle to run transactions on a dataset or snapshot.
 pub fn open(pool: &Arc<Pool>, name: &str) -> Result<DatasetHandle, DsError> {
-    let pending = with(pool, false, false, |dsl, _| {
-        let id = dsl.id_of(name)?;
-        Ok(dsl.pending_snaps.iter().any(|(_, s)| *s == id))
-    })?;
-    if pending {
-        pool.sync()?;
-    }
-    with(pool, false, false, |dsl, _| {
-        let id = dsl.id_of(name)?;
-        let r = dsl.rec(id)?;
+    with_dsl(pool, false, |dsl, _| {
+        let dir = dsl.dir();
+        let id = dir.id_of(name)?;
+        let r = dir.rec(id)?;
         Ok(DatasetHandle::new(
             pool.clone(),
             id,
@@ -239,11 +393,12 @@ pub fn open(pool: &Arc<Pool>, name: &str) -> Result<DatasetHandle, DsError> {
 
 /// Every dataset (and snapshot, with `snapshots`), sorted by name.
 pub fn list(pool: &Pool, snapshots: bool) -> Result<Vec<DatasetInfo>, DsError> {
-    with(pool, false, false, |dsl, cx| {
-        let mut out: Vec<DatasetInfo> = dsl
+    with_dsl(pool, false, |dsl, cx| {
+        let dir = dsl.dir();
+        let mut out: Vec<DatasetInfo> = dir
             .names
             .values()
-            .filter_map(|id| dsl.info(cx, *id))
+            .filter_map(|id| dir.info(cx, *id))
             .filter(|i| snapshots || i.kind == DatasetKind::Filesystem)
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -255,9 +410,12 @@ pub fn list(pool: &Pool, snapshots: bool) -> Result<Vec<DatasetInfo>, DsError> {
 /// blocks its entries name), for checks and tests. Commits pending work
 /// first.
 pub fn blocks(pool: &Pool, name: &str) -> Result<Vec<BlockPtr>, DsError> {
-    with(pool, false, true, |dsl, cx| {
-        let id = dsl.id_of(name)?;
-        let root = dsl.rec(id)?.root_ptr()?;
+    with_excl(pool, |dsl, cx| {
+        let root = {
+            let dir = dsl.dir();
+            let id = dir.id_of(name)?;
+            dir.rec(id)?.root_ptr()?
+        };
         let out = std::cell::RefCell::new(Vec::new());
         let store = cx.store();
         tarn_tree::walk(
@@ -284,26 +442,26 @@ pub fn blocks(pool: &Pool, name: &str) -> Result<Vec<BlockPtr>, DsError> {
 /// Converts allocated bytes into the user-facing bytes `list` reports
 /// (raidz parity and padding taken out), for tools and tests.
 pub fn deflated(pool: &Pool, raw: u64) -> Result<u64, DsError> {
-    with(pool, false, false, |dsl, _| Ok(dsl.deflate(raw)))
+    with_dsl(pool, false, |dsl, _| Ok(dsl.dir().deflate(raw)))
 }
 
 /// Names and ids of a filesystem's snapshots, oldest first.
-pub(crate) fn snapshot_ids(dsl: &Dsl, head: u64) -> Vec<(String, u64)> {
-    dsl.snapshots_of(head)
+pub(crate) fn snapshot_ids(dir: &Dir, head: u64) -> Vec<(String, u64)> {
+    dir.snapshots_of(head)
         .into_iter()
-        .filter(|s| !dsl.pending_snaps.iter().any(|(_, p)| p == s))
-        .filter_map(|s| dsl.recs.get(&s).map(|r| (r.name.clone(), s)))
+        .filter(|s| !dir.pending_snaps.iter().any(|(_, p)| p == s))
+        .filter_map(|s| dir.recs.get(&s).map(|r| (r.name.clone(), s)))
         .collect()
 }
 
-pub(crate) fn rec_root(dsl: &Dsl, id: u64) -> Result<BlockPtr, DsError> {
-    dsl.rec(id)?.root_ptr()
+pub(crate) fn rec_root(dir: &Dir, id: u64) -> Result<BlockPtr, DsError> {
+    dir.rec(id)?.root_ptr()
 }
 
-pub(crate) fn rec_name(dsl: &Dsl, id: u64) -> Result<String, DsError> {
-    Ok(dsl.rec(id)?.name.clone())
+pub(crate) fn rec_name(dir: &Dir, id: u64) -> Result<String, DsError> {
+    Ok(dir.rec(id)?.name.clone())
 }
 
-pub(crate) fn rec_guid(dsl: &Dsl, id: u64) -> Result<u64, DsError> {
-    Ok(dsl.rec(id)?.guid)
+pub(crate) fn rec_guid(dir: &Dir, id: u64) -> Result<u64, DsError> {
+    Ok(dir.rec(id)?.guid)
 }

@@ -34,7 +34,9 @@
 //!
 //! **Crash reasoning.** All of it lives in the meta tree and the dataset
 //! trees and commits in one txg with the uberblock, so a crash lands on a
-//! state where records, deadlists, trees and space maps agree.
+//! state where records, deadlists, trees and space maps agree. Where this
+//! layer's sync sits in the txg: docs/design.md ("The txg and the sync
+//! order").
 
 #![warn(missing_docs)]
 
@@ -56,7 +58,7 @@ mod golden;
 
 pub use props::{PropValue, Source};
 pub use record::{DatasetInfo, DatasetKind, Sums};
-pub use txn::{DatasetHandle, Txn, Value};
+pub use txn::{BlockData, BlockRef, DatasetHandle, Txn, Value};
 pub use zil::IMMEDIATE_BYTES;
 
 use tarn_pool::PoolError;

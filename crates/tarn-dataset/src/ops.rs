@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 
 use tarn_block::BlockPtr;
-use tarn_pool::{Cx, Pool};
+use tarn_pool::{Pool, SyncCx};
 
-use crate::dsl::with;
+use crate::dsl::with_dir_excl;
 use crate::props;
 use crate::record::{
     check_fs_name, check_snap_part, dead_key, dead_prefix, encode_ptr_hex, new_guid, now_unix,
@@ -28,7 +28,7 @@ pub fn create(
     for (k, v) in props {
         local.insert(k.clone(), props::validate(k, v)?);
     }
-    with(pool, true, false, |dsl, cx| {
+    with_dir_excl(pool, |dsl, cx| {
         if dsl.names.contains_key(name) {
             return Err(DsError::Exists(format!("dataset '{name}' already exists")));
         }
@@ -61,15 +61,13 @@ pub fn create(
             dsl.recs.insert(rec.id, rec);
         }
         Ok(())
-    })?;
-    pool.sync()?;
-    Ok(())
+    })
 }
 
 /// Takes snapshots (`fs@name`), all in one txg; with `recursive`, of every
 /// descendant filesystem too, under the same snapshot name.
 pub fn snapshot(pool: &Pool, names: &[String], recursive: bool) -> Result<(), DsError> {
-    with(pool, true, false, |dsl, cx| {
+    with_dir_excl(pool, |dsl, cx| {
         let mut todo: Vec<(u64, String)> = Vec::new();
         for full in names {
             let Some((fs, snap)) = full.split_once('@') else {
@@ -130,16 +128,14 @@ pub fn snapshot(pool: &Pool, names: &[String], recursive: bool) -> Result<(), Ds
             dsl.dirty_recs.insert(id);
         }
         Ok(())
-    })?;
-    pool.sync()?;
-    Ok(())
+    })
 }
 
 /// Passes on the result of the changing part of an operation; an error
 /// there (I/O, damage) leaves changes behind that must not commit, so the
 /// pool faults.
 pub(crate) fn applied<R>(
-    cx: &mut Cx<'_, '_>,
+    cx: &mut SyncCx<'_>,
     what: &str,
     r: Result<R, DsError>,
 ) -> Result<R, DsError> {
@@ -157,7 +153,7 @@ pub(crate) fn applied<R>(
 /// that filesystem becomes a clone of the (moved) origin snapshot. After
 /// it, the old filesystem can be destroyed while the clone lives on.
 pub fn promote(pool: &Pool, name: &str) -> Result<(), DsError> {
-    with(pool, true, true, |dsl, cx| {
+    with_dir_excl(pool, |dsl, cx| {
         let c = dsl.id_of(name)?;
         let crec = dsl.rec(c)?.clone();
         let Some(origin) = crec.origin else {
@@ -170,8 +166,6 @@ pub fn promote(pool: &Pool, name: &str) -> Result<(), DsError> {
             )));
         };
         let hname = dsl.rec(h)?.name.clone();
-        dsl.unlogged.insert(c);
-        dsl.unlogged.insert(h);
         // The snapshots that move: the origin and everything older.
         let moving: Vec<u64> = dsl
             .snapshots_of(h)
@@ -285,15 +279,13 @@ pub fn promote(pool: &Pool, name: &str) -> Result<(), DsError> {
             Ok(())
         })();
         applied(cx, "promote", r)
-    })?;
-    pool.sync()?;
-    Ok(())
+    })
 }
 
 /// Returns filesystem `fs` to snapshot `fs@snap`. Newer snapshots must be
 /// destroyed first (`destroy_newer` does it).
 pub fn rollback(pool: &Pool, snap_name: &str, destroy_newer: bool) -> Result<(), DsError> {
-    with(pool, true, true, |dsl, cx| {
+    with_dir_excl(pool, |dsl, cx| {
         let snap = dsl.id_of(snap_name)?;
         let s = dsl.rec(snap)?.clone();
         let Some(head) = s.head else {
@@ -337,15 +329,12 @@ pub fn rollback(pool: &Pool, snap_name: &str, destroy_newer: bool) -> Result<(),
                 hr.unique = Sums::default();
                 hr.dead.clear();
             }
-            dsl.live.remove(&head);
-            dsl.unlogged.insert(head);
+            dsl.forgotten.push(head);
             dsl.dirty_recs.insert(head);
             Ok(())
         })();
         applied(cx, "rollback", r)
-    })?;
-    pool.sync()?;
-    Ok(())
+    })
 }
 
 /// Creates filesystem `name` from snapshot `snap_name`, sharing its blocks.
@@ -360,7 +349,7 @@ pub fn clone(
     for (k, v) in props {
         local.insert(k.clone(), props::validate(k, v)?);
     }
-    with(pool, true, true, |dsl, cx| {
+    with_dir_excl(pool, |dsl, cx| {
         let snap = dsl.id_of(snap_name)?;
         let s = dsl.rec(snap)?.clone();
         if !s.is_snapshot() {
@@ -386,15 +375,13 @@ pub fn clone(
         }
         dsl.dirty_recs.insert(snap);
         Ok(())
-    })?;
-    pool.sync()?;
-    Ok(())
+    })
 }
 
 /// Renames a filesystem (moving it under another parent if the new name
 /// says so, with all its descendants and snapshots) or a snapshot.
 pub fn rename(pool: &Pool, old: &str, new: &str) -> Result<(), DsError> {
-    with(pool, true, false, |dsl, _cx| {
+    with_dir_excl(pool, |dsl, _cx| {
         let id = dsl.id_of(old)?;
         if dsl.names.contains_key(new) {
             return Err(DsError::Exists(format!("dataset '{new}' already exists")));
@@ -461,7 +448,5 @@ pub fn rename(pool: &Pool, old: &str, new: &str) -> Result<(), DsError> {
             r.parent = Some(np);
         }
         Ok(())
-    })?;
-    pool.sync()?;
-    Ok(())
+    })
 }

@@ -48,6 +48,9 @@ use crate::DsError;
 pub(crate) struct StagedBlock {
     /// The logical bytes.
     pub data: Arc<Vec<u8>>,
+    /// Allocated bytes the block was charged when it was staged (its room
+    /// may shrink later, when it is written: the overlay's count does not).
+    charged: u64,
     slot: Mutex<StagedSlot>,
 }
 
@@ -66,6 +69,7 @@ impl StagedBlock {
     pub(crate) fn new(data: Arc<Vec<u8>>, res: Reservation, written: Option<BlockPtr>) -> Self {
         StagedBlock {
             data,
+            charged: res.asize(),
             slot: Mutex::new(StagedSlot { res, written }),
         }
     }
@@ -75,9 +79,9 @@ impl StagedBlock {
         self.slot.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Allocated bytes the block holds.
+    /// Allocated bytes the block was charged when it was staged.
     pub(crate) fn asize(&self) -> u64 {
-        self.slot().res.asize()
+        self.charged
     }
 }
 
@@ -143,12 +147,6 @@ impl Overlay {
     /// Allocated bytes of its staged blocks.
     pub(crate) fn staged_asize(&self) -> u64 {
         self.staged_asize
-    }
-
-    /// A staged block's room changed from `old` to `new` allocated bytes
-    /// (written early: only what its stored size needs is kept).
-    pub(crate) fn restaged(&mut self, old: u64, new: u64) {
-        self.staged_asize = self.staged_asize.saturating_sub(old).saturating_add(new);
     }
 
     /// Bytes of plain values and keys it holds.
@@ -324,7 +322,7 @@ fn from_change(c: &Change) -> Option<Found> {
 /// Overlays, newest first, over a committed tree: what a reader sees.
 pub(crate) struct View<'a> {
     /// The layers, newest first.
-    pub layers: &'a [&'a Overlay],
+    pub layers: Vec<&'a Overlay>,
     /// The committed tree below them.
     pub tree: &'a mut Tree,
 }
@@ -339,7 +337,7 @@ impl View<'_> {
         store: &dyn NodeStore,
         key: &[u8],
     ) -> Result<Option<Found>, DsError> {
-        for l in self.layers {
+        for l in &self.layers {
             match l.seen(key) {
                 Seen::Entry(c) => return Ok(from_change(c)),
                 Seen::Hidden => return Ok(None),
@@ -364,7 +362,7 @@ impl View<'_> {
         if limit == 0 {
             return Ok(out);
         }
-        let layers = self.layers;
+        let layers = &self.layers;
         let mut iters: Vec<_> = layers
             .iter()
             .map(|l| l.entries_in(start, end).peekable())
@@ -557,8 +555,7 @@ mod tests {
                 apply_overlay(&mut o2, op);
                 apply_model(&mut model, op);
             }
-            let layers = [&o2, &o1];
-            let mut view = View { layers: &layers, tree: &mut tree };
+            let mut view = View { layers: vec![&o2, &o1], tree: &mut tree };
             for k in 0u8..42 {
                 let got = view.get(&store, &key(k)).unwrap().map(|f| match f {
                     Found::Plain(v) => v[0],

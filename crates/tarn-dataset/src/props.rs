@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use tarn_block::{ChecksumAlg, Compression};
 use tarn_pool::{BlockOpts, Pool};
 
-use crate::dsl::{with, Dsl};
+use crate::dsl::{with_dir, with_dir_excl, Dir};
 use crate::record::DatasetKind;
 use crate::DsError;
 
@@ -184,7 +184,7 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
-impl Dsl {
+impl Dir {
     /// Resolved value and source of a settable property.
     pub(crate) fn prop(&self, id: u64, name: &str) -> (String, Source) {
         let mut cur = self.recs.get(&id);
@@ -248,7 +248,7 @@ impl Dsl {
 
 /// Property values of a dataset (all of them when `names` is empty).
 pub fn get_props(pool: &Pool, name: &str, names: &[String]) -> Result<Vec<PropValue>, DsError> {
-    with(pool, false, false, |dsl, cx| {
+    with_dir(pool, |dsl, cx| {
         let id = dsl.id_of(name)?;
         let info = dsl
             .info(cx, id)
@@ -305,7 +305,7 @@ pub fn get_props(pool: &Pool, name: &str, names: &[String]) -> Result<Vec<PropVa
 /// Sets a property on a filesystem.
 pub fn set_prop(pool: &Pool, name: &str, prop: &str, value: &str) -> Result<(), DsError> {
     let v = validate(prop, value)?;
-    with(pool, true, false, |dsl, _cx| {
+    with_dir_excl(pool, |dsl, _cx| {
         let id = dsl.id_of(name)?;
         let r = dsl
             .recs
@@ -319,9 +319,7 @@ pub fn set_prop(pool: &Pool, name: &str, prop: &str, value: &str) -> Result<(), 
         r.props.insert(prop.to_string(), v);
         dsl.dirty_recs.insert(id);
         Ok(())
-    })?;
-    pool.sync()?;
-    Ok(())
+    })
 }
 
 /// Removes a local property value so the inherited one applies.
@@ -331,16 +329,14 @@ pub fn inherit(pool: &Pool, name: &str, prop: &str) -> Result<(), DsError> {
             "'{prop}' is not an inheritable property"
         )));
     }
-    with(pool, true, false, |dsl, _cx| {
+    with_dir_excl(pool, |dsl, _cx| {
         let id = dsl.id_of(name)?;
         if let Some(r) = dsl.recs.get_mut(&id) {
             r.props.remove(prop);
         }
         dsl.dirty_recs.insert(id);
         Ok(())
-    })?;
-    pool.sync()?;
-    Ok(())
+    })
 }
 
 #[cfg(test)]

@@ -3,10 +3,11 @@
 
 use std::collections::HashMap;
 use std::ops::Bound;
+use std::sync::Arc;
 
 use tarn_block::BlockPtr;
 use tarn_pool::{BlockOpts, Extension, PoolError, Reservation, SyncCx};
-use tarn_tree::{NodeStore, TreeError};
+use tarn_tree::{NodeStore, Tree, TreeError};
 
 use crate::dsl::Dsl;
 use crate::overlay::{Change, Overlay, StagedBlock};
@@ -14,13 +15,13 @@ use crate::record::{block_value, ds_key, encode_ptr_hex, Sums, K_NEXT, TAG_BLOCK
 
 /// The node store of a dataset tree while it commits: records what it
 /// writes and frees so the accounting and the birth-time rule see nodes.
-pub(crate) struct SyncNodes<'a, 'p, 's> {
-    cx: &'a mut SyncCx<'p, 's>,
+pub(crate) struct SyncNodes<'a, 'p> {
+    cx: &'a mut SyncCx<'p>,
     written: Vec<BlockPtr>,
     freed: Vec<BlockPtr>,
 }
 
-impl NodeStore for SyncNodes<'_, '_, '_> {
+impl NodeStore for SyncNodes<'_, '_> {
     fn read(&self, ptr: &BlockPtr) -> Result<Vec<u8>, TreeError> {
         self.cx
             .read_node(ptr)
@@ -43,43 +44,62 @@ impl NodeStore for SyncNodes<'_, '_, '_> {
 
 impl Extension for Dsl {
     fn has_changes(&self) -> bool {
-        !self.pending_snaps.is_empty()
-            || !self.dirty_recs.is_empty()
-            || !self.deleted.is_empty()
-            || self.next_dirty
-            || self.live.values().any(|l| !l.open.is_empty())
+        let dir_changed = {
+            let d = self.dir();
+            !d.pending_snaps.is_empty()
+                || !d.dirty_recs.is_empty()
+                || !d.deleted.is_empty()
+                || d.next_dirty
+        };
+        dir_changed
+            || lock_trees(self).values().any(|t| t.is_dirty())
+            || self.all_lives().iter().any(|l| {
+                let st = l.lock();
+                !st.open.is_empty() || st.syncing.is_some()
+            })
     }
 
-    fn sync(&mut self, cx: &mut SyncCx<'_, '_>) -> Result<(), PoolError> {
-        let txg = cx.txg();
-        let ids: Vec<u64> = self.live.keys().copied().collect();
-        // The open txg's changes, now this sync's to apply.
-        let mut overlays: Vec<(u64, Overlay)> = Vec::new();
-        for id in &ids {
-            if let Some(live) = self.live.get_mut(id) {
-                if !live.open.is_empty() {
-                    overlays.push((*id, std::mem::take(&mut live.open)));
-                }
-                // Everything pending for the intent log commits now.
-                live.log.clear();
+    fn quiesce(&self, txg: u64) {
+        for l in self.all_lives() {
+            let mut st = l.lock();
+            if !st.open.is_empty() {
+                let o = std::mem::take(&mut st.open);
+                st.syncing = Some((txg, Arc::new(o)));
             }
         }
-        self.unlogged.clear();
+    }
+
+    fn sync(&self, cx: &mut SyncCx<'_>) -> Result<(), PoolError> {
+        let txg = cx.txg();
+        // The changes the quiesce of this txg set aside.
+        let mut overlays: Vec<(u64, Arc<Overlay>)> = Vec::new();
+        for l in self.all_lives() {
+            let st = l.lock();
+            if let Some((t, o)) = &st.syncing {
+                if *t == txg {
+                    overlays.push((l.id, o.clone()));
+                }
+            }
+        }
+        overlays.sort_by_key(|(id, _)| *id);
         // 1. Staged data blocks, written in one parallel batch (blocks the
         // intent log already wrote are used as they are).
         write_staged(self, cx, &overlays)?;
-        // 2. Each overlay onto its tree: deleted ranges first, then every
-        // entry in key order; what they replace is killed.
+        // 2. Each overlay onto the sync's own handle of its tree: deleted
+        // ranges first, then every entry in key order; what they replace is
+        // killed.
         let mut bounds = HashMap::new();
         for (id, o) in &overlays {
             self.apply_overlay(cx, *id, o, &mut bounds)?;
         }
         // 3. Dataset trees, bottom-up; their replaced nodes are kills too.
-        for id in &ids {
-            let Some(live) = self.live.get_mut(id) else {
+        let ids: Vec<u64> = lock_trees(self).keys().copied().collect();
+        for id in ids {
+            let Some(mut tree) = lock_trees(self).remove(&id) else {
                 continue;
             };
-            if !live.tree.is_dirty() {
+            if !tree.is_dirty() {
+                lock_trees(self).insert(id, tree);
                 continue;
             }
             let mut ns = SyncNodes {
@@ -87,9 +107,13 @@ impl Extension for Dsl {
                 written: Vec::new(),
                 freed: Vec::new(),
             };
-            let root = live.tree.commit(&mut ns)?;
+            let r = tree.commit(&mut ns);
             let (written, freed) = (ns.written, ns.freed);
-            let Some(rec) = self.recs.get_mut(id) else {
+            let root = r?;
+            tree.evict_clean();
+            lock_trees(self).insert(id, tree);
+            let mut dir = self.dir();
+            let Some(rec) = dir.recs.get_mut(&id) else {
                 continue;
             };
             rec.root = encode_ptr_hex(&root);
@@ -97,18 +121,20 @@ impl Extension for Dsl {
                 rec.referenced.add(Sums::of(bp));
                 rec.unique.add(Sums::of(bp));
             }
-            self.dirty_recs.insert(*id);
+            dir.dirty_recs.insert(id);
             for bp in freed {
-                self.kill(cx, *id, &bp, &mut bounds)?;
+                dir.kill(cx, id, &bp, &mut bounds)?;
             }
         }
+        let mut dir = self.dir();
+        let dir = &mut *dir;
         // 4. Snapshots of this txg capture the trees as just committed.
-        for (head, snap) in std::mem::take(&mut self.pending_snaps) {
-            let Some(h) = self.recs.get(&head).cloned() else {
+        for (head, snap) in std::mem::take(&mut dir.pending_snaps) {
+            let Some(h) = dir.recs.get(&head).cloned() else {
                 continue;
             };
-            let new_dl = self.alloc_id();
-            if let Some(s) = self.recs.get_mut(&snap) {
+            let new_dl = dir.alloc_id();
+            if let Some(s) = dir.recs.get_mut(&snap) {
                 s.root = h.root.clone();
                 s.created_txg = txg;
                 s.referenced = h.referenced;
@@ -118,43 +144,64 @@ impl Extension for Dsl {
                 s.prev_snap = h.prev_snap;
                 s.prev_snap_txg = h.prev_snap_txg;
             }
-            if let Some(h) = self.recs.get_mut(&head) {
+            if let Some(h) = dir.recs.get_mut(&head) {
                 h.deadlist = new_dl;
                 h.dead.clear();
                 h.prev_snap = Some(snap);
                 h.prev_snap_txg = txg;
                 h.unique = Sums::default();
             }
-            self.dirty_recs.insert(head);
-            self.dirty_recs.insert(snap);
+            dir.dirty_recs.insert(head);
+            dir.dirty_recs.insert(snap);
         }
         // 5. Records.
-        for id in std::mem::take(&mut self.deleted) {
+        for id in std::mem::take(&mut dir.deleted) {
             cx.meta_delete(&ds_key(id))?;
-            self.dirty_recs.remove(&id);
+            dir.dirty_recs.remove(&id);
         }
-        for id in std::mem::take(&mut self.dirty_recs) {
-            if let Some(rec) = self.recs.get(&id) {
+        for id in std::mem::take(&mut dir.dirty_recs) {
+            if let Some(rec) = dir.recs.get(&id) {
                 let json =
                     serde_json::to_vec(rec).map_err(|e| PoolError::Internal(e.to_string()))?;
                 cx.meta_put(&ds_key(id), &json)?;
             }
         }
-        if std::mem::take(&mut self.next_dirty) {
-            cx.meta_put(K_NEXT, &self.next_id.to_le_bytes())?;
+        if std::mem::take(&mut dir.next_dirty) {
+            cx.meta_put(K_NEXT, &dir.next_id.to_le_bytes())?;
         }
         Ok(())
     }
 
-    fn committed(&mut self, _txg: u64) {
-        for l in self.live.values_mut() {
-            l.tree.evict_clean();
+    fn committed(&self, txg: u64) {
+        // Readers move to the trees of this txg, and its overlays go.
+        let roots: HashMap<u64, BlockPtr> = lock_trees(self)
+            .iter()
+            .map(|(id, t)| (*id, t.root()))
+            .collect();
+        for l in self.all_lives() {
+            let mut st = l.lock();
+            if st.syncing.as_ref().is_some_and(|(t, _)| *t <= txg) {
+                st.syncing = None;
+            }
+            if let Some(root) = roots.get(&l.id) {
+                if st.tree.root() != *root {
+                    st.tree = Tree::open(*root);
+                    st.tree_txg = txg;
+                }
+            }
+            st.log.retain(|(t, _, _)| *t > txg);
+            l.pending
+                .store(st.staged_asize(), std::sync::atomic::Ordering::Relaxed);
         }
     }
 
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+    fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+}
+
+fn lock_trees(dsl: &Dsl) -> std::sync::MutexGuard<'_, HashMap<u64, Tree>> {
+    dsl.sync_trees.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Sync step 1: writes every staged block of the overlays that is not
@@ -163,12 +210,12 @@ impl Extension for Dsl {
 /// (or none, for a block that turned out to be all zeros).
 fn write_staged(
     dsl: &Dsl,
-    cx: &mut SyncCx<'_, '_>,
-    overlays: &[(u64, Overlay)],
+    cx: &mut SyncCx<'_>,
+    overlays: &[(u64, Arc<Overlay>)],
 ) -> Result<(), PoolError> {
     let mut todo: Vec<(&StagedBlock, BlockOpts, Reservation)> = Vec::new();
     for (id, o) in overlays {
-        let opts = dsl.block_opts(*id);
+        let opts = dsl.dir().block_opts(*id);
         for (_, b) in o.staged() {
             let slot = b.slot();
             if slot.written.is_none() {
@@ -190,68 +237,35 @@ fn write_staged(
 }
 
 impl Dsl {
-    /// Sync step 2 for one dataset: applies overlay `o` to its tree. Every
-    /// value it replaces that names a block is killed (birth-time rule).
+    /// Sync step 2 for one dataset: applies overlay `o` to the sync's own
+    /// handle of its tree (opened at the committed root on first use).
+    /// Every value it replaces that names a block is killed (birth-time
+    /// rule).
     fn apply_overlay(
-        &mut self,
-        cx: &mut SyncCx<'_, '_>,
+        &self,
+        cx: &mut SyncCx<'_>,
         id: u64,
         o: &Overlay,
         bounds: &mut HashMap<u64, Vec<u64>>,
     ) -> Result<(), PoolError> {
         let mut killed: Vec<BlockPtr> = Vec::new();
         let mut added: Vec<BlockPtr> = Vec::new();
-        {
-            let Some(live) = self.live.get_mut(&id) else {
-                return Err(PoolError::Internal(format!(
-                    "changes of unknown dataset {id}"
-                )));
-            };
-            let store = cx.store();
-            for (lo, hi) in o.ranges() {
-                let (lo, hi) = (
-                    lo.as_ref().map(Vec::as_slice),
-                    hi.as_ref().map(Vec::as_slice),
-                );
-                // The blocks in the range, a page at a time, then the range.
-                let mut from = lo.map(<[u8]>::to_vec);
-                loop {
-                    let page =
-                        live.tree
-                            .range(&store, from.as_ref().map(Vec::as_slice), hi, 1024)?;
-                    let Some((last, _)) = page.last() else { break };
-                    from = Bound::Excluded(last.clone());
-                    for (_, v) in &page {
-                        if let Some(bp) = block_of(v)? {
-                            killed.push(bp);
-                        }
-                    }
-                }
-                live.tree.delete_range(&store, lo, hi)?;
+        let existing = lock_trees(self).remove(&id);
+        let mut tree = match existing {
+            Some(t) => t,
+            None => {
+                let root =
+                    self.dir().rec(id).and_then(|r| r.root_ptr()).map_err(|e| {
+                        PoolError::Internal(format!("changes of dataset {id}: {e}"))
+                    })?;
+                Tree::open(root)
             }
-            for (key, c) in o.entries() {
-                let old = match c {
-                    Change::Plain(v) => {
-                        let mut raw = Vec::with_capacity(v.len() + 1);
-                        raw.push(TAG_PLAIN);
-                        raw.extend_from_slice(v);
-                        live.tree.insert(&store, key, &raw)?
-                    }
-                    Change::Block(b) => match b.slot().written {
-                        Some(bp) => {
-                            added.push(bp);
-                            live.tree.insert(&store, key, &block_value(&bp))?
-                        }
-                        None => live.tree.remove(&store, key)?,
-                    },
-                    Change::Delete => live.tree.remove(&store, key)?,
-                };
-                if let Some(bp) = old.as_deref().map(block_of).transpose()?.flatten() {
-                    killed.push(bp);
-                }
-            }
-        }
-        let Some(rec) = self.recs.get_mut(&id) else {
+        };
+        let r = apply_to_tree(&mut tree, cx, o, &mut killed, &mut added);
+        lock_trees(self).insert(id, tree);
+        r?;
+        let mut dir = self.dir();
+        let Some(rec) = dir.recs.get_mut(&id) else {
             return Err(PoolError::Internal(format!(
                 "changes of unknown dataset {id}"
             )));
@@ -260,12 +274,65 @@ impl Dsl {
             rec.referenced.add(Sums::of(bp));
             rec.unique.add(Sums::of(bp));
         }
-        self.dirty_recs.insert(id);
+        dir.dirty_recs.insert(id);
         for bp in killed {
-            self.kill(cx, id, &bp, bounds)?;
+            dir.kill(cx, id, &bp, bounds)?;
         }
         Ok(())
     }
+}
+
+/// Applies overlay `o` to `tree`: deleted ranges first (their blocks are
+/// collected a page at a time, then the range goes), then every entry in
+/// key order.
+fn apply_to_tree(
+    tree: &mut Tree,
+    cx: &mut SyncCx<'_>,
+    o: &Overlay,
+    killed: &mut Vec<BlockPtr>,
+    added: &mut Vec<BlockPtr>,
+) -> Result<(), PoolError> {
+    let store = cx.store();
+    for (lo, hi) in o.ranges() {
+        let (lo, hi) = (
+            lo.as_ref().map(Vec::as_slice),
+            hi.as_ref().map(Vec::as_slice),
+        );
+        let mut from = lo.map(<[u8]>::to_vec);
+        loop {
+            let page = tree.range(&store, from.as_ref().map(Vec::as_slice), hi, 1024)?;
+            let Some((last, _)) = page.last() else { break };
+            from = Bound::Excluded(last.clone());
+            for (_, v) in &page {
+                if let Some(bp) = block_of(v)? {
+                    killed.push(bp);
+                }
+            }
+        }
+        tree.delete_range(&store, lo, hi)?;
+    }
+    for (key, c) in o.entries() {
+        let old = match c {
+            Change::Plain(v) => {
+                let mut raw = Vec::with_capacity(v.len() + 1);
+                raw.push(TAG_PLAIN);
+                raw.extend_from_slice(v);
+                tree.insert(&store, key, &raw)?
+            }
+            Change::Block(b) => match b.slot().written {
+                Some(bp) => {
+                    added.push(bp);
+                    tree.insert(&store, key, &block_value(&bp))?
+                }
+                None => tree.remove(&store, key)?,
+            },
+            Change::Delete => tree.remove(&store, key)?,
+        };
+        if let Some(bp) = old.as_deref().map(block_of).transpose()?.flatten() {
+            killed.push(bp);
+        }
+    }
+    Ok(())
 }
 
 /// The block a raw tree value names, if it names one.

@@ -4,17 +4,30 @@
 //! tree (see `overlay`) and writes only into the open overlay, journaling
 //! every change. When the closure given to [`DatasetHandle::txn`] fails,
 //! the journal is replayed backwards and the space charge and room
-//! returned, so a failed operation leaves no trace in the open txg. Reads of
-//! data blocks happen under the pool lock (a known limit).
+//! returned, so a failed operation leaves no trace in the open txg.
+//!
+//! **Reads outside the transaction.** A transaction holds its dataset's
+//! lock, so a data block read inside one (a cache miss is a disk read)
+//! would make every other operation on the dataset wait. [`Txn::block_ref`]
+//! instead resolves a key to a [`BlockRef`] and the caller reads it after
+//! the transaction: the bytes of an uncommitted block are shared with the
+//! overlay (it never changes once staged: a new write stages a new block),
+//! and a committed pointer comes with a hold on the txg of the tree it was
+//! found in, taken under the dataset lock, so its space cannot be freed and
+//! reused before the read (frees are deferred past every hold, see
+//! `tarn_pool`'s `store`). The read then sees the dataset as it was when
+//! the transaction ran: a later write never changes bytes already staged
+//! or committed, it stages a new block.
 
 use std::ops::Bound;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tarn_block::BlockPtr;
-use tarn_pool::{Cx, Pool};
+use tarn_pool::{Cx, Pool, PoolError};
 
-use crate::dsl::{with_dsl, Dsl, Live};
-use crate::overlay::{decode_tree_value, Change, Found, StagedBlock, View};
+use crate::dsl::{with_dsl, Dsl, LiveDs, LiveState};
+use crate::overlay::{decode_tree_value, Change, Found, StagedBlock};
 use crate::zil::LogOp;
 use crate::DsError;
 use tarn_pool::Reservation;
@@ -44,9 +57,11 @@ enum Undo {
 }
 
 /// One dataset inside one transaction (see the module docs).
-pub struct Txn<'a, 'p, 's> {
-    dsl: &'a mut Dsl,
-    cx: &'a mut Cx<'p, 's>,
+pub struct Txn<'a, 'p> {
+    dsl: &'a Dsl,
+    live: &'a LiveDs,
+    st: &'a mut LiveState,
+    cx: &'a mut Cx<'p>,
     id: u64,
     readonly: bool,
     undo: Vec<Undo>,
@@ -66,6 +81,82 @@ pub struct Txn<'a, 'p, 's> {
     plain_before: u64,
 }
 
+/// The bytes of a data block, shared with the block cache or with the
+/// open txg's overlay: reading them costs no copy.
+#[derive(Clone, Debug)]
+pub enum BlockData {
+    /// A committed block, verified and decompressed (as cached).
+    Committed(Arc<[u8]>),
+    /// A block of a txg not committed yet.
+    Staged(Arc<Vec<u8>>),
+}
+
+impl std::ops::Deref for BlockData {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            BlockData::Committed(d) => d,
+            BlockData::Staged(d) => d,
+        }
+    }
+}
+
+impl AsRef<[u8]> for BlockData {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+/// A data block found by a transaction, to read after it ends (see the
+/// module docs).
+pub struct BlockRef(RefInner);
+
+enum RefInner {
+    Staged(Arc<Vec<u8>>),
+    Committed {
+        bp: BlockPtr,
+        hold: tarn_pool::OwnedHold,
+        id: u64,
+        key: Vec<u8>,
+    },
+}
+
+impl BlockRef {
+    /// Logical length of the block.
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            RefInner::Staged(d) => d.len(),
+            RefInner::Committed { bp, .. } => bp.lsize as usize,
+        }
+    }
+
+    /// True for a block of no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Reads the block (through the block cache) without any dataset lock.
+    /// A block that does not verify is reported as damage, named after the
+    /// dataset and key, like a read inside a transaction.
+    pub fn read(self, pool: &Pool) -> Result<BlockData, DsError> {
+        match self.0 {
+            RefInner::Staged(d) => Ok(BlockData::Staged(d)),
+            RefInner::Committed { bp, hold, id, key } => match pool.read_held(&bp, &hold) {
+                Ok(d) => Ok(BlockData::Committed(d)),
+                Err(e @ (PoolError::Faulted(_) | PoolError::NotFound(_))) => Err(e.into()),
+                Err(e) => {
+                    drop(hold);
+                    let name = crate::dsl::with_dir(pool, |dir, _| crate::dsl::rec_name(dir, id))
+                        .unwrap_or_default();
+                    let what = format!("dataset {name}: block at key {key:02x?}");
+                    pool.report_damage(what.clone());
+                    Err(DsError::Damaged(format!("{what}: {e}")))
+                }
+            },
+        }
+    }
+}
+
 fn value_of(f: Found) -> Value {
     match f {
         Found::Plain(v) => Value::Plain(v),
@@ -76,10 +167,10 @@ fn value_of(f: Found) -> Value {
     }
 }
 
-impl Txn<'_, '_, '_> {
+impl Txn<'_, '_> {
     fn ro_check(&self) -> Result<(), DsError> {
         if self.readonly && !self.replay {
-            let name = crate::dsl::rec_name(self.dsl, self.id).unwrap_or_default();
+            let name = crate::dsl::rec_name(&self.dsl.dir(), self.id).unwrap_or_default();
             return Err(DsError::ReadOnly(format!("dataset '{name}' is read-only")));
         }
         Ok(())
@@ -87,12 +178,12 @@ impl Txn<'_, '_, '_> {
 
     /// The dataset's resolved property value.
     pub fn prop(&self, name: &str) -> String {
-        self.dsl.prop(self.id, name).0
+        self.dsl.dir().prop(self.id, name).0
     }
 
     /// Stable id of the dataset.
     pub fn guid(&self) -> u64 {
-        crate::dsl::rec_guid(self.dsl, self.id).unwrap_or(0)
+        crate::dsl::rec_guid(&self.dsl.dir(), self.id).unwrap_or(0)
     }
 
     /// True when changes are refused (snapshot, `readonly=on`).
@@ -103,9 +194,10 @@ impl Txn<'_, '_, '_> {
     /// Bytes the dataset may still write, and its used bytes (as `list`
     /// reports them).
     pub fn space(&self) -> (u64, u64) {
+        let dir = self.dsl.dir();
         (
-            self.dsl.available(self.cx, self.id),
-            self.dsl.deflate(self.dsl.used(self.id).asize),
+            dir.available(self.cx, self.id),
+            dir.deflate(dir.used(self.id).asize),
         )
     }
 
@@ -113,21 +205,13 @@ impl Txn<'_, '_, '_> {
     /// committed tree.
     fn found(&mut self, key: &[u8]) -> Result<Option<Found>, DsError> {
         let store = self.cx.store();
-        let live = self.dsl.live(self.id)?;
-        let Live { tree, open, .. } = live;
-        let layers = [&*open];
-        View {
-            layers: &layers,
-            tree,
-        }
-        .get(&store, key)
+        self.st.view().get(&store, key)
     }
 
     /// Records a change of `key` in the open overlay, journaling the entry
     /// it replaces.
     fn set(&mut self, key: &[u8], c: Change) -> Result<(), DsError> {
-        let live = self.dsl.live(self.id)?;
-        let prev = live.open.set(key, c);
+        let prev = self.st.open.set(key, c);
         if let Some(Change::Block(b)) = &prev {
             self.released.push(b.clone());
         }
@@ -187,14 +271,7 @@ impl Txn<'_, '_, '_> {
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Value)>, DsError> {
         let store = self.cx.store();
-        let live = self.dsl.live(self.id)?;
-        let Live { tree, open, .. } = live;
-        let layers = [&*open];
-        let page = View {
-            layers: &layers,
-            tree,
-        }
-        .range(&store, start, end, limit)?;
+        let page = self.st.view().range(&store, start, end, limit)?;
         Ok(page.into_iter().map(|(k, f)| (k, value_of(f))).collect())
     }
 
@@ -202,8 +279,7 @@ impl Txn<'_, '_, '_> {
     /// txg syncs. Costs the same whatever the range holds.
     pub fn delete_range(&mut self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<(), DsError> {
         self.ro_check()?;
-        let live = self.dsl.live(self.id)?;
-        let removed = live.open.delete_range(start, end);
+        let removed = self.st.open.delete_range(start, end);
         for (_, c) in &removed {
             if let Change::Block(b) = c {
                 self.released.push(b.clone());
@@ -235,10 +311,10 @@ impl Txn<'_, '_, '_> {
         let len = data.len() as u64;
         // Quotas and reservations first, then the room itself: allocated
         // now, so the sync that writes the block cannot run out of space.
-        let copies = self.dsl.block_opts(self.id).copies;
+        let copies = self.dsl.dir().block_opts(self.id).copies;
         let cost = self.cx.alloc_cost(len, copies);
         if !self.replay {
-            self.dsl.check_room(self.cx, self.id, cost)?;
+            self.dsl.dir().check_room(self.cx, self.id, cost)?;
         }
         let res = self.cx.reserve_block(len, copies).map_err(|e| match e {
             tarn_pool::PoolError::NoSpace(m) => DsError::NoSpace(m),
@@ -297,12 +373,33 @@ impl Txn<'_, '_, '_> {
             Some(Found::Block(bp)) => match self.cx.read_block(&bp) {
                 Ok(d) => Ok(Some(d)),
                 Err(e) => {
-                    let name = crate::dsl::rec_name(self.dsl, self.id).unwrap_or_default();
+                    let name = crate::dsl::rec_name(&self.dsl.dir(), self.id).unwrap_or_default();
                     let what = format!("dataset {name}: block at key {key:02x?}");
                     self.cx.report_damage(what.clone());
                     Err(DsError::Damaged(format!("{what}: {e}")))
                 }
             },
+            Some(Found::Plain(_)) => Err(DsError::Invalid(format!(
+                "key {key:02x?} holds a plain value, not a block"
+            ))),
+        }
+    }
+
+    /// The data block under `key`, to read after the transaction (see the
+    /// module docs): None if absent, an error if the key holds a plain
+    /// value.
+    pub fn block_ref(&mut self, key: &[u8]) -> Result<Option<BlockRef>, DsError> {
+        match self.found(key)? {
+            None => Ok(None),
+            Some(Found::Staged(b)) => Ok(Some(BlockRef(RefInner::Staged(b.data.clone())))),
+            // Found in the committed tree of `tree_txg`: the hold keeps
+            // every block it references from reuse until the read is done.
+            Some(Found::Block(bp)) => Ok(Some(BlockRef(RefInner::Committed {
+                bp,
+                hold: self.cx.hold(self.st.tree_txg),
+                id: self.id,
+                key: key.to_vec(),
+            }))),
             Some(Found::Plain(_)) => Err(DsError::Invalid(format!(
                 "key {key:02x?} holds a plain value, not a block"
             ))),
@@ -316,23 +413,27 @@ impl Txn<'_, '_, '_> {
         }
         self.released.clear();
         self.ops.clear();
-        let Ok(live) = self.dsl.live(self.id) else {
-            return;
-        };
         while let Some(u) = self.undo.pop() {
             match u {
-                Undo::Entry(k, prev) => live.open.restore(&k, prev),
-                Undo::Range(removed) => live.open.undo_delete_range(removed),
+                Undo::Entry(k, prev) => self.st.open.restore(&k, prev),
+                Undo::Range(removed) => self.st.open.undo_delete_range(removed),
             }
         }
+        self.live
+            .pending
+            .store(self.st.staged_asize(), Ordering::Relaxed);
     }
 
     fn finish(&mut self) -> Result<(), DsError> {
-        let live = self.dsl.live(self.id)?;
-        live.log.append(&mut self.ops);
+        let txg = self.cx.txg();
+        for op in std::mem::take(&mut self.ops) {
+            let seq = self.st.log_seq;
+            self.st.log_seq += 1;
+            self.st.log.push((txg, seq, op));
+        }
         // Keys and plain values held for the sync count against the write
         // throttle too, so a txg of metadata changes stays bounded.
-        let plain = live.open.plain_bytes();
+        let plain = self.st.open.plain_bytes();
         if plain > self.plain_before {
             self.cx.charge(plain - self.plain_before);
         }
@@ -340,11 +441,15 @@ impl Txn<'_, '_, '_> {
         for b in std::mem::take(&mut self.released) {
             let slot = b.slot().clone();
             match slot.written {
-                // Only the intent log refers to it: freed after the sync.
-                Some(bp) => self.cx.log_free(bp),
+                // Only the intent log refers to it: freed after the sync of
+                // this txg.
+                Some(bp) => self.cx.log_free(txg, bp),
                 None => self.cx.release_block(slot.res),
             }
         }
+        self.live
+            .pending
+            .store(self.st.staged_asize(), Ordering::Relaxed);
         Ok(())
     }
 }
@@ -352,18 +457,23 @@ impl Txn<'_, '_, '_> {
 /// Runs `f` as one transaction on dataset `id` (see the module docs);
 /// the outer result is the dataset layer's, the inner one `f`'s.
 pub(crate) fn run<R, E>(
-    dsl: &mut Dsl,
-    cx: &mut Cx<'_, '_>,
+    dsl: &Dsl,
+    cx: &mut Cx<'_>,
     id: u64,
     replay: bool,
-    f: impl FnOnce(&mut Txn<'_, '_, '_>) -> Result<R, E>,
+    readonly: bool,
+    f: impl FnOnce(&mut Txn<'_, '_>) -> Result<R, E>,
 ) -> Result<Result<R, E>, DsError> {
-    let plain_before = dsl.live(id)?.open.plain_bytes();
+    let live = dsl.live(id)?;
+    let mut st = live.lock();
+    let plain_before = st.open.plain_bytes();
     let mut t = Txn {
         dsl,
+        live: &live,
+        st: &mut st,
         cx,
         id,
-        readonly: false,
+        readonly,
         undo: Vec::new(),
         charged_dirty: 0,
         reserved: Vec::new(),
@@ -436,16 +546,13 @@ impl DatasetHandle {
     pub fn txn<R, E: From<DsError>>(
         &self,
         write: bool,
-        f: impl FnOnce(&mut Txn<'_, '_, '_>) -> Result<R, E>,
+        f: impl FnOnce(&mut Txn<'_, '_>) -> Result<R, E>,
     ) -> Result<R, E> {
         let id = self.id;
         let snapshot = self.snapshot;
         let r = with_dsl(&self.pool, write, |dsl, cx| {
-            let readonly = snapshot || dsl.prop_bool(id, "readonly");
-            run(dsl, cx, id, false, |t| {
-                t.readonly = readonly;
-                f(t)
-            })
+            let readonly = snapshot || dsl.dir().prop_bool(id, "readonly");
+            run(dsl, cx, id, false, readonly, f)
         });
         match r {
             Ok(inner) => inner,
@@ -477,6 +584,7 @@ impl DatasetHandle {
         let id = self.id;
         let pool = self.pool.clone();
         with_dsl(&self.pool, false, |dsl, _| {
+            let dsl = &*dsl.dir();
             Ok(crate::dsl::snapshot_ids(dsl, id)
                 .into_iter()
                 .filter_map(|(name, sid)| {
@@ -503,6 +611,7 @@ impl DatasetHandle {
         with_dsl(&self.pool, false, |dsl, cx| {
             let store = cx.store();
             let live = dsl.live(id)?;
+            let live = &mut *live.lock();
             let mut out = Vec::new();
             let mut from = Bound::Included(start.to_vec());
             loop {
@@ -528,6 +637,8 @@ impl DatasetHandle {
     /// The committed root of this dataset's tree (for tests and tools).
     pub fn root(&self) -> Result<BlockPtr, DsError> {
         let id = self.id;
-        with_dsl(&self.pool, false, |dsl, _| crate::dsl::rec_root(dsl, id))
+        with_dsl(&self.pool, false, |dsl, _| {
+            crate::dsl::rec_root(&dsl.dir(), id)
+        })
     }
 }

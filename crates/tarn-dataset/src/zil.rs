@@ -51,6 +51,7 @@ use tarn_block::{BlockPtr, BLOCK_PTR_SIZE};
 use tarn_pool::{Cx, LogCommit, Pool, Reservation};
 
 use crate::dsl::Dsl;
+use crate::overlay::StagedBlock;
 use crate::DsError;
 
 /// Data blocks at least this large are written in place and referenced
@@ -252,18 +253,25 @@ fn collapse(ops: Vec<LogOp>) -> Vec<LogOp> {
         .collect()
 }
 
-/// Commits dataset `id`'s pending operations to the intent log. True when
-/// they are durable, or when the dataset's `sync=disabled` says not to
-/// care; false when the caller must commit the txg instead (the pending
-/// list is then left to that sync).
-pub(crate) fn commit(dsl: &mut Dsl, cx: &mut Cx<'_, '_>, id: u64) -> Result<bool, DsError> {
-    if dsl.prop(id, "sync").0 == "disabled" {
+/// Commits dataset `id`'s pending operations to the intent log, one
+/// commit per txg they belong to (the syncing txg's first, then the open
+/// one's). True when they are durable, or when the dataset's
+/// `sync=disabled` says not to care; false when the caller must commit the
+/// txg instead (what could not be logged stays pending for that sync).
+///
+/// One commit of a dataset runs at a time (`LiveDs::commit`): a second
+/// `fsync` waits, then finds what the first logged gone from the pending
+/// list. The dataset's lock is held only to take the pending operations
+/// and the staged blocks they name, so transactions of the dataset go on
+/// during the log's writes.
+pub(crate) fn commit(dsl: &Dsl, cx: &mut Cx<'_>, id: u64) -> Result<bool, DsError> {
+    let (disabled, opts) = {
+        let dir = dsl.dir();
+        (dir.prop(id, "sync").0 == "disabled", dir.block_opts(id))
+    };
+    if disabled {
         return Ok(true);
     }
-    if dsl.unlogged.contains(&id) {
-        return Ok(false);
-    }
-    let opts = dsl.block_opts(id);
     // With a separate log device, copying into the log beats writing in
     // place on the data vdevs.
     let immediate = if cx.log_device() {
@@ -272,65 +280,100 @@ pub(crate) fn commit(dsl: &mut Dsl, cx: &mut Cx<'_, '_>, id: u64) -> Result<bool
         IMMEDIATE_BYTES
     };
     let live = dsl.live(id)?;
-    if live.log.is_empty() {
-        return Ok(true);
-    }
-    // The pending list stays until the log has it: a commit that fails or
-    // finds no chain leaves it for the next commit or the txg sync, so a
-    // concurrent fsync never sees an empty list before it is durable.
-    let pending = std::mem::take(&mut live.log);
-    let mut ops = collapse(pending.clone());
-    let mut refs = Vec::new();
-    for op in &mut ops {
-        let LogOp::Block(k, data) = op else { continue };
-        if data.len() < immediate {
-            continue;
+    let _one_at_a_time = live.commit.lock().unwrap_or_else(|e| e.into_inner());
+    // The pending operations by txg, in order, with the staged blocks of
+    // the large block writes among them.
+    let mut groups: Vec<(u64, u64, Vec<LogOp>)> = Vec::new();
+    let mut staged: HashMap<(u64, Vec<u8>), Arc<StagedBlock>> = HashMap::new();
+    {
+        let st = live.lock();
+        if st.log.is_empty() {
+            return Ok(true);
         }
-        // The newest write of this key is the staged block itself.
-        let Some(sb) = live.open.staged_at(k.as_slice()).cloned() else {
-            continue;
-        };
-        if !Arc::ptr_eq(&sb.data, data) {
-            continue;
-        }
-        let mut slot = sb.slot();
-        let bp = match slot.written {
-            // Written by an earlier commit that did not complete.
-            Some(bp) => bp,
-            None => match cx.write_block_now(&sb.data, opts, slot.res.clone()) {
-                Ok(Some(bp)) => {
-                    let res = Reservation::of_block(&bp);
-                    let (old, new) = (slot.res.asize(), res.asize());
-                    slot.res = res;
-                    slot.written = Some(bp);
-                    drop(slot);
-                    live.open.restaged(old, new);
-                    bp
+        for (txg, seq, op) in &st.log {
+            match groups.last_mut() {
+                Some((t, last, ops)) if t == txg => {
+                    *last = *seq;
+                    ops.push(op.clone());
                 }
-                Ok(None) => continue,
-                Err(e) => {
-                    live.log = pending;
-                    // The block's room may be half given back: nothing of
-                    // this txg may commit with it.
-                    cx.fault(format!(
-                        "writing a block for the intent log failed ({e}); the pool stopped \
-                         so that nothing half-written is committed"
-                    ));
-                    return Err(e.into());
+                _ => groups.push((*txg, *seq, vec![op.clone()])),
+            }
+        }
+        for (txg, _, ops) in &groups {
+            let overlay = if Some(*txg) == st.syncing.as_ref().map(|(t, _)| *t) {
+                st.syncing.as_ref().map(|(_, o)| o.as_ref())
+            } else {
+                Some(&st.open)
+            };
+            let Some(o) = overlay else { continue };
+            for op in ops {
+                if let LogOp::Block(k, data) = op {
+                    if let Some(b) = o.staged_at(k) {
+                        // The newest write of this key is the staged block.
+                        if Arc::ptr_eq(&b.data, data) {
+                            staged.insert((*txg, k.clone()), b.clone());
+                        }
+                    }
                 }
-            },
-        };
-        refs.push(bp);
-        *op = LogOp::BlockRef(std::mem::take(k), bp);
-    }
-    let rec = encode_record(id, &ops);
-    let r = cx.log_commit(&[rec], &refs);
-    if !matches!(r, Ok(LogCommit::Logged)) {
-        if let Ok(live) = dsl.live(id) {
-            live.log = pending;
+            }
         }
     }
-    Ok(r? == LogCommit::Logged)
+    let mut durable_upto: Option<u64> = None;
+    let mut all = true;
+    for (txg, last_seq, ops) in groups {
+        let mut ops = collapse(ops);
+        let mut refs = Vec::new();
+        for op in &mut ops {
+            let LogOp::Block(k, data) = op else { continue };
+            if data.len() < immediate {
+                continue;
+            }
+            let Some(sb) = staged.get(&(txg, k.clone())) else {
+                continue;
+            };
+            let mut slot = sb.slot();
+            let bp = match slot.written {
+                // Written by an earlier commit, or by the sync already.
+                Some(bp) => bp,
+                None => match cx.write_block_now(&sb.data, opts, slot.res.clone(), txg) {
+                    Ok(Some(bp)) => {
+                        slot.res = Reservation::of_block(&bp);
+                        slot.written = Some(bp);
+                        bp
+                    }
+                    Ok(None) => continue,
+                    Err(e) => {
+                        // The block's room may be half given back: nothing
+                        // of this txg may commit with it.
+                        cx.fault(format!(
+                            "writing a block for the intent log failed ({e}); the pool stopped \
+                             so that nothing half-written is committed"
+                        ));
+                        return Err(e.into());
+                    }
+                },
+            };
+            refs.push(bp);
+            *op = LogOp::BlockRef(std::mem::take(k), bp);
+        }
+        let rec = encode_record(id, &ops);
+        match cx.log_commit(txg, &[rec], &refs)? {
+            LogCommit::Logged => durable_upto = Some(last_seq),
+            LogCommit::Unavailable => {
+                all = false;
+                break;
+            }
+        }
+    }
+    // What the log holds now is durable: no later commit needs it.
+    if let Some(upto) = durable_upto {
+        let mut st = live.lock();
+        st.log.retain(|(_, seq, _)| *seq > upto);
+        let asize = st.staged_asize();
+        live.pending
+            .store(asize, std::sync::atomic::Ordering::Relaxed);
+    }
+    Ok(all)
 }
 
 /// Replays the records the pool found in its intent log at import, in the
@@ -343,7 +386,7 @@ pub(crate) fn replay(pool: &Pool) -> Result<usize, DsError> {
         let n = records.len();
         for (i, rec) in records.iter().enumerate() {
             let r = decode_record(rec).and_then(|(id, ops)| {
-                crate::txn::run(dsl, cx, id, true, |t| {
+                crate::txn::run(dsl, cx, id, true, false, |t| {
                     for op in &ops {
                         t.redo(op)?;
                     }

@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tarn_dataset::{DatasetHandle, DsError, Txn, Value};
 
-use crate::{Backend, FsError, SpaceInfo, Store, StoreError, StoreInfo, Val};
+use crate::{Backend, BlockReader, Bytes, FsError, SpaceInfo, Store, StoreError, StoreInfo, Val};
 
 fn store_err(e: DsError) -> StoreError {
     match e {
@@ -36,12 +36,13 @@ fn val(v: Value) -> Val {
 }
 
 /// One dataset transaction seen as a [`Store`].
-struct TxnStore<'t, 'a, 'p, 's> {
-    t: &'t mut Txn<'a, 'p, 's>,
+struct TxnStore<'t, 'a, 'p> {
+    t: &'t mut Txn<'a, 'p>,
     info: StoreInfo,
+    handle: &'t DatasetHandle,
 }
 
-impl Store for TxnStore<'_, '_, '_, '_> {
+impl Store for TxnStore<'_, '_, '_> {
     fn info(&self) -> StoreInfo {
         self.info.clone()
     }
@@ -90,6 +91,18 @@ impl Store for TxnStore<'_, '_, '_, '_> {
         self.t.read_block(key).map_err(store_err)
     }
 
+    fn block_reader(&mut self, key: &[u8]) -> Result<Option<BlockReader>, StoreError> {
+        let Some(r) = self.t.block_ref(key).map_err(store_err)? else {
+            return Ok(None);
+        };
+        let pool = self.handle.pool().clone();
+        Ok(Some(Box::new(move || {
+            r.read(&pool)
+                .map(|d| Box::new(d) as Bytes)
+                .map_err(store_err)
+        })))
+    }
+
     fn now(&self) -> (i64, u32) {
         let d = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -131,7 +144,11 @@ impl Backend for DatasetBackend {
                 guid: t.guid(),
             };
             always = write && t.prop("sync") == "always";
-            let mut s = TxnStore { t, info };
+            let mut s = TxnStore {
+                t,
+                info,
+                handle: &self.handle,
+            };
             f(&mut s)
         })?;
         // sync=always: every change is durable (in the intent log) before

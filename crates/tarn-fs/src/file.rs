@@ -8,7 +8,7 @@ use std::ops::Bound;
 
 use crate::codec::{self, K_DATA};
 use crate::inode::{Inode, Tx};
-use crate::store::Val;
+use crate::store::{BlockReader, StoreError, Val};
 use crate::{FsError, Result};
 
 /// Largest file size (`off_t` limit).
@@ -82,42 +82,76 @@ fn put_record(tx: &mut Tx, inode: &mut Inode, idx: u64, buf: Vec<u8>) -> Result<
 }
 
 fn get_record(tx: &mut Tx, ino: u64, idx: u64) -> Result<Vec<u8>> {
-    match tx.s.read_block(&data_key(ino, idx)) {
-        Ok(b) => Ok(b.unwrap_or_default()),
-        // Damage is reported with the file it hit, for the daemon's log.
-        Err(e) => {
-            let e = FsError::from(e);
-            if e.errno() == libc::EIO {
-                Err(FsError::io(format!(
-                    "inode {ino}, record {idx}: {}",
-                    e.message()
-                )))
-            } else {
-                Err(e)
-            }
-        }
+    tx.s.read_block(&data_key(ino, idx))
+        .map(Option::unwrap_or_default)
+        .map_err(|e| record_error(ino, idx, e))
+}
+
+/// Damage is reported with the file it hit, for the daemon's log.
+fn record_error(ino: u64, idx: u64, e: StoreError) -> FsError {
+    let e = FsError::from(e);
+    if e.errno() == libc::EIO {
+        FsError::io(format!("inode {ino}, record {idx}: {}", e.message()))
+    } else {
+        e
     }
 }
 
-/// Bytes `[off, off+len)` clipped to the file size.
-pub(crate) fn read(tx: &mut Tx, inode: &Inode, off: u64, len: u64) -> Result<Vec<u8>> {
+/// A read found inside a transaction and done after it (see
+/// [`read_plan`]): the blocks it needs, each with its reader.
+pub(crate) struct ReadPlan {
+    ino: u64,
+    off: u64,
+    len: usize,
+    /// (record index, byte offset of the record in the file, reader).
+    parts: Vec<(u64, u64, BlockReader)>,
+}
+
+/// Plans a read of bytes `[off, off+len)` clipped to the file size: finds
+/// the blocks under the transaction, so they can be fetched after it ends
+/// without holding the dataset ([`ReadPlan::run`]).
+pub(crate) fn read_plan(tx: &mut Tx, inode: &Inode, off: u64, len: u64) -> Result<ReadPlan> {
+    let mut plan = ReadPlan {
+        ino: inode.ino,
+        off,
+        len: 0,
+        parts: Vec::new(),
+    };
     if off >= inode.size || len == 0 {
-        return Ok(Vec::new());
+        return Ok(plan);
     }
     let end = inode.size.min(off.saturating_add(len));
+    plan.len = (end - off) as usize;
     let rs = rs(inode);
-    let mut buf = vec![0u8; (end - off) as usize];
     for (idx, _) in blocks_in(tx, inode.ino, off / rs, (end - 1) / rs)? {
-        let data = get_record(tx, inode.ino, idx)?;
-        let rec = idx * rs;
-        let a = off.max(rec);
-        let b = end.min(rec + data.len() as u64);
-        if a < b {
-            buf[(a - off) as usize..(b - off) as usize]
-                .copy_from_slice(&data[(a - rec) as usize..(b - rec) as usize]);
+        let key = data_key(inode.ino, idx);
+        match tx.s.block_reader(&key) {
+            Ok(Some(r)) => plan.parts.push((idx, idx * rs, r)),
+            Ok(None) => {}
+            Err(e) => return Err(record_error(inode.ino, idx, e)),
         }
     }
-    Ok(buf)
+    Ok(plan)
+}
+
+impl ReadPlan {
+    /// Fetches the blocks and assembles the bytes; holes and the parts of
+    /// records past a block's end read as zeros.
+    pub(crate) fn run(self) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; self.len];
+        let end = self.off + self.len as u64;
+        for (idx, rec, reader) in self.parts {
+            let data = reader().map_err(|e| record_error(self.ino, idx, e))?;
+            let data: &[u8] = (*data).as_ref();
+            let a = self.off.max(rec);
+            let b = end.min(rec + data.len() as u64);
+            if a < b {
+                buf[(a - self.off) as usize..(b - self.off) as usize]
+                    .copy_from_slice(&data[(a - rec) as usize..(b - rec) as usize]);
+            }
+        }
+        Ok(buf)
+    }
 }
 
 /// Writes `data` at `off`, growing the file as needed.

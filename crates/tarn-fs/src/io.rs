@@ -138,16 +138,19 @@ impl<B: Backend> Fs<B> {
         if let Place::SnapDir = self.place(ino)? {
             return err(libc::EISDIR, "is a directory");
         }
-        let (data, touch) = self.read_on(ino, |tx, _, l| {
+        // The blocks are found under the dataset's lock and read after it
+        // is released, so reads of one dataset overlap (see `file`).
+        let (plan, touch) = self.read_on(ino, |tx, _, l| {
             let i = tx.get(l)?;
             match i.kind {
                 FileKind::Regular => {}
                 FileKind::Directory => return err(libc::EISDIR, "is a directory"),
                 _ => return err(libc::EINVAL, "not a regular file"),
             }
-            let data = file::read(tx, &i, offset, u64::from(size.min(MAX_READ)))?;
-            Ok((data, wants_atime(tx, &i)))
+            let plan = file::read_plan(tx, &i, offset, u64::from(size.min(MAX_READ)))?;
+            Ok((plan, wants_atime(tx, &i)))
         })?;
+        let data = plan.run()?;
         if touch {
             self.touch_atime(ino);
         }

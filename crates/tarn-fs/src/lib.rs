@@ -1,5 +1,6 @@
 //! tarn-fs: POSIX files, directories and attributes on one dataset — the
-//! API every front end (FUSE now, NFS and WebDAV later) calls.
+//! API every front end (FUSE, NFS, WebDAV) calls, and the only crate they
+//! call into (docs/design.md, "Layers and crates").
 //!
 //! # Shape
 //!
@@ -110,7 +111,7 @@ use std::borrow::Cow;
 pub use dataset::DatasetBackend;
 pub use dynfs::DynFs;
 pub use fs::{Fs, MAX_READ};
-pub use store::{Backend, SpaceInfo, Store, StoreError, StoreInfo, Val};
+pub use store::{Backend, BlockReader, Bytes, SpaceInfo, Store, StoreError, StoreInfo, Val};
 pub use types::*;
 
 /// Result type of every `tarn-fs` operation.

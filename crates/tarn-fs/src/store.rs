@@ -17,6 +17,14 @@
 
 use std::ops::Bound;
 
+/// Bytes of a block as a store hands them out: shared with its cache when
+/// it can, so a read costs no extra copy.
+pub type Bytes = Box<dyn AsRef<[u8]> + Send + Sync>;
+
+/// A block read found inside a transaction and done after it (see
+/// [`Store::block_reader`]).
+pub type BlockReader = Box<dyn FnOnce() -> Result<Bytes, StoreError> + Send>;
+
 /// A value as the tree holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Val {
@@ -115,6 +123,17 @@ pub trait Store {
     /// The bytes of the block value under `key` (None if absent; an error
     /// if the key holds a plain value).
     fn read_block(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Like [`Store::read_block`], but the bytes are fetched when the
+    /// returned reader is called, after the transaction has ended, so a
+    /// slow read does not hold up the dataset's other operations. The
+    /// reader returns the block as it was when this was called, whatever
+    /// happened since. The default reads at once.
+    fn block_reader(&mut self, key: &[u8]) -> Result<Option<BlockReader>, StoreError> {
+        Ok(self.read_block(key)?.map(|d| {
+            let r: BlockReader = Box::new(move || Ok(Box::new(d) as Bytes));
+            r
+        }))
+    }
     /// Wall-clock time now, as (seconds, nanoseconds) since the Unix epoch.
     /// A seam so tests can run on a fixed clock.
     fn now(&self) -> (i64, u32);

@@ -1,7 +1,7 @@
 //! A deterministic, seeded simulation of the whole engine (pool + dataset +
 //! POSIX layer in one process) under random workloads, device faults within
 //! the pool's redundancy, and power cuts at random points *inside* the
-//! engine's I/O. It checks the contract of DESIGN.md after every cut:
+//! engine's I/O. It checks the contract of docs/design.md after every cut:
 //! "Always consistent on disk" and "Synchronous means durable".
 //!
 //! # What one seed does

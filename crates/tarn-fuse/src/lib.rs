@@ -22,7 +22,10 @@
 //! completion on that thread and replies. `Fs` is safe to call from many
 //! threads (every call is one backend transaction), so a slow request (a
 //! read waiting on a disk, a large write) occupies one worker while the
-//! others keep serving; with `threads = 1` everything is serialised. The
+//! others keep serving; with `threads = 1` everything is serialised. On a
+//! real dataset every call takes its pool's lock today (docs/design.md,
+//! "Locks"), so calls on one pool still run one at a time: the workers
+//! overlap the kernel round trips, and calls on other pools. The
 //! kernel side is asynchronous as well: `FUSE_ASYNC_READ` lets it send
 //! several reads of one file at once, and `FUSE_PARALLEL_DIROPS` lets it
 //! send lookups and readdirs of one directory concurrently.

@@ -84,8 +84,9 @@
 //! `Fs::write` commits into the pool's open transaction group: the data is
 //! visible at once and durable at the next txg sync. An `UNSTABLE` WRITE
 //! is acknowledged at that point. `DATA_SYNC` and `FILE_SYNC` writes, and
-//! COMMIT, call `Fs::fsync` (the dataset's `Backend::sync`, which waits
-//! for the txg to commit) before replying; stable writes answer
+//! COMMIT, call `Fs::fsync` (the dataset's `Backend::sync`, which makes the
+//! dataset's changes durable through the intent log, or by committing the
+//! txg when the log cannot take them) before replying; stable writes answer
 //! `FILE_SYNC`. The 8-byte write verifier returned by WRITE and COMMIT is
 //! drawn at random when the server starts: after a restart the client sees
 //! a new verifier and resends every write it had not seen committed, so an

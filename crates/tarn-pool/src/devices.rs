@@ -52,15 +52,19 @@ impl Pool {
         }
     }
 
-    /// Commits a configuration change and rewrites the labels.
-    fn commit_config(&self, st: &mut crate::pool::State) -> Result<(), PoolError> {
-        st.ms.config_gen += 1;
-        st.ms_dirty = true;
-        if let Err(e) = self.sync_locked(st) {
+    /// Commits a configuration change and rewrites the labels (inside an
+    /// exclusive operation).
+    fn commit_config(&self, sync: &mut crate::pool::SyncState) -> Result<(), PoolError> {
+        {
+            let mut st = self.lock();
+            st.ms.config_gen += 1;
+            st.ms_dirty = true;
+        }
+        if let Err(e) = self.sync_txg(sync, true) {
             self.set_fault(format!("txg sync failed: {e}"));
             return Err(e);
         }
-        self.write_labels(st, PoolState::Active)
+        self.write_labels(sync, PoolState::Active)
     }
 
     /// Refuses to take leaf `ci` of vdev `ti` out of use if the other
@@ -98,14 +102,17 @@ impl Pool {
     pub fn offline(&self, dev: &str) -> Result<(), PoolError> {
         let (ti, ci) = self.find_leaf(dev)?;
         self.check_can_lose(ti, ci, &format!("offline {dev}"))?;
-        let mut st = self.lock();
-        self.check_usable(&st)?;
-        self.tops[ti].set_offline(ci, true)?;
-        let guid = self.tops[ti].leaves()[ci].guid;
-        let from = st.txg + 1;
-        let e = st.ms.dtl.entry(guid).or_insert((from, u64::MAX));
-        e.1 = u64::MAX;
-        self.commit_config(&mut st)
+        self.exclusive(|sync| {
+            self.tops[ti].set_offline(ci, true)?;
+            let guid = self.tops[ti].leaves()[ci].guid;
+            {
+                let mut st = self.lock();
+                let from = st.txg + 1;
+                let e = st.ms.dtl.entry(guid).or_insert((from, u64::MAX));
+                e.1 = u64::MAX;
+            }
+            self.commit_config(sync)
+        })
     }
 
     /// Reopens a leaf's device at its recorded path and checks that it is
@@ -135,9 +142,7 @@ impl Pool {
     /// Brings a device back into service and resilvers what it missed.
     pub fn online(self: &Arc<Self>, dev: &str) -> Result<(), PoolError> {
         let (ti, ci) = self.find_leaf(dev)?;
-        {
-            let mut st = self.lock();
-            self.check_usable(&st)?;
+        self.exclusive(|sync| {
             let info = self.tops[ti].leaves()[ci].clone();
             match info.state {
                 LeafState::Online => {}
@@ -148,12 +153,15 @@ impl Pool {
                     self.tops[ti].replace_leaf(ci, leaf, info.guid)?;
                 }
             }
-            let now = st.txg;
-            if let Some(e) = st.ms.dtl.get_mut(&info.guid) {
-                e.1 = now.max(e.0);
+            {
+                let mut st = self.lock();
+                let now = st.txg;
+                if let Some(e) = st.ms.dtl.get_mut(&info.guid) {
+                    e.1 = now.max(e.0);
+                }
             }
-            self.commit_config(&mut st)?;
-        }
+            self.commit_config(sync)
+        })?;
         self.start_resilver_if_needed();
         Ok(())
     }
@@ -224,9 +232,7 @@ impl Pool {
                 self.name
             )));
         }
-        {
-            let mut st = self.lock();
-            self.check_usable(&st)?;
+        self.exclusive(|sync| {
             let lock = lock_device(new)?;
             let old_guid = self.tops[ti].leaves()[ci].guid;
             let guid = new_guid();
@@ -235,11 +241,14 @@ impl Pool {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(lock);
-            st.ms.dtl.remove(&old_guid);
-            let now = st.txg;
-            st.ms.dtl.insert(guid, (1, now));
-            self.commit_config(&mut st)?;
-        }
+            {
+                let mut st = self.lock();
+                st.ms.dtl.remove(&old_guid);
+                let now = st.txg;
+                st.ms.dtl.insert(guid, (1, now));
+            }
+            self.commit_config(sync)
+        })?;
         self.start_resilver_if_needed();
         Ok(())
     }
@@ -274,18 +283,22 @@ impl Pool {
             }
         }
         if reopened {
-            let mut st = self.lock();
-            let now = st.txg;
-            for t in &self.tops {
-                for l in t.leaves() {
-                    if let Some(e) = st.ms.dtl.get_mut(&l.guid) {
-                        if matches!(l.state, LeafState::Online) {
-                            e.1 = now.max(e.0);
+            self.exclusive(|sync| {
+                {
+                    let mut st = self.lock();
+                    let now = st.txg;
+                    for t in &self.tops {
+                        for l in t.leaves() {
+                            if let Some(e) = st.ms.dtl.get_mut(&l.guid) {
+                                if matches!(l.state, LeafState::Online) {
+                                    e.1 = now.max(e.0);
+                                }
+                            }
                         }
                     }
                 }
-            }
-            self.commit_config(&mut st)?;
+                self.commit_config(sync)
+            })?;
         }
         // Also the retry after a resilver that failed: the syncer does not
         // restart those on its own.

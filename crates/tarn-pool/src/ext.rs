@@ -3,20 +3,29 @@
 //! # Theory
 //!
 //! The pool knows nothing of datasets, yet dataset changes must commit in the
-//! same txg as everything else, under the same lock, in the sync order of
-//! DESIGN.md. So the dataset layer installs one [`Extension`]: an object that
-//! lives *inside* the pool state, under the pool mutex. Open-context code
-//! reaches it through [`Pool::with_ext`] together with a [`Cx`] (meta-tree
-//! entries in the extension's namespace, verified block reads, space charges
-//! for the write throttle and ENOSPC, frees). At the start of every sync the
-//! pool calls [`Extension::sync`] with a [`SyncCx`] that writes data blocks
-//! and tree nodes of the txg being synced; everything it writes is then
-//! covered by the meta tree commit, the space maps and the uberblock that
-//! follow. One lock means no lock order to get wrong: the price is that
-//! extension work waits while a txg syncs (a known limit).
+//! same txg as everything else, in the sync order of `docs/design.md`. So
+//! the dataset layer installs one [`Extension`]: an object the pool calls at
+//! each step of a txg's life (see `txg`). It keeps its own locks, so open
+//! context, the syncer and exclusive operations reach it concurrently:
+//!
+//! * **Open context** ([`Pool::with_ext`]) holds the gate shared and gets a
+//!   [`Cx`] for the open txg: room for data blocks (allocated at once:
+//!   admission is allocation), verified block reads through the block
+//!   cache, the write throttle's charges, damage reports, the intent log.
+//! * **Quiesce** ([`Extension::quiesce`]): the open txg closes; the
+//!   extension sets its changes aside. Nothing in open context runs then.
+//! * **Sync** ([`Extension::sync`]) with a [`SyncCx`]: the extension writes
+//!   the txg's data blocks and tree nodes and puts its records into its
+//!   namespace of the meta tree, which commits after it. Open context goes
+//!   on meanwhile.
+//! * **Committed** ([`Extension::committed`]): the txg is durable; the
+//!   extension publishes its trees to readers.
+//! * **Exclusive operations** ([`Pool::with_ext_exclusive`]): with the pool
+//!   quiet and everything pending committed, a [`SyncCx`] for the next txg,
+//!   which commits before the call returns (dataset administration).
 //!
 //! The pool must still be able to *scan* what the extension references
-//! without understanding it, from its own thread and without the lock. The
+//! without understanding it, from its own thread and without any lock. The
 //! extension therefore also registers a pure [`ScanFn`]: given a meta entry
 //! of its namespace (tree kind 0) or an entry of one of its own trees, it
 //! names the block pointers and sub-trees inside. Scrub, resilver and the
@@ -24,13 +33,14 @@
 
 use std::any::Any;
 use std::ops::Bound;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use tarn_block::pipeline::{self, Missed, Prepared};
 use tarn_block::{BlockPtr, BlockType, ChecksumAlg, Compression, Dva};
 use tarn_tree::NodeStore;
 
-use crate::pool::{Pool, State};
-use crate::store::Allocator;
+use crate::pool::{Pool, SyncState};
 use crate::sync::parallel_map;
 use crate::PoolError;
 
@@ -40,17 +50,23 @@ pub type Entry = (Vec<u8>, Vec<u8>);
 /// Meta-tree prefix of the extension's namespace.
 pub(crate) const P_EXT: u8 = 0x40;
 
-/// Pool state owned by a higher layer, synced with every txg.
-pub trait Extension: Send {
-    /// True when the open txg holds changes of this extension.
+/// Pool state owned by a higher layer, called at each step of a txg (see
+/// the module docs). Implementations keep their own locks.
+pub trait Extension: Send + Sync {
+    /// True when a sync would find changes of this extension.
     fn has_changes(&self) -> bool;
-    /// Writes this extension's part of the txg being synced. Called first in
-    /// the sync, before the meta tree commits. An error faults the pool.
-    fn sync(&mut self, cx: &mut SyncCx<'_, '_>) -> Result<(), PoolError>;
-    /// Called once the txg has committed (to evict caches).
-    fn committed(&mut self, _txg: u64) {}
-    /// For [`Pool::with_ext`]'s downcast.
-    fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// Open txg `txg` closes: set its changes aside for the sync. Called
+    /// while no open-context operation runs.
+    fn quiesce(&self, _txg: u64) {}
+    /// Writes this extension's part of the txg being synced (`cx.txg()`).
+    /// Called first in the sync, before the meta tree commits. An error
+    /// faults the pool.
+    fn sync(&self, cx: &mut SyncCx<'_>) -> Result<(), PoolError>;
+    /// Txg `txg` is durable: publish it.
+    fn committed(&self, _txg: u64) {}
+    /// For the downcasts of [`Pool::with_ext`] and
+    /// [`Pool::with_ext_exclusive`].
+    fn as_any(&self) -> &dyn Any;
 }
 
 /// Something an extension entry references, for scans.
@@ -121,86 +137,43 @@ fn ext_key(key: &[u8]) -> Vec<u8> {
     k
 }
 
-/// Open-context access for the extension, under the pool lock.
-pub struct Cx<'p, 's> {
+/// Open-context access for the extension: one operation of txg `txg()`,
+/// holding the gate shared (see `txg`).
+pub struct Cx<'p> {
     pub(crate) pool: &'p Pool,
-    pub(crate) st: &'s mut State,
+    pub(crate) txg: u64,
 }
 
-impl Cx<'_, '_> {
+impl Cx<'_> {
     /// The txg that changes made now will commit in.
     pub fn txg(&self) -> u64 {
-        self.st.txg + 1
+        self.txg
     }
 
     /// The last committed txg.
     pub fn committed_txg(&self) -> u64 {
-        self.st.txg
+        self.pool.lock().txg
     }
 
     /// Pool properties (defaults for datasets).
     pub fn props(&self) -> crate::PoolProps {
-        self.st.props.clone()
+        self.pool.lock().props.clone()
     }
 
-    /// A node store for reading committed trees (through the node cache).
+    /// A node store for reading committed trees (through the block cache).
     pub fn store(&self) -> impl NodeStore + '_ {
         self.pool.read_store()
     }
 
-    /// The value of an entry in the extension's meta namespace.
-    pub fn meta_get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PoolError> {
-        let rs = self.pool.read_store();
-        Ok(self.st.meta.get(&rs, &ext_key(key))?)
+    /// Takes a hold on committed txg `txg`: until it is dropped, no block
+    /// that txg's trees reference is freed for reuse, so a reader may look
+    /// a pointer up and read the block later without any lock.
+    pub fn hold(&self, txg: u64) -> crate::store::OwnedHold {
+        self.pool.holds.hold_owned(txg)
     }
 
-    /// Stores an entry in the extension's meta namespace.
-    pub fn meta_put(&mut self, key: &[u8], value: &[u8]) -> Result<(), PoolError> {
-        let rs = self.pool.read_store();
-        self.st.meta.insert(&rs, &ext_key(key), value)?;
-        Ok(())
-    }
-
-    /// Removes an entry of the extension's meta namespace.
-    pub fn meta_delete(&mut self, key: &[u8]) -> Result<bool, PoolError> {
-        let rs = self.pool.read_store();
-        Ok(self.st.meta.remove(&rs, &ext_key(key))?.is_some())
-    }
-
-    /// Up to `limit` entries of the namespace inside `start..end` (keys
-    /// without the pool's prefix).
-    pub fn meta_range(
-        &mut self,
-        start: Bound<&[u8]>,
-        end: Bound<&[u8]>,
-        limit: usize,
-    ) -> Result<Vec<Entry>, PoolError> {
-        let rs = self.pool.read_store();
-        let map = |b: Bound<&[u8]>, unbounded: Bound<Vec<u8>>| match b {
-            Bound::Included(k) => Bound::Included(ext_key(k)),
-            Bound::Excluded(k) => Bound::Excluded(ext_key(k)),
-            Bound::Unbounded => unbounded,
-        };
-        let lo = map(start, Bound::Included(vec![P_EXT]));
-        let hi = map(end, Bound::Excluded(vec![P_EXT + 1]));
-        let page = self.st.meta.range(
-            &rs,
-            lo.as_ref().map(Vec::as_slice),
-            hi.as_ref().map(Vec::as_slice),
-            limit,
-        )?;
-        Ok(page
-            .into_iter()
-            .filter(|(k, _)| k.first() == Some(&P_EXT))
-            .map(|(mut k, v)| {
-                k.remove(0);
-                (k, v)
-            })
-            .collect())
-    }
-
-    /// Reads and verifies a data block. A failure is reported by the caller
-    /// (it knows which file it was).
+    /// Reads and verifies a data block (through the block cache). A failure
+    /// is reported by the caller (it knows which file it was).
     pub fn read_block(&self, bp: &BlockPtr) -> Result<Vec<u8>, PoolError> {
         Ok(self.pool.read_data(bp)?.to_vec())
     }
@@ -221,18 +194,8 @@ impl Cx<'_, '_> {
     }
 
     /// Records damage for `status` (e.g. "tank/photos: file 7 at offset 0").
-    pub fn report_damage(&mut self, what: String) {
-        if self.st.ms.damaged.insert(what) {
-            self.st.ms_dirty = true;
-        }
-    }
-
-    /// Releases a block no longer referenced; it becomes reusable once the
-    /// txg that freed it is safely in the past.
-    pub fn free(&mut self, bp: BlockPtr) {
-        if !bp.is_hole() {
-            self.st.frees.push(bp);
-        }
+    pub fn report_damage(&self, what: String) {
+        self.pool.report_damage(what);
     }
 
     /// Worst-case bytes allocated for a block of `lsize` bytes with `copies`.
@@ -241,30 +204,40 @@ impl Cx<'_, '_> {
     }
 
     /// Bytes ordinary writes may still use (after slop and the metadata
-    /// reserve; what the open txg holds is allocated already), counting
+    /// reserve; what the open txgs hold is allocated already), counting
     /// whole blocks of `lsize`.
     pub fn writable(&self, lsize: u64) -> u64 {
-        self.pool.writable_bytes(self.st, lsize)
+        self.pool.writable_bytes(&self.pool.lock(), lsize)
     }
 
-    /// Counts `dirty` bytes against the write throttle until the next sync
-    /// writes them (their room is a [`Reservation`] already).
-    pub fn charge(&mut self, dirty: u64) {
-        self.st.dirty_bytes += dirty;
-        if self.st.dirty_bytes >= self.pool.opts.dirty_sync_bytes {
+    /// Counts `dirty` bytes against the write throttle until the sync of
+    /// this txg writes them (their room is a [`Reservation`] already).
+    pub fn charge(&self, dirty: u64) {
+        let before = self.pool.dirty.fetch_add(dirty, Ordering::Relaxed);
+        let sync_at = self.pool.opts.dirty_sync_bytes;
+        if before < sync_at && before + dirty >= sync_at {
+            // Under the lock the syncer checks the counter with, so the
+            // wake-up cannot fall between its check and its wait.
+            let _st = self.pool.lock();
             self.pool.cv.notify_all();
         }
     }
 
     /// Takes back a [`Cx::charge`] (an undone transaction).
-    pub fn uncharge(&mut self, dirty: u64) {
-        self.st.dirty_bytes = self.st.dirty_bytes.saturating_sub(dirty);
+    pub fn uncharge(&self, dirty: u64) {
+        let _ = self
+            .pool
+            .dirty
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
+                Some(d.saturating_sub(dirty))
+            });
     }
 
     /// Pool size, allocated and free bytes.
     pub fn space(&self) -> (u64, u64, u64) {
-        let size: u64 = self.st.space.iter().map(|m| m.asize()).sum();
-        let alloc: u64 = self.st.space.iter().map(|m| m.allocated()).sum();
+        let st = self.pool.lock();
+        let size: u64 = st.space.iter().map(|m| m.asize()).sum();
+        let alloc: u64 = st.space.iter().map(|m| m.allocated()).sum();
         (size, alloc, size.saturating_sub(alloc))
     }
 
@@ -272,92 +245,99 @@ impl Cx<'_, '_> {
     /// copies, keeping each vdev's metadata reserve. Fails with `NoSpace`
     /// (and allocates nothing) when it does not fit.
     pub fn reserve_block(&mut self, lsize: u64, copies: u8) -> Result<Reservation, PoolError> {
-        self.pool.reserve_data(self.st, lsize, copies)
+        let mut st = self.pool.lock();
+        let dvas = self.pool.allocate(
+            &mut st,
+            lsize.max(1),
+            copies.clamp(1, 3) as usize,
+            true,
+            Some(self.txg),
+        )?;
+        Ok(Reservation { dvas })
     }
 
-    /// Gives back a reservation that will not be written.
+    /// Gives back a reservation that will not be written. A failure means
+    /// the accounting is wrong: the pool stops (see `space`).
     pub fn release_block(&mut self, r: Reservation) {
-        free_dvas(&mut self.st.space, &r.dvas);
+        let e = self.pool.free_now(&mut self.pool.lock(), &r.dvas).err();
+        if let Some(e) = e {
+            self.fault(format!(
+                "{e}; the pool stopped so that no space in use is handed out"
+            ));
+        }
     }
 
     /// Stops the pool: an operation failed after it had changed state that
-    /// must not commit half-done. Nothing of the open txg reaches disk.
-    pub fn fault(&mut self, why: String) {
+    /// must not commit half-done. Nothing more reaches disk.
+    pub fn fault(&self, why: String) {
         self.pool.set_fault(why);
         self.pool.cv.notify_all();
     }
 
-    /// A running scan (scrub or resilver) that has already passed extension
-    /// tree `id` walks it again: its pruning point moved down (a snapshot
-    /// before it was destroyed), so blocks it skipped are no longer
-    /// reachable from a tree the scan has still to visit.
-    pub fn rescan_tree(&mut self, id: u64) {
-        let Some(scan) = self.st.ms.scan.as_mut() else {
-            return;
-        };
-        if !scan.is_running() && scan.state != crate::status::ScanState::Paused {
-            return;
-        }
-        let done = crate::scan::bookmark_id(&scan.bookmark);
-        if scan.phase == crate::scan::PHASE_TREES && done.is_some_and(|d| d >= id) {
-            scan.bookmark = crate::scan::id_bookmark(id.checked_sub(1));
-            self.st.ms_dirty = true;
-        }
-    }
-
     /// Asks the syncer to commit soon.
-    pub fn request_sync(&mut self) {
-        self.st.sync_requested = true;
+    pub fn request_sync(&self) {
+        let mut st = self.pool.lock();
+        st.sync_requested = true;
         self.pool.cv.notify_all();
     }
 
-    /// Makes `records` (opaque to the pool) durable in the intent log,
-    /// together with the data blocks `refs` written in place for them
-    /// (see [`Cx::write_block_now`]). On [`crate::LogCommit::Unavailable`]
+    /// Makes `records` (opaque to the pool) of txg `txg` (this txg, or the
+    /// one syncing) durable in the intent log, together with the data
+    /// blocks `refs` written in place for them (see
+    /// [`Cx::write_block_now`]). On [`crate::LogCommit::Unavailable`]
     /// nothing is promised: commit a txg instead.
     pub fn log_commit(
-        &mut self,
+        &self,
+        txg: u64,
         records: &[Vec<u8>],
         refs: &[BlockPtr],
     ) -> Result<crate::LogCommit, PoolError> {
-        self.pool.log_commit(self.st, records, refs)
+        self.pool.log_commit(txg, records, refs)
     }
 
     /// Takes the records of the intent log found at import, to replay them
     /// in the open txg (once; `None` when there is nothing to replay).
-    pub fn log_take_replay(&mut self) -> Option<Vec<Vec<u8>>> {
-        self.st.zil.replay.take()
+    pub fn log_take_replay(&self) -> Option<Vec<Vec<u8>>> {
+        self.pool.zil_state().replay.take()
     }
 
-    /// Writes a data block of the open txg now, into the room `res` holds
-    /// for it, so the intent log can reference it instead of copying it.
-    /// The block belongs to the open txg (its birth); hand it back with
-    /// [`Cx::log_free`] if the open txg stops referencing it.
+    /// Writes a data block now, into the room `res` holds for it, so the
+    /// intent log can reference it instead of copying it. The block is born
+    /// in txg `birth` (the txg whose change it is: this one or the one
+    /// syncing). Hand it back with [`Cx::log_free`] if that txg stops
+    /// referencing it.
     pub fn write_block_now(
-        &mut self,
+        &self,
         data: &[u8],
         opts: BlockOpts,
         res: Reservation,
+        birth: u64,
     ) -> Result<Option<BlockPtr>, PoolError> {
         let mut missed = Vec::new();
-        let out = self
-            .pool
-            .write_data(self.st, &mut missed, vec![(data, opts, Some(res))])?;
-        self.st.zil.missed.append(&mut missed);
+        let out = self.pool.write_data(
+            vec![(data, opts, Some(res))],
+            birth,
+            Some(self.txg),
+            &mut missed,
+        )?;
+        if !missed.is_empty() {
+            let mut z = self.pool.zil_state();
+            z.missed.extend(missed.into_iter().map(|m| (birth, m)));
+        }
         Ok(out.into_iter().next().flatten())
     }
 
-    /// Frees a block of the open txg that only the intent log references
+    /// Frees a block of txg `txg` that only the intent log references
     /// (written early, then replaced before its txg committed): it stays
     /// allocated until that txg commits, since replay may still need it.
-    pub fn log_free(&mut self, bp: BlockPtr) {
-        self.st.zil.frees.push(bp);
+    pub fn log_free(&self, txg: u64, bp: BlockPtr) {
+        self.pool.zil_state().frees.push((txg, bp));
     }
 
     /// True when the pool has a usable separate log device: copying data
     /// into the log is then cheaper than writing it in place.
     pub fn log_device(&self) -> bool {
-        Pool::has_log_device(self.st)
+        Pool::has_log_device(&self.pool.lock())
     }
 
     /// True when the pool was imported with `discard_log`: a replay that
@@ -367,36 +347,107 @@ impl Cx<'_, '_> {
     }
 }
 
-fn free_dvas(space: &mut [tarn_space::SpaceMap], dvas: &[Dva]) {
-    for d in dvas {
-        if let Some(m) = space.get_mut(d.vdev as usize) {
-            // Allocated in this txg and never referenced: free at once.
-            let _ = m.free_now(d.offset, d.asize as u64);
-        }
-    }
+/// Syncing-context access (the syncer, or an exclusive operation):
+/// everything of [`Cx`], plus the meta tree, frees, and writing blocks of
+/// the txg `txg()` being built.
+pub struct SyncCx<'p> {
+    pub(crate) cx: Cx<'p>,
+    pub(crate) sync: &'p mut SyncState,
+    pub(crate) missed: Vec<Missed>,
 }
 
-/// Syncing-context access: everything of [`Cx`], plus writing blocks of the
-/// txg being synced.
-pub struct SyncCx<'p, 's> {
-    pub(crate) cx: Cx<'p, 's>,
-    pub(crate) missed: &'s mut Vec<Missed>,
-}
-
-impl<'p, 's> std::ops::Deref for SyncCx<'p, 's> {
-    type Target = Cx<'p, 's>;
+impl<'p> std::ops::Deref for SyncCx<'p> {
+    type Target = Cx<'p>;
     fn deref(&self) -> &Self::Target {
         &self.cx
     }
 }
 
-impl std::ops::DerefMut for SyncCx<'_, '_> {
+impl std::ops::DerefMut for SyncCx<'_> {
     fn deref_mut(&mut self) -> &mut Self::Target {
         &mut self.cx
     }
 }
 
-impl SyncCx<'_, '_> {
+impl SyncCx<'_> {
+    /// The value of an entry in the extension's meta namespace.
+    pub fn meta_get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, PoolError> {
+        let rs = self.cx.pool.read_store();
+        Ok(self.sync.meta.get(&rs, &ext_key(key))?)
+    }
+
+    /// Stores an entry in the extension's meta namespace.
+    pub fn meta_put(&mut self, key: &[u8], value: &[u8]) -> Result<(), PoolError> {
+        let rs = self.cx.pool.read_store();
+        self.sync.meta.insert(&rs, &ext_key(key), value)?;
+        Ok(())
+    }
+
+    /// Removes an entry of the extension's meta namespace.
+    pub fn meta_delete(&mut self, key: &[u8]) -> Result<bool, PoolError> {
+        let rs = self.cx.pool.read_store();
+        Ok(self.sync.meta.remove(&rs, &ext_key(key))?.is_some())
+    }
+
+    /// Up to `limit` entries of the namespace inside `start..end` (keys
+    /// without the pool's prefix).
+    pub fn meta_range(
+        &mut self,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Entry>, PoolError> {
+        let rs = self.cx.pool.read_store();
+        let map = |b: Bound<&[u8]>, unbounded: Bound<Vec<u8>>| match b {
+            Bound::Included(k) => Bound::Included(ext_key(k)),
+            Bound::Excluded(k) => Bound::Excluded(ext_key(k)),
+            Bound::Unbounded => unbounded,
+        };
+        let lo = map(start, Bound::Included(vec![P_EXT]));
+        let hi = map(end, Bound::Excluded(vec![P_EXT + 1]));
+        let page = self.sync.meta.range(
+            &rs,
+            lo.as_ref().map(Vec::as_slice),
+            hi.as_ref().map(Vec::as_slice),
+            limit,
+        )?;
+        Ok(page
+            .into_iter()
+            .filter(|(k, _)| k.first() == Some(&P_EXT))
+            .map(|(mut k, v)| {
+                k.remove(0);
+                (k, v)
+            })
+            .collect())
+    }
+
+    /// Releases a block no longer referenced; it becomes reusable once the
+    /// txg that freed it is safely in the past.
+    pub fn free(&mut self, bp: BlockPtr) {
+        if !bp.is_hole() {
+            self.sync.frees.push(bp);
+        }
+    }
+
+    /// A running scan (scrub or resilver) that has already passed extension
+    /// tree `id` walks it again: its pruning point moved down (a snapshot
+    /// before it was destroyed), so blocks it skipped are no longer
+    /// reachable from a tree the scan has still to visit.
+    pub fn rescan_tree(&mut self, id: u64) {
+        let mut st = self.cx.pool.lock();
+        let Some(scan) = st.ms.scan.as_mut() else {
+            return;
+        };
+        if !scan.is_running() && scan.state != crate::status::ScanState::Paused {
+            return;
+        }
+        let done = crate::scan::bookmark_id(&scan.bookmark);
+        if scan.phase == crate::scan::PHASE_TREES && done.is_some_and(|d| d >= id) {
+            scan.bookmark = crate::scan::id_bookmark(id.checked_sub(1));
+            st.ms_dirty = true;
+        }
+    }
+
     /// Compresses, checksums and writes data blocks of this txg (in
     /// parallel) and returns their pointers; an all-zero block is a hole and
     /// gets `None`. A block with a [`Reservation`] is written into it (the
@@ -406,80 +457,50 @@ impl SyncCx<'_, '_> {
         &mut self,
         blocks: Vec<(&[u8], BlockOpts, Option<Reservation>)>,
     ) -> Result<Vec<Option<BlockPtr>>, PoolError> {
-        self.cx.pool.write_data(self.cx.st, self.missed, blocks)
+        let txg = self.cx.txg;
+        self.cx.pool.write_data(blocks, txg, None, &mut self.missed)
     }
 
     /// Writes one tree node of this txg (metadata copies, lz4) and caches it.
     pub fn write_node(&mut self, data: &[u8], level: u8) -> Result<BlockPtr, PoolError> {
         let pool = self.cx.pool;
-        let st = &mut *self.cx.st;
-        let alg = st.props.checksum_alg();
-        let copies = st.props.metadata_copies();
+        let (alg, copies) = {
+            let st = pool.lock();
+            (st.props.checksum_alg(), st.props.metadata_copies())
+        };
         let p = pipeline::prepare(data, Compression::Lz4, alg)?;
-        let dvas = Allocator {
-            tops: &pool.tops,
-            space: &mut st.space,
-            rotor: &mut st.rotor,
-            keep_contiguous: &[],
-        }
-        .alloc(p.stored.len() as u64, copies)?;
+        let dvas = pool.allocate(&mut pool.lock(), p.stored.len() as u64, copies, false, None)?;
         match pipeline::write_copies(&pool.tops, &dvas, &p.stored) {
             Ok(m) => self.missed.extend(m),
             Err(e) => {
-                for d in &dvas {
-                    if let Some(m) = st.space.get_mut(d.vdev as usize) {
-                        let _ = m.free_now(d.offset, d.asize as u64);
-                    }
-                }
+                pool.free_now(&mut pool.lock(), &dvas)?;
                 return Err(e.into());
             }
         }
-        let bp = pipeline::make_ptr(&p, &dvas, st.txg + 1, BlockType::TreeNode, level);
-        pool.cache.insert(
-            pool.guid,
-            &bp,
-            std::sync::Arc::from(data),
-            tarn_block::BlockKind::Meta,
-        );
+        let bp = pipeline::make_ptr(&p, &dvas, self.cx.txg, BlockType::TreeNode, level);
+        pool.cache
+            .insert(pool.guid, &bp, Arc::from(data), tarn_block::BlockKind::Meta);
         Ok(bp)
     }
 
-    /// Reads a tree node (through the node cache).
+    /// Reads a tree node (through the block cache).
     pub fn read_node(&self, bp: &BlockPtr) -> Result<Vec<u8>, PoolError> {
-        let rs = self.cx.pool.read_store();
-        Ok(rs.read(bp)?)
+        Ok(self.cx.pool.read_store().read(bp)?)
     }
 }
 
 impl Pool {
-    /// Allocates room for a data block of the open txg (see
-    /// [`Reservation`]), keeping each vdev's metadata reserve.
-    pub(crate) fn reserve_data(
-        &self,
-        st: &mut State,
-        lsize: u64,
-        copies: u8,
-    ) -> Result<Reservation, PoolError> {
-        let keep: Vec<u64> = (0..self.tops.len())
-            .map(|v| self.metadata_reserve(st, v))
-            .collect();
-        let dvas = Allocator {
-            tops: &self.tops,
-            space: &mut st.space,
-            rotor: &mut st.rotor,
-            keep_contiguous: &keep,
-        }
-        .alloc(lsize.max(1), copies.clamp(1, 3) as usize)?;
-        Ok(Reservation { dvas })
-    }
-
-    /// Writes data blocks of the txg being synced (see
-    /// [`SyncCx::write_blocks`]).
+    /// Writes data blocks born in txg `birth` (see
+    /// [`SyncCx::write_blocks`]): compressed and checksummed in parallel
+    /// with no lock held, their room trimmed or found under `st`, written in
+    /// parallel with no lock held. `open`: the open txg an early write
+    /// belongs to (its allocations are tracked, see `space`).
     pub(crate) fn write_data(
         &self,
-        st: &mut State,
-        missed: &mut Vec<Missed>,
         blocks: Vec<(&[u8], BlockOpts, Option<Reservation>)>,
+        birth: u64,
+        open: Option<u64>,
+        missed: &mut Vec<Missed>,
     ) -> Result<Vec<Option<BlockPtr>>, PoolError> {
         let threads = self.opts.sync_threads;
         let prepared: Vec<Option<Result<Prepared, tarn_block::BlockError>>> =
@@ -490,127 +511,92 @@ impl Pool {
                     Some(pipeline::prepare(d, o.compression, o.checksum))
                 }
             })?;
-        let keep: Vec<u64> = (0..self.tops.len())
-            .map(|v| self.metadata_reserve(st, v))
-            .collect();
         let mut jobs = Vec::new();
-        for (i, (p, (_, o, res))) in prepared.into_iter().zip(blocks.iter()).enumerate() {
-            let Some(p) = p else {
-                if let Some(r) = res {
-                    free_dvas(&mut st.space, &r.dvas);
-                }
-                continue;
-            };
-            let p = p?;
-            let psize = p.stored.len() as u64;
-            let fits = res.as_ref().is_some_and(|r| {
-                r.dvas.iter().all(|d| {
-                    self.tops
-                        .get(d.vdev as usize)
-                        .is_some_and(|t| t.alloc_size(psize) <= d.asize as u64)
-                })
-            });
-            let dvas = match res {
-                Some(r) if fits => {
-                    // Keep what the stored size needs; free the rest.
-                    let mut dvas = r.dvas.clone();
-                    for d in &mut dvas {
-                        let need = self.tops[d.vdev as usize].alloc_size(psize);
-                        let tail = d.asize as u64 - need;
-                        if tail > 0 {
-                            if let Some(m) = st.space.get_mut(d.vdev as usize) {
-                                let _ = m.free_now(d.offset + need, tail);
+        {
+            let mut st = self.lock();
+            for (i, (p, (_, o, res))) in prepared.into_iter().zip(blocks.iter()).enumerate() {
+                let Some(p) = p else {
+                    if let Some(r) = res {
+                        self.free_now(&mut st, &r.dvas)?;
+                    }
+                    continue;
+                };
+                let p = p?;
+                let psize = p.stored.len() as u64;
+                let fits = res.as_ref().is_some_and(|r| {
+                    r.dvas.iter().all(|d| {
+                        self.tops
+                            .get(d.vdev as usize)
+                            .is_some_and(|t| t.alloc_size(psize) <= d.asize as u64)
+                    })
+                });
+                let dvas = match res {
+                    Some(r) if fits => {
+                        // Keep what the stored size needs; free the rest.
+                        let mut dvas = r.dvas.clone();
+                        for d in &mut dvas {
+                            let need = self.tops[d.vdev as usize].alloc_size(psize);
+                            let tail = d.asize as u64 - need;
+                            if tail > 0 {
+                                self.free_range_now(&mut st, d.vdev, d.offset + need, tail)?;
+                                d.asize = need as u32;
                             }
-                            d.asize = need as u32;
                         }
+                        dvas
                     }
-                    dvas
-                }
-                other => {
-                    if let Some(r) = other {
-                        free_dvas(&mut st.space, &r.dvas);
+                    other => {
+                        if let Some(r) = other {
+                            self.free_now(&mut st, &r.dvas)?;
+                        }
+                        self.allocate(&mut st, psize, o.copies.clamp(1, 3) as usize, true, open)?
                     }
-                    Allocator {
-                        tops: &self.tops,
-                        space: &mut st.space,
-                        rotor: &mut st.rotor,
-                        keep_contiguous: &keep,
-                    }
-                    .alloc(psize, o.copies.clamp(1, 3) as usize)?
-                }
-            };
-            jobs.push((i, p, dvas));
+                };
+                jobs.push((i, p, dvas));
+            }
         }
         let results = parallel_map(&jobs, threads, |(_, p, dvas)| {
             pipeline::write_copies(&self.tops, dvas, &p.stored)
         })?;
-        let txg = st.txg + 1;
         let mut out = vec![None; blocks.len()];
         for ((i, p, dvas), r) in jobs.iter().zip(results) {
             missed.extend(r?);
-            out[*i] = Some(pipeline::make_ptr(p, dvas, txg, BlockType::Data, 0));
+            out[*i] = Some(pipeline::make_ptr(p, dvas, birth, BlockType::Data, 0));
         }
         Ok(out)
     }
 
     /// Installs the extension and its scan function (once, at attach).
-    pub fn set_extension(&self, ext: Box<dyn Extension>, scan: ScanFn) {
-        let mut st = self.lock();
-        st.ext = Some(ext);
+    pub fn set_extension(&self, ext: Arc<dyn Extension>, scan: ScanFn) {
+        *self.ext.write().unwrap_or_else(|e| e.into_inner()) = Some(ext);
         *self.ext_scan.lock().unwrap_or_else(|e| e.into_inner()) = Some(scan);
     }
 
     /// True once an extension is installed.
     pub fn has_extension(&self) -> bool {
-        self.lock().ext.is_some()
+        self.extension().is_some()
     }
 
-    /// Runs `f` on the installed extension of type `T` under the pool lock.
-    /// With `write`, waits first while the open txg is at its dirty limit
-    /// (the write throttle); with `synced`, first commits whatever is dirty
-    /// so `f` starts from a clean open txg (destroy, rollback).
-    pub fn with_ext<T: Extension + 'static, R>(
-        &self,
-        write: bool,
-        synced: bool,
-        f: impl FnOnce(&mut T, &mut Cx<'_, '_>) -> Result<R, PoolError>,
-    ) -> Result<R, PoolError> {
-        let mut st = self.lock();
-        self.check_usable(&st)?;
-        if write {
-            st = self.throttle(st)?;
-        }
-        if synced && Self::has_changes(&st) {
-            if let Err(e) = self.sync_locked(&mut st) {
-                self.set_fault(format!("txg sync failed: {e}"));
-                self.cv.notify_all();
-                return Err(e);
-            }
-            self.cv.notify_all();
-        }
-        let Some(mut ext) = st.ext.take() else {
-            return Err(PoolError::Internal(format!(
+    pub(crate) fn extension(&self) -> Option<Arc<dyn Extension>> {
+        self.ext.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn downcast<T: Extension + 'static>(&self) -> Result<Arc<dyn Extension>, PoolError> {
+        let ext = self.extension().ok_or_else(|| {
+            PoolError::Internal(format!(
                 "pool '{}' has no dataset layer attached",
                 self.name
-            )));
-        };
-        // A panic in `f` (a bug) must not take the dataset layer with it,
-        // nor let a half-done change commit: the extension goes back and
-        // the pool faults.
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            match ext.as_any_mut().downcast_mut::<T>() {
-                Some(t) => f(
-                    t,
-                    &mut Cx {
-                        pool: self,
-                        st: &mut st,
-                    },
-                ),
-                None => Err(PoolError::Internal("extension of another type".into())),
-            }
-        }));
-        st.ext = Some(ext);
-        match r {
+            ))
+        })?;
+        if ext.as_any().downcast_ref::<T>().is_none() {
+            return Err(PoolError::Internal("extension of another type".into()));
+        }
+        Ok(ext)
+    }
+
+    /// Runs `f` contained: a panic in it (a bug) faults the pool rather than
+    /// letting a half-done change commit.
+    fn contained<R>(&self, f: impl FnOnce() -> Result<R, PoolError>) -> Result<R, PoolError> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
             Ok(r) => r,
             Err(_) => {
                 let why = "a dataset operation panicked; the pool stopped so that nothing \
@@ -622,63 +608,101 @@ impl Pool {
         }
     }
 
-    /// Waits until the open txg is below its dirty limit (the write
-    /// throttle). Bounded waits: it asks for a sync again rather than trust
-    /// one wake-up.
-    pub(crate) fn throttle<'a>(
-        &'a self,
-        mut st: std::sync::MutexGuard<'a, State>,
-    ) -> Result<std::sync::MutexGuard<'a, State>, PoolError> {
-        while st.dirty_bytes >= self.opts.dirty_max_bytes {
-            st.sync_requested = true;
-            self.cv.notify_all();
-            st = self
-                .cv
-                .wait_timeout(st, std::time::Duration::from_secs(1))
-                .map(|r| r.0)
-                .unwrap_or_else(|e| e.into_inner().0);
-            self.check_usable(&st)?;
+    /// Records damage for `status`, from a reader outside any transaction
+    /// (see [`Pool::read_held`]).
+    pub fn report_damage(&self, what: String) {
+        let mut st = self.lock();
+        if st.ms.damaged.insert(what) {
+            st.ms_dirty = true;
         }
-        Ok(st)
     }
 
-    /// The extension's part of a sync (step 0 of `sync_locked`).
+    /// Runs `f` in open context on the installed extension of type `T` (see
+    /// the module docs). With `write`, waits first while the open txg is at
+    /// its dirty limit (the write throttle).
+    pub fn with_ext<T: Extension + 'static, R>(
+        &self,
+        write: bool,
+        f: impl FnOnce(&T, &mut Cx<'_>) -> Result<R, PoolError>,
+    ) -> Result<R, PoolError> {
+        self.check_usable(&self.lock())?;
+        if write {
+            self.throttle()?;
+        }
+        let ext = self.downcast::<T>()?;
+        let _gate = self.gate_shared();
+        self.check_usable(&self.lock())?;
+        let txg = self.open_txg.load(Ordering::Acquire);
+        let mut cx = Cx { pool: self, txg };
+        self.contained(|| match ext.as_any().downcast_ref::<T>() {
+            Some(t) => f(t, &mut cx),
+            None => Err(PoolError::Internal("extension of another type".into())),
+        })
+    }
+
+    /// Runs `f` as an exclusive operation on the extension of type `T` (see
+    /// `txg`): everything pending is committed first, and what `f` changes
+    /// is committed before this returns.
+    pub fn with_ext_exclusive<T: Extension + 'static, R>(
+        &self,
+        f: impl FnOnce(&T, &mut SyncCx<'_>) -> Result<R, PoolError>,
+    ) -> Result<R, PoolError> {
+        let ext = self.downcast::<T>()?;
+        self.exclusive(|sync| {
+            let txg = self.open_txg.load(Ordering::Acquire);
+            let mut cx = SyncCx {
+                cx: Cx { pool: self, txg },
+                sync,
+                missed: Vec::new(),
+            };
+            let r = self.contained(|| match ext.as_any().downcast_ref::<T>() {
+                Some(t) => f(t, &mut cx),
+                None => Err(PoolError::Internal("extension of another type".into())),
+            });
+            if !cx.missed.is_empty() {
+                let mut z = self.zil_state();
+                z.missed.extend(cx.missed.drain(..).map(|m| (txg, m)));
+            }
+            r
+        })
+    }
+
+    /// The extension's part of the sync of `txg` (step 1 of the sync).
     pub(crate) fn sync_ext(
         &self,
-        st: &mut State,
+        sync: &mut SyncState,
+        txg: u64,
         missed: &mut Vec<Missed>,
     ) -> Result<(), PoolError> {
-        let Some(mut ext) = st.ext.take() else {
+        let Some(ext) = self.extension() else {
             if self.scan_fn().is_some() {
                 // Installed once, and now missing: its changes would be lost.
                 return Err(PoolError::Internal(
-                    "the dataset layer is missing from the pool state".into(),
+                    "the dataset layer is missing from the pool".into(),
                 ));
             }
             return Ok(());
         };
-        let r = if ext.has_changes() {
-            ext.sync(&mut SyncCx {
-                cx: Cx { pool: self, st },
-                missed,
-            })
-        } else {
-            Ok(())
+        // Always: what the quiesce set aside is not "changes" any more.
+        let mut cx = SyncCx {
+            cx: Cx { pool: self, txg },
+            sync,
+            missed: Vec::new(),
         };
-        st.ext = Some(ext);
+        let r = self.contained(|| ext.sync(&mut cx));
+        missed.append(&mut cx.missed);
         r
     }
 
     /// Tells the extension a txg committed.
-    pub(crate) fn ext_committed(&self, st: &mut State) {
-        let txg = st.txg;
-        if let Some(ext) = st.ext.as_mut() {
+    pub(crate) fn ext_committed(&self, txg: u64) {
+        if let Some(ext) = self.extension() {
             ext.committed(txg);
         }
     }
 
-    pub(crate) fn ext_has_changes(st: &State) -> bool {
-        st.ext.as_ref().is_some_and(|e| e.has_changes())
+    pub(crate) fn ext_has_changes(&self) -> bool {
+        self.extension().is_some_and(|e| e.has_changes())
     }
 
     pub(crate) fn scan_fn(&self) -> Option<ScanFn> {

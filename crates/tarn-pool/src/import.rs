@@ -413,6 +413,7 @@ impl Pool {
             locks,
         ));
         {
+            let mut sync = pool.sync_state();
             let mut st = pool.lock();
             st.logs = logs;
             // Frees the last commit released in memory (space map of the
@@ -421,16 +422,17 @@ impl Pool {
             pool.release_frees(&mut st);
             // Before anything allocates: the intent log's blocks and the
             // data blocks it references are in use until replay commits.
-            pool.log_claim(&mut st)?;
+            pool.log_claim(&mut st, loaded_txg)?;
             // The labels name the new owner now; the state changes of this
             // import (dirty time logs) are committed by the first txg. Import
             // itself writes no txg, so a pool too full or fragmented to
             // commit one still imports and serves reads.
             st.ms_dirty = true;
             st.ms.config_gen += 1;
+            drop(st);
             // One above everything committed, so these labels outrank the
             // ones an earlier export left on devices absent today.
-            pool.write_labels_at(&mut st, PoolState::Active, newest_seen.max(cfg.txg) + 1)?;
+            pool.write_labels_at(&mut sync, PoolState::Active, newest_seen.max(cfg.txg) + 1)?;
         }
         pool.start_syncer();
         let resume = {

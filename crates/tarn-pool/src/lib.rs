@@ -9,15 +9,17 @@
 //! * **Open txg.** The dataset layer (the extension, see `ext`) keeps the
 //!   open txg's changes and charges their bytes to the write throttle
 //!   (`dirty_max_bytes`: writers wait when it is full). The pool's own
-//!   metadata changes (pool state, extension records) go into the in-memory
-//!   meta tree, which only reaches disk in the next sync.
-//! * **Sync of txg T**, under the pool lock, in the order of DESIGN.md:
-//!   data blocks (compressed and checksummed on worker threads, then written)
+//!   state record stays in memory and the extension's records go into the
+//!   in-memory meta tree; neither reaches disk before the next sync.
+//! * **Sync of txg T**, under the pool lock, in the order `docs/design.md`
+//!   ("The txg and the sync order") explains: the extension's data blocks
+//!   (compressed and checksummed on worker threads, then written) and its
+//!   trees, bottom-up → the intent log's new chain and the pool state record
 //!   → meta tree nodes bottom-up (the tree commits children before parents)
 //!   → space maps (their own blocks are allocated *before* the maps are
 //!   encoded, so the encoding includes them) → flush → uberblock T into slot
-//!   `T % slots` of every label of every leaf → flush. Only then is T
-//!   committed and announced.
+//!   `T % slots` of every label of every leaf that got every write of T →
+//!   flush. Only then is T committed and announced.
 //! * **Frees** of blocks the new version no longer references are deferred:
 //!   they stay allocated until `T + DEFER_TXGS` has committed (and no reader
 //!   holds an older txg), so the previous uberblocks stay importable.
@@ -47,6 +49,7 @@ mod scan;
 mod space;
 mod store;
 mod sync;
+mod txg;
 mod vdevs;
 mod zil;
 
@@ -58,6 +61,7 @@ pub use ext::{BlockOpts, Cx, ExtRef, Extension, Reservation, ScanFn, SyncCx};
 pub use import::discover;
 pub use pool::Pool;
 pub use scan::{LeakReport, ScanAction};
+pub use store::OwnedHold;
 pub use zil::LogCommit;
 
 use tarn_block::BlockError;

@@ -74,9 +74,6 @@ impl Pool {
     /// Allocates a log block on a healthy log device, if the pool has one
     /// with room.
     pub(crate) fn log_dev_alloc(&self, st: &mut State, psize: u32) -> Option<(u32, u64, u32)> {
-        if st.zil.no_log_dev {
-            return None;
-        }
         for (i, l) in st.logs.iter_mut().enumerate() {
             if matches!(l.top.health(), TopHealth::Faulted) {
                 continue;
@@ -103,92 +100,101 @@ impl Pool {
                 "a log device is a single device or a mirror, not raidz".into(),
             ));
         }
-        let mut st = self.lock();
-        self.check_usable(&st)?;
-        let mine = self.device_paths();
-        for d in &spec.devices {
-            let canon = std::fs::canonicalize(d).unwrap_or_else(|_| d.clone());
-            let dup = mine
-                .iter()
-                .any(|m| std::fs::canonicalize(m).unwrap_or_else(|_| m.clone()) == canon)
-                || st
-                    .logs
+        self.exclusive(|sync| {
+            let mine = self.device_paths();
+            for d in &spec.devices {
+                let canon = std::fs::canonicalize(d).unwrap_or_else(|_| d.clone());
+                let dup = mine
                     .iter()
-                    .any(|l| l.top.config().children.iter().any(|c| c.path == canon));
-            if dup {
-                return Err(PoolError::Invalid(format!(
-                    "device {} is already part of pool '{}'",
-                    d.display(),
-                    self.name
-                )));
+                    .any(|m| std::fs::canonicalize(m).unwrap_or_else(|_| m.clone()) == canon)
+                    || self
+                        .lock()
+                        .logs
+                        .iter()
+                        .any(|l| l.top.config().children.iter().any(|c| c.path == canon));
+                if dup {
+                    return Err(PoolError::Invalid(format!(
+                        "device {} is already part of pool '{}'",
+                        d.display(),
+                        self.name
+                    )));
+                }
             }
-        }
-        let mut locks = Vec::new();
-        let (top, _) = open_new_top(spec, self.ashift, force, &mut locks)?;
-        st.logs.push(LogVdev::new(top));
-        // The next sync starts the chain on the new device.
-        st.zil.used = true;
-        self.locks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .append(&mut locks);
-        st.ms.config_gen += 1;
-        st.ms_dirty = true;
-        self.write_labels(&mut st, tarn_vdev::PoolState::Active)?;
-        Ok(())
+            let mut locks = Vec::new();
+            let (top, _) = open_new_top(spec, self.ashift, force, &mut locks)?;
+            {
+                let mut st = self.lock();
+                st.logs.push(LogVdev::new(top));
+                st.ms.config_gen += 1;
+                st.ms_dirty = true;
+            }
+            self.locks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .append(&mut locks);
+            // The next chain starts on the new device.
+            self.zil_state().broken = true;
+            self.write_labels(sync, tarn_vdev::PoolState::Active)
+        })
     }
 
-    /// Removes the log vdev that holds `device`. Commits a txg first so no
+    /// Removes the log vdev that holds `device`. Commits txgs first so no
     /// chain needs it, then drops it from the labels and clears its own.
     pub fn remove_log(&self, device: &std::path::Path) -> Result<(), PoolError> {
         let canon = std::fs::canonicalize(device).unwrap_or_else(|_| device.to_path_buf());
-        let mut st = self.lock();
-        self.check_usable(&st)?;
-        if st.zil.replay.is_some() {
-            return Err(PoolError::InUse(format!(
-                "pool '{}' has an intent log to replay first (its datasets are not loaded)",
-                self.name
-            )));
-        }
-        let Some(i) = st.logs.iter().position(|l| {
-            l.top
-                .config()
-                .children
-                .iter()
-                .any(|c| c.path == canon || c.path == device)
-        }) else {
-            return Err(PoolError::NotFound(format!(
-                "{} is not a log device of pool '{}'",
-                device.display(),
-                self.name
-            )));
-        };
-        // Log devices rest while one leaves: the next header goes on the
-        // data vdevs, so no committed header names a log vdev whose number
-        // is about to change.
-        st.zil.no_log_dev = true;
-        st.zil.used = true;
-        let r = self.sync_locked(&mut st);
-        st.zil.no_log_dev = false;
-        if let Err(e) = r {
-            self.set_fault(format!("txg sync failed: {e}"));
-            self.cv.notify_all();
-            return Err(e);
-        }
-        if st.ms.log.is_some_and(|h| h.first.vdev >= LOG_VDEV_BASE) {
-            return Err(PoolError::Internal(
-                "the intent log still starts on a log device".into(),
-            ));
-        }
-        let gone = st.logs.remove(i);
-        st.ms.config_gen += 1;
-        st.ms_dirty = true;
-        self.write_labels(&mut st, tarn_vdev::PoolState::Active)?;
-        for ci in 0..gone.top.width() {
-            if let Some(leaf) = gone.top.leaf(ci) {
-                let _ = tarn_vdev::clear_labels(leaf.as_ref());
+        self.exclusive(|sync| {
+            if self.zil_state().replay.is_some() {
+                return Err(PoolError::InUse(format!(
+                    "pool '{}' has an intent log to replay first (its datasets are not loaded)",
+                    self.name
+                )));
             }
-        }
-        Ok(())
+            let Some(i) = self.lock().logs.iter().position(|l| {
+                l.top
+                    .config()
+                    .children
+                    .iter()
+                    .any(|c| c.path == canon || c.path == device)
+            }) else {
+                return Err(PoolError::NotFound(format!(
+                    "{} is not a log device of pool '{}'",
+                    device.display(),
+                    self.name
+                )));
+            };
+            // Log devices rest while one leaves: the chain restarts on the
+            // data vdevs, so no committed header names a log vdev whose
+            // number is about to change. (Everything pending was committed
+            // before this runs, so nothing in the chain matters.)
+            {
+                let mut z = self.zil_state();
+                z.no_log_dev = true;
+                z.broken = true;
+            }
+            let r = self.sync_txg(sync, true);
+            self.zil_state().no_log_dev = false;
+            if let Err(e) = r {
+                self.set_fault(format!("txg sync failed: {e}"));
+                self.cv.notify_all();
+                return Err(e);
+            }
+            let mut st = self.lock();
+            if st.ms.log.is_some_and(|h| h.first.vdev >= LOG_VDEV_BASE) {
+                return Err(PoolError::Internal(
+                    "the intent log still starts on a log device".into(),
+                ));
+            }
+            let gone = st.logs.remove(i);
+            st.ms.config_gen += 1;
+            st.ms_dirty = true;
+            drop(st);
+            self.write_labels(sync, tarn_vdev::PoolState::Active)?;
+            for ci in 0..gone.top.width() {
+                if let Some(leaf) = gone.top.leaf(ci) {
+                    let _ = tarn_vdev::clear_labels(leaf.as_ref());
+                }
+            }
+            Ok(())
+        })
     }
 }

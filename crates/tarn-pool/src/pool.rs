@@ -1,17 +1,25 @@
-//! The imported pool: its state, its lock and its background threads.
+//! The imported pool: its state, its locks and its background threads.
 //!
 //! # Locking
 //!
-//! Deliberately simple: one mutex (`Pool::st`) over all mutable pool state
-//! (the meta tree, the space maps, the pool state record, the intent log's
-//! chain, the dataset layer installed as the
-//! extension), held for the whole of a txg sync. Open-context readers and
-//! writers take it for the length of one operation; the write throttle
-//! waits on the condvar `Pool::cv` with it released. Scans take it only to
-//! look pointers up: they hold the txg they read (see `store::Holds`) and
-//! do their I/O without it. The other mutexes (`fault`, `syncer`,
-//! `scanner`, `scan_ops`, `locks`, `ext_scan`) guard one field each and are
-//! never held while taking `st`, except `scan_ops`, which is taken first.
+//! The theory of who runs when is in `txg` (open → quiescing → syncing).
+//! The locks, outermost first (a thread holding one may take only those
+//! below it):
+//!
+//! | lock | guards | held |
+//! |---|---|---|
+//! | `sync` ([`SyncState`]) | the meta tree being built, the frees of the txg, label txg | by the syncer for a whole sync; by exclusive operations (configuration, dataset administration) for their whole length |
+//! | `gate` | the open txg's boundary | shared by every open-context operation for its length; exclusively by the quiesce step (an instant) and by exclusive operations |
+//! | the extension's own locks | the dataset layer (its directory, each dataset) | see `tarn-dataset` |
+//! | `zil` ([`crate::zil::ZilState`]) | the intent log chain | by one log commit (its writes and flush) or the sync's log step |
+//! | `st` ([`State`]) | space maps, the pool state record, committed roots, log vdevs | briefly, never across device I/O |
+//! | leaf locks | one field each: `fault`, `syncer`, `scanner`, `scan_ops`, `locks`, `ext_scan`, `ext`, the block cache's shards, the holds | briefly; `scan_ops` is taken before `st` |
+//!
+//! Device I/O happens under `sync` (the syncer's own writes), under `zil`
+//! (a log commit), or under no pool lock at all (data reads, scans). The
+//! write throttle waits on `cv` with `st` released; so do callers waiting
+//! for a txg to commit.
+//! Every lock of the process, with its scope and order: docs/design.md.
 //!
 //! # Threads
 //!
@@ -22,10 +30,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
-use std::ops::Bound;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -66,43 +73,47 @@ pub(crate) struct MetaState {
     pub log: Option<crate::zil::LogHeader>,
 }
 
-/// All mutable pool state, under one mutex.
+/// The pool state every thread may need briefly (see the module docs:
+/// never held across device I/O).
 pub(crate) struct State {
     /// Last committed txg.
     pub txg: u64,
-    pub meta: Tree,
     pub space: Vec<SpaceMap>,
+    /// Allocations made by open txgs and not yet committed, per top-level
+    /// vdev: offset → (length, txg). The sync of txg T leaves those of
+    /// later txgs out of the space maps it writes (see `space`).
+    pub uncommitted: Vec<BTreeMap<u64, (u64, u64)>>,
     pub space_root: BlockPtr,
+    /// Root of the committed meta tree (what scans walk).
+    pub meta_root: BlockPtr,
     pub props: PoolProps,
     pub ms: MetaState,
     pub ms_dirty: bool,
-    /// Bytes the open txg holds for the next sync (the write throttle).
-    pub dirty_bytes: u64,
-    /// Blocks whose last reference was dropped in the open txg.
-    pub frees: Vec<BlockPtr>,
     pub rotor: usize,
     pub sync_requested: bool,
+    pub closed: bool,
+    pub last_sync_unix: u64,
+    /// Separate log devices (see `logdev`).
+    pub logs: Vec<crate::logdev::LogVdev>,
+}
+
+/// What only whoever syncs touches (the syncer, or an exclusive operation).
+pub(crate) struct SyncState {
+    /// The meta tree: the committed one plus the changes the next sync
+    /// commits.
+    pub meta: Tree,
+    /// Blocks whose last reference was dropped by the txg being built.
+    pub frees: Vec<BlockPtr>,
     /// Last txg that freed blocks other than the space map's own.
     pub last_free_txg: u64,
     /// Config txg of the last label write.
     pub label_txg: u64,
-    pub closed: bool,
-    pub last_sync_unix: u64,
-    /// The dataset layer's state (see `ext`).
-    pub ext: Option<Box<dyn crate::ext::Extension>>,
-    /// The intent log (see `zil`).
-    pub zil: crate::zil::ZilState,
-    /// Separate log devices (see `logdev`).
-    pub logs: Vec<crate::logdev::LogVdev>,
 }
 
 /// Control word for the scan thread.
 pub(crate) const SCAN_RUN: u8 = 0;
 pub(crate) const SCAN_PAUSE: u8 = 1;
 pub(crate) const SCAN_CANCEL: u8 = 2;
-
-/// A visitor of meta-tree entries (key, value); false stops the walk.
-pub(crate) type EntryFn<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool, PoolError> + 'a;
 
 /// An imported pool.
 pub struct Pool {
@@ -113,7 +124,16 @@ pub struct Pool {
     pub(crate) opts: PoolOptions,
     pub(crate) st: Mutex<State>,
     pub(crate) cv: Condvar,
-    pub(crate) holds: Holds,
+    pub(crate) sync: Mutex<SyncState>,
+    pub(crate) gate: RwLock<()>,
+    /// The txg open-context changes go into now.
+    pub(crate) open_txg: AtomicU64,
+    /// Bytes the open txg holds for its sync (the write throttle).
+    pub(crate) dirty: AtomicU64,
+    pub(crate) zil: Mutex<crate::zil::ZilState>,
+    /// The dataset layer (see `ext`).
+    pub(crate) ext: RwLock<Option<Arc<dyn crate::ext::Extension>>>,
+    pub(crate) holds: Arc<Holds>,
     pub(crate) cache: Arc<tarn_block::BlockCache>,
     pub(crate) fault: Mutex<Option<String>>,
     pub(crate) stop: AtomicBool,
@@ -217,18 +237,18 @@ impl Pool {
             locks,
         ));
         {
-            let mut st = pool.lock();
-            st.ms_dirty = true;
-            let props_json =
-                serde_json::to_vec(&st.props).map_err(|e| PoolError::Internal(e.to_string()))?;
-            let State { meta, .. } = &mut *st;
-            meta.insert(&pool.read_store(), K_PROPS, &props_json)?;
+            let mut sync = pool.sync_state();
+            let props_json = serde_json::to_vec(&pool.lock().props)
+                .map_err(|e| PoolError::Internal(e.to_string()))?;
+            sync.meta.insert(&pool.read_store(), K_PROPS, &props_json)?;
+            let _gate = pool.gate_exclusive();
+            pool.lock().ms_dirty = true;
             // Labels first, so the devices are recognisable; then txg 1,
             // which also starts the intent log's chain.
-            st.zil.wanted = true;
-            pool.write_labels(&mut st, PoolState::Active)?;
-            pool.sync_locked(&mut st)?;
-            pool.write_labels(&mut st, PoolState::Active)?;
+            pool.zil_state().wanted = true;
+            pool.write_labels(&mut sync, PoolState::Active)?;
+            pool.sync_txg(&mut sync, true)?;
+            pool.write_labels(&mut sync, PoolState::Active)?;
         }
         pool.start_syncer();
         Ok(pool)
@@ -251,6 +271,8 @@ impl Pool {
         locks: Vec<File>,
     ) -> Pool {
         let cache = opts.block_cache();
+        let meta_root = meta.root();
+        let uncommitted = vec![BTreeMap::new(); tops.len()];
         Pool {
             name: name.to_string(),
             guid,
@@ -259,26 +281,32 @@ impl Pool {
             opts,
             st: Mutex::new(State {
                 txg,
-                meta,
                 space,
+                uncommitted,
                 space_root,
+                meta_root,
                 props,
                 ms,
                 ms_dirty: false,
-                dirty_bytes: 0,
-                frees: Vec::new(),
                 rotor: 0,
                 sync_requested: false,
-                last_free_txg: 0,
-                label_txg: 0,
                 closed: false,
                 last_sync_unix: now_unix(),
-                ext: None,
-                zil: Default::default(),
                 logs: Vec::new(),
             }),
             cv: Condvar::new(),
-            holds: Holds::default(),
+            sync: Mutex::new(SyncState {
+                meta,
+                frees: Vec::new(),
+                last_free_txg: 0,
+                label_txg: 0,
+            }),
+            gate: RwLock::new(()),
+            open_txg: AtomicU64::new(txg + 1),
+            dirty: AtomicU64::new(0),
+            zil: Mutex::new(Default::default()),
+            ext: RwLock::new(None),
+            holds: Arc::new(Holds::default()),
             cache,
             fault: Mutex::new(None),
             stop: AtomicBool::new(false),
@@ -302,6 +330,26 @@ impl Pool {
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The sync lock (see the module docs).
+    pub(crate) fn sync_state(&self) -> MutexGuard<'_, SyncState> {
+        self.sync.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The intent log's lock.
+    pub(crate) fn zil_state(&self) -> MutexGuard<'_, crate::zil::ZilState> {
+        self.zil.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The gate, shared: what an open-context operation holds.
+    pub(crate) fn gate_shared(&self) -> RwLockReadGuard<'_, ()> {
+        self.gate.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The gate, exclusive: no open-context operation runs meanwhile.
+    pub(crate) fn gate_exclusive(&self) -> RwLockWriteGuard<'_, ()> {
+        self.gate.write().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Pool name.
@@ -366,35 +414,39 @@ impl Pool {
             .name(format!("txg-sync-{}", self.name))
             .spawn(move || loop {
                 let Some(pool) = weak.upgrade() else { return };
-                let mut st = pool.lock();
-                let deadline = Instant::now() + interval;
-                loop {
-                    if pool.stop.load(Ordering::Acquire) || st.closed {
-                        return;
+                {
+                    let mut st = pool.lock();
+                    let deadline = Instant::now() + interval;
+                    loop {
+                        if pool.stop.load(Ordering::Acquire) || st.closed {
+                            return;
+                        }
+                        if st.sync_requested || pool.dirty_bytes() >= pool.opts.dirty_sync_bytes {
+                            break;
+                        }
+                        let now = Instant::now();
+                        if now >= deadline {
+                            break;
+                        }
+                        st = pool
+                            .cv
+                            .wait_timeout(st, (deadline - now).min(interval))
+                            .map(|r| r.0)
+                            .unwrap_or_else(|e| e.into_inner().0);
                     }
-                    if st.sync_requested || st.dirty_bytes >= pool.opts.dirty_sync_bytes {
-                        break;
-                    }
-                    let now = Instant::now();
-                    if now >= deadline {
-                        break;
-                    }
-                    st = pool
-                        .cv
-                        .wait_timeout(st, (deadline - now).min(interval))
-                        .map(|r| r.0)
-                        .unwrap_or_else(|e| e.into_inner().0);
+                    st.sync_requested = false;
                 }
-                st.sync_requested = false;
                 let faulted = pool.fault.lock().map(|f| f.is_some()).unwrap_or(true);
-                if !faulted && Self::has_changes(&st) {
-                    if let Err(e) = pool.sync_locked(&mut st) {
-                        pool.set_fault(format!("txg sync failed: {e}"));
+                if !faulted {
+                    let mut sync = pool.sync_state();
+                    if pool.has_changes(&sync) {
+                        if let Err(e) = pool.sync_txg(&mut sync, false) {
+                            pool.set_fault(format!("txg sync failed: {e}"));
+                        }
                     }
                 }
                 pool.cv.notify_all();
-                let resilver = pool.resilver_pending(&st);
-                drop(st);
+                let resilver = pool.resilver_pending(&pool.lock());
                 if resilver {
                     pool.start_resilver_if_needed();
                 }
@@ -414,6 +466,8 @@ impl Pool {
     /// afterwards, and importing it again replays its intent log.
     pub fn abandon(&self) {
         self.stop_threads();
+        // No sync may be half way through when the devices are let go.
+        let _sync = self.sync_state();
         let mut st = self.lock();
         st.closed = true;
         self.locks.lock().unwrap_or_else(|e| e.into_inner()).clear();
@@ -443,21 +497,23 @@ impl Pool {
     /// exported (or destroyed). The pool cannot be used afterwards.
     pub fn export(&self, destroy: bool) -> Result<(), PoolError> {
         self.stop_threads();
-        let mut st = self.lock();
-        if st.closed {
+        let mut sync = self.sync_state();
+        let _gate = self.gate_exclusive();
+        if self.lock().closed {
             return Ok(());
         }
         let faulted = self.fault.lock().map(|f| f.is_some()).unwrap_or(true);
         let mut result = Ok(());
         if !faulted {
-            if let Some(scan) = st.ms.scan.as_mut() {
-                if scan.is_running() {
+            {
+                let mut st = self.lock();
+                if st.ms.scan.as_ref().is_some_and(|s| s.is_running()) {
                     // Resume after the next import.
                     st.ms_dirty = true;
                 }
             }
-            if Self::has_changes(&st) {
-                result = self.sync_locked(&mut st).map(|_| ());
+            if self.has_changes(&sync) {
+                result = self.sync_txg(&mut sync, true).map(|_| ());
             }
             if result.is_ok() {
                 let state = if destroy {
@@ -465,10 +521,10 @@ impl Pool {
                 } else {
                     PoolState::Exported
                 };
-                result = self.write_labels(&mut st, state);
+                result = self.write_labels(&mut sync, state);
             }
         }
-        st.closed = true;
+        self.lock().closed = true;
         self.locks.lock().unwrap_or_else(|e| e.into_inner()).clear();
         // The devices may be imported elsewhere, or rewritten, before the
         // pool comes back: nothing of it stays cached.
@@ -484,40 +540,6 @@ impl Pool {
         let _st = self.lock();
         self.stop.store(true, Ordering::Release);
         self.cv.notify_all();
-    }
-
-    /// Visits the meta-tree entries from `lo` (inclusive) up to `hi`, in key
-    /// order, a page at a time so memory stays bounded; `f` returns false to
-    /// stop early.
-    pub(crate) fn for_each_entry(
-        &self,
-        st: &mut State,
-        lo: &[u8],
-        hi: Bound<&[u8]>,
-        f: &mut EntryFn<'_>,
-    ) -> Result<(), PoolError> {
-        let rs = self.read_store();
-        let State { meta, .. } = st;
-        let mut start = lo.to_vec();
-        let mut incl = true;
-        loop {
-            let b = if incl {
-                Bound::Included(&start[..])
-            } else {
-                Bound::Excluded(&start[..])
-            };
-            let page = meta.range(&rs, b, hi, 1024)?;
-            let Some(last) = page.last().map(|(k, _)| k.clone()) else {
-                return Ok(());
-            };
-            for (k, v) in &page {
-                if !f(k, v)? {
-                    return Ok(());
-                }
-            }
-            start = last;
-            incl = false;
-        }
     }
 }
 

@@ -3,26 +3,34 @@
 //!
 //! # Theory
 //!
-//! The scan runs on its own thread in two phases. The *meta* phase walks the
-//! committed meta tree (every node pointer, pruned by birth for a resilver)
-//! plus the space-map block, sorts those pointers by device address and
-//! scrubs them. The *trees* phase walks every tree the extension (the
-//! dataset layer) names, in id order, each pruned at the birth below which
-//! an older snapshot's tree holds its blocks, gathering `scan_batch_blocks`
-//! pointers at a time (the memory bound); each batch is sorted by (vdev,
-//! offset) so the devices see ascending, mostly sequential reads, and
-//! scrubbed on the worker threads.
+//! The scan runs on its own thread in two phases (docs/design.md, "Scan").
+//! The *meta* phase (0) walks the committed meta tree (every node pointer,
+//! pruned by birth for a resilver) and collects the blocks the extension's
+//! meta entries name directly, plus the space-map block; it sorts those
+//! pointers by device address and scrubs them as one batch. The *trees*
+//! phase (3) walks every tree the extension (the dataset layer) names, in
+//! id order, each pruned at the birth below which an older snapshot's tree
+//! holds its blocks, gathering `scan_batch_blocks` pointers at a time (the
+//! memory bound); each batch is sorted by (vdev, offset) so the devices see
+//! ascending, mostly sequential reads, and scrubbed on up to
+//! `sync_threads` scoped threads.
 //!
-//! Pointers of a batch come from the committed txg C; the scan holds C (see
-//! `store::Holds`) until the batch is done, so no block it is about to read,
-//! or to repair, can be freed and reused under it. Repairs are therefore
-//! always written over the block the pointer names, never over a new owner.
+//! Pointers come from the committed txg C; the scan holds C (see
+//! `store::Holds`) for the whole meta phase, and in the trees phase from
+//! reading the list of trees until the tree it walks is done (all its
+//! batches), so no block it is about to read, or to repair, can be freed
+//! and reused under it. Repairs are therefore always written over the
+//! block the pointer names, never over a new owner. The pool lock is taken
+//! only to read the roots and the list of trees, and to record each
+//! chunk's results; the walks and the I/O run without it.
 //!
-//! Progress (phase, the last tree completed, counters) lives in the
-//! pool's meta state and is committed with every txg, so a scan interrupted
-//! by export or a crash resumes from its last committed batch. A resilver is
-//! a scan restricted to blocks born in the missed-txg window of its target
-//! devices; when it finishes, their dirty time logs are cleared.
+//! Progress (phase, the id of the last tree completed, counters) lives in
+//! the pool's meta state and is committed with every txg, so a scan
+//! interrupted by export or a crash resumes after the last completed tree;
+//! an interrupted tree, or an interrupted meta phase, is walked again from
+//! its start. A resilver is a scan restricted to blocks born in the
+//! missed-txg window of its target devices; when it finishes, the targets
+//! that got every write have their dirty time logs cleared.
 
 use std::ops::Bound;
 use std::sync::atomic::Ordering;
@@ -503,11 +511,20 @@ impl Pool {
     /// meta tree, every extension tree walked whole,
     /// shared blocks counted once). A difference is a leak or a lost block.
     pub fn leak_check(&self) -> Result<LeakReport, PoolError> {
-        let mut st = self.lock();
-        self.check_usable(&st)?;
-        if Self::has_changes(&st) {
-            self.sync_locked(&mut st)?;
-        }
+        self.exclusive(|_| self.leak_check_quiet())
+    }
+
+    /// [`Pool::leak_check`] of a quiet pool (inside an exclusive operation).
+    fn leak_check_quiet(&self) -> Result<LeakReport, PoolError> {
+        let (space_root, meta_root, allocated, deferred) = {
+            let st = self.lock();
+            (
+                st.space_root,
+                st.meta_root,
+                st.space.iter().map(|m| m.allocated()).sum(),
+                st.space.iter().map(|m| m.deferred()).sum(),
+            )
+        };
         let rs = self.read_store();
         let seen = std::cell::RefCell::new(
             std::collections::HashMap::<(u32, u64), ([u8; 32], u32)>::new(),
@@ -525,8 +542,8 @@ impl Pool {
                 }
             }
         };
-        add(&st.space_root);
-        for d in Self::log_allocated(&st) {
+        add(&space_root);
+        for d in self.log_allocated() {
             seen.borrow_mut()
                 .entry((d.vdev, d.offset))
                 .or_insert(([0xff; 32], d.asize));
@@ -535,7 +552,7 @@ impl Pool {
         let mut trees = Vec::new();
         tarn_tree::walk(
             &rs,
-            &st.meta.root(),
+            &meta_root,
             0,
             &mut |bp| {
                 add(bp);
@@ -582,42 +599,70 @@ impl Pool {
         }
         let reachable = seen.borrow().values().map(|(_, a)| *a as u64).sum();
         Ok(LeakReport {
-            allocated: st.space.iter().map(|m| m.allocated()).sum(),
-            deferred: st.space.iter().map(|m| m.deferred()).sum(),
+            allocated,
+            deferred,
             reachable,
             conflicts: conflicts.get(),
         })
     }
 
-    /// Every tree the extension references in the committed-or-open meta
-    /// tree, as (id, root, min_birth, kind), sorted by id.
+    /// Visits the extension's entries of the committed meta tree at `root`,
+    /// in key order, a page at a time so memory stays bounded; `f` returns
+    /// false to stop early.
+    fn for_each_ext_entry(
+        &self,
+        root: BlockPtr,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), PoolError> {
+        let rs = self.read_store();
+        let mut meta = tarn_tree::Tree::open(root);
+        let hi = [P_EXT + 1];
+        let mut start = vec![P_EXT];
+        let mut incl = true;
+        loop {
+            let lo = if incl {
+                Bound::Included(&start[..])
+            } else {
+                Bound::Excluded(&start[..])
+            };
+            let page = meta.range(&rs, lo, Bound::Excluded(&hi[..]), 1024)?;
+            let Some(last) = page.last().map(|(k, _)| k.clone()) else {
+                return Ok(());
+            };
+            for (k, v) in &page {
+                if !f(&k[1..], v) {
+                    return Ok(());
+                }
+            }
+            start = last;
+            incl = false;
+        }
+    }
+
+    /// Every tree the extension references in the committed meta tree at
+    /// `root`, as (id, root, min_birth, kind), sorted by id.
     pub(crate) fn ext_trees(
         &self,
-        st: &mut State,
+        root: BlockPtr,
         scan: ScanFn,
     ) -> Result<Vec<(u64, BlockPtr, u64, u8)>, PoolError> {
         let mut trees = Vec::new();
-        self.for_each_entry(
-            st,
-            &[P_EXT],
-            Bound::Excluded(&[P_EXT + 1][..]),
-            &mut |k, v| {
-                let mut refs = Vec::new();
-                scan(0, &k[1..], v, &mut refs);
-                for r in refs {
-                    if let ExtRef::Tree {
-                        id,
-                        root,
-                        min_birth,
-                        kind,
-                    } = r
-                    {
-                        trees.push((id, root, min_birth, kind));
-                    }
+        self.for_each_ext_entry(root, &mut |k, v| {
+            let mut refs = Vec::new();
+            scan(0, k, v, &mut refs);
+            for r in refs {
+                if let ExtRef::Tree {
+                    id,
+                    root,
+                    min_birth,
+                    kind,
+                } = r
+                {
+                    trees.push((id, root, min_birth, kind));
                 }
-                Ok(true)
-            },
-        )?;
+            }
+            true
+        })?;
         trees.sort_by_key(|t| t.0);
         Ok(trees)
     }
@@ -684,19 +729,15 @@ impl Pool {
         Ok(Step::Continue)
     }
 
-    /// True when the meta tree holds entries of an extension (datasets).
+    /// True when the committed meta tree holds entries of an extension
+    /// (datasets).
     fn has_ext_entries(&self) -> Result<bool, PoolError> {
-        let mut st = self.lock();
+        let root = self.lock().meta_root;
         let mut found = false;
-        self.for_each_entry(
-            &mut st,
-            &[P_EXT],
-            Bound::Excluded(&[P_EXT + 1][..]),
-            &mut |_, _| {
-                found = true;
-                Ok(false)
-            },
-        )?;
+        self.for_each_ext_entry(root, &mut |_, _| {
+            found = true;
+            false
+        })?;
         Ok(found)
     }
 
@@ -724,7 +765,7 @@ impl Pool {
         let in_window = |bp: &BlockPtr| bp.birth >= min_birth && bp.birth <= max_birth;
         if phase == 0 {
             let st = self.lock();
-            let root = st.meta.root();
+            let root = st.meta_root;
             let space_root = st.space_root;
             let hold = self.holds.hold(st.txg);
             drop(st);
@@ -781,14 +822,15 @@ impl Pool {
         if phase == PHASE_TREES {
             if let Some(scan) = self.scan_fn() {
                 loop {
-                    let mut st = self.lock();
+                    let st = self.lock();
                     let done = st.ms.scan.as_ref().and_then(|s| bookmark_id(&s.bookmark));
-                    let trees = self.ext_trees(&mut st, scan)?;
+                    let (root, txg) = (st.meta_root, st.txg);
+                    drop(st);
+                    let hold = self.holds.hold(txg);
+                    let trees = self.ext_trees(root, scan)?;
                     let Some(t) = trees.into_iter().find(|t| done.is_none_or(|d| t.0 > d)) else {
                         break;
                     };
-                    let hold = self.holds.hold(st.txg);
-                    drop(st);
                     let (id, root, tree_min, kind) = t;
                     let prune = tree_min.max(min_birth.saturating_sub(1));
                     let keep = |bp: &BlockPtr| in_window(bp) && bp.birth > prune;

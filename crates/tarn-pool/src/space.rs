@@ -1,16 +1,155 @@
-//! Space policy (what ordinary writes may use, and the room every vdev
-//! keeps for the metadata of the txgs to come) and cached data reads.
+//! Allocation and freeing on the data vdevs, space policy (what ordinary
+//! writes may use, and the room every vdev keeps for the metadata of the
+//! txgs to come), and cached data reads.
+//!
+//! # Theory
+//!
+//! **Allocations of a txg that is not the one syncing.** Open context
+//! allocates while an earlier txg syncs: room for the data blocks it
+//! accepts, intent log blocks. Those allocations belong to the open txg;
+//! the syncing txg's space maps must not show them, or a crash after it
+//! commits would leave them allocated with nothing referencing them. So
+//! every open-context allocation is recorded in `State::uncommitted` with
+//! its txg, a free of such a range takes it out again, the sync of txg T
+//! writes its space maps with the ranges of later txgs left out
+//! (`SpaceMap::encode_excluding`), and the commit of T forgets the ranges
+//! of txgs up to T (T's maps hold them now). Import claims what the intent
+//! log of a later txg still needs, as before.
+//!
+//! **A bad free is an accounting bug**, whoever meets it: freeing space that
+//! is not allocated (or twice) means some structure and the space maps
+//! disagree, and handing that space out again could overwrite live data.
+//! Every free goes through [`Pool::free_now`] or the sync's deferred frees,
+//! both of which return the error; open context faults the pool with it,
+//! the sync fails (and faults the pool) with it.
 
 use std::sync::Arc;
 
 use tarn_block::pipeline;
-use tarn_block::{BlockKind, BlockPtr};
+use tarn_block::{BlockKind, BlockPtr, Dva};
 
 use crate::pool::{Pool, State};
-use crate::store::METADATA_RESERVE_BYTES;
+use crate::store::{Allocator, METADATA_RESERVE_BYTES};
 use crate::PoolError;
 
+/// Takes `[off, off + len)` out of the uncommitted ranges of one vdev.
+fn untrack(map: &mut std::collections::BTreeMap<u64, (u64, u64)>, off: u64, len: u64) {
+    let end = off + len;
+    let hit: Vec<(u64, u64, u64)> = map
+        .range(..end)
+        .rev()
+        .take_while(|(o, (l, _))| **o + *l > off)
+        .map(|(o, (l, t))| (*o, *l, *t))
+        .collect();
+    for (o, l, t) in hit {
+        map.remove(&o);
+        if o < off {
+            map.insert(o, (off - o, t));
+        }
+        if o + l > end {
+            map.insert(end, (o + l - end, t));
+        }
+    }
+}
+
 impl Pool {
+    /// Allocates `copies` addresses for `psize` stored bytes on the data
+    /// vdevs. `reserve`: leave each vdev its metadata reserve (data and log
+    /// blocks do; metadata may use it). `open`: the open txg this allocation
+    /// belongs to, when it is not the txg being synced (see the module docs).
+    pub(crate) fn allocate(
+        &self,
+        st: &mut State,
+        psize: u64,
+        copies: usize,
+        reserve: bool,
+        open: Option<u64>,
+    ) -> Result<Vec<Dva>, PoolError> {
+        let keep: Vec<u64> = if reserve {
+            (0..self.tops.len())
+                .map(|v| self.metadata_reserve(st, v))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let State {
+            space,
+            rotor,
+            uncommitted,
+            ..
+        } = st;
+        let dvas = Allocator {
+            tops: &self.tops,
+            space,
+            rotor,
+            keep_contiguous: &keep,
+        }
+        .alloc(psize, copies)?;
+        if let Some(txg) = open {
+            for d in &dvas {
+                if let Some(m) = uncommitted.get_mut(d.vdev as usize) {
+                    m.insert(d.offset, (d.asize as u64, txg));
+                }
+            }
+        }
+        Ok(dvas)
+    }
+
+    /// Frees ranges at once: space allocated in a txg that has not
+    /// committed (and so no durable uberblock references). An error means
+    /// the accounting is wrong (see the module docs).
+    pub(crate) fn free_now(&self, st: &mut State, dvas: &[Dva]) -> Result<(), PoolError> {
+        for d in dvas {
+            self.free_range_now(st, d.vdev, d.offset, d.asize as u64)?;
+        }
+        Ok(())
+    }
+
+    /// [`Pool::free_now`] of part of an allocation.
+    pub(crate) fn free_range_now(
+        &self,
+        st: &mut State,
+        vdev: u32,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), PoolError> {
+        if len == 0 {
+            return Ok(());
+        }
+        let m = st.space.get_mut(vdev as usize).ok_or_else(|| {
+            PoolError::Internal(format!(
+                "space accounting: free on vdev {vdev}, which does not exist"
+            ))
+        })?;
+        m.free_now(offset, len)
+            .map_err(|e| PoolError::Internal(format!("space accounting: vdev {vdev}: {e}")))?;
+        if let Some(u) = st.uncommitted.get_mut(vdev as usize) {
+            untrack(u, offset, len);
+        }
+        Ok(())
+    }
+
+    /// The ranges of vdev `v` allocated by txgs after `txg`, sorted: what
+    /// the space map written by `txg` leaves out.
+    pub(crate) fn later_allocations(st: &State, v: usize, txg: u64) -> Vec<(u64, u64)> {
+        st.uncommitted
+            .get(v)
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, (_, t))| *t > txg)
+                    .map(|(o, (l, _))| (*o, *l))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Txg `txg` committed: its own allocations are in its space maps now.
+    pub(crate) fn forget_committed_allocations(st: &mut State, txg: u64) {
+        for m in &mut st.uncommitted {
+            m.retain(|_, (_, t)| *t > txg);
+        }
+    }
+
     /// Reads, verifies and decompresses a data block through the block
     /// cache: a hit costs no I/O and no checksum. Only verified bytes are
     /// cached. The caller keeps `bp` from being freed and reused while it
@@ -22,6 +161,20 @@ impl Pool {
         let d: Arc<[u8]> = Arc::from(pipeline::read_block(&self.tops, bp)?);
         self.cache.insert(self.guid, bp, d.clone(), BlockKind::Data);
         Ok(d)
+    }
+
+    /// Reads a data block outside any transaction, so reads of one dataset
+    /// run in parallel. `_hold`, taken while the pointer was looked up (see
+    /// [`crate::Cx::hold`]), is the proof that its space is not reused
+    /// meanwhile: without it a reader could get another block's bytes,
+    /// which would fail the checksum and pass for damage.
+    pub fn read_held(
+        &self,
+        bp: &BlockPtr,
+        _hold: &crate::OwnedHold,
+    ) -> Result<Arc<[u8]>, PoolError> {
+        self.check_usable(&self.lock())?;
+        self.read_data(bp)
     }
 
     /// Space that ordinary writes may still use: on each vdev, whole records

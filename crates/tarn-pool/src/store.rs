@@ -32,12 +32,45 @@ pub struct HoldGuard<'a> {
     txg: u64,
 }
 
+/// A hold that owns its reference to the holds, so a reader can keep it
+/// while it reads with no lock and no borrow of the pool.
+pub struct OwnedHold {
+    holds: Arc<Holds>,
+    txg: u64,
+}
+
+impl Drop for OwnedHold {
+    fn drop(&mut self) {
+        self.holds.release(self.txg);
+    }
+}
+
 impl Holds {
     /// Registers a reader of pointers committed in `txg`.
     pub fn hold(&self, txg: u64) -> HoldGuard<'_> {
         let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
         *h.entry(txg).or_insert(0) += 1;
         HoldGuard { holds: self, txg }
+    }
+
+    /// Like [`Holds::hold`], owned.
+    pub fn hold_owned(self: &Arc<Self>, txg: u64) -> OwnedHold {
+        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        *h.entry(txg).or_insert(0) += 1;
+        OwnedHold {
+            holds: self.clone(),
+            txg,
+        }
+    }
+
+    fn release(&self, txg: u64) {
+        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = h.get_mut(&txg) {
+            *n -= 1;
+            if *n == 0 {
+                h.remove(&txg);
+            }
+        }
     }
 
     /// The oldest held txg, if any.
@@ -49,13 +82,7 @@ impl Holds {
 
 impl Drop for HoldGuard<'_> {
     fn drop(&mut self) {
-        let mut h = self.holds.held.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = h.get_mut(&self.txg) {
-            *n -= 1;
-            if *n == 0 {
-                h.remove(&self.txg);
-            }
-        }
+        self.holds.release(self.txg);
     }
 }
 
@@ -174,15 +201,11 @@ impl Allocator<'_> {
     }
 }
 
-/// The store used while txg `txg` syncs: writes allocate and land on disk,
-/// frees are deferred.
+/// The store used while txg `txg` syncs: writes allocate (holding the pool
+/// state lock only for that) and land on disk, frees are deferred.
 pub struct TxStore<'a> {
-    /// Allocation of new blocks.
-    pub alloc: Allocator<'a>,
-    /// The block cache (new nodes are cached as they are written).
-    pub cache: &'a BlockCache,
-    /// The pool's guid (part of every cache key).
-    pub pool: u64,
+    /// The pool.
+    pub pool: &'a crate::Pool,
     /// The txg being synced: birth of every block written.
     pub txg: u64,
     /// Checksum for metadata.
@@ -204,14 +227,19 @@ impl TxStore<'_> {
         btype: BlockType,
         level: u8,
     ) -> Result<BlockPtr, PoolError> {
+        let pool = self.pool;
         let p = pipeline::prepare(data, compression, self.checksum)?;
-        let dvas = self.alloc.alloc(p.stored.len() as u64, self.copies)?;
-        match pipeline::write_copies(self.alloc.tops, &dvas, &p.stored) {
+        let dvas = pool.allocate(
+            &mut pool.lock(),
+            p.stored.len() as u64,
+            self.copies,
+            false,
+            None,
+        )?;
+        match pipeline::write_copies(&pool.tops, &dvas, &p.stored) {
             Ok(m) => self.missed.extend(m),
             Err(e) => {
-                for d in &dvas {
-                    let _ = self.alloc.space[d.vdev as usize].free_now(d.offset, d.asize as u64);
-                }
+                pool.free_now(&mut pool.lock(), &dvas)?;
                 return Err(e.into());
             }
         }
@@ -221,15 +249,16 @@ impl TxStore<'_> {
 
 impl NodeStore for TxStore<'_> {
     fn read(&self, ptr: &BlockPtr) -> Result<Vec<u8>, TreeError> {
-        read_node(self.alloc.tops, self.cache, self.pool, ptr)
+        self.pool.read_store().read(ptr)
     }
 
     fn write(&mut self, data: Vec<u8>, level: u8) -> Result<BlockPtr, TreeError> {
         let bp = self
             .write_block(&data, Compression::Lz4, BlockType::TreeNode, level)
             .map_err(|e| TreeError::Store(Box::new(e)))?;
-        self.cache
-            .insert(self.pool, &bp, Arc::from(data), BlockKind::Meta);
+        self.pool
+            .cache
+            .insert(self.pool.guid, &bp, Arc::from(data), BlockKind::Meta);
         Ok(bp)
     }
 

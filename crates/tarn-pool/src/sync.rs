@@ -1,32 +1,37 @@
-//! The txg sync: how the open txg becomes the committed one.
+//! The txg sync: how a quiesced txg becomes the committed one.
 //!
-//! [`Pool::sync_locked`] runs the steps in the order the crate docs justify
+//! [`Pool::sync_body`] runs the steps in the order the crate docs justify
 //! (data, trees bottom-up, space maps, flush, uberblocks, flush), one
-//! function per step, under the pool lock. Nothing written before the second
-//! flush is referenced by a valid uberblock, so a crash at any point lands
-//! on the previous txg; frees are deferred so that txg stays intact.
+//! function per step, holding the `sync` lock (and the pool state lock only
+//! for allocations and bookkeeping, never across device I/O: see `pool`).
+//! Open context goes on meanwhile in the next txg (see `txg`). Nothing
+//! written before the second flush is referenced by a valid uberblock, so a
+//! crash at any point lands on the previous txg; frees are deferred so that
+//! txg stays intact.
 
 use tarn_block::pipeline::{self, Missed, Prepared};
 use tarn_block::{BlockPtr, BlockType, CompressAlg};
 use tarn_space::{SpaceMap, DEFER_TXGS};
+
 use tarn_vdev::LeafState;
 
-use crate::pool::{now_unix, Pool, State, K_STATE};
-use crate::store::{Allocator, TxStore};
+use crate::pool::{now_unix, Pool, State, SyncState, K_STATE};
+use crate::store::TxStore;
 use crate::uberblock::Uberblock;
 use crate::PoolError;
 
 /// Magic of the space-root block.
 const SPACE_ROOT_MAGIC: &[u8; 4] = b"TSPR";
 
-/// Encodes every space map into one block (see docs/format.md).
-fn encode_space_root(space: &[SpaceMap], len: usize) -> Vec<u8> {
+/// Encodes every space map into one block (see docs/format.md), leaving
+/// out each vdev's `later` allocations (see `space`).
+fn encode_space_root(space: &[SpaceMap], later: &[Vec<(u64, u64)>], len: usize) -> Vec<u8> {
     let mut b = Vec::with_capacity(len);
     b.extend_from_slice(SPACE_ROOT_MAGIC);
     b.extend_from_slice(&1u32.to_le_bytes());
     b.extend_from_slice(&(space.len() as u32).to_le_bytes());
-    for m in space {
-        let e = m.encode();
+    for (i, m) in space.iter().enumerate() {
+        let e = m.encode_excluding(later.get(i).map_or(&[][..], Vec::as_slice));
         b.extend_from_slice(&(e.len() as u32).to_le_bytes());
         b.extend_from_slice(&e);
     }
@@ -87,164 +92,123 @@ pub(crate) fn parallel_map<T: Sync, R: Send>(
 }
 
 impl Pool {
-    pub(crate) fn has_changes(st: &State) -> bool {
-        // Deferred frees only come back after more txgs commit: keep syncing
-        // for DEFER_TXGS txgs after real frees (not for the space map's own
-        // block, which every sync replaces: an idle pool must stay idle).
-        Self::ext_has_changes(st)
-            || st.meta.is_dirty()
-            || st.ms_dirty
-            || !st.frees.is_empty()
-            || !st.zil.frees.is_empty()
-            || st.zil.wanted
-            || st.txg < st.last_free_txg + DEFER_TXGS
-    }
-
-    /// Commits the open txg now (if anything changed) and returns the last
-    /// committed txg.
-    pub fn sync(&self) -> Result<u64, PoolError> {
-        let mut st = self.lock();
-        self.check_usable(&st)?;
-        if Self::has_changes(&st) {
-            if let Err(e) = self.sync_locked(&mut st) {
-                self.set_fault(format!("txg sync failed: {e}"));
-                self.cv.notify_all();
-                return Err(e);
-            }
-        }
-        self.cv.notify_all();
-        Ok(st.txg)
-    }
-
-    /// The txg sync, in the order of the crate docs ("Sync of txg T"): each
-    /// step below is one function, and the order is the crash reasoning.
-    pub(crate) fn sync_locked(&self, st: &mut State) -> Result<u64, PoolError> {
-        let txg = st.txg + 1;
-        // Leaves that missed writes made early for the intent log.
-        let mut missed: Vec<Missed> = std::mem::take(&mut st.zil.missed);
+    /// The sync of quiesced txg `txg`, step by step (see the module docs).
+    pub(crate) fn sync_body(&self, sync: &mut SyncState, txg: u64) -> Result<u64, PoolError> {
+        // Leaves that missed writes made early for the intent log, for
+        // blocks of this txg or before.
+        let mut missed: Vec<Missed> = self.take_missed(txg);
         // 1. The dataset layer: its data blocks and tree nodes, and its
         // entries of the meta tree, which commits below.
-        self.sync_ext(st, &mut missed)?;
-        // Everything the open txg held is being written now.
-        st.dirty_bytes = 0;
-        // 3. The intent log chain this txg makes obsolete, the header of the
+        self.sync_ext(sync, txg, &mut missed)?;
+        // 2. The intent log chain this txg makes obsolete, the header of the
         // next one, then the pool state record.
-        self.log_sync(st, txg)?;
-        self.sync_pool_state(st)?;
-        // 4. The meta tree, bottom-up; then every block this txg stopped
+        self.log_sync(sync, txg)?;
+        self.sync_pool_state(sync)?;
+        // 3. The meta tree, bottom-up; then every block this txg stopped
         // referencing is freed (now, or deferred).
-        let meta_root = self.sync_meta_tree(st, txg, &mut missed)?;
-        // 5. The space maps, which must include their own new block.
-        let space_root = self.sync_space_maps(st, txg, &mut missed)?;
-        // 6. Flush, the uberblock on every leaf that has the whole txg, flush.
+        let meta_root = self.sync_meta_tree(sync, txg, &mut missed)?;
+        // 4. The space maps, which must include their own new block and
+        // leave out what later txgs allocated.
+        let space_root = self.sync_space_maps(txg, &mut missed)?;
+        // 5. Flush, the uberblock on every leaf that has the whole txg, flush.
         self.write_uberblocks(txg, meta_root, space_root, &missed)?;
-        // 7. Committed: only now may anything rely on txg `txg`.
-        self.sync_done(st, txg, space_root, missed);
+        // 6. Committed: only now may anything rely on txg `txg`.
+        self.sync_done(sync, txg, meta_root, space_root, missed);
         Ok(txg)
     }
 
-    /// Step 3b: the pool's own state record into the meta tree.
-    fn sync_pool_state(&self, st: &mut State) -> Result<(), PoolError> {
-        if !st.ms_dirty {
-            return Ok(());
-        }
-        let json = serde_json::to_vec(&st.ms).map_err(|e| PoolError::Internal(e.to_string()))?;
-        let State { meta, .. } = &mut *st;
-        meta.insert(&self.read_store(), K_STATE, &json)?;
-        st.ms_dirty = false;
+    /// Step 2b: the pool's own state record into the meta tree.
+    fn sync_pool_state(&self, sync: &mut SyncState) -> Result<(), PoolError> {
+        let json = {
+            let mut st = self.lock();
+            if !st.ms_dirty {
+                return Ok(());
+            }
+            st.ms_dirty = false;
+            serde_json::to_vec(&st.ms).map_err(|e| PoolError::Internal(e.to_string()))?
+        };
+        sync.meta.insert(&self.read_store(), K_STATE, &json)?;
         Ok(())
     }
 
-    /// Step 4: commits the meta tree (children before parents) and frees
+    /// Step 3: commits the meta tree (children before parents) and frees
     /// everything the txg stopped referencing, including the previous
     /// space-root block. Returns the new root.
     fn sync_meta_tree(
         &self,
-        st: &mut State,
+        sync: &mut SyncState,
         txg: u64,
         missed: &mut Vec<Missed>,
     ) -> Result<BlockPtr, PoolError> {
-        let alg = st.props.checksum_alg();
-        let meta_copies = st.props.metadata_copies();
-        let State {
-            meta,
-            space,
-            rotor,
-            frees,
-            ..
-        } = &mut *st;
+        let (alg, meta_copies) = {
+            let st = self.lock();
+            (st.props.checksum_alg(), st.props.metadata_copies())
+        };
         let mut tx = TxStore {
-            alloc: Allocator {
-                tops: &self.tops,
-                space,
-                rotor,
-                keep_contiguous: &[],
-            },
-            cache: &self.cache,
-            pool: self.guid,
+            pool: self,
             txg,
             checksum: alg,
             copies: meta_copies,
             freed: Vec::new(),
             missed: Vec::new(),
         };
-        let meta_root = meta.commit(&mut tx)?;
+        let meta_root = sync.meta.commit(&mut tx)?;
         missed.append(&mut tx.missed);
-        let mut all_frees = std::mem::take(frees);
+        let mut all_frees = std::mem::take(&mut sync.frees);
         all_frees.append(&mut tx.freed);
         if !all_frees.is_empty() {
-            st.last_free_txg = txg;
+            sync.last_free_txg = txg;
         }
+        let mut st = self.lock();
         if !st.space_root.is_hole() {
             all_frees.push(st.space_root);
         }
         for bp in &all_frees {
+            if bp.birth >= txg {
+                self.free_now(&mut st, &bp.used_dvas().copied().collect::<Vec<_>>())
+                    .map_err(|e| PoolError::Internal(format!("{}: {e}", pipeline::describe(bp))))?;
+                continue;
+            }
             for d in bp.used_dvas() {
                 let Some(m) = st.space.get_mut(d.vdev as usize) else {
                     continue;
                 };
-                let r = if bp.birth >= txg {
-                    m.free_now(d.offset, d.asize as u64)
-                } else {
-                    m.free_deferred(d.offset, d.asize as u64, txg)
-                };
                 // A bad free means the accounting is wrong: stop rather than
                 // risk handing out space that is still in use.
-                r.map_err(|e| {
-                    PoolError::Internal(format!(
-                        "space accounting: {}: {e}",
-                        pipeline::describe(bp)
-                    ))
-                })?;
+                m.free_deferred(d.offset, d.asize as u64, txg)
+                    .map_err(|e| {
+                        PoolError::Internal(format!(
+                            "space accounting: {}: {e}",
+                            pipeline::describe(bp)
+                        ))
+                    })?;
             }
         }
         Ok(meta_root)
     }
 
-    /// Step 5: allocates the space-root block first, then encodes every map
-    /// (so the encoding includes its own allocation), then writes it.
-    fn sync_space_maps(
-        &self,
-        st: &mut State,
-        txg: u64,
-        missed: &mut Vec<Missed>,
-    ) -> Result<BlockPtr, PoolError> {
-        let alg = st.props.checksum_alg();
-        let meta_copies = st.props.metadata_copies();
-        let bound = 12
-            + st.space
-                .iter()
-                .map(|m| 4 + m.encoded_len_bound(meta_copies + 1))
-                .sum::<usize>();
-        let bound = bound.next_multiple_of(512);
-        let dvas = Allocator {
-            tops: &self.tops,
-            space: &mut st.space,
-            rotor: &mut st.rotor,
-            keep_contiguous: &[],
-        }
-        .alloc(bound as u64, meta_copies)?;
-        let body = encode_space_root(&st.space, bound);
+    /// Step 4: allocates the space-root block first, then encodes every map
+    /// (so the encoding includes its own allocation, and leaves out the
+    /// allocations of later txgs: see `space`), then writes it.
+    fn sync_space_maps(&self, txg: u64, missed: &mut Vec<Missed>) -> Result<BlockPtr, PoolError> {
+        let (alg, body, dvas) = {
+            let mut st = self.lock();
+            let alg = st.props.checksum_alg();
+            let meta_copies = st.props.metadata_copies();
+            let later: Vec<Vec<(u64, u64)>> = (0..st.space.len())
+                .map(|v| Self::later_allocations(&st, v, txg))
+                .collect();
+            let bound = 12
+                + st.space
+                    .iter()
+                    .zip(&later)
+                    .map(|(m, l)| 4 + m.encoded_len_bound(meta_copies + 1 + l.len()))
+                    .sum::<usize>();
+            let bound = bound.next_multiple_of(512);
+            let dvas = self.allocate(&mut st, bound as u64, meta_copies, false, None)?;
+            let body = encode_space_root(&st.space, &later, bound);
+            (alg, body, dvas)
+        };
         let p = Prepared {
             checksum: tarn_block::checksum(alg, &body),
             lsize: body.len() as u32,
@@ -256,7 +220,7 @@ impl Pool {
         Ok(pipeline::make_ptr(&p, &dvas, txg, BlockType::SpaceMap, 0))
     }
 
-    /// Step 6: flush, uberblock `txg` into every leaf that received every
+    /// Step 5: flush, uberblock `txg` into every leaf that received every
     /// write of the txg (see docs/format.md), flush.
     fn write_uberblocks(
         &self,
@@ -333,14 +297,28 @@ impl Pool {
         Ok(())
     }
 
-    /// Step 7: the txg is durable. Deferred frees that are old enough come
-    /// back, leaves that missed writes get a dirty time log entry (committed
-    /// with the next txg), caches drop clean nodes, the extension is told.
-    fn sync_done(&self, st: &mut State, txg: u64, space_root: BlockPtr, missed: Vec<Missed>) {
+    /// Step 6: the txg is durable. The extension publishes it first, so a
+    /// reader that sees the new committed txg reads its trees; then
+    /// deferred frees that are old enough come back, leaves that missed
+    /// writes get a dirty time log entry (committed with the next txg), the
+    /// txg's own allocations leave the uncommitted set, caches drop clean
+    /// nodes, and waiters wake.
+    fn sync_done(
+        &self,
+        sync: &mut SyncState,
+        txg: u64,
+        meta_root: BlockPtr,
+        space_root: BlockPtr,
+        missed: Vec<Missed>,
+    ) {
+        self.ext_committed(txg);
+        let mut st = self.lock();
         st.txg = txg;
         st.space_root = space_root;
+        st.meta_root = meta_root;
         st.last_sync_unix = now_unix();
-        self.release_frees(st);
+        Self::forget_committed_allocations(&mut st, txg);
+        self.release_frees(&mut st);
         for m in missed {
             if let Some(info) = self
                 .tops
@@ -353,8 +331,9 @@ impl Pool {
                 st.ms_dirty = true;
             }
         }
-        st.meta.evict_clean();
-        self.ext_committed(st);
+        drop(st);
+        sync.meta.evict_clean();
+        self.cv.notify_all();
     }
 
     /// Returns deferred frees to the allocator once `DEFER_TXGS` newer txgs

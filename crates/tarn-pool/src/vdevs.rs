@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tarn_vdev::{LabelConfig, Leaf, LeafState, PoolState, TopVdev};
 
 use crate::config::VdevSpec;
-use crate::pool::{new_guid, Pool, State, LABEL_VERSION};
+use crate::pool::{new_guid, Pool, SyncState, LABEL_VERSION};
 use crate::PoolError;
 
 /// Takes an exclusive advisory lock on a device so no second process (and
@@ -115,21 +115,26 @@ impl Pool {
     /// (even labels, flush, odd labels, flush).
     /// Each label write carries a txg above every earlier one (labels on a
     /// device absent at the write keep the older txg and lose to these).
-    pub(crate) fn write_labels(&self, st: &mut State, state: PoolState) -> Result<(), PoolError> {
-        let txg = st.txg.max(st.label_txg + 1);
-        self.write_labels_at(st, state, txg)
+    pub(crate) fn write_labels(
+        &self,
+        sync: &mut SyncState,
+        state: PoolState,
+    ) -> Result<(), PoolError> {
+        let txg = self.lock().txg.max(sync.label_txg + 1);
+        self.write_labels_at(sync, state, txg)
     }
 
     /// Writes the labels with an explicit config txg.
     pub(crate) fn write_labels_at(
         &self,
-        st: &mut State,
+        sync: &mut SyncState,
         state: PoolState,
         txg: u64,
     ) -> Result<(), PoolError> {
-        st.label_txg = st.label_txg.max(txg);
+        sync.label_txg = sync.label_txg.max(txg);
         let tree: Vec<_> = self.tops.iter().map(|t| t.config()).collect();
-        let logs: Vec<_> = st.logs.iter().map(|l| l.top.config()).collect();
+        let log_tops: Vec<Arc<TopVdev>> = self.lock().logs.iter().map(|l| l.top.clone()).collect();
+        let logs: Vec<_> = log_tops.iter().map(|t| t.config()).collect();
         let mut written = 0;
         let mut last_err = None;
         let all = self
@@ -138,10 +143,10 @@ impl Pool {
             .enumerate()
             .map(|(i, t)| (i as u32, t))
             .chain(
-                st.logs
+                log_tops
                     .iter()
                     .enumerate()
-                    .map(|(i, l)| (tarn_vdev::LOG_TOP_BASE + i as u32, &l.top)),
+                    .map(|(i, t)| (tarn_vdev::LOG_TOP_BASE + i as u32, t)),
             );
         for (ti, t) in all {
             for (ci, info) in t.leaves().into_iter().enumerate() {

@@ -11,19 +11,23 @@
 //! hands the records of complete commits back for replay. The pool never
 //! interprets a record.
 //!
-//! **One chain per txg.** The committed pool state (`MetaState::log`) names
-//! the chain's *header*: a random chain guid, the first sequence number and
-//! the address of the first block, allocated by the sync that committed the
-//! header. Every synchronous commit of open txg `T + 1` writes blocks
-//! `seq, seq + 1, ...` starting at the chain's current *next* address; each
-//! block names the address of the one after it, allocated before the block
-//! is written, so the chain can grow without ever touching committed state.
-//! The sync of `T + 1` commits everything the records describe, so when it
-//! runs (under the pool lock, so no commit is in flight) the whole chain is
-//! obsolete: its blocks are freed (deferred, so they stay intact until
-//! `T + 1` is safely behind) and a fresh header with a new guid is committed
-//! with `T + 1`. After a crash, import finds header `T` and so exactly the
-//! chain of the txg that did not commit.
+//! **One chain, commits tagged with their txg.** The committed pool state
+//! (`MetaState::log`) names the chain's *header*: its guid, the sequence
+//! number of the first block that may still matter, and that block's
+//! address. Every commit (one `fsync`) writes blocks `seq, seq + 1, ...`
+//! starting at the chain's current *next* address; each block names the
+//! address of the one after it, allocated before the block is written, so
+//! the chain grows without ever touching committed state. A commit holds
+//! the operations of one txg and says which: an `fsync` while txg T syncs
+//! and T + 1 is open may write two commits, T's pending operations first.
+//! The sync of T makes every commit of txgs up to T obsolete: it drops the
+//! blocks at the front of the chain that hold only such commits (freed,
+//! deferred so they stay intact until T is safely behind) and commits a
+//! header naming the first block that may hold a later txg's commit (or
+//! the next block to be written). Commits of T that lie beyond that block
+//! stay in the chain, and import skips them. After a crash, import finds
+//! the header of the committed txg C and replays, in chain order, the
+//! complete commits of txgs after C.
 //!
 //! **The end of the chain is unambiguous.** Each block carries the pool
 //! guid, the chain guid, its sequence number and a BLAKE3 checksum of
@@ -60,24 +64,30 @@
 //!
 //! **Replay** happens when the dataset layer attaches: it takes the records,
 //! redoes them in the open txg, and the next sync commits the result and
-//! retires the chain. Until the records are taken the chain is kept as it
-//! is (a sync in between must not retire it), and no new commits are
-//! accepted. Replaying twice is harmless: the records redo operations on top
-//! of the committed txg they were logged against, which is still the one
-//! on disk until the replay commits.
+//! retires the whole imported chain (a new one starts). Until the records
+//! are taken the chain is kept as it is (a sync in between must not retire
+//! it), and no commits are accepted on the imported chain. Replaying twice
+//! is harmless: the records redo operations on top of the committed txg
+//! they were logged against, which is still the one on disk until the
+//! replay commits.
+//!
+//! **Versions.** Blocks of version 1 hold commits without a txg (written
+//! when one chain lived for exactly one txg): import reads them as commits
+//! of the txg after the committed one.
 
 use serde::{Deserialize, Serialize};
 use tarn_block::pipeline::{self, Missed};
 use tarn_block::{BlockPtr, Dva, BLOCK_PTR_SIZE};
 
-use crate::pool::{new_guid, Pool, State};
-use crate::store::Allocator;
+use crate::pool::{new_guid, Pool, State, SyncState};
 use crate::PoolError;
 
 /// Magic at the start of every log block.
 const MAGIC: &[u8; 4] = b"TZIL";
-/// Log block format version.
-const VERSION: u32 = 1;
+/// Log block format version written now (commits carry their txg).
+const VERSION: u32 = 2;
+/// The version before it (commits without a txg), still read at import.
+const VERSION_UNTAGGED: u32 = 1;
 /// Bytes of the block header before the payload.
 const HEADER: usize = 128;
 /// Offset of the checksum inside the header.
@@ -122,16 +132,27 @@ pub(crate) struct LogHeader {
     pub first: LogAddr,
 }
 
-/// In-memory state of the intent log.
+/// One block of the chain in memory: where, its sequence number, and the
+/// txg of the commit it holds (0: allocated, not written yet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ChainBlock {
+    pub addr: LogAddr,
+    pub seq: u64,
+    pub txg: u64,
+}
+
+/// Txg tag of blocks found at import: obsolete once the replay commits.
+const IMPORTED: u64 = 1;
+
+/// In-memory state of the intent log (under its own lock, see `pool`).
 #[derive(Default)]
 pub(crate) struct ZilState {
-    /// The next block to write and its sequence number.
-    pub next: Option<(LogAddr, u64)>,
-    /// Blocks allocated for the chain after its header's first block.
-    pub blocks: Vec<LogAddr>,
-    /// A block of the current chain was written.
-    pub used: bool,
-    /// A write failed: no more commits until the next sync starts a chain.
+    /// Guid of the chain.
+    pub chain: Option<u64>,
+    /// The chain from the committed header's block on, in order; the last
+    /// block is the next one to write (not written yet).
+    pub blocks: std::collections::VecDeque<ChainBlock>,
+    /// A write failed: no more commits until a sync starts a new chain.
     pub broken: bool,
     /// A commit found no chain: the next sync creates one.
     pub wanted: bool,
@@ -140,11 +161,13 @@ pub(crate) struct ZilState {
     /// Data blocks claimed at import for the records (until replay commits).
     pub claimed: Vec<Dva>,
     /// Blocks written early (in place) and superseded before their txg
-    /// committed: only the log references them; freed by the next sync.
-    pub frees: Vec<BlockPtr>,
-    /// Leaves that missed an early write, for the next sync's dirty time log.
-    pub missed: Vec<Missed>,
-    /// Size of the block the next header starts with.
+    /// committed, with that txg: only the log references them; freed by
+    /// the sync of that txg.
+    pub frees: Vec<(u64, BlockPtr)>,
+    /// Leaves that missed an early write, with the txg of the block, for
+    /// that txg's dirty time log.
+    pub missed: Vec<(u64, Missed)>,
+    /// Size of the block the next commit starts with.
     pub size_hint: u32,
     /// Allocate no log blocks on log devices (one is being removed).
     pub no_log_dev: bool,
@@ -190,6 +213,7 @@ fn block_sum(block: &[u8]) -> [u8; 32] {
 
 /// One parsed log block.
 struct Parsed {
+    version: u32,
     next: LogAddr,
     end: bool,
     payload: Vec<u8>,
@@ -227,7 +251,7 @@ fn encode_block(
 fn verify_block(b: &[u8], pool_guid: u64, chain: u64, seq: u64) -> bool {
     b.len() >= HEADER
         && &b[..4] == MAGIC
-        && get_u32(b, 4) == VERSION
+        && (get_u32(b, 4) == VERSION || get_u32(b, 4) == VERSION_UNTAGGED)
         && get_u64(b, 8) == pool_guid
         && get_u64(b, 16) == chain
         && get_u64(b, 24) == seq
@@ -238,6 +262,7 @@ fn verify_block(b: &[u8], pool_guid: u64, chain: u64, seq: u64) -> bool {
 fn parse_block(b: &[u8]) -> Parsed {
     let len = get_u32(b, 56) as usize;
     Parsed {
+        version: get_u32(b, 4),
         next: LogAddr {
             vdev: get_u32(b, 32),
             psize: get_u32(b, 36),
@@ -249,10 +274,12 @@ fn parse_block(b: &[u8]) -> Parsed {
     }
 }
 
-/// Serializes one commit: the blocks it references, then its records.
-fn encode_commit(records: &[Vec<u8>], refs: &[BlockPtr]) -> Vec<u8> {
-    let len = 8 + refs.len() * BLOCK_PTR_SIZE + records.iter().map(|r| r.len() + 4).sum::<usize>();
+/// Serializes one commit: its txg, the blocks it references, then its
+/// records.
+fn encode_commit(txg: u64, records: &[Vec<u8>], refs: &[BlockPtr]) -> Vec<u8> {
+    let len = 16 + refs.len() * BLOCK_PTR_SIZE + records.iter().map(|r| r.len() + 4).sum::<usize>();
     let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(&txg.to_le_bytes());
     out.extend_from_slice(&(refs.len() as u32).to_le_bytes());
     for bp in refs {
         out.extend_from_slice(&bp.encode());
@@ -265,10 +292,15 @@ fn encode_commit(records: &[Vec<u8>], refs: &[BlockPtr]) -> Vec<u8> {
     out
 }
 
-/// A commit read back: the blocks it references and its records.
-type Commit = (Vec<BlockPtr>, Vec<Vec<u8>>);
+/// A commit read back: its txg (none for version 1), the blocks it
+/// references and its records.
+struct Commit {
+    txg: Option<u64>,
+    refs: Vec<BlockPtr>,
+    records: Vec<Vec<u8>>,
+}
 
-fn decode_commit(b: &[u8]) -> Result<Commit, String> {
+fn decode_commit(version: u32, b: &[u8]) -> Result<Commit, String> {
     let mut pos = 0usize;
     let mut take = |n: usize| -> Result<&[u8], String> {
         let s = b
@@ -276,6 +308,11 @@ fn decode_commit(b: &[u8]) -> Result<Commit, String> {
             .ok_or_else(|| format!("commit truncated at byte {pos}"))?;
         pos += n;
         Ok(s)
+    };
+    let txg = if version == VERSION_UNTAGGED {
+        None
+    } else {
+        Some(u64::from_le_bytes(take(8)?.try_into().map_err(|_| "txg")?))
     };
     let n = u32::from_le_bytes(take(4)?.try_into().map_err(|_| "count")?) as usize;
     let mut refs = Vec::with_capacity(n.min(4096));
@@ -285,12 +322,15 @@ fn decode_commit(b: &[u8]) -> Result<Commit, String> {
         refs.push(bp);
     }
     let m = u32::from_le_bytes(take(4)?.try_into().map_err(|_| "count")?) as usize;
-    let mut recs = Vec::with_capacity(m.min(4096));
+    let mut records = Vec::with_capacity(m.min(4096));
     for _ in 0..m {
         let len = u32::from_le_bytes(take(4)?.try_into().map_err(|_| "length")?) as usize;
-        recs.push(take(len)?.to_vec());
+        records.push(take(len)?.to_vec());
     }
-    Ok((refs, recs))
+    if pos != b.len() {
+        return Err(format!("{} bytes after the commit", b.len() - pos));
+    }
+    Ok(Commit { txg, refs, records })
 }
 
 fn block_size_for(bytes: usize) -> u32 {
@@ -300,28 +340,29 @@ fn block_size_for(bytes: usize) -> u32 {
 }
 
 impl Pool {
-    /// Allocates one log block of `psize` bytes, keeping each vdev's
+    /// Allocates one log block of `psize` bytes: on a log device when the
+    /// pool has a usable one, else on the data vdevs keeping each vdev's
     /// metadata reserve (log blocks are short-lived, but the next txg's
-    /// metadata must always fit).
-    fn log_alloc(&self, st: &mut State, psize: u32) -> Result<LogAddr, PoolError> {
-        if let Some((vdev, offset, asize)) = self.log_dev_alloc(st, psize) {
-            return Ok(LogAddr {
-                vdev,
-                offset,
-                psize,
-                asize,
-            });
+    /// metadata must always fit). `open`: the open txg allocating it (see
+    /// `space`), none in syncing context.
+    fn log_alloc(
+        &self,
+        st: &mut State,
+        no_log_dev: bool,
+        psize: u32,
+        open: Option<u64>,
+    ) -> Result<LogAddr, PoolError> {
+        if !no_log_dev {
+            if let Some((vdev, offset, asize)) = self.log_dev_alloc(st, psize) {
+                return Ok(LogAddr {
+                    vdev,
+                    offset,
+                    psize,
+                    asize,
+                });
+            }
         }
-        let keep: Vec<u64> = (0..self.tops.len())
-            .map(|v| self.metadata_reserve(st, v))
-            .collect();
-        let dvas = Allocator {
-            tops: &self.tops,
-            space: &mut st.space,
-            rotor: &mut st.rotor,
-            keep_contiguous: &keep,
-        }
-        .alloc(psize as u64, 1)?;
+        let dvas = self.allocate(st, psize as u64, 1, true, open)?;
         let d = dvas
             .first()
             .ok_or_else(|| PoolError::Internal("allocator returned no address".into()))?;
@@ -333,29 +374,32 @@ impl Pool {
         })
     }
 
-    /// Appends one commit of `records` (opaque to the pool), referencing
-    /// the data blocks `refs` written in place for them, to the chain and
-    /// flushes. [`LogCommit::Logged`] means durable.
+    /// Appends one commit of `records` of txg `txg` (opaque to the pool),
+    /// referencing the data blocks `refs` written in place for them, to the
+    /// chain and flushes. [`LogCommit::Logged`] means durable.
     pub(crate) fn log_commit(
         &self,
-        st: &mut State,
+        txg: u64,
         records: &[Vec<u8>],
         refs: &[BlockPtr],
     ) -> Result<LogCommit, PoolError> {
-        let z = &mut st.zil;
+        let mut z = self.zil_state();
         if z.replay.is_some() || z.broken {
             return Ok(LogCommit::Unavailable);
         }
-        let Some(header) = st.ms.log else {
-            st.zil.wanted = true;
+        let Some(chain) = z.chain else {
+            z.wanted = true;
             return Ok(LogCommit::Unavailable);
         };
-        let Some((mut cur, mut seq)) = st.zil.next else {
-            st.zil.broken = true;
+        let Some(first) = z.blocks.back().copied().filter(|b| b.txg == 0) else {
+            z.broken = true;
             return Ok(LogCommit::Unavailable);
         };
-        let stream = encode_commit(records, refs);
+        let open = self.open_txg.load(std::sync::atomic::Ordering::Acquire);
+        let stream = encode_commit(txg, records, refs);
         let mut writes: Vec<(LogAddr, Vec<u8>)> = Vec::new();
+        let mut added: Vec<ChainBlock> = Vec::new();
+        let (mut cur, mut seq) = (first.addr, first.seq);
         let mut pos = 0usize;
         loop {
             let cap = cur.psize as usize - HEADER;
@@ -369,17 +413,27 @@ impl Pool {
             } else {
                 block_size_for(rest)
             };
-            let next = match self.log_alloc(st, want) {
+            let next = {
+                let mut st = self.lock();
+                self.log_alloc(&mut st, z.no_log_dev, want, Some(open))
+            };
+            let next = match next {
                 Ok(a) => a,
                 Err(_) => {
-                    st.zil.broken = true;
+                    z.broken = true;
+                    // What this commit allocated goes with the chain.
+                    z.blocks.extend(added);
                     return Ok(LogCommit::Unavailable);
                 }
             };
-            st.zil.blocks.push(next);
+            added.push(ChainBlock {
+                addr: next,
+                seq: seq + 1,
+                txg: 0,
+            });
             let block = encode_block(
                 self.guid,
-                header.guid,
+                chain,
                 seq,
                 &next,
                 end,
@@ -394,10 +448,19 @@ impl Pool {
                 break;
             }
         }
-        // Once anything is written the chain's next block has moved on,
-        // whatever happens below.
-        st.zil.next = Some((cur, seq));
-        st.zil.used = true;
+        // The blocks written now hold a commit of `txg`; the last one added
+        // is the next to write. Once anything is written the chain has
+        // moved on, whatever happens below.
+        if let Some(b) = z.blocks.back_mut() {
+            b.txg = txg;
+        }
+        let n = added.len();
+        for (i, mut b) in added.into_iter().enumerate() {
+            if i + 1 < n {
+                b.txg = txg;
+            }
+            z.blocks.push_back(b);
+        }
         // Blocks written in place for this commit are flushed with it (see
         // `log_claim` for why one flush is enough).
         let mut touched: Vec<u32> = Vec::new();
@@ -407,18 +470,22 @@ impl Pool {
             }
         }
         let mut failed = false;
+        let mut missed = Vec::new();
         for (a, b) in &writes {
-            let Some(top) = self.log_top(st, a.vdev) else {
+            let Some(top) = self.log_top(&self.lock(), a.vdev) else {
                 failed = true;
                 break;
             };
             match top.write(a.offset, b) {
                 Ok(out) => {
                     for child in out.missed {
-                        st.zil.missed.push(Missed {
-                            vdev: a.vdev,
-                            child,
-                        });
+                        missed.push((
+                            txg,
+                            Missed {
+                                vdev: a.vdev,
+                                child,
+                            },
+                        ));
                     }
                 }
                 Err(_) => {
@@ -430,96 +497,177 @@ impl Pool {
                 touched.push(a.vdev);
             }
         }
+        z.missed.append(&mut missed);
         if !failed {
             for v in &touched {
-                if let Some(t) = self.log_top(st, *v) {
-                    if t.flush().is_err() {
-                        failed = true;
-                    }
+                let top = self.log_top(&self.lock(), *v);
+                if top.is_none_or(|t| t.flush().is_err()) {
+                    failed = true;
                 }
             }
         }
         if failed {
-            st.zil.broken = true;
+            z.broken = true;
             return Ok(LogCommit::Unavailable);
         }
-        st.zil.size_hint = block_size_for(stream.len());
+        z.size_hint = block_size_for(stream.len());
         Ok(LogCommit::Logged)
     }
 
-    /// The intent log's part of the sync of `txg`: retires the chain the
-    /// txg makes obsolete and commits a new header (see the module docs).
-    /// Called before the pool state is written into the meta tree.
-    pub(crate) fn log_sync(&self, st: &mut State, txg: u64) -> Result<(), PoolError> {
-        if st.zil.replay.is_some() {
-            return Ok(());
-        }
-        let mut free: Vec<Dva> = Vec::new();
-        for bp in std::mem::take(&mut st.zil.frees) {
-            free.extend(bp.used_dvas().copied());
-        }
-        // Claimed data blocks now belong to the trees the replay put them
-        // in (or were handed back through `frees`).
-        st.zil.claimed.clear();
-        let rotate = match st.ms.log {
-            Some(_) => st.zil.used || st.zil.broken,
-            None => st.zil.wanted,
-        };
-        if rotate {
-            if let Some(h) = st.ms.log {
-                free.push(h.first.dva());
-            }
-            free.extend(st.zil.blocks.drain(..).map(|a| a.dva()));
-        }
-        for d in &free {
+    /// Frees one block the chain no longer needs, in the sync of `txg`: at
+    /// once when a later txg allocated it (its space map never showed it),
+    /// otherwise deferred like any free.
+    fn free_log_block(&self, st: &mut State, d: &Dva, txg: u64) -> Result<(), PoolError> {
+        if d.vdev >= crate::logdev::LOG_VDEV_BASE {
             let Some(m) = self.log_space(st, d.vdev) else {
-                continue;
+                return Ok(());
             };
             // A log device's space is rebuilt at import: a block there that
             // import could not claim (the device was missing) is not held.
-            if d.vdev >= crate::logdev::LOG_VDEV_BASE && !m.is_allocated(d.offset, d.asize as u64) {
-                continue;
+            if !m.is_allocated(d.offset, d.asize as u64) {
+                return Ok(());
             }
-            m.free_deferred(d.offset, d.asize as u64, txg)
-                .map_err(|e| PoolError::Internal(format!("intent log space: {e}")))?;
+            return m
+                .free_deferred(d.offset, d.asize as u64, txg)
+                .map_err(|e| PoolError::Internal(format!("intent log space: {e}")));
         }
-        if !free.is_empty() {
-            st.last_free_txg = txg;
+        let later = st
+            .uncommitted
+            .get(d.vdev as usize)
+            .and_then(|m| m.range(..=d.offset).next_back())
+            .is_some_and(|(o, (l, t))| *o + *l > d.offset && *t > txg);
+        if later {
+            return self.free_range_now(st, d.vdev, d.offset, d.asize as u64);
         }
-        if !rotate {
+        let m = st
+            .space
+            .get_mut(d.vdev as usize)
+            .ok_or_else(|| PoolError::Internal(format!("intent log names vdev {}", d.vdev)))?;
+        m.free_deferred(d.offset, d.asize as u64, txg)
+            .map_err(|e| PoolError::Internal(format!("intent log space: {e}")))
+    }
+
+    /// The intent log's part of the sync of `txg`: drops the blocks that
+    /// hold only commits of txgs up to `txg`, frees the early-written
+    /// blocks of those txgs, starts a new chain when there is none (or it
+    /// broke and nothing in it matters any more), and sets the header the
+    /// txg commits (see the module docs). Called before the pool state is
+    /// written into the meta tree.
+    pub(crate) fn log_sync(&self, sync: &mut SyncState, txg: u64) -> Result<(), PoolError> {
+        let mut z = self.zil_state();
+        if z.replay.is_some() {
             return Ok(());
         }
-        let size = st.zil.size_hint.max(MIN_BLOCK);
-        let header = match self.log_alloc(st, size) {
-            Ok(first) => Some(LogHeader {
-                guid: new_guid(),
-                seq: 1,
-                first,
-            }),
-            // No room for a log block: synchronous writes commit txgs.
-            Err(_) => None,
+        // Claimed data blocks now belong to the trees the replay put them
+        // in (or were handed back through `frees`).
+        z.claimed.clear();
+        let mut free: Vec<Dva> = Vec::new();
+        z.frees.retain(|(t, bp)| {
+            if *t <= txg {
+                free.extend(bp.used_dvas().copied());
+                false
+            } else {
+                true
+            }
+        });
+        let mut dropped: Vec<Dva> = Vec::new();
+        while let Some(b) = z.blocks.front().copied() {
+            if b.txg == 0 || b.txg > txg {
+                break;
+            }
+            dropped.push(b.addr.dva());
+            z.blocks.pop_front();
+        }
+        let stale = z.blocks.iter().all(|b| b.txg == 0 || b.txg <= txg);
+        let restart = match z.chain {
+            None => z.wanted,
+            Some(_) => z.broken && stale,
         };
-        st.ms.log = header;
-        st.ms_dirty = true;
-        let z = &mut st.zil;
-        z.next = header.map(|h| (h.first, h.seq));
-        z.used = false;
-        z.broken = false;
-        z.wanted = false;
+        if restart {
+            dropped.extend(z.blocks.drain(..).map(|b| b.addr.dva()));
+        }
+        let mut st = self.lock();
+        for d in &dropped {
+            self.free_log_block(&mut st, d, txg)?;
+        }
+        for d in &free {
+            self.free_log_block(&mut st, d, txg)?;
+        }
+        if !free.is_empty() || !dropped.is_empty() {
+            sync.last_free_txg = txg;
+        }
+        if restart {
+            let size = z.size_hint.max(MIN_BLOCK);
+            match self.log_alloc(&mut st, z.no_log_dev, size, None) {
+                Ok(first) => {
+                    z.chain = Some(new_guid());
+                    z.blocks.push_back(ChainBlock {
+                        addr: first,
+                        seq: 1,
+                        txg: 0,
+                    });
+                    z.broken = false;
+                }
+                // No room for a log block: synchronous writes commit txgs.
+                Err(_) => z.chain = None,
+            }
+            z.wanted = false;
+        }
+        let header = match (z.chain, z.blocks.front()) {
+            (Some(guid), Some(b)) => Some(LogHeader {
+                guid,
+                seq: b.seq,
+                first: b.addr,
+            }),
+            _ => None,
+        };
+        if st.ms.log != header {
+            st.ms.log = header;
+            st.ms_dirty = true;
+        }
         Ok(())
+    }
+
+    /// The leaves that missed early writes of blocks of txgs up to `txg`.
+    pub(crate) fn take_missed(&self, txg: u64) -> Vec<Missed> {
+        let mut z = self.zil_state();
+        let mut out = Vec::new();
+        z.missed.retain(|(t, m)| {
+            if *t <= txg {
+                out.push(*m);
+                false
+            } else {
+                true
+            }
+        });
+        out
+    }
+
+    /// True when a sync has intent log work to do.
+    pub(crate) fn zil_has_changes(&self) -> bool {
+        let z = self.zil_state();
+        z.wanted
+            || z.broken
+            || !z.frees.is_empty()
+            || !z.claimed.is_empty()
+            || !z.missed.is_empty()
+            || z.blocks.iter().any(|b| b.txg != 0)
     }
 
     /// At import, before anything allocates: walks the chain the committed
     /// header names, claims its blocks and the data blocks its complete
-    /// commits reference, and keeps their records for replay.
-    pub(crate) fn log_claim(&self, st: &mut State) -> Result<(), PoolError> {
+    /// commits of txgs after `committed` reference, and keeps their records
+    /// for replay.
+    pub(crate) fn log_claim(&self, st: &mut State, committed: u64) -> Result<(), PoolError> {
         let Some(h) = st.ms.log else {
             return Ok(());
         };
-        // Whatever happens, the next sync starts a new chain; until then,
-        // synchronous writes commit txgs.
-        st.zil.used = true;
-        st.zil.broken = true;
+        let mut z = self.zil_state();
+        z.chain = Some(h.guid);
+        // Whatever happens, no commit goes on this chain: the first sync
+        // after the replay starts a new one; until then synchronous writes
+        // commit txgs.
+        z.broken = true;
         let readable = self
             .log_top(st, h.first.vdev)
             .is_some_and(|t| !matches!(t.health(), tarn_vdev::TopHealth::Faulted));
@@ -527,8 +675,9 @@ impl Pool {
             // Only an import told to discard a missing log device gets here.
             return Ok(());
         }
-        let mut chain = vec![h.first];
+        let mut chain = Vec::new();
         let mut stream = Vec::new();
+        let mut stream_version = VERSION;
         let mut commits: Vec<Commit> = Vec::new();
         let (mut at, mut seq) = (h.first, h.seq);
         // The block after the last one holds anything: reading it must
@@ -578,12 +727,15 @@ impl Pool {
                 break;
             };
             let p = parse_block(&b);
+            if stream.is_empty() {
+                stream_version = p.version;
+            }
             stream.extend_from_slice(&p.payload);
             if stream.len() > MAX_COMMIT {
                 break;
             }
             if p.end {
-                let c = decode_commit(&stream).map_err(|e| {
+                let c = decode_commit(stream_version, &stream).map_err(|e| {
                     PoolError::Corrupt(format!(
                         "intent log block {seq} of pool '{}' verifies but does not parse: {e}",
                         self.name
@@ -592,51 +744,67 @@ impl Pool {
                 commits.push(c);
                 stream.clear();
             }
-            if at != h.first {
-                chain.push(at);
-            }
+            chain.push(ChainBlock {
+                addr: at,
+                seq,
+                txg: IMPORTED,
+            });
             at = p.next;
             seq += 1;
         }
         for t in &all {
             t.set_self_heal(true);
         }
-        for a in &chain {
-            self.claim_dva(st, &a.dva())?;
+        // The header's block is the chain's even when nothing was written
+        // to it: it was allocated for it.
+        if chain.is_empty() {
+            chain.push(ChainBlock {
+                addr: h.first,
+                seq: h.seq,
+                txg: IMPORTED,
+            });
         }
-        st.zil.blocks = chain.into_iter().skip(1).collect();
+        for b in &chain {
+            self.claim_dva(st, &b.addr.dva())?;
+        }
+        z.blocks = chain.into_iter().collect();
+        // Commits of txgs the loaded txg contains are done; the rest are
+        // replayed in chain order (a commit without a txg is of the txg
+        // after the committed one).
+        commits.retain(|c| c.txg.is_none_or(|t| t > committed));
         // The last complete commit may never have been acknowledged: its
         // blocks and the blocks written in place for it share one flush,
         // and a device may have kept the log block but not the data. If a
         // block it references is not there, it is not a commit anyone was
         // told about. (Every earlier commit was flushed whole before the
         // next began: a missing block there is damage, and replay says so.)
-        let last_whole = commits.last().is_none_or(|(refs, _)| {
-            refs.iter()
+        let last_whole = commits.last().is_none_or(|c| {
+            c.refs
+                .iter()
                 .all(|bp| !pipeline::scrub_block(&self.tops, bp).unrecoverable)
         });
         if !last_whole {
             commits.pop();
         }
         let mut records = Vec::new();
-        for (refs, recs) in commits {
-            for d in refs.iter().flat_map(|bp| bp.used_dvas()) {
+        for c in commits {
+            for d in c.refs.iter().flat_map(|bp| bp.used_dvas()) {
                 self.claim_dva(st, d)?;
-                st.zil.claimed.push(*d);
+                z.claimed.push(*d);
             }
-            records.extend(recs);
+            records.extend(c.records);
         }
         if !records.is_empty() {
-            st.zil.replay = Some(records);
+            z.replay = Some(records);
         }
         Ok(())
     }
 
     /// Marks a log-referenced range allocated. Space already wholly
-    /// allocated is accepted: the header's block, or a claim that a sync
-    /// committed before a second crash (the block verified, so nothing
-    /// else was written there); partly allocated space means the log and
-    /// the space maps disagree.
+    /// allocated is accepted: a chain block allocated by a txg the loaded
+    /// one contains, or a claim that a sync committed before a second crash
+    /// (the block verified, so nothing else was written there); partly
+    /// allocated space means the log and the space maps disagree.
     fn claim_dva(&self, st: &mut State, d: &Dva) -> Result<(), PoolError> {
         let name = self.name.clone();
         let m = self.log_space(st, d.vdev).ok_or_else(|| {
@@ -658,11 +826,11 @@ impl Pool {
 
     /// Every range of the data vdevs the intent log holds allocated, for
     /// the leak check (log devices have no persistent space map).
-    pub(crate) fn log_allocated(st: &State) -> Vec<Dva> {
-        let mut out: Vec<Dva> = st.ms.log.iter().map(|h| h.first.dva()).collect();
-        out.extend(st.zil.blocks.iter().map(|a| a.dva()));
-        out.extend(st.zil.claimed.iter().copied());
-        for bp in &st.zil.frees {
+    pub(crate) fn log_allocated(&self) -> Vec<Dva> {
+        let z = self.zil_state();
+        let mut out: Vec<Dva> = z.blocks.iter().map(|b| b.addr.dva()).collect();
+        out.extend(z.claimed.iter().copied());
+        for (_, bp) in &z.frees {
             out.extend(bp.used_dvas().copied());
         }
         out.retain(|d| d.vdev < crate::logdev::LOG_VDEV_BASE);
@@ -720,12 +888,20 @@ mod tests {
             birth: 3,
             ..Default::default()
         };
-        let s = encode_commit(&recs, &[bp]);
-        let (d, r) = decode_commit(&s).expect("decodes");
-        assert_eq!(r, recs);
-        assert_eq!(d, vec![bp]);
+        let s = encode_commit(77, &recs, &[bp]);
+        let c = decode_commit(VERSION, &s).expect("decodes");
+        assert_eq!(c.records, recs);
+        assert_eq!(c.refs, vec![bp]);
+        assert_eq!(c.txg, Some(77));
         for cut in 0..s.len() {
-            assert!(decode_commit(&s[..cut]).is_err(), "truncated at {cut}");
+            assert!(
+                decode_commit(VERSION, &s[..cut]).is_err(),
+                "truncated at {cut}"
+            );
         }
+        // Version 1 commits have no txg: the same bytes without the first
+        // eight read as one.
+        let c = decode_commit(VERSION_UNTAGGED, &s[8..]).expect("decodes");
+        assert_eq!((c.txg, c.records), (None, recs));
     }
 }

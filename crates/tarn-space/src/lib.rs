@@ -387,8 +387,44 @@ impl SpaceMap {
 
     /// Serializes the map in the canonical format described in the crate docs.
     pub fn encode(&self) -> Vec<u8> {
-        let extents = self.allocated_extents();
-        let mut out = Vec::with_capacity(self.encoded_len_bound(0));
+        self.encode_excluding(&[])
+    }
+
+    /// Serializes the map as if the ranges in `exclude` (live allocations,
+    /// sorted by offset, none overlapping a deferred entry) were free: what
+    /// a txg writes while a later one already allocates. Ranges outside
+    /// the allocated space are ignored.
+    pub fn encode_excluding(&self, exclude: &[(u64, u64)]) -> Vec<u8> {
+        let mut extents = self.allocated_extents();
+        if !exclude.is_empty() {
+            let mut out = Vec::with_capacity(extents.len() + exclude.len());
+            let mut ex = exclude.iter().peekable();
+            for (off, len) in extents {
+                let end = off + len;
+                let mut pos = off;
+                // Skip exclusions wholly before this extent.
+                while ex.peek().is_some_and(|(o, l)| o + l <= pos) {
+                    ex.next();
+                }
+                let mut it = ex.clone();
+                while let Some(&&(o, l)) = it.peek() {
+                    if o >= end {
+                        break;
+                    }
+                    let (a, b) = (o.max(pos), (o + l).min(end));
+                    if a > pos {
+                        out.push((pos, a - pos));
+                    }
+                    pos = pos.max(b);
+                    it.next();
+                }
+                if pos < end {
+                    out.push((pos, end - pos));
+                }
+            }
+            extents = out;
+        }
+        let mut out = Vec::with_capacity(self.encoded_len_bound(exclude.len()));
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
         for v in [self.asize, self.align, self.cursor, extents.len() as u64] {

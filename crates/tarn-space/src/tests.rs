@@ -653,3 +653,35 @@ fn alloc_keeping_uses_the_largest_extent_while_it_stays_big() {
     let b = m.alloc_keeping(4096, 65536).unwrap();
     assert_eq!(b, a + 4096, "sequential writes should stay sequential");
 }
+
+proptest! {
+    /// Encoding with exclusions equals encoding the map with those ranges
+    /// freed: a txg's map never shows the later txg's allocations.
+    #[test]
+    fn encode_excluding_is_encode_after_freeing(
+        sizes in proptest::collection::vec(1u64..20, 1..40),
+        pick in proptest::collection::vec(any::<bool>(), 40),
+    ) {
+        let mut m = SpaceMap::new(4096 * 1024, 4096);
+        let mut allocs = Vec::new();
+        for s in &sizes {
+            if let Ok(off) = m.alloc(s * 4096) {
+                allocs.push((off, s * 4096));
+            }
+        }
+        let mut exclude: Vec<(u64, u64)> = allocs
+            .iter()
+            .zip(&pick)
+            .filter(|(_, p)| **p)
+            .map(|(a, _)| *a)
+            .collect();
+        exclude.sort_unstable();
+        let mut freed = m.clone();
+        for (off, len) in &exclude {
+            freed.free_now(*off, *len).unwrap();
+        }
+        let got = SpaceMap::decode(&m.encode_excluding(&exclude)).unwrap();
+        prop_assert_eq!(got.allocated_extents(), freed.allocated_extents());
+        prop_assert!(m.encode_excluding(&exclude).len() <= m.encoded_len_bound(exclude.len()));
+    }
+}

@@ -61,7 +61,7 @@ fn root(pool: &Arc<Pool>) -> Result<DatasetHandle, PoolError> {
     tarn_dataset::open(pool, pool.name()).map_err(pool_error)
 }
 
-fn size_of(t: &mut Txn<'_, '_, '_>, name: &str) -> Result<Option<u64>, DsError> {
+fn size_of(t: &mut Txn<'_, '_>, name: &str) -> Result<Option<u64>, DsError> {
     Ok(match t.get(&size_key(name))? {
         Some(Value::Plain(v)) => {
             Some(u64::from_le_bytes(v.try_into().map_err(|_| {

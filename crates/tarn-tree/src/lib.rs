@@ -58,8 +58,10 @@
 //! A node written in txg `T` has birth `T`, and copy-on-write rewrites every
 //! ancestor of a changed node in the same txg, so a child is never newer than
 //! its parent. A subtree whose pointer has birth `<= T` is therefore wholly
-//! unchanged since `T`: incremental send, resilver of a device that missed
-//! txgs after `T`, and scrub restarts skip it without reading it ([`walk`]).
+//! unchanged since `T`: a resilver of a device that missed txgs after `T`,
+//! and the scan of a dataset tree whose blocks up to `T` belong to an older
+//! snapshot's tree, skip it without reading it ([`walk`]); incremental
+//! send, when it exists, will use the same rule.
 //!
 //! # Freed nodes
 //!

@@ -4,13 +4,13 @@
 //! # Theory
 //!
 //! `FaultLeaf` wraps any leaf and, when told to, makes it misbehave the
-//! way real devices do (DESIGN.md, "assumptions about media"): reads or
-//! writes that fail, reads that return flipped bits, writes that are
-//! acknowledged but never land (dropped), writes of which only a prefix of
-//! the sectors lands (torn), slow I/O, and a device that vanishes. Each
-//! fault applies to a share of the I/Os, decided by a seeded xorshift
-//! generator so a failing run can be replayed exactly, optionally limited
-//! to a byte range of the device.
+//! way real devices do (the assumptions about media in docs/design.md,
+//! "The contract"): reads or writes that fail, reads that return flipped
+//! bits, writes that are acknowledged but never land (dropped), writes of
+//! which only a prefix of the sectors lands (torn), slow I/O, and a device
+//! that vanishes. Each fault applies to a share of the I/Os, decided by a
+//! seeded xorshift generator so a failing run can be replayed exactly,
+//! optionally limited to a byte range of the device.
 //!
 //! For power cuts it keeps, when asked to, an undo record of every write
 //! since the last flush: [`FaultLeaf::power_cut`] then puts back the old
@@ -217,6 +217,75 @@ impl PowerSwitch {
     }
 }
 
+/// A gate a test holds writes at: while it is closed, every write and
+/// flush of the attached leaves waits (reads pass). Tests use it to stop a
+/// txg sync in the middle of its device writes and check what the rest of
+/// the engine can still do meanwhile; attach it to the pool's data
+/// devices only, so a log device keeps working.
+#[derive(Debug, Default)]
+pub struct WriteGate {
+    closed: Mutex<bool>,
+    cv: std::sync::Condvar,
+    /// I/Os waiting at the gate now.
+    waiting: AtomicU64,
+    /// I/Os that ever waited at it.
+    stopped: AtomicU64,
+}
+
+impl WriteGate {
+    /// A gate that is open.
+    pub fn new() -> Arc<WriteGate> {
+        Arc::new(WriteGate::default())
+    }
+
+    /// Holds every write and flush from now on.
+    pub fn close(&self) {
+        *self.closed.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    }
+
+    /// Lets everything through, including what waits.
+    pub fn open(&self) {
+        *self.closed.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        self.cv.notify_all();
+    }
+
+    /// I/Os waiting at the gate now.
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// I/Os that have been held at the gate since it was made.
+    pub fn stopped(&self) -> u64 {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    /// Waits up to `timeout` until some I/O waits at the gate; false if
+    /// none came.
+    pub fn wait_for_waiter(&self, timeout: Duration) -> bool {
+        let end = std::time::Instant::now() + timeout;
+        while self.waiting() == 0 {
+            if std::time::Instant::now() >= end {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        true
+    }
+
+    fn pass(&self) {
+        let mut closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
+        if !*closed {
+            return;
+        }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        self.stopped.fetch_add(1, Ordering::AcqRel);
+        while *closed {
+            closed = self.cv.wait(closed).unwrap_or_else(|e| e.into_inner());
+        }
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Set-up run on every leaf [`open_device`] makes for a path (see
 /// [`set_open_hook`]).
 pub type OpenHook = Arc<dyn Fn(&FaultLeaf) + Send + Sync>;
@@ -245,6 +314,7 @@ struct State {
     undo: Option<Vec<(u64, Vec<u8>)>>,
     injected: u64,
     switch: Option<Arc<PowerSwitch>>,
+    gate: Option<Arc<WriteGate>>,
 }
 
 impl State {
@@ -369,6 +439,7 @@ impl FaultLeaf {
                 undo: None,
                 injected: 0,
                 switch: None,
+                gate: None,
             }),
         }
     }
@@ -379,7 +450,10 @@ impl FaultLeaf {
 
     /// Recomputes `armed` after a change (under the state lock).
     fn rearm(&self, st: &State) {
-        let on = !st.faults.is_empty() || st.undo.is_some() || st.switch.is_some();
+        let on = !st.faults.is_empty()
+            || st.undo.is_some()
+            || st.switch.is_some()
+            || st.gate.is_some();
         self.armed.store(on, Ordering::Release);
     }
 
@@ -428,6 +502,13 @@ impl FaultLeaf {
     pub fn attach_switch(&self, switch: Option<Arc<PowerSwitch>>) {
         let mut st = self.lock();
         st.switch = switch;
+        self.rearm(&st);
+    }
+
+    /// Attaches the leaf to a [`WriteGate`] (`None` detaches it).
+    pub fn attach_gate(&self, gate: Option<Arc<WriteGate>>) {
+        let mut st = self.lock();
+        st.gate = gate;
         self.rearm(&st);
     }
 
@@ -501,6 +582,11 @@ impl Leaf for FaultLeaf {
             return self.inner.write_at(buf, offset);
         }
         let len = buf.len() as u64;
+        // Bound first: the state lock must not be held while the gate waits.
+        let gate = self.lock().gate.clone();
+        if let Some(g) = gate {
+            g.pass();
+        }
         let (vanish, error, drop, torn, delay, tracking) = {
             let mut st = self.lock();
             if st.switch.as_ref().is_some_and(|s| !s.admit_write()) {
@@ -548,6 +634,11 @@ impl Leaf for FaultLeaf {
         if self.idle() {
             return self.inner.flush();
         }
+        // Bound first: the state lock must not be held while the gate waits.
+        let gate = self.lock().gate.clone();
+        if let Some(g) = gate {
+            g.pass();
+        }
         let (vanish, power) = {
             let mut st = self.lock();
             (
@@ -586,6 +677,36 @@ mod tests {
         let m = Arc::new(MemLeaf::new(1 << 20));
         let f = FaultLeaf::new(m.clone(), 4096);
         (m, f)
+    }
+
+    #[test]
+    fn a_closed_gate_holds_writes_and_flushes_but_not_reads() {
+        let (m, f) = leaf();
+        let f = Arc::new(f);
+        let gate = WriteGate::new();
+        f.attach_gate(Some(gate.clone()));
+        f.write_at(&[1; 4096], 0).unwrap(); // open: passes
+        gate.close();
+        let w = {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                f.write_at(&[2; 4096], 0).unwrap();
+                f.flush().unwrap();
+            })
+        };
+        assert!(gate.wait_for_waiter(Duration::from_secs(10)));
+        let mut b = [0u8; 4096];
+        f.read_at(&mut b, 0).unwrap();
+        assert_eq!(b, [1; 4096], "the held write landed");
+        assert_eq!(gate.waiting(), 1);
+        gate.open();
+        w.join().unwrap();
+        m.read_at(&mut b, 0).unwrap();
+        assert_eq!(b, [2; 4096]);
+        assert_eq!(gate.stopped(), 1);
+        f.attach_gate(None);
+        gate.close();
+        f.write_at(&[3; 4096], 0).unwrap(); // detached: passes
     }
 
     #[test]

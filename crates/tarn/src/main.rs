@@ -3,19 +3,21 @@
 //! itself (tarn-daemon), in the foreground.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use tarn_cli::daemon::{DaemonRun, DemoRun};
 use tarn_cli::{is_broken_pipe, Cli, Run};
 use tarn_daemon::demo::DemoOptions;
-use tarn_daemon::{DaemonOptions, ServerOptions, Tuning};
+use tarn_daemon::{DaemonOptions, ServerOptions};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse_args();
+    let cli = Cli::parse_args_with(&daemon_flag_defaults());
     let outcome = tarn_cli::run(cli).and_then(|run| match run {
         Run::Done(code) => Ok(code),
         Run::Daemon(opts) => {
-            tarn_daemon::run(daemon_options(opts))?;
+            tarn_daemon::run(daemon_options(*opts))?;
             Ok(ExitCode::SUCCESS)
         }
         Run::Demo(opts) => {
@@ -33,22 +35,100 @@ fn main() -> ExitCode {
     }
 }
 
-/// `tarn daemon`'s options as the node takes them; the binary stops on
-/// SIGINT and SIGTERM.
+/// The daemon's own defaults, which `tarn daemon --help` shows.
+fn default_daemon_options() -> DaemonOptions {
+    DaemonOptions::new(PathBuf::new(), PathBuf::new())
+}
+
+/// The default of each `tarn daemon` flag, by argument id, taken from the
+/// options the daemon starts from and the servers' own configurations: one
+/// source for what help says and what the daemon does.
+fn daemon_flag_defaults() -> Vec<(&'static str, String)> {
+    let opts = default_daemon_options();
+    let (t, nfs, dav) = (
+        &opts.tuning,
+        &opts.servers.nfs_limits,
+        &opts.servers.webdav_limits,
+    );
+    let secs = |d: Option<Duration>| d.unwrap_or_default().as_secs().to_string();
+    vec![
+        ("txg_interval", t.txg_interval_secs.to_string()),
+        ("dirty_max_mib", t.dirty_max_mib.to_string()),
+        ("cache_mib", t.cache_mib.to_string()),
+        ("admin_max_connections", opts.max_connections.to_string()),
+        ("admin_idle_timeout", secs(opts.idle_timeout)),
+        ("admin_request_timeout", secs(Some(opts.request_timeout))),
+        ("nfs_max_connections", nfs.max_connections.to_string()),
+        (
+            "nfs_max_connections_per_address",
+            nfs.max_connections_per_address.to_string(),
+        ),
+        ("nfs_idle_timeout", secs(Some(nfs.idle_timeout))),
+        (
+            "nfs_max_inflight_per_connection",
+            nfs.max_inflight_per_connection.to_string(),
+        ),
+        ("nfs_workers", nfs.workers.to_string()),
+        ("webdav_max_connections", dav.max_connections.to_string()),
+        (
+            "webdav_max_connections_per_address",
+            dav.max_connections_per_address.to_string(),
+        ),
+        ("webdav_header_timeout", secs(Some(dav.header_read_timeout))),
+    ]
+}
+
+/// A count from the command line (clap bounds it) as a `usize`.
+fn count(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
+/// `tarn daemon`'s options as the node takes them: its defaults, with what
+/// the command line gave; the binary stops on SIGINT and SIGTERM.
 fn daemon_options(run: DaemonRun) -> DaemonOptions {
     let mut opts = DaemonOptions::new(run.socket, run.state_dir);
     opts.handle_signals = true;
-    opts.tuning = Tuning {
-        txg_interval_secs: run.txg_interval_secs,
-        dirty_max_mib: run.dirty_max_mib,
-        cache_mib: run.cache_mib,
-    };
-    opts.servers = ServerOptions {
+    let t = &mut opts.tuning;
+    let set = |slot: &mut u64, v: Option<u64>| *slot = v.unwrap_or(*slot);
+    set(&mut t.txg_interval_secs, run.txg_interval_secs);
+    set(&mut t.dirty_max_mib, run.dirty_max_mib);
+    set(&mut t.cache_mib, run.cache_mib);
+    let l = run.limits;
+    let set_count = |slot: &mut usize, v: Option<u64>| *slot = v.map(count).unwrap_or(*slot);
+    let set_secs =
+        |slot: &mut Duration, v: Option<u64>| *slot = v.map(Duration::from_secs).unwrap_or(*slot);
+    set_count(&mut opts.max_connections, l.admin_max_connections);
+    if let Some(s) = l.admin_idle_timeout {
+        opts.idle_timeout = (s > 0).then(|| Duration::from_secs(s));
+    }
+    set_secs(&mut opts.request_timeout, l.admin_request_timeout);
+    let mut servers = ServerOptions {
         nfs: run.nfs,
         webdav: run.webdav,
         tls_cert: run.tls_cert,
         webdav_plain_http: run.webdav_plain_http,
+        ..ServerOptions::default()
     };
+    let nfs = &mut servers.nfs_limits;
+    set_count(&mut nfs.max_connections, l.nfs_max_connections);
+    set_count(
+        &mut nfs.max_connections_per_address,
+        l.nfs_max_connections_per_address,
+    );
+    set_secs(&mut nfs.idle_timeout, l.nfs_idle_timeout);
+    set_count(
+        &mut nfs.max_inflight_per_connection,
+        l.nfs_max_inflight_per_connection,
+    );
+    set_count(&mut nfs.workers, l.nfs_workers);
+    let dav = &mut servers.webdav_limits;
+    set_count(&mut dav.max_connections, l.webdav_max_connections);
+    set_count(
+        &mut dav.max_connections_per_address,
+        l.webdav_max_connections_per_address,
+    );
+    set_secs(&mut dav.header_read_timeout, l.webdav_header_timeout);
+    opts.servers = servers;
     opts
 }
 
@@ -58,5 +138,121 @@ fn demo_options(run: DemoRun) -> DemoOptions {
         size_mib: run.size_mib,
         nfs_port: run.nfs_port,
         webdav_port: run.webdav_port,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tarn_cli::cli::Command;
+
+    fn daemon_run(args: &[&str]) -> DaemonRun {
+        let cli = Cli::try_parse_with(args, &daemon_flag_defaults()).unwrap();
+        let Command::Daemon(_) = &cli.command else {
+            panic!("not tarn daemon");
+        };
+        match tarn_cli::run(cli).unwrap() {
+            Run::Daemon(run) => *run,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn daemon_flags_default_to_what_the_daemon_does() {
+        // Every id names a flag (command_with panics otherwise), and help
+        // shows each default.
+        let mut command = Cli::command_with(&daemon_flag_defaults());
+        command.build();
+        let help = command
+            .find_subcommand_mut("daemon")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        for (id, value) in daemon_flag_defaults() {
+            let flag = format!("--{}", id.replace('_', "-"));
+            let at = help.find(&flag).unwrap_or_else(|| panic!("{flag} in help"));
+            let rest = &help[at..];
+            let shown = format!("[default: {value}]");
+            let next = rest[2..].find("\n      --").map_or(rest.len(), |i| i + 2);
+            assert!(
+                rest[..next].contains(&shown),
+                "{flag} shows {shown}: {rest}"
+            );
+        }
+
+        // No flag given: exactly the daemon's defaults.
+        let run = daemon_run(&["tarn", "daemon", "--socket", "/s", "--state-dir", "/d"]);
+        let got = daemon_options(run);
+        let want = default_daemon_options();
+        assert_eq!(got.tuning, want.tuning);
+        assert_eq!(got.servers.nfs_limits, want.servers.nfs_limits);
+        assert_eq!(got.servers.webdav_limits, want.servers.webdav_limits);
+        assert_eq!(
+            (got.max_connections, got.idle_timeout, got.request_timeout),
+            (
+                want.max_connections,
+                want.idle_timeout,
+                want.request_timeout
+            )
+        );
+    }
+
+    #[test]
+    fn daemon_flags_reach_the_servers() {
+        let run = daemon_run(&[
+            "tarn",
+            "daemon",
+            "--txg-interval=7",
+            "--admin-max-connections=9",
+            "--admin-idle-timeout=0",
+            "--admin-request-timeout=3",
+            "--nfs-max-connections=11",
+            "--nfs-max-connections-per-address=2",
+            "--nfs-idle-timeout=30",
+            "--nfs-max-inflight-per-connection=4",
+            "--nfs-workers=3",
+            "--webdav-max-connections=12",
+            "--webdav-max-connections-per-address=5",
+            "--webdav-header-timeout=9",
+        ]);
+        let o = daemon_options(run);
+        assert_eq!(o.tuning.txg_interval_secs, 7);
+        assert_eq!(o.max_connections, 9);
+        assert_eq!(o.idle_timeout, None, "0: never");
+        assert_eq!(o.request_timeout, Duration::from_secs(3));
+        let n = o.servers.nfs_limits;
+        assert_eq!(
+            (
+                n.max_connections,
+                n.max_connections_per_address,
+                n.idle_timeout,
+                n.max_inflight_per_connection,
+                n.workers
+            ),
+            (11, 2, Duration::from_secs(30), 4, 3)
+        );
+        let w = o.servers.webdav_limits;
+        assert_eq!(
+            (
+                w.max_connections,
+                w.max_connections_per_address,
+                w.header_read_timeout
+            ),
+            (12, 5, Duration::from_secs(9))
+        );
+        // Out of range is a usage error.
+        for bad in [
+            "--nfs-max-connections=0",
+            "--webdav-header-timeout=0",
+            "--admin-request-timeout=0",
+            "--nfs-workers=100000",
+        ] {
+            let err = Cli::try_parse_with(["tarn", "daemon", bad], &daemon_flag_defaults())
+                .err()
+                .unwrap_or_else(|| panic!("{bad} accepted"));
+            assert_eq!(err.exit_code(), 2, "{bad}");
+        }
+        // Defaults do not count as flags given beside a subcommand.
+        assert!(Cli::try_parse_with(["tarn", "daemon", "stats"], &daemon_flag_defaults()).is_ok());
     }
 }

@@ -36,6 +36,9 @@ fn inject_drill_through_the_cli() {
         "--sync",
     ]);
 
+    // Durable is not the same as in its place yet: commit a txg, so the
+    // read below comes from the devices, not from the open txg's memory.
+    d.ok(&["pool", "sync", "tank"]);
     let out = d.ok(&["pool", "inject", "tank", &f[1], "bitflip"]);
     assert!(out.contains("bitflip (100%)"), "{out}");
     let back = dir.path().join("back");

@@ -22,7 +22,7 @@
 //!
 //! With root and /dev/fuse each pool also has a mounted dataset with files
 //! written and fsynced through the kernel, checked the same way; without,
-//! the raw objects of the CLI carry the data alone.
+//! the CLI's objects carry the data alone.
 
 mod common;
 

@@ -1,5 +1,7 @@
-//! Datasets, properties, mounts, users, shares and raw objects, as tables
+//! Datasets, properties, mounts, users, shares and objects, as tables
 //! in the style of `zfs list` and `zfs get`.
+
+use std::fmt::Write as _;
 
 use tarn_api::access::{Access, ShareInfo, UserInfo};
 use tarn_api::dataset::{DatasetInfo, DatasetKind, MountInfo, PropValue, Source};
@@ -92,6 +94,8 @@ pub fn render_shares(shares: &[ShareInfo]) -> String {
         return "no shares; add one with `tarn share add NAME DATASET --nfs CIDR --webdav USER`\n"
             .into();
     }
+    let (damaged, shares): (Vec<&ShareInfo>, Vec<&ShareInfo>) =
+        shares.iter().partition(|i| i.damaged.is_some());
     let rows: Vec<Vec<String>> = shares
         .iter()
         .map(|i| {
@@ -128,7 +132,22 @@ pub fn render_shares(shares: &[ShareInfo]) -> String {
             vec![s.name.clone(), s.dataset.clone(), nfs, dav]
         })
         .collect();
-    table(&["NAME", "DATASET", "NFS", "WEBDAV"], &rows, &[0, 1, 2, 3])
+    let mut out = if rows.is_empty() {
+        String::new()
+    } else {
+        table(&["NAME", "DATASET", "NFS", "WEBDAV"], &rows, &[0, 1, 2, 3])
+    };
+    for i in damaged {
+        let why = i.damaged.as_deref().unwrap_or_default();
+        let name = &i.share.name;
+        let _ = writeln!(
+            out,
+            "share '{name}' in pool '{}' is DAMAGED and not served: its record cannot be read \
+             ({why}); `tarn share add {name} ...` replaces it, `tarn share del {name}` removes it",
+            i.pool
+        );
+    }
+    out
 }
 
 /// Properties whose values are byte counts, shown with units.

@@ -251,6 +251,15 @@ impl TestDaemon {
         }
     }
 
+    /// Stops the daemon through `daemon.stop` and waits for it to return.
+    pub fn stop(mut self) {
+        tarn_cli::client::Client::connect(&self.socket)
+            .unwrap()
+            .call(tarn_api::method::DAEMON_STOP, &serde_json::json!({}))
+            .unwrap();
+        self.join().unwrap();
+    }
+
     /// Waits for `run_daemon` to return and hands back its result.
     pub fn join(&mut self) -> tarn_daemon::Result<()> {
         self.thread.take().expect("joined twice").join().unwrap()
