@@ -4,42 +4,29 @@
 //! limit, and an `fsync` of another dataset (through a log device) all
 //! complete before the gate opens. Each check fails by timing out.
 
-use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::mpsc;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use tarn_dataset::{self as ds, DatasetHandle};
-use tarn_pool::{Pool, PoolOptions, VdevSpec};
+use tarn_pool::{Pool, VdevSpec};
+use tarn_testkit::data::pattern as noise;
+use tarn_testkit::pools;
 use tarn_vdev::fault::{find_device, Fault, FaultKind, WriteGate};
 use tarn_vdev::VdevKind;
 
 const LONG: Duration = Duration::from_secs(20);
 
-fn opts() -> PoolOptions {
-    PoolOptions {
-        sync_interval: Duration::from_secs(3600),
-        owner: "test".into(),
-        ..Default::default()
-    }
-}
-
-fn file(dir: &Path, name: &str, size: u64) -> std::path::PathBuf {
-    let p = dir.join(name);
-    std::fs::File::create(&p).unwrap().set_len(size).unwrap();
-    p
-}
-
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+/// Pool `tank` on a data file `d0` with a log device, and the data file.
+fn pool_with_log(dir: &Path) -> (Arc<Pool>, PathBuf) {
+    let pool = pools::tank(dir, VdevKind::Single, 1, 256 << 20);
+    let log = tarn_testkit::files::make(dir, "log", 1, 64 << 20);
+    let spec = VdevSpec {
+        kind: VdevKind::Single,
+        devices: log,
+    };
+    pool.add_log(&spec, false).unwrap();
+    (pool, dir.join("d0"))
 }
 
 fn key(i: u64) -> Vec<u8> {
@@ -75,29 +62,7 @@ fn within<R: Send + 'static>(
 #[test]
 fn open_context_goes_on_while_a_sync_is_held_at_its_device_writes() {
     let dir = tempfile::tempdir().unwrap();
-    let data = file(dir.path(), "d0", 256 << 20);
-    let log = file(dir.path(), "log0", 64 << 20);
-    let pool = Pool::create(
-        "tank",
-        &[VdevSpec {
-            kind: VdevKind::Single,
-            devices: vec![data.clone()],
-        }],
-        12,
-        &BTreeMap::new(),
-        false,
-        opts(),
-    )
-    .unwrap();
-    ds::attach(&pool).unwrap();
-    pool.add_log(
-        &VdevSpec {
-            kind: VdevKind::Single,
-            devices: vec![log],
-        },
-        false,
-    )
-    .unwrap();
+    let (pool, data) = pool_with_log(dir.path());
     let none = BTreeMap::new();
     ds::create(&pool, "tank/a", &none, false).unwrap();
     ds::create(&pool, "tank/b", &none, false).unwrap();
@@ -167,8 +132,7 @@ fn open_context_goes_on_while_a_sync_is_held_at_its_device_writes() {
     // Everything is there after an export and import.
     drop((a, b));
     pool.export(false).unwrap();
-    let pool = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, false, opts()).unwrap();
-    ds::attach(&pool).unwrap();
+    let pool = pools::import(dir.path(), "tank");
     let a = ds::open(&pool, "tank/a").unwrap();
     let b = ds::open(&pool, "tank/b").unwrap();
     for i in 1..=3 {
@@ -183,29 +147,7 @@ fn open_context_goes_on_while_a_sync_is_held_at_its_device_writes() {
 #[test]
 fn an_fsync_lands_in_the_log_while_the_sync_is_held_and_replays_after_a_crash() {
     let dir = tempfile::tempdir().unwrap();
-    let data = file(dir.path(), "d0", 256 << 20);
-    let log = file(dir.path(), "log0", 64 << 20);
-    let pool = Pool::create(
-        "tank",
-        &[VdevSpec {
-            kind: VdevKind::Single,
-            devices: vec![data.clone()],
-        }],
-        12,
-        &BTreeMap::new(),
-        false,
-        opts(),
-    )
-    .unwrap();
-    ds::attach(&pool).unwrap();
-    pool.add_log(
-        &VdevSpec {
-            kind: VdevKind::Single,
-            devices: vec![log],
-        },
-        false,
-    )
-    .unwrap();
+    let (pool, data) = pool_with_log(dir.path());
     ds::create(&pool, "tank/a", &BTreeMap::new(), false).unwrap();
     let a = ds::open(&pool, "tank/a").unwrap();
     for i in 0..16 {
@@ -236,8 +178,8 @@ fn an_fsync_lands_in_the_log_while_the_sync_is_held_and_replays_after_a_crash() 
     assert!(syncer.join().unwrap().is_err(), "the sync landed");
     pool.abandon();
     drop((a, pool));
-    let pool = Pool::import(&[dir.path().to_path_buf()], &[], "tank", None, true, opts()).unwrap();
-    ds::attach(&pool).unwrap();
+    let pool =
+        pools::attached(pools::try_import(&[dir.path()], "tank", true, pools::opts()).unwrap());
     let a = ds::open(&pool, "tank/a").unwrap();
     for i in 0..=16 {
         assert_eq!(

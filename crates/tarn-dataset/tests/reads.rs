@@ -2,49 +2,18 @@
 //! read back as it was, whatever the dataset and the pool do before the
 //! read, and a read that fails must still be reported as damage.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use tarn_dataset::{self as ds, DsError};
-use tarn_pool::{Pool, PoolOptions, VdevSpec};
+use tarn_pool::Pool;
+use tarn_testkit::data::pattern as noise;
+use tarn_testkit::pools;
 use tarn_vdev::VdevKind;
 
+/// Pool `tank` on one member file of `size` bytes, and that file.
 fn new_pool(dir: &Path, size: u64) -> (Arc<Pool>, PathBuf) {
-    let dev = dir.join("d0");
-    std::fs::File::create(&dev).unwrap().set_len(size).unwrap();
-    let pool = Pool::create(
-        "tank",
-        &[VdevSpec {
-            kind: VdevKind::Single,
-            devices: vec![dev.clone()],
-        }],
-        12,
-        &BTreeMap::new(),
-        false,
-        PoolOptions {
-            sync_interval: Duration::from_secs(3600),
-            owner: "test".into(),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    ds::attach(&pool).unwrap();
-    (pool, dev)
-}
-
-/// Incompressible bytes from a seed (xorshift).
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    (pools::tank(dir, VdevKind::Single, 1, size), dir.join("d0"))
 }
 
 fn key(i: u64) -> Vec<u8> {
@@ -63,7 +32,7 @@ fn fill(pool: &Pool, h: &ds::DatasetHandle, from: u64) -> u64 {
             Err(DsError::NoSpace(_)) | Err(DsError::Quota(_)) => break,
             Err(e) => panic!("write {i}: {e}"),
         }
-        if i % 32 == 0 {
+        if i.is_multiple_of(32) {
             pool.sync().unwrap();
         }
     }
@@ -77,7 +46,8 @@ fn a_found_block_reads_as_it_was_after_its_space_was_freed_and_the_pool_filled()
     let (pool, _) = new_pool(dir.path(), 96 << 20);
     let h = ds::open(&pool, "tank").unwrap();
     let old = noise(1, 64 << 10);
-    h.txn(true, |t| t.write_block(&key(0), old.clone())).unwrap();
+    h.txn(true, |t| t.write_block(&key(0), old.clone()))
+        .unwrap();
     pool.sync().unwrap();
 
     let found = h
@@ -124,7 +94,8 @@ fn a_staged_block_reads_as_it_was_after_it_was_overwritten() {
     let (pool, _) = new_pool(dir.path(), 64 << 20);
     let h = ds::open(&pool, "tank").unwrap();
     let old = noise(7, 10_000);
-    h.txn(true, |t| t.write_block(&key(0), old.clone())).unwrap();
+    h.txn(true, |t| t.write_block(&key(0), old.clone()))
+        .unwrap();
     let found = h.txn(false, |t| t.block_ref(&key(0))).unwrap().unwrap();
     h.txn(true, |t| t.write_block(&key(0), noise(8, 10_000)))
         .unwrap();
@@ -161,7 +132,9 @@ fn a_block_that_does_not_verify_outside_the_lock_is_reported_as_damage() {
     leaf.clear();
     let damaged = pool.status().damaged;
     assert!(
-        damaged.iter().any(|d| d.starts_with("dataset tank: block at key")),
+        damaged
+            .iter()
+            .any(|d| d.starts_with("dataset tank: block at key")),
         "{damaged:?}"
     );
 }

@@ -450,10 +450,8 @@ impl FaultLeaf {
 
     /// Recomputes `armed` after a change (under the state lock).
     fn rearm(&self, st: &State) {
-        let on = !st.faults.is_empty()
-            || st.undo.is_some()
-            || st.switch.is_some()
-            || st.gate.is_some();
+        let on =
+            !st.faults.is_empty() || st.undo.is_some() || st.switch.is_some() || st.gate.is_some();
         self.armed.store(on, Ordering::Release);
     }
 
