@@ -7,9 +7,10 @@
 //!    and we refuse; one that refuses connections is stale and is replaced.
 //!    The socket itself is made mode 0600: only the daemon's user may talk
 //!    to it.
-//! 2. Serve. A non-blocking accept loop polls the listener with a short
-//!    timeout so it can notice a stop request; each connection gets a
-//!    thread. A connection sends any number of request lines, each at most
+//! 2. Serve. The accept loop sleeps in `poll(2)` on the listener and on a
+//!    wake pipe, with no timeout: a stop request (a signal, whose handler
+//!    writes one byte to the pipe, or `daemon.stop`) wakes it, so an idle
+//!    daemon uses no CPU at all. Each connection gets a thread. A connection sends any number of request lines, each at most
 //!    [`MAX_REQUEST_BYTES`]; a longer line is drained, answered with an
 //!    `invalid` error, and the connection goes on. Only the daemon's own
 //!    user and root are served (checked on the peer's credentials, beside
@@ -38,12 +39,13 @@
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -71,8 +73,6 @@ pub const MAX_CONNECTIONS: usize = 64;
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a request line may take to arrive, from its first byte.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often the accept loop looks for a stop request.
-const POLL_INTERVAL_MS: i32 = 200;
 /// How long a response write may block on a client that does not read.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a stop waits for running requests before exporting anyway.
@@ -136,9 +136,65 @@ pub trait Node: Backend {
 /// Set by the signal handler; read by the accept loop.
 static SIGNALLED: AtomicBool = AtomicBool::new(false);
 
+/// The write end of the serving daemon's wake pipe, for the signal
+/// handler (-1: none).
+static SIGNAL_WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+
 extern "C" fn on_stop_signal(_: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
+    // An atomic store and a write(2) of one byte: both async-signal-safe.
     SIGNALLED.store(true, Ordering::SeqCst);
+    let fd = SIGNAL_WAKE_FD.load(Ordering::SeqCst);
+    if fd >= 0 {
+        // SAFETY: writes one byte from a valid local to a descriptor the
+        // daemon keeps open while the handler is installed; a failure (a
+        // full pipe already holds a wake-up) is harmless.
+        unsafe {
+            libc::write(fd, [1u8].as_ptr().cast(), 1);
+        }
+    }
+}
+
+/// A non-blocking pipe whose read end the accept loop polls beside the
+/// listener: one byte written to it wakes the loop to look at the stop
+/// flags, so the loop needs no timeout.
+struct WakePipe {
+    read: OwnedFd,
+    write: OwnedFd,
+}
+
+impl WakePipe {
+    fn new() -> Result<WakePipe> {
+        let mut fds = [-1 as RawFd; 2];
+        // SAFETY: `fds` is a valid array of two descriptors for pipe2 to
+        // fill; on success both are new and owned by nobody else.
+        let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) };
+        if rc != 0 {
+            let err = io::Error::last_os_error();
+            return Err(DaemonError::msg(format!(
+                "cannot make the wake pipe: {err}"
+            )));
+        }
+        // SAFETY: pipe2 succeeded, so both descriptors are open and ours.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        Ok(WakePipe { read, write })
+    }
+
+    /// Wakes the loop (never blocks: a full pipe already holds a wake-up).
+    fn wake(&self) {
+        // SAFETY: one byte from a valid local to our open write end.
+        unsafe {
+            libc::write(self.write.as_raw_fd(), [1u8].as_ptr().cast(), 1);
+        }
+    }
+
+    /// Empties the pipe after a wake-up.
+    fn drain(&self) {
+        let mut buf = [0u8; 64];
+        // SAFETY: reads into a valid local buffer of its length from our
+        // open, non-blocking read end; stops at EAGAIN or EOF.
+        while unsafe { libc::read(self.read.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {
+        }
+    }
 }
 
 /// SIGINT/SIGTERM handlers for the daemon's lifetime; the previous
@@ -174,6 +230,7 @@ impl SignalGuard {
     }
 
     fn restore(&mut self) {
+        SIGNAL_WAKE_FD.store(-1, Ordering::SeqCst);
         for (sig, old) in self.previous.drain(..) {
             // SAFETY: `old` was filled in by sigaction for this signal.
             unsafe {
@@ -303,6 +360,8 @@ pub type AdminStats = ConnCounters;
 /// State shared by the accept loop and the connection threads.
 struct Shared {
     stop: AtomicBool,
+    /// Wakes the accept loop when `stop` is set.
+    wake: WakePipe,
     conns: Mutex<Conns>,
     changed: Condvar,
     max_request_bytes: usize,
@@ -374,6 +433,7 @@ impl Shared {
         let mut conns = self.lock();
         conns.waiting_for_stop += 1;
         self.stop.store(true, Ordering::SeqCst);
+        self.wake.wake();
         self.changed.notify_all();
         while !conns.stopped {
             conns = self.changed.wait(conns).unwrap_or_else(|e| e.into_inner());
@@ -768,6 +828,7 @@ pub fn run_daemon(opts: DaemonOptions, backend: Arc<dyn Node>) -> Result<()> {
     ));
     let shared = Arc::new(Shared {
         stop: AtomicBool::new(false),
+        wake: WakePipe::new()?,
         conns: Mutex::new(Conns::default()),
         changed: Condvar::new(),
         max_request_bytes: opts.max_request_bytes,
@@ -777,6 +838,10 @@ pub fn run_daemon(opts: DaemonOptions, backend: Arc<dyn Node>) -> Result<()> {
         counters: AdminCounters::default(),
         log: RateLog::new("tarn daemon", Duration::from_secs(10)),
     });
+    if signals.is_some() {
+        // From now on a signal also wakes the loop out of poll(2).
+        SIGNAL_WAKE_FD.store(shared.wake.write.as_raw_fd(), Ordering::SeqCst);
+    }
 
     loop {
         if shared.stop.load(Ordering::SeqCst) {
@@ -787,15 +852,26 @@ pub fn run_daemon(opts: DaemonOptions, backend: Arc<dyn Node>) -> Result<()> {
             log("stop requested by signal");
             break;
         }
-        let mut pfd = libc::pollfd {
-            fd: bound.listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        let ready = unsafe { libc::poll(&mut pfd, 1, POLL_INTERVAL_MS) };
+        let mut pfds = [
+            libc::pollfd {
+                fd: bound.listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: shared.wake.read.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfds for the duration of the call.
+        let ready = unsafe { libc::poll(pfds.as_mut_ptr(), 2, -1) };
         if ready <= 0 {
-            continue; // timeout, or EINTR from a signal: look at the flags again
+            continue; // EINTR from a signal: look at the flags again
+        }
+        if pfds[1].revents != 0 {
+            shared.wake.drain();
+            continue;
         }
         match bound.listener.accept() {
             Ok((stream, _)) => admit(stream, &shared, &backend),

@@ -166,3 +166,43 @@ fn daemon_process_stops_on_sigterm() {
     assert_eq!(status.code(), Some(0), "{status:?}");
     assert!(!daemon.socket.exists(), "socket left behind");
 }
+
+/// Context switches of every thread of process `pid` that sleeps
+/// voluntarily (the admin socket's accept loop among them).
+fn wakeups(pid: u32) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let path = task.unwrap().path();
+        let status = std::fs::read_to_string(path.join("status")).unwrap_or_default();
+        let name = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Name:"))
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        let n: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        let tid = path.file_name().unwrap().to_string_lossy().into_owned();
+        out.insert(format!("{tid} {name}"), n);
+    }
+    out
+}
+
+/// An idle daemon with no pool sleeps: none of its threads wakes up (no
+/// polling loop), so a NAS can idle at its lowest power.
+#[test]
+fn idle_daemon_threads_do_not_wake_up() {
+    let mut daemon = DaemonProcess::start();
+    let pid = daemon.child.id();
+    thread::sleep(Duration::from_millis(300));
+    let before = wakeups(pid);
+    thread::sleep(Duration::from_millis(1500));
+    let after = wakeups(pid);
+    assert_eq!(before, after, "threads woke up while the daemon was idle");
+    let out = tarn(&daemon.socket, &["daemon", "stop"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(daemon.wait().success());
+}
