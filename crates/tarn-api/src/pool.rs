@@ -145,6 +145,37 @@ pub struct PoolStatus {
     pub logs: Vec<VdevStatus>,
     /// Objects with unrecoverable damage, named for the operator.
     pub damaged: Vec<String>,
+    /// The block cache this pool reads through (shared by every pool of
+    /// the daemon, so its counters cover them all); absent from older
+    /// daemons.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheCounters>,
+}
+
+/// The block cache's size and counters since the daemon started: whether
+/// the working set fits, and what read-ahead brings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheCounters {
+    /// Bytes of verified blocks held now.
+    pub bytes: u64,
+    /// The bound (`--cache-mib`).
+    pub max_bytes: u64,
+    /// Blocks held now.
+    pub blocks: u64,
+    /// Data-block lookups that found the block.
+    pub data_hits: u64,
+    /// Data-block lookups that had to read the disks.
+    pub data_misses: u64,
+    /// Tree-node lookups that found the node.
+    pub meta_hits: u64,
+    /// Tree-node lookups that had to read the disks.
+    pub meta_misses: u64,
+    /// Blocks evicted to stay within the bound.
+    pub evicted: u64,
+    /// Blocks read ahead of a sequential reader.
+    pub prefetched: u64,
+    /// Read-ahead blocks that were then read.
+    pub prefetch_hits: u64,
 }
 
 /// One row of `list`.

@@ -17,8 +17,8 @@ use tarn_api::params::{
     OptionalNameParams, ReplaceParams, ScrubParams, SyncResult,
 };
 use tarn_api::pool::{
-    CreateRequest, Fault, FaultKind, ImportRequest, ImportResult, IostatEntry, PoolListEntry,
-    PoolStatus, ScanKind, ScanState, ScanStatus, ScrubAction, VdevKind, VdevSpec,
+    CacheCounters, CreateRequest, Fault, FaultKind, ImportRequest, ImportResult, IostatEntry,
+    PoolListEntry, PoolStatus, ScanKind, ScanState, ScanStatus, ScrubAction, VdevKind, VdevSpec,
 };
 
 use crate::render;
@@ -155,8 +155,11 @@ pub enum PoolCommand {
         /// Device; all devices when omitted
         device: Option<String>,
     },
-    /// I/O statistics: `iostat [POOL] [INTERVAL [COUNT]]`
+    /// I/O statistics: `iostat [-v] [POOL] [INTERVAL [COUNT]]`
     Iostat {
+        /// Also show the block cache: size, hits and misses, read-ahead
+        #[arg(short, long)]
+        verbose: bool,
         /// Optional pool, then seconds between reports and how many; the
         /// first report shows totals since import, later ones per-second
         /// rates over each interval
@@ -525,9 +528,9 @@ pub(crate) fn pool_command(
             };
             client.call_quietly(out, method::POOL_CLEAR, &params)?;
         }
-        PoolCommand::Iostat { args } => {
+        PoolCommand::Iostat { verbose, args } => {
             let (pool, interval, count) = parse_iostat_args(&args)?;
-            iostat(client, out, pool, interval, count)?;
+            iostat(client, out, pool, interval, count, verbose)?;
         }
         PoolCommand::Sync { pool } => {
             let v = client.call(method::POOL_SYNC, &NameParams { name: pool.clone() })?;
@@ -587,6 +590,7 @@ fn iostat(
     pool: Option<String>,
     interval: Option<f64>,
     count: Option<u64>,
+    verbose: bool,
 ) -> anyhow::Result<()> {
     let params = OptionalNameParams { name: pool };
     let reports = match (interval, count) {
@@ -595,6 +599,7 @@ fn iostat(
         (Some(_), None) => u64::MAX,
     };
     let mut previous: Option<(Vec<IostatEntry>, Instant)> = None;
+    let mut previous_cache: Option<CacheCounters> = None;
     for i in 0..reports {
         if i > 0 {
             if let Some(secs) = interval {
@@ -604,13 +609,31 @@ fn iostat(
         let v = client.call(method::POOL_IOSTAT, &params)?;
         let now = Instant::now();
         let entries: Vec<IostatEntry> = decode(method::POOL_IOSTAT, v.clone())?;
+        // The cache is the daemon's, shared by its pools: any pool's status
+        // carries its counters.
+        let cache = if verbose {
+            let s = client.call(method::POOL_STATUS, &params)?;
+            let pools: Vec<PoolStatus> = decode(method::POOL_STATUS, s)?;
+            pools.iter().find_map(|p| p.cache)
+        } else {
+            None
+        };
         out.raw_or(&v, || {
+            let elapsed = previous.as_ref().map(|(_, at)| now.duration_since(*at));
             let prev = previous
                 .as_ref()
-                .map(|(p, at)| (p.as_slice(), now.duration_since(*at)));
-            render::render_iostat(&entries, prev)
+                .zip(elapsed)
+                .map(|((p, _), e)| (p.as_slice(), e));
+            let mut text = render::render_iostat(&entries, prev);
+            if let Some(c) = &cache {
+                text.push('\n');
+                let before = previous_cache.as_ref().zip(elapsed);
+                text.push_str(&render::render_cache_iostat(c, before));
+            }
+            text
         })?;
         previous = Some((entries, now));
+        previous_cache = cache;
     }
     Ok(())
 }

@@ -159,6 +159,23 @@ pub fn pool_status(p: eng::PoolStatus) -> api::PoolStatus {
         vdevs: p.vdevs.into_iter().map(vdev_status).collect(),
         logs: p.logs.into_iter().map(vdev_status).collect(),
         damaged: p.damaged,
+        cache: None,
+    }
+}
+
+/// The block cache's counters as the API shows them.
+pub fn cache_counters(c: tarn_block::CacheStats) -> api::CacheCounters {
+    api::CacheCounters {
+        bytes: c.bytes,
+        max_bytes: c.max_bytes,
+        blocks: c.blocks,
+        data_hits: c.data_hits,
+        data_misses: c.data_misses,
+        meta_hits: c.meta_hits,
+        meta_misses: c.meta_misses,
+        evicted: c.evicted,
+        prefetched: c.prefetched,
+        prefetch_hits: c.prefetch_hits,
     }
 }
 

@@ -163,10 +163,10 @@ impl Backend for Pools {
 
     fn pool_status(&self, name: Option<&str>) -> Result<Vec<PoolStatus>, ApiError> {
         match name {
-            Some(n) => Ok(vec![pool_status(self.get(n)?.status())]),
+            Some(n) => Ok(vec![status_with_cache(&*self.get(n)?)]),
             None => {
                 let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
-                Ok(pools.iter().map(|p| pool_status(p.status())).collect())
+                Ok(pools.iter().map(|p| status_with_cache(p)).collect())
             }
         }
     }
@@ -641,4 +641,11 @@ impl Node for Pools {
         }
         // The cache keeps listing them: they come back at the next start.
     }
+}
+
+/// A pool's status with the counters of the block cache it reads through.
+fn status_with_cache(p: &Pool) -> PoolStatus {
+    let mut s = pool_status(p.status());
+    s.cache = Some(crate::convert::cache_counters(p.cache_stats()));
+    s
 }

@@ -319,6 +319,12 @@ impl Pool {
         }
     }
 
+    /// Size and counters of the block cache this pool reads through (shared
+    /// with the other pools that use the same cache).
+    pub fn cache_stats(&self) -> tarn_block::CacheStats {
+        self.cache.stats()
+    }
+
     /// A store for reading committed trees through the block cache.
     pub(crate) fn read_store(&self) -> ReadStore<'_> {
         ReadStore {

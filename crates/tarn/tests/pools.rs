@@ -290,3 +290,50 @@ fn log_devices_through_the_cli() {
     );
     d.stop();
 }
+
+/// The block cache shows in `status` (JSON and text) and under `iostat -v`:
+/// reading an object twice turns misses into hits.
+#[test]
+fn cache_counters_in_status_and_iostat() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(dir.path(), &["--cache-mib", "64"]);
+    let m = files(dir.path(), "m", 1, 96 << 20);
+    d.ok(&["pool", "create", "tank", &m[0]]);
+    let payload = dir.path().join("payload");
+    std::fs::write(&payload, pattern(3, 4 << 20)).unwrap();
+    let p = payload.to_str().unwrap();
+    d.ok(&["object", "put", "tank", "x", p]);
+    // Committed, so reads go to the disks and the cache, not to the
+    // open txg's buffers.
+    d.ok(&["pool", "sync", "tank"]);
+    let cache = |d: &Daemon| -> serde_json::Value {
+        let v: serde_json::Value =
+            serde_json::from_str(&d.ok(&["-o", "json", "pool", "status", "tank"])).unwrap();
+        v[0]["cache"].clone()
+    };
+    let before = cache(&d);
+    assert_eq!(before["max_bytes"], 64u64 << 20, "{before}");
+    let out = dir.path().join("out");
+    for _ in 0..2 {
+        d.ok(&["object", "get", "tank", "x", out.to_str().unwrap()]);
+        assert!(std::fs::read(&out).unwrap() == std::fs::read(&payload).unwrap());
+    }
+    let after = cache(&d);
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+    // The second read of 4 MiB found its blocks in the cache.
+    assert!(
+        n(&after, "data_hits") > n(&before, "data_hits"),
+        "{before} then {after}"
+    );
+    assert!(n(&after, "bytes") >= 4 << 20, "{after}");
+    let text = d.ok(&["pool", "status", "tank"]);
+    assert!(
+        text.contains(" cache: ") && text.contains("hits: data"),
+        "{text}"
+    );
+    let io = d.ok(&["pool", "iostat", "-v", "tank"]);
+    assert!(io.contains("read-ahead") && io.contains("metadata"), "{io}");
+    let io = d.ok(&["pool", "iostat", "tank"]);
+    assert!(!io.contains("read-ahead"), "{io}");
+    d.stop();
+}

@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use tarn_api::pool::{
-    Counters, Health, ImportCandidate, IostatEntry, PoolListEntry, PoolStatus, ScanKind, ScanState,
-    ScanStatus, VdevStatus,
+    CacheCounters, Counters, Health, ImportCandidate, IostatEntry, PoolListEntry, PoolStatus,
+    ScanKind, ScanState, ScanStatus, VdevStatus,
 };
 
 use super::{format_count, format_date, format_duration, format_rate, format_size, percent, table};
@@ -130,6 +130,9 @@ pub fn render_pool_status(pool: &PoolStatus) -> String {
         }
         None => out.push_str("  scan: none requested\n"),
     }
+    if let Some(cache) = &pool.cache {
+        let _ = writeln!(out, " cache: {}", cache_text(cache));
+    }
     out.push_str("config:\n\n");
 
     let mut rows = vec![TreeRow {
@@ -202,6 +205,104 @@ pub fn render_pool_status(pool: &PoolStatus) -> String {
         for name in &pool.damaged {
             let _ = writeln!(out, "        {name}");
         }
+    }
+    out
+}
+
+/// A hit ratio as a percentage with one decimal, or `-` before any lookup.
+fn hit_ratio(hits: u64, misses: u64) -> String {
+    match hits + misses {
+        0 => "-".to_string(),
+        n => format!("{:.1}%", hits as f64 * 100.0 / n as f64),
+    }
+}
+
+/// The `cache:` line of `status`: how full the block cache is and how
+/// often it answered since the daemon started.
+pub fn cache_text(c: &CacheCounters) -> String {
+    format!(
+        "{} of {} in {} blocks; hits: data {}, metadata {}; read ahead {} blocks, {} used",
+        format_size(c.bytes),
+        format_size(c.max_bytes),
+        format_count(c.blocks),
+        hit_ratio(c.data_hits, c.data_misses),
+        hit_ratio(c.meta_hits, c.meta_misses),
+        format_count(c.prefetched),
+        format_count(c.prefetch_hits),
+    )
+}
+
+/// The block cache under `iostat -v`: totals in the first report, then
+/// lookups per second and hit ratios over each interval, like the device
+/// rows above it.
+pub fn render_cache_iostat(
+    current: &CacheCounters,
+    previous: Option<(&CacheCounters, Duration)>,
+) -> String {
+    let d = |now: u64, then: u64| now.saturating_sub(then);
+    let (c, per) = match previous {
+        None => (*current, None),
+        Some((p, elapsed)) => (
+            CacheCounters {
+                data_hits: d(current.data_hits, p.data_hits),
+                data_misses: d(current.data_misses, p.data_misses),
+                meta_hits: d(current.meta_hits, p.meta_hits),
+                meta_misses: d(current.meta_misses, p.meta_misses),
+                evicted: d(current.evicted, p.evicted),
+                prefetched: d(current.prefetched, p.prefetched),
+                prefetch_hits: d(current.prefetch_hits, p.prefetch_hits),
+                ..*current
+            },
+            Some(elapsed.as_secs_f64().max(1e-3)),
+        ),
+    };
+    let n = |v: u64| match per {
+        None => format_count(v),
+        Some(secs) => format!("{}/s", format_count((v as f64 / secs).round() as u64)),
+    };
+    let rows = vec![
+        vec![
+            "cache".to_string(),
+            "size".to_string(),
+            "hits".to_string(),
+            "misses".to_string(),
+            "hit%".to_string(),
+        ],
+        vec![
+            "  data".to_string(),
+            format!("{}/{}", format_size(c.bytes), format_size(c.max_bytes)),
+            n(c.data_hits),
+            n(c.data_misses),
+            hit_ratio(c.data_hits, c.data_misses),
+        ],
+        vec![
+            "  metadata".to_string(),
+            String::new(),
+            n(c.meta_hits),
+            n(c.meta_misses),
+            hit_ratio(c.meta_hits, c.meta_misses),
+        ],
+        vec![
+            "  read-ahead".to_string(),
+            String::new(),
+            n(c.prefetch_hits),
+            n(c.prefetched.saturating_sub(c.prefetch_hits)),
+            hit_ratio(
+                c.prefetch_hits,
+                c.prefetched.saturating_sub(c.prefetch_hits),
+            ),
+        ],
+    ];
+    let widths: Vec<usize> = (0..5)
+        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in &rows {
+        let mut line = format!("{:<w$}", r[0], w = widths[0]);
+        for (cell, w) in r[1..].iter().zip(&widths[1..]) {
+            let _ = write!(line, "  {cell:>w$}");
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
     }
     out
 }
@@ -505,6 +606,7 @@ mod tests {
                 None,
             )],
             damaged: vec![],
+            cache: None,
         }
     }
 
@@ -687,5 +789,40 @@ mod tests {
             line.contains(" 50.0%") && line.ends_with("ETA 00:01:01"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn cache_totals_then_rates_over_the_interval() {
+        let then = CacheCounters {
+            bytes: 3 << 20,
+            max_bytes: 64 << 20,
+            blocks: 3,
+            data_hits: 10,
+            data_misses: 30,
+            meta_hits: 5,
+            meta_misses: 0,
+            evicted: 0,
+            prefetched: 4,
+            prefetch_hits: 1,
+        };
+        let line = cache_text(&then);
+        assert!(line.starts_with("3M of 64M in 3 blocks"), "{line}");
+        assert!(line.contains("data 25.0%, metadata 100.0%"), "{line}");
+        let total = render_cache_iostat(&then, None);
+        assert!(total.contains("25.0%") && total.contains("30"), "{total}");
+        let now = CacheCounters {
+            data_hits: 30,
+            data_misses: 40,
+            meta_hits: 5,
+            ..then
+        };
+        // Over two seconds: 20 hits and 10 misses, 10/s and 5/s, 66.7%.
+        let rates = render_cache_iostat(&now, Some((&then, Duration::from_secs(2))));
+        let data = rates.lines().find(|l| l.contains("data")).unwrap();
+        let cells: Vec<&str> = data.split_whitespace().collect();
+        assert_eq!(cells[2..], ["10/s", "5/s", "66.7%"], "{rates}");
+        let meta = rates.lines().find(|l| l.contains("metadata")).unwrap();
+        let cells: Vec<&str> = meta.split_whitespace().collect();
+        assert_eq!(cells[1..], ["0/s", "0/s", "-"], "{rates}");
     }
 }
