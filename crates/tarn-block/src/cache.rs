@@ -25,7 +25,9 @@
 //! stream of blocks read once therefore passes through the small FIFO and
 //! never displaces main. Prefetched blocks ([`BlockCache::insert_prefetched`])
 //! enter the small FIFO with no credit, so read-ahead that is never used
-//! costs nothing but memory; no caller issues read-ahead yet.
+//! costs nothing but memory, and the first read of a prefetched block
+//! counts as its first use (no credit either), so a sequential scan served
+//! by read-ahead stays as harmless as one read on demand.
 //!
 //! **Concurrency.** The cache is split into shards by key hash, each under
 //! its own mutex held only for map and queue updates (never for I/O or
@@ -289,10 +291,14 @@ impl BlockCache {
         let found = Key::of(pool, bp).and_then(|k| {
             let mut sh = lock(&self.shards[k.shard()]);
             let e = sh.map.get_mut(&k)?;
-            e.freq = (e.freq + 1).min(FREQ_MAX);
             if e.prefetched {
+                // The first read of a block read ahead is its first use,
+                // not a second one: a sequential scan served by read-ahead
+                // must not promote its blocks over the working set.
                 e.prefetched = false;
                 self.stats.prefetch_hits.fetch_add(1, Ordering::Relaxed);
+            } else {
+                e.freq = (e.freq + 1).min(FREQ_MAX);
             }
             Some(e.data.clone())
         });
@@ -319,6 +325,12 @@ impl BlockCache {
         self.insert_inner(pool, bp, data, kind, false);
     }
 
+    /// Whether a block of `len` logical bytes would be kept: blocks above a
+    /// quarter of a shard's budget are not, so reading them ahead is waste.
+    pub fn would_keep(&self, len: usize) -> bool {
+        len > 0 && len <= self.shard_max() / 4
+    }
+
     /// Like [`BlockCache::insert`], for read-ahead: the block enters with
     /// no credit, so it leaves first unless it is read.
     pub fn insert_prefetched(&self, pool: u64, bp: &BlockPtr, data: Arc<[u8]>, kind: BlockKind) {
@@ -336,7 +348,7 @@ impl BlockCache {
         let Some(k) = Key::of(pool, bp) else { return };
         let len = data.len();
         // A block larger than a quarter of a shard would empty it.
-        if len == 0 || len > self.shard_max() / 4 {
+        if !self.would_keep(len) {
             return;
         }
         let mut sh = lock(&self.shards[k.shard()]);
@@ -575,6 +587,32 @@ mod tests {
             .filter(|n| c.contains(7, &bp(*n, blk as u32)))
             .count();
         assert!(kept < hot as usize / 2, "kept {kept}");
+    }
+
+    #[test]
+    fn a_scan_served_by_read_ahead_keeps_the_hot_set() {
+        let c = BlockCache::new(BUDGET);
+        let blk = 64 << 10;
+        let hot = (BUDGET / 4 / blk) as u64;
+        for _ in 0..4 {
+            for n in 0..hot {
+                if c.get(7, &bp(n, blk as u32), BlockKind::Data).is_none() {
+                    c.insert(7, &bp(n, blk as u32), data(n, blk), BlockKind::Data);
+                }
+            }
+        }
+        // Each scanned block is read ahead, then read once by the scan.
+        let scan = 10 * (BUDGET / blk) as u64;
+        for n in 0..scan {
+            let b = bp(1_000_000 + n, blk as u32);
+            c.insert_prefetched(7, &b, data(n, blk), BlockKind::Data);
+            assert!(c.get(7, &b, BlockKind::Data).is_some(), "block {n}");
+        }
+        let kept = (0..hot)
+            .filter(|n| c.contains(7, &bp(*n, blk as u32)))
+            .count() as u64;
+        assert!(kept * 10 >= hot * 8, "kept {kept} of {hot}");
+        assert_eq!(c.stats().prefetch_hits, scan);
     }
 
     #[test]

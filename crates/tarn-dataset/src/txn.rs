@@ -135,6 +135,12 @@ impl BlockRef {
         self.len() == 0
     }
 
+    /// True when the block is on disk (not only in the memory of an open
+    /// or syncing txg): what read-ahead can bring into the cache.
+    pub fn is_committed(&self) -> bool {
+        matches!(self.0, RefInner::Committed { .. })
+    }
+
     /// Reads the block (through the block cache) without any dataset lock.
     /// A block that does not verify is reported as damage, named after the
     /// dataset and key, like a read inside a transaction.
@@ -153,6 +159,15 @@ impl BlockRef {
                     Err(DsError::Damaged(format!("{what}: {e}")))
                 }
             },
+        }
+    }
+
+    /// Reads the block into the block cache for a reader expected soon
+    /// (read-ahead); nothing for a block still in memory. Errors are left
+    /// for that reader's own read to report.
+    pub fn prefetch(self, pool: &Pool) {
+        if let RefInner::Committed { bp, hold, .. } = self.0 {
+            pool.prefetch_held(&bp, &hold);
         }
     }
 }

@@ -9,7 +9,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tarn_dataset::{DatasetHandle, DsError, Txn, Value};
 
-use crate::{Backend, BlockReader, Bytes, FsError, SpaceInfo, Store, StoreError, StoreInfo, Val};
+use crate::{
+    Backend, BlockReader, Bytes, FsError, Prefetch, SpaceInfo, Store, StoreError, StoreInfo, Val,
+};
 
 fn store_err(e: DsError) -> StoreError {
     match e {
@@ -101,6 +103,17 @@ impl Store for TxnStore<'_, '_, '_> {
                 .map(|d| Box::new(d) as Bytes)
                 .map_err(store_err)
         })))
+    }
+
+    fn block_prefetcher(&mut self, key: &[u8]) -> Result<Option<Prefetch>, StoreError> {
+        let Some(r) = self.t.block_ref(key).map_err(store_err)? else {
+            return Ok(None);
+        };
+        if !r.is_committed() {
+            return Ok(None);
+        }
+        let pool = self.handle.pool().clone();
+        Ok(Some(Box::new(move || r.prefetch(&pool))))
     }
 
     fn now(&self) -> (i64, u32) {

@@ -134,6 +134,36 @@ pub(crate) fn read_plan(tx: &mut Tx, inode: &Inode, off: u64, len: u64) -> Resul
     Ok(plan)
 }
 
+/// Read-ahead of the records of `inode` that overlap `range` (clipped to
+/// the file): one job per block on disk; holes and blocks still in memory
+/// need none. Found inside the transaction, run after it.
+pub(crate) fn prefetch_plan(
+    tx: &mut Tx,
+    inode: &Inode,
+    range: std::ops::Range<u64>,
+) -> Result<Vec<crate::store::Prefetch>> {
+    let end = range.end.min(inode.size);
+    if range.start >= end {
+        return Ok(Vec::new());
+    }
+    let rs = rs(inode);
+    let mut jobs = Vec::new();
+    for (idx, _) in blocks_in(tx, inode.ino, range.start / rs, (end - 1) / rs)? {
+        if let Some(job) =
+            tx.s.block_prefetcher(&data_key(inode.ino, idx))
+                .map_err(|e| record_error(inode.ino, idx, e))?
+        {
+            jobs.push(job);
+        }
+    }
+    Ok(jobs)
+}
+
+/// The record size of a file's blocks, for read-ahead's window.
+pub(crate) fn record_size(inode: &Inode) -> u64 {
+    rs(inode)
+}
+
 impl ReadPlan {
     /// Fetches the blocks and assembles the bytes; holes and the parts of
     /// records past a block's end read as zeros.

@@ -60,6 +60,8 @@ pub struct Fs<B: Backend> {
     pub(crate) live: Arc<B>,
     pub(crate) open: Mutex<HashMap<u64, u32>>,
     snaps: Mutex<Snaps<B>>,
+    /// Sequential readers, for read-ahead.
+    pub(crate) readahead: crate::readahead::ReadAhead,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -201,6 +203,7 @@ impl<B: Backend> Fs<B> {
         let fs = Fs {
             live: backend,
             open: Mutex::new(HashMap::new()),
+            readahead: Default::default(),
             snaps: Mutex::new(Snaps {
                 slots: BTreeMap::new(),
                 by_guid: HashMap::new(),

@@ -5,6 +5,7 @@ use crate::file::{self, MAX_FILE_SIZE};
 use crate::fs::{attr_of, err, lock, open_mask, wants_atime, Fs, Place, MAX_READ};
 use crate::inode::{self, Tx};
 use crate::perm;
+use crate::readahead;
 use crate::store::Backend;
 use crate::types::*;
 use crate::{FsError, Result};
@@ -106,6 +107,8 @@ impl<B: Backend> Fs<B> {
                 }
                 Some(_) => {
                     open.remove(&local);
+                    // The last close ends the file's sequential readers.
+                    self.readahead.forget((0, local));
                 }
                 None => {}
             }
@@ -140,16 +143,29 @@ impl<B: Backend> Fs<B> {
         }
         // The blocks are found under the dataset's lock and read after it
         // is released, so reads of one dataset overlap (see `file`).
-        let (plan, touch) = self.read_on(ino, |tx, _, l| {
+        let (plan, touch, ahead) = self.read_on(ino, |tx, slot, l| {
             let i = tx.get(l)?;
             match i.kind {
                 FileKind::Regular => {}
                 FileKind::Directory => return err(libc::EISDIR, "is a directory"),
                 _ => return err(libc::EINVAL, "not a regular file"),
             }
-            let plan = file::read_plan(tx, &i, offset, u64::from(size.min(MAX_READ)))?;
-            Ok((plan, wants_atime(tx, &i)))
+            let len = u64::from(size.min(MAX_READ));
+            let plan = file::read_plan(tx, &i, offset, len)?;
+            // Read-ahead is advice: a failure to plan it is the next
+            // read's to meet, not this one's.
+            let ahead = match self
+                .readahead
+                .on_read((slot, l), offset, len, file::record_size(&i))
+            {
+                Some(r) => file::prefetch_plan(tx, &i, r).unwrap_or_default(),
+                None => Vec::new(),
+            };
+            Ok((plan, wants_atime(tx, &i), ahead))
         })?;
+        if !ahead.is_empty() {
+            readahead::submit(ahead);
+        }
         let data = plan.run()?;
         if touch {
             self.touch_atime(ino);

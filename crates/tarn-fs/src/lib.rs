@@ -93,6 +93,7 @@ mod inode;
 mod io;
 mod namespace;
 mod perm;
+mod readahead;
 mod readdir;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
@@ -111,7 +112,9 @@ use std::borrow::Cow;
 pub use dataset::DatasetBackend;
 pub use dynfs::DynFs;
 pub use fs::{Fs, MAX_READ};
-pub use store::{Backend, BlockReader, Bytes, SpaceInfo, Store, StoreError, StoreInfo, Val};
+pub use store::{
+    Backend, BlockReader, Bytes, Prefetch, SpaceInfo, Store, StoreError, StoreInfo, Val,
+};
 pub use types::*;
 
 /// Result type of every `tarn-fs` operation.

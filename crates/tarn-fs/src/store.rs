@@ -21,7 +21,11 @@ use std::ops::Bound;
 /// it can, so a read costs no extra copy.
 pub type Bytes = Box<dyn AsRef<[u8]> + Send + Sync>;
 
-/// A block read found inside a transaction and done after it (see
+/// A read of a block into a cache ahead of its reader, found inside a
+/// transaction and run after it (see [`Store::block_prefetcher`]).
+pub type Prefetch = Box<dyn FnOnce() + Send>;
+
+/// Reads a block later, outside the transaction that found it (see
 /// [`Store::block_reader`]).
 pub type BlockReader = Box<dyn FnOnce() -> Result<Bytes, StoreError> + Send>;
 
@@ -133,6 +137,13 @@ pub trait Store {
             let r: BlockReader = Box::new(move || Ok(Box::new(d) as Bytes));
             r
         }))
+    }
+    /// Something that reads the block at `key` into a cache ahead of its
+    /// reader (read-ahead), run later on another thread; `None` when there
+    /// is nothing to gain (no block, a block in memory, a store without a
+    /// cache: the default).
+    fn block_prefetcher(&mut self, _key: &[u8]) -> Result<Option<Prefetch>, StoreError> {
+        Ok(None)
     }
     /// Wall-clock time now, as (seconds, nanoseconds) since the Unix epoch.
     /// A seam so tests can run on a fixed clock.

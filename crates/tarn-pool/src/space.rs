@@ -177,6 +177,24 @@ impl Pool {
         self.read_data(bp)
     }
 
+    /// Reads a data block into the block cache ahead of its reader
+    /// (read-ahead), unless it is there already. Advisory: a block that
+    /// fails to read or verify is left alone here, for the reader's own
+    /// read to repair or report. `_hold` keeps its space from reuse, as
+    /// for [`Pool::read_held`].
+    pub fn prefetch_held(&self, bp: &BlockPtr, _hold: &crate::OwnedHold) {
+        if !self.cache.would_keep(bp.lsize as usize)
+            || self.check_usable(&self.lock()).is_err()
+            || self.cache.contains(self.guid, bp)
+        {
+            return;
+        }
+        if let Ok(d) = pipeline::read_block(&self.tops, bp) {
+            self.cache
+                .insert_prefetched(self.guid, bp, Arc::from(d), BlockKind::Data);
+        }
+    }
+
     /// Space that ordinary writes may still use: on each vdev, whole records
     /// above its metadata reserve (which is at least its slop; a record
     /// cannot straddle vdevs). The open txg's records hold their room as
