@@ -156,7 +156,7 @@ pub enum Command {
     /// Create, import, inspect and repair pools
     #[command(subcommand)]
     Pool(PoolCommand),
-    /// Raw named objects in a pool (for drills, tests and benchmarks)
+    /// Copy files in and out of the top of a pool's root filesystem (for drills, tests and benchmarks)
     #[command(subcommand)]
     Object(ObjectCommand),
     /// Filesystems in pools: create, list, properties, rename, destroy

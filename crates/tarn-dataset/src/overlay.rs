@@ -62,6 +62,11 @@ pub(crate) struct StagedSlot {
     /// Already written at this pointer (for the intent log, or by the
     /// sync): whoever comes next uses it as is.
     pub written: Option<BlockPtr>,
+    /// Replaced before its txg synced, and its room given back (or its
+    /// early copy queued for freeing): nobody may write it any more. An
+    /// intent log commit that found it before the replacement logs its
+    /// bytes instead.
+    pub released: bool,
 }
 
 impl StagedBlock {
@@ -70,7 +75,11 @@ impl StagedBlock {
         StagedBlock {
             data,
             charged: res.asize(),
-            slot: Mutex::new(StagedSlot { res, written }),
+            slot: Mutex::new(StagedSlot {
+                res,
+                written,
+                released: false,
+            }),
         }
     }
 

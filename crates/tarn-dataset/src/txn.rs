@@ -454,7 +454,11 @@ impl Txn<'_, '_> {
         }
         self.reserved.clear();
         for b in std::mem::take(&mut self.released) {
-            let slot = b.slot().clone();
+            let slot = {
+                let mut s = b.slot();
+                s.released = true;
+                s.clone()
+            };
             match slot.written {
                 // Only the intent log refers to it: freed after the sync of
                 // this txg.

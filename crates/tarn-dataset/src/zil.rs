@@ -335,6 +335,14 @@ pub(crate) fn commit(dsl: &Dsl, cx: &mut Cx<'_>, id: u64) -> Result<bool, DsErro
             let bp = match slot.written {
                 // Written by an earlier commit, or by the sync already.
                 Some(bp) => bp,
+                // A block of a txg that is no longer open belongs to its
+                // sync, which may be writing it right now into the same
+                // room; a block replaced since it was found here has given
+                // its room back: the record carries the data instead. Only
+                // the open txg's live blocks (open context holds the txg
+                // open during this commit) are written early, accounted to
+                // that txg.
+                None if txg != cx.txg() || slot.released => continue,
                 None => match cx.write_block_now(&sb.data, opts, slot.res.clone(), txg) {
                     Ok(Some(bp)) => {
                         slot.res = Reservation::of_block(&bp);

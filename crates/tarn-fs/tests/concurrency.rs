@@ -1,0 +1,207 @@
+//! The POSIX layer under concurrent load on a real pool: threads writing
+//! and reading their own files and stripes of a shared file, with
+//! `fsync`s through the intent log, while txgs sync, snapshots are taken
+//! and a scrub runs; then every file is checked, before and after an
+//! export and import. Seeded (`TARN_FS_SEED`), so a failure replays.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tarn_fs::{Cred, ROOT_INO};
+use tarn_pool::ScanAction;
+use tarn_testkit::data::{env_seed, random_seed, Rng};
+use tarn_testkit::datasets::{filesystem, mount, DsFs};
+use tarn_testkit::pools::{self, wait_scan};
+use tarn_vdev::VdevKind;
+
+const THREADS: usize = 6;
+const STRIPE: u64 = 48 << 10;
+const STRIPES: u64 = 48;
+
+type Own = Vec<u8>;
+type Stripes = Vec<(u64, Vec<u8>)>;
+
+fn worker(fs: &DsFs, shared: u64, id: usize, mut rng: Rng, fsyncs: bool) -> (Own, Stripes) {
+    let c = Cred::root();
+    let name = format!("own-{id}");
+    let own = fs
+        .create(
+            ROOT_INO,
+            name.as_bytes(),
+            libc::S_IFREG | 0o644,
+            0,
+            libc::O_RDWR,
+            &c,
+        )
+        .unwrap()
+        .ino;
+    let mut model: Vec<u8> = Vec::new();
+    let mut stripes = BTreeMap::new();
+    for round in 0..40 {
+        let off = rng.below(3 << 20);
+        let len = rng.range(1, 300 << 10) as usize;
+        let data = rng.bytes(len);
+        let sync = fsyncs && rng.chance(0.1);
+        fs.write(own, off, &data, false, &c).unwrap();
+        if sync {
+            // A stable write: durable before it is acknowledged.
+            fs.fsync(own).unwrap();
+        }
+        let end = off as usize + len;
+        if model.len() < end {
+            model.resize(end, 0);
+        }
+        model[off as usize..end].copy_from_slice(&data);
+        let back = fs.read(own, off, len as u32).unwrap();
+        if back != data {
+            let first = back.iter().zip(&data).position(|(a, b)| a != b);
+            panic!(
+                "thread {id} round {round}: own file read back differs: wrote {} at {off}, \
+                 read {}, first difference at {first:?}",
+                data.len(),
+                back.len()
+            );
+        }
+        let j = rng.below(STRIPES / THREADS as u64) * THREADS as u64 + id as u64;
+        let data = rng.bytes(STRIPE as usize);
+        fs.write(shared, j * STRIPE, &data, false, &c).unwrap();
+        let back = fs.read(shared, j * STRIPE, STRIPE as u32).unwrap();
+        assert!(
+            back == data,
+            "thread {id}: shared stripe {j} read back differs"
+        );
+        stripes.insert(j * STRIPE, data);
+        if fsyncs && rng.chance(0.15) {
+            fs.fsync(own).unwrap();
+        }
+    }
+    fs.release(own).unwrap();
+    (model, stripes.into_iter().collect())
+}
+
+fn read_all(fs: &DsFs, ino: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let got = fs.read(ino, out.len() as u64, 256 << 10).unwrap();
+        if got.is_empty() {
+            return out;
+        }
+        out.extend_from_slice(&got);
+    }
+}
+
+fn verify(fs: &DsFs, own: &[Own], shared: &Stripes) {
+    let c = Cred::root();
+    for (i, model) in own.iter().enumerate() {
+        let a = fs
+            .lookup(ROOT_INO, format!("own-{i}").as_bytes(), &c)
+            .unwrap();
+        let got = read_all(fs, a.ino);
+        assert_eq!(got.len(), model.len(), "own-{i}: size");
+        assert!(got == *model, "own-{i}: content differs");
+    }
+    let a = fs.lookup(ROOT_INO, b"shared", &c).unwrap();
+    for (off, data) in shared {
+        let got = fs.read(a.ino, *off, data.len() as u32).unwrap();
+        assert!(got == *data, "shared stripe at {off} differs");
+    }
+}
+
+fn under_load(fsyncs: bool) {
+    let seed = env_seed("TARN_FS_SEED").unwrap_or_else(random_seed);
+    eprintln!("seed {seed:#x} (TARN_FS_SEED)");
+    let mut rng = Rng::new(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pools::tank(dir.path(), VdevKind::Raidz { parity: 1 }, 4, 256 << 20);
+    let fs = Arc::new(filesystem(&pool, "tank/fs", &[("recordsize", "128K")]));
+    let c = Cred::root();
+    let before = fs
+        .create(
+            ROOT_INO,
+            b"before",
+            libc::S_IFREG | 0o644,
+            0,
+            libc::O_RDWR,
+            &c,
+        )
+        .unwrap();
+    let base = rng.bytes(3 << 20);
+    fs.write(before.ino, 0, &base, false, &c).unwrap();
+    fs.release(before.ino).unwrap();
+    let shared = fs
+        .create(
+            ROOT_INO,
+            b"shared",
+            libc::S_IFREG | 0o644,
+            0,
+            libc::O_RDWR,
+            &c,
+        )
+        .unwrap()
+        .ino;
+    pool.sync().unwrap();
+
+    let done = Arc::new(AtomicBool::new(false));
+    let background = {
+        let (pool, done) = (pool.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            let mut scrubbed = false;
+            while !done.load(Ordering::Acquire) {
+                pool.sync().unwrap();
+                n += 1;
+                let snap = format!("tank/fs@s{n}");
+                tarn_dataset::snapshot(&pool, &[snap], false).unwrap();
+                if !scrubbed {
+                    pool.scrub(ScanAction::Start).unwrap();
+                    scrubbed = true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            n
+        })
+    };
+    let workers: Vec<_> = (0..THREADS)
+        .map(|id| {
+            let fs = fs.clone();
+            let r = rng.fork();
+            std::thread::spawn(move || worker(&fs, shared, id, r, fsyncs))
+        })
+        .collect();
+    let mut own = Vec::new();
+    let mut stripes = Vec::new();
+    for w in workers {
+        let (o, s) = w.join().unwrap();
+        own.push(o);
+        stripes.extend(s);
+    }
+    done.store(true, Ordering::Release);
+    let syncs = background.join().unwrap();
+    assert!(syncs > 0);
+    fs.release(shared).unwrap();
+    verify(&fs, &own, &stripes);
+    assert!(read_all(&fs, before.ino) == base);
+    pool.sync().unwrap();
+    let scan = wait_scan(&pool);
+    assert_eq!(scan.errors, 0, "{scan:?}");
+    assert!(pool.status().damaged.is_empty());
+
+    drop(fs);
+    pool.export(false).unwrap();
+    let pool = pools::import(dir.path(), "tank");
+    let fs = mount(&pool, "tank/fs");
+    verify(&fs, &own, &stripes);
+    let scan = pools::scrub(&pool);
+    assert_eq!(scan.errors, 0, "{scan:?}");
+}
+
+#[test]
+fn many_writers_with_syncs_snapshots_and_a_scrub() {
+    under_load(false);
+}
+
+#[test]
+fn many_writers_with_fsyncs_syncs_snapshots_and_a_scrub() {
+    under_load(true);
+}
