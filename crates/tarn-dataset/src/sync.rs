@@ -271,6 +271,15 @@ impl Dsl {
             )));
         };
         for bp in &added {
+            // A block this txg adds was born in it (written by this sync, or
+            // early by an intent log commit while the txg was open), or
+            // before it for a block the intent log's replay brought back.
+            debug_assert!(
+                bp.birth <= cx.txg(),
+                "dataset {id}: added a block born in txg {} to txg {}",
+                bp.birth,
+                cx.txg()
+            );
             rec.referenced.add(Sums::of(bp));
             rec.unique.add(Sums::of(bp));
         }

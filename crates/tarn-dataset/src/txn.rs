@@ -462,7 +462,17 @@ impl Txn<'_, '_> {
             match slot.written {
                 // Only the intent log refers to it: freed after the sync of
                 // this txg.
-                Some(bp) => self.cx.log_free(txg, bp),
+                Some(bp) => {
+                    // Only the open txg's blocks are written early, and a
+                    // transaction replaces only blocks of its own txg; a
+                    // replayed block was born in the txg of its record.
+                    debug_assert!(
+                        bp.birth == txg || (self.replay && bp.birth < txg),
+                        "released a block born in txg {} in txg {txg}",
+                        bp.birth
+                    );
+                    self.cx.log_free(txg, bp)
+                }
                 None => self.cx.release_block(slot.res),
             }
         }
