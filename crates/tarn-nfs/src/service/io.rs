@@ -31,16 +31,23 @@ impl<'a> Cx<'a> {
         let Some(o) = self.resolve_or(fh, w, NoAttrs::PostOp) else {
             return Ok(());
         };
-        let res = Self::may_read(&o)
-            .and_then(|()| o.fs().read(o.ino(), offset, count).map_err(|e| stat_of(&e)));
+        let res = Self::may_read(&o).and_then(|()| {
+            o.fs()
+                .read_data(o.ino(), offset, count)
+                .map_err(|e| stat_of(&e))
+        });
         let post = o.reattr();
         match res {
             Ok(data) => {
                 let size = post.as_ref().map_or(o.attr.size, |a| a.size);
-                let eof = offset.saturating_add(data.len() as u64) >= size;
+                let n = data.len() as u32;
+                let eof = offset.saturating_add(u64::from(n)) >= size;
                 w.u32(0);
                 post_op_attr(w, post.as_ref());
-                w.u32(data.len() as u32).bool(eof).opaque(&data);
+                // count, eof, then the opaque: its length here, its bytes
+                // and padding written by the connection from the blocks.
+                w.u32(n).bool(eof).u32(n);
+                self.payload.set(Some(data));
             }
             Err(s) => {
                 w.u32(s.code());

@@ -12,12 +12,13 @@
 //! removing, renaming and linking names) and [`readdir`] (READDIR and
 //! READDIRPLUS).
 
+use std::cell::Cell;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, RwLock};
 
 use tarn_fs::{
-    Attr, Cred, FileHandle, FileKind, FsError, SetAttr, TimeSet, Timestamp, LINK_MAX, NAME_MAX,
-    ROOT_INO, R_OK, SYMLINK_MAX, W_OK, X_OK,
+    Attr, Cred, FileHandle, FileKind, FsError, ReadData, SetAttr, TimeSet, Timestamp, LINK_MAX,
+    NAME_MAX, ROOT_INO, R_OK, SYMLINK_MAX, W_OK, X_OK,
 };
 
 use crate::export::Export;
@@ -49,6 +50,47 @@ pub(crate) struct Entry {
     pub guid: u64,
     /// Root attributes' handle.
     pub root: FileHandle,
+}
+
+/// A reply record: the XDR body and, for READ, the file data that ends
+/// it, kept as ranges of the blocks that hold it so the connection writes
+/// them to the socket with one vectored write and no copy. When `data` is
+/// set, `body` ends with the opaque's length word; the data and its XDR
+/// padding follow.
+pub(crate) struct Reply {
+    pub body: Vec<u8>,
+    pub data: Option<ReadData>,
+}
+
+impl Reply {
+    /// A reply that is all body.
+    pub(crate) fn plain(body: Vec<u8>) -> Reply {
+        Reply { body, data: None }
+    }
+
+    /// Bytes of XDR padding after the data.
+    pub(crate) fn pad(&self) -> usize {
+        self.data.as_ref().map_or(0, |d| (4 - d.len() % 4) % 4)
+    }
+
+    /// Length of the whole record.
+    pub(crate) fn len(&self) -> usize {
+        self.body.len() + self.data.as_ref().map_or(0, |d| d.len()) + self.pad()
+    }
+
+    /// The record in one buffer (tests, fuzzing).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub(crate) fn into_vec(self) -> Vec<u8> {
+        let pad = self.pad();
+        let mut v = self.body;
+        if let Some(d) = self.data {
+            for s in d.slices() {
+                v.extend_from_slice(s);
+            }
+            v.resize(v.len() + pad, 0);
+        }
+        v
+    }
 }
 
 /// State shared by every connection.
@@ -211,12 +253,16 @@ impl Service {
 
     /// Handles one request record; None means "no reply" (unreadable or
     /// not a call).
-    pub(crate) fn dispatch(&self, peer: IpAddr, record: &[u8]) -> Option<Vec<u8>> {
+    pub(crate) fn dispatch(&self, peer: IpAddr, record: &[u8]) -> Option<Reply> {
         let call = match rpc::parse_call(record) {
             Ok(c) => c,
             Err(HeaderError::Unreadable) | Err(HeaderError::NotCall) => return None,
-            Err(HeaderError::BadCred(xid)) => return Some(rpc::auth_error(xid, AuthStat::BadCred)),
-            Err(HeaderError::RpcMismatch(xid)) => return Some(rpc::rpc_mismatch(xid)),
+            Err(HeaderError::BadCred(xid)) => {
+                return Some(Reply::plain(rpc::auth_error(xid, AuthStat::BadCred)))
+            }
+            Err(HeaderError::RpcMismatch(xid)) => {
+                return Some(Reply::plain(rpc::rpc_mismatch(xid)))
+            }
         };
         let args = record.get(call.args_offset..).unwrap_or(&[]);
         let user = match &call.auth {
@@ -230,14 +276,15 @@ impl Service {
                 if call.proc_ == 0 {
                     None
                 } else {
-                    return Some(rpc::auth_error(call.xid, AuthStat::TooWeak));
+                    return Some(Reply::plain(rpc::auth_error(call.xid, AuthStat::TooWeak)));
                 }
             }
         };
         let caller = Caller { peer, user };
         let xid = call.xid;
+        let payload = Cell::new(None);
         let result: Result<Writer, AcceptStat> = match (call.prog, call.vers) {
-            (NFS_PROG, 3) => self.nfs(&caller, call.proc_, args, xid),
+            (NFS_PROG, 3) => self.nfs(&caller, call.proc_, args, xid, &payload),
             (NFS_PROG, _) => Err(AcceptStat::ProgMismatch(3, 3)),
             (MOUNT_PROG, 3) => self.mount(&caller, &call.auth, call.proc_, args, xid),
             (MOUNT_PROG, _) => Err(AcceptStat::ProgMismatch(3, 3)),
@@ -246,8 +293,11 @@ impl Service {
             _ => Err(AcceptStat::ProgUnavail),
         };
         Some(match result {
-            Ok(w) => w.into_bytes(),
-            Err(stat) => rpc::accepted(xid, stat).into_bytes(),
+            Ok(w) => Reply {
+                body: w.into_bytes(),
+                data: payload.take(),
+            },
+            Err(stat) => Reply::plain(rpc::accepted(xid, stat).into_bytes()),
         })
     }
     // ----- NFS v3 --------------------------------------------------------
@@ -258,6 +308,7 @@ impl Service {
         proc_: u32,
         args: &[u8],
         xid: u32,
+        payload: &Cell<Option<ReadData>>,
     ) -> Result<Writer, AcceptStat> {
         if proc_ == nfsproc::NULL {
             return Ok(rpc::accepted(xid, AcceptStat::Success));
@@ -272,6 +323,7 @@ impl Service {
             svc: self,
             entries: &entries,
             caller,
+            payload,
         };
         let res = match proc_ {
             nfsproc::GETATTR => cx.getattr(&mut r, &mut w),
@@ -309,6 +361,8 @@ struct Cx<'a> {
     svc: &'a Service,
     entries: &'a [Entry],
     caller: &'a Caller,
+    /// READ's data, sent after the reply body (see [`Reply`]).
+    payload: &'a Cell<Option<ReadData>>,
 }
 
 /// Writes `stat` then, on failure, calls `fail` to write the failure body;
