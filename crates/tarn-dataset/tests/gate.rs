@@ -4,6 +4,7 @@
 //! limit, and an `fsync` of another dataset (through a log device) all
 //! complete before the gate opens. Each check fails by timing out.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
