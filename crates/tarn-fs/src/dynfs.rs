@@ -3,7 +3,7 @@
 //! `Arc<dyn DynFs>`, and their protocol code is compiled once. Every method
 //! means exactly what the `Fs` method of the same name means, and blocks.
 
-use crate::{Attr, Backend, Cred, DirEntry, FileHandle, Fs, Result, SetAttr, StatFs};
+use crate::{Attr, Backend, Cred, DirEntry, FileHandle, Fs, ReadData, Result, SetAttr, StatFs};
 
 /// [`Fs`] behind a trait object (see the module docs).
 #[allow(missing_docs)]
@@ -54,6 +54,7 @@ pub trait DynFs: Send + Sync + 'static {
     fn release(&self, ino: u64) -> Result<()>;
     fn releasedir(&self, ino: u64) -> Result<()>;
     fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>>;
+    fn read_data(&self, ino: u64, offset: u64, size: u32) -> Result<ReadData>;
     fn write(&self, ino: u64, offset: u64, data: &[u8], append: bool, cred: &Cred)
         -> Result<usize>;
     fn fallocate(&self, ino: u64, offset: u64, length: u64, mode: u32) -> Result<()>;
@@ -148,6 +149,9 @@ impl<B: Backend + 'static> DynFs for Fs<B> {
     }
     fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         Fs::read(self, ino, offset, size)
+    }
+    fn read_data(&self, ino: u64, offset: u64, size: u32) -> Result<ReadData> {
+        Fs::read_data(self, ino, offset, size)
     }
     fn write(
         &self,

@@ -8,6 +8,7 @@ use std::ops::Bound;
 
 use crate::codec::{self, K_DATA};
 use crate::inode::{Inode, Tx};
+use crate::read_data::ReadData;
 use crate::store::{BlockReader, StoreError, Val};
 use crate::{FsError, Result};
 
@@ -165,22 +166,30 @@ pub(crate) fn record_size(inode: &Inode) -> u64 {
 }
 
 impl ReadPlan {
-    /// Fetches the blocks and assembles the bytes; holes and the parts of
-    /// records past a block's end read as zeros.
-    pub(crate) fn run(self) -> Result<Vec<u8>> {
-        let mut buf = vec![0u8; self.len];
+    /// Fetches the blocks and returns the bytes as ranges of them, without
+    /// copying; holes and the parts of records past a block's end read as
+    /// zeros.
+    pub(crate) fn run(self) -> Result<ReadData> {
+        let mut out = ReadData::default();
         let end = self.off + self.len as u64;
+        // Bytes before `pos` are in `out` already.
+        let mut pos = self.off;
         for (idx, rec, reader) in self.parts {
             let data = reader().map_err(|e| record_error(self.ino, idx, e))?;
-            let data: &[u8] = (*data).as_ref();
-            let a = self.off.max(rec);
-            let b = end.min(rec + data.len() as u64);
+            let blen = (*data).as_ref().len() as u64;
+            // Blocks come in record order and lie inside their records;
+            // `max(pos)` keeps a block longer than its record from
+            // repeating bytes.
+            let a = self.off.max(rec).max(pos);
+            let b = end.min(rec.saturating_add(blen));
             if a < b {
-                buf[(a - self.off) as usize..(b - self.off) as usize]
-                    .copy_from_slice(&data[(a - rec) as usize..(b - rec) as usize]);
+                out.push_zeros((a - pos) as usize);
+                out.push_block(data, (a - rec) as usize, (b - rec) as usize);
+                pos = b;
             }
         }
-        Ok(buf)
+        out.push_zeros((end - pos) as usize);
+        Ok(out)
     }
 }
 

@@ -5,6 +5,7 @@ use crate::file::{self, MAX_FILE_SIZE};
 use crate::fs::{attr_of, err, lock, open_mask, wants_atime, Fs, Place, MAX_READ};
 use crate::inode::{self, Tx};
 use crate::perm;
+use crate::read_data::ReadData;
 use crate::readahead;
 use crate::store::Backend;
 use crate::types::*;
@@ -138,6 +139,13 @@ impl<B: Backend> Fs<B> {
     /// at end of file; holes read as zeros. Refreshes atime by relatime
     /// rules.
     pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        Ok(self.read_data(ino, offset, size)?.to_vec())
+    }
+
+    /// [`Fs::read`] without assembling the bytes: they come as ranges of
+    /// the blocks that hold them, shared with the block cache, so a front
+    /// end can write them to a socket with no copy at all.
+    pub fn read_data(&self, ino: u64, offset: u64, size: u32) -> Result<ReadData> {
         if let Place::SnapDir = self.place(ino)? {
             return err(libc::EISDIR, "is a directory");
         }

@@ -93,6 +93,7 @@ mod inode;
 mod io;
 mod namespace;
 mod perm;
+mod read_data;
 mod readahead;
 mod readdir;
 pub mod store;
@@ -112,6 +113,7 @@ use std::borrow::Cow;
 pub use dataset::DatasetBackend;
 pub use dynfs::DynFs;
 pub use fs::{Fs, MAX_READ};
+pub use read_data::ReadData;
 pub use store::{
     Backend, BlockReader, Bytes, Prefetch, SpaceInfo, Store, StoreError, StoreInfo, Val,
 };

@@ -66,7 +66,9 @@ impl Target {
 
     /// One request record, as the server would handle it; the reply.
     pub fn dispatch(&self, record: &[u8]) -> Option<Vec<u8>> {
-        self.svc.dispatch(IpAddr::from([127, 0, 0, 1]), record)
+        self.svc
+            .dispatch(IpAddr::from([127, 0, 0, 1]), record)
+            .map(|r| r.into_vec())
     }
 
     /// A byte stream as a connection would carry it: split into records

@@ -50,6 +50,17 @@
 //! bounded by `max_connections × max_inflight_per_connection ×
 //! max_record`.
 //!
+//! # Copies
+//!
+//! A READ reply is not assembled: `Fs::read_data` returns the ranges of
+//! the blocks that hold the data (shared with the block cache) and the
+//! writer task sends the record header, the reply body and those ranges
+//! with one vectored write, gathering up to 32 queued replies into it. A
+//! WRITE's payload is read from the socket straight into the request
+//! record once a large fragment is under way
+//! ([`record::Decoder::body_room`]); the filesystem then copies it once,
+//! into the block that stores it.
+//!
 //! # Connection admission
 //!
 //! At accept, a client address that no export lists is closed at once and

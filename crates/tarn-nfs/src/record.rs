@@ -6,6 +6,13 @@
 //! read returned, in any split, and gets whole records back. It enforces
 //! the record size bound as soon as a header announces too much, before
 //! any of those bytes are buffered.
+//!
+//! Large fragments (a WRITE's payload) need not pass through the
+//! connection's read buffer: [`Decoder::body_room`] hands out the record
+//! itself, with room for the rest of the fragment, so the socket read
+//! lands the bytes where the request is decoded from, and
+//! [`Decoder::filled`] accounts for them. The payload is then copied once,
+//! into the block that stores it.
 
 /// Bit marking the last fragment of a record.
 pub const LAST_FRAGMENT: u32 = 0x8000_0000;
@@ -71,23 +78,55 @@ impl Decoder {
                     if total > self.max as u64 {
                         return Err(RecordError::TooLarge(total));
                     }
+                    // Room for the whole fragment at once (within the
+                    // bound just checked): no regrowth, no second copy.
+                    self.record.reserve(len);
                     self.frag_left = Some(len);
                 }
                 Some(left) => {
                     let n = left.min(data.len());
                     self.record.extend_from_slice(&data[..n]);
                     data = &data[n..];
-                    let left = left - n;
-                    if left > 0 {
-                        self.frag_left = Some(left);
+                    self.consumed(left, n, out);
+                    if self.frag_left.is_some() {
                         return Ok(());
-                    }
-                    self.frag_left = None;
-                    if self.last {
-                        out.push(std::mem::take(&mut self.record));
                     }
                 }
             }
+        }
+    }
+
+    /// The record being assembled and how many bytes of the current
+    /// fragment are still to come, when that is at least `min` bytes: read
+    /// them straight into the record (at most that many), then call
+    /// [`Decoder::filled`]. None while a header is being read or when
+    /// little is left (read those through a buffer and [`Decoder::feed`]).
+    pub fn body_room(&mut self, min: usize) -> Option<(&mut Vec<u8>, usize)> {
+        match self.frag_left {
+            Some(left) if left >= min.max(1) => Some((&mut self.record, left)),
+            _ => None,
+        }
+    }
+
+    /// Accounts for `n` bytes appended to the record after
+    /// [`Decoder::body_room`] (at most the count it gave), appending the
+    /// record to `out` if they complete it.
+    pub fn filled(&mut self, n: usize, out: &mut Vec<Vec<u8>>) {
+        if let Some(left) = self.frag_left {
+            self.consumed(left, n.min(left), out);
+        }
+    }
+
+    /// `n` of the `left` bytes of the current fragment are in the record.
+    fn consumed(&mut self, left: usize, n: usize, out: &mut Vec<Vec<u8>>) {
+        let left = left - n;
+        if left > 0 {
+            self.frag_left = Some(left);
+            return;
+        }
+        self.frag_left = None;
+        if self.last {
+            out.push(std::mem::take(&mut self.record));
         }
     }
 }
@@ -185,6 +224,31 @@ mod tests {
         s.extend_from_slice(&[0; 6]);
         s.extend_from_slice(&(5u32 | LAST_FRAGMENT).to_be_bytes());
         assert_eq!(d.feed(&s, &mut out), Err(RecordError::TooLarge(11)));
+    }
+
+    #[test]
+    fn body_read_in_place_matches_fed() {
+        let records = vec![vec![7u8; 100], vec![1, 2, 3], vec![9u8; 5000], vec![]];
+        let stream = encode(&records, &[40, 2000]);
+        let mut d = Decoder::new(1 << 20);
+        let mut out = Vec::new();
+        let mut pos = 0;
+        while pos < stream.len() {
+            if let Some((rec, left)) = d.body_room(16) {
+                // What a socket read into the record would do, a few
+                // bytes short of the fragment.
+                let n = left.min(stream.len() - pos).min(37);
+                rec.extend_from_slice(&stream[pos..pos + n]);
+                d.filled(n, &mut out);
+                pos += n;
+            } else {
+                let n = 3.min(stream.len() - pos);
+                d.feed(&stream[pos..pos + n], &mut out).unwrap();
+                pos += n;
+            }
+        }
+        assert_eq!(out, records);
+        assert!(!d.in_record());
     }
 
     #[test]

@@ -6,15 +6,19 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use std::io::IoSlice;
+
+use bytes::BufMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use tarn_conn::{Admission, Busy, Conn, Limits};
+use tarn_conn::{Admission, Busy, Conn, ConnState, Limits};
 
 use crate::export::Export;
 use crate::record::{self, Decoder};
-use crate::service::{build_entries, Service};
+use crate::service::{build_entries, Reply, Service};
 use crate::Error;
 
 /// Server configuration: addresses and bounds.
@@ -289,6 +293,12 @@ async fn accept_loop(l: TcpListener, svc: Arc<Service>, adm: Arc<Admission>, cfg
     }
 }
 
+/// Most replies gathered into one vectored write.
+const REPLY_BATCH: usize = 32;
+/// Fragment bytes still to come from which the reader reads straight into
+/// the record instead of through its buffer.
+const DIRECT_READ_MIN: usize = 16 << 10;
+
 /// Serves one connection: the reader decodes records and hands each to a
 /// worker (at most `max_inflight_per_connection` at once); replies go
 /// back through a channel to the writer task in completion order. Each
@@ -298,51 +308,23 @@ async fn connection(stream: TcpStream, conn: Conn, svc: Arc<Service>, cfg: &NfsC
     let peer = conn.ip();
     let idle = (!cfg.idle_timeout.is_zero()).then_some(cfg.idle_timeout);
     let _ = stream.set_nodelay(true);
-    let (mut rd, mut wr) = stream.into_split();
+    let (mut rd, wr) = stream.into_split();
     let inflight = cfg.max_inflight_per_connection.max(1);
-    let (tx, mut rx) = mpsc::channel::<(Vec<u8>, Busy)>(inflight);
-    let state = conn.state().clone();
-    let writer = tokio::spawn(async move {
-        while let Some((buf, busy)) = rx.recv().await {
-            // Small replies go out in one write (one segment: the socket has
-            // no Nagle); large ones are not copied to prefix the header.
-            let write = async {
-                if buf.len() < 64 * 1024 {
-                    wr.write_all(&record::frame(&buf)).await
-                } else {
-                    let head = record::header(buf.len());
-                    wr.write_all(&head).await?;
-                    wr.write_all(&buf).await
-                }
-            };
-            let ok = match idle {
-                // A client that does not read its replies is given up.
-                Some(t) => matches!(tokio::time::timeout(t, write).await, Ok(Ok(()))),
-                None => write.await.is_ok(),
-            };
-            drop(busy);
-            if !ok {
-                state.close();
-                break;
-            }
-        }
-        let _ = wr.shutdown().await;
-    });
+    let (tx, rx) = mpsc::channel::<(Reply, Busy)>(inflight);
+    let writer = tokio::spawn(write_replies(wr, rx, conn.state().clone(), idle));
     let slots = Arc::new(Semaphore::new(inflight));
     let mut dec = Decoder::new(cfg.max_record);
     let mut buf = vec![0u8; 64 * 1024];
     let mut records = Vec::new();
     'conn: loop {
-        let n = tokio::select! {
-            r = rd.read(&mut buf) => match r {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            },
+        let got = tokio::select! {
+            r = read_records(&mut rd, &mut dec, &mut buf, &mut records) => r,
             // Evicted for a newcomer, idle too long, or the writer gave up.
             _ = conn.closed(idle) => break,
         };
-        if dec.feed(&buf[..n], &mut records).is_err() {
-            // A record over the bound: this connection only is closed.
+        if !got {
+            // End of stream, a socket error, or a record over the bound:
+            // this connection only is closed.
             break;
         }
         for rec in records.drain(..) {
@@ -354,8 +336,8 @@ async fn connection(stream: TcpStream, conn: Conn, svc: Arc<Service>, cfg: &NfsC
             let tx = tx.clone();
             tokio::spawn(async move {
                 let reply = tokio::task::spawn_blocking(move || svc.dispatch(peer, &rec)).await;
-                if let Ok(Some(body)) = reply {
-                    let _ = tx.send((body, busy)).await;
+                if let Ok(Some(reply)) = reply {
+                    let _ = tx.send((reply, busy)).await;
                 }
                 drop(permit);
             });
@@ -365,4 +347,94 @@ async fn connection(stream: TcpStream, conn: Conn, svc: Arc<Service>, cfg: &NfsC
     // Let requests already taken finish and their replies go out.
     let _ = writer.await;
     drop(conn);
+}
+
+/// Reads once from the socket and decodes what came: into the record
+/// itself when a large fragment is under way (no copy through `buf`),
+/// else into `buf`. False at end of stream, on an error, or when a record
+/// is over the bound.
+async fn read_records(
+    rd: &mut OwnedReadHalf,
+    dec: &mut Decoder,
+    buf: &mut [u8],
+    records: &mut Vec<Vec<u8>>,
+) -> bool {
+    if let Some((rec, left)) = dec.body_room(DIRECT_READ_MIN) {
+        // `record` has room for the whole fragment (reserved at its
+        // header), so this read appends without reallocating.
+        let mut room = rec.limit(left);
+        return match rd.read_buf(&mut room).await {
+            Ok(0) | Err(_) => false,
+            Ok(n) => {
+                dec.filled(n, records);
+                true
+            }
+        };
+    }
+    match rd.read(buf).await {
+        Ok(0) | Err(_) => false,
+        Ok(n) => dec.feed(&buf[..n], records).is_ok(),
+    }
+}
+
+/// Writes replies as they come, several at once when they queue up: their
+/// record headers, bodies and READ data (as ranges of cached blocks) go
+/// out in one vectored write, copied by nobody but the kernel. A client
+/// that does not read its replies within `idle` is given up.
+async fn write_replies(
+    mut wr: OwnedWriteHalf,
+    mut rx: mpsc::Receiver<(Reply, Busy)>,
+    state: Arc<ConnState>,
+    idle: Option<Duration>,
+) {
+    let mut batch: Vec<(Reply, Busy)> = Vec::new();
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        while batch.len() < REPLY_BATCH {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        let heads: Vec<[u8; 4]> = batch.iter().map(|(r, _)| record::header(r.len())).collect();
+        let mut slices: Vec<IoSlice> = Vec::with_capacity(batch.len() * 3);
+        for ((reply, _), head) in batch.iter().zip(&heads) {
+            slices.push(IoSlice::new(head));
+            slices.push(IoSlice::new(&reply.body));
+            if let Some(data) = &reply.data {
+                slices.extend(data.slices().map(IoSlice::new));
+                slices.push(IoSlice::new(&[0u8; 3][..reply.pad()]));
+            }
+        }
+        let write = write_all_vectored(&mut wr, &mut slices);
+        let ok = match idle {
+            Some(t) => matches!(tokio::time::timeout(t, write).await, Ok(Ok(()))),
+            None => write.await.is_ok(),
+        };
+        drop(slices);
+        // The requests are done once their replies are written.
+        batch.clear();
+        if !ok {
+            state.close();
+            break;
+        }
+    }
+    let _ = wr.shutdown().await;
+}
+
+/// Writes every byte of `slices` (which it consumes), in as few system
+/// calls as the socket allows.
+async fn write_all_vectored(
+    wr: &mut OwnedWriteHalf,
+    mut slices: &mut [IoSlice<'_>],
+) -> std::io::Result<()> {
+    IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        let n = wr.write_vectored(slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut slices, n);
+    }
+    Ok(())
 }

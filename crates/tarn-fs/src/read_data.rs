@@ -1,0 +1,109 @@
+//! The bytes of a read as the pieces of the blocks that hold them, so a
+//! front end can hand them to the socket without assembling a buffer.
+//!
+//! A read of a file covers records; each record is a block shared with
+//! the block cache (or with the open txg), a hole, or a block shorter than
+//! its record (its tail reads as zeros). [`ReadData`] keeps, in file
+//! order, a range of each block it needs (the block's bytes are shared,
+//! not copied: holding a `ReadData` keeps those blocks alive even if the
+//! cache evicts them) and a length for each run of zeros. [`ReadData::slices`]
+//! yields them as byte slices for a vectored write, the zeros from one
+//! static zero page; [`ReadData::to_vec`] assembles them with one copy, as
+//! [`crate::Fs::read`] does.
+
+use crate::store::Bytes;
+
+/// Zeros for holes, shared by every read.
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+/// One piece of a read.
+enum Piece {
+    /// Bytes `start..end` of a block.
+    Block {
+        data: Bytes,
+        start: usize,
+        end: usize,
+    },
+    /// A run of zeros (a hole, or past the end of a short block).
+    Zeros(usize),
+}
+
+/// The result of [`crate::Fs::read_data`]: a read's bytes as ranges of
+/// shared blocks and runs of zeros (see the module docs).
+#[derive(Default)]
+pub struct ReadData {
+    pieces: Vec<Piece>,
+    len: usize,
+}
+
+impl std::fmt::Debug for ReadData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadData")
+            .field("len", &self.len)
+            .field("pieces", &self.pieces.len())
+            .finish()
+    }
+}
+
+impl ReadData {
+    /// Appends `n` zeros.
+    pub(crate) fn push_zeros(&mut self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        self.len += n;
+        if let Some(Piece::Zeros(z)) = self.pieces.last_mut() {
+            *z += n;
+        } else {
+            self.pieces.push(Piece::Zeros(n));
+        }
+    }
+
+    /// Appends bytes `start..end` of `data` (an empty range adds nothing).
+    /// The range must lie inside the block.
+    pub(crate) fn push_block(&mut self, data: Bytes, start: usize, end: usize) {
+        let blen = (*data).as_ref().len();
+        debug_assert!(start <= end && end <= blen, "range inside the block");
+        let end = end.min(blen);
+        if start >= end {
+            return;
+        }
+        self.len += end - start;
+        self.pieces.push(Piece::Block { data, start, end });
+    }
+
+    /// Bytes in the read.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a read of no bytes (at or past the end of the file).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes in order as slices of the blocks (and of a static zero
+    /// page for zeros), for a vectored write.
+    pub fn slices(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        self.pieces.iter().flat_map(|p| {
+            let (one, zeros) = match p {
+                Piece::Block { data, start, end } => (Some(&(**data).as_ref()[*start..*end]), 0),
+                Piece::Zeros(n) => (None, *n),
+            };
+            let full = zeros / ZEROS.len();
+            let rest = zeros % ZEROS.len();
+            one.into_iter()
+                .chain(std::iter::repeat_n(&ZEROS[..], full))
+                .chain((rest > 0).then(|| &ZEROS[..rest]))
+        })
+    }
+
+    /// The bytes in one buffer (one copy).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len);
+        for s in self.slices() {
+            v.extend_from_slice(s);
+        }
+        v
+    }
+}

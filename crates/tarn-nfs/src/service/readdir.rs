@@ -1,0 +1,111 @@
+//! Listing directories: READDIR and READDIRPLUS, with cookies that are
+//! keys of the directory's tree.
+
+use super::wire::*;
+use super::*;
+
+impl<'a> Cx<'a> {
+    /// The cookie verifier: cookies are keys in the directory's tree and
+    /// never go stale, so it is a constant of the dataset (stable across
+    /// restarts).
+    pub(super) fn cookieverf(guid: u64) -> [u8; 8] {
+        (guid ^ 0x7461_726e_6e66_7333).to_be_bytes()
+    }
+
+    pub(super) fn readdir(&self, r: &mut Reader, w: &mut Writer, plus: bool) -> XdrResult<()> {
+        let fh = read_fh(r)?;
+        let cookie = r.u64()?;
+        let verf = r.fixed(8)?;
+        let (dircount, maxcount) = if plus {
+            (r.u32()? as usize, r.u32()? as usize)
+        } else {
+            let c = r.u32()? as usize;
+            (c, c)
+        };
+        let maxcount = maxcount.min(self.svc.max_io as usize);
+        let dircount = dircount.min(maxcount);
+        let Some(d) = self.resolve_or(fh, w, NoAttrs::PostOp) else {
+            return Ok(());
+        };
+        let myverf = Self::cookieverf(d.entry.guid);
+        let fail = |w: &mut Writer, s: NfsStat| {
+            w.u32(s.code());
+            post_op_attr(w, Some(&d.attr));
+        };
+        if d.attr.kind != FileKind::Directory {
+            fail(w, NfsStat::NotDir);
+            return Ok(());
+        }
+        if cookie != 0 && verf != [0u8; 8] && verf != myverf {
+            fail(w, NfsStat::BadCookie);
+            return Ok(());
+        }
+        if let Err(e) = d.fs().access(d.ino(), R_OK, &d.cred) {
+            fail(w, stat_of(&e));
+            return Ok(());
+        }
+        // Reply overhead: status, dir attributes, verifier, list end, eof.
+        let overhead = 4 + POST_OP_ATTR_LEN + 8 + 4 + 4;
+        let per_entry_min = if plus {
+            24 + 4 + POST_OP_ATTR_LEN + 8 + HANDLE_LEN
+        } else {
+            24 + 4
+        };
+        let limit = (maxcount.saturating_sub(overhead) / per_entry_min).clamp(1, MAX_DIR_BATCH);
+        let listed: Result<Vec<(tarn_fs::DirEntry, Option<Attr>)>, FsError> = if plus {
+            d.fs()
+                .readdirplus(d.ino(), cookie, limit)
+                .map(|v| v.into_iter().map(|(e, a)| (e, Some(a))).collect())
+        } else {
+            d.fs()
+                .readdir(d.ino(), cookie, limit)
+                .map(|v| v.into_iter().map(|e| (e, None)).collect())
+        };
+        let listed = match listed {
+            Ok(l) => l,
+            Err(e) => {
+                fail(w, stat_of(&e));
+                return Ok(());
+            }
+        };
+        let fetched = listed.len();
+        let mut body = Writer::new();
+        let mut used = overhead;
+        let mut dir_used = 0usize;
+        let mut taken = 0usize;
+        for (e, a) in &listed {
+            let mut ew = Writer::new();
+            ew.bool(true).u64(e.ino).opaque(&e.name).u64(e.cookie);
+            let dir_bytes = ew.len() - 4;
+            if plus {
+                post_op_attr(&mut ew, a.as_ref());
+                match a {
+                    Some(a) => {
+                        ew.bool(true).opaque(&self.svc.handle_bytes(a));
+                    }
+                    None => {
+                        ew.bool(false);
+                    }
+                }
+            }
+            if used + ew.len() > maxcount || (plus && dir_used + dir_bytes > dircount) {
+                break;
+            }
+            used += ew.len();
+            dir_used += dir_bytes;
+            body.fixed(&ew.into_bytes());
+            taken += 1;
+        }
+        if taken == 0 && fetched > 0 {
+            fail(w, NfsStat::TooSmall);
+            return Ok(());
+        }
+        let eof = taken == fetched && fetched < limit;
+        w.u32(0);
+        post_op_attr(w, d.reattr().as_ref().or(Some(&d.attr)));
+        w.fixed(&myverf);
+        w.fixed(&body.into_bytes());
+        w.bool(false).bool(eof);
+        Ok(())
+    }
+}
