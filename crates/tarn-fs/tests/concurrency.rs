@@ -115,6 +115,8 @@ fn under_load(fsyncs: bool) {
     let dir = tempfile::tempdir().unwrap();
     let pool = pools::tank(dir.path(), VdevKind::Raidz { parity: 1 }, 4, 256 << 20);
     let fs = Arc::new(filesystem(&pool, "tank/fs", &[("recordsize", "128K")]));
+    pool.sync().unwrap();
+    let empty = pool.list_entry().allocated;
     let c = Cred::root();
     let before = fs
         .create(
@@ -194,6 +196,30 @@ fn under_load(fsyncs: bool) {
     verify(&fs, &own, &stripes);
     let scan = pools::scrub(&pool);
     assert_eq!(scan.errors, 0, "{scan:?}");
+
+    // Everything deleted, snapshots destroyed: the space comes back (a
+    // block written twice, or freed but never given back, would stay).
+    for i in 0..own.len() {
+        fs.unlink(ROOT_INO, format!("own-{i}").as_bytes(), &c)
+            .unwrap();
+    }
+    fs.unlink(ROOT_INO, b"shared", &c).unwrap();
+    fs.unlink(ROOT_INO, b"before", &c).unwrap();
+    for i in tarn_dataset::list(&pool, true).unwrap() {
+        if i.name.starts_with("tank/fs@") {
+            tarn_dataset::destroy(&pool, &i.name, false).unwrap();
+        }
+    }
+    for _ in 0..4 {
+        pool.sync().unwrap();
+    }
+    let left = pool.list_entry().allocated;
+    assert!(
+        left < empty + (4 << 20),
+        "{} KiB still allocated after everything was deleted ({} KiB when empty)",
+        left >> 10,
+        empty >> 10
+    );
 }
 
 #[test]

@@ -342,7 +342,14 @@ impl Workload {
         let bytes = Self::bytes(k);
         let o = cli.put("good", &name(k), &bytes, k.is_multiple_of(2));
         if o.code != Some(0) {
-            return Err(format!("put of {} on good failed: {}", name(k), o.stderr));
+            // Say how full the pool was, for a failure out of space.
+            let list = cli.run(&["pool", "list", "good"]);
+            return Err(format!(
+                "put of {} on good failed: {}\n{}",
+                name(k),
+                o.stderr,
+                list.stdout
+            ));
         }
         let check = |k: u64| -> Result<(), String> {
             match cli.get("good", &name(k)) {
