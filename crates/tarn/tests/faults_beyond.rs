@@ -343,7 +343,7 @@ impl Workload {
         let o = cli.put("good", &name(k), &bytes, k.is_multiple_of(2));
         if o.code != Some(0) {
             // Say how full the pool was, for a failure out of space.
-            let list = cli.run(&["pool", "list", "good"]);
+            let list = cli.run(&["pool", "list"]);
             return Err(format!(
                 "put of {} on good failed: {}\n{}",
                 name(k),
