@@ -81,7 +81,8 @@
 # Env:   SIZE_MIB (default 1024), FILES (100000), LIST_FILES (20000),
 #        RUNTIME (random-read seconds, 30), SYNC_SECONDS (20),
 #        IDLE_SECONDS (60), CONNS (8), DEPTH (calls in flight per NFS
-#        connection, 8), CACHE_MIB (64) and DIRTY_MIB (256) for the daemon,
+#        connection, 8), CACHE_MIB (1536: a cache that holds the file,
+#        so "warm" is warm on both sides) and DIRTY_MIB (256) for the daemon,
 #        BENCH_DIR (where the temp dir goes; default the repo), OUT,
 #        TARN_BIN, NFS_BENCH.
 # A quick pass: SIZE_MIB=256 FILES=10000 RUNTIME=10 SYNC_SECONDS=5 IDLE_SECONDS=20
@@ -108,7 +109,7 @@ sync_s=${SYNC_SECONDS:-20}
 idle_s=${IDLE_SECONDS:-60}
 conns=${CONNS:-8}
 depth=${DEPTH:-8}
-cache_mib=${CACHE_MIB:-64}
+cache_mib=${CACHE_MIB:-1536}
 dirty_mib=${DIRTY_MIB:-256}
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/target/bench-peers}
