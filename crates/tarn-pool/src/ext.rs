@@ -252,8 +252,19 @@ impl Cx<'_> {
             copies.clamp(1, 3) as usize,
             true,
             Some(self.txg),
-        )?;
-        Ok(Reservation { dvas })
+        );
+        drop(st);
+        match dvas {
+            Ok(dvas) => Ok(Reservation { dvas }),
+            // Wrong accounting stops the pool, here as in the sync.
+            Err(PoolError::Internal(e)) => {
+                self.fault(format!(
+                    "{e}; the pool stopped so that no space in use is handed out"
+                ));
+                Err(PoolError::Internal(e))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Gives back a reservation that will not be written. A failure means

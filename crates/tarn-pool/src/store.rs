@@ -188,9 +188,17 @@ impl Allocator<'_> {
                 }
             }
             if !done {
-                // Give back what this block took so a failed write leaks nothing.
+                // Give back what this block took so a failed write leaks
+                // nothing. That free cannot fail unless the accounting is
+                // wrong, and then, as everywhere, nothing more is allocated.
                 for d in &out {
-                    let _ = self.space[d.vdev as usize].free_now(d.offset, d.asize as u64);
+                    self.space[d.vdev as usize]
+                        .free_now(d.offset, d.asize as u64)
+                        .map_err(|e| {
+                            PoolError::Internal(format!(
+                                "space accounting: giving back a partial allocation: {e}"
+                            ))
+                        })?;
                 }
                 return Err(PoolError::NoSpace(format!(
                     "no room for a block of {psize} bytes ({copies} copies)"
