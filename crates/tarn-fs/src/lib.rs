@@ -92,6 +92,7 @@ mod fs;
 mod inode;
 mod io;
 mod namespace;
+pub mod notify;
 mod perm;
 mod readdir;
 pub mod store;
@@ -111,6 +112,7 @@ use std::borrow::Cow;
 pub use dataset::DatasetBackend;
 pub use dynfs::DynFs;
 pub use fs::{Fs, MAX_READ};
+pub use notify::{Change, Origin, Subscriber, Subscription};
 pub use store::{Backend, BlockReader, Bytes, SpaceInfo, Store, StoreError, StoreInfo, Val};
 pub use types::*;
 

@@ -16,44 +16,78 @@
 //!
 //! # Threading
 //!
-//! The session runs [`MountOptions::threads`] worker threads (default 4).
-//! Each has its own clone of the `/dev/fuse` descriptor
-//! (`FUSE_DEV_IOC_CLONE`), reads one request, runs the `Fs` call to
-//! completion on that thread and replies. `Fs` is safe to call from many
-//! threads (every call is one backend transaction), so a slow request (a
-//! read waiting on a disk, a large write) occupies one worker while the
-//! others keep serving; with `threads = 1` everything is serialised. On a
-//! real dataset every call takes its pool's lock today (docs/design.md,
-//! "Locks"), so calls on one pool still run one at a time: the workers
-//! overlap the kernel round trips, and calls on other pools. The
-//! kernel side is asynchronous as well: `FUSE_ASYNC_READ` lets it send
-//! several reads of one file at once, and `FUSE_PARALLEL_DIROPS` lets it
-//! send lookups and readdirs of one directory concurrently.
+//! The session runs [`MountOptions::threads`] worker threads (default
+//! [`DEFAULT_THREADS`]). Each has its own clone of the `/dev/fuse`
+//! descriptor (`FUSE_DEV_IOC_CLONE`), reads one request, runs the `Fs`
+//! call to completion on that thread and replies. `Fs` is safe to call
+//! from many threads and the engine below runs them in parallel: a
+//! transaction holds only its dataset's lock, and a read plans under it
+//! and fetches, verifies and decompresses its blocks after releasing it
+//! (docs/design.md, "Locks"). So many readers keep as many disk reads
+//! in flight, and a slow request occupies one worker while the others
+//! keep serving; with `threads = 1` everything is serialised. The kernel
+//! side is asynchronous as well: `FUSE_ASYNC_READ` lets it send several
+//! reads of one file at once, and `FUSE_PARALLEL_DIROPS` lets it send
+//! lookups and readdirs of one directory concurrently.
+//!
+//! A mount has one more thread, `tarn-fuse-inval`, that applies
+//! invalidations caused by another mount's workers (below); it sleeps on a
+//! channel and ends with the mount.
 //!
 //! # Caching, TTLs and invalidation
 //!
 //! Replies carry a time-to-live for the attributes and the name → inode
-//! entry ([`MountOptions::attr_ttl`], [`MountOptions::entry_ttl`], 1 s by
-//! default). Errors are never cached (no negative dentries), so a name
-//! that appears is visible at once. The writeback cache is off: every
-//! `write(2)` reaches `Fs` before it returns, so `O_APPEND`, `mtime` and
-//! space errors (ENOSPC, EDQUOT) behave as on a local filesystem. The page
-//! cache is dropped when a file is opened (no `FOPEN_KEEP_CACHE`) and when
-//! the kernel notices a changed size or mtime (`FUSE_AUTO_INVAL_DATA`).
+//! entry ([`MountOptions::attr_ttl`], [`MountOptions::entry_ttl`],
+//! [`DEFAULT_TTL`], a minute, by default). The TTLs can be long because
+//! the daemon sees every change: it serves the one `Fs` of a dataset to
+//! every front end, and `Fs` reports each committed change to its
+//! subscribers ([`tarn_fs::notify`]). Each mount subscribes and turns the
+//! reports into kernel invalidations (module `invalidate`):
+//! `FUSE_NOTIFY_INVAL_ENTRY` for each added, removed or re-pointed name,
+//! and `FUSE_NOTIFY_INVAL_INODE` for each changed inode, for its
+//! attributes only (a chmod, an atime) or with its cached pages (a write,
+//! a truncate: size or mtime moved). So a change made through NFS, WebDAV,
+//! another mount or a direct `Fs` call is seen through this mount at
+//! once: for a change made by a thread that is not a FUSE worker, before
+//! the changing call returns; for one made by another mount's workers, a
+//! moment later, from `tarn-fuse-inval`. This mount's own changes are not
+//! reported back to it (its workers mark themselves with an
+//! [`tarn_fs::Origin`]): the kernel made them and keeps its caches right
+//! by itself, and a worker waiting for the kernel's inode lock while the
+//! kernel waits for its reply would deadlock.
 //!
-//! All changes made through this mount go through the kernel, which keeps
-//! its caches right by itself. Changes made *under* the mount (a rollback
-//! to a snapshot, a `zfs recv`-like replace, a second front end) are not
-//! seen until the TTLs expire, at most one second. To make them visible at
-//! once, the daemon calls [`Mount::invalidate_all`] after such an
-//! operation: it tells the kernel, through FUSE notifications, to forget
-//! every cached name and every cached attribute and data page of the
-//! inodes it holds. To know which those are, the adapter keeps a table of
-//! the inodes it has handed to the kernel (lookup, create, readdirplus...)
-//! with their lookup counts and up to four names each, and drops entries
-//! when the kernel sends `FORGET`. The new snapshot in `.snapshot` needs no
-//! invalidation: lookups of missing names are never cached and directory
-//! listings are never cached.
+//! The order makes this race-free: `Fs` reports a change only after its
+//! transaction committed, and the kernel serialises an invalidation with
+//! what could bring the old state back. An entry invalidation takes the
+//! directory's inode lock, which a lookup in progress holds until its
+//! reply is in the dentry cache, so a lookup that read the old name is
+//! either invalidated after it or started after the commit; an inode
+//! invalidation bumps the inode's attribute version, so a `GETATTR` reply
+//! computed before it is not cached; a page being read is locked until
+//! the read completes, and the invalidation waits for it.
+//!
+//! What changes without a transaction of the live dataset keeps a short
+//! TTL (one second): the `.snapshot` directory and the names in it (taking
+//! or destroying a snapshot). Snapshot contents never change. A rollback,
+//! a receive and a destroy unmount the dataset first (the daemon's
+//! `Mounts`), so no cache survives them; [`Mount::invalidate_all`] remains
+//! for a tree replaced under a live mount. Errors are never cached (no
+//! negative dentries), so a name that appears is visible at once; without
+//! `default_permissions` the entry TTL is capped at one second (see
+//! below).
+//!
+//! The writeback cache is off: every `write(2)` reaches `Fs` before it
+//! returns. Turning it on would break three promises. ENOSPC and EDQUOT
+//! are reported by the `write` that hits them, and a copy-on-write pool
+//! cannot reserve space for pages the kernel holds back (a later flush
+//! would fail where nobody looks). A `sync=always` dataset makes every
+//! write durable before it returns, which needs the write to reach `Fs`.
+//! And with the writeback cache the kernel owns a regular file's size and
+//! times, ignoring the attributes `Fs` reports, so a file extended or
+//! truncated through NFS would keep its stale size here even after an
+//! invalidation. The page cache is dropped when a file is opened (no
+//! `FOPEN_KEEP_CACHE`) and when the kernel notices a changed size or
+//! mtime (`FUSE_AUTO_INVAL_DATA`).
 //!
 //! # Credentials
 //!
@@ -101,6 +135,7 @@
 
 mod convert;
 mod creds;
+mod invalidate;
 mod known;
 mod ops;
 
@@ -114,13 +149,20 @@ use std::time::Duration;
 use fuser::{BackgroundSession, INodeNo, MountOption, Notifier, Session, SessionACL};
 use nix::errno::Errno;
 use nix::mount::MntFlags;
-use tarn_fs::{Backend, Fs};
+use tarn_fs::{Backend, Fs, Origin, Subscription};
 
+use crate::invalidate::Invalidator;
 use crate::known::Known;
 use crate::ops::TarnFuse;
 
 /// Largest write the kernel is asked to send in one request.
 pub const DEFAULT_MAX_WRITE: u32 = 1 << 20;
+/// Default attribute and entry TTL: changes made elsewhere are invalidated
+/// explicitly, so the TTL only bounds the damage of a missed one (see the
+/// crate docs); a minute already saves nearly every revalidation.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(60);
+/// Default number of worker threads (see the crate docs, "Threading").
+pub const DEFAULT_THREADS: usize = 4;
 /// Most worker threads [`mount`] accepts.
 pub const MAX_THREADS: usize = 64;
 
@@ -137,7 +179,8 @@ pub struct MountOptions {
     /// fails changes with EROFS either way; this makes it visible in
     /// `mount` output and to programs that check `statvfs`.
     pub read_only: bool,
-    /// Worker threads serving requests (1..=[`MAX_THREADS`]). Default 4.
+    /// Worker threads serving requests (1..=[`MAX_THREADS`]). Default
+    /// [`DEFAULT_THREADS`].
     pub threads: usize,
     /// The "source" shown in `/proc/mounts` and `df` (e.g. `tank/photos`).
     /// Must not contain `,` or NUL.
@@ -148,9 +191,10 @@ pub struct MountOptions {
     /// Let the kernel check permissions too (see the crate docs for why it
     /// is on by default). `Fs` checks them in any case.
     pub default_permissions: bool,
-    /// How long the kernel may cache attributes. Default 1 s.
+    /// How long the kernel may cache attributes. Default [`DEFAULT_TTL`].
     pub attr_ttl: Duration,
-    /// How long the kernel may cache name → inode entries. Default 1 s.
+    /// How long the kernel may cache name → inode entries, and that a
+    /// name does not exist. Default [`DEFAULT_TTL`].
     pub entry_ttl: Duration,
     /// Largest write request, in bytes; the kernel may lower it (it caps
     /// requests at `max_pages`, 256 pages by default). Default 1 MiB.
@@ -162,12 +206,12 @@ impl Default for MountOptions {
         MountOptions {
             allow_other: false,
             read_only: false,
-            threads: 4,
+            threads: DEFAULT_THREADS,
             fsname: "tarn".to_string(),
             subtype: "tarn".to_string(),
             default_permissions: true,
-            attr_ttl: Duration::from_secs(1),
-            entry_ttl: Duration::from_secs(1),
+            attr_ttl: DEFAULT_TTL,
+            entry_ttl: DEFAULT_TTL,
             max_write: DEFAULT_MAX_WRITE,
         }
     }
@@ -239,6 +283,10 @@ pub struct Mount {
     device: OwnedFd,
     notifier: Notifier,
     known: Arc<Known>,
+    /// Turns changes made through other front ends into invalidations;
+    /// `None` once unmounted.
+    subscription: Option<Subscription>,
+    invalidator: Arc<Invalidator>,
 }
 
 impl std::fmt::Debug for Mount {
@@ -328,7 +376,8 @@ pub fn mount<B: Backend + 'static>(
     }
     let canonical = mountpoint.canonicalize().map_err(|e| bad(e.to_string()))?;
     let known = Arc::new(Known::default());
-    let adapter = TarnFuse::new(fs, opts, known.clone());
+    let origin = Origin::new();
+    let adapter = TarnFuse::new(fs.clone(), opts, known.clone(), origin);
     let mount_err = |source: io::Error| FuseError::Mount {
         path: canonical.clone(),
         source,
@@ -336,16 +385,32 @@ pub fn mount<B: Backend + 'static>(
     let session = Session::new(adapter, &canonical, &config).map_err(mount_err)?;
     let device = session.as_fd().try_clone_to_owned().map_err(mount_err)?;
     let notifier = session.notifier();
+    let (invalidator, deferred) = Invalidator::new(origin, session.notifier());
     // If spawning fails, the session is dropped inside `spawn`, which
     // unmounts.
     let bg = session.spawn().map_err(mount_err)?;
-    Ok(Mount {
-        mountpoint: canonical,
+    let weak = Arc::downgrade(&invalidator);
+    let mut mount = Mount {
+        mountpoint: canonical.clone(),
         session: Some(bg),
         device,
         notifier,
         known,
-    })
+        subscription: None,
+        invalidator,
+    };
+    let spawned = std::thread::Builder::new()
+        .name("tarn-fuse-inval".to_string())
+        .spawn(move || invalidate::run_deferred(weak, deferred));
+    if let Err(source) = spawned {
+        // Dropping `mount` unmounts.
+        return Err(FuseError::Mount {
+            path: canonical,
+            source,
+        });
+    }
+    mount.subscription = Some(fs.subscribe(mount.invalidator.clone()));
+    Ok(mount)
 }
 
 /// True while the FUSE connection behind `device` is alive (not unmounted,
@@ -397,6 +462,7 @@ impl Mount {
             return Ok(());
         };
         let path = self.mountpoint.clone();
+        let subscription = self.subscription.take();
         if connection_alive(&self.device) {
             match nix::mount::umount2(&path, MntFlags::empty()) {
                 Ok(()) => {}
@@ -419,10 +485,12 @@ impl Mount {
                 }
                 Err(Errno::EBUSY) => {
                     self.session = Some(bg);
+                    self.subscription = subscription;
                     return Err(FuseError::Busy { path });
                 }
                 Err(e) => {
                     self.session = Some(bg);
+                    self.subscription = subscription;
                     return Err(FuseError::Unmount {
                         path,
                         source: e.into(),
@@ -436,10 +504,19 @@ impl Mount {
                 let _ = nix::mount::umount2(&path, MntFlags::MNT_DETACH);
             }
         }
+        drop(subscription);
         // The connection is aborted once the superblock goes, so every
         // worker sees ENODEV and exits.
         bg.join()
             .map_err(|source| FuseError::Session { path, source })
+    }
+
+    /// How many invalidations of changes made elsewhere the kernel
+    /// refused for another reason than "not cached" (a mount going away).
+    pub fn invalidation_errors(&self) -> u64 {
+        self.invalidator
+            .failed
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Tells the kernel to forget everything it caches about this mount:
