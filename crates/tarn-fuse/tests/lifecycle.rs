@@ -420,3 +420,32 @@ fn large_writes_arrive_in_few_requests() {
     drop(file);
     assert_eq!(fs::read(f.path("big")).unwrap(), data);
 }
+
+#[test]
+fn large_reads_arrive_in_few_requests() {
+    if !require::fuse() {
+        return;
+    }
+    let f = mount_test_backend(&MountOptions::default(), false);
+    fs::write(f.path("big"), b"").unwrap();
+    let ino = fs::metadata(f.path("big")).unwrap().ino();
+    // Written past the kernel, so nothing of it is cached.
+    let data = pattern(10, 8 << 20);
+    f.fs.write(ino, 0, &data, false, &Cred::root()).unwrap();
+    let mut file = File::open(f.path("big")).unwrap();
+    let before = f.backend.read_txns.load(Ordering::SeqCst);
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    let txns = f.backend.read_txns.load(Ordering::SeqCst) - before;
+    assert!(got == data, "read back differs");
+    // 8 MiB in 1 MiB readahead requests is 8 reads (the kernel's default
+    // readahead of 128 KiB would make 64), plus a few lookups and getattrs.
+    assert!(txns <= 24, "{txns} read transactions for 8 MiB");
+}
