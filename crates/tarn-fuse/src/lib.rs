@@ -402,30 +402,26 @@ pub fn mount<B: Backend + 'static>(
     let device = session.as_fd().try_clone_to_owned().map_err(mount_err)?;
     let notifier = session.notifier();
     let (invalidator, deferred) = Invalidator::new(origin, session.notifier());
-    // If spawning fails, the session is dropped inside `spawn`, which
-    // unmounts.
-    let bg = session.spawn().map_err(mount_err)?;
     let weak = Arc::downgrade(&invalidator);
-    let mut mount = Mount {
-        mountpoint: canonical.clone(),
+    std::thread::Builder::new()
+        .name("tarn-fuse-inval".to_string())
+        .spawn(move || invalidate::run_deferred(weak, deferred))
+        .map_err(mount_err)?;
+    // Subscribed before the first request is served, so nothing the
+    // kernel caches can miss a change. If anything below fails, dropping
+    // the subscription unsubscribes and dropping the session unmounts.
+    let subscription = fs.subscribe(invalidator.clone());
+    // If spawning fails, the session is dropped inside `spawn`.
+    let bg = session.spawn().map_err(mount_err)?;
+    let mount = Mount {
+        mountpoint: canonical,
         session: Some(bg),
         device,
         notifier,
         known,
-        subscription: None,
+        subscription: Some(subscription),
         invalidator,
     };
-    let spawned = std::thread::Builder::new()
-        .name("tarn-fuse-inval".to_string())
-        .spawn(move || invalidate::run_deferred(weak, deferred));
-    if let Err(source) = spawned {
-        // Dropping `mount` unmounts.
-        return Err(FuseError::Mount {
-            path: canonical,
-            source,
-        });
-    }
-    mount.subscription = Some(fs.subscribe(mount.invalidator.clone()));
     if opts.read_ahead > 0 {
         if let Err(e) = set_read_ahead(&mount.mountpoint, opts.read_ahead / 1024) {
             eprintln!(
@@ -556,9 +552,12 @@ impl Mount {
 
     /// Tells the kernel to forget everything it caches about this mount:
     /// every name → inode entry and the attributes and data pages of every
-    /// inode it holds. Call it after the tree changed under the mount (a
-    /// rollback); never from inside a request of this mount. Returns the
-    /// number of inodes invalidated.
+    /// inode it holds. Call it after the tree changed under the mount
+    /// without `Fs` reporting it (changes through the mounted `Fs` are
+    /// invalidated by themselves); never from inside a request of this
+    /// mount. Names the kernel caches as missing cannot be listed, so they
+    /// stay cached up to the entry TTL. Returns the number of inodes
+    /// invalidated.
     pub fn invalidate_all(&self) -> Result<usize, FuseError> {
         if self.session.is_none() {
             return Ok(0);
