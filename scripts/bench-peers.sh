@@ -138,7 +138,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     [ -z "$policy" ] || rm -f "$policy"
 fi
-[ -x "$tarn" ] || (cd "$root" && cargo build --release -q -p tarn-cli)
+[ -x "$tarn" ] || (cd "$root" && cargo build --release -q -p tarn)
 [ -x "$nfs_bench" ] || (cd "$root" && cargo build --release -q -p tarn-nfs --example nfs-bench)
 
 # ----- the stage -----------------------------------------------------------------
