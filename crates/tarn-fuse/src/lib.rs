@@ -75,10 +75,12 @@
 //! or destroying a snapshot). Snapshot contents never change. A rollback,
 //! a receive and a destroy unmount the dataset first (the daemon's
 //! `Mounts`), so no cache survives them; [`Mount::invalidate_all`] remains
-//! for a tree replaced under a live mount. Errors are never cached (no
-//! negative dentries), so a name that appears is visible at once; without
-//! `default_permissions` the entry TTL is capped at one second (see
-//! below).
+//! for a tree replaced under a live mount. A name that does not exist is
+//! cached as missing (a negative entry, inode 0) for the entry TTL, since
+//! whoever adds it reports the new entry, which invalidates the negative
+//! one; in `.snapshot` missing names are not cached, so a new snapshot
+//! shows at once. Without `default_permissions` the entry TTL is capped
+//! at one second (see below).
 //!
 //! The writeback cache is off: every `write(2)` reaches `Fs` before it
 //! returns. Turning it on would break three promises. ENOSPC and EDQUOT
@@ -89,8 +91,9 @@
 //! And with the writeback cache the kernel owns a regular file's size and
 //! times, ignoring the attributes `Fs` reports, so a file extended or
 //! truncated through NFS would keep its stale size here even after an
-//! invalidation. The page cache is dropped when a file is opened (no
-//! `FOPEN_KEEP_CACHE`) and when the kernel notices a changed size or
+//! invalidation. Cached pages survive an open (`FOPEN_KEEP_CACHE`), so a
+//! file read again is served from memory; a change made elsewhere drops
+//! them (above), and so does the kernel when it sees a changed size or
 //! mtime (`FUSE_AUTO_INVAL_DATA`).
 //!
 //! # Credentials
@@ -130,6 +133,9 @@
 //!   dataset) through `/sys/class/bdi/<dev>/read_ahead_kb`, since FUSE's
 //!   handshake cannot raise it above the kernel's default (128 KiB); a
 //!   sequential read then costs one request and one record per MiB.
+//! * `FLUSH` (sent at every `close`) has nothing to do: writes are already
+//!   transactions and locks are the kernel's. It answers ENOSYS, which
+//!   tells the kernel to stop sending it, saving a round trip per close.
 //! * `O_TRUNC` is passed to `Fs::open` (`FUSE_ATOMIC_O_TRUNC`) so open and
 //!   truncate are one transaction; `Fs` clears set-id bits on write, chown
 //!   and truncate itself (`FUSE_HANDLE_KILLPRIV`), so an unprivileged

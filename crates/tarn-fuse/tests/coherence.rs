@@ -87,7 +87,9 @@ fn direct_changes_are_seen_at_once() {
     assert_eq!(meta.permissions().mode() & 0o7777, 0o604);
     assert_eq!(meta.uid(), 1234);
 
-    // Names: create, and the directory's link count after a mkdir.
+    // Names: create (a name the kernel has cached as missing), and the
+    // directory's link count after a mkdir.
+    assert!(gone(&f.path("d/new")));
     f.fs.create(d_ino, b"new", 0o644, 0, libc::O_WRONLY, &root)
         .unwrap();
     f.fs.mkdir(d_ino, b"sub", 0o755, 0, &root).unwrap();
