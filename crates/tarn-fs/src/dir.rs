@@ -104,6 +104,7 @@ pub(crate) fn insert(tx: &mut Tx, dir: u64, name: &[u8], ino: u64, kind: FileKin
     }
     let h = b | c;
     tx.s.put(&codec::key3(dir, K_DIRENT, h), &encode(ino, kind, name))?;
+    tx.entry_changed(dir, name);
     Ok(h)
 }
 
@@ -117,16 +118,18 @@ pub(crate) fn set(
     kind: FileKind,
 ) -> Result<()> {
     tx.s.put(&codec::key3(dir, K_DIRENT, h), &encode(ino, kind, name))?;
+    tx.entry_changed(dir, name);
     Ok(())
 }
 
-/// Removes entry `h`.
-pub(crate) fn remove(tx: &mut Tx, dir: u64, h: u64) -> Result<()> {
+/// Removes entry `h` (named `name`).
+pub(crate) fn remove(tx: &mut Tx, dir: u64, h: u64, name: &[u8]) -> Result<()> {
     if !tx.s.delete(&codec::key3(dir, K_DIRENT, h))? {
         return Err(FsError::io(format!(
             "directory {dir}: entry {h:#x} vanished"
         )));
     }
+    tx.entry_changed(dir, name);
     Ok(())
 }
 

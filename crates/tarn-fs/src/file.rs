@@ -195,6 +195,7 @@ impl ReadPlan {
 
 /// Writes `data` at `off`, growing the file as needed.
 pub(crate) fn write(tx: &mut Tx, inode: &mut Inode, off: u64, data: &[u8]) -> Result<()> {
+    tx.contents_changed(inode.ino);
     let end = off
         .checked_add(data.len() as u64)
         .filter(|&e| e <= MAX_FILE_SIZE)
@@ -233,6 +234,7 @@ pub(crate) fn write(tx: &mut Tx, inode: &mut Inode, off: u64, data: &[u8]) -> Re
 /// Sets the size: shrinking frees whole records past the end and cuts the
 /// last one; growing only changes the size (the new bytes are a hole).
 pub(crate) fn truncate(tx: &mut Tx, inode: &mut Inode, new_size: u64) -> Result<()> {
+    tx.contents_changed(inode.ino);
     if new_size > MAX_FILE_SIZE {
         return Err(FsError::new(
             libc::EFBIG,
@@ -282,6 +284,7 @@ pub(crate) fn truncate(tx: &mut Tx, inode: &mut Inode, new_size: u64) -> Result<
 /// Frees `[off, off+len)` inside the file: records fully inside are
 /// deleted, partial ones zeroed. The size does not change.
 pub(crate) fn punch(tx: &mut Tx, inode: &mut Inode, off: u64, len: u64) -> Result<()> {
+    tx.contents_changed(inode.ino);
     let end = inode.size.min(off.saturating_add(len));
     if off >= end {
         return Ok(());

@@ -14,6 +14,7 @@ use crate::codec::{self, K_ORPHAN};
 use crate::dir::{self};
 use crate::file::{self, MAX_FILE_SIZE};
 use crate::inode::{self, Inode, Superblock, Tx, FIRST_INO, MAX_LOCAL_INO};
+use crate::notify::Hub;
 use crate::perm;
 use crate::store::Backend;
 use crate::types::*;
@@ -62,6 +63,8 @@ pub struct Fs<B: Backend> {
     snaps: Mutex<Snaps<B>>,
     /// Sequential readers, for read-ahead.
     pub(crate) readahead: crate::readahead::ReadAhead,
+    /// Who hears about committed changes (`notify`).
+    pub(crate) notify: Hub,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -209,6 +212,7 @@ impl<B: Backend> Fs<B> {
                 by_guid: HashMap::new(),
                 next: 1,
             }),
+            notify: Hub::default(),
         };
         if !info.readonly {
             fs.reap_orphans()?;
@@ -290,14 +294,19 @@ impl<B: Backend> Fs<B> {
     }
 
     /// Runs a write transaction on the live dataset (EROFS if read-only).
+    /// Its changes are published (`notify`) once it has committed.
     pub(crate) fn write_txn<R>(&self, mut f: impl FnMut(&mut Tx) -> Result<R>) -> Result<R> {
-        self.live.txn(true, &mut |s| {
+        let mut changes = Vec::new();
+        let r = self.live.txn(true, &mut |s| {
             let mut tx = Tx::new(s);
             tx.writable()?;
             let r = f(&mut tx)?;
             tx.flush()?;
+            changes = tx.take_changes();
             Ok(r)
-        })
+        })?;
+        self.notify.publish(&changes);
+        Ok(r)
     }
 
     /// Refreshes the slot table from the backend and returns the

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 
 use crate::codec::{self, Dec, Enc, K_INODE, K_ORPHAN};
+use crate::notify::{Change, ChangeLog};
 use crate::store::{Store, StoreInfo, MAX_BLOCK};
 use crate::types::{FileKind, Timestamp, ROOT_INO};
 use crate::{FsError, Result};
@@ -230,6 +231,8 @@ pub(crate) struct Tx<'a> {
     pub info: StoreInfo,
     pub now: Timestamp,
     cache: BTreeMap<u64, Cached>,
+    /// What this transaction changed, for `notify`.
+    log: ChangeLog,
 }
 
 impl<'a> Tx<'a> {
@@ -241,6 +244,7 @@ impl<'a> Tx<'a> {
             info,
             now: Timestamp::new(sec, nsec),
             cache: BTreeMap::new(),
+            log: ChangeLog::default(),
         }
     }
 
@@ -272,9 +276,36 @@ impl<'a> Tx<'a> {
         Ok(Some(inode))
     }
 
-    /// Records a changed inode; written by [`Tx::flush`].
+    /// Records a changed inode; written by [`Tx::flush`]. A new inode (not
+    /// loaded first) is not logged as a change: nobody can have cached it.
+    /// Its contents count as changed when the size or mtime moved (or the
+    /// `file` functions said so: the clock may not have moved).
     pub fn put(&mut self, inode: Inode) {
+        match self.cache.get(&inode.ino) {
+            Some(Cached::Clean(old)) | Some(Cached::Dirty(old)) => {
+                let data = old.size != inode.size || old.mtime != inode.mtime;
+                self.log.inode(inode.ino, data);
+            }
+            Some(Cached::Freed) | None => {}
+        }
         self.cache.insert(inode.ino, Cached::Dirty(inode));
+    }
+
+    /// Logs that the contents of `ino` changed (the `file` module calls
+    /// it for writes, truncates and punched holes).
+    pub fn contents_changed(&mut self, ino: u64) {
+        self.log.inode(ino, true);
+    }
+
+    /// Logs a changed directory entry (the `dir` module calls it).
+    pub fn entry_changed(&mut self, dir: u64, name: &[u8]) {
+        self.log.entry(dir, name);
+    }
+
+    /// What the transaction changed so far, for publishing after it
+    /// commits.
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        std::mem::take(&mut self.log).into_changes()
     }
 
     /// Deletes every key of `ino`: inode, data, xattrs, entries.
@@ -284,6 +315,7 @@ impl<'a> Tx<'a> {
         self.s
             .delete_range(Bound::Included(&lo), Bound::Excluded(&hi))?;
         self.cache.insert(ino, Cached::Freed);
+        self.log.inode(ino, true);
         Ok(())
     }
 

@@ -92,6 +92,7 @@ mod fs;
 mod inode;
 mod io;
 mod namespace;
+pub mod notify;
 mod perm;
 mod read_data;
 mod readahead;
@@ -113,6 +114,7 @@ use std::borrow::Cow;
 pub use dataset::DatasetBackend;
 pub use dynfs::DynFs;
 pub use fs::{Fs, MAX_READ};
+pub use notify::{Change, Origin, Subscriber, Subscription};
 pub use read_data::ReadData;
 pub use store::{
     Backend, BlockReader, Bytes, Prefetch, SpaceInfo, Store, StoreError, StoreInfo, Val,

@@ -325,7 +325,7 @@ impl<B: Backend> Fs<B> {
             } else if v.is_dir() {
                 return err(libc::EISDIR, "is a directory");
             }
-            dir::remove(tx, p, e.h)?;
+            dir::remove(tx, p, e.h, name)?;
             let mut d = tx.get(p)?;
             d.size = d.size.saturating_sub(1);
             if isdir {
@@ -468,7 +468,7 @@ impl<B: Backend> Fs<B> {
                     Self::touch_dir(tx, np, 0, n_links)?;
                 }
                 (dst, di) => {
-                    dir::remove(tx, op, src.h)?;
+                    dir::remove(tx, op, src.h, name)?;
                     let mut n_links = 0i64;
                     let mut n_entries = 0i64;
                     if let (Some(d), Some(mut v)) = (dst, di) {

@@ -14,6 +14,28 @@ pub(crate) fn errno(e: &FsError) -> Errno {
     Errno::from_i32(e.errno())
 }
 
+/// The attributes of a negative entry: inode 0 tells the kernel that the
+/// name does not exist, for the entry TTL.
+pub(crate) fn absent() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
 pub(crate) fn file_type(k: FileKind) -> FileType {
     match k {
         FileKind::Regular => FileType::RegularFile,

@@ -16,44 +16,85 @@
 //!
 //! # Threading
 //!
-//! The session runs [`MountOptions::threads`] worker threads (default 4).
-//! Each has its own clone of the `/dev/fuse` descriptor
-//! (`FUSE_DEV_IOC_CLONE`), reads one request, runs the `Fs` call to
-//! completion on that thread and replies. `Fs` is safe to call from many
-//! threads (every call is one backend transaction), so a slow request (a
-//! read waiting on a disk, a large write) occupies one worker while the
-//! others keep serving; with `threads = 1` everything is serialised. On a
-//! real dataset every call takes its pool's lock today (docs/design.md,
-//! "Locks"), so calls on one pool still run one at a time: the workers
-//! overlap the kernel round trips, and calls on other pools. The
-//! kernel side is asynchronous as well: `FUSE_ASYNC_READ` lets it send
-//! several reads of one file at once, and `FUSE_PARALLEL_DIROPS` lets it
-//! send lookups and readdirs of one directory concurrently.
+//! The session runs [`MountOptions::threads`] worker threads (default
+//! [`DEFAULT_THREADS`]). Each has its own clone of the `/dev/fuse`
+//! descriptor (`FUSE_DEV_IOC_CLONE`), reads one request, runs the `Fs`
+//! call to completion on that thread and replies. `Fs` is safe to call
+//! from many threads and the engine below runs them in parallel: a
+//! transaction holds only its dataset's lock, and a read plans under it
+//! and fetches, verifies and decompresses its blocks after releasing it
+//! (docs/design.md, "Locks"). So many readers keep as many disk reads
+//! in flight, and a slow request occupies one worker while the others
+//! keep serving; with `threads = 1` everything is serialised. The kernel
+//! side is asynchronous as well: `FUSE_ASYNC_READ` lets it send several
+//! reads of one file at once, and `FUSE_PARALLEL_DIROPS` lets it send
+//! lookups and readdirs of one directory concurrently. The default of 16
+//! workers matches the deepest queue common workloads produce (16 jobs of
+//! random reads; a sequential reader with 1 MiB readahead in flight beside
+//! a writer); an idle worker costs a thread blocked in `read(2)` and the
+//! pages of its last request, nothing else.
+//!
+//! A mount has one more thread, `tarn-fuse-inval`, that applies
+//! invalidations caused by another mount's workers (below); it sleeps on a
+//! channel and ends with the mount.
 //!
 //! # Caching, TTLs and invalidation
 //!
 //! Replies carry a time-to-live for the attributes and the name → inode
-//! entry ([`MountOptions::attr_ttl`], [`MountOptions::entry_ttl`], 1 s by
-//! default). Errors are never cached (no negative dentries), so a name
-//! that appears is visible at once. The writeback cache is off: every
-//! `write(2)` reaches `Fs` before it returns, so `O_APPEND`, `mtime` and
-//! space errors (ENOSPC, EDQUOT) behave as on a local filesystem. The page
-//! cache is dropped when a file is opened (no `FOPEN_KEEP_CACHE`) and when
-//! the kernel notices a changed size or mtime (`FUSE_AUTO_INVAL_DATA`).
+//! entry ([`MountOptions::attr_ttl`], [`MountOptions::entry_ttl`],
+//! [`DEFAULT_TTL`], a minute, by default). The TTLs can be long because
+//! the daemon sees every change: it serves the one `Fs` of a dataset to
+//! every front end, and `Fs` reports each committed change to its
+//! subscribers ([`tarn_fs::notify`]). Each mount subscribes and turns the
+//! reports into kernel invalidations (module `invalidate`):
+//! `FUSE_NOTIFY_INVAL_ENTRY` for each added, removed or re-pointed name,
+//! and `FUSE_NOTIFY_INVAL_INODE` for each changed inode, for its
+//! attributes only (a chmod, an atime) or with its cached pages (a write,
+//! a truncate: size or mtime moved). So a change made through NFS, WebDAV,
+//! another mount or a direct `Fs` call is seen through this mount at
+//! once: for a change made by a thread that is not a FUSE worker, before
+//! the changing call returns; for one made by another mount's workers, a
+//! moment later, from `tarn-fuse-inval`. This mount's own changes are not
+//! reported back to it (its workers mark themselves with an
+//! [`tarn_fs::Origin`]): the kernel made them and keeps its caches right
+//! by itself, and a worker waiting for the kernel's inode lock while the
+//! kernel waits for its reply would deadlock.
 //!
-//! All changes made through this mount go through the kernel, which keeps
-//! its caches right by itself. Changes made *under* the mount (a rollback
-//! to a snapshot, a `zfs recv`-like replace, a second front end) are not
-//! seen until the TTLs expire, at most one second. To make them visible at
-//! once, the daemon calls [`Mount::invalidate_all`] after such an
-//! operation: it tells the kernel, through FUSE notifications, to forget
-//! every cached name and every cached attribute and data page of the
-//! inodes it holds. To know which those are, the adapter keeps a table of
-//! the inodes it has handed to the kernel (lookup, create, readdirplus...)
-//! with their lookup counts and up to four names each, and drops entries
-//! when the kernel sends `FORGET`. The new snapshot in `.snapshot` needs no
-//! invalidation: lookups of missing names are never cached and directory
-//! listings are never cached.
+//! The order makes this race-free: `Fs` reports a change only after its
+//! transaction committed, and the kernel serialises an invalidation with
+//! what could bring the old state back. An entry invalidation takes the
+//! directory's inode lock, which a lookup in progress holds until its
+//! reply is in the dentry cache, so a lookup that read the old name is
+//! either invalidated after it or started after the commit; an inode
+//! invalidation bumps the inode's attribute version, so a `GETATTR` reply
+//! computed before it is not cached; a page being read is locked until
+//! the read completes, and the invalidation waits for it.
+//!
+//! What changes without a transaction of the live dataset keeps a short
+//! TTL (one second): the `.snapshot` directory and the names in it (taking
+//! or destroying a snapshot). Snapshot contents never change. A rollback,
+//! a receive and a destroy unmount the dataset first (the daemon's
+//! `Mounts`), so no cache survives them; [`Mount::invalidate_all`] remains
+//! for a tree replaced under a live mount. A name that does not exist is
+//! cached as missing (a negative entry, inode 0) for the entry TTL, since
+//! whoever adds it reports the new entry, which invalidates the negative
+//! one; in `.snapshot` missing names are not cached, so a new snapshot
+//! shows at once. Without `default_permissions` the entry TTL is capped
+//! at one second (see below).
+//!
+//! The writeback cache is off: every `write(2)` reaches `Fs` before it
+//! returns. Turning it on would break three promises. ENOSPC and EDQUOT
+//! are reported by the `write` that hits them, and a copy-on-write pool
+//! cannot reserve space for pages the kernel holds back (a later flush
+//! would fail where nobody looks). A `sync=always` dataset makes every
+//! write durable before it returns, which needs the write to reach `Fs`.
+//! And with the writeback cache the kernel owns a regular file's size and
+//! times, ignoring the attributes `Fs` reports, so a file extended or
+//! truncated through NFS would keep its stale size here even after an
+//! invalidation. Cached pages survive an open (`FOPEN_KEEP_CACHE`), so a
+//! file read again is served from memory; a change made elsewhere drops
+//! them (above), and so does the kernel when it sees a changed size or
+//! mtime (`FUSE_AUTO_INVAL_DATA`).
 //!
 //! # Credentials
 //!
@@ -87,6 +128,14 @@
 //!
 //! * Writes up to [`MountOptions::max_write`] (1 MiB, the most the kernel
 //!   accepts by default) arrive in one request (`big_writes`, `max_pages`).
+//!   Reads too: the kernel's readahead for the mount is raised to
+//!   [`MountOptions::read_ahead`] (1 MiB, a record of a `recordsize=1M`
+//!   dataset) through `/sys/class/bdi/<dev>/read_ahead_kb`, since FUSE's
+//!   handshake cannot raise it above the kernel's default (128 KiB); a
+//!   sequential read then costs one request and one record per MiB.
+//! * `FLUSH` (sent at every `close`) has nothing to do: writes are already
+//!   transactions and locks are the kernel's. It answers ENOSYS, which
+//!   tells the kernel to stop sending it, saving a round trip per close.
 //! * `O_TRUNC` is passed to `Fs::open` (`FUSE_ATOMIC_O_TRUNC`) so open and
 //!   truncate are one transaction; `Fs` clears set-id bits on write, chown
 //!   and truncate itself (`FUSE_HANDLE_KILLPRIV`), so an unprivileged
@@ -101,6 +150,7 @@
 
 mod convert;
 mod creds;
+mod invalidate;
 mod known;
 mod ops;
 
@@ -114,13 +164,20 @@ use std::time::Duration;
 use fuser::{BackgroundSession, INodeNo, MountOption, Notifier, Session, SessionACL};
 use nix::errno::Errno;
 use nix::mount::MntFlags;
-use tarn_fs::{Backend, Fs};
+use tarn_fs::{Backend, Fs, Origin, Subscription};
 
+use crate::invalidate::Invalidator;
 use crate::known::Known;
 use crate::ops::TarnFuse;
 
 /// Largest write the kernel is asked to send in one request.
 pub const DEFAULT_MAX_WRITE: u32 = 1 << 20;
+/// Default attribute and entry TTL: changes made elsewhere are invalidated
+/// explicitly, so the TTL only bounds the damage of a missed one (see the
+/// crate docs); a minute already saves nearly every revalidation.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(60);
+/// Default number of worker threads (see the crate docs, "Threading").
+pub const DEFAULT_THREADS: usize = 16;
 /// Most worker threads [`mount`] accepts.
 pub const MAX_THREADS: usize = 64;
 
@@ -137,7 +194,8 @@ pub struct MountOptions {
     /// fails changes with EROFS either way; this makes it visible in
     /// `mount` output and to programs that check `statvfs`.
     pub read_only: bool,
-    /// Worker threads serving requests (1..=[`MAX_THREADS`]). Default 4.
+    /// Worker threads serving requests (1..=[`MAX_THREADS`]). Default
+    /// [`DEFAULT_THREADS`].
     pub threads: usize,
     /// The "source" shown in `/proc/mounts` and `df` (e.g. `tank/photos`).
     /// Must not contain `,` or NUL.
@@ -148,13 +206,20 @@ pub struct MountOptions {
     /// Let the kernel check permissions too (see the crate docs for why it
     /// is on by default). `Fs` checks them in any case.
     pub default_permissions: bool,
-    /// How long the kernel may cache attributes. Default 1 s.
+    /// How long the kernel may cache attributes. Default [`DEFAULT_TTL`].
     pub attr_ttl: Duration,
-    /// How long the kernel may cache name → inode entries. Default 1 s.
+    /// How long the kernel may cache name → inode entries, and that a
+    /// name does not exist. Default [`DEFAULT_TTL`].
     pub entry_ttl: Duration,
     /// Largest write request, in bytes; the kernel may lower it (it caps
     /// requests at `max_pages`, 256 pages by default). Default 1 MiB.
     pub max_write: u32,
+    /// The kernel's readahead for the mount, in bytes (rounded down to
+    /// KiB), so sequential reads arrive in requests this large (up to
+    /// `max_pages`). 0 keeps the kernel's default. Default 1 MiB. Setting
+    /// it needs write access to `/sys/class/bdi` (root); if that fails the
+    /// mount works with the default.
+    pub read_ahead: u32,
 }
 
 impl Default for MountOptions {
@@ -162,13 +227,14 @@ impl Default for MountOptions {
         MountOptions {
             allow_other: false,
             read_only: false,
-            threads: 4,
+            threads: DEFAULT_THREADS,
             fsname: "tarn".to_string(),
             subtype: "tarn".to_string(),
             default_permissions: true,
-            attr_ttl: Duration::from_secs(1),
-            entry_ttl: Duration::from_secs(1),
+            attr_ttl: DEFAULT_TTL,
+            entry_ttl: DEFAULT_TTL,
             max_write: DEFAULT_MAX_WRITE,
+            read_ahead: DEFAULT_MAX_WRITE,
         }
     }
 }
@@ -239,6 +305,10 @@ pub struct Mount {
     device: OwnedFd,
     notifier: Notifier,
     known: Arc<Known>,
+    /// Turns changes made through other front ends into invalidations;
+    /// `None` once unmounted.
+    subscription: Option<Subscription>,
+    invalidator: Arc<Invalidator>,
 }
 
 impl std::fmt::Debug for Mount {
@@ -328,7 +398,8 @@ pub fn mount<B: Backend + 'static>(
     }
     let canonical = mountpoint.canonicalize().map_err(|e| bad(e.to_string()))?;
     let known = Arc::new(Known::default());
-    let adapter = TarnFuse::new(fs, opts, known.clone());
+    let origin = Origin::new();
+    let adapter = TarnFuse::new(fs.clone(), opts, known.clone(), origin);
     let mount_err = |source: io::Error| FuseError::Mount {
         path: canonical.clone(),
         source,
@@ -336,16 +407,47 @@ pub fn mount<B: Backend + 'static>(
     let session = Session::new(adapter, &canonical, &config).map_err(mount_err)?;
     let device = session.as_fd().try_clone_to_owned().map_err(mount_err)?;
     let notifier = session.notifier();
-    // If spawning fails, the session is dropped inside `spawn`, which
-    // unmounts.
+    let (invalidator, deferred) = Invalidator::new(origin, session.notifier());
+    let weak = Arc::downgrade(&invalidator);
+    std::thread::Builder::new()
+        .name("tarn-fuse-inval".to_string())
+        .spawn(move || invalidate::run_deferred(weak, deferred))
+        .map_err(mount_err)?;
+    // Subscribed before the first request is served, so nothing the
+    // kernel caches can miss a change. If anything below fails, dropping
+    // the subscription unsubscribes and dropping the session unmounts.
+    let subscription = fs.subscribe(invalidator.clone());
+    // If spawning fails, the session is dropped inside `spawn`.
     let bg = session.spawn().map_err(mount_err)?;
-    Ok(Mount {
+    let mount = Mount {
         mountpoint: canonical,
         session: Some(bg),
         device,
         notifier,
         known,
-    })
+        subscription: Some(subscription),
+        invalidator,
+    };
+    if opts.read_ahead > 0 {
+        if let Err(e) = set_read_ahead(&mount.mountpoint, opts.read_ahead / 1024) {
+            eprintln!(
+                "tarn-fuse: cannot set the readahead of {}: {e}",
+                mount.mountpoint.display()
+            );
+        }
+    }
+    Ok(mount)
+}
+
+/// Sets the kernel's readahead of the filesystem mounted at `mountpoint`
+/// to `kib`: a FUSE superblock's backing device is named after its device
+/// number in `/sys/class/bdi`.
+fn set_read_ahead(mountpoint: &Path, kib: u32) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(mountpoint)?.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let path = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    std::fs::write(path, kib.to_string())
 }
 
 /// True while the FUSE connection behind `device` is alive (not unmounted,
@@ -397,6 +499,7 @@ impl Mount {
             return Ok(());
         };
         let path = self.mountpoint.clone();
+        let subscription = self.subscription.take();
         if connection_alive(&self.device) {
             match nix::mount::umount2(&path, MntFlags::empty()) {
                 Ok(()) => {}
@@ -419,10 +522,12 @@ impl Mount {
                 }
                 Err(Errno::EBUSY) => {
                     self.session = Some(bg);
+                    self.subscription = subscription;
                     return Err(FuseError::Busy { path });
                 }
                 Err(e) => {
                     self.session = Some(bg);
+                    self.subscription = subscription;
                     return Err(FuseError::Unmount {
                         path,
                         source: e.into(),
@@ -436,17 +541,29 @@ impl Mount {
                 let _ = nix::mount::umount2(&path, MntFlags::MNT_DETACH);
             }
         }
+        drop(subscription);
         // The connection is aborted once the superblock goes, so every
         // worker sees ENODEV and exits.
         bg.join()
             .map_err(|source| FuseError::Session { path, source })
     }
 
+    /// How many invalidations of changes made elsewhere the kernel
+    /// refused for another reason than "not cached" (a mount going away).
+    pub fn invalidation_errors(&self) -> u64 {
+        self.invalidator
+            .failed
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Tells the kernel to forget everything it caches about this mount:
     /// every name → inode entry and the attributes and data pages of every
-    /// inode it holds. Call it after the tree changed under the mount (a
-    /// rollback); never from inside a request of this mount. Returns the
-    /// number of inodes invalidated.
+    /// inode it holds. Call it after the tree changed under the mount
+    /// without `Fs` reporting it (changes through the mounted `Fs` are
+    /// invalidated by themselves); never from inside a request of this
+    /// mount. Names the kernel caches as missing cannot be listed, so they
+    /// stay cached up to the entry TTL. Returns the number of inodes
+    /// invalidated.
     pub fn invalidate_all(&self) -> Result<usize, FuseError> {
         if self.session.is_none() {
             return Ok(0);
@@ -542,6 +659,6 @@ mod tests {
         assert!(c.mount_options.contains(&MountOption::RO));
         assert!(c.mount_options.contains(&MountOption::DefaultPermissions));
         assert_eq!(c.acl, SessionACL::All);
-        assert_eq!(c.n_threads, Some(4));
+        assert_eq!(c.n_threads, Some(DEFAULT_THREADS));
     }
 }

@@ -15,9 +15,9 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use tarn_fs::{Attr, Backend, Fs, FsError, SetAttr};
+use tarn_fs::{Attr, Backend, Fs, FsError, Origin, SetAttr, SNAPDIR_INO};
 
-use crate::convert::{errno, file_attr, file_type, time_set};
+use crate::convert::{absent, errno, file_attr, file_type, time_set};
 use crate::creds::CredCache;
 use crate::known::Known;
 use crate::MountOptions;
@@ -28,6 +28,9 @@ use crate::MountOptions;
 const READDIR_BATCH: usize = 128;
 /// Same for READDIRPLUS, whose entries carry attributes (~150 bytes).
 const READDIRPLUS_BATCH: usize = 32;
+/// The TTL of what changes without a reported change (`.snapshot`), and
+/// the longest entry TTL without `default_permissions`.
+const SHORT_TTL: Duration = Duration::from_secs(1);
 
 /// A file handle carries the open(2) flags in its low 32 bits (so the
 /// write path needs no table lookup to know about `O_APPEND`) and a
@@ -43,6 +46,8 @@ fn fh_flags(fh: FileHandle) -> i32 {
 /// Serves one [`Fs`] to the kernel.
 pub(crate) struct TarnFuse<B: Backend> {
     fs: Arc<Fs<B>>,
+    /// The mark of this mount's worker threads.
+    origin: Origin,
     attr_ttl: Duration,
     entry_ttl: Duration,
     max_write: u32,
@@ -52,11 +57,25 @@ pub(crate) struct TarnFuse<B: Backend> {
 }
 
 impl<B: Backend> TarnFuse<B> {
-    pub(crate) fn new(fs: Arc<Fs<B>>, opts: &MountOptions, known: Arc<Known>) -> Self {
+    pub(crate) fn new(
+        fs: Arc<Fs<B>>,
+        opts: &MountOptions,
+        known: Arc<Known>,
+        origin: Origin,
+    ) -> Self {
+        // Without the kernel's permission checks, a path walk through a
+        // cached entry skips `Fs`'s search-permission check: keep that
+        // window short.
+        let entry_ttl = if opts.default_permissions {
+            opts.entry_ttl
+        } else {
+            opts.entry_ttl.min(SHORT_TTL)
+        };
         TarnFuse {
             fs,
+            origin,
             attr_ttl: opts.attr_ttl,
-            entry_ttl: opts.entry_ttl,
+            entry_ttl,
             max_write: opts.max_write,
             next_fh: AtomicU32::new(1),
             creds: CredCache::default(),
@@ -72,14 +91,26 @@ impl<B: Backend> TarnFuse<B> {
         make_fh(self.next_fh.fetch_add(1, Ordering::Relaxed), flags)
     }
 
+    /// The TTLs for an entry `parent` → `ino`: short for the `.snapshot`
+    /// directory and the names in it, which change without a transaction
+    /// of the live dataset (taking or destroying a snapshot).
+    fn ttls(&self, parent: u64, ino: u64) -> (Duration, Duration) {
+        if parent == SNAPDIR_INO || ino == SNAPDIR_INO {
+            (self.attr_ttl.min(SHORT_TTL), self.entry_ttl.min(SHORT_TTL))
+        } else {
+            (self.attr_ttl, self.entry_ttl)
+        }
+    }
+
     /// Replies with a new entry and counts the kernel's reference.
     fn entry(&self, parent: INodeNo, name: &OsStr, r: Result<Attr, FsError>, reply: ReplyEntry) {
         match r {
             Ok(a) => {
                 self.known.add(a.ino, parent.0, name);
+                let (attr_ttl, entry_ttl) = self.ttls(parent.0, a.ino);
                 reply.entry_with_ttls(
-                    &self.attr_ttl,
-                    &self.entry_ttl,
+                    &attr_ttl,
+                    &entry_ttl,
                     &file_attr(&a),
                     Generation(a.generation),
                 );
@@ -90,7 +121,7 @@ impl<B: Backend> TarnFuse<B> {
 
     fn attr(&self, r: Result<Attr, FsError>, reply: ReplyAttr) {
         match r {
-            Ok(a) => reply.attr(&self.attr_ttl, &file_attr(&a)),
+            Ok(a) => reply.attr(&self.ttls(0, a.ino).0, &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -122,7 +153,11 @@ fn xattr_reply(value: &[u8], size: u32, reply: ReplyXattr) {
 /// take a worker thread down: it is caught, the reply that was moved into
 /// the handler is dropped during unwinding, and fuser answers a dropped
 /// reply with EIO. `Fs` recovers its own poisoned locks.
-fn guarded(op: &'static str, f: impl FnOnce()) {
+///
+/// The thread is marked as acting for this mount (`origin`) meanwhile, so
+/// the changes it makes are not invalidated again (see `invalidate`).
+fn guarded(origin: Origin, op: &'static str, f: impl FnOnce()) {
+    let _mark = origin.enter();
     if std::panic::catch_unwind(AssertUnwindSafe(f)).is_err() {
         eprintln!("tarn-fuse: {op} panicked; the request failed with EIO");
     }
@@ -155,20 +190,33 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        guarded("lookup", || {
+        guarded(self.origin, "lookup", || {
             let r = self.fs.lookup(parent.0, name.as_bytes(), &self.cred(req));
-            self.entry(parent, name, r, reply);
+            match r {
+                // A missing name is cached too (a negative entry): whoever
+                // adds it reports the entry, which invalidates it. Names
+                // in `.snapshot` appear without such a report.
+                Err(e) if e.errno() == libc::ENOENT && parent.0 != SNAPDIR_INO => {
+                    reply.entry_with_ttls(
+                        &Duration::ZERO,
+                        &self.entry_ttl,
+                        &absent(),
+                        Generation(0),
+                    );
+                }
+                r => self.entry(parent, name, r, reply),
+            }
         });
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        guarded("forget", || {
+        guarded(self.origin, "forget", || {
             self.known.forget(ino.0, nlookup);
         });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        guarded("getattr", || {
+        guarded(self.origin, "getattr", || {
             self.attr(self.fs.getattr(ino.0), reply);
         });
     }
@@ -191,7 +239,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        guarded("setattr", || {
+        guarded(self.origin, "setattr", || {
             let sa = SetAttr {
                 mode,
                 uid,
@@ -206,7 +254,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        guarded("readlink", || match self.fs.readlink(ino.0) {
+        guarded(self.origin, "readlink", || match self.fs.readlink(ino.0) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(&e)),
         });
@@ -222,7 +270,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        guarded("mknod", || {
+        guarded(self.origin, "mknod", || {
             let r = self.fs.mknod(
                 parent.0,
                 name.as_bytes(),
@@ -244,7 +292,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        guarded("mkdir", || {
+        guarded(self.origin, "mkdir", || {
             let r = self
                 .fs
                 .mkdir(parent.0, name.as_bytes(), mode, umask, &self.cred(req));
@@ -253,7 +301,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        guarded("unlink", || {
+        guarded(self.origin, "unlink", || {
             empty(
                 self.fs.unlink(parent.0, name.as_bytes(), &self.cred(req)),
                 reply,
@@ -262,7 +310,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        guarded("rmdir", || {
+        guarded(self.origin, "rmdir", || {
             empty(
                 self.fs.rmdir(parent.0, name.as_bytes(), &self.cred(req)),
                 reply,
@@ -278,7 +326,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        guarded("symlink", || {
+        guarded(self.origin, "symlink", || {
             let r = self.fs.symlink(
                 parent.0,
                 link_name.as_bytes(),
@@ -299,7 +347,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        guarded("rename", || {
+        guarded(self.origin, "rename", || {
             empty(
                 self.fs.rename(
                     parent.0,
@@ -322,7 +370,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        guarded("link", || {
+        guarded(self.origin, "link", || {
             let r = self
                 .fs
                 .link(ino.0, newparent.0, newname.as_bytes(), &self.cred(req));
@@ -331,9 +379,11 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        guarded("open", || {
+        guarded(self.origin, "open", || {
             match self.fs.open(ino.0, flags.0, &self.cred(req)) {
-                Ok(_) => reply.opened(self.new_fh(flags.0), FopenFlags::empty()),
+                // Cached pages stay valid across opens: a change made
+                // elsewhere invalidates them (`invalidate`).
+                Ok(_) => reply.opened(self.new_fh(flags.0), FopenFlags::FOPEN_KEEP_CACHE),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -350,9 +400,11 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        guarded("read", || match self.fs.read(ino.0, offset, size) {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno(&e)),
+        guarded(self.origin, "read", || {
+            match self.fs.read(ino.0, offset, size) {
+                Ok(d) => reply.data(&d),
+                Err(e) => reply.error(errno(&e)),
+            }
         });
     }
 
@@ -368,7 +420,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        guarded("write", || {
+        guarded(self.origin, "write", || {
             // Page-cache writeback (shared mmap) writes pages at their offset
             // whatever the open flags; other writes append if the file was
             // opened with O_APPEND or got it later through fcntl(F_SETFL).
@@ -392,9 +444,11 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        guarded("flush", || {
-            // Every write is already a committed transaction: nothing to do.
-            reply.ok();
+        guarded(self.origin, "flush", || {
+            // Every write is already a committed transaction and locks are
+            // the kernel's: nothing to do. ENOSYS tells the kernel so, and
+            // it stops sending FLUSH on every close (a round trip each).
+            reply.error(Errno::ENOSYS);
         });
     }
 
@@ -408,7 +462,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        guarded("release", || {
+        guarded(self.origin, "release", || {
             empty(self.fs.release(ino.0), reply);
         });
     }
@@ -421,13 +475,13 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        guarded("fsync", || {
+        guarded(self.origin, "fsync", || {
             empty(self.fs.fsync(ino.0), reply);
         });
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        guarded("opendir", || {
+        guarded(self.origin, "opendir", || {
             match self.fs.opendir(ino.0, &self.cred(req)) {
                 Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
                 Err(e) => reply.error(errno(&e)),
@@ -443,7 +497,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        guarded("readdir", || {
+        guarded(self.origin, "readdir", || {
             match self.fs.readdir(ino.0, offset, READDIR_BATCH) {
                 Ok(entries) => {
                     for e in &entries {
@@ -467,7 +521,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        guarded("readdirplus", || {
+        guarded(self.origin, "readdirplus", || {
             match self.fs.readdirplus(ino.0, offset, READDIRPLUS_BATCH) {
                 Ok(entries) => {
                     for (e, a) in &entries {
@@ -476,7 +530,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
                             INodeNo(e.ino),
                             e.cookie,
                             name,
-                            &self.entry_ttl,
+                            &self.ttls(ino.0, e.ino).1,
                             &file_attr(a),
                             Generation(a.generation),
                         ) {
@@ -503,7 +557,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        guarded("releasedir", || {
+        guarded(self.origin, "releasedir", || {
             empty(self.fs.releasedir(ino.0), reply);
         });
     }
@@ -516,13 +570,13 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        guarded("fsyncdir", || {
+        guarded(self.origin, "fsyncdir", || {
             empty(self.fs.fsync(ino.0), reply);
         });
     }
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
-        guarded("statfs", || match self.fs.statfs(ino.0) {
+        guarded(self.origin, "statfs", || match self.fs.statfs(ino.0) {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
             ),
@@ -540,7 +594,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         position: u32,
         reply: ReplyEmpty,
     ) {
-        guarded("setxattr", || {
+        guarded(self.origin, "setxattr", || {
             if position != 0 {
                 // Only macOS resource forks use a position.
                 return reply.error(Errno::EINVAL);
@@ -554,7 +608,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        guarded("getxattr", || {
+        guarded(self.origin, "getxattr", || {
             match self.fs.getxattr(ino.0, name.as_bytes(), &self.cred(req)) {
                 Ok(v) => xattr_reply(&v, size, reply),
                 Err(e) => reply.error(errno(&e)),
@@ -563,7 +617,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        guarded("listxattr", || {
+        guarded(self.origin, "listxattr", || {
             match self.fs.listxattr(ino.0, &self.cred(req)) {
                 Ok(names) => {
                     let mut buf = Vec::new();
@@ -579,7 +633,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        guarded("removexattr", || {
+        guarded(self.origin, "removexattr", || {
             empty(
                 self.fs.removexattr(ino.0, name.as_bytes(), &self.cred(req)),
                 reply,
@@ -588,7 +642,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        guarded("access", || {
+        guarded(self.origin, "access", || {
             empty(
                 self.fs.access(ino.0, mask.bits() as u32, &self.cred(req)),
                 reply,
@@ -606,7 +660,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        guarded("create", || {
+        guarded(self.origin, "create", || {
             match self.fs.create(
                 parent.0,
                 name.as_bytes(),
@@ -640,7 +694,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        guarded("fallocate", || {
+        guarded(self.origin, "fallocate", || {
             empty(self.fs.fallocate(ino.0, offset, length, mode as u32), reply);
         });
     }
@@ -662,8 +716,10 @@ mod tests {
     #[test]
     fn guarded_survives_panics() {
         let mut ran = false;
-        guarded("test", || ran = true);
+        guarded(Origin::new(), "test", || ran = true);
         assert!(ran);
-        guarded("test", || panic!("deliberate panic in a handler"));
+        guarded(Origin::new(), "test", || {
+            panic!("deliberate panic in a handler")
+        });
     }
 }

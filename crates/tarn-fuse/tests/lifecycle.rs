@@ -152,10 +152,16 @@ fn invalidate_all_shows_changes_made_under_the_mount() {
     let ino = fs::metadata(f.path("f")).unwrap().ino();
     assert_eq!(fs::metadata(f.path("f")).unwrap().len(), 5);
 
-    // Change the file behind the kernel's back (as a rollback would).
-    f.fs.write(ino, 0, b"HELLO, world", false, &Cred::root())
+    // Change the file behind the kernel's back, as a rollback would: through
+    // a second `Fs` on the same dataset, whose changes the mount does not
+    // hear about (every change through the mounted `Fs` is invalidated by
+    // itself; tests/coherence.rs).
+    let under = tarn_fs::Fs::mount(f.backend.clone()).unwrap();
+    under
+        .write(ino, 0, b"HELLO, world", false, &Cred::root())
         .unwrap();
-    f.fs.rename(ROOT_INO, b"f", ROOT_INO, b"g", 0, &Cred::root())
+    under
+        .rename(ROOT_INO, b"f", ROOT_INO, b"g", 0, &Cred::root())
         .unwrap();
     // Still the cached view...
     assert_eq!(fs::metadata(f.path("f")).unwrap().len(), 5);
@@ -169,7 +175,7 @@ fn invalidate_all_shows_changes_made_under_the_mount() {
     // Single-inode invalidation. (A read marks the cached atime stale, so
     // stat once more to have every attribute cached again.)
     assert_eq!(fs::metadata(f.path("g")).unwrap().len(), 12);
-    f.fs.write(ino, 12, b"!", false, &Cred::root()).unwrap();
+    under.write(ino, 12, b"!", false, &Cred::root()).unwrap();
     assert_eq!(fs::metadata(f.path("g")).unwrap().len(), 12);
     f.mount.invalidate_inode(ino).unwrap();
     assert_eq!(fs::metadata(f.path("g")).unwrap().len(), 13);
@@ -363,8 +369,12 @@ fn slow_read_does_not_block_other_requests() {
         return;
     }
     let f = mount_test_backend(&MountOptions::default(), false);
-    fs::write(f.path("slow"), pattern(1, 8192)).unwrap();
+    fs::write(f.path("slow"), b"").unwrap();
     let ino = fs::metadata(f.path("slow")).unwrap().ino();
+    // Written past the kernel, so its pages are not cached: the read below
+    // must reach `Fs`.
+    f.fs.write(ino, 0, &pattern(1, 8192), false, &Cred::root())
+        .unwrap();
     let fast = OpenOptions::new()
         .write(true)
         .create(true)
@@ -409,4 +419,33 @@ fn large_writes_arrive_in_few_requests() {
     assert!(txns <= 12, "{txns} write transactions for 8 MiB");
     drop(file);
     assert_eq!(fs::read(f.path("big")).unwrap(), data);
+}
+
+#[test]
+fn large_reads_arrive_in_few_requests() {
+    if !require::fuse() {
+        return;
+    }
+    let f = mount_test_backend(&MountOptions::default(), false);
+    fs::write(f.path("big"), b"").unwrap();
+    let ino = fs::metadata(f.path("big")).unwrap().ino();
+    // Written past the kernel, so nothing of it is cached.
+    let data = pattern(10, 8 << 20);
+    f.fs.write(ino, 0, &data, false, &Cred::root()).unwrap();
+    let mut file = File::open(f.path("big")).unwrap();
+    let before = f.backend.read_txns.load(Ordering::SeqCst);
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    let txns = f.backend.read_txns.load(Ordering::SeqCst) - before;
+    assert!(got == data, "read back differs");
+    // 8 MiB in 1 MiB readahead requests is 8 reads (the kernel's default
+    // readahead of 128 KiB would make 64), plus a few lookups and getattrs.
+    assert!(txns <= 24, "{txns} read transactions for 8 MiB");
 }

@@ -64,6 +64,8 @@ pub fn mount_default() -> Fixture {
 pub struct TestBackend {
     pub inner: Arc<MemBackend>,
     pub write_txns: AtomicU64,
+    /// Read-only transactions (a FUSE read is one).
+    pub read_txns: AtomicU64,
     /// Calls of `sync` (what fsync and synchronous writes ask for).
     pub syncs: AtomicU64,
     /// Local inode number whose data reads are slow (0: none).
@@ -79,6 +81,7 @@ impl TestBackend {
         Arc::new(TestBackend {
             inner,
             write_txns: AtomicU64::new(0),
+            read_txns: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             slow_ino: AtomicU64::new(0),
             slow_ms: AtomicU64::new(0),
@@ -95,6 +98,8 @@ impl Backend for TestBackend {
     ) -> Result<R, FsError> {
         if write {
             self.write_txns.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.read_txns.fetch_add(1, Ordering::SeqCst);
         }
         let slow_ino = self.slow_ino.load(Ordering::SeqCst);
         let real_clock = self.real_clock.load(Ordering::SeqCst);
