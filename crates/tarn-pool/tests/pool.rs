@@ -16,7 +16,7 @@ use tarn_testkit::data::Rng;
 use tarn_testkit::files::{make as make_files, overwrite};
 use tarn_testkit::pools::{
     attached, block_ranges, cksum_errors, create, opts, props, redundancy, scrub, singles,
-    wait_scan,
+    try_import, wait_scan,
 };
 use tarn_testkit::MIB;
 
@@ -413,15 +413,7 @@ fn bad_input_is_refused() {
     .unwrap_err();
     assert!(matches!(e, PoolError::NotFound(_)), "{e}");
     // Importing a pool that is open here is refused (the devices are locked).
-    let e = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "other",
-        None,
-        true,
-        opts(),
-    )
-    .unwrap_err();
+    let e = try_import(&[dir.path()], "other", true, opts()).unwrap_err();
     assert!(matches!(e, PoolError::InUse(_)), "{e}");
 
     assert_eq!(other.object_read("keep", 0, 100).unwrap(), b"keep me");
@@ -455,14 +447,7 @@ fn damaged_members_at_import() {
         .unwrap();
     f.set_len(5 * MIB).unwrap();
     drop(f);
-    let r = Pool::import(
-        &[dir.path().to_path_buf()],
-        &[],
-        "tank",
-        None,
-        false,
-        opts(),
-    );
+    let r = try_import(&[dir.path()], "tank", false, opts());
     let e = r.expect_err("import of a pool beyond redundancy succeeded");
     assert!(
         matches!(
@@ -606,17 +591,7 @@ fn scrub_pause_resume_and_restart() {
     pool.export(false).unwrap();
     drop(pool);
 
-    let pool = attached(
-        Pool::import(
-            &[dir.path().to_path_buf()],
-            &[],
-            "tank",
-            None,
-            false,
-            slow(),
-        )
-        .unwrap(),
-    );
+    let pool = attached(try_import(&[dir.path()], "tank", false, slow()).unwrap());
     let s = pool.status().scan.unwrap();
     assert_eq!(
         s.state,
@@ -628,17 +603,7 @@ fn scrub_pause_resume_and_restart() {
     // Interrupt it running: export mid-scan, import resumes it.
     pool.export(false).unwrap();
     drop(pool);
-    let pool = attached(
-        Pool::import(
-            &[dir.path().to_path_buf()],
-            &[],
-            "tank",
-            None,
-            false,
-            slow(),
-        )
-        .unwrap(),
-    );
+    let pool = attached(try_import(&[dir.path()], "tank", false, slow()).unwrap());
     let s = wait_scan(&pool);
     assert_eq!(s.state, ScanState::Finished, "{s:?}");
     assert_eq!(s.errors, 0);
@@ -749,15 +714,7 @@ fn degraded_up_to_redundancy() {
         pool.export(false).unwrap();
         drop(pool);
         std::fs::remove_file(&devs[p]).unwrap();
-        let e = Pool::import(
-            &[dir.path().to_path_buf()],
-            &[],
-            "tank",
-            None,
-            false,
-            opts(),
-        )
-        .unwrap_err();
+        let e = try_import(&[dir.path()], "tank", false, opts()).unwrap_err();
         if p + 1 < n {
             // Some members remain: the import names what is missing.
             assert!(matches!(e, PoolError::Faulted(_)), "{kind:?}: {e}");
@@ -1086,17 +1043,7 @@ fn paused_resilver_keeps_targets_untrusted_across_import() {
     );
     pool.export(false).unwrap();
     drop(pool);
-    let pool = attached(
-        Pool::import(
-            &[dir.path().to_path_buf()],
-            &[],
-            "tank",
-            None,
-            false,
-            slow(),
-        )
-        .unwrap(),
-    );
+    let pool = attached(try_import(&[dir.path()], "tank", false, slow()).unwrap());
     let e = pool.offline(devs[0].to_str().unwrap()).unwrap_err();
     assert!(e.to_string().contains("lose data"), "{e}");
     pool.scrub(ScanAction::Resume).unwrap();
