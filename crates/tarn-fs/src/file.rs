@@ -19,7 +19,8 @@ fn data_key(ino: u64, idx: u64) -> Vec<u8> {
     codec::key3(ino, K_DATA, idx)
 }
 
-fn rs(inode: &Inode) -> u64 {
+/// A file's record size: the size of its data blocks.
+pub(crate) fn rs(inode: &Inode) -> u64 {
     u64::from(inode.recordsize.max(512))
 }
 
@@ -108,31 +109,48 @@ pub(crate) struct ReadPlan {
     parts: Vec<(u64, u64, BlockReader)>,
 }
 
-/// Plans a read of bytes `[off, off+len)` clipped to the file size: finds
-/// the blocks under the transaction, so they can be fetched after it ends
-/// without holding the dataset ([`ReadPlan::run`]).
-pub(crate) fn read_plan(tx: &mut Tx, inode: &Inode, off: u64, len: u64) -> Result<ReadPlan> {
-    let mut plan = ReadPlan {
-        ino: inode.ino,
-        off,
-        len: 0,
-        parts: Vec::new(),
-    };
-    if off >= inode.size || len == 0 {
-        return Ok(plan);
+/// For each block of `inode` that overlaps bytes `[off, end)` (`end`
+/// clipped to the file size), what `get` makes of its key, with the
+/// block's index; holes and blocks `get` has nothing for are left out.
+fn for_blocks<T>(
+    tx: &mut Tx,
+    inode: &Inode,
+    off: u64,
+    end: u64,
+    get: impl Fn(&mut Tx, &[u8]) -> std::result::Result<Option<T>, crate::StoreError>,
+) -> Result<Vec<(u64, T)>> {
+    let end = end.min(inode.size);
+    if off >= end {
+        return Ok(Vec::new());
     }
-    let end = inode.size.min(off.saturating_add(len));
-    plan.len = (end - off) as usize;
     let rs = rs(inode);
+    let mut out = Vec::new();
     for (idx, _) in blocks_in(tx, inode.ino, off / rs, (end - 1) / rs)? {
-        let key = data_key(inode.ino, idx);
-        match tx.s.block_reader(&key) {
-            Ok(Some(r)) => plan.parts.push((idx, idx * rs, r)),
+        match get(tx, &data_key(inode.ino, idx)) {
+            Ok(Some(v)) => out.push((idx, v)),
             Ok(None) => {}
             Err(e) => return Err(record_error(inode.ino, idx, e)),
         }
     }
-    Ok(plan)
+    Ok(out)
+}
+
+/// Plans a read of bytes `[off, off+len)` clipped to the file size: finds
+/// the blocks under the transaction, so they can be fetched after it ends
+/// without holding the dataset ([`ReadPlan::run`]).
+pub(crate) fn read_plan(tx: &mut Tx, inode: &Inode, off: u64, len: u64) -> Result<ReadPlan> {
+    let end = inode.size.min(off.saturating_add(len));
+    let rs = rs(inode);
+    let parts = for_blocks(tx, inode, off, end, |tx, key| tx.s.block_reader(key))?;
+    Ok(ReadPlan {
+        ino: inode.ino,
+        off,
+        len: end.saturating_sub(off) as usize,
+        parts: parts
+            .into_iter()
+            .map(|(idx, r)| (idx, idx * rs, r))
+            .collect(),
+    })
 }
 
 /// Read-ahead of the records of `inode` that overlap `range` (clipped to
@@ -143,26 +161,10 @@ pub(crate) fn prefetch_plan(
     inode: &Inode,
     range: std::ops::Range<u64>,
 ) -> Result<Vec<crate::store::Prefetch>> {
-    let end = range.end.min(inode.size);
-    if range.start >= end {
-        return Ok(Vec::new());
-    }
-    let rs = rs(inode);
-    let mut jobs = Vec::new();
-    for (idx, _) in blocks_in(tx, inode.ino, range.start / rs, (end - 1) / rs)? {
-        if let Some(job) =
-            tx.s.block_prefetcher(&data_key(inode.ino, idx))
-                .map_err(|e| record_error(inode.ino, idx, e))?
-        {
-            jobs.push(job);
-        }
-    }
-    Ok(jobs)
-}
-
-/// The record size of a file's blocks, for read-ahead's window.
-pub(crate) fn record_size(inode: &Inode) -> u64 {
-    rs(inode)
+    let jobs = for_blocks(tx, inode, range.start, range.end, |tx, key| {
+        tx.s.block_prefetcher(key)
+    })?;
+    Ok(jobs.into_iter().map(|(_, j)| j).collect())
 }
 
 impl ReadPlan {

@@ -162,10 +162,7 @@ impl<B: Backend> Fs<B> {
             let plan = file::read_plan(tx, &i, offset, len)?;
             // Read-ahead is advice: a failure to plan it is the next
             // read's to meet, not this one's.
-            let ahead = match self
-                .readahead
-                .on_read((slot, l), offset, len, file::record_size(&i))
-            {
+            let ahead = match self.readahead.on_read((slot, l), offset, len, file::rs(&i)) {
                 Some(r) => file::prefetch_plan(tx, &i, r).unwrap_or_default(),
                 None => Vec::new(),
             };
