@@ -49,7 +49,7 @@ impl Backend for Pools {
         .map_err(api_error)?;
         attach_datasets(&pool);
         self.mounts.automount(&self.fss, &pool);
-        let status = pool_status(pool.status());
+        let status = status_with_cache(&pool);
         self.lock().insert(req.name.clone(), pool);
         self.write_cache();
         self.refresh_servers();
@@ -90,7 +90,7 @@ impl Backend for Pools {
         )
         .map_err(api_error)?;
         attach_datasets(&pool);
-        let status = pool_status(pool.status());
+        let status = status_with_cache(&pool);
         {
             let mut pools = self.lock();
             let taken = pools.contains_key(pool.name())

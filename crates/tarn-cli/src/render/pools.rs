@@ -546,6 +546,17 @@ pub fn progress_line(scan: &ScanStatus) -> String {
 mod tests {
     use super::*;
 
+    /// The cells of the first line of `text` that contains `needle` (a
+    /// line starting with it, for a pool name that other lines contain).
+    fn cells<'a>(text: &'a str, needle: &str) -> Vec<&'a str> {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(needle))
+            .or_else(|| text.lines().find(|l| l.contains(needle)))
+            .unwrap_or_else(|| panic!("no line with {needle:?} in:\n{text}"));
+        line.split_whitespace().collect()
+    }
+
     fn counters(read_errors: u64, cksum_errors: u64) -> Counters {
         Counters {
             read_errors,
@@ -723,45 +734,20 @@ mod tests {
         assert!(
             text.contains("capacity") && text.contains("operations") && text.contains("bandwidth")
         );
-        let tank: Vec<&str> = text
-            .lines()
-            .find(|l| l.starts_with("tank"))
-            .unwrap()
-            .split_whitespace()
-            .collect();
+        let tank: Vec<&str> = cells(&text, "tank");
         assert_eq!(tank, ["tank", "1G", "3G", "100", "200", "400K", "800K"]);
-        let leaf: Vec<&str> = text
-            .lines()
-            .find(|l| l.contains("/dev/sdb"))
-            .unwrap()
-            .split_whitespace()
-            .collect();
+        let leaf: Vec<&str> = cells(&text, "/dev/sdb");
         assert_eq!(leaf, ["/dev/sdb", "-", "-", "50", "100", "200K", "400K"]);
 
         let mut second = first.clone();
         second[0] = entry("tank", 0, 300);
         second.push(entry("/dev/sdc", 2, 7));
         let text = render_iostat(&second, Some((&first, Duration::from_secs(2))));
-        let tank: Vec<&str> = text
-            .lines()
-            .find(|l| l.starts_with("tank"))
-            .unwrap()
-            .split_whitespace()
-            .collect();
+        let tank: Vec<&str> = cells(&text, "tank");
         assert_eq!(tank, ["tank", "1G", "3G", "100", "200", "400K", "800K"]);
-        let idle: Vec<&str> = text
-            .lines()
-            .find(|l| l.contains("mirror-0"))
-            .unwrap()
-            .split_whitespace()
-            .collect();
+        let idle: Vec<&str> = cells(&text, "mirror-0");
         assert_eq!(idle, ["mirror-0", "1G", "3G", "0", "0", "0B", "0B"]);
-        let new: Vec<&str> = text
-            .lines()
-            .find(|l| l.contains("/dev/sdc"))
-            .unwrap()
-            .split_whitespace()
-            .collect();
+        let new: Vec<&str> = cells(&text, "/dev/sdc");
         assert_eq!(new, ["/dev/sdc", "-", "-", "-", "-", "-", "-"]);
     }
 
@@ -818,11 +804,15 @@ mod tests {
         };
         // Over two seconds: 20 hits and 10 misses, 10/s and 5/s, 66.7%.
         let rates = render_cache_iostat(&now, Some((&then, Duration::from_secs(2))));
-        let data = rates.lines().find(|l| l.contains("data")).unwrap();
-        let cells: Vec<&str> = data.split_whitespace().collect();
-        assert_eq!(cells[2..], ["10/s", "5/s", "66.7%"], "{rates}");
-        let meta = rates.lines().find(|l| l.contains("metadata")).unwrap();
-        let cells: Vec<&str> = meta.split_whitespace().collect();
-        assert_eq!(cells[1..], ["0/s", "0/s", "-"], "{rates}");
+        assert_eq!(
+            cells(&rates, "data")[2..],
+            ["10/s", "5/s", "66.7%"],
+            "{rates}"
+        );
+        assert_eq!(
+            cells(&rates, "metadata")[1..],
+            ["0/s", "0/s", "-"],
+            "{rates}"
+        );
     }
 }
