@@ -1,6 +1,7 @@
 //! The block cache never serves stale bytes: random sequences of writes,
-//! deletes, snapshots, rollbacks, snapshot destroys, churn that frees and
-//! reallocates space, and damage repaired by a scrub (self-heal rewrites),
+//! deletes, snapshots, rollbacks, snapshot destroys, filling the pool so
+//! that freed space is reallocated (and read back), and damage repaired by
+//! a scrub (self-heal rewrites),
 //! checked after every read against a model of what each key holds. The
 //! cache is large enough to keep every block ever read or written, so a
 //! stale entry would be found if one could exist; a second run uses a
@@ -42,7 +43,7 @@ enum Op {
     DestroyOldestSnapshot,
     /// Fill the pool with blocks that are read back, then free them, so
     /// every freed extent is reused and read.
-    Churn {
+    Fill {
         seed: u64,
     },
     /// Damage the first copy of one of the dataset's blocks, then scrub.
@@ -61,7 +62,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Snapshot),
         1 => Just(Op::Rollback),
         1 => Just(Op::DestroyOldestSnapshot),
-        1 => any::<u64>().prop_map(|seed| Op::Churn { seed }),
+        1 => any::<u64>().prop_map(|seed| Op::Fill { seed }),
         1 => any::<usize>().prop_map(|pick| Op::DamageAndScrub { pick }),
     ]
 }
@@ -143,7 +144,7 @@ fn run(ops: &[Op], cache_bytes: usize) {
                     ds::destroy(&pool, &name, false).unwrap();
                 }
             }
-            Op::Churn { seed } => {
+            Op::Fill { seed } => {
                 // Take every free extent (those of blocks read and freed
                 // before among them) with blocks that are read back, then
                 // give them back.
