@@ -295,6 +295,11 @@ impl<I> Watched<I> {
             tracker: Tracker::new(heads),
         }
     }
+
+    /// The wrapped stream, for the connection's lingering close.
+    pub fn into_inner(self) -> I {
+        self.io
+    }
 }
 
 impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {

@@ -485,25 +485,60 @@ async fn serve_conn<I>(
         let st = state.clone();
         let heads = heads.clone();
         let busy = activity.begin();
-        async move { Ok::<_, Infallible>(serve_request(req, peer.ip(), st, heads, busy).await) }
+        // Boxed so the connection is `Unpin` and its socket can be taken
+        // back for the lingering close.
+        Box::pin(async move {
+            Ok::<_, Infallible>(serve_request(req, peer.ip(), st, heads, busy).await)
+        })
     });
-    let http = hyper::server::conn::http1::Builder::new()
+    let mut http = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(timeout)
         .serve_connection(TokioIo::new(io), svc);
-    tokio::pin!(http);
     if *shutdown.borrow() {
-        http.as_mut().graceful_shutdown();
+        Pin::new(&mut http).graceful_shutdown();
     }
     tokio::select! {
-        _ = http.as_mut() => {}
+        _ = std::future::poll_fn(|cx| http.poll_without_shutdown(cx)) => {}
         // Evicted for a newcomer while idle: just close.
-        _ = conn.closed(None) => {}
+        _ = conn.closed(None) => return,
         _ = shutdown.changed() => {
-            http.as_mut().graceful_shutdown();
-            let _ = http.as_mut().await;
+            Pin::new(&mut http).graceful_shutdown();
+            let _ = std::future::poll_fn(|cx| http.poll_without_shutdown(cx)).await;
+            return;
         }
     }
+    let io = http.into_parts().io.into_inner().into_inner();
+    tokio::select! {
+        _ = linger(io) => {}
+        _ = conn.closed(None) => {}
+        _ = shutdown.changed() => {}
+    }
+}
+
+/// How long a closing connection keeps reading what its client still sends.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// The lingering close of a connection whose last answer is written: send
+/// FIN, then read and drop whatever the client still sends until it closes
+/// too (or [`LINGER`] passes). Closing a socket with unread bytes makes the
+/// kernel send a reset, and a client still uploading (a PUT answered 507
+/// when the pool filled, a 413, a 401 before the body) would lose the
+/// answer it had not read yet to that reset.
+async fn linger<I: AsyncRead + AsyncWrite + Unpin>(mut io: I) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = tokio::time::timeout(LINGER, async {
+        if io.shutdown().await.is_err() {
+            return;
+        }
+        let mut sink = vec![0u8; 64 << 10];
+        while let Ok(n) = io.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 /// One request: panics caught (500, one log line), the request's

@@ -336,6 +336,53 @@ fn enospc_and_quota_are_507() {
     }
 }
 
+/// A client still sending an upload the server has already refused (the
+/// pool filled part-way) is not reset: the server's close is a lingering
+/// one. A reset fails the client's next send, and a client such as curl
+/// then gives up without reading the 507 that had already arrived.
+#[test]
+fn refused_upload_is_answered_not_reset() {
+    use std::io::{Read, Write};
+    let b = MemBackend::new();
+    let fs = Arc::new(Fs::mount(b.clone()).unwrap());
+    chown_root(fs.as_ref());
+    b.set_budget(Some(b.used() + (1 << 20)), false);
+    let server = start(vec![Share::new("s", fs.clone())]);
+    let mut sock = std::net::TcpStream::connect(server.local_addr()).unwrap();
+    // alice:secret
+    let head = "PUT /s/big HTTP/1.1\r\nHost: t\r\nAuthorization: Basic YWxpY2U6c2VjcmV0\r\n\
+                Content-Length: 67108864\r\n\r\n";
+    sock.write_all(head.as_bytes()).unwrap();
+    // Send 8 MiB of the announced 64 in the background (more than the
+    // server reads before it fails), stopping at the first error.
+    let mut w = sock.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let chunk = vec![5u8; 64 << 10];
+        for i in 0..128 {
+            // Slower than the wire, so the answer and close come mid-upload.
+            if i % 16 == 15 {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            w.write_all(&chunk)?;
+        }
+        Ok::<(), std::io::Error>(())
+    });
+    // By now the server has answered and closed; read only afterwards.
+    std::thread::sleep(Duration::from_millis(700));
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let r = sock.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer);
+    assert!(
+        text.starts_with("HTTP/1.1 507"),
+        "read {r:?}, answer {text:?}"
+    );
+    let sent = writer.join().unwrap();
+    assert!(sent.is_ok(), "the upload was reset: {sent:?}");
+    server.stop();
+}
+
 #[test]
 fn dead_props_with_long_names_and_quota() {
     if !require::programs(&["curl"]) {
