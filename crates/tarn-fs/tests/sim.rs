@@ -24,7 +24,8 @@
 //!    (orphans), fsync, `Pool::sync` (a txg boundary), `sync=always` /
 //!    `standard` and `recordsize` changes, listings, and read-backs that
 //!    must equal the model exactly. At most 12 names: 10 files (up to
-//!    300 KiB each) and 2 directories. No real time is involved: the pool's
+//!    300 KiB each) and 2 directories. About one operation in fifty is a
+//!    concurrent burst instead (below). No real time is involved: the pool's
 //!    syncer interval is a day, so a txg commits only when the workload
 //!    says so (`Pool::sync`, fsync, any change under `sync=always`);
 //! 2. a power cut (below);
@@ -62,6 +63,21 @@
 //! `Drop` never runs and the device locks stay taken), so the harness calls
 //! `Pool::export` with the power already off. Every write and flush fails,
 //! so export lands nothing; it only stops the threads and drops the locks.
+//!
+//! # Concurrent bursts
+//!
+//! A burst (module `burst`) runs two or three threads at once, each doing
+//! 8 to 24 random operations (create, write, truncate, rename, unlink,
+//! fsync, reads and listings checked against its model) in a directory of
+//! its own, `c0`..`c2`, while another thread commits txgs back to back and
+//! sometimes starts a scrub. It begins with an acknowledged `Pool::sync`
+//! and ends with one. Three cuts in ten fall inside a burst: the switch is
+//! armed once its threads are about to start, with a budget drawn over the
+//! writes bursts did so far. After such a cut the prefix rule below cannot
+//! apply (concurrent operations have no one order); the burst's own oracle
+//! checks that the recovered lanes form a consistent cut of real time that
+//! keeps every acknowledged operation, and that nothing outside the lanes
+//! changed (see that module's comment).
 //!
 //! # What is checked, and why the prefix rule is the right oracle
 //!
@@ -111,7 +127,10 @@
 //! budget), every device's fault generator is reseeded from the seed at
 //! each operation, a scan started by import finishes before anything else
 //! reads, and background commits after scans are waited for. So a seed
-//! replays the same operations and cuts at the same place. What the engine
+//! replays the same operations and cuts at the same place, except inside
+//! concurrent bursts: there the threads' timing decides which operation
+//! lands in which txg, so a round with a burst replays its operations but
+//! not necessarily its writes and cut. What the engine
 //! takes from the system (pool and dataset GUIDs, scan rates and times in
 //! the pool's state) can change a metadata block by a few bytes and so,
 //! rarely, the number of device writes; the trace printed per seed shows
@@ -126,6 +145,9 @@
 //!
 //! A failure prints one line that replays it, e.g.
 //! `TARN_SIM_SEED=0x1234abcd cargo test -p tarn-fs --test sim -- --nocapture`.
+
+#[path = "sim/burst.rs"]
+mod burst;
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -261,18 +283,20 @@ impl History {
         self.floor_by = by.to_string();
     }
 
+    /// The sequential workload's files (not those of a burst's lanes).
     fn files(&self) -> Vec<String> {
         self.cur()
             .iter()
-            .filter(|(_, n)| matches!(n, Node::File(_)))
+            .filter(|(p, n)| matches!(n, Node::File(_)) && !burst::in_lane(p))
             .map(|(p, _)| p.clone())
             .collect()
     }
 
+    /// The sequential workload's directories.
     fn dirs(&self) -> Vec<String> {
         self.cur()
             .iter()
-            .filter(|(_, n)| matches!(n, Node::Dir))
+            .filter(|(p, n)| matches!(n, Node::Dir) && !burst::in_lane(p))
             .map(|(p, _)| p.clone())
             .collect()
     }
@@ -542,6 +566,10 @@ struct Stats {
     repaired: u64,
     /// Scans (resilvers) import started.
     import_scans: usize,
+    /// Concurrent bursts, their operations, and cuts that fell inside one.
+    bursts: usize,
+    burst_ops: usize,
+    cuts_in_bursts: usize,
     /// A hash of what each round did (operations, writes, where the cut
     /// fell, which state was recovered): equal for two runs of one seed.
     trace: u64,
@@ -582,6 +610,13 @@ struct Sim {
     io_ops: u64,
     /// The scan record after the last check, to notice scans import starts.
     last_scan: Option<ScanStatus>,
+    /// The burst the power failed in, if it did: the recovered state is
+    /// checked against its record instead of the history.
+    burst: Option<burst::Burst>,
+    /// The cut is to fall inside the next operation, a burst (eager or not).
+    cut_in_burst: Option<bool>,
+    /// Writes of the bursts so far, to spread such a cut over a burst.
+    burst_writes: u64,
     stats: Stats,
     cred: Cred,
 }
@@ -662,6 +697,9 @@ impl Sim {
             io_writes: 0,
             io_ops: 0,
             last_scan: None,
+            burst: None,
+            cut_in_burst: None,
+            burst_writes: 0,
             stats: Stats::default(),
             cred: Cred::root(),
         };
@@ -717,9 +755,16 @@ impl Sim {
             self.switch().unlimited();
             let w0 = self.switch().landed();
             let mut cut = false;
+            self.cut_in_burst = None;
             while self.op < stop_at {
                 if cut_op == Some(self.op) {
-                    self.switch().arm(writes, eager);
+                    if self.cuts.chance(0.3) {
+                        // The cut falls inside a concurrent burst, which
+                        // arms the switch once its lanes are about to start.
+                        self.cut_in_burst = Some(eager);
+                    } else {
+                        self.switch().arm(writes, eager);
+                    }
                 }
                 self.rig
                     .reseed(&e.leaves, ((round as u64) << 32) | self.op as u64);
@@ -835,24 +880,28 @@ impl Sim {
     fn step(&mut self, e: &Engine) -> Step {
         let k = self.work.below(100);
         let files = self.hist.files();
-        let done = match k {
-            0..=8 => self.op_create(e, false),
-            9..=10 => self.op_create(e, true),
-            11..=39 => self.op_write(e, &files),
-            40..=46 => self.op_truncate(e, &files),
-            47..=53 => self.op_rename_file(e, &files),
-            54 => self.op_rename_dir(e),
-            55..=60 => self.op_unlink(e, &files),
-            61..=62 => self.op_mkdir(e),
-            63..=64 => self.op_rmdir(e),
-            65..=68 => self.op_fsync(e, &files),
-            69..=71 => self.op_pool_sync(e),
-            72..=74 => self.op_set_sync(e),
-            75 => self.op_set_recordsize(e),
-            76..=89 => self.op_read(e, &files),
-            90..=92 => self.op_list(e),
-            93..=95 => self.op_open(e, &files),
-            _ => self.op_close(e),
+        let done = if self.work.chance(0.02) || self.cut_in_burst.is_some() {
+            self.op_burst(e)
+        } else {
+            match k {
+                0..=8 => self.op_create(e, false),
+                9..=10 => self.op_create(e, true),
+                11..=39 => self.op_write(e, &files),
+                40..=46 => self.op_truncate(e, &files),
+                47..=53 => self.op_rename_file(e, &files),
+                54 => self.op_rename_dir(e),
+                55..=60 => self.op_unlink(e, &files),
+                61..=62 => self.op_mkdir(e),
+                63..=64 => self.op_rmdir(e),
+                65..=68 => self.op_fsync(e, &files),
+                69..=71 => self.op_pool_sync(e),
+                72..=74 => self.op_set_sync(e),
+                75 => self.op_set_recordsize(e),
+                76..=89 => self.op_read(e, &files),
+                90..=92 => self.op_list(e),
+                93..=95 => self.op_open(e, &files),
+                _ => self.op_close(e),
+            }
         };
         if !done {
             // Not applicable now (no file yet, ...): make a file.
@@ -865,6 +914,126 @@ impl Sim {
         } else {
             Step::Go
         }
+    }
+
+    /// A concurrent burst (see the `burst` module): two or three lanes,
+    /// each in a directory of its own, change the file system at once
+    /// while another thread commits txgs and perhaps starts a scrub.
+    fn op_burst(&mut self, e: &Engine) -> bool {
+        let n_lanes = self.work.range(2, 4) as usize;
+        let always = self.sync_always;
+        for d in &burst::DIRS[..n_lanes] {
+            if !self.hist.cur().contains_key(*d) {
+                let r = e.fs.mkdir(ROOT_INO, d.as_bytes(), 0o755, 0o022, &self.cred);
+                let mut next = self.hist.cur().clone();
+                next.insert(d.to_string(), Node::Dir);
+                let what = format!("#{} mkdir {d}", self.op);
+                if self.settle(what, r, Some(next), always).is_none() {
+                    return true;
+                }
+            }
+        }
+        // Everything before the burst is acknowledged: outside the lanes,
+        // nothing may change.
+        let r = e.pool.sync();
+        let what = format!("#{} pool sync before a burst", self.op);
+        if self.settle(what, r, None, true).is_none() {
+            return true;
+        }
+        let base = self.hist.cur().clone();
+        let mut lanes_in = Vec::new();
+        for d in &burst::DIRS[..n_lanes] {
+            let Some(ino) = self.ino_of(e, d) else {
+                return true;
+            };
+            let prefix = format!("{d}/");
+            let before = base
+                .iter()
+                .filter_map(|(p, n)| match (p.strip_prefix(&prefix), n) {
+                    (Some(name), Node::File(b)) => Some((name.to_string(), b.clone())),
+                    _ => None,
+                })
+                .collect();
+            let n = self.work.range(8, 25) as usize;
+            lanes_in.push((*d, ino, before, self.work.fork(), n));
+        }
+        let scrub = self.work.chance(0.25);
+        let syncer_rng = self.work.fork();
+        let w0 = self.switch().landed();
+        if let Some(eager) = self.cut_in_burst.take() {
+            let per_burst = if self.stats.bursts == 0 {
+                200
+            } else {
+                self.burst_writes / self.stats.bursts as u64
+            };
+            let writes = self.cuts.below(per_burst + per_burst / 4 + 1);
+            self.switch().arm(writes, eager);
+        }
+        let ticks = AtomicU64::new(0);
+        let lanes_done = AtomicBool::new(false);
+        let sh = burst::Shared {
+            fs: &e.fs,
+            pool: &e.pool,
+            switch: self.switch(),
+            ticks: &ticks,
+            sync_always: always,
+        };
+        let (lanes, syncs) = std::thread::scope(|s| {
+            let syncer = s.spawn(|| burst::run_syncer(&sh, syncer_rng, &lanes_done, scrub));
+            let handles: Vec<_> = lanes_in
+                .into_iter()
+                .map(|(d, ino, before, rng, n)| {
+                    let sh = &sh;
+                    s.spawn(move || burst::run_lane(sh, rng, d, ino, before, n))
+                })
+                .collect();
+            let lanes: Vec<Result<burst::Lane, String>> = handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err("a lane panicked".into())))
+                .collect();
+            lanes_done.store(true, Ordering::Release);
+            let syncs = syncer
+                .join()
+                .unwrap_or_else(|_| Err("the committing thread panicked".into()));
+            (lanes, syncs)
+        });
+        let ctx = self.ctx();
+        let syncs = syncs.unwrap_or_else(|err| panic!("{ctx}: in a burst: {err}"));
+        let lanes = lanes
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap_or_else(|err| panic!("{ctx}: in a burst: {err}"));
+        let b = burst::Burst { base, lanes, syncs };
+        self.burst_writes += self.switch().landed() - w0;
+        self.stats.bursts += 1;
+        self.stats.burst_ops += b.ops();
+        self.stats.mix(b.ops() as u64);
+        if self.switch().is_off() {
+            self.burst = Some(b);
+            return true;
+        }
+        let what = format!(
+            "#{} burst of {} operations in {n_lanes} lanes",
+            self.op,
+            b.ops()
+        );
+        match e.pool.sync() {
+            Ok(_) => {
+                self.stats.acks += 1;
+                self.hist.push(b.merged(), what.clone());
+                self.hist.ack(&what);
+            }
+            Err(_) if self.switch().is_off() => {
+                self.burst = Some(b);
+                return true;
+            }
+            Err(err) => panic!("{ctx}: the sync after a burst failed with the power on: {err}"),
+        }
+        if scrub {
+            quiesce(&e.pool);
+            self.last_scan = e.pool.status().scan;
+        }
+        true
     }
 
     fn file_count(&self) -> usize {
@@ -1476,6 +1645,16 @@ impl Sim {
     }
 
     fn check_recovered(&mut self, got: &Ns, ctx: &str) {
+        if let Some(b) = self.burst.take() {
+            self.stats.cuts_in_bursts += 1;
+            if let Err(why) = b.check(got) {
+                panic!(
+                    "{ctx}: the power failed in a concurrent burst, and the recovered file \
+                     system is not a consistent cut of it: {why}"
+                );
+            }
+            return;
+        }
         let h = &self.hist;
         let last = h.states.len() - 1;
         if let Some(i) = (h.floor..=last).rev().find(|&i| h.states[i] == *got) {
@@ -1766,8 +1945,8 @@ fn simulation_with_faults_and_power_cuts() {
                         "sim: seed {seed:#x} ok in {:.1}s: {} ops, {} cuts in I/O + {} between \
                          ops, {} ops failed at a cut, {} syncs acknowledged, {} writes, {} \
                          unflushed writes lost, recovered the last state {}x / an earlier one \
-                         {}x, {} faults injected, {} bytes repaired, {} scans at import, trace \
-                         {:016x}",
+                         {}x, {} faults injected, {} bytes repaired, {} scans at import, {} \
+                         concurrent bursts of {} operations ({} cut), trace {:016x}",
                         t.elapsed().as_secs_f64(),
                         st.ops,
                         st.cuts_in_io,
@@ -1781,6 +1960,9 @@ fn simulation_with_faults_and_power_cuts() {
                         st.faults_hit,
                         st.repaired,
                         st.import_scans,
+                        st.bursts,
+                        st.burst_ops,
+                        st.cuts_in_bursts,
                         st.trace,
                     ),
                     Err(_) => {
