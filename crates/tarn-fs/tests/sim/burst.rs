@@ -121,11 +121,9 @@ pub struct Burst {
 }
 
 impl Burst {
-    /// The namespace after every lane finished.
-    pub fn merged(&self) -> Ns {
-        let mut ns: Ns = self
-            .base
-            .iter()
+    /// `ns` without what is inside the lanes' directories.
+    fn outside(&self, ns: &Ns) -> Ns {
+        ns.iter()
             .filter(|(p, _)| {
                 !self
                     .lanes
@@ -133,7 +131,12 @@ impl Burst {
                     .any(|l| p.starts_with(&format!("{}/", l.dir)))
             })
             .map(|(p, n)| (p.clone(), n.clone()))
-            .collect();
+            .collect()
+    }
+
+    /// The namespace after every lane finished.
+    pub fn merged(&self) -> Ns {
+        let mut ns = self.outside(&self.base);
         for l in &self.lanes {
             for (name, b) in l.last() {
                 ns.insert(join(&l.dir, name), Node::File(b.clone()));
@@ -151,18 +154,7 @@ impl Burst {
     /// module comment); an `Err` says what is wrong.
     pub fn check(&self, got: &Ns) -> Result<(), String> {
         // Outside the lanes: exactly the base.
-        let outside = |ns: &Ns| -> Ns {
-            ns.iter()
-                .filter(|(p, _)| {
-                    !self
-                        .lanes
-                        .iter()
-                        .any(|l| p.starts_with(&format!("{}/", l.dir)))
-                })
-                .map(|(p, n)| (p.clone(), n.clone()))
-                .collect()
-        };
-        let d = diff_ns(&outside(&self.base), &outside(got));
+        let d = diff_ns(&self.outside(&self.base), &self.outside(got));
         if !d.is_empty() {
             return Err(format!(
                 "outside the burst's directories the file system differs from the state the \
