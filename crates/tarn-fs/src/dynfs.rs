@@ -55,8 +55,11 @@ pub trait DynFs: Send + Sync + 'static {
     fn releasedir(&self, ino: u64) -> Result<()>;
     fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>>;
     fn read_data(&self, ino: u64, offset: u64, size: u32) -> Result<ReadData>;
-    fn write(&self, ino: u64, offset: u64, data: &[u8], append: bool, cred: &Cred)
-        -> Result<usize>;
+    /// [`Fs::write_iov`]; `write` is the one-slice case.
+    fn write_iov(&self, ino: u64, off: u64, iov: &[&[u8]], app: bool, c: &Cred) -> Result<usize>;
+    fn write(&self, ino: u64, off: u64, data: &[u8], app: bool, c: &Cred) -> Result<usize> {
+        self.write_iov(ino, off, &[data], app, c)
+    }
     fn fallocate(&self, ino: u64, offset: u64, length: u64, mode: u32) -> Result<()>;
     fn fsync(&self, ino: u64) -> Result<()>;
     fn readdir(&self, ino: u64, cookie: u64, limit: usize) -> Result<Vec<DirEntry>>;
@@ -153,15 +156,8 @@ impl<B: Backend + 'static> DynFs for Fs<B> {
     fn read_data(&self, ino: u64, offset: u64, size: u32) -> Result<ReadData> {
         Fs::read_data(self, ino, offset, size)
     }
-    fn write(
-        &self,
-        ino: u64,
-        offset: u64,
-        data: &[u8],
-        append: bool,
-        cred: &Cred,
-    ) -> Result<usize> {
-        Fs::write(self, ino, offset, data, append, cred)
+    fn write_iov(&self, ino: u64, off: u64, iov: &[&[u8]], app: bool, c: &Cred) -> Result<usize> {
+        Fs::write_iov(self, ino, off, iov, app, c)
     }
     fn fallocate(&self, ino: u64, offset: u64, length: u64, mode: u32) -> Result<()> {
         Fs::fallocate(self, ino, offset, length, mode)

@@ -196,13 +196,14 @@ impl ReadPlan {
 }
 
 /// Writes `data` at `off`, growing the file as needed.
-pub(crate) fn write(tx: &mut Tx, inode: &mut Inode, off: u64, data: &[u8]) -> Result<()> {
+pub(crate) fn write(tx: &mut Tx, inode: &mut Inode, off: u64, data: &[&[u8]]) -> Result<()> {
     tx.contents_changed(inode.ino);
+    let len: usize = data.iter().map(|d| d.len()).sum();
     let end = off
-        .checked_add(data.len() as u64)
+        .checked_add(len as u64)
         .filter(|&e| e <= MAX_FILE_SIZE)
         .ok_or_else(|| FsError::new(libc::EFBIG, "write beyond the largest file size"))?;
-    if data.is_empty() {
+    if len == 0 {
         return Ok(());
     }
     let rs = rs(inode);
@@ -210,20 +211,24 @@ pub(crate) fn write(tx: &mut Tx, inode: &mut Inode, off: u64, data: &[u8]) -> Re
     if new_size <= rs {
         let mut buf = get_record(tx, inode.ino, 0)?;
         buf.resize(new_size as usize, 0);
-        buf[off as usize..end as usize].copy_from_slice(data);
+        gather(data, 0, &mut buf[off as usize..end as usize]);
         put_record(tx, inode, 0, buf)?;
     } else {
         for idx in off / rs..=(end - 1) / rs {
             let rec = idx * rs;
             let a = off.max(rec);
             let b = end.min(rec + rs);
-            let src = &data[(a - off) as usize..(b - off) as usize];
+            let from = (a - off) as usize;
             let buf = if a == rec && b == rec + rs {
-                src.to_vec()
+                let mut buf = Vec::with_capacity(rs as usize);
+                for piece in span(data, from, rs as usize) {
+                    buf.extend_from_slice(piece);
+                }
+                buf
             } else {
                 let mut buf = get_record(tx, inode.ino, idx)?;
                 buf.resize(rs as usize, 0);
-                buf[(a - rec) as usize..(b - rec) as usize].copy_from_slice(src);
+                gather(data, from, &mut buf[(a - rec) as usize..(b - rec) as usize]);
                 buf
             };
             put_record(tx, inode, idx, buf)?;
@@ -231,6 +236,35 @@ pub(crate) fn write(tx: &mut Tx, inode: &mut Inode, off: u64, data: &[u8]) -> Re
     }
     inode.size = new_size;
     Ok(())
+}
+
+/// The bytes `from..from + n` of the slices `iov` taken as one run, as
+/// subslices in order (the caller makes sure they are there).
+fn span<'a>(iov: &'a [&'a [u8]], mut from: usize, mut n: usize) -> impl Iterator<Item = &'a [u8]> {
+    iov.iter().filter_map(move |s| {
+        if n == 0 {
+            return None;
+        }
+        if from >= s.len() {
+            from -= s.len();
+            return None;
+        }
+        let k = (s.len() - from).min(n);
+        let out = &s[from..from + k];
+        from = 0;
+        n -= k;
+        Some(out)
+    })
+}
+
+/// Copies bytes of `iov` from offset `from` into `dst`, filling it.
+fn gather(iov: &[&[u8]], from: usize, dst: &mut [u8]) {
+    let mut done = 0;
+    for s in span(iov, from, dst.len()) {
+        dst[done..done + s.len()].copy_from_slice(s);
+        done += s.len();
+    }
+    debug_assert_eq!(done, dst.len(), "the slices hold the bytes to copy");
 }
 
 /// Sets the size: shrinking frees whole records past the end and cuts the

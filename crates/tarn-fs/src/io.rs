@@ -204,6 +204,21 @@ impl<B: Backend> Fs<B> {
         append: bool,
         cred: &Cred,
     ) -> Result<usize> {
+        self.write_iov(ino, offset, &[data], append, cred)
+    }
+
+    /// [`Fs::write`] of the slices of `iov` taken as one run of bytes, in
+    /// one transaction: a front end that receives a payload in pieces (an
+    /// HTTP body's frames) writes them without gathering them first.
+    pub fn write_iov(
+        &self,
+        ino: u64,
+        offset: u64,
+        iov: &[&[u8]],
+        append: bool,
+        cred: &Cred,
+    ) -> Result<usize> {
+        let len: usize = iov.iter().map(|d| d.len()).sum();
         let local = self.live_ino(ino)?;
         self.write_txn(|tx| {
             let mut i = tx.get(local)?;
@@ -213,8 +228,8 @@ impl<B: Backend> Fs<B> {
                 _ => return err(libc::EINVAL, "not a regular file"),
             }
             let off = if append { i.size } else { offset };
-            file::write(tx, &mut i, off, data)?;
-            if !data.is_empty() {
+            file::write(tx, &mut i, off, iov)?;
+            if len > 0 {
                 i.mtime = tx.now;
                 i.ctime = tx.now;
                 if !cred.is_root() {
@@ -222,7 +237,7 @@ impl<B: Backend> Fs<B> {
                 }
                 tx.put(i);
             }
-            Ok(data.len())
+            Ok(len)
         })
     }
 

@@ -115,7 +115,7 @@ pub use dataset::DatasetBackend;
 pub use dynfs::DynFs;
 pub use fs::{Fs, MAX_READ};
 pub use notify::{Change, Origin, Subscriber, Subscription};
-pub use read_data::ReadData;
+pub use read_data::{Part, ReadData};
 pub use store::{
     Backend, BlockReader, Bytes, Prefetch, SpaceInfo, Store, StoreError, StoreInfo, Val,
 };

@@ -8,7 +8,9 @@
 //! not copied: holding a `ReadData` keeps those blocks alive even if the
 //! cache evicts them) and a length for each run of zeros. [`ReadData::slices`]
 //! yields them as byte slices for a vectored write, the zeros from one
-//! static zero page; [`ReadData::to_vec`] assembles them with one copy, as
+//! static zero page; [`ReadData::into_parts`] hands them over as owned
+//! [`Part`]s for a front end whose buffers can wrap them (an HTTP body);
+//! [`ReadData::to_vec`] assembles them with one copy, as
 //! [`crate::Fs::read`] does.
 
 use crate::store::Bytes;
@@ -98,6 +100,25 @@ impl ReadData {
         })
     }
 
+    /// The pieces in order, owned: each keeps its block alive on its own.
+    /// Runs of zeros come as parts of at most 64 KiB of a static page.
+    pub fn into_parts(self) -> Vec<Part> {
+        let mut out = Vec::with_capacity(self.pieces.len());
+        for p in self.pieces {
+            match p {
+                Piece::Zeros(mut n) => {
+                    while n > 0 {
+                        let k = n.min(ZEROS.len());
+                        out.push(Part(Piece::Zeros(k)));
+                        n -= k;
+                    }
+                }
+                block => out.push(Part(block)),
+            }
+        }
+        out
+    }
+
     /// The bytes in one buffer (one copy).
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(self.len);
@@ -105,5 +126,26 @@ impl ReadData {
             v.extend_from_slice(s);
         }
         v
+    }
+}
+
+/// One piece of a [`ReadData`], owned (see [`ReadData::into_parts`]): a
+/// range of a shared block, or zeros. Its bytes are `as_ref()`.
+pub struct Part(Piece);
+
+impl AsRef<[u8]> for Part {
+    fn as_ref(&self) -> &[u8] {
+        match &self.0 {
+            Piece::Block { data, start, end } => &(**data).as_ref()[*start..*end],
+            Piece::Zeros(n) => &ZEROS[..*n],
+        }
+    }
+}
+
+impl std::fmt::Debug for Part {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Part")
+            .field("len", &self.as_ref().len())
+            .finish()
     }
 }

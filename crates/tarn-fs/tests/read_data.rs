@@ -3,7 +3,9 @@
 //! offsets and sizes across record boundaries, holes (never written and
 //! punched), short last blocks, tails past the end, on a real dataset,
 //! both while the blocks are in the open txg and once committed (shared
-//! with the block cache).
+//! with the block cache); also taken as owned parts. The files are written
+//! with `Fs::write` and `Fs::write_iov` (the payload cut into random
+//! slices, empty ones too), which must store the same bytes.
 
 use std::sync::Arc;
 
@@ -26,7 +28,17 @@ fn random_file(fs: &DsFs, name: &str, rng: &mut Rng) -> (u64, Vec<u8>) {
         let off = rng.below(1 << 20);
         let len = rng.range(1, 200 << 10) as usize;
         let data = rng.bytes(len);
-        fs.write(a.ino, off, &data, false, &c).unwrap();
+        if rng.chance(0.5) {
+            fs.write(a.ino, off, &data, false, &c).unwrap();
+        } else {
+            let mut cuts: Vec<usize> = (0..rng.below(6))
+                .map(|_| rng.below(len as u64 + 1) as usize)
+                .collect();
+            cuts.extend([0, len]);
+            cuts.sort_unstable();
+            let iov: Vec<&[u8]> = cuts.windows(2).map(|w| &data[w[0]..w[1]]).collect();
+            assert_eq!(fs.write_iov(a.ino, off, &iov, false, &c).unwrap(), len);
+        }
         let end = off as usize + len;
         if model.len() < end {
             model.resize(end, 0);
@@ -101,6 +113,18 @@ fn reads(
         };
         let d = fs.read_data(ino, off, len).unwrap();
         check(&d, want, &format!("{what}: read {len} at {off}"))?;
+        let mut joined = Vec::new();
+        for p in d.into_parts() {
+            let b = p.as_ref();
+            prop_assert!(
+                !b.is_empty() && b.len() <= 1 << 20,
+                "{}: a part of {} bytes",
+                what,
+                b.len()
+            );
+            joined.extend_from_slice(b);
+        }
+        prop_assert!(joined == want, "{}: the owned parts differ", what);
         // The face the front ends hold gives the same.
         let d = tarn_fs::DynFs::read_data(&**fs, ino, off, len).unwrap();
         check(&d, want, what)?;

@@ -171,11 +171,16 @@ impl Inner {
         let copy = || -> FsResult<()> {
             let mut off = 0u64;
             loop {
-                let data = fs.read(src.ino, off, IO_CHUNK as u32).map_err(map_err)?;
+                // The source's cached blocks go straight into the copy's
+                // records: one copy of the bytes, not two.
+                let data = fs
+                    .read_data(src.ino, off, IO_CHUNK as u32)
+                    .map_err(map_err)?;
                 if data.is_empty() {
                     break;
                 }
-                fs.write(dst.ino, off, &data, false, cred)
+                let iov: Vec<&[u8]> = data.slices().collect();
+                fs.write_iov(dst.ino, off, &iov, false, cred)
                     .map_err(map_err)?;
                 off += data.len() as u64;
             }
@@ -424,10 +429,14 @@ impl DavDirEntry for Entry {
     }
 }
 
-/// An open file: reads go straight to `Fs::read` (≤ [`IO_CHUNK`] each);
-/// writes are gathered into a buffer of about [`IO_CHUNK`] and written in
-/// whole chunks, so an upload costs one transaction per MiB and at most
-/// ~2 MiB of memory whatever the file size.
+/// An open file. Reads take the blocks' bytes from `Fs::read_data` (≤
+/// [`IO_CHUNK`] each) and hand them to the response body as they are,
+/// without a copy; the parts of one read not yet asked for wait in
+/// `ahead`. Writes keep the request body's frames as they came and write
+/// them with `Fs::write_iov` once they reach the next [`IO_CHUNK`] boundary
+/// of the file, so an upload costs one transaction per MiB, whole records
+/// are written whole, and no byte is copied before `Fs` stores it; at most
+/// ~2 MiB wait in memory whatever the file size.
 pub(crate) struct TarnFile {
     fs: Arc<dyn FsApi>,
     ino: u64,
@@ -435,9 +444,13 @@ pub(crate) struct TarnFile {
     pos: u64,
     append: bool,
     writable: bool,
-    /// Pending bytes to write at `buf_off` (or at end of file if `append`).
-    buf: Vec<u8>,
+    /// Frames to write at `buf_off` (or at end of file if `append`).
+    pending: VecDeque<Bytes>,
+    pending_len: usize,
     buf_off: u64,
+    /// Bytes read but not yet returned, starting at `ahead_pos`.
+    ahead: VecDeque<Bytes>,
+    ahead_pos: u64,
     released: bool,
 }
 
@@ -446,45 +459,65 @@ impl fmt::Debug for TarnFile {
         f.debug_struct("TarnFile")
             .field("ino", &self.ino)
             .field("pos", &self.pos)
-            .field("pending", &self.buf.len())
+            .field("pending", &self.pending_len)
             .finish()
     }
 }
 
 impl TarnFile {
-    /// Writes `data` (pending bytes starting at `off`) in chunks.
+    fn new(fs: Arc<dyn FsApi>, ino: u64, cred: Cred, append: bool, writable: bool) -> TarnFile {
+        TarnFile {
+            fs,
+            ino,
+            cred,
+            pos: 0,
+            append,
+            writable,
+            pending: VecDeque::new(),
+            pending_len: 0,
+            buf_off: 0,
+            ahead: VecDeque::new(),
+            ahead_pos: 0,
+            released: false,
+        }
+    }
+
+    /// Writes the frames `data` (pending bytes starting at `off`) in
+    /// transactions of at most [`IO_CHUNK`] that end on its boundaries.
     fn write_out(
         fs: &dyn FsApi,
         ino: u64,
         mut off: u64,
-        data: &[u8],
+        data: Vec<Bytes>,
         append: bool,
         cred: &Cred,
     ) -> FsResult<()> {
-        for piece in data.chunks(IO_CHUNK) {
-            let mut done = 0;
-            while done < piece.len() {
-                let n = fs
-                    .write(ino, off, &piece[done..], append, cred)
-                    .map_err(map_err)?;
-                if n == 0 {
-                    return Err(FsError::GeneralFailure);
-                }
-                done += n;
-                off += n as u64;
+        let mut frames: VecDeque<Bytes> = data.into();
+        while !frames.is_empty() {
+            let chunk = IO_CHUNK as u64;
+            let room = if append { chunk } else { chunk - off % chunk } as usize;
+            let step = take_bytes(&mut frames, room);
+            let iov: Vec<&[u8]> = step.iter().map(|b| &b[..]).collect();
+            let len: usize = iov.iter().map(|b| b.len()).sum();
+            let n = fs
+                .write_iov(ino, off, &iov, append, cred)
+                .map_err(map_err)?;
+            if n != len {
+                return Err(FsError::GeneralFailure);
             }
+            off += n as u64;
         }
         Ok(())
     }
 
     /// Writes the first `n` pending bytes (all of them if `n` is None).
     async fn flush_pending(&mut self, n: Option<usize>) -> FsResult<()> {
-        let n = n.unwrap_or(self.buf.len()).min(self.buf.len());
+        let n = n.unwrap_or(self.pending_len).min(self.pending_len);
         if n == 0 {
             return Ok(());
         }
-        let tail = self.buf.split_off(n);
-        let data = std::mem::replace(&mut self.buf, tail);
+        let data = take_bytes(&mut self.pending, n);
+        self.pending_len -= n;
         let (fs, ino, off, append, cred) = (
             self.fs.clone(),
             self.ino,
@@ -493,24 +526,53 @@ impl TarnFile {
             self.cred.clone(),
         );
         self.buf_off += n as u64;
-        blocking(move || Self::write_out(fs.as_ref(), ino, off, &data, append, &cred)).await
+        blocking(move || Self::write_out(fs.as_ref(), ino, off, data, append, &cred)).await
     }
 
-    async fn add(&mut self, data: &[u8]) -> FsResult<()> {
+    async fn add(&mut self, data: Bytes) -> FsResult<()> {
         if !self.writable {
             return Err(FsError::Forbidden);
         }
-        if self.buf.is_empty() {
+        self.ahead.clear();
+        if data.is_empty() {
+            return Ok(());
+        }
+        if self.pending.is_empty() {
             self.buf_off = self.pos;
         }
-        self.buf.extend_from_slice(data);
         self.pos += data.len() as u64;
-        if self.buf.len() >= IO_CHUNK {
-            let whole = self.buf.len() / IO_CHUNK * IO_CHUNK;
-            self.flush_pending(Some(whole)).await?;
+        self.pending_len += data.len();
+        self.pending.push_back(data);
+        // Write up to the last IO_CHUNK boundary the pending bytes reach.
+        let chunk = IO_CHUNK as u64;
+        let n = if self.append {
+            self.pending_len / IO_CHUNK * IO_CHUNK
+        } else {
+            let end = self.buf_off + self.pending_len as u64;
+            (end / chunk * chunk).saturating_sub(self.buf_off) as usize
+        };
+        if n > 0 {
+            self.flush_pending(Some(n)).await?;
         }
         Ok(())
     }
+}
+
+/// Takes the first `n` bytes of `frames` (fewer if they hold fewer),
+/// splitting a frame without copying it.
+fn take_bytes(frames: &mut VecDeque<Bytes>, mut n: usize) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    while n > 0 {
+        let Some(mut f) = frames.pop_front() else {
+            break;
+        };
+        if f.len() > n {
+            frames.push_front(f.split_off(n));
+        }
+        n -= f.len();
+        out.push(f);
+    }
+    out
 }
 
 impl Drop for TarnFile {
@@ -547,28 +609,42 @@ impl DavFile for TarnFile {
 
     fn write_buf(&mut self, mut buf: Box<dyn Buf + Send>) -> FsFuture<'_, ()> {
         async move {
-            while buf.has_remaining() {
-                let chunk = buf.chunk().to_vec();
-                buf.advance(chunk.len());
-                self.add(&chunk).await?;
-            }
-            Ok(())
+            let n = buf.remaining();
+            self.add(buf.copy_to_bytes(n)).await
         }
         .boxed()
     }
 
     fn write_bytes(&mut self, buf: Bytes) -> FsFuture<'_, ()> {
-        async move { self.add(&buf).await }.boxed()
+        async move { self.add(buf).await }.boxed()
     }
 
     fn read_bytes(&mut self, count: usize) -> FsFuture<'_, Bytes> {
         async move {
             self.flush_pending(None).await?;
-            let size = count.min(IO_CHUNK) as u32;
-            let (fs, ino, pos) = (self.fs.clone(), self.ino, self.pos);
-            let data = blocking(move || fs.read(ino, pos, size).map_err(map_err)).await?;
-            self.pos += data.len() as u64;
-            Ok(Bytes::from(data))
+            if self.ahead_pos != self.pos {
+                self.ahead.clear();
+            }
+            if self.ahead.is_empty() {
+                let size = count.min(IO_CHUNK) as u32;
+                let (fs, ino, pos) = (self.fs.clone(), self.ino, self.pos);
+                let data = blocking(move || fs.read_data(ino, pos, size).map_err(map_err)).await?;
+                self.ahead = data
+                    .into_parts()
+                    .into_iter()
+                    .map(Bytes::from_owner)
+                    .collect();
+                self.ahead_pos = pos;
+            }
+            // One part at a time: a short read is fine, the caller asks
+            // again for the rest.
+            let mut b = self.ahead.pop_front().unwrap_or_default();
+            if b.len() > count {
+                self.ahead.push_front(b.split_off(count));
+            }
+            self.pos += b.len() as u64;
+            self.ahead_pos = self.pos;
+            Ok(b)
         }
         .boxed()
     }
@@ -644,17 +720,13 @@ impl GuardedFileSystem<Ctx> for TarnDavFs {
                     }
                     inner.fs.open(a.ino, flags, &cred).map_err(map_err)?
                 };
-                let f = TarnFile {
-                    fs: inner.fs.clone(),
-                    ino: a.ino,
-                    cred: cred.clone(),
-                    pos: 0,
-                    append: options.append,
-                    writable: writes,
-                    buf: Vec::new(),
-                    buf_off: 0,
-                    released: false,
-                };
+                let f = TarnFile::new(
+                    inner.fs.clone(),
+                    a.ino,
+                    cred.clone(),
+                    options.append,
+                    writes,
+                );
                 if a.kind != FileKind::Regular {
                     // Opened (and counted) but not a file we serve: dropping
                     // `f` releases it.
