@@ -6,24 +6,11 @@ mod common;
 
 use std::process::Command;
 
-use common::clients::tarn_with_stdin;
+use common::clients::add_user;
 use common::process::{files, Daemon};
 use tarn_testkit::clients::{curl, nfs_url};
 use tarn_testkit::net::free_port;
 use tarn_testkit::require;
-
-fn add_user(d: &Daemon, name: &str, password: &str) {
-    let out = tarn_with_stdin(
-        d,
-        &["user", "add", "--password-stdin", name],
-        &format!("{password}\n"),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 #[test]
 fn shares_are_served_over_nfs_and_webdav() {

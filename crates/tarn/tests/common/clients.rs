@@ -26,3 +26,18 @@ pub fn tarn_with_stdin(d: &Daemon, args: &[&str], input: &str) -> Output {
     }
     child.wait_with_output().expect("wait for tarn")
 }
+
+/// Adds the user `name` with `password` (`user add --password-stdin`),
+/// which must succeed.
+pub fn add_user(d: &Daemon, name: &str, password: &str) {
+    let out = tarn_with_stdin(
+        d,
+        &["user", "add", "--password-stdin", name],
+        &format!("{password}\n"),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
