@@ -54,7 +54,9 @@ proptest! {
         parity in 1usize..=3,
         extra in 0usize..=9,
         ashift in prop_oneof![Just(9u8), Just(12u8)],
-        psize in 1usize..=256 * 1024,
+        // Small blocks, and large ones whose data columns are read in
+        // parallel.
+        psize in prop_oneof![1usize..=64 * 1024, 200usize * 1024..=1024 * 1024],
         slot in 0u64..48,
         seed in any::<u64>(),
         picks in proptest::collection::vec((any::<Index>(), 0u8..3, any::<u32>(), any::<u32>()), 0..=3),
