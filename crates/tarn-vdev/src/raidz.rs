@@ -54,10 +54,6 @@ use crate::parity::Codec;
 use crate::top::{Handle, ScrubOutcome, TopVdev, WriteOutcome, MAX_COMBINATIONS};
 use crate::{sector, VdevError};
 
-/// Blocks with at least this many data bytes read their columns in
-/// parallel (see `read_data_columns`).
-const PARALLEL_READ_MIN: usize = 256 << 10;
-
 /// One column of a block: where it lives and how long it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Column {
@@ -328,48 +324,6 @@ impl TopVdev {
         }
     }
 
-    /// Reads the data columns into `out`, laid out column after column,
-    /// setting `ok` for each. A large block's columns are read at once,
-    /// one thread per column past the first: each is on another child, so
-    /// a cold read waits for the slowest disk instead of for the sum of
-    /// them. Small blocks are read in turn (a thread costs more than their
-    /// I/O).
-    fn read_data_columns(
-        &self,
-        lay: &Layout,
-        handles: &[Option<Handle>],
-        out: &mut [u8],
-        ok: &mut [bool],
-    ) {
-        let p = lay.parity;
-        let mut jobs = Vec::with_capacity(lay.ncols() - p);
-        let mut rest = out;
-        for (c, okc) in ok.iter_mut().enumerate().skip(p) {
-            let col = &lay.cols[c];
-            let (buf, tail) = rest.split_at_mut(col.len);
-            rest = tail;
-            if let Some(h) = &handles[c] {
-                jobs.push((h, buf, col.leaf_off, okc));
-            }
-        }
-        if lay.data_len < PARALLEL_READ_MIN || jobs.len() < 2 {
-            for (h, buf, off, okc) in jobs {
-                *okc = self.child_read(h, buf, off);
-            }
-            return;
-        }
-        std::thread::scope(|s| {
-            let mut jobs = jobs.into_iter();
-            let first = jobs.next();
-            for (h, buf, off, okc) in jobs {
-                s.spawn(move || *okc = self.child_read(h, buf, off));
-            }
-            if let Some((h, buf, off, okc)) = first {
-                *okc = self.child_read(h, buf, off);
-            }
-        });
-    }
-
     pub(crate) fn raidz_read(
         &self,
         offset: u64,
@@ -384,7 +338,14 @@ impl TopVdev {
         let fast = handles[p..].iter().all(Option::is_some);
         if fast {
             // Fast path: read the data columns straight into the result.
-            self.read_data_columns(&lay, &handles, &mut out, &mut ok);
+            let mut pos = 0;
+            for c in p..ncols {
+                let col = &lay.cols[c];
+                if let Some(h) = &handles[c] {
+                    ok[c] = self.child_read(h, &mut out[pos..pos + col.len], col.leaf_off);
+                }
+                pos += col.len;
+            }
             if ok[p..].iter().all(|&x| x) && verify(&out[..psize]) {
                 out.truncate(psize);
                 return Ok(out);
