@@ -51,6 +51,12 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(0..=1048576))]
     pub cache_mib: Option<u64>,
 
+    /// Threads serving each FUSE mount's requests (the deepest queue of
+    /// requests a mount keeps busy at once)
+    // The bound is the FUSE layer's MAX_THREADS (a test checks they agree).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub fuse_threads: Option<u64>,
+
     /// Serve the shares over NFSv3 (and MOUNT, same port) on this address,
     /// e.g. 0.0.0.0:2049
     #[arg(long, value_name = "ADDR:PORT")]
@@ -174,6 +180,8 @@ pub struct DaemonRun {
     /// Block cache shared by all pools, in MiB (0: an eighth of memory);
     /// `None`: the daemon's default.
     pub cache_mib: Option<u64>,
+    /// Threads serving each FUSE mount; `None`: the daemon's default.
+    pub fuse_threads: Option<u64>,
     /// Connection limits and timeouts given on the command line.
     pub limits: LimitArgs,
     /// Where NFS (and MOUNT) listen; not started when absent.
@@ -264,6 +272,7 @@ pub(crate) fn daemon_command(
         txg_interval,
         dirty_max_mib,
         cache_mib,
+        fuse_threads,
         nfs,
         webdav,
         tls_cert,
@@ -279,6 +288,7 @@ pub(crate) fn daemon_command(
                 txg_interval_secs: txg_interval,
                 dirty_max_mib,
                 cache_mib,
+                fuse_threads,
                 limits,
                 nfs,
                 webdav,

@@ -28,12 +28,21 @@ struct Entry {
 }
 
 /// The daemon's mounts, by dataset name.
-#[derive(Default)]
 pub struct Mounts {
     inner: Mutex<BTreeMap<String, Entry>>,
+    /// Threads serving each mount.
+    threads: usize,
 }
 
 impl Mounts {
+    /// No mounts yet; each one will be served by `threads` threads.
+    pub fn new(threads: usize) -> Mounts {
+        Mounts {
+            inner: Mutex::new(BTreeMap::new()),
+            threads,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -73,6 +82,7 @@ impl Mounts {
             allow_other,
             read_only,
             fsname: dataset.replace(',', "_"),
+            threads: self.threads,
             ..Default::default()
         };
         let mount = tarn_fuse::mount(fs, &canonical, &opts).map_err(fuse_error)?;

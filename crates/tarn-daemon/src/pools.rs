@@ -48,6 +48,9 @@ pub struct Tuning {
     /// Block cache shared by all pools, in MiB; 0 for the default (an
     /// eighth of the memory, at least 256 MiB).
     pub cache_mib: u64,
+    /// Threads serving each FUSE mount's requests (1 to
+    /// [`tarn_fuse::MAX_THREADS`]).
+    pub fuse_threads: usize,
 }
 
 impl Default for Tuning {
@@ -56,6 +59,7 @@ impl Default for Tuning {
             txg_interval_secs: 5,
             dirty_max_mib: 256,
             cache_mib: 0,
+            fuse_threads: tarn_fuse::DEFAULT_THREADS,
         }
     }
 }
@@ -204,7 +208,7 @@ impl Pools {
             unavailable: Mutex::new(Vec::new()),
             cache_lock: Mutex::new(()),
             _state_lock: state_lock,
-            mounts: Mounts::default(),
+            mounts: Mounts::new(tuning.fuse_threads),
             fss: Filesystems::default(),
             servers: Servers::default(),
         };

@@ -55,6 +55,7 @@ fn daemon_flag_defaults() -> Vec<(&'static str, String)> {
         ("txg_interval", t.txg_interval_secs.to_string()),
         ("dirty_max_mib", t.dirty_max_mib.to_string()),
         ("cache_mib", t.cache_mib.to_string()),
+        ("fuse_threads", t.fuse_threads.to_string()),
         ("admin_max_connections", opts.max_connections.to_string()),
         ("admin_idle_timeout", secs(opts.idle_timeout)),
         ("admin_request_timeout", secs(Some(opts.request_timeout))),
@@ -95,6 +96,7 @@ fn daemon_options(run: DaemonRun) -> DaemonOptions {
     set(&mut t.cache_mib, run.cache_mib);
     let l = run.limits;
     let set_count = |slot: &mut usize, v: Option<u64>| *slot = v.map(count).unwrap_or(*slot);
+    set_count(&mut t.fuse_threads, run.fuse_threads);
     let set_secs =
         |slot: &mut Duration, v: Option<u64>| *slot = v.map(Duration::from_secs).unwrap_or(*slot);
     set_count(&mut opts.max_connections, l.admin_max_connections);
@@ -211,12 +213,14 @@ mod tests {
             "--nfs-idle-timeout=30",
             "--nfs-max-inflight-per-connection=4",
             "--nfs-workers=3",
+            "--fuse-threads=5",
             "--webdav-max-connections=12",
             "--webdav-max-connections-per-address=5",
             "--webdav-header-timeout=9",
         ]);
         let o = daemon_options(run);
         assert_eq!(o.tuning.txg_interval_secs, 7);
+        assert_eq!(o.tuning.fuse_threads, 5);
         assert_eq!(o.max_connections, 9);
         assert_eq!(o.idle_timeout, None, "0: never");
         assert_eq!(o.request_timeout, Duration::from_secs(3));
@@ -246,6 +250,8 @@ mod tests {
             "--webdav-header-timeout=0",
             "--admin-request-timeout=0",
             "--nfs-workers=100000",
+            "--fuse-threads=0",
+            "--fuse-threads=65",
         ] {
             let err = Cli::try_parse_with(["tarn", "daemon", bad], &daemon_flag_defaults())
                 .err()

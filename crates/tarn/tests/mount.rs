@@ -93,3 +93,43 @@ fn mounts_follow_properties_snapshots_and_pool_lifetime() {
     assert!(!is_mounted(&photos));
     d.stop();
 }
+
+/// `--fuse-threads` sets how many threads serve each mount (the most the
+/// FUSE layer takes, too), and a mount is served by exactly that many.
+#[test]
+fn fuse_threads_flag_sets_the_workers_of_each_mount() {
+    if !require::fuse() {
+        return;
+    }
+    let workers = |d: &Daemon| -> usize {
+        let tasks = format!("/proc/{}/task", d.child.id());
+        std::fs::read_dir(tasks)
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            // The workers are fuser-0, fuser-1, ... (beside one fuser-bg).
+            .filter(|c| {
+                c.trim()
+                    .strip_prefix("fuser-")
+                    .is_some_and(|i| i.parse::<usize>().is_ok())
+            })
+            .count()
+    };
+    for n in [3usize, 64] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = Daemon::start_with(dir.path(), &["--fuse-threads", &n.to_string()]);
+        let f = files(dir.path(), "t", 1, 64 << 20);
+        d.ok(&["pool", "create", "tank", &f[0]]);
+        let before = workers(&d);
+        let mnt = dir.path().join("mnt");
+        let mp = format!("mountpoint={}", mnt.display());
+        d.ok(&["dataset", "create", "-o", &mp, "tank/fs"]);
+        assert!(is_mounted(&mnt));
+        std::fs::write(mnt.join("f"), b"served").unwrap();
+        // The session starts its threads in the background.
+        let t0 = std::time::Instant::now();
+        while workers(&d) - before < n && t0.elapsed().as_secs() < 10 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(workers(&d) - before, n, "threads serving one mount");
+    }
+}
