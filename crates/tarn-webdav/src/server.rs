@@ -498,15 +498,20 @@ async fn serve_conn<I>(
     if *shutdown.borrow() {
         Pin::new(&mut http).graceful_shutdown();
     }
-    tokio::select! {
-        _ = std::future::poll_fn(|cx| http.poll_without_shutdown(cx)) => {}
+    // Run to the end: hyper flushes the last answer and shuts the write
+    // side (FIN) before it returns; only then is the socket taken back.
+    let stopping = tokio::select! {
+        _ = Pin::new(&mut http) => false,
         // Evicted for a newcomer while idle: just close.
         _ = conn.closed(None) => return,
         _ = shutdown.changed() => {
             Pin::new(&mut http).graceful_shutdown();
-            let _ = std::future::poll_fn(|cx| http.poll_without_shutdown(cx)).await;
-            return;
+            let _ = Pin::new(&mut http).await;
+            true
         }
+    };
+    if stopping || *shutdown.borrow() {
+        return;
     }
     let io = http.into_parts().io.into_inner().into_inner();
     tokio::select! {
@@ -519,18 +524,17 @@ async fn serve_conn<I>(
 /// How long a closing connection keeps reading what its client still sends.
 const LINGER: Duration = Duration::from_secs(2);
 
-/// The lingering close of a connection whose last answer is written: send
-/// FIN, then read and drop whatever the client still sends until it closes
-/// too (or [`LINGER`] passes). Closing a socket with unread bytes makes the
+/// The lingering close of a connection whose last answer is written and
+/// flushed: FIN (again, if hyper sent it already, or first, after an
+/// error), then read and drop whatever the client still sends until it
+/// closes too (or [`LINGER`] passes). Closing a socket with unread bytes makes the
 /// kernel send a reset, and a client still uploading (a PUT answered 507
 /// when the pool filled, a 413, a 401 before the body) would lose the
 /// answer it had not read yet to that reset.
 async fn linger<I: AsyncRead + AsyncWrite + Unpin>(mut io: I) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let _ = tokio::time::timeout(LINGER, async {
-        if io.shutdown().await.is_err() {
-            return;
-        }
+        let _ = io.shutdown().await;
         let mut sink = vec![0u8; 64 << 10];
         while let Ok(n) = io.read(&mut sink).await {
             if n == 0 {

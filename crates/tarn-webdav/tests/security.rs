@@ -360,7 +360,7 @@ fn refused_upload_is_answered_not_reset() {
         let chunk = vec![5u8; 64 << 10];
         for i in 0..128 {
             // Slower than the wire, so the answer and close come mid-upload.
-            if i % 16 == 15 {
+            if i % 32 == 31 {
                 std::thread::sleep(Duration::from_millis(50));
             }
             w.write_all(&chunk)?;
