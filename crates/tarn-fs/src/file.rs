@@ -208,27 +208,25 @@ pub(crate) fn write(tx: &mut Tx, inode: &mut Inode, off: u64, data: &[&[u8]]) ->
     }
     let rs = rs(inode);
     let new_size = inode.size.max(end);
+    let mut cur = Cursor::new(data);
     if new_size <= rs {
         let mut buf = get_record(tx, inode.ino, 0)?;
         buf.resize(new_size as usize, 0);
-        gather(data, 0, &mut buf[off as usize..end as usize]);
+        cur.copy_to(&mut buf[off as usize..end as usize]);
         put_record(tx, inode, 0, buf)?;
     } else {
         for idx in off / rs..=(end - 1) / rs {
             let rec = idx * rs;
             let a = off.max(rec);
             let b = end.min(rec + rs);
-            let from = (a - off) as usize;
             let buf = if a == rec && b == rec + rs {
                 let mut buf = Vec::with_capacity(rs as usize);
-                for piece in span(data, from, rs as usize) {
-                    buf.extend_from_slice(piece);
-                }
+                cur.take(rs as usize, |piece| buf.extend_from_slice(piece));
                 buf
             } else {
                 let mut buf = get_record(tx, inode.ino, idx)?;
                 buf.resize(rs as usize, 0);
-                gather(data, from, &mut buf[(a - rec) as usize..(b - rec) as usize]);
+                cur.copy_to(&mut buf[(a - rec) as usize..(b - rec) as usize]);
                 buf
             };
             put_record(tx, inode, idx, buf)?;
@@ -238,33 +236,51 @@ pub(crate) fn write(tx: &mut Tx, inode: &mut Inode, off: u64, data: &[&[u8]]) ->
     Ok(())
 }
 
-/// The bytes `from..from + n` of the slices `iov` taken as one run, as
-/// subslices in order (the caller makes sure they are there).
-fn span<'a>(iov: &'a [&'a [u8]], mut from: usize, mut n: usize) -> impl Iterator<Item = &'a [u8]> {
-    iov.iter().filter_map(move |s| {
-        if n == 0 {
-            return None;
-        }
-        if from >= s.len() {
-            from -= s.len();
-            return None;
-        }
-        let k = (s.len() - from).min(n);
-        let out = &s[from..from + k];
-        from = 0;
-        n -= k;
-        Some(out)
-    })
+/// The slices of a vectored write taken as one run of bytes, read front
+/// to back once (records are filled in order), so a payload in many small
+/// pieces costs its length, not records × pieces.
+struct Cursor<'a> {
+    iov: &'a [&'a [u8]],
+    idx: usize,
+    off: usize,
 }
 
-/// Copies bytes of `iov` from offset `from` into `dst`, filling it.
-fn gather(iov: &[&[u8]], from: usize, dst: &mut [u8]) {
-    let mut done = 0;
-    for s in span(iov, from, dst.len()) {
-        dst[done..done + s.len()].copy_from_slice(s);
-        done += s.len();
+impl<'a> Cursor<'a> {
+    fn new(iov: &'a [&'a [u8]]) -> Self {
+        Cursor {
+            iov,
+            idx: 0,
+            off: 0,
+        }
     }
-    debug_assert_eq!(done, dst.len(), "the slices hold the bytes to copy");
+
+    /// Hands the next `n` bytes to `f` as subslices in order (fewer if the
+    /// slices end first; the caller counted them).
+    fn take(&mut self, mut n: usize, mut f: impl FnMut(&'a [u8])) {
+        while n > 0 && self.idx < self.iov.len() {
+            let s = self.iov[self.idx];
+            let k = (s.len() - self.off).min(n);
+            if k > 0 {
+                f(&s[self.off..self.off + k]);
+            }
+            self.off += k;
+            n -= k;
+            if self.off == s.len() {
+                self.idx += 1;
+                self.off = 0;
+            }
+        }
+    }
+
+    /// Copies the next `dst.len()` bytes into `dst`.
+    fn copy_to(&mut self, dst: &mut [u8]) {
+        let mut done = 0;
+        self.take(dst.len(), |s| {
+            dst[done..done + s.len()].copy_from_slice(s);
+            done += s.len();
+        });
+        debug_assert_eq!(done, dst.len(), "the slices hold the bytes to copy");
+    }
 }
 
 /// Sets the size: shrinking frees whole records past the end and cuts the

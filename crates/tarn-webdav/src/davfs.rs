@@ -15,7 +15,7 @@ use std::io::SeekFrom;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::{Buf, Bytes};
+use bytes::{Buf, Bytes, BytesMut};
 use dav_server::davpath::DavPath;
 use dav_server::fs::{
     DavDirEntry, DavFile, DavMetaData, DavProp, FsError, FsFuture, FsResult, FsStream,
@@ -444,8 +444,11 @@ pub(crate) struct TarnFile {
     pos: u64,
     append: bool,
     writable: bool,
-    /// Frames to write at `buf_off` (or at end of file if `append`).
+    /// Frames to write at `buf_off` (or at end of file if `append`),
+    /// then the bytes of small frames gathered in `small`.
     pending: VecDeque<Bytes>,
+    small: BytesMut,
+    /// Bytes in `pending` and `small`.
     pending_len: usize,
     buf_off: u64,
     /// Bytes read but not yet returned, starting at `ahead_pos`.
@@ -474,6 +477,7 @@ impl TarnFile {
             append,
             writable,
             pending: VecDeque::new(),
+            small: BytesMut::new(),
             pending_len: 0,
             buf_off: 0,
             ahead: VecDeque::new(),
@@ -516,6 +520,7 @@ impl TarnFile {
         if n == 0 {
             return Ok(());
         }
+        self.seal_small();
         let data = take_bytes(&mut self.pending, n);
         self.pending_len -= n;
         let (fs, ino, off, append, cred) = (
@@ -537,12 +542,26 @@ impl TarnFile {
         if data.is_empty() {
             return Ok(());
         }
-        if self.pending.is_empty() {
+        if self.pending_len == 0 {
             self.buf_off = self.pos;
         }
-        self.pos += data.len() as u64;
+        self.pos = self
+            .pos
+            .checked_add(data.len() as u64)
+            .ok_or(FsError::TooLarge)?;
         self.pending_len += data.len();
-        self.pending.push_back(data);
+        // Small frames (a chunked body can come a byte at a time) are
+        // gathered, so the frames kept stay few and each holds its share
+        // of the connection's buffers.
+        if data.len() < SMALL_FRAME {
+            self.small.extend_from_slice(&data);
+            if self.small.len() >= SMALL_FRAME {
+                self.seal_small();
+            }
+        } else {
+            self.seal_small();
+            self.pending.push_back(data);
+        }
         // Write up to the last IO_CHUNK boundary the pending bytes reach.
         let chunk = IO_CHUNK as u64;
         let n = if self.append {
@@ -555,6 +574,18 @@ impl TarnFile {
             self.flush_pending(Some(n)).await?;
         }
         Ok(())
+    }
+}
+
+/// Frames smaller than this are copied together (see `TarnFile::add`).
+const SMALL_FRAME: usize = 16 << 10;
+
+impl TarnFile {
+    /// Moves the gathered small frames to the end of `pending`.
+    fn seal_small(&mut self) {
+        if !self.small.is_empty() {
+            self.pending.push_back(self.small.split().freeze());
+        }
     }
 }
 
