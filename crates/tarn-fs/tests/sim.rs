@@ -130,7 +130,8 @@
 //! replays the same operations and cuts at the same place, except inside
 //! concurrent bursts: there the threads' timing decides which operation
 //! lands in which txg, so a round with a burst replays its operations but
-//! not necessarily its writes and cut. What the engine
+//! not necessarily its writes and cut, and after a cut inside a burst the
+//! recovered state, and so every later round, may differ. What the engine
 //! takes from the system (pool and dataset GUIDs, scan rates and times in
 //! the pool's state) can change a metadata block by a few bytes and so,
 //! rarely, the number of device writes; the trace printed per seed shows

@@ -432,8 +432,9 @@ impl DavDirEntry for Entry {
 /// An open file. Reads take the blocks' bytes from `Fs::read_data` (≤
 /// [`IO_CHUNK`] each) and hand them to the response body as they are,
 /// without a copy; the parts of one read not yet asked for wait in
-/// `ahead`. Writes keep the request body's frames as they came and write
-/// them with `Fs::write_iov` once they reach the next [`IO_CHUNK`] boundary
+/// `ahead`. Writes keep the request body's frames as they came (small ones
+/// gathered, see [`SMALL_FRAME`]) and write them with `Fs::write_iov` once
+/// they reach the next [`IO_CHUNK`] boundary
 /// of the file, so an upload costs one transaction per MiB, whole records
 /// are written whole, and no byte is copied before `Fs` stores it; at most
 /// ~2 MiB wait in memory whatever the file size.

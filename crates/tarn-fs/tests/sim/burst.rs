@@ -19,7 +19,9 @@
 //! * an acknowledged synchronous operation (an fsync, a change under
 //!   `sync=always`, a `Pool::sync` of the committing thread) makes
 //!   durable every operation that had returned before it started, in every
-//!   lane, and a change it acknowledges itself.
+//!   lane, and a change it acknowledges itself;
+//! * an operation that started with the power already off (it may even
+//!   succeed, if it needed no write) left nothing on disk.
 //!
 //! Each lane works in a directory of its own that the sequential workload
 //! never touches, so the lanes' states combine without conflicts, and a
@@ -41,7 +43,9 @@
 //!
 //! The workload of each lane comes from the seed, but which operation of
 //! which lane lands in which txg depends on the threads' timing: a round
-//! with a burst does not replay exactly, only its operations do.
+//! with a burst does not replay exactly, only its operations do, and once
+//! a cut falls inside a burst, what is recovered (and so every later
+//! round) can differ from run to run.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -82,6 +86,8 @@ struct Done {
     after: Own,
     /// Returned Ok and acknowledged durability.
     acks: bool,
+    /// Started with the power off already: nothing it did can be on disk.
+    after_cut: bool,
 }
 
 /// One lane's record.
@@ -175,7 +181,13 @@ impl Burst {
                     };
                 }
             }
-            let c: Vec<usize> = (0..=l.ops.len()).filter(|&p| *l.state(p) == mine).collect();
+            // Operations that started with the power off cannot be on disk.
+            let most = l
+                .ops
+                .iter()
+                .position(|o| o.after_cut)
+                .unwrap_or(l.ops.len());
+            let c: Vec<usize> = (0..=most).filter(|&p| *l.state(p) == mine).collect();
             if c.is_empty() {
                 let (best, diffs) = (0..=l.ops.len())
                     .map(|p| (p, diff_own(l.state(p), &mine)))
@@ -305,6 +317,8 @@ struct Runner<'a> {
     inos: BTreeMap<String, u64>,
     ops: Vec<Done>,
     cred: Cred,
+    /// The power was off when the current operation started.
+    cut_at_start: bool,
 }
 
 /// How one lane operation ended.
@@ -347,6 +361,7 @@ pub fn run_lane(
         inos,
         ops: Vec::new(),
         cred: Cred::root(),
+        cut_at_start: false,
     };
     for _ in 0..n {
         match r.step().map_err(|e| format!("lane {dir}: {e}"))? {
@@ -382,6 +397,7 @@ impl Runner<'_> {
                     end,
                     after,
                     acks,
+                    after_cut: self.cut_at_start,
                 });
                 Ok(Some(v))
             }
@@ -392,6 +408,7 @@ impl Runner<'_> {
                     end: u64::MAX,
                     after,
                     acks: false,
+                    after_cut: self.cut_at_start,
                 });
                 Ok(None)
             }
@@ -408,6 +425,7 @@ impl Runner<'_> {
         let names = self.names();
         let k = self.rng.below(100);
         let start = self.sh.tick();
+        self.cut_at_start = self.sh.switch.is_off();
         let done = match k {
             0..=14 if names.len() < NAMES.len() => {
                 let free: Vec<&str> = NAMES
@@ -591,6 +609,13 @@ impl Runner<'_> {
     }
 }
 
+/// True while a scan (scrub or resilver) runs.
+fn scanning(pool: &Pool) -> bool {
+    pool.status()
+        .scan
+        .is_some_and(|s| s.state == tarn_pool::status::ScanState::Scanning)
+}
+
 /// The committing thread of a burst: pool syncs (and perhaps a scrub
 /// start) until `lanes_done`; returns the start ticks of the syncs that
 /// were acknowledged.
@@ -609,6 +634,9 @@ pub fn run_syncer(
             match sh.pool.scrub(tarn_pool::ScanAction::Start) {
                 Ok(_) => {}
                 Err(_) if sh.switch.is_off() => return Ok(acks),
+                // The pool may have started a resilver on its own (after
+                // write faults): a scan is running, which is what we wanted.
+                Err(_) if scanning(sh.pool) => {}
                 Err(e) => return Err(format!("scrub start failed with the power on: {e}")),
             }
             continue;
