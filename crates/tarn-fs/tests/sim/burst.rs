@@ -181,11 +181,11 @@ impl Burst {
                     };
                 }
             }
-            // Operations that started with the power off cannot be on disk.
-            let most = l
-                .ops
-                .iter()
-                .position(|o| o.after_cut)
+            // What an operation started with the power off changed cannot
+            // be on disk (one that changed nothing, such as an fsync with
+            // nothing to write, does not matter).
+            let most = (0..l.ops.len())
+                .find(|&j| l.ops[j].after_cut && l.state(j + 1) != l.state(j))
                 .unwrap_or(l.ops.len());
             let c: Vec<usize> = (0..=most).filter(|&p| *l.state(p) == mine).collect();
             if c.is_empty() {
@@ -209,7 +209,10 @@ impl Burst {
         for (k, l) in self.lanes.iter().enumerate() {
             for (j, o) in l.ops.iter().enumerate() {
                 if o.acks {
-                    lo[k] = lo[k].max(j + 1);
+                    // One that started with the power off (an fsync with
+                    // nothing left to write) vouches for what came before
+                    // it; itself it cannot be on disk, but changed nothing.
+                    lo[k] = lo[k].max(if o.after_cut { j } else { j + 1 });
                     acks.push(o.start);
                 }
             }
