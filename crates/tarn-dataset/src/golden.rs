@@ -171,3 +171,43 @@ fn older_and_minimal_dataset_records_decode() {
     );
     assert!(serde_json::from_str::<DsRec>(&old.replace(r#""deadlist":5"#, r#""x":5"#)).is_err());
 }
+
+/// What a scan makes of dataset records and block values: the tree or the
+/// block they reference, or, when they do not decode, an entry the scan
+/// reports as an error instead of passing over it.
+#[test]
+fn scan_refs_report_what_does_not_decode() {
+    use crate::record::{block_value, ds_key, scan_refs};
+    use tarn_pool::ExtRef;
+    let refs = |kind: u8, key: &[u8], value: &[u8]| {
+        let mut out = Vec::new();
+        scan_refs(kind, key, value, &mut out);
+        out
+    };
+    let rec = serde_json::to_vec(&record()).unwrap();
+    assert!(matches!(
+        refs(0, &ds_key(7), &rec)[..],
+        [ExtRef::Tree { .. }]
+    ));
+    for bad in [&b"{not json"[..], br#"{"id": 7}"#] {
+        let r = refs(0, &ds_key(7), bad);
+        assert!(
+            matches!(&r[..], [ExtRef::Undecodable(w)] if w.contains("dataset record")),
+            "{r:?}"
+        );
+    }
+    let mut broken = serde_json::to_value(record()).unwrap();
+    broken["root"] = Value::String("zz".into());
+    let r = refs(0, &ds_key(7), &serde_json::to_vec(&broken).unwrap());
+    assert!(matches!(&r[..], [ExtRef::Undecodable(_)]), "{r:?}");
+    let v = block_value(&root());
+    assert!(matches!(refs(1, b"k", &v)[..], [ExtRef::Block(_)]));
+    let r = refs(1, b"k", &v[..10]);
+    assert!(
+        matches!(&r[..], [ExtRef::Undecodable(w)] if w.contains("block pointer")),
+        "{r:?}"
+    );
+    // Plain values and other meta entries reference nothing.
+    assert!(refs(1, b"k", &[0, 1, 2]).is_empty());
+    assert!(refs(0, b"Lxyz", b"whatever").is_empty());
+}

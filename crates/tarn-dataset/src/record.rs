@@ -188,24 +188,28 @@ pub(crate) fn block_value(bp: &BlockPtr) -> Vec<u8> {
 pub(crate) fn scan_refs(kind: u8, key: &[u8], value: &[u8], out: &mut Vec<ExtRef>) {
     match kind {
         0 if key.first() == Some(&P_DS) => {
-            if let Ok(rec) = serde_json::from_slice::<DsRec>(value) {
-                if let Ok(root) = rec.root_ptr() {
-                    if !root.is_hole() {
-                        out.push(ExtRef::Tree {
-                            id: rec.id,
-                            root,
-                            min_birth: rec.prev_snap_txg,
-                            kind: 1,
-                        });
-                    }
-                }
+            let root = serde_json::from_slice::<DsRec>(value)
+                .map_err(|e| e.to_string())
+                .and_then(|rec| {
+                    rec.root_ptr()
+                        .map(|root| (rec, root))
+                        .map_err(|e| e.to_string())
+                });
+            match root {
+                Ok((rec, root)) if !root.is_hole() => out.push(ExtRef::Tree {
+                    id: rec.id,
+                    root,
+                    min_birth: rec.prev_snap_txg,
+                    kind: 1,
+                }),
+                Ok(_) => {}
+                Err(e) => out.push(ExtRef::Undecodable(format!("a dataset record: {e}"))),
             }
         }
-        1 if value.first() == Some(&TAG_BLOCK) => {
-            if let Ok(bp) = BlockPtr::decode(&value[1..]) {
-                out.push(ExtRef::Block(bp));
-            }
-        }
+        1 if value.first() == Some(&TAG_BLOCK) => match BlockPtr::decode(&value[1..]) {
+            Ok(bp) => out.push(ExtRef::Block(bp)),
+            Err(e) => out.push(ExtRef::Undecodable(format!("a block pointer: {e}"))),
+        },
         _ => {}
     }
 }

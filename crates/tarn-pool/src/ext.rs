@@ -70,7 +70,7 @@ pub trait Extension: Send + Sync {
 }
 
 /// Something an extension entry references, for scans.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ExtRef {
     /// A block to verify.
     Block(BlockPtr),
@@ -88,6 +88,11 @@ pub enum ExtRef {
         /// Passed to the scan function for entries of this tree.
         kind: u8,
     },
+    /// An entry the scan function could not decode, and so cannot say what
+    /// it references: what it is. A scrub counts it as an error and lists
+    /// it as damage (it cannot verify what lies beneath), and the leak
+    /// check is not clean, rather than either passing over it in silence.
+    Undecodable(String),
 }
 
 /// Names what an entry references: `kind` 0 for the extension's meta-tree

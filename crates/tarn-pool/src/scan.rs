@@ -116,13 +116,19 @@ pub struct LeakReport {
     pub reachable: u64,
     /// Addresses claimed by two different blocks.
     pub conflicts: u64,
+    /// Entries whose references could not be decoded (what they are): the
+    /// space beneath them is not counted as reachable.
+    #[serde(default)]
+    pub undecodable: Vec<String>,
 }
 
 impl LeakReport {
     /// True when every allocated byte is reachable and nothing reachable is
     /// unaccounted for.
     pub fn is_clean(&self) -> bool {
-        self.conflicts == 0 && self.allocated.saturating_sub(self.deferred) == self.reachable
+        self.conflicts == 0
+            && self.undecodable.is_empty()
+            && self.allocated.saturating_sub(self.deferred) == self.reachable
     }
 }
 
@@ -441,6 +447,17 @@ impl Pool {
         }
     }
 
+    /// Counts an entry the scan could not decode as an error of the
+    /// running scan and lists it as damage.
+    fn note_undecodable(&self, what: String) {
+        let mut st = self.lock();
+        if let Some(s) = st.ms.scan.as_mut() {
+            s.errors += 1;
+        }
+        st.ms.damaged.insert(format!("cannot decode {what}"));
+        st.ms_dirty = true;
+    }
+
     fn should_stop(&self) -> bool {
         self.stop.load(Ordering::Acquire) || self.scan_ctl.load(Ordering::Acquire) != SCAN_RUN
     }
@@ -550,6 +567,7 @@ impl Pool {
         }
         let scan = self.scan_fn();
         let mut trees = Vec::new();
+        let undecodable = std::cell::RefCell::new(Vec::new());
         tarn_tree::walk(
             &rs,
             &meta_root,
@@ -566,6 +584,7 @@ impl Pool {
                         match r {
                             ExtRef::Block(bp) => add(&bp),
                             ExtRef::Tree { root, kind, .. } => trees.push((root, kind)),
+                            ExtRef::Undecodable(what) => undecodable.borrow_mut().push(what),
                         }
                     }
                 }
@@ -590,6 +609,7 @@ impl Pool {
                         match r {
                             ExtRef::Block(bp) => add(&bp),
                             ExtRef::Tree { root, kind, .. } => nested.push((root, kind)),
+                            ExtRef::Undecodable(what) => undecodable.borrow_mut().push(what),
                         }
                     }
                     Ok(())
@@ -603,6 +623,7 @@ impl Pool {
             deferred,
             reachable,
             conflicts: conflicts.get(),
+            undecodable: undecodable.into_inner(),
         })
     }
 
@@ -712,10 +733,15 @@ impl Pool {
                 let mut refs = Vec::new();
                 scan(kind, k, v, &mut refs);
                 for r in refs {
-                    if let ExtRef::Block(bp) = r {
-                        if keep(&bp) {
+                    match r {
+                        ExtRef::Block(bp) if keep(&bp) => {
                             batch.borrow_mut().push((bp, Who::Ext(id, k.to_vec())));
                         }
+                        ExtRef::Undecodable(what) => self.note_undecodable(format!(
+                            "dataset tree #{id}, key {}: {what}",
+                            hex(k)
+                        )),
+                        _ => {}
                     }
                 }
                 flush(false)
@@ -792,10 +818,15 @@ impl Pool {
                             let mut refs = Vec::new();
                             f(0, key, v, &mut refs);
                             for r in refs {
-                                if let ExtRef::Block(bp) = r {
-                                    if in_window(&bp) {
+                                match r {
+                                    ExtRef::Block(bp) if in_window(&bp) => {
                                         ext_blocks.borrow_mut().push((bp, Who::Meta));
                                     }
+                                    ExtRef::Undecodable(what) => self.note_undecodable(format!(
+                                        "metadata, key {}: {what}",
+                                        hex(key)
+                                    )),
+                                    _ => {}
                                 }
                             }
                         }

@@ -1053,3 +1053,53 @@ fn paused_resilver_keeps_targets_untrusted_across_import() {
     assert_eq!(pool.object_read("away", 0, 16).unwrap().len(), 16);
     pool.export(false).unwrap();
 }
+
+/// An extension with one meta entry its scan function cannot decode.
+struct Garbled(std::sync::atomic::AtomicBool);
+
+impl tarn_pool::Extension for Garbled {
+    fn has_changes(&self) -> bool {
+        !self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    fn sync(&self, cx: &mut tarn_pool::SyncCx<'_>) -> Result<(), PoolError> {
+        if !self.0.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            cx.meta_put(b"garbled", b"not a record")?;
+        }
+        Ok(())
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+fn garbled_scan(_kind: u8, key: &[u8], _value: &[u8], out: &mut Vec<tarn_pool::ExtRef>) {
+    if key == b"garbled" {
+        out.push(tarn_pool::ExtRef::Undecodable("a test entry".into()));
+    }
+}
+
+/// An entry a scan cannot decode is an error of the scrub, listed as
+/// damage, and makes the leak check unclean: whatever it references went
+/// unverified, which must not read as a clean pool.
+#[test]
+fn undecodable_entries_are_errors_not_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = make_files(dir.path(), "u", 1, 64 * MIB);
+    let pool = create("tank", VdevKind::Single, &devs, &[]).unwrap();
+    pool.set_extension(
+        Arc::new(Garbled(std::sync::atomic::AtomicBool::new(false))),
+        garbled_scan,
+    );
+    pool.sync().unwrap();
+    let s = scrub(&pool);
+    assert_eq!(s.state, ScanState::Finished);
+    assert_eq!(s.errors, 1, "{s:?}");
+    let damaged = pool.status().damaged;
+    assert!(
+        damaged.iter().any(|d| d.contains("a test entry")),
+        "{damaged:?}"
+    );
+    let leaks = pool.leak_check().unwrap();
+    assert_eq!(leaks.undecodable.len(), 1, "{leaks:?}");
+    assert!(!leaks.is_clean());
+}
