@@ -76,6 +76,7 @@ fn scan_record() -> ScanRecord {
         targets: vec![0xF00D_CAFE_0000_0001, 31],
         target_write_errors: vec![4, 0],
         rate: 123_456_789,
+        unverified: 1,
     }
 }
 
@@ -86,7 +87,7 @@ const SCAN_GOLDEN: &str = r#"{
     "phase": 3, "bookmark": "00000000000000a1",
     "min_birth": 120, "max_birth": 180,
     "targets": [17297704936070447105, 31], "target_write_errors": [4, 0],
-    "rate": 123456789}"#;
+    "rate": 123456789, "unverified": 1}"#;
 
 #[test]
 fn scan_record_json_is_pinned() {
@@ -115,6 +116,7 @@ fn scan_record_json_is_pinned() {
     assert_eq!(rec.ended_unix, None);
     assert!(rec.target_write_errors.is_empty());
     assert_eq!(rec.rate, 0);
+    assert_eq!(rec.unverified, 0);
     assert_eq!(rec.max_birth, u64::MAX);
     assert!(serde_json::from_str::<ScanRecord>(&old.replace(r#""phase":1,"#, "")).is_err());
 }

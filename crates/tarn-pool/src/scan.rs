@@ -73,6 +73,11 @@ pub(crate) struct ScanRecord {
     pub target_write_errors: Vec<u64>,
     #[serde(default)]
     pub rate: u64,
+    /// Entries the scan could not decode (counted in `errors` too): what
+    /// lies beneath them went unvisited, so a resilver with any keeps its
+    /// targets' dirty time logs.
+    #[serde(default)]
+    pub unverified: u64,
 }
 
 impl ScanRecord {
@@ -241,6 +246,7 @@ impl Pool {
                     targets: Vec::new(),
                     target_write_errors: Vec::new(),
                     rate: 0,
+                    unverified: 0,
                 });
                 st.ms_dirty = true;
             }
@@ -359,6 +365,7 @@ impl Pool {
             targets,
             target_write_errors,
             rate: 0,
+            unverified: 0,
         });
         st.ms_dirty = true;
         drop(st);
@@ -453,6 +460,7 @@ impl Pool {
         let mut st = self.lock();
         if let Some(s) = st.ms.scan.as_mut() {
             s.errors += 1;
+            s.unverified += 1;
         }
         st.ms.damaged.insert(format!("cannot decode {what}"));
         st.ms_dirty = true;
@@ -897,6 +905,8 @@ impl Pool {
         let before = s.target_write_errors.clone();
         let max_birth = s.max_birth;
         let clean = s.errors == 0;
+        // Blocks beneath an entry it could not decode were not rebuilt.
+        let unverified = s.unverified > 0;
         if kind == ScanKind::Resilver {
             // A target that faulted or failed a write during the resilver
             // did not get everything: it keeps its whole dirty time log.
@@ -916,7 +926,10 @@ impl Pool {
             if let Some(s) = st.ms.scan.as_mut() {
                 s.errors += failed.len() as u64;
             }
-            for g in targets.iter().filter(|g| !failed.contains(g)) {
+            for g in targets
+                .iter()
+                .filter(|g| !failed.contains(g) && !unverified)
+            {
                 let keep = match st.ms.dtl.get(g) {
                     Some((_, hi)) if *hi > max_birth => Some((max_birth + 1, *hi)),
                     _ => None,
@@ -932,7 +945,7 @@ impl Pool {
             }
             for t in &self.tops {
                 for (ci, l) in t.leaves().into_iter().enumerate() {
-                    if targets.contains(&l.guid) && !failed.contains(&l.guid) {
+                    if targets.contains(&l.guid) && !failed.contains(&l.guid) && !unverified {
                         t.set_resilvering(ci, false);
                     }
                 }

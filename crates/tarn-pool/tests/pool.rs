@@ -1054,16 +1054,36 @@ fn paused_resilver_keeps_targets_untrusted_across_import() {
     pool.export(false).unwrap();
 }
 
-/// An extension with one meta entry its scan function cannot decode.
-struct Garbled(std::sync::atomic::AtomicBool);
+/// An extension with one meta entry its scan function cannot decode; each
+/// [`Garbled::poke`] makes the next sync write one more (plain) entry.
+#[derive(Default)]
+struct Garbled {
+    written: std::sync::atomic::AtomicBool,
+    pokes: std::sync::atomic::AtomicU64,
+}
+
+impl Garbled {
+    fn poke(&self) {
+        self.pokes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
 
 impl tarn_pool::Extension for Garbled {
     fn has_changes(&self) -> bool {
-        !self.0.load(std::sync::atomic::Ordering::Relaxed)
+        !self.written.load(std::sync::atomic::Ordering::Relaxed)
+            || self.pokes.load(std::sync::atomic::Ordering::Relaxed) > 0
     }
     fn sync(&self, cx: &mut tarn_pool::SyncCx<'_>) -> Result<(), PoolError> {
-        if !self.0.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        if !self
+            .written
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
             cx.meta_put(b"garbled", b"not a record")?;
+        }
+        let n = self.pokes.swap(0, std::sync::atomic::Ordering::Relaxed);
+        if n > 0 {
+            cx.meta_put(format!("entry{n}").as_bytes(), &[7u8; 2000])?;
         }
         Ok(())
     }
@@ -1086,10 +1106,7 @@ fn undecodable_entries_are_errors_not_skipped() {
     let dir = tempfile::tempdir().unwrap();
     let devs = make_files(dir.path(), "u", 1, 64 * MIB);
     let pool = create("tank", VdevKind::Single, &devs, &[]).unwrap();
-    pool.set_extension(
-        Arc::new(Garbled(std::sync::atomic::AtomicBool::new(false))),
-        garbled_scan,
-    );
+    pool.set_extension(Arc::new(Garbled::default()), garbled_scan);
     pool.sync().unwrap();
     let s = scrub(&pool);
     assert_eq!(s.state, ScanState::Finished);
@@ -1102,4 +1119,34 @@ fn undecodable_entries_are_errors_not_skipped() {
     let leaks = pool.leak_check().unwrap();
     assert_eq!(leaks.undecodable.len(), 1, "{leaks:?}");
     assert!(!leaks.is_clean());
+}
+
+/// A resilver that meets an entry it cannot decode did not rebuild what
+/// lies beneath it: it ends with an error and the returning side keeps
+/// its dirty time log (still marked resilvering), instead of passing for
+/// whole.
+#[test]
+fn resilver_with_undecodable_entries_keeps_the_dirty_time_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = make_files(dir.path(), "m", 2, 80 * MIB);
+    let pool = create("tank", VdevKind::Mirror, &devs, &[]).unwrap();
+    let ext = Arc::new(Garbled::default());
+    pool.set_extension(ext.clone(), garbled_scan);
+    pool.sync().unwrap();
+    assert!(pool.offline(devs[0].to_str().unwrap()).is_ok());
+    // Writes the offline side misses.
+    for _ in 0..3 {
+        ext.poke();
+        pool.sync().unwrap();
+    }
+    pool.online(devs[0].to_str().unwrap()).unwrap();
+    let s = wait_scan(&pool);
+    assert_eq!(s.state, ScanState::Finished);
+    assert!(s.errors >= 1, "{s:?}");
+    let st = pool.status();
+    let side = &st.vdevs[0].children[0];
+    assert!(
+        side.note.as_deref().is_some_and(|n| n.contains("resilver")),
+        "{side:?}"
+    );
 }
