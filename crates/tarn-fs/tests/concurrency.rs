@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tarn_fs::{Cred, ROOT_INO};
 use tarn_pool::ScanAction;
 use tarn_testkit::data::{env_seed, random_seed, Rng};
-use tarn_testkit::datasets::{filesystem, mount, DsFs};
+use tarn_testkit::datasets::{filesystem, mount, new_file, DsFs};
 use tarn_testkit::pools::{self, wait_scan};
 use tarn_vdev::VdevKind;
 
@@ -24,18 +24,7 @@ type Stripes = Vec<(u64, Vec<u8>)>;
 
 fn worker(fs: &DsFs, shared: u64, id: usize, mut rng: Rng, fsyncs: bool) -> (Own, Stripes) {
     let c = Cred::root();
-    let name = format!("own-{id}");
-    let own = fs
-        .create(
-            ROOT_INO,
-            name.as_bytes(),
-            libc::S_IFREG | 0o644,
-            0,
-            libc::O_RDWR,
-            &c,
-        )
-        .unwrap()
-        .ino;
+    let own = new_file(fs, &format!("own-{id}"));
     let mut model: Vec<u8> = Vec::new();
     let mut stripes = BTreeMap::new();
     for round in 0..40 {
@@ -118,30 +107,11 @@ fn under_load(fsyncs: bool) {
     pool.sync().unwrap();
     let empty = pool.list_entry().allocated;
     let c = Cred::root();
-    let before = fs
-        .create(
-            ROOT_INO,
-            b"before",
-            libc::S_IFREG | 0o644,
-            0,
-            libc::O_RDWR,
-            &c,
-        )
-        .unwrap();
+    let before = new_file(&fs, "before");
     let base = rng.bytes(3 << 20);
-    fs.write(before.ino, 0, &base, false, &c).unwrap();
-    fs.release(before.ino).unwrap();
-    let shared = fs
-        .create(
-            ROOT_INO,
-            b"shared",
-            libc::S_IFREG | 0o644,
-            0,
-            libc::O_RDWR,
-            &c,
-        )
-        .unwrap()
-        .ino;
+    fs.write(before, 0, &base, false, &c).unwrap();
+    fs.release(before).unwrap();
+    let shared = new_file(&fs, "shared");
     pool.sync().unwrap();
 
     let done = Arc::new(AtomicBool::new(false));
@@ -183,7 +153,7 @@ fn under_load(fsyncs: bool) {
     assert!(syncs > 0);
     fs.release(shared).unwrap();
     verify(&fs, &own, &stripes);
-    assert!(read_all(&fs, before.ino) == base);
+    assert!(read_all(&fs, before) == base);
     pool.sync().unwrap();
     let scan = wait_scan(&pool);
     assert_eq!(scan.errors, 0, "{scan:?}");

@@ -3,7 +3,7 @@
 //! the filesystem keeps working.
 
 use tarn_fs::{Cred, ROOT_INO};
-use tarn_testkit::datasets::filesystem;
+use tarn_testkit::datasets::{filesystem, new_file};
 use tarn_testkit::files::overwrite;
 use tarn_testkit::pools::tank;
 use tarn_vdev::VdevKind;
@@ -15,23 +15,12 @@ fn unrecoverable_block_is_eio_naming_the_file() {
     let dev = dir.path().join("d0");
     let fs = filesystem(&pool, "tank/fs", &[("compression", "off")]);
     let c = Cred::root();
-    let bad = fs
-        .create(ROOT_INO, b"bad", libc::S_IFREG | 0o644, 0, libc::O_RDWR, &c)
-        .unwrap();
-    fs.write(bad.ino, 0, &[0x42; 8192], false, &c).unwrap();
-    fs.release(bad.ino).unwrap();
-    let good = fs
-        .create(
-            ROOT_INO,
-            b"good",
-            libc::S_IFREG | 0o644,
-            0,
-            libc::O_RDWR,
-            &c,
-        )
-        .unwrap();
-    fs.write(good.ino, 0, &[0x17; 5000], false, &c).unwrap();
-    fs.release(good.ino).unwrap();
+    let bad = new_file(&fs, "bad");
+    fs.write(bad, 0, &[0x42; 8192], false, &c).unwrap();
+    fs.release(bad).unwrap();
+    let good = new_file(&fs, "good");
+    fs.write(good, 0, &[0x17; 5000], false, &c).unwrap();
+    fs.release(good).unwrap();
     pool.sync().unwrap();
     // The 8 KiB data block is the only block of that size.
     let bp = tarn_dataset::blocks(&pool, "tank/fs")
@@ -44,14 +33,14 @@ fn unrecoverable_block_is_eio_naming_the_file() {
         tarn_vdev::DATA_START + bp.dvas[0].offset,
         &[0u8; 4096],
     );
-    let e = fs.read(bad.ino, 0, 8192).unwrap_err();
+    let e = fs.read(bad, 0, 8192).unwrap_err();
     assert_eq!(e.errno(), libc::EIO, "{e}");
     assert!(
-        e.message().contains(&format!("inode {}", bad.ino)) && e.message().contains("tank/fs"),
+        e.message().contains(&format!("inode {}", bad)) && e.message().contains("tank/fs"),
         "{e}"
     );
     assert!(pool.status().damaged.iter().any(|d| d.contains("tank/fs")));
-    assert_eq!(fs.read(good.ino, 0, 5000).unwrap(), vec![0x17; 5000]);
+    assert_eq!(fs.read(good, 0, 5000).unwrap(), vec![0x17; 5000]);
     // Deleting the damaged file works and frees its space.
     fs.unlink(ROOT_INO, b"bad", &c).unwrap();
     pool.sync().unwrap();

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tarn_block::{BlockCache, CacheStats};
-use tarn_fs::{Cred, ROOT_INO};
+use tarn_fs::Cred;
 use tarn_pool::PoolOptions;
 use tarn_testkit::data::{pattern, Rng};
-use tarn_testkit::datasets::{DsFs, FsPool};
+use tarn_testkit::datasets::{new_file, DsFs, FsPool};
 use tarn_testkit::pools;
 
 const REC: u64 = 128 << 10;
@@ -25,25 +25,16 @@ fn setup() -> (FsPool, Arc<BlockCache>, u64, Vec<u8>) {
     };
     let p = FsPool::new(256 << 20, opts);
     let c = Cred::root();
-    let a =
-        p.fs.create(
-            ROOT_INO,
-            b"movie",
-            libc::S_IFREG | 0o644,
-            0,
-            libc::O_RDWR,
-            &c,
-        )
-        .unwrap();
+    let movie = new_file(&p.fs, "movie");
     let data = pattern(11, SIZE);
     for (i, chunk) in data.chunks(1 << 20).enumerate() {
-        p.fs.write(a.ino, (i as u64) << 20, chunk, false, &c)
+        p.fs.write(movie, (i as u64) << 20, chunk, false, &c)
             .unwrap();
     }
-    p.fs.release(a.ino).unwrap();
+    p.fs.release(movie).unwrap();
     p.pool.sync().unwrap();
     cache.evict_pool(p.pool.guid());
-    (p, cache, a.ino, data)
+    (p, cache, movie, data)
 }
 
 fn read(fs: &DsFs, ino: u64, off: u64, len: u64) -> Vec<u8> {

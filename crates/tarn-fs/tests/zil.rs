@@ -13,7 +13,7 @@ use std::sync::Arc;
 use tarn_fs::{Cred, ROOT_INO};
 use tarn_pool::{Pool, PoolOptions, VdevSpec};
 use tarn_testkit::data::pattern;
-use tarn_testkit::datasets::{filesystem as dataset, mount, DsFs};
+use tarn_testkit::datasets::{filesystem as dataset, mount, new_file, DsFs};
 use tarn_testkit::pools::{attached, create, opts, singles};
 use tarn_vdev::{Fault, FaultKind, VdevKind};
 
@@ -37,21 +37,6 @@ fn try_import(dirs: &[&Path], discard_log: bool) -> Result<Arc<Pool>, tarn_pool:
 
 fn import(dir: &Path) -> Arc<Pool> {
     attached(try_import(&[dir], false).expect("import after the crash"))
-}
-
-fn new_file(fs: &DsFs, name: &str) -> u64 {
-    let c = Cred::root();
-    let a = fs
-        .create(
-            ROOT_INO,
-            name.as_bytes(),
-            libc::S_IFREG | 0o644,
-            0,
-            libc::O_RDWR,
-            &c,
-        )
-        .expect("create file");
-    a.ino
 }
 
 fn write(fs: &DsFs, ino: u64, off: u64, data: &[u8]) {

@@ -24,6 +24,23 @@ pub fn filesystem(pool: &Arc<Pool>, name: &str, props: &[(&str, &str)]) -> DsFs 
     mount(pool, name)
 }
 
+/// Creates the regular file `name` (mode 0644, root's) in the root
+/// directory of `fs`, open for reading and writing (the caller releases
+/// it); returns its inode.
+pub fn new_file(fs: &DsFs, name: &str) -> u64 {
+    let root = tarn_fs::Cred::root();
+    fs.create(
+        tarn_fs::ROOT_INO,
+        name.as_bytes(),
+        libc::S_IFREG | 0o644,
+        0,
+        libc::O_RDWR,
+        &root,
+    )
+    .unwrap_or_else(|e| panic!("create {name}: {e}"))
+    .ino
+}
+
 /// What the dataset layer reports of dataset (or snapshot) `name`.
 pub fn info(pool: &Pool, name: &str) -> DatasetInfo {
     tarn_dataset::list(pool, true)
