@@ -452,9 +452,9 @@ pub(crate) struct TarnFile {
     /// Bytes in `pending` and `small`.
     pending_len: usize,
     buf_off: u64,
-    /// Bytes read but not yet returned, starting at `ahead_pos`.
+    /// Bytes read but not yet returned, starting at `pos` (anything that
+    /// moves `pos` otherwise, a write or a seek, empties it).
     ahead: VecDeque<Bytes>,
-    ahead_pos: u64,
     released: bool,
 }
 
@@ -482,7 +482,6 @@ impl TarnFile {
             pending_len: 0,
             buf_off: 0,
             ahead: VecDeque::new(),
-            ahead_pos: 0,
             released: false,
         }
     }
@@ -535,6 +534,13 @@ impl TarnFile {
         blocking(move || Self::write_out(fs.as_ref(), ino, off, data, append, &cred)).await
     }
 
+    /// Moves the gathered small frames to the end of `pending`.
+    fn seal_small(&mut self) {
+        if !self.small.is_empty() {
+            self.pending.push_back(self.small.split().freeze());
+        }
+    }
+
     async fn add(&mut self, data: Bytes) -> FsResult<()> {
         if !self.writable {
             return Err(FsError::Forbidden);
@@ -580,15 +586,6 @@ impl TarnFile {
 
 /// Frames smaller than this are copied together (see `TarnFile::add`).
 const SMALL_FRAME: usize = 16 << 10;
-
-impl TarnFile {
-    /// Moves the gathered small frames to the end of `pending`.
-    fn seal_small(&mut self) {
-        if !self.small.is_empty() {
-            self.pending.push_back(self.small.split().freeze());
-        }
-    }
-}
 
 /// Takes the first `n` bytes of `frames` (fewer if they hold fewer),
 /// splitting a frame without copying it.
@@ -654,9 +651,6 @@ impl DavFile for TarnFile {
     fn read_bytes(&mut self, count: usize) -> FsFuture<'_, Bytes> {
         async move {
             self.flush_pending(None).await?;
-            if self.ahead_pos != self.pos {
-                self.ahead.clear();
-            }
             if self.ahead.is_empty() {
                 let size = count.min(IO_CHUNK) as u32;
                 let (fs, ino, pos) = (self.fs.clone(), self.ino, self.pos);
@@ -666,7 +660,6 @@ impl DavFile for TarnFile {
                     .into_iter()
                     .map(Bytes::from_owner)
                     .collect();
-                self.ahead_pos = pos;
             }
             // One part at a time: a short read is fine, the caller asks
             // again for the rest.
@@ -675,7 +668,6 @@ impl DavFile for TarnFile {
                 self.ahead.push_front(b.split_off(count));
             }
             self.pos += b.len() as u64;
-            self.ahead_pos = self.pos;
             Ok(b)
         }
         .boxed()
@@ -693,7 +685,11 @@ impl DavFile for TarnFile {
                     a.size.checked_add_signed(d)
                 }
             };
-            self.pos = new.ok_or(FsError::GeneralFailure)?;
+            let new = new.ok_or(FsError::GeneralFailure)?;
+            if new != self.pos {
+                self.ahead.clear();
+            }
+            self.pos = new;
             Ok(self.pos)
         }
         .boxed()

@@ -137,10 +137,10 @@ fn tiny_chunks_upload() {
     }
     body.extend_from_slice(b"0\r\n\r\n");
     let mut s = std::net::TcpStream::connect(server.local_addr()).unwrap();
-    // alice:secret
-    let head =
-        "PUT /tank/tiny.bin HTTP/1.1\r\nHost: t\r\nAuthorization: Basic YWxpY2U6c2VjcmV0\r\n\
-                Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+    let head = format!(
+        "PUT /tank/tiny.bin HTTP/1.1\r\nHost: t\r\nAuthorization: {ALICE}\r\n\
+         Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    );
     s.write_all(head.as_bytes()).unwrap();
     s.write_all(&body).unwrap();
     let mut answer = Vec::new();

@@ -349,9 +349,10 @@ fn refused_upload_is_answered_not_reset() {
     b.set_budget(Some(b.used() + (1 << 20)), false);
     let server = start(vec![Share::new("s", fs.clone())]);
     let mut sock = std::net::TcpStream::connect(server.local_addr()).unwrap();
-    // alice:secret
-    let head = "PUT /s/big HTTP/1.1\r\nHost: t\r\nAuthorization: Basic YWxpY2U6c2VjcmV0\r\n\
-                Content-Length: 67108864\r\n\r\n";
+    let head = format!(
+        "PUT /s/big HTTP/1.1\r\nHost: t\r\nAuthorization: {ALICE}\r\n\
+         Content-Length: 67108864\r\n\r\n"
+    );
     sock.write_all(head.as_bytes()).unwrap();
     // Send 8 MiB of the announced 64 in the background (more than the
     // server reads before it fails), stopping at the first error.
