@@ -1,0 +1,361 @@
+//! One request, from its head to the dav-server handler of its share.
+//!
+//! [`handle`] refuses in a fixed order, cheapest and least revealing
+//! first: an address blocked for failed logins (429), a fragment in the
+//! request target (400: the HTTP stack drops it, so `DELETE /s/dir/#x`
+//! would name `dir/`), malformed headers (400), then authentication (401,
+//! or 429 once an address fails too often); only an authenticated
+//! principal learns whether a share exists (404) or admits it (403). A
+//! PROPFIND of infinite depth is refused (403, RFC 4918 §9.1) before any
+//! walk. Permission to write is decided here, from the principal, the
+//! share's user list and the share's read-only flag, and refused for
+//! every modifying method before dav-server sees the request; the
+//! filesystem refuses writes again ([`Ctx::can_write`]).
+//!
+//! The path is normalized exactly as dav-server will normalize it, then
+//! routed on its first segment; dav-server re-checks that the path lies
+//! under the share's prefix. A PROPFIND body (small XML) is read here
+//! whole, to learn which properties the answer must list ([`PropFix`]).
+//!
+//! Requests for `/` itself go to the virtual root, [`root`]: a collection
+//! listing the shares (GET as HTML, PROPFIND as a multistatus) that holds
+//! nothing else.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dav_server::body::Body;
+use dav_server::davpath::DavPath;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use super::conn::ReqBody;
+use super::State;
+use crate::auth::{parse_basic, Principal};
+use crate::davfs::Ctx;
+use crate::headers::{self, Depth};
+use crate::panics;
+use crate::propfix::{self, PropFix};
+use crate::reqwatch::Heads;
+
+/// Largest PROPFIND body read (dav-server's limit for XML bodies).
+const MAX_XML_BODY: usize = 64 << 10;
+
+pub(super) fn simple(status: StatusCode, body: &'static str) -> Response<Body> {
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+fn unauthorized() -> Response<Body> {
+    let mut r = simple(StatusCode::UNAUTHORIZED, "authentication required\n");
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        http::HeaderValue::from_static("Basic realm=\"tarn\", charset=\"UTF-8\""),
+    );
+    r
+}
+
+fn too_many(wait: Duration) -> Response<Body> {
+    let mut r = simple(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too many failed logins; try again later\n",
+    );
+    let secs = wait.as_secs().max(1).to_string();
+    if let Ok(v) = http::HeaderValue::from_str(&secs) {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
+}
+
+async fn authenticate(
+    req: &Request<Incoming>,
+    ip: IpAddr,
+    st: &Arc<State>,
+) -> Result<Principal, Response<Body>> {
+    let Some(value) = req.headers().get(header::AUTHORIZATION) else {
+        return st.auth.anonymous().ok_or_else(unauthorized);
+    };
+    let parsed = value.to_str().ok().and_then(parse_basic);
+    let checked = match &parsed {
+        Some((user, pass)) => match st.cache.get(user, pass) {
+            Some(p) => Some(p),
+            None => {
+                let (auth, u, p) = (st.auth.clone(), user.clone(), pass.clone());
+                let check = move || {
+                    panics::catch(
+                        "a password check",
+                        std::panic::AssertUnwindSafe(|| auth.check(&u, &p)),
+                    )
+                    .flatten()
+                };
+                let r = tokio::task::spawn_blocking(check).await.ok().flatten();
+                if let Some(p) = &r {
+                    st.cache.put(user, pass, p);
+                }
+                r
+            }
+        },
+        None => None,
+    };
+    match checked {
+        Some(p) => {
+            st.limiter.succeed(ip);
+            Ok(p)
+        }
+        None => {
+            let who = parsed
+                .as_ref()
+                .map(|(u, _)| u.as_str())
+                .unwrap_or("<malformed>");
+            eprintln!("tarn-webdav: failed login for user {who:?} from {ip}");
+            if st.limiter.fail(ip) {
+                eprintln!("tarn-webdav: too many failed logins from {ip}; refusing it for a while");
+                Err(too_many(st.window))
+            } else {
+                Err(unauthorized())
+            }
+        }
+    }
+}
+
+/// Methods that never change anything.
+fn is_read_only_method(m: &Method) -> bool {
+    matches!(
+        m.as_str(),
+        "GET" | "HEAD" | "OPTIONS" | "PROPFIND" | "REPORT"
+    )
+}
+
+/// The answer to a PROPFIND with `Depth: infinity` (RFC 4918 §9.1).
+fn finite_depth() -> Response<Body> {
+    let mut r = Response::new(Body::from(
+        "<?xml version=\"1.0\" encoding=\"utf-8\"?>\n\
+         <D:error xmlns:D=\"DAV:\"><D:propfind-finite-depth/></D:error>\n",
+    ));
+    *r.status_mut() = StatusCode::FORBIDDEN;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/xml; charset=utf-8"),
+    );
+    r
+}
+
+pub(super) async fn handle(
+    req: Request<Incoming>,
+    ip: IpAddr,
+    st: Arc<State>,
+    heads: Heads,
+) -> (Response<Body>, Option<PropFix>) {
+    if let Some(wait) = st.limiter.blocked(ip) {
+        return (too_many(wait), None);
+    }
+    // A fragment never reaches a request target the HTTP stack hands us,
+    // so `DELETE /share/dir/#x` would remove all of dir/: refuse it.
+    if heads.had_fragment(req.method().as_str(), &req.uri().to_string()) {
+        return (
+            simple(StatusCode::BAD_REQUEST, "fragment in request target\n"),
+            None,
+        );
+    }
+    if let Err(e) = headers::check(req.method(), req.version(), req.headers()) {
+        let mut r = Response::new(Body::from(format!("{e}\n")));
+        *r.status_mut() = StatusCode::BAD_REQUEST;
+        return (r, None);
+    }
+    let principal = match authenticate(&req, ip, &st).await {
+        Ok(p) => p,
+        Err(r) => return (r, None),
+    };
+    if req.method().as_str() == "PROPFIND"
+        && req
+            .headers()
+            .get("depth")
+            .and_then(|d| headers::parse_depth(d.as_bytes()).ok())
+            == Some(Depth::Infinity)
+    {
+        return (finite_depth(), None);
+    }
+    // Normalize exactly as dav-server will (percent-decoding, `.`/`..`
+    // resolution, NUL and encoded '/' refused), then route on the first
+    // segment. dav-server re-checks that the path lies under the prefix.
+    let path = match DavPath::new(req.uri().path()) {
+        Ok(p) => p,
+        Err(dav_server::davpath::ParseError::ForbiddenPath) => {
+            return (simple(StatusCode::FORBIDDEN, "forbidden path\n"), None)
+        }
+        Err(_) => return (simple(StatusCode::BAD_REQUEST, "invalid path\n"), None),
+    };
+    let first = path
+        .as_bytes()
+        .split(|&b| b == b'/')
+        .find(|s| !s.is_empty())
+        .map(<[u8]>::to_vec);
+    let Some(first) = first else {
+        return (root(&req, &st), None);
+    };
+    let shares = st.shares.read().unwrap_or_else(|e| e.into_inner()).clone();
+    let share = match std::str::from_utf8(&first).ok().and_then(|n| shares.get(n)) {
+        Some(s) => s.clone(),
+        None => return (simple(StatusCode::NOT_FOUND, "no such share\n"), None),
+    };
+    drop(shares);
+    let listed = match &share.share.users {
+        None => Some(true),
+        Some(users) => users.get(&principal.name).copied(),
+    };
+    let Some(share_write) = listed else {
+        return (
+            simple(StatusCode::FORBIDDEN, "no access to this share\n"),
+            None,
+        );
+    };
+    let can_write = principal.can_write && share_write && !share.share.read_only;
+    if !can_write && !is_read_only_method(req.method()) {
+        return (simple(StatusCode::FORBIDDEN, "read-only\n"), None);
+    }
+    let ctx = Ctx {
+        cred: principal.cred(),
+        can_write,
+    };
+    let (parts, body) = req.into_parts();
+    let failed = Arc::new(AtomicBool::new(false));
+    // A PROPFIND body is small XML (dav-server reads it whole too): read
+    // it here to learn which properties the answer must list.
+    let (body, wanted) = if parts.method.as_str() == "PROPFIND" {
+        match http_body_util::Limited::new(body, MAX_XML_BODY)
+            .collect()
+            .await
+        {
+            Ok(c) => {
+                let b = c.to_bytes();
+                let wanted = propfix::requested(&b);
+                (ReqBody::Read(Some(b)), wanted)
+            }
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                return (
+                    simple(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n"),
+                    None,
+                )
+            }
+            Err(_) => {
+                return (
+                    simple(StatusCode::BAD_REQUEST, "malformed request body\n"),
+                    None,
+                )
+            }
+        }
+    } else {
+        (ReqBody::Stream(body, failed.clone()), None)
+    };
+    let req = Request::from_parts(parts, body);
+    let resp = share
+        .handler
+        .handle_guarded(req, principal.name.clone(), ctx)
+        .await;
+    if failed.load(Ordering::Relaxed) {
+        // The body could not be decoded (e.g. broken chunked encoding):
+        // the client's fault, not a gateway's.
+        let mut r = simple(StatusCode::BAD_REQUEST, "malformed request body\n");
+        r.headers_mut()
+            .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+        return (r, None);
+    }
+    let fix = match wanted {
+        Some(w) if resp.status() == StatusCode::MULTI_STATUS => Some(PropFix::new(w)),
+        _ => None,
+    };
+    (resp, fix)
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// The virtual root: lists the shares (GET: HTML, PROPFIND: multistatus).
+fn root(req: &Request<Incoming>, st: &Arc<State>) -> Response<Body> {
+    let shares = st.shares.read().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut names: Vec<&String> = shares.keys().collect();
+    names.sort();
+    let mut r = match req.method().as_str() {
+        "OPTIONS" => {
+            let mut r = Response::new(Body::empty());
+            let h = r.headers_mut();
+            h.insert("DAV", http::HeaderValue::from_static("1, 2"));
+            h.insert("MS-Author-Via", http::HeaderValue::from_static("DAV"));
+            r
+        }
+        "GET" | "HEAD" => {
+            let mut html = String::from(
+                "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>tarn</title></head>\
+                 <body><h1>Shares</h1><ul>\n",
+            );
+            for n in &names {
+                let n = xml_escape(n);
+                html.push_str(&format!("<li><a href=\"/{n}/\">{n}/</a></li>\n"));
+            }
+            html.push_str("</ul></body></html>\n");
+            let body = if req.method() == Method::HEAD {
+                Body::empty()
+            } else {
+                Body::from(html)
+            };
+            let mut r = Response::new(body);
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/html; charset=utf-8"),
+            );
+            r
+        }
+        "PROPFIND" => {
+            let depth0 = req
+                .headers()
+                .get("Depth")
+                .is_some_and(|d| d.as_bytes() == b"0");
+            let entry = |href: &str| {
+                format!(
+                    "<D:response><D:href>{}</D:href><D:propstat><D:prop>\
+                     <D:resourcetype><D:collection/></D:resourcetype>\
+                     </D:prop><D:status>HTTP/1.1 200 OK</D:status></D:propstat></D:response>\n",
+                    xml_escape(href)
+                )
+            };
+            let mut x = String::from(
+                "<?xml version=\"1.0\" encoding=\"utf-8\"?>\n<D:multistatus xmlns:D=\"DAV:\">\n",
+            );
+            x.push_str(&entry("/"));
+            if !depth0 {
+                for n in &names {
+                    x.push_str(&entry(&format!("/{n}/")));
+                }
+            }
+            x.push_str("</D:multistatus>\n");
+            let mut r = Response::new(Body::from(x));
+            *r.status_mut() = StatusCode::MULTI_STATUS;
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/xml; charset=utf-8"),
+            );
+            r
+        }
+        _ => simple(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "the root only lists shares\n",
+        ),
+    };
+    r.headers_mut().insert(
+        header::ALLOW,
+        http::HeaderValue::from_static("OPTIONS, GET, HEAD, PROPFIND"),
+    );
+    r
+}
