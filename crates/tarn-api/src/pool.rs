@@ -2,6 +2,12 @@
 //! candidates, scans, and the requests that create, import and change
 //! pools. These are the API's own copies of what the pool layer reports,
 //! with the same JSON shape; the daemon converts into them.
+//!
+//! It also turns the `zpool`-style words people write for vdevs
+//! (`mirror a b raidz2 c d e`, `log mirror x y`) into [`VdevSpec`]s
+//! ([`parse_vdev_words`], [`parse_log_words`]), so every client (the
+//! command line, a configuration file, a web page) reads them alike and
+//! refuses the same mistakes with the same sentences.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -150,6 +156,24 @@ pub struct PoolStatus {
     /// daemons.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<CacheCounters>,
+}
+
+impl PoolStatus {
+    /// Whether the pool needs an operator: anything but a quiet, healthy
+    /// pool (a message, damage, a device not online or with errors). What
+    /// `status -x` shows; every client should single out the same pools.
+    pub fn needs_attention(&self) -> bool {
+        fn any_errors(v: &VdevStatus) -> bool {
+            let c = &v.counters;
+            c.read_errors + c.write_errors + c.cksum_errors > 0
+                || v.health != Health::Online
+                || v.children.iter().any(any_errors)
+        }
+        self.health != Health::Online
+            || self.message.is_some()
+            || !self.damaged.is_empty()
+            || self.vdevs.iter().any(any_errors)
+    }
 }
 
 /// The block cache's size and counters since the daemon started: whether
@@ -323,6 +347,102 @@ impl VdevSpec {
         }
         Ok(())
     }
+}
+
+/// Parses `zpool create`-style vdev words into top-level vdevs: `a b` is two
+/// single vdevs; `mirror a b`, `raidz1 a b c` (`raidz` = `raidz1`),
+/// `raidz2 ...`, `raidz3 ...` are groups; a group runs until the next group
+/// word. Devices are returned as written (a client makes them absolute,
+/// relative to where its user is), and every vdev is checked with
+/// [`VdevSpec::validate`].
+pub fn parse_vdev_words(words: &[String]) -> Result<Vec<VdevSpec>, ApiError> {
+    let mut vdevs = Vec::new();
+    let mut group: Option<VdevSpec> = None;
+    for word in words {
+        match group_word(word)? {
+            Some(kind) => {
+                vdevs.extend(group.take());
+                group = Some(VdevSpec {
+                    kind,
+                    devices: Vec::new(),
+                });
+            }
+            None => match group.as_mut() {
+                Some(g) => g.devices.push(word.clone()),
+                None => vdevs.push(VdevSpec {
+                    kind: VdevKind::Single,
+                    devices: vec![word.clone()],
+                }),
+            },
+        }
+    }
+    vdevs.extend(group);
+    if vdevs.is_empty() {
+        return Err(ApiError::invalid(
+            "no devices given; e.g. `tarn pool create tank mirror /dev/sdb /dev/sdc`",
+        ));
+    }
+    for (i, vdev) in vdevs.iter().enumerate() {
+        vdev.validate(i)?;
+    }
+    Ok(vdevs)
+}
+
+/// Parses `log DEV` or `log mirror DEV...` (what `pool add` accepts) into
+/// the one log vdev it names; devices are returned as written.
+pub fn parse_log_words(words: &[String]) -> Result<VdevSpec, ApiError> {
+    let Some((first, rest)) = words.split_first() else {
+        return Err(ApiError::invalid(
+            "nothing to add; e.g. `tarn pool add tank log /dev/nvme0n1`",
+        ));
+    };
+    if first != "log" {
+        return Err(ApiError::invalid(
+            "tarn pool add adds log devices only: `tarn pool add POOL log DEV` or \
+             `... log mirror DEV DEV`",
+        ));
+    }
+    let mut vdevs = parse_vdev_words(rest)?;
+    let spec = match (vdevs.pop(), vdevs.is_empty()) {
+        (Some(v), true) => v,
+        _ => {
+            return Err(ApiError::invalid(
+                "one log vdev at a time: a device, or `mirror` and its devices",
+            ))
+        }
+    };
+    if !matches!(spec.kind, VdevKind::Single | VdevKind::Mirror) {
+        return Err(ApiError::invalid(
+            "a log vdev is one device or a mirror, not raidz",
+        ));
+    }
+    Ok(spec)
+}
+
+/// Recognises a group word; refuses words that look like vdev types tarn
+/// does not have, so they are not taken for device names.
+fn group_word(word: &str) -> Result<Option<VdevKind>, ApiError> {
+    let kind = match word {
+        "mirror" => VdevKind::Mirror,
+        "raidz" | "raidz1" => VdevKind::Raidz1,
+        "raidz2" => VdevKind::Raidz2,
+        "raidz3" => VdevKind::Raidz3,
+        w if w.starts_with("raidz") => {
+            return Err(ApiError::invalid(format!(
+                "{w} is not a vdev type: tarn has raidz1, raidz2 and raidz3 (raidz means raidz1); \
+                 for a device with that name write ./{w}"
+            )))
+        }
+        w if ["log", "cache", "spare", "special", "dedup"].contains(&w)
+            || w.starts_with("draid") =>
+        {
+            return Err(ApiError::invalid(format!(
+                "{w} vdevs are not supported by tarn; for a device with that name write ./{w}"
+            )))
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(kind))
 }
 
 /// Lowest and highest accepted `ashift` (512 B to 64 KiB sectors).
@@ -625,6 +745,80 @@ mod tests {
         let mut req = create(vec![spec(VdevKind::Single, &["/a"])]);
         req.ashift = Some(30);
         assert!(req.validate().unwrap_err().message.contains("ashift=30"));
+    }
+
+    fn words(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    fn kinds(specs: &[VdevSpec]) -> Vec<(VdevKind, usize)> {
+        specs.iter().map(|s| (s.kind, s.devices.len())).collect()
+    }
+
+    #[test]
+    fn vdev_words_group_like_zpool() {
+        let specs = parse_vdev_words(&words("mirror a b raidz2 c d e f")).unwrap();
+        assert_eq!(
+            kinds(&specs),
+            [(VdevKind::Mirror, 2), (VdevKind::Raidz2, 4)]
+        );
+        assert_eq!(specs[1].devices, ["c", "d", "e", "f"]);
+
+        let specs = parse_vdev_words(&words("a b mirror c d mirror e f raidz g h")).unwrap();
+        assert_eq!(
+            kinds(&specs),
+            [
+                (VdevKind::Single, 1),
+                (VdevKind::Single, 1),
+                (VdevKind::Mirror, 2),
+                (VdevKind::Mirror, 2),
+                (VdevKind::Raidz1, 2),
+            ]
+        );
+    }
+
+    #[test]
+    fn vdev_words_refuse_bad_groups() {
+        let err = parse_vdev_words(&words("mirror a"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("mirror-0 needs at least 2 devices"), "{err}");
+        let err = parse_vdev_words(&words("mirror a b raidz3 c d e"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("raidz3-1 needs at least 4"), "{err}");
+        let err = parse_vdev_words(&words("raidz4 a b c d e"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("raidz4 is not a vdev type"), "{err}");
+        let err = parse_vdev_words(&words("mirror a b log c"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("log vdevs are not supported"), "{err}");
+        let err = parse_vdev_words(&[]).unwrap_err().to_string();
+        assert!(err.contains("no devices given"), "{err}");
+        let err = parse_vdev_words(&words("mirror raidz1 a b"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("got 0 (none)"), "{err}");
+    }
+
+    #[test]
+    fn log_words_name_one_device_or_mirror() {
+        let spec = parse_log_words(&words("log mirror a b")).unwrap();
+        assert_eq!(kinds(&[spec]), [(VdevKind::Mirror, 2)]);
+        let spec = parse_log_words(&words("log a")).unwrap();
+        assert_eq!(spec.devices, ["a"]);
+        for (bad, says) in [
+            ("", "nothing to add"),
+            ("mirror a b", "log devices only"),
+            ("log a b", "one log vdev at a time"),
+            ("log raidz a b", "not raidz"),
+        ] {
+            let err = parse_log_words(&words(bad)).unwrap_err();
+            assert_eq!(err.code, ErrorCode::Invalid, "{bad}");
+            assert!(err.message.contains(says), "{bad}: {}", err.message);
+        }
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! `tarn pool ...`: create, import, inspect and repair pools. Besides the
-//! commands, the parsing that turns `zpool`-style words into requests (vdev
-//! groups, `log` devices, `iostat` arguments) and the loops that poll the
-//! daemon (`scrub --wait`, `iostat INTERVAL`).
+//! commands, what turns the command line into requests (devices made
+//! absolute, `-o`/`-O` properties, `iostat` arguments; the vdev words
+//! themselves are read by `tarn_api::pool::parse_vdev_words`, which every
+//! client shares) and the loops that poll the daemon (`scrub --wait`,
+//! `iostat INTERVAL`).
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -17,8 +19,9 @@ use tarn_api::params::{
     OptionalNameParams, ReplaceParams, ScrubParams, SyncResult,
 };
 use tarn_api::pool::{
-    CacheCounters, CreateRequest, Fault, FaultKind, ImportRequest, ImportResult, IostatEntry,
-    PoolListEntry, PoolStatus, ScanKind, ScanState, ScanStatus, ScrubAction, VdevKind, VdevSpec,
+    parse_log_words, parse_vdev_words, CacheCounters, CreateRequest, Fault, FaultKind,
+    ImportRequest, ImportResult, IostatEntry, PoolListEntry, PoolStatus, ScanKind, ScanState,
+    ScanStatus, ScrubAction, VdevSpec,
 };
 
 use crate::render;
@@ -192,86 +195,13 @@ pub enum PoolCommand {
     },
 }
 
-/// Parses `zpool create`-style vdev words into top-level vdevs: `a b` is two
-/// single vdevs; `mirror a b`, `raidz1 a b c` (`raidz` = `raidz1`),
-/// `raidz2 ...`, `raidz3 ...` are groups; a group runs until the next group
-/// word. Devices are returned as written.
-pub fn parse_vdev_words(words: &[String]) -> anyhow::Result<Vec<VdevSpec>> {
-    let mut vdevs = Vec::new();
-    let mut group: Option<VdevSpec> = None;
-    for word in words {
-        match group_word(word)? {
-            Some(kind) => {
-                vdevs.extend(group.take());
-                group = Some(VdevSpec {
-                    kind,
-                    devices: Vec::new(),
-                });
-            }
-            None => match group.as_mut() {
-                Some(g) => g.devices.push(word.clone()),
-                None => vdevs.push(VdevSpec {
-                    kind: VdevKind::Single,
-                    devices: vec![word.clone()],
-                }),
-            },
-        }
+/// Makes a vdev's devices absolute, relative to the working directory of
+/// the command (the daemon has its own).
+fn absolute_devices(vdev: &mut VdevSpec) -> anyhow::Result<()> {
+    for dev in &mut vdev.devices {
+        *dev = absolute(Path::new(dev.as_str()))?;
     }
-    vdevs.extend(group);
-    if vdevs.is_empty() {
-        bail!("no devices given; e.g. `tarn pool create tank mirror /dev/sdb /dev/sdc`");
-    }
-    for (i, vdev) in vdevs.iter().enumerate() {
-        vdev.validate(i)?;
-    }
-    Ok(vdevs)
-}
-
-/// Parses `log DEV` or `log mirror DEV...` (what `pool add` accepts).
-pub fn parse_log_words(words: &[String]) -> anyhow::Result<VdevSpec> {
-    let Some((first, rest)) = words.split_first() else {
-        bail!("nothing to add; e.g. `tarn pool add tank log /dev/nvme0n1`");
-    };
-    if first != "log" {
-        bail!(
-            "tarn pool add adds log devices only: `tarn pool add POOL log DEV` or \
-             `... log mirror DEV DEV`"
-        );
-    }
-    let mut vdevs = parse_vdev_words(rest)?;
-    let mut spec = match (vdevs.pop(), vdevs.is_empty()) {
-        (Some(v), true) => v,
-        _ => bail!("one log vdev at a time: a device, or `mirror` and its devices"),
-    };
-    if !matches!(spec.kind, VdevKind::Single | VdevKind::Mirror) {
-        bail!("a log vdev is one device or a mirror, not raidz");
-    }
-    for d in &mut spec.devices {
-        *d = absolute(Path::new(d.as_str()))?;
-    }
-    Ok(spec)
-}
-
-/// Recognises a group word; refuses words that look like vdev types tarn
-/// does not have, so they are not taken for device names.
-fn group_word(word: &str) -> anyhow::Result<Option<VdevKind>> {
-    let kind = match word {
-        "mirror" => VdevKind::Mirror,
-        "raidz" | "raidz1" => VdevKind::Raidz1,
-        "raidz2" => VdevKind::Raidz2,
-        "raidz3" => VdevKind::Raidz3,
-        w if w.starts_with("raidz") => bail!(
-            "{w} is not a vdev type: tarn has raidz1, raidz2 and raidz3 (raidz means raidz1); \
-             for a device with that name write ./{w}"
-        ),
-        w if ["log", "cache", "spare", "special", "dedup"].contains(&w)
-            || w.starts_with("draid") =>
-        {
-            bail!("{w} vdevs are not supported by tarn; for a device with that name write ./{w}")
-        }
-        _ => return Ok(None),
-    };
-    Ok(Some(kind))
+    Ok(())
 }
 
 fn build_create(
@@ -283,9 +213,7 @@ fn build_create(
 ) -> anyhow::Result<CreateRequest> {
     let mut vdevs = parse_vdev_words(words)?;
     for vdev in &mut vdevs {
-        for dev in &mut vdev.devices {
-            *dev = absolute(Path::new(dev))?;
-        }
+        absolute_devices(vdev)?;
     }
     let mut ashift = None;
     for (key, value) in pool_props {
@@ -429,7 +357,7 @@ pub(crate) fn pool_command(
             let v = client.call(method::POOL_STATUS, &OptionalNameParams { name: pool })?;
             let mut pools: Vec<PoolStatus> = decode(method::POOL_STATUS, v.clone())?;
             if unhealthy {
-                pools.retain(render::needs_attention);
+                pools.retain(PoolStatus::needs_attention);
                 let v = serde_json::to_value(&pools)?;
                 out.raw_or(&v, || {
                     if pools.is_empty() {
@@ -493,9 +421,11 @@ pub(crate) fn pool_command(
             client.call_quietly(out, method::POOL_ONLINE, &params)?;
         }
         PoolCommand::Add { force, pool, vdev } => {
+            let mut vdev = parse_log_words(&vdev)?;
+            absolute_devices(&mut vdev)?;
             let params = AddLogParams {
                 name: pool,
-                vdev: parse_log_words(&vdev)?,
+                vdev,
                 force,
             };
             client.call_quietly(out, method::POOL_ADD_LOG, &params)?;
@@ -727,58 +657,6 @@ mod tests {
 
     fn words(s: &str) -> Vec<String> {
         s.split_whitespace().map(String::from).collect()
-    }
-
-    fn kinds(specs: &[VdevSpec]) -> Vec<(VdevKind, usize)> {
-        specs.iter().map(|s| (s.kind, s.devices.len())).collect()
-    }
-
-    #[test]
-    fn vdev_words_group_like_zpool() {
-        let specs = parse_vdev_words(&words("mirror a b raidz2 c d e f")).unwrap();
-        assert_eq!(
-            kinds(&specs),
-            [(VdevKind::Mirror, 2), (VdevKind::Raidz2, 4)]
-        );
-        assert_eq!(specs[1].devices, ["c", "d", "e", "f"]);
-
-        let specs = parse_vdev_words(&words("a b mirror c d mirror e f raidz g h")).unwrap();
-        assert_eq!(
-            kinds(&specs),
-            [
-                (VdevKind::Single, 1),
-                (VdevKind::Single, 1),
-                (VdevKind::Mirror, 2),
-                (VdevKind::Mirror, 2),
-                (VdevKind::Raidz1, 2),
-            ]
-        );
-    }
-
-    #[test]
-    fn vdev_words_refuse_bad_groups() {
-        let err = parse_vdev_words(&words("mirror a"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("mirror-0 needs at least 2 devices"), "{err}");
-        let err = parse_vdev_words(&words("mirror a b raidz3 c d e"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("raidz3-1 needs at least 4"), "{err}");
-        let err = parse_vdev_words(&words("raidz4 a b c d e"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("raidz4 is not a vdev type"), "{err}");
-        let err = parse_vdev_words(&words("mirror a b log c"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("log vdevs are not supported"), "{err}");
-        let err = parse_vdev_words(&[]).unwrap_err().to_string();
-        assert!(err.contains("no devices given"), "{err}");
-        let err = parse_vdev_words(&words("mirror raidz1 a b"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("got 0 (none)"), "{err}");
     }
 
     #[test]

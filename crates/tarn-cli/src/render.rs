@@ -19,8 +19,8 @@ pub use datasets::{
     render_datasets, render_mounts, render_objects, render_props, render_shares, render_users,
 };
 pub use pools::{
-    cache_text, needs_attention, progress_line, render_cache_iostat, render_candidates,
-    render_iostat, render_list, render_pool_status, render_status, scan_text,
+    cache_text, progress_line, render_cache_iostat, render_candidates, render_iostat, render_list,
+    render_pool_status, render_status, scan_text,
 };
 
 const UNITS: [&str; 7] = ["", "K", "M", "G", "T", "P", "E"];

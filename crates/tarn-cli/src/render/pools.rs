@@ -319,20 +319,6 @@ pub fn render_status(pools: &[PoolStatus]) -> String {
         .join("\n")
 }
 
-/// Whether `status -x` should show a pool: anything but a quiet, healthy one.
-pub fn needs_attention(pool: &PoolStatus) -> bool {
-    fn any_errors(v: &VdevStatus) -> bool {
-        let c = &v.counters;
-        c.read_errors + c.write_errors + c.cksum_errors > 0
-            || v.health != Health::Online
-            || v.children.iter().any(any_errors)
-    }
-    pool.health != Health::Online
-        || pool.message.is_some()
-        || !pool.damaged.is_empty()
-        || pool.vdevs.iter().any(any_errors)
-}
-
 /// `zpool list`: NAME SIZE ALLOC FREE CAP HEALTH.
 pub fn render_list(pools: &[PoolListEntry]) -> String {
     if pools.is_empty() {
@@ -689,7 +675,7 @@ mod tests {
             text.contains("        object drill-1 offset 131072\n"),
             "{text}"
         );
-        assert!(needs_attention(&pool));
+        assert!(pool.needs_attention());
         assert_eq!(render_status(&[]), "no pools available\n");
     }
 
