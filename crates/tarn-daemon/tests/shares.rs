@@ -29,11 +29,7 @@ fn nfs_share(name: &str, dataset: &str) -> Share {
 #[test]
 fn one_unreadable_share_record_affects_only_itself() {
     let dir = tempfile::tempdir().unwrap();
-    let member = dir.path().join("m0");
-    std::fs::File::create(&member)
-        .unwrap()
-        .set_len(256 << 20)
-        .unwrap();
+    let member = tarn_testkit::files::make(dir.path(), "m", 1, 256 << 20).remove(0);
     let pools = Arc::new(Pools::open(&dir.path().join("state"), &Tuning::default()).unwrap());
     pools
         .pool_create(&CreateRequest {

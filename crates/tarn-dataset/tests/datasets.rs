@@ -9,6 +9,7 @@ use proptest::prelude::*;
 use tarn_block::BlockPtr;
 use tarn_dataset::{self as ds, DsError, Source, Value};
 use tarn_pool::Pool;
+use tarn_testkit::data::Rng;
 use tarn_testkit::datasets::info;
 use tarn_testkit::files::overwrite;
 use tarn_testkit::pools::{import, opts, props, scrub, tank as new_pool};
@@ -198,22 +199,12 @@ fn failed_transactions_leave_no_trace() {
     assert_eq!(read(&h, &key(0)).unwrap(), vec![1; 1000]);
     assert_eq!(read(&h, &key(1)), None);
     // The quota: incompressible data until EDQUOT, which changes nothing.
-    let mut seed = 1u64;
-    let mut noise = |n: usize| {
-        (0..n)
-            .map(|_| {
-                seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (seed >> 33) as u8
-            })
-            .collect::<Vec<u8>>()
-    };
+    let mut noise = Rng::new(1);
     let mut hit = None;
     for i in 10..40 {
         let r: Result<(), DsError> = h.txn(true, |t| {
             t.put(format!("k{i}").as_bytes(), b"v")?;
-            t.write_block(&key(i), noise(128 * 1024))
+            t.write_block(&key(i), noise.bytes(128 * 1024))
         });
         if let Err(e) = r {
             hit = Some((i, e));

@@ -248,12 +248,7 @@ fn add_log(
 }
 
 fn log_file(dir: &Path, name: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::File::create(&p)
-        .expect("create log file")
-        .set_len(64 << 20)
-        .expect("size log file");
-    p
+    tarn_testkit::files::make(dir, name, 1, 64 << 20).remove(0)
 }
 
 #[test]

@@ -19,7 +19,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -149,13 +149,7 @@ fn sigkill_during_writes() {
 
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("tarn.sock");
-    let devs: Vec<PathBuf> = (0..4).map(|i| dir.path().join(format!("d{i}"))).collect();
-    for d in &devs {
-        std::fs::File::create(d)
-            .unwrap()
-            .set_len(192 << 20)
-            .unwrap();
-    }
+    let devs = tarn_testkit::files::make(dir.path(), "d", 4, 192 << 20);
     let mut daemon = Daemon::start(dir.path());
     call(
         &socket,

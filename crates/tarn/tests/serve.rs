@@ -4,11 +4,9 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::clients::add_user;
 use common::process::{files, Daemon};
-use tarn_testkit::clients::{curl, nfs_url};
+use tarn_testkit::clients::{curl, nfs_cat, nfs_cp, nfs_url, tool};
 use tarn_testkit::net::free_port;
 use tarn_testkit::require;
 
@@ -84,24 +82,17 @@ fn shares_are_served_over_nfs_and_webdav() {
     let big: Vec<u8> = (0..(1 << 20) + 1).map(|i: u32| (i % 247) as u8).collect();
     let src = dir.path().join("big.bin");
     std::fs::write(&src, &big).unwrap();
-    let out = Command::new("nfs-cp")
-        .arg(&src)
-        .arg(nfs_url(nfs, nfs, "/photos/big.bin"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "nfs-cp: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(nfs_cp(
+        src.to_str().unwrap(),
+        &nfs_url(nfs, nfs, "/photos/big.bin")
+    ));
     let (code, body, _) = curl(&["-u", "alice:wonder-land", &web("big.bin")]);
     assert_eq!(code, 200);
     assert!(body == big, "WebDAV sees what NFS wrote");
-    let out = Command::new("nfs-cat")
-        .arg(nfs_url(nfs, nfs, "/photos/hello.txt"))
-        .output()
-        .unwrap();
-    assert_eq!(out.stdout, b"hello from webdav");
+    assert_eq!(
+        nfs_cat(&nfs_url(nfs, nfs, "/photos/hello.txt")),
+        b"hello from webdav"
+    );
 
     // A restarted daemon serves the same shares and data.
     d.stop();
@@ -114,11 +105,8 @@ fn shares_are_served_over_nfs_and_webdav() {
     d.ok(&["share", "del", "photos"]);
     let (code, _, _) = curl(&["-u", "alice:wonder-land", &web("hello.txt")]);
     assert_eq!(code, 404);
-    let out = Command::new("nfs-cat")
-        .arg(nfs_url(nfs, nfs, "/photos/hello.txt"))
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "the export is gone");
+    let (ok, _, _) = tool(&["nfs-cat", &nfs_url(nfs, nfs, "/photos/hello.txt")]);
+    assert!(!ok, "the export is gone");
     d.stop();
 }
 
