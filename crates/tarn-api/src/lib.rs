@@ -5,7 +5,10 @@
 //! response lines and their framing ([`wire`]), the errors ([`ApiError`]),
 //! every parameter and result type (pools, datasets, users, shares,
 //! mounts), the [`Backend`] trait a node implements, and [`dispatch()`], the
-//! one table that maps a method onto a [`Backend`] function.
+//! one table that maps a method onto a [`Backend`] function. What every
+//! client must read the same way lives here too: the `zpool`-style vdev
+//! words ([`pool::parse_vdev_words`]) and which pools need attention
+//! ([`pool::PoolStatus::needs_attention`]).
 //!
 //! The types here are the API's own copies, not the engine's: the daemon
 //! converts its engine's types into them, so a client (the `tarn` command,
