@@ -170,11 +170,16 @@ impl Pool {
                 continue;
             }
             for d in bp.used_dvas() {
-                let Some(m) = st.space.get_mut(d.vdev as usize) else {
-                    continue;
-                };
                 // A bad free means the accounting is wrong: stop rather than
-                // risk handing out space that is still in use.
+                // risk handing out space that is still in use. A vdev that
+                // does not exist is one too, as in `Pool::free_now`.
+                let m = st.space.get_mut(d.vdev as usize).ok_or_else(|| {
+                    PoolError::Internal(format!(
+                        "space accounting: {}: free on vdev {}, which does not exist",
+                        pipeline::describe(bp),
+                        d.vdev
+                    ))
+                })?;
                 m.free_deferred(d.offset, d.asize as u64, txg)
                     .map_err(|e| {
                         PoolError::Internal(format!(
