@@ -31,6 +31,16 @@
 //! commit that may write one early, and the sync that writes it: its slot
 //! (room and, once written, the pointer) is under its own mutex, so the
 //! block is written exactly once and whoever comes second uses the pointer.
+//!
+//! **A staged block changes in place only while nobody else can see it.**
+//! Readers outside a transaction, an intent log commit and the logged
+//! write that staged it all hold its bytes by `Arc`, and rely on them never
+//! changing; the sync holds the overlay only once the txg stopped being
+//! open. So a write into part of a record patches the open overlay's block
+//! in place only when the overlay holds the sole reference (checked by the
+//! reference count, under the dataset lock the transaction holds) and the
+//! block was not written early; otherwise it stages a patched copy, and
+//! whoever held the old bytes keeps reading them unchanged.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -92,6 +102,32 @@ impl StagedBlock {
     pub(crate) fn asize(&self) -> u64 {
         self.charged
     }
+
+    /// The block's bytes and room, to change in place: only while nobody
+    /// else holds its bytes (a reader, an intent log commit, a logged
+    /// write of the whole block) and nothing wrote it early.
+    fn in_place(&mut self) -> Option<InPlace<'_>> {
+        let slot = self.slot.get_mut().unwrap_or_else(|e| e.into_inner());
+        if slot.written.is_some() || slot.released {
+            return None;
+        }
+        Some(InPlace {
+            data: Arc::get_mut(&mut self.data)?,
+            res: &mut slot.res,
+            charged: &mut self.charged,
+        })
+    }
+}
+
+/// A staged block that nobody else holds, open for change (see
+/// [`Overlay::in_place`]).
+pub(crate) struct InPlace<'a> {
+    /// The logical bytes.
+    pub data: &'a mut Vec<u8>,
+    /// Its room: a grown block needs one to match.
+    pub res: &'a mut Reservation,
+    /// What the overlay counts for it: kept equal to the room.
+    pub charged: &'a mut u64,
 }
 
 /// One change to one key.
@@ -271,6 +307,27 @@ impl Overlay {
             Change::Block(b) => Some((k, b)),
             _ => None,
         })
+    }
+
+    /// Runs `f` on the staged block under `key`, changing it in place,
+    /// when this layer has one that nobody else holds (see
+    /// [`StagedBlock`]); the count of staged bytes follows its room.
+    /// `None` when there is none, or it is shared: the caller stages a new
+    /// block instead, leaving the bytes others hold unchanged.
+    pub(crate) fn in_place<R>(
+        &mut self,
+        key: &[u8],
+        f: impl FnOnce(InPlace<'_>) -> R,
+    ) -> Option<R> {
+        let Some(Change::Block(b)) = self.entries.get_mut(key) else {
+            return None;
+        };
+        let sb = Arc::get_mut(b)?;
+        let before = sb.charged;
+        let r = f(sb.in_place()?);
+        let after = sb.charged;
+        self.staged_asize = self.staged_asize.saturating_sub(before) + after;
+        Some(r)
     }
 
     /// The staged block now under `key`, if any.

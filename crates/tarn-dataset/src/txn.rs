@@ -11,7 +11,9 @@
 //! would make every other operation on the dataset wait. [`Txn::block_ref`]
 //! instead resolves a key to a [`BlockRef`] and the caller reads it after
 //! the transaction: the bytes of an uncommitted block are shared with the
-//! overlay (it never changes once staged: a new write stages a new block),
+//! overlay (they never change once shared: a write patches a staged block
+//! in place only while the overlay holds its sole reference, see
+//! `overlay`, and stages a patched copy otherwise),
 //! and a committed pointer comes with a hold on the txg of the tree it was
 //! found in, taken under the dataset lock, so its space cannot be freed and
 //! reused before the read (frees are deferred past every hold, see
@@ -54,6 +56,25 @@ enum Undo {
     Entry(Vec<u8>, Option<Change>),
     /// A range deletion and the overlay entries it removed.
     Range(Vec<(Vec<u8>, Change)>),
+    /// A staged block patched in place: its length and the bytes at `at`
+    /// before, and its room and charge if the patch gave it a larger one.
+    Patch {
+        key: Vec<u8>,
+        len: usize,
+        at: usize,
+        old: Vec<u8>,
+        room: Option<(Reservation, u64)>,
+    },
+}
+
+/// What [`Txn::stage`] did with a block.
+enum Staged {
+    /// Staged these shared bytes.
+    Block(Arc<Vec<u8>>),
+    /// All zeros: deleted the key.
+    Deleted,
+    /// All zeros, and the key was absent.
+    Nothing,
 }
 
 /// One dataset inside one transaction (see the module docs).
@@ -72,6 +93,9 @@ pub struct Txn<'a, 'p> {
     /// Staged blocks this transaction replaced or removed: their room is
     /// given back if it succeeds.
     released: Vec<Arc<StagedBlock>>,
+    /// Rooms of blocks grown in place, replaced by larger ones: given back
+    /// if it succeeds.
+    outgrown: Vec<Reservation>,
     /// The operations that succeeded, for the intent log.
     ops: Vec<LogOp>,
     /// Redoing the intent log: skip the checks the operations passed when
@@ -316,25 +340,27 @@ impl Txn<'_, '_> {
                 data.len()
             )));
         }
+        match self.stage(key, data)? {
+            Staged::Block(data) => self.logged(|| LogOp::Block(key.to_vec(), data)),
+            Staged::Deleted => self.logged(|| LogOp::Delete(key.to_vec())),
+            Staged::Nothing => {}
+        }
+        Ok(())
+    }
+
+    /// Stages `data` under `key`; all zeros deletes the key instead.
+    fn stage(&mut self, key: &[u8], data: Vec<u8>) -> Result<Staged, DsError> {
         if data.iter().all(|&b| b == 0) {
             if self.found(key)?.is_some() {
                 self.set(key, Change::Delete)?;
-                self.logged(|| LogOp::Delete(key.to_vec()));
+                return Ok(Staged::Deleted);
             }
-            return Ok(());
+            return Ok(Staged::Nothing);
         }
         let len = data.len() as u64;
         // Quotas and reservations first, then the room itself: allocated
         // now, so the sync that writes the block cannot run out of space.
-        let copies = self.dsl.dir().block_opts(self.id).copies;
-        let cost = self.cx.alloc_cost(len, copies);
-        if !self.replay {
-            self.dsl.dir().check_room(self.cx, self.id, cost)?;
-        }
-        let res = self.cx.reserve_block(len, copies).map_err(|e| match e {
-            tarn_pool::PoolError::NoSpace(m) => DsError::NoSpace(m),
-            other => DsError::Pool(other),
-        })?;
+        let res = self.reserve(len, 0)?;
         self.reserved.push(res.clone());
         self.cx.charge(len);
         self.charged_dirty += len;
@@ -343,8 +369,150 @@ impl Txn<'_, '_> {
             key,
             Change::Block(Arc::new(StagedBlock::new(data.clone(), res, None))),
         )?;
-        self.logged(|| LogOp::Block(key.to_vec(), data));
-        Ok(())
+        Ok(Staged::Block(data))
+    }
+
+    /// Room for a block of `len` bytes, after the dataset's quota and
+    /// reservation allow it (`held`: what the block's old room already
+    /// counts, when it grows).
+    fn reserve(&mut self, len: u64, held: u64) -> Result<Reservation, DsError> {
+        let copies = self.dsl.dir().block_opts(self.id).copies;
+        let cost = self.cx.alloc_cost(len, copies);
+        if !self.replay {
+            self.dsl
+                .dir()
+                .check_room(self.cx, self.id, cost.saturating_sub(held))?;
+        }
+        self.cx.reserve_block(len, copies).map_err(|e| match e {
+            tarn_pool::PoolError::NoSpace(m) => DsError::NoSpace(m),
+            other => DsError::Pool(other),
+        })
+    }
+
+    /// Writes `bytes` at `off` into the data block under `key`, after
+    /// extending it with zeros to at least `len` bytes (an absent key is an
+    /// empty block); returns the block's length before and after, 0 for a
+    /// hole. The open txg's own block is changed in place when nobody else
+    /// holds it (see `overlay`), so a small write into a large record costs
+    /// its own size in memory, in the write throttle and in the intent log;
+    /// otherwise a patched copy is staged. A block left all zeros is
+    /// deleted, as by [`Txn::write_block`].
+    pub fn patch_block(
+        &mut self,
+        key: &[u8],
+        len: usize,
+        off: usize,
+        bytes: Vec<u8>,
+    ) -> Result<(usize, usize), DsError> {
+        self.ro_check()?;
+        let end = off
+            .checked_add(bytes.len())
+            .filter(|&e| e <= MAX_BLOCK && len <= MAX_BLOCK)
+            .ok_or_else(|| {
+                DsError::Invalid(format!(
+                    "{} bytes at {off} of a block of {len}: blocks end at {MAX_BLOCK}",
+                    bytes.len()
+                ))
+            })?;
+        let zeros = bytes.iter().all(|&b| b == 0);
+        let lens = match self.patch_in_place(key, len.max(end), off, &bytes, zeros)? {
+            Some(lens) => lens,
+            None => {
+                let mut data = self.read_block(key)?.unwrap_or_default();
+                let before = data.len();
+                if zeros && before == 0 {
+                    // A hole stays a hole.
+                    (0, 0)
+                } else {
+                    if data.len() < len.max(end) {
+                        data.resize(len.max(end), 0);
+                    }
+                    data[off..end].copy_from_slice(&bytes);
+                    let after = data.len();
+                    match self.stage(key, data)? {
+                        Staged::Block(_) => (before, after),
+                        Staged::Deleted | Staged::Nothing => (before, 0),
+                    }
+                }
+            }
+        };
+        self.logged(|| LogOp::Patch {
+            key: key.to_vec(),
+            len: len as u32,
+            off: off as u32,
+            bytes,
+        });
+        Ok(lens)
+    }
+
+    /// [`Txn::patch_block`] on the open overlay's own block, when nobody
+    /// else holds it; `None` (and nothing changed) otherwise.
+    fn patch_in_place(
+        &mut self,
+        key: &[u8],
+        need: usize,
+        off: usize,
+        bytes: &[u8],
+        zeros: bool,
+    ) -> Result<Option<(usize, usize)>, DsError> {
+        let end = off + bytes.len();
+        let Some((cur, room)) = self
+            .st
+            .open
+            .in_place(key, |m| (m.data.len(), m.res.asize()))
+        else {
+            return Ok(None);
+        };
+        let new_len = cur.max(need);
+        // A grown block may need more room than it holds: taken before
+        // anything changes, and its old room given back if all succeeds.
+        let copies = self.dsl.dir().block_opts(self.id).copies;
+        let grown = if new_len > cur && self.cx.alloc_cost(new_len as u64, copies) > room {
+            let res = self.reserve(new_len as u64, room)?;
+            self.reserved.push(res.clone());
+            Some(res)
+        } else {
+            None
+        };
+        let done = self.st.open.in_place(key, |m| {
+            let at = off.min(cur);
+            let old = m.data[at..end.min(cur)].to_vec();
+            let room = grown.map(|res| {
+                let charged = *m.charged;
+                *m.charged = res.asize();
+                (std::mem::replace(m.res, res), charged)
+            });
+            if m.data.len() < new_len {
+                m.data.resize(new_len, 0);
+            }
+            m.data[off..end].copy_from_slice(bytes);
+            let hole = zeros && m.data.iter().all(|&b| b == 0);
+            (at, old, room, hole)
+        });
+        // Nothing ran between the two looks: the dataset lock is held.
+        let Some((at, old, room, hole)) = done else {
+            return Err(DsError::Corrupt(format!(
+                "staged block at key {key:02x?} changed under the dataset lock"
+            )));
+        };
+        if let Some((r, _)) = &room {
+            self.outgrown.push(r.clone());
+        }
+        self.undo.push(Undo::Patch {
+            key: key.to_vec(),
+            len: cur,
+            at,
+            old,
+            room,
+        });
+        let dirty = (bytes.len() + (new_len - cur)) as u64;
+        self.cx.charge(dirty);
+        self.charged_dirty += dirty;
+        if hole {
+            self.set(key, Change::Delete)?;
+            return Ok(Some((cur, 0)));
+        }
+        Ok(Some((cur, new_len)))
     }
 
     /// Redoes one operation of the intent log (see `zil`).
@@ -356,6 +524,14 @@ impl Txn<'_, '_> {
                 self.delete_range(a.as_ref().map(Vec::as_slice), b.as_ref().map(Vec::as_slice))
             }
             LogOp::Block(k, d) => self.write_block(k, d.as_ref().clone()),
+            LogOp::Patch {
+                key,
+                len,
+                off,
+                bytes,
+            } => self
+                .patch_block(key, *len as usize, *off as usize, bytes.clone())
+                .map(|_| ()),
             LogOp::BlockRef(k, bp) => {
                 // Written before the crash into room import claimed; read
                 // back through its checksum before anything refers to it,
@@ -427,16 +603,63 @@ impl Txn<'_, '_> {
             self.cx.release_block(r);
         }
         self.released.clear();
+        self.outgrown.clear();
         self.ops.clear();
         while let Some(u) = self.undo.pop() {
             match u {
                 Undo::Entry(k, prev) => self.st.open.restore(&k, prev),
                 Undo::Range(removed) => self.st.open.undo_delete_range(removed),
+                Undo::Patch {
+                    key,
+                    len,
+                    at,
+                    old,
+                    room,
+                } => self.unpatch(&key, len, at, &old, room),
             }
         }
         self.live
             .pending
             .store(self.st.staged_asize(), Ordering::Relaxed);
+    }
+
+    /// Undoes a patch in place (see [`Undo::Patch`]).
+    fn unpatch(
+        &mut self,
+        key: &[u8],
+        len: usize,
+        at: usize,
+        old: &[u8],
+        room: Option<(Reservation, u64)>,
+    ) {
+        let mut room = room;
+        let put_back = |data: &mut Vec<u8>| {
+            data[at..at + old.len()].copy_from_slice(old);
+            data.truncate(len);
+        };
+        let done = self.st.open.in_place(key, |m| {
+            put_back(m.data);
+            if let Some((res, charged)) = room.take() {
+                *m.res = res;
+                *m.charged = charged;
+            }
+        });
+        if done.is_some() {
+            return;
+        }
+        // The transaction itself took a share of the patched bytes (a
+        // block reference): put a restored copy in their place.
+        let Some(b) = self.st.open.staged_at(key).cloned() else {
+            return;
+        };
+        let mut data = b.data.as_ref().clone();
+        put_back(&mut data);
+        let res = match room {
+            Some((res, _)) => res,
+            None => b.slot().res.clone(),
+        };
+        let restored = StagedBlock::new(Arc::new(data), res, None);
+        self.st.open.set(key, Change::Block(Arc::new(restored)));
     }
 
     fn finish(&mut self) -> Result<(), DsError> {
@@ -453,6 +676,9 @@ impl Txn<'_, '_> {
             self.cx.charge(plain - self.plain_before);
         }
         self.reserved.clear();
+        for r in std::mem::take(&mut self.outgrown) {
+            self.cx.release_block(r);
+        }
         for b in std::mem::take(&mut self.released) {
             let slot = {
                 let mut s = b.slot();
@@ -507,6 +733,7 @@ pub(crate) fn run<R, E>(
         charged_dirty: 0,
         reserved: Vec::new(),
         released: Vec::new(),
+        outgrown: Vec::new(),
         ops: Vec::new(),
         replay,
         plain_before,

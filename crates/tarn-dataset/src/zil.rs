@@ -24,9 +24,15 @@
 //! synchronous requests commit the txg instead.
 //!
 //! **Within one commit only the end state matters** (the pool replays a
-//! commit whole or not at all), so a block write that a later operation of
-//! the same commit replaces on the same key is dropped: appending to a
-//! file in small writes logs the final record once.
+//! commit whole or not at all), so a block write or patch that a later
+//! operation of the same commit replaces whole on the same key is dropped:
+//! rewriting a record many times logs it once.
+//!
+//! **A write into part of a record logs only its bytes** (a *patch*: key,
+//! offset, bytes, and the length the block is extended to first). Replay
+//! applies it to the block the earlier operations left under the key, as
+//! the write did, so a 4 KiB write into a 1 MiB record costs the log 4 KiB.
+//! A patch is never dropped for an earlier write of its key: it needs it.
 //!
 //! **Large blocks are written in place.** A block of at least
 //! [`IMMEDIATE_BYTES`] is written now into the room its transaction already
@@ -66,15 +72,25 @@ pub(crate) enum LogOp {
     DeleteRange(Bound<Vec<u8>>, Bound<Vec<u8>>),
     Block(Vec<u8>, Arc<Vec<u8>>),
     BlockRef(Vec<u8>, BlockPtr),
+    /// Bytes written into part of a data block (see [`crate::Txn::patch_block`]).
+    Patch {
+        key: Vec<u8>,
+        /// Length the block is extended to (with zeros) first.
+        len: u32,
+        off: u32,
+        bytes: Vec<u8>,
+    },
 }
 
 impl LogOp {
-    fn key(&self) -> Option<&[u8]> {
+    /// The key whose whole value this operation sets, whatever it was
+    /// before: a patch needs the value before it, so it is not one.
+    fn replaces(&self) -> Option<&[u8]> {
         match self {
             LogOp::Put(k, _) | LogOp::Delete(k) | LogOp::Block(k, _) | LogOp::BlockRef(k, _) => {
                 Some(k)
             }
-            LogOp::DeleteRange(..) => None,
+            LogOp::DeleteRange(..) | LogOp::Patch { .. } => None,
         }
     }
 }
@@ -84,6 +100,7 @@ const OP_DELETE: u8 = 2;
 const OP_RANGE: u8 = 3;
 const OP_BLOCK: u8 = 4;
 const OP_REF: u8 = 5;
+const OP_PATCH: u8 = 6;
 
 fn put_key(out: &mut Vec<u8>, k: &[u8]) {
     out.extend_from_slice(&(k.len() as u16).to_le_bytes());
@@ -136,6 +153,19 @@ pub(crate) fn encode_record(id: u64, ops: &[LogOp]) -> Vec<u8> {
                 out.push(OP_REF);
                 put_key(&mut out, k);
                 out.extend_from_slice(&bp.encode());
+            }
+            LogOp::Patch {
+                key,
+                len,
+                off,
+                bytes,
+            } => {
+                out.push(OP_PATCH);
+                put_key(&mut out, key);
+                out.extend_from_slice(&len.to_le_bytes());
+                out.extend_from_slice(&off.to_le_bytes());
+                out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+                out.extend_from_slice(bytes);
             }
         }
     }
@@ -221,6 +251,18 @@ pub(crate) fn decode_record(b: &[u8]) -> Result<(u64, Vec<LogOp>), DsError> {
                     .map_err(|e| DsError::Corrupt(format!("intent log: block pointer: {e}")))?;
                 LogOp::BlockRef(k, bp)
             }
+            OP_PATCH => {
+                let key = r.key()?;
+                let len = r.u32()? as u32;
+                let off = r.u32()? as u32;
+                let n = r.u32()?;
+                LogOp::Patch {
+                    key,
+                    len,
+                    off,
+                    bytes: r.take(n)?.to_vec(),
+                }
+            }
             t => return Err(DsError::Corrupt(format!("intent log: operation tag {t}"))),
         };
         ops.push(op);
@@ -234,19 +276,21 @@ pub(crate) fn decode_record(b: &[u8]) -> Result<(u64, Vec<LogOp>), DsError> {
     Ok((id, ops))
 }
 
-/// Drops block writes that a later operation of the same commit replaces
-/// on the same key (see the module docs).
+/// Drops block writes and patches that a later operation of the same
+/// commit replaces whole on the same key (see the module docs): whatever
+/// they left there, that operation sets the value without reading it.
 fn collapse(ops: Vec<LogOp>) -> Vec<LogOp> {
     let mut last: HashMap<Vec<u8>, usize> = HashMap::new();
     for (i, op) in ops.iter().enumerate() {
-        if let Some(k) = op.key() {
+        if let Some(k) = op.replaces() {
             last.insert(k.to_vec(), i);
         }
     }
+    let superseded = |k: &Vec<u8>, i: usize| last.get(k.as_slice()).is_some_and(|&l| l > i);
     ops.into_iter()
         .enumerate()
         .filter(|(i, op)| match op {
-            LogOp::Block(k, _) => last.get(k.as_slice()) == Some(i),
+            LogOp::Block(k, _) | LogOp::Patch { key: k, .. } => !superseded(k, *i),
             _ => true,
         })
         .map(|(_, op)| op)
@@ -455,6 +499,12 @@ mod tests {
             LogOp::DeleteRange(Bound::Unbounded, Bound::Excluded(b"z".to_vec())),
             LogOp::Block(b"k3".to_vec(), Arc::new(vec![7u8; 300])),
             LogOp::BlockRef(b"k4".to_vec(), bp),
+            LogOp::Patch {
+                key: b"k5".to_vec(),
+                len: 1 << 20,
+                off: 4096,
+                bytes: vec![9u8; 4096],
+            },
         ];
         let b = encode_record(42, &ops);
         let (id, back) = decode_record(&b).expect("decodes");
@@ -480,19 +530,53 @@ mod tests {
             LogOp::Block(b"c".to_vec(), d(4)),
             LogOp::DeleteRange(Bound::Unbounded, Bound::Unbounded),
         ];
-        let out = collapse(ops);
-        let shown: Vec<String> = out
-            .iter()
+        // A range delete does not drop earlier block writes (it is kept
+        // whole and replayed in order, which gives the same end state).
+        assert_eq!(shown(&collapse(ops)), vec!["Pi", "Ba2", "Db", "Bc4", "R"]);
+    }
+
+    fn shown(ops: &[LogOp]) -> Vec<String> {
+        ops.iter()
             .map(|o| match o {
                 LogOp::Block(k, d) => format!("B{}{}", k[0] as char, d[0]),
                 LogOp::Put(k, _) => format!("P{}", k[0] as char),
                 LogOp::Delete(k) => format!("D{}", k[0] as char),
                 LogOp::DeleteRange(..) => "R".into(),
                 LogOp::BlockRef(..) => "X".into(),
+                LogOp::Patch { key, bytes, .. } => format!("T{}{}", key[0] as char, bytes[0]),
             })
-            .collect();
-        // A range delete does not drop earlier block writes (it is kept
-        // whole and replayed in order, which gives the same end state).
-        assert_eq!(shown, vec!["Pi", "Ba2", "Db", "Bc4", "R"]);
+            .collect()
+    }
+
+    #[test]
+    fn collapse_keeps_the_write_a_patch_needs() {
+        let d = |n: u8| Arc::new(vec![n; 10]);
+        let t = |k: &[u8], n: u8| LogOp::Patch {
+            key: k.to_vec(),
+            len: 10,
+            off: 0,
+            bytes: vec![n; 2],
+        };
+        let ops = vec![
+            // A write and the patches after it: all needed.
+            LogOp::Block(b"a".to_vec(), d(1)),
+            t(b"a", 2),
+            t(b"a", 3),
+            // Patches and a write before a whole replacement: not needed.
+            t(b"b", 4),
+            LogOp::Block(b"b".to_vec(), d(5)),
+            t(b"b", 6),
+            LogOp::Block(b"b".to_vec(), d(7)),
+            t(b"c", 8),
+            LogOp::Delete(b"c".to_vec()),
+            // A patch after a range delete builds on what it left.
+            LogOp::Block(b"e".to_vec(), d(9)),
+            LogOp::DeleteRange(Bound::Unbounded, Bound::Unbounded),
+            t(b"e", 10),
+        ];
+        assert_eq!(
+            shown(&collapse(ops)),
+            vec!["Ba1", "Ta2", "Ta3", "Bb7", "Dc", "Be9", "R", "Te10"]
+        );
     }
 }

@@ -89,6 +89,16 @@ impl Store for TxnStore<'_, '_, '_> {
         self.t.write_block(key, data).map_err(store_err)
     }
 
+    fn patch_block(
+        &mut self,
+        key: &[u8],
+        len: usize,
+        off: usize,
+        bytes: Vec<u8>,
+    ) -> Result<(usize, usize), StoreError> {
+        self.t.patch_block(key, len, off, bytes).map_err(store_err)
+    }
+
     fn read_block(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.t.read_block(key).map_err(store_err)
     }

@@ -210,29 +210,45 @@ pub(crate) fn write(tx: &mut Tx, inode: &mut Inode, off: u64, data: &[&[u8]]) ->
     let new_size = inode.size.max(end);
     let mut cur = Cursor::new(data);
     if new_size <= rs {
-        let mut buf = get_record(tx, inode.ino, 0)?;
-        buf.resize(new_size as usize, 0);
-        cur.copy_to(&mut buf[off as usize..end as usize]);
-        put_record(tx, inode, 0, buf)?;
+        // The file is one block of just its length.
+        let bytes = cur.gather(len);
+        patch_record(tx, inode, 0, new_size, off, bytes)?;
     } else {
         for idx in off / rs..=(end - 1) / rs {
             let rec = idx * rs;
             let a = off.max(rec);
             let b = end.min(rec + rs);
-            let buf = if a == rec && b == rec + rs {
-                let mut buf = Vec::with_capacity(rs as usize);
-                cur.take(rs as usize, |piece| buf.extend_from_slice(piece));
-                buf
+            if a == rec && b == rec + rs {
+                put_record(tx, inode, idx, cur.gather(rs as usize))?;
             } else {
-                let mut buf = get_record(tx, inode.ino, idx)?;
-                buf.resize(rs as usize, 0);
-                cur.copy_to(&mut buf[(a - rec) as usize..(b - rec) as usize]);
-                buf
-            };
-            put_record(tx, inode, idx, buf)?;
+                // Part of a record: only these bytes are written (the rest
+                // of the record, or zeros, stays), see `Store::patch_block`.
+                let bytes = cur.gather((b - a) as usize);
+                patch_record(tx, inode, idx, rs, a - rec, bytes)?;
+            }
         }
     }
     inode.size = new_size;
+    Ok(())
+}
+
+/// Writes `bytes` at `off` into record `idx`, extended to `len` first, and
+/// keeps `alloc` right.
+fn patch_record(
+    tx: &mut Tx,
+    inode: &mut Inode,
+    idx: u64,
+    len: u64,
+    off: u64,
+    bytes: Vec<u8>,
+) -> Result<()> {
+    let (old, new) =
+        tx.s.patch_block(&data_key(inode.ino, idx), len as usize, off as usize, bytes)
+            .map_err(|e| record_error(inode.ino, idx, e))?;
+    inode.alloc = inode
+        .alloc
+        .saturating_sub(old as u64)
+        .saturating_add(new as u64);
     Ok(())
 }
 
@@ -272,14 +288,12 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    /// Copies the next `dst.len()` bytes into `dst`.
-    fn copy_to(&mut self, dst: &mut [u8]) {
-        let mut done = 0;
-        self.take(dst.len(), |s| {
-            dst[done..done + s.len()].copy_from_slice(s);
-            done += s.len();
-        });
-        debug_assert_eq!(done, dst.len(), "the slices hold the bytes to copy");
+    /// The next `n` bytes, in one buffer.
+    fn gather(&mut self, n: usize) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(n);
+        self.take(n, |piece| buf.extend_from_slice(piece));
+        debug_assert_eq!(buf.len(), n, "the slices hold the bytes to gather");
+        buf
     }
 }
 

@@ -124,6 +124,37 @@ pub trait Store {
     /// fit. Data that is all zeros is stored as no block at all (a hole):
     /// the key is deleted, so holes take no space.
     fn write_block(&mut self, key: &[u8], data: Vec<u8>) -> Result<(), StoreError>;
+    /// Writes `bytes` at `off` into the block value under `key`, extended
+    /// with zeros to at least `len` bytes first (absent: an empty block);
+    /// returns its length before and after, 0 for a hole. Like
+    /// [`Store::write_block`] of the patched block, but a store may change
+    /// its own uncommitted block in place, so a small write into a large
+    /// record costs the write's size. The default reads, patches and
+    /// writes the whole block.
+    fn patch_block(
+        &mut self,
+        key: &[u8],
+        len: usize,
+        off: usize,
+        bytes: Vec<u8>,
+    ) -> Result<(usize, usize), StoreError> {
+        let mut data = self.read_block(key)?.unwrap_or_default();
+        let before = data.len();
+        let end = off + bytes.len();
+        if data.len() < len.max(end) {
+            data.resize(len.max(end), 0);
+        }
+        data[off..end].copy_from_slice(&bytes);
+        let after = if data.iter().all(|&b| b == 0) {
+            0
+        } else {
+            data.len()
+        };
+        if before > 0 || after > 0 {
+            self.write_block(key, data)?;
+        }
+        Ok((before, after))
+    }
     /// The bytes of the block value under `key` (None if absent; an error
     /// if the key holds a plain value).
     fn read_block(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
