@@ -256,24 +256,42 @@ impl<'a> Tx<'a> {
 
     /// The inode if it exists.
     pub fn try_get(&mut self, ino: u64) -> Result<Option<Inode>> {
+        let (inode, loaded) = self.find(ino)?;
+        if let (Some(i), true) = (&inode, loaded) {
+            self.cache.insert(ino, Cached::Clean(i.clone()));
+        }
+        Ok(inode)
+    }
+
+    /// The inode, to look at only: like [`Tx::try_get`], but one loaded
+    /// from the store is not kept (listing a large directory's attributes
+    /// would otherwise fill the transaction's cache with inodes nobody
+    /// changes).
+    pub fn peek(&mut self, ino: u64) -> Result<Inode> {
+        self.find(ino)?
+            .0
+            .ok_or_else(|| FsError::new(libc::ENOENT, format!("no inode {ino}")))
+    }
+
+    /// The inode if it exists, and whether it came from the store rather
+    /// than this transaction's cache.
+    fn find(&mut self, ino: u64) -> Result<(Option<Inode>, bool)> {
         match self.cache.get(&ino) {
-            Some(Cached::Clean(i)) | Some(Cached::Dirty(i)) => return Ok(Some(i.clone())),
-            Some(Cached::Freed) => return Ok(None),
+            Some(Cached::Clean(i)) | Some(Cached::Dirty(i)) => return Ok((Some(i.clone()), false)),
+            Some(Cached::Freed) => return Ok((None, false)),
             None => {}
         }
         if ino == 0 || ino > MAX_LOCAL_INO {
-            return Ok(None);
+            return Ok((None, false));
         }
         let v = match self.s.get(&codec::key2(ino, K_INODE))? {
-            None => return Ok(None),
+            None => return Ok((None, false)),
             Some(crate::Val::Plain(v)) => v,
             Some(crate::Val::Block { .. }) => {
                 return Err(FsError::io(format!("inode {ino} stored as a block")))
             }
         };
-        let inode = Inode::decode(ino, &v)?;
-        self.cache.insert(ino, Cached::Clean(inode.clone()));
-        Ok(Some(inode))
+        Ok((Some(Inode::decode(ino, &v)?), true))
     }
 
     /// Records a changed inode; written by [`Tx::flush`]. A new inode (not

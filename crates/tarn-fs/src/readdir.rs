@@ -125,7 +125,7 @@ impl<B: Backend> Fs<B> {
                 let after = cookie.checked_sub(COOKIE_BASE);
                 for e in dir::list(tx, l, after, want)? {
                     let a = if plus {
-                        Some(attr_of(slot, guid, &tx.get(e.ino)?))
+                        Some(attr_of(slot, guid, &tx.peek(e.ino)?))
                     } else {
                         None
                     };

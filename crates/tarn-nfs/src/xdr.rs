@@ -136,6 +136,17 @@ impl Writer {
         self.buf.is_empty()
     }
 
+    /// Forgets what was written after the first `len` bytes (an item
+    /// that turned out not to fit).
+    pub fn truncate(&mut self, len: usize) {
+        self.buf.truncate(len);
+    }
+
+    /// Makes room for `n` more bytes at once, so a long reply grows once.
+    pub fn reserve(&mut self, n: usize) {
+        self.buf.reserve(n);
+    }
+
     /// The encoded bytes.
     pub fn into_bytes(self) -> Vec<u8> {
         self.buf

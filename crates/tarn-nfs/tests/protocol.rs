@@ -566,6 +566,11 @@ fn readdir_paging() {
                 nfsproc::READDIR
             };
             let b = c.call(NFS_PROG, procnum, &w.into_bytes());
+            assert!(
+                b.len() <= if plus { 4096 } else { 1024 },
+                "a reply of {} bytes over maxcount",
+                b.len()
+            );
             let mut rd = Reader::new(&b);
             assert_eq!(rd.u32().unwrap(), OK);
             skip_post_op(&mut rd);
@@ -597,4 +602,14 @@ fn readdir_paging() {
     w.opaque(&root).u64(5).fixed(b"badverf!").u32(4096);
     let b = c.call(NFS_PROG, nfsproc::READDIR, &w.into_bytes());
     assert_eq!(Reader::new(&b).u32().unwrap(), 10003);
+    // Room for the reply's head but not one entry: TOOSMALL, with the
+    // directory's attributes and nothing else.
+    let mut w = Writer::new();
+    w.opaque(&root).u64(0).fixed(&[0u8; 8]).u32(4096).u32(160);
+    let b = c.call(NFS_PROG, nfsproc::READDIRPLUS, &w.into_bytes());
+    let mut rd = Reader::new(&b);
+    assert_eq!(rd.u32().unwrap(), 10005, "NFS3ERR_TOOSMALL");
+    assert!(rd.bool().unwrap(), "directory attributes");
+    Fattr::read(&mut rd);
+    assert!(rd.u32().is_err(), "nothing after the attributes");
 }

@@ -69,42 +69,46 @@ impl<'a> Cx<'a> {
             }
         };
         let fetched = listed.len();
-        let mut body = Writer::new();
+        // Entries go straight into the reply after its head; one that does
+        // not fit is cut off again.
+        let start = w.len();
+        w.u32(0);
+        post_op_attr(w, d.reattr().as_ref().or(Some(&d.attr)));
+        w.fixed(&myverf);
+        w.reserve((fetched * (per_entry_min + 16)).min(maxcount));
         let mut used = overhead;
         let mut dir_used = 0usize;
         let mut taken = 0usize;
         for (e, a) in &listed {
-            let mut ew = Writer::new();
-            ew.bool(true).u64(e.ino).opaque(&e.name).u64(e.cookie);
-            let dir_bytes = ew.len() - 4;
+            let mark = w.len();
+            w.bool(true).u64(e.ino).opaque(&e.name).u64(e.cookie);
+            let dir_bytes = w.len() - mark - 4;
             if plus {
-                post_op_attr(&mut ew, a.as_ref());
+                post_op_attr(w, a.as_ref());
                 match a {
                     Some(a) => {
-                        ew.bool(true).opaque(&self.svc.handle_bytes(a));
+                        w.bool(true).opaque(&self.svc.handle_bytes(a));
                     }
                     None => {
-                        ew.bool(false);
+                        w.bool(false);
                     }
                 }
             }
-            if used + ew.len() > maxcount || (plus && dir_used + dir_bytes > dircount) {
+            let len = w.len() - mark;
+            if used + len > maxcount || (plus && dir_used + dir_bytes > dircount) {
+                w.truncate(mark);
                 break;
             }
-            used += ew.len();
+            used += len;
             dir_used += dir_bytes;
-            body.fixed(&ew.into_bytes());
             taken += 1;
         }
         if taken == 0 && fetched > 0 {
+            w.truncate(start);
             fail(w, NfsStat::TooSmall);
             return Ok(());
         }
         let eof = taken == fetched && fetched < limit;
-        w.u32(0);
-        post_op_attr(w, d.reattr().as_ref().or(Some(&d.attr)));
-        w.fixed(&myverf);
-        w.fixed(&body.into_bytes());
         w.bool(false).bool(eof);
         Ok(())
     }
