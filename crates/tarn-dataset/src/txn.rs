@@ -456,23 +456,26 @@ impl Txn<'_, '_> {
         zeros: bool,
     ) -> Result<Option<(usize, usize)>, DsError> {
         let end = off + bytes.len();
-        let Some((cur, room)) = self
-            .st
-            .open
-            .in_place(key, |m| (m.data.len(), m.res.asize()))
-        else {
+        let copies = self.dsl.dir().block_opts(self.id).copies;
+        let cx = &*self.cx;
+        let Some((cur, room, fits)) = self.st.open.in_place(key, |m| {
+            let new_len = m.data.len().max(need);
+            let fits = cx.room_fits(m.res, new_len as u64, copies);
+            (m.data.len(), m.res.asize(), fits)
+        }) else {
             return Ok(None);
         };
         let new_len = cur.max(need);
-        // A grown block may need more room than it holds: taken before
-        // anything changes, and its old room given back if all succeeds.
-        let copies = self.dsl.dir().block_opts(self.id).copies;
-        let grown = if new_len > cur && self.cx.alloc_cost(new_len as u64, copies) > room {
+        // A grown block may need more room than it holds, and a block
+        // written after `copies` changed needs room for as many copies:
+        // taken before anything changes, its old room given back if all
+        // succeeds.
+        let grown = if fits {
+            None
+        } else {
             let res = self.reserve(new_len as u64, room)?;
             self.reserved.push(res.clone());
             Some(res)
-        } else {
-            None
         };
         let done = self.st.open.in_place(key, |m| {
             let at = off.min(cur);
@@ -650,6 +653,13 @@ impl Txn<'_, '_> {
         // The transaction itself took a share of the patched bytes (a
         // block reference): put a restored copy in their place.
         let Some(b) = self.st.open.staged_at(key).cloned() else {
+            // Undo runs in reverse: the patched block is back in place by
+            // now. If not, the open txg holds what a failed operation
+            // wrote, and must not commit.
+            self.cx.fault(format!(
+                "undoing a write into the block at key {key:02x?}: the block is gone; the \
+                 pool stopped so that the failed write is not committed"
+            ));
             return;
         };
         let mut data = b.data.as_ref().clone();

@@ -5,8 +5,10 @@
 //! transactions (one of them holding a reference to the patched bytes when
 //! it fails) that must leave nothing behind; `fsync`, txg syncs and crashes
 //! after which the intent log's replay must give back exactly the state of
-//! the last `fsync` or sync. A leak check at the end proves the rooms of
-//! grown, replaced and rolled-back blocks all came back.
+//! the last `fsync` or sync; changes of `copies`, after which every block
+//! written (patched in place or not) must have that many copies once its
+//! txg commits. A leak check at the end proves the rooms of grown,
+//! replaced and rolled-back blocks all came back.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -22,7 +24,7 @@ use tarn_vdev::VdevKind;
 type Model = BTreeMap<u64, Vec<u8>>;
 
 const KEYS: u64 = 4;
-const MAX: usize = 256 << 10;
+const MAX: usize = 1 << 20;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -61,6 +63,12 @@ enum Op {
     Fsync,
     Sync,
     Crash,
+    /// Set the `copies` property (a property change commits the txg
+    /// first, and itself): blocks written after it, in place or not, must
+    /// have as many copies.
+    Copies {
+        n: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -84,6 +92,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::Fsync),
         1 => Just(Op::Sync),
         1 => Just(Op::Crash),
+        1 => (1..=2u8).prop_map(|n| Op::Copies { n }),
     ]
 }
 
@@ -143,6 +152,29 @@ fn check_all(h: &DatasetHandle, model: &Model, when: &str) {
     }
 }
 
+/// Notes the `copies` a patch of `k` wrote with, when it wrote anything.
+fn note_write(written: &mut BTreeMap<u64, u8>, model: &Model, k: u64, copies: u8, wrote: bool) {
+    if !model.contains_key(&k) {
+        written.remove(&k);
+    } else if wrote {
+        written.insert(k, copies);
+    }
+}
+
+/// Every committed block has the copies it was written with.
+fn check_copies(h: &DatasetHandle, written: &BTreeMap<u64, u8>, when: &str) {
+    let blocks = h.committed_blocks(&key(0), &key(KEYS)).unwrap();
+    assert_eq!(blocks.len(), written.len(), "{when}: committed blocks");
+    for (k, bp) in blocks {
+        let i = u64::from_be_bytes(k[3..11].try_into().unwrap());
+        assert_eq!(
+            bp.used_dvas().count(),
+            written[&i] as usize,
+            "{when}: copies of key {i}"
+        );
+    }
+}
+
 fn open_pool(dir: &Path) -> (Arc<Pool>, DatasetHandle) {
     let pool = pools::attached(pools::import(dir, "tank"));
     let h = ds::open(&pool, "tank/a").unwrap();
@@ -168,6 +200,10 @@ fn run(ops: &[Op]) {
     let mut model = Model::new();
     let mut durable = Model::new();
     let mut held: Vec<(u64, Vec<u8>, BlockRef)> = Vec::new();
+    // The `copies` each key's block was last written with.
+    let mut copies = 1u8;
+    let mut written: BTreeMap<u64, u8> = BTreeMap::new();
+    let mut durable_written = written.clone();
     for (i, op) in ops.iter().enumerate() {
         let when = format!("after op {i} {op:?}");
         match op {
@@ -189,16 +225,19 @@ fn run(ops: &[Op]) {
                     .unwrap();
                 let want = model_patch(&mut model, *k, *len, *off, &bytes);
                 assert_eq!(got, want, "{when}: lengths before and after");
+                note_write(&mut written, &model, *k, copies, want != (0, 0));
             }
             Op::Write { key: k, len, seed } => {
                 let data = pattern(*seed, *len);
                 h.txn(true, |t| t.write_block(&key(*k), data.clone()))
                     .unwrap();
                 model.insert(*k, data);
+                written.insert(*k, copies);
             }
             Op::Delete { key: k } => {
                 h.txn(true, |t| t.delete(&key(*k))).unwrap();
                 model.remove(k);
+                written.remove(k);
             }
             Op::Hold { key: k } => {
                 if let Some(r) = h.txn(false, |t| t.block_ref(&key(*k))).unwrap() {
@@ -249,10 +288,19 @@ fn run(ops: &[Op]) {
             Op::Fsync => {
                 h.sync().unwrap();
                 durable = model.clone();
+                durable_written = written.clone();
             }
             Op::Sync => {
                 pool.sync().unwrap();
                 durable = model.clone();
+                durable_written = written.clone();
+                check_copies(&h, &written, &when);
+            }
+            Op::Copies { n } => {
+                ds::set_prop(&pool, "tank/a", "copies", &n.to_string()).unwrap();
+                copies = *n;
+                durable = model.clone();
+                durable_written = written.clone();
             }
             Op::Crash => {
                 held.clear();
@@ -261,6 +309,7 @@ fn run(ops: &[Op]) {
                 drop(pool);
                 (pool, h) = open_pool(dir.path());
                 model = durable.clone();
+                written = durable_written.clone();
                 check_all(&h, &model, &when);
             }
         }

@@ -117,7 +117,8 @@ pub use fs::{Fs, MAX_READ};
 pub use notify::{Change, Origin, Subscriber, Subscription};
 pub use read_data::{Part, ReadData};
 pub use store::{
-    Backend, BlockReader, Bytes, Prefetch, SpaceInfo, Store, StoreError, StoreInfo, Val,
+    patch_by_rewrite, Backend, BlockReader, Bytes, Prefetch, SpaceInfo, Store, StoreError,
+    StoreInfo, Val,
 };
 pub use types::*;
 

@@ -129,32 +129,16 @@ pub trait Store {
     /// returns its length before and after, 0 for a hole. Like
     /// [`Store::write_block`] of the patched block, but a store may change
     /// its own uncommitted block in place, so a small write into a large
-    /// record costs the write's size. The default reads, patches and
-    /// writes the whole block.
+    /// record costs the write's size. Required, so that a store wrapping
+    /// another cannot silently fall back to rewriting whole blocks; a
+    /// store without anything better calls [`patch_by_rewrite`].
     fn patch_block(
         &mut self,
         key: &[u8],
         len: usize,
         off: usize,
         bytes: Vec<u8>,
-    ) -> Result<(usize, usize), StoreError> {
-        let mut data = self.read_block(key)?.unwrap_or_default();
-        let before = data.len();
-        let end = off + bytes.len();
-        if data.len() < len.max(end) {
-            data.resize(len.max(end), 0);
-        }
-        data[off..end].copy_from_slice(&bytes);
-        let after = if data.iter().all(|&b| b == 0) {
-            0
-        } else {
-            data.len()
-        };
-        if before > 0 || after > 0 {
-            self.write_block(key, data)?;
-        }
-        Ok((before, after))
-    }
+    ) -> Result<(usize, usize), StoreError>;
     /// The bytes of the block value under `key` (None if absent; an error
     /// if the key holds a plain value).
     fn read_block(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
@@ -208,4 +192,31 @@ pub trait Backend: Send + Sync {
     fn snapshots(&self) -> Result<Vec<(String, std::sync::Arc<Self>)>, crate::FsError>
     where
         Self: Sized;
+}
+
+/// [`Store::patch_block`] for a store that keeps no uncommitted blocks of
+/// its own: reads the block, patches it, and writes it whole.
+pub fn patch_by_rewrite(
+    s: &mut (impl Store + ?Sized),
+    key: &[u8],
+    len: usize,
+    off: usize,
+    bytes: Vec<u8>,
+) -> Result<(usize, usize), StoreError> {
+    let mut data = s.read_block(key)?.unwrap_or_default();
+    let before = data.len();
+    let end = off + bytes.len();
+    if data.len() < len.max(end) {
+        data.resize(len.max(end), 0);
+    }
+    data[off..end].copy_from_slice(&bytes);
+    let after = if data.iter().all(|&b| b == 0) {
+        0
+    } else {
+        data.len()
+    };
+    if before > 0 || after > 0 {
+        s.write_block(key, data)?;
+    }
+    Ok((before, after))
 }

@@ -358,6 +358,15 @@ impl Store for MemTxn<'_> {
         }
         Ok(())
     }
+    fn patch_block(
+        &mut self,
+        key: &[u8],
+        len: usize,
+        off: usize,
+        bytes: Vec<u8>,
+    ) -> Result<(usize, usize), StoreError> {
+        crate::store::patch_by_rewrite(self, key, len, off, bytes)
+    }
     fn read_block(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         match self.st.map.get(key) {
             None => Ok(None),

@@ -203,6 +203,20 @@ impl Cx<'_> {
         self.pool.report_damage(what);
     }
 
+    /// True when `res` is room for a block of `lsize` bytes with `copies`
+    /// copies, as [`Cx::reserve_block`] would give it: so a block that
+    /// grows in place may keep the room it has, and the sync need not look
+    /// for other space.
+    pub fn room_fits(&self, res: &Reservation, lsize: u64, copies: u8) -> bool {
+        res.dvas.len() == copies.clamp(1, 3) as usize
+            && res.dvas.iter().all(|d| {
+                self.pool
+                    .tops
+                    .get(d.vdev as usize)
+                    .is_some_and(|t| t.alloc_size(lsize.max(1)) <= d.asize as u64)
+            })
+    }
+
     /// Worst-case bytes allocated for a block of `lsize` bytes with `copies`.
     pub fn alloc_cost(&self, lsize: u64, copies: u8) -> u64 {
         self.pool.record_alloc_size(lsize) * copies.max(1) as u64

@@ -104,6 +104,19 @@ impl Store for Tap<'_> {
     fn write_block(&mut self, key: &[u8], data: Vec<u8>) -> Result<(), StoreError> {
         self.inner.write_block(key, data)
     }
+    fn patch_block(
+        &mut self,
+        key: &[u8],
+        len: usize,
+        off: usize,
+        bytes: Vec<u8>,
+    ) -> Result<(usize, usize), StoreError> {
+        // The patch may read the block it changes.
+        if let Some(f) = &mut self.on_read {
+            f(key);
+        }
+        self.inner.patch_block(key, len, off, bytes)
+    }
     fn read_block(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         if let Some(f) = &mut self.on_read {
             f(key);
