@@ -33,6 +33,9 @@
 //! applies it to the block the earlier operations left under the key, as
 //! the write did, so a 4 KiB write into a 1 MiB record costs the log 4 KiB.
 //! A patch is never dropped for an earlier write of its key: it needs it.
+//! So replaying a patch reads the block it patches, and a block damaged
+//! beyond repair after the write fails the replay like a damaged block a
+//! record references (below).
 //!
 //! **Large blocks are written in place.** A block of at least
 //! [`IMMEDIATE_BYTES`] is written now into the room its transaction already
