@@ -15,6 +15,7 @@ use tarn_block::BlockCache;
 use tarn_dataset::{self as ds, DatasetHandle, DsError};
 use tarn_pool::{Pool, PoolOptions};
 use tarn_testkit::data::{cases, pattern};
+use tarn_testkit::datasets::handle;
 use tarn_testkit::files::overwrite;
 use tarn_testkit::pools::{self, block_ranges};
 use tarn_vdev::VdevKind;
@@ -97,14 +98,7 @@ fn run(ops: &[Op], cache_bytes: usize) {
     // A small mirror: freed space is soon reused, and a damaged copy can
     // be repaired from the other.
     let pool: Arc<Pool> = pools::tank_with(dir.path(), VdevKind::Mirror, 2, 64 << 20, opts);
-    ds::create(
-        &pool,
-        "tank/a",
-        &pools::props(&[("compression", "off")]),
-        false,
-    )
-    .unwrap();
-    let mut h = ds::open(&pool, "tank/a").unwrap();
+    let mut h = handle(&pool, "tank/a", &[("compression", "off")]);
     let mut model = Model::new();
     let mut snaps: Vec<(String, Model)> = Vec::new();
     let mut made = 0;

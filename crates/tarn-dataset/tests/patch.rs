@@ -18,6 +18,7 @@ use proptest::prelude::*;
 use tarn_dataset::{self as ds, BlockRef, DatasetHandle, DsError};
 use tarn_pool::Pool;
 use tarn_testkit::data::{cases, pattern};
+use tarn_testkit::datasets::handle;
 use tarn_testkit::pools;
 use tarn_vdev::VdevKind;
 
@@ -189,14 +190,7 @@ fn run(ops: &[Op]) {
         3,
         64 << 20,
     ));
-    ds::create(
-        &pool,
-        "tank/a",
-        &pools::props(&[("compression", "off")]),
-        false,
-    )
-    .unwrap();
-    let mut h = ds::open(&pool, "tank/a").unwrap();
+    let mut h = handle(&pool, "tank/a", &[("compression", "off")]);
     let mut model = Model::new();
     let mut durable = Model::new();
     let mut held: Vec<(u64, Vec<u8>, BlockRef)> = Vec::new();

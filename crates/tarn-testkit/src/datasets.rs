@@ -17,6 +17,14 @@ pub fn mount(pool: &Arc<Pool>, name: &str) -> DsFs {
     Fs::mount(Arc::new(DatasetBackend::new(h))).unwrap_or_else(|e| panic!("mount {name}: {e}"))
 }
 
+/// Creates dataset `name` with `props` and opens it for transactions (the
+/// dataset layer's own tests, below the POSIX layer).
+pub fn handle(pool: &Arc<Pool>, name: &str, props: &[(&str, &str)]) -> tarn_dataset::DatasetHandle {
+    tarn_dataset::create(pool, name, &crate::pools::props(props), false)
+        .unwrap_or_else(|e| panic!("create {name}: {e}"));
+    tarn_dataset::open(pool, name).unwrap_or_else(|e| panic!("open {name}: {e}"))
+}
+
 /// Creates dataset `name` with `props` and mounts the POSIX layer on it.
 pub fn filesystem(pool: &Arc<Pool>, name: &str, props: &[(&str, &str)]) -> DsFs {
     tarn_dataset::create(pool, name, &crate::pools::props(props), false)
