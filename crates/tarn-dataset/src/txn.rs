@@ -430,6 +430,14 @@ impl Txn<'_, '_> {
                     data[off..end].copy_from_slice(&bytes);
                     let after = data.len();
                     match self.stage(key, data)? {
+                        // The write gave every byte of the block (a small
+                        // file written at once): logged as a whole block,
+                        // so a large one is written in place by an fsync
+                        // rather than copied into the log (see `zil`).
+                        Staged::Block(data) if off == 0 && end == after => {
+                            self.logged(|| LogOp::Block(key.to_vec(), data));
+                            return Ok((before, after));
+                        }
                         Staged::Block(_) => (before, after),
                         Staged::Deleted | Staged::Nothing => (before, 0),
                     }

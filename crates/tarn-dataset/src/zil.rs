@@ -32,6 +32,9 @@
 //! offset, bytes, and the length the block is extended to first). Replay
 //! applies it to the block the earlier operations left under the key, as
 //! the write did, so a 4 KiB write into a 1 MiB record costs the log 4 KiB.
+//! A write that gives every byte of a new block (a small file written at
+//! once) is logged as a whole block instead, so a large one is written in
+//! place, as below, rather than copied into the log and written again.
 //! A patch is never dropped for an earlier write of its key: it needs it.
 //! So replaying a patch reads the block it patches, and a block damaged
 //! beyond repair after the write fails the replay like a damaged block a
