@@ -10,6 +10,7 @@
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
+use crate::store::MAX_BLOCK;
 use crate::testing::{MemBackend, MemValue};
 use crate::*;
 
@@ -1065,6 +1066,27 @@ fn corrupt_inode_is_eio_not_panic() {
     })
     .unwrap();
     assert_eq!(eno(fs.read(f, 0, 1)), libc::EIO);
+}
+
+/// A patch past the largest block is refused, not attempted.
+#[test]
+fn patch_past_the_largest_block_is_refused() {
+    let (b, _fs) = setup();
+    for (len, off, n) in [(0, MAX_BLOCK, 1), (MAX_BLOCK + 1, 0, 1), (0, usize::MAX, 2)] {
+        let r = b.txn(true, &mut |s| {
+            s.patch_block(b"k", len, off, vec![1; n])?;
+            Ok(())
+        });
+        assert_eq!(eno(r), libc::EINVAL, "len {len}, off {off}, {n} bytes");
+    }
+    b.txn(true, &mut |s| {
+        assert_eq!(
+            s.patch_block(b"k", 10, MAX_BLOCK - 1, vec![1])?,
+            (0, MAX_BLOCK)
+        );
+        Ok(())
+    })
+    .unwrap();
 }
 
 #[test]
