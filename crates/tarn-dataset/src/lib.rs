@@ -58,7 +58,7 @@ mod golden;
 
 pub use props::{PropValue, Source};
 pub use record::{DatasetInfo, DatasetKind, Sums};
-pub use txn::{BlockData, BlockRef, DatasetHandle, Txn, Value};
+pub use txn::{apply_patch, BlockData, BlockRef, DatasetHandle, Txn, Value};
 pub use zil::IMMEDIATE_BYTES;
 
 use tarn_pool::PoolError;

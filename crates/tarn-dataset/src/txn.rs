@@ -67,6 +67,64 @@ enum Undo {
     },
 }
 
+/// Where a patch of `n` bytes at `off` into a block extended to `len`
+/// ends; refused past the largest block.
+fn patch_end(len: usize, off: usize, n: usize) -> Result<usize, DsError> {
+    off.checked_add(n)
+        .filter(|&e| e <= MAX_BLOCK && len <= MAX_BLOCK)
+        .ok_or_else(|| {
+            DsError::Invalid(format!(
+                "{n} bytes at {off} of a block of {len}: blocks end at {MAX_BLOCK}"
+            ))
+        })
+}
+
+/// What a patch does to a block's bytes (see [`Txn::patch_block`]): the
+/// block extended with zeros to `len` and to the patch's end, `bytes` at
+/// `off`. The one definition of it: for a block patched in place, a
+/// patched copy, replay, and stores that rewrite whole blocks.
+pub fn apply_patch(
+    data: &mut Vec<u8>,
+    len: usize,
+    off: usize,
+    bytes: &[u8],
+) -> Result<(), DsError> {
+    let end = patch_end(len, off, bytes.len())?;
+    patch_checked(data, len.max(end), off, bytes);
+    Ok(())
+}
+
+/// [`apply_patch`] once [`patch_end`] passed: `need` is the length the
+/// block grows to at least.
+fn patch_checked(data: &mut Vec<u8>, need: usize, off: usize, bytes: &[u8]) {
+    if data.len() < need {
+        data.resize(need, 0);
+    }
+    data[off..off + bytes.len()].copy_from_slice(bytes);
+}
+
+/// Room for a block of `len` bytes in dataset `id`, after its quota and
+/// reservation allow it (`held`: what the block's old room already
+/// counts, when it grows; not checked when replaying the log).
+fn reserve(
+    dsl: &Dsl,
+    cx: &mut Cx<'_>,
+    id: u64,
+    replay: bool,
+    len: u64,
+    held: u64,
+) -> Result<Reservation, DsError> {
+    let copies = dsl.dir().block_opts(id).copies;
+    let cost = cx.alloc_cost(len, copies);
+    if !replay {
+        dsl.dir().check_room(cx, id, cost.saturating_sub(held))?;
+    }
+    cx.reserve_block(len, copies).map_err(|e| match e {
+        PoolError::NoSpace(m) => DsError::NoSpace(m),
+        other => DsError::Pool(other),
+    })
+}
+
 /// What [`Txn::stage`] did with a block.
 enum Staged {
     /// Staged these shared bytes.
@@ -360,7 +418,7 @@ impl Txn<'_, '_> {
         let len = data.len() as u64;
         // Quotas and reservations first, then the room itself: allocated
         // now, so the sync that writes the block cannot run out of space.
-        let res = self.reserve(len, 0)?;
+        let res = reserve(self.dsl, self.cx, self.id, self.replay, len, 0)?;
         self.reserved.push(res.clone());
         self.cx.charge(len);
         self.charged_dirty += len;
@@ -370,23 +428,6 @@ impl Txn<'_, '_> {
             Change::Block(Arc::new(StagedBlock::new(data.clone(), res, None))),
         )?;
         Ok(Staged::Block(data))
-    }
-
-    /// Room for a block of `len` bytes, after the dataset's quota and
-    /// reservation allow it (`held`: what the block's old room already
-    /// counts, when it grows).
-    fn reserve(&mut self, len: u64, held: u64) -> Result<Reservation, DsError> {
-        let copies = self.dsl.dir().block_opts(self.id).copies;
-        let cost = self.cx.alloc_cost(len, copies);
-        if !self.replay {
-            self.dsl
-                .dir()
-                .check_room(self.cx, self.id, cost.saturating_sub(held))?;
-        }
-        self.cx.reserve_block(len, copies).map_err(|e| match e {
-            tarn_pool::PoolError::NoSpace(m) => DsError::NoSpace(m),
-            other => DsError::Pool(other),
-        })
     }
 
     /// Writes `bytes` at `off` into the data block under `key`, after
@@ -405,17 +446,9 @@ impl Txn<'_, '_> {
         bytes: Vec<u8>,
     ) -> Result<(usize, usize), DsError> {
         self.ro_check()?;
-        let end = off
-            .checked_add(bytes.len())
-            .filter(|&e| e <= MAX_BLOCK && len <= MAX_BLOCK)
-            .ok_or_else(|| {
-                DsError::Invalid(format!(
-                    "{} bytes at {off} of a block of {len}: blocks end at {MAX_BLOCK}",
-                    bytes.len()
-                ))
-            })?;
+        let need = len.max(patch_end(len, off, bytes.len())?);
         let zeros = bytes.iter().all(|&b| b == 0);
-        let lens = match self.patch_in_place(key, len.max(end), off, &bytes, zeros)? {
+        let lens = match self.patch_in_place(key, need, off, &bytes, zeros)? {
             Some(lens) => lens,
             None => {
                 let mut data = self.read_block(key)?.unwrap_or_default();
@@ -424,17 +457,14 @@ impl Txn<'_, '_> {
                     // A hole stays a hole.
                     (0, 0)
                 } else {
-                    if data.len() < len.max(end) {
-                        data.resize(len.max(end), 0);
-                    }
-                    data[off..end].copy_from_slice(&bytes);
+                    patch_checked(&mut data, need, off, &bytes);
                     let after = data.len();
                     match self.stage(key, data)? {
                         // The write gave every byte of the block (a small
                         // file written at once): logged as a whole block,
                         // so a large one is written in place by an fsync
                         // rather than copied into the log (see `zil`).
-                        Staged::Block(data) if off == 0 && end == after => {
+                        Staged::Block(data) if off == 0 && bytes.len() == after => {
                             self.logged(|| LogOp::Block(key.to_vec(), data));
                             return Ok((before, after));
                         }
@@ -454,7 +484,8 @@ impl Txn<'_, '_> {
     }
 
     /// [`Txn::patch_block`] on the open overlay's own block, when nobody
-    /// else holds it; `None` (and nothing changed) otherwise.
+    /// else holds it; `None` (and nothing changed) otherwise. `need`: the
+    /// length the block grows to at least (checked by the caller).
     fn patch_in_place(
         &mut self,
         key: &[u8],
@@ -463,59 +494,49 @@ impl Txn<'_, '_> {
         bytes: &[u8],
         zeros: bool,
     ) -> Result<Option<(usize, usize)>, DsError> {
-        let end = off + bytes.len();
-        let copies = self.dsl.dir().block_opts(self.id).copies;
-        let cx = &*self.cx;
-        let Some((cur, room, fits)) = self.st.open.in_place(key, |m| {
-            let new_len = m.data.len().max(need);
-            let fits = cx.room_fits(m.res, new_len as u64, copies);
-            (m.data.len(), m.res.asize(), fits)
+        let (dsl, id, replay) = (self.dsl, self.id, self.replay);
+        let copies = dsl.dir().block_opts(id).copies;
+        let cx = &mut *self.cx;
+        let Some(done) = self.st.open.in_place(key, |m| {
+            let cur = m.data.len();
+            let new_len = cur.max(need);
+            // A grown block may need more room than it holds, and a block
+            // written after `copies` changed needs room for as many
+            // copies: taken before anything changes.
+            let room = if cx.room_fits(m.res, new_len as u64, copies) {
+                None
+            } else {
+                let res = reserve(dsl, cx, id, replay, new_len as u64, m.res.asize())?;
+                let charged = std::mem::replace(m.charged, res.asize());
+                Some((std::mem::replace(m.res, res), charged))
+            };
+            let at = off.min(cur);
+            let old = m.data[at..(off + bytes.len()).min(cur)].to_vec();
+            patch_checked(m.data, need, off, bytes);
+            let hole = zeros && m.data.iter().all(|&b| b == 0);
+            let undo = Undo::Patch {
+                key: key.to_vec(),
+                len: cur,
+                at,
+                old,
+                room,
+            };
+            Ok::<_, DsError>((undo, cur, new_len, hole, m.res.clone()))
         }) else {
             return Ok(None);
         };
-        let new_len = cur.max(need);
-        // A grown block may need more room than it holds, and a block
-        // written after `copies` changed needs room for as many copies:
-        // taken before anything changes, its old room given back if all
-        // succeeds.
-        let grown = if fits {
-            None
-        } else {
-            let res = self.reserve(new_len as u64, room)?;
-            self.reserved.push(res.clone());
-            Some(res)
-        };
-        let done = self.st.open.in_place(key, |m| {
-            let at = off.min(cur);
-            let old = m.data[at..end.min(cur)].to_vec();
-            let room = grown.map(|res| {
-                let charged = *m.charged;
-                *m.charged = res.asize();
-                (std::mem::replace(m.res, res), charged)
-            });
-            if m.data.len() < new_len {
-                m.data.resize(new_len, 0);
-            }
-            m.data[off..end].copy_from_slice(bytes);
-            let hole = zeros && m.data.iter().all(|&b| b == 0);
-            (at, old, room, hole)
-        });
-        // Nothing ran between the two looks: the dataset lock is held.
-        let Some((at, old, room, hole)) = done else {
-            return Err(DsError::Corrupt(format!(
-                "staged block at key {key:02x?} changed under the dataset lock"
-            )));
-        };
-        if let Some((r, _)) = &room {
-            self.outgrown.push(r.clone());
+        let (undo, cur, new_len, hole, res) = done?;
+        if let Undo::Patch {
+            room: Some((old_room, _)),
+            ..
+        } = &undo
+        {
+            // The new room is the block's now: given back if the
+            // transaction fails, the old one if it succeeds.
+            self.reserved.push(res);
+            self.outgrown.push(old_room.clone());
         }
-        self.undo.push(Undo::Patch {
-            key: key.to_vec(),
-            len: cur,
-            at,
-            old,
-            room,
-        });
+        self.undo.push(undo);
         let dirty = (bytes.len() + (new_len - cur)) as u64;
         self.cx.charge(dirty);
         self.charged_dirty += dirty;

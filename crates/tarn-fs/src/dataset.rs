@@ -13,7 +13,7 @@ use crate::{
     Backend, BlockReader, Bytes, FsError, Prefetch, SpaceInfo, Store, StoreError, StoreInfo, Val,
 };
 
-fn store_err(e: DsError) -> StoreError {
+pub(crate) fn store_err(e: DsError) -> StoreError {
     match e {
         DsError::NoSpace(m) => StoreError::NoSpace(m),
         DsError::Quota(m) => StoreError::Quota(m),

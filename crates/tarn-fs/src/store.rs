@@ -203,21 +203,9 @@ pub fn patch_by_rewrite(
     off: usize,
     bytes: Vec<u8>,
 ) -> Result<(usize, usize), StoreError> {
-    let end = off
-        .checked_add(bytes.len())
-        .filter(|&e| e <= MAX_BLOCK && len <= MAX_BLOCK)
-        .ok_or_else(|| {
-            StoreError::Invalid(format!(
-                "{} bytes at {off} of a block of {len}: blocks end at {MAX_BLOCK}",
-                bytes.len()
-            ))
-        })?;
     let mut data = s.read_block(key)?.unwrap_or_default();
     let before = data.len();
-    if data.len() < len.max(end) {
-        data.resize(len.max(end), 0);
-    }
-    data[off..end].copy_from_slice(&bytes);
+    tarn_dataset::apply_patch(&mut data, len, off, &bytes).map_err(crate::dataset::store_err)?;
     let after = if data.iter().all(|&b| b == 0) {
         0
     } else {
