@@ -51,8 +51,9 @@ enum Op {
     },
     /// Read every held reference and let them go.
     ReadHeld,
-    /// A transaction that patches `key`, rewrites `other`, takes a
-    /// reference to the patched bytes (if `hold`) and fails.
+    /// A transaction that patches `key` (and grows it to the largest
+    /// block), rewrites `other`, takes a reference to the patched bytes
+    /// (if `hold`) and fails.
     Failing {
         key: u64,
         other: u64,
@@ -262,7 +263,12 @@ fn run(ops: &[Op]) {
             } => {
                 let bytes = pattern(*seed, *n);
                 let r = h.txn(true, |t| -> Result<(), Fail> {
-                    t.patch_block(&key(*k), 0, *off, bytes.clone())?;
+                    // A patch that leaves a block of this txg only the
+                    // overlay holds, then one that grows it in place to
+                    // the largest block (new room, undone with the rest).
+                    let at = (*off).max(1);
+                    t.patch_block(&key(*k), 0, at, bytes[..bytes.len().min(MAX - at)].to_vec())?;
+                    t.patch_block(&key(*k), MAX, 0, vec![7])?;
                     t.write_block(&key(*other), pattern(!*seed, 5000))?;
                     t.patch_block(&key(*other), 9000, 100, bytes.clone())?;
                     let r = if *hold {
