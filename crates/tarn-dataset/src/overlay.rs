@@ -53,6 +53,9 @@ use tarn_tree::{NodeStore, Tree};
 use crate::record::{TAG_BLOCK, TAG_PLAIN};
 use crate::DsError;
 
+mod cover;
+use cover::Cover;
+
 /// A data block of a txg not yet committed, and the room allocated for it.
 #[derive(Debug)]
 pub(crate) struct StagedBlock {
@@ -144,6 +147,8 @@ pub(crate) enum Change {
 /// A key range as the tree and the intent log spell it.
 pub(crate) type KeyRange = (Bound<Vec<u8>>, Bound<Vec<u8>>);
 
+/// True when `r` holds `key`: the plain answer the cover must agree with.
+#[cfg(test)]
 fn in_range(r: &KeyRange, key: &[u8]) -> bool {
     let lo = match &r.0 {
         Bound::Included(a) => key >= a.as_slice(),
@@ -167,6 +172,8 @@ fn owned(b: Bound<&[u8]>) -> Bound<Vec<u8>> {
 pub(crate) struct Overlay {
     entries: BTreeMap<Vec<u8>, Change>,
     ranges: Vec<KeyRange>,
+    /// The union of `ranges`, to ask whether one covers a key.
+    cover: Cover,
     /// Allocated bytes the staged blocks hold.
     staged_asize: u64,
     /// Bytes of plain values and keys, for the write throttle.
@@ -212,7 +219,7 @@ impl Overlay {
 
     /// True when a deleted range of this layer covers `key`.
     pub(crate) fn hides(&self, key: &[u8]) -> bool {
-        self.ranges.iter().any(|r| in_range(r, key))
+        self.cover.covers(key)
     }
 
     fn account(&mut self, key: &[u8], c: &Change, add: bool) {
@@ -276,6 +283,7 @@ impl Overlay {
             }
         }
         self.plain_bytes += range_bytes(&r);
+        self.cover.add(&r.0, &r.1);
         self.ranges.push(r);
         removed
     }
@@ -284,6 +292,11 @@ impl Overlay {
     pub(crate) fn undo_delete_range(&mut self, removed: Vec<(Vec<u8>, Change)>) {
         if let Some(r) = self.ranges.pop() {
             self.plain_bytes = self.plain_bytes.saturating_sub(range_bytes(&r));
+            // Merged spans cannot give one range back: build the union anew.
+            self.cover.clear();
+            for (lo, hi) in &self.ranges {
+                self.cover.add(lo, hi);
+            }
         }
         for (k, c) in removed {
             self.account(&k, &c, true);
@@ -673,6 +686,13 @@ mod tests {
                 }
             }
             prop_assert_eq!(format!("{:?}", (&o.entries, &o.ranges, o.plain_bytes)), before);
+            // The union of the ranges was taken back with them.
+            for n in 0..=u8::MAX {
+                for k in [key(n), [key(n), vec![0]].concat()] {
+                    let want = o.ranges.iter().any(|r| in_range(r, &k));
+                    prop_assert_eq!(o.hides(&k), want, "key {:?}", k);
+                }
+            }
         }
     }
 }
