@@ -300,8 +300,7 @@ impl Cx<'_> {
     /// Stops the pool: an operation failed after it had changed state that
     /// must not commit half-done. Nothing more reaches disk.
     pub fn fault(&self, why: String) {
-        self.pool.set_fault(why);
-        self.pool.cv.notify_all();
+        self.pool.fault_and_wake(why);
     }
 
     /// Asks the syncer to commit soon.
@@ -631,8 +630,7 @@ impl Pool {
             Err(_) => {
                 let why = "a dataset operation panicked; the pool stopped so that nothing \
                            half-done is committed (export and import it)";
-                self.set_fault(why.to_string());
-                self.cv.notify_all();
+                self.fault_and_wake(why.to_string());
                 Err(PoolError::Internal(why.to_string()))
             }
         }

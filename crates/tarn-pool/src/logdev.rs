@@ -174,8 +174,7 @@ impl Pool {
             let r = self.sync_txg(sync, true);
             self.zil_state().no_log_dev = false;
             if let Err(e) = r {
-                self.set_fault(format!("txg sync failed: {e}"));
-                self.cv.notify_all();
+                self.fault_and_wake(format!("txg sync failed: {e}"));
                 return Err(e);
             }
             let mut st = self.lock();

@@ -411,6 +411,15 @@ impl Pool {
         }
     }
 
+    /// [`Pool::set_fault`], then wakes every waiter on `cv` under the state
+    /// lock they check the fault with, so none misses it between its check
+    /// and its wait. Not to be called with the state lock held.
+    pub(crate) fn fault_and_wake(&self, why: String) {
+        self.set_fault(why);
+        let _st = self.lock();
+        self.cv.notify_all();
+    }
+
     /// Starts the background thread that syncs every `sync_interval` or when
     /// enough data is dirty.
     pub(crate) fn start_syncer(self: &Arc<Self>) {
@@ -451,7 +460,10 @@ impl Pool {
                         }
                     }
                 }
-                pool.cv.notify_all();
+                {
+                    let _st = pool.lock();
+                    pool.cv.notify_all();
+                }
                 let resilver = pool.resilver_pending(&pool.lock());
                 if resilver {
                     pool.start_resilver_if_needed();

@@ -64,8 +64,14 @@ impl Pool {
         let mut st = self.lock();
         while self.dirty_bytes() >= self.opts.dirty_max_bytes {
             self.check_usable(&st)?;
-            st.sync_requested = true;
-            self.cv.notify_all();
+            // Only the writer that asks first wakes anyone: the syncer reads
+            // the flag under this lock before it waits, so it cannot miss
+            // it, and waking every other waiter from each waiter kept them
+            // all waking one another (a fifth of the CPU of a large copy).
+            if !st.sync_requested {
+                st.sync_requested = true;
+                self.cv.notify_all();
+            }
             st = self
                 .cv
                 .wait_timeout(st, Duration::from_millis(200))
@@ -98,8 +104,7 @@ impl Pool {
         self.check_usable(&self.lock())?;
         if self.has_changes(&sync) {
             if let Err(e) = self.sync_txg(&mut sync, false) {
-                self.set_fault(format!("txg sync failed: {e}"));
-                self.cv.notify_all();
+                self.fault_and_wake(format!("txg sync failed: {e}"));
                 return Err(e);
             }
         }
@@ -145,8 +150,7 @@ impl Pool {
         let _gate = self.gate_exclusive();
         self.check_usable(&self.lock())?;
         let fail = |e: PoolError| {
-            self.set_fault(format!("txg sync failed: {e}"));
-            self.cv.notify_all();
+            self.fault_and_wake(format!("txg sync failed: {e}"));
             e
         };
         if self.has_changes(&sync) {
