@@ -5,6 +5,8 @@
 //! `min_saving`); otherwise it is stored as is, so incompressible data costs
 //! one failed attempt and no read-side work.
 
+use std::borrow::Cow;
+
 use crate::bp::CompressAlg;
 use crate::BlockError;
 
@@ -58,8 +60,9 @@ impl Compression {
     }
 
     /// Compresses `data` if that saves at least 1/8; returns the algorithm
-    /// recorded in the pointer and the bytes to store.
-    pub fn compress(&self, data: &[u8]) -> (CompressAlg, Vec<u8>) {
+    /// recorded in the pointer and the bytes to store: `data` itself when
+    /// it stays uncompressed (a record is not copied only to be written).
+    pub fn compress<'a>(&self, data: &'a [u8]) -> (CompressAlg, Cow<'a, [u8]>) {
         let limit = data.len() - data.len() / 8;
         let out = match self {
             Self::Off => None,
@@ -81,8 +84,8 @@ impl Compression {
                 .map(|v| (CompressAlg::Zstd, v)),
         };
         match out {
-            Some((alg, v)) if !data.is_empty() && v.len() <= limit => (alg, v),
-            _ => (CompressAlg::Off, data.to_vec()),
+            Some((alg, v)) if !data.is_empty() && v.len() <= limit => (alg, Cow::Owned(v)),
+            _ => (CompressAlg::Off, Cow::Borrowed(data)),
         }
     }
 }

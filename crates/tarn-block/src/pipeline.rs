@@ -12,6 +12,7 @@
 //! on bytes whose checksum matched, yet is still bounds-checked: a checksum
 //! proves the bytes are the ones written, not that the writer was sane.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use tarn_vdev::{TopVdev, VdevError};
@@ -21,11 +22,12 @@ use crate::checksum::checksum;
 use crate::compress::{decompress, Compression};
 use crate::BlockError;
 
-/// A block after compression and checksumming, ready to be allocated and written.
+/// A block after compression and checksumming, ready to be allocated and
+/// written; an uncompressed block's bytes are the caller's, borrowed.
 #[derive(Clone, Debug)]
-pub struct Prepared {
+pub struct Prepared<'a> {
     /// The bytes to store (psize of them).
-    pub stored: Vec<u8>,
+    pub stored: Cow<'a, [u8]>,
     /// Logical size.
     pub lsize: u32,
     /// How `stored` is compressed.
@@ -41,7 +43,7 @@ pub fn prepare(
     data: &[u8],
     compression: Compression,
     alg: ChecksumAlg,
-) -> Result<Prepared, BlockError> {
+) -> Result<Prepared<'_>, BlockError> {
     if data.is_empty() || data.len() > u32::MAX as usize {
         return Err(BlockError::Format(format!(
             "cannot store a block of {} bytes",
@@ -60,7 +62,13 @@ pub fn prepare(
 }
 
 /// Builds the pointer for a prepared block written at `dvas` in txg `birth`.
-pub fn make_ptr(p: &Prepared, dvas: &[Dva], birth: u64, btype: BlockType, level: u8) -> BlockPtr {
+pub fn make_ptr(
+    p: &Prepared<'_>,
+    dvas: &[Dva],
+    birth: u64,
+    btype: BlockType,
+    level: u8,
+) -> BlockPtr {
     let mut all = [Dva::default(); MAX_COPIES];
     for (slot, d) in all.iter_mut().zip(dvas) {
         *slot = *d;

@@ -532,8 +532,8 @@ impl Pool {
         missed: &mut Vec<Missed>,
     ) -> Result<Vec<Option<BlockPtr>>, PoolError> {
         let threads = self.opts.sync_threads;
-        let prepared: Vec<Option<Result<Prepared, tarn_block::BlockError>>> =
-            parallel_map(&blocks, threads, |(d, o, _)| {
+        let prepared: Vec<Option<Result<Prepared<'_>, tarn_block::BlockError>>> =
+            parallel_map(&blocks, threads, |&(d, o, _)| {
                 if d.iter().all(|&b| b == 0) {
                     None
                 } else {

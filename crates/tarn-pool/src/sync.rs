@@ -219,7 +219,7 @@ impl Pool {
             lsize: body.len() as u32,
             compress: CompressAlg::Off,
             checksum_alg: alg,
-            stored: body,
+            stored: body.into(),
         };
         missed.extend(pipeline::write_copies(&self.tops, &dvas, &p.stored)?);
         Ok(pipeline::make_ptr(&p, &dvas, txg, BlockType::SpaceMap, 0))
