@@ -54,7 +54,7 @@ use crate::record::{TAG_BLOCK, TAG_PLAIN};
 use crate::DsError;
 
 mod cover;
-use cover::Cover;
+use cover::{Added, Cover};
 
 /// A data block of a txg not yet committed, and the room allocated for it.
 #[derive(Debug)]
@@ -264,11 +264,7 @@ impl Overlay {
     /// Deletes every key in `start..end`: this layer's own entries there go
     /// (they are returned, for undo and to release their blocks) and the
     /// range hides the layers below.
-    pub(crate) fn delete_range(
-        &mut self,
-        start: Bound<&[u8]>,
-        end: Bound<&[u8]>,
-    ) -> Vec<(Vec<u8>, Change)> {
+    pub(crate) fn delete_range(&mut self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> RangeUndo {
         let r: KeyRange = (owned(start), owned(end));
         let keys: Vec<Vec<u8>> = self
             .entries
@@ -283,22 +279,19 @@ impl Overlay {
             }
         }
         self.plain_bytes += range_bytes(&r);
-        self.cover.add(&r.0, &r.1);
+        let covered = self.cover.add(&r.0, &r.1);
         self.ranges.push(r);
-        removed
+        RangeUndo { removed, covered }
     }
 
-    /// Undoes the last `delete_range`, given what it returned.
-    pub(crate) fn undo_delete_range(&mut self, removed: Vec<(Vec<u8>, Change)>) {
+    /// Undoes the last `delete_range` not yet undone, given what it
+    /// returned.
+    pub(crate) fn undo_delete_range(&mut self, u: RangeUndo) {
         if let Some(r) = self.ranges.pop() {
             self.plain_bytes = self.plain_bytes.saturating_sub(range_bytes(&r));
-            // Merged spans cannot give one range back: build the union anew.
-            self.cover.clear();
-            for (lo, hi) in &self.ranges {
-                self.cover.add(lo, hi);
-            }
+            self.cover.undo(u.covered);
         }
-        for (k, c) in removed {
+        for (k, c) in u.removed {
             self.account(&k, &c, true);
             self.entries.insert(k, c);
         }
@@ -360,6 +353,14 @@ impl Overlay {
     }
 }
 
+/// What [`Overlay::delete_range`] changed, to undo it.
+#[derive(Debug)]
+pub(crate) struct RangeUndo {
+    /// The layer's own entries the range removed.
+    pub removed: Vec<(Vec<u8>, Change)>,
+    covered: Added,
+}
+
 fn range_bytes(r: &KeyRange) -> u64 {
     let len = |b: &Bound<Vec<u8>>| match b {
         Bound::Included(k) | Bound::Excluded(k) => k.len() as u64,
@@ -379,11 +380,15 @@ pub(crate) enum Found {
     Block(BlockPtr),
 }
 
-/// Decodes a raw tree value.
-pub(crate) fn decode_tree_value(raw: &[u8], key: &[u8]) -> Result<Found, DsError> {
-    match raw.split_first() {
-        Some((&TAG_PLAIN, rest)) => Ok(Found::Plain(rest.to_vec())),
-        Some((&TAG_BLOCK, rest)) => BlockPtr::decode(rest)
+/// Decodes a raw tree value; a plain value keeps the tree's copy (less its
+/// tag) rather than being copied again.
+pub(crate) fn decode_tree_value(mut raw: Vec<u8>, key: &[u8]) -> Result<Found, DsError> {
+    match raw.first() {
+        Some(&TAG_PLAIN) => {
+            raw.remove(0);
+            Ok(Found::Plain(raw))
+        }
+        Some(&TAG_BLOCK) => BlockPtr::decode(&raw[1..])
             .map(Found::Block)
             .map_err(|e| DsError::Corrupt(format!("block pointer at key {key:02x?}: {e}"))),
         _ => Err(DsError::Corrupt(format!("value tag at key {key:02x?}"))),
@@ -424,7 +429,7 @@ impl View<'_> {
             }
         }
         match self.tree.get(store, key)? {
-            Some(raw) => Ok(Some(decode_tree_value(&raw, key)?)),
+            Some(raw) => Ok(Some(decode_tree_value(raw, key)?)),
             None => Ok(None),
         }
     }
@@ -439,6 +444,14 @@ impl View<'_> {
     ) -> Result<Vec<(Vec<u8>, Found)>, DsError> {
         let mut out: Vec<(Vec<u8>, Found)> = Vec::new();
         if limit == 0 {
+            return Ok(out);
+        }
+        if self.layers.iter().all(|l| l.is_empty()) {
+            // Nothing uncommitted: the tree's page is the answer.
+            for (k, raw) in self.tree.range(store, start, end, limit)? {
+                let v = decode_tree_value(raw, &k)?;
+                out.push((k, v));
+            }
             return Ok(out);
         }
         let layers = &self.layers;
@@ -476,8 +489,18 @@ impl View<'_> {
                     }
                 }
             }
-            let Some(key) = next.map(<[u8]>::to_vec) else {
-                break;
+            // Taken from the tree's page when it offers it (no copy).
+            let tree_first = tree_page
+                .front()
+                .is_some_and(|(k, _)| next == Some(k.as_slice()));
+            let (key, tree_raw) = if tree_first {
+                let (k, raw) = tree_page.pop_front().expect("peeked");
+                (k, Some(raw))
+            } else {
+                match next {
+                    Some(n) => (n.to_vec(), None),
+                    None => break,
+                }
             };
             // The newest layer with an entry for it decides; a range of a
             // newer layer hides older ones and the tree.
@@ -493,11 +516,9 @@ impl View<'_> {
                     decided = Some(None);
                 }
             }
-            let tree_here = tree_page.front().is_some_and(|(k, _)| *k == key);
-            if tree_here {
-                let (k, raw) = tree_page.pop_front().expect("peeked");
+            if let Some(raw) = tree_raw {
                 if decided.is_none() {
-                    decided = Some(Some(decode_tree_value(&raw, &k)?));
+                    decided = Some(Some(decode_tree_value(raw, &key)?));
                 }
             }
             if let Some(Some(v)) = decided {
@@ -596,7 +617,7 @@ mod tests {
     }
 
     /// What to undo: an entry's previous value, or a range's removals.
-    type Undone = Result<(Vec<u8>, Option<Change>), Vec<(Vec<u8>, Change)>>;
+    type Undone = Result<(Vec<u8>, Option<Change>), RangeUndo>;
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
@@ -604,6 +625,31 @@ mod tests {
             2 => (0u8..40).prop_map(Op::Delete),
             1 => (0u8..40, 0u8..40).prop_map(|(a, b)| Op::Range(a, b)),
         ]
+    }
+
+    /// Every entry of the view, paged `page` at a time with
+    /// `Excluded(last key)` as a client would.
+    fn page_all(
+        view: &mut View<'_>,
+        store: &Mem,
+        page: usize,
+        end: Bound<&[u8]>,
+    ) -> Vec<(Vec<u8>, u8)> {
+        let mut seen = Vec::new();
+        let mut from: Bound<Vec<u8>> = Bound::Unbounded;
+        loop {
+            let p = view
+                .range(store, from.as_ref().map(Vec::as_slice), end, page)
+                .unwrap();
+            assert!(p.len() <= page);
+            let Some((last, _)) = p.last() else { break };
+            from = Bound::Excluded(last.clone());
+            seen.extend(p.into_iter().map(|(k, f)| match f {
+                Found::Plain(v) => (k, v[0]),
+                _ => unreachable!(),
+            }));
+        }
+        seen
     }
 
     proptest! {
@@ -615,6 +661,8 @@ mod tests {
             older in proptest::collection::vec(op(), 0..30),
             newer in proptest::collection::vec(op(), 0..30),
             page in 1usize..7,
+            end in 0u8..42,
+            cut in (0u8..40, 0u8..40),
         ) {
             let mut model = Model::new();
             let mut store = Mem::default();
@@ -642,21 +690,32 @@ mod tests {
                 });
                 prop_assert_eq!(got, model.get(&key(k)).copied(), "key {}", k);
             }
-            // Paging from start to end returns exactly the model's entries.
-            let mut seen = Vec::new();
-            let mut from: Bound<Vec<u8>> = Bound::Unbounded;
-            loop {
-                let p = view.range(&store, from.as_ref().map(Vec::as_slice), Bound::Unbounded, page).unwrap();
-                prop_assert!(p.len() <= page);
-                let Some((last, _)) = p.last() else { break };
-                from = Bound::Excluded(last.clone());
-                seen.extend(p.into_iter().map(|(k, f)| match f {
-                    Found::Plain(v) => (k, v[0]),
-                    _ => unreachable!(),
-                }));
-            }
+            // Paging from start to end returns exactly the model's entries,
+            // and up to an end key those below it.
+            let end = key(end);
             let want: Vec<(Vec<u8>, u8)> = model.into_iter().collect();
-            prop_assert_eq!(seen, want);
+            prop_assert_eq!(page_all(&mut view, &store, page, Bound::Unbounded), want.clone());
+            let below: Vec<_> = want.into_iter().filter(|(k, _)| *k < end).collect();
+            prop_assert_eq!(page_all(&mut view, &store, page, Bound::Excluded(&end)), below);
+            // Nothing uncommitted (no layer, or only empty ones) pages as the
+            // base did; a layer holding only a deleted range hides it.
+            let base: Model<Vec<u8>, u8> = base.iter().map(|(k, v)| (key(*k), *v)).collect();
+            let empty = Overlay::default();
+            let mut cut_only = Overlay::default();
+            apply_overlay(&mut cut_only, &Op::Range(cut.0, cut.1));
+            let mut cut_model = base.clone();
+            apply_model(&mut cut_model, &Op::Range(cut.0, cut.1));
+            for (layers, m) in [
+                (Vec::new(), &base),
+                (vec![&empty], &base),
+                (vec![&cut_only, &empty], &cut_model),
+            ] {
+                let mut view = View { layers, tree: &mut tree };
+                let want: Vec<(Vec<u8>, u8)> = m.clone().into_iter().collect();
+                prop_assert_eq!(page_all(&mut view, &store, page, Bound::Unbounded), want.clone());
+                let below: Vec<_> = want.into_iter().filter(|(k, _)| *k < end).collect();
+                prop_assert_eq!(page_all(&mut view, &store, page, Bound::Excluded(&end)), below);
+            }
         }
 
         /// Undoing overlay changes in reverse restores it exactly.
@@ -682,7 +741,7 @@ mod tests {
             while let Some(u) = undo.pop() {
                 match u {
                     Ok((k, prev)) => o.restore(&k, prev),
-                    Err(removed) => o.undo_delete_range(removed),
+                    Err(u) => o.undo_delete_range(u),
                 }
             }
             prop_assert_eq!(format!("{:?}", (&o.entries, &o.ranges, o.plain_bytes)), before);

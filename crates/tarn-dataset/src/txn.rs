@@ -29,7 +29,7 @@ use tarn_block::BlockPtr;
 use tarn_pool::{Cx, Pool, PoolError};
 
 use crate::dsl::{with_dsl, Dsl, LiveDs, LiveState};
-use crate::overlay::{decode_tree_value, Change, Found, StagedBlock};
+use crate::overlay::{decode_tree_value, Change, Found, RangeUndo, StagedBlock};
 use crate::zil::LogOp;
 use crate::DsError;
 use tarn_pool::Reservation;
@@ -55,7 +55,7 @@ enum Undo {
     /// Key and the open overlay's previous entry for it.
     Entry(Vec<u8>, Option<Change>),
     /// A range deletion and the overlay entries it removed.
-    Range(Vec<(Vec<u8>, Change)>),
+    Range(RangeUndo),
     /// A staged block patched in place: its length and the bytes at `at`
     /// before, and its room and charge if the patch gave it a larger one.
     Patch {
@@ -377,7 +377,7 @@ impl Txn<'_, '_> {
     pub fn delete_range(&mut self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<(), DsError> {
         self.ro_check()?;
         let removed = self.st.open.delete_range(start, end);
-        for (_, c) in &removed {
+        for (_, c) in &removed.removed {
             if let Change::Block(b) = c {
                 self.released.push(b.clone());
             }
@@ -640,7 +640,7 @@ impl Txn<'_, '_> {
         while let Some(u) = self.undo.pop() {
             match u {
                 Undo::Entry(k, prev) => self.st.open.restore(&k, prev),
-                Undo::Range(removed) => self.st.open.undo_delete_range(removed),
+                Undo::Range(u) => self.st.open.undo_delete_range(u),
                 Undo::Patch {
                     key,
                     len,
@@ -921,7 +921,7 @@ impl DatasetHandle {
                 };
                 from = Bound::Excluded(last.clone());
                 for (k, v) in page {
-                    if let Found::Block(bp) = decode_tree_value(&v, &k)? {
+                    if let Found::Block(bp) = decode_tree_value(v, &k)? {
                         out.push((k, bp));
                     }
                 }

@@ -16,10 +16,10 @@
 //! `<= k` is `< k·00`, and every range becomes one half-open span.
 //!
 //! Spans that overlap or touch are merged when a range is added, so the
-//! map never holds two spans that one key could fall into. Merging cannot
-//! be undone span by span; the overlay rebuilds the cover from its list of
-//! ranges when a failed transaction takes its last range back, which is
-//! rare and costs what adding them did.
+//! map never holds two spans that one key could fall into. Each addition
+//! returns what it changed (the span it inserted, the spans it absorbed);
+//! a failed transaction takes its ranges back newest first, so putting the
+//! absorbed spans back restores the cover exactly.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -28,6 +28,15 @@ use std::ops::Bound;
 #[derive(Debug, Default)]
 pub(crate) struct Cover {
     spans: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+/// What one [`Cover::add`] changed, to take back with [`Cover::undo`].
+#[derive(Debug, Default)]
+pub(crate) struct Added {
+    /// Start of the span it inserted (none for an empty range).
+    span: Option<Vec<u8>>,
+    /// Spans it merged into that one.
+    absorbed: Vec<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
 fn successor(k: &[u8]) -> Vec<u8> {
@@ -51,7 +60,8 @@ fn later_end(a: Option<Vec<u8>>, b: &Option<Vec<u8>>) -> Option<Vec<u8>> {
 
 impl Cover {
     /// Adds the keys inside `start..end`.
-    pub(crate) fn add(&mut self, start: &Bound<Vec<u8>>, end: &Bound<Vec<u8>>) {
+    pub(crate) fn add(&mut self, start: &Bound<Vec<u8>>, end: &Bound<Vec<u8>>) -> Added {
+        let mut added = Added::default();
         let mut lo = match start {
             Bound::Included(k) => k.clone(),
             Bound::Excluded(k) => successor(k),
@@ -63,7 +73,7 @@ impl Cover {
             Bound::Unbounded => None,
         };
         if !below(&lo, hi.as_deref()) {
-            return;
+            return added;
         }
         // A span starting at or before `lo` that reaches it absorbs the new one.
         let before = self
@@ -75,6 +85,7 @@ impl Cover {
         if let Some(plo) = before {
             if let Some(phi) = self.spans.remove(&plo) {
                 hi = later_end(hi, &phi);
+                added.absorbed.push((plo.clone(), phi));
             }
             lo = plo;
         }
@@ -89,9 +100,20 @@ impl Cover {
             let Some(slo) = next else { break };
             if let Some(shi) = self.spans.remove(&slo) {
                 hi = later_end(hi, &shi);
+                added.absorbed.push((slo, shi));
             }
         }
+        added.span = Some(lo.clone());
         self.spans.insert(lo, hi);
+        added
+    }
+
+    /// Takes back the last addition not yet taken back.
+    pub(crate) fn undo(&mut self, added: Added) {
+        if let Some(lo) = added.span {
+            self.spans.remove(&lo);
+        }
+        self.spans.extend(added.absorbed);
     }
 
     /// True when an added range covers `key`.
@@ -100,11 +122,6 @@ impl Cover {
             .range::<[u8], _>((Bound::Unbounded, Bound::Included(key)))
             .next_back()
             .is_some_and(|(_, hi)| below(key, hi.as_deref()))
-    }
-
-    /// Forgets every range.
-    pub(crate) fn clear(&mut self) {
-        self.spans.clear();
     }
 
     /// Spans kept: never more than the ranges added.
@@ -175,6 +192,35 @@ mod tests {
                 let end = w[0].1.as_deref();
                 prop_assert!(end.is_some_and(|e| e < w[1].0.as_slice()), "spans {:?}", c.spans);
             }
+        }
+    }
+
+    proptest! {
+        /// Taking additions back newest first restores the cover exactly:
+        /// the same spans as adding only the ranges kept.
+        #[test]
+        fn undo_restores_the_spans(
+            ranges in prop::collection::vec((0u8..2, key(), 0u8..2, key()), 0..12),
+            keep in 0usize..12,
+        ) {
+            let ranges: Vec<_> = ranges
+                .into_iter()
+                .map(|(a, lo, b, hi)| (bound(a, lo), bound(b, hi)))
+                .collect();
+            let keep = keep.min(ranges.len());
+            let mut c = Cover::default();
+            let mut undo = Vec::new();
+            for r in &ranges {
+                undo.push(c.add(&r.0, &r.1));
+            }
+            for a in undo.drain(keep..).rev() {
+                c.undo(a);
+            }
+            let mut fresh = Cover::default();
+            for r in &ranges[..keep] {
+                fresh.add(&r.0, &r.1);
+            }
+            prop_assert_eq!(&c.spans, &fresh.spans);
         }
     }
 
