@@ -166,6 +166,10 @@ pub fn read_stored(tops: &[Arc<TopVdev>], bp: &BlockPtr) -> Result<Vec<u8>, Bloc
 /// Reads, verifies and decompresses a block into its logical bytes.
 pub fn read_block(tops: &[Arc<TopVdev>], bp: &BlockPtr) -> Result<Vec<u8>, BlockError> {
     let stored = read_stored(tops, bp)?;
+    if bp.compress == CompressAlg::Off && stored.len() == bp.lsize as usize {
+        // Stored as is: the verified bytes are the block (no copy).
+        return Ok(stored);
+    }
     decompress(bp.compress, &stored, bp.lsize as usize)
         .map_err(|e| BlockError::Decompress(describe(bp), e))
 }

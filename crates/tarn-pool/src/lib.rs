@@ -41,6 +41,7 @@ pub mod uberblock;
 mod config;
 mod devices;
 pub mod ext;
+mod flight;
 mod import;
 mod logdev;
 mod pool;

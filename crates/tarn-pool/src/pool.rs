@@ -135,6 +135,8 @@ pub struct Pool {
     pub(crate) ext: RwLock<Option<Arc<dyn crate::ext::Extension>>>,
     pub(crate) holds: Arc<Holds>,
     pub(crate) cache: Arc<tarn_block::BlockCache>,
+    /// Data-block reads in progress (see `flight`).
+    pub(crate) flights: crate::flight::Flights,
     pub(crate) fault: Mutex<Option<String>>,
     pub(crate) stop: AtomicBool,
     pub(crate) scan_ctl: AtomicU8,
@@ -308,6 +310,7 @@ impl Pool {
             ext: RwLock::new(None),
             holds: Arc::new(Holds::default()),
             cache,
+            flights: Default::default(),
             fault: Mutex::new(None),
             stop: AtomicBool::new(false),
             scan_ctl: AtomicU8::new(SCAN_RUN),

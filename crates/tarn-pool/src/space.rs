@@ -28,6 +28,7 @@ use std::sync::Arc;
 use tarn_block::pipeline;
 use tarn_block::{BlockKind, BlockPtr, Dva};
 
+use crate::flight::Joined;
 use crate::pool::{Pool, State};
 use crate::store::{Allocator, METADATA_RESERVE_BYTES};
 use crate::PoolError;
@@ -158,8 +159,20 @@ impl Pool {
         if let Some(d) = self.cache.get(self.guid, bp, BlockKind::Data) {
             return Ok(d);
         }
+        // One read per block however many ask at once (see `flight`); a
+        // reader whose leader failed reads (and repairs or reports) itself.
+        let lead = match self.flights.join(bp) {
+            Joined::Lead(l) => Some(l),
+            Joined::Wait(w) => match w.wait() {
+                Some(d) => return Ok(d),
+                None => None,
+            },
+        };
         let d: Arc<[u8]> = Arc::from(pipeline::read_block(&self.tops, bp)?);
         self.cache.insert(self.guid, bp, d.clone(), BlockKind::Data);
+        if let Some(l) = lead {
+            l.finish(Some(d.clone()));
+        }
         Ok(d)
     }
 
@@ -189,9 +202,17 @@ impl Pool {
         {
             return;
         }
-        if let Ok(d) = pipeline::read_block(&self.tops, bp) {
-            self.cache
-                .insert_prefetched(self.guid, bp, Arc::from(d), BlockKind::Data);
+        let Some(lead) = self.flights.lead(bp) else {
+            return;
+        };
+        match pipeline::read_block(&self.tops, bp) {
+            Ok(d) => {
+                let d: Arc<[u8]> = Arc::from(d);
+                self.cache
+                    .insert_prefetched(self.guid, bp, d.clone(), BlockKind::Data);
+                lead.finish(Some(d));
+            }
+            Err(_) => lead.finish(None),
         }
     }
 
