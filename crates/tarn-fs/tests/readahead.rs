@@ -1,16 +1,19 @@
 //! Read-ahead on a real pool: a sequential reader finds the records it
 //! asks for next already in the block cache, random readers cause no
-//! read-ahead, and nothing read ahead is ever served over newer data.
+//! read-ahead, nothing read ahead is ever served over newer data, and
+//! readers that share one read of a damaged record get the truth or an
+//! error.
 
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use tarn_block::{BlockCache, CacheStats};
 use tarn_fs::Cred;
 use tarn_pool::PoolOptions;
 use tarn_testkit::data::{pattern, Rng};
-use tarn_testkit::datasets::{new_file, DsFs, FsPool};
-use tarn_testkit::pools;
+use tarn_testkit::datasets::{self, new_file, DsFs, FsPool};
+use tarn_testkit::{files, pools};
+use tarn_vdev::{VdevKind, DATA_START};
 
 const REC: u64 = 128 << 10;
 const SIZE: usize = 16 << 20;
@@ -139,4 +142,96 @@ fn records_read_ahead_are_never_served_over_newer_data() {
         tail[100..].iter().all(|&b| b == 0),
         "old bytes past a truncate"
     );
+}
+
+/// Many readers of the same damaged records at once, with read-ahead
+/// beside them: one of them reads each record (the others wait for it),
+/// so every reader must still get the true bytes while one side of the
+/// mirror heals; with both sides damaged every reader gets an error, and
+/// none gets wrong bytes from another's failed read.
+#[test]
+fn readers_of_one_damaged_record_at_once_each_get_the_truth_or_an_error() {
+    const READERS: usize = 8;
+    let cache = Arc::new(BlockCache::new(256 << 20));
+    let opts = PoolOptions {
+        cache: Some(cache.clone()),
+        ..pools::opts()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pools::tank_with(dir.path(), VdevKind::Mirror, 2, 64 << 20, opts);
+    let fs = datasets::filesystem(
+        &pool,
+        "tank/fs",
+        &[
+            ("compression", "off"),
+            ("recordsize", "128K"),
+            ("atime", "off"),
+        ],
+    );
+    let c = Cred::root();
+    let f = new_file(&fs, "f");
+    let data = pattern(5, 4 << 20);
+    fs.write(f, 0, &data, false, &c).unwrap();
+    pool.sync().unwrap();
+    let (_, allocated, _) = pool.space();
+    let used = allocated + (1 << 20);
+    let damage = |member: &str, seed: u64| {
+        let junk = Rng::new(seed).bytes(used as usize);
+        files::overwrite(&dir.path().join(member), DATA_START, &junk);
+    };
+    // Reader `i` starts at its own record and wraps around, so readers
+    // meet on records in every order, not in step.
+    let records = data.len() as u64 / REC;
+    let read_all = |fs: &DsFs, i: u64| -> Result<Vec<u8>, String> {
+        let mut out = vec![0u8; data.len()];
+        for n in 0..records {
+            let off = (n + i * 5) % records * REC;
+            let got = fs.read(f, off, REC as u32).map_err(|e| e.to_string())?;
+            out[off as usize..(off + REC) as usize].copy_from_slice(&got);
+        }
+        Ok(out)
+    };
+    let together = |fs: &DsFs| -> Vec<Result<Vec<u8>, String>> {
+        let start = Barrier::new(READERS);
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..READERS as u64)
+                .map(|i| {
+                    let (start, read_all) = (&start, &read_all);
+                    s.spawn(move || {
+                        start.wait();
+                        read_all(fs, i)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("reader")).collect()
+        })
+    };
+
+    // One side damaged: every reader gets the file, the other side heals it.
+    damage("d0", 1);
+    cache.evict_pool(pool.guid());
+    for (i, r) in together(&fs).into_iter().enumerate() {
+        assert!(
+            r.as_ref().is_ok_and(|b| *b == data),
+            "reader {i}: {:?}",
+            r.err()
+        );
+    }
+    assert!(pools::cksum_errors(&pool) > 0, "no damage was met");
+    assert!(
+        pool.status().damaged.is_empty(),
+        "{:?}",
+        pool.status().damaged
+    );
+
+    // Both sides damaged: nobody gets bytes, least of all wrong ones.
+    damage("d0", 2);
+    damage("d1", 3);
+    cache.evict_pool(pool.guid());
+    for (i, r) in together(&fs).into_iter().enumerate() {
+        assert!(
+            r.is_err(),
+            "reader {i} read a file both sides of which are damaged"
+        );
+    }
 }

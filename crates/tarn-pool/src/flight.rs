@@ -22,11 +22,13 @@
 //! as failing: the flight is finished when its [`Lead`] is dropped, so no
 //! waiter can wait for ever.
 //!
-//! **Keys.** A flight is keyed like the block cache: the first address, the
-//! birth txg and the checksum of the stored bytes. A block freed and its
-//! space reused gets another birth and checksum, so a waiter can only ever
-//! receive the bytes of the pointer it asked for (and the caller's hold
-//! keeps the space from reuse while it waits).
+//! **Keys.** A flight is keyed by everything that decides what reading a
+//! pointer returns: the first address, the birth txg, the sizes, the
+//! compression and the checksum of the stored bytes (at least what the
+//! block cache keys by). A block freed and its space reused gets another
+//! birth and checksum, so a waiter can only ever receive the bytes of the
+//! pointer it asked for (and the caller's hold keeps the space from reuse
+//! while it waits). Holes have no address and are never in flight.
 //!
 //! **Deadlock.** A leader holds nothing while it reads but the devices'
 //! own locks, and waits for no one; so a waiter, whatever it holds, is
@@ -37,10 +39,20 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use tarn_block::BlockPtr;
 
-type Key = (u32, u64, u64, [u8; 32]);
+type Key = (u32, u64, u64, u32, u32, u8, u8, [u8; 32]);
 
 fn key(bp: &BlockPtr) -> Key {
-    (bp.dvas[0].vdev, bp.dvas[0].offset, bp.birth, bp.checksum)
+    let d = bp.dvas[0];
+    (
+        d.vdev,
+        d.offset,
+        bp.birth,
+        bp.lsize,
+        bp.psize,
+        bp.compress as u8,
+        bp.checksum_alg as u8,
+        bp.checksum,
+    )
 }
 
 /// One block being read, and what its leader found.
@@ -179,10 +191,16 @@ mod tests {
             f.lead(&bp(1, 5)).is_none(),
             "read-ahead must not lead twice"
         );
-        // Another block, or the same address born in another txg, is
-        // another flight.
+        // Another block, the same address born in another txg, or a
+        // pointer that reads back differently, is another flight.
         assert!(f.lead(&bp(2, 5)).is_some());
         assert!(f.lead(&bp(1, 6)).is_some());
+        let mut other = bp(1, 5);
+        other.lsize = 4096;
+        assert!(f.lead(&other).is_some());
+        let mut other = bp(1, 5);
+        other.compress = tarn_block::CompressAlg::Lz4;
+        assert!(f.lead(&other).is_some());
         let Joined::Wait(w) = f.join(&bp(1, 5)) else {
             panic!("second asker must wait");
         };
@@ -208,8 +226,9 @@ mod tests {
         let Joined::Wait(w) = f.join(&bp(7, 1)) else {
             panic!("must wait");
         };
+        let (tx, rx) = mpsc::channel();
         std::thread::scope(|s| {
-            let t = s.spawn(move || w.wait());
+            s.spawn(move || tx.send(w.wait()).ok());
             // A leader that panics drops its lead while unwinding.
             let r = s
                 .spawn(move || {
@@ -218,7 +237,8 @@ mod tests {
                 })
                 .join();
             assert!(r.is_err());
-            assert!(t.join().expect("waiter").is_none());
+            let got = rx.recv_timeout(Duration::from_secs(10)).expect("woken");
+            assert!(got.is_none());
         });
         assert_eq!(f.len(), 0);
     }

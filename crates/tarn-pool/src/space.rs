@@ -161,12 +161,16 @@ impl Pool {
         }
         // One read per block however many ask at once (see `flight`); a
         // reader whose leader failed reads (and repairs or reports) itself.
-        let lead = match self.flights.join(bp) {
-            Joined::Lead(l) => Some(l),
-            Joined::Wait(w) => match w.wait() {
-                Some(d) => return Ok(d),
-                None => None,
-            },
+        let lead = if bp.is_hole() {
+            None
+        } else {
+            match self.flights.join(bp) {
+                Joined::Lead(l) => Some(l),
+                Joined::Wait(w) => match w.wait() {
+                    Some(d) => return Ok(d),
+                    None => None,
+                },
+            }
         };
         let d: Arc<[u8]> = Arc::from(pipeline::read_block(&self.tops, bp)?);
         self.cache.insert(self.guid, bp, d.clone(), BlockKind::Data);
@@ -196,7 +200,8 @@ impl Pool {
     /// read to repair or report. `_hold` keeps its space from reuse, as
     /// for [`Pool::read_held`].
     pub fn prefetch_held(&self, bp: &BlockPtr, _hold: &crate::OwnedHold) {
-        if !self.cache.would_keep(bp.lsize as usize)
+        if bp.is_hole()
+            || !self.cache.would_keep(bp.lsize as usize)
             || self.check_usable(&self.lock()).is_err()
             || self.cache.contains(self.guid, bp)
         {
