@@ -291,15 +291,7 @@ impl BlockCache {
         let found = Key::of(pool, bp).and_then(|k| {
             let mut sh = lock(&self.shards[k.shard()]);
             let e = sh.map.get_mut(&k)?;
-            if e.prefetched {
-                // The first read of a block read ahead is its first use,
-                // not a second one: a sequential scan served by read-ahead
-                // must not promote its blocks over the working set.
-                e.prefetched = false;
-                self.stats.prefetch_hits.fetch_add(1, Ordering::Relaxed);
-            } else {
-                e.freq = (e.freq + 1).min(FREQ_MAX);
-            }
+            self.use_entry(e);
             Some(e.data.clone())
         });
         let (hits, misses) = match kind {
@@ -311,6 +303,30 @@ impl BlockCache {
             None => misses.fetch_add(1, Ordering::Relaxed),
         };
         found
+    }
+
+    /// Counts a read of `bp` that another reader's read of it served (the
+    /// caller missed the cache, then shared a read in progress): the block
+    /// gets the use a hit would give it, and a block read ahead counts as
+    /// used; the hit and miss counters do not move again.
+    pub fn used(&self, pool: u64, bp: &BlockPtr) {
+        if let Some(k) = Key::of(pool, bp) {
+            if let Some(e) = lock(&self.shards[k.shard()]).map.get_mut(&k) {
+                self.use_entry(e);
+            }
+        }
+    }
+
+    fn use_entry(&self, e: &mut Entry) {
+        if e.prefetched {
+            // The first read of a block read ahead is its first use, not a
+            // second one: a sequential scan served by read-ahead must not
+            // promote its blocks over the working set.
+            e.prefetched = false;
+            self.stats.prefetch_hits.fetch_add(1, Ordering::Relaxed);
+        } else {
+            e.freq = (e.freq + 1).min(FREQ_MAX);
+        }
     }
 
     /// True when `bp` of pool `pool` is cached (no counters move).
@@ -624,6 +640,15 @@ mod tests {
         assert!(c.get(7, &b, BlockKind::Data).is_some());
         let s = c.stats();
         assert_eq!((s.prefetched, s.prefetch_hits), (1, 1));
+        // A read that shared read-ahead's read in progress uses it too, and
+        // is not counted as a hit on top of its miss.
+        let b = bp(10, 4096);
+        c.insert_prefetched(7, &b, data(10, 4096), BlockKind::Data);
+        c.used(7, &b);
+        c.used(7, &bp(11, 4096));
+        let t = c.stats();
+        assert_eq!((t.prefetched, t.prefetch_hits), (2, 2));
+        assert_eq!((t.data_hits, t.data_misses), (s.data_hits, s.data_misses));
     }
 
     #[test]

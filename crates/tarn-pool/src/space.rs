@@ -167,7 +167,10 @@ impl Pool {
             match self.flights.join(bp) {
                 Joined::Lead(l) => Some(l),
                 Joined::Wait(w) => match w.wait() {
-                    Some(d) => return Ok(d),
+                    Some(d) => {
+                        self.cache.used(self.guid, bp);
+                        return Ok(d);
+                    }
                     None => None,
                 },
             }
