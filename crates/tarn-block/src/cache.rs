@@ -63,9 +63,11 @@ pub enum BlockKind {
     Meta,
 }
 
-/// The identity of a block's contents (see the module docs).
+/// The identity of a block's contents (see the module docs, "What a key
+/// names"): two pointers with the same identity read back the same bytes.
+/// The cache keys by it, and so do reads in flight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct Key {
+pub struct BlockId {
     pool: u64,
     vdev: u32,
     offset: u64,
@@ -75,10 +77,12 @@ struct Key {
     sum: [u8; 32],
 }
 
-impl Key {
-    fn of(pool: u64, bp: &BlockPtr) -> Option<Key> {
+impl BlockId {
+    /// The identity of what `bp` of pool `pool` (its guid) holds; `None`
+    /// for a pointer with no address (a hole).
+    pub fn of(pool: u64, bp: &BlockPtr) -> Option<BlockId> {
         let d = bp.used_dvas().next()?;
-        Some(Key {
+        Some(BlockId {
             pool,
             vdev: d.vdev,
             offset: d.offset,
@@ -113,11 +117,11 @@ struct Entry {
 
 #[derive(Default)]
 struct Shard {
-    map: HashMap<Key, Entry>,
-    small: VecDeque<Key>,
-    main: VecDeque<Key>,
-    ghost: VecDeque<Key>,
-    ghost_set: HashSet<Key>,
+    map: HashMap<BlockId, Entry>,
+    small: VecDeque<BlockId>,
+    main: VecDeque<BlockId>,
+    ghost: VecDeque<BlockId>,
+    ghost_set: HashSet<BlockId>,
     small_bytes: usize,
     main_bytes: usize,
 }
@@ -127,7 +131,7 @@ impl Shard {
         self.small_bytes + self.main_bytes
     }
 
-    fn remember_ghost(&mut self, k: Key) {
+    fn remember_ghost(&mut self, k: BlockId) {
         if self.ghost_set.insert(k) {
             self.ghost.push_back(k);
         }
@@ -288,7 +292,7 @@ impl BlockCache {
 
     /// The cached logical bytes of `bp` of pool `pool` (its guid), if any.
     pub fn get(&self, pool: u64, bp: &BlockPtr, kind: BlockKind) -> Option<Arc<[u8]>> {
-        let found = Key::of(pool, bp).and_then(|k| {
+        let found = BlockId::of(pool, bp).and_then(|k| {
             let mut sh = lock(&self.shards[k.shard()]);
             let e = sh.map.get_mut(&k)?;
             self.use_entry(e);
@@ -310,7 +314,7 @@ impl BlockCache {
     /// gets the use a hit would give it, and a block read ahead counts as
     /// used; the hit and miss counters do not move again.
     pub fn used(&self, pool: u64, bp: &BlockPtr) {
-        if let Some(k) = Key::of(pool, bp) {
+        if let Some(k) = BlockId::of(pool, bp) {
             if let Some(e) = lock(&self.shards[k.shard()]).map.get_mut(&k) {
                 self.use_entry(e);
             }
@@ -331,7 +335,7 @@ impl BlockCache {
 
     /// True when `bp` of pool `pool` is cached (no counters move).
     pub fn contains(&self, pool: u64, bp: &BlockPtr) -> bool {
-        Key::of(pool, bp).is_some_and(|k| lock(&self.shards[k.shard()]).map.contains_key(&k))
+        BlockId::of(pool, bp).is_some_and(|k| lock(&self.shards[k.shard()]).map.contains_key(&k))
     }
 
     /// Caches the logical bytes of `bp` of pool `pool`. The caller vouches
@@ -361,7 +365,9 @@ impl BlockCache {
         kind: BlockKind,
         prefetched: bool,
     ) {
-        let Some(k) = Key::of(pool, bp) else { return };
+        let Some(k) = BlockId::of(pool, bp) else {
+            return;
+        };
         let len = data.len();
         // A block larger than a quarter of a shard would empty it.
         if !self.would_keep(len) {

@@ -15,7 +15,7 @@ pub mod compress;
 pub mod pipeline;
 
 pub use bp::{BlockPtr, BlockType, ChecksumAlg, CompressAlg, Dva, BLOCK_PTR_SIZE, MAX_COPIES};
-pub use cache::{BlockCache, BlockKind, CacheStats};
+pub use cache::{BlockCache, BlockId, BlockKind, CacheStats};
 pub use checksum::checksum;
 pub use compress::Compression;
 

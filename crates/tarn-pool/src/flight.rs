@@ -22,13 +22,13 @@
 //! as failing: the flight is finished when its [`Lead`] is dropped, so no
 //! waiter can wait for ever.
 //!
-//! **Keys.** A flight is keyed by everything that decides what reading a
-//! pointer returns: the first address, the birth txg, the sizes, the
-//! compression and the checksum of the stored bytes (at least what the
-//! block cache keys by). A block freed and its space reused gets another
-//! birth and checksum, so a waiter can only ever receive the bytes of the
-//! pointer it asked for (and the caller's hold keeps the space from reuse
-//! while it waits). Holes have no address and are never in flight.
+//! **Keys.** A flight is keyed by the block's identity, as the block cache
+//! keys it ([`BlockId`]: the first address, the birth txg, the logical
+//! size, the compression and the checksum of the stored bytes). A block
+//! freed and its space reused gets another birth and checksum, so a waiter
+//! can only ever receive the bytes of the pointer it asked for (and the
+//! caller's hold keeps the space from reuse while it waits). A hole has no
+//! identity and is never in flight.
 //!
 //! **Deadlock.** A leader holds nothing while it reads but the devices'
 //! own locks, and waits for no one; so a waiter, whatever it holds, is
@@ -37,23 +37,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 
-use tarn_block::BlockPtr;
-
-type Key = (u32, u64, u64, u32, u32, u8, u8, [u8; 32]);
-
-fn key(bp: &BlockPtr) -> Key {
-    let d = bp.dvas[0];
-    (
-        d.vdev,
-        d.offset,
-        bp.birth,
-        bp.lsize,
-        bp.psize,
-        bp.compress as u8,
-        bp.checksum_alg as u8,
-        bp.checksum,
-    )
-}
+use tarn_block::BlockId;
 
 /// One block being read, and what its leader found.
 #[derive(Default)]
@@ -66,7 +50,7 @@ struct Flight {
 /// The reads in flight of one pool.
 #[derive(Default)]
 pub(crate) struct Flights {
-    map: Mutex<HashMap<Key, Arc<Flight>>>,
+    map: Mutex<HashMap<BlockId, Arc<Flight>>>,
 }
 
 /// What asking for a block gave: the lead, or someone else's flight.
@@ -81,7 +65,7 @@ pub(crate) enum Joined<'a> {
 /// without [`Lead::finish`], it finishes as failed.
 pub(crate) struct Lead<'a> {
     flights: &'a Flights,
-    key: Key,
+    key: BlockId,
     flight: Arc<Flight>,
     done: bool,
 }
@@ -90,9 +74,8 @@ pub(crate) struct Lead<'a> {
 pub(crate) struct Wait(Arc<Flight>);
 
 impl Flights {
-    /// Leads the read of `bp`, or joins the flight already reading it.
-    pub(crate) fn join(&self, bp: &BlockPtr) -> Joined<'_> {
-        let k = key(bp);
+    /// Leads the read of block `k`, or joins the flight already reading it.
+    pub(crate) fn join(&self, k: BlockId) -> Joined<'_> {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(f) = map.get(&k) {
             return Joined::Wait(Wait(f.clone()));
@@ -107,9 +90,9 @@ impl Flights {
         })
     }
 
-    /// Leads the read of `bp` unless someone is reading it already.
-    pub(crate) fn lead(&self, bp: &BlockPtr) -> Option<Lead<'_>> {
-        match self.join(bp) {
+    /// Leads the read of block `k` unless someone is reading it already.
+    pub(crate) fn lead(&self, k: BlockId) -> Option<Lead<'_>> {
+        match self.join(k) {
             Joined::Lead(l) => Some(l),
             Joined::Wait(_) => None,
         }
@@ -171,37 +154,44 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
+    use tarn_block::BlockPtr;
+
     fn bp(offset: u64, birth: u64) -> BlockPtr {
         let mut bp = BlockPtr {
             birth,
             ..Default::default()
         };
         bp.dvas[0].offset = offset;
+        bp.dvas[0].asize = 4096;
         bp.checksum[0] = offset as u8;
         bp
+    }
+
+    fn id(bp: &BlockPtr) -> BlockId {
+        BlockId::of(1, bp).expect("a block with an address")
     }
 
     #[test]
     fn waiters_get_the_leaders_bytes_and_the_flight_ends() {
         let f = Flights::default();
-        let Joined::Lead(lead) = f.join(&bp(1, 5)) else {
+        let Joined::Lead(lead) = f.join(id(&bp(1, 5))) else {
             panic!("first asker must lead");
         };
         assert!(
-            f.lead(&bp(1, 5)).is_none(),
+            f.lead(id(&bp(1, 5))).is_none(),
             "read-ahead must not lead twice"
         );
         // Another block, the same address born in another txg, or a
         // pointer that reads back differently, is another flight.
-        assert!(f.lead(&bp(2, 5)).is_some());
-        assert!(f.lead(&bp(1, 6)).is_some());
+        assert!(f.lead(id(&bp(2, 5))).is_some());
+        assert!(f.lead(id(&bp(1, 6))).is_some());
         let mut other = bp(1, 5);
         other.lsize = 4096;
-        assert!(f.lead(&other).is_some());
+        assert!(f.lead(id(&other)).is_some());
         let mut other = bp(1, 5);
         other.compress = tarn_block::CompressAlg::Lz4;
-        assert!(f.lead(&other).is_some());
-        let Joined::Wait(w) = f.join(&bp(1, 5)) else {
+        assert!(f.lead(id(&other)).is_some());
+        let Joined::Wait(w) = f.join(id(&bp(1, 5))) else {
             panic!("second asker must wait");
         };
         let (tx, rx) = mpsc::channel();
@@ -216,14 +206,14 @@ mod tests {
             assert_eq!(got.as_deref(), Some(&b"abc"[..]));
         });
         assert_eq!(f.len(), 0);
-        assert!(matches!(f.join(&bp(1, 5)), Joined::Lead(_)));
+        assert!(matches!(f.join(id(&bp(1, 5))), Joined::Lead(_)));
     }
 
     #[test]
     fn a_lead_dropped_unfinished_fails_its_waiters() {
         let f = Flights::default();
-        let lead = f.lead(&bp(7, 1)).expect("lead");
-        let Joined::Wait(w) = f.join(&bp(7, 1)) else {
+        let lead = f.lead(id(&bp(7, 1))).expect("lead");
+        let Joined::Wait(w) = f.join(id(&bp(7, 1))) else {
             panic!("must wait");
         };
         let (tx, rx) = mpsc::channel();

@@ -26,7 +26,7 @@
 use std::sync::Arc;
 
 use tarn_block::pipeline;
-use tarn_block::{BlockKind, BlockPtr, Dva};
+use tarn_block::{BlockId, BlockKind, BlockPtr, Dva};
 
 use crate::flight::Joined;
 use crate::pool::{Pool, State};
@@ -161,19 +161,16 @@ impl Pool {
         }
         // One read per block however many ask at once (see `flight`); a
         // reader whose leader failed reads (and repairs or reports) itself.
-        let lead = if bp.is_hole() {
-            None
-        } else {
-            match self.flights.join(bp) {
-                Joined::Lead(l) => Some(l),
-                Joined::Wait(w) => match w.wait() {
-                    Some(d) => {
-                        self.cache.used(self.guid, bp);
-                        return Ok(d);
-                    }
-                    None => None,
-                },
-            }
+        let lead = match BlockId::of(self.guid, bp).map(|k| self.flights.join(k)) {
+            None => None,
+            Some(Joined::Lead(l)) => Some(l),
+            Some(Joined::Wait(w)) => match w.wait() {
+                Some(d) => {
+                    self.cache.used(self.guid, bp);
+                    return Ok(d);
+                }
+                None => None,
+            },
         };
         let d: Arc<[u8]> = Arc::from(pipeline::read_block(&self.tops, bp)?);
         self.cache.insert(self.guid, bp, d.clone(), BlockKind::Data);
@@ -203,14 +200,13 @@ impl Pool {
     /// read to repair or report. `_hold` keeps its space from reuse, as
     /// for [`Pool::read_held`].
     pub fn prefetch_held(&self, bp: &BlockPtr, _hold: &crate::OwnedHold) {
-        if bp.is_hole()
-            || !self.cache.would_keep(bp.lsize as usize)
+        if !self.cache.would_keep(bp.lsize as usize)
             || self.check_usable(&self.lock()).is_err()
             || self.cache.contains(self.guid, bp)
         {
             return;
         }
-        let Some(lead) = self.flights.lead(bp) else {
+        let Some(lead) = BlockId::of(self.guid, bp).and_then(|k| self.flights.lead(k)) else {
             return;
         };
         match pipeline::read_block(&self.tops, bp) {
