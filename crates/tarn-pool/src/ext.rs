@@ -208,13 +208,7 @@ impl Cx<'_> {
     /// grows in place may keep the room it has, and the sync need not look
     /// for other space.
     pub fn room_fits(&self, res: &Reservation, lsize: u64, copies: u8) -> bool {
-        res.dvas.len() == copies.clamp(1, 3) as usize
-            && res.dvas.iter().all(|d| {
-                self.pool
-                    .tops
-                    .get(d.vdev as usize)
-                    .is_some_and(|t| t.alloc_size(lsize.max(1)) <= d.asize as u64)
-            })
+        res.dvas.len() == copies.clamp(1, 3) as usize && self.pool.room_holds(res, lsize.max(1))
     }
 
     /// Worst-case bytes allocated for a block of `lsize` bytes with `copies`.
@@ -519,6 +513,16 @@ impl SyncCx<'_> {
 }
 
 impl Pool {
+    /// True when every copy's room in `res` holds `bytes` stored bytes on
+    /// its vdev (so the block can be written there without new space).
+    pub(crate) fn room_holds(&self, res: &Reservation, bytes: u64) -> bool {
+        res.dvas.iter().all(|d| {
+            self.tops
+                .get(d.vdev as usize)
+                .is_some_and(|t| t.alloc_size(bytes) <= d.asize as u64)
+        })
+    }
+
     /// Writes data blocks born in txg `birth` (see
     /// [`SyncCx::write_blocks`]): compressed and checksummed in parallel
     /// with no lock held, their room trimmed or found under `st`, written in
@@ -552,13 +556,7 @@ impl Pool {
                 };
                 let p = p?;
                 let psize = p.stored.len() as u64;
-                let fits = res.as_ref().is_some_and(|r| {
-                    r.dvas.iter().all(|d| {
-                        self.tops
-                            .get(d.vdev as usize)
-                            .is_some_and(|t| t.alloc_size(psize) <= d.asize as u64)
-                    })
-                });
+                let fits = res.as_ref().is_some_and(|r| self.room_holds(r, psize));
                 let dvas = match res {
                     Some(r) if fits => {
                         // Keep what the stored size needs; free the rest.
