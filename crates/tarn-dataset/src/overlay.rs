@@ -446,14 +446,6 @@ impl View<'_> {
         if limit == 0 {
             return Ok(out);
         }
-        if self.layers.iter().all(|l| l.is_empty()) {
-            // Nothing uncommitted: the tree's page is the answer.
-            for (k, raw) in self.tree.range(store, start, end, limit)? {
-                let v = decode_tree_value(raw, &k)?;
-                out.push((k, v));
-            }
-            return Ok(out);
-        }
         let layers = &self.layers;
         let mut iters: Vec<_> = layers
             .iter()
