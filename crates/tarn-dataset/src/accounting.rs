@@ -183,7 +183,7 @@ impl Dir {
             self.used_parts(id)
         };
         let used = self.used(id);
-        let mountpoint = if snapshot {
+        let mountpoint = if snapshot || r.volume.is_some() {
             None
         } else {
             Some(self.prop(id, "mountpoint").0)
@@ -191,6 +191,7 @@ impl Dir {
         Some(DatasetInfo {
             name: r.name.clone(),
             kind: r.kind,
+            volume: r.volume,
             guid: r.guid,
             creation_unix: r.created_unix,
             used: self.deflate(used.asize),

@@ -301,6 +301,7 @@ impl Dir {
             unique: Sums::default(),
             deadlist,
             dead: BTreeMap::new(),
+            volume: None,
         }
     }
 }
@@ -399,7 +400,7 @@ pub fn list(pool: &Pool, snapshots: bool) -> Result<Vec<DatasetInfo>, DsError> {
             .names
             .values()
             .filter_map(|id| dir.info(cx, *id))
-            .filter(|i| snapshots || i.kind == DatasetKind::Filesystem)
+            .filter(|i| snapshots || i.kind != DatasetKind::Snapshot)
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)

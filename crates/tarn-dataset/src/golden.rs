@@ -85,6 +85,7 @@ fn record() -> DsRec {
         unique: sums(8192),
         deadlist: 10,
         dead: BTreeMap::from([(0, sums(4096)), (1200, sums(0x1_0000_0000))]),
+        volume: None,
     }
 }
 
@@ -123,6 +124,23 @@ fn dataset_record_json_is_pinned() {
 }
 
 #[test]
+fn a_volume_record_adds_its_geometry_and_nothing_else() {
+    let mut rec = record();
+    rec.kind = DatasetKind::Volume;
+    rec.volume = Some(crate::VolSpec {
+        size: 1 << 30,
+        block: 16384,
+    });
+    let mut want = json(&golden());
+    want["kind"] = Value::from("volume");
+    want["volume"] = json(r#"{"size": 1073741824, "block": 16384}"#);
+    assert_eq!(to_json(&rec), want);
+    let back: DsRec = serde_json::from_value(want.clone()).unwrap();
+    assert_eq!(back.volume, rec.volume);
+    assert_eq!(to_json(&back), want);
+}
+
+#[test]
 fn sums_and_kinds_json_are_pinned() {
     assert_eq!(
         to_json(&sums(10)),
@@ -134,6 +152,7 @@ fn sums_and_kinds_json_are_pinned() {
     );
     assert_eq!(to_json(&DatasetKind::Filesystem), Value::from("filesystem"));
     assert_eq!(to_json(&DatasetKind::Snapshot), Value::from("snapshot"));
+    assert_eq!(to_json(&DatasetKind::Volume), Value::from("volume"));
     assert!(serde_json::from_str::<DatasetKind>(r#""Snapshot""#).is_err());
 }
 

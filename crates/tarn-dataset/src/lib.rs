@@ -57,7 +57,7 @@ mod zil;
 mod golden;
 
 pub use props::{PropValue, Source};
-pub use record::{DatasetInfo, DatasetKind, Sums};
+pub use record::{DatasetInfo, DatasetKind, Sums, VolSpec};
 pub use txn::{apply_patch, BlockData, BlockRef, DatasetHandle, Txn, Value};
 pub use zil::IMMEDIATE_BYTES;
 
@@ -113,5 +113,7 @@ impl From<tarn_block::BlockError> for DsError {
 pub use config::{config_delete, config_list, config_put};
 pub use destroy::destroy;
 pub use dsl::{attach, blocks, deflated, list, open};
-pub use ops::{clone, create, promote, rename, rollback, snapshot};
+pub use ops::{
+    check_volspec, clone, create, create_volume, promote, rename, rollback, set_volsize, snapshot,
+};
 pub use props::{get_props, inherit, set_prop};

@@ -12,7 +12,7 @@ use crate::dsl::with_dir_excl;
 use crate::props;
 use crate::record::{
     check_fs_name, check_snap_part, dead_key, dead_prefix, encode_ptr_hex, new_guid, now_unix,
-    parent_name, DatasetKind, DsRec, Sums,
+    parent_name, DatasetKind, DsRec, Sums, VolSpec,
 };
 use crate::DsError;
 
@@ -29,6 +29,22 @@ pub fn create(
         local.insert(k.clone(), props::validate(k, v)?);
     }
     with_dir_excl(pool, |dsl, cx| {
+        create_recs(dsl, cx.txg(), name, local, parents, None)
+    })
+}
+
+/// The records of a new filesystem or volume `name` and its missing
+/// ancestors, in the open directory: one exclusive operation, so a crash
+/// never leaves half of them.
+fn create_recs(
+    dsl: &mut crate::dsl::Dir,
+    txg: u64,
+    name: &str,
+    local: BTreeMap<String, String>,
+    parents: bool,
+    volume: Option<VolSpec>,
+) -> Result<(), DsError> {
+    {
         if dsl.names.contains_key(name) {
             return Err(DsError::Exists(format!("dataset '{name}' already exists")));
         }
@@ -47,7 +63,9 @@ pub fn create(
                 missing[0]
             )));
         }
-        let txg = cx.txg();
+        if let Some(p) = cur {
+            no_children_of_volume(dsl, p)?;
+        }
         for n in missing
             .iter()
             .rev()
@@ -57,9 +75,129 @@ pub fn create(
             let mut rec = dsl.new_fs(n, parent, txg);
             if n == name {
                 rec.props = local.clone();
+                if volume.is_some() {
+                    rec.kind = DatasetKind::Volume;
+                    rec.volume = volume;
+                }
             }
             dsl.recs.insert(rec.id, rec);
         }
+        Ok(())
+    }
+}
+
+/// Refuses a dataset under `parent` when `parent` is a volume: a volume is
+/// a block device, it has no directory to hold children.
+fn no_children_of_volume(dsl: &crate::dsl::Dir, parent: &str) -> Result<(), DsError> {
+    let is_volume = dsl
+        .names
+        .get(parent)
+        .and_then(|id| dsl.recs.get(id))
+        .is_some_and(|r| r.kind == DatasetKind::Volume);
+    if is_volume {
+        return Err(DsError::Invalid(format!(
+            "'{parent}' is a volume: volumes cannot have children"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a volume's geometry: a block size that is a power of two from
+/// 512 bytes to 1 MiB, and a size that is a non-zero multiple of it.
+pub fn check_volspec(spec: VolSpec) -> Result<(), DsError> {
+    if !spec.block.is_power_of_two() || !(512..=1 << 20).contains(&spec.block) {
+        return Err(DsError::Invalid(format!(
+            "volblocksize {} is not a power of two from 512 bytes to 1M",
+            spec.block
+        )));
+    }
+    if spec.size == 0 || !spec.size.is_multiple_of(spec.block as u64) {
+        return Err(DsError::Invalid(format!(
+            "volsize {} is not a non-zero multiple of volblocksize {}",
+            spec.size, spec.block
+        )));
+    }
+    Ok(())
+}
+
+/// Creates volume `name` (with `parents`, its missing ancestor filesystems
+/// too) of geometry `spec`. Unless `sparse`, the volume gets a local
+/// `reservation` of its size (when `props` sets none), so writes into it
+/// never fail for lack of room: ZFS's thick provisioning.
+pub fn create_volume(
+    pool: &Pool,
+    name: &str,
+    spec: VolSpec,
+    sparse: bool,
+    props: &BTreeMap<String, String>,
+    parents: bool,
+) -> Result<(), DsError> {
+    check_volspec(spec)?;
+    let mut props = props.clone();
+    if !sparse && !props.contains_key("reservation") {
+        props.insert("reservation".into(), spec.size.to_string());
+    }
+    if let Some(r) = props.get("reservation") {
+        check_reservation_room(pool, name, &props::validate("reservation", r)?)?;
+    }
+    check_fs_name(pool.name(), name)?;
+    let mut local = BTreeMap::new();
+    for (k, v) in &props {
+        local.insert(k.clone(), props::validate(k, v)?);
+    }
+    with_dir_excl(pool, |dsl, cx| {
+        create_recs(dsl, cx.txg(), name, local, parents, Some(spec))
+    })
+}
+
+/// Refuses a reservation the pool cannot give a new dataset `name`.
+fn check_reservation_room(pool: &Pool, name: &str, want: &str) -> Result<(), DsError> {
+    let Ok(want) = want.parse::<u64>() else {
+        return Ok(());
+    };
+    let parent = parent_name(name).unwrap_or(pool.name());
+    let avail = crate::dsl::with_dsl(pool, false, |dsl, cx| {
+        let dir = dsl.dir();
+        let mut p = Some(parent);
+        while let Some(n) = p {
+            if let Some(id) = dir.names.get(n) {
+                return Ok(dir.available(cx, *id));
+            }
+            p = parent_name(n);
+        }
+        Ok(u64::MAX)
+    })?;
+    if want > avail {
+        return Err(DsError::NoSpace(format!(
+            "cannot reserve {} for '{name}': {} available (create it sparse with -s, or make room)",
+            props::human_bytes(want),
+            props::human_bytes(avail)
+        )));
+    }
+    Ok(())
+}
+
+/// Changes the size of volume `name` to `size` bytes (a multiple of its
+/// block size). Only the record changes: the volume layer frees the blocks
+/// past a smaller size first, under its own lock, so no write lands there
+/// in between. A reservation equal to the old size follows the new one.
+pub fn set_volsize(pool: &Pool, name: &str, size: u64) -> Result<(), DsError> {
+    with_dir_excl(pool, |dsl, _cx| {
+        let id = dsl.id_of(name)?;
+        let r = dsl
+            .recs
+            .get_mut(&id)
+            .ok_or_else(|| DsError::NotFound(name.to_string()))?;
+        let (Some(old), DatasetKind::Volume) = (r.volume, r.kind) else {
+            return Err(DsError::Invalid(format!("'{name}' is not a volume")));
+        };
+        let new = VolSpec { size, ..old };
+        check_volspec(new)?;
+        r.volume = Some(new);
+        if r.props.get("reservation") == Some(&old.size.to_string()) {
+            r.props.insert("reservation".into(), size.to_string());
+        }
+        dsl.dirty_recs.insert(id);
         Ok(())
     })
 }
@@ -122,6 +260,7 @@ pub fn snapshot(pool: &Pool, names: &[String], recursive: bool) -> Result<(), Ds
                     unique: Sums::default(),
                     deadlist: 0,
                     dead: BTreeMap::new(),
+                    volume: h.volume,
                 },
             );
             dsl.pending_snaps.push((head, id));
@@ -325,6 +464,9 @@ pub fn rollback(pool: &Pool, snap_name: &str, destroy_newer: bool) -> Result<(),
             let s = dsl.rec(snap)?.clone();
             if let Some(hr) = dsl.recs.get_mut(&head) {
                 hr.root = s.root.clone();
+                if hr.volume.is_some() {
+                    hr.volume = s.volume;
+                }
                 hr.referenced = s.referenced;
                 hr.unique = Sums::default();
                 hr.dead.clear();
@@ -361,7 +503,12 @@ pub fn clone(
         let parent = parent_name(name)
             .and_then(|p| dsl.names.get(p).copied())
             .ok_or_else(|| DsError::NotFound(format!("the parent of '{name}' does not exist")))?;
+        no_children_of_volume(dsl, parent_name(name).unwrap_or_default())?;
         let mut rec = dsl.new_fs(name, Some(parent), cx.txg());
+        if s.volume.is_some() {
+            rec.kind = DatasetKind::Volume;
+            rec.volume = s.volume;
+        }
         rec.root = s.root.clone();
         rec.referenced = s.referenced;
         rec.origin = Some(snap);
@@ -416,6 +563,7 @@ pub fn rename(pool: &Pool, old: &str, new: &str) -> Result<(), DsError> {
                 None
             } else {
                 let p = parent_name(new).unwrap_or("");
+                no_children_of_volume(dsl, p)?;
                 Some(dsl.id_of(p).map_err(|_| {
                     DsError::NotFound(format!("the parent of '{new}' does not exist"))
                 })?)

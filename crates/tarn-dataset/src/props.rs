@@ -82,6 +82,8 @@ pub const COMPUTED: &[&str] = &[
     "written",
     "origin",
     "guid",
+    "volsize",
+    "volblocksize",
 ];
 
 /// Default value of a settable property.
@@ -270,6 +272,7 @@ pub fn get_props(pool: &Pool, name: &str, names: &[String]) -> Result<Vec<PropVa
                     match info.kind {
                         DatasetKind::Filesystem => "filesystem",
                         DatasetKind::Snapshot => "snapshot",
+                        DatasetKind::Volume => "volume",
                     }
                     .into(),
                 ),
@@ -286,6 +289,8 @@ pub fn get_props(pool: &Pool, name: &str, names: &[String]) -> Result<Vec<PropVa
                 "written" => computed(info.written.to_string()),
                 "origin" => computed(info.origin.clone().unwrap_or_else(|| "-".into())),
                 "guid" => computed(info.guid.to_string()),
+                "volsize" => computed(info.volume.map_or("-".into(), |v| v.size.to_string())),
+                "volblocksize" => computed(info.volume.map_or("-".into(), |v| v.block.to_string())),
                 other if default_of(other).is_some() => dsl.prop(id, other),
                 other => {
                     return Err(DsError::Invalid(format!("unknown property '{other}'")));

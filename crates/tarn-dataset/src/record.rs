@@ -70,8 +70,23 @@ impl Sums {
 pub enum DatasetKind {
     /// A POSIX filesystem (a clone is one too).
     Filesystem,
-    /// A read-only point-in-time copy of a filesystem.
+    /// A read-only point-in-time copy of a filesystem or a volume.
     Snapshot,
+    /// A block volume (ZFS's zvol): one sparse block device of a fixed
+    /// size, cut into `volblocksize` blocks. It has no children.
+    Volume,
+}
+
+/// A volume's geometry (ZFS's `volsize` and `volblocksize`). A volume's
+/// record holds it, and each snapshot's record holds a copy as it was when
+/// taken, so a clone or a rollback gets the size its blocks belong to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolSpec {
+    /// Size of the device in bytes, a multiple of `block`.
+    pub size: u64,
+    /// Block size in bytes: a power of two from 512 to 1 MiB, fixed at
+    /// creation.
+    pub block: u32,
 }
 
 /// A dataset's record in the meta tree.
@@ -108,6 +123,10 @@ pub(crate) struct DsRec {
     pub deadlist: u64,
     #[serde(default)]
     pub dead: BTreeMap<u64, Sums>,
+    /// Volumes and their snapshots: the geometry (absent for filesystems,
+    /// so their records are unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<VolSpec>,
 }
 
 impl DsRec {
@@ -244,8 +263,10 @@ pub(crate) fn blake3_hash(b: &[u8]) -> [u8; 8] {
 pub struct DatasetInfo {
     /// Full name (`tank/photos`, `tank/photos@monday`).
     pub name: String,
-    /// Filesystem or snapshot.
+    /// Filesystem, volume or snapshot.
     pub kind: DatasetKind,
+    /// Volumes and snapshots of volumes: the geometry.
+    pub volume: Option<VolSpec>,
     /// Stable 64-bit id.
     pub guid: u64,
     /// Creation time (Unix seconds).

@@ -831,6 +831,14 @@ impl DatasetHandle {
         self.snapshot
     }
 
+    /// The geometry of a volume (or a snapshot of one) now; None for a
+    /// filesystem. A volume's size changes only by
+    /// [`crate::set_volsize`] or a rollback.
+    pub fn volume(&self) -> Result<Option<crate::VolSpec>, DsError> {
+        let id = self.id;
+        with_dsl(&self.pool, false, |dsl, _| Ok(dsl.dir().rec(id)?.volume))
+    }
+
     /// The pool.
     pub fn pool(&self) -> &Arc<Pool> {
         &self.pool
@@ -869,6 +877,29 @@ impl DatasetHandle {
             self.pool.sync()?;
         }
         Ok(())
+    }
+
+    /// After a write found the pool full: commits txgs until the space
+    /// of what was deleted before comes back (a fast writer that deletes
+    /// as it goes can fill a pool within one txg: its deletes free space
+    /// only when their txg syncs, and two txgs later). True when there is
+    /// more free space than before (for a quota: less used by the
+    /// dataset), so the failed write is worth one more try.
+    pub fn reclaim_space(&self) -> bool {
+        // The open txg's deletes become frees at its sync, and frees are
+        // deferred by two more txgs.
+        const RECLAIM_SYNCS: usize = 3;
+        let used = || {
+            self.txn(false, |t| Ok::<u64, DsError>(t.space().1))
+                .unwrap_or(0)
+        };
+        let (free, mine) = (self.pool.list_entry().free, used());
+        for _ in 0..RECLAIM_SYNCS {
+            if self.pool.sync().is_err() {
+                return false;
+            }
+        }
+        self.pool.list_entry().free > free || used() < mine
     }
 
     /// This filesystem's snapshots, oldest first, as handles.

@@ -152,11 +152,6 @@ impl DatasetBackend {
     }
 }
 
-/// Txg syncs that give back the space of blocks freed before a write that
-/// found the pool full: the open txg's deletes become frees at its sync,
-/// and frees are deferred by two more txgs.
-const RECLAIM_SYNCS: usize = 3;
-
 impl DatasetBackend {
     /// One attempt of [`Backend::txn`].
     fn txn_once<R>(
@@ -187,28 +182,6 @@ impl DatasetBackend {
         }
         Ok(r)
     }
-
-    /// After a write found the pool full: commits txgs until the space
-    /// of what was deleted before comes back (a fast writer that deletes
-    /// as it goes can fill a pool within one txg: its deletes free space
-    /// only when their txg syncs, and two txgs later). True when there is
-    /// more free space than before (for a quota: less used by the
-    /// dataset).
-    fn reclaim_space(&self) -> bool {
-        let pool = self.handle.pool();
-        let used = || {
-            self.handle
-                .txn(false, |t| Ok::<u64, DsError>(t.space().1))
-                .unwrap_or(0)
-        };
-        let (free, mine) = (pool.list_entry().free, used());
-        for _ in 0..RECLAIM_SYNCS {
-            if pool.sync().is_err() {
-                return false;
-            }
-        }
-        pool.list_entry().free > free || used() < mine
-    }
 }
 
 impl Backend for DatasetBackend {
@@ -223,7 +196,7 @@ impl Backend for DatasetBackend {
             Err(e)
                 if write
                     && (e.errno() == libc::ENOSPC || e.errno() == libc::EDQUOT)
-                    && self.reclaim_space() =>
+                    && self.handle.reclaim_space() =>
             {
                 self.txn_once(write, f)
             }

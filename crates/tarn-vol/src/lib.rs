@@ -11,6 +11,9 @@
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod volume;
+
+pub use volume::Volume;
 
 /// Errors of a block device, each mapped by a front end to its protocol's
 /// error (an NBD errno, a SCSI sense).

@@ -1,0 +1,359 @@
+//! A volume: one sparse block device on a dataset's tree.
+//!
+//! # Theory
+//!
+//! **Layout.** The device is cut into blocks of `volblocksize` bytes;
+//! block `b` is the data block under the 8-byte big-endian key `b`, and
+//! the tree holds nothing else. A block that was never written, was
+//! trimmed, or was written with zeros has no key (the dataset stores an
+//! all-zero block as a hole), so it reads as zeros and takes no space. The
+//! geometry (size, block size) lives in the dataset's record, not in the
+//! tree, so it is created, snapshotted, cloned and rolled back with the
+//! record, in the same exclusive operation as the tree it describes.
+//!
+//! **One request, one transaction.** A read, a write, a trim of any length
+//! is one dataset transaction: a write that covers some blocks whole and
+//! some in part lands entirely in one txg or not at all, and it is one
+//! record in the intent log when made durable. A whole block is written as
+//! is (no read); part of a block is a patch, which costs the intent log
+//! only the bytes written. Reads take references to the blocks inside the
+//! transaction and read them after it, so a slow disk read never holds up
+//! the dataset's writers.
+//!
+//! **Durability.** A write returns when its transaction is in the open
+//! txg. `flush` (and a FUA write, and every write under `sync=always`)
+//! commits the dataset's intent log, which holds every transaction that
+//! has returned on any connection: what an initiator's cache flush means.
+//! `sync=disabled` makes them return at once (documented as unsafe).
+//!
+//! **No block past the end.** Every request is checked against the size
+//! under a read lock that a resize takes for writing; a shrink deletes
+//! every key past the new end in one transaction *before* the record gets
+//! the new size. So no block ever exists past the size, and growing a
+//! volume exposes zeros, never old data. A crash between the two steps of
+//! a shrink leaves the old size with zeros past the new end: the data the
+//! owner asked to discard, discarded.
+
+use std::ops::Bound;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+
+use tarn_dataset::{BlockRef, DatasetHandle, DsError, VolSpec};
+
+use crate::{check_range, Device, Extent, VolError};
+
+/// Keys per page when listing which blocks exist.
+const PAGE: usize = 4096;
+
+fn key(block: u64) -> [u8; 8] {
+    block.to_be_bytes()
+}
+
+fn block_of(key: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(key.try_into().ok()?))
+}
+
+fn vol_err(e: DsError) -> VolError {
+    match e {
+        DsError::NoSpace(m) => VolError::NoSpace(m),
+        DsError::Quota(m) => VolError::Quota(m),
+        DsError::ReadOnly(m) => VolError::ReadOnly(m),
+        DsError::Damaged(m) => VolError::Damaged(m),
+        DsError::Invalid(m) => VolError::Invalid(m),
+        other => VolError::Other(other.to_string()),
+    }
+}
+
+impl From<DsError> for VolError {
+    fn from(e: DsError) -> Self {
+        vol_err(e)
+    }
+}
+
+/// A volume (or a snapshot of one, read-only) as a block [`Device`].
+/// Open one per dataset and share it: the size lock is per object.
+pub struct Volume {
+    handle: DatasetHandle,
+    spec: RwLock<VolSpec>,
+}
+
+impl std::fmt::Debug for Volume {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Volume({})", self.handle.name())
+    }
+}
+
+/// The part of one block a request touches.
+struct Piece {
+    block: u64,
+    /// Offset inside the block.
+    start: usize,
+    len: usize,
+}
+
+impl Volume {
+    /// Opens the volume behind `handle`; fails if it is a filesystem.
+    pub fn open(handle: DatasetHandle) -> Result<Arc<Volume>, VolError> {
+        let spec = handle
+            .volume()?
+            .ok_or_else(|| VolError::Invalid(format!("'{}' is not a volume", handle.name())))?;
+        Ok(Arc::new(Volume {
+            handle,
+            spec: RwLock::new(spec),
+        }))
+    }
+
+    /// The dataset handle.
+    pub fn handle(&self) -> &DatasetHandle {
+        &self.handle
+    }
+
+    /// The geometry now.
+    pub fn spec(&self) -> VolSpec {
+        *self.read_spec()
+    }
+
+    fn read_spec(&self) -> RwLockReadGuard<'_, VolSpec> {
+        self.spec.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Changes the size to `size` bytes (a multiple of the block size).
+    /// Shrinking discards the data past the new end, so it is refused
+    /// unless `force`. Requests wait while it runs.
+    pub fn resize(&self, size: u64, force: bool) -> Result<(), VolError> {
+        let mut spec = self.spec.write().unwrap_or_else(|p| p.into_inner());
+        if self.handle.is_snapshot() {
+            return Err(VolError::ReadOnly("a snapshot cannot be resized".into()));
+        }
+        tarn_dataset::check_volspec(VolSpec { size, ..*spec })?;
+        if size < spec.size {
+            if !force {
+                return Err(VolError::Invalid(format!(
+                    "shrinking '{}' from {} to {size} bytes discards the data past the new \
+                     end; add --force to do it",
+                    self.handle.name(),
+                    spec.size
+                )));
+            }
+            let from = key(size / spec.block as u64);
+            self.handle.txn(true, |t| {
+                t.delete_range(Bound::Included(&from[..]), Bound::Unbounded)
+            })?;
+        }
+        tarn_dataset::set_volsize(self.handle.pool(), self.handle.name(), size)?;
+        spec.size = size;
+        Ok(())
+    }
+
+    /// Splits `off..off + len` into the blocks it touches.
+    fn pieces(spec: &VolSpec, off: u64, len: u64) -> impl Iterator<Item = Piece> {
+        let bs = spec.block as u64;
+        let end = off + len;
+        let mut at = off;
+        std::iter::from_fn(move || {
+            if at >= end {
+                return None;
+            }
+            let block = at / bs;
+            let start = at - block * bs;
+            let n = (bs - start).min(end - at);
+            at += n;
+            Some(Piece {
+                block,
+                start: start as usize,
+                len: n as usize,
+            })
+        })
+    }
+
+    /// Runs a write transaction; a write that found the pool full runs
+    /// once more after the space of earlier deletes is back (see
+    /// [`DatasetHandle::reclaim_space`]). Then makes it durable if `fua`
+    /// or the dataset says `sync=always`.
+    fn write_txn(
+        &self,
+        fua: bool,
+        mut f: impl FnMut(&mut tarn_dataset::Txn<'_, '_>) -> Result<(), DsError>,
+    ) -> Result<(), VolError> {
+        let mut always = false;
+        let mut once = || {
+            self.handle.txn(true, |t| {
+                always = t.prop("sync") == "always";
+                f(t)
+            })
+        };
+        match once() {
+            Err(DsError::NoSpace(_) | DsError::Quota(_)) if self.handle.reclaim_space() => once(),
+            r => r,
+        }?;
+        if fua || always {
+            self.handle.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Zeros `off..off + len`: whole blocks are deleted (one range),
+    /// blocks touched in part get zeros patched in where they exist.
+    fn zero(&self, off: u64, len: u64, fua: bool) -> Result<(), VolError> {
+        let spec = self.read_spec();
+        check_range(spec.size, off, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let bs = spec.block as u64;
+        let first_whole = off.div_ceil(bs);
+        let end_whole = (off + len) / bs;
+        let partial: Vec<Piece> = Self::pieces(&spec, off, len)
+            .filter(|p| p.len as u64 != bs)
+            .collect();
+        self.write_txn(fua, |t| {
+            if first_whole < end_whole {
+                let (a, b) = (key(first_whole), key(end_whole));
+                t.delete_range(Bound::Included(&a[..]), Bound::Excluded(&b[..]))?;
+            }
+            for p in &partial {
+                let k = key(p.block);
+                if t.get(&k)?.is_some() {
+                    t.patch_block(&k, spec.block as usize, p.start, vec![0; p.len])?;
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+impl Device for Volume {
+    fn size(&self) -> u64 {
+        self.read_spec().size
+    }
+
+    fn block_size(&self) -> u32 {
+        self.read_spec().block
+    }
+
+    fn read_only(&self) -> bool {
+        self.handle.is_snapshot()
+            || self
+                .handle
+                .txn(false, |t| Ok::<bool, DsError>(t.is_readonly()))
+                .unwrap_or(true)
+    }
+
+    fn read(&self, off: u64, len: u32) -> Result<Vec<u8>, VolError> {
+        let spec = self.read_spec();
+        check_range(spec.size, off, len as u64)?;
+        let pieces: Vec<Piece> = Self::pieces(&spec, off, len as u64).collect();
+        let refs: Vec<Option<BlockRef>> = self.handle.txn(false, |t| {
+            pieces.iter().map(|p| t.block_ref(&key(p.block))).collect()
+        })?;
+        let pool = self.handle.pool();
+        let mut out = Vec::with_capacity(len as usize);
+        for (p, r) in pieces.iter().zip(refs) {
+            match r {
+                None => out.resize(out.len() + p.len, 0),
+                Some(r) => {
+                    let data = r.read(pool)?;
+                    // A block shorter than the piece (never written so by
+                    // this layer) reads as zeros past its end.
+                    let have = data.len().saturating_sub(p.start).min(p.len);
+                    if have > 0 {
+                        out.extend_from_slice(&data[p.start..p.start + have]);
+                    }
+                    out.resize(out.len() + p.len - have, 0);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn write(&self, off: u64, data: &[u8], fua: bool) -> Result<(), VolError> {
+        let spec = self.read_spec();
+        check_range(spec.size, off, data.len() as u64)?;
+        let bs = spec.block as usize;
+        let pieces: Vec<Piece> = Self::pieces(&spec, off, data.len() as u64).collect();
+        self.write_txn(fua, |t| {
+            let mut at = 0;
+            for p in &pieces {
+                let bytes = &data[at..at + p.len];
+                at += p.len;
+                let k = key(p.block);
+                if p.len == bs {
+                    t.write_block(&k, bytes.to_vec())?;
+                } else {
+                    t.patch_block(&k, bs, p.start, bytes.to_vec())?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn flush(&self) -> Result<(), VolError> {
+        Ok(self.handle.sync()?)
+    }
+
+    fn trim(&self, off: u64, len: u64) -> Result<(), VolError> {
+        self.zero(off, len, false)
+    }
+
+    fn write_zeroes(&self, off: u64, len: u64, fua: bool) -> Result<(), VolError> {
+        self.zero(off, len, fua)
+    }
+
+    fn extents(&self, off: u64, len: u64) -> Result<Vec<Extent>, VolError> {
+        let spec = self.read_spec();
+        check_range(spec.size, off, len)?;
+        let mut out: Vec<Extent> = Vec::new();
+        if len == 0 {
+            return Ok(out);
+        }
+        let bs = spec.block as u64;
+        let (first, end) = (off / bs, (off + len).div_ceil(bs));
+        let mut push = |from: u64, to: u64, hole: bool| {
+            let (from, to) = (from.max(off), to.min(off + len));
+            if to <= from {
+                return;
+            }
+            match out.last_mut() {
+                Some(e) if e.hole == hole => e.len += to - from,
+                _ => out.push(Extent {
+                    len: to - from,
+                    hole,
+                }),
+            }
+        };
+        // Blocks that exist, in order, one page of keys at a time.
+        let (mut after, end_key) = (None::<[u8; 8]>, key(end));
+        let mut at = first;
+        loop {
+            let start = after.unwrap_or_else(|| key(first));
+            let page = self.handle.txn(false, |t| {
+                let lo = match &after {
+                    Some(_) => Bound::Excluded(&start[..]),
+                    None => Bound::Included(&start[..]),
+                };
+                t.range(lo, Bound::Excluded(&end_key[..]), PAGE)
+            })?;
+            for (k, _) in &page {
+                let Some(b) = block_of(k) else {
+                    return Err(VolError::Other(format!(
+                        "volume '{}' holds a key that names no block: {k:02x?}",
+                        self.handle.name()
+                    )));
+                };
+                push(at * bs, b * bs, true);
+                push(b * bs, (b + 1) * bs, false);
+                at = b + 1;
+            }
+            match page.last() {
+                Some((k, _)) if page.len() == PAGE => {
+                    after =
+                        Some(k.as_slice().try_into().map_err(|_| {
+                            VolError::Other("a volume key of the wrong length".into())
+                        })?)
+                }
+                _ => break,
+            }
+        }
+        push(at * bs, end * bs, true);
+        Ok(out)
+    }
+}

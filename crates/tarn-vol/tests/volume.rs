@@ -1,0 +1,455 @@
+//! Volumes on a real pool: a model-based test against a byte array, the
+//! intent log across a crash, snapshots, clones, rollback and resize, and
+//! space that a trim gives back.
+//!
+//! A "crash" drops every handle to the pool without exporting it (the txg
+//! interval is an hour), like a daemon killed after its last reply.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use tarn_dataset::{DsError, VolSpec};
+use tarn_pool::Pool;
+use tarn_testkit::data::pattern;
+use tarn_testkit::pools::{props, tank};
+use tarn_vdev::VdevKind;
+use tarn_vol::{Device, Extent, VolError, Volume};
+
+fn pool(dir: &Path) -> Arc<Pool> {
+    tank(dir, VdevKind::Raidz { parity: 1 }, 4, 64 << 20)
+}
+
+fn volume(pool: &Arc<Pool>, name: &str, size: u64, block: u32, sparse: bool) -> Arc<Volume> {
+    tarn_dataset::create_volume(
+        pool,
+        name,
+        VolSpec { size, block },
+        sparse,
+        &props(&[]),
+        false,
+    )
+    .expect("create volume");
+    Volume::open(tarn_dataset::open(pool, name).expect("open")).expect("a volume")
+}
+
+fn reopen(pool: &Arc<Pool>, name: &str) -> Arc<Volume> {
+    Volume::open(tarn_dataset::open(pool, name).expect("open")).expect("a volume")
+}
+
+fn crash_and_import(pool: Arc<Pool>, dir: &Path) -> Arc<Pool> {
+    pool.abandon();
+    drop(pool);
+    let p = tarn_testkit::pools::try_import(&[dir], "tank", true, tarn_testkit::pools::opts())
+        .expect("import after the crash");
+    tarn_testkit::pools::attached(p)
+}
+
+/// Checks that `ext` covers `len` bytes exactly, merges neighbours, and
+/// that every hole reads as zeros in `model` from `off`.
+fn check_extents(ext: &[Extent], model: &[u8], off: u64, len: u64) {
+    assert_eq!(
+        ext.iter().map(|e| e.len).sum::<u64>(),
+        len,
+        "extents cover the range"
+    );
+    assert!(ext.iter().all(|e| e.len > 0), "no empty extent");
+    assert!(
+        ext.windows(2).all(|w| w[0].hole != w[1].hole),
+        "neighbours merged"
+    );
+    let mut at = off as usize;
+    for e in ext {
+        if e.hole {
+            assert!(
+                model[at..at + e.len as usize].iter().all(|&b| b == 0),
+                "a hole at {at} of {} bytes holds data",
+                e.len
+            );
+        }
+        at += e.len as usize;
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Write {
+        off: u64,
+        len: u64,
+        seed: u64,
+        fua: bool,
+    },
+    Zero {
+        off: u64,
+        len: u64,
+        trim: bool,
+    },
+    Read {
+        off: u64,
+        len: u64,
+    },
+    Extents {
+        off: u64,
+        len: u64,
+    },
+    Commit,
+    Resize {
+        blocks: u64,
+    },
+}
+
+fn op(max: u64) -> impl Strategy<Value = Op> {
+    let span = (0..max, 0..max / 2);
+    prop_oneof![
+        4 => (span.clone(), any::<u64>(), any::<bool>())
+            .prop_map(|((off, len), seed, fua)| Op::Write { off, len, seed, fua }),
+        2 => (span.clone(), any::<bool>()).prop_map(|((off, len), trim)| Op::Zero { off, len, trim }),
+        3 => span.clone().prop_map(|(off, len)| Op::Read { off, len }),
+        2 => span.prop_map(|(off, len)| Op::Extents { off, len }),
+        1 => Just(Op::Commit),
+        1 => (1u64..24).prop_map(|blocks| Op::Resize { blocks }),
+    ]
+}
+
+/// Runs `ops` on a volume and on a byte array; every read and extent list
+/// agrees, requests past the end fail without changing anything, and after
+/// a crash the volume holds exactly what the last flush had.
+fn run_model(block: u32, ops: &[Op]) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pool = pool(dir.path());
+    let bs = block as u64;
+    let mut model = vec![0u8; (16 * bs) as usize];
+    let vol = volume(&pool, "tank/v", model.len() as u64, block, true);
+    for o in ops {
+        let size = model.len() as u64;
+        // Offsets are drawn over 24 blocks, so some fall past the end.
+        let scale = |x: u64| x * bs / 512;
+        match *o {
+            Op::Write {
+                off,
+                len,
+                seed,
+                fua,
+            } => {
+                let (off, len) = (scale(off), scale(len) + 1);
+                let data = pattern(seed, len as usize);
+                let r = vol.write(off, &data, fua);
+                if off + len > size {
+                    assert!(matches!(r, Err(VolError::OutOfRange(_))), "{r:?}");
+                } else {
+                    r.expect("write");
+                    model[off as usize..(off + len) as usize].copy_from_slice(&data);
+                }
+            }
+            Op::Zero { off, len, trim } => {
+                let (off, len) = (scale(off), scale(len));
+                let r = if trim {
+                    vol.trim(off, len)
+                } else {
+                    vol.write_zeroes(off, len, false)
+                };
+                if off + len > size {
+                    assert!(matches!(r, Err(VolError::OutOfRange(_))), "{r:?}");
+                } else {
+                    r.expect("zero");
+                    model[off as usize..(off + len) as usize].fill(0);
+                }
+            }
+            Op::Read { off, len } => {
+                let (off, len) = (scale(off), scale(len));
+                match vol.read(off, len as u32) {
+                    Ok(got) => {
+                        assert!(off + len <= size);
+                        assert!(
+                            got == model[off as usize..(off + len) as usize],
+                            "read {len} at {off}"
+                        );
+                    }
+                    Err(e) => assert!(off + len > size, "read {len} at {off}: {e}"),
+                }
+            }
+            Op::Extents { off, len } => {
+                let (off, len) = (scale(off), scale(len));
+                match vol.extents(off, len) {
+                    Ok(ext) => check_extents(&ext, &model, off, len),
+                    Err(e) => assert!(off + len > size, "extents {len} at {off}: {e}"),
+                }
+            }
+            Op::Commit => {
+                pool.sync().expect("commit");
+            }
+            Op::Resize { blocks } => {
+                let new = blocks * bs;
+                if new < size {
+                    assert!(vol.resize(new, false).is_err(), "shrink without force");
+                }
+                vol.resize(new, true).expect("resize");
+                model.resize(new as usize, 0);
+                assert_eq!(vol.size(), new);
+            }
+        }
+    }
+    assert!(vol.read(0, model.len() as u32).expect("read all") == model);
+    vol.flush().expect("flush");
+    drop(vol);
+    let pool = crash_and_import(pool, dir.path());
+    let vol = reopen(&pool, "tank/v");
+    assert_eq!(vol.size(), model.len() as u64, "size after the crash");
+    assert!(
+        vol.read(0, model.len() as u32).expect("read all") == model,
+        "contents after the crash"
+    );
+    let ext = vol.extents(0, model.len() as u64).expect("extents");
+    check_extents(&ext, &model, 0, model.len() as u64);
+}
+
+proptest! {
+    #![proptest_config(tarn_testkit::data::cases(24))]
+
+    #[test]
+    fn a_volume_behaves_like_a_byte_array(ops in proptest::collection::vec(op(24 * 512), 1..40)) {
+        run_model(4096, &ops);
+    }
+
+    #[test]
+    fn small_blocks_behave_like_a_byte_array(ops in proptest::collection::vec(op(24 * 512), 1..40)) {
+        run_model(512, &ops);
+    }
+}
+
+#[test]
+fn flushed_and_fua_writes_survive_a_crash_and_an_unflushed_one_is_whole_or_absent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pool = pool(dir.path());
+    let vol = volume(&pool, "tank/v", 8 << 20, 16 << 10, false);
+    let a = pattern(1, 3 << 20);
+    let b = pattern(2, 100_000);
+    let c = pattern(3, 70_000);
+    vol.write(0, &a, false).expect("write a");
+    vol.flush().expect("flush");
+    vol.write(5 << 20, &b, true).expect("fua write b");
+    // Not flushed: may be lost, but never torn (one request, one txn).
+    vol.write(1000, &c, false).expect("write c");
+    drop(vol);
+    let pool = crash_and_import(pool, dir.path());
+    let vol = reopen(&pool, "tank/v");
+    assert!(
+        vol.read(5 << 20, b.len() as u32).expect("read b") == b,
+        "the FUA write"
+    );
+    let got = vol.read(0, a.len() as u32).expect("read a");
+    let mut with_c = a.clone();
+    with_c[1000..1000 + c.len()].copy_from_slice(&c);
+    assert!(
+        got == a || got == with_c,
+        "the flushed write, with the unflushed one whole or absent"
+    );
+}
+
+#[test]
+fn sync_always_makes_every_write_durable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pool = pool(dir.path());
+    let vol = volume(&pool, "tank/v", 1 << 20, 4096, true);
+    tarn_dataset::set_prop(&pool, "tank/v", "sync", "always").expect("sync=always");
+    let a = pattern(4, 10_000);
+    vol.write(4096 * 3 + 7, &a, false).expect("write");
+    drop(vol);
+    let pool = crash_and_import(pool, dir.path());
+    let vol = reopen(&pool, "tank/v");
+    assert!(vol.read(4096 * 3 + 7, a.len() as u32).expect("read") == a);
+}
+
+#[test]
+fn snapshots_clones_and_rollback_carry_contents_and_size() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pool = pool(dir.path());
+    let vol = volume(&pool, "tank/v", 1 << 20, 8192, true);
+    let a = pattern(5, 1 << 20);
+    vol.write(0, &a, false).expect("write a");
+    tarn_dataset::snapshot(&pool, &["tank/v@one".into()], false).expect("snapshot");
+    let b = pattern(6, 300_000);
+    vol.write(50_000, &b, false).expect("write b");
+    vol.resize(2 << 20, false).expect("grow");
+
+    let snap = reopen(&pool, "tank/v@one");
+    assert!(snap.read_only());
+    assert_eq!(snap.size(), 1 << 20, "a snapshot keeps the size it had");
+    assert!(snap.read(0, 1 << 20).expect("read snap") == a);
+    assert!(matches!(
+        snap.write(0, b"x", false),
+        Err(VolError::ReadOnly(_))
+    ));
+
+    tarn_dataset::clone(&pool, "tank/v@one", "tank/c", &props(&[])).expect("clone");
+    let clone = reopen(&pool, "tank/c");
+    assert_eq!(clone.size(), 1 << 20);
+    assert!(clone.read(0, 1 << 20).expect("read clone") == a);
+    clone.write(0, &b, false).expect("write the clone");
+    assert!(
+        snap.read(0, 1 << 20).expect("read snap") == a,
+        "the clone's write stays in the clone"
+    );
+
+    drop(vol);
+    tarn_dataset::rollback(&pool, "tank/v@one", false).expect("rollback");
+    let vol = reopen(&pool, "tank/v");
+    assert_eq!(vol.size(), 1 << 20, "rollback restores the size");
+    assert!(
+        vol.read(0, 1 << 20).expect("read") == a,
+        "rollback restores the contents"
+    );
+    let kinds: Vec<_> = tarn_dataset::list(&pool, true)
+        .expect("list")
+        .into_iter()
+        .map(|i| (i.name, i.kind))
+        .collect();
+    assert!(
+        kinds.contains(&("tank/c".into(), tarn_dataset::DatasetKind::Volume)),
+        "{kinds:?}"
+    );
+}
+
+#[test]
+fn shrinking_then_growing_exposes_zeros_not_old_data() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pool = pool(dir.path());
+    let vol = volume(&pool, "tank/v", 1 << 20, 4096, true);
+    vol.write(0, &pattern(7, 1 << 20), false).expect("write");
+    pool.sync().expect("commit");
+    vol.resize(4096 * 3, true).expect("shrink");
+    vol.resize(1 << 20, false).expect("grow");
+    let got = vol.read(4096 * 3, (1 << 20) - 4096 * 3).expect("read");
+    assert!(
+        got.iter().all(|&b| b == 0),
+        "old data came back after shrink and grow"
+    );
+    assert_eq!(
+        vol.extents(0, 1 << 20).expect("extents"),
+        vec![
+            Extent {
+                len: 4096 * 3,
+                hole: false
+            },
+            Extent {
+                len: (1 << 20) - 4096 * 3,
+                hole: true
+            }
+        ]
+    );
+}
+
+#[test]
+fn trim_gives_space_back_unless_a_snapshot_holds_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pool = pool(dir.path());
+    let vol = volume(&pool, "tank/v", 32 << 20, 16 << 10, true);
+    let used = |pool: &Pool| {
+        tarn_dataset::list(pool, false)
+            .expect("list")
+            .into_iter()
+            .find(|i| i.name == "tank/v")
+            .map(|i| (i.usedbydataset, i.usedbysnapshots))
+            .expect("tank/v listed")
+    };
+    let commit = |pool: &Pool| {
+        for _ in 0..3 {
+            pool.sync().expect("commit");
+        }
+    };
+    vol.write(0, &pattern(8, 16 << 20), false).expect("write");
+    commit(&pool);
+    let (full, _) = used(&pool);
+    assert!(full >= 16 << 20, "16 MiB written: {full}");
+    // Half of it trimmed (with unaligned edges), the rest zeroed.
+    vol.trim(1000, (8 << 20) - 1000).expect("trim");
+    commit(&pool);
+    let (half, _) = used(&pool);
+    assert!(
+        half < full * 6 / 10,
+        "trim gave back half: {full} -> {half}"
+    );
+    tarn_dataset::snapshot(&pool, &["tank/v@keep".into()], false).expect("snapshot");
+    vol.write_zeroes(8 << 20, 8 << 20, false).expect("zero");
+    commit(&pool);
+    let (ds, snaps) = used(&pool);
+    assert!(ds < 1 << 20, "zeroed blocks left the volume: {ds}");
+    assert!(
+        snaps >= (8 << 20) - (1 << 20),
+        "the snapshot still holds them: {snaps}"
+    );
+    assert!(
+        vol.read(0, 1000).expect("read") == pattern(8, 1000),
+        "bytes before the trim kept"
+    );
+    assert!(vol.read(1000, 4000).expect("read").iter().all(|&b| b == 0));
+}
+
+#[test]
+fn geometry_and_hierarchy_are_checked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pool = pool(dir.path());
+    let bad = |size, block| {
+        tarn_dataset::create_volume(
+            &pool,
+            "tank/bad",
+            VolSpec { size, block },
+            true,
+            &props(&[]),
+            false,
+        )
+    };
+    assert!(
+        matches!(bad(1 << 20, 3000), Err(DsError::Invalid(_))),
+        "block not a power of two"
+    );
+    assert!(
+        matches!(bad(1 << 20, 256), Err(DsError::Invalid(_))),
+        "block too small"
+    );
+    assert!(
+        matches!(bad(1 << 20, 2 << 20), Err(DsError::Invalid(_))),
+        "block too large"
+    );
+    assert!(
+        matches!(bad(5000, 4096), Err(DsError::Invalid(_))),
+        "size not a multiple"
+    );
+    assert!(matches!(bad(0, 4096), Err(DsError::Invalid(_))), "empty");
+    // A thick volume larger than the pool is refused; a sparse one is not.
+    let huge = VolSpec {
+        size: 1 << 40,
+        block: 16384,
+    };
+    let thick = tarn_dataset::create_volume(&pool, "tank/thick", huge, false, &props(&[]), false);
+    assert!(matches!(thick, Err(DsError::NoSpace(_))), "{thick:?}");
+    tarn_dataset::create_volume(&pool, "tank/thin", huge, true, &props(&[]), false)
+        .expect("sparse");
+    // A thick volume reserves its size.
+    let v = volume(&pool, "tank/v", 4 << 20, 16384, false);
+    let res = tarn_dataset::get_props(&pool, "tank/v", &["reservation".into(), "type".into()])
+        .expect("get");
+    assert_eq!(res[0].value, (4u64 << 20).to_string());
+    assert_eq!(res[1].value, "volume");
+    v.resize(8 << 20, false).expect("grow");
+    let res = tarn_dataset::get_props(&pool, "tank/v", &["reservation".into(), "volsize".into()])
+        .expect("get");
+    assert_eq!(
+        res[0].value,
+        (8u64 << 20).to_string(),
+        "the reservation follows the size"
+    );
+    assert_eq!(res[1].value, (8u64 << 20).to_string());
+    // No children under a volume, by create, clone or rename.
+    let child = tarn_dataset::create(&pool, "tank/v/child", &props(&[]), false);
+    assert!(matches!(child, Err(DsError::Invalid(_))), "{child:?}");
+    tarn_dataset::create(&pool, "tank/fs", &props(&[]), false).expect("fs");
+    let moved = tarn_dataset::rename(&pool, "tank/fs", "tank/v/fs");
+    assert!(matches!(moved, Err(DsError::Invalid(_))), "{moved:?}");
+    tarn_dataset::snapshot(&pool, &["tank/fs@s".into()], false).expect("snapshot");
+    let cl = tarn_dataset::clone(&pool, "tank/fs@s", "tank/v/c", &props(&[]));
+    assert!(matches!(cl, Err(DsError::Invalid(_))), "{cl:?}");
+    // A filesystem is not a volume.
+    let fs = Volume::open(tarn_dataset::open(&pool, "tank/fs").expect("open"));
+    assert!(matches!(fs, Err(VolError::Invalid(_))));
+}
