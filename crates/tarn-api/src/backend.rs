@@ -134,6 +134,14 @@ pub trait Backend: Send + Sync {
     fn dataset_promote(&self, _name: &str) -> Result<(), ApiError> {
         Err(no_datasets())
     }
+    /// Creates a volume of `size` (see [`crate::params::VolumeCreateParams`]).
+    fn volume_create(&self, _p: &crate::params::VolumeCreateParams) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Changes a volume's size; shrinking needs `force`.
+    fn volume_resize(&self, _name: &str, _size: &str, _force: bool) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
     /// Drills: makes a member device misbehave, or with `None` behave
     /// again; answers the faults in force.
     fn pool_inject(

@@ -10,8 +10,11 @@ use serde::{Deserialize, Serialize};
 pub enum DatasetKind {
     /// A POSIX filesystem (a clone is one too).
     Filesystem,
-    /// A read-only point-in-time copy of a filesystem.
+    /// A read-only point-in-time copy of a filesystem or a volume.
     Snapshot,
+    /// A block volume (API 1.2): one block device of a fixed size, served
+    /// over NBD or iSCSI.
+    Volume,
 }
 
 /// What `list` reports about a dataset (sizes in allocated bytes).
@@ -50,6 +53,12 @@ pub struct DatasetInfo {
     pub origin: Option<String>,
     /// Resolved mountpoint (filesystems).
     pub mountpoint: Option<String>,
+    /// Volumes and their snapshots: the size in bytes (API 1.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volsize: Option<u64>,
+    /// Volumes and their snapshots: the block size in bytes (API 1.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volblocksize: Option<u32>,
 }
 
 /// Where a property's value comes from.

@@ -156,6 +156,14 @@ pub fn call(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, ApiE
             } = params(method, p)?;
             reply(backend.dataset_create(&name, &properties, parents)?)
         }
+        m::VOLUME_CREATE => {
+            let p: VolumeCreateParams = params(method, p)?;
+            reply(backend.volume_create(&p)?)
+        }
+        m::VOLUME_RESIZE => {
+            let VolumeResizeParams { name, size, force } = params(method, p)?;
+            reply(backend.volume_resize(&name, &size, force)?)
+        }
         m::DATASET_DESTROY => {
             let DatasetDestroyParams { name, recursive } = params(method, p)?;
             reply(backend.dataset_destroy(&name, recursive)?)

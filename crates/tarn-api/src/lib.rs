@@ -42,7 +42,7 @@ pub use wire::{parse_request, read_line_bounded, LineRead, Request, Response};
 /// clients keep working); the major number when something a client relies
 /// on changes. A client refuses a daemon of another major version rather
 /// than misread its answers.
-pub const API_VERSION: &str = "1.1";
+pub const API_VERSION: &str = "1.2";
 
 /// The major number of an API version string (`1` of `1.0`), or `None`
 /// when the string is not a version.

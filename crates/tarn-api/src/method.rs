@@ -69,6 +69,10 @@ pub const DATASET_ROLLBACK: &str = "dataset.rollback";
 pub const DATASET_CLONE: &str = "dataset.clone";
 /// Promote a clone: [`crate::params::NameParams`].
 pub const DATASET_PROMOTE: &str = "dataset.promote";
+/// Create a volume: [`crate::params::VolumeCreateParams`] (API 1.2).
+pub const VOLUME_CREATE: &str = "volume.create";
+/// Resize a volume: [`crate::params::VolumeResizeParams`] (API 1.2).
+pub const VOLUME_RESIZE: &str = "volume.resize";
 /// Inject or clear a device fault (drills): [`crate::params::InjectParams`].
 pub const POOL_INJECT: &str = "pool.inject";
 /// Add a user: [`crate::params::UserAddParams`].
@@ -127,6 +131,8 @@ pub const ALL: &[&str] = &[
     DATASET_ROLLBACK,
     DATASET_CLONE,
     DATASET_PROMOTE,
+    VOLUME_CREATE,
+    VOLUME_RESIZE,
     POOL_INJECT,
     USER_ADD,
     USER_DEL,

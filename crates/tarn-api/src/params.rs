@@ -163,6 +163,42 @@ pub struct DatasetCreateParams {
     pub parents: bool,
 }
 
+/// `volume.create`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeCreateParams {
+    /// Full name (`tank/vm/disk0`).
+    pub name: String,
+    /// Size: bytes, or with a K/M/G/T suffix (`100G`).
+    pub size: String,
+    /// Block size (`volblocksize`), fixed for the volume's life; default
+    /// 16K.
+    #[serde(default)]
+    pub block_size: Option<String>,
+    /// Thin provisioning: no reservation of the size.
+    #[serde(default)]
+    pub sparse: bool,
+    /// Local properties.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+    /// Create missing ancestor filesystems too.
+    #[serde(default)]
+    pub parents: bool,
+}
+
+/// `volume.resize`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeResizeParams {
+    /// The volume.
+    pub name: String,
+    /// New size: bytes, or with a K/M/G/T suffix.
+    pub size: String,
+    /// Allow shrinking, which discards the data past the new end.
+    #[serde(default)]
+    pub force: bool,
+}
+
 /// `dataset.destroy`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -200,6 +200,9 @@ pub enum Command {
     /// Shares: a dataset exported over NFS and/or WebDAV (stored in the pool)
     #[command(subcommand)]
     Share(ShareCommand),
+    /// Block volumes for virtual machines: create, resize, list
+    #[command(subcommand)]
+    Volume(crate::volume::VolumeCommand),
     /// Mount a dataset with FUSE (no arguments: list the mounts)
     Mount {
         /// Let other users use the mount (off by default)
@@ -244,6 +247,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Run> {
         cli.command,
         Command::Pool(PoolCommand::Create { .. })
             | Command::Dataset(DatasetCommand::Create { .. })
+            | Command::Volume(crate::volume::VolumeCommand::Create { .. })
             | Command::Clone { .. }
     );
     let (format, pool_props) = resolve_output(&cli.output, is_create)?;
@@ -263,6 +267,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Run> {
         }
         Command::User(cmd) => crate::access::user_command(&mut client, &out, cmd)?,
         Command::Share(cmd) => crate::access::share_command(&mut client, &out, cmd)?,
+        Command::Volume(cmd) => crate::volume::volume_command(&mut client, &out, cmd, pool_props)?,
         Command::Snapshot { recursive, names } => {
             crate::dataset::snapshot(&mut client, &out, names, recursive)?
         }
@@ -317,8 +322,8 @@ fn resolve_output(
             OutputOpt::Format(f) => format = *f,
             OutputOpt::Property(k, v) if is_create => props.push((k.clone(), v.clone())),
             OutputOpt::Property(k, v) => bail!(
-                "-o {k}={v}: properties are set only by `tarn pool create`, `tarn dataset create` \
-                 and `tarn clone`; \
+                "-o {k}={v}: properties are set only by `tarn pool create`, `tarn dataset create`, \
+                 `tarn volume create` and `tarn clone`; \
                  elsewhere -o takes `human` or `json`"
             ),
         }

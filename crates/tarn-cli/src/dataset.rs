@@ -36,10 +36,10 @@ pub enum DatasetCommand {
         /// What to destroy
         name: String,
     },
-    /// List filesystems (and snapshots with `-t snapshot` or `-t all`)
+    /// List filesystems and volumes (snapshots with `-t snapshot` or `-t all`)
     List {
-        /// filesystem, snapshot or all
-        #[arg(short = 't', long = "type", default_value = "filesystem")]
+        /// Comma-separated: filesystem, volume, snapshot; or all
+        #[arg(short = 't', long = "type", default_value = "filesystem,volume")]
         kind: String,
         /// Only these datasets and what is below them
         names: Vec<String>,
@@ -105,12 +105,16 @@ pub(crate) fn dataset_command(
             )?;
         }
         DatasetCommand::List { kind, names } => {
-            let (fs, snaps) = match kind.as_str() {
-                "filesystem" => (true, false),
-                "snapshot" => (false, true),
-                "all" => (true, true),
-                other => bail!("-t {other}: expected filesystem, snapshot or all"),
-            };
+            let (mut fs, mut vols, mut snaps) = (false, false, false);
+            for k in kind.split(',') {
+                match k.trim() {
+                    "filesystem" => fs = true,
+                    "volume" => vols = true,
+                    "snapshot" => snaps = true,
+                    "all" => (fs, vols, snaps) = (true, true, true),
+                    other => bail!("-t {other}: expected filesystem, volume, snapshot or all"),
+                }
+            }
             let v = client.call(
                 method::DATASET_LIST,
                 &DatasetListParams { snapshots: snaps },
@@ -129,6 +133,7 @@ pub(crate) fn dataset_command(
                 .filter(|d| below(&d.name))
                 .filter(|d| match d.kind {
                     DatasetKind::Filesystem => fs,
+                    DatasetKind::Volume => vols,
                     DatasetKind::Snapshot => snaps,
                 })
                 .collect();

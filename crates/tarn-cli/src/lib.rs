@@ -29,5 +29,6 @@ pub mod object;
 pub mod pool;
 pub mod render;
 mod session;
+pub mod volume;
 
 pub use cli::{is_broken_pipe, run, Cli, Run};

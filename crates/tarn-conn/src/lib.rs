@@ -27,6 +27,10 @@
 
 #![warn(missing_docs)]
 
+mod net;
+
+pub use net::{IpNet, IpNetError};
+
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

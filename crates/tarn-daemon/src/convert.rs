@@ -74,6 +74,26 @@ pub fn ds_error(e: DsError) -> ApiError {
     }
 }
 
+/// Maps a volume's error onto the API's codes.
+pub fn vol_error(e: tarn_vol::VolError) -> ApiError {
+    use tarn_vol::VolError as V;
+    match e {
+        V::Damaged(_) => ApiError::damaged(e.to_string()),
+        V::Other(_) => ApiError::io(e.to_string()),
+        _ => ApiError::invalid(e.to_string()),
+    }
+}
+
+/// A size in bytes as the API takes it: a number, or with a K/M/G/T
+/// suffix (`100G`); `what` names it in the error.
+pub fn parse_bytes(what: &str, s: &str) -> Result<u64, ApiError> {
+    tarn_pool::parse_size(s).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "{what} '{s}' is not a size: give bytes or a number with K, M, G or T"
+        ))
+    })
+}
+
 /// Maps a FUSE mount error onto the API's codes, with what to do.
 pub fn fuse_error(e: FuseError) -> ApiError {
     match e {
@@ -276,6 +296,7 @@ pub fn dataset_info(d: tarn_dataset::DatasetInfo) -> api_ds::DatasetInfo {
         kind: match d.kind {
             tarn_dataset::DatasetKind::Filesystem => api_ds::DatasetKind::Filesystem,
             tarn_dataset::DatasetKind::Snapshot => api_ds::DatasetKind::Snapshot,
+            tarn_dataset::DatasetKind::Volume => api_ds::DatasetKind::Volume,
         },
         guid: d.guid,
         creation_unix: d.creation_unix,
@@ -291,6 +312,8 @@ pub fn dataset_info(d: tarn_dataset::DatasetInfo) -> api_ds::DatasetInfo {
         written: d.written,
         origin: d.origin,
         mountpoint: d.mountpoint,
+        volsize: d.volsize,
+        volblocksize: d.volblocksize,
     }
 }
 
@@ -433,8 +456,17 @@ mod tests {
             written: 10,
             origin: Some("tank/b@t".into()),
             mountpoint: None,
+            volsize: None,
+            volblocksize: None,
         };
         same_json(&info, &dataset_info(info.clone()));
+        let vol = tarn_dataset::DatasetInfo {
+            kind: tarn_dataset::DatasetKind::Volume,
+            volsize: Some(1 << 30),
+            volblocksize: Some(16384),
+            ..info.clone()
+        };
+        same_json(&vol, &dataset_info(vol.clone()));
         for source in [
             tarn_dataset::Source::Local,
             tarn_dataset::Source::Inherited("tank".into()),

@@ -1,4 +1,5 @@
-//! One POSIX filesystem object per dataset, shared by every front end.
+//! One POSIX filesystem object per dataset, shared by every front end,
+//! and one block device object per volume, shared by NBD and iSCSI.
 //!
 //! `tarn_fs::Fs` keeps the open-file counts of its dataset in memory (an
 //! unlinked file lives until its last close), so two `Fs` on one dataset
@@ -7,13 +8,17 @@
 //! the NFS export and the WebDAV share of that dataset. An operation that
 //! replaces or removes a dataset's tree (rollback, destroy, rename,
 //! export) first takes the front ends down, then drops the entry here, and
-//! the next user opens a fresh one.
+//! the next user opens a fresh one. A forgotten volume is also *closed*:
+//! a block front end's connection may still hold it, and from then on
+//! every request through it fails, so the initiator reconnects and finds
+//! the volume as it is now (another size after a rollback, or gone).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use tarn_fs::{DatasetBackend, Fs};
 use tarn_pool::Pool;
+use tarn_vol::Volume;
 
 use tarn_api::ApiError;
 
@@ -26,6 +31,7 @@ pub type DatasetFs = Fs<DatasetBackend>;
 #[derive(Default)]
 pub struct Filesystems {
     map: Mutex<BTreeMap<String, Arc<DatasetFs>>>,
+    volumes: Mutex<BTreeMap<String, Arc<Volume>>>,
 }
 
 /// True when `name` is `dataset` or lies below it (`tank/a` covers
@@ -50,6 +56,11 @@ impl Filesystems {
             return Ok(fs.clone());
         }
         let handle = tarn_dataset::open(pool, dataset).map_err(ds_error)?;
+        if handle.volume().map_err(ds_error)?.is_some() {
+            return Err(ApiError::invalid(format!(
+                "'{dataset}' is a volume, a block device: serve it over NBD, not as a filesystem"
+            )));
+        }
         let fs = Fs::mount(Arc::new(DatasetBackend::new(handle)))
             .map_err(|e| ApiError::io(format!("cannot open {dataset} as a filesystem: {e}")))?;
         let fs = Arc::new(fs);
@@ -57,15 +68,41 @@ impl Filesystems {
         Ok(fs)
     }
 
+    /// The block device of volume (or volume snapshot) `dataset`, opened
+    /// on first use.
+    pub fn volume(&self, pool: &Arc<Pool>, dataset: &str) -> Result<Arc<Volume>, ApiError> {
+        let mut map = self.volumes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = map.get(dataset) {
+            return Ok(v.clone());
+        }
+        let handle = tarn_dataset::open(pool, dataset).map_err(ds_error)?;
+        let v = Volume::open(handle).map_err(|e| ApiError::invalid(e.to_string()))?;
+        map.insert(dataset.to_string(), v.clone());
+        Ok(v)
+    }
+
+    /// Forgets (and closes the volumes of) every dataset for which
+    /// `gone` is true.
+    fn forget(&self, gone: impl Fn(&str) -> bool) {
+        self.lock().retain(|k, _| !gone(k));
+        let mut vols = self.volumes.lock().unwrap_or_else(|e| e.into_inner());
+        vols.retain(|k, v| {
+            if gone(k) {
+                v.close();
+            }
+            !gone(k)
+        });
+    }
+
     /// Forgets the filesystems of the snapshots of filesystem `fs`.
     pub fn forget_snapshots(&self, fs: &str) {
         let prefix = format!("{fs}@");
-        self.lock().retain(|k, _| !k.starts_with(&prefix));
+        self.forget(|k| k.starts_with(&prefix));
     }
 
     /// Forgets the filesystems of `dataset` and everything below it.
     pub fn forget_tree(&self, dataset: &str) {
-        self.lock().retain(|k, _| !covers(dataset, k));
+        self.forget(|k| covers(dataset, k));
     }
 }
 

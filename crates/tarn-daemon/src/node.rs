@@ -21,11 +21,16 @@ use tarn_pool::{Pool, PoolOptions, ScanAction};
 use crate::access;
 use crate::convert::{
     api_error, dataset_info, ds_error, fault_to_engine, import_candidate, in_pool, iostat_entry,
-    list_entry, pool_status, prop_value, scan_status, vdev_kind,
+    list_entry, parse_bytes, pool_status, prop_value, scan_status, vdev_kind, vol_error,
 };
 use crate::objects::absolute_path;
 use crate::pools::{attach_datasets, pool_of, Pools};
 use crate::transport::Node;
+
+/// A volume's block size when its creator names none (ZFS's default):
+/// small enough that a guest's 4K writes rewrite little, large enough
+/// to compress.
+const DEFAULT_VOLBLOCKSIZE: u64 = 16 << 10;
 
 impl Backend for Pools {
     fn pool_create(&self, req: &CreateRequest) -> Result<PoolStatus, ApiError> {
@@ -308,7 +313,33 @@ impl Backend for Pools {
         Ok(props.into_iter().map(prop_value).collect())
     }
 
+    fn volume_create(&self, p: &tarn_api::params::VolumeCreateParams) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(&p.name))?;
+        let size = parse_bytes("size", &p.size)?;
+        let block = match &p.block_size {
+            Some(b) => parse_bytes("volblocksize", b)?,
+            None => DEFAULT_VOLBLOCKSIZE,
+        };
+        let block = u32::try_from(block)
+            .map_err(|_| ApiError::invalid(format!("volblocksize {block} is too large")))?;
+        let spec = tarn_dataset::VolSpec { size, block };
+        tarn_dataset::create_volume(&pool, &p.name, spec, p.sparse, &p.properties, p.parents)
+            .map_err(ds_error)
+    }
+
+    fn volume_resize(&self, name: &str, size: &str, force: bool) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(name))?;
+        let size = parse_bytes("size", size)?;
+        self.fss
+            .volume(&pool, name)?
+            .resize(size, force)
+            .map_err(vol_error)
+    }
+
     fn dataset_set(&self, name: &str, property: &str, value: &str) -> Result<(), ApiError> {
+        if property == "volsize" {
+            return self.volume_resize(name, value, false);
+        }
         let pool = self.get(pool_of(name))?;
         tarn_dataset::set_prop(&pool, name, property, value).map_err(ds_error)?;
         if property == "mountpoint" {

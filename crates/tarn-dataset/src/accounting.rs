@@ -191,7 +191,8 @@ impl Dir {
         Some(DatasetInfo {
             name: r.name.clone(),
             kind: r.kind,
-            volume: r.volume,
+            volsize: r.volume.map(|v| v.size),
+            volblocksize: r.volume.map(|v| v.block),
             guid: r.guid,
             creation_unix: r.created_unix,
             used: self.deflate(used.asize),

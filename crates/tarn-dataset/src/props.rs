@@ -289,8 +289,8 @@ pub fn get_props(pool: &Pool, name: &str, names: &[String]) -> Result<Vec<PropVa
                 "written" => computed(info.written.to_string()),
                 "origin" => computed(info.origin.clone().unwrap_or_else(|| "-".into())),
                 "guid" => computed(info.guid.to_string()),
-                "volsize" => computed(info.volume.map_or("-".into(), |v| v.size.to_string())),
-                "volblocksize" => computed(info.volume.map_or("-".into(), |v| v.block.to_string())),
+                "volsize" => computed(info.volsize.map_or("-".into(), |v| v.to_string())),
+                "volblocksize" => computed(info.volblocksize.map_or("-".into(), |v| v.to_string())),
                 other if default_of(other).is_some() => dsl.prop(id, other),
                 other => {
                     return Err(DsError::Invalid(format!("unknown property '{other}'")));

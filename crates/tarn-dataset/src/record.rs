@@ -265,8 +265,12 @@ pub struct DatasetInfo {
     pub name: String,
     /// Filesystem, volume or snapshot.
     pub kind: DatasetKind,
-    /// Volumes and snapshots of volumes: the geometry.
-    pub volume: Option<VolSpec>,
+    /// Volumes and their snapshots: the size in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volsize: Option<u64>,
+    /// Volumes and their snapshots: the block size in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volblocksize: Option<u32>,
     /// Stable 64-bit id.
     pub guid: u64,
     /// Creation time (Unix seconds).

@@ -73,12 +73,26 @@ impl From<DsError> for VolError {
 /// Open one per dataset and share it: the size lock is per object.
 pub struct Volume {
     handle: DatasetHandle,
-    spec: RwLock<VolSpec>,
+    /// The geometry, or None once closed (see [`Volume::close`]).
+    spec: RwLock<Option<VolSpec>>,
 }
 
 impl std::fmt::Debug for Volume {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Volume({})", self.handle.name())
+    }
+}
+
+/// The geometry of an open volume, with its lock held for one request.
+struct SpecGuard<'a> {
+    spec: VolSpec,
+    _g: RwLockReadGuard<'a, Option<VolSpec>>,
+}
+
+impl std::ops::Deref for SpecGuard<'_> {
+    type Target = VolSpec;
+    fn deref(&self) -> &VolSpec {
+        &self.spec
     }
 }
 
@@ -98,7 +112,7 @@ impl Volume {
             .ok_or_else(|| VolError::Invalid(format!("'{}' is not a volume", handle.name())))?;
         Ok(Arc::new(Volume {
             handle,
-            spec: RwLock::new(spec),
+            spec: RwLock::new(Some(spec)),
         }))
     }
 
@@ -107,20 +121,46 @@ impl Volume {
         &self.handle
     }
 
-    /// The geometry now.
-    pub fn spec(&self) -> VolSpec {
-        *self.read_spec()
+    /// The geometry now (None once closed).
+    pub fn spec(&self) -> Option<VolSpec> {
+        *self.spec.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn read_spec(&self) -> RwLockReadGuard<'_, VolSpec> {
-        self.spec.read().unwrap_or_else(|p| p.into_inner())
+    /// The geometry, held for the length of one request, or an error once
+    /// the volume is closed.
+    fn read_spec(&self) -> Result<SpecGuard<'_>, VolError> {
+        let g = self.spec.read().unwrap_or_else(|p| p.into_inner());
+        match *g {
+            Some(spec) => Ok(SpecGuard { spec, _g: g }),
+            None => Err(self.closed()),
+        }
+    }
+
+    fn closed(&self) -> VolError {
+        VolError::Other(format!(
+            "volume '{}' was rolled back, renamed or destroyed since this connection opened \
+             it: reconnect",
+            self.handle.name()
+        ))
+    }
+
+    /// Ends this object's life: every request after it fails (waiting for
+    /// those running). The daemon closes a volume before a rollback,
+    /// rename or destroy replaces or removes its tree, so a connection that
+    /// still holds the object cannot write into the new tree with the old
+    /// size.
+    pub fn close(&self) {
+        *self.spec.write().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// Changes the size to `size` bytes (a multiple of the block size).
     /// Shrinking discards the data past the new end, so it is refused
     /// unless `force`. Requests wait while it runs.
     pub fn resize(&self, size: u64, force: bool) -> Result<(), VolError> {
-        let mut spec = self.spec.write().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.spec.write().unwrap_or_else(|p| p.into_inner());
+        let Some(spec) = guard.as_mut() else {
+            return Err(self.closed());
+        };
         if self.handle.is_snapshot() {
             return Err(VolError::ReadOnly("a snapshot cannot be resized".into()));
         }
@@ -194,7 +234,7 @@ impl Volume {
     /// Zeros `off..off + len`: whole blocks are deleted (one range),
     /// blocks touched in part get zeros patched in where they exist.
     fn zero(&self, off: u64, len: u64, fua: bool) -> Result<(), VolError> {
-        let spec = self.read_spec();
+        let spec = self.read_spec()?;
         check_range(spec.size, off, len)?;
         if len == 0 {
             return Ok(());
@@ -223,11 +263,11 @@ impl Volume {
 
 impl Device for Volume {
     fn size(&self) -> u64 {
-        self.read_spec().size
+        self.spec().map_or(0, |s| s.size)
     }
 
     fn block_size(&self) -> u32 {
-        self.read_spec().block
+        self.spec().map_or(512, |s| s.block)
     }
 
     fn read_only(&self) -> bool {
@@ -239,7 +279,7 @@ impl Device for Volume {
     }
 
     fn read(&self, off: u64, len: u32) -> Result<Vec<u8>, VolError> {
-        let spec = self.read_spec();
+        let spec = self.read_spec()?;
         check_range(spec.size, off, len as u64)?;
         let pieces: Vec<Piece> = Self::pieces(&spec, off, len as u64).collect();
         let refs: Vec<Option<BlockRef>> = self.handle.txn(false, |t| {
@@ -266,7 +306,7 @@ impl Device for Volume {
     }
 
     fn write(&self, off: u64, data: &[u8], fua: bool) -> Result<(), VolError> {
-        let spec = self.read_spec();
+        let spec = self.read_spec()?;
         check_range(spec.size, off, data.len() as u64)?;
         let bs = spec.block as usize;
         let pieces: Vec<Piece> = Self::pieces(&spec, off, data.len() as u64).collect();
@@ -299,7 +339,7 @@ impl Device for Volume {
     }
 
     fn extents(&self, off: u64, len: u64) -> Result<Vec<Extent>, VolError> {
-        let spec = self.read_spec();
+        let spec = self.read_spec()?;
         check_range(spec.size, off, len)?;
         let mut out: Vec<Extent> = Vec::new();
         if len == 0 {

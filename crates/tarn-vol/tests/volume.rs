@@ -453,3 +453,21 @@ fn geometry_and_hierarchy_are_checked() {
     let fs = Volume::open(tarn_dataset::open(&pool, "tank/fs").expect("open"));
     assert!(matches!(fs, Err(VolError::Invalid(_))));
 }
+
+#[test]
+fn a_closed_volume_refuses_every_request_and_a_fresh_one_serves() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pool = pool(dir.path());
+    let vol = volume(&pool, "tank/v", 1 << 20, 4096, true);
+    vol.write(0, b"before", false).expect("write");
+    vol.close();
+    assert!(matches!(vol.read(0, 6), Err(VolError::Other(_))));
+    assert!(matches!(
+        vol.write(0, b"after", false),
+        Err(VolError::Other(_))
+    ));
+    assert!(vol.trim(0, 4096).is_err() && vol.extents(0, 4096).is_err());
+    assert!(vol.resize(2 << 20, false).is_err());
+    let fresh = reopen(&pool, "tank/v");
+    assert_eq!(fresh.read(0, 6).expect("read"), b"before");
+}

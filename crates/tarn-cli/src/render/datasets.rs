@@ -35,7 +35,7 @@ pub fn render_datasets(list: &[DatasetInfo]) -> String {
                 d.available.map_or("-".into(), format_size),
                 format_size(d.referenced),
                 match d.kind {
-                    DatasetKind::Snapshot => "-".into(),
+                    DatasetKind::Snapshot | DatasetKind::Volume => "-".into(),
                     DatasetKind::Filesystem => d.mountpoint.clone().unwrap_or_else(|| "-".into()),
                 },
             ]
@@ -46,6 +46,26 @@ pub fn render_datasets(list: &[DatasetInfo]) -> String {
         &rows,
         &[0, 4],
     )
+}
+
+/// `volume list`: NAME VOLSIZE BLOCK USED REFER.
+pub fn render_volumes(list: &[DatasetInfo]) -> String {
+    if list.is_empty() {
+        return "no volumes\n".into();
+    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|d| {
+            vec![
+                d.name.clone(),
+                d.volsize.map_or("-".into(), format_size),
+                d.volblocksize.map_or("-".into(), |b| format_size(b as u64)),
+                format_size(d.used),
+                format_size(d.referenced),
+            ]
+        })
+        .collect();
+    table(&["NAME", "VOLSIZE", "BLOCK", "USED", "REFER"], &rows, &[0])
 }
 
 /// `tarn mount` without arguments: what the daemon has mounted.
