@@ -74,13 +74,25 @@ pub struct WebdavShare {
     pub users: BTreeMap<String, Access>,
 }
 
+/// How NBD serves a volume share (API 1.2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NbdShare {
+    /// Client networks allowed (CIDR, e.g. `192.168.1.0/24`, `::1/128`).
+    pub clients: Vec<String>,
+    /// Refuse writes.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
 /// A share: a filesystem dataset and how it is served.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Share {
-    /// Share name: the NFS export path is `/NAME`, the WebDAV URL `/NAME/`.
+    /// Share name: the NFS export path is `/NAME`, the WebDAV URL `/NAME/`,
+    /// the NBD export name `NAME`.
     pub name: String,
-    /// The filesystem dataset (`tank/photos`).
+    /// The dataset: a filesystem for NFS and WebDAV, a volume for NBD.
     pub dataset: String,
     /// NFS export, if any.
     #[serde(default)]
@@ -88,6 +100,9 @@ pub struct Share {
     /// WebDAV share, if any.
     #[serde(default)]
     pub webdav: Option<WebdavShare>,
+    /// NBD export of a volume, if any (API 1.2): `nbd://HOST/NAME`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbd: Option<NbdShare>,
 }
 
 /// A share as `share.list` reports it.

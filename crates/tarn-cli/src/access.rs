@@ -8,7 +8,7 @@ use std::io::IsTerminal;
 use anyhow::bail;
 use clap::Subcommand;
 use tarn_api::access::{
-    check_user_name, Access, NfsShare, Share, ShareInfo, UserInfo, WebdavShare,
+    check_user_name, Access, NbdShare, NfsShare, Share, ShareInfo, UserInfo, WebdavShare,
 };
 use tarn_api::method;
 use tarn_api::params::{
@@ -65,11 +65,12 @@ pub enum UserCommand {
 #[derive(Subcommand, Debug)]
 pub enum ShareCommand {
     /// Add (or replace) a share: `tarn share add photos tank/photos --nfs
-    /// 192.168.1.0/24 --webdav alice=rw --webdav bob=ro`
+    /// 192.168.1.0/24 --webdav alice=rw --webdav bob=ro`, or of a volume:
+    /// `tarn share add vm1 tank/vm1 --nbd 192.168.1.0/24`
     Add {
         /// Share name: NFS export `/NAME`, WebDAV URL `/NAME/`
         name: String,
-        /// The filesystem dataset
+        /// The dataset: a filesystem (NFS, WebDAV) or a volume (NBD)
         dataset: String,
         /// Export over NFS to this client network (repeatable)
         #[arg(long = "nfs", value_name = "CIDR")]
@@ -95,6 +96,13 @@ pub enum ShareCommand {
         /// Make this user the owner of the dataset's top folder
         #[arg(long, value_name = "USER")]
         owner: Option<String>,
+        /// Serve a volume over NBD to this client network (repeatable):
+        /// `nbd://HOST/NAME`
+        #[arg(long = "nbd", value_name = "CIDR")]
+        nbd: Vec<String>,
+        /// The NBD export is read-only
+        #[arg(long)]
+        nbd_ro: bool,
     },
     /// Remove a share
     Del {
@@ -221,6 +229,8 @@ pub(crate) fn share_command(
             anon_gid,
             webdav,
             owner,
+            nbd,
+            nbd_ro,
         } => {
             let mut users = BTreeMap::new();
             for w in &webdav {
@@ -244,6 +254,10 @@ pub(crate) fn share_command(
                     anon_gid,
                 }),
                 webdav: (!webdav.is_empty()).then_some(WebdavShare { users }),
+                nbd: (!nbd.is_empty()).then_some(NbdShare {
+                    clients: nbd,
+                    read_only: nbd_ro,
+                }),
             };
             client.call_quietly(out, method::SHARE_ADD, &ShareAddParams { share, owner })?;
         }

@@ -31,7 +31,7 @@ use tarn_pool::Pool;
 use std::collections::BTreeMap;
 
 use tarn_api::access::{
-    check_share_name, check_user_name, Access, NfsShare, Share, UserInfo, WebdavShare,
+    check_share_name, check_user_name, Access, NbdShare, NfsShare, Share, UserInfo, WebdavShare,
 };
 use tarn_api::ApiError;
 
@@ -71,6 +71,20 @@ pub struct ShareRecord {
     /// WebDAV share, if any.
     #[serde(default)]
     pub webdav: Option<WebdavRecord>,
+    /// NBD export of a volume, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbd: Option<NbdRecord>,
+}
+
+/// How NBD exports a stored volume share.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NbdRecord {
+    /// Client networks allowed.
+    pub clients: Vec<String>,
+    /// Refuse writes.
+    #[serde(default)]
+    pub read_only: bool,
 }
 
 /// How NFS exports a stored share.
@@ -148,6 +162,10 @@ impl From<&Share> for ShareRecord {
                     })
                     .collect(),
             }),
+            nbd: s.nbd.as_ref().map(|n| NbdRecord {
+                clients: n.clients.clone(),
+                read_only: n.read_only,
+            }),
         }
     }
 }
@@ -177,6 +195,10 @@ impl From<ShareRecord> for Share {
                         (u, a)
                     })
                     .collect(),
+            }),
+            nbd: r.nbd.map(|n| NbdShare {
+                clients: n.clients,
+                read_only: n.read_only,
             }),
         }
     }
@@ -379,11 +401,28 @@ pub fn share_put(pool: &Pool, share: &Share) -> Result<(), ApiError> {
     check_share_name(&share.name)?;
     let kind =
         tarn_dataset::get_props(pool, &share.dataset, &["type".to_string()]).map_err(ds_error)?;
-    if kind.first().map(|p| p.value.as_str()) != Some("filesystem") {
+    let is = |k: &str| kind.first().map(|p| p.value.as_str()) == Some(k);
+    if (share.nfs.is_some() || share.webdav.is_some()) && !is("filesystem") {
         return Err(ApiError::invalid(format!(
-            "'{}' is not a filesystem dataset",
+            "'{}' is not a filesystem dataset: NFS and WebDAV serve filesystems",
             share.dataset
         )));
+    }
+    if let Some(n) = &share.nbd {
+        if !is("volume") {
+            return Err(ApiError::invalid(format!(
+                "'{}' is not a volume: NBD serves volumes (tarn volume create)",
+                share.dataset
+            )));
+        }
+        if n.clients.is_empty() {
+            return Err(ApiError::invalid(
+                "an NBD share needs at least one client network (e.g. 192.168.1.0/24)",
+            ));
+        }
+        for c in &n.clients {
+            check_network(c)?;
+        }
     }
     if let Some(n) = &share.nfs {
         if n.clients.is_empty() {
@@ -406,8 +445,10 @@ pub fn share_put(pool: &Pool, share: &Share) -> Result<(), ApiError> {
             }
         }
     }
-    if share.nfs.is_none() && share.webdav.is_none() {
-        return Err(ApiError::invalid("a share needs --nfs, --webdav or both"));
+    if share.nfs.is_none() && share.webdav.is_none() && share.nbd.is_none() {
+        return Err(ApiError::invalid(
+            "a share needs --nfs or --webdav (a filesystem) or --nbd (a volume)",
+        ));
     }
     let record = ShareRecord::from(share);
     tarn_dataset::config_put(pool, KIND_SHARE, &share.name, &encode(&record)?).map_err(ds_error)
@@ -451,6 +492,30 @@ mod tests {
         }
     }
 
+    /// A volume's share record: the `nbd` field, and nothing of it in the
+    /// records of shares without one (above).
+    #[test]
+    fn nbd_share_record_golden() {
+        let golden = r#"{"name":"vm1","dataset":"tank/vm1","nfs":null,"webdav":null,"nbd":{"clients":["10.0.0.0/8"],"read_only":true}}"#;
+        let record = ShareRecord {
+            name: "vm1".into(),
+            dataset: "tank/vm1".into(),
+            nfs: None,
+            webdav: None,
+            nbd: Some(NbdRecord {
+                clients: vec!["10.0.0.0/8".into()],
+                read_only: true,
+            }),
+        };
+        let written: serde_json::Value = serde_json::to_value(&record).unwrap();
+        assert_eq!(
+            written,
+            serde_json::from_str::<serde_json::Value>(golden).unwrap()
+        );
+        assert_eq!(serde_json::from_str::<ShareRecord>(golden).unwrap(), record);
+        assert_eq!(ShareRecord::from(&Share::from(record.clone())), record);
+    }
+
     /// The share record's JSON, pinned: renaming a field or a variant in
     /// the code must fail here, not change the format (docs/format.md).
     #[test]
@@ -474,6 +539,7 @@ mod tests {
                 ]
                 .into(),
             }),
+            nbd: None,
         };
         let written: serde_json::Value = serde_json::to_value(&record).unwrap();
         let pinned: serde_json::Value = serde_json::from_str(golden).unwrap();

@@ -186,6 +186,7 @@ pub fn run_demo(args: &DemoOptions) -> Result<()> {
             webdav: Some(WebdavShare {
                 users: [(DEMO_USER.to_string(), Access::Rw)].into_iter().collect(),
             }),
+            nbd: None,
         };
         backend.share_add(&share, Some(DEMO_USER))?;
     }

@@ -586,6 +586,7 @@ impl Backend for Pools {
                         dataset: String::new(),
                         nfs: None,
                         webdav: None,
+                        nbd: None,
                     },
                     damaged: Some(d.error),
                 });

@@ -23,6 +23,7 @@ fn nfs_share(name: &str, dataset: &str) -> Share {
             anon_gid: 65534,
         }),
         webdav: None,
+        nbd: None,
     }
 }
 

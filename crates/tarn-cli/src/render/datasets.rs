@@ -111,7 +111,8 @@ pub fn render_users(users: &[UserInfo]) -> String {
 /// `tarn share list`.
 pub fn render_shares(shares: &[ShareInfo]) -> String {
     if shares.is_empty() {
-        return "no shares; add one with `tarn share add NAME DATASET --nfs CIDR --webdav USER`\n"
+        return "no shares; add one with `tarn share add NAME DATASET --nfs CIDR --webdav USER` \
+                (a volume: `--nbd CIDR`)\n"
             .into();
     }
     let (damaged, shares): (Vec<&ShareInfo>, Vec<&ShareInfo>) =
@@ -149,13 +150,25 @@ pub fn render_shares(shares: &[ShareInfo]) -> String {
                     .collect::<Vec<_>>()
                     .join(","),
             };
-            vec![s.name.clone(), s.dataset.clone(), nfs, dav]
+            let nbd = match &s.nbd {
+                None => "-".to_string(),
+                Some(n) => format!(
+                    "{} ({})",
+                    n.clients.join(","),
+                    if n.read_only { "ro" } else { "rw" }
+                ),
+            };
+            vec![s.name.clone(), s.dataset.clone(), nfs, dav, nbd]
         })
         .collect();
     let mut out = if rows.is_empty() {
         String::new()
     } else {
-        table(&["NAME", "DATASET", "NFS", "WEBDAV"], &rows, &[0, 1, 2, 3])
+        table(
+            &["NAME", "DATASET", "NFS", "WEBDAV", "NBD"],
+            &rows,
+            &[0, 1, 2, 3, 4],
+        )
     };
     for i in damaged {
         let why = i.damaged.as_deref().unwrap_or_default();
