@@ -356,6 +356,8 @@ fn fio(u: &str, args: &[&str]) -> String {
         "--do_verify=1",
         "--verify_fatal=1",
         "--output-format=terse",
+        // No verification state file left in the working folder.
+        "--verify_state_save=0",
     ];
     let uri = format!("--uri={u}");
     all.push(&uri);
