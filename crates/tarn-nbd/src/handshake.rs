@@ -750,6 +750,40 @@ mod tests {
         assert_eq!(r.last().unwrap().1, rep::ACK);
     }
 
+    proptest::proptest! {
+        /// Whatever option and payload a client sends, in whatever state,
+        /// the handler answers with well-formed replies to that option,
+        /// the last of them final, unless it enters transmission through
+        /// `EXPORT_NAME` or hangs up.
+        #[test]
+        fn arbitrary_options_get_well_formed_final_replies(
+            option in proptest::prop_oneof![1u32..=12, proptest::prelude::any::<u32>()],
+            data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            structured in proptest::prelude::any::<bool>(),
+            tls in proptest::prelude::any::<bool>(),
+            required in proptest::prelude::any::<bool>(),
+        ) {
+            let mut st = HsState { structured, tls, ..HsState::default() };
+            let p = Policy { tls_available: true, tls_required: required, ..policy() };
+            let mut out = Vec::new();
+            let step = handle(option, &data, &mut st, &p, &table(), &mut out);
+            if option == opt::EXPORT_NAME {
+                let ok = matches!(step, Step::Go(_)) && (out.len() == 10 || out.len() == 134);
+                proptest::prop_assert!(ok || (matches!(step, Step::Close(_)) && out.is_empty()));
+                return Ok(());
+            }
+            let r = replies(&out);
+            proptest::prop_assert!(!r.is_empty());
+            proptest::prop_assert!(r.iter().all(|x| x.0 == option));
+            let last = r.last().unwrap().1;
+            proptest::prop_assert!(last == rep::ACK || last & (1 << 31) != 0);
+            proptest::prop_assert!(r[..r.len() - 1].iter().all(|x| x.1 & (1 << 31) == 0 && x.1 != rep::ACK));
+            if st.meta.is_some() {
+                proptest::prop_assert!(st.structured);
+            }
+        }
+    }
+
     #[test]
     fn block_size_rules() {
         assert_eq!(block_sizes(4096, 32 << 20), (1, 4096, 32 << 20));
