@@ -26,8 +26,9 @@
 //! before anything is allocated, and carried out by `exec::run`.
 //!
 //! Per connection, one task reads requests. A request first takes one of
-//! [`NbdConfig::max_inflight_per_connection`] slots and its payload's
-//! bytes out of [`NbdConfig::max_inflight_bytes_per_connection`]; when
+//! [`NbdConfig::max_inflight_per_connection`] slots and the memory it will
+//! hold (its payload; 2 MiB for block status) out of
+//! [`NbdConfig::max_inflight_bytes_per_connection`]; when
 //! either is exhausted the connection is not read further (TCP
 //! back-pressure). Then a write's payload is read in full (so the next
 //! header is always at the start of the stream's next bytes), and the
@@ -38,9 +39,9 @@
 //! batching those that are ready together; the slot and bytes are given
 //! back only once the reply is written, so a client that does not read
 //! its replies stops being read itself. Memory is thus bounded by
-//! `max_connections × max_inflight_bytes_per_connection` plus small
-//! replies, and no single request allocates more than
-//! [`NbdConfig::max_payload`].
+//! `max_connections × max_inflight_bytes_per_connection` (plus a few
+//! bytes per small reply and 128 KiB of buffers per connection), and no
+//! single request allocates more than [`NbdConfig::max_payload`].
 //!
 //! `NBD_CMD_DISC`, the end of the stream, a protocol violation, an
 //! eviction or [`Running::stop`] all end the same way: reading stops,

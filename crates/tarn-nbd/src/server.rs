@@ -40,10 +40,10 @@ pub struct NbdConfig {
     /// connection is not read further until one is answered. Default 32
     /// (qemu keeps 16 in flight, `nbdcopy` 64 per connection).
     pub max_inflight_per_connection: usize,
-    /// Most payload bytes (reads and writes) of one connection in flight
-    /// at once, so memory is bounded by `max_connections` times this
-    /// rather than by the request count. At least `max_payload`.
-    /// Default 64 MiB.
+    /// Most memory the requests of one connection hold in flight at once
+    /// (read and write payloads; 2 MiB per block status), so memory is
+    /// bounded by `max_connections` times this rather than by the request
+    /// count. At least `max_payload`. Default 64 MiB.
     pub max_inflight_bytes_per_connection: u32,
     /// Threads carrying out device calls (blocking work), for all
     /// connections together. Default 16.
@@ -501,15 +501,14 @@ async fn transmit<R, W>(
         nonzero(cfg.reply_timeout),
     ));
     let slots = Arc::new(Semaphore::new(inflight));
-    let bytes = Arc::new(Semaphore::new(
-        cfg.max_inflight_bytes_per_connection as usize,
-    ));
+    let budget = cfg.max_inflight_bytes_per_connection;
+    let bytes = Arc::new(Semaphore::new(budget as usize));
     let mut rd = BufReader::with_capacity(IO_BUFFER, rd);
     let idle = nonzero(cfg.idle_timeout);
     let structured = sess.view.structured;
     loop {
         let next = tokio::select! {
-            n = next_request(&mut rd, &sess, &slots, &bytes) => n,
+            n = next_request(&mut rd, &sess, &slots, &bytes, budget) => n,
             _ = conn.closed(idle) => break,
             _ = stop.wait_for(|&s| s) => break,
         };
@@ -590,6 +589,7 @@ async fn next_request<R: AsyncRead + Unpin>(
     sess: &Session,
     slots: &Arc<Semaphore>,
     bytes: &Arc<Semaphore>,
+    budget: u32,
 ) -> Next {
     let mut hb = [0u8; proto::REQUEST_HEADER_LEN];
     if rd.read_exact(&mut hb).await.is_err() {
@@ -627,7 +627,9 @@ async fn next_request<R: AsyncRead + Unpin>(
             let Ok(slot) = slots.clone().acquire_owned().await else {
                 return Next::End;
             };
-            let weight = cmd.payload_bytes();
+            // Never more than the whole budget (block status on a
+            // connection with a small one), or it would wait forever.
+            let weight = cmd.memory_bytes().min(budget);
             let held = if weight > 0 {
                 match bytes.clone().acquire_many_owned(weight).await {
                     Ok(p) => Some(p),

@@ -699,3 +699,33 @@ fn config_is_checked() {
         assert!(tarn_nbd::NbdServer::start(cfg, vec![]).is_err());
     }
 }
+
+#[test]
+fn a_small_memory_budget_still_serves_every_command() {
+    // Block status counts 2 MiB against the budget; with a budget smaller
+    // than that it must take the whole budget, not wait forever.
+    let dev = mem(MIB);
+    let r = start_with(
+        NbdConfig {
+            max_payload: 4096,
+            max_inflight_bytes_per_connection: 4096,
+            ..NbdConfig::default()
+        },
+        vec![NbdExport::new("disk", dev)],
+    );
+    let mut c = Raw::open_structured(r.local_addr(), "disk");
+    for _ in 0..4 {
+        c.request(cmd::BLOCK_STATUS, 0, 1, 0, MIB as u32, &[]);
+        c.request(cmd::READ, 0, 2, 0, 4096, &[]);
+    }
+    for _ in 0..8 {
+        let Answer::Chunk(ch) = c.answer() else {
+            panic!()
+        };
+        assert!(
+            ch.kind == proto::reply::TYPE_BLOCK_STATUS || ch.kind == proto::reply::TYPE_OFFSET_HOLE,
+            "{ch:?}"
+        );
+    }
+    c.disconnect();
+}
