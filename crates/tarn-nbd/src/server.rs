@@ -1,0 +1,704 @@
+//! The listener, connections and their two phases (see the crate docs).
+
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+
+use tarn_conn::{Admission, Busy, Conn, ConnState, Limits, RateLog};
+
+use crate::exec::{self, Reply};
+use crate::export::{NbdExport, Table};
+use crate::handshake::{self, HsError, HsState, Outcome, Policy, Session};
+use crate::proto::{self, errno};
+use crate::request::{self, Command, Decision, RequestHeader};
+use crate::Error;
+
+/// Server configuration: address, limits and TLS.
+#[derive(Clone, Debug)]
+pub struct NbdConfig {
+    /// Address to listen on (port 0: any free port). Default
+    /// `0.0.0.0:10809`, the port IANA reserved for NBD.
+    pub bind: SocketAddr,
+    /// Largest read or write in one request, advertised as the maximum
+    /// payload of `NBD_INFO_BLOCK_SIZE`. Default 32 MiB, the size every
+    /// client may assume without asking. Between 4 KiB and 1 GiB.
+    pub max_payload: u32,
+    /// Most simultaneous connections. When all are taken, an idle
+    /// connection (one with no request in flight) is closed for a
+    /// newcomer: one of the address holding the most connections, the
+    /// longest idle of those. Default 64.
+    pub max_connections: usize,
+    /// Most simultaneous connections from one address. Default 16
+    /// (`nbdcopy` opens 4, qemu's multi-connection up to 16).
+    pub max_connections_per_address: usize,
+    /// Most requests of one connection being carried out at once; the
+    /// connection is not read further until one is answered. Default 32
+    /// (qemu keeps 16 in flight, `nbdcopy` 64 per connection).
+    pub max_inflight_per_connection: usize,
+    /// Most memory the requests of one connection hold in flight at once
+    /// (read and write payloads; 2 MiB per block status), so memory is
+    /// bounded by `max_connections` times this rather than by the request
+    /// count. At least `max_payload`. Default 64 MiB.
+    pub max_inflight_bytes_per_connection: u32,
+    /// Threads carrying out device calls (blocking work), for all
+    /// connections together. Default 16.
+    pub workers: usize,
+    /// Time allowed from accept to the end of the negotiation (TLS
+    /// included). Default 30 s.
+    pub handshake_timeout: Duration,
+    /// A connection with no request in flight for this long is closed.
+    /// `Duration::ZERO`, the default: never, because NBD clients do not
+    /// reconnect on their own (a kernel `/dev/nbd` device or a qemu disk
+    /// would see I/O errors); dead peers are found by TCP keepalive.
+    pub idle_timeout: Duration,
+    /// Time a batch of replies may take to be written before the
+    /// connection is given up (a client that stops reading its replies
+    /// would otherwise hold its requests' memory). Default 2 minutes.
+    pub reply_timeout: Duration,
+    /// Export that an empty name (`nbd://host:10809` without a path)
+    /// stands for; None: an empty name is unknown.
+    pub default_export: Option<String>,
+    /// TLS for `NBD_OPT_STARTTLS`; None: the option is refused with
+    /// `NBD_REP_ERR_POLICY`.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Refuse every option but `STARTTLS` and `ABORT` until TLS is on
+    /// (`NBD_REP_ERR_TLS_REQD`). Needs `tls`.
+    pub tls_required: bool,
+}
+
+impl Default for NbdConfig {
+    fn default() -> Self {
+        NbdConfig {
+            bind: SocketAddr::from(([0, 0, 0, 0], 10809)),
+            max_payload: 32 << 20,
+            max_connections: 64,
+            max_connections_per_address: 16,
+            max_inflight_per_connection: 32,
+            max_inflight_bytes_per_connection: 64 << 20,
+            workers: 16,
+            handshake_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::ZERO,
+            reply_timeout: Duration::from_secs(120),
+            default_export: None,
+            tls: None,
+            tls_required: false,
+        }
+    }
+}
+
+impl NbdConfig {
+    fn check(&self) -> Result<(), Error> {
+        if !(4096..=1 << 30).contains(&self.max_payload) {
+            return Err(Error::Config(format!(
+                "max_payload {} is outside 4 KiB ..= 1 GiB",
+                self.max_payload
+            )));
+        }
+        if self.max_inflight_bytes_per_connection < self.max_payload {
+            return Err(Error::Config(
+                "max_inflight_bytes_per_connection must be at least max_payload".into(),
+            ));
+        }
+        if self.tls_required && self.tls.is_none() {
+            return Err(Error::Config(
+                "tls_required needs a TLS configuration (tls)".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Connection counters of a running server (see [`Running::stats`]).
+pub use tarn_conn::Stats as ConnStats;
+
+/// TCP keepalive on every connection: probes after a minute of silence,
+/// every 10 s, six of them, so a vanished client frees its slot in about
+/// two minutes even without an idle timeout.
+const KEEPALIVE_TIME: Duration = Duration::from_secs(60);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_PROBES: u32 = 6;
+/// How long [`Running::stop`] waits for connections to finish their
+/// requests in flight.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+/// Most replies gathered into one write.
+const REPLY_BATCH: usize = 32;
+/// Buffer sizes of a connection's reader and writer.
+const IO_BUFFER: usize = 64 << 10;
+
+/// What every connection shares.
+struct Shared {
+    cfg: NbdConfig,
+    policy: Policy,
+    table: RwLock<Arc<Table>>,
+    log: RateLog,
+}
+
+impl Shared {
+    fn table(&self) -> Arc<Table> {
+        match self.table.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+}
+
+/// The NBD server (see [`NbdServer::start`]).
+pub struct NbdServer;
+
+impl NbdServer {
+    /// Binds the listener, starts the runtime on its own thread, and
+    /// returns a handle. Exports can be changed later with
+    /// [`Running::set_exports`].
+    pub fn start(config: NbdConfig, exports: Vec<NbdExport>) -> Result<Running, Error> {
+        config.check()?;
+        let table = Table::new(exports, config.default_export.clone())?;
+        let listener = std::net::TcpListener::bind(config.bind)?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(config.workers.max(1))
+            .thread_name("tarn-nbd")
+            .enable_io()
+            .enable_time()
+            .build()?;
+        let admission = Admission::new(
+            "tarn-nbd",
+            Limits {
+                max_connections: config.max_connections,
+                max_per_address: config.max_connections_per_address,
+            },
+        );
+        let shared = Arc::new(Shared {
+            policy: Policy {
+                tls_available: config.tls.is_some(),
+                tls_required: config.tls_required,
+                max_payload: config.max_payload,
+            },
+            cfg: config,
+            table: RwLock::new(Arc::new(table)),
+            log: RateLog::new("tarn-nbd", Duration::from_secs(10)),
+        });
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), Error>>();
+        let (shared2, adm2) = (shared.clone(), admission.clone());
+        let thread = std::thread::Builder::new()
+            .name("tarn-nbd-main".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let l = match TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e.into()));
+                            return;
+                        }
+                    };
+                    let accept =
+                        tokio::spawn(accept_loop(l, shared2, adm2.clone(), stop_rx.clone()));
+                    let _ = ready_tx.send(Ok(()));
+                    let mut stop = stop_rx;
+                    let _ = stop.wait_for(|&s| s).await;
+                    // Closes the listener; connections see the stop and
+                    // finish their requests in flight.
+                    accept.abort();
+                    let deadline = Instant::now() + STOP_GRACE;
+                    while adm2.stats().open > 0 && Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                });
+                // Drops what is left (closing its sockets); lets device
+                // calls in progress finish.
+                rt.shutdown_timeout(Duration::from_secs(2));
+            })?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(Error::Config("server thread failed to start".into()));
+            }
+        }
+        Ok(Running {
+            shared,
+            admission,
+            addr,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        })
+    }
+}
+
+/// A running server. Dropping it stops it, as [`Running::stop`] does.
+pub struct Running {
+    shared: Arc<Shared>,
+    admission: Arc<Admission>,
+    addr: SocketAddr,
+    stop: Option<watch::Sender<bool>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Running {
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Replaces the export list. New negotiations see the new list at
+    /// once; connections already transmitting keep the device (and the
+    /// read-only setting) they entered with.
+    pub fn set_exports(&self, exports: Vec<NbdExport>) -> Result<(), Error> {
+        let t = Arc::new(Table::new(exports, self.shared.cfg.default_export.clone())?);
+        match self.shared.table.write() {
+            Ok(mut g) => *g = t,
+            Err(p) => *p.into_inner() = t,
+        }
+        Ok(())
+    }
+
+    /// Connection counters: open connections, refusals by reason,
+    /// evictions, idle closes.
+    pub fn stats(&self) -> ConnStats {
+        self.admission.stats()
+    }
+
+    /// Stops the server: closes the listener, stops reading requests,
+    /// lets every connection finish and answer what it had in flight (up
+    /// to 10 s), then closes them all. The port is free when it returns.
+    /// Must not be called from inside a tokio runtime's async context
+    /// (it blocks).
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(true);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+async fn accept_loop(
+    l: TcpListener,
+    shared: Arc<Shared>,
+    adm: Arc<Admission>,
+    stop: watch::Receiver<bool>,
+) {
+    loop {
+        let (stream, peer) = match l.accept().await {
+            Ok(x) => x,
+            Err(_) => {
+                // EMFILE and friends: back off instead of spinning.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(conn) = adm.admit(peer.ip()) else {
+            drop(stream);
+            continue;
+        };
+        let shared = shared.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            connection(stream, peer, conn, shared, stop).await;
+        });
+    }
+}
+
+fn keepalive(s: &TcpStream) {
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_TIME)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    let _ = socket2::SockRef::from(s).set_tcp_keepalive(&ka);
+}
+
+/// The phase after a successful handshake: the stream (clear or TLS) and
+/// the session.
+enum Entered {
+    Plain(TcpStream, Session),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>, Session),
+}
+
+/// Serves one connection: handshake (bounded by the handshake timeout,
+/// cut short by an eviction or a stop), then transmission.
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    conn: Conn,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    keepalive(&stream);
+    let idle = nonzero(shared.cfg.idle_timeout);
+    let hs = tokio::time::timeout(shared.cfg.handshake_timeout, handshake(stream, &shared));
+    let entered = tokio::select! {
+        r = hs => r,
+        _ = conn.closed(idle) => return,
+        _ = stop.wait_for(|&s| s) => return,
+    };
+    let entered = match entered {
+        Ok(Ok(Some(e))) => e,
+        Ok(Ok(None)) => return,
+        Ok(Err(HsError::Io(e))) => {
+            if e.kind() != std::io::ErrorKind::UnexpectedEof {
+                shared
+                    .log
+                    .log("handshake", &format!("handshake with {peer} failed: {e}"));
+            }
+            return;
+        }
+        Ok(Err(e)) => {
+            shared
+                .log
+                .log("handshake", &format!("handshake with {peer} failed: {e}"));
+            return;
+        }
+        Err(_) => {
+            shared.log.log(
+                "handshake",
+                &format!(
+                    "handshake with {peer} did not finish within {:?}",
+                    shared.cfg.handshake_timeout
+                ),
+            );
+            return;
+        }
+    };
+    match entered {
+        Entered::Plain(s, sess) => {
+            let (r, w) = s.into_split();
+            transmit(r, w, sess, peer, &conn, &shared, stop).await;
+        }
+        Entered::Tls(s, sess) => {
+            let (r, w) = tokio::io::split(*s);
+            transmit(r, w, sess, peer, &conn, &shared, stop).await;
+        }
+    }
+}
+
+fn nonzero(d: Duration) -> Option<Duration> {
+    (!d.is_zero()).then_some(d)
+}
+
+/// Greeting, options, and the TLS upgrade if asked for; None if the
+/// client aborted.
+async fn handshake(mut tcp: TcpStream, shared: &Shared) -> Result<Option<Entered>, HsError> {
+    let mut st = HsState {
+        no_zeroes: handshake::greet(&mut tcp).await?,
+        ..HsState::default()
+    };
+    let table = || shared.table();
+    match handshake::negotiate(&mut tcp, &mut st, &shared.policy, table).await? {
+        Outcome::Go(s) => return Ok(Some(Entered::Plain(tcp, s))),
+        Outcome::Abort => {
+            let _ = tcp.shutdown().await;
+            return Ok(None);
+        }
+        Outcome::StartTls => {}
+    }
+    let Some(cfg) = &shared.cfg.tls else {
+        return Err(HsError::Protocol(
+            "STARTTLS without a TLS configuration".into(),
+        ));
+    };
+    let mut tls = tokio_rustls::TlsAcceptor::from(cfg.clone())
+        .accept(tcp)
+        .await?;
+    // Nothing negotiated in clear text survives the upgrade.
+    st = HsState {
+        tls: true,
+        no_zeroes: st.no_zeroes,
+        options: st.options,
+        ..HsState::default()
+    };
+    match handshake::negotiate(&mut tls, &mut st, &shared.policy, table).await? {
+        Outcome::Go(s) => Ok(Some(Entered::Tls(Box::new(tls), s))),
+        Outcome::Abort => {
+            let _ = tls.shutdown().await;
+            Ok(None)
+        }
+        Outcome::StartTls => Err(HsError::Protocol("STARTTLS twice".into())),
+    }
+}
+
+/// A reply on its way to the writer, with what it holds until written:
+/// the connection's busy mark and its in-flight slot and bytes.
+struct Outgoing {
+    reply: Reply,
+    _busy: Busy,
+    _slot: OwnedSemaphorePermit,
+    _bytes: Option<OwnedSemaphorePermit>,
+}
+
+/// What the reader found next on the stream.
+enum Next {
+    /// A command to carry out, its payload read and its permits taken.
+    Run {
+        header: RequestHeader,
+        cmd: Command,
+        payload: Option<Vec<u8>>,
+        slot: OwnedSemaphorePermit,
+        bytes: Option<OwnedSemaphorePermit>,
+    },
+    /// An error to answer (any payload already dropped).
+    Refuse {
+        header: RequestHeader,
+        errno: u32,
+        why: &'static str,
+        slot: OwnedSemaphorePermit,
+    },
+    /// `NBD_CMD_DISC`.
+    Disconnect,
+    /// The client hung up or the socket failed.
+    End,
+    /// The client broke the protocol; hang up.
+    Violation(String),
+}
+
+/// The transmission phase (see the crate docs): this task reads and
+/// judges requests and starts each on a blocking thread; replies go out
+/// through one writer task in completion order. On `NBD_CMD_DISC`, end
+/// of stream, a protocol violation, eviction or stop, reading stops,
+/// the requests in flight finish and are answered, and the connection
+/// closes.
+async fn transmit<R, W>(
+    rd: R,
+    wr: W,
+    sess: Session,
+    peer: SocketAddr,
+    conn: &Conn,
+    shared: &Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let cfg = &shared.cfg;
+    let inflight = cfg.max_inflight_per_connection.max(1);
+    let (tx, rx) = mpsc::channel::<Outgoing>(inflight);
+    let writer = tokio::spawn(write_replies(
+        wr,
+        rx,
+        conn.state().clone(),
+        nonzero(cfg.reply_timeout),
+    ));
+    let slots = Arc::new(Semaphore::new(inflight));
+    let budget = cfg.max_inflight_bytes_per_connection;
+    let bytes = Arc::new(Semaphore::new(budget as usize));
+    let mut rd = BufReader::with_capacity(IO_BUFFER, rd);
+    let idle = nonzero(cfg.idle_timeout);
+    let structured = sess.view.structured;
+    loop {
+        let next = tokio::select! {
+            n = next_request(&mut rd, &sess, &slots, &bytes, budget) => n,
+            _ = conn.closed(idle) => break,
+            _ = stop.wait_for(|&s| s) => break,
+        };
+        match next {
+            Next::Run {
+                header,
+                cmd,
+                payload,
+                slot,
+                bytes,
+            } => {
+                let busy = conn.state().begin();
+                let tx = tx.clone();
+                let dev = sess.export.device.clone();
+                let sh = shared.clone();
+                let name = sess.export.name.clone();
+                tokio::task::spawn_blocking(move || {
+                    let out = exec::run(&*dev, cmd, payload);
+                    if let Err(f) = &out {
+                        if f.errno == errno::EIO {
+                            sh.log.log(
+                                "device",
+                                &format!("export {name:?}: I/O error: {}", f.message),
+                            );
+                        }
+                    }
+                    let read = matches!(cmd, Command::Read { .. });
+                    let reply = exec::encode(header.cookie, header.offset, read, structured, out);
+                    // Never blocks long: the channel has room for every
+                    // slot, and this reply holds one.
+                    let _ = tx.blocking_send(Outgoing {
+                        reply,
+                        _busy: busy,
+                        _slot: slot,
+                        _bytes: bytes,
+                    });
+                });
+            }
+            Next::Refuse {
+                header,
+                errno,
+                why,
+                slot,
+            } => {
+                let out = Outgoing {
+                    reply: exec::error(header.cookie, structured, errno, why),
+                    _busy: conn.state().begin(),
+                    _slot: slot,
+                    _bytes: None,
+                };
+                if tx.send(out).await.is_err() {
+                    break;
+                }
+            }
+            Next::Disconnect | Next::End => break,
+            Next::Violation(why) => {
+                shared.log.log(
+                    "protocol",
+                    &format!("closed the connection of {peer}: {why}"),
+                );
+                break;
+            }
+        }
+    }
+    drop(tx);
+    // Once every request in flight has sent its reply (and dropped its
+    // sender), the writer drains the channel, shuts the stream down and
+    // ends.
+    let _ = writer.await;
+}
+
+/// Reads the next request: header, judgement, permits (so memory stays
+/// within the connection's budget before anything is allocated), then a
+/// write's payload. A request's payload is always consumed before the
+/// next header is read.
+async fn next_request<R: AsyncRead + Unpin>(
+    rd: &mut BufReader<R>,
+    sess: &Session,
+    slots: &Arc<Semaphore>,
+    bytes: &Arc<Semaphore>,
+    budget: u32,
+) -> Next {
+    let mut hb = [0u8; proto::REQUEST_HEADER_LEN];
+    if rd.read_exact(&mut hb).await.is_err() {
+        return Next::End;
+    }
+    let header = match request::decode_header(&hb) {
+        Ok(h) => h,
+        Err(e) => return Next::Violation(e.to_string()),
+    };
+    match request::classify(&header, &sess.view) {
+        Decision::Disconnect => Next::Disconnect,
+        Decision::Close => Next::Violation(format!(
+            "a write of {} bytes, over the maximum payload and too long to skip",
+            header.len
+        )),
+        Decision::Refuse { errno, skip, why } => {
+            if skip > 0 {
+                let mut rest = (&mut *rd).take(skip as u64);
+                match tokio::io::copy_buf(&mut rest, &mut tokio::io::sink()).await {
+                    Ok(n) if n == skip as u64 => {}
+                    _ => return Next::End,
+                }
+            }
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return Next::End;
+            };
+            Next::Refuse {
+                header,
+                errno,
+                why,
+                slot,
+            }
+        }
+        Decision::Run(cmd) => {
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return Next::End;
+            };
+            // Never more than the whole budget (block status on a
+            // connection with a small one), or it would wait forever.
+            let weight = cmd.memory_bytes().min(budget);
+            let held = if weight > 0 {
+                match bytes.clone().acquire_many_owned(weight).await {
+                    Ok(p) => Some(p),
+                    Err(_) => return Next::End,
+                }
+            } else {
+                None
+            };
+            let payload = match cmd {
+                Command::Write { len, .. } if len > 0 => {
+                    // `len` is at most the maximum payload (classify).
+                    let mut buf = vec![0u8; len as usize];
+                    if rd.read_exact(&mut buf).await.is_err() {
+                        return Next::End;
+                    }
+                    Some(buf)
+                }
+                _ => None,
+            };
+            Next::Run {
+                header,
+                cmd,
+                payload,
+                slot,
+                bytes: held,
+            }
+        }
+    }
+}
+
+/// Writes replies as they come, several at once when they queue up, and
+/// flushes when the queue is empty. A batch that cannot be written within
+/// `timeout` gives the connection up. Ends when every sender is gone,
+/// shutting the stream down (TLS `close_notify`, then TCP FIN).
+async fn write_replies<W: AsyncWrite + Unpin>(
+    wr: W,
+    mut rx: mpsc::Receiver<Outgoing>,
+    state: Arc<ConnState>,
+    timeout: Option<Duration>,
+) {
+    let mut w = BufWriter::with_capacity(IO_BUFFER, wr);
+    let mut batch: Vec<Outgoing> = Vec::with_capacity(REPLY_BATCH);
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        while batch.len() < REPLY_BATCH {
+            match rx.try_recv() {
+                Ok(o) => batch.push(o),
+                Err(_) => break,
+            }
+        }
+        let write = async {
+            for o in &batch {
+                w.write_all(&o.reply.head).await?;
+                if let Some(d) = &o.reply.data {
+                    w.write_all(d).await?;
+                }
+            }
+            w.flush().await
+        };
+        let ok = match timeout {
+            Some(t) => matches!(tokio::time::timeout(t, write).await, Ok(Ok(()))),
+            None => write.await.is_ok(),
+        };
+        // The requests are done once their replies are written.
+        batch.clear();
+        if !ok {
+            state.close();
+            return;
+        }
+    }
+    let _ = w.shutdown().await;
+}
