@@ -2,7 +2,10 @@
 //! connection looks names up in.
 
 use std::collections::HashSet;
+use std::net::IpAddr;
 use std::sync::Arc;
+
+use tarn_conn::IpNet;
 
 use tarn_vol::Device;
 
@@ -22,17 +25,28 @@ pub struct NbdExport {
     /// Refuse writes even if the device takes them (a read-only share of
     /// a writable volume). A read-only device is read-only regardless.
     pub read_only: bool,
+    /// Networks whose clients may see and use the export; to any other
+    /// client it does not exist (not listed, `NBD_REP_ERR_UNKNOWN`).
+    /// Empty: nobody.
+    pub clients: Vec<IpNet>,
 }
 
 impl NbdExport {
-    /// A writable export of `device` named `name`, without description.
+    /// A writable export of `device` named `name`, without description,
+    /// open to every client address.
     pub fn new(name: impl Into<String>, device: Arc<dyn Device>) -> NbdExport {
         NbdExport {
             name: name.into(),
             description: None,
             device,
             read_only: false,
+            clients: vec![IpNet::any_v4(), IpNet::any_v6()],
         }
+    }
+
+    /// True if a client at `ip` may see and use the export.
+    pub fn allows(&self, ip: IpAddr) -> bool {
+        self.clients.iter().any(|n| n.contains(ip))
     }
 
     /// True if writes are refused (by the export or by the device).
@@ -99,6 +113,20 @@ impl Table {
         })
     }
 
+    /// The exports a client at `ip` may see: the others do not exist for
+    /// it, so it cannot even learn their names or sizes.
+    pub(crate) fn visible_to(&self, ip: IpAddr) -> Table {
+        Table {
+            exports: self
+                .exports
+                .iter()
+                .filter(|e| e.allows(ip))
+                .cloned()
+                .collect(),
+            default: self.default.clone(),
+        }
+    }
+
     /// The export `name` stands for: itself, or for an empty name the
     /// default export (if one is configured and exported).
     pub(crate) fn find(&self, name: &str) -> Option<&Arc<NbdExport>> {
@@ -122,6 +150,27 @@ mod tests {
 
     fn dev() -> Arc<dyn Device> {
         Arc::new(MemDevice::new(4096, 512))
+    }
+
+    #[test]
+    fn a_client_sees_only_the_exports_its_network_may_use() {
+        let mut lan = NbdExport::new("lan", dev());
+        lan.clients = vec!["192.168.1.0/24".parse().unwrap()];
+        let mut nobody = NbdExport::new("nobody", dev());
+        nobody.clients = Vec::new();
+        let t = Table::new(vec![lan, nobody, NbdExport::new("all", dev())], None).unwrap();
+        let names = |ip: &str| -> Vec<String> {
+            let v = t.visible_to(ip.parse().unwrap());
+            v.exports.iter().map(|e| e.name.clone()).collect()
+        };
+        assert_eq!(names("192.168.1.9"), ["lan", "all"]);
+        assert_eq!(names("::ffff:192.168.1.9"), ["lan", "all"]);
+        assert_eq!(names("10.0.0.1"), ["all"]);
+        assert_eq!(names("::1"), ["all"]);
+        assert!(t
+            .visible_to("10.0.0.1".parse().unwrap())
+            .find("lan")
+            .is_none());
     }
 
     #[test]

@@ -348,7 +348,10 @@ async fn connection(
     let _ = stream.set_nodelay(true);
     keepalive(&stream);
     let idle = nonzero(shared.cfg.idle_timeout);
-    let hs = tokio::time::timeout(shared.cfg.handshake_timeout, handshake(stream, &shared));
+    let hs = tokio::time::timeout(
+        shared.cfg.handshake_timeout,
+        handshake(stream, peer, &shared),
+    );
     let entered = tokio::select! {
         r = hs => r,
         _ = conn.closed(idle) => return,
@@ -400,12 +403,16 @@ fn nonzero(d: Duration) -> Option<Duration> {
 
 /// Greeting, options, and the TLS upgrade if asked for; None if the
 /// client aborted.
-async fn handshake(mut tcp: TcpStream, shared: &Shared) -> Result<Option<Entered>, HsError> {
+async fn handshake(
+    mut tcp: TcpStream,
+    peer: SocketAddr,
+    shared: &Shared,
+) -> Result<Option<Entered>, HsError> {
     let mut st = HsState {
         no_zeroes: handshake::greet(&mut tcp).await?,
         ..HsState::default()
     };
-    let table = || shared.table();
+    let table = || Arc::new(shared.table().visible_to(peer.ip()));
     match handshake::negotiate(&mut tcp, &mut st, &shared.policy, table).await? {
         Outcome::Go(s) => return Ok(Some(Entered::Plain(tcp, s))),
         Outcome::Abort => {

@@ -729,3 +729,33 @@ fn a_small_memory_budget_still_serves_every_command() {
     }
     c.disconnect();
 }
+
+#[test]
+fn an_export_exists_only_for_the_client_networks_it_names() {
+    let mut disk = NbdExport::new("disk", mem(MIB));
+    disk.clients = vec!["127.0.0.2/32".parse().expect("a network")];
+    let r = start(vec![disk, NbdExport::new("open", mem(MIB))]);
+    let from = |last: u8| {
+        let s = tarn_testkit::net::connect_from([127, 0, 0, last], r.local_addr())
+            .expect("connect from a loopback address");
+        Raw::greeted_over(s)
+    };
+    // Outside: not listed, unknown to GO, and the session that does
+    // exist for it still works.
+    let mut c = from(3);
+    c.send(&client::FIXED_NEWSTYLE.to_be_bytes());
+    let listed = c.option(opt::LIST, &[]);
+    let names: Vec<Vec<u8>> = listed
+        .iter()
+        .filter(|o| o.kind == rep::SERVER)
+        .map(|o| o.data[4..].to_vec())
+        .collect();
+    assert_eq!(names, [b"open".to_vec()], "only the open export is listed");
+    assert_eq!(c.go("disk"), Err(rep::ERR_UNKNOWN));
+    // Inside: served.
+    let mut c = from(2);
+    c.send(&client::FIXED_NEWSTYLE.to_be_bytes());
+    assert!(c.go("disk").is_ok());
+    assert_eq!(c.write(0, b"in"), 0);
+    assert_eq!(c.read(0, 2), Ok(b"in".to_vec()));
+}
