@@ -452,6 +452,9 @@ pub struct DaemonStats {
     /// The WebDAV server, when it runs.
     #[serde(default)]
     pub webdav: Option<ConnCounters>,
+    /// The NBD server, when it runs (API 1.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbd: Option<ConnCounters>,
 }
 
 /// Result of `pool.sync`.

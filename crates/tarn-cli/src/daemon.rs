@@ -67,8 +67,17 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     pub webdav: Option<std::net::SocketAddr>,
 
-    /// PEM certificate for WebDAV over HTTPS [default: a self-signed one
-    /// generated in the state directory]
+    /// Serve the volume shares over NBD on this address, e.g.
+    /// 0.0.0.0:10809 (TLS offered with the WebDAV certificate)
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub nbd: Option<std::net::SocketAddr>,
+
+    /// NBD clients must start TLS before anything else
+    #[arg(long, requires = "nbd")]
+    pub nbd_tls_required: bool,
+
+    /// PEM certificate for WebDAV over HTTPS and NBD over TLS [default: a
+    /// self-signed one generated in the state directory]
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
 
@@ -188,6 +197,10 @@ pub struct DaemonRun {
     pub nfs: Option<SocketAddr>,
     /// Where WebDAV listens; not started when absent.
     pub webdav: Option<SocketAddr>,
+    /// Where NBD listens; not started when absent.
+    pub nbd: Option<SocketAddr>,
+    /// NBD clients must start TLS first.
+    pub nbd_tls_required: bool,
     /// A PEM certificate and key for WebDAV over TLS.
     pub tls_cert: Option<(PathBuf, PathBuf)>,
     /// Plain HTTP for WebDAV even off loopback.
@@ -275,6 +288,8 @@ pub(crate) fn daemon_command(
         fuse_threads,
         nfs,
         webdav,
+        nbd,
+        nbd_tls_required,
         tls_cert,
         tls_key,
         webdav_plain_http,
@@ -292,6 +307,8 @@ pub(crate) fn daemon_command(
                 limits,
                 nfs,
                 webdav,
+                nbd,
+                nbd_tls_required,
                 tls_cert: tls_cert.zip(tls_key),
                 webdav_plain_http,
             }))

@@ -164,6 +164,7 @@ pub fn render_daemon_stats(stats: &tarn_api::params::DaemonStats) -> String {
         ("admin", Some(&stats.admin)),
         ("nfs", stats.nfs.as_ref()),
         ("webdav", stats.webdav.as_ref()),
+        ("nbd", stats.nbd.as_ref()),
     ];
     let rows: Vec<Vec<String>> = servers
         .iter()
@@ -233,6 +234,10 @@ mod tests {
                 ..Default::default()
             }),
             webdav: None,
+            nbd: Some(tarn_api::params::ConnCounters {
+                open: 9,
+                ..Default::default()
+            }),
         };
         let text = render_daemon_stats(&stats);
         let lines: Vec<&str> = text.lines().collect();
@@ -246,6 +251,10 @@ mod tests {
             ["nfs", "0", "0", "7", "8", "0", "0", "0", "0"]
         );
         assert_eq!(cells(lines[3]), ["webdav", "not", "running"]);
+        assert_eq!(
+            cells(lines[4]),
+            ["nbd", "9", "0", "0", "0", "0", "0", "0", "0"]
+        );
     }
 
     #[test]

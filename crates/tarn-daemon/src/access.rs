@@ -399,9 +399,15 @@ pub fn authenticate(pool: &Pool, name: &str, password: &str) -> Option<UserRecor
 /// Adds or replaces a share after checking it.
 pub fn share_put(pool: &Pool, share: &Share) -> Result<(), ApiError> {
     check_share_name(&share.name)?;
-    let kind =
-        tarn_dataset::get_props(pool, &share.dataset, &["type".to_string()]).map_err(ds_error)?;
+    let kind = tarn_dataset::get_props(
+        pool,
+        &share.dataset,
+        &["type".to_string(), "volsize".to_string()],
+    )
+    .map_err(ds_error)?;
     let is = |k: &str| kind.first().map(|p| p.value.as_str()) == Some(k);
+    // A volume, or a snapshot of one (served read-only).
+    let block_device = kind.get(1).is_some_and(|p| p.value != "-");
     if (share.nfs.is_some() || share.webdav.is_some()) && !is("filesystem") {
         return Err(ApiError::invalid(format!(
             "'{}' is not a filesystem dataset: NFS and WebDAV serve filesystems",
@@ -409,9 +415,10 @@ pub fn share_put(pool: &Pool, share: &Share) -> Result<(), ApiError> {
         )));
     }
     if let Some(n) = &share.nbd {
-        if !is("volume") {
+        if !block_device {
             return Err(ApiError::invalid(format!(
-                "'{}' is not a volume: NBD serves volumes (tarn volume create)",
+                "'{}' is not a volume or a snapshot of one: NBD serves volumes \
+                 (tarn volume create)",
                 share.dataset
             )));
         }

@@ -36,7 +36,7 @@ use crate::access;
 use crate::error::{DaemonError, Result};
 use crate::filesystems::Filesystems;
 use crate::mounts::Mounts;
-use crate::servers::{share_entries, Endpoints, ServerOptions, Servers};
+use crate::servers::{nbd_entry, share_entries, Endpoints, ServerOptions, Servers, ShareLists};
 
 /// The daemon's knobs for its pools; every one is a bound or an interval.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -343,10 +343,10 @@ impl Pools {
         self.lock().values().cloned().collect()
     }
 
-    /// The NFS exports and WebDAV shares of every pool's stored shares.
-    pub fn share_lists(&self) -> (Vec<tarn_nfs::Export>, Vec<tarn_webdav::Share>) {
-        let mut exports = Vec::new();
-        let mut shares = Vec::new();
+    /// The NFS exports, WebDAV shares and NBD exports of every pool's
+    /// stored shares.
+    pub fn share_lists(&self) -> ShareLists {
+        let mut lists = ShareLists::default();
         for pool in self.all_pools() {
             let list = match access::shares(&pool) {
                 Ok(l) => l,
@@ -356,6 +356,15 @@ impl Pools {
                 }
             };
             for share in list {
+                if share.nbd.is_some() {
+                    match self.fss.volume(&pool, &share.dataset) {
+                        Ok(v) => lists.nbd.extend(nbd_entry(v, &share)),
+                        Err(e) => eprintln!("tarn: share '{}': {e}", share.name),
+                    }
+                }
+                if share.nfs.is_none() && share.webdav.is_none() {
+                    continue;
+                }
                 let fs = match self.fss.get(&pool, &share.dataset) {
                     Ok(fs) => fs,
                     Err(e) => {
@@ -364,11 +373,11 @@ impl Pools {
                     }
                 };
                 let (export, dav) = share_entries(fs, &share);
-                exports.extend(export);
-                shares.extend(dav);
+                lists.nfs.extend(export);
+                lists.webdav.extend(dav);
             }
         }
-        (exports, shares)
+        lists
     }
 
     /// Starts NFS and WebDAV as the options say.
@@ -383,8 +392,7 @@ impl Pools {
     /// Gives the running servers the current shares (after any change of
     /// shares, pools or datasets).
     pub(crate) fn refresh_servers(&self) {
-        let (exports, shares) = self.share_lists();
-        self.servers.update(exports, shares);
+        self.servers.update(self.share_lists());
     }
 
     /// The pool that stores users: the named one, or the only one.

@@ -32,8 +32,13 @@ pub struct ServerOptions {
     pub nfs: Option<SocketAddr>,
     /// WebDAV.
     pub webdav: Option<SocketAddr>,
-    /// A PEM certificate and key for WebDAV over TLS; a self-signed pair in
-    /// the state directory when absent.
+    /// NBD (volume shares).
+    pub nbd: Option<SocketAddr>,
+    /// NBD sessions must start TLS (STARTTLS) before anything else; with
+    /// it off, TLS is offered and optional.
+    pub nbd_tls_required: bool,
+    /// A PEM certificate and key for WebDAV (and NBD) over TLS; a
+    /// self-signed pair in the state directory when absent.
     pub tls_cert: Option<(PathBuf, PathBuf)>,
     /// Plain HTTP even off loopback (passwords cross the network in the
     /// clear: only for a trusted network or behind a TLS proxy).
@@ -103,6 +108,9 @@ pub struct Endpoints {
     pub nfs: Option<SocketAddr>,
     /// WebDAV address.
     pub webdav: Option<SocketAddr>,
+    /// NBD address.
+    #[serde(default)]
+    pub nbd: Option<SocketAddr>,
     /// True when WebDAV uses TLS.
     pub webdav_tls: bool,
     /// SHA-256 fingerprint of the WebDAV certificate.
@@ -114,7 +122,33 @@ pub struct Endpoints {
 pub struct Servers {
     nfs: Mutex<Option<tarn_nfs::Running>>,
     webdav: Mutex<Option<tarn_webdav::Running>>,
+    nbd: Mutex<Option<tarn_nbd::Running>>,
     endpoints: Mutex<Endpoints>,
+}
+
+/// What the servers serve: built from every pool's share records.
+#[derive(Default)]
+pub struct ShareLists {
+    /// NFS exports (filesystems).
+    pub nfs: Vec<Export>,
+    /// WebDAV shares (filesystems).
+    pub webdav: Vec<tarn_webdav::Share>,
+    /// NBD exports (volumes).
+    pub nbd: Vec<tarn_nbd::NbdExport>,
+}
+
+/// The TLS certificate of the node's servers, as WebDAV and NBD use it.
+fn tls_config(opts: &ServerOptions, state_dir: &Path) -> TlsConfig {
+    match &opts.tls_cert {
+        Some((cert, key)) => TlsConfig::Pem {
+            cert: cert.clone(),
+            key: key.clone(),
+        },
+        None => TlsConfig::SelfSigned {
+            dir: state_dir.join("tls"),
+            names: Vec::new(),
+        },
+    }
 }
 
 /// The NFS handle key: 32 random bytes kept in the state directory (0600),
@@ -151,9 +185,14 @@ impl Servers {
         &self,
         opts: &ServerOptions,
         state_dir: &Path,
-        (exports, shares): (Vec<Export>, Vec<tarn_webdav::Share>),
+        lists: ShareLists,
         auth: Arc<dyn Authenticator>,
     ) -> Result<()> {
+        let ShareLists {
+            nfs: exports,
+            webdav: shares,
+            nbd,
+        } = lists;
         let mut ep = Endpoints::default();
         if let Some(bind) = opts.nfs {
             let l = opts.nfs_limits;
@@ -182,16 +221,7 @@ impl Servers {
             if opts.webdav_plain_http {
                 config.allow_plain_http_non_loopback = true;
             } else if !bind.ip().is_loopback() {
-                config.tls = Some(match &opts.tls_cert {
-                    Some((cert, key)) => TlsConfig::Pem {
-                        cert: cert.clone(),
-                        key: key.clone(),
-                    },
-                    None => TlsConfig::SelfSigned {
-                        dir: state_dir.join("tls"),
-                        names: Vec::new(),
-                    },
-                });
+                config.tls = Some(tls_config(opts, state_dir));
             }
             let tls = config.tls.is_some();
             let running = tarn_webdav::serve(config, shares, auth).map_err(|e| {
@@ -202,12 +232,41 @@ impl Servers {
             ep.tls_fingerprint = running.tls_fingerprint().map(|f| f.to_string());
             *self.webdav.lock().unwrap_or_else(|e| e.into_inner()) = Some(running);
         }
+        if let Some(bind) = opts.nbd {
+            // TLS is offered with the node's certificate; clients that do
+            // not ask for it are served in the clear unless it is required.
+            let (tls, _) = tarn_webdav::tls_server_config(&tls_config(opts, state_dir))
+                .map_err(|e| DaemonError::msg(format!("NBD over TLS: {e}")))?;
+            let mut tls = (*tls).clone();
+            tls.alpn_protocols.clear();
+            let config = tarn_nbd::NbdConfig {
+                bind,
+                tls: Some(Arc::new(tls)),
+                tls_required: opts.nbd_tls_required,
+                ..tarn_nbd::NbdConfig::default()
+            };
+            let running = tarn_nbd::NbdServer::start(config, nbd).map_err(|e| {
+                DaemonError::msg(format!("cannot start the NBD server on {bind}: {e}"))
+            })?;
+            ep.nbd = Some(running.local_addr());
+            *self.nbd.lock().unwrap_or_else(|e| e.into_inner()) = Some(running);
+        }
         *self.endpoints.lock().unwrap_or_else(|e| e.into_inner()) = ep;
         Ok(())
     }
 
     /// Hands fresh share lists to the running servers.
-    pub fn update(&self, exports: Vec<Export>, shares: Vec<tarn_webdav::Share>) {
+    pub fn update(&self, lists: ShareLists) {
+        let ShareLists {
+            nfs: exports,
+            webdav: shares,
+            nbd,
+        } = lists;
+        if let Some(n) = self.nbd.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            if let Err(e) = n.set_exports(nbd) {
+                eprintln!("tarn: cannot update the NBD exports: {e}");
+            }
+        }
         if let Some(n) = self.nfs.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             if let Err(e) = n.set_exports(exports) {
                 eprintln!("tarn: cannot update the NFS exports: {e}");
@@ -238,7 +297,11 @@ impl Servers {
     pub fn stats(&self) -> tarn_api::params::DaemonStats {
         let nfs = self.nfs.lock().unwrap_or_else(|e| e.into_inner());
         let webdav = self.webdav.lock().unwrap_or_else(|e| e.into_inner());
+        let nbd = self.nbd.lock().unwrap_or_else(|e| e.into_inner());
         tarn_api::params::DaemonStats {
+            nbd: nbd
+                .as_ref()
+                .map(|n| crate::convert::conn_counters(n.stats())),
             admin: Default::default(),
             nfs: nfs
                 .as_ref()
@@ -249,8 +312,11 @@ impl Servers {
         }
     }
 
-    /// Stops both servers (daemon shutdown).
+    /// Stops every server (daemon shutdown).
     pub fn stop(&self) {
+        if let Some(n) = self.nbd.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            n.stop();
+        }
         if let Some(n) = self.nfs.lock().unwrap_or_else(|e| e.into_inner()).take() {
             n.stop();
         }
@@ -260,23 +326,38 @@ impl Servers {
     }
 }
 
+/// Client networks of a share record, leaving out (and logging) any that
+/// do not parse.
+fn networks(share: &str, list: &[String]) -> Vec<IpNet> {
+    list.iter()
+        .filter_map(|c| match c.parse::<IpNet>() {
+            Ok(net) => Some(net),
+            Err(_) => {
+                eprintln!("tarn: share '{share}': ignoring bad network {c}");
+                None
+            }
+        })
+        .collect()
+}
+
+/// The NBD export of a stored share of a volume.
+pub fn nbd_entry(vol: Arc<tarn_vol::Volume>, share: &Share) -> Option<tarn_nbd::NbdExport> {
+    share.nbd.as_ref().map(|n| {
+        let mut e = tarn_nbd::NbdExport::new(share.name.clone(), vol);
+        e.description = Some(share.dataset.clone());
+        e.read_only = n.read_only;
+        e.clients = networks(&share.name, &n.clients);
+        e
+    })
+}
+
 /// The NFS export and the WebDAV share of one stored share.
 pub fn share_entries(
     fs: Arc<crate::filesystems::DatasetFs>,
     share: &Share,
 ) -> (Option<Export>, Option<tarn_webdav::Share>) {
     let export = share.nfs.as_ref().map(|n| {
-        let clients: Vec<IpNet> = n
-            .clients
-            .iter()
-            .filter_map(|c| match c.parse::<IpNet>() {
-                Ok(net) => Some(net),
-                Err(_) => {
-                    eprintln!("tarn: share '{}': ignoring bad network {c}", share.name);
-                    None
-                }
-            })
-            .collect();
+        let clients = networks(&share.name, &n.clients);
         let mut e = Export::new(format!("/{}", share.name), fs.clone(), clients);
         e.read_only = n.read_only;
         e.root_squash = n.root_squash;

@@ -89,6 +89,17 @@ mod server;
 mod tls;
 
 pub use api::FsApi;
+
+/// The rustls server configuration of `cfg` (the certificate WebDAV uses,
+/// generated when self-signed and absent) and its SHA-256 fingerprint,
+/// for another server of the node to offer the same certificate. Its ALPN
+/// list names HTTP/1.1; a server of another protocol clears it.
+#[cfg(feature = "tls")]
+pub fn tls_server_config(
+    cfg: &TlsConfig,
+) -> Result<(std::sync::Arc<rustls::ServerConfig>, String), WebdavError> {
+    tls::server_config(cfg)
+}
 pub use auth::{Anonymous, Authenticator, Principal, StaticUsers};
 pub use davfs::IO_CHUNK;
 pub use props::XATTR_PREFIX as PROP_XATTR_PREFIX;

@@ -107,6 +107,8 @@ fn daemon_options(run: DaemonRun) -> DaemonOptions {
     let mut servers = ServerOptions {
         nfs: run.nfs,
         webdav: run.webdav,
+        nbd: run.nbd,
+        nbd_tls_required: run.nbd_tls_required,
         tls_cert: run.tls_cert,
         webdav_plain_http: run.webdav_plain_http,
         ..ServerOptions::default()

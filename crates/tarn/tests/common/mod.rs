@@ -6,5 +6,6 @@
 #![allow(dead_code)]
 
 pub mod clients;
+pub mod nbd;
 pub mod process;
 pub mod seeded;

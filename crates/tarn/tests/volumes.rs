@@ -1,0 +1,457 @@
+//! Volumes through the real daemon and real NBD clients: create, share,
+//! qemu-img, nbdcopy and fio verify jobs, a snapshot under write load
+//! served read-only, TRIM giving space back, and a SIGKILL crash loop
+//! under flushing writes.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::nbd::Nbd;
+use common::process::{files, Daemon};
+use common::seeded::crash_settings;
+use tarn_testkit::data::{pattern, Rng};
+use tarn_testkit::net::free_port;
+use tarn_testkit::require;
+
+const MIB: u64 = 1 << 20;
+
+/// A daemon serving NBD on a free port, with a raidz1 pool `tank`.
+fn daemon(dir: &Path, log: &Path) -> (Daemon, String) {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let d = Daemon::start_logged(dir, &["--nbd", &addr, "--txg-interval", "1"], log);
+    (d, addr)
+}
+
+fn pool(d: &Daemon, dir: &Path) {
+    let f = files(dir, "m", 4, 256 << 20);
+    d.ok(&[
+        "pool", "create", "tank", "raidz1", &f[0], &f[1], &f[2], &f[3],
+    ]);
+}
+
+fn run(args: &[&str]) -> std::process::Output {
+    let o = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", args[0]));
+    assert!(
+        o.status.success(),
+        "{args:?} failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+fn used_by(d: &Daemon, name: &str) -> (u64, u64) {
+    let v: serde_json::Value =
+        serde_json::from_str(&d.ok(&["-o", "json", "dataset", "list", "-t", "all"])).unwrap();
+    let row = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == name)
+        .unwrap_or_else(|| panic!("{name} not listed: {v}"));
+    (
+        row["usedbydataset"].as_u64().unwrap(),
+        row["usedbysnapshots"].as_u64().unwrap(),
+    )
+}
+
+#[test]
+fn real_nbd_clients_read_and_write_a_volume() {
+    if !require::programs(&["qemu-img", "qemu-io", "nbdcopy", "nbdinfo", "fio"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("daemon.log");
+    let (d, addr) = daemon(dir.path(), &log);
+    pool(&d, dir.path());
+    d.ok(&[
+        "volume",
+        "create",
+        "-V",
+        "64M",
+        "-o",
+        "volblocksize=16K",
+        "tank/vm",
+    ]);
+    // A filesystem cannot be shared over NBD, a volume not over NFS.
+    d.ok(&["dataset", "create", "tank/fs"]);
+    assert!(d
+        .fails(&["share", "add", "x", "tank/fs", "--nbd", "127.0.0.1/32"])
+        .contains("not a volume"));
+    assert!(d
+        .fails(&["share", "add", "x", "tank/vm", "--nfs", "127.0.0.1/32"])
+        .contains("not a filesystem"));
+    d.ok(&["share", "add", "vm", "tank/vm", "--nbd", "127.0.0.1/32"]);
+    let url = format!("nbd://{addr}/vm");
+
+    let info = run(&["nbdinfo", "--json", &url]);
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    assert_eq!(info["exports"][0]["export-size"], 64 * MIB, "{info}");
+
+    // qemu-img: a raw image with holes and data in, compared, and out.
+    let img = dir.path().join("guest.raw");
+    let mut bytes = vec![0u8; (48 * MIB) as usize];
+    for (i, chunk) in bytes.chunks_mut(MIB as usize).enumerate() {
+        if i % 3 != 1 {
+            chunk.copy_from_slice(&pattern(i as u64, MIB as usize));
+        }
+    }
+    std::fs::write(&img, &bytes).unwrap();
+    run(&[
+        "qemu-img",
+        "convert",
+        "-n",
+        "-f",
+        "raw",
+        "-O",
+        "raw",
+        img.to_str().unwrap(),
+        &url,
+    ]);
+    let cmp = Command::new("qemu-img")
+        .args([
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            img.to_str().unwrap(),
+            &url,
+        ])
+        .output()
+        .unwrap();
+    // The volume is longer: compare says so but finds the rest zero (0).
+    assert_eq!(
+        cmp.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&cmp.stdout)
+    );
+    let out = dir.path().join("back.raw");
+    run(&["nbdcopy", &url, out.to_str().unwrap()]);
+    let back = std::fs::read(&out).unwrap();
+    assert_eq!(back.len() as u64, 64 * MIB);
+    assert!(
+        back[..bytes.len()] == bytes[..],
+        "nbdcopy read back other bytes"
+    );
+    assert!(back[bytes.len()..].iter().all(|&b| b == 0));
+    // Holes are reported: the map of the first 3 MiB shows data, hole, data.
+    let map = run(&["nbdinfo", "--map", "--json", &url]);
+    let map: serde_json::Value = serde_json::from_slice(&map.stdout).unwrap();
+    let hole_at = |off: u64| {
+        map.as_array().unwrap().iter().any(|e| {
+            let (o, l) = (e["offset"].as_u64().unwrap(), e["length"].as_u64().unwrap());
+            o <= off && off < o + l && e["type"].as_u64().unwrap() & 1 == 1
+        })
+    };
+    assert!(
+        !hole_at(0) && hole_at(MIB + 4096) && !hole_at(2 * MIB),
+        "{map}"
+    );
+
+    // fio's nbd engine: random 4k and sequential 1M writes, verified.
+    for (rw, bs) in [("randwrite", "4k"), ("write", "1M")] {
+        run(&[
+            "fio",
+            "--name=v",
+            "--ioengine=nbd",
+            &format!("--uri={url}"),
+            &format!("--rw={rw}"),
+            &format!("--bs={bs}"),
+            "--size=32M",
+            "--iodepth=16",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+        ]);
+    }
+
+    // TRIM gives space back.
+    d.ok(&["pool", "sync", "tank"]);
+    let (before, _) = used_by(&d, "tank/vm");
+    run(&["qemu-io", "-f", "raw", &url, "-c", "discard 0 64M"]);
+    for _ in 0..3 {
+        d.ok(&["pool", "sync", "tank"]);
+    }
+    let (after, _) = used_by(&d, "tank/vm");
+    assert!(
+        after < before / 10,
+        "discard kept the space: {before} -> {after}"
+    );
+    let zeros = run(&["qemu-io", "-f", "raw", &url, "-c", "read -P 0 0 64M"]);
+    assert!(!String::from_utf8_lossy(&zeros.stdout).contains("Pattern verification failed"));
+
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!said.contains("panicked"), "the daemon panicked:\n{said}");
+    d.stop();
+}
+
+#[test]
+fn a_snapshot_under_write_load_holds_whole_writes_and_is_served_read_only() {
+    if !require::programs(&["nbdcopy"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("daemon.log");
+    let (d, addr) = daemon(dir.path(), &log);
+    pool(&d, dir.path());
+    d.ok(&["volume", "create", "-s", "-V", "16M", "tank/vm"]);
+    d.ok(&["share", "add", "vm", "tank/vm", "--nbd", "127.0.0.1/32"]);
+    let mut c = Nbd::open(&addr, "vm").unwrap();
+    c.write(0, &vec![0xaa; (16 * MIB) as usize], false).unwrap();
+    c.flush().unwrap();
+    // A writer rewrites the volume front to back, 1 MiB per request, while
+    // a snapshot is taken: every 1 MiB of the snapshot is wholly old or
+    // wholly new, and the new ones are a prefix.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = Arc::new(Mutex::new(0u64));
+    let w = {
+        let (stop, writes, addr) = (stop.clone(), writes.clone(), addr.clone());
+        std::thread::spawn(move || {
+            let mut c = Nbd::open(&addr, "vm").unwrap();
+            let mut pass = 0u8;
+            while !stop.load(Ordering::Relaxed) {
+                pass = pass.wrapping_add(1);
+                for i in 0..16 {
+                    c.write(i * MIB, &vec![pass; MIB as usize], false).unwrap();
+                    *writes.lock().unwrap() += 1;
+                }
+            }
+            c.close();
+        })
+    };
+    let t0 = Instant::now();
+    while *writes.lock().unwrap() < 24 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the writer is stuck"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    d.ok(&["snapshot", "tank/vm@busy"]);
+    std::thread::sleep(Duration::from_millis(50));
+    stop.store(true, Ordering::Relaxed);
+    w.join().unwrap();
+    // A snapshot share is read-only.
+    d.ok(&[
+        "share",
+        "add",
+        "busy",
+        "tank/vm@busy",
+        "--nbd",
+        "127.0.0.1/32",
+    ]);
+    let mut s = Nbd::open(&addr, "busy").unwrap();
+    assert!(s.write(0, b"x", false).is_err(), "a snapshot took a write");
+    drop(s);
+    let out = dir.path().join("snap.raw");
+    run(&[
+        "nbdcopy",
+        &format!("nbd://{addr}/busy"),
+        out.to_str().unwrap(),
+    ]);
+    let snap = std::fs::read(&out).unwrap();
+    assert_eq!(snap.len() as u64, 16 * MIB);
+    let firsts: Vec<u8> = snap
+        .chunks(MIB as usize)
+        .map(|m| {
+            assert!(
+                m.iter().all(|&b| b == m[0]),
+                "a 1 MiB write was split by the snapshot"
+            );
+            m[0]
+        })
+        .collect();
+    // Pass p rewrote chunks in order: the snapshot is pass p+1 for a
+    // prefix and pass p (or the first fill) for the rest.
+    let distinct: BTreeSet<u8> = firsts.iter().copied().collect();
+    assert!(
+        distinct.len() <= 2,
+        "more than two passes in one snapshot: {firsts:?}"
+    );
+    let newer = firsts[0];
+    let cut = firsts
+        .iter()
+        .position(|&b| b != newer)
+        .unwrap_or(firsts.len());
+    assert!(
+        firsts[cut..].iter().all(|&b| b == firsts[cut.min(15)]),
+        "{firsts:?}"
+    );
+    // The clone of a volume's snapshot is a volume with the same bytes.
+    d.ok(&["clone", "tank/vm@busy", "tank/vm2"]);
+    d.ok(&["share", "add", "vm2", "tank/vm2", "--nbd", "127.0.0.1/32"]);
+    let mut c2 = Nbd::open(&addr, "vm2").unwrap();
+    assert!(c2.read(0, MIB as u32).unwrap() == snap[..MIB as usize]);
+    c2.close();
+    let v = d.ok(&["volume", "list"]);
+    assert!(v.contains("tank/vm2") && v.contains("16M"), "{v}");
+    d.stop();
+}
+
+/// A sector (512 bytes) written by write `id`: every 8-byte word is the
+/// id xor'd with the sector number, so a torn sector or a sector from
+/// the wrong place shows.
+fn sector(id: u64, n: u64) -> [u8; 512] {
+    let mut s = [0u8; 512];
+    for w in s.chunks_mut(8) {
+        w.copy_from_slice(&(id ^ (n << 40)).to_le_bytes());
+    }
+    s
+}
+
+fn sector_id(bytes: &[u8], n: u64) -> Option<u64> {
+    if bytes.iter().all(|&b| b == 0) {
+        return Some(0);
+    }
+    let id = u64::from_le_bytes(bytes[..8].try_into().unwrap()) ^ (n << 40);
+    (sector(id, n)[..] == *bytes).then_some(id)
+}
+
+/// What the writer knows of each sector: the writes that may have landed
+/// (all since the last durable one) and the durable one.
+#[derive(Clone, Default)]
+struct Known {
+    durable: u64,
+    since: Vec<u64>,
+}
+
+/// Writes random runs of sectors through NBD until the daemon dies,
+/// sometimes with FUA, flushing now and then; returns the next write id
+/// and the flushes that returned.
+fn writer(
+    addr: &str,
+    seed: u64,
+    first: u64,
+    sectors: u64,
+    model: &Mutex<Vec<Known>>,
+) -> (u64, u64) {
+    let mut r = Rng::new(seed);
+    let (mut id, mut flushes) = (first, 0);
+    let Ok(mut c) = Nbd::open(addr, "vm") else {
+        return (id, flushes);
+    };
+    loop {
+        let n = 1 + r.below(64);
+        let at = r.below(sectors - n);
+        let fua = r.chance(0.1);
+        let mut data = Vec::with_capacity((n * 512) as usize);
+        for s in at..at + n {
+            data.extend_from_slice(&sector(id, s));
+        }
+        // Noted before it is sent: once sent, it may land.
+        for s in at..at + n {
+            model.lock().unwrap()[s as usize].since.push(id);
+        }
+        let acked = c.write(at * 512, &data, fua).is_ok();
+        id += 1;
+        if !acked {
+            return (id, flushes);
+        }
+        if fua {
+            let mut m = model.lock().unwrap();
+            for s in at..at + n {
+                m[s as usize] = Known {
+                    durable: id - 1,
+                    since: vec![id - 1],
+                };
+            }
+        }
+        if r.chance(0.15) {
+            if c.flush().is_err() {
+                return (id, flushes);
+            }
+            // Every write acknowledged before the flush is durable: for
+            // each sector, the last one written to it.
+            for k in model.lock().unwrap().iter_mut() {
+                if let Some(&last) = k.since.last() {
+                    *k = Known {
+                        durable: last,
+                        since: vec![last],
+                    };
+                }
+            }
+            flushes += 1;
+        }
+    }
+}
+
+#[test]
+fn sigkill_during_flushing_nbd_writes_loses_no_flushed_write() {
+    let (rounds, seed) = crash_settings(30);
+    eprintln!("volume crash seed {seed} (replay: TARN_CRASH_SEED={seed})");
+    let mut rng = Rng::new(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("daemon.log");
+    let nbd = format!("127.0.0.1:{}", free_port());
+    let args = ["--nbd", nbd.as_str(), "--txg-interval", "1"];
+    let mut d = Daemon::start_logged(dir.path(), &args, &log);
+    pool(&d, dir.path());
+    // 4K blocks: most writes patch blocks in part.
+    d.ok(&["volume", "create", "-V", "8M", "-b", "4K", "tank/vm"]);
+    d.ok(&["share", "add", "vm", "tank/vm", "--nbd", "127.0.0.1/32"]);
+    let sectors = 8 * MIB / 512;
+    let model = Arc::new(Mutex::new(vec![Known::default(); sectors as usize]));
+    let (mut next, mut flushes) = (1u64, 0u64);
+    for round in 0..rounds {
+        let (m, a, wseed, first) = (model.clone(), nbd.clone(), rng.next_u64(), next);
+        let w = std::thread::spawn(move || writer(&a, wseed, first, sectors, &m));
+        std::thread::sleep(Duration::from_millis(20 + rng.below(250)));
+        d.kill_in_place();
+        let (n, f) = w.join().unwrap();
+        (next, flushes) = (n, flushes + f);
+        drop(d);
+        d = Daemon::start_logged(dir.path(), &args, &log);
+        let said = || std::fs::read_to_string(&log).unwrap_or_default();
+        let mut c =
+            Nbd::open(&nbd, "vm").unwrap_or_else(|e| panic!("round {round}: {e}\n{}", said()));
+        let disk = c.read(0, (8 * MIB) as u32).unwrap();
+        c.close();
+        let mut m = model.lock().unwrap();
+        for (i, k) in m.iter_mut().enumerate() {
+            let bytes = &disk[i * 512..(i + 1) * 512];
+            let Some(id) = sector_id(bytes, i as u64) else {
+                panic!(
+                    "round {round} (seed {seed}): sector {i} is torn or misplaced\n{}",
+                    said()
+                );
+            };
+            assert!(
+                id >= k.durable && (id == k.durable || k.since.contains(&id)),
+                "round {round} (seed {seed}): sector {i} holds write {id}, but write {} was \
+                 flushed and later ones were {:?}\n{}",
+                k.durable,
+                k.since,
+                said()
+            );
+            *k = Known {
+                durable: id,
+                since: vec![id],
+            };
+        }
+    }
+    assert!(
+        flushes >= rounds,
+        "only {flushes} flushes in {rounds} rounds"
+    );
+    eprintln!(
+        "volume crash: {flushes} flushes and {} writes over {rounds} kills",
+        next - 1
+    );
+    let out = d.ok(&["pool", "scrub", "--wait", "tank"]);
+    let status = d.ok(&["-o", "json", "pool", "status", "tank"]);
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(v[0]["scan"]["errors"], 0, "{out}");
+    assert_eq!(v[0]["health"], "ONLINE", "{status}");
+    d.stop();
+}
