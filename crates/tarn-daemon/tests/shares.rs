@@ -82,7 +82,7 @@ fn one_unreadable_share_record_affects_only_itself() {
     assert_eq!(good.share, nfs_share("a", "tank/a"));
 
     // Served: the readable share only.
-    let (exports, _) = pools.share_lists();
+    let exports = pools.share_lists().nfs;
     let paths: Vec<&str> = exports.iter().map(|e| e.path.as_str()).collect();
     assert_eq!(paths, ["/a"]);
 
