@@ -499,26 +499,12 @@ mod tests {
         (step, replies(&out))
     }
 
+    /// The option payloads of the decoder's tests, with names as text.
     fn info_payload(name: &str, items: &[u16]) -> Vec<u8> {
-        let mut b = (name.len() as u32).to_be_bytes().to_vec();
-        b.extend_from_slice(name.as_bytes());
-        b.extend_from_slice(&(items.len() as u16).to_be_bytes());
-        for i in items {
-            b.extend_from_slice(&i.to_be_bytes());
-        }
-        b
+        crate::option::tests::info_payload(name.as_bytes(), items)
     }
 
-    fn meta_payload(name: &str, queries: &[&str]) -> Vec<u8> {
-        let mut b = (name.len() as u32).to_be_bytes().to_vec();
-        b.extend_from_slice(name.as_bytes());
-        b.extend_from_slice(&(queries.len() as u32).to_be_bytes());
-        for q in queries {
-            b.extend_from_slice(&(q.len() as u32).to_be_bytes());
-            b.extend_from_slice(q.as_bytes());
-        }
-        b
-    }
+    use crate::option::tests::meta_payload;
 
     #[test]
     fn list_names_every_export_with_its_description() {

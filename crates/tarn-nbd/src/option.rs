@@ -210,7 +210,7 @@ fn split_query(q: &str) -> Result<(&str, &str), OptionError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
@@ -232,7 +232,7 @@ mod tests {
         b
     }
 
-    fn meta_payload(name: &str, queries: &[&str]) -> Vec<u8> {
+    pub(crate) fn meta_payload(name: &str, queries: &[&str]) -> Vec<u8> {
         let mut b = (name.len() as u32).to_be_bytes().to_vec();
         b.extend_from_slice(name.as_bytes());
         b.extend_from_slice(&(queries.len() as u32).to_be_bytes());
