@@ -99,10 +99,11 @@ job() { # side rw bs depth unit
     local side=$1 rw=$2 bs=$3 depth=$4 unit=$5 json
     # shellcheck disable=SC2046
     json=$(fio --name=b $(target "$side") --rw="$rw" --bs="$bs" --iodepth="$depth" \
-        --size="${SIZE}M" --time_based --runtime="$RUNTIME" --output-format=json 2>/dev/null)
+        --size="${SIZE}M" --time_based --runtime="$RUNTIME" --output-format=json 2>>"$WORK/fio.log") || { cat "$WORK/fio.log" >&2; exit 1; }
     printf '%s' "$json" | python3 -c '
 import json, sys
-j = json.load(sys.stdin)["jobs"][0]
+text = sys.stdin.read()  # the nbd engine prints a line before the JSON
+j = json.loads(text[text.index("{"):])["jobs"][0]
 side = j["read"] if "read" in sys.argv[2] else j["write"]
 print(round(side["iops"]) if sys.argv[1] == "IOPS" else round(side["bw"] / 1024))
 ' "$unit" "$rw"

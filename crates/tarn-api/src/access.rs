@@ -74,7 +74,7 @@ pub struct WebdavShare {
     pub users: BTreeMap<String, Access>,
 }
 
-/// How NBD serves a volume share (API 1.2).
+/// How NBD serves a volume share (API 2.0).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NbdShare {
@@ -100,7 +100,7 @@ pub struct Share {
     /// WebDAV share, if any.
     #[serde(default)]
     pub webdav: Option<WebdavShare>,
-    /// NBD export of a volume, if any (API 1.2): `nbd://HOST/NAME`.
+    /// NBD export of a volume, if any (API 2.0): `nbd://HOST/NAME`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nbd: Option<NbdShare>,
 }

@@ -12,7 +12,7 @@ pub enum DatasetKind {
     Filesystem,
     /// A read-only point-in-time copy of a filesystem or a volume.
     Snapshot,
-    /// A block volume (API 1.2): one block device of a fixed size, served
+    /// A block volume (API 2.0): one block device of a fixed size, served
     /// over NBD or iSCSI.
     Volume,
 }
@@ -53,10 +53,10 @@ pub struct DatasetInfo {
     pub origin: Option<String>,
     /// Resolved mountpoint (filesystems).
     pub mountpoint: Option<String>,
-    /// Volumes and their snapshots: the size in bytes (API 1.2).
+    /// Volumes and their snapshots: the size in bytes (API 2.0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volsize: Option<u64>,
-    /// Volumes and their snapshots: the block size in bytes (API 1.2).
+    /// Volumes and their snapshots: the block size in bytes (API 2.0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volblocksize: Option<u32>,
 }

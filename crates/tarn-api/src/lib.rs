@@ -42,7 +42,11 @@ pub use wire::{parse_request, read_line_bounded, LineRead, Request, Response};
 /// clients keep working); the major number when something a client relies
 /// on changes. A client refuses a daemon of another major version rather
 /// than misread its answers.
-pub const API_VERSION: &str = "1.2";
+///
+/// 2.0 added volumes: a dataset kind (`"volume"`) and a share field
+/// (`nbd`) that a 1.x client cannot read, so it refuses the daemon instead
+/// of failing on the first volume it lists.
+pub const API_VERSION: &str = "2.0";
 
 /// The major number of an API version string (`1` of `1.0`), or `None`
 /// when the string is not a version.

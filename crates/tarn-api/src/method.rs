@@ -69,9 +69,9 @@ pub const DATASET_ROLLBACK: &str = "dataset.rollback";
 pub const DATASET_CLONE: &str = "dataset.clone";
 /// Promote a clone: [`crate::params::NameParams`].
 pub const DATASET_PROMOTE: &str = "dataset.promote";
-/// Create a volume: [`crate::params::VolumeCreateParams`] (API 1.2).
+/// Create a volume: [`crate::params::VolumeCreateParams`] (API 2.0).
 pub const VOLUME_CREATE: &str = "volume.create";
-/// Resize a volume: [`crate::params::VolumeResizeParams`] (API 1.2).
+/// Resize a volume: [`crate::params::VolumeResizeParams`] (API 2.0).
 pub const VOLUME_RESIZE: &str = "volume.resize";
 /// Inject or clear a device fault (drills): [`crate::params::InjectParams`].
 pub const POOL_INJECT: &str = "pool.inject";

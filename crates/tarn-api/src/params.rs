@@ -452,7 +452,7 @@ pub struct DaemonStats {
     /// The WebDAV server, when it runs.
     #[serde(default)]
     pub webdav: Option<ConnCounters>,
-    /// The NBD server, when it runs (API 1.2).
+    /// The NBD server, when it runs (API 2.0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nbd: Option<ConnCounters>,
 }

@@ -73,7 +73,13 @@ impl Filesystems {
     pub fn volume(&self, pool: &Arc<Pool>, dataset: &str) -> Result<Arc<Volume>, ApiError> {
         let mut map = self.volumes.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(v) = map.get(dataset) {
-            return Ok(v.clone());
+            // Opened before a rollback, rename or destroy that raced with
+            // closing it: retire it and open what the name is now.
+            if v.is_current() {
+                return Ok(v.clone());
+            }
+            v.close();
+            map.remove(dataset);
         }
         let handle = tarn_dataset::open(pool, dataset).map_err(ds_error)?;
         let v = Volume::open(handle).map_err(|e| ApiError::invalid(e.to_string()))?;

@@ -268,6 +268,8 @@ impl Backend for Pools {
 
     fn dataset_destroy(&self, name: &str, recursive: bool) -> Result<(), ApiError> {
         let pool = self.get(pool_of(name))?;
+        // No volume resize may run between closing a volume and this.
+        let _resizes = tarn_vol::resize_lock();
         // What goes away is unmounted first; a busy mount stops the destroy.
         let (fs, snap) = name.split_once('@').unwrap_or((name, ""));
         let gone = if snap.is_empty() {
@@ -324,7 +326,10 @@ impl Backend for Pools {
             .map_err(|_| ApiError::invalid(format!("volblocksize {block} is too large")))?;
         let spec = tarn_dataset::VolSpec { size, block };
         tarn_dataset::create_volume(&pool, &p.name, spec, p.sparse, &p.properties, p.parents)
-            .map_err(ds_error)
+            .map_err(ds_error)?;
+        // Parents made with -p are filesystems that may have mountpoints.
+        self.mounts.automount(&self.fss, &pool);
+        Ok(())
     }
 
     fn volume_resize(&self, name: &str, size: &str, force: bool) -> Result<(), ApiError> {
@@ -364,6 +369,15 @@ impl Backend for Pools {
             )));
         }
         let pool = self.get(pool_of(name))?;
+        // Checked before anything is taken down: a mistyped name must not
+        // close the volumes that VMs are using.
+        tarn_dataset::open(&pool, name).map_err(ds_error)?;
+        if tarn_dataset::open(&pool, new_name).is_ok() {
+            return Err(ApiError::exists(format!(
+                "dataset '{new_name}' already exists"
+            )));
+        }
+        let _resizes = tarn_vol::resize_lock();
         let fs = name.split('@').next().unwrap_or(name);
         let down = if name.contains('@') {
             self.mounts.unmount_tree(name)?
@@ -399,6 +413,14 @@ impl Backend for Pools {
         // The tree changes under the filesystem: take its mount (and those
         // inside it) down and bring them back after.
         let fs = snapshot.split('@').next().unwrap_or(snapshot);
+        // Checked before anything is taken down (see rename).
+        if !tarn_dataset::open(&pool, snapshot)
+            .map_err(ds_error)?
+            .is_snapshot()
+        {
+            return Err(ApiError::invalid(format!("'{snapshot}' is not a snapshot")));
+        }
+        let _resizes = tarn_vol::resize_lock();
         let down = self.mounts.unmount_tree(fs)?;
         self.fss.forget_tree(fs);
         let r = tarn_dataset::rollback(&pool, snapshot, destroy_newer).map_err(ds_error);
@@ -507,6 +529,22 @@ impl Backend for Pools {
 
     fn share_add(&self, share: &Share, owner: Option<&str>) -> Result<(), ApiError> {
         let pool = self.get(pool_of(&share.dataset))?;
+        if owner.is_some() && share.nfs.is_none() && share.webdav.is_none() {
+            return Err(ApiError::invalid(
+                "--owner gives a filesystem's top folder to a user; a volume has none",
+            ));
+        }
+        // One name per node: it is the NFS path, the WebDAV folder and the
+        // NBD export name, which every pool's shares are served under.
+        for other in self.lock().values().filter(|p| p.name() != pool.name()) {
+            if access::shares(other)?.iter().any(|s| s.name == share.name) {
+                return Err(ApiError::exists(format!(
+                    "pool '{}' already has a share named '{}'",
+                    other.name(),
+                    share.name
+                )));
+            }
+        }
         let owner = match owner {
             None => None,
             Some(name) => Some(

@@ -357,9 +357,20 @@ impl Pools {
             };
             for share in list {
                 if share.nbd.is_some() {
-                    match self.fss.volume(&pool, &share.dataset) {
-                        Ok(v) => lists.nbd.extend(nbd_entry(v, &share)),
-                        Err(e) => eprintln!("tarn: share '{}': {e}", share.name),
+                    if lists.nbd.iter().any(|e| e.name == share.name) {
+                        // Two pools imported with a share of one name: the
+                        // first keeps it, so the rest are still served.
+                        eprintln!(
+                            "tarn: share '{}' of pool '{}' is not served over NBD: another \
+                             pool has a share of that name",
+                            share.name,
+                            pool.name()
+                        );
+                    } else {
+                        match self.fss.volume(&pool, &share.dataset) {
+                            Ok(v) => lists.nbd.extend(nbd_entry(v, &share)),
+                            Err(e) => eprintln!("tarn: share '{}': {e}", share.name),
+                        }
                     }
                 }
                 if share.nfs.is_none() && share.webdav.is_none() {

@@ -14,7 +14,7 @@ use tarn_pool::Cx;
 
 use crate::dsl::Dir;
 use crate::props;
-use crate::record::{DatasetInfo, DsRec, Sums, DEFLATE_BLOCK};
+use crate::record::{DatasetInfo, DsRec, Sums, VolSpec, DEFLATE_BLOCK};
 use crate::DsError;
 
 impl Dir {
@@ -100,6 +100,20 @@ impl Dir {
     pub(crate) fn inflate(&self, user: u64) -> u64 {
         let per = self.alloc_per_block.max(1);
         (user as u128 * per as u128).div_ceil(DEFLATE_BLOCK as u128) as u64
+    }
+
+    /// The reservation (user bytes) that lets a volume of `spec` be
+    /// filled whole with `copies` copies of each block: every block's
+    /// allocation with its parity and padding at this block size (a 16K
+    /// block on raidz costs more than its nominal share), plus an
+    /// allowance for the tree that points at the blocks (a 160-byte
+    /// pointer and its key per block, in nodes stored with metadata
+    /// copies). ZFS sizes a zvol's refreservation the same way.
+    pub(crate) fn thick_reservation(&self, cx: &Cx<'_>, spec: VolSpec, copies: u8) -> u64 {
+        let blocks = spec.size / spec.block.max(1) as u64;
+        let per_block = self.deflate(cx.alloc_cost(spec.block as u64, copies.clamp(1, 3)));
+        const TREE_PER_BLOCK: u64 = 512;
+        blocks.saturating_mul(per_block.saturating_add(TREE_PER_BLOCK))
     }
 
     /// Unused part of a dataset's reservation, in user bytes.

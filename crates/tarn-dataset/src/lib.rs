@@ -113,7 +113,5 @@ impl From<tarn_block::BlockError> for DsError {
 pub use config::{config_delete, config_list, config_put};
 pub use destroy::destroy;
 pub use dsl::{attach, blocks, deflated, list, open};
-pub use ops::{
-    check_volspec, clone, create, create_volume, promote, rename, rollback, set_volsize, snapshot,
-};
+pub use ops::{check_volspec, clone, create, create_volume, promote, rename, rollback, snapshot};
 pub use props::{get_props, inherit, set_prop};

@@ -121,9 +121,10 @@ pub fn check_volspec(spec: VolSpec) -> Result<(), DsError> {
 }
 
 /// Creates volume `name` (with `parents`, its missing ancestor filesystems
-/// too) of geometry `spec`. Unless `sparse`, the volume gets a local
-/// `reservation` of its size (when `props` sets none), so writes into it
-/// never fail for lack of room: ZFS's thick provisioning.
+/// too) of geometry `spec`. Unless `sparse` (or `props` sets one), the
+/// volume gets a local `reservation` of what filling it costs (see
+/// `thick_reservation` in the accounting), checked against the room the
+/// pool has, so a guest can fill its disk: ZFS's thick provisioning.
 pub fn create_volume(
     pool: &Pool,
     name: &str,
@@ -133,69 +134,99 @@ pub fn create_volume(
     parents: bool,
 ) -> Result<(), DsError> {
     check_volspec(spec)?;
-    let mut props = props.clone();
-    if !sparse && !props.contains_key("reservation") {
-        props.insert("reservation".into(), spec.size.to_string());
-    }
-    if let Some(r) = props.get("reservation") {
-        check_reservation_room(pool, name, &props::validate("reservation", r)?)?;
-    }
     check_fs_name(pool.name(), name)?;
     let mut local = BTreeMap::new();
-    for (k, v) in &props {
+    for (k, v) in props {
         local.insert(k.clone(), props::validate(k, v)?);
     }
     with_dir_excl(pool, |dsl, cx| {
+        // The nearest existing ancestor: the new volume shares its room
+        // and inherits its properties.
+        let mut above = parent_name(name);
+        let anc = loop {
+            match above {
+                Some(p) => match dsl.names.get(p) {
+                    Some(id) => break Some(*id),
+                    None => above = parent_name(p),
+                },
+                None => break None,
+            }
+        };
+        let want = match local.get("reservation") {
+            Some(r) => r.parse::<u64>().ok(),
+            None if sparse => None,
+            None => {
+                let copies = match local.get("copies") {
+                    Some(c) => c.parse().unwrap_or(1),
+                    None => anc.and_then(|a| dsl.prop_u64(a, "copies")).unwrap_or(1) as u8,
+                };
+                let r = dsl.thick_reservation(cx, spec, copies);
+                local.insert("reservation".into(), r.to_string());
+                Some(r)
+            }
+        };
+        if let (Some(want), Some(a)) = (want, anc) {
+            let avail = dsl.available(cx, a);
+            if want > avail {
+                return Err(DsError::NoSpace(format!(
+                    "cannot reserve {} for '{name}': {} available (create it sparse with -s, \
+                     or make room)",
+                    props::human_bytes(want),
+                    props::human_bytes(avail)
+                )));
+            }
+        }
         create_recs(dsl, cx.txg(), name, local, parents, Some(spec))
     })
 }
 
-/// Refuses a reservation the pool cannot give a new dataset `name`.
-fn check_reservation_room(pool: &Pool, name: &str, want: &str) -> Result<(), DsError> {
-    let Ok(want) = want.parse::<u64>() else {
-        return Ok(());
-    };
-    let parent = parent_name(name).unwrap_or(pool.name());
-    let avail = crate::dsl::with_dsl(pool, false, |dsl, cx| {
-        let dir = dsl.dir();
-        let mut p = Some(parent);
-        while let Some(n) = p {
-            if let Some(id) = dir.names.get(n) {
-                return Ok(dir.available(cx, *id));
-            }
-            p = parent_name(n);
-        }
-        Ok(u64::MAX)
-    })?;
-    if want > avail {
-        return Err(DsError::NoSpace(format!(
-            "cannot reserve {} for '{name}': {} available (create it sparse with -s, or make room)",
-            props::human_bytes(want),
-            props::human_bytes(avail)
-        )));
-    }
-    Ok(())
-}
-
-/// Changes the size of volume `name` to `size` bytes (a multiple of its
-/// block size). Only the record changes: the volume layer frees the blocks
-/// past a smaller size first, under its own lock, so no write lands there
-/// in between. A reservation equal to the old size follows the new one.
-pub fn set_volsize(pool: &Pool, name: &str, size: u64) -> Result<(), DsError> {
-    with_dir_excl(pool, |dsl, _cx| {
-        let id = dsl.id_of(name)?;
-        let r = dsl
-            .recs
-            .get_mut(&id)
-            .ok_or_else(|| DsError::NotFound(name.to_string()))?;
+/// Sets the size of the volume with id `id` from `expected` to `size`
+/// bytes, as one exclusive operation by id (a rename cannot redirect it);
+/// fails without changing anything if the size is no longer `expected`
+/// (changed under the caller). Only the record changes: the volume layer
+/// deletes every key past the smaller of the two sizes first. A
+/// reservation that is what the old size needed follows the new size,
+/// if the pool has room for the difference.
+pub(crate) fn set_volsize(pool: &Pool, id: u64, expected: u64, size: u64) -> Result<(), DsError> {
+    with_dir_excl(pool, |dsl, cx| {
+        let r = dsl.rec(id)?;
+        let name = r.name.clone();
         let (Some(old), DatasetKind::Volume) = (r.volume, r.kind) else {
             return Err(DsError::Invalid(format!("'{name}' is not a volume")));
         };
+        if old.size != expected {
+            return Err(DsError::Busy(format!(
+                "the size of '{name}' changed while it was being resized; try again"
+            )));
+        }
         let new = VolSpec { size, ..old };
         check_volspec(new)?;
+        let copies = dsl.prop_u64(id, "copies").unwrap_or(1) as u8;
+        let (thick_old, thick_new) = (
+            dsl.thick_reservation(cx, old, copies),
+            dsl.thick_reservation(cx, new, copies),
+        );
+        let follows = dsl.prop_u64(id, "reservation") == Some(thick_old);
+        if follows && thick_new > thick_old {
+            let room = dsl
+                .available(cx, id)
+                .saturating_sub(dsl.unused_reservation(id));
+            if thick_new - thick_old > room {
+                return Err(DsError::NoSpace(format!(
+                    "growing '{name}' to {} needs {} more reserved; {} available",
+                    props::human_bytes(size),
+                    props::human_bytes(thick_new - thick_old),
+                    props::human_bytes(room)
+                )));
+            }
+        }
+        let r = dsl
+            .recs
+            .get_mut(&id)
+            .ok_or_else(|| DsError::NotFound(name.clone()))?;
         r.volume = Some(new);
-        if r.props.get("reservation") == Some(&old.size.to_string()) {
-            r.props.insert("reservation".into(), size.to_string());
+        if follows {
+            r.props.insert("reservation".into(), thick_new.to_string());
         }
         dsl.dirty_recs.insert(id);
         Ok(())
@@ -462,10 +493,23 @@ pub fn rollback(pool: &Pool, snap_name: &str, destroy_newer: bool) -> Result<(),
             dsl.free_tree(cx, &root, s.created_txg)?;
             dsl.drain_deadlist(cx, h.deadlist, 0, false, None)?;
             let s = dsl.rec(snap)?.clone();
+            // A volume gets the snapshot's size back, and a reservation
+            // that followed the size follows it back.
+            let follow = match (h.volume, s.volume) {
+                (Some(now), Some(then)) if now != then => {
+                    let copies = dsl.prop_u64(head, "copies").unwrap_or(1) as u8;
+                    let thick = |v| dsl.thick_reservation(cx, v, copies);
+                    (dsl.prop_u64(head, "reservation") == Some(thick(now))).then(|| thick(then))
+                }
+                _ => None,
+            };
             if let Some(hr) = dsl.recs.get_mut(&head) {
                 hr.root = s.root.clone();
                 if hr.volume.is_some() {
                     hr.volume = s.volume;
+                }
+                if let Some(r) = follow {
+                    hr.props.insert("reservation".into(), r.to_string());
                 }
                 hr.referenced = s.referenced;
                 hr.unique = Sums::default();

@@ -836,7 +836,33 @@ impl DatasetHandle {
     /// [`crate::set_volsize`] or a rollback.
     pub fn volume(&self) -> Result<Option<crate::VolSpec>, DsError> {
         let id = self.id;
-        with_dsl(&self.pool, false, |dsl, _| Ok(dsl.dir().rec(id)?.volume))
+        with_dsl(&self.pool, false, |dsl, _| {
+            let dir = dsl.dir();
+            let r = dir.rec(id)?;
+            match (r.volume, r.kind) {
+                (None, crate::DatasetKind::Volume) => Err(DsError::Corrupt(format!(
+                    "volume '{}' has no geometry in its record",
+                    r.name
+                ))),
+                (Some(v), _) => crate::check_volspec(v).map(|()| Some(v)).map_err(|e| {
+                    DsError::Corrupt(format!("volume '{}': its record's geometry: {e}", r.name))
+                }),
+                (None, _) => Ok(None),
+            }
+        })
+    }
+
+    /// Sets this volume's size from `expected` to `size` (see the volume
+    /// layer's resize, which deletes the keys past the smaller size
+    /// first): by id, and only if the size is still `expected`.
+    pub fn set_volsize(&self, expected: u64, size: u64) -> Result<(), DsError> {
+        if self.snapshot {
+            return Err(DsError::ReadOnly(format!(
+                "'{}' is a snapshot: its size is fixed",
+                self.name
+            )));
+        }
+        crate::ops::set_volsize(&self.pool, self.id, expected, size)
     }
 
     /// The pool.

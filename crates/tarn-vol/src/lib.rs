@@ -13,7 +13,7 @@
 pub mod testing;
 pub mod volume;
 
-pub use volume::Volume;
+pub use volume::{resize_lock, Volume};
 
 /// Errors of a block device, each mapped by a front end to its protocol's
 /// error (an NBD errno, a SCSI sense).

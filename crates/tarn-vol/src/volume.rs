@@ -32,7 +32,18 @@
 //! the new size. So no block ever exists past the size, and growing a
 //! volume exposes zeros, never old data. A crash between the two steps of
 //! a shrink leaves the old size with zeros past the new end: the data the
-//! owner asked to discard, discarded.
+//! owner asked to discard, discarded. A grow deletes past the old end too
+//! (it costs nothing when there is nothing), so a key left there by any
+//! path can never become visible.
+//!
+//! **Resizes are serialized process-wide** ([`resize_lock`]): a resize
+//! reads the record's size, deletes past the smaller size and sets the new
+//! one only if the record still says what it read. Two objects of one
+//! volume (a stale one survives a rollback that raced with the daemon
+//! closing it), or a rollback or rename between the read and the delete,
+//! could otherwise delete data of a size the resize never saw. The daemon
+//! holds the same lock around the operations that replace or move a
+//! volume's tree.
 
 use std::ops::Bound;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
@@ -40,6 +51,16 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 use tarn_dataset::{BlockRef, DatasetHandle, DsError, VolSpec};
 
 use crate::{check_range, Device, Extent, VolError};
+
+static RESIZES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Serializes every volume resize in this process; held also by whoever
+/// replaces or moves a volume's tree (rollback, rename, destroy), so a
+/// resize's read of the size, its delete and its change of the record see
+/// one state (see the module docs).
+pub fn resize_lock() -> std::sync::MutexGuard<'static, ()> {
+    RESIZES.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// Keys per page when listing which blocks exist.
 const PAGE: usize = 4096;
@@ -157,6 +178,7 @@ impl Volume {
     /// Shrinking discards the data past the new end, so it is refused
     /// unless `force`. Requests wait while it runs.
     pub fn resize(&self, size: u64, force: bool) -> Result<(), VolError> {
+        let _one = resize_lock();
         let mut guard = self.spec.write().unwrap_or_else(|p| p.into_inner());
         let Some(spec) = guard.as_mut() else {
             return Err(self.closed());
@@ -164,24 +186,50 @@ impl Volume {
         if self.handle.is_snapshot() {
             return Err(VolError::ReadOnly("a snapshot cannot be resized".into()));
         }
-        tarn_dataset::check_volspec(VolSpec { size, ..*spec })?;
-        if size < spec.size {
-            if !force {
-                return Err(VolError::Invalid(format!(
-                    "shrinking '{}' from {} to {size} bytes discards the data past the new \
-                     end; add --force to do it",
-                    self.handle.name(),
-                    spec.size
-                )));
-            }
-            let from = key(size / spec.block as u64);
-            self.handle.txn(true, |t| {
-                t.delete_range(Bound::Included(&from[..]), Bound::Unbounded)
-            })?;
+        // The record is the truth: this object may be older than a
+        // rollback that changed the size under it.
+        let now = self.handle.volume()?.ok_or_else(|| {
+            VolError::Invalid(format!("'{}' is no longer a volume", self.handle.name()))
+        })?;
+        if now != *spec {
+            return Err(self.closed());
         }
-        tarn_dataset::set_volsize(self.handle.pool(), self.handle.name(), size)?;
+        tarn_dataset::check_volspec(VolSpec { size, ..now })?;
+        if size < now.size && !force {
+            return Err(VolError::Invalid(format!(
+                "shrinking '{}' from {} to {size} bytes discards the data past the new end; \
+                 `tarn volume resize --force` does it",
+                self.handle.name(),
+                now.size
+            )));
+        }
+        // No key may stay past the smaller size: a shrink discards what
+        // lies past the new end, and a grow must expose zeros even if a
+        // key was left past the old end (by anything: deleting costs the
+        // same whatever the range holds).
+        let from = key(size.min(now.size) / now.block as u64);
+        self.handle.txn(true, |t| {
+            t.delete_range(Bound::Included(&from[..]), Bound::Unbounded)
+        })?;
+        self.handle.set_volsize(now.size, size)?;
         spec.size = size;
         Ok(())
+    }
+
+    /// True while this object still describes its dataset: open, the
+    /// name still names the same dataset, and the record's geometry is the
+    /// one this object checks requests against. The daemon opens a fresh
+    /// object (and closes this one) when it is not.
+    pub fn is_current(&self) -> bool {
+        let Some(spec) = self.spec() else {
+            return false;
+        };
+        match tarn_dataset::open(self.handle.pool(), self.handle.name()) {
+            Ok(h) => {
+                h.guid() == self.handle.guid() && matches!(h.volume(), Ok(Some(v)) if v == spec)
+            }
+            Err(_) => false,
+        }
     }
 
     /// Splits `off..off + len` into the blocks it touches.
@@ -327,6 +375,9 @@ impl Device for Volume {
     }
 
     fn flush(&self) -> Result<(), VolError> {
+        // A closed volume's writes may be gone (rolled back): a flush must
+        // not say they are durable.
+        let _spec = self.read_spec()?;
         Ok(self.handle.sync()?)
     }
 

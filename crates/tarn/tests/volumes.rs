@@ -79,7 +79,7 @@ fn real_nbd_clients_read_and_write_a_volume() {
         "-V",
         "64M",
         "-o",
-        "volblocksize=16K",
+        "volblocksize=64K",
         "tank/vm",
     ]);
     // A filesystem cannot be shared over NBD, a volume not over NFS.
@@ -92,6 +92,16 @@ fn real_nbd_clients_read_and_write_a_volume() {
         .contains("not a filesystem"));
     d.ok(&["share", "add", "vm", "tank/vm", "--nbd", "127.0.0.1/32"]);
     let url = format!("nbd://{addr}/vm");
+    let listed = d.ok(&["volume", "list"]);
+    assert!(
+        listed.contains("64K"),
+        "-o volblocksize was not applied:\n{listed}"
+    );
+    // A volume is never mounted as a filesystem.
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let err = d.fails(&["mount", "tank/vm", mnt.to_str().unwrap()]);
+    assert!(err.contains("volume"), "{err}");
 
     let info = run(&["nbdinfo", "--json", &url]);
     let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
@@ -296,6 +306,35 @@ fn a_snapshot_under_write_load_holds_whole_writes_and_is_served_read_only() {
     c2.close();
     let v = d.ok(&["volume", "list"]);
     assert!(v.contains("tank/vm2") && v.contains("16M"), "{v}");
+
+    // A rollback closes the volume under an open session: its next
+    // request fails, and a new session sees the snapshot's bytes and size.
+    let mut live = Nbd::open(&addr, "vm").unwrap();
+    d.ok(&["volume", "resize", "tank/vm", "32M"]);
+    // A resize keeps the volume open: the session goes on (it learns the
+    // new size when it reconnects).
+    live.write(0, b"kept", false).unwrap();
+    let mut live = Nbd::open(&addr, "vm").unwrap();
+    assert_eq!(live.size, 32 * MIB);
+    d.ok(&["rollback", "tank/vm@busy"]);
+    assert!(
+        live.write(0, b"late", false).is_err(),
+        "a write landed after the rollback"
+    );
+    assert!(
+        live.flush().is_err(),
+        "a flush was acknowledged after the rollback"
+    );
+    let mut after = Nbd::open(&addr, "vm").unwrap();
+    assert_eq!(after.size, 16 * MIB, "the rollback restored the size");
+    assert!(after.read(0, MIB as u32).unwrap() == snap[..MIB as usize]);
+    after.close();
+    // `dataset set volsize=` grows like `volume resize`, and cannot shrink.
+    d.ok(&["dataset", "set", "volsize=24M", "tank/vm"]);
+    assert_eq!(Nbd::open(&addr, "vm").unwrap().size, 24 * MIB);
+    assert!(d
+        .fails(&["dataset", "set", "volsize=8M", "tank/vm"])
+        .contains("--force"));
     d.stop();
 }
 
