@@ -17,24 +17,26 @@
 #
 # raidz1 writes a parity share that the plain file does not, hence the
 # lower write targets. Every device is filled first (so reads read data,
-# not holes), then caches are dropped and each read job starts cold;
-# nbdkit and the loop device read through the host page cache after that,
-# as tarn's member files do. Each job runs RUNTIME seconds.
+# not holes). Each job makes one pass over SIZE: reads start cold (caches
+# dropped), writes end with a flush (fio's end_fsync), so every side puts
+# its bytes on the same disk. tarn is copy-on-write: its writes always go
+# to new places in its member files, where an in-place file rewrites the
+# same pages; without the flush a job that fits in the page cache would
+# measure only the cache on the other sides.
 #
 # Not a test: nothing here fails on a timing. Not part of CI. Needs root
 # and loop devices; installs fio, nbdkit and libnbd tools with apt-get
 # when missing. Output: the table on stdout and in OUT.md (OUT defaults to
-# target/bench-blocks). Takes about 5 minutes with the defaults.
+# target/bench-blocks). Takes a few minutes with the defaults.
 #
 # Usage: scripts/bench-blocks.sh
 # Environment: TARN_BIN (default target/release/tarn, built if absent),
-# SIZE (MiB, default 1024), RUNTIME (seconds, default 20), OUT, WORK (a
+# SIZE (MiB, default 1024), OUT, WORK (a
 # folder on the disk to measure, default a temporary one under target/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SIZE=${SIZE:-1024}
-RUNTIME=${RUNTIME:-20}
 OUT=${OUT:-target/bench-blocks}
 WORK=${WORK:-$(mktemp -d "$PWD/target/bench-blocks.XXXXXX")}
 TARN_BIN=${TARN_BIN:-target/release/tarn}
@@ -65,7 +67,11 @@ trap cleanup EXIT
 tarn() { "$TARN_BIN" --socket "$WORK/tarn.sock" "$@"; }
 
 # tarn: raidz1 of four files, one volume of SIZE shared over NBD.
-for i in 0 1 2 3; do truncate -s "$((SIZE * 2))M" "$WORK/m$i"; done
+# Written whole first, like the disks they stand for: a sparse file would
+# make every copy-on-write allocate file blocks on the host too.
+for i in 0 1 2 3; do
+    dd if=/dev/zero of="$WORK/m$i" bs=1M count="$((SIZE * 2))" status=none
+done
 "$TARN_BIN" daemon --socket "$WORK/tarn.sock" --state-dir "$WORK/state" \
     --nbd "127.0.0.1:$TARN_PORT" 2>"$WORK/daemon.log" &
 DAEMON_PID=$!
@@ -96,10 +102,15 @@ drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 
 # One fio job; prints IOPS or MiB/s.
 job() { # side rw bs depth unit
-    local side=$1 rw=$2 bs=$3 depth=$4 unit=$5 json
+    local side=$1 rw=$2 bs=$3 depth=$4 unit=$5 json flush=0
+    case $rw in *write) flush=1 ;; esac
     # shellcheck disable=SC2046
     json=$(fio --name=b $(target "$side") --rw="$rw" --bs="$bs" --iodepth="$depth" \
-        --size="${SIZE}M" --time_based --runtime="$RUNTIME" --output-format=json 2>>"$WORK/fio.log") || { cat "$WORK/fio.log" >&2; exit 1; }
+        --size="${SIZE}M" --end_fsync="$flush" --output-format=json 2>>"$WORK/fio.log") || {
+        cat "$WORK/fio.log" >&2
+        tail -20 "$WORK/daemon.log" >&2
+        exit 1
+    }
     printf '%s' "$json" | python3 -c '
 import json, sys
 text = sys.stdin.read()  # the nbd engine prints a line before the JSON

@@ -129,6 +129,37 @@ pub fn write_copies(
     Ok(missed)
 }
 
+/// Writes every copy of many blocks, `(dvas, stored bytes)` each: on each
+/// top-level vdev at once, so pieces of neighbouring blocks that touch on
+/// a child become one write (`TopVdev::write_many`). The same bytes and
+/// the same per-block outcome as [`write_copies`] for each; returns the
+/// children that missed any of them, or the first block that could not be
+/// written.
+pub fn write_many_copies(
+    tops: &[Arc<TopVdev>],
+    blocks: &[(&[Dva], &[u8])],
+    threads: usize,
+) -> Result<Vec<Missed>, BlockError> {
+    let mut by_vdev: std::collections::BTreeMap<u32, Vec<(&Dva, &[u8])>> = Default::default();
+    for (dvas, stored) in blocks {
+        for d in dvas.iter() {
+            by_vdev.entry(d.vdev).or_default().push((d, stored));
+        }
+    }
+    let mut missed = Vec::new();
+    for (vdev, list) in by_vdev {
+        let t = top(tops, list[0].0)?;
+        let writes: Vec<(u64, &[u8])> = list.iter().map(|(d, b)| (d.offset, *b)).collect();
+        for ((d, _), out) in list.iter().zip(t.write_many(&writes, threads)) {
+            let out = out.map_err(|e| io_error(d, e))?;
+            missed.extend(out.missed.into_iter().map(|child| Missed { vdev, child }));
+        }
+    }
+    missed.sort_unstable_by_key(|m| (m.vdev, m.child));
+    missed.dedup_by_key(|m| (m.vdev, m.child));
+    Ok(missed)
+}
+
 /// Formats an address the way errors and `status` show it.
 pub fn fmt_dva(d: &Dva) -> String {
     format!("{}:{:#x}:{:#x}", d.vdev, d.offset, d.asize)

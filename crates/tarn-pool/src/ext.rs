@@ -581,12 +581,15 @@ impl Pool {
                 jobs.push((i, p, dvas));
             }
         }
-        let results = parallel_map(&jobs, threads, |(_, p, dvas)| {
-            pipeline::write_copies(&self.tops, dvas, &p.stored)
-        })?;
+        // All at once: pieces of neighbouring blocks merge into one write
+        // per child (small blocks would otherwise cost a write call each).
+        let writes: Vec<(&[Dva], &[u8])> = jobs
+            .iter()
+            .map(|(_, p, dvas)| (&dvas[..], &p.stored[..]))
+            .collect();
+        missed.extend(pipeline::write_many_copies(&self.tops, &writes, threads)?);
         let mut out = vec![None; blocks.len()];
-        for ((i, p, dvas), r) in jobs.iter().zip(results) {
-            missed.extend(r?);
+        for (i, p, dvas) in &jobs {
             out[*i] = Some(pipeline::make_ptr(p, dvas, birth, BlockType::Data, 0));
         }
         Ok(out)

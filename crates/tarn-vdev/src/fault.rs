@@ -575,6 +575,14 @@ impl Leaf for FaultLeaf {
         Ok(())
     }
 
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        if self.idle() {
+            return self.inner.write_vectored_at(bufs, offset);
+        }
+        // Faults apply to the write as a whole, as to any other.
+        self.write_at(&bufs.concat(), offset)
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         if self.idle() {
             return self.inner.write_at(buf, offset);

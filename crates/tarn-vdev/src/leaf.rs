@@ -16,6 +16,13 @@ pub trait Leaf: Send + Sync + std::fmt::Debug {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Writes all of `buf` at `offset`; writing past `size()` is an error.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Writes `bufs` one after the other from `offset`, as one write of
+    /// their concatenation (what merged writes use). The default copies
+    /// them into one buffer for [`Leaf::write_at`]; a file leaf hands the
+    /// pieces to the kernel as they are.
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        self.write_at(&bufs.concat(), offset)
+    }
     /// Makes every completed write durable (fdatasync).
     fn flush(&self) -> io::Result<()>;
     /// Size of the device in bytes, fixed at open.
@@ -58,6 +65,78 @@ impl FileLeaf {
     }
 }
 
+/// Most buffers one `pwritev` takes (Linux's `IOV_MAX`).
+const IOV_MAX: usize = 1024;
+
+/// Writes every byte of `bufs`, in order, from `offset` with `pwritev`,
+/// going on after short writes and interruptions.
+fn write_vectored_all(file: &File, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut iov: Vec<libc::iovec> = bufs
+        .iter()
+        .filter(|b| !b.is_empty())
+        .map(|b| libc::iovec {
+            iov_base: b.as_ptr() as *mut libc::c_void,
+            iov_len: b.len(),
+        })
+        .collect();
+    let (mut first, mut at) = (0usize, offset);
+    while first < iov.len() {
+        let count = (iov.len() - first).min(IOV_MAX);
+        let pos = libc::off_t::try_from(at)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
+        // SAFETY: `iov[first..first + count]` describes live byte slices
+        // borrowed from `bufs` for the whole call (a partly written one is
+        // advanced within its own slice below); pwritev only reads them,
+        // and the fd stays open while `file` is borrowed.
+        let n = unsafe {
+            libc::pwritev(
+                file.as_raw_fd(),
+                iov[first..].as_ptr(),
+                count as libc::c_int,
+                pos,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "pwritev wrote nothing",
+            ));
+        }
+        at += n as u64;
+        first = advance(&mut iov, first, n as usize);
+    }
+    Ok(())
+}
+
+/// Moves past `n` written bytes of `iov` from buffer `first` on: whole
+/// buffers are skipped, a partly written one starts after what was
+/// written. Returns the first buffer with bytes left.
+fn advance(iov: &mut [libc::iovec], mut first: usize, n: usize) -> usize {
+    let mut left = n;
+    while left > 0 && first < iov.len() {
+        let v = &mut iov[first];
+        if left >= v.iov_len {
+            left -= v.iov_len;
+            first += 1;
+        } else {
+            // SAFETY: `left < iov_len`, so the advanced pointer stays
+            // inside the same slice.
+            v.iov_base = unsafe { (v.iov_base as *mut u8).add(left) } as *mut libc::c_void;
+            v.iov_len -= left;
+            left = 0;
+        }
+    }
+    first
+}
+
 /// Checks that `[offset, offset + len)` lies within a device of `size` bytes.
 pub(crate) fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {
     match offset.checked_add(len as u64) {
@@ -79,6 +158,12 @@ impl Leaf for FileLeaf {
         // Refuse to grow a regular file: the size is part of the geometry.
         check_range(offset, buf.len(), self.size)?;
         self.file.write_all_at(buf, offset)
+    }
+
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        check_range(offset, total, self.size)?;
+        write_vectored_all(&self.file, bufs, offset)
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -118,6 +203,63 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
         assert!(leaf.read_at(&mut b, u64::MAX - 2).is_err());
         assert_eq!(std::fs::metadata(&p).unwrap().len(), 1 << 20);
+    }
+
+    #[test]
+    fn vectored_writes_land_as_their_concatenation() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("d0");
+        File::create(&p).unwrap().set_len(4 << 20).unwrap();
+        let leaf = FileLeaf::open(&p).unwrap();
+        // Pieces of many sizes, empty ones among them, and more pieces
+        // than one pwritev takes.
+        let pieces: Vec<Vec<u8>> = (0..3000usize)
+            .map(|i| vec![(i % 251) as u8; [0, 1, 7, 4096, 33][i % 5]])
+            .collect();
+        let bufs: Vec<&[u8]> = pieces.iter().map(|p| &p[..]).collect();
+        let whole = bufs.concat();
+        leaf.write_vectored_at(&bufs, 12_345).unwrap();
+        let mut back = vec![0u8; whole.len()];
+        leaf.read_at(&mut back, 12_345).unwrap();
+        assert!(
+            back == whole,
+            "the file holds other bytes than the pieces in order"
+        );
+        let mut before = [9u8; 1];
+        leaf.read_at(&mut before, 12_344).unwrap();
+        assert_eq!(before, [0], "a byte before the write changed");
+        // Past the end: refused whole, nothing written.
+        let tail = [&[1u8; 10][..], &[2u8; 10][..]];
+        assert!(leaf.write_vectored_at(&tail, (4 << 20) - 15).is_err());
+        let mut b = [9u8; 15];
+        leaf.read_at(&mut b, (4 << 20) - 15).unwrap();
+        assert_eq!(b, [0u8; 15]);
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 4 << 20);
+    }
+
+    #[test]
+    fn advancing_past_a_short_write_leaves_exactly_the_rest() {
+        let pieces: [&[u8]; 4] = [b"abc", b"", b"defgh", b"ij"];
+        let whole = pieces.concat();
+        for n in 0..=whole.len() {
+            let mut iov: Vec<libc::iovec> = pieces
+                .iter()
+                .map(|b| libc::iovec {
+                    iov_base: b.as_ptr() as *mut libc::c_void,
+                    iov_len: b.len(),
+                })
+                .collect();
+            let first = advance(&mut iov, 0, n);
+            let mut rest = Vec::new();
+            for v in &iov[first..] {
+                // SAFETY: each iovec still points inside one of `pieces`,
+                // with its length left (what `advance` promises).
+                rest.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+                });
+            }
+            assert_eq!(rest, &whole[n..], "after {n} bytes");
+        }
     }
 
     #[test]

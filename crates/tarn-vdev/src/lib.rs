@@ -10,6 +10,7 @@
 
 #![warn(missing_docs)]
 
+mod batch;
 pub mod fault;
 mod label;
 mod leaf;

@@ -3,7 +3,7 @@
 //! one, so it detects damage but has nothing to repair it from.
 
 use crate::label::DATA_START;
-use crate::top::{Handle, ScrubOutcome, TopVdev, WriteOutcome};
+use crate::top::{Handle, ScrubOutcome, TopVdev};
 use crate::VdevError;
 
 impl TopVdev {
@@ -36,39 +36,6 @@ impl TopVdev {
             reason: format!("no copy verifies ({})", what.join(", ")),
         }
     }
-
-    pub(crate) fn mirror_write(&self, offset: u64, data: &[u8]) -> Result<WriteOutcome, VdevError> {
-        let s = self.sector() as usize;
-        let padded;
-        let buf = if data.len().is_multiple_of(s) {
-            data
-        } else {
-            let mut p = vec![0u8; data.len().div_ceil(s) * s];
-            p[..data.len()].copy_from_slice(data);
-            padded = p;
-            &padded[..]
-        };
-        let at = DATA_START + offset;
-        let mut missed = Vec::new();
-        for idx in 0..self.width() {
-            let ok = self
-                .handle(idx)
-                .is_some_and(|h| self.child_write(&h, buf, at));
-            if !ok {
-                missed.push(idx);
-            }
-        }
-        if missed.len() == self.width() {
-            return Err(VdevError::InsufficientReplicas {
-                op: "write",
-                failed: missed.len(),
-                tolerated: self.redundancy(),
-                devices: self.child_paths(&missed),
-            });
-        }
-        Ok(WriteOutcome { missed })
-    }
-
     pub(crate) fn mirror_read(
         &self,
         offset: u64,

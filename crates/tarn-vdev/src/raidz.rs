@@ -51,7 +51,7 @@
 
 use crate::label::DATA_START;
 use crate::parity::Codec;
-use crate::top::{Handle, ScrubOutcome, TopVdev, WriteOutcome, MAX_COMBINATIONS};
+use crate::top::{Handle, ScrubOutcome, TopVdev, MAX_COMBINATIONS};
 use crate::{sector, VdevError};
 
 /// One column of a block: where it lives and how long it is.
@@ -114,7 +114,7 @@ impl Layout {
     }
 
     /// Byte range of column c's stored bytes inside a stripe buffer.
-    fn stored(&self, c: usize) -> std::ops::Range<usize> {
+    pub(crate) fn stored(&self, c: usize) -> std::ops::Range<usize> {
         c * self.shard_len..c * self.shard_len + self.cols[c].len
     }
 
@@ -259,39 +259,13 @@ impl TopVdev {
             .map_err(VdevError::Geometry)
     }
 
-    pub(crate) fn raidz_write(&self, offset: u64, data: &[u8]) -> Result<WriteOutcome, VdevError> {
-        let lay = self.layout(offset, data.len() as u64);
+    /// The stripe buffer of `data` laid out as `lay`: data columns
+    /// scattered, parity computed.
+    pub(crate) fn raidz_stripe(&self, lay: &Layout, data: &[u8]) -> Result<Vec<u8>, VdevError> {
         let mut stripe = vec![0u8; lay.ncols() * lay.shard_len];
         lay.scatter(data, &mut stripe);
-        encode(self.codec_for(&lay)?, &lay, &mut stripe)?;
-        let mut missed = Vec::new();
-        let mut failed_cols = 0;
-        for (c, col) in lay.cols.iter().enumerate() {
-            let ok = self
-                .handle(col.child)
-                .is_some_and(|h| self.child_write(&h, &stripe[lay.stored(c)], col.leaf_off));
-            if !ok {
-                failed_cols += 1;
-                missed.push(col.child);
-            }
-        }
-        let failed_children = missed.clone();
-        // Unusable children that hold no column of this block still miss the txg.
-        for idx in 0..self.width() {
-            if !missed.contains(&idx) && self.handle(idx).is_none() {
-                missed.push(idx);
-            }
-        }
-        missed.sort_unstable();
-        if failed_cols > lay.parity {
-            return Err(VdevError::InsufficientReplicas {
-                op: "write",
-                failed: failed_cols,
-                tolerated: lay.parity,
-                devices: self.child_paths(&failed_children),
-            });
-        }
-        Ok(WriteOutcome { missed })
+        encode(self.codec_for(lay)?, lay, &mut stripe)?;
+        Ok(stripe)
     }
 
     fn pin_columns(&self, lay: &Layout) -> Vec<Option<Handle>> {

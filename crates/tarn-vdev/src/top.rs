@@ -230,7 +230,7 @@ pub struct TopVdev {
     kind: VdevKind,
     guid: u64,
     ashift: u8,
-    parity: usize,
+    pub(crate) parity: usize,
     /// Data bytes every child must offer (the smallest present at open, or
     /// what `pin_asize` requires).
     child_capacity: AtomicU64,
@@ -458,7 +458,7 @@ impl TopVdev {
 
     /// Validates a block request against alignment and the address space;
     /// offsets come from block pointers read from disk, so nothing is assumed.
-    fn check_block(&self, offset: u64, psize: u64) -> Result<(), VdevError> {
+    pub(crate) fn check_block(&self, offset: u64, psize: u64) -> Result<(), VdevError> {
         if psize == 0 || psize > MAX_BLOCK_SIZE as u64 {
             return Err(VdevError::InvalidArgument(format!(
                 "block size {psize} outside 1..={MAX_BLOCK_SIZE}"
@@ -483,12 +483,7 @@ impl TopVdev {
     /// was written (mirror: one child; raidz: at most parity columns failed);
     /// the outcome lists children that did not get the write.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<WriteOutcome, VdevError> {
-        self.check_block(offset, data.len() as u64)?;
-        if self.parity > 0 {
-            self.raidz_write(offset, data)
-        } else {
-            self.mirror_write(offset, data)
-        }
+        self.write_plan(&self.plan(offset, data)?)
     }
 
     /// Reads `psize` bytes at `offset` and returns the first version that
@@ -821,11 +816,22 @@ impl TopVdev {
 
     /// Writes to a pinned child, counting the outcome; false on any error.
     pub(crate) fn child_write(&self, h: &Handle, buf: &[u8], off: u64) -> bool {
-        let ok = self.in_data_region(&*h.leaf, off, buf.len()) && h.leaf.write_at(buf, off).is_ok();
+        self.child_write_vectored(h, &[buf], off)
+    }
+
+    /// Like [`TopVdev::child_write`] for the concatenation of `bufs`.
+    pub(crate) fn child_write_vectored(&self, h: &Handle, bufs: &[&[u8]], off: u64) -> bool {
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
+        let ok = self.in_data_region(&*h.leaf, off, len)
+            && match bufs {
+                [one] => h.leaf.write_at(one, off).is_ok(),
+                _ => h.leaf.write_vectored_at(bufs, off).is_ok(),
+            };
+        let buf_len = len;
         let c = &self.children[h.idx].counters;
         if ok {
             bump(&c.write_ops, 1);
-            bump(&c.write_bytes, buf.len() as u64);
+            bump(&c.write_bytes, buf_len as u64);
             self.note_ok(h.idx, WRITE);
         } else {
             bump(&c.write_errors, 1);

@@ -1,0 +1,313 @@
+//! Writing blocks: one block, or many at once with their neighbouring
+//! pieces merged into one write per run.
+//!
+//! # Theory
+//!
+//! A block becomes a *plan*: one buffer and the pieces of it that go to
+//! each child (mirror: the whole padded block to every child; raidz: one
+//! column per child, parity computed). Writing a plan puts every piece on
+//! its child; its *outcome* counts the pieces that failed: the block is
+//! written if no more failed than its redundancy tolerates (raidz: parity
+//! columns; mirror: all sides but one), and the children that missed it,
+//! failed or unusable, are reported so the pool records them for resilver.
+//!
+//! A txg writes many blocks into space allocated one after the other, so
+//! the pieces bound for one child often touch end to end: block A's column
+//! on child 2 ends where block B's column on child 2 starts. Small blocks
+//! (a volume's 16K, a small file) cost one write call per column, which is
+//! what limits them; [`TopVdev::write_many`] sorts each child's pieces by
+//! offset and writes each run of touching pieces (up to [`MERGE_MAX`]
+//! bytes) as one buffer, the children in parallel, as ZFS's I/O queue
+//! aggregates. The outcome of every block is computed exactly as for a
+//! single write: a merged write that fails marks every piece in it failed,
+//! so a failure can only add children to a block's missed list, never hide
+//! one. Bytes on disk are the same as writing the blocks one by one. A
+//! merged write counts as one operation (and, failing, one error) in the
+//! child's counters, as aggregated I/O does in ZFS; the fault policy counts
+//! errors in a row, so a failing child is faulted after more blocks, and
+//! until then each block with a piece on it lists the child as missed.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use crate::label::DATA_START;
+use crate::raidz::Layout;
+use crate::top::{Handle, TopVdev, WriteOutcome};
+use crate::VdevError;
+
+/// Largest write a run of merged pieces becomes.
+pub const MERGE_MAX: usize = 1 << 20;
+
+/// Block bytes planned and written at a time: a txg holds up to the dirty
+/// limit, and planning all of it before writing any would hold every
+/// stripe in memory at once (cold by the time it is written); windows of
+/// this size keep them few and in cache while still filling merged writes.
+const WINDOW: usize = 4 << 20;
+
+/// One piece of a plan: bytes `range` of the plan's buffer go to `child` at
+/// `leaf_off`.
+struct Piece {
+    child: usize,
+    leaf_off: u64,
+    range: std::ops::Range<usize>,
+}
+
+/// A block ready to be written: its buffer, its pieces, and how many
+/// pieces may fail with the block still written.
+pub(crate) struct Plan<'a> {
+    buf: Cow<'a, [u8]>,
+    pieces: Vec<Piece>,
+    tolerated: usize,
+}
+
+impl TopVdev {
+    /// The plan of writing `data` at `offset` (checked against the vdev).
+    pub(crate) fn plan<'a>(&self, offset: u64, data: &'a [u8]) -> Result<Plan<'a>, VdevError> {
+        self.check_block(offset, data.len() as u64)?;
+        if self.parity > 0 {
+            let lay: Layout = self.layout(offset, data.len() as u64);
+            let stripe = self.raidz_stripe(&lay, data)?;
+            let pieces = lay
+                .cols
+                .iter()
+                .enumerate()
+                .map(|(c, col)| Piece {
+                    child: col.child,
+                    leaf_off: col.leaf_off,
+                    range: lay.stored(c),
+                })
+                .collect();
+            Ok(Plan {
+                buf: Cow::Owned(stripe),
+                pieces,
+                tolerated: lay.parity,
+            })
+        } else {
+            let s = self.sector() as usize;
+            let buf: Cow<'a, [u8]> = if data.len().is_multiple_of(s) {
+                Cow::Borrowed(data)
+            } else {
+                let mut b = data.to_vec();
+                b.resize(data.len().div_ceil(s) * s, 0);
+                Cow::Owned(b)
+            };
+            let pieces = (0..self.width())
+                .map(|child| Piece {
+                    child,
+                    leaf_off: DATA_START + offset,
+                    range: 0..buf.len(),
+                })
+                .collect();
+            Ok(Plan {
+                buf,
+                pieces,
+                tolerated: self.width() - 1,
+            })
+        }
+    }
+
+    /// What writing `plan` achieved, given which of its pieces were
+    /// written (`ok`, one per piece).
+    pub(crate) fn outcome(&self, plan: &Plan<'_>, ok: &[bool]) -> Result<WriteOutcome, VdevError> {
+        let failed: Vec<usize> = plan
+            .pieces
+            .iter()
+            .zip(ok)
+            .filter(|(_, ok)| !**ok)
+            .map(|(p, _)| p.child)
+            .collect();
+        if failed.len() > plan.tolerated {
+            return Err(VdevError::InsufficientReplicas {
+                op: "write",
+                failed: failed.len(),
+                tolerated: plan.tolerated,
+                devices: self.child_paths(&failed),
+            });
+        }
+        // Unusable children that hold no piece of this block still miss
+        // the txg.
+        let mut missed = failed;
+        for idx in 0..self.width() {
+            if !missed.contains(&idx) && self.handle(idx).is_none() {
+                missed.push(idx);
+            }
+        }
+        missed.sort_unstable();
+        missed.dedup();
+        Ok(WriteOutcome { missed })
+    }
+
+    /// Writes one plan, piece by piece.
+    pub(crate) fn write_plan(&self, plan: &Plan<'_>) -> Result<WriteOutcome, VdevError> {
+        let ok: Vec<bool> = plan
+            .pieces
+            .iter()
+            .map(|p| {
+                self.handle(p.child)
+                    .is_some_and(|h| self.child_write(&h, &plan.buf[p.range.clone()], p.leaf_off))
+            })
+            .collect();
+        self.outcome(plan, &ok)
+    }
+
+    /// Writes many blocks, `(offset, data)` each, with the same result per
+    /// block as [`TopVdev::write`] and the same bytes on disk, but each
+    /// child's pieces that touch end to end merged into one write (see the
+    /// module docs). Plans are built on up to `threads` threads; the
+    /// children are written in parallel.
+    pub fn write_many(
+        &self,
+        blocks: &[(u64, &[u8])],
+        threads: usize,
+    ) -> Vec<Result<WriteOutcome, VdevError>> {
+        let mut out = Vec::with_capacity(blocks.len());
+        let mut start = 0;
+        while start < blocks.len() {
+            let mut end = start;
+            let mut bytes = 0;
+            while end < blocks.len() && (end == start || bytes + blocks[end].1.len() <= WINDOW) {
+                bytes += blocks[end].1.len();
+                end += 1;
+            }
+            out.extend(self.write_window(&blocks[start..end], threads));
+            start = end;
+        }
+        out
+    }
+
+    /// [`TopVdev::write_many`] of one window of blocks.
+    fn write_window(
+        &self,
+        blocks: &[(u64, &[u8])],
+        threads: usize,
+    ) -> Vec<Result<WriteOutcome, VdevError>> {
+        let plans = plan_all(self, blocks, threads.max(1));
+        // Every piece of every plan, by child, in offset order.
+        let mut by_child: BTreeMap<usize, Vec<(u64, usize, usize)>> = BTreeMap::new();
+        for (b, plan) in plans.iter().enumerate() {
+            if let Ok(plan) = plan {
+                for (i, p) in plan.pieces.iter().enumerate() {
+                    by_child
+                        .entry(p.child)
+                        .or_default()
+                        .push((p.leaf_off, b, i));
+                }
+            }
+        }
+        let results: Vec<Vec<(usize, usize, bool)>> = std::thread::scope(|s| {
+            let workers: Vec<_> = by_child
+                .into_iter()
+                .map(|(child, mut pieces)| {
+                    let plans = &plans;
+                    s.spawn(move || {
+                        pieces.sort_unstable_by_key(|&(off, _, _)| off);
+                        self.write_runs(child, &pieces, plans)
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().unwrap_or_default())
+                .collect()
+        });
+        let mut ok: Vec<Vec<bool>> = plans
+            .iter()
+            .map(|p| {
+                p.as_ref()
+                    .map_or(Vec::new(), |p| vec![false; p.pieces.len()])
+            })
+            .collect();
+        for (b, i, done) in results.into_iter().flatten() {
+            ok[b][i] = done;
+        }
+        plans
+            .into_iter()
+            .zip(ok)
+            .map(|(plan, ok)| plan.and_then(|p| self.outcome(&p, &ok)))
+            .collect()
+    }
+
+    /// Writes one child's pieces (sorted by offset) in runs of touching
+    /// pieces; returns (block, piece, written) for each.
+    fn write_runs(
+        &self,
+        child: usize,
+        pieces: &[(u64, usize, usize)],
+        plans: &[Result<Plan<'_>, VdevError>],
+    ) -> Vec<(usize, usize, bool)> {
+        let bytes = |&(_, b, i): &(u64, usize, usize)| -> &[u8] {
+            match &plans[b] {
+                Ok(p) => &p.buf[p.pieces[i].range.clone()],
+                Err(_) => &[],
+            }
+        };
+        let handle: Option<Handle> = self.handle(child);
+        let mut out = Vec::with_capacity(pieces.len());
+        let mut start = 0;
+        while start < pieces.len() {
+            // The run: pieces that each start where the previous ended.
+            let mut end = start + 1;
+            let mut len = bytes(&pieces[start]).len();
+            while end < pieces.len() {
+                let next = bytes(&pieces[end]).len();
+                let touches =
+                    pieces[end - 1].0 + bytes(&pieces[end - 1]).len() as u64 == pieces[end].0;
+                if !touches || len + next > MERGE_MAX {
+                    break;
+                }
+                len += next;
+                end += 1;
+            }
+            let run = &pieces[start..end];
+            let done = match &handle {
+                None => false,
+                Some(h) if run.len() == 1 => self.child_write(h, bytes(&run[0]), run[0].0),
+                Some(h) => {
+                    let bufs: Vec<&[u8]> = run.iter().map(bytes).collect();
+                    self.child_write_vectored(h, &bufs, run[0].0)
+                }
+            };
+            out.extend(run.iter().map(|&(_, b, i)| (b, i, done)));
+            start = end;
+        }
+        out
+    }
+}
+
+/// The plans of `blocks`, built on up to `threads` threads (parity is the
+/// costly part), in order.
+fn plan_all<'a>(
+    top: &TopVdev,
+    blocks: &[(u64, &'a [u8])],
+    threads: usize,
+) -> Vec<Result<Plan<'a>, VdevError>> {
+    if threads <= 1 || blocks.len() < 2 {
+        return blocks.iter().map(|&(o, d)| top.plan(o, d)).collect();
+    }
+    let per = blocks.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = blocks
+            .chunks(per)
+            .map(|chunk| {
+                let h = s.spawn(move || -> Vec<Result<Plan<'a>, VdevError>> {
+                    chunk.iter().map(|&(o, d)| top.plan(o, d)).collect()
+                });
+                (chunk.len(), h)
+            })
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|(n, h)| {
+                h.join().unwrap_or_else(|_| {
+                    (0..n)
+                        .map(|_| {
+                            Err(VdevError::InvalidArgument(
+                                "a planning thread panicked".into(),
+                            ))
+                        })
+                        .collect()
+                })
+            })
+            .collect::<Vec<_>>()
+    })
+}

@@ -1,0 +1,157 @@
+//! Writing many blocks at once (`TopVdev::write_many`, pieces that touch
+//! merged into one write per child) against writing them one by one: the
+//! same bytes on every child, the same outcome per block, with healthy,
+//! failing and absent children.
+
+mod common;
+
+use common::{mem_leaves, open, verifier};
+use proptest::prelude::*;
+use tarn_testkit::data::pattern;
+use tarn_vdev::{VdevKind, WriteOutcome};
+
+fn kinds() -> impl Strategy<Value = (VdevKind, usize)> {
+    prop_oneof![
+        Just((VdevKind::Single, 1)),
+        Just((VdevKind::Mirror, 2)),
+        Just((VdevKind::Raidz { parity: 1 }, 4)),
+        Just((VdevKind::Raidz { parity: 2 }, 5)),
+        Just((VdevKind::Raidz { parity: 1 }, 3)),
+    ]
+}
+
+/// Blocks of random sizes laid one after the other as an allocator would
+/// (each at the end of the previous one's allocation), with some gaps.
+fn layout(v: &tarn_vdev::TopVdev, sizes: &[(usize, bool)]) -> Vec<(u64, Vec<u8>)> {
+    let mut at = 0u64;
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &(len, gap))| {
+            if gap {
+                at += v.alloc_size(4096);
+            }
+            let b = (at, pattern(i as u64 * 7 + len as u64, len));
+            at += v.alloc_size(len as u64);
+            b
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(tarn_testkit::data::cases(64))]
+
+    #[test]
+    fn write_many_is_write_one_by_one(
+        (kind, n) in kinds(),
+        sizes in proptest::collection::vec((1usize..200_000, proptest::bool::weighted(0.2)), 1..40),
+        failing in proptest::option::of(0usize..5),
+        absent in proptest::option::of(0usize..5),
+    ) {
+        let (a, b) = (mem_leaves(n), mem_leaves(n));
+        let missing: Vec<usize> = absent.filter(|&c| c < n).into_iter().collect();
+        let (va, vb) = (open(kind, 12, &a, &missing), open(kind, 12, &b, &missing));
+        if let Some(f) = failing.filter(|&f| f < n) {
+            a[f].set_fail_writes(true);
+            b[f].set_fail_writes(true);
+        }
+        let blocks = layout(&va, &sizes);
+        // Errors name the two vdevs' own (different) device paths: compare
+        // the kind of error only.
+        let kind = |e: tarn_vdev::VdevError| std::mem::discriminant(&e);
+        let one: Vec<Result<WriteOutcome, _>> = blocks
+            .iter()
+            .map(|(o, d)| va.write(*o, d).map_err(kind))
+            .collect();
+        let refs: Vec<(u64, &[u8])> = blocks.iter().map(|(o, d)| (*o, &d[..])).collect();
+        let many: Vec<Result<WriteOutcome, _>> = vb
+            .write_many(&refs, 3)
+            .into_iter()
+            .map(|r| r.map_err(kind))
+            .collect();
+        // Per block: written or not alike. A merged write counts as one
+        // error, so a failing child is faulted after fewer blocks one by
+        // one; a block with no piece on it then lists it as missed (an
+        // unusable child misses the txg) only on that side. Every block
+        // with a piece on it lists it either way, so the txg's missed set
+        // is the same.
+        prop_assert_eq!(one.len(), many.len());
+        let mut union = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
+        for (o, m) in one.iter().zip(&many) {
+            match (o, m) {
+                (Ok(o), Ok(m)) => {
+                    prop_assert!(m.missed.iter().all(|c| o.missed.contains(c)), "{:?} {:?}", o, m);
+                    union.0.extend(o.missed.iter().copied());
+                    union.1.extend(m.missed.iter().copied());
+                }
+                (Err(a), Err(b)) => prop_assert_eq!(a, b),
+                _ => prop_assert!(false, "one by one {:?}, merged {:?}", o, m),
+            }
+        }
+        prop_assert_eq!(union.0, union.1);
+        for f in a.iter().chain(b.iter()) {
+            f.set_fail_writes(false);
+        }
+        // The same bytes on every child, and every written block reads
+        // back through its checksum.
+        let end = blocks.last().map_or(0, |(o, d)| o + va.alloc_size(d.len() as u64));
+        for (la, lb) in a.iter().zip(&b) {
+            let span = (end as usize).div_ceil(n.max(1)) + (1 << 20);
+            prop_assert!(la.raw_read(0, span) == lb.raw_read(0, span));
+        }
+        for ((o, d), r) in blocks.iter().zip(&many) {
+            if r.is_ok() {
+                let got = vb.read(*o, d.len(), &verifier(d)).map_err(|e| e.to_string());
+                prop_assert!(got.as_deref() == Ok(&d[..]), "block at {} reads back", o);
+            }
+        }
+    }
+}
+
+#[test]
+fn neighbouring_pieces_become_one_write_per_child() {
+    let leaves = mem_leaves(4);
+    let v = open(VdevKind::Raidz { parity: 1 }, 12, &leaves, &[]);
+    let data: Vec<Vec<u8>> = (0..64).map(|i| pattern(i, 16 << 10)).collect();
+    let mut at = 0;
+    let blocks: Vec<(u64, &[u8])> = data
+        .iter()
+        .map(|d| {
+            let b = (at, &d[..]);
+            at += v.alloc_size(d.len() as u64);
+            b
+        })
+        .collect();
+    for r in v.write_many(&blocks, 2) {
+        assert!(r.expect("written").missed.is_empty());
+    }
+    let ops: u64 = v.leaves().iter().map(|l| l.counters.write_ops).sum();
+    // One by one this is 64 blocks × 4 columns = 256 writes; merged, a few
+    // per child.
+    assert!(ops <= 16, "{ops} writes for 64 neighbouring 16K blocks");
+    for ((o, d), _) in blocks.iter().zip(0..) {
+        assert_eq!(v.read(*o, d.len(), &verifier(d)).expect("read"), *d);
+    }
+}
+
+#[test]
+fn an_absent_child_misses_a_block_that_has_no_column_on_it() {
+    // raidz1 of 6: a 4K block has one data and one parity column, so four
+    // children hold nothing of it; the absent one still missed the txg.
+    let leaves = mem_leaves(6);
+    let v = open(VdevKind::Raidz { parity: 1 }, 12, &leaves, &[5]);
+    let d = pattern(3, 4096);
+    let cols: Vec<usize> = v
+        .extents(0, 4096)
+        .unwrap()
+        .iter()
+        .map(|e| e.child)
+        .collect();
+    assert!(
+        !cols.contains(&5),
+        "the block has a column on child 5: {cols:?}"
+    );
+    assert_eq!(v.write(0, &d).expect("written").missed, vec![5]);
+    let many = v.write_many(&[(0, &d[..])], 1);
+    assert_eq!(many[0].as_ref().expect("written").missed, vec![5]);
+}
