@@ -268,6 +268,11 @@ impl Backend for Pools {
 
     fn dataset_destroy(&self, name: &str, recursive: bool) -> Result<(), ApiError> {
         let pool = self.get(pool_of(name))?;
+        // A mistyped name must not close the volumes VMs are using (a
+        // range `fs@a%b` is checked by the destroy itself).
+        if !name.contains('%') {
+            tarn_dataset::open(&pool, name).map_err(ds_error)?;
+        }
         // No volume resize may run between closing a volume and this.
         let _resizes = tarn_vol::resize_lock();
         // What goes away is unmounted first; a busy mount stops the destroy.
@@ -536,8 +541,19 @@ impl Backend for Pools {
         }
         // One name per node: it is the NFS path, the WebDAV folder and the
         // NBD export name, which every pool's shares are served under.
-        for other in self.lock().values().filter(|p| p.name() != pool.name()) {
-            if access::shares(other)?.iter().any(|s| s.name == share.name) {
+        // (A pool whose shares cannot be read is left out here; serving
+        // then keeps the first share of a name and logs the others.)
+        let others: Vec<Arc<Pool>> = self
+            .lock()
+            .values()
+            .filter(|p| p.name() != pool.name())
+            .cloned()
+            .collect();
+        for other in others {
+            let Ok(theirs) = access::shares(&other) else {
+                continue;
+            };
+            if theirs.iter().any(|s| s.name == share.name) {
                 return Err(ApiError::exists(format!(
                     "pool '{}' already has a share named '{}'",
                     other.name(),
