@@ -290,9 +290,20 @@ impl Volume {
         let bs = spec.block as u64;
         let first_whole = off.div_ceil(bs);
         let end_whole = (off + len) / bs;
-        let partial: Vec<Piece> = Self::pieces(&spec, off, len)
-            .filter(|p| p.len as u64 != bs)
-            .collect();
+        // At most two blocks are touched in part: the head and the tail
+        // (a trim of a whole disk must not walk its every block).
+        let end = off + len;
+        let partial: Vec<Piece> = if first_whole > end_whole {
+            Self::pieces(&spec, off, len).collect()
+        } else {
+            let head = off..(first_whole * bs).min(end);
+            let tail = (end_whole * bs).max(off)..end;
+            [head, tail]
+                .into_iter()
+                .filter(|r| !r.is_empty())
+                .flat_map(|r| Self::pieces(&spec, r.start, r.end - r.start))
+                .collect()
+        };
         self.write_txn(fua, |t| {
             if first_whole < end_whole {
                 let (a, b) = (key(first_whole), key(end_whole));
