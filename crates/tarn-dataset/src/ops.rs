@@ -44,46 +44,44 @@ fn create_recs(
     parents: bool,
     volume: Option<VolSpec>,
 ) -> Result<(), DsError> {
-    {
-        if dsl.names.contains_key(name) {
-            return Err(DsError::Exists(format!("dataset '{name}' already exists")));
-        }
-        let mut missing = Vec::new();
-        let mut cur = parent_name(name);
-        while let Some(p) = cur {
-            if dsl.names.contains_key(p) {
-                break;
-            }
-            missing.push(p.to_string());
-            cur = parent_name(p);
-        }
-        if !missing.is_empty() && !parents {
-            return Err(DsError::NotFound(format!(
-                "parent '{}' does not exist; create it first or use -p",
-                missing[0]
-            )));
-        }
-        if let Some(p) = cur {
-            no_children_of_volume(dsl, p)?;
-        }
-        for n in missing
-            .iter()
-            .rev()
-            .chain(std::iter::once(&name.to_string()))
-        {
-            let parent = parent_name(n).and_then(|p| dsl.names.get(p).copied());
-            let mut rec = dsl.new_fs(n, parent, txg);
-            if n == name {
-                rec.props = local.clone();
-                if volume.is_some() {
-                    rec.kind = DatasetKind::Volume;
-                    rec.volume = volume;
-                }
-            }
-            dsl.recs.insert(rec.id, rec);
-        }
-        Ok(())
+    if dsl.names.contains_key(name) {
+        return Err(DsError::Exists(format!("dataset '{name}' already exists")));
     }
+    let mut missing = Vec::new();
+    let mut cur = parent_name(name);
+    while let Some(p) = cur {
+        if dsl.names.contains_key(p) {
+            break;
+        }
+        missing.push(p.to_string());
+        cur = parent_name(p);
+    }
+    if !missing.is_empty() && !parents {
+        return Err(DsError::NotFound(format!(
+            "parent '{}' does not exist; create it first or use -p",
+            missing[0]
+        )));
+    }
+    if let Some(p) = cur {
+        no_children_of_volume(dsl, p)?;
+    }
+    for n in missing
+        .iter()
+        .rev()
+        .chain(std::iter::once(&name.to_string()))
+    {
+        let parent = parent_name(n).and_then(|p| dsl.names.get(p).copied());
+        let mut rec = dsl.new_fs(n, parent, txg);
+        if n == name {
+            rec.props = local.clone();
+            if volume.is_some() {
+                rec.kind = DatasetKind::Volume;
+                rec.volume = volume;
+            }
+        }
+        dsl.recs.insert(rec.id, rec);
+    }
+    Ok(())
 }
 
 /// Refuses a dataset under `parent` when `parent` is a volume: a volume is
