@@ -350,11 +350,19 @@ impl Login {
             // exchange is under way; the rule "CHAP required" is checked
             // below.
             if !(csg == OPERATIONAL && self.stage == SECURITY && self.chap.is_none()) {
-                return self.fail(req, status::INITIATOR_ERROR, format!("CSG {csg} out of order"));
+                return self.fail(
+                    req,
+                    status::INITIATOR_ERROR,
+                    format!("CSG {csg} out of order"),
+                );
             }
         }
         if transit && (nsg <= csg || nsg == 2) {
-            return self.fail(req, status::INITIATOR_ERROR, format!("NSG {nsg} after CSG {csg}"));
+            return self.fail(
+                req,
+                status::INITIATOR_ERROR,
+                format!("NSG {nsg} after CSG {csg}"),
+            );
         }
         if self.pending.len() + req.data.len() > MAX_TEXT {
             return self.fail(req, status::INITIATOR_ERROR, "login text too long");
@@ -526,12 +534,7 @@ impl Login {
                 }
                 self.kind = Some(SessionKind::Normal(t));
             }
-            other => {
-                return Err((
-                    status::SESSION_TYPE,
-                    format!("session type {other:?}"),
-                ))
-            }
+            other => return Err((status::SESSION_TYPE, format!("session type {other:?}"))),
         }
         Ok(())
     }
@@ -580,7 +583,9 @@ impl Login {
                     (None, None) => {}
                     (Some(i), Some(c)) => {
                         let Some(mutual) = self.mutual.clone() else {
-                            return Err("mutual CHAP asked, but the target has no credentials".into());
+                            return Err(
+                                "mutual CHAP asked, but the target has no credentials".into()
+                            );
                         };
                         let Some(id) = i.parse::<u8>().ok() else {
                             return Err("bad CHAP_I".into());
@@ -714,8 +719,10 @@ mod tests {
         p.bhs[8..14].copy_from_slice(&[0x80, 1, 2, 3, 4, 5]);
         p.set_itt(9);
         p.set_u32(24, 100);
-        let pairs: Vec<(String, String)> =
-            keys.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let pairs: Vec<(String, String)> = keys
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         p.data = text::encode(&pairs);
         p
     }
@@ -775,7 +782,10 @@ mod tests {
         assert_eq!(get(&r, "FirstBurstLength").as_deref(), Some("262144"));
         assert_eq!(get(&r, "MaxConnections").as_deref(), Some("1"));
         assert_eq!(get(&r, "ErrorRecoveryLevel").as_deref(), Some("0"));
-        assert_eq!(get(&r, "X-com.example.Foo").as_deref(), Some("NotUnderstood"));
+        assert_eq!(
+            get(&r, "X-com.example.Foo").as_deref(),
+            Some("NotUnderstood")
+        );
         assert_eq!(
             get(&r, "MaxRecvDataSegmentLength").as_deref(),
             Some("262144")
@@ -793,7 +803,10 @@ mod tests {
         let s = l.step(&req(
             SECURITY,
             Some(OPERATIONAL),
-            &[("InitiatorName", "iqn.x"), ("TargetName", "iqn.2024-01.nope:x")],
+            &[
+                ("InitiatorName", "iqn.x"),
+                ("TargetName", "iqn.2024-01.nope:x"),
+            ],
         ));
         let Step::Fail(r, _) = s else { panic!() };
         assert_eq!(r.u16_at(36), status::NOT_FOUND);
@@ -854,7 +867,9 @@ mod tests {
     #[test]
     fn chap_one_way_and_mutual() {
         let (s, _) = chap_login("alice's secret", None);
-        let Step::Continue(r) = s else { panic!("{s:?}") };
+        let Step::Continue(r) = s else {
+            panic!("{s:?}")
+        };
         assert_eq!(r.flags(), T_BIT | OPERATIONAL);
         let (s, _) = chap_login("wrong secret!!", None);
         let Step::Fail(r, _) = s else { panic!() };
@@ -918,9 +933,13 @@ mod tests {
         let half = b.data.split_off(10);
         a.data = b.data.clone();
         b.data = half;
-        let Step::Continue(r) = l.step(&a) else { panic!() };
+        let Step::Continue(r) = l.step(&a) else {
+            panic!()
+        };
         assert!(r.data.is_empty());
-        let Step::Continue(r) = l.step(&b) else { panic!() };
+        let Step::Continue(r) = l.step(&b) else {
+            panic!()
+        };
         assert_eq!(r.flags() & T_BIT, T_BIT);
     }
 }

@@ -720,7 +720,7 @@ fn inquiry(u: &Unit<'_>, page: Option<u8>) -> Result<Vec<u8>, Sense> {
             // SCSI name string of the target device (iSCSI).
             let mut name = u.name.as_bytes().to_vec();
             name.push(0);
-            while name.len() % 4 != 0 {
+            while !name.len().is_multiple_of(4) {
                 name.push(0);
             }
             let name_len = name.len().min(252);
@@ -852,7 +852,13 @@ mod tests {
         let v = run(&dev, false, &[0x25], &[]).unwrap();
         assert_eq!(be32(&v), 2047);
         assert_eq!(be32(&v[4..]), 512);
-        let v = run(&dev, false, &[0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32], &[]).unwrap();
+        let v = run(
+            &dev,
+            false,
+            &[0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32],
+            &[],
+        )
+        .unwrap();
         assert_eq!(be64(&v), 2047);
         assert_eq!(v[13], 3, "4096 = 8 x 512");
         assert_eq!(v[14] & 0x80, 0x80, "LBPME");
@@ -875,10 +881,7 @@ mod tests {
         let v = run(&dev, true, &[0x5a, 0x08, 0x3f, 0, 0, 0, 0, 1, 0], &[]).unwrap();
         assert_eq!(v[3] & 0x80, 0x80, "WP");
         assert_eq!(be16(&v) as usize, v.len() - 2);
-        assert_eq!(
-            run(&dev, false, &[0xff], &[]),
-            Err(Sense::INVALID_OPCODE)
-        );
+        assert_eq!(run(&dev, false, &[0xff], &[]), Err(Sense::INVALID_OPCODE));
     }
 
     #[test]
@@ -888,14 +891,25 @@ mod tests {
         run(&dev, false, &[0x2a, 0x08, 0, 0, 0, 4, 0, 0, 2], &data).unwrap();
         let v = run(&dev, false, &[0x28, 0, 0, 0, 0, 4, 0, 0, 2], &[]).unwrap();
         assert_eq!(v, data);
-        let v = run(&dev, false, &[0x88, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 2], &[]).unwrap();
+        let v = run(
+            &dev,
+            false,
+            &[0x88, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 2],
+            &[],
+        )
+        .unwrap();
         assert_eq!(v, data);
         assert_eq!(
             run(&dev, false, &[0x28, 0, 0, 0, 0x07, 0xff, 0, 0, 2], &[]),
             Err(Sense::LBA_OUT_OF_RANGE)
         );
         assert_eq!(
-            run(&dev, false, &[0x88, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 1], &[]),
+            run(
+                &dev,
+                false,
+                &[0x88, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 1],
+                &[]
+            ),
             Err(Sense::LBA_OUT_OF_RANGE)
         );
         assert_eq!(
@@ -916,7 +930,13 @@ mod tests {
     fn write_same_and_unmap() {
         let dev = MemDevice::new(1 << 20, 4096);
         let pat = vec![0xabu8; 512];
-        run(&dev, false, &[0x93, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 16], &pat).unwrap();
+        run(
+            &dev,
+            false,
+            &[0x93, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 16],
+            &pat,
+        )
+        .unwrap();
         assert!(dev.contents()[..8192].iter().all(|&b| b == 0xab));
         let mut unmap = vec![0u8; 24];
         unmap[1] = 22;
@@ -928,10 +948,21 @@ mod tests {
         assert!(dev.contents()[..4096].iter().all(|&b| b == 0));
         assert!(dev.contents()[4096..8192].iter().all(|&b| b == 0xab));
         let zero = vec![0u8; 512];
-        run(&dev, false, &[0x93, 0x08, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 8], &zero).unwrap();
+        run(
+            &dev,
+            false,
+            &[0x93, 0x08, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 8],
+            &zero,
+        )
+        .unwrap();
         assert!(dev.contents()[4096..8192].iter().all(|&b| b == 0));
         assert_eq!(
-            run(&dev, false, &[0x93, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], &pat),
+            run(
+                &dev,
+                false,
+                &[0x93, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                &pat
+            ),
             Err(Sense::INVALID_FIELD_IN_CDB),
             "zero blocks"
         );

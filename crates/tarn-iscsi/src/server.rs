@@ -149,9 +149,11 @@ impl IscsiConfig {
             ));
         }
         if self.first_burst > self.max_burst {
-            return Err(Error::Config("first_burst must not exceed max_burst".into()));
+            return Err(Error::Config(
+                "first_burst must not exceed max_burst".into(),
+            ));
         }
-        if !(64 << 10..=64 << 20).contains(&self.max_transfer) || self.max_transfer % 512 != 0 {
+        if !(64 << 10..=64 << 20).contains(&self.max_transfer) || !self.max_transfer.is_multiple_of(512) {
             return Err(Error::Config(
                 "max_transfer must be a multiple of 512 in 64 KiB ..= 64 MiB".into(),
             ));
@@ -801,7 +803,9 @@ impl Ffp {
                 return Flow::Go;
             };
             self.task_bytes -= t.want as u64;
-            return self.exec(itt, t.lun_field, t.edtl, t.cmd, t.buf, conn).await;
+            return self
+                .exec(itt, t.lun_field, t.edtl, t.cmd, t.buf, conn)
+                .await;
         }
         let len = (t.want - t.received).min(max_burst);
         let mut r = Pdu::new(op::R2T);
@@ -913,7 +917,13 @@ impl Ffp {
                 let _ = din;
                 // A write: any Data-Out beyond the command's need is an
                 // underflow of the expected length.
-                self.respond(itt, scsi::status::GOOD, None, 0x02, edtl - out_len.min(edtl));
+                self.respond(
+                    itt,
+                    scsi::status::GOOD,
+                    None,
+                    0x02,
+                    edtl - out_len.min(edtl),
+                );
             }
             Ok(din) => self.data_in(itt, lun_field, edtl, din),
             Err(s) => {

@@ -237,7 +237,10 @@ mod tests {
         t.chap = Some(Chap::new("u", "long enough secret"));
         assert!(Table::new(vec![t.clone()]).is_ok());
         t.mutual_chap = Some(Chap::new("t", "long enough secret"));
-        assert!(Table::new(vec![t.clone()]).is_err(), "same secret both ways");
+        assert!(
+            Table::new(vec![t.clone()]).is_err(),
+            "same secret both ways"
+        );
         t.mutual_chap = Some(Chap::new("t", "another long secret"));
         assert!(Table::new(vec![t.clone()]).is_ok());
         t.chap = None;
@@ -257,7 +260,10 @@ mod tests {
                 .map(|x| x.name.clone())
                 .collect()
         };
-        assert_eq!(names("192.168.1.4"), ["iqn.2024-01.x:lan", "iqn.2024-01.x:all"]);
+        assert_eq!(
+            names("192.168.1.4"),
+            ["iqn.2024-01.x:lan", "iqn.2024-01.x:all"]
+        );
         assert_eq!(names("10.0.0.1"), ["iqn.2024-01.x:all"]);
         assert!(t.targets[0].admits("IQN.1993-08.org.debian:01:ABC"));
         assert!(!t.targets[0].admits("iqn.other"));
