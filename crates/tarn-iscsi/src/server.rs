@@ -153,7 +153,9 @@ impl IscsiConfig {
                 "first_burst must not exceed max_burst".into(),
             ));
         }
-        if !(64 << 10..=64 << 20).contains(&self.max_transfer) || !self.max_transfer.is_multiple_of(512) {
+        if !(64 << 10..=64 << 20).contains(&self.max_transfer)
+            || !self.max_transfer.is_multiple_of(512)
+        {
             return Err(Error::Config(
                 "max_transfer must be a multiple of 512 in 64 KiB ..= 64 MiB".into(),
             ));
