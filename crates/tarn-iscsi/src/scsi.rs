@@ -340,7 +340,7 @@ pub fn parse(cdb: &[u8], lun: u64, lim: Limits) -> Result<Cmd, Sense> {
             let ndob = opc == 0x93 && cdb[1] & 1 != 0;
             // ANCHOR, PBDATA, LBDATA and protection are not supported;
             // zero blocks is refused (WSNZ is set in the block limits).
-            if cdb[1] & 0xe6 != 0 || blocks == 0 || blocks > MAX_WRITE_SAME {
+            if cdb[1] & 0xf6 != 0 || blocks == 0 || blocks > MAX_WRITE_SAME {
                 return Err(Sense::INVALID_FIELD_IN_CDB);
             }
             Cmd::WriteSame {
@@ -385,6 +385,8 @@ pub fn parse(cdb: &[u8], lun: u64, lim: Limits) -> Result<Cmd, Sense> {
 /// Most blocks one WRITE SAME may cover (advertised in the block
 /// limits): 2 GiB.
 pub const MAX_WRITE_SAME: u32 = 1 << 22;
+/// Most blocks one UNMAP may cover (advertised): 512 MiB.
+pub const MAX_UNMAP_BLOCKS: u32 = 1 << 20;
 /// Most block descriptors in one UNMAP.
 pub const MAX_UNMAP_DESCRIPTORS: u32 = 256;
 /// Largest UNMAP parameter list accepted.
@@ -666,7 +668,7 @@ fn unmap(u: &Unit<'_>, len: u32, p: &[u8]) -> Result<(), Sense> {
     }
     for &(lba, n) in &descs {
         u.check(lba, n)?;
-        if n > MAX_WRITE_SAME as u64 {
+        if n > MAX_UNMAP_BLOCKS as u64 {
             return Err(Sense::INVALID_FIELD_IN_PARAMETERS);
         }
     }
@@ -736,7 +738,7 @@ fn inquiry(u: &Unit<'_>, page: Option<u8>) -> Result<Vec<u8>, Sense> {
             b[2..4].copy_from_slice(&gran.to_be_bytes());
             b[4..8].copy_from_slice(&max.to_be_bytes());
             b[8..12].copy_from_slice(&max.to_be_bytes());
-            b[16..20].copy_from_slice(&MAX_WRITE_SAME.to_be_bytes());
+            b[16..20].copy_from_slice(&MAX_UNMAP_BLOCKS.to_be_bytes());
             b[20..24].copy_from_slice(&MAX_UNMAP_DESCRIPTORS.to_be_bytes());
             b[24..28].copy_from_slice(&(gran as u32).to_be_bytes());
             b[28..32].copy_from_slice(&0x8000_0000u32.to_be_bytes());

@@ -742,9 +742,10 @@ impl Ffp {
         if need == 0 {
             return self.exec(itt, lun_field, edtl, cmd, Vec::new(), conn).await;
         }
-        if flags & 0x20 == 0 || edtl < need {
+        let same = matches!(cmd, Cmd::WriteSame { .. });
+        if flags & 0x20 == 0 || edtl < need || (same && edtl != need) {
             // The command needs more data than the initiator means to
-            // send.
+            // send (or, for WRITE SAME, other than exactly one block).
             self.respond(
                 itt,
                 scsi::status::CHECK_CONDITION,
