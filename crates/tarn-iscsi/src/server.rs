@@ -524,6 +524,8 @@ struct WriteTask {
     /// The outstanding R2T: its TTT and where its burst ends.
     r2t: Option<(u32, u32)>,
     r2tsn: u32,
+    /// Bytes the CDB asks for beyond the expected length.
+    overflow: u32,
 }
 
 /// Whether to go on reading.
@@ -738,9 +740,33 @@ impl Ffp {
                 return Flow::Go;
             }
         };
-        let need = cmd.data_out_len();
+        let mut cmd = cmd;
+        let mut need = cmd.data_out_len();
         if need == 0 {
-            return self.exec(itt, lun_field, edtl, cmd, Vec::new(), conn).await;
+            return self
+                .exec(itt, lun_field, edtl, cmd, Vec::new(), 0, conn)
+                .await;
+        }
+        // A WRITE whose expected length is below what its CDB says is
+        // carried out for the whole blocks the initiator sends, and
+        // answered with an overflow residual for the rest (as SAM asks
+        // of a transport that carries less than the command's length).
+        let mut overflow = 0;
+        if let Cmd::Write { lba, fua, .. } = cmd {
+            if flags & 0x20 != 0 && edtl < need {
+                overflow = need - edtl;
+                need = edtl;
+                cmd = Cmd::Write {
+                    lba,
+                    blocks: edtl / scsi::BLOCK as u32,
+                    fua,
+                };
+            }
+        }
+        if need == 0 {
+            return self
+                .exec(itt, lun_field, edtl, cmd, Vec::new(), overflow, conn)
+                .await;
         }
         let same = matches!(cmd, Cmd::WriteSame { .. });
         if flags & 0x20 == 0 || edtl < need || (same && edtl != need) {
@@ -785,6 +811,7 @@ impl Ffp {
             unsolicited: !p.is_final() && !prm.initial_r2t,
             r2t: None,
             r2tsn: 0,
+            overflow,
         };
         self.task_bytes += need as u64;
         self.tasks.insert(itt, task);
@@ -807,7 +834,7 @@ impl Ffp {
             };
             self.task_bytes -= t.want as u64;
             return self
-                .exec(itt, t.lun_field, t.edtl, t.cmd, t.buf, conn)
+                .exec(itt, t.lun_field, t.edtl, t.cmd, t.buf, t.overflow, conn)
                 .await;
         }
         let len = (t.want - t.received).min(max_burst);
@@ -872,7 +899,9 @@ impl Ffp {
     }
 
     /// Runs a command on the blocking pool and queues its Data-In and
-    /// status.
+    /// status. (The arguments are the task's fields, kept apart because
+    /// commands without data never build a task.)
+    #[allow(clippy::too_many_arguments)]
     async fn exec(
         &mut self,
         itt: u32,
@@ -880,6 +909,7 @@ impl Ffp {
         edtl: u32,
         cmd: Cmd,
         data: Vec<u8>,
+        overflow: u32,
         conn: &Conn,
     ) -> Flow {
         let Some(target) = self.target() else {
@@ -916,6 +946,9 @@ impl Ffp {
             }
         };
         match res {
+            Ok(_) if overflow > 0 => {
+                self.respond(itt, scsi::status::GOOD, None, 0x04, overflow);
+            }
             Ok(din) if out_len > 0 => {
                 let _ = din;
                 // A write: any Data-Out beyond the command's need is an

@@ -165,3 +165,49 @@ fn a_data_out_at_a_wrong_offset_ends_the_connection_only() {
     let mut other = Raw::login(r.local_addr(), IQN);
     other.tur_good(1);
 }
+
+#[test]
+fn crc32c_digests_apply_after_login_and_a_bad_one_closes() {
+    let (r, _) = server();
+    let login = |addr| {
+        let mut s = Raw::connect(addr);
+        s.send(&Raw::login_pdu(
+            1,
+            Some(3),
+            &[
+                ("InitiatorName", "iqn.2024-01.org.tarn:test"),
+                ("TargetName", IQN),
+                ("HeaderDigest", "CRC32C"),
+                ("DataDigest", "CRC32C,None"),
+            ],
+        ));
+        let rsp = s.recv().expect("login response");
+        assert_eq!(rsp.u16_at(36), 0);
+        let keys = tarn_iscsi::text::parse(&rsp.data).unwrap();
+        assert!(keys.contains(&("HeaderDigest".into(), "CRC32C".into())));
+        assert!(keys.contains(&("DataDigest".into(), "CRC32C".into())));
+        s.digests = tarn_iscsi::pdu::Digests {
+            header: true,
+            data: true,
+        };
+        s
+    };
+    let mut s = login(r.local_addr());
+    s.tur_good(1);
+    let mut nop = Pdu::new(op::NOP_OUT);
+    nop.set_immediate(true);
+    nop.set_flags(0x80);
+    nop.set_itt(2);
+    nop.set_u32(20, 0xffff_ffff);
+    nop.data = b"ping".to_vec();
+    s.send(&nop);
+    let pong = s.recv().expect("NOP-In");
+    assert_eq!(pong.opcode(), op::NOP_IN);
+    assert_eq!(pong.data, b"ping");
+
+    let mut wire = nop.encode(s.digests);
+    wire[48] ^= 0xff; // the header digest
+    let _ = s.send_bytes(&wire);
+    assert!(s.closed());
+    login(r.local_addr()).tur_good(1);
+}
