@@ -22,7 +22,7 @@
 //! there the command runs. While a write waits for data, other commands
 //! are read and run, so an initiator with a deep queue keeps the device
 //! busy. Data must arrive in order (`DataPDUInOrder=Yes` and
-//! `DataSequenceInOrder=Yes`); a Data-Out at an unexpected offset, past
+//! `DataSequenceInOrder=Yes`); a Data-Out at an unexpected offset or DataSN, past
 //! the expected length, or for an R2T that was not sent is a protocol
 //! error: the connection gets a Reject and is closed
 //! (`ErrorRecoveryLevel=0` has no other recovery). A Data-Out for an
@@ -526,6 +526,8 @@ struct WriteTask {
     r2tsn: u32,
     /// Bytes the CDB asks for beyond the expected length.
     overflow: u32,
+    /// DataSN the next Data-Out of the current sequence must carry.
+    data_sn: u32,
 }
 
 /// Whether to go on reading.
@@ -812,6 +814,7 @@ impl Ffp {
             r2t: None,
             r2tsn: 0,
             overflow,
+            data_sn: 0,
         };
         self.task_bytes += need as u64;
         self.tasks.insert(itt, task);
@@ -848,6 +851,7 @@ impl Ffp {
         r.set_u32(44, len);
         t.r2t = Some((ttt, t.received + len));
         t.r2tsn += 1;
+        t.data_sn = 0;
         self.next_ttt = ttt.wrapping_add(1);
         if self.next_ttt == RESERVED_TAG {
             self.next_ttt = 1;
@@ -879,7 +883,8 @@ impl Ffp {
             (true, Some((_, e))) => e,
             _ => first_burst.min(t.edtl),
         };
-        let Some(end) = end.filter(|&e| off == t.received && e <= limit && e <= t.edtl) else {
+        let in_order = off == t.received && p.u32_at(36) == t.data_sn;
+        let Some(end) = end.filter(|&e| in_order && e <= limit && e <= t.edtl) else {
             self.reject(&p, reason::INVALID_FIELD);
             return Flow::Close;
         };
@@ -888,6 +893,7 @@ impl Ffp {
             t.buf.extend_from_slice(&p.data[..n]);
         }
         t.received = end;
+        t.data_sn = t.data_sn.wrapping_add(1);
         if solicited {
             if p.is_final() || Some(end) == t.r2t.map(|r| r.1) {
                 t.r2t = None;
