@@ -1,0 +1,983 @@
+//! SCSI block commands (SPC-4, SBC-3) over a [`Device`].
+//!
+//! A command goes through two steps. [`parse`] reads the CDB and decides,
+//! without touching the device's data, what the command is and how many
+//! bytes of Data-Out it needs; the connection gathers those (immediate
+//! data, unsolicited Data-Out, R2Ts). [`execute`] then runs it on a
+//! blocking thread and yields the Data-In bytes or a sense.
+//!
+//! The logical block size is always 512 bytes; the device's own block
+//! size is reported as the physical block (READ CAPACITY 16's exponent)
+//! and as the optimal granularity in the Block Limits page, so an
+//! initiator aligns its I/O to it. Every range is checked against the
+//! capacity before the device is called; data-in is cut to the CDB's
+//! allocation length.
+//!
+//! Thin provisioning is advertised (LBPME, LBPU, LBPWS, LBPWS10, LBPRZ):
+//! UNMAP and WRITE SAME with the UNMAP bit call [`Device::trim`], WRITE
+//! SAME of a zero block calls [`Device::write_zeroes`], and unmapped
+//! blocks read as zeros. GET LBA STATUS reports [`Device::extents`].
+//!
+//! The write cache is reported enabled (WCE=1) because a write without
+//! FUA is durable only at the next [`Device::flush`]: SYNCHRONIZE CACHE
+//! calls it, and FUA on WRITE is passed down as `fua`.
+
+use tarn_vol::{Device, VolError};
+
+use crate::digest::md5;
+
+/// Logical block size reported to initiators.
+pub const BLOCK: u64 = 512;
+
+/// SCSI status codes.
+pub mod status {
+    /// GOOD.
+    pub const GOOD: u8 = 0x00;
+    /// CHECK CONDITION (sense data follows).
+    pub const CHECK_CONDITION: u8 = 0x02;
+    /// TASK SET FULL.
+    pub const TASK_SET_FULL: u8 = 0x28;
+}
+
+/// A sense: key, additional sense code and qualifier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sense {
+    /// Sense key.
+    pub key: u8,
+    /// Additional sense code.
+    pub asc: u8,
+    /// Additional sense code qualifier.
+    pub ascq: u8,
+}
+
+impl Sense {
+    const fn new(key: u8, asc: u8, ascq: u8) -> Sense {
+        Sense { key, asc, ascq }
+    }
+
+    /// ILLEGAL REQUEST, INVALID COMMAND OPERATION CODE.
+    pub const INVALID_OPCODE: Sense = Sense::new(0x05, 0x20, 0x00);
+    /// ILLEGAL REQUEST, LOGICAL BLOCK ADDRESS OUT OF RANGE.
+    pub const LBA_OUT_OF_RANGE: Sense = Sense::new(0x05, 0x21, 0x00);
+    /// ILLEGAL REQUEST, INVALID FIELD IN CDB.
+    pub const INVALID_FIELD_IN_CDB: Sense = Sense::new(0x05, 0x24, 0x00);
+    /// ILLEGAL REQUEST, LOGICAL UNIT NOT SUPPORTED.
+    pub const LUN_NOT_SUPPORTED: Sense = Sense::new(0x05, 0x25, 0x00);
+    /// ILLEGAL REQUEST, PARAMETER LIST LENGTH ERROR.
+    pub const PARAMETER_LIST_LENGTH: Sense = Sense::new(0x05, 0x1a, 0x00);
+    /// ILLEGAL REQUEST, INVALID FIELD IN PARAMETER LIST.
+    pub const INVALID_FIELD_IN_PARAMETERS: Sense = Sense::new(0x05, 0x26, 0x00);
+    /// ILLEGAL REQUEST, SAVING PARAMETERS NOT SUPPORTED.
+    pub const SAVING_NOT_SUPPORTED: Sense = Sense::new(0x05, 0x39, 0x00);
+    /// DATA PROTECT, WRITE PROTECTED.
+    pub const WRITE_PROTECTED: Sense = Sense::new(0x07, 0x27, 0x00);
+    /// DATA PROTECT, SPACE ALLOCATION FAILED WRITE PROTECT.
+    pub const NO_SPACE: Sense = Sense::new(0x07, 0x27, 0x07);
+    /// MEDIUM ERROR, UNRECOVERED READ ERROR.
+    pub const READ_ERROR: Sense = Sense::new(0x03, 0x11, 0x00);
+    /// MEDIUM ERROR, WRITE ERROR.
+    pub const WRITE_ERROR: Sense = Sense::new(0x03, 0x0c, 0x00);
+    /// HARDWARE ERROR, INTERNAL TARGET FAILURE.
+    pub const INTERNAL: Sense = Sense::new(0x04, 0x44, 0x00);
+    /// MISCOMPARE, MISCOMPARE DURING VERIFY OPERATION.
+    pub const MISCOMPARE: Sense = Sense::new(0x0e, 0x1d, 0x00);
+
+    /// Fixed-format sense data (18 bytes).
+    pub fn fixed(&self) -> Vec<u8> {
+        let mut s = vec![0u8; 18];
+        s[0] = 0x70;
+        s[2] = self.key;
+        s[7] = 10;
+        s[12] = self.asc;
+        s[13] = self.ascq;
+        s
+    }
+}
+
+/// Limits a logical unit advertises and enforces.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Largest READ or WRITE, in bytes (a multiple of 512).
+    pub max_transfer: u32,
+}
+
+/// A parsed command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cmd {
+    /// TEST UNIT READY.
+    TestUnitReady,
+    /// REQUEST SENSE.
+    RequestSense {
+        /// Allocation length.
+        alloc: u32,
+        /// Descriptor format asked.
+        desc: bool,
+    },
+    /// INQUIRY.
+    Inquiry {
+        /// Vital product data page asked (None: standard data).
+        page: Option<u8>,
+        /// Allocation length.
+        alloc: u32,
+    },
+    /// READ CAPACITY (10).
+    ReadCapacity10,
+    /// READ CAPACITY (16).
+    ReadCapacity16 {
+        /// Allocation length.
+        alloc: u32,
+    },
+    /// READ (6, 10, 12, 16).
+    Read {
+        /// First block.
+        lba: u64,
+        /// Blocks.
+        blocks: u32,
+    },
+    /// WRITE (6, 10, 12, 16).
+    Write {
+        /// First block.
+        lba: u64,
+        /// Blocks.
+        blocks: u32,
+        /// Force unit access.
+        fua: bool,
+    },
+    /// VERIFY (10, 12, 16).
+    Verify {
+        /// First block.
+        lba: u64,
+        /// Blocks.
+        blocks: u32,
+        /// Compare with the Data-Out bytes.
+        bytchk: bool,
+    },
+    /// SYNCHRONIZE CACHE (10, 16).
+    Sync {
+        /// First block.
+        lba: u64,
+        /// Blocks (0: to the end).
+        blocks: u32,
+    },
+    /// WRITE SAME (10, 16).
+    WriteSame {
+        /// First block.
+        lba: u64,
+        /// Blocks.
+        blocks: u32,
+        /// Deallocate if possible.
+        unmap: bool,
+        /// No data-out buffer: the block is zeros.
+        ndob: bool,
+    },
+    /// UNMAP.
+    Unmap {
+        /// Parameter list length.
+        len: u32,
+    },
+    /// GET LBA STATUS.
+    GetLbaStatus {
+        /// First block.
+        lba: u64,
+        /// Allocation length.
+        alloc: u32,
+    },
+    /// MODE SENSE (6, 10).
+    ModeSense {
+        /// The 10-byte form.
+        ten: bool,
+        /// No block descriptors.
+        dbd: bool,
+        /// Page control (0 current, 1 changeable, 2 default).
+        pc: u8,
+        /// Page code.
+        page: u8,
+        /// Allocation length.
+        alloc: u32,
+    },
+    /// REPORT LUNS.
+    ReportLuns {
+        /// Allocation length.
+        alloc: u32,
+    },
+}
+
+/// The LUN a 8-byte LUN field addresses (single-level peripheral or
+/// flat addressing; anything else is reported as not LUN 0).
+pub fn lun_of(f: [u8; 8]) -> u64 {
+    if f[2..].iter().any(|&b| b != 0) {
+        return u64::MAX;
+    }
+    match f[0] >> 6 {
+        0 | 1 => ((f[0] as u64 & 0x3f) << 8) | f[1] as u64,
+        _ => u64::MAX,
+    }
+}
+
+fn be16(b: &[u8]) -> u32 {
+    u16::from_be_bytes([b[0], b[1]]) as u32
+}
+fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+}
+fn be64(b: &[u8]) -> u64 {
+    u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+}
+
+/// Reads a CDB addressed to `lun` (of 16 bytes; shorter CDBs are
+/// zero-padded by the PDU).
+pub fn parse(cdb: &[u8], lun: u64, lim: Limits) -> Result<Cmd, Sense> {
+    let opc = cdb[0];
+    // Commands every LUN answers.
+    match opc {
+        0x12 => {
+            let evpd = cdb[1] & 1 != 0;
+            if cdb[1] & 0xfe != 0 || (!evpd && cdb[2] != 0) {
+                return Err(Sense::INVALID_FIELD_IN_CDB);
+            }
+            return Ok(Cmd::Inquiry {
+                page: evpd.then_some(cdb[2]),
+                alloc: be16(&cdb[3..]),
+            });
+        }
+        0xa0 => {
+            let alloc = be32(&cdb[6..]);
+            if alloc < 16 {
+                return Err(Sense::INVALID_FIELD_IN_CDB);
+            }
+            return Ok(Cmd::ReportLuns { alloc });
+        }
+        0x03 => {
+            return Ok(Cmd::RequestSense {
+                alloc: cdb[4] as u32,
+                desc: cdb[1] & 1 != 0,
+            })
+        }
+        _ => {}
+    }
+    if lun != 0 {
+        return Err(Sense::LUN_NOT_SUPPORTED);
+    }
+    let max_blocks = lim.max_transfer / BLOCK as u32;
+    let rw = |lba: u64, blocks: u32, protect: u8| -> Result<(u64, u32), Sense> {
+        if protect != 0 || blocks > max_blocks {
+            return Err(Sense::INVALID_FIELD_IN_CDB);
+        }
+        Ok((lba, blocks))
+    };
+    let cmd = match opc {
+        0x00 => Cmd::TestUnitReady,
+        0x25 => Cmd::ReadCapacity10,
+        0x9e if cdb[1] & 0x1f == 0x10 => Cmd::ReadCapacity16 {
+            alloc: be32(&cdb[10..]),
+        },
+        0x9e if cdb[1] & 0x1f == 0x12 => Cmd::GetLbaStatus {
+            lba: be64(&cdb[2..]),
+            alloc: be32(&cdb[10..]),
+        },
+        0x08 | 0x0a => {
+            let lba = (((cdb[1] & 0x1f) as u64) << 16) | be16(&cdb[2..]) as u64;
+            let blocks = if cdb[4] == 0 { 256 } else { cdb[4] as u32 };
+            let (lba, blocks) = rw(lba, blocks, 0)?;
+            if opc == 0x08 {
+                Cmd::Read { lba, blocks }
+            } else {
+                Cmd::Write {
+                    lba,
+                    blocks,
+                    fua: false,
+                }
+            }
+        }
+        0x28 | 0x2a | 0xa8 | 0xaa | 0x88 | 0x8a => {
+            let (lba, blocks) = match opc {
+                0x28 | 0x2a => (be32(&cdb[2..]) as u64, be16(&cdb[7..])),
+                0xa8 | 0xaa => (be32(&cdb[2..]) as u64, be32(&cdb[6..])),
+                _ => (be64(&cdb[2..]), be32(&cdb[10..])),
+            };
+            let (lba, blocks) = rw(lba, blocks, cdb[1] >> 5)?;
+            if matches!(opc, 0x28 | 0xa8 | 0x88) {
+                Cmd::Read { lba, blocks }
+            } else {
+                Cmd::Write {
+                    lba,
+                    blocks,
+                    fua: cdb[1] & 0x08 != 0,
+                }
+            }
+        }
+        0x2f | 0xaf | 0x8f => {
+            let (lba, blocks) = match opc {
+                0x2f => (be32(&cdb[2..]) as u64, be16(&cdb[7..])),
+                0xaf => (be32(&cdb[2..]) as u64, be32(&cdb[6..])),
+                _ => (be64(&cdb[2..]), be32(&cdb[10..])),
+            };
+            let bytchk = (cdb[1] >> 1) & 3;
+            if bytchk > 1 {
+                return Err(Sense::INVALID_FIELD_IN_CDB);
+            }
+            let (lba, blocks) = rw(lba, blocks, cdb[1] >> 5)?;
+            Cmd::Verify {
+                lba,
+                blocks,
+                bytchk: bytchk == 1,
+            }
+        }
+        0x35 => Cmd::Sync {
+            lba: be32(&cdb[2..]) as u64,
+            blocks: be16(&cdb[7..]),
+        },
+        0x91 => Cmd::Sync {
+            lba: be64(&cdb[2..]),
+            blocks: be32(&cdb[10..]),
+        },
+        0x41 | 0x93 => {
+            let (lba, blocks) = if opc == 0x41 {
+                (be32(&cdb[2..]) as u64, be16(&cdb[7..]))
+            } else {
+                (be64(&cdb[2..]), be32(&cdb[10..]))
+            };
+            let ndob = opc == 0x93 && cdb[1] & 1 != 0;
+            // ANCHOR, PBDATA, LBDATA and protection are not supported;
+            // zero blocks is refused (WSNZ is set in the block limits).
+            if cdb[1] & 0xf6 != 0 || blocks == 0 || blocks > MAX_WRITE_SAME {
+                return Err(Sense::INVALID_FIELD_IN_CDB);
+            }
+            Cmd::WriteSame {
+                lba,
+                blocks,
+                unmap: cdb[1] & 0x08 != 0,
+                ndob,
+            }
+        }
+        0x42 => {
+            if cdb[1] & 1 != 0 {
+                return Err(Sense::INVALID_FIELD_IN_CDB); // ANCHOR
+            }
+            Cmd::Unmap {
+                len: be16(&cdb[7..]),
+            }
+        }
+        0x1a | 0x5a => {
+            let ten = opc == 0x5a;
+            let subpage = cdb[3];
+            let page = cdb[2] & 0x3f;
+            if subpage != 0 && !(page == 0x3f && subpage == 0xff) {
+                return Err(Sense::INVALID_FIELD_IN_CDB);
+            }
+            let pc = cdb[2] >> 6;
+            if pc == 3 {
+                return Err(Sense::SAVING_NOT_SUPPORTED);
+            }
+            Cmd::ModeSense {
+                ten,
+                dbd: cdb[1] & 0x08 != 0,
+                pc,
+                page,
+                alloc: if ten { be16(&cdb[7..]) } else { cdb[4] as u32 },
+            }
+        }
+        _ => return Err(Sense::INVALID_OPCODE),
+    };
+    Ok(cmd)
+}
+
+/// Most blocks one WRITE SAME may cover (advertised in the block
+/// limits): 2 GiB.
+pub const MAX_WRITE_SAME: u32 = 1 << 22;
+/// Most blocks one UNMAP may cover (advertised): 512 MiB.
+pub const MAX_UNMAP_BLOCKS: u32 = 1 << 20;
+/// Most block descriptors in one UNMAP.
+pub const MAX_UNMAP_DESCRIPTORS: u32 = 256;
+/// Largest UNMAP parameter list accepted.
+const MAX_UNMAP_PARAMS: u32 = 8 + 16 * MAX_UNMAP_DESCRIPTORS;
+
+impl Cmd {
+    /// Bytes of Data-Out the command takes.
+    pub fn data_out_len(&self) -> u32 {
+        match *self {
+            Cmd::Write { blocks, .. } => blocks * BLOCK as u32,
+            Cmd::Verify {
+                blocks,
+                bytchk: true,
+                ..
+            } => blocks * BLOCK as u32,
+            Cmd::WriteSame { ndob: false, .. } => BLOCK as u32,
+            Cmd::Unmap { len } => len.min(MAX_UNMAP_PARAMS),
+            _ => 0,
+        }
+    }
+
+    /// True for commands that change the medium (refused on a read-only
+    /// target).
+    pub fn writes(&self) -> bool {
+        matches!(
+            self,
+            Cmd::Write { .. } | Cmd::WriteSame { .. } | Cmd::Unmap { .. }
+        )
+    }
+}
+
+/// What a logical unit needs to know of its target.
+pub struct Unit<'a> {
+    /// The device.
+    pub dev: &'a dyn Device,
+    /// Refuse writes.
+    pub read_only: bool,
+    /// The target's name (serial number and designators derive from it).
+    pub name: &'a str,
+    /// Advertised limits.
+    pub limits: Limits,
+    /// LUN addressed.
+    pub lun: u64,
+}
+
+impl Unit<'_> {
+    fn blocks(&self) -> u64 {
+        self.dev.size() / BLOCK
+    }
+
+    fn check(&self, lba: u64, blocks: u64) -> Result<(), Sense> {
+        match lba.checked_add(blocks) {
+            Some(end) if end <= self.blocks() => Ok(()),
+            _ => Err(Sense::LBA_OUT_OF_RANGE),
+        }
+    }
+
+    /// Physical block exponent: log2(device block / 512).
+    fn phys_exp(&self) -> u8 {
+        let bs = self.dev.block_size() as u64;
+        if bs >= BLOCK && bs.is_power_of_two() {
+            (bs / BLOCK).trailing_zeros().min(15) as u8
+        } else {
+            0
+        }
+    }
+
+    fn serial(&self) -> String {
+        md5(&[self.name.as_bytes()])[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
+fn map_err(e: VolError, writing: bool) -> Sense {
+    match e {
+        VolError::OutOfRange(_) => Sense::LBA_OUT_OF_RANGE,
+        VolError::ReadOnly(_) => Sense::WRITE_PROTECTED,
+        VolError::NoSpace(_) | VolError::Quota(_) => Sense::NO_SPACE,
+        VolError::Damaged(_) if writing => Sense::WRITE_ERROR,
+        VolError::Damaged(_) => Sense::READ_ERROR,
+        VolError::Invalid(_) => Sense::INVALID_FIELD_IN_CDB,
+        VolError::Other(_) => Sense::INTERNAL,
+    }
+}
+
+fn cut(mut v: Vec<u8>, alloc: u32) -> Vec<u8> {
+    v.truncate(alloc as usize);
+    v
+}
+
+/// Runs a command with its Data-Out bytes; the Data-In bytes or a sense.
+pub fn execute(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<Vec<u8>, Sense> {
+    if cmd.writes() && u.read_only {
+        return Err(Sense::WRITE_PROTECTED);
+    }
+    let dev = u.dev;
+    match *cmd {
+        Cmd::TestUnitReady => Ok(Vec::new()),
+        Cmd::RequestSense { alloc, desc } => {
+            let s = if desc {
+                vec![0x72, 0, 0, 0, 0, 0, 0, 0]
+            } else {
+                Sense::new(0, 0, 0).fixed()
+            };
+            Ok(cut(s, alloc))
+        }
+        Cmd::Inquiry { page, alloc } => Ok(cut(inquiry(u, page)?, alloc)),
+        Cmd::ReportLuns { alloc } => {
+            let mut v = vec![0u8; 16];
+            v[3] = 8;
+            Ok(cut(v, alloc))
+        }
+        Cmd::ReadCapacity10 => {
+            let last = u.blocks().saturating_sub(1).min(u32::MAX as u64) as u32;
+            let mut v = last.to_be_bytes().to_vec();
+            v.extend_from_slice(&(BLOCK as u32).to_be_bytes());
+            Ok(v)
+        }
+        Cmd::ReadCapacity16 { alloc } => {
+            let mut v = vec![0u8; 32];
+            v[..8].copy_from_slice(&u.blocks().saturating_sub(1).to_be_bytes());
+            v[8..12].copy_from_slice(&(BLOCK as u32).to_be_bytes());
+            v[13] = u.phys_exp();
+            v[14] = 0x80 | 0x40; // LBPME, LBPRZ
+            Ok(cut(v, alloc))
+        }
+        Cmd::Read { lba, blocks } => {
+            u.check(lba, blocks as u64)?;
+            if blocks == 0 {
+                return Ok(Vec::new());
+            }
+            dev.read(lba * BLOCK, blocks * BLOCK as u32)
+                .map_err(|e| map_err(e, false))
+        }
+        Cmd::Write { lba, blocks, fua } => {
+            u.check(lba, blocks as u64)?;
+            if blocks == 0 {
+                return Ok(Vec::new());
+            }
+            let n = blocks as usize * BLOCK as usize;
+            let Some(data) = out.get(..n) else {
+                return Err(Sense::INVALID_FIELD_IN_CDB);
+            };
+            dev.write(lba * BLOCK, data, fua)
+                .map_err(|e| map_err(e, true))?;
+            Ok(Vec::new())
+        }
+        Cmd::Verify {
+            lba,
+            blocks,
+            bytchk,
+        } => {
+            u.check(lba, blocks as u64)?;
+            if blocks == 0 {
+                return Ok(Vec::new());
+            }
+            let have = dev
+                .read(lba * BLOCK, blocks * BLOCK as u32)
+                .map_err(|e| map_err(e, false))?;
+            if bytchk && out.get(..have.len()) != Some(&have[..]) {
+                return Err(Sense::MISCOMPARE);
+            }
+            Ok(Vec::new())
+        }
+        Cmd::Sync { lba, blocks } => {
+            let n = if blocks == 0 {
+                u.blocks().saturating_sub(lba)
+            } else {
+                blocks as u64
+            };
+            u.check(lba, n)?;
+            dev.flush().map_err(|e| map_err(e, true))?;
+            Ok(Vec::new())
+        }
+        Cmd::WriteSame {
+            lba,
+            blocks,
+            unmap,
+            ndob,
+        } => {
+            u.check(lba, blocks as u64)?;
+            let zero = [0u8; BLOCK as usize];
+            let block = if ndob {
+                &zero[..]
+            } else {
+                match out.get(..BLOCK as usize) {
+                    Some(b) => b,
+                    None => return Err(Sense::INVALID_FIELD_IN_CDB),
+                }
+            };
+            let (off, len) = (lba * BLOCK, blocks as u64 * BLOCK);
+            let r = if block.iter().all(|&b| b == 0) {
+                if unmap {
+                    dev.trim(off, len)
+                } else {
+                    dev.write_zeroes(off, len, false)
+                }
+            } else {
+                write_pattern(dev, off, len, block)
+            };
+            r.map_err(|e| map_err(e, true))?;
+            Ok(Vec::new())
+        }
+        Cmd::Unmap { len } => {
+            unmap(u, len, out)?;
+            Ok(Vec::new())
+        }
+        Cmd::GetLbaStatus { lba, alloc } => {
+            if lba >= u.blocks() {
+                return Err(Sense::LBA_OUT_OF_RANGE);
+            }
+            if alloc < 24 {
+                return Ok(cut(vec![0, 0, 0, 4, 0, 0, 0, 0], alloc));
+            }
+            // One look at up to 1 GiB; the initiator asks again past it.
+            let len = ((u.blocks() - lba) * BLOCK).min(1 << 30);
+            let ext = dev
+                .extents(lba * BLOCK, len)
+                .map_err(|e| map_err(e, false))?;
+            let room = ((alloc - 8) / 16).max(1) as usize;
+            let mut v = vec![0u8; 8];
+            let mut at = lba;
+            for e in ext.iter().take(room) {
+                let n = e.len / BLOCK;
+                let mut d = [0u8; 16];
+                d[..8].copy_from_slice(&at.to_be_bytes());
+                d[8..12].copy_from_slice(&(n.min(u32::MAX as u64) as u32).to_be_bytes());
+                d[12] = if e.hole { 1 } else { 0 };
+                v.extend_from_slice(&d);
+                at += n;
+            }
+            let n = (v.len() - 4) as u32;
+            v[..4].copy_from_slice(&n.to_be_bytes());
+            Ok(cut(v, alloc))
+        }
+        Cmd::ModeSense {
+            ten,
+            dbd,
+            pc,
+            page,
+            alloc,
+        } => Ok(cut(mode_sense(u, ten, dbd, pc, page)?, alloc)),
+    }
+}
+
+/// WRITE SAME of a non-zero block: the block repeated, 1 MiB at a time.
+fn write_pattern(dev: &dyn Device, off: u64, len: u64, block: &[u8]) -> Result<(), VolError> {
+    let chunk = len.min(1 << 20) as usize;
+    let buf: Vec<u8> = block.iter().copied().cycle().take(chunk).collect();
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(chunk as u64) as usize;
+        dev.write(off + done, &buf[..n], false)?;
+        done += n as u64;
+    }
+    Ok(())
+}
+
+fn unmap(u: &Unit<'_>, len: u32, p: &[u8]) -> Result<(), Sense> {
+    if len == 0 {
+        return Ok(());
+    }
+    if len < 8 || p.len() < 8 {
+        return Err(Sense::PARAMETER_LIST_LENGTH);
+    }
+    let bd_len = be16(&p[2..]) as usize;
+    let avail = p.len().min(len as usize) - 8;
+    if bd_len > avail {
+        return Err(Sense::PARAMETER_LIST_LENGTH);
+    }
+    let descs: Vec<(u64, u64)> = p[8..8 + bd_len]
+        .chunks_exact(16)
+        .map(|d| (be64(d), be32(&d[8..]) as u64))
+        .collect();
+    if descs.len() > MAX_UNMAP_DESCRIPTORS as usize {
+        return Err(Sense::INVALID_FIELD_IN_PARAMETERS);
+    }
+    for &(lba, n) in &descs {
+        u.check(lba, n)?;
+        if n > MAX_UNMAP_BLOCKS as u64 {
+            return Err(Sense::INVALID_FIELD_IN_PARAMETERS);
+        }
+    }
+    for (lba, n) in descs {
+        if n > 0 {
+            u.dev
+                .trim(lba * BLOCK, n * BLOCK)
+                .map_err(|e| map_err(e, true))?;
+        }
+    }
+    Ok(())
+}
+
+fn inquiry(u: &Unit<'_>, page: Option<u8>) -> Result<Vec<u8>, Sense> {
+    let periph: u8 = if u.lun == 0 { 0x00 } else { 0x7f };
+    let Some(page) = page else {
+        let mut v = vec![0u8; 66];
+        v[0] = periph;
+        v[2] = 0x06; // SPC-4
+        v[3] = 0x12; // HISUP, response data format 2
+        v[4] = (v.len() - 5) as u8;
+        v[7] = 0x02; // CMDQUE
+        v[8..16].copy_from_slice(b"TARN    ");
+        v[16..32].copy_from_slice(b"tarn volume     ");
+        v[32..36].copy_from_slice(b"0001");
+        // Version descriptors: SAM-5, iSCSI, SPC-4, SBC-3.
+        for (i, d) in [0x00a0u16, 0x0960, 0x0460, 0x04c0].iter().enumerate() {
+            v[58 + 2 * i..60 + 2 * i].copy_from_slice(&d.to_be_bytes());
+        }
+        return Ok(v);
+    };
+    if u.lun != 0 {
+        return Err(Sense::LUN_NOT_SUPPORTED);
+    }
+    let body: Vec<u8> = match page {
+        0x00 => vec![0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2],
+        0x80 => u.serial().into_bytes(),
+        0x83 => {
+            let mut b = Vec::new();
+            // NAA locally assigned (3), from the target's name.
+            let h = md5(&[b"naa", u.name.as_bytes()]);
+            let mut naa = [0u8; 8];
+            naa.copy_from_slice(&h[..8]);
+            naa[0] = 0x30 | (naa[0] & 0x0f);
+            b.extend_from_slice(&[0x01, 0x03, 0x00, 8]);
+            b.extend_from_slice(&naa);
+            // T10 vendor identification.
+            let t10 = format!("TARN    {}", u.serial());
+            b.extend_from_slice(&[0x02, 0x01, 0x00, t10.len() as u8]);
+            b.extend_from_slice(t10.as_bytes());
+            // SCSI name string of the target device (iSCSI).
+            let mut name = u.name.as_bytes().to_vec();
+            name.push(0);
+            while !name.len().is_multiple_of(4) {
+                name.push(0);
+            }
+            let name_len = name.len().min(252);
+            b.extend_from_slice(&[0x53, 0xa8, 0x00, name_len as u8]);
+            b.extend_from_slice(&name[..name_len]);
+            b
+        }
+        0xb0 => {
+            let mut b = vec![0u8; 0x3c];
+            let gran = (u.dev.block_size() as u64 / BLOCK).clamp(1, 0xffff) as u16;
+            let max = u.limits.max_transfer / BLOCK as u32;
+            b[0] = 0x01; // WSNZ
+            b[2..4].copy_from_slice(&gran.to_be_bytes());
+            b[4..8].copy_from_slice(&max.to_be_bytes());
+            b[8..12].copy_from_slice(&max.to_be_bytes());
+            b[16..20].copy_from_slice(&MAX_UNMAP_BLOCKS.to_be_bytes());
+            b[20..24].copy_from_slice(&MAX_UNMAP_DESCRIPTORS.to_be_bytes());
+            b[24..28].copy_from_slice(&(gran as u32).to_be_bytes());
+            b[28..32].copy_from_slice(&0x8000_0000u32.to_be_bytes());
+            b[32..40].copy_from_slice(&(MAX_WRITE_SAME as u64).to_be_bytes());
+            b
+        }
+        0xb1 => {
+            let mut b = vec![0u8; 0x3c];
+            b[1] = 1; // non-rotating medium
+            b
+        }
+        0xb2 => vec![0x00, 0x80 | 0x40 | 0x20 | 0x04, 0x02, 0x00],
+        _ => return Err(Sense::INVALID_FIELD_IN_CDB),
+    };
+    let mut v = vec![periph, page, 0, 0];
+    v[2..4].copy_from_slice(&(body.len() as u16).to_be_bytes());
+    v.extend_from_slice(&body);
+    Ok(v)
+}
+
+fn mode_sense(u: &Unit<'_>, ten: bool, dbd: bool, pc: u8, page: u8) -> Result<Vec<u8>, Sense> {
+    let changeable = pc == 1;
+    let caching = || {
+        let mut p = vec![0u8; 20];
+        p[0] = 0x08;
+        p[1] = 0x12;
+        if !changeable {
+            p[2] = 0x04; // WCE
+        }
+        p
+    };
+    let control = || {
+        let mut p = vec![0u8; 12];
+        p[0] = 0x0a;
+        p[1] = 0x0a;
+        if !changeable {
+            p[3] = 0x10; // unrestricted reordering
+            p[8] = 0xff; // busy timeout: unlimited
+            p[9] = 0xff;
+        }
+        p
+    };
+    let exceptions = || {
+        let mut p = vec![0u8; 12];
+        p[0] = 0x1c;
+        p[1] = 0x0a;
+        p
+    };
+    let pages = match page {
+        0x08 => caching(),
+        0x0a => control(),
+        0x1c => exceptions(),
+        0x3f => [caching(), control(), exceptions()].concat(),
+        _ => return Err(Sense::INVALID_FIELD_IN_CDB),
+    };
+    let mut bd = Vec::new();
+    if !dbd {
+        bd = vec![0u8; 8];
+        let n = u.blocks().min(u32::MAX as u64) as u32;
+        bd[..4].copy_from_slice(&n.to_be_bytes());
+        bd[5..8].copy_from_slice(&(BLOCK as u32).to_be_bytes()[1..]);
+    }
+    let dsp = if u.read_only { 0x80 } else { 0 } | 0x10; // WP, DPOFUA
+    let mut v = if ten {
+        let mut h = vec![0u8; 8];
+        h[3] = dsp;
+        h[6..8].copy_from_slice(&(bd.len() as u16).to_be_bytes());
+        h
+    } else {
+        vec![0, 0, dsp, bd.len() as u8]
+    };
+    v.extend_from_slice(&bd);
+    v.extend_from_slice(&pages);
+    if ten {
+        let n = (v.len() - 2) as u16;
+        v[..2].copy_from_slice(&n.to_be_bytes());
+    } else {
+        v[0] = (v.len() - 1) as u8;
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tarn_vol::testing::MemDevice;
+
+    const LIM: Limits = Limits {
+        max_transfer: 1 << 20,
+    };
+
+    fn cdb(b: &[u8]) -> [u8; 16] {
+        let mut c = [0u8; 16];
+        c[..b.len()].copy_from_slice(b);
+        c
+    }
+
+    fn run(dev: &MemDevice, ro: bool, c: &[u8], out: &[u8]) -> Result<Vec<u8>, Sense> {
+        let u = Unit {
+            dev,
+            read_only: ro,
+            name: "iqn.2024-01.x:d",
+            limits: LIM,
+            lun: 0,
+        };
+        let cmd = parse(&cdb(c), 0, LIM)?;
+        execute(&u, &cmd, out)
+    }
+
+    #[test]
+    fn capacity_inquiry_and_mode_pages() {
+        let dev = MemDevice::new(1 << 20, 4096);
+        let v = run(&dev, false, &[0x25], &[]).unwrap();
+        assert_eq!(be32(&v), 2047);
+        assert_eq!(be32(&v[4..]), 512);
+        let v = run(
+            &dev,
+            false,
+            &[0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(be64(&v), 2047);
+        assert_eq!(v[13], 3, "4096 = 8 x 512");
+        assert_eq!(v[14] & 0x80, 0x80, "LBPME");
+        let v = run(&dev, false, &[0x12, 0, 0, 0, 255], &[]).unwrap();
+        assert_eq!(v.len(), 66);
+        assert_eq!(&v[8..12], b"TARN");
+        let v = run(&dev, false, &[0x12, 1, 0, 0, 255], &[]).unwrap();
+        assert_eq!(&v[4..], &[0, 0x80, 0x83, 0xb0, 0xb1, 0xb2]);
+        let v = run(&dev, false, &[0x12, 1, 0xb2, 0, 255], &[]).unwrap();
+        assert_eq!(v[5] & 0xc0, 0xc0, "LBPU and LBPWS");
+        assert_eq!(
+            run(&dev, false, &[0x12, 1, 0x99, 0, 255], &[]),
+            Err(Sense::INVALID_FIELD_IN_CDB)
+        );
+        let v = run(&dev, false, &[0x1a, 0, 0x08, 0, 255], &[]).unwrap();
+        assert_eq!(v[0] as usize, v.len() - 1);
+        assert_eq!(v[3], 8);
+        assert_eq!(v[4 + 8], 0x08);
+        assert_eq!(v[4 + 8 + 2] & 0x04, 0x04, "WCE");
+        let v = run(&dev, true, &[0x5a, 0x08, 0x3f, 0, 0, 0, 0, 1, 0], &[]).unwrap();
+        assert_eq!(v[3] & 0x80, 0x80, "WP");
+        assert_eq!(be16(&v) as usize, v.len() - 2);
+        assert_eq!(run(&dev, false, &[0xff], &[]), Err(Sense::INVALID_OPCODE));
+    }
+
+    #[test]
+    fn reads_writes_and_ranges() {
+        let dev = MemDevice::new(1 << 20, 4096);
+        let data: Vec<u8> = (0..1024).map(|i| i as u8).collect();
+        run(&dev, false, &[0x2a, 0x08, 0, 0, 0, 4, 0, 0, 2], &data).unwrap();
+        let v = run(&dev, false, &[0x28, 0, 0, 0, 0, 4, 0, 0, 2], &[]).unwrap();
+        assert_eq!(v, data);
+        let v = run(
+            &dev,
+            false,
+            &[0x88, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 2],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(v, data);
+        assert_eq!(
+            run(&dev, false, &[0x28, 0, 0, 0, 0x07, 0xff, 0, 0, 2], &[]),
+            Err(Sense::LBA_OUT_OF_RANGE)
+        );
+        assert_eq!(
+            run(
+                &dev,
+                false,
+                &[0x88, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 1],
+                &[]
+            ),
+            Err(Sense::LBA_OUT_OF_RANGE)
+        );
+        assert_eq!(
+            run(&dev, true, &[0x2a, 0, 0, 0, 0, 4, 0, 0, 2], &data),
+            Err(Sense::WRITE_PROTECTED)
+        );
+        assert_eq!(
+            run(&dev, false, &[0x28, 0x20, 0, 0, 0, 4, 0, 0, 2], &[]),
+            Err(Sense::INVALID_FIELD_IN_CDB),
+            "RDPROTECT"
+        );
+        let before = dev.flushes();
+        run(&dev, false, &[0x35], &[]).unwrap();
+        assert_eq!(dev.flushes(), before + 1);
+    }
+
+    #[test]
+    fn write_same_and_unmap() {
+        let dev = MemDevice::new(1 << 20, 4096);
+        let pat = vec![0xabu8; 512];
+        run(
+            &dev,
+            false,
+            &[0x93, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 16],
+            &pat,
+        )
+        .unwrap();
+        assert!(dev.contents()[..8192].iter().all(|&b| b == 0xab));
+        let mut unmap = vec![0u8; 24];
+        unmap[1] = 22;
+        unmap[3] = 16;
+        unmap[15] = 8;
+        unmap[8..16].copy_from_slice(&0u64.to_be_bytes());
+        unmap[16..20].copy_from_slice(&8u32.to_be_bytes());
+        run(&dev, false, &[0x42, 0, 0, 0, 0, 0, 0, 0, 24], &unmap).unwrap();
+        assert!(dev.contents()[..4096].iter().all(|&b| b == 0));
+        assert!(dev.contents()[4096..8192].iter().all(|&b| b == 0xab));
+        let zero = vec![0u8; 512];
+        run(
+            &dev,
+            false,
+            &[0x93, 0x08, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 8],
+            &zero,
+        )
+        .unwrap();
+        assert!(dev.contents()[4096..8192].iter().all(|&b| b == 0));
+        assert_eq!(
+            run(
+                &dev,
+                false,
+                &[0x93, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                &pat
+            ),
+            Err(Sense::INVALID_FIELD_IN_CDB),
+            "zero blocks"
+        );
+    }
+
+    #[test]
+    fn other_luns_are_not_supported() {
+        let c = cdb(&[0x00]);
+        assert_eq!(parse(&c, 1, LIM), Err(Sense::LUN_NOT_SUPPORTED));
+        assert!(parse(&cdb(&[0x12, 0, 0, 0, 36]), 1, LIM).is_ok());
+        assert_eq!(lun_of([0, 0, 0, 0, 0, 0, 0, 0]), 0);
+        assert_eq!(lun_of([0, 1, 0, 0, 0, 0, 0, 0]), 1);
+        assert_eq!(lun_of([0x40, 0, 0, 0, 0, 0, 0, 0]), 0);
+        assert_eq!(lun_of([0, 0, 1, 0, 0, 0, 0, 0]), u64::MAX);
+    }
+}

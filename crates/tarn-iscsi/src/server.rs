@@ -1,0 +1,1179 @@
+//! The listener, connections and the full feature phase (see the crate
+//! docs for the overall shape).
+//!
+//! # One connection
+//!
+//! A connection is served by one task. It reads login requests until
+//! the session enters the full feature phase ([`crate::login`]), then
+//! reads PDUs in a loop. Each PDU is handled before the next is read; a
+//! SCSI command that needs no more data runs at once on the blocking
+//! pool and its Data-In and response are queued, then everything queued
+//! is written before reading on. So one connection carries out one
+//! command at a time, in arrival order; several connections (sessions)
+//! run in parallel.
+//!
+//! A write needs its data before it can run. The data comes as immediate
+//! data in the command PDU (if `ImmediateData=Yes`, up to
+//! `FirstBurstLength`), then unsolicited Data-Out PDUs (if
+//! `InitialR2T=No` and the command's F bit is clear), then solicited
+//! Data-Out answering R2Ts. One R2T is outstanding per command
+//! (`MaxOutstandingR2T=1`), for at most `MaxBurstLength` bytes; when its
+//! burst ends (F bit) the next R2T is sent, and when all the data is
+//! there the command runs. While a write waits for data, other commands
+//! are read and run, so an initiator with a deep queue keeps the device
+//! busy. Data must arrive in order (`DataPDUInOrder=Yes` and
+//! `DataSequenceInOrder=Yes`); a Data-Out at an unexpected offset or DataSN, past
+//! the expected length, or for an R2T that was not sent is a protocol
+//! error: the connection gets a Reject and is closed
+//! (`ErrorRecoveryLevel=0` has no other recovery). A Data-Out for an
+//! unknown task (one that was aborted, or refused before its data came)
+//! is dropped.
+//!
+//! A write's data is held in memory until it runs; the bytes of all the
+//! writes a connection has waiting are bounded by
+//! [`IscsiConfig::max_pending_write_bytes`]. A write that would exceed it
+//! is answered TASK SET FULL at once, which initiators retry.
+//!
+//! # Numbering
+//!
+//! Every response carries StatSN (incremented by each response with a
+//! status: SCSI Response, the last Data-In, NOP-In, Text, Logout, Task
+//! Management, Reject), ExpCmdSN and MaxCmdSN. A non-immediate command
+//! whose CmdSN falls outside ExpCmdSN ..= MaxCmdSN is dropped without an
+//! answer, as the RFC asks; the window is [`IscsiConfig::queue_depth`].
+//!
+//! # Task management
+//!
+//! ABORT TASK drops the referenced task if it is still waiting for data
+//! (it then gets no response); a task that already ran has been
+//! answered. ABORT TASK SET, CLEAR TASK SET, LUN RESET and TARGET WARM
+//! RESET drop every waiting task; TARGET COLD RESET does so and closes
+//! the connection. All answer "function complete", including for a task
+//! that does not exist (it completed first). CLEAR ACA is "not
+//! supported", TASK REASSIGN "allegiance reassignment not supported".
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use tarn_conn::{Admission, Conn, Limits as ConnLimits, RateLog};
+
+use crate::login::{Login, Offer, Session, SessionKind, Step};
+use crate::pdu::{self, op, Digests, Pdu, ReadError, FLAG_F, RESERVED_TAG};
+use crate::scsi::{self, Cmd, Sense, Unit};
+use crate::target::{Chap, IscsiTarget, Table};
+use crate::text;
+use crate::Error;
+
+/// Server configuration: address, limits and negotiation offers.
+#[derive(Clone, Debug)]
+pub struct IscsiConfig {
+    /// Address to listen on (port 0: any free port). Default
+    /// `0.0.0.0:3260`, the port IANA reserved for iSCSI.
+    pub bind: SocketAddr,
+    /// Most simultaneous connections (each is one session). When all are
+    /// taken, an idle connection is closed for a newcomer. Default 64.
+    pub max_connections: usize,
+    /// Most simultaneous connections from one address. Default 16.
+    pub max_connections_per_address: usize,
+    /// Threads carrying out device calls, for all connections. Default 16.
+    pub workers: usize,
+    /// Time allowed from accept to the full feature phase. Default 30 s.
+    pub login_timeout: Duration,
+    /// A connection with no command in flight for this long is closed;
+    /// `Duration::ZERO` (the default): never (initiators keep idle
+    /// sessions and send NOP-Outs; dead peers are found by TCP keepalive).
+    pub idle_timeout: Duration,
+    /// Time a batch of responses may take to be written before the
+    /// connection is given up. Default 2 minutes.
+    pub reply_timeout: Duration,
+    /// The target's `MaxRecvDataSegmentLength`: largest data segment an
+    /// initiator may send. Default 256 KiB; 512 ..= 16 MiB - 1.
+    pub max_recv_data_segment: u32,
+    /// The target's `MaxBurstLength` offer. Default 1 MiB.
+    pub max_burst: u32,
+    /// The target's `FirstBurstLength` offer. Default 256 KiB.
+    pub first_burst: u32,
+    /// Largest READ or WRITE, advertised in the Block Limits VPD page.
+    /// Default 8 MiB; a multiple of 512 in 64 KiB ..= 64 MiB.
+    pub max_transfer: u32,
+    /// Commands an initiator may have outstanding (the CmdSN window).
+    /// Default 32.
+    pub queue_depth: u32,
+    /// Most bytes of write data one connection holds while its writes
+    /// wait for the rest of their data. At least `max_transfer`.
+    /// Default 64 MiB.
+    pub max_pending_write_bytes: u64,
+    /// Credentials discovery sessions must present; None: discovery is
+    /// open (it lists only the targets the client may see).
+    pub discovery_chap: Option<Chap>,
+}
+
+impl Default for IscsiConfig {
+    fn default() -> Self {
+        IscsiConfig {
+            bind: SocketAddr::from(([0, 0, 0, 0], 3260)),
+            max_connections: 64,
+            max_connections_per_address: 16,
+            workers: 16,
+            login_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::ZERO,
+            reply_timeout: Duration::from_secs(120),
+            max_recv_data_segment: 256 << 10,
+            max_burst: 1 << 20,
+            first_burst: 256 << 10,
+            max_transfer: 8 << 20,
+            queue_depth: 32,
+            max_pending_write_bytes: 64 << 20,
+            discovery_chap: None,
+        }
+    }
+}
+
+impl IscsiConfig {
+    fn check(&self) -> Result<(), Error> {
+        let seg = 512..=0x00ff_ffff;
+        if !seg.contains(&self.max_recv_data_segment)
+            || !seg.contains(&self.max_burst)
+            || !seg.contains(&self.first_burst)
+        {
+            return Err(Error::Config(
+                "max_recv_data_segment, max_burst and first_burst must be 512 ..= 16777215".into(),
+            ));
+        }
+        if self.first_burst > self.max_burst {
+            return Err(Error::Config(
+                "first_burst must not exceed max_burst".into(),
+            ));
+        }
+        if !(64 << 10..=64 << 20).contains(&self.max_transfer)
+            || !self.max_transfer.is_multiple_of(512)
+        {
+            return Err(Error::Config(
+                "max_transfer must be a multiple of 512 in 64 KiB ..= 64 MiB".into(),
+            ));
+        }
+        if !(1..=1024).contains(&self.queue_depth) {
+            return Err(Error::Config("queue_depth must be 1 ..= 1024".into()));
+        }
+        if self.max_pending_write_bytes < self.max_transfer as u64 {
+            return Err(Error::Config(
+                "max_pending_write_bytes must be at least max_transfer".into(),
+            ));
+        }
+        if let Some(c) = &self.discovery_chap {
+            c.check("discovery")?;
+        }
+        Ok(())
+    }
+}
+
+/// Connection counters of a running server (see [`Running::stats`]).
+pub use tarn_conn::Stats as ConnStats;
+
+const KEEPALIVE_TIME: Duration = Duration::from_secs(60);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_PROBES: u32 = 6;
+/// How long [`Running::stop`] waits for connections to finish.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+/// Buffer sizes of a connection's reader and writer.
+const IO_BUFFER: usize = 64 << 10;
+/// Largest data segment of a login request.
+const LOGIN_MAX_DATA: u32 = 64 << 10;
+
+/// Reject reasons (RFC 7143 section 11.17.1).
+mod reason {
+    pub const PROTOCOL_ERROR: u8 = 0x04;
+    pub const NOT_SUPPORTED: u8 = 0x05;
+    pub const INVALID_FIELD: u8 = 0x09;
+}
+
+/// What every connection shares.
+struct Shared {
+    cfg: IscsiConfig,
+    table: RwLock<Arc<Table>>,
+    log: RateLog,
+    tsih: AtomicU16,
+}
+
+impl Shared {
+    fn table(&self) -> Arc<Table> {
+        match self.table.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    fn next_tsih(&self) -> u16 {
+        loop {
+            let t = self.tsih.fetch_add(1, Ordering::Relaxed);
+            if t != 0 {
+                return t;
+            }
+        }
+    }
+}
+
+/// The iSCSI target server (see [`IscsiServer::start`]).
+pub struct IscsiServer;
+
+impl IscsiServer {
+    /// Binds the listener, starts the runtime on its own thread, and
+    /// returns a handle. Targets can be changed later with
+    /// [`Running::set_targets`].
+    pub fn start(config: IscsiConfig, targets: Vec<IscsiTarget>) -> Result<Running, Error> {
+        config.check()?;
+        let table = Table::new(targets)?;
+        let listener = std::net::TcpListener::bind(config.bind)?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(config.workers.max(1))
+            .thread_name("tarn-iscsi")
+            .enable_io()
+            .enable_time()
+            .build()?;
+        let admission = Admission::new(
+            "tarn-iscsi",
+            ConnLimits {
+                max_connections: config.max_connections,
+                max_per_address: config.max_connections_per_address,
+            },
+        );
+        let shared = Arc::new(Shared {
+            cfg: config,
+            table: RwLock::new(Arc::new(table)),
+            log: RateLog::new("tarn-iscsi", Duration::from_secs(10)),
+            tsih: AtomicU16::new(1),
+        });
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), Error>>();
+        let (shared2, adm2) = (shared.clone(), admission.clone());
+        let thread = std::thread::Builder::new()
+            .name("tarn-iscsi-main".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let l = match TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e.into()));
+                            return;
+                        }
+                    };
+                    let accept =
+                        tokio::spawn(accept_loop(l, shared2, adm2.clone(), stop_rx.clone()));
+                    let _ = ready_tx.send(Ok(()));
+                    let mut stop = stop_rx;
+                    let _ = stop.wait_for(|&s| s).await;
+                    accept.abort();
+                    let deadline = Instant::now() + STOP_GRACE;
+                    while adm2.stats().open > 0 && Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                });
+                rt.shutdown_timeout(Duration::from_secs(2));
+            })?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(Error::Config("server thread failed to start".into()));
+            }
+        }
+        Ok(Running {
+            shared,
+            admission,
+            addr,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        })
+    }
+}
+
+/// A running server. Dropping it stops it, as [`Running::stop`] does.
+pub struct Running {
+    shared: Arc<Shared>,
+    admission: Arc<Admission>,
+    addr: SocketAddr,
+    stop: Option<watch::Sender<bool>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Running {
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Replaces the target list. New logins and discovery requests see
+    /// the new list at once; sessions already logged in keep the device
+    /// (and the read-only setting) they logged in with.
+    pub fn set_targets(&self, targets: Vec<IscsiTarget>) -> Result<(), Error> {
+        let t = Arc::new(Table::new(targets)?);
+        match self.shared.table.write() {
+            Ok(mut g) => *g = t,
+            Err(p) => *p.into_inner() = t,
+        }
+        Ok(())
+    }
+
+    /// Connection counters: open connections, refusals by reason,
+    /// evictions, idle closes.
+    pub fn stats(&self) -> ConnStats {
+        self.admission.stats()
+    }
+
+    /// Stops the server: closes the listener, lets every connection
+    /// finish the command it is running (up to 10 s), then closes them
+    /// all. The port is free when it returns. Must not be called from
+    /// inside a tokio runtime's async context (it blocks).
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(true);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+async fn accept_loop(
+    l: TcpListener,
+    shared: Arc<Shared>,
+    adm: Arc<Admission>,
+    stop: watch::Receiver<bool>,
+) {
+    loop {
+        let (stream, peer) = match l.accept().await {
+            Ok(x) => x,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(conn) = adm.admit(peer.ip()) else {
+            drop(stream);
+            continue;
+        };
+        let shared = shared.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            connection(stream, peer, conn, shared, stop).await;
+        });
+    }
+}
+
+fn keepalive(s: &TcpStream) {
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_TIME)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    let _ = socket2::SockRef::from(s).set_tcp_keepalive(&ka);
+}
+
+fn nonzero(d: Duration) -> Option<Duration> {
+    (!d.is_zero()).then_some(d)
+}
+
+/// Serves one connection: login (bounded by the login timeout, cut short
+/// by an eviction or a stop), then the full feature phase.
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    conn: Conn,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    keepalive(&stream);
+    let local = stream
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let (r, w) = stream.into_split();
+    let mut rd = BufReader::with_capacity(IO_BUFFER, r);
+    let mut wr = BufWriter::with_capacity(IO_BUFFER, w);
+    let cfg = &shared.cfg;
+    let offer = Offer {
+        max_recv_data_segment: cfg.max_recv_data_segment,
+        max_burst: cfg.max_burst,
+        first_burst: cfg.first_burst,
+        window: cfg.queue_depth,
+    };
+    let mut login = Login::new(
+        offer,
+        shared.table().visible_to(peer.ip()),
+        cfg.discovery_chap.clone(),
+        shared.next_tsih(),
+    );
+    let idle = nonzero(cfg.idle_timeout);
+    let lg = tokio::time::timeout(cfg.login_timeout, login_phase(&mut rd, &mut wr, &mut login));
+    let r = tokio::select! {
+        r = lg => r,
+        _ = conn.closed(idle) => return,
+        _ = stop.wait_for(|&s| s) => return,
+    };
+    let sess = match r {
+        Ok(Ok(s)) => s,
+        Ok(Err(why)) => {
+            if let Some(why) = why {
+                shared
+                    .log
+                    .log("login", &format!("login from {peer} failed: {why}"));
+            }
+            let _ = wr.shutdown().await;
+            return;
+        }
+        Err(_) => {
+            shared.log.log(
+                "login",
+                &format!(
+                    "login from {peer} did not finish within {:?}",
+                    cfg.login_timeout
+                ),
+            );
+            return;
+        }
+    };
+    let mut ffp = Ffp {
+        digests: Digests {
+            header: sess.params.header_digest,
+            data: sess.params.data_digest,
+        },
+        sess,
+        shared: shared.clone(),
+        peer,
+        local,
+        out: Vec::new(),
+        tasks: HashMap::new(),
+        task_bytes: 0,
+        next_ttt: 1,
+        text_rest: None,
+    };
+    ffp.run(rd, wr, &conn, stop).await;
+}
+
+/// Reads login requests until the full feature phase; Err(Some(why)) on a
+/// failed login, Err(None) if the client went away.
+async fn login_phase<R, W>(
+    rd: &mut R,
+    wr: &mut W,
+    login: &mut Login,
+) -> Result<Session, Option<String>>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    loop {
+        let p = match pdu::read_pdu(rd, Digests::default(), LOGIN_MAX_DATA).await {
+            Ok(p) => p,
+            Err(ReadError::Io(_)) => return Err(None),
+            Err(ReadError::Pdu(e)) => return Err(Some(e.to_string())),
+        };
+        let (rsp, outcome) = match login.step(&p) {
+            Step::Continue(r) => (r, None),
+            Step::Fail(r, why) => (r, Some(Err(Some(why)))),
+            Step::Done(r, s) => (r, Some(Ok(*s))),
+        };
+        let sent = async {
+            wr.write_all(&rsp.encode(Digests::default())).await?;
+            wr.flush().await
+        };
+        if sent.await.is_err() {
+            return Err(None);
+        }
+        if let Some(o) = outcome {
+            return o;
+        }
+    }
+}
+
+/// A write waiting for its data.
+struct WriteTask {
+    cmd: Cmd,
+    lun_field: [u8; 8],
+    edtl: u32,
+    /// Bytes the command needs.
+    want: u32,
+    buf: Vec<u8>,
+    /// Offset of the next Data-Out expected.
+    received: u32,
+    /// Unsolicited Data-Out still to come.
+    unsolicited: bool,
+    /// The outstanding R2T: its TTT and where its burst ends.
+    r2t: Option<(u32, u32)>,
+    r2tsn: u32,
+    /// Bytes the CDB asks for beyond the expected length.
+    overflow: u32,
+    /// DataSN the next Data-Out of the current sequence must carry.
+    data_sn: u32,
+}
+
+/// Whether to go on reading.
+#[derive(PartialEq, Eq)]
+enum Flow {
+    Go,
+    Close,
+}
+
+/// A connection in the full feature phase.
+struct Ffp {
+    sess: Session,
+    digests: Digests,
+    shared: Arc<Shared>,
+    peer: SocketAddr,
+    local: SocketAddr,
+    /// Encoded PDUs waiting to be written.
+    out: Vec<u8>,
+    tasks: HashMap<u32, WriteTask>,
+    task_bytes: u64,
+    next_ttt: u32,
+    /// The rest of a text response too long for one PDU: its TTT and bytes.
+    text_rest: Option<(u32, Vec<u8>)>,
+}
+
+impl Ffp {
+    async fn run<R, W>(
+        &mut self,
+        rd: BufReader<R>,
+        mut wr: BufWriter<W>,
+        conn: &Conn,
+        mut stop: watch::Receiver<bool>,
+    ) where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let mut rd = rd;
+        let idle = nonzero(self.shared.cfg.idle_timeout);
+        let reply_timeout = nonzero(self.shared.cfg.reply_timeout);
+        let max = self.sess.params.target_mrdsl;
+        loop {
+            if !self.out.is_empty() && !flush(&mut wr, &mut self.out, reply_timeout).await {
+                conn.state().close();
+                return;
+            }
+            let r = tokio::select! {
+                r = pdu::read_pdu(&mut rd, self.digests, max) => r,
+                _ = conn.closed(idle) => break,
+                _ = stop.wait_for(|&s| s) => break,
+            };
+            let p = match r {
+                Ok(p) => p,
+                Err(ReadError::Io(_)) => break,
+                Err(ReadError::Pdu(e)) => {
+                    self.log(&format!("closed the connection of {}: {e}", self.peer));
+                    break;
+                }
+            };
+            if self.handle(p, conn).await == Flow::Close {
+                break;
+            }
+        }
+        if !self.out.is_empty() {
+            let _ = flush(&mut wr, &mut self.out, reply_timeout).await;
+        }
+        let _ = wr.shutdown().await;
+    }
+
+    fn log(&self, msg: &str) {
+        self.shared.log.log("protocol", msg);
+    }
+
+    fn params(&self) -> crate::login::Params {
+        self.sess.params
+    }
+
+    /// Fills StatSN (advanced if `status`), ExpCmdSN and MaxCmdSN, and
+    /// queues the PDU.
+    fn send(&mut self, mut p: Pdu, status: bool) {
+        p.set_u32(24, self.sess.stat_sn);
+        if status {
+            self.sess.stat_sn = self.sess.stat_sn.wrapping_add(1);
+        }
+        let exp = self.sess.exp_cmd_sn;
+        p.set_u32(28, exp);
+        p.set_u32(
+            32,
+            exp.wrapping_add(self.shared.cfg.queue_depth.saturating_sub(1)),
+        );
+        self.out.extend_from_slice(&p.encode(self.digests));
+    }
+
+    fn reject(&mut self, bad: &Pdu, why: u8) {
+        let mut p = Pdu::new(op::REJECT);
+        p.set_flags(FLAG_F);
+        p.bhs[2] = why;
+        p.set_itt(RESERVED_TAG);
+        p.data = bad.bhs.to_vec();
+        self.send(p, true);
+    }
+
+    /// Checks a command's CmdSN against the window and advances
+    /// ExpCmdSN; false: drop the command silently.
+    fn accept_cmd_sn(&mut self, p: &Pdu) -> bool {
+        if p.immediate() {
+            return true;
+        }
+        let sn = p.u32_at(24);
+        let d = sn.wrapping_sub(self.sess.exp_cmd_sn);
+        if d >= self.shared.cfg.queue_depth {
+            return false;
+        }
+        self.sess.exp_cmd_sn = sn.wrapping_add(1);
+        true
+    }
+
+    async fn handle(&mut self, p: Pdu, conn: &Conn) -> Flow {
+        match p.opcode() {
+            op::NOP_OUT => {
+                if p.itt() == RESERVED_TAG {
+                    // A ping answer or a no-reply ping: nothing to say.
+                    return Flow::Go;
+                }
+                if !self.accept_cmd_sn(&p) {
+                    return Flow::Go;
+                }
+                let mut r = Pdu::new(op::NOP_IN);
+                r.set_flags(FLAG_F);
+                r.set_lun_field(p.lun_field());
+                r.set_itt(p.itt());
+                r.set_u32(20, RESERVED_TAG);
+                let n = p.data.len().min(self.params().initiator_mrdsl as usize);
+                r.data = p.data[..n].to_vec();
+                self.send(r, true);
+                Flow::Go
+            }
+            op::SCSI_CMD => self.scsi_command(p, conn).await,
+            op::DATA_OUT => self.data_out(p, conn).await,
+            op::TASK_MGMT => {
+                if !self.accept_cmd_sn(&p) {
+                    return Flow::Go;
+                }
+                self.task_mgmt(&p)
+            }
+            op::TEXT => {
+                if !self.accept_cmd_sn(&p) {
+                    return Flow::Go;
+                }
+                self.text(&p)
+            }
+            op::LOGOUT => {
+                let _ = self.accept_cmd_sn(&p);
+                let why = p.flags() & 0x7f;
+                let mut r = Pdu::new(op::LOGOUT_RSP);
+                r.set_flags(FLAG_F);
+                // Closing the session or this connection both end the
+                // (one-connection) session; recovery is not supported.
+                r.bhs[2] = if why <= 1 { 0 } else { 2 };
+                r.set_itt(p.itt());
+                self.send(r, true);
+                if why <= 1 {
+                    Flow::Close
+                } else {
+                    Flow::Go
+                }
+            }
+            op::LOGIN => {
+                self.reject(&p, reason::PROTOCOL_ERROR);
+                Flow::Go
+            }
+            _ => {
+                self.reject(&p, reason::NOT_SUPPORTED);
+                Flow::Go
+            }
+        }
+    }
+
+    fn target(&self) -> Option<Arc<IscsiTarget>> {
+        match &self.sess.kind {
+            SessionKind::Normal(t) => Some(t.clone()),
+            SessionKind::Discovery => None,
+        }
+    }
+
+    fn limits(&self) -> scsi::Limits {
+        scsi::Limits {
+            max_transfer: self.shared.cfg.max_transfer,
+        }
+    }
+
+    async fn scsi_command(&mut self, p: Pdu, conn: &Conn) -> Flow {
+        let Some(target) = self.target() else {
+            self.reject(&p, reason::PROTOCOL_ERROR);
+            return Flow::Go;
+        };
+        if !self.accept_cmd_sn(&p) {
+            return Flow::Go;
+        }
+        let itt = p.itt();
+        if itt == RESERVED_TAG || self.tasks.contains_key(&itt) {
+            self.reject(&p, reason::INVALID_FIELD);
+            return Flow::Go;
+        }
+        let lun_field = p.lun_field();
+        let lun = scsi::lun_of(lun_field);
+        let edtl = p.u32_at(20);
+        let flags = p.flags();
+        let cmd = match scsi::parse(p.cdb(), lun, self.limits()) {
+            Ok(c) => c,
+            Err(s) => {
+                self.respond(itt, scsi::status::CHECK_CONDITION, Some(s), 0, 0);
+                return Flow::Go;
+            }
+        };
+        let mut cmd = cmd;
+        let mut need = cmd.data_out_len();
+        if need == 0 {
+            return self
+                .exec(itt, lun_field, edtl, cmd, Vec::new(), 0, conn)
+                .await;
+        }
+        // A WRITE whose expected length is below what its CDB says is
+        // carried out for the whole blocks the initiator sends, and
+        // answered with an overflow residual for the rest (as SAM asks
+        // of a transport that carries less than the command's length).
+        let mut overflow = 0;
+        if let Cmd::Write { lba, fua, .. } = cmd {
+            if flags & 0x20 != 0 && edtl < need {
+                overflow = need - edtl;
+                need = edtl;
+                cmd = Cmd::Write {
+                    lba,
+                    blocks: edtl / scsi::BLOCK as u32,
+                    fua,
+                };
+            }
+        }
+        if need == 0 {
+            return self
+                .exec(itt, lun_field, edtl, cmd, Vec::new(), overflow, conn)
+                .await;
+        }
+        let same = matches!(cmd, Cmd::WriteSame { .. });
+        if flags & 0x20 == 0 || edtl < need || (same && edtl != need) {
+            // The command needs more data than the initiator means to
+            // send (or, for WRITE SAME, other than exactly one block).
+            self.respond(
+                itt,
+                scsi::status::CHECK_CONDITION,
+                Some(Sense::INVALID_FIELD_IN_CDB),
+                0,
+                0,
+            );
+            return Flow::Go;
+        }
+        if cmd.writes() && target.is_read_only() {
+            self.respond(
+                itt,
+                scsi::status::CHECK_CONDITION,
+                Some(Sense::WRITE_PROTECTED),
+                0,
+                0,
+            );
+            return Flow::Go;
+        }
+        let prm = self.params();
+        if (!p.data.is_empty() && !prm.immediate_data) || p.data.len() as u32 > prm.first_burst {
+            self.reject(&p, reason::PROTOCOL_ERROR);
+            return Flow::Close;
+        }
+        if self.task_bytes + need as u64 > self.shared.cfg.max_pending_write_bytes {
+            self.respond(itt, scsi::status::TASK_SET_FULL, None, 0, 0);
+            return Flow::Go;
+        }
+        let take = p.data.len().min(need as usize);
+        let task = WriteTask {
+            cmd,
+            lun_field,
+            edtl,
+            want: need,
+            buf: p.data[..take].to_vec(),
+            received: p.data.len() as u32,
+            unsolicited: !p.is_final() && !prm.initial_r2t,
+            r2t: None,
+            r2tsn: 0,
+            overflow,
+            data_sn: 0,
+        };
+        self.task_bytes += need as u64;
+        self.tasks.insert(itt, task);
+        self.advance(itt, conn).await
+    }
+
+    /// Runs a write whose data is all there, or asks for more.
+    async fn advance(&mut self, itt: u32, conn: &Conn) -> Flow {
+        let max_burst = self.params().max_burst;
+        let ttt = self.next_ttt;
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            return Flow::Go;
+        };
+        if t.unsolicited || t.r2t.is_some() {
+            return Flow::Go;
+        }
+        if t.received >= t.want {
+            let Some(t) = self.tasks.remove(&itt) else {
+                return Flow::Go;
+            };
+            self.task_bytes -= t.want as u64;
+            return self
+                .exec(itt, t.lun_field, t.edtl, t.cmd, t.buf, t.overflow, conn)
+                .await;
+        }
+        let len = (t.want - t.received).min(max_burst);
+        let mut r = Pdu::new(op::R2T);
+        r.set_flags(FLAG_F);
+        r.set_lun_field(t.lun_field);
+        r.set_itt(itt);
+        r.set_u32(20, ttt);
+        r.set_u32(36, t.r2tsn);
+        r.set_u32(40, t.received);
+        r.set_u32(44, len);
+        t.r2t = Some((ttt, t.received + len));
+        t.r2tsn += 1;
+        t.data_sn = 0;
+        self.next_ttt = ttt.wrapping_add(1);
+        if self.next_ttt == RESERVED_TAG {
+            self.next_ttt = 1;
+        }
+        self.send(r, false);
+        Flow::Go
+    }
+
+    async fn data_out(&mut self, p: Pdu, conn: &Conn) -> Flow {
+        let itt = p.itt();
+        let first_burst = self.params().first_burst;
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            // Aborted or refused before its data came.
+            return Flow::Go;
+        };
+        let ttt = p.u32_at(20);
+        let off = p.u32_at(40);
+        let len = p.data.len() as u32;
+        let end = off.checked_add(len);
+        let solicited = match t.r2t {
+            Some((tt, _)) if tt == ttt => true,
+            _ if ttt == RESERVED_TAG && t.unsolicited => false,
+            _ => {
+                self.reject(&p, reason::PROTOCOL_ERROR);
+                return Flow::Close;
+            }
+        };
+        let limit = match (solicited, t.r2t) {
+            (true, Some((_, e))) => e,
+            _ => first_burst.min(t.edtl),
+        };
+        let in_order = off == t.received && p.u32_at(36) == t.data_sn;
+        let Some(end) = end.filter(|&e| in_order && e <= limit && e <= t.edtl) else {
+            self.reject(&p, reason::INVALID_FIELD);
+            return Flow::Close;
+        };
+        if off < t.want {
+            let n = (end.min(t.want) - off) as usize;
+            t.buf.extend_from_slice(&p.data[..n]);
+        }
+        t.received = end;
+        t.data_sn = t.data_sn.wrapping_add(1);
+        if solicited {
+            if p.is_final() || Some(end) == t.r2t.map(|r| r.1) {
+                t.r2t = None;
+            }
+        } else if p.is_final() {
+            t.unsolicited = false;
+        }
+        self.advance(itt, conn).await
+    }
+
+    /// Runs a command on the blocking pool and queues its Data-In and
+    /// status. (The arguments are the task's fields, kept apart because
+    /// commands without data never build a task.)
+    #[allow(clippy::too_many_arguments)]
+    async fn exec(
+        &mut self,
+        itt: u32,
+        lun_field: [u8; 8],
+        edtl: u32,
+        cmd: Cmd,
+        data: Vec<u8>,
+        overflow: u32,
+        conn: &Conn,
+    ) -> Flow {
+        let Some(target) = self.target() else {
+            return Flow::Go;
+        };
+        let _busy = conn.state().begin();
+        let limits = self.limits();
+        let lun = scsi::lun_of(lun_field);
+        let out_len = data.len() as u32;
+        let c2 = cmd.clone();
+        let res = tokio::task::spawn_blocking(move || {
+            let u = Unit {
+                dev: &*target.device,
+                read_only: target.is_read_only(),
+                name: &target.name,
+                limits,
+                lun,
+            };
+            let r = scsi::execute(&u, &c2, &data);
+            (r, target)
+        })
+        .await;
+        let (res, target) = match res {
+            Ok(x) => x,
+            Err(_) => {
+                self.respond(
+                    itt,
+                    scsi::status::CHECK_CONDITION,
+                    Some(Sense::INTERNAL),
+                    0,
+                    0,
+                );
+                return Flow::Go;
+            }
+        };
+        match res {
+            Ok(_) if overflow > 0 => {
+                self.respond(itt, scsi::status::GOOD, None, 0x04, overflow);
+            }
+            Ok(din) if out_len > 0 => {
+                let _ = din;
+                // A write: any Data-Out beyond the command's need is an
+                // underflow of the expected length.
+                self.respond(
+                    itt,
+                    scsi::status::GOOD,
+                    None,
+                    0x02,
+                    edtl - out_len.min(edtl),
+                );
+            }
+            Ok(din) => self.data_in(itt, lun_field, edtl, din),
+            Err(s) => {
+                if matches!(s.key, 0x03 | 0x04) {
+                    self.shared.log.log(
+                        "device",
+                        &format!("target {:?}: {:?} failed: {s:?}", target.name, cmd),
+                    );
+                }
+                self.respond(itt, scsi::status::CHECK_CONDITION, Some(s), 0, 0);
+            }
+        }
+        Flow::Go
+    }
+
+    /// A SCSI Response PDU; `resid_flag` 0x04 overflow, 0x02 underflow.
+    fn respond(&mut self, itt: u32, status: u8, sense: Option<Sense>, resid_flag: u8, resid: u32) {
+        let mut r = Pdu::new(op::SCSI_RSP);
+        let flag = if resid == 0 { 0 } else { resid_flag };
+        r.set_flags(FLAG_F | flag);
+        r.bhs[3] = status;
+        r.set_itt(itt);
+        r.set_u32(44, if flag == 0 { 0 } else { resid });
+        if let Some(s) = sense {
+            let f = s.fixed();
+            let mut d = (f.len() as u16).to_be_bytes().to_vec();
+            d.extend_from_slice(&f);
+            r.data = d;
+        }
+        self.send(r, true);
+    }
+
+    /// Data-In PDUs for `din` (cut to the expected length) with the
+    /// status in the last one; a SCSI Response if there is no data.
+    fn data_in(&mut self, itt: u32, lun_field: [u8; 8], edtl: u32, din: Vec<u8>) {
+        let produced = din.len() as u32;
+        let (rflag, resid) = match produced.cmp(&edtl) {
+            std::cmp::Ordering::Greater => (0x04, produced - edtl),
+            std::cmp::Ordering::Less => (0x02, edtl - produced),
+            std::cmp::Ordering::Equal => (0, 0),
+        };
+        let send = &din[..produced.min(edtl) as usize];
+        if send.is_empty() {
+            self.respond(itt, scsi::status::GOOD, None, rflag, resid);
+            return;
+        }
+        let prm = self.params();
+        let mrdsl = prm.initiator_mrdsl.max(512) as usize;
+        let burst = prm.max_burst.max(512) as usize;
+        let mut off = 0usize;
+        let mut sn = 0u32;
+        while off < send.len() {
+            let burst_end = (off / burst + 1) * burst;
+            let n = mrdsl.min(burst_end - off).min(send.len() - off);
+            let last = off + n == send.len();
+            let mut p = Pdu::new(op::DATA_IN);
+            let mut f = 0u8;
+            if last || off + n == burst_end {
+                f |= FLAG_F;
+            }
+            if last {
+                f |= 0x01 | rflag; // S and the residual flag
+                p.bhs[3] = scsi::status::GOOD;
+                p.set_u32(44, resid);
+            }
+            p.set_flags(f);
+            p.set_lun_field(lun_field);
+            p.set_itt(itt);
+            p.set_u32(20, RESERVED_TAG);
+            p.set_u32(36, sn);
+            p.set_u32(40, off as u32);
+            p.data = send[off..off + n].to_vec();
+            self.send(p, last);
+            off += n;
+            sn += 1;
+        }
+    }
+
+    fn task_mgmt(&mut self, p: &Pdu) -> Flow {
+        let func = p.flags() & 0x7f;
+        let lun = scsi::lun_of(p.lun_field());
+        let mut close = false;
+        let response = match func {
+            1 => {
+                if let Some(t) = self.tasks.remove(&p.u32_at(20)) {
+                    self.task_bytes -= t.want as u64;
+                }
+                0
+            }
+            2 | 4 | 5 if lun != 0 => 2,
+            2 | 4 | 5 | 6 | 7 => {
+                self.tasks.clear();
+                self.task_bytes = 0;
+                close = func == 7;
+                0
+            }
+            3 => 5,
+            8 => 4,
+            _ => 255,
+        };
+        let mut r = Pdu::new(op::TASK_MGMT_RSP);
+        r.set_flags(FLAG_F);
+        r.bhs[2] = response;
+        r.set_itt(p.itt());
+        self.send(r, true);
+        if close {
+            Flow::Close
+        } else {
+            Flow::Go
+        }
+    }
+
+    fn text(&mut self, p: &Pdu) -> Flow {
+        let ttt = p.u32_at(20);
+        let body = if ttt != RESERVED_TAG {
+            match self.text_rest.take() {
+                Some((t, rest)) if t == ttt => rest,
+                _ => {
+                    self.reject(p, reason::INVALID_FIELD);
+                    return Flow::Go;
+                }
+            }
+        } else {
+            self.text_rest = None;
+            let pairs = match text::parse(&p.data) {
+                Ok(x) => x,
+                Err(_) => {
+                    self.reject(p, reason::INVALID_FIELD);
+                    return Flow::Go;
+                }
+            };
+            let mut out = Vec::new();
+            for (k, v) in pairs {
+                if k == "SendTargets" {
+                    out.extend(self.send_targets(&v));
+                } else {
+                    out.push((k, "NotUnderstood".to_string()));
+                }
+            }
+            text::encode(&out)
+        };
+        let max = self.params().initiator_mrdsl as usize;
+        let mut r = Pdu::new(op::TEXT_RSP);
+        r.set_lun_field(p.lun_field());
+        r.set_itt(p.itt());
+        if body.len() > max {
+            let t = self.next_ttt;
+            self.next_ttt = t.wrapping_add(1).max(1);
+            r.set_flags(0x40); // C: more follows
+            r.set_u32(20, t);
+            r.data = body[..max].to_vec();
+            self.text_rest = Some((t, body[max..].to_vec()));
+        } else {
+            r.set_flags(FLAG_F);
+            r.set_u32(20, RESERVED_TAG);
+            r.data = body;
+        }
+        self.send(r, true);
+        Flow::Go
+    }
+
+    /// `TargetName` and `TargetAddress` pairs for a SendTargets value.
+    fn send_targets(&self, value: &str) -> Vec<(String, String)> {
+        let ip = self.local.ip().to_canonical();
+        let addr = match ip {
+            std::net::IpAddr::V4(a) => format!("{a}:{},1", self.local.port()),
+            std::net::IpAddr::V6(a) => format!("[{a}]:{},1", self.local.port()),
+        };
+        let targets: Vec<Arc<IscsiTarget>> = match &self.sess.kind {
+            SessionKind::Normal(t) => {
+                if value == "All" || value.is_empty() || value.eq_ignore_ascii_case(&t.name) {
+                    vec![t.clone()]
+                } else {
+                    Vec::new()
+                }
+            }
+            SessionKind::Discovery => self
+                .shared
+                .table()
+                .visible_to(self.peer.ip())
+                .into_iter()
+                .filter(|t| t.admits(&self.sess.initiator))
+                .filter(|t| value == "All" || value.eq_ignore_ascii_case(&t.name))
+                .collect(),
+        };
+        let mut out = Vec::new();
+        for t in targets {
+            out.push(("TargetName".to_string(), t.name.clone()));
+            out.push(("TargetAddress".to_string(), addr.clone()));
+        }
+        out
+    }
+}
+
+/// Writes everything queued (within `timeout`); false if that failed.
+async fn flush<W: AsyncWrite + Unpin>(
+    w: &mut BufWriter<W>,
+    out: &mut Vec<u8>,
+    timeout: Option<Duration>,
+) -> bool {
+    let write = async {
+        w.write_all(out).await?;
+        w.flush().await
+    };
+    let ok = match timeout {
+        Some(t) => matches!(tokio::time::timeout(t, write).await, Ok(Ok(()))),
+        None => write.await.is_ok(),
+    };
+    out.clear();
+    ok
+}

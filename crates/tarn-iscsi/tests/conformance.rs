@@ -1,0 +1,94 @@
+//! libiscsi's conformance suite, `iscsi-test-cu`, against the server
+//! over `MemDevice`. `tests/iscsi-test-cu.txt` pins which tests pass
+//! (`pass NAME`) and which are skipped and why (`skip NAME  # why`);
+//! this runs every `pass` entry and fails if any of them fails.
+//!
+//! `TARN_ISCSI_SUITES="ALL.Read10 ALL.Unmap"` runs those instead and
+//! only reports (to try suites before pinning them).
+
+mod common;
+
+use common::*;
+use tarn_iscsi::{IscsiConfig, IscsiTarget};
+use tarn_testkit::require;
+
+fn pinned() -> Vec<String> {
+    let list = include_str!("iscsi-test-cu.txt");
+    list.lines()
+        .filter_map(|l| l.strip_prefix("pass "))
+        .map(|l| l.split('#').next().unwrap_or("").trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// Runs one test (or suite) on a fresh server; (passed, output).
+fn run_one(name: &str) -> (bool, String) {
+    // WriteSame16.Unmap writes 65536 blocks in one WRITE(16) whatever
+    // the Block Limits page says, so transfers of 32 MiB are allowed.
+    let cfg = IscsiConfig {
+        max_transfer: 32 << 20,
+        ..IscsiConfig::default()
+    };
+    let r = start_with(cfg, vec![IscsiTarget::new(IQN, mem(64 * MIB, 4096))]);
+    let (ok, out, err) = run(&[
+        "iscsi-test-cu",
+        "--dataloss",
+        if std::env::var_os("TARN_ISCSI_SUITES").is_some() {
+            "--normal"
+        } else {
+            "--silent"
+        },
+        "--fail",
+        &format!("--test={name}"),
+        &url(&r, IQN),
+    ]);
+    let text = format!("{out}\n{err}");
+    // CUnit's summary: "tests  Total  Ran  Passed  Failed  Inactive".
+    // Every test must have run and passed.
+    let counts: Option<Vec<u64>> = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("tests "))
+        .map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .filter_map(|w| w.parse().ok())
+                .collect()
+        });
+    let good = match counts.as_deref() {
+        Some([total, ran, passed, failed, ..]) => {
+            *total > 0 && ran == total && passed == ran && *failed == 0
+        }
+        _ => false,
+    };
+    // A "[SKIPPED]" line other than the start-up probes means a test
+    // returned early; that is not a pass.
+    let skipped = text.lines().any(|l| {
+        l.contains("[SKIPPED]")
+            && !l.contains("PERSISTENT RESERVE IN is not implemented")
+            && !l.contains("REPORT_SUPPORTED_OPCODES is not implemented")
+    });
+    (ok && good && !skipped, text)
+}
+
+#[test]
+fn iscsi_test_cu_pinned_tests_pass() {
+    if require::program("iscsi-test-cu").is_none() {
+        return;
+    }
+    if let Ok(s) = std::env::var("TARN_ISCSI_SUITES") {
+        for name in s.split_whitespace() {
+            let (ok, text) = run_one(name);
+            eprintln!("=== {name}: {}\n{text}", if ok { "pass" } else { "FAIL" });
+        }
+        return;
+    }
+    let mut failed = Vec::new();
+    for name in pinned() {
+        let (ok, text) = run_one(&name);
+        if !ok {
+            eprintln!("=== {name} failed:\n{text}");
+            failed.push(name);
+        }
+    }
+    assert!(failed.is_empty(), "iscsi-test-cu failures: {failed:?}");
+}

@@ -1,0 +1,213 @@
+//! The protocol over a raw socket: bad input (garbage, oversized
+//! segments, login out of order, unknown opcodes) is answered with a
+//! Reject or a closed connection and never disturbs other sessions;
+//! writes through R2T and reads split into several Data-In PDUs.
+
+mod common;
+
+use common::*;
+use tarn_iscsi::pdu::{op, Pdu};
+use tarn_iscsi::IscsiTarget;
+use tarn_vol::Device;
+
+fn server() -> (
+    tarn_iscsi::Running,
+    std::sync::Arc<tarn_vol::testing::MemDevice>,
+) {
+    let dev = mem(8 * MIB, 4096);
+    let r = start(vec![IscsiTarget::new(IQN, dev.clone())]);
+    (r, dev)
+}
+
+#[test]
+fn garbage_and_oversized_segments_close_only_that_connection() {
+    let (r, _) = server();
+    let addr = r.local_addr();
+    let mut good = Raw::login(addr, IQN);
+
+    let mut junk = Raw::connect(addr);
+    let _ = junk.send_bytes(&[0xffu8; 48]);
+    assert!(junk.closed(), "garbage BHS before login");
+
+    // A login request announcing a 16 MiB data segment.
+    let mut big = Raw::connect(addr);
+    let mut p = Raw::login_pdu(0, None, &[]);
+    p.data = Vec::new();
+    let mut wire = p.encode(Default::default());
+    wire[5..8].copy_from_slice(&[0xff, 0xff, 0xff]);
+    let _ = big.send_bytes(&wire);
+    assert!(big.closed(), "oversized login segment");
+
+    // In the full feature phase: a segment over MaxRecvDataSegmentLength.
+    let mut ffp = Raw::login(addr, IQN);
+    let mut nop = Pdu::new(op::NOP_OUT);
+    nop.set_flags(0x80);
+    nop.set_itt(5);
+    let mut wire = nop.encode(Default::default());
+    wire[5..8].copy_from_slice(&[0x10, 0, 0]); // 1 MiB
+    let _ = ffp.send_bytes(&wire);
+    assert!(ffp.closed(), "oversized segment in the full feature phase");
+
+    good.tur_good(1);
+}
+
+#[test]
+fn commands_before_login_and_unknown_opcodes() {
+    let (r, _) = server();
+    let addr = r.local_addr();
+    let mut early = Raw::connect(addr);
+    let cmd = early.scsi(1, &[0; 6], 0, false, false);
+    early.send(&cmd);
+    let rsp = early.recv().expect("a login reject");
+    assert_eq!(rsp.opcode(), op::LOGIN_RSP);
+    assert_ne!(rsp.u16_at(36), 0);
+    assert!(early.closed());
+
+    let mut s = Raw::login(addr, IQN);
+    let mut odd = Pdu::new(0x1c);
+    odd.set_itt(3);
+    s.send(&odd);
+    let rej = s.recv().expect("a reject");
+    assert_eq!(rej.opcode(), op::REJECT);
+    assert_eq!(rej.bhs[2], 0x05, "command not supported");
+    assert_eq!(&rej.data[..48], &odd.bhs[..]);
+    // The session goes on.
+    s.tur_good(4);
+
+    // An unknown SCSI opcode is a CHECK CONDITION, not a protocol error.
+    let c = s.scsi(5, &[0xd9, 0, 0, 0, 0, 0], 0, false, false);
+    s.send(&c);
+    let rsp = s.recv().unwrap();
+    assert_eq!(rsp.opcode(), op::SCSI_RSP);
+    assert_eq!(rsp.bhs[3], 0x02);
+    assert_eq!(rsp.data[2 + 2] & 0x0f, 0x05, "ILLEGAL REQUEST");
+    assert_eq!(rsp.data[2 + 12], 0x20, "INVALID COMMAND OPERATION CODE");
+    s.tur_good(6);
+}
+
+#[test]
+fn writes_use_r2t_and_reads_split_by_the_initiators_segment_size() {
+    let (r, dev) = server();
+    let mut s = Raw::login(r.local_addr(), IQN);
+    // WRITE(10) of 64 KiB at LBA 8 with InitialR2T=Yes and 4 KiB of
+    // immediate data: the target asks for the rest.
+    let data: Vec<u8> = (0..65536u32).map(|i| (i * 7 % 251) as u8).collect();
+    let mut c = s.scsi(10, &[0x2a, 0, 0, 0, 0, 8, 0, 0, 128, 0], 65536, false, true);
+    c.data = data[..4096].to_vec();
+    s.send(&c);
+    let mut got = 4096usize;
+    let rsp = loop {
+        let p = s.recv().expect("R2T or response");
+        if p.opcode() != op::R2T {
+            break p;
+        }
+        let off = p.u32_at(40) as usize;
+        let len = p.u32_at(44) as usize;
+        assert_eq!(off, got);
+        // Answer in 8 KiB Data-Out PDUs (the target's segment limit is
+        // larger; the initiator may use any size up to it).
+        let mut at = off;
+        let mut sn = 0;
+        while at < off + len {
+            let n = (off + len - at).min(8192);
+            let mut d = Pdu::new(op::DATA_OUT);
+            d.set_flags(if at + n == off + len { 0x80 } else { 0 });
+            d.set_itt(10);
+            d.set_u32(20, p.u32_at(20));
+            d.set_u32(36, sn);
+            d.set_u32(40, at as u32);
+            d.data = data[at..at + n].to_vec();
+            s.send(&d);
+            at += n;
+            sn += 1;
+        }
+        got = off + len;
+    };
+    assert_eq!(rsp.opcode(), op::SCSI_RSP);
+    assert_eq!(rsp.bhs[3], 0, "GOOD");
+    assert_eq!(dev.read(8 * 512, 65536).unwrap(), data);
+
+    // READ(10) of the same 64 KiB: MaxRecvDataSegmentLength=8192 gives
+    // eight Data-In PDUs, the status in the last.
+    let c = s.scsi(11, &[0x28, 0, 0, 0, 0, 8, 0, 0, 128, 0], 65536, true, false);
+    s.send(&c);
+    let mut back = Vec::new();
+    loop {
+        let p = s.recv().unwrap();
+        assert_eq!(p.opcode(), op::DATA_IN);
+        assert!(p.data.len() <= 8192);
+        assert_eq!(p.u32_at(40) as usize, back.len());
+        back.extend_from_slice(&p.data);
+        if p.flags() & 0x01 != 0 {
+            assert_eq!(p.bhs[3], 0);
+            break;
+        }
+    }
+    assert_eq!(back, data);
+}
+
+#[test]
+fn a_data_out_at_a_wrong_offset_ends_the_connection_only() {
+    let (r, _) = server();
+    let mut s = Raw::login(r.local_addr(), IQN);
+    let c = s.scsi(1, &[0x2a, 0, 0, 0, 0, 0, 0, 0, 8, 0], 4096, false, true);
+    s.send(&c);
+    let r2t = s.recv().unwrap();
+    assert_eq!(r2t.opcode(), op::R2T);
+    let mut d = Pdu::new(op::DATA_OUT);
+    d.set_flags(0x80);
+    d.set_itt(1);
+    d.set_u32(20, r2t.u32_at(20));
+    d.set_u32(40, 512);
+    d.data = vec![1; 512];
+    s.send(&d);
+    assert!(s.closed());
+    let mut other = Raw::login(r.local_addr(), IQN);
+    other.tur_good(1);
+}
+
+#[test]
+fn crc32c_digests_apply_after_login_and_a_bad_one_closes() {
+    let (r, _) = server();
+    let login = |addr| {
+        let mut s = Raw::connect(addr);
+        s.send(&Raw::login_pdu(
+            1,
+            Some(3),
+            &[
+                ("InitiatorName", "iqn.2024-01.org.tarn:test"),
+                ("TargetName", IQN),
+                ("HeaderDigest", "CRC32C"),
+                ("DataDigest", "CRC32C,None"),
+            ],
+        ));
+        let rsp = s.recv().expect("login response");
+        assert_eq!(rsp.u16_at(36), 0);
+        let keys = tarn_iscsi::text::parse(&rsp.data).unwrap();
+        assert!(keys.contains(&("HeaderDigest".into(), "CRC32C".into())));
+        assert!(keys.contains(&("DataDigest".into(), "CRC32C".into())));
+        s.digests = tarn_iscsi::pdu::Digests {
+            header: true,
+            data: true,
+        };
+        s
+    };
+    let mut s = login(r.local_addr());
+    s.tur_good(1);
+    let mut nop = Pdu::new(op::NOP_OUT);
+    nop.set_immediate(true);
+    nop.set_flags(0x80);
+    nop.set_itt(2);
+    nop.set_u32(20, 0xffff_ffff);
+    nop.data = b"ping".to_vec();
+    s.send(&nop);
+    let pong = s.recv().expect("NOP-In");
+    assert_eq!(pong.opcode(), op::NOP_IN);
+    assert_eq!(pong.data, b"ping");
+
+    let mut wire = nop.encode(s.digests);
+    wire[48] ^= 0xff; // the header digest
+    let _ = s.send_bytes(&wire);
+    assert!(s.closed());
+    login(r.local_addr()).tur_good(1);
+}
