@@ -27,8 +27,10 @@
 
 #![warn(missing_docs)]
 
+mod host;
 mod net;
 
+pub use host::{keepalive, Host, HostConfig};
 pub use net::{IpNet, IpNetError};
 
 use std::collections::HashMap;

@@ -56,14 +56,13 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, RwLock};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use tarn_conn::{Admission, Conn, Limits as ConnLimits, RateLog};
+use tarn_conn::{Conn, Host, HostConfig, Limits as ConnLimits, RateLog};
 
 use crate::login::{Login, Offer, Session, SessionKind, Step};
 use crate::pdu::{self, op, Digests, Pdu, ReadError, FLAG_F, RESERVED_TAG};
@@ -178,11 +177,6 @@ impl IscsiConfig {
 /// Connection counters of a running server (see [`Running::stats`]).
 pub use tarn_conn::Stats as ConnStats;
 
-const KEEPALIVE_TIME: Duration = Duration::from_secs(60);
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-const KEEPALIVE_PROBES: u32 = 6;
-/// How long [`Running::stop`] waits for connections to finish.
-const STOP_GRACE: Duration = Duration::from_secs(10);
 /// Buffer sizes of a connection's reader and writer.
 const IO_BUFFER: usize = 64 << 10;
 /// Largest data segment of a login request.
@@ -231,90 +225,39 @@ impl IscsiServer {
     pub fn start(config: IscsiConfig, targets: Vec<IscsiTarget>) -> Result<Running, Error> {
         config.check()?;
         let table = Table::new(targets)?;
-        let listener = std::net::TcpListener::bind(config.bind)?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .max_blocking_threads(config.workers.max(1))
-            .thread_name("tarn-iscsi")
-            .enable_io()
-            .enable_time()
-            .build()?;
-        let admission = Admission::new(
-            "tarn-iscsi",
-            ConnLimits {
+        let host_cfg = HostConfig {
+            name: "tarn-iscsi",
+            bind: config.bind,
+            workers: config.workers,
+            limits: ConnLimits {
                 max_connections: config.max_connections,
                 max_per_address: config.max_connections_per_address,
             },
-        );
+        };
         let shared = Arc::new(Shared {
             cfg: config,
             table: RwLock::new(Arc::new(table)),
             log: RateLog::new("tarn-iscsi", Duration::from_secs(10)),
             tsih: AtomicU16::new(1),
         });
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), Error>>();
-        let (shared2, adm2) = (shared.clone(), admission.clone());
-        let thread = std::thread::Builder::new()
-            .name("tarn-iscsi-main".into())
-            .spawn(move || {
-                rt.block_on(async move {
-                    let l = match TcpListener::from_std(listener) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e.into()));
-                            return;
-                        }
-                    };
-                    let accept =
-                        tokio::spawn(accept_loop(l, shared2, adm2.clone(), stop_rx.clone()));
-                    let _ = ready_tx.send(Ok(()));
-                    let mut stop = stop_rx;
-                    let _ = stop.wait_for(|&s| s).await;
-                    accept.abort();
-                    let deadline = Instant::now() + STOP_GRACE;
-                    while adm2.stats().open > 0 && Instant::now() < deadline {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                });
-                rt.shutdown_timeout(Duration::from_secs(2));
-            })?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                return Err(e);
-            }
-            Err(_) => {
-                let _ = thread.join();
-                return Err(Error::Config("server thread failed to start".into()));
-            }
-        }
-        Ok(Running {
-            shared,
-            admission,
-            addr,
-            stop: Some(stop_tx),
-            thread: Some(thread),
-        })
+        let serving = shared.clone();
+        let host = Host::start(host_cfg, move |stream, peer, conn, stop| {
+            connection(stream, peer, conn, serving.clone(), stop)
+        })?;
+        Ok(Running { shared, host })
     }
 }
 
 /// A running server. Dropping it stops it, as [`Running::stop`] does.
 pub struct Running {
     shared: Arc<Shared>,
-    admission: Arc<Admission>,
-    addr: SocketAddr,
-    stop: Option<watch::Sender<bool>>,
-    thread: Option<JoinHandle<()>>,
+    host: Host,
 }
 
 impl Running {
     /// The address the server listens on.
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+        self.host.local_addr()
     }
 
     /// Replaces the target list. New logins and discovery requests see
@@ -332,65 +275,16 @@ impl Running {
     /// Connection counters: open connections, refusals by reason,
     /// evictions, idle closes.
     pub fn stats(&self) -> ConnStats {
-        self.admission.stats()
+        self.host.stats()
     }
 
     /// Stops the server: closes the listener, lets every connection
     /// finish the command it is running (up to 10 s), then closes them
     /// all. The port is free when it returns. Must not be called from
     /// inside a tokio runtime's async context (it blocks).
-    pub fn stop(mut self) {
-        self.shutdown();
+    pub fn stop(self) {
+        self.host.stop();
     }
-
-    fn shutdown(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(true);
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
-async fn accept_loop(
-    l: TcpListener,
-    shared: Arc<Shared>,
-    adm: Arc<Admission>,
-    stop: watch::Receiver<bool>,
-) {
-    loop {
-        let (stream, peer) = match l.accept().await {
-            Ok(x) => x,
-            Err(_) => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let Ok(conn) = adm.admit(peer.ip()) else {
-            drop(stream);
-            continue;
-        };
-        let shared = shared.clone();
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            connection(stream, peer, conn, shared, stop).await;
-        });
-    }
-}
-
-fn keepalive(s: &TcpStream) {
-    let ka = socket2::TcpKeepalive::new()
-        .with_time(KEEPALIVE_TIME)
-        .with_interval(KEEPALIVE_INTERVAL)
-        .with_retries(KEEPALIVE_PROBES);
-    let _ = socket2::SockRef::from(s).set_tcp_keepalive(&ka);
 }
 
 fn nonzero(d: Duration) -> Option<Duration> {
@@ -407,7 +301,7 @@ async fn connection(
     mut stop: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
-    keepalive(&stream);
+    tarn_conn::keepalive(&stream);
     let local = stream
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));

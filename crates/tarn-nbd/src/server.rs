@@ -2,14 +2,13 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
-use tarn_conn::{Admission, Busy, Conn, ConnState, Limits, RateLog};
+use tarn_conn::{Busy, Conn, ConnState, Host, HostConfig, Limits, RateLog};
 
 use crate::exec::{self, Reply};
 use crate::export::{NbdExport, Table};
@@ -116,15 +115,6 @@ impl NbdConfig {
 /// Connection counters of a running server (see [`Running::stats`]).
 pub use tarn_conn::Stats as ConnStats;
 
-/// TCP keepalive on every connection: probes after a minute of silence,
-/// every 10 s, six of them, so a vanished client frees its slot in about
-/// two minutes even without an idle timeout.
-const KEEPALIVE_TIME: Duration = Duration::from_secs(60);
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-const KEEPALIVE_PROBES: u32 = 6;
-/// How long [`Running::stop`] waits for connections to finish their
-/// requests in flight.
-const STOP_GRACE: Duration = Duration::from_secs(10);
 /// Most replies gathered into one write.
 const REPLY_BATCH: usize = 32;
 /// Buffer sizes of a connection's reader and writer.
@@ -157,23 +147,15 @@ impl NbdServer {
     pub fn start(config: NbdConfig, exports: Vec<NbdExport>) -> Result<Running, Error> {
         config.check()?;
         let table = Table::new(exports, config.default_export.clone())?;
-        let listener = std::net::TcpListener::bind(config.bind)?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .max_blocking_threads(config.workers.max(1))
-            .thread_name("tarn-nbd")
-            .enable_io()
-            .enable_time()
-            .build()?;
-        let admission = Admission::new(
-            "tarn-nbd",
-            Limits {
+        let host_cfg = HostConfig {
+            name: "tarn-nbd",
+            bind: config.bind,
+            workers: config.workers,
+            limits: Limits {
                 max_connections: config.max_connections,
                 max_per_address: config.max_connections_per_address,
             },
-        );
+        };
         let shared = Arc::new(Shared {
             policy: Policy {
                 tls_available: config.tls.is_some(),
@@ -184,71 +166,24 @@ impl NbdServer {
             table: RwLock::new(Arc::new(table)),
             log: RateLog::new("tarn-nbd", Duration::from_secs(10)),
         });
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), Error>>();
-        let (shared2, adm2) = (shared.clone(), admission.clone());
-        let thread = std::thread::Builder::new()
-            .name("tarn-nbd-main".into())
-            .spawn(move || {
-                rt.block_on(async move {
-                    let l = match TcpListener::from_std(listener) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e.into()));
-                            return;
-                        }
-                    };
-                    let accept =
-                        tokio::spawn(accept_loop(l, shared2, adm2.clone(), stop_rx.clone()));
-                    let _ = ready_tx.send(Ok(()));
-                    let mut stop = stop_rx;
-                    let _ = stop.wait_for(|&s| s).await;
-                    // Closes the listener; connections see the stop and
-                    // finish their requests in flight.
-                    accept.abort();
-                    let deadline = Instant::now() + STOP_GRACE;
-                    while adm2.stats().open > 0 && Instant::now() < deadline {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                });
-                // Drops what is left (closing its sockets); lets device
-                // calls in progress finish.
-                rt.shutdown_timeout(Duration::from_secs(2));
-            })?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                return Err(e);
-            }
-            Err(_) => {
-                let _ = thread.join();
-                return Err(Error::Config("server thread failed to start".into()));
-            }
-        }
-        Ok(Running {
-            shared,
-            admission,
-            addr,
-            stop: Some(stop_tx),
-            thread: Some(thread),
-        })
+        let serving = shared.clone();
+        let host = Host::start(host_cfg, move |stream, peer, conn, stop| {
+            connection(stream, peer, conn, serving.clone(), stop)
+        })?;
+        Ok(Running { shared, host })
     }
 }
 
 /// A running server. Dropping it stops it, as [`Running::stop`] does.
 pub struct Running {
     shared: Arc<Shared>,
-    admission: Arc<Admission>,
-    addr: SocketAddr,
-    stop: Option<watch::Sender<bool>>,
-    thread: Option<JoinHandle<()>>,
+    host: Host,
 }
 
 impl Running {
     /// The address the server listens on.
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+        self.host.local_addr()
     }
 
     /// Replaces the export list. New negotiations see the new list at
@@ -266,7 +201,7 @@ impl Running {
     /// Connection counters: open connections, refusals by reason,
     /// evictions, idle closes.
     pub fn stats(&self) -> ConnStats {
-        self.admission.stats()
+        self.host.stats()
     }
 
     /// Stops the server: closes the listener, stops reading requests,
@@ -274,59 +209,9 @@ impl Running {
     /// to 10 s), then closes them all. The port is free when it returns.
     /// Must not be called from inside a tokio runtime's async context
     /// (it blocks).
-    pub fn stop(mut self) {
-        self.shutdown();
+    pub fn stop(self) {
+        self.host.stop();
     }
-
-    fn shutdown(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(true);
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
-async fn accept_loop(
-    l: TcpListener,
-    shared: Arc<Shared>,
-    adm: Arc<Admission>,
-    stop: watch::Receiver<bool>,
-) {
-    loop {
-        let (stream, peer) = match l.accept().await {
-            Ok(x) => x,
-            Err(_) => {
-                // EMFILE and friends: back off instead of spinning.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let Ok(conn) = adm.admit(peer.ip()) else {
-            drop(stream);
-            continue;
-        };
-        let shared = shared.clone();
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            connection(stream, peer, conn, shared, stop).await;
-        });
-    }
-}
-
-fn keepalive(s: &TcpStream) {
-    let ka = socket2::TcpKeepalive::new()
-        .with_time(KEEPALIVE_TIME)
-        .with_interval(KEEPALIVE_INTERVAL)
-        .with_retries(KEEPALIVE_PROBES);
-    let _ = socket2::SockRef::from(s).set_tcp_keepalive(&ka);
 }
 
 /// The phase after a successful handshake: the stream (clear or TLS) and
@@ -346,7 +231,7 @@ async fn connection(
     mut stop: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
-    keepalive(&stream);
+    tarn_conn::keepalive(&stream);
     let idle = nonzero(shared.cfg.idle_timeout);
     let hs = tokio::time::timeout(
         shared.cfg.handshake_timeout,
