@@ -23,6 +23,10 @@ pub struct UserInfo {
     pub uid: u32,
     /// Numeric group id.
     pub gid: u32,
+    /// The user has a CHAP secret for iSCSI logins (API 2.1); the secret
+    /// itself is never shown.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub chap: bool,
 }
 
 /// Read-only or read-write.
@@ -85,6 +89,36 @@ pub struct NbdShare {
     pub read_only: bool,
 }
 
+/// How iSCSI serves a volume share (API 2.1): one target named `iqn`
+/// with the volume as LUN 0.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiShare {
+    /// The target's iSCSI name (`iqn.…`, `eui.…` or `naa.…`, lower case);
+    /// unique on the node. Empty in `share.add`: the daemon names it
+    /// `iqn.2026-11.org.tarn:POOL.SHARE`.
+    #[serde(default)]
+    pub iqn: String,
+    /// Client networks that may see and use the target. Empty: any
+    /// network, which is allowed only with CHAP.
+    #[serde(default)]
+    pub clients: Vec<String>,
+    /// Initiator names (`InitiatorName`) that may log in; empty: any.
+    #[serde(default)]
+    pub initiators: Vec<String>,
+    /// Initiators must log in with CHAP as this tarn user, with the
+    /// user's CHAP secret (`tarn user chap`).
+    #[serde(default)]
+    pub chap: Option<String>,
+    /// For mutual CHAP: the tarn user whose CHAP name and secret the
+    /// target answers with when the initiator asks it to authenticate.
+    #[serde(default)]
+    pub mutual_chap: Option<String>,
+    /// Refuse writes.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
 /// A share: a filesystem dataset and how it is served.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -103,6 +137,9 @@ pub struct Share {
     /// NBD export of a volume, if any (API 2.0): `nbd://HOST/NAME`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nbd: Option<NbdShare>,
+    /// iSCSI target of a volume, if any (API 2.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iscsi: Option<IscsiShare>,
 }
 
 /// A share as `share.list` reports it.

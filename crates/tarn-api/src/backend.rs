@@ -176,6 +176,15 @@ pub trait Backend: Send + Sync {
     ) -> Result<(), ApiError> {
         Err(no_datasets())
     }
+    /// Sets (or, with none, removes) a user's CHAP secret.
+    fn user_chap(
+        &self,
+        _pool: Option<&str>,
+        _name: &str,
+        _secret: Option<&str>,
+    ) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
     /// The users of every pool.
     fn user_list(&self) -> Result<Vec<UserInfo>, ApiError> {
         Err(no_datasets())

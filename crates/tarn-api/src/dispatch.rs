@@ -253,6 +253,10 @@ pub fn call(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, ApiE
             } = params(method, p)?;
             reply(backend.user_passwd(pool.as_deref(), &name, &password)?)
         }
+        m::USER_CHAP => {
+            let UserChapParams { pool, name, secret } = params(method, p)?;
+            reply(backend.user_chap(pool.as_deref(), &name, secret.as_deref())?)
+        }
         m::USER_LIST => {
             let NoParams {} = params(method, p)?;
             reply(backend.user_list()?)

@@ -46,7 +46,10 @@ pub use wire::{parse_request, read_line_bounded, LineRead, Request, Response};
 /// 2.0 added volumes: a dataset kind (`"volume"`) and a share field
 /// (`nbd`) that a 1.x client cannot read, so it refuses the daemon instead
 /// of failing on the first volume it lists.
-pub const API_VERSION: &str = "2.0";
+///
+/// 2.1 added iSCSI: a share field (`iscsi`), `user.chap`, the `chap` flag
+/// of users and the `iscsi` counters of `daemon.stats`.
+pub const API_VERSION: &str = "2.1";
 
 /// The major number of an API version string (`1` of `1.0`), or `None`
 /// when the string is not a version.

@@ -81,6 +81,9 @@ pub const USER_ADD: &str = "user.add";
 pub const USER_DEL: &str = "user.del";
 /// Change a password: [`crate::params::UserPasswdParams`].
 pub const USER_PASSWD: &str = "user.passwd";
+/// Set or remove a user's CHAP secret: [`crate::params::UserChapParams`]
+/// (API 2.1).
+pub const USER_CHAP: &str = "user.chap";
 /// List users: [`crate::params::NoParams`].
 pub const USER_LIST: &str = "user.list";
 /// Add or replace a share: [`crate::params::ShareAddParams`].
@@ -137,6 +140,7 @@ pub const ALL: &[&str] = &[
     USER_ADD,
     USER_DEL,
     USER_PASSWD,
+    USER_CHAP,
     USER_LIST,
     SHARE_ADD,
     SHARE_DEL,

@@ -378,6 +378,21 @@ pub struct UserPasswdParams {
     pub password: String,
 }
 
+/// `user.chap` (API 2.1).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserChapParams {
+    /// The pool (optional with one pool).
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// Login name.
+    pub name: String,
+    /// The CHAP secret for iSCSI logins (12 to 255 bytes), stored as
+    /// given because CHAP needs it; none removes it.
+    #[serde(default)]
+    pub secret: Option<String>,
+}
+
 /// `share.add`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -455,6 +470,9 @@ pub struct DaemonStats {
     /// The NBD server, when it runs (API 2.0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nbd: Option<ConnCounters>,
+    /// The iSCSI target, when it runs (API 2.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iscsi: Option<ConnCounters>,
 }
 
 /// Result of `pool.sync`.

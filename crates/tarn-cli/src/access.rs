@@ -1,6 +1,7 @@
 //! Who reaches what: `tarn user ...` (users stored in the pool, with a
-//! password read from the terminal or stdin) and `tarn share ...` (a
-//! dataset exported over NFS and/or WebDAV).
+//! password read from the terminal or stdin, and a CHAP secret for iSCSI)
+//! and `tarn share ...` (a filesystem exported over NFS and/or WebDAV, a
+//! volume over NBD and/or iSCSI).
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
@@ -8,11 +9,13 @@ use std::io::IsTerminal;
 use anyhow::bail;
 use clap::Subcommand;
 use tarn_api::access::{
-    check_user_name, Access, NbdShare, NfsShare, Share, ShareInfo, UserInfo, WebdavShare,
+    check_user_name, Access, IscsiShare, NbdShare, NfsShare, Share, ShareInfo, UserInfo,
+    WebdavShare,
 };
 use tarn_api::method;
 use tarn_api::params::{
-    NoParams, ShareAddParams, ShareDelParams, UserAddParams, UserParams, UserPasswdParams,
+    NoParams, ShareAddParams, ShareDelParams, UserAddParams, UserChapParams, UserParams,
+    UserPasswdParams,
 };
 
 use crate::render;
@@ -57,6 +60,22 @@ pub enum UserCommand {
         /// Login name
         name: String,
     },
+    /// Set a user's CHAP secret for iSCSI logins (12 to 255 bytes, not
+    /// the password: it is stored as given); asks for it, or reads it
+    /// from stdin
+    Chap {
+        /// The pool [default: the only pool]
+        #[arg(long)]
+        pool: Option<String>,
+        /// Read the secret from the first line of stdin
+        #[arg(long)]
+        secret_stdin: bool,
+        /// Remove the secret instead
+        #[arg(long, conflicts_with = "secret_stdin")]
+        remove: bool,
+        /// Login name
+        name: String,
+    },
     /// List users
     List,
 }
@@ -66,7 +85,8 @@ pub enum UserCommand {
 pub enum ShareCommand {
     /// Add (or replace) a share: `tarn share add photos tank/photos --nfs
     /// 192.168.1.0/24 --webdav alice=rw --webdav bob=ro`, or of a volume:
-    /// `tarn share add vm1 tank/vm1 --nbd 192.168.1.0/24`
+    /// `tarn share add vm1 tank/vm1 --nbd 192.168.1.0/24 --iscsi
+    /// auto,chap=alice`
     Add {
         /// Share name: NFS export `/NAME`, WebDAV URL `/NAME/`
         name: String,
@@ -103,6 +123,15 @@ pub enum ShareCommand {
         /// The NBD export is read-only
         #[arg(long)]
         nbd_ro: bool,
+        /// Serve a volume over iSCSI: `IQN|auto[,chap=USER][,mutual=USER]
+        /// [,client=CIDR]...[,initiator=NAME]...`; auto names the target
+        /// iqn.2026-11.org.tarn:POOL.SHARE. Without client= any network
+        /// may connect, which needs chap=
+        #[arg(long = "iscsi", value_name = "SPEC")]
+        iscsi: Option<String>,
+        /// The iSCSI target is read-only
+        #[arg(long, requires = "iscsi")]
+        iscsi_ro: bool,
     },
     /// Remove a share
     Del {
@@ -116,23 +145,64 @@ pub enum ShareCommand {
     List,
 }
 
+/// Parses `--iscsi IQN|auto[,chap=USER][,mutual=USER][,client=CIDR]...
+/// [,initiator=NAME]...` (the daemon checks the values; an empty IQN asks
+/// it to choose one).
+fn parse_iscsi(spec: &str) -> anyhow::Result<IscsiShare> {
+    let mut share = IscsiShare {
+        iqn: String::new(),
+        clients: Vec::new(),
+        initiators: Vec::new(),
+        chap: None,
+        mutual_chap: None,
+        read_only: false,
+    };
+    for (n, part) in spec.split(',').enumerate() {
+        let part = part.trim();
+        match part.split_once('=') {
+            None if n == 0 => {
+                if part != "auto" {
+                    share.iqn = part.to_string();
+                }
+            }
+            None => {
+                bail!("--iscsi {spec}: '{part}' is not KEY=VALUE (only the first item is a name)")
+            }
+            Some((k, "")) => bail!("--iscsi {spec}: {k}= needs a value"),
+            Some(("chap", v)) => share.chap = Some(v.to_string()),
+            Some(("mutual", v)) => share.mutual_chap = Some(v.to_string()),
+            Some(("client", v)) => share.clients.push(v.to_string()),
+            Some(("initiator", v)) => share.initiators.push(v.to_string()),
+            Some((k, _)) => {
+                bail!("--iscsi {spec}: unknown key '{k}' (chap, mutual, client, initiator)")
+            }
+        }
+    }
+    Ok(share)
+}
+
 /// Reads a password: the first line of stdin with `from_stdin` or when
 /// stdin is not a terminal, else from the terminal twice without echo.
 fn read_password(from_stdin: bool) -> anyhow::Result<String> {
+    read_secret(from_stdin, "Password")
+}
+
+/// Reads a secret called `what` the way [`read_password`] says.
+fn read_secret(from_stdin: bool, what: &str) -> anyhow::Result<String> {
     let stdin = std::io::stdin();
     if from_stdin || !stdin.is_terminal() {
         let mut line = String::new();
         std::io::BufRead::read_line(&mut stdin.lock(), &mut line)?;
         let p = line.trim_end_matches(['\n', '\r']).to_string();
         if p.is_empty() {
-            bail!("no password on stdin");
+            bail!("no {} on stdin", what.to_lowercase());
         }
         return Ok(p);
     }
-    let first = prompt_hidden("Password: ")?;
+    let first = prompt_hidden(&format!("{what}: "))?;
     let again = prompt_hidden("Again: ")?;
     if first != again {
-        bail!("the passwords differ");
+        bail!("the two differ");
     }
     Ok(first)
 }
@@ -203,6 +273,20 @@ pub(crate) fn user_command(
             };
             client.call_quietly(out, method::USER_PASSWD, &params)?;
         }
+        UserCommand::Chap {
+            pool,
+            secret_stdin,
+            remove,
+            name,
+        } => {
+            let secret = if remove {
+                None
+            } else {
+                Some(read_secret(secret_stdin, "CHAP secret")?)
+            };
+            let params = UserChapParams { pool, name, secret };
+            client.call_quietly(out, method::USER_CHAP, &params)?;
+        }
         UserCommand::List => {
             let v = client.call(method::USER_LIST, &NoParams {})?;
             let users: Vec<UserInfo> = decode(method::USER_LIST, v.clone())?;
@@ -231,6 +315,8 @@ pub(crate) fn share_command(
             owner,
             nbd,
             nbd_ro,
+            iscsi,
+            iscsi_ro,
         } => {
             let mut users = BTreeMap::new();
             for w in &webdav {
@@ -258,6 +344,13 @@ pub(crate) fn share_command(
                     clients: nbd,
                     read_only: nbd_ro,
                 }),
+                iscsi: match iscsi {
+                    Some(spec) => Some(IscsiShare {
+                        read_only: iscsi_ro,
+                        ..parse_iscsi(&spec)?
+                    }),
+                    None => None,
+                },
             };
             client.call_quietly(out, method::SHARE_ADD, &ShareAddParams { share, owner })?;
         }
@@ -271,4 +364,33 @@ pub(crate) fn share_command(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_iscsi;
+
+    #[test]
+    fn iscsi_specs_parse_or_say_why_not() {
+        let s = parse_iscsi(
+            "iqn.2026-11.org.example:vm1,chap=alice,mutual=box,client=10.0.0.0/8,\
+             client=::1,initiator=iqn.1993-08.org.debian:01:a",
+        )
+        .unwrap();
+        assert_eq!(s.iqn, "iqn.2026-11.org.example:vm1");
+        assert_eq!(s.chap.as_deref(), Some("alice"));
+        assert_eq!(s.mutual_chap.as_deref(), Some("box"));
+        assert_eq!(s.clients, ["10.0.0.0/8", "::1"]);
+        assert_eq!(s.initiators, ["iqn.1993-08.org.debian:01:a"]);
+        let auto = parse_iscsi("auto,client=127.0.0.1").unwrap();
+        assert_eq!(auto.iqn, "", "the daemon names it");
+        assert_eq!(auto.clients, ["127.0.0.1"]);
+        assert_eq!(
+            parse_iscsi("chap=alice").unwrap().chap.as_deref(),
+            Some("alice")
+        );
+        for bad in ["auto,iqn.x", "auto,chap=", "auto,secret=x", "auto,,"] {
+            assert!(parse_iscsi(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -76,6 +76,11 @@ pub struct DaemonArgs {
     #[arg(long, requires = "nbd")]
     pub nbd_tls_required: bool,
 
+    /// Serve the volume shares over iSCSI on this address, e.g.
+    /// 0.0.0.0:3260 (iSCSI's port)
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub iscsi: Option<std::net::SocketAddr>,
+
     /// PEM certificate for WebDAV over HTTPS and NBD over TLS [default: a
     /// self-signed one generated in the state directory]
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -201,6 +206,8 @@ pub struct DaemonRun {
     pub nbd: Option<SocketAddr>,
     /// NBD clients must start TLS first.
     pub nbd_tls_required: bool,
+    /// Where iSCSI listens; not started when absent.
+    pub iscsi: Option<SocketAddr>,
     /// A PEM certificate and key for WebDAV over TLS.
     pub tls_cert: Option<(PathBuf, PathBuf)>,
     /// Plain HTTP for WebDAV even off loopback.
@@ -290,6 +297,7 @@ pub(crate) fn daemon_command(
         webdav,
         nbd,
         nbd_tls_required,
+        iscsi,
         tls_cert,
         tls_key,
         webdav_plain_http,
@@ -309,6 +317,7 @@ pub(crate) fn daemon_command(
                 webdav,
                 nbd,
                 nbd_tls_required,
+                iscsi,
                 tls_cert: tls_cert.zip(tls_key),
                 webdav_plain_http,
             }))

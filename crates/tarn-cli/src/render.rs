@@ -165,6 +165,7 @@ pub fn render_daemon_stats(stats: &tarn_api::params::DaemonStats) -> String {
         ("nfs", stats.nfs.as_ref()),
         ("webdav", stats.webdav.as_ref()),
         ("nbd", stats.nbd.as_ref()),
+        ("iscsi", stats.iscsi.as_ref()),
     ];
     let rows: Vec<Vec<String>> = servers
         .iter()
@@ -238,6 +239,10 @@ mod tests {
                 open: 9,
                 ..Default::default()
             }),
+            iscsi: Some(tarn_api::params::ConnCounters {
+                accepted: 10,
+                ..Default::default()
+            }),
         };
         let text = render_daemon_stats(&stats);
         let lines: Vec<&str> = text.lines().collect();
@@ -254,6 +259,10 @@ mod tests {
         assert_eq!(
             cells(lines[4]),
             ["nbd", "9", "0", "0", "0", "0", "0", "0", "0"]
+        );
+        assert_eq!(
+            cells(lines[5]),
+            ["iscsi", "0", "10", "0", "0", "0", "0", "0", "0"]
         );
     }
 

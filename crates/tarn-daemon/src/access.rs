@@ -31,7 +31,8 @@ use tarn_pool::Pool;
 use std::collections::BTreeMap;
 
 use tarn_api::access::{
-    check_share_name, check_user_name, Access, NbdShare, NfsShare, Share, UserInfo, WebdavShare,
+    check_share_name, check_user_name, Access, IscsiShare, NbdShare, NfsShare, Share, UserInfo,
+    WebdavShare,
 };
 use tarn_api::ApiError;
 
@@ -53,6 +54,12 @@ pub struct UserRecord {
     pub gid: u32,
     /// argon2id PHC string.
     pub hash: String,
+    /// The CHAP secret for iSCSI logins, as given: CHAP's challenge and
+    /// response need the secret itself, so it cannot be hashed. Separate
+    /// from the password so that reading a pool's disks never yields a
+    /// login password (docs/iscsi.md says what this exposes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chap_secret: Option<String>,
 }
 
 /// A share as stored in the pool (a `share` configuration record, keyed by
@@ -74,6 +81,27 @@ pub struct ShareRecord {
     /// NBD export of a volume, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nbd: Option<NbdRecord>,
+    /// iSCSI target of a volume, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iscsi: Option<IscsiRecord>,
+}
+
+/// How iSCSI serves a stored volume share.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiRecord {
+    /// The target's iSCSI name.
+    pub iqn: String,
+    /// Client networks allowed; empty: any (only with CHAP).
+    pub clients: Vec<String>,
+    /// Initiator names allowed; empty: any.
+    pub initiators: Vec<String>,
+    /// The tarn user whose CHAP secret initiators must log in with.
+    pub chap: Option<String>,
+    /// The tarn user the target answers mutual CHAP as.
+    pub mutual_chap: Option<String>,
+    /// Refuse writes.
+    pub read_only: bool,
 }
 
 /// How NBD exports a stored volume share.
@@ -166,6 +194,14 @@ impl From<&Share> for ShareRecord {
                 clients: n.clients.clone(),
                 read_only: n.read_only,
             }),
+            iscsi: s.iscsi.as_ref().map(|i| IscsiRecord {
+                iqn: i.iqn.clone(),
+                clients: i.clients.clone(),
+                initiators: i.initiators.clone(),
+                chap: i.chap.clone(),
+                mutual_chap: i.mutual_chap.clone(),
+                read_only: i.read_only,
+            }),
         }
     }
 }
@@ -199,6 +235,14 @@ impl From<ShareRecord> for Share {
             nbd: r.nbd.map(|n| NbdShare {
                 clients: n.clients,
                 read_only: n.read_only,
+            }),
+            iscsi: r.iscsi.map(|i| IscsiShare {
+                iqn: i.iqn,
+                clients: i.clients,
+                initiators: i.initiators,
+                chap: i.chap,
+                mutual_chap: i.mutual_chap,
+                read_only: i.read_only,
             }),
         }
     }
@@ -344,6 +388,7 @@ pub fn user_add(
         uid,
         gid: gid.unwrap_or(uid),
         hash: hash_password(password)?,
+        chap_secret: None,
     };
     tarn_dataset::config_put(pool, KIND_USER, name, &encode(&rec)?).map_err(ds_error)?;
     Ok(UserInfo {
@@ -351,19 +396,91 @@ pub fn user_add(
         name: rec.name,
         uid: rec.uid,
         gid: rec.gid,
+        chap: false,
     })
+}
+
+/// The stored record of user `name`.
+pub fn user(pool: &Pool, name: &str) -> Result<UserRecord, ApiError> {
+    users(pool)?
+        .into_iter()
+        .find(|u| u.name == name)
+        .ok_or_else(|| ApiError::not_found(format!("no user '{name}' in pool '{}'", pool.name())))
 }
 
 /// Changes a user's password.
 pub fn user_passwd(pool: &Pool, name: &str, password: &str) -> Result<(), ApiError> {
-    let mut rec = users(pool)?
-        .into_iter()
-        .find(|u| u.name == name)
-        .ok_or_else(|| {
-            ApiError::not_found(format!("no user '{name}' in pool '{}'", pool.name()))
-        })?;
+    let mut rec = user(pool, name)?;
     rec.hash = hash_password(password)?;
     tarn_dataset::config_put(pool, KIND_USER, name, &encode(&rec)?).map_err(ds_error)
+}
+
+/// Checks a CHAP secret: the bounds the iSCSI target enforces (RFC 7143
+/// asks for at least 96 bits in a secret that is not random).
+pub fn check_chap_secret(secret: &str) -> Result<(), ApiError> {
+    if !(12..=255).contains(&secret.len()) || secret.contains('\0') {
+        return Err(ApiError::invalid(
+            "a CHAP secret must be 12 to 255 bytes without NUL",
+        ));
+    }
+    Ok(())
+}
+
+/// Sets a user's CHAP secret, or removes it (refused while an iSCSI
+/// share logs in with it).
+pub fn user_chap(pool: &Pool, name: &str, secret: Option<&str>) -> Result<(), ApiError> {
+    let mut rec = user(pool, name)?;
+    match secret {
+        Some(s) => {
+            check_chap_secret(s)?;
+            if verify_password(&rec.hash, s) {
+                return Err(ApiError::invalid(
+                    "the CHAP secret must differ from the user's password: it is stored \
+                     as given, the password only as a hash",
+                ));
+            }
+            // A share that pairs this user with another for mutual CHAP
+            // needs two different secrets.
+            let all = users(pool)?;
+            let secret_of = |u: &str| {
+                all.iter()
+                    .find(|r| r.name == u)
+                    .and_then(|r| r.chap_secret.clone())
+            };
+            for sh in shares(pool)? {
+                let Some(i) = &sh.iscsi else { continue };
+                let partner = match (i.chap.as_deref(), i.mutual_chap.as_deref()) {
+                    (Some(a), Some(b)) if a == name => b,
+                    (Some(a), Some(b)) if b == name => a,
+                    _ => continue,
+                };
+                if partner != name && secret_of(partner).as_deref() == Some(s) {
+                    return Err(ApiError::invalid(format!(
+                        "share '{}' pairs '{name}' with '{partner}' for mutual CHAP, which \
+                         has this secret: the two must differ",
+                        sh.name
+                    )));
+                }
+            }
+        }
+        None => {
+            if let Some(s) = shares(pool)?
+                .into_iter()
+                .find(|s| s.iscsi.as_ref().is_some_and(|i| names_chap_user(i, name)))
+            {
+                return Err(ApiError::busy(format!(
+                    "share '{}' logs in with user '{name}''s CHAP secret; change the share first",
+                    s.name
+                )));
+            }
+        }
+    }
+    rec.chap_secret = secret.map(str::to_string);
+    tarn_dataset::config_put(pool, KIND_USER, name, &encode(&rec)?).map_err(ds_error)
+}
+
+fn names_chap_user(i: &IscsiShare, name: &str) -> bool {
+    i.chap.as_deref() == Some(name) || i.mutual_chap.as_deref() == Some(name)
 }
 
 /// Removes a user (refused while a share names them).
@@ -372,6 +489,7 @@ pub fn user_del(pool: &Pool, name: &str) -> Result<(), ApiError> {
         s.webdav
             .as_ref()
             .is_some_and(|w| w.users.contains_key(name))
+            || s.iscsi.as_ref().is_some_and(|i| names_chap_user(i, name))
     }) {
         return Err(ApiError::busy(format!(
             "share '{}' gives user '{name}' access; change the share first",
@@ -414,14 +532,19 @@ pub fn share_put(pool: &Pool, share: &Share) -> Result<(), ApiError> {
             share.dataset
         )));
     }
-    if let Some(n) = &share.nbd {
-        if !block_device {
-            return Err(ApiError::invalid(format!(
-                "'{}' is not a volume or a snapshot of one: NBD serves volumes \
+    let need_volume = |proto: &str| {
+        if block_device {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(format!(
+                "'{}' is not a volume or a snapshot of one: {proto} serves volumes \
                  (tarn volume create)",
                 share.dataset
-            )));
+            )))
         }
+    };
+    if let Some(n) = &share.nbd {
+        need_volume("NBD")?;
         if n.clients.is_empty() {
             return Err(ApiError::invalid(
                 "an NBD share needs at least one client network (e.g. 192.168.1.0/24)",
@@ -430,6 +553,10 @@ pub fn share_put(pool: &Pool, share: &Share) -> Result<(), ApiError> {
         for c in &n.clients {
             check_network(c)?;
         }
+    }
+    if let Some(i) = &share.iscsi {
+        need_volume("iSCSI")?;
+        check_iscsi(pool, share, i)?;
     }
     if let Some(n) = &share.nfs {
         if n.clients.is_empty() {
@@ -452,13 +579,96 @@ pub fn share_put(pool: &Pool, share: &Share) -> Result<(), ApiError> {
             }
         }
     }
-    if share.nfs.is_none() && share.webdav.is_none() && share.nbd.is_none() {
+    if share.nfs.is_none() && share.webdav.is_none() && share.nbd.is_none() && share.iscsi.is_none()
+    {
         return Err(ApiError::invalid(
-            "a share needs --nfs or --webdav (a filesystem) or --nbd (a volume)",
+            "a share needs --nfs or --webdav (a filesystem), or --nbd or --iscsi (a volume)",
         ));
     }
     let record = ShareRecord::from(share);
     tarn_dataset::config_put(pool, KIND_SHARE, &share.name, &encode(&record)?).map_err(ds_error)
+}
+
+/// The target name a share gets when none is given:
+/// `iqn.2026-11.org.tarn:POOL.SHARE`, lower-cased, with characters an
+/// iSCSI name cannot hold replaced by `-`.
+pub fn default_iqn(pool: &str, share: &str) -> String {
+    let clean = |s: &str| -> String {
+        s.chars()
+            .map(|c| match c.to_ascii_lowercase() {
+                c @ ('a'..='z' | '0'..='9' | '.' | '-') => c,
+                _ => '-',
+            })
+            .collect()
+    };
+    format!("iqn.2026-11.org.tarn:{}.{}", clean(pool), clean(share))
+}
+
+/// Checks an iSCSI share before it is stored: a valid target name that
+/// no other share of the pool uses, valid networks, and CHAP users of
+/// the pool that have secrets. A target open to every network must ask
+/// for CHAP.
+fn check_iscsi(pool: &Pool, share: &Share, i: &IscsiShare) -> Result<(), ApiError> {
+    if !tarn_iscsi::valid_name(&i.iqn) {
+        return Err(ApiError::invalid(format!(
+            "'{}' is not an iSCSI name: use iqn.YYYY-MM.reversed.domain:name in lower case \
+             (letters, digits, '.', '-', ':'), at most 223 bytes",
+            i.iqn
+        )));
+    }
+    if let Some(other) = shares(pool)?
+        .into_iter()
+        .find(|s| s.name != share.name && s.iscsi.as_ref().is_some_and(|o| o.iqn == i.iqn))
+    {
+        return Err(ApiError::exists(format!(
+            "share '{}' already serves the iSCSI target {}",
+            other.name, i.iqn
+        )));
+    }
+    for c in &i.clients {
+        check_network(c)?;
+    }
+    if i.clients.is_empty() && i.chap.is_none() {
+        return Err(ApiError::invalid(
+            "an iSCSI share needs client networks (client=192.168.1.0/24) or CHAP (chap=USER), \
+             or both",
+        ));
+    }
+    for n in &i.initiators {
+        if n.is_empty() || n.len() > 223 || n.contains('\0') {
+            return Err(ApiError::invalid(format!(
+                "'{n}' is not an initiator name (1 to 223 bytes)"
+            )));
+        }
+    }
+    if i.mutual_chap.is_some() && i.chap.is_none() {
+        return Err(ApiError::invalid(
+            "mutual CHAP needs CHAP: the initiator logs in first (chap=USER)",
+        ));
+    }
+    let known = users(pool)?;
+    let mut secrets = Vec::new();
+    for u in i.chap.iter().chain(i.mutual_chap.iter()) {
+        let rec = known.iter().find(|k| &k.name == u).ok_or_else(|| {
+            ApiError::not_found(format!(
+                "no user '{u}' in pool '{}'; add it with `tarn user add {u}`",
+                pool.name()
+            ))
+        })?;
+        let secret = rec.chap_secret.as_deref().ok_or_else(|| {
+            ApiError::invalid(format!(
+                "user '{u}' has no CHAP secret; set one with `tarn user chap {u}`"
+            ))
+        })?;
+        secrets.push(secret);
+    }
+    if secrets.len() == 2 && secrets[0] == secrets[1] {
+        return Err(ApiError::invalid(
+            "the two CHAP users must have different secrets: mutual CHAP with one secret \
+             proves nothing",
+        ));
+    }
+    Ok(())
 }
 
 /// Removes a share.
@@ -499,6 +709,19 @@ mod tests {
         }
     }
 
+    /// `record` is written as `golden`, `golden` reads as `record`, and
+    /// through the API's type and back nothing is lost.
+    fn assert_pinned(record: &ShareRecord, golden: &str) {
+        let written: serde_json::Value = serde_json::to_value(record).unwrap();
+        let pinned: serde_json::Value = serde_json::from_str(golden).unwrap();
+        assert_eq!(written, pinned);
+        assert_eq!(
+            &serde_json::from_str::<ShareRecord>(golden).unwrap(),
+            record
+        );
+        assert_eq!(&ShareRecord::from(&Share::from(record.clone())), record);
+    }
+
     /// A volume's share record: the `nbd` field, and nothing of it in the
     /// records of shares without one (above).
     #[test]
@@ -513,14 +736,68 @@ mod tests {
                 clients: vec!["10.0.0.0/8".into()],
                 read_only: true,
             }),
+            iscsi: None,
         };
-        let written: serde_json::Value = serde_json::to_value(&record).unwrap();
+        assert_pinned(&record, golden);
+    }
+
+    /// A volume's iSCSI share record, and a user record with a CHAP
+    /// secret, pinned (docs/format.md).
+    #[test]
+    fn iscsi_share_and_chap_user_records_golden() {
+        let golden = r#"{"name":"vm1","dataset":"tank/vm1","nfs":null,"webdav":null,"iscsi":{"iqn":"iqn.2026-11.org.tarn:tank.vm1","clients":["10.0.0.0/8"],"initiators":["iqn.1993-08.org.debian:01:a"],"chap":"alice","mutual_chap":"nas","read_only":false}}"#;
+        let record = ShareRecord {
+            name: "vm1".into(),
+            dataset: "tank/vm1".into(),
+            nfs: None,
+            webdav: None,
+            nbd: None,
+            iscsi: Some(IscsiRecord {
+                iqn: "iqn.2026-11.org.tarn:tank.vm1".into(),
+                clients: vec!["10.0.0.0/8".into()],
+                initiators: vec!["iqn.1993-08.org.debian:01:a".into()],
+                chap: Some("alice".into()),
+                mutual_chap: Some("nas".into()),
+                read_only: false,
+            }),
+        };
+        assert_pinned(&record, golden);
+
+        let user = r#"{"name":"alice","uid":10000,"gid":10000,"hash":"$argon2id$x","chap_secret":"twelve bytes!"}"#;
+        let rec = UserRecord {
+            name: "alice".into(),
+            uid: 10000,
+            gid: 10000,
+            hash: "$argon2id$x".into(),
+            chap_secret: Some("twelve bytes!".into()),
+        };
         assert_eq!(
-            written,
-            serde_json::from_str::<serde_json::Value>(golden).unwrap()
+            serde_json::to_value(&rec).unwrap(),
+            serde_json::from_str::<serde_json::Value>(user).unwrap()
         );
-        assert_eq!(serde_json::from_str::<ShareRecord>(golden).unwrap(), record);
-        assert_eq!(ShareRecord::from(&Share::from(record.clone())), record);
+        let old = r#"{"name":"alice","uid":10000,"gid":10000,"hash":"$argon2id$x"}"#;
+        let without = UserRecord {
+            chap_secret: None,
+            ..rec
+        };
+        assert_eq!(serde_json::from_str::<UserRecord>(old).unwrap(), without);
+        assert_eq!(
+            serde_json::to_value(&without).unwrap(),
+            serde_json::from_str::<serde_json::Value>(old).unwrap(),
+            "a user without a secret is written as before"
+        );
+    }
+
+    #[test]
+    fn default_target_names_are_valid_iscsi_names() {
+        for (pool, share) in [("tank", "vm1"), ("Tank_2", "VM.Disk_1"), ("p", "a-b")] {
+            let n = default_iqn(pool, share);
+            assert!(tarn_iscsi::valid_name(&n), "{n}");
+        }
+        assert_eq!(
+            default_iqn("Tank", "vm_1"),
+            "iqn.2026-11.org.tarn:tank.vm-1"
+        );
     }
 
     /// The share record's JSON, pinned: renaming a field or a variant in
@@ -547,13 +824,9 @@ mod tests {
                 .into(),
             }),
             nbd: None,
+            iscsi: None,
         };
-        let written: serde_json::Value = serde_json::to_value(&record).unwrap();
-        let pinned: serde_json::Value = serde_json::from_str(golden).unwrap();
-        assert_eq!(written, pinned);
-        assert_eq!(serde_json::from_str::<ShareRecord>(golden).unwrap(), record);
-        // Through the API's type and back, nothing is lost.
-        assert_eq!(ShareRecord::from(&Share::from(record.clone())), record);
+        assert_pinned(&record, golden);
 
         // Absent optional fields take their documented defaults.
         let minimal: ShareRecord = serde_json::from_str(

@@ -187,6 +187,7 @@ pub fn run_demo(args: &DemoOptions) -> Result<()> {
                 users: [(DEMO_USER.to_string(), Access::Rw)].into_iter().collect(),
             }),
             nbd: None,
+            iscsi: None,
         };
         backend.share_add(&share, Some(DEMO_USER))?;
     }

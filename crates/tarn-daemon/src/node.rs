@@ -516,6 +516,19 @@ impl Backend for Pools {
         access::user_passwd(&p, name, password)
     }
 
+    fn user_chap(
+        &self,
+        pool: Option<&str>,
+        name: &str,
+        secret: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let p = self.pool_for_users(pool)?;
+        access::user_chap(&p, name, secret)?;
+        // Targets that log in with this user's secret take the new one.
+        self.refresh_servers();
+        Ok(())
+    }
+
     fn user_list(&self) -> Result<Vec<UserInfo>, ApiError> {
         let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
         let mut out = Vec::new();
@@ -526,6 +539,7 @@ impl Backend for Pools {
                     name: u.name,
                     uid: u.uid,
                     gid: u.gid,
+                    chap: u.chap_secret.is_some(),
                 });
             }
         }
@@ -539,8 +553,14 @@ impl Backend for Pools {
                 "--owner gives a filesystem's top folder to a user; a volume has none",
             ));
         }
+        let mut share = share.clone();
+        if let Some(i) = share.iscsi.as_mut().filter(|i| i.iqn.is_empty()) {
+            i.iqn = access::default_iqn(pool.name(), &share.name);
+        }
+        let share = &share;
         // One name per node: it is the NFS path, the WebDAV folder and the
-        // NBD export name, which every pool's shares are served under.
+        // NBD export name, which every pool's shares are served under; and
+        // one iSCSI target name per node.
         // (A pool whose shares cannot be read is left out here; serving
         // then keeps the first share of a name and logs the others.)
         let others: Vec<Arc<Pool>> = self
@@ -560,17 +580,23 @@ impl Backend for Pools {
                     share.name
                 )));
             }
+            if let Some(i) = &share.iscsi {
+                if let Some(s) = theirs
+                    .iter()
+                    .find(|s| s.iscsi.as_ref().is_some_and(|o| o.iqn == i.iqn))
+                {
+                    return Err(ApiError::exists(format!(
+                        "share '{}' of pool '{}' already serves the iSCSI target {}",
+                        s.name,
+                        other.name(),
+                        i.iqn
+                    )));
+                }
+            }
         }
         let owner = match owner {
             None => None,
-            Some(name) => Some(
-                access::users(&pool)?
-                    .into_iter()
-                    .find(|u| u.name == name)
-                    .ok_or_else(|| {
-                        ApiError::not_found(format!("no user '{name}' in pool '{}'", pool.name()))
-                    })?,
-            ),
+            Some(name) => Some(access::user(&pool, name)?),
         };
         access::share_put(&pool, share)?;
         if let Some(u) = owner {
@@ -641,6 +667,7 @@ impl Backend for Pools {
                         nfs: None,
                         webdav: None,
                         nbd: None,
+                        iscsi: None,
                     },
                     damaged: Some(d.error),
                 });

@@ -36,7 +36,9 @@ use crate::access;
 use crate::error::{DaemonError, Result};
 use crate::filesystems::Filesystems;
 use crate::mounts::Mounts;
-use crate::servers::{nbd_entry, share_entries, Endpoints, ServerOptions, Servers, ShareLists};
+use crate::servers::{
+    iscsi_entry, nbd_entry, share_entries, Endpoints, ServerOptions, Servers, ShareLists,
+};
 
 /// The daemon's knobs for its pools; every one is a bound or an interval.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -343,8 +345,8 @@ impl Pools {
         self.lock().values().cloned().collect()
     }
 
-    /// The NFS exports, WebDAV shares and NBD exports of every pool's
-    /// stored shares.
+    /// The NFS exports, WebDAV shares, NBD exports and iSCSI targets of
+    /// every pool's stored shares.
     pub fn share_lists(&self) -> ShareLists {
         let mut lists = ShareLists::default();
         for pool in self.all_pools() {
@@ -370,6 +372,30 @@ impl Pools {
                         match self.fss.volume(&pool, &share.dataset) {
                             Ok(v) => lists.nbd.extend(nbd_entry(v, &share)),
                             Err(e) => eprintln!("tarn: share '{}': {e}", share.name),
+                        }
+                    }
+                }
+                if let Some(i) = &share.iscsi {
+                    let users = access::users(&pool).unwrap_or_else(|e| {
+                        eprintln!("tarn: pool '{}': cannot read its users: {e}", pool.name());
+                        Vec::new()
+                    });
+                    let target = self
+                        .fss
+                        .volume(&pool, &share.dataset)
+                        .map_err(|e| e.to_string())
+                        .and_then(|v| iscsi_entry(v, &share, i, &users));
+                    match target {
+                        Ok(t) if lists.iscsi.iter().any(|o| o.name == t.name) => eprintln!(
+                            "tarn: share '{}' of pool '{}' is not served over iSCSI: another \
+                             share serves the target {}",
+                            share.name,
+                            pool.name(),
+                            t.name
+                        ),
+                        Ok(t) => lists.iscsi.push(t),
+                        Err(e) => {
+                            eprintln!("tarn: share '{}' is not served over iSCSI: {e}", share.name)
                         }
                     }
                 }

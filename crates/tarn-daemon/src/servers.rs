@@ -1,11 +1,13 @@
-//! The network front ends the daemon runs: NFSv3 and WebDAV.
+//! The network front ends the daemon runs: NFSv3, WebDAV, NBD and iSCSI.
 //!
-//! Both serve the shares stored in the pools (see `access`): every share
+//! All serve the shares stored in the pools (see `access`): every share
 //! with NFS settings is an export at `/NAME`, every share with WebDAV users
-//! is a folder at `/NAME/`. Whenever shares, pools or datasets change, the
-//! daemon rebuilds both lists from the pools and hands them to the running
-//! servers, which swap them in without dropping connections. Each share
-//! uses the dataset's one shared filesystem object (`filesystems`).
+//! is a folder at `/NAME/`, a volume's share is the NBD export `NAME` and
+//! the iSCSI target its record names. Whenever shares, users, pools or
+//! datasets change, the daemon rebuilds every list from the pools and hands
+//! them to the running servers, which swap them in without dropping
+//! connections. Each share uses the dataset's one shared filesystem or
+//! volume object (`filesystems`).
 //!
 //! NFS file handles are keyed with a secret kept in the state directory, so
 //! they stay valid across daemon restarts. WebDAV speaks plain HTTP only on
@@ -37,6 +39,8 @@ pub struct ServerOptions {
     /// NBD sessions must start TLS (STARTTLS) before anything else; with
     /// it off, TLS is offered and optional.
     pub nbd_tls_required: bool,
+    /// iSCSI (volume shares).
+    pub iscsi: Option<SocketAddr>,
     /// A PEM certificate and key for WebDAV (and NBD) over TLS; a
     /// self-signed pair in the state directory when absent.
     pub tls_cert: Option<(PathBuf, PathBuf)>,
@@ -111,6 +115,9 @@ pub struct Endpoints {
     /// NBD address.
     #[serde(default)]
     pub nbd: Option<SocketAddr>,
+    /// iSCSI address.
+    #[serde(default)]
+    pub iscsi: Option<SocketAddr>,
     /// True when WebDAV uses TLS.
     pub webdav_tls: bool,
     /// SHA-256 fingerprint of the WebDAV certificate.
@@ -123,6 +130,7 @@ pub struct Servers {
     nfs: Mutex<Option<tarn_nfs::Running>>,
     webdav: Mutex<Option<tarn_webdav::Running>>,
     nbd: Mutex<Option<tarn_nbd::Running>>,
+    iscsi: Mutex<Option<tarn_iscsi::Running>>,
     endpoints: Mutex<Endpoints>,
 }
 
@@ -135,6 +143,8 @@ pub struct ShareLists {
     pub webdav: Vec<tarn_webdav::Share>,
     /// NBD exports (volumes).
     pub nbd: Vec<tarn_nbd::NbdExport>,
+    /// iSCSI targets (volumes).
+    pub iscsi: Vec<tarn_iscsi::IscsiTarget>,
 }
 
 /// The TLS certificate of the node's servers, as WebDAV and NBD use it.
@@ -192,6 +202,7 @@ impl Servers {
             nfs: exports,
             webdav: shares,
             nbd,
+            iscsi,
         } = lists;
         let mut ep = Endpoints::default();
         if let Some(bind) = opts.nfs {
@@ -251,6 +262,17 @@ impl Servers {
             ep.nbd = Some(running.local_addr());
             *self.nbd.lock().unwrap_or_else(|e| e.into_inner()) = Some(running);
         }
+        if let Some(bind) = opts.iscsi {
+            let config = tarn_iscsi::IscsiConfig {
+                bind,
+                ..tarn_iscsi::IscsiConfig::default()
+            };
+            let running = tarn_iscsi::IscsiServer::start(config, iscsi).map_err(|e| {
+                DaemonError::msg(format!("cannot start the iSCSI target on {bind}: {e}"))
+            })?;
+            ep.iscsi = Some(running.local_addr());
+            *self.iscsi.lock().unwrap_or_else(|e| e.into_inner()) = Some(running);
+        }
         *self.endpoints.lock().unwrap_or_else(|e| e.into_inner()) = ep;
         Ok(())
     }
@@ -261,7 +283,18 @@ impl Servers {
             nfs: exports,
             webdav: shares,
             nbd,
+            iscsi,
         } = lists;
+        if let Some(t) = self
+            .iscsi
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            if let Err(e) = t.set_targets(iscsi) {
+                eprintln!("tarn: cannot update the iSCSI targets: {e}");
+            }
+        }
         if let Some(n) = self.nbd.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             if let Err(e) = n.set_exports(nbd) {
                 eprintln!("tarn: cannot update the NBD exports: {e}");
@@ -298,7 +331,11 @@ impl Servers {
         let nfs = self.nfs.lock().unwrap_or_else(|e| e.into_inner());
         let webdav = self.webdav.lock().unwrap_or_else(|e| e.into_inner());
         let nbd = self.nbd.lock().unwrap_or_else(|e| e.into_inner());
+        let iscsi = self.iscsi.lock().unwrap_or_else(|e| e.into_inner());
         tarn_api::params::DaemonStats {
+            iscsi: iscsi
+                .as_ref()
+                .map(|t| crate::convert::conn_counters(t.stats())),
             nbd: nbd
                 .as_ref()
                 .map(|n| crate::convert::conn_counters(n.stats())),
@@ -314,6 +351,9 @@ impl Servers {
 
     /// Stops every server (daemon shutdown).
     pub fn stop(&self) {
+        if let Some(t) = self.iscsi.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            t.stop();
+        }
         if let Some(n) = self.nbd.lock().unwrap_or_else(|e| e.into_inner()).take() {
             n.stop();
         }
@@ -349,6 +389,38 @@ pub fn nbd_entry(vol: Arc<tarn_vol::Volume>, share: &Share) -> Option<tarn_nbd::
         e.clients = networks(&share.name, &n.clients);
         e
     })
+}
+
+/// The iSCSI target `i` of a stored share of a volume, its CHAP secrets
+/// looked up in `users`; an error says why it cannot be served (a user or
+/// a secret gone since the share was stored, a record that fails the
+/// target's checks).
+pub fn iscsi_entry(
+    vol: Arc<tarn_vol::Volume>,
+    share: &Share,
+    i: &tarn_api::access::IscsiShare,
+    users: &[crate::access::UserRecord],
+) -> std::result::Result<tarn_iscsi::IscsiTarget, String> {
+    let chap = |u: &Option<String>| -> std::result::Result<Option<tarn_iscsi::Chap>, String> {
+        let Some(u) = u else { return Ok(None) };
+        users
+            .iter()
+            .find(|r| &r.name == u)
+            .and_then(|r| r.chap_secret.clone())
+            .map(|secret| Some(tarn_iscsi::Chap::new(u.clone(), secret)))
+            .ok_or_else(|| format!("user '{u}' or their CHAP secret is gone"))
+    };
+    let mut t = tarn_iscsi::IscsiTarget::new(i.iqn.clone(), vol);
+    t.alias = Some(share.name.clone());
+    t.read_only = i.read_only;
+    t.chap = chap(&i.chap)?;
+    t.mutual_chap = chap(&i.mutual_chap)?;
+    t.initiators = i.initiators.clone();
+    if !i.clients.is_empty() {
+        t.clients = networks(&share.name, &i.clients);
+    }
+    t.check().map_err(|e| e.to_string())?;
+    Ok(t)
 }
 
 /// The NFS export and the WebDAV share of one stored share.

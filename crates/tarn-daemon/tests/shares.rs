@@ -24,6 +24,7 @@ fn nfs_share(name: &str, dataset: &str) -> Share {
         }),
         webdav: None,
         nbd: None,
+        iscsi: None,
     }
 }
 

@@ -111,6 +111,52 @@ impl IscsiTarget {
                 .any(|i| i.eq_ignore_ascii_case(initiator))
     }
 
+    /// Checks the target on its own: a valid name, valid credentials, a
+    /// device of whole 512-byte sectors. `set_targets` refuses a list
+    /// with a target that fails this, so callers that build targets from
+    /// stored records check each one first and leave out the bad ones.
+    pub fn check(&self) -> Result<(), Error> {
+        if !valid_name(&self.name) {
+            return Err(Error::Config(format!(
+                "target name {:?}: must be an iqn., eui. or naa. name in lower case, at most 223 bytes",
+                self.name
+            )));
+        }
+        if let Some(a) = &self.alias {
+            if a.len() > 255 || a.contains('\0') {
+                return Err(Error::Config(format!(
+                    "target {:?}: the alias must be at most 255 bytes without NUL",
+                    self.name
+                )));
+            }
+        }
+        for c in self.chap.iter().chain(self.mutual_chap.iter()) {
+            c.check(&format!("target {:?}", self.name))?;
+        }
+        if let (Some(a), Some(b)) = (&self.chap, &self.mutual_chap) {
+            if a.secret == b.secret {
+                return Err(Error::Config(format!(
+                    "target {:?}: the mutual CHAP secret must differ from the initiator's",
+                    self.name
+                )));
+            }
+        }
+        if self.mutual_chap.is_some() && self.chap.is_none() {
+            return Err(Error::Config(format!(
+                "target {:?}: mutual CHAP needs CHAP",
+                self.name
+            )));
+        }
+        let bs = self.device.block_size();
+        if bs == 0 || !self.device.size().is_multiple_of(512) {
+            return Err(Error::Config(format!(
+                "target {:?}: the device size must be a multiple of 512 bytes",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
     /// True if writes are refused (by the target or by the device).
     pub fn is_read_only(&self) -> bool {
         self.read_only || self.device.read_only()
@@ -150,47 +196,10 @@ impl Table {
     pub(crate) fn new(targets: Vec<IscsiTarget>) -> Result<Table, Error> {
         let mut seen = HashSet::new();
         for t in &targets {
-            if !valid_name(&t.name) {
-                return Err(Error::Config(format!(
-                    "target name {:?}: must be an iqn., eui. or naa. name in lower case, at most 223 bytes",
-                    t.name
-                )));
-            }
+            t.check()?;
             if !seen.insert(t.name.as_str()) {
                 return Err(Error::Config(format!(
                     "target {:?} is listed twice",
-                    t.name
-                )));
-            }
-            if let Some(a) = &t.alias {
-                if a.len() > 255 || a.contains('\0') {
-                    return Err(Error::Config(format!(
-                        "target {:?}: the alias must be at most 255 bytes without NUL",
-                        t.name
-                    )));
-                }
-            }
-            for c in t.chap.iter().chain(t.mutual_chap.iter()) {
-                c.check(&format!("target {:?}", t.name))?;
-            }
-            if let (Some(a), Some(b)) = (&t.chap, &t.mutual_chap) {
-                if a.secret == b.secret {
-                    return Err(Error::Config(format!(
-                        "target {:?}: the mutual CHAP secret must differ from the initiator's",
-                        t.name
-                    )));
-                }
-            }
-            if t.mutual_chap.is_some() && t.chap.is_none() {
-                return Err(Error::Config(format!(
-                    "target {:?}: mutual CHAP needs CHAP",
-                    t.name
-                )));
-            }
-            let bs = t.device.block_size();
-            if bs == 0 || t.device.size() % 512 != 0 {
-                return Err(Error::Config(format!(
-                    "target {:?}: the device size must be a multiple of 512 bytes",
                     t.name
                 )));
             }

@@ -109,6 +109,7 @@ fn daemon_options(run: DaemonRun) -> DaemonOptions {
         webdav: run.webdav,
         nbd: run.nbd,
         nbd_tls_required: run.nbd_tls_required,
+        iscsi: run.iscsi,
         tls_cert: run.tls_cert,
         webdav_plain_http: run.webdav_plain_http,
         ..ServerOptions::default()

@@ -1,7 +1,8 @@
-//! Volumes through the real daemon and real NBD clients: create, share,
-//! qemu-img, nbdcopy and fio verify jobs, a snapshot under write load
-//! served read-only, TRIM giving space back, and a SIGKILL crash loop
-//! under flushing writes.
+//! Volumes through the real daemon and real NBD and iSCSI clients:
+//! create, share, qemu-img, nbdcopy and fio verify jobs, libiscsi's tools
+//! with CHAP users, a snapshot under write load served read-only, TRIM
+//! giving space back, and SIGKILL crash loops under flushing writes over
+//! both protocols.
 
 mod common;
 
@@ -12,6 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::clients::{add_user, tarn_with_stdin};
+use common::iscsi::Iscsi;
 use common::nbd::Nbd;
 use common::process::{files, Daemon};
 use common::seeded::crash_settings;
@@ -47,6 +50,41 @@ fn run(args: &[&str]) -> std::process::Output {
         String::from_utf8_lossy(&o.stderr)
     );
     o
+}
+
+/// Writes a raw image of `mib` MiB to `path`, MiB `i` seeded with
+/// `seed + i` except every `every`-th (from the second), a hole; returns
+/// its bytes.
+fn image_with_holes(path: &Path, mib: usize, every: usize, seed: u64) -> Vec<u8> {
+    let mut bytes = vec![0u8; mib << 20];
+    for (i, chunk) in bytes.chunks_mut(MIB as usize).enumerate() {
+        if i % every != 1 {
+            chunk.copy_from_slice(&pattern(seed + i as u64, MIB as usize));
+        }
+    }
+    std::fs::write(path, &bytes).unwrap();
+    bytes
+}
+
+/// `qemu-img convert` of raw `img` into the raw device at `url`, which
+/// it does not create.
+fn qemu_img_convert<'a>(img: &'a Path, url: &'a str) -> [&'a str; 9] {
+    [
+        "qemu-img",
+        "convert",
+        "-n",
+        "-f",
+        "raw",
+        "-O",
+        "raw",
+        img.to_str().unwrap(),
+        url,
+    ]
+}
+
+/// Runs [`qemu_img_convert`], which must succeed.
+fn qemu_img_into(img: &Path, url: &str) {
+    run(&qemu_img_convert(img, url));
 }
 
 fn used_by(d: &Daemon, name: &str) -> (u64, u64) {
@@ -109,24 +147,8 @@ fn real_nbd_clients_read_and_write_a_volume() {
 
     // qemu-img: a raw image with holes and data in, compared, and out.
     let img = dir.path().join("guest.raw");
-    let mut bytes = vec![0u8; (48 * MIB) as usize];
-    for (i, chunk) in bytes.chunks_mut(MIB as usize).enumerate() {
-        if i % 3 != 1 {
-            chunk.copy_from_slice(&pattern(i as u64, MIB as usize));
-        }
-    }
-    std::fs::write(&img, &bytes).unwrap();
-    run(&[
-        "qemu-img",
-        "convert",
-        "-n",
-        "-f",
-        "raw",
-        "-O",
-        "raw",
-        img.to_str().unwrap(),
-        &url,
-    ]);
+    let bytes = image_with_holes(&img, 48, 3, 0);
+    qemu_img_into(&img, &url);
     let cmp = Command::new("qemu-img")
         .args([
             "compare",
@@ -200,6 +222,235 @@ fn real_nbd_clients_read_and_write_a_volume() {
     );
     let zeros = run(&["qemu-io", "-f", "raw", &url, "-c", "read -P 0 0 64M"]);
     assert!(!String::from_utf8_lossy(&zeros.stdout).contains("Pattern verification failed"));
+
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!said.contains("panicked"), "the daemon panicked:\n{said}");
+    d.stop();
+}
+
+/// Runs a program; returns (success, stdout and stderr).
+fn try_run(args: &[&str]) -> (bool, String) {
+    let o = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", args[0]));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (o.status.success(), text)
+}
+
+/// Sets `user`'s CHAP secret through `tarn user chap --secret-stdin`.
+fn set_chap(d: &Daemon, user: &str, secret: &str) -> std::process::Output {
+    tarn_with_stdin(
+        d,
+        &["user", "chap", "--secret-stdin", user],
+        &format!("{secret}\n"),
+    )
+}
+
+#[test]
+fn iscsi_shares_with_chap_users_through_the_daemon() {
+    if !require::programs(&["iscsi-ls", "iscsi-inq", "qemu-img", "nbdcopy"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("daemon.log");
+    let nbd = format!("127.0.0.1:{}", free_port());
+    let iscsi = format!("127.0.0.1:{}", free_port());
+    let d = Daemon::start_logged(
+        dir.path(),
+        &["--nbd", &nbd, "--iscsi", &iscsi, "--txg-interval", "1"],
+        &log,
+    );
+    pool(&d, dir.path());
+    d.ok(&["volume", "create", "-V", "64M", "-b", "64K", "tank/vm"]);
+    d.ok(&["volume", "create", "-V", "8M", "tank/lab"]);
+    add_user(&d, "alice", "alice-login-pw");
+    add_user(&d, "nas", "nas-login-pw");
+
+    // What the daemon refuses, and why.
+    let refuse = |args: &[&str], why: &str| {
+        let err = d.fails(args);
+        assert!(err.contains(why), "{args:?}: {err}");
+    };
+    refuse(
+        &["share", "add", "vm", "tank/vm", "--iscsi", "auto"],
+        "client networks",
+    );
+    refuse(
+        &[
+            "share",
+            "add",
+            "vm",
+            "tank/vm",
+            "--iscsi",
+            "auto,chap=alice",
+        ],
+        "no CHAP secret",
+    );
+    refuse(
+        &[
+            "share",
+            "add",
+            "vm",
+            "tank/vm",
+            "--iscsi",
+            "auto,chap=carol",
+        ],
+        "no user 'carol'",
+    );
+    refuse(
+        &[
+            "share",
+            "add",
+            "vm",
+            "tank/vm",
+            "--iscsi",
+            "IQN.Upper,client=::1",
+        ],
+        "not an iSCSI name",
+    );
+    d.ok(&["dataset", "create", "tank/fs"]);
+    refuse(
+        &["share", "add", "x", "tank/fs", "--iscsi", "auto,client=::1"],
+        "not a volume",
+    );
+    let o = set_chap(&d, "alice", "short");
+    assert!(!o.status.success(), "a 5-byte CHAP secret was taken");
+    let o = set_chap(&d, "alice", "alice-login-pw");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("differ from the user's password"),
+        "{o:?}"
+    );
+    assert!(set_chap(&d, "alice", "alice-chap-secret-1")
+        .status
+        .success());
+    assert!(set_chap(&d, "nas", "alice-chap-secret-1").status.success());
+    refuse(
+        &[
+            "share",
+            "add",
+            "vm",
+            "tank/vm",
+            "--iscsi",
+            "auto,chap=alice,mutual=nas",
+        ],
+        "different secrets",
+    );
+    assert!(set_chap(&d, "nas", "nas-target-secret").status.success());
+
+    // vm: CHAP from anywhere, served over NBD as well; lab: no CHAP,
+    // loopback only, read-only.
+    d.ok(&[
+        "share",
+        "add",
+        "vm",
+        "tank/vm",
+        "--nbd",
+        "127.0.0.1/32",
+        "--iscsi",
+        "auto,chap=alice",
+    ]);
+    let lab_iqn = "iqn.2026-11.org.example:lab";
+    d.ok(&[
+        "share",
+        "add",
+        "lab",
+        "tank/lab",
+        "--iscsi",
+        &format!("{lab_iqn},client=127.0.0.1/32"),
+        "--iscsi-ro",
+    ]);
+    refuse(
+        &[
+            "share",
+            "add",
+            "lab2",
+            "tank/vm",
+            "--iscsi",
+            &format!("{lab_iqn},client=::1"),
+        ],
+        "already serves",
+    );
+    let vm_iqn = "iqn.2026-11.org.tarn:tank.vm";
+    let listed = d.ok(&["share", "list"]);
+    assert!(
+        listed.contains(vm_iqn) && listed.contains("chap=alice"),
+        "{listed}"
+    );
+    let users = d.ok(&["user", "list"]);
+    assert!(users.contains("CHAP"), "{users}");
+
+    // Discovery lists both targets; logins need alice's CHAP secret.
+    let (ok, out) = try_run(&["iscsi-ls", &format!("iscsi://{iscsi}")]);
+    assert!(ok && out.contains(vm_iqn) && out.contains(lab_iqn), "{out}");
+    let good = format!("iscsi://alice%alice-chap-secret-1@{iscsi}/{vm_iqn}/0");
+    let (ok, out) = try_run(&["iscsi-inq", &good]);
+    assert!(ok, "CHAP login: {out}");
+    for bad in [
+        format!("iscsi://alice%not-the-secret-1@{iscsi}/{vm_iqn}/0"),
+        format!("iscsi://alice%alice-login-pw@{iscsi}/{vm_iqn}/0"),
+        format!("iscsi://{iscsi}/{vm_iqn}/0"),
+    ] {
+        let (ok, out) = try_run(&["iscsi-inq", &bad]);
+        assert!(!ok, "{bad} logged in: {out}");
+    }
+
+    // An image written over iSCSI reads back over NBD.
+    let img = dir.path().join("guest.raw");
+    let bytes = image_with_holes(&img, 40, 4, 100);
+    qemu_img_into(&img, &good);
+    let back = dir.path().join("back.raw");
+    run(&[
+        "nbdcopy",
+        &format!("nbd://{nbd}/vm"),
+        back.to_str().unwrap(),
+    ]);
+    let read = std::fs::read(&back).unwrap();
+    assert_eq!(read.len() as u64, 64 * MIB);
+    assert!(read[..bytes.len()] == bytes[..], "NBD reads other bytes");
+    assert!(read[bytes.len()..].iter().all(|&b| b == 0));
+
+    // A new secret takes effect at once; the old one stops working.
+    assert!(set_chap(&d, "alice", "alice-chap-secret-2")
+        .status
+        .success());
+    let (ok, _) = try_run(&["iscsi-inq", &good]);
+    assert!(!ok, "the old CHAP secret still logs in");
+    let (ok, out) = try_run(&[
+        "iscsi-inq",
+        &format!("iscsi://alice%alice-chap-secret-2@{iscsi}/{vm_iqn}/0"),
+    ]);
+    assert!(ok, "{out}");
+    // A secret a share logs in with cannot be removed, nor its user.
+    let o = tarn_with_stdin(&d, &["user", "chap", "--remove", "alice"], "");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("share 'vm'"),
+        "{o:?}"
+    );
+    refuse(&["user", "del", "alice"], "share 'vm'");
+
+    // The read-only target refuses writes and still reads.
+    let lab = format!("iscsi://{iscsi}/{lab_iqn}/0");
+    let (ok, out) = try_run(&["qemu-img", "info", &lab]);
+    assert!(ok && out.contains("8 MiB"), "{out}");
+    let small = dir.path().join("small.raw");
+    std::fs::write(&small, pattern(7, MIB as usize)).unwrap();
+    let (ok, _) = try_run(&qemu_img_convert(&small, &lab));
+    assert!(!ok, "a read-only target took a write");
+
+    // Removing the share removes the target.
+    d.ok(&["share", "del", "lab"]);
+    let (ok, out) = try_run(&["iscsi-ls", &format!("iscsi://{iscsi}")]);
+    assert!(
+        ok && !out.contains(lab_iqn) && out.contains(vm_iqn),
+        "{out}"
+    );
+    let stats = d.ok(&["daemon", "stats"]);
+    assert!(stats.contains("iscsi"), "{stats}");
 
     let said = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(!said.contains("panicked"), "the daemon panicked:\n{said}");
@@ -365,10 +616,63 @@ struct Known {
     since: Vec<u64>,
 }
 
-/// Writes random runs of sectors through NBD until the daemon dies,
+/// A block protocol the crash loop writes through.
+#[derive(Clone, Copy, Debug)]
+enum Proto {
+    Nbd,
+    Iscsi,
+}
+
+/// A session of either client: write (with FUA), flush, read.
+enum Session {
+    Nbd(Nbd),
+    Iscsi(Iscsi),
+}
+
+const CRASH_IQN: &str = "iqn.2026-11.org.tarn:crash";
+
+impl Session {
+    fn open(proto: Proto, addr: &str) -> std::io::Result<Session> {
+        Ok(match proto {
+            Proto::Nbd => Session::Nbd(Nbd::open(addr, "vm")?),
+            Proto::Iscsi => Session::Iscsi(Iscsi::open(addr, CRASH_IQN)?),
+        })
+    }
+
+    fn write(&mut self, off: u64, data: &[u8], fua: bool) -> std::io::Result<()> {
+        match self {
+            Session::Nbd(c) => c.write(off, data, fua),
+            Session::Iscsi(c) => c.write(off, data, fua),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Session::Nbd(c) => c.flush(),
+            Session::Iscsi(c) => c.flush(),
+        }
+    }
+
+    fn read(&mut self, off: u64, len: u32) -> std::io::Result<Vec<u8>> {
+        match self {
+            Session::Nbd(c) => c.read(off, len),
+            Session::Iscsi(c) => c.read(off, len),
+        }
+    }
+
+    fn close(self) {
+        match self {
+            Session::Nbd(c) => c.close(),
+            Session::Iscsi(c) => c.close(),
+        }
+    }
+}
+
+/// Writes random runs of sectors through `proto` until the daemon dies,
 /// sometimes with FUA, flushing now and then; returns the next write id
 /// and the flushes that returned.
 fn writer(
+    proto: Proto,
     addr: &str,
     seed: u64,
     first: u64,
@@ -377,7 +681,7 @@ fn writer(
 ) -> (u64, u64) {
     let mut r = Rng::new(seed);
     let (mut id, mut flushes) = (first, 0);
-    let Ok(mut c) = Nbd::open(addr, "vm") else {
+    let Ok(mut c) = Session::open(proto, addr) else {
         return (id, flushes);
     };
     loop {
@@ -427,24 +731,51 @@ fn writer(
 
 #[test]
 fn sigkill_during_flushing_nbd_writes_loses_no_flushed_write() {
-    let (rounds, seed) = crash_settings(30);
-    eprintln!("volume crash seed {seed} (replay: TARN_CRASH_SEED={seed})");
+    crash_loop(Proto::Nbd);
+}
+
+#[test]
+fn sigkill_during_flushing_iscsi_writes_loses_no_flushed_write() {
+    crash_loop(Proto::Iscsi);
+}
+
+/// SIGKILLs the daemon at random moments while a client writes through
+/// `proto` with FUA writes and flushes; after each restart every sector
+/// holds its last flushed write or one written since, never a torn or
+/// misplaced one.
+fn crash_loop(proto: Proto) {
+    let (rounds, seed) = crash_settings(20);
+    eprintln!("{proto:?} volume crash seed {seed} (replay: TARN_CRASH_SEED={seed})");
     let mut rng = Rng::new(seed);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("daemon.log");
-    let nbd = format!("127.0.0.1:{}", free_port());
-    let args = ["--nbd", nbd.as_str(), "--txg-interval", "1"];
+    let addr = format!("127.0.0.1:{}", free_port());
+    let flag = match proto {
+        Proto::Nbd => "--nbd",
+        Proto::Iscsi => "--iscsi",
+    };
+    let args = [flag, addr.as_str(), "--txg-interval", "1"];
     let mut d = Daemon::start_logged(dir.path(), &args, &log);
     pool(&d, dir.path());
     // 4K blocks: most writes patch blocks in part.
     d.ok(&["volume", "create", "-V", "8M", "-b", "4K", "tank/vm"]);
-    d.ok(&["share", "add", "vm", "tank/vm", "--nbd", "127.0.0.1/32"]);
+    let spec = format!("{CRASH_IQN},client=127.0.0.1/32");
+    d.ok(&[
+        "share",
+        "add",
+        "vm",
+        "tank/vm",
+        "--nbd",
+        "127.0.0.1/32",
+        "--iscsi",
+        &spec,
+    ]);
     let sectors = 8 * MIB / 512;
     let model = Arc::new(Mutex::new(vec![Known::default(); sectors as usize]));
     let (mut next, mut flushes) = (1u64, 0u64);
     for round in 0..rounds {
-        let (m, a, wseed, first) = (model.clone(), nbd.clone(), rng.next_u64(), next);
-        let w = std::thread::spawn(move || writer(&a, wseed, first, sectors, &m));
+        let (m, a, wseed, first) = (model.clone(), addr.clone(), rng.next_u64(), next);
+        let w = std::thread::spawn(move || writer(proto, &a, wseed, first, sectors, &m));
         std::thread::sleep(Duration::from_millis(20 + rng.below(250)));
         d.kill_in_place();
         let (n, f) = w.join().unwrap();
@@ -452,8 +783,8 @@ fn sigkill_during_flushing_nbd_writes_loses_no_flushed_write() {
         drop(d);
         d = Daemon::start_logged(dir.path(), &args, &log);
         let said = || std::fs::read_to_string(&log).unwrap_or_default();
-        let mut c =
-            Nbd::open(&nbd, "vm").unwrap_or_else(|e| panic!("round {round}: {e}\n{}", said()));
+        let mut c = Session::open(proto, &addr)
+            .unwrap_or_else(|e| panic!("round {round}: {e}\n{}", said()));
         let disk = c.read(0, (8 * MIB) as u32).unwrap();
         c.close();
         let mut m = model.lock().unwrap();
@@ -484,7 +815,7 @@ fn sigkill_during_flushing_nbd_writes_loses_no_flushed_write() {
         "only {flushes} flushes in {rounds} rounds"
     );
     eprintln!(
-        "volume crash: {flushes} flushes and {} writes over {rounds} kills",
+        "{proto:?} volume crash: {flushes} flushes and {} writes over {rounds} kills",
         next - 1
     );
     let out = d.ok(&["pool", "scrub", "--wait", "tank"]);

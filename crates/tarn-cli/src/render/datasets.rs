@@ -102,17 +102,18 @@ pub fn render_users(users: &[UserInfo]) -> String {
                 u.uid.to_string(),
                 u.gid.to_string(),
                 u.pool.clone(),
+                if u.chap { "yes" } else { "-" }.to_string(),
             ]
         })
         .collect();
-    table(&["NAME", "UID", "GID", "POOL"], &rows, &[0, 3])
+    table(&["NAME", "UID", "GID", "POOL", "CHAP"], &rows, &[0, 3, 4])
 }
 
 /// `tarn share list`.
 pub fn render_shares(shares: &[ShareInfo]) -> String {
     if shares.is_empty() {
         return "no shares; add one with `tarn share add NAME DATASET --nfs CIDR --webdav USER` \
-                (a volume: `--nbd CIDR`)\n"
+                (a volume: `--nbd CIDR`, `--iscsi auto,client=CIDR`)\n"
             .into();
     }
     let (damaged, shares): (Vec<&ShareInfo>, Vec<&ShareInfo>) =
@@ -158,16 +159,31 @@ pub fn render_shares(shares: &[ShareInfo]) -> String {
                     if n.read_only { "ro" } else { "rw" }
                 ),
             };
-            vec![s.name.clone(), s.dataset.clone(), nfs, dav, nbd]
+            let iscsi = match &s.iscsi {
+                None => "-".to_string(),
+                Some(i) => {
+                    let mut opts = vec![if i.read_only { "ro" } else { "rw" }.to_string()];
+                    opts.extend(i.chap.iter().map(|u| format!("chap={u}")));
+                    opts.extend(i.mutual_chap.iter().map(|u| format!("mutual={u}")));
+                    opts.extend(i.initiators.iter().map(|n| format!("initiator={n}")));
+                    let clients = if i.clients.is_empty() {
+                        "any".to_string()
+                    } else {
+                        i.clients.join(",")
+                    };
+                    format!("{} {clients} ({})", i.iqn, opts.join(","))
+                }
+            };
+            vec![s.name.clone(), s.dataset.clone(), nfs, dav, nbd, iscsi]
         })
         .collect();
     let mut out = if rows.is_empty() {
         String::new()
     } else {
         table(
-            &["NAME", "DATASET", "NFS", "WEBDAV", "NBD"],
+            &["NAME", "DATASET", "NFS", "WEBDAV", "NBD", "ISCSI"],
             &rows,
-            &[0, 1, 2, 3, 4],
+            &[0, 1, 2, 3, 4, 5],
         )
     };
     for i in damaged {

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod clients;
+pub mod iscsi;
 pub mod nbd;
 pub mod process;
 pub mod seeded;
