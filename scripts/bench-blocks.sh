@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Block benchmark: a tarn volume over NBD beside nbdkit and a loop device,
-# one run, one table.
+# and over iSCSI beside tgtd; one run, two tables.
 #
 #   side    what                                              the same workload
 #   tarn    a volume (volblocksize 16K, compression off) on   fio --ioengine=nbd
@@ -15,6 +15,16 @@
 #   1M sequential read, queue depth 8          MiB/s  >= 1.0
 #   1M sequential write, queue depth 8         MiB/s  >= 0.75
 #
+# iSCSI (second table): the same volume through tarn's iSCSI target, and
+# tgtd (Linux's user-space target) exporting one plain file, both driven
+# by qemu-img bench over libiscsi (fio has no iSCSI engine here): the same
+# four workloads, each a fixed count of requests (one pass of SIZE for
+# 1M, SIZE/4 worth for 4k) at the same queue depths, writes ending with a
+# flush. qemu-img bench does not do random offsets: the 4k jobs stride by
+# 1009 blocks of 4K (a prime), wrapping at the end, which scatters them
+# over the whole device as random I/O would. Reads run after the fill
+# with caches dropped, as above.
+#
 # raidz1 writes a parity share that the plain file does not, hence the
 # lower write targets. Every device is filled first (so reads read data,
 # not holes). Each job makes one pass over SIZE: reads start cold (caches
@@ -25,8 +35,8 @@
 # measure only the cache on the other sides.
 #
 # Not a test: nothing here fails on a timing. Not part of CI. Needs root
-# and loop devices; installs fio, nbdkit and libnbd tools with apt-get
-# when missing. Output: the table on stdout and in OUT.md (OUT defaults to
+# and loop devices; installs fio, nbdkit, libnbd tools, tgt and qemu-utils
+# with apt-get when missing. Output: the table on stdout and in OUT.md (OUT defaults to
 # target/bench-blocks). Takes a few minutes with the defaults.
 #
 # Usage: scripts/bench-blocks.sh
@@ -42,7 +52,8 @@ WORK=${WORK:-$(mktemp -d "$PWD/target/bench-blocks.XXXXXX")}
 TARN_BIN=${TARN_BIN:-target/release/tarn}
 
 need=()
-for tool in fio:fio nbdkit:nbdkit nbdinfo:libnbd-bin; do
+for tool in fio:fio nbdkit:nbdkit nbdinfo:libnbd-bin tgtd:tgt qemu-img:qemu-utils \
+    iscsi-ls:libiscsi-bin; do
     command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -53,12 +64,19 @@ fio --enghelp 2>/dev/null | grep -qw nbd || { echo "this fio has no nbd engine" 
 
 TARN_PORT=10811
 KIT_PORT=10812
+TARN_ISCSI_PORT=3262
+TGT_PORT=3263
+TGT_CONTROL=7  # tgtd's management channel, apart from any system tgtd
+TARN_IQN=iqn.2026-11.org.tarn:bench
+TGT_IQN=iqn.2026-11.org.tarn:bench-tgt
 DAEMON_PID=""
 KIT_PID=""
+TGT_PID=""
 LOOP=""
 cleanup() {
     [ -n "$DAEMON_PID" ] && kill "$DAEMON_PID" 2>/dev/null || true
     [ -n "$KIT_PID" ] && kill "$KIT_PID" 2>/dev/null || true
+    [ -n "$TGT_PID" ] && kill "$TGT_PID" 2>/dev/null || true
     [ -n "$LOOP" ] && losetup -d "$LOOP" 2>/dev/null || true
     rm -rf "$WORK"
 }
@@ -73,12 +91,22 @@ for i in 0 1 2 3; do
     dd if=/dev/zero of="$WORK/m$i" bs=1M count="$((SIZE * 2))" status=none
 done
 "$TARN_BIN" daemon --socket "$WORK/tarn.sock" --state-dir "$WORK/state" \
-    --nbd "127.0.0.1:$TARN_PORT" 2>"$WORK/daemon.log" &
+    --nbd "127.0.0.1:$TARN_PORT" --iscsi "127.0.0.1:$TARN_ISCSI_PORT" 2>"$WORK/daemon.log" &
 DAEMON_PID=$!
 for _ in $(seq 100); do tarn daemon ping >/dev/null 2>&1 && break; sleep 0.1; done
 tarn pool create tank raidz1 "$WORK"/m0 "$WORK"/m1 "$WORK"/m2 "$WORK"/m3 >/dev/null
 tarn volume create -s -V "${SIZE}M" -b 16K -o compression=off tank/vol
-tarn share add vol tank/vol --nbd 127.0.0.1/32
+tarn share add vol tank/vol --nbd 127.0.0.1/32 --iscsi "$TARN_IQN,client=127.0.0.1/32"
+
+# tgtd: one plain file as LUN 1 (LUN 0 is its controller).
+truncate -s "${SIZE}M" "$WORK/tgt.img"
+tgtd -f -C "$TGT_CONTROL" --iscsi "portal=127.0.0.1:$TGT_PORT" >"$WORK/tgtd.log" 2>&1 &
+TGT_PID=$!
+tgtctl() { tgtadm -C "$TGT_CONTROL" --lld iscsi "$@"; }
+for _ in $(seq 50); do tgtctl --op show --mode target >/dev/null 2>&1 && break; sleep 0.1; done
+tgtctl --op new --mode target --tid 1 -T "$TGT_IQN"
+tgtctl --op new --mode logicalunit --tid 1 --lun 1 -b "$WORK/tgt.img"
+tgtctl --op bind --mode target --tid 1 -I ALL
 
 # nbdkit: the file plugin over one plain file.
 truncate -s "${SIZE}M" "$WORK/kit.img"
@@ -125,13 +153,44 @@ for side in tarn nbdkit loop; do
     fio --name=fill $(target "$side") --rw=write --bs=1M --iodepth=8 --size="${SIZE}M" \
         >/dev/null 2>&1
 done
+dd if=/dev/urandom of="$WORK/tgt.img" bs=1M count="$SIZE" conv=notrunc status=none
 
-declare -A R
+iscsi_url() {
+    case $1 in
+        tarn) echo "iscsi://127.0.0.1:$TARN_ISCSI_PORT/$TARN_IQN/0" ;;
+        tgt) echo "iscsi://127.0.0.1:$TGT_PORT/$TGT_IQN/1" ;;
+    esac
+}
+
+# One qemu-img bench job over iSCSI; prints IOPS or MiB/s.
+ijob() { # side rw bs depth unit
+    local side=$1 rw=$2 bs=$3 depth=$4 unit=$5 bytes count step secs args=()
+    case $bs in 4k) bytes=4096 ;; 1M) bytes=1048576 ;; esac
+    case $rw in
+        rand*) count=$((SIZE * 1048576 / 4 / bytes)) step=$((1009 * bytes)) ;;
+        *) count=$((SIZE * 1048576 / bytes)) step=$bytes ;;
+    esac
+    case $rw in *write) args=(-w "--flush-interval=$count") ;; esac
+    secs=$(qemu-img bench -f raw -d "$depth" -s "$bytes" -c "$count" -S "$step" "${args[@]}" \
+        "$(iscsi_url "$side")" 2>>"$WORK/bench.log" | sed -n 's/^Run completed in \([0-9.]*\) seconds.*/\1/p') || true
+    [ -n "$secs" ] || { cat "$WORK/bench.log" >&2; tail -20 "$WORK/daemon.log" >&2; exit 1; }
+    python3 -c '
+import sys
+count, nbytes, secs, unit = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+print(round(count / secs) if unit == "IOPS" else round(count * nbytes / secs / 1048576))
+' "$count" "$bytes" "$secs" "$unit"
+}
+
+declare -A R I
 for w in "randread 4k 32 IOPS" "randwrite 4k 32 IOPS" "read 1M 8 MiB/s" "write 1M 8 MiB/s"; do
     set -- $w
     for side in tarn nbdkit loop; do
         drop
         R[$1,$side]=$(job "$side" "$1" "$2" "$3" "$4")
+    done
+    for side in tarn tgt; do
+        drop
+        I[$1,$side]=$(ijob "$side" "$1" "$2" "$3" "$4")
     done
 done
 
@@ -143,5 +202,13 @@ mkdir -p "$(dirname "$OUT")"
         set -- $w
         t=${R[$1,tarn]} k=${R[$1,nbdkit]} l=${R[$1,loop]}
         echo "| $1 $2 qd$3 | $4 | $t | $k | $l | $(python3 -c "print(f'{$t/max($k,1):.2f}')") | $(python3 -c "print(f'{$t/max($l,1):.2f}')") |"
+    done
+    echo
+    echo "| iSCSI workload | unit | tarn | tgt | tarn/tgt |"
+    echo "|---|---|---|---|---|"
+    for w in "randread 4k 32 IOPS" "randwrite 4k 32 IOPS" "read 1M 8 MiB/s" "write 1M 8 MiB/s"; do
+        set -- $w
+        t=${I[$1,tarn]} g=${I[$1,tgt]}
+        echo "| $1 $2 qd$3 | $4 | $t | $g | $(python3 -c "print(f'{$t/max($g,1):.2f}')") |"
     done
 } | tee "$OUT.md"

@@ -87,6 +87,25 @@ fn qemu_img_into(img: &Path, url: &str) {
     run(&qemu_img_convert(img, url));
 }
 
+/// Discards all 64 MiB of the volume `tank/vm` at `url` with qemu-io
+/// (NBD TRIM, iSCSI UNMAP): its space goes back to the pool within a few
+/// txgs, and it reads as zeros.
+fn discard_frees_space(d: &Daemon, url: &str) {
+    d.ok(&["pool", "sync", "tank"]);
+    let (before, _) = used_by(d, "tank/vm");
+    run(&["qemu-io", "-f", "raw", url, "-c", "discard 0 64M"]);
+    for _ in 0..3 {
+        d.ok(&["pool", "sync", "tank"]);
+    }
+    let (after, _) = used_by(d, "tank/vm");
+    assert!(
+        after < before / 10,
+        "discard kept the space: {before} -> {after}"
+    );
+    let zeros = run(&["qemu-io", "-f", "raw", url, "-c", "read -P 0 0 64M"]);
+    assert!(!String::from_utf8_lossy(&zeros.stdout).contains("Pattern verification failed"));
+}
+
 fn used_by(d: &Daemon, name: &str) -> (u64, u64) {
     let v: serde_json::Value =
         serde_json::from_str(&d.ok(&["-o", "json", "dataset", "list", "-t", "all"])).unwrap();
@@ -209,19 +228,7 @@ fn real_nbd_clients_read_and_write_a_volume() {
     }
 
     // TRIM gives space back.
-    d.ok(&["pool", "sync", "tank"]);
-    let (before, _) = used_by(&d, "tank/vm");
-    run(&["qemu-io", "-f", "raw", &url, "-c", "discard 0 64M"]);
-    for _ in 0..3 {
-        d.ok(&["pool", "sync", "tank"]);
-    }
-    let (after, _) = used_by(&d, "tank/vm");
-    assert!(
-        after < before / 10,
-        "discard kept the space: {before} -> {after}"
-    );
-    let zeros = run(&["qemu-io", "-f", "raw", &url, "-c", "read -P 0 0 64M"]);
-    assert!(!String::from_utf8_lossy(&zeros.stdout).contains("Pattern verification failed"));
+    discard_frees_space(&d, &url);
 
     let said = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(!said.contains("panicked"), "the daemon panicked:\n{said}");
@@ -253,7 +260,7 @@ fn set_chap(d: &Daemon, user: &str, secret: &str) -> std::process::Output {
 
 #[test]
 fn iscsi_shares_with_chap_users_through_the_daemon() {
-    if !require::programs(&["iscsi-ls", "iscsi-inq", "qemu-img", "nbdcopy"]) {
+    if !require::programs(&["iscsi-ls", "iscsi-inq", "qemu-img", "qemu-io", "nbdcopy"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -413,6 +420,9 @@ fn iscsi_shares_with_chap_users_through_the_daemon() {
     assert_eq!(read.len() as u64, 64 * MIB);
     assert!(read[..bytes.len()] == bytes[..], "NBD reads other bytes");
     assert!(read[bytes.len()..].iter().all(|&b| b == 0));
+
+    // UNMAP (qemu's discard over iSCSI) gives the space back.
+    discard_frees_space(&d, &good);
 
     // A new secret takes effect at once; the old one stops working.
     assert!(set_chap(&d, "alice", "alice-chap-secret-2")
