@@ -79,6 +79,9 @@ impl Sense {
     pub const WRITE_ERROR: Sense = Sense::new(0x03, 0x0c, 0x00);
     /// HARDWARE ERROR, INTERNAL TARGET FAILURE.
     pub const INTERNAL: Sense = Sense::new(0x04, 0x44, 0x00);
+    /// ABORTED COMMAND, PROTOCOL SERVICE CRC ERROR (iSCSI: data lost
+    /// or damaged in transit).
+    pub const PROTOCOL_CRC: Sense = Sense::new(0x0b, 0x47, 0x05);
     /// MISCOMPARE, MISCOMPARE DURING VERIFY OPERATION.
     pub const MISCOMPARE: Sense = Sense::new(0x0e, 0x1d, 0x00);
 
@@ -968,6 +971,39 @@ mod tests {
             Err(Sense::INVALID_FIELD_IN_CDB),
             "zero blocks"
         );
+    }
+
+    #[test]
+    fn lba_status_starts_at_the_requested_block() {
+        // 4 KiB device blocks: 8 logical blocks each. Unmap the first
+        // device block; a request at LBA 9 (inside the second, mapped
+        // one) is answered with a first descriptor at LBA 9, as SBC
+        // asks, not at the device block's start.
+        let dev = MemDevice::new(1 << 20, 4096);
+        let data = vec![0x41u8; 64 * 512];
+        run(&dev, false, &[0x2a, 0, 0, 0, 0, 0, 0, 0, 64], &data).unwrap();
+        let mut unmap = vec![0u8; 24];
+        unmap[1] = 22;
+        unmap[3] = 16;
+        unmap[16..20].copy_from_slice(&8u32.to_be_bytes());
+        run(&dev, false, &[0x42, 0, 0, 0, 0, 0, 0, 0, 24], &unmap).unwrap();
+        let gls = |lba: u8| {
+            run(
+                &dev,
+                false,
+                &[0x9e, 0x12, 0, 0, 0, 0, 0, 0, 0, lba, 0, 0, 0, 255],
+                &[],
+            )
+            .unwrap()
+        };
+        let v = gls(9);
+        assert_eq!(be64(&v[8..]), 9);
+        assert_eq!(v[8 + 12], 0, "mapped");
+        assert_eq!(be32(&v[16..]), 64 - 9);
+        let v = gls(3);
+        assert_eq!(be64(&v[8..]), 3);
+        assert_eq!((be32(&v[16..]), v[8 + 12]), (5, 1), "5 deallocated");
+        assert_eq!(be64(&v[24..]), 8, "then mapped from LBA 8");
     }
 
     #[test]

@@ -22,12 +22,17 @@
 //! there the command runs. While a write waits for data, other commands
 //! are read and run, so an initiator with a deep queue keeps the device
 //! busy. Data must arrive in order (`DataPDUInOrder=Yes` and
-//! `DataSequenceInOrder=Yes`); a Data-Out at an unexpected offset or DataSN, past
+//! `DataSequenceInOrder=Yes`); a Data-Out at an unexpected offset, past
 //! the expected length, or for an R2T that was not sent is a protocol
 //! error: the connection gets a Reject and is closed
-//! (`ErrorRecoveryLevel=0` has no other recovery). A Data-Out for an
-//! unknown task (one that was aborted, or refused before its data came)
-//! is dropped.
+//! (`ErrorRecoveryLevel=0` has no other recovery). A Data-Out with the
+//! wrong DataSN is what a lost PDU looks like (RFC 7143 section 7.8) and
+//! is handled as a data digest error (section 7.7, option b): it gets a
+//! Reject, the rest of its burst is discarded, and when the burst ends
+//! (F bit) the command is answered CHECK CONDITION, ABORTED COMMAND /
+//! PROTOCOL SERVICE CRC ERROR, without touching the device; the session
+//! goes on. A Data-Out for an unknown task (one that was aborted, or
+//! refused before its data came) is dropped.
 //!
 //! A write's data is held in memory until it runs; the bytes of all the
 //! writes a connection has waiting are bounded by
@@ -184,6 +189,7 @@ const LOGIN_MAX_DATA: u32 = 64 << 10;
 
 /// Reject reasons (RFC 7143 section 11.17.1).
 mod reason {
+    pub const DATA_DIGEST: u8 = 0x02;
     pub const PROTOCOL_ERROR: u8 = 0x04;
     pub const NOT_SUPPORTED: u8 = 0x05;
     pub const INVALID_FIELD: u8 = 0x09;
@@ -422,6 +428,9 @@ struct WriteTask {
     overflow: u32,
     /// DataSN the next Data-Out of the current sequence must carry.
     data_sn: u32,
+    /// A Data-Out came with the wrong DataSN: the rest of the current
+    /// burst is discarded and the task ends with CHECK CONDITION.
+    broken: bool,
 }
 
 /// Whether to go on reading.
@@ -709,6 +718,7 @@ impl Ffp {
             r2tsn: 0,
             overflow,
             data_sn: 0,
+            broken: false,
         };
         self.task_bytes += need as u64;
         self.tasks.insert(itt, task);
@@ -777,11 +787,32 @@ impl Ffp {
             (true, Some((_, e))) => e,
             _ => first_burst.min(t.edtl),
         };
-        let in_order = off == t.received && p.u32_at(36) == t.data_sn;
-        let Some(end) = end.filter(|&e| in_order && e <= limit && e <= t.edtl) else {
+        if t.broken {
+            // The rest of a burst whose DataSN went wrong: discarded;
+            // its end (F bit) concludes the task.
+            if p.is_final() {
+                return self.conclude_broken(itt);
+            }
+            return Flow::Go;
+        }
+        let Some(end) = end.filter(|&e| off == t.received && e <= limit && e <= t.edtl) else {
             self.reject(&p, reason::INVALID_FIELD);
             return Flow::Close;
         };
+        if p.u32_at(36) != t.data_sn {
+            // A DataSN out of order means an earlier Data-Out was lost
+            // (RFC 7143 section 7.8), which is handled as a digest error
+            // (section 7.7): at error recovery level 0 the PDU is
+            // rejected, the rest of the burst is awaited (the initiator
+            // sends it anyway) and the task ends with CHECK CONDITION,
+            // "protocol service CRC error". The session goes on.
+            t.broken = true;
+            self.reject(&p, reason::DATA_DIGEST);
+            if p.is_final() {
+                return self.conclude_broken(itt);
+            }
+            return Flow::Go;
+        }
         if off < t.want {
             let n = (end.min(t.want) - off) as usize;
             t.buf.extend_from_slice(&p.data[..n]);
@@ -796,6 +827,23 @@ impl Ffp {
             t.unsolicited = false;
         }
         self.advance(itt, conn).await
+    }
+
+    /// Ends a write whose Data-Out sequence broke, once its burst is
+    /// over: CHECK CONDITION, ABORTED COMMAND / PROTOCOL SERVICE CRC
+    /// ERROR, as RFC 7143 section 13.5.1 names it.
+    fn conclude_broken(&mut self, itt: u32) -> Flow {
+        if let Some(t) = self.tasks.remove(&itt) {
+            self.task_bytes -= t.want as u64;
+            self.respond(
+                itt,
+                scsi::status::CHECK_CONDITION,
+                Some(Sense::PROTOCOL_CRC),
+                0,
+                0,
+            );
+        }
+        Flow::Go
     }
 
     /// Runs a command on the blocking pool and queues its Data-In and

@@ -211,3 +211,53 @@ fn crc32c_digests_apply_after_login_and_a_bad_one_closes() {
     assert!(s.closed());
     login(r.local_addr()).tur_good(1);
 }
+
+#[test]
+fn a_data_out_with_a_wrong_data_sn_fails_the_command_not_the_session() {
+    let (r, dev) = server();
+    let mut s = Raw::login(r.local_addr(), IQN);
+    // WRITE(10) of 2 blocks; the R2T asks for both; the Data-Outs carry
+    // DataSN 1 then 0 (swapped).
+    let c = s.scsi(1, &[0x2a, 0, 0, 0, 0, 0, 0, 0, 2, 0], 1024, false, true);
+    s.send(&c);
+    let r2t = s.recv().unwrap();
+    assert_eq!(r2t.opcode(), op::R2T);
+    for (i, sn) in [(0u32, 1u32), (1, 0)] {
+        let mut d = Pdu::new(op::DATA_OUT);
+        d.set_flags(if i == 1 { 0x80 } else { 0 });
+        d.set_itt(1);
+        d.set_u32(20, r2t.u32_at(20));
+        d.set_u32(36, sn);
+        d.set_u32(40, i * 512);
+        d.data = vec![0xee; 512];
+        s.send(&d);
+    }
+    let rej = s.recv().expect("a reject");
+    assert_eq!(rej.opcode(), op::REJECT);
+    assert_eq!(rej.bhs[2], 0x02, "handled as a data digest error");
+    let rsp = s.recv().expect("the command's status");
+    assert_eq!(rsp.opcode(), op::SCSI_RSP);
+    assert_eq!(rsp.itt(), 1);
+    assert_eq!(rsp.bhs[3], 0x02, "CHECK CONDITION");
+    assert_eq!(rsp.data[2 + 2] & 0x0f, 0x0b, "ABORTED COMMAND");
+    assert_eq!(
+        (rsp.data[2 + 12], rsp.data[2 + 13]),
+        (0x47, 0x05),
+        "PROTOCOL SERVICE CRC ERROR"
+    );
+    assert!(dev.read(0, 1024).unwrap().iter().all(|&b| b == 0));
+    // The session goes on, and a correct write works.
+    s.tur_good(2);
+    let c = s.scsi(3, &[0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0], 512, false, true);
+    s.send(&c);
+    let r2t = s.recv().unwrap();
+    let mut d = Pdu::new(op::DATA_OUT);
+    d.set_flags(0x80);
+    d.set_itt(3);
+    d.set_u32(20, r2t.u32_at(20));
+    d.data = vec![0x11; 512];
+    s.send(&d);
+    let rsp = s.recv().unwrap();
+    assert_eq!((rsp.opcode(), rsp.bhs[3]), (op::SCSI_RSP, 0));
+    assert_eq!(dev.read(0, 512).unwrap(), vec![0x11; 512]);
+}
