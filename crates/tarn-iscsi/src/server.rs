@@ -70,6 +70,7 @@ use tokio::sync::watch;
 use tarn_conn::{Conn, Host, HostConfig, Limits as ConnLimits, RateLog};
 
 use crate::login::{Login, Offer, Session, SessionKind, Step};
+use crate::lu::LuState;
 use crate::pdu::{self, op, Digests, Pdu, ReadError, FLAG_F, RESERVED_TAG};
 use crate::scsi::{self, Cmd, Sense, Unit};
 use crate::target::{Chap, IscsiTarget, Table};
@@ -356,7 +357,12 @@ async fn connection(
             return;
         }
     };
+    let lu = match &sess.kind {
+        SessionKind::Normal(t) => Some(LuState::of(&t.device)),
+        SessionKind::Discovery => None,
+    };
     let mut ffp = Ffp {
+        lu,
         digests: Digests {
             header: sess.params.header_digest,
             data: sess.params.data_digest,
@@ -443,6 +449,8 @@ enum Flow {
 /// A connection in the full feature phase.
 struct Ffp {
     sess: Session,
+    /// The logical unit's shared state (normal sessions).
+    lu: Option<Arc<LuState>>,
     digests: Digests,
     shared: Arc<Shared>,
     peer: SocketAddr,
@@ -647,6 +655,19 @@ impl Ffp {
         };
         let mut cmd = cmd;
         let mut need = cmd.data_out_len();
+        if matches!(cmd, Cmd::CompareAndWrite { .. }) && edtl != need {
+            // COMPARE AND WRITE must carry exactly the blocks its CDB
+            // names, twice (a CDB of 0 blocks with data is a count that
+            // did not fit in the CDB's byte).
+            self.respond(
+                itt,
+                scsi::status::CHECK_CONDITION,
+                Some(Sense::INVALID_FIELD_IN_CDB),
+                0,
+                0,
+            );
+            return Flow::Go;
+        }
         if need == 0 {
             return self
                 .exec(itt, lun_field, edtl, cmd, Vec::new(), 0, conn)
@@ -657,15 +678,21 @@ impl Ffp {
         // answered with an overflow residual for the rest (as SAM asks
         // of a transport that carries less than the command's length).
         let mut overflow = 0;
-        if let Cmd::Write { lba, fua, .. } = cmd {
-            if flags & 0x20 != 0 && edtl < need {
+        if flags & 0x20 != 0 && edtl < need {
+            let blocks = edtl / scsi::BLOCK as u32;
+            let short = match cmd {
+                Cmd::Write { lba, fua, .. } => Some(Cmd::Write { lba, blocks, fua }),
+                Cmd::WriteVerify { lba, bytchk, .. } => Some(Cmd::WriteVerify {
+                    lba,
+                    blocks,
+                    bytchk,
+                }),
+                _ => None,
+            };
+            if let Some(c) = short {
                 overflow = need - edtl;
                 need = edtl;
-                cmd = Cmd::Write {
-                    lba,
-                    blocks: edtl / scsi::BLOCK as u32,
-                    fua,
-                };
+                cmd = c;
             }
         }
         if need == 0 {
@@ -673,10 +700,11 @@ impl Ffp {
                 .exec(itt, lun_field, edtl, cmd, Vec::new(), overflow, conn)
                 .await;
         }
-        let same = matches!(cmd, Cmd::WriteSame { .. });
-        if flags & 0x20 == 0 || edtl < need || (same && edtl != need) {
+        let exact = matches!(cmd, Cmd::WriteSame { .. } | Cmd::CompareAndWrite { .. });
+        if flags & 0x20 == 0 || edtl < need || (exact && edtl != need) {
             // The command needs more data than the initiator means to
-            // send (or, for WRITE SAME, other than exactly one block).
+            // send (or, for WRITE SAME and COMPARE AND WRITE, other than
+            // exactly what the CDB says).
             self.respond(
                 itt,
                 scsi::status::CHECK_CONDITION,
@@ -860,7 +888,7 @@ impl Ffp {
         overflow: u32,
         conn: &Conn,
     ) -> Flow {
-        let Some(target) = self.target() else {
+        let (Some(target), Some(lu)) = (self.target(), self.lu.clone()) else {
             return Flow::Go;
         };
         let _busy = conn.state().begin();
@@ -875,6 +903,7 @@ impl Ffp {
                 name: &target.name,
                 limits,
                 lun,
+                lu: &lu,
             };
             let r = scsi::execute(&u, &c2, &data);
             (r, target)

@@ -261,3 +261,75 @@ fn a_data_out_with_a_wrong_data_sn_fails_the_command_not_the_session() {
     assert_eq!((rsp.opcode(), rsp.bhs[3]), (op::SCSI_RSP, 0));
     assert_eq!(dev.read(0, 512).unwrap(), vec![0x11; 512]);
 }
+
+/// Reads block `lba` (512 bytes) over `s`.
+fn read_block(s: &mut Raw, itt: u32, lba: u8) -> Vec<u8> {
+    let c = s.scsi(itt, &[0x28, 0, 0, 0, 0, lba, 0, 0, 1, 0], 512, true, false);
+    s.send(&c);
+    let mut got = Vec::new();
+    loop {
+        let p = s.recv().expect("Data-In");
+        assert_eq!(p.opcode(), op::DATA_IN, "{p:?}");
+        got.extend_from_slice(&p.data);
+        if p.flags() & 0x01 != 0 {
+            assert_eq!(p.bhs[3], 0);
+            return got;
+        }
+    }
+}
+
+#[test]
+fn compare_and_write_is_atomic_across_sessions() {
+    // Each session increments a counter in block 3 with COMPARE AND
+    // WRITE (read, then swap old for old + 1, again on a miscompare),
+    // as VMware's ATS takes a lock. If any compare and its write could
+    // interleave with another session's, an increment would be lost.
+    let (r, dev) = server();
+    let addr = r.local_addr();
+    const SESSIONS: usize = 4;
+    const EACH: u64 = 40;
+    let threads: Vec<_> = (0..SESSIONS)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut s = Raw::login(addr, IQN);
+                let mut itt = 1;
+                let mut misses = 0;
+                for _ in 0..EACH {
+                    loop {
+                        itt += 1;
+                        let old = read_block(&mut s, itt, 3);
+                        let n = u64::from_be_bytes(old[..8].try_into().unwrap());
+                        let mut new = old.clone();
+                        new[..8].copy_from_slice(&(n + 1).to_be_bytes());
+                        itt += 1;
+                        let mut c = s.scsi(
+                            itt,
+                            &[0x89, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 1, 0, 0],
+                            1024,
+                            false,
+                            true,
+                        );
+                        c.data = [old, new].concat();
+                        s.send(&c);
+                        let rsp = s.recv().expect("a response");
+                        assert_eq!(rsp.opcode(), op::SCSI_RSP);
+                        if rsp.bhs[3] == 0 {
+                            break;
+                        }
+                        assert_eq!(rsp.bhs[3], 0x02);
+                        assert_eq!(rsp.data[2 + 2] & 0x0f, 0x0e, "MISCOMPARE");
+                        misses += 1;
+                    }
+                }
+                misses
+            })
+        })
+        .collect();
+    let misses: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let block = dev.read(3 * 512, 8).unwrap();
+    assert_eq!(
+        u64::from_be_bytes(block[..8].try_into().unwrap()),
+        SESSIONS as u64 * EACH,
+        "no increment lost ({misses} miscompares retried)"
+    );
+}
