@@ -72,7 +72,8 @@ use tarn_conn::{Conn, Host, HostConfig, Limits as ConnLimits, RateLog};
 use crate::login::{Login, Offer, Session, SessionKind, Step};
 use crate::lu::LuState;
 use crate::pdu::{self, op, Digests, Pdu, ReadError, FLAG_F, RESERVED_TAG};
-use crate::scsi::{self, Cmd, Sense, Unit};
+use crate::pr::Nexus;
+use crate::scsi::{self, Cmd, Failure, Sense, Unit};
 use crate::target::{Chap, IscsiTarget, Table};
 use crate::text;
 use crate::Error;
@@ -358,7 +359,10 @@ async fn connection(
         }
     };
     let lu = match &sess.kind {
-        SessionKind::Normal(t) => Some(LuState::of(&t.device)),
+        SessionKind::Normal(t) => Some((
+            LuState::of(&t.device),
+            Arc::new(Nexus::new(&sess.initiator, sess.isid, &t.name)),
+        )),
         SessionKind::Discovery => None,
     };
     let mut ffp = Ffp {
@@ -449,8 +453,9 @@ enum Flow {
 /// A connection in the full feature phase.
 struct Ffp {
     sess: Session,
-    /// The logical unit's shared state (normal sessions).
-    lu: Option<Arc<LuState>>,
+    /// The logical unit's shared state and this session's I_T nexus
+    /// (normal sessions).
+    lu: Option<(Arc<LuState>, Arc<Nexus>)>,
     digests: Digests,
     shared: Arc<Shared>,
     peer: SocketAddr,
@@ -888,7 +893,7 @@ impl Ffp {
         overflow: u32,
         conn: &Conn,
     ) -> Flow {
-        let (Some(target), Some(lu)) = (self.target(), self.lu.clone()) else {
+        let (Some(target), Some((lu, nexus))) = (self.target(), self.lu.clone()) else {
             return Flow::Go;
         };
         let _busy = conn.state().begin();
@@ -904,6 +909,7 @@ impl Ffp {
                 limits,
                 lun,
                 lu: &lu,
+                nexus: &nexus,
             };
             let r = scsi::execute(&u, &c2, &data);
             (r, target)
@@ -939,7 +945,10 @@ impl Ffp {
                 );
             }
             Ok(din) => self.data_in(itt, lun_field, edtl, din),
-            Err(s) => {
+            Err(Failure::ReservationConflict) => {
+                self.respond(itt, scsi::status::RESERVATION_CONFLICT, None, 0, 0);
+            }
+            Err(Failure::Check(s)) => {
                 if matches!(s.key, 0x03 | 0x04) {
                     self.shared.log.log(
                         "device",

@@ -333,3 +333,85 @@ fn compare_and_write_is_atomic_across_sessions() {
         "no increment lost ({misses} miscompares retried)"
     );
 }
+
+/// Logs in as initiator port `isid` (same initiator name as
+/// `Raw::login`).
+fn login_isid(addr: std::net::SocketAddr, isid: u8) -> Raw {
+    let mut r = Raw::connect(addr);
+    let mut p = Raw::login_pdu(
+        1,
+        Some(3),
+        &[
+            ("InitiatorName", "iqn.2024-01.org.tarn:test"),
+            ("TargetName", IQN),
+            ("ImmediateData", "Yes"),
+        ],
+    );
+    p.bhs[13] = isid;
+    r.send(&p);
+    let rsp = r.recv().expect("login response");
+    assert_eq!(rsp.u16_at(36), 0, "login status");
+    r
+}
+
+/// Sends PERSISTENT RESERVE OUT `sa` with `key`, `sa_key` and type `t`;
+/// returns the SCSI status.
+fn prout(s: &mut Raw, itt: u32, sa: u8, t: u8, key: u64, sa_key: u64) -> u8 {
+    let mut c = s.scsi(itt, &[0x5f, sa, t, 0, 0, 0, 0, 0, 24, 0], 24, false, true);
+    let mut list = key.to_be_bytes().to_vec();
+    list.extend_from_slice(&sa_key.to_be_bytes());
+    list.extend_from_slice(&[0; 8]);
+    c.data = list;
+    s.send(&c);
+    let rsp = s.recv().expect("a response");
+    assert_eq!(rsp.opcode(), op::SCSI_RSP);
+    rsp.bhs[3]
+}
+
+/// READ(10) of one block; the SCSI status.
+fn read_status(s: &mut Raw, itt: u32) -> u8 {
+    let c = s.scsi(itt, &[0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0], 512, true, false);
+    s.send(&c);
+    loop {
+        let p = s.recv().expect("a response");
+        if p.opcode() == op::SCSI_RSP || p.flags() & 0x01 != 0 {
+            return p.bhs[3];
+        }
+    }
+}
+
+#[test]
+fn reservations_are_per_initiator_port_and_outlive_sessions() {
+    let (r, _) = server();
+    let addr = r.local_addr();
+    let mut a = login_isid(addr, 1);
+    let mut b = login_isid(addr, 2);
+    // A registers and takes Exclusive Access.
+    assert_eq!(prout(&mut a, 1, 0, 0, 0, 0xaa), 0);
+    assert_eq!(prout(&mut a, 2, 1, 3, 0xaa, 0), 0);
+    // B, the same initiator name with another ISID, is another nexus:
+    // its reads meet RESERVATION CONFLICT; TEST UNIT READY still works.
+    assert_eq!(read_status(&mut b, 1), 0x18);
+    b.tur_good(2);
+    assert_eq!(read_status(&mut a, 3), 0);
+    // B cannot reserve or release without being registered.
+    assert_eq!(prout(&mut b, 3, 1, 3, 0, 0), 0x18);
+    // A's session ends; the reservation stays.
+    drop(a);
+    let mut b2 = login_isid(addr, 2);
+    assert_eq!(read_status(&mut b2, 1), 0x18);
+    // A comes back on the same initiator port and releases.
+    let mut a = login_isid(addr, 1);
+    assert_eq!(prout(&mut a, 1, 2, 3, 0xaa, 0), 0);
+    assert_eq!(read_status(&mut b2, 2), 0);
+    // APTPL is refused: CHECK CONDITION.
+    let mut c = a.scsi(2, &[0x5f, 0, 0, 0, 0, 0, 0, 0, 24, 0], 24, false, true);
+    let mut list = vec![0u8; 24];
+    list[7] = 0xaa;
+    list[20] = 0x01;
+    c.data = list;
+    a.send(&c);
+    let rsp = a.recv().unwrap();
+    assert_eq!(rsp.bhs[3], 0x02);
+    assert_eq!(rsp.data[2 + 12], 0x26, "INVALID FIELD IN PARAMETER LIST");
+}
