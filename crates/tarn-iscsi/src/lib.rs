@@ -33,7 +33,9 @@
 
 pub mod digest;
 pub mod login;
+pub mod lu;
 pub mod pdu;
+pub mod pr;
 pub mod scsi;
 mod server;
 mod target;

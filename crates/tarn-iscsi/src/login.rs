@@ -152,6 +152,9 @@ pub struct Session {
     pub kind: SessionKind,
     /// The initiator's name.
     pub initiator: String,
+    /// The initiator's session identifier (with the name, it names the
+    /// initiator port).
+    pub isid: [u8; 6],
     /// Negotiated parameters.
     pub params: Params,
     /// The next StatSN to send.
@@ -477,6 +480,7 @@ impl Login {
                 let session = Session {
                     kind,
                     initiator: self.initiator.clone().unwrap_or_default(),
+                    isid: self.isid,
                     params,
                     stat_sn: self.stat_sn,
                     exp_cmd_sn: req.u32_at(24),

@@ -25,6 +25,8 @@
 use tarn_vol::{Device, VolError};
 
 use crate::digest::md5;
+use crate::lu::LuState;
+use crate::pr::{Access, Nexus, OutParams, PrError};
 
 /// Logical block size reported to initiators.
 pub const BLOCK: u64 = 512;
@@ -35,6 +37,8 @@ pub mod status {
     pub const GOOD: u8 = 0x00;
     /// CHECK CONDITION (sense data follows).
     pub const CHECK_CONDITION: u8 = 0x02;
+    /// RESERVATION CONFLICT.
+    pub const RESERVATION_CONFLICT: u8 = 0x18;
     /// TASK SET FULL.
     pub const TASK_SET_FULL: u8 = 0x28;
 }
@@ -48,11 +52,40 @@ pub struct Sense {
     pub asc: u8,
     /// Additional sense code qualifier.
     pub ascq: u8,
+    /// The INFORMATION field, when it is valid (for MISCOMPARE: the
+    /// offset of the first byte that differs).
+    pub info: Option<u32>,
+    /// For INVALID FIELD IN CDB: the byte of the CDB at fault
+    /// (sense-key specific field pointer).
+    pub field: Option<u16>,
 }
 
 impl Sense {
     const fn new(key: u8, asc: u8, ascq: u8) -> Sense {
-        Sense { key, asc, ascq }
+        Sense {
+            key,
+            asc,
+            ascq,
+            info: None,
+            field: None,
+        }
+    }
+
+    /// INVALID FIELD IN CDB, pointing at CDB byte `byte`.
+    pub fn invalid_cdb_byte(byte: u16) -> Sense {
+        Sense {
+            field: Some(byte),
+            ..Sense::INVALID_FIELD_IN_CDB
+        }
+    }
+
+    /// MISCOMPARE DURING VERIFY OPERATION at byte `offset` of the
+    /// compared data.
+    pub fn miscompare_at(offset: usize) -> Sense {
+        Sense {
+            info: Some(offset.min(u32::MAX as usize) as u32),
+            ..Sense::MISCOMPARE
+        }
     }
 
     /// ILLEGAL REQUEST, INVALID COMMAND OPERATION CODE.
@@ -79,6 +112,11 @@ impl Sense {
     pub const WRITE_ERROR: Sense = Sense::new(0x03, 0x0c, 0x00);
     /// HARDWARE ERROR, INTERNAL TARGET FAILURE.
     pub const INTERNAL: Sense = Sense::new(0x04, 0x44, 0x00);
+    /// ABORTED COMMAND, PROTOCOL SERVICE CRC ERROR (iSCSI: data lost
+    /// or damaged in transit).
+    pub const PROTOCOL_CRC: Sense = Sense::new(0x0b, 0x47, 0x05);
+    /// ILLEGAL REQUEST, INVALID RELEASE OF PERSISTENT RESERVATION.
+    pub const INVALID_RELEASE: Sense = Sense::new(0x05, 0x26, 0x04);
     /// MISCOMPARE, MISCOMPARE DURING VERIFY OPERATION.
     pub const MISCOMPARE: Sense = Sense::new(0x0e, 0x1d, 0x00);
 
@@ -86,10 +124,18 @@ impl Sense {
     pub fn fixed(&self) -> Vec<u8> {
         let mut s = vec![0u8; 18];
         s[0] = 0x70;
+        if let Some(i) = self.info {
+            s[0] |= 0x80; // VALID
+            s[3..7].copy_from_slice(&i.to_be_bytes());
+        }
         s[2] = self.key;
         s[7] = 10;
         s[12] = self.asc;
         s[13] = self.ascq;
+        if let Some(f) = self.field {
+            s[15] = 0x80 | 0x40; // SKSV, C/D: a CDB field
+            s[16..18].copy_from_slice(&f.to_be_bytes());
+        }
         s
     }
 }
@@ -197,6 +243,63 @@ pub enum Cmd {
     },
     /// REPORT LUNS.
     ReportLuns {
+        /// Allocation length.
+        alloc: u32,
+    },
+    /// WRITE AND VERIFY (10, 12, 16): written durably, then read back.
+    WriteVerify {
+        /// First block.
+        lba: u64,
+        /// Blocks.
+        blocks: u32,
+        /// Compare what was read back with the Data-Out bytes.
+        bytchk: bool,
+    },
+    /// PRE-FETCH (10, 16): checked, then nothing to do (no cache to
+    /// fill).
+    Prefetch {
+        /// First block.
+        lba: u64,
+        /// Blocks.
+        blocks: u32,
+    },
+    /// COMPARE AND WRITE: Data-Out is `blocks` blocks to compare with the
+    /// medium, then `blocks` blocks to write if they match.
+    CompareAndWrite {
+        /// First block.
+        lba: u64,
+        /// Blocks (at most [`MAX_COMPARE_AND_WRITE`]).
+        blocks: u32,
+        /// Force unit access for the write.
+        fua: bool,
+    },
+    /// PERSISTENT RESERVE IN.
+    PrIn {
+        /// Service action (0 to 3).
+        sa: u8,
+        /// Allocation length.
+        alloc: u32,
+    },
+    /// PERSISTENT RESERVE OUT.
+    PrOut {
+        /// Service action.
+        sa: u8,
+        /// Scope (high nibble) and type (low nibble).
+        scope_type: u8,
+        /// Parameter list length.
+        len: u32,
+    },
+    /// REPORT SUPPORTED OPERATION CODES.
+    ReportOpcodes {
+        /// Command timeouts descriptors asked (RCTD).
+        rctd: bool,
+        /// Reporting options: 0 all commands, 1 one opcode, 2 one opcode
+        /// and service action, 3 either.
+        options: u8,
+        /// The requested operation code.
+        opcode: u8,
+        /// The requested service action.
+        sa: u16,
         /// Allocation length.
         alloc: u32,
     },
@@ -350,6 +453,77 @@ pub fn parse(cdb: &[u8], lun: u64, lim: Limits) -> Result<Cmd, Sense> {
                 ndob,
             }
         }
+        0x2e | 0xae | 0x8e => {
+            let (lba, blocks) = match opc {
+                0x2e => (be32(&cdb[2..]) as u64, be16(&cdb[7..])),
+                0xae => (be32(&cdb[2..]) as u64, be32(&cdb[6..])),
+                _ => (be64(&cdb[2..]), be32(&cdb[10..])),
+            };
+            let bytchk = (cdb[1] >> 1) & 3;
+            if bytchk > 1 {
+                return Err(Sense::INVALID_FIELD_IN_CDB);
+            }
+            let (lba, blocks) = rw(lba, blocks, cdb[1] >> 5)?;
+            Cmd::WriteVerify {
+                lba,
+                blocks,
+                bytchk: bytchk == 1,
+            }
+        }
+        0x34 => Cmd::Prefetch {
+            lba: be32(&cdb[2..]) as u64,
+            blocks: be16(&cdb[7..]),
+        },
+        0x90 => Cmd::Prefetch {
+            lba: be64(&cdb[2..]),
+            blocks: be32(&cdb[10..]),
+        },
+        0x89 => {
+            let blocks = cdb[13] as u32;
+            if cdb[1] >> 5 != 0 || blocks > MAX_COMPARE_AND_WRITE {
+                return Err(Sense::INVALID_FIELD_IN_CDB);
+            }
+            Cmd::CompareAndWrite {
+                lba: be64(&cdb[2..]),
+                blocks,
+                fua: cdb[1] & 0x08 != 0,
+            }
+        }
+        0x5e => {
+            let sa = cdb[1] & 0x1f;
+            if sa > 3 {
+                return Err(Sense::INVALID_FIELD_IN_CDB);
+            }
+            Cmd::PrIn {
+                sa,
+                alloc: be16(&cdb[7..]),
+            }
+        }
+        0x5f => {
+            let sa = cdb[1] & 0x1f;
+            // REGISTER AND MOVE (7) and anything above are not supported.
+            if sa > 6 {
+                return Err(Sense::INVALID_FIELD_IN_CDB);
+            }
+            Cmd::PrOut {
+                sa,
+                scope_type: cdb[2],
+                len: be32(&cdb[5..]),
+            }
+        }
+        0xa3 if cdb[1] & 0x1f == 0x0c => {
+            let options = cdb[2] & 0x07;
+            if options > 3 {
+                return Err(Sense::invalid_cdb_byte(2));
+            }
+            Cmd::ReportOpcodes {
+                rctd: cdb[2] & 0x80 != 0,
+                options,
+                opcode: cdb[3],
+                sa: be16(&cdb[4..]) as u16,
+                alloc: be32(&cdb[6..]),
+            }
+        }
         0x42 => {
             if cdb[1] & 1 != 0 {
                 return Err(Sense::INVALID_FIELD_IN_CDB); // ANCHOR
@@ -382,6 +556,10 @@ pub fn parse(cdb: &[u8], lun: u64, lim: Limits) -> Result<Cmd, Sense> {
     Ok(cmd)
 }
 
+/// Most blocks one COMPARE AND WRITE may cover (advertised in the block
+/// limits). Each holds every other write to the device off while it
+/// runs (see [`crate::lu`]), so it is kept small; VMware's ATS uses one.
+pub const MAX_COMPARE_AND_WRITE: u32 = 64;
 /// Most blocks one WRITE SAME may cover (advertised in the block
 /// limits): 2 GiB.
 pub const MAX_WRITE_SAME: u32 = 1 << 22;
@@ -389,6 +567,9 @@ pub const MAX_WRITE_SAME: u32 = 1 << 22;
 pub const MAX_UNMAP_BLOCKS: u32 = 1 << 20;
 /// Most block descriptors in one UNMAP.
 pub const MAX_UNMAP_DESCRIPTORS: u32 = 256;
+/// Largest PERSISTENT RESERVE OUT parameter list read (only the
+/// 24-byte form is accepted).
+const MAX_PR_PARAMS: u32 = 256;
 /// Largest UNMAP parameter list accepted.
 const MAX_UNMAP_PARAMS: u32 = 8 + 16 * MAX_UNMAP_DESCRIPTORS;
 
@@ -396,7 +577,8 @@ impl Cmd {
     /// Bytes of Data-Out the command takes.
     pub fn data_out_len(&self) -> u32 {
         match *self {
-            Cmd::Write { blocks, .. } => blocks * BLOCK as u32,
+            Cmd::Write { blocks, .. } | Cmd::WriteVerify { blocks, .. } => blocks * BLOCK as u32,
+            Cmd::CompareAndWrite { blocks, .. } => 2 * blocks * BLOCK as u32,
             Cmd::Verify {
                 blocks,
                 bytchk: true,
@@ -404,7 +586,26 @@ impl Cmd {
             } => blocks * BLOCK as u32,
             Cmd::WriteSame { ndob: false, .. } => BLOCK as u32,
             Cmd::Unmap { len } => len.min(MAX_UNMAP_PARAMS),
+            Cmd::PrOut { len, .. } => len.min(MAX_PR_PARAMS),
             _ => 0,
+        }
+    }
+
+    /// How the command touches the medium, for reservation checks
+    /// (SPC-4 and SBC-3's tables of commands allowed under reservations).
+    pub fn access(&self) -> Access {
+        match self {
+            Cmd::Read { .. }
+            | Cmd::Verify { .. }
+            | Cmd::GetLbaStatus { .. }
+            | Cmd::Prefetch { .. } => Access::Read,
+            Cmd::Write { .. }
+            | Cmd::WriteSame { .. }
+            | Cmd::Unmap { .. }
+            | Cmd::WriteVerify { .. }
+            | Cmd::CompareAndWrite { .. }
+            | Cmd::Sync { .. } => Access::Write,
+            _ => Access::Any,
         }
     }
 
@@ -413,7 +614,11 @@ impl Cmd {
     pub fn writes(&self) -> bool {
         matches!(
             self,
-            Cmd::Write { .. } | Cmd::WriteSame { .. } | Cmd::Unmap { .. }
+            Cmd::Write { .. }
+                | Cmd::WriteSame { .. }
+                | Cmd::Unmap { .. }
+                | Cmd::WriteVerify { .. }
+                | Cmd::CompareAndWrite { .. }
         )
     }
 }
@@ -430,6 +635,11 @@ pub struct Unit<'a> {
     pub limits: Limits,
     /// LUN addressed.
     pub lun: u64,
+    /// The logical unit's shared state (the COMPARE AND WRITE lock,
+    /// the reservations).
+    pub lu: &'a LuState,
+    /// The I_T nexus the command came from.
+    pub nexus: &'a Nexus,
 }
 
 impl Unit<'_> {
@@ -479,13 +689,79 @@ fn cut(mut v: Vec<u8>, alloc: u32) -> Vec<u8> {
     v
 }
 
-/// Runs a command with its Data-Out bytes; the Data-In bytes or a sense.
-pub fn execute(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<Vec<u8>, Sense> {
+/// Why a command failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    /// CHECK CONDITION with this sense.
+    #[error("check condition {0:?}")]
+    Check(Sense),
+    /// RESERVATION CONFLICT status.
+    #[error("reservation conflict")]
+    ReservationConflict,
+}
+
+impl From<Sense> for Failure {
+    fn from(s: Sense) -> Failure {
+        Failure::Check(s)
+    }
+}
+
+impl From<PrError> for Failure {
+    fn from(e: PrError) -> Failure {
+        match e {
+            PrError::Conflict => Failure::ReservationConflict,
+            PrError::Check(s) => Failure::Check(s),
+        }
+    }
+}
+
+/// Runs a command with its Data-Out bytes for the I_T nexus `u.nexus`;
+/// the Data-In bytes, or why it failed.
+///
+/// Commands that change the medium run with the logical unit's lock
+/// held shared, COMPARE AND WRITE and PERSISTENT RESERVE OUT with it
+/// held exclusively (see [`crate::lu`]); the reservation check happens
+/// under that lock, so a write that passed it finishes before any
+/// reservation change that would refuse it takes effect.
+pub fn execute(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<Vec<u8>, Failure> {
+    let access = cmd.access();
+    let _shared;
+    let _exclusive;
+    if matches!(cmd, Cmd::CompareAndWrite { .. } | Cmd::PrOut { .. }) {
+        _exclusive = u.lu.atomic();
+    } else if access == Access::Write {
+        _shared = u.lu.writing();
+    }
+    match *cmd {
+        Cmd::PrIn { sa, alloc } => {
+            return Ok(cut(u.lu.reservations().read(sa)?, alloc));
+        }
+        Cmd::PrOut {
+            sa,
+            scope_type,
+            len,
+        } => {
+            let params = OutParams::parse(len, out)?;
+            u.lu.reservations().out(u.nexus, sa, scope_type, params)?;
+            return Ok(Vec::new());
+        }
+        _ => {}
+    }
+    if u.lu.reservations().conflicts(u.nexus, access) {
+        return Err(Failure::ReservationConflict);
+    }
+    Ok(medium(u, cmd, out)?)
+}
+
+/// Carries out a command that is not a PERSISTENT RESERVE one, once
+/// [`execute`] has taken the locks and checked the reservations.
+fn medium(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<Vec<u8>, Sense> {
     if cmd.writes() && u.read_only {
         return Err(Sense::WRITE_PROTECTED);
     }
     let dev = u.dev;
     match *cmd {
+        Cmd::PrIn { .. } | Cmd::PrOut { .. } => Err(Sense::INVALID_OPCODE),
         Cmd::TestUnitReady => Ok(Vec::new()),
         Cmd::RequestSense { alloc, desc } => {
             let s = if desc {
@@ -536,6 +812,66 @@ pub fn execute(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<Vec<u8>, Sense> {
                 .map_err(|e| map_err(e, true))?;
             Ok(Vec::new())
         }
+        Cmd::WriteVerify {
+            lba,
+            blocks,
+            bytchk,
+        } => {
+            u.check(lba, blocks as u64)?;
+            if blocks == 0 {
+                return Ok(Vec::new());
+            }
+            let n = blocks as usize * BLOCK as usize;
+            let Some(data) = out.get(..n) else {
+                return Err(Sense::INVALID_FIELD_IN_CDB);
+            };
+            // Written durably (on the medium, not just acknowledged),
+            // then read back: the device checks its checksums on the way,
+            // so a read that succeeds verifies the medium.
+            dev.write(lba * BLOCK, data, true)
+                .map_err(|e| map_err(e, true))?;
+            let back = dev
+                .read(lba * BLOCK, n as u32)
+                .map_err(|e| map_err(e, false))?;
+            if bytchk {
+                if let Some(i) = first_difference(data, &back) {
+                    return Err(Sense::miscompare_at(i));
+                }
+            }
+            Ok(Vec::new())
+        }
+        Cmd::CompareAndWrite { lba, blocks, fua } => {
+            u.check(lba, blocks as u64)?;
+            if blocks == 0 {
+                return Ok(Vec::new());
+            }
+            let n = blocks as usize * BLOCK as usize;
+            let (Some(want), Some(new)) = (out.get(..n), out.get(n..2 * n)) else {
+                return Err(Sense::INVALID_FIELD_IN_CDB);
+            };
+            // The caller (execute) holds every other write to the
+            // device off from here to the end of the write.
+            let have = dev
+                .read(lba * BLOCK, n as u32)
+                .map_err(|e| map_err(e, false))?;
+            if let Some(i) = first_difference(want, &have) {
+                return Err(Sense::miscompare_at(i));
+            }
+            dev.write(lba * BLOCK, new, fua)
+                .map_err(|e| map_err(e, true))?;
+            Ok(Vec::new())
+        }
+        Cmd::Prefetch { lba, blocks } => {
+            u.check(lba, blocks as u64)?;
+            Ok(Vec::new())
+        }
+        Cmd::ReportOpcodes {
+            rctd,
+            options,
+            opcode,
+            sa,
+            alloc,
+        } => Ok(cut(report_opcodes(rctd, options, opcode, sa)?, alloc)),
         Cmd::Verify {
             lba,
             blocks,
@@ -647,6 +983,14 @@ fn write_pattern(dev: &dyn Device, off: u64, len: u64, block: &[u8]) -> Result<(
     Ok(())
 }
 
+/// Index of the first byte where `a` and `b` differ (None if equal).
+fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .or((a.len() != b.len()).then(|| a.len().min(b.len())))
+}
+
 fn unmap(u: &Unit<'_>, len: u32, p: &[u8]) -> Result<(), Sense> {
     if len == 0 {
         return Ok(());
@@ -680,6 +1024,236 @@ fn unmap(u: &Unit<'_>, len: u32, p: &[u8]) -> Result<(), Sense> {
         }
     }
     Ok(())
+}
+
+/// The commands the device server carries out, as REPORT SUPPORTED
+/// OPERATION CODES lists them: operation code, service action (for
+/// commands that have one) and the CDB usage data (the CDB's bytes with
+/// a one for every bit the device server looks at; its first byte is the
+/// operation code and, for commands with a service action, the second
+/// carries it). A unit test checks this list against [`parse`]: every
+/// entry parses, every other operation code (and service action) is
+/// INVALID COMMAND OPERATION CODE.
+pub const COMMANDS: &[(u8, Option<u16>, &[u8])] = &[
+    (0x00, None, &[0x00, 0, 0, 0, 0, 0]),
+    (0x03, None, &[0x03, 0x01, 0, 0, 0xff, 0]),
+    (0x08, None, &[0x08, 0x1f, 0xff, 0xff, 0xff, 0]),
+    (0x0a, None, &[0x0a, 0x1f, 0xff, 0xff, 0xff, 0]),
+    (0x12, None, &[0x12, 0x01, 0xff, 0xff, 0xff, 0]),
+    (0x1a, None, &[0x1a, 0x08, 0xff, 0xff, 0xff, 0]),
+    (0x25, None, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+    (
+        0x28,
+        None,
+        &[0x28, 0x18, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0],
+    ),
+    (
+        0x2a,
+        None,
+        &[0x2a, 0x18, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0],
+    ),
+    (
+        0x2e,
+        None,
+        &[0x2e, 0x12, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0],
+    ),
+    (
+        0x2f,
+        None,
+        &[0x2f, 0x12, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0],
+    ),
+    (
+        0x34,
+        None,
+        &[0x34, 0x02, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0],
+    ),
+    (
+        0x35,
+        None,
+        &[0x35, 0, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0],
+    ),
+    (
+        0x41,
+        None,
+        &[0x41, 0x08, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0],
+    ),
+    (0x42, None, &[0x42, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0]),
+    (
+        0x5a,
+        None,
+        &[0x5a, 0x08, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0],
+    ),
+    (0x5e, Some(0x00), PR_IN_USAGE[0]),
+    (0x5e, Some(0x01), PR_IN_USAGE[1]),
+    (0x5e, Some(0x02), PR_IN_USAGE[2]),
+    (0x5e, Some(0x03), PR_IN_USAGE[3]),
+    (0x5f, Some(0x00), PR_OUT_USAGE[0]),
+    (0x5f, Some(0x01), PR_OUT_USAGE[1]),
+    (0x5f, Some(0x02), PR_OUT_USAGE[2]),
+    (0x5f, Some(0x03), PR_OUT_USAGE[3]),
+    (0x5f, Some(0x04), PR_OUT_USAGE[4]),
+    (0x5f, Some(0x05), PR_OUT_USAGE[5]),
+    (0x5f, Some(0x06), PR_OUT_USAGE[6]),
+    (0x88, None, &RW16[0]),
+    (
+        0x89,
+        None,
+        &[
+            0x89, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xff, 0, 0,
+        ],
+    ),
+    (0x8a, None, &RW16[0x8a - 0x88]),
+    (0x8e, None, &RW16[0x8e - 0x88]),
+    (0x8f, None, &RW16[0x8f - 0x88]),
+    (0x90, None, &RW16[0x90 - 0x88]),
+    (0x91, None, &RW16[0x91 - 0x88]),
+    (0x93, None, &RW16[0x93 - 0x88]),
+    (
+        0x9e,
+        Some(0x10),
+        &[
+            0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0,
+        ],
+    ),
+    (
+        0x9e,
+        Some(0x12),
+        &[
+            0x9e, 0x12, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
+            0,
+        ],
+    ),
+    (
+        0xa0,
+        None,
+        &[0xa0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
+    ),
+    (
+        0xa3,
+        Some(0x0c),
+        &[
+            0xa3, 0x0c, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0,
+        ],
+    ),
+    (0xa8, None, &RW12[0]),
+    (0xaa, None, &RW12[1]),
+    (0xae, None, &RW12[2]),
+    (0xaf, None, &RW12[3]),
+];
+
+/// CDB usage data of the 16-byte block commands, by operation code -
+/// 0x88 (READ, WRITE, WRITE AND VERIFY, VERIFY, PRE-FETCH, SYNCHRONIZE
+/// CACHE, WRITE SAME).
+const RW16: [[u8; 16]; 12] = {
+    let mut t = [[0u8; 16]; 12];
+    let mut i = 0;
+    while i < 12 {
+        let mut c = [0xffu8; 16];
+        c[0] = 0x88 + i as u8;
+        c[1] = match i {
+            0 | 2 => 0x18, // READ, WRITE: DPO, FUA
+            6 | 7 => 0x12, // WRITE AND VERIFY, VERIFY: DPO, BYTCHK
+            8 => 0x02,     // PRE-FETCH: IMMED
+            11 => 0x09,    // WRITE SAME: UNMAP, NDOB
+            _ => 0,
+        };
+        c[14] = 0;
+        c[15] = 0;
+        t[i] = c;
+        i += 1;
+    }
+    t
+};
+
+/// CDB usage data of READ, WRITE, WRITE AND VERIFY and VERIFY (12).
+const RW12: [[u8; 12]; 4] = {
+    let ops = [0xa8u8, 0xaa, 0xae, 0xaf];
+    let flags = [0x18u8, 0x18, 0x12, 0x12];
+    let mut t = [[0u8; 12]; 4];
+    let mut i = 0;
+    while i < 4 {
+        t[i] = [
+            ops[i], flags[i], 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0,
+        ];
+        i += 1;
+    }
+    t
+};
+
+/// CDB usage data of PERSISTENT RESERVE IN, by service action.
+const PR_IN_USAGE: [&[u8]; 4] = [
+    &[0x5e, 0x00, 0, 0, 0, 0, 0, 0xff, 0xff, 0],
+    &[0x5e, 0x01, 0, 0, 0, 0, 0, 0xff, 0xff, 0],
+    &[0x5e, 0x02, 0, 0, 0, 0, 0, 0xff, 0xff, 0],
+    &[0x5e, 0x03, 0, 0, 0, 0, 0, 0xff, 0xff, 0],
+];
+
+/// CDB usage data of PERSISTENT RESERVE OUT, by service action.
+const PR_OUT_USAGE: [&[u8]; 7] = [
+    &[0x5f, 0x00, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0],
+    &[0x5f, 0x01, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0],
+    &[0x5f, 0x02, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0],
+    &[0x5f, 0x03, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0],
+    &[0x5f, 0x04, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0],
+    &[0x5f, 0x05, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0],
+    &[0x5f, 0x06, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0],
+];
+
+/// A command timeouts descriptor: length 0Ah, no timeouts given.
+const TIMEOUTS: [u8; 12] = [0x00, 0x0a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+
+/// REPORT SUPPORTED OPERATION CODES' parameter data.
+fn report_opcodes(rctd: bool, options: u8, opcode: u8, sa: u16) -> Result<Vec<u8>, Sense> {
+    if options == 0 {
+        let mut v = vec![0u8; 4];
+        for &(op, csa, usage) in COMMANDS {
+            let mut d = [0u8; 8];
+            d[0] = op;
+            d[2..4].copy_from_slice(&csa.unwrap_or(0).to_be_bytes());
+            d[5] = if csa.is_some() { 0x01 } else { 0 } | if rctd { 0x02 } else { 0 };
+            d[6..8].copy_from_slice(&(usage.len() as u16).to_be_bytes());
+            v.extend_from_slice(&d);
+            if rctd {
+                v.extend_from_slice(&TIMEOUTS);
+            }
+        }
+        let n = (v.len() - 4) as u32;
+        v[..4].copy_from_slice(&n.to_be_bytes());
+        return Ok(v);
+    }
+    let has_sa = COMMANDS
+        .iter()
+        .any(|&(op, csa, _)| op == opcode && csa.is_some());
+    // Option 1 names an operation code without service actions, option
+    // 2 one with; option 3 either (the service action then counts only
+    // for a command that has them, and must be zero otherwise).
+    // The sense points at the REPORTING OPTIONS byte: without a pointer,
+    // initiators take INVALID FIELD IN CDB from a MAINTENANCE IN command
+    // for "REPORT SUPPORTED OPERATION CODES is not supported".
+    let found = match options {
+        1 if has_sa => return Err(Sense::invalid_cdb_byte(2)),
+        2 if !has_sa => return Err(Sense::invalid_cdb_byte(2)),
+        _ => COMMANDS.iter().find(|&&(op, csa, _)| {
+            op == opcode
+                && match csa {
+                    Some(c) => c == sa,
+                    None => options == 1 || sa == 0,
+                }
+        }),
+    };
+    let mut v = vec![0u8; 4];
+    match found {
+        Some(&(_, _, usage)) => {
+            v[1] = 0x03 | if rctd { 0x80 } else { 0 }; // supported
+            v[2..4].copy_from_slice(&(usage.len() as u16).to_be_bytes());
+            v.extend_from_slice(usage);
+            if rctd {
+                v.extend_from_slice(&TIMEOUTS);
+            }
+        }
+        None => v[1] = 0x01, // not supported
+    }
+    Ok(v)
 }
 
 fn inquiry(u: &Unit<'_>, page: Option<u8>) -> Result<Vec<u8>, Sense> {
@@ -735,6 +1309,7 @@ fn inquiry(u: &Unit<'_>, page: Option<u8>) -> Result<Vec<u8>, Sense> {
             let gran = (u.dev.block_size() as u64 / BLOCK).clamp(1, 0xffff) as u16;
             let max = u.limits.max_transfer / BLOCK as u32;
             b[0] = 0x01; // WSNZ
+            b[1] = MAX_COMPARE_AND_WRITE as u8;
             b[2..4].copy_from_slice(&gran.to_be_bytes());
             b[4..8].copy_from_slice(&max.to_be_bytes());
             b[8..12].copy_from_slice(&max.to_be_bytes());
@@ -843,9 +1418,14 @@ mod tests {
             name: "iqn.2024-01.x:d",
             limits: LIM,
             lun: 0,
+            lu: &LuState::default(),
+            nexus: &Nexus::new("iqn.2024-01.x:i", [0; 6], "iqn.2024-01.x:d"),
         };
         let cmd = parse(&cdb(c), 0, LIM)?;
-        execute(&u, &cmd, out)
+        execute(&u, &cmd, out).map_err(|f| match f {
+            Failure::Check(s) => s,
+            Failure::ReservationConflict => panic!("no reservations here"),
+        })
     }
 
     #[test]
@@ -967,6 +1547,217 @@ mod tests {
             ),
             Err(Sense::INVALID_FIELD_IN_CDB),
             "zero blocks"
+        );
+    }
+
+    #[test]
+    fn lba_status_starts_at_the_requested_block() {
+        // 4 KiB device blocks: 8 logical blocks each. Unmap the first
+        // device block; a request at LBA 9 (inside the second, mapped
+        // one) is answered with a first descriptor at LBA 9, as SBC
+        // asks, not at the device block's start.
+        let dev = MemDevice::new(1 << 20, 4096);
+        let data = vec![0x41u8; 64 * 512];
+        run(&dev, false, &[0x2a, 0, 0, 0, 0, 0, 0, 0, 64], &data).unwrap();
+        let mut unmap = vec![0u8; 24];
+        unmap[1] = 22;
+        unmap[3] = 16;
+        unmap[16..20].copy_from_slice(&8u32.to_be_bytes());
+        run(&dev, false, &[0x42, 0, 0, 0, 0, 0, 0, 0, 24], &unmap).unwrap();
+        let gls = |lba: u8| {
+            run(
+                &dev,
+                false,
+                &[0x9e, 0x12, 0, 0, 0, 0, 0, 0, 0, lba, 0, 0, 0, 255],
+                &[],
+            )
+            .unwrap()
+        };
+        let v = gls(9);
+        assert_eq!(be64(&v[8..]), 9);
+        assert_eq!(v[8 + 12], 0, "mapped");
+        assert_eq!(be32(&v[16..]), 64 - 9);
+        let v = gls(3);
+        assert_eq!(be64(&v[8..]), 3);
+        assert_eq!((be32(&v[16..]), v[8 + 12]), (5, 1), "5 deallocated");
+        assert_eq!(be64(&v[24..]), 8, "then mapped from LBA 8");
+    }
+
+    #[test]
+    fn the_reported_commands_are_exactly_the_parsed_ones() {
+        let parse_as = |op: u8, sa: Option<u16>| {
+            let mut c = [0u8; 16];
+            c[0] = op;
+            if let Some(sa) = sa {
+                c[1] = sa as u8;
+            }
+            // Lengths that make a valid command of every listed kind.
+            c[4] = 36;
+            c[8] = 1;
+            c[9] = 16;
+            c[13] = 1;
+            parse(&c, 0, LIM)
+        };
+        for &(op, sa, usage) in COMMANDS {
+            assert!(
+                parse_as(op, sa).is_ok(),
+                "{op:#04x}/{sa:?} is listed but not parsed: {:?}",
+                parse_as(op, sa)
+            );
+            assert_eq!(usage[0], op);
+            if let Some(sa) = sa {
+                assert_eq!(usage[1] & 0x1f, sa as u8);
+            }
+        }
+        for op in 0..=255u8 {
+            let listed: Vec<Option<u16>> =
+                COMMANDS.iter().filter(|c| c.0 == op).map(|c| c.1).collect();
+            if listed.is_empty() {
+                assert_eq!(
+                    parse_as(op, None),
+                    Err(Sense::INVALID_OPCODE),
+                    "{op:#04x} parses but is not listed"
+                );
+            } else if listed.iter().any(|s| s.is_some()) {
+                for sa in 0..32u16 {
+                    if !listed.contains(&Some(sa)) {
+                        assert!(parse_as(op, Some(sa)).is_err(), "{op:#04x}/{sa:#x}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn report_supported_operation_codes() {
+        let dev = MemDevice::new(1 << 20, 4096);
+        let rsoc = |opts: u8, op: u8, sa: u16| {
+            let s = sa.to_be_bytes();
+            run(
+                &dev,
+                false,
+                &[0xa3, 0x0c, opts, op, s[0], s[1], 0, 0, 0xff, 0xff, 0, 0],
+                &[],
+            )
+        };
+        let all = rsoc(0, 0, 0).unwrap();
+        assert_eq!(be32(&all) as usize, all.len() - 4);
+        assert_eq!(all.len(), 4 + 8 * COMMANDS.len());
+        let with_timeouts = rsoc(0x80, 0, 0).unwrap();
+        assert_eq!(with_timeouts.len(), 4 + 20 * COMMANDS.len());
+        assert_eq!(with_timeouts[4 + 5] & 0x02, 0x02, "CTDP");
+        // READ(10), one command.
+        let one = rsoc(1, 0x28, 0).unwrap();
+        assert_eq!(one[1] & 0x07, 0x03, "supported");
+        assert_eq!(be16(&one[2..]), 10);
+        assert_eq!(one[4], 0x28);
+        // READ CAPACITY(16) has a service action: option 1 is refused,
+        // option 2 answers.
+        assert_eq!(rsoc(1, 0x9e, 0x10), Err(Sense::invalid_cdb_byte(2)));
+        assert_eq!(rsoc(2, 0x28, 0), Err(Sense::invalid_cdb_byte(2)));
+        let f = Sense::invalid_cdb_byte(2).fixed();
+        assert_eq!((f[15], f[16], f[17]), (0xc0, 0, 2), "SKSV, CDB, byte 2");
+        let one = rsoc(2, 0x9e, 0x10).unwrap();
+        assert_eq!((one[1] & 7, one[4], one[5]), (3, 0x9e, 0x10));
+        // Unsupported: SUPPORT 001b.
+        assert_eq!(rsoc(1, 0xd9, 0).unwrap()[1] & 7, 1);
+        assert_eq!(rsoc(2, 0x9e, 0x11).unwrap()[1] & 7, 1);
+        assert_eq!(rsoc(7, 0, 0), Err(Sense::invalid_cdb_byte(2)));
+    }
+
+    #[test]
+    fn compare_and_write_compares_then_writes() {
+        let dev = MemDevice::new(1 << 20, 4096);
+        let old = vec![b'A'; 1024];
+        run(&dev, false, &[0x2a, 0, 0, 0, 0, 4, 0, 0, 2], &old).unwrap();
+        let caw = |n: u8, out: &[u8]| {
+            run(
+                &dev,
+                false,
+                &[0x89, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, n],
+                out,
+            )
+        };
+        let mut out = old.clone();
+        out.extend_from_slice(&[b'B'; 1024]);
+        caw(2, &out).unwrap();
+        assert_eq!(dev.read(4 * 512, 1024).unwrap(), vec![b'B'; 1024]);
+        // Now the medium holds B: comparing with A fails at byte 0, and
+        // with a single difference at byte 700 reports that offset.
+        let e = caw(2, &out).unwrap_err();
+        assert_eq!((e.key, e.asc, e.info), (0x0e, 0x1d, Some(0)));
+        let mut out = vec![b'B'; 1024];
+        out[700] = b'x';
+        out.extend_from_slice(&[b'C'; 1024]);
+        let e = caw(2, &out).unwrap_err();
+        assert_eq!(e.info, Some(700));
+        let f = e.fixed();
+        assert_eq!(f[0], 0xf0, "VALID, current, fixed");
+        assert_eq!(be32(&f[3..]), 700);
+        assert_eq!(
+            dev.read(4 * 512, 1024).unwrap(),
+            vec![b'B'; 1024],
+            "unchanged"
+        );
+        assert_eq!(
+            caw(MAX_COMPARE_AND_WRITE as u8 + 1, &[]),
+            Err(Sense::INVALID_FIELD_IN_CDB)
+        );
+        assert_eq!(
+            run(
+                &dev,
+                true,
+                &[0x89, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 1],
+                &out
+            ),
+            Err(Sense::WRITE_PROTECTED)
+        );
+        let v = run(&dev, false, &[0x12, 1, 0xb0, 0, 255], &[]).unwrap();
+        assert_eq!(v[5] as u32, MAX_COMPARE_AND_WRITE);
+    }
+
+    #[test]
+    fn write_and_verify_and_prefetch() {
+        let dev = MemDevice::new(1 << 20, 4096);
+        let data: Vec<u8> = (0..1024).map(|i| (i % 251) as u8).collect();
+        for c in [
+            &[0x2e, 0x02, 0, 0, 0, 8, 0, 0, 2, 0][..],
+            &[0xae, 0x00, 0, 0, 0, 8, 0, 0, 0, 2, 0, 0],
+            &[0x8e, 0x02, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 2, 0, 0],
+        ] {
+            dev.trim(0, 1 << 20).unwrap();
+            run(&dev, false, c, &data).unwrap();
+            assert_eq!(dev.read(8 * 512, 1024).unwrap(), data);
+        }
+        assert_eq!(
+            run(&dev, false, &[0x2e, 0x04, 0, 0, 0, 8, 0, 0, 2, 0], &data),
+            Err(Sense::INVALID_FIELD_IN_CDB),
+            "BYTCHK 2"
+        );
+        assert_eq!(
+            run(&dev, false, &[0x2e, 0, 0, 0, 0x07, 0xff, 0, 0, 2, 0], &data),
+            Err(Sense::LBA_OUT_OF_RANGE)
+        );
+        assert_eq!(
+            run(&dev, true, &[0x2e, 0, 0, 0, 0, 8, 0, 0, 2, 0], &data),
+            Err(Sense::WRITE_PROTECTED)
+        );
+        run(&dev, false, &[0x34, 0x02, 0, 0, 0, 0, 0, 0, 8, 0], &[]).unwrap();
+        run(
+            &dev,
+            false,
+            &[0x90, 0, 0, 0, 0, 0, 0, 0, 0x07, 0xff, 0, 0, 0, 1, 0, 0],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            run(
+                &dev,
+                false,
+                &[0x90, 0, 0, 0, 0, 0, 0, 0, 0x07, 0xff, 0, 0, 0, 2, 0, 0],
+                &[]
+            ),
+            Err(Sense::LBA_OUT_OF_RANGE)
         );
     }
 

@@ -22,12 +22,17 @@
 //! there the command runs. While a write waits for data, other commands
 //! are read and run, so an initiator with a deep queue keeps the device
 //! busy. Data must arrive in order (`DataPDUInOrder=Yes` and
-//! `DataSequenceInOrder=Yes`); a Data-Out at an unexpected offset or DataSN, past
+//! `DataSequenceInOrder=Yes`); a Data-Out at an unexpected offset, past
 //! the expected length, or for an R2T that was not sent is a protocol
 //! error: the connection gets a Reject and is closed
-//! (`ErrorRecoveryLevel=0` has no other recovery). A Data-Out for an
-//! unknown task (one that was aborted, or refused before its data came)
-//! is dropped.
+//! (`ErrorRecoveryLevel=0` has no other recovery). A Data-Out with the
+//! wrong DataSN is what a lost PDU looks like (RFC 7143 section 7.8) and
+//! is handled as a data digest error (section 7.7, option b): it gets a
+//! Reject, the rest of its burst is discarded, and when the burst ends
+//! (F bit) the command is answered CHECK CONDITION, ABORTED COMMAND /
+//! PROTOCOL SERVICE CRC ERROR, without touching the device; the session
+//! goes on. A Data-Out for an unknown task (one that was aborted, or
+//! refused before its data came) is dropped.
 //!
 //! A write's data is held in memory until it runs; the bytes of all the
 //! writes a connection has waiting are bounded by
@@ -65,8 +70,10 @@ use tokio::sync::watch;
 use tarn_conn::{Conn, Host, HostConfig, Limits as ConnLimits, RateLog};
 
 use crate::login::{Login, Offer, Session, SessionKind, Step};
+use crate::lu::LuState;
 use crate::pdu::{self, op, Digests, Pdu, ReadError, FLAG_F, RESERVED_TAG};
-use crate::scsi::{self, Cmd, Sense, Unit};
+use crate::pr::Nexus;
+use crate::scsi::{self, Cmd, Failure, Sense, Unit};
 use crate::target::{Chap, IscsiTarget, Table};
 use crate::text;
 use crate::Error;
@@ -184,6 +191,7 @@ const LOGIN_MAX_DATA: u32 = 64 << 10;
 
 /// Reject reasons (RFC 7143 section 11.17.1).
 mod reason {
+    pub const DATA_DIGEST: u8 = 0x02;
     pub const PROTOCOL_ERROR: u8 = 0x04;
     pub const NOT_SUPPORTED: u8 = 0x05;
     pub const INVALID_FIELD: u8 = 0x09;
@@ -350,7 +358,15 @@ async fn connection(
             return;
         }
     };
+    let lu = match &sess.kind {
+        SessionKind::Normal(t) => Some((
+            LuState::of(&t.device),
+            Arc::new(Nexus::new(&sess.initiator, sess.isid, &t.name)),
+        )),
+        SessionKind::Discovery => None,
+    };
     let mut ffp = Ffp {
+        lu,
         digests: Digests {
             header: sess.params.header_digest,
             data: sess.params.data_digest,
@@ -422,6 +438,9 @@ struct WriteTask {
     overflow: u32,
     /// DataSN the next Data-Out of the current sequence must carry.
     data_sn: u32,
+    /// A Data-Out came with the wrong DataSN: the rest of the current
+    /// burst is discarded and the task ends with CHECK CONDITION.
+    broken: bool,
 }
 
 /// Whether to go on reading.
@@ -434,6 +453,9 @@ enum Flow {
 /// A connection in the full feature phase.
 struct Ffp {
     sess: Session,
+    /// The logical unit's shared state and this session's I_T nexus
+    /// (normal sessions).
+    lu: Option<(Arc<LuState>, Arc<Nexus>)>,
     digests: Digests,
     shared: Arc<Shared>,
     peer: SocketAddr,
@@ -638,6 +660,19 @@ impl Ffp {
         };
         let mut cmd = cmd;
         let mut need = cmd.data_out_len();
+        if matches!(cmd, Cmd::CompareAndWrite { .. }) && edtl != need {
+            // COMPARE AND WRITE must carry exactly the blocks its CDB
+            // names, twice (a CDB of 0 blocks with data is a count that
+            // did not fit in the CDB's byte).
+            self.respond(
+                itt,
+                scsi::status::CHECK_CONDITION,
+                Some(Sense::INVALID_FIELD_IN_CDB),
+                0,
+                0,
+            );
+            return Flow::Go;
+        }
         if need == 0 {
             return self
                 .exec(itt, lun_field, edtl, cmd, Vec::new(), 0, conn)
@@ -648,15 +683,21 @@ impl Ffp {
         // answered with an overflow residual for the rest (as SAM asks
         // of a transport that carries less than the command's length).
         let mut overflow = 0;
-        if let Cmd::Write { lba, fua, .. } = cmd {
-            if flags & 0x20 != 0 && edtl < need {
+        if flags & 0x20 != 0 && edtl < need {
+            let blocks = edtl / scsi::BLOCK as u32;
+            let short = match cmd {
+                Cmd::Write { lba, fua, .. } => Some(Cmd::Write { lba, blocks, fua }),
+                Cmd::WriteVerify { lba, bytchk, .. } => Some(Cmd::WriteVerify {
+                    lba,
+                    blocks,
+                    bytchk,
+                }),
+                _ => None,
+            };
+            if let Some(c) = short {
                 overflow = need - edtl;
                 need = edtl;
-                cmd = Cmd::Write {
-                    lba,
-                    blocks: edtl / scsi::BLOCK as u32,
-                    fua,
-                };
+                cmd = c;
             }
         }
         if need == 0 {
@@ -664,10 +705,11 @@ impl Ffp {
                 .exec(itt, lun_field, edtl, cmd, Vec::new(), overflow, conn)
                 .await;
         }
-        let same = matches!(cmd, Cmd::WriteSame { .. });
-        if flags & 0x20 == 0 || edtl < need || (same && edtl != need) {
+        let exact = matches!(cmd, Cmd::WriteSame { .. } | Cmd::CompareAndWrite { .. });
+        if flags & 0x20 == 0 || edtl < need || (exact && edtl != need) {
             // The command needs more data than the initiator means to
-            // send (or, for WRITE SAME, other than exactly one block).
+            // send (or, for WRITE SAME and COMPARE AND WRITE, other than
+            // exactly what the CDB says).
             self.respond(
                 itt,
                 scsi::status::CHECK_CONDITION,
@@ -709,6 +751,7 @@ impl Ffp {
             r2tsn: 0,
             overflow,
             data_sn: 0,
+            broken: false,
         };
         self.task_bytes += need as u64;
         self.tasks.insert(itt, task);
@@ -777,11 +820,32 @@ impl Ffp {
             (true, Some((_, e))) => e,
             _ => first_burst.min(t.edtl),
         };
-        let in_order = off == t.received && p.u32_at(36) == t.data_sn;
-        let Some(end) = end.filter(|&e| in_order && e <= limit && e <= t.edtl) else {
+        if t.broken {
+            // The rest of a burst whose DataSN went wrong: discarded;
+            // its end (F bit) concludes the task.
+            if p.is_final() {
+                return self.conclude_broken(itt);
+            }
+            return Flow::Go;
+        }
+        let Some(end) = end.filter(|&e| off == t.received && e <= limit && e <= t.edtl) else {
             self.reject(&p, reason::INVALID_FIELD);
             return Flow::Close;
         };
+        if p.u32_at(36) != t.data_sn {
+            // A DataSN out of order means an earlier Data-Out was lost
+            // (RFC 7143 section 7.8), which is handled as a digest error
+            // (section 7.7): at error recovery level 0 the PDU is
+            // rejected, the rest of the burst is awaited (the initiator
+            // sends it anyway) and the task ends with CHECK CONDITION,
+            // "protocol service CRC error". The session goes on.
+            t.broken = true;
+            self.reject(&p, reason::DATA_DIGEST);
+            if p.is_final() {
+                return self.conclude_broken(itt);
+            }
+            return Flow::Go;
+        }
         if off < t.want {
             let n = (end.min(t.want) - off) as usize;
             t.buf.extend_from_slice(&p.data[..n]);
@@ -798,6 +862,23 @@ impl Ffp {
         self.advance(itt, conn).await
     }
 
+    /// Ends a write whose Data-Out sequence broke, once its burst is
+    /// over: CHECK CONDITION, ABORTED COMMAND / PROTOCOL SERVICE CRC
+    /// ERROR, as RFC 7143 section 13.5.1 names it.
+    fn conclude_broken(&mut self, itt: u32) -> Flow {
+        if let Some(t) = self.tasks.remove(&itt) {
+            self.task_bytes -= t.want as u64;
+            self.respond(
+                itt,
+                scsi::status::CHECK_CONDITION,
+                Some(Sense::PROTOCOL_CRC),
+                0,
+                0,
+            );
+        }
+        Flow::Go
+    }
+
     /// Runs a command on the blocking pool and queues its Data-In and
     /// status. (The arguments are the task's fields, kept apart because
     /// commands without data never build a task.)
@@ -812,7 +893,7 @@ impl Ffp {
         overflow: u32,
         conn: &Conn,
     ) -> Flow {
-        let Some(target) = self.target() else {
+        let (Some(target), Some((lu, nexus))) = (self.target(), self.lu.clone()) else {
             return Flow::Go;
         };
         let _busy = conn.state().begin();
@@ -827,6 +908,8 @@ impl Ffp {
                 name: &target.name,
                 limits,
                 lun,
+                lu: &lu,
+                nexus: &nexus,
             };
             let r = scsi::execute(&u, &c2, &data);
             (r, target)
@@ -862,7 +945,10 @@ impl Ffp {
                 );
             }
             Ok(din) => self.data_in(itt, lun_field, edtl, din),
-            Err(s) => {
+            Err(Failure::ReservationConflict) => {
+                self.respond(itt, scsi::status::RESERVATION_CONFLICT, None, 0, 0);
+            }
+            Err(Failure::Check(s)) => {
                 if matches!(s.key, 0x03 | 0x04) {
                     self.shared.log.log(
                         "device",

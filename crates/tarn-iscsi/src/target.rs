@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tarn_conn::IpNet;
 use tarn_vol::Device;
 
+use crate::lu::LuState;
 use crate::Error;
 
 /// CHAP credentials: a user name and its secret.
@@ -189,6 +190,9 @@ pub fn valid_name(name: &str) -> bool {
 /// `set_targets`.
 pub(crate) struct Table {
     pub(crate) targets: Vec<Arc<IscsiTarget>>,
+    /// The targets' logical unit states, kept alive (reservations
+    /// included) while the targets are listed.
+    _units: Vec<Arc<LuState>>,
 }
 
 impl Table {
@@ -205,6 +209,7 @@ impl Table {
             }
         }
         Ok(Table {
+            _units: targets.iter().map(|t| LuState::of(&t.device)).collect(),
             targets: targets.into_iter().map(Arc::new).collect(),
         })
     }

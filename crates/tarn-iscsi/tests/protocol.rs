@@ -211,3 +211,207 @@ fn crc32c_digests_apply_after_login_and_a_bad_one_closes() {
     assert!(s.closed());
     login(r.local_addr()).tur_good(1);
 }
+
+#[test]
+fn a_data_out_with_a_wrong_data_sn_fails_the_command_not_the_session() {
+    let (r, dev) = server();
+    let mut s = Raw::login(r.local_addr(), IQN);
+    // WRITE(10) of 2 blocks; the R2T asks for both; the Data-Outs carry
+    // DataSN 1 then 0 (swapped).
+    let c = s.scsi(1, &[0x2a, 0, 0, 0, 0, 0, 0, 0, 2, 0], 1024, false, true);
+    s.send(&c);
+    let r2t = s.recv().unwrap();
+    assert_eq!(r2t.opcode(), op::R2T);
+    for (i, sn) in [(0u32, 1u32), (1, 0)] {
+        let mut d = Pdu::new(op::DATA_OUT);
+        d.set_flags(if i == 1 { 0x80 } else { 0 });
+        d.set_itt(1);
+        d.set_u32(20, r2t.u32_at(20));
+        d.set_u32(36, sn);
+        d.set_u32(40, i * 512);
+        d.data = vec![0xee; 512];
+        s.send(&d);
+    }
+    let rej = s.recv().expect("a reject");
+    assert_eq!(rej.opcode(), op::REJECT);
+    assert_eq!(rej.bhs[2], 0x02, "handled as a data digest error");
+    let rsp = s.recv().expect("the command's status");
+    assert_eq!(rsp.opcode(), op::SCSI_RSP);
+    assert_eq!(rsp.itt(), 1);
+    assert_eq!(rsp.bhs[3], 0x02, "CHECK CONDITION");
+    assert_eq!(rsp.data[2 + 2] & 0x0f, 0x0b, "ABORTED COMMAND");
+    assert_eq!(
+        (rsp.data[2 + 12], rsp.data[2 + 13]),
+        (0x47, 0x05),
+        "PROTOCOL SERVICE CRC ERROR"
+    );
+    assert!(dev.read(0, 1024).unwrap().iter().all(|&b| b == 0));
+    // The session goes on, and a correct write works.
+    s.tur_good(2);
+    let c = s.scsi(3, &[0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0], 512, false, true);
+    s.send(&c);
+    let r2t = s.recv().unwrap();
+    let mut d = Pdu::new(op::DATA_OUT);
+    d.set_flags(0x80);
+    d.set_itt(3);
+    d.set_u32(20, r2t.u32_at(20));
+    d.data = vec![0x11; 512];
+    s.send(&d);
+    let rsp = s.recv().unwrap();
+    assert_eq!((rsp.opcode(), rsp.bhs[3]), (op::SCSI_RSP, 0));
+    assert_eq!(dev.read(0, 512).unwrap(), vec![0x11; 512]);
+}
+
+/// Reads block `lba` (512 bytes) over `s`.
+fn read_block(s: &mut Raw, itt: u32, lba: u8) -> Vec<u8> {
+    let c = s.scsi(itt, &[0x28, 0, 0, 0, 0, lba, 0, 0, 1, 0], 512, true, false);
+    s.send(&c);
+    let mut got = Vec::new();
+    loop {
+        let p = s.recv().expect("Data-In");
+        assert_eq!(p.opcode(), op::DATA_IN, "{p:?}");
+        got.extend_from_slice(&p.data);
+        if p.flags() & 0x01 != 0 {
+            assert_eq!(p.bhs[3], 0);
+            return got;
+        }
+    }
+}
+
+#[test]
+fn compare_and_write_is_atomic_across_sessions() {
+    // Each session increments a counter in block 3 with COMPARE AND
+    // WRITE (read, then swap old for old + 1, again on a miscompare),
+    // as VMware's ATS takes a lock. If any compare and its write could
+    // interleave with another session's, an increment would be lost.
+    let (r, dev) = server();
+    let addr = r.local_addr();
+    const SESSIONS: usize = 4;
+    const EACH: u64 = 40;
+    let threads: Vec<_> = (0..SESSIONS)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut s = Raw::login(addr, IQN);
+                let mut itt = 1;
+                let mut misses = 0;
+                for _ in 0..EACH {
+                    loop {
+                        itt += 1;
+                        let old = read_block(&mut s, itt, 3);
+                        let n = u64::from_be_bytes(old[..8].try_into().unwrap());
+                        let mut new = old.clone();
+                        new[..8].copy_from_slice(&(n + 1).to_be_bytes());
+                        itt += 1;
+                        let mut c = s.scsi(
+                            itt,
+                            &[0x89, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 1, 0, 0],
+                            1024,
+                            false,
+                            true,
+                        );
+                        c.data = [old, new].concat();
+                        s.send(&c);
+                        let rsp = s.recv().expect("a response");
+                        assert_eq!(rsp.opcode(), op::SCSI_RSP);
+                        if rsp.bhs[3] == 0 {
+                            break;
+                        }
+                        assert_eq!(rsp.bhs[3], 0x02);
+                        assert_eq!(rsp.data[2 + 2] & 0x0f, 0x0e, "MISCOMPARE");
+                        misses += 1;
+                    }
+                }
+                misses
+            })
+        })
+        .collect();
+    let misses: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let block = dev.read(3 * 512, 8).unwrap();
+    assert_eq!(
+        u64::from_be_bytes(block[..8].try_into().unwrap()),
+        SESSIONS as u64 * EACH,
+        "no increment lost ({misses} miscompares retried)"
+    );
+}
+
+/// Logs in as initiator port `isid` (same initiator name as
+/// `Raw::login`).
+fn login_isid(addr: std::net::SocketAddr, isid: u8) -> Raw {
+    let mut r = Raw::connect(addr);
+    let mut p = Raw::login_pdu(
+        1,
+        Some(3),
+        &[
+            ("InitiatorName", "iqn.2024-01.org.tarn:test"),
+            ("TargetName", IQN),
+            ("ImmediateData", "Yes"),
+        ],
+    );
+    p.bhs[13] = isid;
+    r.send(&p);
+    let rsp = r.recv().expect("login response");
+    assert_eq!(rsp.u16_at(36), 0, "login status");
+    r
+}
+
+/// Sends PERSISTENT RESERVE OUT `sa` with `key`, `sa_key` and type `t`;
+/// returns the SCSI status.
+fn prout(s: &mut Raw, itt: u32, sa: u8, t: u8, key: u64, sa_key: u64) -> u8 {
+    let mut c = s.scsi(itt, &[0x5f, sa, t, 0, 0, 0, 0, 0, 24, 0], 24, false, true);
+    let mut list = key.to_be_bytes().to_vec();
+    list.extend_from_slice(&sa_key.to_be_bytes());
+    list.extend_from_slice(&[0; 8]);
+    c.data = list;
+    s.send(&c);
+    let rsp = s.recv().expect("a response");
+    assert_eq!(rsp.opcode(), op::SCSI_RSP);
+    rsp.bhs[3]
+}
+
+/// READ(10) of one block; the SCSI status.
+fn read_status(s: &mut Raw, itt: u32) -> u8 {
+    let c = s.scsi(itt, &[0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0], 512, true, false);
+    s.send(&c);
+    loop {
+        let p = s.recv().expect("a response");
+        if p.opcode() == op::SCSI_RSP || p.flags() & 0x01 != 0 {
+            return p.bhs[3];
+        }
+    }
+}
+
+#[test]
+fn reservations_are_per_initiator_port_and_outlive_sessions() {
+    let (r, _) = server();
+    let addr = r.local_addr();
+    let mut a = login_isid(addr, 1);
+    let mut b = login_isid(addr, 2);
+    // A registers and takes Exclusive Access.
+    assert_eq!(prout(&mut a, 1, 0, 0, 0, 0xaa), 0);
+    assert_eq!(prout(&mut a, 2, 1, 3, 0xaa, 0), 0);
+    // B, the same initiator name with another ISID, is another nexus:
+    // its reads meet RESERVATION CONFLICT; TEST UNIT READY still works.
+    assert_eq!(read_status(&mut b, 1), 0x18);
+    b.tur_good(2);
+    assert_eq!(read_status(&mut a, 3), 0);
+    // B cannot reserve or release without being registered.
+    assert_eq!(prout(&mut b, 3, 1, 3, 0, 0), 0x18);
+    // A's session ends; the reservation stays.
+    drop(a);
+    let mut b2 = login_isid(addr, 2);
+    assert_eq!(read_status(&mut b2, 1), 0x18);
+    // A comes back on the same initiator port and releases.
+    let mut a = login_isid(addr, 1);
+    assert_eq!(prout(&mut a, 1, 2, 3, 0xaa, 0), 0);
+    assert_eq!(read_status(&mut b2, 2), 0);
+    // APTPL is refused: CHECK CONDITION.
+    let mut c = a.scsi(2, &[0x5f, 0, 0, 0, 0, 0, 0, 0, 24, 0], 24, false, true);
+    let mut list = vec![0u8; 24];
+    list[7] = 0xaa;
+    list[20] = 0x01;
+    c.data = list;
+    a.send(&c);
+    let rsp = a.recv().unwrap();
+    assert_eq!(rsp.bhs[3], 0x02);
+    assert_eq!(rsp.data[2 + 12], 0x26, "INVALID FIELD IN PARAMETER LIST");
+}
