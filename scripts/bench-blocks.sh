@@ -76,7 +76,8 @@ LOOP=""
 cleanup() {
     [ -n "$DAEMON_PID" ] && kill "$DAEMON_PID" 2>/dev/null || true
     [ -n "$KIT_PID" ] && kill "$KIT_PID" 2>/dev/null || true
-    [ -n "$TGT_PID" ] && kill "$TGT_PID" 2>/dev/null || true
+    # tgtd ignores SIGTERM while it has targets.
+    [ -n "$TGT_PID" ] && kill -9 "$TGT_PID" 2>/dev/null || true
     [ -n "$LOOP" ] && losetup -d "$LOOP" 2>/dev/null || true
     rm -rf "$WORK"
 }

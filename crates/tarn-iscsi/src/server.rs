@@ -4,13 +4,31 @@
 //! # One connection
 //!
 //! A connection is served by one task. It reads login requests until
-//! the session enters the full feature phase ([`crate::login`]), then
-//! reads PDUs in a loop. Each PDU is handled before the next is read; a
-//! SCSI command that needs no more data runs at once on the blocking
-//! pool and its Data-In and response are queued, then everything queued
-//! is written before reading on. So one connection carries out one
-//! command at a time, in arrival order; several connections (sessions)
-//! run in parallel.
+//! the session enters the full feature phase ([`crate::login`]); then a
+//! reader task decodes PDUs into a small channel, and the connection's
+//! task handles them in arrival order. A SCSI command that needs no more
+//! data is started on the blocking pool at once and the next PDU is read
+//! while it runs, so one session keeps up to `queue_depth` commands
+//! running, as the initiator's queue asks (one session with a deep queue
+//! is how ESXi and open-iscsi drive a LUN). When a command finishes, its
+//! Data-In and response are queued whole (never interleaved with another
+//! command's) and written; StatSN is given when a response is queued, so
+//! responses go out in completion order, which iSCSI allows.
+//!
+//! Commands run in parallel only as SCSI allows it: tasks with the
+//! SIMPLE (or HEAD OF QUEUE, or untagged) attribute may run in any
+//! order, as a disk with a command queue would; an ORDERED (or ACA) task
+//! waits until every running task has finished, and runs alone. A
+//! SYNCHRONIZE CACHE covers every write that had *completed* when it
+//! started, which includes every write the initiator saw acknowledged
+//! before sending it, as SBC asks.
+//!
+//! Flow control: MaxCmdSN is ExpCmdSN + `queue_depth` − 1 − the number of
+//! running commands, so the window an initiator sees shrinks with every
+//! command it starts and grows again as commands finish (an initiator
+//! ignores a MaxCmdSN lower than the one it has, so the window is never
+//! taken back). With `queue_depth` commands running, no PDU is read at
+//! all: TCP backpressure holds an initiator that ignores the window.
 //!
 //! A write needs its data before it can run. The data comes as immediate
 //! data in the command PDU (if `ImmediateData=Yes`, up to
@@ -50,14 +68,18 @@
 //! # Task management
 //!
 //! ABORT TASK drops the referenced task if it is still waiting for data
-//! (it then gets no response); a task that already ran has been
-//! answered. ABORT TASK SET, CLEAR TASK SET, LUN RESET and TARGET WARM
-//! RESET drop every waiting task; TARGET COLD RESET does so and closes
-//! the connection. All answer "function complete", including for a task
+//! (it then gets no response); a task that is running cannot be stopped
+//! on the device, so the function waits for it to finish and drops its
+//! response (an aborted task's outcome is unknown to the initiator, as
+//! SAM says); a task that already completed has been answered. ABORT
+//! TASK SET, CLEAR TASK SET, LUN RESET and TARGET WARM RESET drop every
+//! waiting task and every running one that way; TARGET COLD RESET does
+//! so and closes the connection. The response to the function is sent
+//! only after the tasks it ended are over. All answer "function complete", including for a task
 //! that does not exist (it completed first). CLEAR ACA is "not
 //! supported", TASK REASSIGN "allegiance reassignment not supported".
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, RwLock};
@@ -378,6 +400,9 @@ async fn connection(
         out: Vec::new(),
         tasks: HashMap::new(),
         task_bytes: 0,
+        running: tokio::task::JoinSet::new(),
+        running_itts: HashMap::new(),
+        aborted: HashSet::new(),
         next_ttt: 1,
         text_rest: None,
     };
@@ -419,8 +444,33 @@ where
     }
 }
 
+/// A command running on the blocking pool, as it comes back.
+struct Done {
+    itt: u32,
+    lun_field: [u8; 8],
+    edtl: u32,
+    cmd: Cmd,
+    /// Bytes of data the command carried (a write).
+    out_len: u32,
+    overflow: u32,
+    target: Arc<IscsiTarget>,
+    res: Result<Vec<u8>, Failure>,
+}
+
+/// What the connection's task waits for.
+enum Event {
+    /// A PDU from the reader task, or why it stopped (None: it ended).
+    Pdu(Option<Result<Pdu, ReadError>>),
+    /// A command finished (or, with `Err`, its task was lost).
+    Done(Result<Done, tokio::task::Id>),
+    /// Evicted, idle too long, or the server stops.
+    Close,
+}
+
 /// A write waiting for its data.
 struct WriteTask {
+    /// The ORDERED (or ACA) task attribute: runs alone.
+    ordered: bool,
     cmd: Cmd,
     lun_field: [u8; 8],
     edtl: u32,
@@ -441,6 +491,15 @@ struct WriteTask {
     /// A Data-Out came with the wrong DataSN: the rest of the current
     /// burst is discarded and the task ends with CHECK CONDITION.
     broken: bool,
+}
+
+/// A command ready to run: its task's numbers.
+struct Run {
+    itt: u32,
+    lun_field: [u8; 8],
+    edtl: u32,
+    ordered: bool,
+    overflow: u32,
 }
 
 /// Whether to go on reading.
@@ -464,6 +523,12 @@ struct Ffp {
     out: Vec<u8>,
     tasks: HashMap<u32, WriteTask>,
     task_bytes: u64,
+    /// Commands running on the blocking pool: task id → ITT.
+    running: tokio::task::JoinSet<Done>,
+    running_itts: HashMap<tokio::task::Id, u32>,
+    /// Running tasks whose response is dropped (aborted by task
+    /// management).
+    aborted: HashSet<u32>,
     next_ttt: u32,
     /// The rest of a text response too long for one PDU: its TTT and bytes.
     text_rest: Option<(u32, Vec<u8>)>,
@@ -477,39 +542,75 @@ impl Ffp {
         conn: &Conn,
         mut stop: watch::Receiver<bool>,
     ) where
-        R: AsyncRead + Unpin,
+        R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin,
     {
-        let mut rd = rd;
         let idle = nonzero(self.shared.cfg.idle_timeout);
         let reply_timeout = nonzero(self.shared.cfg.reply_timeout);
         let max = self.sess.params.target_mrdsl;
+        let depth = self.shared.cfg.queue_depth.max(1) as usize;
+        // The reader decodes PDUs ahead into a small channel, so waiting
+        // for a PDU and for a finished command can be one select (a PDU
+        // read half-way is never dropped).
+        let (tx, mut rx) = tokio::sync::mpsc::channel(4);
+        let digests = self.digests;
+        let reader = tokio::spawn(async move {
+            let mut rd = rd;
+            loop {
+                let r = pdu::read_pdu(&mut rd, digests, max).await;
+                let end = r.is_err();
+                if tx.send(r).await.is_err() || end {
+                    break;
+                }
+            }
+        });
         loop {
             if !self.out.is_empty() && !flush(&mut wr, &mut self.out, reply_timeout).await {
                 conn.state().close();
+                reader.abort();
+                self.settle().await;
                 return;
             }
-            let r = tokio::select! {
-                r = pdu::read_pdu(&mut rd, self.digests, max) => r,
-                _ = conn.closed(idle) => break,
-                _ = stop.wait_for(|&s| s) => break,
+            let room = self.running.len() < depth;
+            let busy = !self.running.is_empty();
+            let ev = tokio::select! {
+                r = rx.recv(), if room => Event::Pdu(r),
+                Some(d) = self.running.join_next_with_id(), if busy => {
+                    Event::Done(d.map(|(_, d)| d).map_err(|e| e.id()))
+                }
+                _ = conn.closed(idle) => Event::Close,
+                _ = stop.wait_for(|&s| s) => Event::Close,
             };
-            let p = match r {
-                Ok(p) => p,
-                Err(ReadError::Io(_)) => break,
-                Err(ReadError::Pdu(e)) => {
+            match ev {
+                Event::Pdu(Some(Ok(p))) => {
+                    if self.handle(p, conn).await == Flow::Close {
+                        break;
+                    }
+                }
+                Event::Pdu(Some(Err(ReadError::Pdu(e)))) => {
                     self.log(&format!("closed the connection of {}: {e}", self.peer));
                     break;
                 }
-            };
-            if self.handle(p, conn).await == Flow::Close {
-                break;
+                Event::Pdu(_) | Event::Close => break,
+                Event::Done(d) => self.finish(d),
             }
         }
+        reader.abort();
+        // Commands still running are let finish (they cannot be stopped
+        // on the device); their answers go out if the peer still reads.
+        self.settle().await;
         if !self.out.is_empty() {
             let _ = flush(&mut wr, &mut self.out, reply_timeout).await;
         }
         let _ = wr.shutdown().await;
+    }
+
+    /// Waits for every running command and queues its answer (or drops
+    /// it, if it was aborted).
+    async fn settle(&mut self) {
+        while let Some(d) = self.running.join_next_with_id().await {
+            self.finish(d.map(|(_, d)| d).map_err(|e| e.id()));
+        }
     }
 
     fn log(&self, msg: &str) {
@@ -520,7 +621,8 @@ impl Ffp {
         self.sess.params
     }
 
-    /// Fills StatSN (advanced if `status`), ExpCmdSN and MaxCmdSN, and
+    /// Fills StatSN (advanced if `status`), ExpCmdSN and MaxCmdSN (the
+    /// window less the commands running, see the module docs), and
     /// queues the PDU.
     fn send(&mut self, mut p: Pdu, status: bool) {
         p.set_u32(24, self.sess.stat_sn);
@@ -529,10 +631,13 @@ impl Ffp {
         }
         let exp = self.sess.exp_cmd_sn;
         p.set_u32(28, exp);
-        p.set_u32(
-            32,
-            exp.wrapping_add(self.shared.cfg.queue_depth.saturating_sub(1)),
-        );
+        let window = self
+            .shared
+            .cfg
+            .queue_depth
+            .saturating_sub(1)
+            .saturating_sub(self.running.len() as u32);
+        p.set_u32(32, exp.wrapping_add(window));
         self.out.extend_from_slice(&p.encode(self.digests));
     }
 
@@ -586,7 +691,7 @@ impl Ffp {
                 if !self.accept_cmd_sn(&p) {
                     return Flow::Go;
                 }
-                self.task_mgmt(&p)
+                self.task_mgmt(&p).await
             }
             op::TEXT => {
                 if !self.accept_cmd_sn(&p) {
@@ -643,7 +748,10 @@ impl Ffp {
             return Flow::Go;
         }
         let itt = p.itt();
-        if itt == RESERVED_TAG || self.tasks.contains_key(&itt) {
+        if itt == RESERVED_TAG
+            || self.tasks.contains_key(&itt)
+            || self.running_itts.values().any(|&i| i == itt)
+        {
             self.reject(&p, reason::INVALID_FIELD);
             return Flow::Go;
         }
@@ -651,6 +759,8 @@ impl Ffp {
         let lun = scsi::lun_of(lun_field);
         let edtl = p.u32_at(20);
         let flags = p.flags();
+        // Task attribute: ORDERED (2) and ACA (4) run alone.
+        let ordered = matches!(flags & 0x07, 2 | 4);
         let cmd = match scsi::parse(p.cdb(), lun, self.limits()) {
             Ok(c) => c,
             Err(s) => {
@@ -674,9 +784,14 @@ impl Ffp {
             return Flow::Go;
         }
         if need == 0 {
-            return self
-                .exec(itt, lun_field, edtl, cmd, Vec::new(), 0, conn)
-                .await;
+            let run = Run {
+                itt,
+                lun_field,
+                edtl,
+                ordered,
+                overflow: 0,
+            };
+            return self.exec(run, cmd, Vec::new(), conn).await;
         }
         // A WRITE whose expected length is below what its CDB says is
         // carried out for the whole blocks the initiator sends, and
@@ -701,9 +816,14 @@ impl Ffp {
             }
         }
         if need == 0 {
-            return self
-                .exec(itt, lun_field, edtl, cmd, Vec::new(), overflow, conn)
-                .await;
+            let run = Run {
+                itt,
+                lun_field,
+                edtl,
+                ordered,
+                overflow,
+            };
+            return self.exec(run, cmd, Vec::new(), conn).await;
         }
         let exact = matches!(cmd, Cmd::WriteSame { .. } | Cmd::CompareAndWrite { .. });
         if flags & 0x20 == 0 || edtl < need || (exact && edtl != need) {
@@ -740,6 +860,7 @@ impl Ffp {
         }
         let take = p.data.len().min(need as usize);
         let task = WriteTask {
+            ordered,
             cmd,
             lun_field,
             edtl,
@@ -773,9 +894,14 @@ impl Ffp {
                 return Flow::Go;
             };
             self.task_bytes -= t.want as u64;
-            return self
-                .exec(itt, t.lun_field, t.edtl, t.cmd, t.buf, t.overflow, conn)
-                .await;
+            let run = Run {
+                itt,
+                lun_field: t.lun_field,
+                edtl: t.edtl,
+                ordered: t.ordered,
+                overflow: t.overflow,
+            };
+            return self.exec(run, t.cmd, t.buf, conn).await;
         }
         let len = (t.want - t.received).min(max_burst);
         let mut r = Pdu::new(op::R2T);
@@ -879,61 +1005,96 @@ impl Ffp {
         Flow::Go
     }
 
-    /// Runs a command on the blocking pool and queues its Data-In and
-    /// status. (The arguments are the task's fields, kept apart because
-    /// commands without data never build a task.)
-    #[allow(clippy::too_many_arguments)]
-    async fn exec(
-        &mut self,
-        itt: u32,
-        lun_field: [u8; 8],
-        edtl: u32,
-        cmd: Cmd,
-        data: Vec<u8>,
-        overflow: u32,
-        conn: &Conn,
-    ) -> Flow {
+    /// Starts a command on the blocking pool; its Data-In and status are
+    /// queued when it finishes (`finish`). An ORDERED task waits
+    /// for every running task first and is waited for itself.
+    async fn exec(&mut self, run: Run, cmd: Cmd, data: Vec<u8>, conn: &Conn) -> Flow {
         let (Some(target), Some((lu, nexus))) = (self.target(), self.lu.clone()) else {
             return Flow::Go;
         };
-        let _busy = conn.state().begin();
+        if run.ordered {
+            self.settle().await;
+        }
+        let busy = conn.state().begin();
         let limits = self.limits();
-        let lun = scsi::lun_of(lun_field);
+        let lun = scsi::lun_of(run.lun_field);
         let out_len = data.len() as u32;
-        let c2 = cmd.clone();
-        let res = tokio::task::spawn_blocking(move || {
-            let u = Unit {
-                dev: &*target.device,
-                read_only: target.is_read_only(),
-                name: &target.name,
-                limits,
-                lun,
-                lu: &lu,
-                nexus: &nexus,
-            };
-            let r = scsi::execute(&u, &c2, &data);
-            (r, target)
-        })
-        .await;
-        let (res, target) = match res {
-            Ok(x) => x,
-            Err(_) => {
-                self.respond(
-                    itt,
-                    scsi::status::CHECK_CONDITION,
-                    Some(Sense::INTERNAL),
-                    0,
-                    0,
-                );
-                return Flow::Go;
+        let Run {
+            itt,
+            lun_field,
+            edtl,
+            overflow,
+            ..
+        } = run;
+        let handle = self.running.spawn(async move {
+            let t2 = target.clone();
+            let c2 = cmd.clone();
+            let res = tokio::task::spawn_blocking(move || {
+                let u = Unit {
+                    dev: &*t2.device,
+                    read_only: t2.is_read_only(),
+                    name: &t2.name,
+                    limits,
+                    lun,
+                    lu: &lu,
+                    nexus: &nexus,
+                };
+                scsi::execute(&u, &c2, &data)
+            })
+            .await
+            .unwrap_or(Err(Failure::Check(Sense::INTERNAL)));
+            drop(busy);
+            Done {
+                itt,
+                lun_field,
+                edtl,
+                cmd,
+                out_len,
+                overflow,
+                target,
+                res,
+            }
+        });
+        self.running_itts.insert(handle.id(), itt);
+        if run.ordered {
+            self.settle().await;
+        }
+        Flow::Go
+    }
+
+    /// Queues the Data-In and status of a finished command, unless task
+    /// management aborted it.
+    fn finish(&mut self, d: Result<Done, tokio::task::Id>) {
+        let d = match d {
+            Ok(d) => d,
+            Err(id) => {
+                // The task was lost (it cannot panic: the device call's
+                // panic is caught above); its initiator times it out.
+                if let Some(itt) = self.running_itts.remove(&id) {
+                    self.log(&format!("command {itt:#x} of {} was lost", self.peer));
+                }
+                return;
             }
         };
+        self.running_itts.retain(|_, &mut i| i != d.itt);
+        if self.aborted.remove(&d.itt) {
+            return;
+        }
+        let Done {
+            itt,
+            lun_field,
+            edtl,
+            cmd,
+            out_len,
+            overflow,
+            target,
+            res,
+        } = d;
         match res {
             Ok(_) if overflow > 0 => {
                 self.respond(itt, scsi::status::GOOD, None, 0x04, overflow);
             }
-            Ok(din) if out_len > 0 => {
-                let _ = din;
+            Ok(_) if out_len > 0 => {
                 // A write: any Data-Out beyond the command's need is an
                 // underflow of the expected length.
                 self.respond(
@@ -958,7 +1119,6 @@ impl Ffp {
                 self.respond(itt, scsi::status::CHECK_CONDITION, Some(s), 0, 0);
             }
         }
-        Flow::Go
     }
 
     /// A SCSI Response PDU; `resid_flag` 0x04 overflow, 0x02 underflow.
@@ -1024,14 +1184,19 @@ impl Ffp {
         }
     }
 
-    fn task_mgmt(&mut self, p: &Pdu) -> Flow {
+    async fn task_mgmt(&mut self, p: &Pdu) -> Flow {
         let func = p.flags() & 0x7f;
         let lun = scsi::lun_of(p.lun_field());
         let mut close = false;
         let response = match func {
             1 => {
-                if let Some(t) = self.tasks.remove(&p.u32_at(20)) {
+                let itt = p.u32_at(20);
+                if let Some(t) = self.tasks.remove(&itt) {
                     self.task_bytes -= t.want as u64;
+                }
+                if self.running_itts.values().any(|&i| i == itt) {
+                    self.aborted.insert(itt);
+                    self.settle().await;
                 }
                 0
             }
@@ -1039,6 +1204,8 @@ impl Ffp {
             2 | 4 | 5 | 6 | 7 => {
                 self.tasks.clear();
                 self.task_bytes = 0;
+                self.aborted.extend(self.running_itts.values().copied());
+                self.settle().await;
                 close = func == 7;
                 0
             }

@@ -415,3 +415,125 @@ fn reservations_are_per_initiator_port_and_outlive_sessions() {
     assert_eq!(rsp.bhs[3], 0x02);
     assert_eq!(rsp.data[2 + 12], 0x26, "INVALID FIELD IN PARAMETER LIST");
 }
+
+/// A device whose reads of the first 4 KiB wait (up to 3 s) until a
+/// read elsewhere has happened: a server that ran one command at a time
+/// would answer the first read only after the wait.
+struct Gate {
+    inner: std::sync::Arc<tarn_vol::testing::MemDevice>,
+    opened: std::sync::Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl tarn_vol::Device for Gate {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn read(&self, off: u64, len: u32) -> Result<Vec<u8>, tarn_vol::VolError> {
+        let mut open = self.opened.lock().unwrap();
+        if off < 4096 {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+            while !*open && std::time::Instant::now() < deadline {
+                open = self
+                    .cv
+                    .wait_timeout(open, std::time::Duration::from_millis(50))
+                    .unwrap()
+                    .0;
+            }
+        } else {
+            *open = true;
+            self.cv.notify_all();
+        }
+        drop(open);
+        self.inner.read(off, len)
+    }
+    fn write(&self, off: u64, data: &[u8], fua: bool) -> Result<(), tarn_vol::VolError> {
+        self.inner.write(off, data, fua)
+    }
+    fn flush(&self) -> Result<(), tarn_vol::VolError> {
+        self.inner.flush()
+    }
+    fn trim(&self, off: u64, len: u64) -> Result<(), tarn_vol::VolError> {
+        self.inner.trim(off, len)
+    }
+    fn write_zeroes(&self, off: u64, len: u64, fua: bool) -> Result<(), tarn_vol::VolError> {
+        self.inner.write_zeroes(off, len, fua)
+    }
+    fn extents(&self, off: u64, len: u64) -> Result<Vec<tarn_vol::Extent>, tarn_vol::VolError> {
+        self.inner.extents(off, len)
+    }
+}
+
+/// READ(10) of 8 blocks at `lba` with the task attribute `attr`
+/// (1 SIMPLE, 2 ORDERED).
+fn read10(s: &mut Raw, itt: u32, lba: u8, attr: u8) -> Pdu {
+    let mut c = s.scsi(itt, &[0x28, 0, 0, 0, 0, lba, 0, 0, 8, 0], 4096, true, false);
+    c.set_flags(c.flags() | attr);
+    c
+}
+
+/// The ITTs of the next `n` finished commands, in the order their
+/// status came, and the MaxCmdSN of the first answer.
+fn finished(s: &mut Raw, n: usize) -> (Vec<u32>, u32) {
+    let mut order = Vec::new();
+    let mut max_cmd_sn = None;
+    while order.len() < n {
+        let p = s.recv().expect("an answer");
+        max_cmd_sn.get_or_insert(p.u32_at(32));
+        let done = match p.opcode() {
+            op::DATA_IN => p.flags() & 0x01 != 0,
+            op::SCSI_RSP => true,
+            other => panic!("unexpected opcode {other:#x}"),
+        };
+        if done {
+            assert_eq!(p.bhs[3], 0, "GOOD");
+            order.push(p.itt());
+        }
+    }
+    (order, max_cmd_sn.unwrap_or_default())
+}
+
+#[test]
+fn one_session_runs_simple_commands_at_once_and_ordered_ones_alone() {
+    let dev = std::sync::Arc::new(Gate {
+        inner: mem(8 * MIB, 4096),
+        opened: std::sync::Mutex::new(false),
+        cv: std::sync::Condvar::new(),
+    });
+    let r = start(vec![IscsiTarget::new(IQN, dev.clone())]);
+    let mut s = Raw::login(r.local_addr(), IQN);
+    // SIMPLE: the gated read waits for the second, which must run while
+    // the first is still running, and is answered first.
+    let t0 = std::time::Instant::now();
+    let a = read10(&mut s, 1, 0, 1);
+    let b = read10(&mut s, 2, 64, 1);
+    let sn_after = b.u32_at(24) + 1;
+    s.send(&a);
+    s.send(&b);
+    let (order, max_cmd_sn) = finished(&mut s, 2);
+    assert_eq!(order, [2, 1], "the second read was held up by the first");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(2));
+    // While the gated read ran, the window was one command smaller.
+    assert_eq!(
+        max_cmd_sn,
+        sn_after + 32 - 1 - 1,
+        "MaxCmdSN did not count the running command"
+    );
+
+    // ORDERED: the second read waits until the first is over, so the
+    // gated one times out first and the answers come in order.
+    *dev.opened.lock().unwrap() = false;
+    let a = read10(&mut s, 3, 0, 1);
+    let b = read10(&mut s, 4, 64, 2);
+    s.send(&a);
+    s.send(&b);
+    let (order, _) = finished(&mut s, 2);
+    assert_eq!(order, [3, 4], "an ORDERED task ran beside another");
+    s.tur_good(5);
+}
