@@ -27,8 +27,9 @@
 #
 # raidz1 writes a parity share that the plain file does not, hence the
 # lower write targets. Every device is filled first (so reads read data,
-# not holes). Each job makes one pass over SIZE: reads start cold (caches
-# dropped), writes end with a flush (fio's end_fsync), so every side puts
+# not holes). Each job makes one pass over SIZE: reads start cold (the
+# kernel's caches dropped, tarn's pool exported and imported so its block
+# cache is empty too), writes end with a flush (fio's end_fsync), so every side puts
 # its bytes on the same disk. tarn is copy-on-write: its writes always go
 # to new places in its member files, where an in-place file rewrites the
 # same pages; without the flush a job that fits in the page cache would
@@ -103,6 +104,7 @@ tarn share add vol tank/vol --nbd 127.0.0.1/32 --iscsi "$TARN_IQN,client=127.0.0
 truncate -s "${SIZE}M" "$WORK/tgt.img"
 tgtd -f -C "$TGT_CONTROL" --iscsi "portal=127.0.0.1:$TGT_PORT" >"$WORK/tgtd.log" 2>&1 &
 TGT_PID=$!
+disown "$TGT_PID"  # killed at exit; no job notice
 tgtctl() { tgtadm -C "$TGT_CONTROL" --lld iscsi "$@"; }
 for _ in $(seq 50); do tgtctl --op show --mode target >/dev/null 2>&1 && break; sleep 0.1; done
 tgtctl --op new --mode target --tid 1 -T "$TGT_IQN"
@@ -127,7 +129,17 @@ target() {
     esac
 }
 
-drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+# Before each job: tarn's pool is exported and imported again (its block
+# cache starts cold, and a txg backlog of the previous job is committed
+# outside any timing), then the kernel's caches are dropped.
+drop() { # side
+    if [ "$1" = tarn ]; then
+        tarn pool export tank >/dev/null
+        tarn pool import -d "$WORK" tank >/dev/null
+    fi
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+}
 
 # One fio job; prints IOPS or MiB/s.
 job() { # side rw bs depth unit
@@ -186,11 +198,11 @@ declare -A R I
 for w in "randread 4k 32 IOPS" "randwrite 4k 32 IOPS" "read 1M 8 MiB/s" "write 1M 8 MiB/s"; do
     set -- $w
     for side in tarn nbdkit loop; do
-        drop
+        drop "$side"
         R[$1,$side]=$(job "$side" "$1" "$2" "$3" "$4")
     done
     for side in tarn tgt; do
-        drop
+        drop "$side"
         I[$1,$side]=$(ijob "$side" "$1" "$2" "$3" "$4")
     done
 done

@@ -48,6 +48,7 @@ mod dsl;
 mod ops;
 mod overlay;
 pub mod props;
+pub mod readahead;
 mod record;
 mod sync;
 mod txn;

@@ -62,7 +62,7 @@ pub struct Fs<B: Backend> {
     pub(crate) open: Mutex<HashMap<u64, u32>>,
     snaps: Mutex<Snaps<B>>,
     /// Sequential readers, for read-ahead.
-    pub(crate) readahead: crate::readahead::ReadAhead,
+    pub(crate) readahead: tarn_dataset::readahead::ReadAhead,
     /// Who hears about committed changes (`notify`).
     pub(crate) notify: Hub,
 }

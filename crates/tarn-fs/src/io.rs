@@ -6,10 +6,10 @@ use crate::fs::{attr_of, err, lock, open_mask, wants_atime, Fs, Place, MAX_READ}
 use crate::inode::{self, Tx};
 use crate::perm;
 use crate::read_data::ReadData;
-use crate::readahead;
 use crate::store::Backend;
 use crate::types::*;
 use crate::{FsError, Result};
+use tarn_dataset::readahead;
 
 impl<B: Backend> Fs<B> {
     /// Opens `ino` with open(2) `flags` (checks permissions; `O_TRUNC`

@@ -95,7 +95,6 @@ mod namespace;
 pub mod notify;
 mod perm;
 mod read_data;
-mod readahead;
 mod readdir;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]

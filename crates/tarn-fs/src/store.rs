@@ -23,7 +23,7 @@ pub type Bytes = Box<dyn AsRef<[u8]> + Send + Sync>;
 
 /// A read of a block into a cache ahead of its reader, found inside a
 /// transaction and run after it (see [`Store::block_prefetcher`]).
-pub type Prefetch = Box<dyn FnOnce() + Send>;
+pub use tarn_dataset::readahead::Prefetch;
 
 /// Reads a block later, outside the transaction that found it (see
 /// [`Store::block_reader`]).

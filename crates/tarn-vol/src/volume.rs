@@ -20,6 +20,16 @@
 //! transaction and read them after it, so a slow disk read never holds up
 //! the dataset's writers.
 //!
+//! **Read-ahead.** A guest streaming its disk (a backup, a copy, a boot)
+//! reads one range after the other. Each volume keeps the stream table of
+//! [`tarn_dataset::readahead`] (one "file"); a read that continues a
+//! stream also takes references to the blocks of the range to read ahead,
+//! in its own transaction, and hands them to the read-ahead workers in
+//! jobs of [`AHEAD_JOB`] bytes, which put them in the block cache. Random
+//! reads start no stream and read nothing ahead. Read-ahead only fills the
+//! cache, whose keys name a block's exact contents, so a write or a trim
+//! racing it can never make a read return stale bytes.
+//!
 //! **Durability.** A write returns when its transaction is in the open
 //! txg. `flush` (and a FUA write, and every write under `sync=always`)
 //! commits the dataset's intent log, which holds every transaction that
@@ -48,6 +58,7 @@
 use std::ops::Bound;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
+use tarn_dataset::readahead::{self, Prefetch, ReadAhead};
 use tarn_dataset::{BlockData, BlockRef, DatasetHandle, DsError, VolSpec};
 
 use crate::{check_range, Device, Extent, VolError};
@@ -64,6 +75,8 @@ pub fn resize_lock() -> std::sync::MutexGuard<'static, ()> {
 
 /// Threads one read spreads its blocks over when it needs many.
 const READERS: usize = 4;
+/// Bytes of blocks one read-ahead job reads.
+const AHEAD_JOB: u64 = 256 << 10;
 /// Blocks to read before a read uses more than its own thread.
 const PARALLEL_FROM: usize = 8;
 
@@ -145,6 +158,8 @@ pub struct Volume {
     handle: DatasetHandle,
     /// The geometry, or None once closed (see [`Volume::close`]).
     spec: RwLock<Option<VolSpec>>,
+    /// Sequential readers of the device (see the module docs).
+    readahead: ReadAhead,
 }
 
 impl std::fmt::Debug for Volume {
@@ -183,6 +198,7 @@ impl Volume {
         Ok(Arc::new(Volume {
             handle,
             spec: RwLock::new(Some(spec)),
+            readahead: ReadAhead::default(),
         }))
     }
 
@@ -390,9 +406,44 @@ impl Device for Volume {
         let spec = self.read_spec()?;
         check_range(spec.size, off, len as u64)?;
         let pieces: Vec<Piece> = Self::pieces(&spec, off, len as u64).collect();
-        let refs: Vec<Option<BlockRef>> = self.handle.txn(false, |t| {
-            pieces.iter().map(|p| t.block_ref(&key(p.block))).collect()
+        let bs = spec.block as u64;
+        // Blocks to read ahead: a range the stream table hands out, cut to
+        // the device and to the blocks this read does not read itself.
+        let ahead = self
+            .readahead
+            .on_read((0, 0), off, len as u64, bs)
+            .map(|r| {
+                let first = (r.start / bs).max((off + len as u64).div_ceil(bs));
+                let last = r.end.min(spec.size).div_ceil(bs);
+                first..last.max(first)
+            })
+            .unwrap_or(0..0);
+        let (refs, jobs) = self.handle.txn(false, |t| {
+            let refs = pieces
+                .iter()
+                .map(|p| t.block_ref(&key(p.block)))
+                .collect::<Result<Vec<Option<BlockRef>>, DsError>>()?;
+            let mut later = Vec::new();
+            for b in ahead.clone() {
+                later.extend(t.block_ref(&key(b))?.filter(BlockRef::is_committed));
+            }
+            // One job per AHEAD_JOB bytes of blocks: the queue holds jobs,
+            // not blocks, and a job per small block would fill it at once.
+            let per = (AHEAD_JOB / bs).max(1) as usize;
+            let mut jobs: Vec<Prefetch> = Vec::new();
+            while !later.is_empty() {
+                let rest = later.split_off(later.len().min(per));
+                let group = std::mem::replace(&mut later, rest);
+                let pool = self.handle.pool().clone();
+                jobs.push(Box::new(move || {
+                    for r in group {
+                        r.prefetch(&pool);
+                    }
+                }));
+            }
+            Ok::<_, DsError>((refs, jobs))
         })?;
+        readahead::submit(jobs);
         let pool = self.handle.pool();
         let blocks = read_blocks(refs, &|r: BlockRef| r.read(pool));
         let mut out = Vec::with_capacity(len as usize);

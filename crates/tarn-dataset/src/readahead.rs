@@ -1,5 +1,7 @@
-//! Read-ahead: sequential readers are detected per file, and the records
-//! they will ask for next are read into the block cache before they ask.
+//! Read-ahead: sequential readers are detected per file (or per volume),
+//! and the blocks they will ask for next are read into the block cache
+//! before they ask. Shared by the POSIX layer (`tarn-fs`, per file) and
+//! block volumes (`tarn-vol`, one stream table per volume).
 //!
 //! # Theory
 //!
@@ -22,8 +24,9 @@
 //! read in sequence does. At most [`MAX_FILES`] files are tracked; the
 //! least recently read is forgotten first.
 //!
-//! **What runs where.** The range is turned into block references inside
-//! the reader's transaction (`file::prefetch_plan`), each holding its txg
+//! **What runs where.** The caller turns the range into block references
+//! inside the reader's transaction ([`crate::BlockRef::prefetch`] in a
+//! [`Prefetch`] job; `tarn-fs`'s `file::prefetch_plan`), each holding its txg
 //! so the block's space cannot be reused, and the reads run on a few
 //! worker threads of the process through a bounded queue. When the queue
 //! is full, read-ahead is dropped: it is advice, never owed. A block read
@@ -42,14 +45,23 @@ use std::ops::Range;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::fs::lock;
-use crate::store::Prefetch;
+use std::sync::MutexGuard;
+
+/// A read of a block into the block cache ahead of its reader, found
+/// inside a transaction and run after it on a read-ahead worker.
+pub type Prefetch = Box<dyn FnOnce() + Send>;
+
+/// Locks `m`, taking the data of a poisoned lock as it is: the tables
+/// here are advice, always consistent between statements.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Streams kept per file (several readers of one file, or one reader
 /// going back and forth).
-pub(crate) const STREAMS_PER_FILE: usize = 4;
+pub const STREAMS_PER_FILE: usize = 4;
 /// Files whose streams are kept.
-pub(crate) const MAX_FILES: usize = 256;
+pub const MAX_FILES: usize = 256;
 /// Smallest window: what the second sequential read reads ahead.
 const MIN_WINDOW: u64 = 256 << 10;
 /// Read-ahead jobs waiting for a worker; more are dropped.
@@ -59,7 +71,7 @@ const WORKERS: usize = 4;
 
 /// The largest window for records of `record` bytes: 8 MiB or eight
 /// records, at most 64 MiB.
-pub(crate) fn max_window(record: u64) -> u64 {
+pub fn max_window(record: u64) -> u64 {
     (8u64 << 20).max(record.saturating_mul(8)).min(64 << 20)
 }
 
@@ -83,9 +95,10 @@ struct Files {
     clock: u64,
 }
 
-/// Sequential-read detection for one filesystem (see the module docs).
+/// Sequential-read detection for one filesystem or volume (see the
+/// module docs).
 #[derive(Default)]
-pub(crate) struct ReadAhead {
+pub struct ReadAhead {
     files: Mutex<Files>,
 }
 
@@ -93,13 +106,7 @@ impl ReadAhead {
     /// Notes a read of `len` bytes at `off` of `file` (a snapshot slot and
     /// an inode) with records of `record` bytes, and returns the range to
     /// read ahead now, if any.
-    pub(crate) fn on_read(
-        &self,
-        file: (u64, u64),
-        off: u64,
-        len: u64,
-        record: u64,
-    ) -> Option<Range<u64>> {
+    pub fn on_read(&self, file: (u64, u64), off: u64, len: u64, record: u64) -> Option<Range<u64>> {
         if len == 0 {
             return None;
         }
@@ -161,7 +168,7 @@ impl ReadAhead {
 
     /// Forgets what was learned of `file` (removed, or its blocks changed
     /// wholesale).
-    pub(crate) fn forget(&self, file: (u64, u64)) {
+    pub fn forget(&self, file: (u64, u64)) {
         lock(&self.files).by_file.remove(&file);
     }
 
@@ -207,7 +214,7 @@ fn work(rx: &Mutex<Receiver<Prefetch>>) {
 /// Hands read-ahead jobs to the workers; those that do not fit in the
 /// queue are dropped (with the holds they carry). Returns how many were
 /// queued.
-pub(crate) fn submit(jobs: Vec<Prefetch>) -> usize {
+pub fn submit(jobs: Vec<Prefetch>) -> usize {
     let Some(tx) = workers() else { return 0 };
     let mut queued = 0;
     for job in jobs {
