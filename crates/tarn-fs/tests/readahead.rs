@@ -5,13 +5,14 @@
 //! error.
 
 use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tarn_block::{BlockCache, CacheStats};
+use tarn_block::BlockCache;
 use tarn_fs::Cred;
 use tarn_pool::PoolOptions;
 use tarn_testkit::data::{pattern, Rng};
 use tarn_testkit::datasets::{self, new_file, DsFs, FsPool};
+use tarn_testkit::pools::wait_prefetched;
 use tarn_testkit::{files, pools};
 use tarn_vdev::{VdevKind, DATA_START};
 
@@ -42,22 +43,6 @@ fn setup() -> (FsPool, Arc<BlockCache>, u64, Vec<u8>) {
 
 fn read(fs: &DsFs, ino: u64, off: u64, len: u64) -> Vec<u8> {
     fs.read(ino, off, len as u32).unwrap()
-}
-
-/// Waits until the cache holds `n` blocks read ahead.
-fn wait_prefetched(cache: &BlockCache, n: u64) -> CacheStats {
-    let t0 = Instant::now();
-    loop {
-        let s = cache.stats();
-        if s.prefetched >= n {
-            return s;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "read-ahead never came: {s:?}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 #[test]

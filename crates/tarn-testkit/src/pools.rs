@@ -178,3 +178,20 @@ pub fn block_ranges(kind: VdevKind, n: usize, bp: &BlockPtr) -> Vec<(usize, u64,
             .collect(),
     }
 }
+
+/// Waits (up to 30 s) until `cache` holds at least `n` blocks read ahead,
+/// and returns its counters then; fails the test if they never come.
+pub fn wait_prefetched(cache: &tarn_block::BlockCache, n: u64) -> tarn_block::CacheStats {
+    let t0 = std::time::Instant::now();
+    loop {
+        let s = cache.stats();
+        if s.prefetched >= n {
+            return s;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(30),
+            "read-ahead never came: {s:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}

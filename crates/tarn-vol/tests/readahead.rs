@@ -3,13 +3,13 @@
 //! ahead, and a block read ahead is never served over a newer write.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tarn_block::{BlockCache, CacheStats};
+use tarn_block::BlockCache;
 use tarn_dataset::VolSpec;
 use tarn_pool::{Pool, PoolOptions};
 use tarn_testkit::data::{pattern, Rng};
-use tarn_testkit::pools::{opts, props, tank_with};
+use tarn_testkit::pools::{opts, props, tank_with, wait_prefetched};
 use tarn_vdev::VdevKind;
 use tarn_vol::{Device, Volume};
 
@@ -46,21 +46,6 @@ fn setup(dir: &std::path::Path) -> (Arc<Pool>, Arc<BlockCache>, Arc<Volume>, Vec
     pool.sync().unwrap();
     cache.evict_pool(pool.guid());
     (pool, cache, vol, data)
-}
-
-fn wait_prefetched(cache: &BlockCache, n: u64) -> CacheStats {
-    let t0 = Instant::now();
-    loop {
-        let s = cache.stats();
-        if s.prefetched >= n {
-            return s;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "read-ahead never came: {s:?}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 #[test]
