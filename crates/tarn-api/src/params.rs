@@ -379,7 +379,7 @@ pub struct UserPasswdParams {
 }
 
 /// `user.chap` (API 2.1).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UserChapParams {
     /// The pool (optional with one pool).
@@ -391,6 +391,16 @@ pub struct UserChapParams {
     /// given because CHAP needs it; none removes it.
     #[serde(default)]
     pub secret: Option<String>,
+}
+
+impl std::fmt::Debug for UserChapParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserChapParams")
+            .field("pool", &self.pool)
+            .field("name", &self.name)
+            .field("secret", &self.secret.as_ref().map(|_| "<hidden>"))
+            .finish()
+    }
 }
 
 /// `share.add`.

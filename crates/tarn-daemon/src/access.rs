@@ -44,7 +44,7 @@ pub const KIND_USER: &str = "user";
 pub const KIND_SHARE: &str = "share";
 
 /// A user as stored in the pool (the hash, never the password).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UserRecord {
     /// Login name.
     pub name: String,
@@ -60,6 +60,20 @@ pub struct UserRecord {
     /// login password (docs/iscsi.md says what this exposes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chap_secret: Option<String>,
+}
+
+impl std::fmt::Debug for UserRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserRecord")
+            .field("name", &self.name)
+            .field("uid", &self.uid)
+            .field("gid", &self.gid)
+            .field(
+                "chap_secret",
+                &self.chap_secret.as_ref().map(|_| "<hidden>"),
+            )
+            .finish_non_exhaustive()
+    }
 }
 
 /// A share as stored in the pool (a `share` configuration record, keyed by
@@ -411,6 +425,12 @@ pub fn user(pool: &Pool, name: &str) -> Result<UserRecord, ApiError> {
 /// Changes a user's password.
 pub fn user_passwd(pool: &Pool, name: &str, password: &str) -> Result<(), ApiError> {
     let mut rec = user(pool, name)?;
+    if rec.chap_secret.as_deref() == Some(password) {
+        return Err(ApiError::invalid(
+            "the password must differ from the user's CHAP secret: the secret is stored as \
+             given, the password only as a hash",
+        ));
+    }
     rec.hash = hash_password(password)?;
     tarn_dataset::config_put(pool, KIND_USER, name, &encode(&rec)?).map_err(ds_error)
 }

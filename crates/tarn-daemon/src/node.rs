@@ -502,16 +502,19 @@ impl Backend for Pools {
         uid: Option<u32>,
         gid: Option<u32>,
     ) -> Result<UserInfo, ApiError> {
+        let _access = self.access_lock.lock().unwrap_or_else(|e| e.into_inner());
         let p = self.pool_for_users(pool)?;
         access::user_add(&p, name, password, uid, gid)
     }
 
     fn user_del(&self, pool: Option<&str>, name: &str) -> Result<(), ApiError> {
+        let _access = self.access_lock.lock().unwrap_or_else(|e| e.into_inner());
         let p = self.pool_for_users(pool)?;
         access::user_del(&p, name)
     }
 
     fn user_passwd(&self, pool: Option<&str>, name: &str, password: &str) -> Result<(), ApiError> {
+        let _access = self.access_lock.lock().unwrap_or_else(|e| e.into_inner());
         let p = self.pool_for_users(pool)?;
         access::user_passwd(&p, name, password)
     }
@@ -522,6 +525,7 @@ impl Backend for Pools {
         name: &str,
         secret: Option<&str>,
     ) -> Result<(), ApiError> {
+        let _access = self.access_lock.lock().unwrap_or_else(|e| e.into_inner());
         let p = self.pool_for_users(pool)?;
         access::user_chap(&p, name, secret)?;
         // Targets that log in with this user's secret take the new one.
@@ -547,6 +551,7 @@ impl Backend for Pools {
     }
 
     fn share_add(&self, share: &Share, owner: Option<&str>) -> Result<(), ApiError> {
+        let _access = self.access_lock.lock().unwrap_or_else(|e| e.into_inner());
         let pool = self.get(pool_of(&share.dataset))?;
         if owner.is_some() && share.nfs.is_none() && share.webdav.is_none() {
             return Err(ApiError::invalid(
@@ -616,6 +621,7 @@ impl Backend for Pools {
     }
 
     fn share_del(&self, pool: Option<&str>, name: &str) -> Result<(), ApiError> {
+        let _access = self.access_lock.lock().unwrap_or_else(|e| e.into_inner());
         let found: Vec<Arc<Pool>> = match pool {
             Some(p) => vec![self.get(p)?],
             None => {

@@ -87,6 +87,10 @@ pub struct Pools {
     pub(crate) unavailable: Mutex<Vec<CacheEntry>>,
     /// Serializes rewrites of `pools.json`.
     cache_lock: Mutex<()>,
+    /// Serializes changes of users and shares, so the checks of one (a
+    /// share's CHAP user has a secret, an iSCSI name is unused) and the
+    /// write they allow see one state.
+    pub(crate) access_lock: Mutex<()>,
     /// Exclusive lock on the state directory: one daemon per state.
     _state_lock: std::fs::File,
     /// FUSE mounts of datasets.
@@ -209,6 +213,7 @@ impl Pools {
             pending: Mutex::new(BTreeSet::new()),
             unavailable: Mutex::new(Vec::new()),
             cache_lock: Mutex::new(()),
+            access_lock: Mutex::new(()),
             _state_lock: state_lock,
             mounts: Mounts::new(tuning.fuse_threads),
             fss: Filesystems::default(),

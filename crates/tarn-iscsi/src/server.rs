@@ -27,8 +27,18 @@
 //! running commands, so the window an initiator sees shrinks with every
 //! command it starts and grows again as commands finish (an initiator
 //! ignores a MaxCmdSN lower than the one it has, so the window is never
-//! taken back). With `queue_depth` commands running, no PDU is read at
-//! all: TCP backpressure holds an initiator that ignores the window.
+//! taken back). With `queue_depth` commands running, or with running
+//! commands' expected lengths and waiting writes' data together at
+//! [`IscsiConfig::max_pending_write_bytes`], no PDU is read at all: TCP
+//! backpressure holds an initiator that ignores the window, and a
+//! connection holds at most about that many bytes plus one command's.
+//!
+//! An ORDERED task must come after every older task and before every
+//! newer one, but a write waiting for its data cannot be waited for
+//! inline (its data comes through the same loop): an ORDERED task that
+//! arrives while writes wait for data, and any task that arrives while an
+//! ORDERED write waits for data, is answered TASK SET FULL and retried by
+//! the initiator.
 //!
 //! A write needs its data before it can run. The data comes as immediate
 //! data in the command PDU (if `ImmediateData=Yes`, up to
@@ -136,8 +146,9 @@ pub struct IscsiConfig {
     /// Default 32.
     pub queue_depth: u32,
     /// Most bytes of write data one connection holds while its writes
-    /// wait for the rest of their data. At least `max_transfer`.
-    /// Default 64 MiB.
+    /// wait for the rest of their data; also the bound, with that data,
+    /// on what its running commands may return before the connection
+    /// reads on. At least `max_transfer`. Default 64 MiB.
     pub max_pending_write_bytes: u64,
     /// Credentials discovery sessions must present; None: discovery is
     /// open (it lists only the targets the client may see).
@@ -402,6 +413,7 @@ async fn connection(
         task_bytes: 0,
         running: tokio::task::JoinSet::new(),
         running_itts: HashMap::new(),
+        running_bytes: 0,
         aborted: HashSet::new(),
         next_ttt: 1,
         text_rest: None,
@@ -526,6 +538,10 @@ struct Ffp {
     /// Commands running on the blocking pool: task id → ITT.
     running: tokio::task::JoinSet<Done>,
     running_itts: HashMap<tokio::task::Id, u32>,
+    /// Bytes the running commands may return (their expected lengths):
+    /// with the waiting writes' bytes, bounded by
+    /// [`IscsiConfig::max_pending_write_bytes`] before more is read.
+    running_bytes: u64,
     /// Running tasks whose response is dropped (aborted by task
     /// management).
     aborted: HashSet<u32>,
@@ -571,7 +587,8 @@ impl Ffp {
                 self.settle().await;
                 return;
             }
-            let room = self.running.len() < depth;
+            let room = self.running.len() < depth
+                && self.running_bytes + self.task_bytes < self.shared.cfg.max_pending_write_bytes;
             let busy = !self.running.is_empty();
             let ev = tokio::select! {
                 r = rx.recv(), if room => Event::Pdu(r),
@@ -702,6 +719,14 @@ impl Ffp {
             op::LOGOUT => {
                 let _ = self.accept_cmd_sn(&p);
                 let why = p.flags() & 0x7f;
+                if why <= 1 {
+                    // Nothing may follow the Logout Response: commands
+                    // still running are answered first, and writes still
+                    // waiting for data are dropped.
+                    self.settle().await;
+                    self.tasks.clear();
+                    self.task_bytes = 0;
+                }
                 let mut r = Pdu::new(op::LOGOUT_RSP);
                 r.set_flags(FLAG_F);
                 // Closing the session or this connection both end the
@@ -768,6 +793,16 @@ impl Ffp {
                 return Flow::Go;
             }
         };
+        // An ORDERED task must follow every older task, including writes
+        // still waiting for their data, and every newer task must follow
+        // an ORDERED one that waits for data. Neither can wait here (the
+        // data comes through this loop), so such a command is refused
+        // with TASK SET FULL, which the initiator retries; initiators
+        // send SIMPLE tasks, for which this never happens.
+        if (ordered && !self.tasks.is_empty()) || self.tasks.values().any(|t| t.ordered) {
+            self.respond(itt, scsi::status::TASK_SET_FULL, None, 0, 0);
+            return Flow::Go;
+        }
         let mut cmd = cmd;
         let mut need = cmd.data_out_len();
         if matches!(cmd, Cmd::CompareAndWrite { .. }) && edtl != need {
@@ -1056,6 +1091,7 @@ impl Ffp {
             }
         });
         self.running_itts.insert(handle.id(), itt);
+        self.running_bytes += u64::from(edtl);
         if run.ordered {
             self.settle().await;
         }
@@ -1071,12 +1107,14 @@ impl Ffp {
                 // The task was lost (it cannot panic: the device call's
                 // panic is caught above); its initiator times it out.
                 if let Some(itt) = self.running_itts.remove(&id) {
+                    self.aborted.remove(&itt);
                     self.log(&format!("command {itt:#x} of {} was lost", self.peer));
                 }
                 return;
             }
         };
         self.running_itts.retain(|_, &mut i| i != d.itt);
+        self.running_bytes = self.running_bytes.saturating_sub(u64::from(d.edtl));
         if self.aborted.remove(&d.itt) {
             return;
         }

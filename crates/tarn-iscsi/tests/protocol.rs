@@ -416,13 +416,20 @@ fn reservations_are_per_initiator_port_and_outlive_sessions() {
     assert_eq!(rsp.data[2 + 12], 0x26, "INVALID FIELD IN PARAMETER LIST");
 }
 
-/// A device whose reads of the first 4 KiB wait (up to 3 s) until a
-/// read elsewhere has happened: a server that ran one command at a time
-/// would answer the first read only after the wait.
+/// A device whose reads of the first 4 KiB wait (up to 3 s) until the
+/// test opens the gate: a server that ran one command at a time could
+/// not answer a later read before the wait is over.
 struct Gate {
     inner: std::sync::Arc<tarn_vol::testing::MemDevice>,
     opened: std::sync::Mutex<bool>,
     cv: std::sync::Condvar,
+}
+
+impl Gate {
+    fn set(&self, open: bool) {
+        *self.opened.lock().unwrap() = open;
+        self.cv.notify_all();
+    }
 }
 
 impl tarn_vol::Device for Gate {
@@ -446,9 +453,6 @@ impl tarn_vol::Device for Gate {
                     .unwrap()
                     .0;
             }
-        } else {
-            *open = true;
-            self.cv.notify_all();
         }
         drop(open);
         self.inner.read(off, len)
@@ -479,8 +483,9 @@ fn read10(s: &mut Raw, itt: u32, lba: u8, attr: u8) -> Pdu {
 }
 
 /// The ITTs of the next `n` finished commands, in the order their
-/// status came, and the MaxCmdSN of the first answer.
-fn finished(s: &mut Raw, n: usize) -> (Vec<u32>, u32) {
+/// status came, and the MaxCmdSN of the first answer; `after_first` runs
+/// once the first has finished.
+fn finished(s: &mut Raw, n: usize, mut after_first: impl FnMut()) -> (Vec<u32>, u32) {
     let mut order = Vec::new();
     let mut max_cmd_sn = None;
     while order.len() < n {
@@ -494,6 +499,9 @@ fn finished(s: &mut Raw, n: usize) -> (Vec<u32>, u32) {
         if done {
             assert_eq!(p.bhs[3], 0, "GOOD");
             order.push(p.itt());
+            if order.len() == 1 {
+                after_first();
+            }
         }
     }
     (order, max_cmd_sn.unwrap_or_default())
@@ -508,17 +516,16 @@ fn one_session_runs_simple_commands_at_once_and_ordered_ones_alone() {
     });
     let r = start(vec![IscsiTarget::new(IQN, dev.clone())]);
     let mut s = Raw::login(r.local_addr(), IQN);
-    // SIMPLE: the gated read waits for the second, which must run while
-    // the first is still running, and is answered first.
-    let t0 = std::time::Instant::now();
+    // SIMPLE: the gated read waits until the second read is answered,
+    // which must run while the first is still running (one at a time,
+    // the first would be answered first, after the gate's timeout).
     let a = read10(&mut s, 1, 0, 1);
     let b = read10(&mut s, 2, 64, 1);
     let sn_after = b.u32_at(24) + 1;
     s.send(&a);
     s.send(&b);
-    let (order, max_cmd_sn) = finished(&mut s, 2);
+    let (order, max_cmd_sn) = finished(&mut s, 2, || dev.set(true));
     assert_eq!(order, [2, 1], "the second read was held up by the first");
-    assert!(t0.elapsed() < std::time::Duration::from_secs(2));
     // While the gated read ran, the window was one command smaller.
     assert_eq!(
         max_cmd_sn,
@@ -528,12 +535,46 @@ fn one_session_runs_simple_commands_at_once_and_ordered_ones_alone() {
 
     // ORDERED: the second read waits until the first is over, so the
     // gated one times out first and the answers come in order.
-    *dev.opened.lock().unwrap() = false;
+    dev.set(false);
     let a = read10(&mut s, 3, 0, 1);
     let b = read10(&mut s, 4, 64, 2);
     s.send(&a);
     s.send(&b);
-    let (order, _) = finished(&mut s, 2);
+    let (order, _) = finished(&mut s, 2, || ());
     assert_eq!(order, [3, 4], "an ORDERED task ran beside another");
     s.tur_good(5);
+}
+
+#[test]
+fn an_ordered_task_behind_a_write_waiting_for_data_is_told_to_retry() {
+    let (r, dev) = server();
+    let mut s = Raw::login(r.local_addr(), IQN);
+    // A WRITE(10) of 8 blocks with no immediate data: the target asks for
+    // it with an R2T and the write waits.
+    let c = s.scsi(1, &[0x2a, 0, 0, 0, 0, 0, 0, 0, 8, 0], 4096, false, true);
+    s.send(&c);
+    let r2t = s.recv().expect("an R2T");
+    assert_eq!(r2t.opcode(), op::R2T);
+    // An ORDERED TEST UNIT READY cannot go before it: TASK SET FULL.
+    let mut tur = s.scsi(2, &[0; 6], 0, false, false);
+    tur.set_flags(tur.flags() | 2);
+    s.send(&tur);
+    let rsp = s.recv().expect("a response");
+    assert_eq!((rsp.opcode(), rsp.itt()), (op::SCSI_RSP, 2));
+    assert_eq!(rsp.bhs[3], 0x28, "TASK SET FULL");
+    // The data comes, the write completes, and the retry runs.
+    let mut d = Pdu::new(op::DATA_OUT);
+    d.set_flags(0x80);
+    d.set_itt(1);
+    d.set_u32(20, r2t.u32_at(20));
+    d.data = vec![0x5a; 4096];
+    s.send(&d);
+    let rsp = s.recv().expect("the write's status");
+    assert_eq!((rsp.itt(), rsp.bhs[3]), (1, 0));
+    assert_eq!(dev.read(0, 4096).unwrap(), vec![0x5a; 4096]);
+    let mut tur = s.scsi(3, &[0; 6], 0, false, false);
+    tur.set_flags(tur.flags() | 2);
+    s.send(&tur);
+    let rsp = s.recv().expect("a response");
+    assert_eq!((rsp.itt(), rsp.bhs[3]), (3, 0), "GOOD");
 }

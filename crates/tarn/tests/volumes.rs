@@ -335,6 +335,16 @@ fn iscsi_shares_with_chap_users_through_the_daemon() {
     assert!(set_chap(&d, "alice", "alice-chap-secret-1")
         .status
         .success());
+    // Nor may the password become the secret stored in the clear.
+    let o = tarn_with_stdin(
+        &d,
+        &["user", "passwd", "--password-stdin", "alice"],
+        "alice-chap-secret-1\n",
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("differ from the user's CHAP secret"),
+        "{o:?}"
+    );
     assert!(set_chap(&d, "nas", "alice-chap-secret-1").status.success());
     refuse(
         &[
