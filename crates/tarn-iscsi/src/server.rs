@@ -234,6 +234,9 @@ mod reason {
 struct Shared {
     cfg: IscsiConfig,
     table: RwLock<Arc<Table>>,
+    /// Bumped by every `set_targets`: sessions then check that their
+    /// target still lets them in (see [`Ffp::still_admitted`]).
+    changed: watch::Sender<u64>,
     log: RateLog,
     tsih: AtomicU16,
 }
@@ -278,6 +281,7 @@ impl IscsiServer {
         let shared = Arc::new(Shared {
             cfg: config,
             table: RwLock::new(Arc::new(table)),
+            changed: watch::channel(0).0,
             log: RateLog::new("tarn-iscsi", Duration::from_secs(10)),
             tsih: AtomicU16::new(1),
         });
@@ -302,14 +306,16 @@ impl Running {
     }
 
     /// Replaces the target list. New logins and discovery requests see
-    /// the new list at once; sessions already logged in keep the device
-    /// (and the read-only setting) they logged in with.
+    /// the new list at once; a session already logged in goes on only if
+    /// its target is still listed with the same device and would let it
+    /// in on the same terms, and is closed otherwise.
     pub fn set_targets(&self, targets: Vec<IscsiTarget>) -> Result<(), Error> {
         let t = Arc::new(Table::new(targets)?);
         match self.shared.table.write() {
             Ok(mut g) => *g = t,
             Err(p) => *p.into_inner() = t,
         }
+        self.shared.changed.send_modify(|v| *v = v.wrapping_add(1));
         Ok(())
     }
 
@@ -477,6 +483,8 @@ enum Event {
     Done(Result<Done, tokio::task::Id>),
     /// Evicted, idle too long, or the server stops.
     Close,
+    /// The targets changed.
+    Recheck,
 }
 
 /// A write waiting for its data.
@@ -568,6 +576,7 @@ impl Ffp {
         // The reader decodes PDUs ahead into a small channel, so waiting
         // for a PDU and for a finished command can be one select (a PDU
         // read half-way is never dropped).
+        let mut changed = self.shared.changed.subscribe();
         let (tx, mut rx) = tokio::sync::mpsc::channel(4);
         let digests = self.digests;
         let reader = tokio::spawn(async move {
@@ -597,6 +606,7 @@ impl Ffp {
                 }
                 _ = conn.closed(idle) => Event::Close,
                 _ = stop.wait_for(|&s| s) => Event::Close,
+                Ok(()) = changed.changed() => Event::Recheck,
             };
             match ev {
                 Event::Pdu(Some(Ok(p))) => {
@@ -610,6 +620,16 @@ impl Ffp {
                 }
                 Event::Pdu(_) | Event::Close => break,
                 Event::Done(d) => self.finish(d),
+                Event::Recheck => {
+                    if !self.still_admitted() {
+                        self.log(&format!(
+                            "closed the session of {} ({}): its target was removed or its \
+                             access changed",
+                            self.peer, self.sess.initiator
+                        ));
+                        break;
+                    }
+                }
             }
         }
         reader.abort();
@@ -628,6 +648,29 @@ impl Ffp {
         while let Some(d) = self.running.join_next_with_id().await {
             self.finish(d.map(|(_, d)| d).map_err(|e| e.id()));
         }
+    }
+
+    /// After the targets changed: true if this session's target is still
+    /// served, with the same device, and would let this initiator in on
+    /// the same terms (networks, initiator names, CHAP credentials,
+    /// read-only). A session that would not be admitted now is closed, so
+    /// revoking access (removing a share, narrowing its networks, a new
+    /// secret) takes effect on the sessions already in, not only on new
+    /// logins. Discovery sessions hold no device and go on.
+    fn still_admitted(&self) -> bool {
+        let SessionKind::Normal(old) = &self.sess.kind else {
+            return true;
+        };
+        let table = self.shared.table();
+        let Some(new) = table.targets.iter().find(|t| t.name == old.name) else {
+            return false;
+        };
+        Arc::ptr_eq(&new.device, &old.device)
+            && new.allows(self.peer.ip())
+            && new.admits(&self.sess.initiator)
+            && new.chap == old.chap
+            && new.mutual_chap == old.mutual_chap
+            && new.is_read_only() == old.is_read_only()
     }
 
     fn log(&self, msg: &str) {

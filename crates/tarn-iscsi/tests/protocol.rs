@@ -578,3 +578,39 @@ fn an_ordered_task_behind_a_write_waiting_for_data_is_told_to_retry() {
     let rsp = s.recv().expect("a response");
     assert_eq!((rsp.itt(), rsp.bhs[3]), (3, 0), "GOOD");
 }
+
+#[test]
+fn revoking_access_closes_the_sessions_already_in() {
+    let a = mem(8 * MIB, 4096);
+    let b = mem(8 * MIB, 4096);
+    let b_iqn = "iqn.2024-01.org.tarn:other";
+    let targets = |a_clients: &str| {
+        let mut ta = IscsiTarget::new(IQN, a.clone());
+        ta.clients = vec![a_clients.parse().unwrap()];
+        vec![ta, IscsiTarget::new(b_iqn, b.clone())]
+    };
+    let r = start(targets("127.0.0.0/8"));
+    let mut sa = Raw::login(r.local_addr(), IQN);
+    let mut sb = Raw::login(r.local_addr(), b_iqn);
+    // The same targets again (what the daemon does on any share change):
+    // both sessions go on.
+    r.set_targets(targets("127.0.0.0/8")).unwrap();
+    sa.tur_good(1);
+    sb.tur_good(1);
+    // A's networks no longer include this client: its session is closed,
+    // B's goes on.
+    r.set_targets(targets("10.0.0.0/8")).unwrap();
+    assert!(
+        sa.closed(),
+        "a session outside the target's networks went on"
+    );
+    sb.tur_good(2);
+    // A target removed ends its sessions too.
+    let mut sa = Raw::login(r.local_addr(), b_iqn);
+    r.set_targets(vec![IscsiTarget::new(IQN, a.clone())])
+        .unwrap();
+    assert!(
+        sa.closed() && sb.closed(),
+        "sessions of a removed target went on"
+    );
+}

@@ -32,7 +32,8 @@
 //! gets `ERR_TLS_REQD` until TLS is on, and `EXPORT_NAME` (which cannot
 //! fail) closes the connection. The export table is read afresh for
 //! each option, so a client always negotiates against the current list;
-//! the export it enters keeps its device for the whole session.
+//! the export it enters keeps its device for the whole session (or until
+//! `set_exports` ends the session because it no longer admits it).
 
 use std::sync::Arc;
 

@@ -125,6 +125,9 @@ struct Shared {
     cfg: NbdConfig,
     policy: Policy,
     table: RwLock<Arc<Table>>,
+    /// Bumped by every `set_exports`: transmitting connections then check
+    /// that their export still lets them in ([`still_admitted`]).
+    changed: watch::Sender<u64>,
     log: RateLog,
 }
 
@@ -164,6 +167,7 @@ impl NbdServer {
             },
             cfg: config,
             table: RwLock::new(Arc::new(table)),
+            changed: watch::channel(0).0,
             log: RateLog::new("tarn-nbd", Duration::from_secs(10)),
         });
         let serving = shared.clone();
@@ -187,14 +191,17 @@ impl Running {
     }
 
     /// Replaces the export list. New negotiations see the new list at
-    /// once; connections already transmitting keep the device (and the
-    /// read-only setting) they entered with.
+    /// once. A connection already transmitting goes on if its export is
+    /// still listed with the same device and would still let it in on the
+    /// same terms (client networks, read-only); otherwise it is closed,
+    /// so revoking access takes effect on connections already in.
     pub fn set_exports(&self, exports: Vec<NbdExport>) -> Result<(), Error> {
         let t = Arc::new(Table::new(exports, self.shared.cfg.default_export.clone())?);
         match self.shared.table.write() {
             Ok(mut g) => *g = t,
             Err(p) => *p.into_inner() = t,
         }
+        self.shared.changed.send_modify(|v| *v = v.wrapping_add(1));
         Ok(())
     }
 
@@ -398,12 +405,34 @@ async fn transmit<R, W>(
     let mut rd = BufReader::with_capacity(IO_BUFFER, rd);
     let idle = nonzero(cfg.idle_timeout);
     let structured = sess.view.structured;
+    let mut changed = shared.changed.subscribe();
     loop {
-        let next = tokio::select! {
-            n = next_request(&mut rd, &sess, &slots, &bytes, budget) => n,
-            _ = conn.closed(idle) => break,
-            _ = stop.wait_for(|&s| s) => break,
+        // The request being read survives a change of the exports (it is
+        // polled again, never dropped half-read) unless the connection
+        // is closed for it.
+        let reading = next_request(&mut rd, &sess, &slots, &bytes, budget);
+        tokio::pin!(reading);
+        let next = loop {
+            tokio::select! {
+                n = &mut reading => break Some(n),
+                _ = conn.closed(idle) => break None,
+                _ = stop.wait_for(|&s| s) => break None,
+                Ok(()) = changed.changed() => {
+                    if !still_admitted(shared, &sess, peer) {
+                        shared.log.log(
+                            "access",
+                            &format!(
+                                "closed the connection of {peer} to export {:?}: it was \
+                                 removed or its access changed",
+                                sess.export.name
+                            ),
+                        );
+                        break None;
+                    }
+                }
+            }
         };
+        let Some(next) = next else { break };
         match next {
             Next::Run {
                 header,
@@ -476,6 +505,19 @@ async fn transmit<R, W>(
 /// within the connection's budget before anything is allocated), then a
 /// write's payload. A request's payload is always consumed before the
 /// next header is read.
+/// After the exports changed: true if the connection's export is still
+/// listed under its name with the same device and would let `peer` in on
+/// the same terms (networks, read-only).
+fn still_admitted(shared: &Shared, sess: &Session, peer: SocketAddr) -> bool {
+    let table = shared.table();
+    let old = &sess.export;
+    table.find(&old.name).is_some_and(|new| {
+        Arc::ptr_eq(&new.device, &old.device)
+            && new.allows(peer.ip())
+            && new.read_only == old.read_only
+    })
+}
+
 async fn next_request<R: AsyncRead + Unpin>(
     rd: &mut BufReader<R>,
     sess: &Session,

@@ -583,25 +583,45 @@ fn two_connections_write_disjoint_halves_then_one_flushes() {
 // ----- exports, limits, stop ----------------------------------------------------
 
 #[test]
-fn set_exports_is_live_and_spares_open_sessions() {
+fn set_exports_is_live_and_ends_only_the_sessions_it_revokes() {
     let old = mem(MIB);
     old.write(0, b"old", false).unwrap();
-    let r = start(vec![NbdExport::new("disk", old.clone())]);
+    let extra = mem(MIB);
+    let lan = |dev: Arc<MemDevice>, net: &str| {
+        let mut e = NbdExport::new("lan", dev);
+        e.clients = vec![net.parse().unwrap()];
+        e
+    };
+    let shared = mem(MIB);
+    let r = start(vec![
+        NbdExport::new("disk", old.clone()),
+        NbdExport::new("extra", extra.clone()),
+        lan(shared.clone(), "127.0.0.0/8"),
+    ]);
     let mut before = Raw::open(r.local_addr(), "disk");
+    let mut kept = Raw::open(r.local_addr(), "extra");
+    let mut narrowed = Raw::open(r.local_addr(), "lan");
     // A client negotiating across the change sees the new list.
     let mut negotiating = Raw::connect(r.local_addr());
     let new = mem(2 * MIB);
     new.write(0, b"new", false).unwrap();
     let mut ro = NbdExport::new("disk", new.clone());
     ro.read_only = true;
-    r.set_exports(vec![ro, NbdExport::new("extra", mem(MIB))])
-        .unwrap();
-    assert_eq!(
-        before.read(0, 3),
-        Ok(b"old".to_vec()),
-        "the open session keeps its device"
+    r.set_exports(vec![
+        ro,
+        NbdExport::new("extra", extra.clone()),
+        lan(shared.clone(), "10.0.0.0/8"),
+    ])
+    .unwrap();
+    // "disk" is another device now, "lan" no longer admits this client:
+    // their sessions end; "extra" is unchanged and its session goes on.
+    assert!(before.closed(), "a session of a replaced export went on");
+    assert!(
+        narrowed.closed(),
+        "a session outside the new networks went on"
     );
-    assert_eq!(before.write(3, b"!"), 0, "and its writability");
+    assert_eq!(kept.write(0, b"kept"), 0);
+    assert_eq!(kept.read(0, 4), Ok(b"kept".to_vec()));
     let (size, flags) = negotiating.go("disk").unwrap();
     assert_eq!(size, 2 * MIB);
     assert_ne!(flags & tx::READ_ONLY, 0);
@@ -622,7 +642,8 @@ fn set_exports_is_live_and_spares_open_sessions() {
         ])
         .is_err());
     assert_eq!(c.go("extra").map(|x| x.0), Ok(MIB));
-    assert_eq!(&old.contents()[..4], b"old!");
+    assert_eq!(&old.contents()[..3], b"old");
+    assert_eq!(kept.read(0, 4), Ok(b"kept".to_vec()));
 }
 
 #[test]

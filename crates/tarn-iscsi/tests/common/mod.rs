@@ -60,6 +60,16 @@ pub fn ok(args: &[&str]) -> String {
     out
 }
 
+/// What [`Raw::next`] found.
+pub enum Next {
+    /// A PDU.
+    Pdu(Pdu),
+    /// End of file, a reset, or bytes that are no PDU.
+    Closed,
+    /// Nothing within the read timeout.
+    Timeout,
+}
+
 /// A blocking initiator over TCP.
 pub struct Raw {
     pub s: TcpStream,
@@ -88,11 +98,28 @@ impl Raw {
         self.s.write_all(&b).expect("send");
     }
 
-    /// The next PDU, or None when the server closed the connection.
+    /// The next PDU, or None when the server closed the connection (or
+    /// nothing came within the read timeout).
     pub fn recv(&mut self) -> Option<Pdu> {
+        match self.next() {
+            Next::Pdu(p) => Some(p),
+            Next::Closed | Next::Timeout => None,
+        }
+    }
+
+    /// The next PDU, or whether the connection was closed or stayed
+    /// silent for the read timeout.
+    pub fn next(&mut self) -> Next {
         let mut bhs = [0u8; 48];
-        self.s.read_exact(&mut bhs).ok()?;
-        let f = pdu::framing(&bhs, 1 << 24).ok()?;
+        if let Err(e) = self.s.read_exact(&mut bhs) {
+            return match e.kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Next::Timeout,
+                _ => Next::Closed,
+            };
+        }
+        let Ok(f) = pdu::framing(&bhs, 1 << 24) else {
+            return Next::Closed;
+        };
         let mut rest = bhs.to_vec();
         let mut n = f.ahs_len + pdu::padded(f.data_len);
         if self.digests.header {
@@ -102,18 +129,25 @@ impl Raw {
             n += 4;
         }
         let mut more = vec![0u8; n];
-        self.s.read_exact(&mut more).ok()?;
+        if self.s.read_exact(&mut more).is_err() {
+            return Next::Closed;
+        }
         rest.extend_from_slice(&more);
-        let (p, _) = pdu::decode(&rest, self.digests, 1 << 24).ok()??;
-        Some(p)
+        match pdu::decode(&rest, self.digests, 1 << 24) {
+            Ok(Some((p, _))) => Next::Pdu(p),
+            _ => Next::Closed,
+        }
     }
 
     /// True if the server closes the connection (EOF or reset) within
-    /// the read timeout, skipping any PDUs it sends first.
+    /// the read timeout, skipping any PDUs it sends first; false if the
+    /// connection stays open and silent that long.
     pub fn closed(&mut self) -> bool {
         for _ in 0..64 {
-            if self.recv().is_none() {
-                return true;
+            match self.next() {
+                Next::Pdu(_) => {}
+                Next::Closed => return true,
+                Next::Timeout => return false,
             }
         }
         false
