@@ -157,6 +157,15 @@ fn parse_iscsi(spec: &str) -> anyhow::Result<IscsiShare> {
         mutual_chap: None,
         read_only: false,
     };
+    if spec.trim().is_empty() {
+        bail!("--iscsi needs a target name or `auto`, then KEY=VALUE items");
+    }
+    let once = |slot: &mut Option<String>, k: &str, v: &str| -> anyhow::Result<()> {
+        if slot.replace(v.to_string()).is_some() {
+            bail!("--iscsi {spec}: {k}= is given twice");
+        }
+        Ok(())
+    };
     for (n, part) in spec.split(',').enumerate() {
         let part = part.trim();
         match part.split_once('=') {
@@ -169,8 +178,8 @@ fn parse_iscsi(spec: &str) -> anyhow::Result<IscsiShare> {
                 bail!("--iscsi {spec}: '{part}' is not KEY=VALUE (only the first item is a name)")
             }
             Some((k, "")) => bail!("--iscsi {spec}: {k}= needs a value"),
-            Some(("chap", v)) => share.chap = Some(v.to_string()),
-            Some(("mutual", v)) => share.mutual_chap = Some(v.to_string()),
+            Some(("chap", v)) => once(&mut share.chap, "chap", v)?,
+            Some(("mutual", v)) => once(&mut share.mutual_chap, "mutual", v)?,
             Some(("client", v)) => share.clients.push(v.to_string()),
             Some(("initiator", v)) => share.initiators.push(v.to_string()),
             Some((k, _)) => {
@@ -389,7 +398,14 @@ mod tests {
             parse_iscsi("chap=alice").unwrap().chap.as_deref(),
             Some("alice")
         );
-        for bad in ["auto,iqn.x", "auto,chap=", "auto,secret=x", "auto,,"] {
+        for bad in [
+            "auto,iqn.x",
+            "auto,chap=",
+            "auto,secret=x",
+            "auto,,",
+            "",
+            "auto,chap=a,chap=b",
+        ] {
             assert!(parse_iscsi(bad).is_err(), "{bad}");
         }
     }
