@@ -731,6 +731,8 @@ struct Known {
 enum Proto {
     Nbd,
     Iscsi,
+    /// iSCSI with up to eight writes (and flushes) in flight at once.
+    IscsiQueued,
 }
 
 /// A session of either client: write (with FUA), flush, read.
@@ -745,7 +747,7 @@ impl Session {
     fn open(proto: Proto, addr: &str) -> std::io::Result<Session> {
         Ok(match proto {
             Proto::Nbd => Session::Nbd(Nbd::open(addr, "vm")?),
-            Proto::Iscsi => Session::Iscsi(Iscsi::open(addr, CRASH_IQN)?),
+            Proto::Iscsi | Proto::IscsiQueued => Session::Iscsi(Iscsi::open(addr, CRASH_IQN)?),
         })
     }
 
@@ -849,6 +851,102 @@ fn sigkill_during_flushing_iscsi_writes_loses_no_flushed_write() {
     crash_loop(Proto::Iscsi);
 }
 
+#[test]
+fn sigkill_during_queued_iscsi_writes_loses_no_flushed_write() {
+    crash_loop(Proto::IscsiQueued);
+}
+
+/// Like [`writer`], with up to eight writes in flight on one iSCSI
+/// session (which the target runs at once and answers in any order),
+/// and flushes sent among them. Writes in flight never overlap, so each
+/// sector's writes land in the order they were sent. A flush makes
+/// durable what had been acknowledged when it was *sent*: for each
+/// sector, the last write acknowledged by then.
+fn queued_writer(
+    addr: &str,
+    seed: u64,
+    first: u64,
+    sectors: u64,
+    model: &Mutex<Vec<Known>>,
+) -> (u64, u64) {
+    use std::collections::HashMap;
+    let mut r = Rng::new(seed);
+    let (mut id, mut flushes) = (first, 0);
+    let Ok(mut c) = Iscsi::open(addr, CRASH_IQN) else {
+        return (id, flushes);
+    };
+    // The last write acknowledged on each sector (this round).
+    let mut acked: Vec<Option<u64>> = vec![None; sectors as usize];
+    // In flight: ITT -> (first sector, sectors, write id, FUA), or a
+    // flush with what it covers.
+    let mut writes: HashMap<u32, (u64, u64, u64, bool)> = HashMap::new();
+    let mut flushes_in_flight: HashMap<u32, Vec<Option<u64>>> = HashMap::new();
+    loop {
+        while writes.len() + flushes_in_flight.len() < 8 {
+            if r.chance(0.1) {
+                let Ok(itt) = c.start_flush() else {
+                    return (id, flushes);
+                };
+                flushes_in_flight.insert(itt, acked.clone());
+                continue;
+            }
+            let n = 1 + r.below(64);
+            let at = r.below(sectors - n);
+            let busy = writes
+                .values()
+                .any(|&(a, m, _, _)| at < a + m && a < at + n);
+            if busy {
+                break;
+            }
+            let fua = r.chance(0.1);
+            let mut data = Vec::with_capacity((n * 512) as usize);
+            for s in at..at + n {
+                data.extend_from_slice(&sector(id, s));
+            }
+            // Noted before it is sent: once sent, it may land.
+            {
+                let mut m = model.lock().unwrap();
+                for s in at..at + n {
+                    m[s as usize].since.push(id);
+                }
+            }
+            let Ok(itt) = c.start_write(at * 512, data, fua) else {
+                return (id, flushes);
+            };
+            writes.insert(itt, (at, n, id, fua));
+            id += 1;
+        }
+        let Ok((itt, res)) = c.next_done() else {
+            return (id, flushes);
+        };
+        if res.is_err() {
+            return (id, flushes);
+        }
+        let mut m = model.lock().unwrap();
+        if let Some((at, n, wid, fua)) = writes.remove(&itt) {
+            for s in at..at + n {
+                acked[s as usize] = Some(wid);
+                let k = &mut m[s as usize];
+                if fua && wid >= k.durable {
+                    k.durable = wid;
+                    k.since.retain(|&x| x >= wid);
+                }
+            }
+        } else if let Some(covered) = flushes_in_flight.remove(&itt) {
+            for (s, last) in covered.iter().enumerate() {
+                if let Some(wid) = *last {
+                    let k = &mut m[s];
+                    if wid > k.durable {
+                        k.durable = wid;
+                        k.since.retain(|&x| x >= wid);
+                    }
+                }
+            }
+            flushes += 1;
+        }
+    }
+}
+
 /// SIGKILLs the daemon at random moments while a client writes through
 /// `proto` with FUA writes and flushes; after each restart every sector
 /// holds its last flushed write or one written since, never a torn or
@@ -862,7 +960,7 @@ fn crash_loop(proto: Proto) {
     let addr = format!("127.0.0.1:{}", free_port());
     let flag = match proto {
         Proto::Nbd => "--nbd",
-        Proto::Iscsi => "--iscsi",
+        Proto::Iscsi | Proto::IscsiQueued => "--iscsi",
     };
     let args = [flag, addr.as_str(), "--txg-interval", "1"];
     let mut d = Daemon::start_logged(dir.path(), &args, &log);
@@ -885,7 +983,10 @@ fn crash_loop(proto: Proto) {
     let (mut next, mut flushes) = (1u64, 0u64);
     for round in 0..rounds {
         let (m, a, wseed, first) = (model.clone(), addr.clone(), rng.next_u64(), next);
-        let w = std::thread::spawn(move || writer(proto, &a, wseed, first, sectors, &m));
+        let w = std::thread::spawn(move || match proto {
+            Proto::IscsiQueued => queued_writer(&a, wseed, first, sectors, &m),
+            _ => writer(proto, &a, wseed, first, sectors, &m),
+        });
         std::thread::sleep(Duration::from_millis(20 + rng.below(250)));
         d.kill_in_place();
         let (n, f) = w.join().unwrap();

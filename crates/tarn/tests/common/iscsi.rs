@@ -1,7 +1,8 @@
-//! A small blocking iSCSI initiator (no CHAP, one command at a time,
-//! 512-byte logical blocks) for tests that must write through the daemon
-//! command by command and see each acknowledgement, as the NBD client in
-//! `nbd.rs` does. libiscsi's programs test the protocol; this one only
+//! A small blocking iSCSI initiator (no CHAP, 512-byte logical blocks)
+//! for tests that must write through the daemon command by command and
+//! see each acknowledgement, as the NBD client in `nbd.rs` does; writes
+//! and flushes can also be pipelined (`start_write`, `start_flush`,
+//! `next_done`). libiscsi's programs test the protocol; this one only
 //! needs to be simple enough to trust.
 
 #![allow(dead_code)]
@@ -28,6 +29,9 @@ pub struct Iscsi {
     immediate: bool,
     /// The LUN's size in bytes.
     pub size: u64,
+    /// Commands sent and not finished: their write data (for R2Ts) and
+    /// the data read so far.
+    open: std::collections::HashMap<u32, (Vec<u8>, Vec<u8>)>,
 }
 
 fn io_err(msg: impl Into<String>) -> std::io::Error {
@@ -48,6 +52,7 @@ impl Iscsi {
             first_burst: 0,
             immediate: false,
             size: 0,
+            open: Default::default(),
         };
         let keys: Vec<(String, String)> = [
             ("InitiatorName", "iqn.2026-11.org.tarn:test-initiator"),
@@ -130,19 +135,20 @@ impl Iscsi {
         }
     }
 
-    /// Runs one command: `out` is its write data, `expect` the bytes it
-    /// reads; returns the data read. Anything but GOOD is an error.
-    fn command(
+    /// Sends a command without waiting for it: `out` is its write data
+    /// (kept for the target's R2Ts), `expect` the bytes it reads; returns
+    /// its ITT.
+    fn send_cmd(
         &mut self,
         cdb: &[u8; 16],
         expect: u32,
-        out: Option<&[u8]>,
-    ) -> std::io::Result<Vec<u8>> {
+        out: Option<Vec<u8>>,
+    ) -> std::io::Result<u32> {
         let itt = self.itt;
         self.itt = self.itt.wrapping_add(1);
         let mut cmd = Pdu::new(op::SCSI_CMD);
         let mut flags = 0x01; // simple task attribute
-        let edtl = match out {
+        let edtl = match &out {
             Some(d) => {
                 flags |= 0x20;
                 d.len() as u32
@@ -154,7 +160,7 @@ impl Iscsi {
                 expect
             }
         };
-        let data = out.unwrap_or(&[]);
+        let data = out.unwrap_or_default();
         let immediate = if self.immediate {
             data.len().min(self.first_burst).min(self.max_segment)
         } else {
@@ -169,14 +175,26 @@ impl Iscsi {
         cmd.bhs[32..48].copy_from_slice(cdb);
         cmd.data = data[..immediate].to_vec();
         self.send(&cmd)?;
-        let mut read = Vec::new();
+        self.open.insert(itt, (data, Vec::new()));
+        Ok(itt)
+    }
+
+    /// Waits for the next command to finish, answering R2Ts meanwhile;
+    /// returns its ITT and the data it read (or why it failed).
+    pub fn next_done(&mut self) -> std::io::Result<(u32, std::io::Result<Vec<u8>>)> {
         loop {
             let p = self.recv()?;
+            let itt = p.itt();
             match p.opcode() {
                 op::R2T => {
                     let ttt = p.u32_at(20);
                     let offset = p.u32_at(40) as usize;
                     let want = p.u32_at(44) as usize;
+                    let data = self
+                        .open
+                        .get(&itt)
+                        .map(|(d, _)| d.clone())
+                        .ok_or_else(|| io_err("R2T for no command"))?;
                     let end = offset
                         .checked_add(want)
                         .filter(|&e| e <= data.len())
@@ -198,6 +216,10 @@ impl Iscsi {
                     }
                 }
                 op::DATA_IN => {
+                    let (_, read) = self
+                        .open
+                        .get_mut(&itt)
+                        .ok_or_else(|| io_err("Data-In for no command"))?;
                     let offset = p.u32_at(40) as usize;
                     if read.len() < offset + p.data.len() {
                         read.resize(offset + p.data.len(), 0);
@@ -205,14 +227,16 @@ impl Iscsi {
                     read[offset..offset + p.data.len()].copy_from_slice(&p.data);
                     // S: the status comes with the last Data-In.
                     if p.flags() & 0x01 != 0 {
-                        return status(p.bhs[3]).map(|()| read);
+                        let (_, read) = self.open.remove(&itt).unwrap_or_default();
+                        return Ok((itt, status(p.bhs[3]).map(|()| read)));
                     }
                 }
                 op::SCSI_RSP => {
+                    let (_, read) = self.open.remove(&itt).unwrap_or_default();
                     if p.bhs[2] != 0 {
-                        return Err(io_err(format!("response {:#04x}", p.bhs[2])));
+                        return Ok((itt, Err(io_err(format!("response {:#04x}", p.bhs[2])))));
                     }
-                    return status(p.bhs[3]).map(|()| read);
+                    return Ok((itt, status(p.bhs[3]).map(|()| read)));
                 }
                 op::NOP_IN | op::ASYNC => {}
                 other => return Err(io_err(format!("unexpected opcode {other:#04x}"))),
@@ -220,16 +244,41 @@ impl Iscsi {
         }
     }
 
+    /// Runs one command alone; returns the data read. Anything but GOOD
+    /// is an error.
+    fn command(
+        &mut self,
+        cdb: &[u8; 16],
+        expect: u32,
+        out: Option<&[u8]>,
+    ) -> std::io::Result<Vec<u8>> {
+        let itt = self.send_cmd(cdb, expect, out.map(<[u8]>::to_vec))?;
+        loop {
+            let (done, r) = self.next_done()?;
+            if done == itt {
+                return r;
+            }
+        }
+    }
+
+    /// Sends a WRITE(16) of `data` (whole sectors) at byte `off` without
+    /// waiting; returns its ITT (see [`Iscsi::next_done`]).
+    pub fn start_write(&mut self, off: u64, data: Vec<u8>, fua: bool) -> std::io::Result<u32> {
+        let cdb = write16(off, data.len(), fua);
+        self.send_cmd(&cdb, 0, Some(data))
+    }
+
+    /// Sends a SYNCHRONIZE CACHE (16) without waiting; returns its ITT.
+    pub fn start_flush(&mut self) -> std::io::Result<u32> {
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x91;
+        self.send_cmd(&cdb, 0, None)
+    }
+
     /// Writes `data` (whole sectors) at byte `off`, with FUA if asked.
     pub fn write(&mut self, off: u64, data: &[u8], fua: bool) -> std::io::Result<()> {
-        let mut cdb = [0u8; 16];
-        cdb[0] = 0x8a;
-        if fua {
-            cdb[1] = 0x08;
-        }
-        cdb[2..10].copy_from_slice(&(off / SECTOR).to_be_bytes());
-        cdb[10..14].copy_from_slice(&((data.len() as u64 / SECTOR) as u32).to_be_bytes());
-        self.command(&cdb, 0, Some(data)).map(|_| ())
+        self.command(&write16(off, data.len(), fua), 0, Some(data))
+            .map(|_| ())
     }
 
     /// Reads `len` bytes (whole sectors) at byte `off`.
@@ -270,6 +319,18 @@ impl Iscsi {
         let _ = self.send(&p);
         let _ = self.recv();
     }
+}
+
+/// The CDB of a WRITE(16) of `len` bytes at byte `off`.
+fn write16(off: u64, len: usize, fua: bool) -> [u8; 16] {
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x8a;
+    if fua {
+        cdb[1] = 0x08;
+    }
+    cdb[2..10].copy_from_slice(&(off / SECTOR).to_be_bytes());
+    cdb[10..14].copy_from_slice(&((len as u64 / SECTOR) as u32).to_be_bytes());
+    cdb
 }
 
 fn status(s: u8) -> std::io::Result<()> {
