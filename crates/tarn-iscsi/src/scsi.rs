@@ -368,6 +368,23 @@ pub fn parse(cdb: &[u8], lun: u64, lim: Limits) -> Result<Cmd, Sense> {
         }
         Ok((lba, blocks))
     };
+    // VERIFY and WRITE AND VERIFY 10/12/16 (`ops`): the range and BYTCHK
+    // (0 or 1; 2 and 3 are not supported).
+    let checked = |ops: [u8; 3]| -> Result<(u64, u32, bool), Sense> {
+        let (lba, blocks) = if opc == ops[0] {
+            (be32(&cdb[2..]) as u64, be16(&cdb[7..]))
+        } else if opc == ops[1] {
+            (be32(&cdb[2..]) as u64, be32(&cdb[6..]))
+        } else {
+            (be64(&cdb[2..]), be32(&cdb[10..]))
+        };
+        let bytchk = (cdb[1] >> 1) & 3;
+        if bytchk > 1 {
+            return Err(Sense::INVALID_FIELD_IN_CDB);
+        }
+        let (lba, blocks) = rw(lba, blocks, cdb[1] >> 5)?;
+        Ok((lba, blocks, bytchk == 1))
+    };
     let cmd = match opc {
         0x00 => Cmd::TestUnitReady,
         0x25 => Cmd::ReadCapacity10,
@@ -410,20 +427,11 @@ pub fn parse(cdb: &[u8], lun: u64, lim: Limits) -> Result<Cmd, Sense> {
             }
         }
         0x2f | 0xaf | 0x8f => {
-            let (lba, blocks) = match opc {
-                0x2f => (be32(&cdb[2..]) as u64, be16(&cdb[7..])),
-                0xaf => (be32(&cdb[2..]) as u64, be32(&cdb[6..])),
-                _ => (be64(&cdb[2..]), be32(&cdb[10..])),
-            };
-            let bytchk = (cdb[1] >> 1) & 3;
-            if bytchk > 1 {
-                return Err(Sense::INVALID_FIELD_IN_CDB);
-            }
-            let (lba, blocks) = rw(lba, blocks, cdb[1] >> 5)?;
+            let (lba, blocks, bytchk) = checked([0x2f, 0xaf, 0x8f])?;
             Cmd::Verify {
                 lba,
                 blocks,
-                bytchk: bytchk == 1,
+                bytchk,
             }
         }
         0x35 => Cmd::Sync {
@@ -454,20 +462,11 @@ pub fn parse(cdb: &[u8], lun: u64, lim: Limits) -> Result<Cmd, Sense> {
             }
         }
         0x2e | 0xae | 0x8e => {
-            let (lba, blocks) = match opc {
-                0x2e => (be32(&cdb[2..]) as u64, be16(&cdb[7..])),
-                0xae => (be32(&cdb[2..]) as u64, be32(&cdb[6..])),
-                _ => (be64(&cdb[2..]), be32(&cdb[10..])),
-            };
-            let bytchk = (cdb[1] >> 1) & 3;
-            if bytchk > 1 {
-                return Err(Sense::INVALID_FIELD_IN_CDB);
-            }
-            let (lba, blocks) = rw(lba, blocks, cdb[1] >> 5)?;
+            let (lba, blocks, bytchk) = checked([0x2e, 0xae, 0x8e])?;
             Cmd::WriteVerify {
                 lba,
                 blocks,
-                bytchk: bytchk == 1,
+                bytchk,
             }
         }
         0x34 => Cmd::Prefetch {

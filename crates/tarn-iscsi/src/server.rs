@@ -543,9 +543,10 @@ struct Ffp {
     out: Vec<u8>,
     tasks: HashMap<u32, WriteTask>,
     task_bytes: u64,
-    /// Commands running on the blocking pool: task id → ITT.
+    /// Commands running on the blocking pool: task id → (ITT, expected
+    /// length).
     running: tokio::task::JoinSet<Done>,
-    running_itts: HashMap<tokio::task::Id, u32>,
+    running_itts: HashMap<tokio::task::Id, (u32, u32)>,
     /// Bytes the running commands may return (their expected lengths):
     /// with the waiting writes' bytes, bounded by
     /// [`IscsiConfig::max_pending_write_bytes`] before more is read.
@@ -818,7 +819,7 @@ impl Ffp {
         let itt = p.itt();
         if itt == RESERVED_TAG
             || self.tasks.contains_key(&itt)
-            || self.running_itts.values().any(|&i| i == itt)
+            || self.running_itts.values().any(|&(i, _)| i == itt)
         {
             self.reject(&p, reason::INVALID_FIELD);
             return Flow::Go;
@@ -1133,7 +1134,7 @@ impl Ffp {
                 res,
             }
         });
-        self.running_itts.insert(handle.id(), itt);
+        self.running_itts.insert(handle.id(), (itt, edtl));
         self.running_bytes += u64::from(edtl);
         if run.ordered {
             self.settle().await;
@@ -1149,14 +1150,15 @@ impl Ffp {
             Err(id) => {
                 // The task was lost (it cannot panic: the device call's
                 // panic is caught above); its initiator times it out.
-                if let Some(itt) = self.running_itts.remove(&id) {
+                if let Some((itt, edtl)) = self.running_itts.remove(&id) {
+                    self.running_bytes = self.running_bytes.saturating_sub(u64::from(edtl));
                     self.aborted.remove(&itt);
                     self.log(&format!("command {itt:#x} of {} was lost", self.peer));
                 }
                 return;
             }
         };
-        self.running_itts.retain(|_, &mut i| i != d.itt);
+        self.running_itts.retain(|_, &mut (i, _)| i != d.itt);
         self.running_bytes = self.running_bytes.saturating_sub(u64::from(d.edtl));
         if self.aborted.remove(&d.itt) {
             return;
@@ -1275,7 +1277,7 @@ impl Ffp {
                 if let Some(t) = self.tasks.remove(&itt) {
                     self.task_bytes -= t.want as u64;
                 }
-                if self.running_itts.values().any(|&i| i == itt) {
+                if self.running_itts.values().any(|&(i, _)| i == itt) {
                     self.aborted.insert(itt);
                     self.settle().await;
                 }
@@ -1285,7 +1287,8 @@ impl Ffp {
             2 | 4 | 5 | 6 | 7 => {
                 self.tasks.clear();
                 self.task_bytes = 0;
-                self.aborted.extend(self.running_itts.values().copied());
+                self.aborted
+                    .extend(self.running_itts.values().map(|&(i, _)| i));
                 self.settle().await;
                 close = func == 7;
                 0

@@ -780,6 +780,18 @@ impl Session {
     }
 }
 
+/// The bytes of write `id` over sectors `at..at + n`, noted in `model`
+/// first: once sent, a write may land.
+fn prepare(model: &Mutex<Vec<Known>>, id: u64, at: u64, n: u64) -> Vec<u8> {
+    let mut m = model.lock().unwrap();
+    let mut data = Vec::with_capacity((n * 512) as usize);
+    for s in at..at + n {
+        data.extend_from_slice(&sector(id, s));
+        m[s as usize].since.push(id);
+    }
+    data
+}
+
 /// Writes random runs of sectors through `proto` until the daemon dies,
 /// sometimes with FUA, flushing now and then; returns the next write id
 /// and the flushes that returned.
@@ -800,14 +812,7 @@ fn writer(
         let n = 1 + r.below(64);
         let at = r.below(sectors - n);
         let fua = r.chance(0.1);
-        let mut data = Vec::with_capacity((n * 512) as usize);
-        for s in at..at + n {
-            data.extend_from_slice(&sector(id, s));
-        }
-        // Noted before it is sent: once sent, it may land.
-        for s in at..at + n {
-            model.lock().unwrap()[s as usize].since.push(id);
-        }
+        let data = prepare(model, id, at, n);
         let acked = c.write(at * 512, &data, fua).is_ok();
         id += 1;
         if !acked {
@@ -899,17 +904,7 @@ fn queued_writer(
                 break;
             }
             let fua = r.chance(0.1);
-            let mut data = Vec::with_capacity((n * 512) as usize);
-            for s in at..at + n {
-                data.extend_from_slice(&sector(id, s));
-            }
-            // Noted before it is sent: once sent, it may land.
-            {
-                let mut m = model.lock().unwrap();
-                for s in at..at + n {
-                    m[s as usize].since.push(id);
-                }
-            }
+            let data = prepare(model, id, at, n);
             let Ok(itt) = c.start_write(at * 512, data, fua) else {
                 return (id, flushes);
             };
