@@ -578,6 +578,10 @@ impl Ffp {
         // for a PDU and for a finished command can be one select (a PDU
         // read half-way is never dropped).
         let mut changed = self.shared.changed.subscribe();
+        // A change between this session's login and the subscription
+        // above would be missed: check once at the start, against the
+        // table as it is now.
+        changed.mark_changed();
         let (tx, mut rx) = tokio::sync::mpsc::channel(4);
         let digests = self.digests;
         let reader = tokio::spawn(async move {

@@ -614,3 +614,20 @@ fn revoking_access_closes_the_sessions_already_in() {
         "sessions of a removed target went on"
     );
 }
+
+/// A target removed the moment a login finishes still ends that session:
+/// the change can land between the login answer and the session's
+/// subscription to changes, and must not be missed there. Many rounds,
+/// because the window is a few microseconds wide.
+#[test]
+fn a_target_removed_right_after_login_ends_that_session() {
+    let a = mem(MIB, 4096);
+    let r = start(vec![IscsiTarget::new(IQN, a.clone())]);
+    for round in 0..200 {
+        let mut s = Raw::login(r.local_addr(), IQN);
+        r.set_targets(Vec::new()).unwrap();
+        assert!(s.closed(), "round {round}: the session went on");
+        r.set_targets(vec![IscsiTarget::new(IQN, a.clone())])
+            .unwrap();
+    }
+}

@@ -406,6 +406,9 @@ async fn transmit<R, W>(
     let idle = nonzero(cfg.idle_timeout);
     let structured = sess.view.structured;
     let mut changed = shared.changed.subscribe();
+    // A change between the handshake and the subscription above would be
+    // missed: check once at the start, against the exports as they are now.
+    changed.mark_changed();
     loop {
         // The request being read survives a change of the exports (it is
         // polled again, never dropped half-read) unless the connection

@@ -780,3 +780,20 @@ fn an_export_exists_only_for_the_client_networks_it_names() {
     assert_eq!(c.write(0, b"in"), 0);
     assert_eq!(c.read(0, 2), Ok(b"in".to_vec()));
 }
+
+/// An export removed the moment a client's `NBD_OPT_GO` is answered still
+/// ends that session: the change can land between the handshake and the
+/// session's subscription to changes. Many rounds, because the window is
+/// a few microseconds wide.
+#[test]
+fn an_export_removed_right_after_go_ends_that_session() {
+    let dev = mem(MIB);
+    let r = start(vec![NbdExport::new("disk", dev.clone())]);
+    for round in 0..200 {
+        let mut s = Raw::open(r.local_addr(), "disk");
+        r.set_exports(Vec::new()).unwrap();
+        assert!(s.closed(), "round {round}: the session went on");
+        r.set_exports(vec![NbdExport::new("disk", dev.clone())])
+            .unwrap();
+    }
+}
