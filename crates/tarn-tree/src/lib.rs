@@ -60,8 +60,8 @@
 //! its parent. A subtree whose pointer has birth `<= T` is therefore wholly
 //! unchanged since `T`: a resilver of a device that missed txgs after `T`,
 //! and the scan of a dataset tree whose blocks up to `T` belong to an older
-//! snapshot's tree, skip it without reading it ([`walk`]); incremental
-//! send, when it exists, will use the same rule.
+//! snapshot's tree, skip it without reading it ([`walk`]). Incremental
+//! send compares two versions and skips what they share ([`diff`]).
 //!
 //! # Freed nodes
 //!
@@ -84,6 +84,7 @@
 
 #![warn(missing_docs)]
 
+mod diff;
 mod leaf;
 mod node;
 mod scan;
@@ -94,6 +95,7 @@ use std::ops::Bound;
 
 use tarn_block::BlockPtr;
 
+pub use diff::{diff, Change, DiffStats};
 use leaf::Leaf;
 use node::{child_index, read_node, split_to_fit, Body, Kid, Node, Slot, HEADER_BYTES};
 pub use scan::{check, walk, EntryVisitor, NodeVisitor, TreeStats};

@@ -7,7 +7,9 @@ use tarn_block::{checksum, BlockPtr, BlockType, ChecksumAlg, Dva};
 
 use crate::leaf::Leaf;
 use crate::node::{decode, Body, Kid, Node, Slot};
-use crate::{check, walk, NodeStore, Tree, TreeError, MAX_KEY, MAX_VALUE, NODE_MAX_BYTES};
+use crate::{
+    check, diff, walk, Change, NodeStore, Tree, TreeError, MAX_KEY, MAX_VALUE, NODE_MAX_BYTES,
+};
 
 /// An in-memory node store: blocks by offset, a txg counter, and a record of
 /// everything written and freed so tests can account for every block.
@@ -28,6 +30,9 @@ struct MemStore {
     /// When true, frees are only recorded: undetected damage can make a
     /// tree reference one block twice.
     lenient: bool,
+    /// When true, freed blocks stay readable (older versions of a tree,
+    /// as snapshots keep them, for diffs).
+    keep: bool,
 }
 
 fn offset(ptr: &BlockPtr) -> u64 {
@@ -46,6 +51,7 @@ impl MemStore {
             verify: true,
             garbage: None,
             lenient: false,
+            keep: false,
         }
     }
 
@@ -103,6 +109,10 @@ impl NodeStore for MemStore {
 
     fn free(&mut self, ptr: &BlockPtr) {
         let off = offset(ptr);
+        if self.keep {
+            self.freed.push(off);
+            return;
+        }
         if self.lenient {
             self.blocks.remove(&off);
             self.freed.push(off);
@@ -861,4 +871,156 @@ fn evict_keeps_dirty_nodes() {
 fn handle_is_send() {
     fn send<T: Send>() {}
     send::<Tree>();
+}
+
+/// Applies `ops` (no reopen: every change lands) to `tree` and `model`.
+fn apply_ops(
+    store: &MemStore,
+    tree: &mut Tree,
+    model: &mut BTreeMap<Vec<u8>, Vec<u8>>,
+    ops: &[Op],
+) {
+    for op in ops {
+        match op {
+            Op::Insert(k, v) => {
+                tree.insert(store, k, v).unwrap();
+                model.insert(k.clone(), v.clone());
+            }
+            Op::InsertRun(p, s, n, vlen) => {
+                for i in 0..*n {
+                    let i = s.wrapping_add(i).to_be_bytes();
+                    let k = vec![*p, i[0], i[1]];
+                    let v = vec![i[1]; *vlen as usize];
+                    tree.insert(store, &k, &v).unwrap();
+                    model.insert(k, v);
+                }
+            }
+            Op::Remove(k) => {
+                tree.remove(store, k).unwrap();
+                model.remove(k);
+            }
+            Op::DeleteRange(a, b) => {
+                tree.delete_range(store, as_ref(a), as_ref(b)).unwrap();
+                model.retain(|k, _| !in_range(k, a, b));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The differences of two models, in key order.
+fn model_diff(
+    a: &BTreeMap<Vec<u8>, Vec<u8>>,
+    b: &BTreeMap<Vec<u8>, Vec<u8>>,
+    after: Option<&[u8]>,
+) -> Vec<Change> {
+    let keys: std::collections::BTreeSet<&Vec<u8>> = a.keys().chain(b.keys()).collect();
+    keys.into_iter()
+        .filter(|k| after.is_none_or(|x| k.as_slice() > x))
+        .filter_map(|k| match (a.get(k), b.get(k)) {
+            (Some(x), Some(y)) if x != y => Some(Change::Changed(k.clone(), x.clone(), y.clone())),
+            (Some(x), None) => Some(Change::Removed(k.clone(), x.clone())),
+            (None, Some(y)) => Some(Change::Added(k.clone(), y.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn tree_diff(
+    store: &MemStore,
+    a: &BlockPtr,
+    b: &BlockPtr,
+    after: Option<&[u8]>,
+) -> (Vec<Change>, crate::DiffStats) {
+    let mut out = Vec::new();
+    let stats = diff(store, a, b, after, &mut |c| {
+        out.push(c);
+        Ok(true)
+    })
+    .unwrap();
+    (out, stats)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// The diff of two committed versions (the second made from the first
+    /// by random changes) is exactly the models' difference, from any
+    /// resume point; a version against itself reads nothing.
+    #[test]
+    fn diff_matches_the_models(
+        node_max in prop::sample::select(vec![512usize, 1024]),
+        first in prop::collection::vec(op(), 1..60),
+        second in prop::collection::vec(op(), 0..60),
+        after in prop::option::of(bound_key()),
+    ) {
+        let mut store = MemStore::new();
+        store.keep = true;
+        let mut tree = Tree::new().with_node_max(node_max);
+        let mut ma = BTreeMap::new();
+        apply_ops(&store, &mut tree, &mut ma, &first);
+        let a = store.sync(&mut tree);
+        let mut mb = ma.clone();
+        apply_ops(&store, &mut tree, &mut mb, &second);
+        let b = store.sync(&mut tree);
+        let hole = BlockPtr::default();
+        prop_assert_eq!(tree_diff(&store, &a, &b, None).0, model_diff(&ma, &mb, None));
+        prop_assert_eq!(tree_diff(&store, &b, &a, None).0, model_diff(&mb, &ma, None));
+        prop_assert_eq!(
+            tree_diff(&store, &a, &b, after.as_deref()).0,
+            model_diff(&ma, &mb, after.as_deref())
+        );
+        prop_assert_eq!(tree_diff(&store, &hole, &b, None).0, model_diff(&BTreeMap::new(), &mb, None));
+        prop_assert_eq!(tree_diff(&store, &b, &hole, None).0, model_diff(&mb, &BTreeMap::new(), None));
+        let (same, stats) = tree_diff(&store, &b, &b, None);
+        prop_assert!(same.is_empty());
+        prop_assert_eq!(stats.nodes_read, 0);
+    }
+}
+
+/// One changed key in a large tree: the diff reads the two paths to it
+/// (and the neighbours a rebalance touched), not the tree.
+#[test]
+fn diff_reads_only_what_changed() {
+    let mut store = MemStore::new();
+    store.keep = true;
+    let mut tree = Tree::new().with_node_max(512);
+    for i in 0..20_000u32 {
+        tree.insert(&store, &i.to_be_bytes(), &[7; 16]).unwrap();
+    }
+    let a = store.sync(&mut tree);
+    let depth = check(&store, &a).unwrap().depth as u64;
+    tree.insert(&store, &12_345u32.to_be_bytes(), &[8; 16])
+        .unwrap();
+    let b = store.sync(&mut tree);
+    let (changes, stats) = tree_diff(&store, &a, &b, None);
+    assert_eq!(
+        changes,
+        vec![Change::Changed(
+            12_345u32.to_be_bytes().to_vec(),
+            vec![7; 16],
+            vec![8; 16]
+        )]
+    );
+    assert!(depth >= 3, "a tree of several levels: {depth}");
+    assert!(
+        stats.nodes_read <= 4 * depth,
+        "read {} nodes of a {depth}-level tree for one change",
+        stats.nodes_read
+    );
+    // Resuming after the change reads next to nothing, and finds nothing.
+    let (rest, stats) = tree_diff(&store, &a, &b, Some(&12_345u32.to_be_bytes()));
+    assert!(rest.is_empty());
+    assert!(stats.nodes_read <= 4 * depth, "{stats:?}");
+    // Deleting a run of keys: each removed key, nothing else.
+    tree.delete_range(
+        &store,
+        Bound::Included(&100u32.to_be_bytes()[..]),
+        Bound::Excluded(&200u32.to_be_bytes()[..]),
+    )
+    .unwrap();
+    let c = store.sync(&mut tree);
+    let (changes, _) = tree_diff(&store, &b, &c, None);
+    assert_eq!(changes.len(), 100);
+    assert!(changes.iter().all(|c| matches!(c, Change::Removed(..))));
 }
