@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 
 use crate::access::{Share, ShareInfo, UserInfo};
-use crate::dataset::{DatasetInfo, MountInfo, PropValue};
+use crate::dataset::{DatasetInfo, KeyRootInfo, MountInfo, PropValue};
 use crate::error::ApiError;
-use crate::params::{DaemonStats, ObjectInfo};
+use crate::params::{DaemonStats, DatasetCreateParams, KeyChangeParams, KeyLoadParams, ObjectInfo};
 use crate::pool::{
     CreateRequest, Fault, ImportRequest, ImportResult, IostatEntry, PoolListEntry, PoolStatus,
     ScanStatus, ScrubAction, VdevSpec,
@@ -77,13 +77,26 @@ pub trait Backend: Send + Sync {
     fn object_list(&self, pool: &str) -> Result<Vec<ObjectInfo>, ApiError>;
     /// Deletes an object.
     fn object_delete(&self, pool: &str, object: &str) -> Result<(), ApiError>;
-    /// Creates a filesystem dataset (with `parents`, missing ancestors too).
-    fn dataset_create(
-        &self,
-        _name: &str,
-        _properties: &BTreeMap<String, String>,
-        _parents: bool,
-    ) -> Result<(), ApiError> {
+    /// Creates a filesystem dataset (with `parents`, missing ancestors
+    /// too; with encryption properties and a key, a new encryption root).
+    fn dataset_create(&self, _p: &DatasetCreateParams) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Loads the key of an encryption root (its datasets can be mounted
+    /// and shared again).
+    fn key_load(&self, _p: &KeyLoadParams) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Unloads the key of an encryption root: its datasets are locked.
+    fn key_unload(&self, _name: &str) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Rewraps the key of an encryption root under a new key.
+    fn key_change(&self, _p: &KeyChangeParams) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// The encryption roots at or below `name` (every one without it).
+    fn key_list(&self, _name: Option<&str>) -> Result<Vec<KeyRootInfo>, ApiError> {
         Err(no_datasets())
     }
     /// Destroys a filesystem (with `recursive`, everything below it), a

@@ -59,6 +59,29 @@ pub struct DatasetInfo {
     /// Volumes and their snapshots: the block size in bytes (API 2.0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volblocksize: Option<u32>,
+    /// Encrypted datasets: the cipher (API 2.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<String>,
+    /// Encrypted datasets: `available` (key loaded) or `unavailable`
+    /// (locked) (API 2.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keystatus: Option<String>,
+    /// Encrypted datasets: the dataset whose key they use (API 2.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryptionroot: Option<String>,
+}
+
+/// An encryption root and its key, as `key.list` answers (API 2.2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRootInfo {
+    /// The encryption root's name.
+    pub name: String,
+    /// `available` (loaded) or `unavailable`.
+    pub keystatus: String,
+    /// `passphrase`, `raw` or `hex`.
+    pub keyformat: String,
+    /// `prompt` or `file:///path`.
+    pub keylocation: String,
 }
 
 /// Where a property's value comes from.

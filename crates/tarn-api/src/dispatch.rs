@@ -149,12 +149,24 @@ pub fn call(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, ApiE
             reply(backend.object_delete(&pool, &object)?)
         }
         m::DATASET_CREATE => {
-            let DatasetCreateParams {
-                name,
-                properties,
-                parents,
-            } = params(method, p)?;
-            reply(backend.dataset_create(&name, &properties, parents)?)
+            let p: DatasetCreateParams = params(method, p)?;
+            reply(backend.dataset_create(&p)?)
+        }
+        m::KEY_LOAD => {
+            let p: KeyLoadParams = params(method, p)?;
+            reply(backend.key_load(&p)?)
+        }
+        m::KEY_UNLOAD => {
+            let NameParams { name } = params(method, p)?;
+            reply(backend.key_unload(&name)?)
+        }
+        m::KEY_CHANGE => {
+            let p: KeyChangeParams = params(method, p)?;
+            reply(backend.key_change(&p)?)
+        }
+        m::KEY_LIST => {
+            let OptionalNameParams { name } = params(method, p)?;
+            reply(backend.key_list(name.as_deref())?)
         }
         m::VOLUME_CREATE => {
             let p: VolumeCreateParams = params(method, p)?;

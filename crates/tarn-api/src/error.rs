@@ -22,6 +22,11 @@ pub enum ErrorCode {
     Io,
     /// Data is damaged beyond what redundancy can repair.
     Damaged,
+    /// An encrypted dataset whose key is not loaded (API 2.2).
+    Locked,
+    /// A key or passphrase that does not open the key it is given for
+    /// (API 2.2).
+    WrongKey,
     /// A bug or an unexpected state in the daemon. Codes unknown to this
     /// build (from a newer daemon) also read as `internal`.
     #[serde(other)]
@@ -38,6 +43,8 @@ impl ErrorCode {
             ErrorCode::Busy => "busy",
             ErrorCode::Io => "io",
             ErrorCode::Damaged => "damaged",
+            ErrorCode::Locked => "locked",
+            ErrorCode::WrongKey => "wrong_key",
             ErrorCode::Internal => "internal",
         }
     }

@@ -49,7 +49,7 @@ pub use wire::{parse_request, read_line_bounded, LineRead, Request, Response};
 ///
 /// 2.1 added iSCSI: a share field (`iscsi`), `user.chap`, the `chap` flag
 /// of users and the `iscsi` counters of `daemon.stats`.
-pub const API_VERSION: &str = "2.1";
+pub const API_VERSION: &str = "2.2";
 
 /// The major number of an API version string (`1` of `1.0`), or `None`
 /// when the string is not a version.

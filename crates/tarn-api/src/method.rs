@@ -98,6 +98,16 @@ pub const DATASET_MOUNT: &str = "dataset.mount";
 pub const DATASET_UNMOUNT: &str = "dataset.unmount";
 /// List mounts: [`crate::params::NoParams`].
 pub const DATASET_MOUNTS: &str = "dataset.mounts";
+/// Load the key of an encryption root: [`crate::params::KeyLoadParams`].
+pub const KEY_LOAD: &str = "key.load";
+/// Unload the key of an encryption root: [`crate::params::NameParams`].
+pub const KEY_UNLOAD: &str = "key.unload";
+/// Rewrap an encryption root's key: [`crate::params::KeyChangeParams`].
+pub const KEY_CHANGE: &str = "key.change";
+/// The encryption roots (at or below a dataset, or all):
+/// [`crate::params::OptionalNameParams`]; answers
+/// [`crate::dataset::KeyRootInfo`]s.
+pub const KEY_LIST: &str = "key.list";
 
 /// Every method, for error messages and documentation.
 pub const ALL: &[&str] = &[
@@ -136,6 +146,10 @@ pub const ALL: &[&str] = &[
     DATASET_PROMOTE,
     VOLUME_CREATE,
     VOLUME_RESIZE,
+    KEY_LOAD,
+    KEY_UNLOAD,
+    KEY_CHANGE,
+    KEY_LIST,
     POOL_INJECT,
     USER_ADD,
     USER_DEL,

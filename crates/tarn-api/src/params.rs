@@ -150,7 +150,7 @@ pub struct ObjectParams {
 }
 
 /// `dataset.create`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatasetCreateParams {
     /// Full name (`tank/home/alice`).
@@ -161,10 +161,70 @@ pub struct DatasetCreateParams {
     /// Create missing ancestors too.
     #[serde(default)]
     pub parents: bool,
+    /// A new encryption root's key (`-o keyformat=...`), as hex of the
+    /// bytes given (a passphrase's text, a hex key's text, a raw key's
+    /// bytes); absent: the daemon reads `keylocation` (a `file://` URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+/// `key.load`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyLoadParams {
+    /// The encryption root.
+    pub name: String,
+    /// The key, hex of the bytes given (see [`DatasetCreateParams::key`]);
+    /// absent: read from `location`, or the root's `keylocation`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Read the key from here this once (`file:///path`), instead of the
+    /// root's `keylocation`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+}
+
+impl std::fmt::Debug for KeyLoadParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyLoadParams")
+            .field("name", &self.name)
+            .field("key", &self.key.as_ref().map(|_| "<secret>"))
+            .field("location", &self.location)
+            .finish()
+    }
+}
+
+/// `key.change`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyChangeParams {
+    /// The encryption root (its key loaded).
+    pub name: String,
+    /// The new key format (`passphrase`, `raw`, `hex`); absent: unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyformat: Option<String>,
+    /// The new key location (`prompt`, `file:///path`); absent: unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keylocation: Option<String>,
+    /// The new key, hex of the bytes given; absent: read from the new
+    /// location (a `file://` URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+impl std::fmt::Debug for KeyChangeParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyChangeParams")
+            .field("name", &self.name)
+            .field("keyformat", &self.keyformat)
+            .field("keylocation", &self.keylocation)
+            .field("key", &self.key.as_ref().map(|_| "<secret>"))
+            .finish()
+    }
 }
 
 /// `volume.create`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeCreateParams {
     /// Full name (`tank/vm/disk0`).
@@ -184,6 +244,34 @@ pub struct VolumeCreateParams {
     /// Create missing ancestor filesystems too.
     #[serde(default)]
     pub parents: bool,
+    /// A new encryption root's key, as for [`DatasetCreateParams::key`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+impl std::fmt::Debug for DatasetCreateParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatasetCreateParams")
+            .field("name", &self.name)
+            .field("properties", &self.properties)
+            .field("parents", &self.parents)
+            .field("key", &self.key.as_ref().map(|_| "<secret>"))
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for VolumeCreateParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VolumeCreateParams")
+            .field("name", &self.name)
+            .field("size", &self.size)
+            .field("block_size", &self.block_size)
+            .field("sparse", &self.sparse)
+            .field("properties", &self.properties)
+            .field("parents", &self.parents)
+            .field("key", &self.key.as_ref().map(|_| "<secret>"))
+            .finish()
+    }
 }
 
 /// `volume.resize`.

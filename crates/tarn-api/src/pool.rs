@@ -151,6 +151,9 @@ pub struct PoolStatus {
     pub logs: Vec<VdevStatus>,
     /// Objects with unrecoverable damage, named for the operator.
     pub damaged: Vec<String>,
+    /// Encrypted datasets whose key is not loaded (API 2.2).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub locked: Vec<String>,
     /// The block cache this pool reads through (shared by every pool of
     /// the daemon, so its counters cover them all); absent from older
     /// daemons.

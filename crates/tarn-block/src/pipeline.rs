@@ -17,9 +17,10 @@ use std::sync::Arc;
 
 use tarn_vdev::{TopVdev, VdevError};
 
-use crate::bp::{BlockPtr, BlockType, ChecksumAlg, CompressAlg, Dva, MAX_COPIES};
+use crate::bp::{BlockPtr, BlockType, ChecksumAlg, CompressAlg, Dva, FLAG_ENCRYPTED, MAX_COPIES};
 use crate::checksum::checksum;
 use crate::compress::{decompress, Compression};
+use crate::crypt::{KeySet, Seal};
 use crate::BlockError;
 
 /// A block after compression and checksumming, ready to be allocated and
@@ -36,6 +37,8 @@ pub struct Prepared<'a> {
     pub checksum_alg: ChecksumAlg,
     /// Checksum of `stored`.
     pub checksum: [u8; 32],
+    /// Salt, nonce and tag when `stored` is sealed (see `crypt`).
+    pub seal: Option<Seal>,
 }
 
 /// Compresses (when it saves ≥ 1/8) and checksums one block.
@@ -44,20 +47,40 @@ pub fn prepare(
     compression: Compression,
     alg: ChecksumAlg,
 ) -> Result<Prepared<'_>, BlockError> {
+    prepare_sealed(data, compression, alg, None, BlockType::Data)
+}
+
+/// Compresses, seals with `key` when there is one (a block of an
+/// encrypted dataset, which will be a pointer of type `btype`), and
+/// checksums the stored bytes: compress → encrypt → checksum, so the
+/// checksum covers exactly what a device holds.
+pub fn prepare_sealed<'a>(
+    data: &'a [u8],
+    compression: Compression,
+    alg: ChecksumAlg,
+    key: Option<&KeySet>,
+    btype: BlockType,
+) -> Result<Prepared<'a>, BlockError> {
     if data.is_empty() || data.len() > u32::MAX as usize {
         return Err(BlockError::Format(format!(
             "cannot store a block of {} bytes",
             data.len()
         )));
     }
-    let (compress, stored) = compression.compress(data);
+    let lsize = data.len() as u32;
+    let (compress, mut stored) = compression.compress(data);
+    let seal = match key {
+        Some(k) => Some(k.seal_block(btype, compress, lsize, stored.to_mut())?),
+        None => None,
+    };
     let sum = checksum(alg, &stored);
     Ok(Prepared {
         stored,
-        lsize: data.len() as u32,
+        lsize,
         compress,
         checksum_alg: alg,
         checksum: sum,
+        seal,
     })
 }
 
@@ -73,7 +96,7 @@ pub fn make_ptr(
     for (slot, d) in all.iter_mut().zip(dvas) {
         *slot = *d;
     }
-    BlockPtr {
+    let mut bp = BlockPtr {
         dvas: all,
         lsize: p.lsize,
         psize: p.stored.len() as u32,
@@ -86,7 +109,14 @@ pub fn make_ptr(
         fill: 1,
         checksum: p.checksum,
         ..Default::default()
+    };
+    if let Some(s) = &p.seal {
+        bp.flags |= FLAG_ENCRYPTED;
+        bp.salt = s.salt;
+        bp.iv = s.iv;
+        bp.mac = s.mac;
     }
+    bp
 }
 
 /// A child device that did not receive a write, so the pool can remember
@@ -194,9 +224,21 @@ pub fn read_stored(tops: &[Arc<TopVdev>], bp: &BlockPtr) -> Result<Vec<u8>, Bloc
     })
 }
 
-/// Reads, verifies and decompresses a block into its logical bytes.
-pub fn read_block(tops: &[Arc<TopVdev>], bp: &BlockPtr) -> Result<Vec<u8>, BlockError> {
-    let stored = read_stored(tops, bp)?;
+/// Reads, verifies, decrypts (with `key`, for an encrypted block) and
+/// decompresses a block into its logical bytes. An encrypted block read
+/// without a key is an error, never its ciphertext taken for data.
+pub fn read_block(
+    tops: &[Arc<TopVdev>],
+    bp: &BlockPtr,
+    key: Option<&KeySet>,
+) -> Result<Vec<u8>, BlockError> {
+    let mut stored = read_stored(tops, bp)?;
+    if bp.is_encrypted() {
+        let Some(k) = key else {
+            return Err(BlockError::KeyUnavailable(describe(bp)));
+        };
+        k.open_block(bp, &mut stored)?;
+    }
     if bp.compress == CompressAlg::Off && stored.len() == bp.lsize as usize {
         // Stored as is: the verified bytes are the block (no copy).
         return Ok(stored);

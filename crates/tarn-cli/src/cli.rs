@@ -203,6 +203,9 @@ pub enum Command {
     /// Block volumes for virtual machines: create, resize, list
     #[command(subcommand)]
     Volume(crate::volume::VolumeCommand),
+    /// Encryption keys: load, unload, change, list
+    #[command(subcommand)]
+    Key(crate::key::KeyCommand),
     /// Mount a dataset with FUSE (no arguments: list the mounts)
     Mount {
         /// Let other users use the mount (off by default)
@@ -248,6 +251,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Run> {
         Command::Pool(PoolCommand::Create { .. })
             | Command::Dataset(DatasetCommand::Create { .. })
             | Command::Volume(crate::volume::VolumeCommand::Create { .. })
+            | Command::Key(crate::key::KeyCommand::Change { .. })
             | Command::Clone { .. }
     );
     let (format, pool_props) = resolve_output(&cli.output, is_create)?;
@@ -268,6 +272,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Run> {
         Command::User(cmd) => crate::access::user_command(&mut client, &out, cmd)?,
         Command::Share(cmd) => crate::access::share_command(&mut client, &out, cmd)?,
         Command::Volume(cmd) => crate::volume::volume_command(&mut client, &out, cmd, pool_props)?,
+        Command::Key(cmd) => crate::key::key_command(&mut client, &out, cmd, pool_props)?,
         Command::Snapshot { recursive, names } => {
             crate::dataset::snapshot(&mut client, &out, names, recursive)?
         }
@@ -323,7 +328,7 @@ fn resolve_output(
             OutputOpt::Property(k, v) if is_create => props.push((k.clone(), v.clone())),
             OutputOpt::Property(k, v) => bail!(
                 "-o {k}={v}: properties are set only by `tarn pool create`, `tarn dataset create`, \
-                 `tarn volume create` and `tarn clone`; \
+                 `tarn volume create`, `tarn clone` and `tarn key change`; \
                  elsewhere -o takes `human` or `json`"
             ),
         }

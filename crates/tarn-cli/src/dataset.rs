@@ -20,7 +20,9 @@ use crate::session::{absolute, decode, Out, Session};
 /// `tarn dataset ...`.
 #[derive(Subcommand, Debug)]
 pub enum DatasetCommand {
-    /// Create a filesystem (`-o PROP=VALUE` sets properties)
+    /// Create a filesystem (`-o PROP=VALUE` sets properties; `-o
+    /// encryption=on -o keyformat=passphrase` makes an encryption root and
+    /// asks for its passphrase)
     Create {
         /// Create missing parents too
         #[arg(short = 'p', long)]
@@ -90,10 +92,13 @@ pub(crate) fn dataset_command(
 ) -> anyhow::Result<()> {
     match cmd {
         DatasetCommand::Create { parents, name } => {
+            let properties = props.into_iter().collect();
+            let key = crate::key::new_root_key(&name, &properties)?;
             let params = DatasetCreateParams {
                 name,
-                properties: props.into_iter().collect(),
+                properties,
                 parents,
+                key,
             };
             client.call_quietly(out, method::DATASET_CREATE, &params)?;
         }

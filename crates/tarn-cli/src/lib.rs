@@ -8,7 +8,7 @@
 //! binary runs with the node crate. The pieces:
 //!
 //! - [`cli`]: the top-level parser, output options and [`cli::run`].
-//! - [`pool`], [`dataset`], [`access`], [`object`], [`daemon`]: each command
+//! - [`pool`], [`dataset`], [`key`], [`access`], [`object`], [`daemon`]: each command
 //!   group's arguments and what it sends.
 //! - [`client`]: a blocking client of the admin socket; `session` opens it
 //!   for a command and prints what it answers.
@@ -25,6 +25,7 @@ pub mod cli;
 pub mod client;
 pub mod daemon;
 pub mod dataset;
+pub mod key;
 pub mod object;
 pub mod pool;
 pub mod render;

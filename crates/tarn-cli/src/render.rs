@@ -16,8 +16,8 @@ mod datasets;
 mod pools;
 
 pub use datasets::{
-    render_datasets, render_mounts, render_objects, render_props, render_shares, render_users,
-    render_volumes,
+    render_datasets, render_keys, render_mounts, render_objects, render_props, render_shares,
+    render_users, render_volumes,
 };
 pub use pools::{
     cache_text, progress_line, render_cache_iostat, render_candidates, render_iostat, render_list,

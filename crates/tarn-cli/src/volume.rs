@@ -65,6 +65,7 @@ pub(crate) fn volume_command(
                 (Some(_), Some(_)) => bail!("give the block size once: -b or -o volblocksize"),
                 (b, o) => b.or(o),
             };
+            let key = crate::key::new_root_key(&name, &properties)?;
             let params = VolumeCreateParams {
                 name,
                 size,
@@ -72,6 +73,7 @@ pub(crate) fn volume_command(
                 sparse,
                 properties,
                 parents,
+                key,
             };
             client.call_quietly(out, method::VOLUME_CREATE, &params)?;
         }

@@ -69,6 +69,8 @@ pub fn ds_error(e: DsError) -> ApiError {
         DsError::Exists(m) => ApiError::exists(m),
         DsError::Busy(m) => ApiError::busy(m),
         DsError::Damaged(_) | DsError::Corrupt(_) => ApiError::damaged(e.to_string()),
+        DsError::Locked(m) => ApiError::new(ErrorCode::Locked, m),
+        DsError::WrongKey(m) => ApiError::new(ErrorCode::WrongKey, m),
         DsError::Pool(p) => api_error(p),
         other => ApiError::invalid(other.to_string()),
     }
@@ -179,6 +181,7 @@ pub fn pool_status(p: eng::PoolStatus) -> api::PoolStatus {
         vdevs: p.vdevs.into_iter().map(vdev_status).collect(),
         logs: p.logs.into_iter().map(vdev_status).collect(),
         damaged: p.damaged,
+        locked: Vec::new(),
         cache: None,
     }
 }
@@ -314,6 +317,9 @@ pub fn dataset_info(d: tarn_dataset::DatasetInfo) -> api_ds::DatasetInfo {
         mountpoint: d.mountpoint,
         volsize: d.volsize,
         volblocksize: d.volblocksize,
+        encryption: d.encryption,
+        keystatus: d.keystatus,
+        encryptionroot: d.encryptionroot,
     }
 }
 
@@ -458,8 +464,18 @@ mod tests {
             mountpoint: None,
             volsize: None,
             volblocksize: None,
+            encryption: None,
+            keystatus: None,
+            encryptionroot: None,
         };
         same_json(&info, &dataset_info(info.clone()));
+        let enc = tarn_dataset::DatasetInfo {
+            encryption: Some("aes-256-gcm".into()),
+            keystatus: Some("unavailable".into()),
+            encryptionroot: Some("tank/a".into()),
+            ..info.clone()
+        };
+        same_json(&enc, &dataset_info(enc.clone()));
         let vol = tarn_dataset::DatasetInfo {
             kind: tarn_dataset::DatasetKind::Volume,
             volsize: Some(1 << 30),

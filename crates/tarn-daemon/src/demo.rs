@@ -161,7 +161,12 @@ pub fn run_demo(args: &DemoOptions) -> Result<()> {
                 .io_context(|| format!("cannot create {}", files.display()))?;
             props.insert("mountpoint".to_string(), files.display().to_string());
         }
-        backend.dataset_create(DEMO_FS, &props, false)?;
+        backend.dataset_create(&tarn_api::params::DatasetCreateParams {
+            name: DEMO_FS.into(),
+            properties: props,
+            parents: false,
+            key: None,
+        })?;
     }
     // A demo user and a share of the filesystem over NFS and WebDAV.
     let password = demo_password(&dir)?;

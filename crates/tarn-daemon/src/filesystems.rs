@@ -56,6 +56,7 @@ impl Filesystems {
             return Ok(fs.clone());
         }
         let handle = tarn_dataset::open(pool, dataset).map_err(ds_error)?;
+        handle.check_unlocked().map_err(ds_error)?;
         if handle.volume().map_err(ds_error)?.is_some() {
             return Err(ApiError::invalid(format!(
                 "'{dataset}' is a volume, a block device: serve it over NBD, not as a filesystem"
@@ -82,6 +83,7 @@ impl Filesystems {
             map.remove(dataset);
         }
         let handle = tarn_dataset::open(pool, dataset).map_err(ds_error)?;
+        handle.check_unlocked().map_err(ds_error)?;
         let v = Volume::open(handle).map_err(|e| ApiError::invalid(e.to_string()))?;
         map.insert(dataset.to_string(), v.clone());
         Ok(v)
@@ -104,6 +106,13 @@ impl Filesystems {
     pub fn forget_snapshots(&self, fs: &str) {
         let prefix = format!("{fs}@");
         self.forget(|k| k.starts_with(&prefix));
+    }
+
+    /// Forgets the filesystems of `dataset` and its snapshots (not its
+    /// children).
+    pub fn forget_one(&self, dataset: &str) {
+        let prefix = format!("{dataset}@");
+        self.forget(|k| k == dataset || k.starts_with(&prefix));
     }
 
     /// Forgets the filesystems of `dataset` and everything below it.

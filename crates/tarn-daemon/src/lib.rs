@@ -31,6 +31,7 @@ pub mod convert;
 pub mod demo;
 pub mod error;
 pub mod filesystems;
+mod keys;
 pub mod mounts;
 pub mod node;
 pub mod objects;

@@ -254,16 +254,108 @@ impl Backend for Pools {
         }
     }
 
-    fn dataset_create(
-        &self,
-        name: &str,
-        properties: &BTreeMap<String, String>,
-        parents: bool,
-    ) -> Result<(), ApiError> {
-        let pool = self.get(pool_of(name))?;
-        tarn_dataset::create(&pool, name, properties, parents).map_err(ds_error)?;
+    fn dataset_create(&self, p: &tarn_api::params::DatasetCreateParams) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(&p.name))?;
+        let key = crate::keys::new_root_input(&p.name, &p.properties, p.key.as_deref())?;
+        tarn_dataset::create_with_key(&pool, &p.name, &p.properties, p.parents, key.as_ref())
+            .map_err(ds_error)?;
         self.mounts.automount(&self.fss, &pool);
         Ok(())
+    }
+
+    fn key_load(&self, p: &tarn_api::params::KeyLoadParams) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(&p.name))?;
+        let (format, location, _) = tarn_dataset::key_location(&pool, &p.name).map_err(ds_error)?;
+        let from = p.location.as_deref().unwrap_or(&location);
+        let mut key = crate::keys::input(format, from, p.key.as_deref(), &p.name)?;
+        key.location = location;
+        tarn_dataset::load_key(&pool, &p.name, &key).map_err(ds_error)?;
+        // Its datasets can be mounted and shared again.
+        self.mounts.automount(&self.fss, &pool);
+        self.refresh_servers();
+        Ok(())
+    }
+
+    fn key_unload(&self, name: &str) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(name))?;
+        tarn_dataset::key_location(&pool, name).map_err(ds_error)?;
+        let users: Vec<String> = tarn_dataset::list(&pool, false)
+            .map_err(ds_error)?
+            .into_iter()
+            .filter(|d| d.encryptionroot.as_deref() == Some(name))
+            .map(|d| d.name)
+            .collect();
+        // What uses the key goes down first: mounts, deepest first (a busy
+        // one stops the unload), then the filesystems and volumes the
+        // servers hold.
+        let _resizes = tarn_vol::resize_lock();
+        let mut mounted: Vec<String> = self
+            .mounts
+            .list()
+            .into_iter()
+            .map(|m| m.dataset)
+            .filter(|m| {
+                users
+                    .iter()
+                    .any(|u| m == u || m.starts_with(&format!("{u}@")))
+            })
+            .collect();
+        mounted.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        let mut down = Vec::new();
+        for m in mounted {
+            match self.mounts.unmount(&m) {
+                Ok(info) => down.push(info),
+                Err(e) => {
+                    self.mounts.remount(&self.fss, &pool, down, None);
+                    return Err(e);
+                }
+            }
+        }
+        for u in &users {
+            self.fss.forget_one(u);
+        }
+        let r = tarn_dataset::unload_key(&pool, name).map_err(ds_error);
+        if r.is_err() {
+            self.mounts.remount(&self.fss, &pool, down, None);
+        }
+        self.refresh_servers();
+        r
+    }
+
+    fn key_change(&self, p: &tarn_api::params::KeyChangeParams) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(&p.name))?;
+        let (format, location, _) = tarn_dataset::key_location(&pool, &p.name).map_err(ds_error)?;
+        let format = match &p.keyformat {
+            Some(f) => tarn_dataset::KeyFormat::parse(f).map_err(ds_error)?,
+            None => format,
+        };
+        let location = p.keylocation.clone().unwrap_or(location);
+        tarn_dataset::crypt::check_keylocation(&location).map_err(ds_error)?;
+        let key = crate::keys::input(format, &location, p.key.as_deref(), &p.name)?;
+        tarn_dataset::change_key(&pool, &p.name, &key).map_err(ds_error)
+    }
+
+    fn key_list(
+        &self,
+        name: Option<&str>,
+    ) -> Result<Vec<tarn_api::dataset::KeyRootInfo>, ApiError> {
+        let pools: Vec<Arc<Pool>> = match name {
+            Some(n) => vec![self.get(pool_of(n))?],
+            None => self.lock().values().cloned().collect(),
+        };
+        let mut out = Vec::new();
+        for p in pools {
+            let roots = tarn_dataset::encryption_roots(&p, name).map_err(ds_error)?;
+            out.extend(roots.into_iter().map(|(name, loaded, format, location)| {
+                tarn_api::dataset::KeyRootInfo {
+                    name,
+                    keystatus: if loaded { "available" } else { "unavailable" }.into(),
+                    keyformat: format.name().into(),
+                    keylocation: location,
+                }
+            }));
+        }
+        Ok(out)
     }
 
     fn dataset_destroy(&self, name: &str, recursive: bool) -> Result<(), ApiError> {
@@ -330,8 +422,17 @@ impl Backend for Pools {
         let block = u32::try_from(block)
             .map_err(|_| ApiError::invalid(format!("volblocksize {block} is too large")))?;
         let spec = tarn_dataset::VolSpec { size, block };
-        tarn_dataset::create_volume(&pool, &p.name, spec, p.sparse, &p.properties, p.parents)
-            .map_err(ds_error)?;
+        let key = crate::keys::new_root_input(&p.name, &p.properties, p.key.as_deref())?;
+        tarn_dataset::create_volume_with_key(
+            &pool,
+            &p.name,
+            spec,
+            p.sparse,
+            &p.properties,
+            p.parents,
+            key.as_ref(),
+        )
+        .map_err(ds_error)?;
         // Parents made with -p are filesystems that may have mountpoints.
         self.mounts.automount(&self.fss, &pool);
         Ok(())
@@ -766,5 +867,13 @@ impl Node for Pools {
 fn status_with_cache(p: &Pool) -> PoolStatus {
     let mut s = pool_status(p.status());
     s.cache = Some(crate::convert::cache_counters(p.cache_stats()));
+    // Encrypted datasets whose key is not loaded.
+    if let Ok(list) = tarn_dataset::list(p, false) {
+        s.locked = list
+            .into_iter()
+            .filter(|d| d.keystatus.as_deref() == Some("unavailable"))
+            .map(|d| d.name)
+            .collect();
+    }
     s
 }

@@ -148,7 +148,10 @@ pub(crate) fn attach_datasets(pool: &Arc<Pool>) {
             "tarn: pool '{}': cannot load its datasets: {e}",
             pool.name()
         );
+        return;
     }
+    // Keys kept in files are loaded now; the rest wait for `tarn key load`.
+    crate::keys::autoload(pool);
 }
 
 /// The pool part of a dataset name (`tank` of `tank/a@s`).

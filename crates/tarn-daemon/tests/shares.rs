@@ -47,7 +47,12 @@ fn one_unreadable_share_record_affects_only_itself() {
         .unwrap();
     for ds in ["tank/a", "tank/b", "tank/c"] {
         pools
-            .dataset_create(ds, &Default::default(), false)
+            .dataset_create(&tarn_api::params::DatasetCreateParams {
+                name: ds.to_string(),
+                properties: Default::default(),
+                parents: false,
+                key: None,
+            })
             .unwrap();
     }
     for (name, ds) in [("a", "tank/a"), ("b", "tank/b"), ("c", "tank/c")] {

@@ -236,6 +236,9 @@ impl Dir {
                 .and_then(|o| self.recs.get(&o))
                 .map(|o| o.name.clone()),
             mountpoint,
+            encryption: self.encryption(id).map(|e| e.cipher),
+            keystatus: self.encryption(id).map(|e| e.status.name().to_string()),
+            encryptionroot: self.encryption(id).map(|e| e.root),
         })
     }
 }

@@ -16,6 +16,8 @@ impl Dir {
         self.forgotten.push(id);
         self.deleted.insert(id);
         self.dirty_recs.remove(&id);
+        // A key record lives while a dataset names it (see `crypt`).
+        self.tidy_keys();
     }
 
     /// Destroys one snapshot (checked by the caller: no clones).
@@ -94,6 +96,7 @@ impl Dir {
         let root = r.root_ptr()?;
         self.free_tree(cx, &root, r.prev_snap_txg)?;
         self.drain_deadlist(cx, r.deadlist, 0, false, None)?;
+        crate::zil::drop_parked(self, cx, id)?;
         if let Some(o) = r.origin {
             if let Some(orec) = self.recs.get_mut(&o) {
                 orec.clones.retain(|c| *c != id);

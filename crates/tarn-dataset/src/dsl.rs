@@ -128,6 +128,18 @@ pub(crate) struct Dir {
     /// readers need not reach the meta tree, written through by
     /// `config_put` and `config_delete`.
     pub config: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// Key records by id (see `crypt`).
+    pub keys: BTreeMap<u64, crate::crypt::KeyRec>,
+    /// Loaded keys by key record id: in memory only.
+    pub unlocked: HashMap<u64, Arc<tarn_block::KeySet>>,
+    /// Key records the next sync writes, and those it deletes.
+    pub dirty_keys: BTreeSet<u64>,
+    pub deleted_keys: BTreeSet<u64>,
+    /// Intent log records of locked datasets found at import, each with
+    /// the txg it was taken in: the sync of that txg parks them (`zil`).
+    pub parked_new: Vec<crate::zil::Parked>,
+    /// Parked records replayed or dropped: the sync deletes their entries.
+    pub parked_gone: Vec<Vec<u8>>,
 }
 
 /// The dataset layer's state inside the pool (see the module docs).
@@ -251,6 +263,7 @@ impl Dir {
             self.config.extend(page);
             start = Bound::Excluded(last);
         }
+        crate::crypt::load_records(self, cx)?;
         if self.recs.is_empty() {
             let root = self.new_fs(pool_name, None, cx.txg());
             self.recs.insert(root.id, root);
@@ -302,6 +315,7 @@ impl Dir {
             deadlist,
             dead: BTreeMap::new(),
             volume: None,
+            key: None,
         }
     }
 }

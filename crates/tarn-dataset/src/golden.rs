@@ -86,6 +86,7 @@ fn record() -> DsRec {
         deadlist: 10,
         dead: BTreeMap::from([(0, sums(4096)), (1200, sums(0x1_0000_0000))]),
         volume: None,
+        key: None,
     }
 }
 
@@ -138,6 +139,65 @@ fn a_volume_record_adds_its_geometry_and_nothing_else() {
     let back: DsRec = serde_json::from_value(want.clone()).unwrap();
     assert_eq!(back.volume, rec.volume);
     assert_eq!(to_json(&back), want);
+}
+
+#[test]
+fn an_encrypted_record_adds_its_key_and_nothing_else() {
+    let mut rec = record();
+    rec.key = Some(77);
+    let mut want = json(&golden());
+    want["key"] = Value::from(77);
+    assert_eq!(to_json(&rec), want);
+    let back: DsRec = serde_json::from_value(want.clone()).unwrap();
+    assert_eq!(back.key, Some(77));
+    // Records without the field (unencrypted, or written before
+    // encryption) read as unencrypted.
+    let plain: DsRec = serde_json::from_str(&golden()).unwrap();
+    assert_eq!(plain.key, None);
+}
+
+#[test]
+fn key_record_json_is_pinned() {
+    use crate::crypt::{KeyFormat, KeyRec, PbkdfRec};
+    let rec = KeyRec {
+        id: 77,
+        guid: 18_446_744_073_709_551_557,
+        cipher: "aes-256-gcm".into(),
+        keyformat: KeyFormat::Passphrase,
+        keylocation: "prompt".into(),
+        pbkdf: Some(PbkdfRec {
+            memory_kib: 65536,
+            iterations: 3,
+            parallelism: 1,
+            salt: "00112233445566778899aabbccddeeff".into(),
+        }),
+        wrapped: "ab".repeat(60),
+        root: 12,
+        created_unix: 1_700_000_000,
+    };
+    let golden = format!(
+        r#"{{"id": 77, "guid": 18446744073709551557, "cipher": "aes-256-gcm",
+            "keyformat": "passphrase", "keylocation": "prompt",
+            "pbkdf": {{"memory_kib": 65536, "iterations": 3, "parallelism": 1,
+                       "salt": "00112233445566778899aabbccddeeff"}},
+            "wrapped": "{}", "root": 12, "created_unix": 1700000000}}"#,
+        "ab".repeat(60)
+    );
+    assert_eq!(to_json(&rec), json(&golden));
+    let back: KeyRec = serde_json::from_str(&golden).unwrap();
+    assert_eq!(back, rec);
+    // A raw or hex key has no passphrase parameters.
+    let hex: KeyRec = serde_json::from_value({
+        let mut v = json(&golden);
+        v["keyformat"] = Value::from("hex");
+        v.as_object_mut().unwrap().remove("pbkdf");
+        v
+    })
+    .unwrap();
+    assert_eq!((hex.keyformat, hex.pbkdf), (KeyFormat::Hex, None));
+    for f in ["passphrase", "raw", "hex"] {
+        assert_eq!(to_json(&KeyFormat::parse(f).unwrap()), Value::from(f));
+    }
 }
 
 #[test]

@@ -9,8 +9,9 @@
 //! root dataset carries the pool's name. Names are kept in the records; the
 //! name index is rebuilt in memory when the pool is attached.
 //!
-//! **Values.** The tree's values carry a one-byte tag: plain bytes, or a
-//! block pointer to a data block.
+//! **Values.** The tree's values carry a one-byte tag: plain bytes (sealed
+//! with the dataset's key when it is encrypted, see `crypt`), or a block
+//! pointer to a data block.
 //!
 //! **Open txg** (`overlay`). Open context never changes a committed tree:
 //! the txg's changes (plain values, data blocks staged with the room
@@ -42,6 +43,7 @@
 
 mod accounting;
 mod config;
+pub mod crypt;
 mod deadlist;
 mod destroy;
 mod dsl;
@@ -94,6 +96,12 @@ pub enum DsError {
     /// Records that do not decode.
     #[error("damaged dataset metadata: {0}")]
     Corrupt(String),
+    /// An encrypted dataset whose key is not loaded.
+    #[error("{0}")]
+    Locked(String),
+    /// A key or passphrase that does not unwrap the dataset's key.
+    #[error("{0}")]
+    WrongKey(String),
     /// The pool failed.
     #[error("{0}")]
     Pool(#[from] PoolError),
@@ -112,7 +120,14 @@ impl From<tarn_block::BlockError> for DsError {
 }
 
 pub use config::{config_delete, config_list, config_put};
+pub use crypt::{
+    change_key, encryption_roots, key_location, load_key, unload_key, Encryption, KeyFormat,
+    KeyInput, KeyStatus,
+};
 pub use destroy::destroy;
 pub use dsl::{attach, blocks, deflated, list, open};
-pub use ops::{check_volspec, clone, create, create_volume, promote, rename, rollback, snapshot};
+pub use ops::{
+    check_volspec, clone, create, create_volume, create_volume_with_key, create_with_key, promote,
+    rename, rollback, snapshot,
+};
 pub use props::{get_props, inherit, set_prop};

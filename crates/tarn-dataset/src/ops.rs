@@ -8,13 +8,15 @@ use std::ops::Bound;
 use tarn_block::BlockPtr;
 use tarn_pool::{Pool, SyncCx};
 
-use crate::dsl::with_dir_excl;
+use crate::crypt::{KeyFormat, KeyInput, KeyRec};
+use crate::dsl::{with_dir_excl, Dir};
 use crate::props;
 use crate::record::{
     check_fs_name, check_snap_part, dead_key, dead_prefix, encode_ptr_hex, new_guid, now_unix,
     parent_name, DatasetKind, DsRec, Sums, VolSpec,
 };
 use crate::DsError;
+use tarn_block::{Cipher, KeySet};
 
 /// Creates filesystem `name` (with `parents`, its missing ancestors too).
 pub fn create(
@@ -23,19 +25,187 @@ pub fn create(
     props: &BTreeMap<String, String>,
     parents: bool,
 ) -> Result<(), DsError> {
+    create_with_key(pool, name, props, parents, None)
+}
+
+/// [`create`], where `props` may ask for encryption (`encryption`,
+/// `keyformat`, `keylocation`) and `key` gives a new encryption root's
+/// key. Without `keyformat` the filesystem inherits its parent's key, if
+/// any (see `crypt`).
+pub fn create_with_key(
+    pool: &Pool,
+    name: &str,
+    props: &BTreeMap<String, String>,
+    parents: bool,
+    key: Option<&KeyInput>,
+) -> Result<(), DsError> {
     check_fs_name(pool.name(), name)?;
-    let mut local = BTreeMap::new();
-    for (k, v) in props {
-        local.insert(k.clone(), props::validate(k, v)?);
-    }
+    let (local, enc) = split_props(props)?;
+    let new_key = enc.new_key(key)?;
     with_dir_excl(pool, |dsl, cx| {
-        create_recs(dsl, cx.txg(), name, local, parents, None)
+        enc.check(dsl, name)?;
+        let id = create_recs(dsl, cx.txg(), name, local, parents, None)?;
+        enc.apply(dsl, id, new_key);
+        Ok(())
     })
+}
+
+/// What a new dataset's properties ask of encryption.
+struct EncProps {
+    cipher: Option<Cipher>,
+    off: bool,
+    format: Option<KeyFormat>,
+    location: Option<String>,
+}
+
+/// Separates the encryption properties from the others (validated).
+fn split_props(
+    props: &BTreeMap<String, String>,
+) -> Result<(BTreeMap<String, String>, EncProps), DsError> {
+    let mut local = BTreeMap::new();
+    let mut enc = EncProps {
+        cipher: None,
+        off: false,
+        format: None,
+        location: None,
+    };
+    for (k, v) in props {
+        match k.as_str() {
+            "encryption" if v == "off" => enc.off = true,
+            "encryption" => {
+                enc.cipher = Some(Cipher::parse(v).map_err(|e| DsError::Invalid(e.to_string()))?)
+            }
+            "keyformat" => enc.format = Some(KeyFormat::parse(v)?),
+            "keylocation" => {
+                crate::crypt::check_keylocation(v)?;
+                enc.location = Some(v.clone());
+            }
+            _ => {
+                local.insert(k.clone(), props::validate(k, v)?);
+            }
+        }
+    }
+    Ok((local, enc))
+}
+
+impl EncProps {
+    /// The new encryption root's key, when `keyformat` asks for one (made
+    /// here, outside every lock: Argon2id is slow).
+    fn new_key(&self, key: Option<&KeyInput>) -> Result<Option<(KeyRec, KeySet)>, DsError> {
+        let Some(format) = self.format else {
+            if self.location.is_some() {
+                return Err(DsError::Invalid(
+                    "keylocation needs keyformat: it belongs to a new encryption root".into(),
+                ));
+            }
+            return Ok(None);
+        };
+        if self.off {
+            return Err(DsError::Invalid(
+                "keyformat with encryption=off: choose one".into(),
+            ));
+        }
+        let Some(input) = key else {
+            return Err(DsError::Invalid(
+                "a new encryption root needs its key (a passphrase, or a key file)".into(),
+            ));
+        };
+        if input.format != format {
+            return Err(DsError::Invalid(format!(
+                "keyformat={} but the key was given as {}",
+                format.name(),
+                input.format.name()
+            )));
+        }
+        let location = self.location.clone().unwrap_or_else(|| "prompt".into());
+        if input.location != location {
+            return Err(DsError::Invalid(format!(
+                "keylocation={location} but the key came from {}",
+                input.location
+            )));
+        }
+        crate::crypt::new_key(self.cipher.unwrap_or_default(), input).map(Some)
+    }
+
+    /// Checks what the new dataset `name` would inherit, before any change:
+    /// no unencrypted dataset under an encrypted one, no new cipher
+    /// without a key of its own, and an inherited key must be loaded.
+    fn check(&self, dsl: &Dir, name: &str) -> Result<(), DsError> {
+        let parent_key = nearest_key(dsl, name);
+        match parent_key {
+            Some(kid) => {
+                if self.off {
+                    return Err(DsError::Invalid(format!(
+                        "'{name}' would be unencrypted inside an encrypted dataset; \
+                         encryption=off is refused there"
+                    )));
+                }
+                if self.format.is_none() {
+                    let theirs = dsl
+                        .keys
+                        .get(&kid)
+                        .map(|k| k.cipher.clone())
+                        .unwrap_or_default();
+                    if let Some(c) = self.cipher.filter(|c| c.name() != theirs) {
+                        return Err(DsError::Invalid(format!(
+                            "encryption={} differs from the parent's {theirs}: give '{name}' a \
+                             key of its own with -o keyformat=...",
+                            c.name()
+                        )));
+                    }
+                }
+                if !dsl.unlocked.contains_key(&kid) && self.format.is_none() {
+                    return Err(DsError::Locked(format!(
+                        "'{name}' would inherit the key of '{}', which is not loaded: run \
+                         `tarn key load {}`",
+                        dsl.key_root_name(kid),
+                        dsl.key_root_name(kid)
+                    )));
+                }
+            }
+            None => {
+                if self.cipher.is_some() && self.format.is_none() {
+                    return Err(DsError::Invalid(format!(
+                        "'{name}' would be a new encryption root: give -o keyformat=passphrase \
+                         (or raw, hex) and its key"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives the new dataset `id` its own key (a new record), or leaves it
+    /// the one it inherited.
+    fn apply(&self, dsl: &mut Dir, id: u64, new_key: Option<(KeyRec, KeySet)>) {
+        if let Some((mut rec, ks)) = new_key {
+            rec.id = dsl.alloc_id();
+            rec.root = id;
+            let kid = dsl.add_key(rec, ks);
+            if let Some(r) = dsl.recs.get_mut(&id) {
+                r.key = Some(kid);
+            }
+        }
+    }
+}
+
+/// The key a new dataset `name` would inherit: that of its nearest
+/// existing ancestor.
+fn nearest_key(dsl: &Dir, name: &str) -> Option<u64> {
+    let mut cur = parent_name(name);
+    while let Some(p) = cur {
+        if let Some(id) = dsl.names.get(p) {
+            return dsl.recs.get(id).and_then(|r| r.key);
+        }
+        cur = parent_name(p);
+    }
+    None
 }
 
 /// The records of a new filesystem or volume `name` and its missing
 /// ancestors, in the open directory: one exclusive operation, so a crash
-/// never leaves half of them.
+/// never leaves half of them. Each inherits its parent's key. Returns the
+/// new dataset's id.
 fn create_recs(
     dsl: &mut crate::dsl::Dir,
     txg: u64,
@@ -43,7 +213,7 @@ fn create_recs(
     local: BTreeMap<String, String>,
     parents: bool,
     volume: Option<VolSpec>,
-) -> Result<(), DsError> {
+) -> Result<u64, DsError> {
     if dsl.names.contains_key(name) {
         return Err(DsError::Exists(format!("dataset '{name}' already exists")));
     }
@@ -65,6 +235,8 @@ fn create_recs(
     if let Some(p) = cur {
         no_children_of_volume(dsl, p)?;
     }
+    let key = nearest_key(dsl, name);
+    let mut last = 0;
     for n in missing
         .iter()
         .rev()
@@ -72,6 +244,7 @@ fn create_recs(
     {
         let parent = parent_name(n).and_then(|p| dsl.names.get(p).copied());
         let mut rec = dsl.new_fs(n, parent, txg);
+        rec.key = key;
         if n == name {
             rec.props = local.clone();
             if volume.is_some() {
@@ -79,9 +252,10 @@ fn create_recs(
                 rec.volume = volume;
             }
         }
+        last = rec.id;
         dsl.recs.insert(rec.id, rec);
     }
-    Ok(())
+    Ok(last)
 }
 
 /// Refuses a dataset under `parent` when `parent` is a volume: a volume is
@@ -131,13 +305,25 @@ pub fn create_volume(
     props: &BTreeMap<String, String>,
     parents: bool,
 ) -> Result<(), DsError> {
+    create_volume_with_key(pool, name, spec, sparse, props, parents, None)
+}
+
+/// [`create_volume`] with encryption, as [`create_with_key`].
+pub fn create_volume_with_key(
+    pool: &Pool,
+    name: &str,
+    spec: VolSpec,
+    sparse: bool,
+    props: &BTreeMap<String, String>,
+    parents: bool,
+    key: Option<&KeyInput>,
+) -> Result<(), DsError> {
     check_volspec(spec)?;
     check_fs_name(pool.name(), name)?;
-    let mut local = BTreeMap::new();
-    for (k, v) in props {
-        local.insert(k.clone(), props::validate(k, v)?);
-    }
+    let (mut local, enc) = split_props(props)?;
+    let new_key = enc.new_key(key)?;
     with_dir_excl(pool, |dsl, cx| {
+        enc.check(dsl, name)?;
         // The nearest existing ancestor: the new volume shares its room
         // and inherits its properties.
         let mut above = parent_name(name);
@@ -174,7 +360,9 @@ pub fn create_volume(
                 )));
             }
         }
-        create_recs(dsl, cx.txg(), name, local, parents, Some(spec))
+        let id = create_recs(dsl, cx.txg(), name, local, parents, Some(spec))?;
+        enc.apply(dsl, id, new_key);
+        Ok(())
     })
 }
 
@@ -290,6 +478,7 @@ pub fn snapshot(pool: &Pool, names: &[String], recursive: bool) -> Result<(), Ds
                     deadlist: 0,
                     dead: BTreeMap::new(),
                     volume: h.volume,
+                    key: h.key,
                 },
             );
             dsl.pending_snaps.push((head, id));
@@ -490,6 +679,8 @@ pub fn rollback(pool: &Pool, snap_name: &str, destroy_newer: bool) -> Result<(),
             let root = h.root_ptr()?;
             dsl.free_tree(cx, &root, s.created_txg)?;
             dsl.drain_deadlist(cx, h.deadlist, 0, false, None)?;
+            // The intent log parked for the state thrown away goes with it.
+            crate::zil::drop_parked(dsl, cx, head)?;
             let s = dsl.rec(snap)?.clone();
             // A volume gets the snapshot's size back, and a reservation
             // that followed the size follows it back.
@@ -531,6 +722,11 @@ pub fn clone(
     check_fs_name(pool.name(), name)?;
     let mut local = BTreeMap::new();
     for (k, v) in props {
+        if props::ENCRYPTION.contains(&k.as_str()) {
+            return Err(DsError::Invalid(format!(
+                "a clone keeps its origin's encryption and key: '{k}' cannot be given"
+            )));
+        }
         local.insert(k.clone(), props::validate(k, v)?);
     }
     with_dir_excl(pool, |dsl, cx| {
@@ -538,6 +734,12 @@ pub fn clone(
         let s = dsl.rec(snap)?.clone();
         if !s.is_snapshot() {
             return Err(DsError::Invalid(format!("'{snap_name}' is not a snapshot")));
+        }
+        if s.key.is_none() && nearest_key(dsl, name).is_some() {
+            return Err(DsError::Invalid(format!(
+                "'{snap_name}' is not encrypted: its clone cannot live inside an encrypted \
+                 dataset"
+            )));
         }
         if dsl.names.contains_key(name) {
             return Err(DsError::Exists(format!("dataset '{name}' already exists")));
@@ -557,6 +759,8 @@ pub fn clone(
         rec.prev_snap = Some(snap);
         rec.prev_snap_txg = s.created_txg;
         rec.props = local;
+        // It shares the origin's blocks, so it shares their key.
+        rec.key = s.key;
         let id = rec.id;
         dsl.recs.insert(id, rec);
         if let Some(sr) = dsl.recs.get_mut(&snap) {
@@ -565,6 +769,35 @@ pub fn clone(
         dsl.dirty_recs.insert(snap);
         Ok(())
     })
+}
+
+/// Refuses a move that would change what a dataset's encryption means:
+/// a dataset that inherits its key stays inside its encryption root, and
+/// an unencrypted dataset never moves inside an encrypted one.
+fn check_rename_keys(dsl: &Dir, id: u64, old: &str, new: &str) -> Result<(), DsError> {
+    let key = dsl.rec(id)?.key;
+    match key {
+        Some(kid) => {
+            let root = dsl.keys.get(&kid).map(|k| k.root);
+            if root != Some(id) {
+                let rname = dsl.key_root_name(kid);
+                let inside = |n: &str| n.starts_with(&format!("{rname}/"));
+                if inside(old) && !inside(new) {
+                    return Err(DsError::Invalid(format!(
+                        "'{old}' inherits its key from '{rname}': it cannot move out of it"
+                    )));
+                }
+            }
+        }
+        None => {
+            if nearest_key(dsl, new).is_some() {
+                return Err(DsError::Invalid(format!(
+                    "'{old}' is not encrypted: it cannot move inside an encrypted dataset"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Renames a filesystem (moving it under another parent if the new name
@@ -610,6 +843,9 @@ pub fn rename(pool: &Pool, old: &str, new: &str) -> Result<(), DsError> {
                     DsError::NotFound(format!("the parent of '{new}' does not exist"))
                 })?)
             };
+        if !is_snap {
+            check_rename_keys(dsl, id, old, new)?;
+        }
         let renames: Vec<(u64, String)> = dsl
             .recs
             .values()

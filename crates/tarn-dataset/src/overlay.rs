@@ -50,7 +50,7 @@ use tarn_block::BlockPtr;
 use tarn_pool::Reservation;
 use tarn_tree::{NodeStore, Tree};
 
-use crate::record::{TAG_BLOCK, TAG_PLAIN};
+use crate::record::{TAG_BLOCK, TAG_PLAIN, TAG_SEALED};
 use crate::DsError;
 
 mod cover;
@@ -372,8 +372,10 @@ fn range_bytes(r: &KeyRange) -> u64 {
 /// A value as a reader of the stacked view sees it.
 #[derive(Clone, Debug)]
 pub(crate) enum Found {
-    /// A plain value.
+    /// A plain value (of an encrypted dataset's open txg: sealed).
     Plain(Vec<u8>),
+    /// A sealed value of the committed tree (encrypted datasets).
+    Sealed(Vec<u8>),
     /// A data block not yet committed.
     Staged(Arc<StagedBlock>),
     /// A committed data block.
@@ -387,6 +389,10 @@ pub(crate) fn decode_tree_value(mut raw: Vec<u8>, key: &[u8]) -> Result<Found, D
         Some(&TAG_PLAIN) => {
             raw.remove(0);
             Ok(Found::Plain(raw))
+        }
+        Some(&TAG_SEALED) => {
+            raw.remove(0);
+            Ok(Found::Sealed(raw))
         }
         Some(&TAG_BLOCK) => BlockPtr::decode(&raw[1..])
             .map(Found::Block)

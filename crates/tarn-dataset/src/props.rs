@@ -84,7 +84,17 @@ pub const COMPUTED: &[&str] = &[
     "guid",
     "volsize",
     "volblocksize",
+    "encryption",
+    "keyformat",
+    "keylocation",
+    "keystatus",
+    "encryptionroot",
 ];
+
+/// Encryption properties: given at creation (`encryption`, `keyformat`,
+/// `keylocation`), changed with the key commands (`keylocation` also by
+/// `set` on an encryption root), never inherited like the others.
+pub const ENCRYPTION: &[&str] = &["encryption", "keyformat", "keylocation"];
 
 /// Default value of a settable property.
 pub fn default_of(name: &str) -> Option<&'static str> {
@@ -237,14 +247,23 @@ impl Dir {
         self.prop(id, name).0.parse().ok()
     }
 
-    pub(crate) fn block_opts(&self, id: u64) -> BlockOpts {
-        BlockOpts {
+    /// How dataset `id`'s blocks are written now, its key included; an
+    /// encrypted dataset whose key is not loaded gets an error, never
+    /// options without a key (its blocks would be written in the clear).
+    pub(crate) fn block_opts(&self, id: u64) -> Result<BlockOpts, DsError> {
+        Ok(BlockOpts {
             compression: Compression::parse(&self.prop(id, "compression").0)
                 .unwrap_or(Compression::Lz4),
             checksum: ChecksumAlg::parse(&self.prop(id, "checksum").0)
                 .unwrap_or(ChecksumAlg::Blake3),
-            copies: self.prop_u64(id, "copies").unwrap_or(1).clamp(1, 3) as u8,
-        }
+            copies: self.copies(id),
+            key: self.keyset(id)?,
+        })
+    }
+
+    /// The `copies` of dataset `id`'s data blocks.
+    pub(crate) fn copies(&self, id: u64) -> u8 {
+        self.prop_u64(id, "copies").unwrap_or(1).clamp(1, 3) as u8
     }
 }
 
@@ -291,6 +310,21 @@ pub fn get_props(pool: &Pool, name: &str, names: &[String]) -> Result<Vec<PropVa
                 "guid" => computed(info.guid.to_string()),
                 "volsize" => computed(info.volsize.map_or("-".into(), |v| v.to_string())),
                 "volblocksize" => computed(info.volblocksize.map_or("-".into(), |v| v.to_string())),
+                "encryption" => computed(dsl.encryption(id).map_or("off".into(), |e| e.cipher)),
+                "keyformat" => computed(
+                    dsl.encryption(id)
+                        .map_or("none".into(), |e| e.keyformat.name().into()),
+                ),
+                "keylocation" => match dsl.encryption(id) {
+                    Some(e) if e.root == name => (e.keylocation, Source::Local),
+                    Some(e) => (e.keylocation, Source::Inherited(e.root)),
+                    None => computed("none".into()),
+                },
+                "keystatus" => computed(
+                    dsl.encryption(id)
+                        .map_or("none".into(), |e| e.status.name().into()),
+                ),
+                "encryptionroot" => computed(dsl.encryption(id).map_or("-".into(), |e| e.root)),
                 other if default_of(other).is_some() => dsl.prop(id, other),
                 other => {
                     return Err(DsError::Invalid(format!("unknown property '{other}'")));
@@ -309,6 +343,15 @@ pub fn get_props(pool: &Pool, name: &str, names: &[String]) -> Result<Vec<PropVa
 
 /// Sets a property on a filesystem.
 pub fn set_prop(pool: &Pool, name: &str, prop: &str, value: &str) -> Result<(), DsError> {
+    match prop {
+        "keylocation" => return crate::crypt::set_keylocation(pool, name, value),
+        "encryption" | "keyformat" => {
+            return Err(DsError::Invalid(format!(
+                "'{prop}' is set when a dataset is created; change a key with `tarn key change`"
+            )))
+        }
+        _ => {}
+    }
     let v = validate(prop, value)?;
     with_dir_excl(pool, |dsl, _cx| {
         let id = dsl.id_of(name)?;

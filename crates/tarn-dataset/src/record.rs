@@ -16,6 +16,10 @@ pub(crate) const TAG_PLAIN: u8 = 0;
 
 pub(crate) const TAG_BLOCK: u8 = 1;
 
+/// A plain value of an encrypted dataset, sealed with its key (see
+/// `tarn_block::crypt`); 2 is the in-memory tag of a staged block.
+pub(crate) const TAG_SEALED: u8 = 3;
+
 pub(crate) const K_NEXT: &[u8] = b"N";
 
 /// Block size whose allocation defines the deflate ratio.
@@ -24,6 +28,13 @@ pub(crate) const DEFLATE_BLOCK: u64 = 128 * 1024;
 pub(crate) const P_DS: u8 = b'D';
 
 pub(crate) const P_DEAD: u8 = b'L';
+
+/// Key records (`crypt`): `K` + key id.
+pub(crate) const P_KEY: u8 = b'K';
+
+/// Parked intent log records of encrypted datasets (`zil`): `P` + dataset
+/// id + sequence + part.
+pub(crate) const P_PARK: u8 = b'P';
 
 /// Byte totals of a set of blocks: allocated (with parity and copies),
 /// physical (stored) and logical (uncompressed).
@@ -127,6 +138,11 @@ pub(crate) struct DsRec {
     /// so their records are unchanged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<VolSpec>,
+    /// Encrypted datasets (and their snapshots): the id of the key record
+    /// their blocks and values are sealed with (absent when unencrypted,
+    /// so unencrypted records are unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<u64>,
 }
 
 impl DsRec {
@@ -225,6 +241,13 @@ pub(crate) fn scan_refs(kind: u8, key: &[u8], value: &[u8], out: &mut Vec<ExtRef
                 Err(e) => out.push(ExtRef::Undecodable(format!("a dataset record: {e}"))),
             }
         }
+        // Parked log records: their chunks and the blocks they reference.
+        0 if key.first() == Some(&P_PARK) && value.first() == Some(&TAG_BLOCK) => {
+            match BlockPtr::decode(&value[1..]) {
+                Ok(bp) => out.push(ExtRef::Block(bp)),
+                Err(e) => out.push(ExtRef::Undecodable(format!("a parked log block: {e}"))),
+            }
+        }
         1 if value.first() == Some(&TAG_BLOCK) => match BlockPtr::decode(&value[1..]) {
             Ok(bp) => out.push(ExtRef::Block(bp)),
             Err(e) => out.push(ExtRef::Undecodable(format!("a block pointer: {e}"))),
@@ -300,6 +323,15 @@ pub struct DatasetInfo {
     pub origin: Option<String>,
     /// Resolved mountpoint (filesystems).
     pub mountpoint: Option<String>,
+    /// Encrypted datasets: the cipher (`aes-256-gcm`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<String>,
+    /// Encrypted datasets: `available` (key loaded) or `unavailable`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keystatus: Option<String>,
+    /// Encrypted datasets: the dataset whose key they use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryptionroot: Option<String>,
 }
 
 /// Validates a filesystem name under `pool`.

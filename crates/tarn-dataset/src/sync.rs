@@ -11,7 +11,9 @@ use tarn_tree::{NodeStore, Tree, TreeError};
 
 use crate::dsl::Dsl;
 use crate::overlay::{Change, Overlay, StagedBlock};
-use crate::record::{block_value, ds_key, encode_ptr_hex, Sums, K_NEXT, TAG_BLOCK, TAG_PLAIN};
+use crate::record::{
+    block_value, ds_key, encode_ptr_hex, Sums, K_NEXT, TAG_BLOCK, TAG_PLAIN, TAG_SEALED,
+};
 
 /// The node store of a dataset tree while it commits: records what it
 /// writes and frees so the accounting and the birth-time rule see nodes.
@@ -50,6 +52,10 @@ impl Extension for Dsl {
                 || !d.dirty_recs.is_empty()
                 || !d.deleted.is_empty()
                 || d.next_dirty
+                || !d.dirty_keys.is_empty()
+                || !d.deleted_keys.is_empty()
+                || !d.parked_new.is_empty()
+                || !d.parked_gone.is_empty()
         };
         dir_changed
             || lock_trees(self).values().any(|t| t.is_dirty())
@@ -126,6 +132,8 @@ impl Extension for Dsl {
                 dir.kill(cx, id, &bp, &mut bounds)?;
             }
         }
+        // Intent log records of locked datasets, parked (see `zil`).
+        crate::zil::park_records(self, cx)?;
         let mut dir = self.dir();
         let dir = &mut *dir;
         // 4. Snapshots of this txg capture the trees as just committed.
@@ -169,6 +177,7 @@ impl Extension for Dsl {
         if std::mem::take(&mut dir.next_dirty) {
             cx.meta_put(K_NEXT, &dir.next_id.to_le_bytes())?;
         }
+        crate::crypt::sync_records(dir, cx)?;
         Ok(())
     }
 
@@ -215,17 +224,22 @@ fn write_staged(
 ) -> Result<(), PoolError> {
     let mut todo: Vec<(&StagedBlock, BlockOpts, Reservation)> = Vec::new();
     for (id, o) in overlays {
-        let opts = dsl.dir().block_opts(*id);
+        // A locked dataset's blocks are never written in the clear: its
+        // options fail, and the sync with them (the pool stops).
+        let opts = dsl
+            .dir()
+            .block_opts(*id)
+            .map_err(|e| PoolError::Internal(format!("writing the blocks of dataset {id}: {e}")))?;
         for (_, b) in o.staged() {
             let slot = b.slot();
             if slot.written.is_none() {
-                todo.push((b, opts, slot.res.clone()));
+                todo.push((b, opts.clone(), slot.res.clone()));
             }
         }
     }
     let blocks: Vec<(&[u8], BlockOpts, Option<Reservation>)> = todo
         .iter()
-        .map(|(b, o, r)| (b.data.as_slice(), *o, Some(r.clone())))
+        .map(|(b, o, r)| (b.data.as_slice(), o.clone(), Some(r.clone())))
         .collect();
     let written = cx.write_blocks(blocks)?;
     for ((b, _, _), bp) in todo.iter().zip(written) {
@@ -261,7 +275,12 @@ impl Dsl {
                 Tree::open(root)
             }
         };
-        let r = apply_to_tree(&mut tree, cx, o, &mut killed, &mut added);
+        let tag = if self.dir().is_encrypted(id) {
+            TAG_SEALED
+        } else {
+            TAG_PLAIN
+        };
+        let r = apply_to_tree(&mut tree, cx, o, tag, &mut killed, &mut added);
         lock_trees(self).insert(id, tree);
         r?;
         let mut dir = self.dir();
@@ -298,6 +317,7 @@ fn apply_to_tree(
     tree: &mut Tree,
     cx: &mut SyncCx<'_>,
     o: &Overlay,
+    plain_tag: u8,
     killed: &mut Vec<BlockPtr>,
     added: &mut Vec<BlockPtr>,
 ) -> Result<(), PoolError> {
@@ -324,7 +344,7 @@ fn apply_to_tree(
         let old = match c {
             Change::Plain(v) => {
                 let mut raw = Vec::with_capacity(v.len() + 1);
-                raw.push(TAG_PLAIN);
+                raw.push(plain_tag);
                 raw.extend_from_slice(v);
                 tree.insert(&store, key, &raw)?
             }

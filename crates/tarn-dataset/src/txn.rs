@@ -25,7 +25,7 @@ use std::ops::Bound;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use tarn_block::BlockPtr;
+use tarn_block::{BlockPtr, KeySet};
 use tarn_pool::{Cx, Pool, PoolError};
 
 use crate::dsl::{with_dsl, Dsl, LiveDs, LiveState};
@@ -114,7 +114,7 @@ fn reserve(
     len: u64,
     held: u64,
 ) -> Result<Reservation, DsError> {
-    let copies = dsl.dir().block_opts(id).copies;
+    let copies = dsl.dir().copies(id);
     let cost = cx.alloc_cost(len, copies);
     if !replay {
         dsl.dir().check_room(cx, id, cost.saturating_sub(held))?;
@@ -161,6 +161,9 @@ pub struct Txn<'a, 'p> {
     replay: bool,
     /// The open overlay's plain bytes when the transaction began.
     plain_before: u64,
+    /// The dataset's key, when it is encrypted: plain values are sealed
+    /// with it, and blocks read through it.
+    key: Option<Arc<KeySet>>,
 }
 
 /// The bytes of a data block, shared with the block cache or with the
@@ -200,6 +203,7 @@ enum RefInner {
         hold: tarn_pool::OwnedHold,
         id: u64,
         key: Vec<u8>,
+        crypt: Option<Arc<KeySet>>,
     },
 }
 
@@ -229,7 +233,13 @@ impl BlockRef {
     pub fn read(self, pool: &Pool) -> Result<BlockData, DsError> {
         match self.0 {
             RefInner::Staged(d) => Ok(BlockData::Staged(d)),
-            RefInner::Committed { bp, hold, id, key } => match pool.read_held(&bp, &hold) {
+            RefInner::Committed {
+                bp,
+                hold,
+                id,
+                key,
+                crypt,
+            } => match pool.read_held(&bp, crypt.as_deref(), &hold) {
                 Ok(d) => Ok(BlockData::Committed(d)),
                 Err(e @ (PoolError::Faulted(_) | PoolError::NotFound(_))) => Err(e.into()),
                 Err(e) => {
@@ -248,23 +258,42 @@ impl BlockRef {
     /// (read-ahead); nothing for a block still in memory. Errors are left
     /// for that reader's own read to report.
     pub fn prefetch(self, pool: &Pool) {
-        if let RefInner::Committed { bp, hold, .. } = self.0 {
-            pool.prefetch_held(&bp, &hold);
+        if let RefInner::Committed {
+            bp, hold, crypt, ..
+        } = self.0
+        {
+            pool.prefetch_held(&bp, crypt.as_deref(), &hold);
         }
     }
 }
 
-fn value_of(f: Found) -> Value {
-    match f {
-        Found::Plain(v) => Value::Plain(v),
-        Found::Staged(b) => Value::Block {
-            len: b.data.len() as u32,
-        },
-        Found::Block(bp) => Value::Block { len: bp.lsize },
-    }
-}
-
 impl Txn<'_, '_> {
+    /// A value as the caller sees it: a plain value of an encrypted
+    /// dataset opened with its key. A sealed value without a key, or a
+    /// value of an encrypted dataset that does not open, is an error,
+    /// never bytes.
+    fn value_of(&mut self, key: &[u8], f: Found) -> Result<Value, DsError> {
+        match (f, &self.key) {
+            (Found::Plain(v), None) => Ok(Value::Plain(v)),
+            (Found::Plain(v) | Found::Sealed(v), Some(k)) => match k.open_value(key, &v) {
+                Ok(v) => Ok(Value::Plain(v)),
+                Err(e) => {
+                    let name = crate::dsl::rec_name(&self.dsl.dir(), self.id).unwrap_or_default();
+                    let what = format!("dataset {name}: value at key {key:02x?}");
+                    self.cx.report_damage(what.clone());
+                    Err(DsError::Damaged(format!("{what}: {e}")))
+                }
+            },
+            (Found::Sealed(_), None) => Err(DsError::Corrupt(format!(
+                "a sealed value at key {key:02x?} of a dataset that is not encrypted"
+            ))),
+            (Found::Staged(b), _) => Ok(Value::Block {
+                len: b.data.len() as u32,
+            }),
+            (Found::Block(bp), _) => Ok(Value::Block { len: bp.lsize }),
+        }
+    }
+
     fn ro_check(&self) -> Result<(), DsError> {
         if self.readonly && !self.replay {
             let name = crate::dsl::rec_name(&self.dsl.dir(), self.id).unwrap_or_default();
@@ -281,6 +310,11 @@ impl Txn<'_, '_> {
     /// Stable id of the dataset.
     pub fn guid(&self) -> u64 {
         crate::dsl::rec_guid(&self.dsl.dir(), self.id).unwrap_or(0)
+    }
+
+    /// True when the dataset is encrypted (its values and blocks are sealed).
+    pub fn is_encrypted(&self) -> bool {
+        self.key.is_some()
     }
 
     /// True when changes are refused (snapshot, `readonly=on`).
@@ -318,7 +352,10 @@ impl Txn<'_, '_> {
 
     /// The value under `key`.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Value>, DsError> {
-        Ok(self.found(key)?.map(value_of))
+        match self.found(key)? {
+            Some(f) => self.value_of(key, f).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Stores a plain value.
@@ -337,7 +374,21 @@ impl Txn<'_, '_> {
                 tarn_tree::MAX_KEY
             )));
         }
-        self.set(key, Change::Plain(value.to_vec()))?;
+        let stored = match &self.key {
+            Some(k) => {
+                let sealed = k.seal_value(key, value)?;
+                if sealed.len() > MAX_PLAIN {
+                    return Err(DsError::Invalid(format!(
+                        "value of {} bytes exceeds {} in an encrypted dataset",
+                        value.len(),
+                        MAX_PLAIN - tarn_block::crypt::SEALED_OVERHEAD
+                    )));
+                }
+                sealed
+            }
+            None => value.to_vec(),
+        };
+        self.set(key, Change::Plain(stored))?;
         self.logged(|| LogOp::Put(key.to_vec(), value.to_vec()));
         Ok(())
     }
@@ -367,9 +418,16 @@ impl Txn<'_, '_> {
         end: Bound<&[u8]>,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Value)>, DsError> {
-        let store = self.cx.store();
-        let page = self.st.view().range(&store, start, end, limit)?;
-        Ok(page.into_iter().map(|(k, f)| (k, value_of(f))).collect())
+        let page = {
+            let store = self.cx.store();
+            self.st.view().range(&store, start, end, limit)?
+        };
+        let mut out = Vec::with_capacity(page.len());
+        for (k, f) in page {
+            let v = self.value_of(&k, f)?;
+            out.push((k, v));
+        }
+        Ok(out)
     }
 
     /// Removes every key inside `start..end`, freeing their blocks when the
@@ -495,7 +553,7 @@ impl Txn<'_, '_> {
         zeros: bool,
     ) -> Result<Option<(usize, usize)>, DsError> {
         let (dsl, id, replay) = (self.dsl, self.id, self.replay);
-        let copies = dsl.dir().block_opts(id).copies;
+        let copies = dsl.dir().copies(id);
         let cx = &mut *self.cx;
         let Some(done) = self.st.open.in_place(key, |m| {
             let cur = m.data.len();
@@ -568,11 +626,14 @@ impl Txn<'_, '_> {
                 // Written before the crash into room import claimed; read
                 // back through its checksum before anything refers to it,
                 // and made whole (a device may have missed the write).
-                let data = self.cx.read_block_repairing(bp).map_err(|e| {
-                    DsError::Damaged(format!(
+                let data = self
+                    .cx
+                    .read_block_repairing(bp, self.key.as_deref())
+                    .map_err(|e| {
+                        DsError::Damaged(format!(
                         "intent log: the block written for key {k:02x?} does not read back: {e}"
                     ))
-                })?;
+                    })?;
                 if data.len() != bp.lsize as usize {
                     return Err(DsError::Corrupt(format!(
                         "intent log: block for key {k:02x?} has {} bytes, its pointer says {}",
@@ -593,7 +654,7 @@ impl Txn<'_, '_> {
         match self.found(key)? {
             None => Ok(None),
             Some(Found::Staged(b)) => Ok(Some(b.data.as_ref().clone())),
-            Some(Found::Block(bp)) => match self.cx.read_block(&bp) {
+            Some(Found::Block(bp)) => match self.cx.read_block(&bp, self.key.as_deref()) {
                 Ok(d) => Ok(Some(d)),
                 Err(e) => {
                     let name = crate::dsl::rec_name(&self.dsl.dir(), self.id).unwrap_or_default();
@@ -602,7 +663,7 @@ impl Txn<'_, '_> {
                     Err(DsError::Damaged(format!("{what}: {e}")))
                 }
             },
-            Some(Found::Plain(_)) => Err(DsError::Invalid(format!(
+            Some(Found::Plain(_) | Found::Sealed(_)) => Err(DsError::Invalid(format!(
                 "key {key:02x?} holds a plain value, not a block"
             ))),
         }
@@ -622,8 +683,9 @@ impl Txn<'_, '_> {
                 hold: self.cx.hold(self.st.tree_txg),
                 id: self.id,
                 key: key.to_vec(),
+                crypt: self.key.clone(),
             }))),
-            Some(Found::Plain(_)) => Err(DsError::Invalid(format!(
+            Some(Found::Plain(_) | Found::Sealed(_)) => Err(DsError::Invalid(format!(
                 "key {key:02x?} holds a plain value, not a block"
             ))),
         }
@@ -758,6 +820,8 @@ pub(crate) fn run<R, E>(
     readonly: bool,
     f: impl FnOnce(&mut Txn<'_, '_>) -> Result<R, E>,
 ) -> Result<Result<R, E>, DsError> {
+    // Locked (encrypted, key not loaded): refused before anything is read.
+    let key = dsl.dir().keyset(id)?;
     let live = dsl.live(id)?;
     let mut st = live.lock();
     let plain_before = st.open.plain_bytes();
@@ -776,6 +840,7 @@ pub(crate) fn run<R, E>(
         ops: Vec::new(),
         replay,
         plain_before,
+        key,
     };
     match f(&mut t) {
         Ok(v) => {
@@ -863,6 +928,14 @@ impl DatasetHandle {
             )));
         }
         crate::ops::set_volsize(&self.pool, self.id, expected, size)
+    }
+
+    /// [`DsError::Locked`] (naming the key to load) when the dataset is
+    /// encrypted and its key is not loaded: what front ends check before
+    /// they open it.
+    pub fn check_unlocked(&self) -> Result<(), DsError> {
+        let id = self.id;
+        with_dsl(&self.pool, false, |dsl, _| dsl.dir().keyset(id).map(|_| ()))
     }
 
     /// The pool.

@@ -47,6 +47,23 @@
 //! its checksum before using it, so a damaged block fails replay loudly
 //! rather than turning into wrong file contents.
 //!
+//! **Encrypted datasets.** A record of an encrypted dataset is *sealed*
+//! with the dataset's key as a whole: what stays readable is the dataset
+//! id and the pointers of the blocks it references (written in place,
+//! sealed like every block of the dataset), which import must claim
+//! without a key. Replay needs the key, and at import no key is loaded: a
+//! sealed record is *parked* instead, in the same sync that retires the
+//! chain (its bytes as data blocks, its referenced blocks kept, all named
+//! under `P` + dataset id in the meta tree, so scrub and the leak check
+//! see them). Loading the key replays the parked records in order, as one
+//! exclusive operation that also deletes them: a block a parked record
+//! references is read with the key and staged again as a new block (its
+//! birth must be the replaying txg, or a snapshot taken meanwhile would
+//! seem to hold it), and the old one is freed. Until then the dataset is
+//! locked, so nothing can have changed it except a rollback or a destroy,
+//! which drop its parked records, as a rollback drops what an intent log
+//! holds for the state it throws away.
+//!
 //! **Replay never refuses what was acknowledged**: it skips quota and
 //! read-only checks (the operations passed them when they ran). A replay
 //! that fails anyway (a damaged referenced block, no room) faults the pool
@@ -60,7 +77,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use tarn_block::{BlockPtr, BLOCK_PTR_SIZE};
-use tarn_pool::{Cx, LogCommit, Pool, Reservation};
+use tarn_pool::{BlockOpts, Cx, LogCommit, Pool, PoolError, Reservation, SyncCx};
 
 use crate::dsl::Dsl;
 use crate::overlay::StagedBlock;
@@ -107,6 +124,121 @@ const OP_RANGE: u8 = 3;
 const OP_BLOCK: u8 = 4;
 const OP_REF: u8 = 5;
 const OP_PATCH: u8 = 6;
+
+/// In place of the operation count: the record is sealed (see the module
+/// docs and docs/format.md).
+const SEALED: u32 = u32::MAX;
+
+/// A sealed record found at import while its dataset's key was not
+/// loaded, to be parked by the sync of txg `txg`.
+#[derive(Clone, Debug)]
+pub(crate) struct Parked {
+    pub txg: u64,
+    pub id: u64,
+    pub record: Vec<u8>,
+    pub refs: Vec<BlockPtr>,
+}
+
+/// Bytes of a parked record's data blocks.
+const PARK_CHUNK: usize = 1 << 20;
+/// Parts of a parked record's entries: its bytes, its referenced blocks.
+const PART_BYTES: u8 = 0;
+const PART_REFS: u8 = 1;
+
+fn park_key(id: u64, seq: u64, part: u8, idx: u32) -> Vec<u8> {
+    let mut k = Vec::with_capacity(22);
+    k.push(crate::record::P_PARK);
+    k.extend_from_slice(&id.to_be_bytes());
+    k.extend_from_slice(&seq.to_be_bytes());
+    k.push(part);
+    k.extend_from_slice(&idx.to_be_bytes());
+    k
+}
+
+fn park_prefix(id: u64) -> (Vec<u8>, Vec<u8>) {
+    let mut lo = vec![crate::record::P_PARK];
+    lo.extend_from_slice(&id.to_be_bytes());
+    let hi = crate::record::prefix_end(&lo);
+    (lo, hi)
+}
+
+/// Seals the record of dataset `id`'s commit (`ops`, referencing `refs`)
+/// with `key`: `id`, [`SEALED`], the referenced pointers, then the sealed
+/// operations, bound to all of that.
+pub(crate) fn seal_record(
+    id: u64,
+    refs: &[BlockPtr],
+    ops: &[LogOp],
+    key: &tarn_block::KeySet,
+) -> Result<Vec<u8>, DsError> {
+    let mut out = Vec::with_capacity(16 + refs.len() * BLOCK_PTR_SIZE);
+    out.extend_from_slice(&id.to_le_bytes());
+    out.extend_from_slice(&SEALED.to_le_bytes());
+    out.extend_from_slice(&(refs.len() as u32).to_le_bytes());
+    for r in refs {
+        out.extend_from_slice(&r.encode());
+    }
+    let plain = zeroize::Zeroizing::new(encode_record(id, ops));
+    let sealed = key.seal_record(&out, &plain[8..])?;
+    out.extend_from_slice(&sealed);
+    Ok(out)
+}
+
+/// A record as found in the log: plain, or sealed with the pointers of
+/// the blocks it references and the length of its readable header.
+enum Found {
+    Plain,
+    Sealed {
+        id: u64,
+        refs: Vec<BlockPtr>,
+        header: usize,
+    },
+}
+
+fn classify(b: &[u8]) -> Result<Found, DsError> {
+    let mut r = Reader { b, pos: 0 };
+    let id = u64::from_le_bytes(
+        r.take(8)?
+            .try_into()
+            .map_err(|_| DsError::Corrupt("intent log: dataset id".into()))?,
+    );
+    if r.u32()? != SEALED as usize {
+        return Ok(Found::Plain);
+    }
+    let n = r.u32()?;
+    if n > b.len() / BLOCK_PTR_SIZE {
+        return Err(DsError::Corrupt(format!(
+            "intent log: a sealed record claims {n} referenced blocks"
+        )));
+    }
+    let mut refs = Vec::with_capacity(n);
+    for _ in 0..n {
+        refs.push(
+            BlockPtr::decode(r.take(BLOCK_PTR_SIZE)?)
+                .map_err(|e| DsError::Corrupt(format!("intent log: block pointer: {e}")))?,
+        );
+    }
+    Ok(Found::Sealed {
+        id,
+        refs,
+        header: r.pos,
+    })
+}
+
+/// Opens a sealed record with `key`: the dataset id and its operations.
+fn open_sealed(
+    b: &[u8],
+    header: usize,
+    key: &tarn_block::KeySet,
+) -> Result<(u64, Vec<LogOp>), DsError> {
+    let plain = key
+        .open_record(&b[..header], &b[header..])
+        .map_err(|e| DsError::Damaged(e.to_string()))?;
+    let mut whole = zeroize::Zeroizing::new(Vec::with_capacity(8 + plain.len()));
+    whole.extend_from_slice(&b[..8]);
+    whole.extend_from_slice(&plain);
+    decode_record(&whole)
+}
 
 fn put_key(out: &mut Vec<u8>, k: &[u8]) {
     out.extend_from_slice(&(k.len() as u16).to_le_bytes());
@@ -317,7 +449,7 @@ fn collapse(ops: Vec<LogOp>) -> Vec<LogOp> {
 pub(crate) fn commit(dsl: &Dsl, cx: &mut Cx<'_>, id: u64) -> Result<bool, DsError> {
     let (disabled, opts) = {
         let dir = dsl.dir();
-        (dir.prop(id, "sync").0 == "disabled", dir.block_opts(id))
+        (dir.prop(id, "sync").0 == "disabled", dir.block_opts(id)?)
     };
     if disabled {
         return Ok(true);
@@ -393,7 +525,7 @@ pub(crate) fn commit(dsl: &Dsl, cx: &mut Cx<'_>, id: u64) -> Result<bool, DsErro
                 // open during this commit) are written early, accounted to
                 // that txg.
                 None if txg != cx.txg() || slot.released => continue,
-                None => match cx.write_block_now(&sb.data, opts, slot.res.clone(), txg) {
+                None => match cx.write_block_now(&sb.data, opts.clone(), slot.res.clone(), txg) {
                     Ok(Some(bp)) => {
                         slot.res = Reservation::of_block(&bp);
                         slot.written = Some(bp);
@@ -414,7 +546,10 @@ pub(crate) fn commit(dsl: &Dsl, cx: &mut Cx<'_>, id: u64) -> Result<bool, DsErro
             refs.push(bp);
             *op = LogOp::BlockRef(std::mem::take(k), bp);
         }
-        let rec = encode_record(id, &ops);
+        let rec = match &opts.key {
+            Some(k) => seal_record(id, &refs, &ops, k)?,
+            None => encode_record(id, &ops),
+        };
         match cx.log_commit(txg, &[rec], &refs)? {
             LogCommit::Logged => durable_upto = Some(last_seq),
             LogCommit::Unavailable => {
@@ -443,7 +578,32 @@ pub(crate) fn replay(pool: &Pool) -> Result<usize, DsError> {
         };
         let n = records.len();
         for (i, rec) in records.iter().enumerate() {
-            let r = decode_record(rec).and_then(|(id, ops)| {
+            let r = match classify(rec) {
+                Ok(Found::Plain) => decode_record(rec),
+                Ok(Found::Sealed { id, refs, header }) => {
+                    let key = {
+                        let dir = dsl.dir();
+                        dir.rec(id)?;
+                        dir.rec(id)?.key.and_then(|k| dir.unlocked.get(&k).cloned())
+                    };
+                    match key {
+                        Some(k) => open_sealed(rec, header, &k),
+                        None => {
+                            // No key at import: parked for when it is
+                            // loaded (see the module docs).
+                            dsl.dir().parked_new.push(Parked {
+                                txg: cx.txg(),
+                                id,
+                                record: rec.clone(),
+                                refs,
+                            });
+                            continue;
+                        }
+                    }
+                }
+                Err(e) => Err(e),
+            };
+            let r = r.and_then(|(id, ops)| {
                 crate::txn::run(dsl, cx, id, true, false, |t| {
                     for op in &ops {
                         t.redo(op)?;
@@ -477,6 +637,239 @@ pub(crate) fn replay(pool: &Pool) -> Result<usize, DsError> {
         pool.sync()?;
     }
     Ok(r)
+}
+
+/// Writes the records found at import for locked datasets into the meta
+/// tree (the sync of the txg they were found in; see the module docs):
+/// their bytes as data blocks, their referenced blocks named beside them.
+pub(crate) fn park_records(dsl: &Dsl, cx: &mut SyncCx<'_>) -> Result<(), PoolError> {
+    let txg = cx.txg();
+    let todo: Vec<(Parked, BlockOpts)> = {
+        let mut dir = dsl.dir();
+        let (now, later): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut dir.parked_new)
+            .into_iter()
+            .partition(|p| p.txg <= txg);
+        dir.parked_new = later;
+        now.into_iter()
+            .map(|p| {
+                // The record is sealed already: stored as it is.
+                let opts = BlockOpts {
+                    compression: tarn_block::Compression::Off,
+                    checksum: tarn_block::ChecksumAlg::parse(&dir.prop(p.id, "checksum").0)
+                        .unwrap_or_default(),
+                    copies: dir.copies(p.id),
+                    key: None,
+                };
+                (p, opts)
+            })
+            .collect()
+    };
+    for (i, (p, opts)) in todo.into_iter().enumerate() {
+        let seq = (txg << 24) | i as u64;
+        let chunks: Vec<&[u8]> = p.record.chunks(PARK_CHUNK).collect();
+        let written = cx.write_blocks(chunks.iter().map(|c| (*c, opts.clone(), None)).collect())?;
+        for (idx, (c, bp)) in chunks.iter().zip(written).enumerate() {
+            let v = match bp {
+                Some(bp) => crate::record::block_value(&bp),
+                // All zeros: no block, its length instead.
+                None => {
+                    let mut v = vec![crate::record::TAG_PLAIN];
+                    v.extend_from_slice(&(c.len() as u32).to_le_bytes());
+                    v
+                }
+            };
+            cx.meta_put(&park_key(p.id, seq, PART_BYTES, idx as u32), &v)?;
+        }
+        for (idx, r) in p.refs.iter().enumerate() {
+            cx.meta_put(
+                &park_key(p.id, seq, PART_REFS, idx as u32),
+                &crate::record::block_value(r),
+            )?;
+        }
+    }
+    for k in std::mem::take(&mut dsl.dir().parked_gone) {
+        cx.meta_delete(&k)?;
+    }
+    Ok(())
+}
+
+/// The parked records of dataset `id`, in order: (sequence, its entries'
+/// keys and values).
+type ParkedEntries = Vec<(u64, Vec<(Vec<u8>, Vec<u8>)>)>;
+
+fn parked_of(cx: &mut SyncCx<'_>, id: u64) -> Result<ParkedEntries, DsError> {
+    let (lo, hi) = park_prefix(id);
+    let mut out: ParkedEntries = Vec::new();
+    let mut start = Bound::Included(lo);
+    loop {
+        let page = cx.meta_range(start.as_ref().map(Vec::as_slice), Bound::Excluded(&hi), 256)?;
+        let Some(last) = page.last().map(|(k, _)| k.clone()) else {
+            return Ok(out);
+        };
+        for (k, v) in page {
+            if k.len() != 22 {
+                return Err(DsError::Corrupt(format!("parked log entry {k:02x?}")));
+            }
+            let seq = u64::from_be_bytes(k[9..17].try_into().unwrap_or_default());
+            match out.last_mut() {
+                Some((s, e)) if *s == seq => e.push((k, v)),
+                _ => out.push((seq, vec![(k, v)])),
+            }
+        }
+        start = Bound::Excluded(last);
+    }
+}
+
+/// Drops dataset `id`'s parked records (its tree is replaced or gone):
+/// their blocks are freed.
+pub(crate) fn drop_parked(
+    dir: &mut crate::dsl::Dir,
+    cx: &mut SyncCx<'_>,
+    id: u64,
+) -> Result<(), DsError> {
+    dir.parked_new.retain(|p| p.id != id);
+    for (_, entries) in parked_of(cx, id)? {
+        for (k, v) in entries {
+            if let Some((&crate::record::TAG_BLOCK, rest)) = v.split_first() {
+                cx.free(BlockPtr::decode(rest)?);
+            }
+            cx.meta_delete(&k)?;
+        }
+    }
+    Ok(())
+}
+
+/// One parked record read back and opened: its operations, with every
+/// block it references read (with the key) and staged again as a new
+/// block, and the blocks to free once it is replayed.
+fn unpark(
+    cx: &mut SyncCx<'_>,
+    key: &tarn_block::KeySet,
+    id: u64,
+    entries: &[(Vec<u8>, Vec<u8>)],
+) -> Result<(Vec<LogOp>, Vec<BlockPtr>), DsError> {
+    let mut bytes = Vec::new();
+    let mut free = Vec::new();
+    for (k, v) in entries {
+        let part = k[17];
+        match (part, v.split_first()) {
+            (PART_BYTES, Some((&crate::record::TAG_BLOCK, rest))) => {
+                let bp = BlockPtr::decode(rest)?;
+                bytes.extend_from_slice(&cx.read_block_repairing(&bp, None)?);
+                free.push(bp);
+            }
+            (PART_BYTES, Some((&crate::record::TAG_PLAIN, rest))) if rest.len() == 4 => {
+                let n = u32::from_le_bytes(rest.try_into().unwrap_or_default()) as usize;
+                bytes.resize(bytes.len() + n.min(PARK_CHUNK), 0);
+            }
+            (PART_REFS, Some((&crate::record::TAG_BLOCK, rest))) => {
+                free.push(BlockPtr::decode(rest)?);
+            }
+            _ => return Err(DsError::Corrupt(format!("parked log entry {k:02x?}"))),
+        }
+    }
+    let Found::Sealed { header, .. } = classify(&bytes)? else {
+        return Err(DsError::Corrupt(
+            "a parked log record that is not sealed".into(),
+        ));
+    };
+    let (rid, ops) = open_sealed(&bytes, header, key)?;
+    if rid != id {
+        return Err(DsError::Corrupt(format!(
+            "a parked log record of dataset {rid} filed under {id}"
+        )));
+    }
+    let mut out = Vec::with_capacity(ops.len());
+    for op in ops {
+        out.push(match op {
+            LogOp::BlockRef(k, bp) => {
+                let data = cx.read_block_repairing(&bp, Some(key)).map_err(|e| {
+                    DsError::Damaged(format!(
+                        "parked intent log: the block written for key {k:02x?} does not read \
+                         back: {e}"
+                    ))
+                })?;
+                LogOp::Block(k, Arc::new(data))
+            }
+            other => other,
+        });
+    }
+    Ok((out, free))
+}
+
+/// Replays the parked records of every dataset of key `kid`, just loaded
+/// (see the module docs), in this exclusive operation. A record that
+/// cannot be read or opened stops its dataset's replay there: what came
+/// before it is kept (a prefix of what was acknowledged), it and what
+/// follows are dropped and reported as damage. Returns how many records
+/// were replayed.
+pub(crate) fn replay_parked(dsl: &Dsl, cx: &mut SyncCx<'_>, kid: u64) -> Result<usize, DsError> {
+    let (key, ids) = {
+        let dir = dsl.dir();
+        let Some(key) = dir.unlocked.get(&kid).cloned() else {
+            return Ok(0);
+        };
+        let ids: Vec<u64> = dir
+            .recs
+            .values()
+            .filter(|r| r.key == Some(kid) && !r.is_snapshot())
+            .map(|r| r.id)
+            .collect();
+        (key, ids)
+    };
+    let mut replayed = 0;
+    for id in ids {
+        let records = parked_of(cx, id)?;
+        let n = records.len();
+        let mut failed = false;
+        for (i, (_, entries)) in records.iter().enumerate() {
+            if !failed {
+                match unpark(cx, &key, id, entries) {
+                    Ok((ops, free)) => {
+                        let r = crate::txn::run(dsl, cx, id, true, false, |t| {
+                            for op in &ops {
+                                t.redo(op)?;
+                            }
+                            Ok::<(), DsError>(())
+                        });
+                        crate::ops::applied(
+                            cx,
+                            "replaying a parked intent log",
+                            r.and_then(|x| x),
+                        )?;
+                        for bp in free {
+                            cx.free(bp);
+                        }
+                        replayed += 1;
+                    }
+                    Err(e) => {
+                        let name = crate::dsl::rec_name(&dsl.dir(), id).unwrap_or_default();
+                        cx.report_damage(format!(
+                            "{name}: the intent log parked at import could not be replayed \
+                             from record {} of {n} ({e}); that record and the ones after it \
+                             were dropped",
+                            i + 1
+                        ));
+                        failed = true;
+                    }
+                }
+            }
+            if failed {
+                // Dropped: their blocks go too.
+                for (_, v) in entries {
+                    if let Some((&crate::record::TAG_BLOCK, rest)) = v.split_first() {
+                        if let Ok(bp) = BlockPtr::decode(rest) {
+                            cx.free(bp);
+                        }
+                    }
+                }
+            }
+            let mut dir = dsl.dir();
+            dir.parked_gone
+                .extend(entries.iter().map(|(k, _)| k.clone()));
+        }
+    }
+    Ok(replayed)
 }
 
 #[cfg(test)]
@@ -522,6 +915,46 @@ mod tests {
         let mut long = b.clone();
         long.push(0);
         assert!(decode_record(&long).is_err(), "trailing bytes");
+        // Sealed (docs/format.md): id, the marker, the referenced
+        // pointers in the clear, then the operations sealed.
+        let key = tarn_block::KeySet::new(tarn_block::Cipher::Aes256Gcm, [5; 32]);
+        let sealed = seal_record(42, &[bp], &ops, &key).expect("seals");
+        assert_eq!(&sealed[..8], &42u64.to_le_bytes());
+        assert_eq!(&sealed[8..12], &u32::MAX.to_le_bytes());
+        assert_eq!(&sealed[12..16], &1u32.to_le_bytes());
+        assert_eq!(&sealed[16..176], &bp.encode());
+        assert!(
+            !sealed
+                .windows(4)
+                .any(|w| w == b"k1\x01\x00" || w == [7u8; 4]),
+            "no operation in the clear"
+        );
+        let Ok(Found::Sealed { id, refs, header }) = classify(&sealed) else {
+            panic!("a sealed record");
+        };
+        assert_eq!((id, refs, header), (42, vec![bp], 176));
+        let (id, back) = open_sealed(&sealed, header, &key).expect("opens");
+        assert_eq!(id, 42);
+        assert_eq!(format!("{back:?}"), format!("{ops:?}"));
+        // Any changed byte, the readable header included, is refused.
+        for at in [0, 9, 14, 20, 176, 190, sealed.len() - 1] {
+            let mut bad = sealed.clone();
+            bad[at] ^= 1;
+            let r = classify(&bad).and_then(|f| match f {
+                Found::Sealed { header, .. } => open_sealed(&bad, header, &key),
+                Found::Plain => decode_record(&bad),
+            });
+            assert!(r.is_err(), "byte {at} changed and accepted");
+        }
+        let other = tarn_block::KeySet::new(tarn_block::Cipher::Aes256Gcm, [6; 32]);
+        assert!(open_sealed(&sealed, header, &other).is_err());
+        for cut in 0..sealed.len() {
+            let r = classify(&sealed[..cut]).and_then(|f| match f {
+                Found::Sealed { header, .. } => open_sealed(&sealed[..cut], header, &key),
+                Found::Plain => decode_record(&sealed[..cut]),
+            });
+            assert!(r.is_err(), "truncated at {cut}");
+        }
     }
 
     #[test]

@@ -50,10 +50,22 @@ pub(crate) fn key3_suffix(key: &[u8], ino: u64, kind: u8) -> Result<u64> {
     Ok(u64::from_be_bytes(b))
 }
 
-/// The 40-bit name hash used by directory entries and xattrs, shifted so
-/// the low 16 bits are free for a collision counter.
-pub(crate) fn name_bucket(name: &[u8]) -> u64 {
-    let h = blake3::hash(name);
+/// The 40-bit hash of a name in directory (or inode, for xattrs) `ino`,
+/// shifted so the low 16 bits are free for a collision counter. In an
+/// encrypted dataset the hash is keyed with the superblock's secret name
+/// key and covers `ino` too, so the keys in the tree (which are not
+/// encrypted) neither let anyone test guesses of names nor show that two
+/// directories hold the same name.
+pub(crate) fn name_bucket(key: Option<&[u8; 32]>, ino: u64, name: &[u8]) -> u64 {
+    let h = match key {
+        Some(k) => {
+            let mut h = blake3::Hasher::new_keyed(k);
+            h.update(&ino.to_be_bytes());
+            h.update(name);
+            h.finalize()
+        }
+        None => blake3::hash(name),
+    };
     let b = h.as_bytes();
     let v = u64::from_be_bytes([0, 0, 0, b[0], b[1], b[2], b[3], b[4]]);
     v << 16

@@ -20,6 +20,7 @@ pub(crate) fn store_err(e: DsError) -> StoreError {
         DsError::ReadOnly(m) => StoreError::ReadOnly(m),
         DsError::Damaged(m) => StoreError::Damaged(m),
         DsError::Invalid(m) => StoreError::Invalid(m),
+        DsError::Locked(m) => StoreError::Locked(m),
         other => StoreError::Other(other.to_string()),
     }
 }
@@ -166,6 +167,7 @@ impl DatasetBackend {
                 readonly: t.is_readonly(),
                 atime: t.prop("atime") == "on",
                 guid: t.guid(),
+                encrypted: t.is_encrypted(),
             };
             always = write && t.prop("sync") == "always";
             let mut s = TxnStore {

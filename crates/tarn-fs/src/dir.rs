@@ -52,7 +52,7 @@ fn decode(dir: u64, key: &[u8], v: &Val) -> Result<Dirent> {
 
 /// All entries in the hash bucket of `name`.
 fn bucket(tx: &mut Tx, dir: u64, name: &[u8]) -> Result<(u64, Vec<Dirent>)> {
-    let b = codec::name_bucket(name);
+    let b = tx.name_bucket(dir, name)?;
     let hi = codec::key3(dir, K_DIRENT, b | 0xffff);
     let mut start = codec::key3(dir, K_DIRENT, b);
     let mut incl = true;

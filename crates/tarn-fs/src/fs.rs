@@ -65,6 +65,9 @@ pub struct Fs<B: Backend> {
     pub(crate) readahead: tarn_dataset::readahead::ReadAhead,
     /// Who hears about committed changes (`notify`).
     pub(crate) notify: Hub,
+    /// The key of name hashes, from the superblock (encrypted datasets);
+    /// fixed for the dataset's life.
+    name_key: Option<[u8; 32]>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -192,8 +195,19 @@ impl<B: Backend> Fs<B> {
                 if !any.is_empty() {
                     return Err(FsError::io("dataset holds keys but no tarn-fs superblock"));
                 }
+                // An encrypted dataset keys its name hashes with a secret
+                // of its own, kept in the (sealed) superblock.
+                let name_key = if tx.info.encrypted {
+                    let mut k = [0u8; 32];
+                    tarn_dataset::crypt::random_bytes(&mut k)
+                        .map_err(|e| FsError::io(format!("a name key: {e}")))?;
+                    Some(k)
+                } else {
+                    None
+                };
                 let sb = Superblock {
                     next_ino: FIRST_INO,
+                    name_key,
                 };
                 tx.s.put(&inode::super_key(), &sb.encode())?;
                 let mut root = Inode::new(ROOT_INO, FileKind::Directory, 0o755, 0, 0, tx.now);
@@ -203,7 +217,13 @@ impl<B: Backend> Fs<B> {
                 tx.flush()
             })?;
         }
+        // Names hash with the superblock's key, if it has one: read once.
+        let name_key = backend.txn(false, &mut |s| {
+            let mut tx = Tx::new(s);
+            Ok(tx.superblock()?.and_then(|sb| sb.name_key))
+        })?;
         let fs = Fs {
+            name_key,
             live: backend,
             open: Mutex::new(HashMap::new()),
             readahead: Default::default(),
@@ -287,8 +307,14 @@ impl<B: Backend> Fs<B> {
         mut f: impl FnMut(&mut Tx, u64, u64) -> Result<R>,
     ) -> Result<R> {
         match self.place(ino)? {
-            Place::Live(l) => self.live.txn(false, &mut |s| f(&mut Tx::new(s), 0, l)),
-            Place::Snap(slot, b, l) => b.txn(false, &mut |s| f(&mut Tx::new(s), slot, l)),
+            Place::Live(l) => self.live.txn(false, &mut |s| {
+                f(&mut Tx::new(s).with_name_key(self.name_key), 0, l)
+            }),
+            // A snapshot's superblock has the same name key as its
+            // dataset's: it is a copy of it.
+            Place::Snap(slot, b, l) => b.txn(false, &mut |s| {
+                f(&mut Tx::new(s).with_name_key(self.name_key), slot, l)
+            }),
             Place::SnapDir => err(libc::EINVAL, "internal: .snapshot reached read_on"),
         }
     }
@@ -298,7 +324,7 @@ impl<B: Backend> Fs<B> {
     pub(crate) fn write_txn<R>(&self, mut f: impl FnMut(&mut Tx) -> Result<R>) -> Result<R> {
         let mut changes = Vec::new();
         let r = self.live.txn(true, &mut |s| {
-            let mut tx = Tx::new(s);
+            let mut tx = Tx::new(s).with_name_key(self.name_key);
             tx.writable()?;
             let r = f(&mut tx)?;
             tx.flush()?;

@@ -180,16 +180,34 @@ impl Inode {
     }
 }
 
-/// The superblock: format identity and the inode-number counter.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The superblock: format identity, the inode-number counter, and in an
+/// encrypted dataset the secret key of its name hashes (version 2).
+#[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Superblock {
     pub next_ino: u64,
+    pub name_key: Option<[u8; 32]>,
+}
+
+impl std::fmt::Debug for Superblock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Superblock")
+            .field("next_ino", &self.next_ino)
+            .field("name_key", &self.name_key.map(|_| "<secret>"))
+            .finish()
+    }
 }
 
 impl Superblock {
     pub fn encode(&self) -> Vec<u8> {
         let mut e = Enc::default();
-        e.bytes(SUPER_MAGIC).u32(1).u64(self.next_ino).u64(ROOT_INO);
+        let version = if self.name_key.is_some() { 2 } else { 1 };
+        e.bytes(SUPER_MAGIC)
+            .u32(version)
+            .u64(self.next_ino)
+            .u64(ROOT_INO);
+        if let Some(k) = &self.name_key {
+            e.bytes(k);
+        }
         e.0
     }
     pub fn decode(v: &[u8]) -> Result<Superblock> {
@@ -198,7 +216,7 @@ impl Superblock {
             return Err(d.bad("bad magic (not a tarn-fs dataset?)"));
         }
         let version = d.u32()?;
-        if version != 1 {
+        if version != 1 && version != 2 {
             return Err(d.bad(format_args!("unknown version {version}")));
         }
         let next_ino = d.u64()?;
@@ -206,7 +224,14 @@ impl Superblock {
         if root != ROOT_INO || next_ino < FIRST_INO {
             return Err(d.bad(format_args!("root {root}, next inode {next_ino}")));
         }
-        Ok(Superblock { next_ino })
+        let name_key = if version == 2 {
+            let mut k = [0u8; 32];
+            k.copy_from_slice(d.take(32)?);
+            Some(k)
+        } else {
+            None
+        };
+        Ok(Superblock { next_ino, name_key })
     }
 }
 
@@ -233,6 +258,8 @@ pub(crate) struct Tx<'a> {
     cache: BTreeMap<u64, Cached>,
     /// What this transaction changed, for `notify`.
     log: ChangeLog,
+    /// The key of name hashes, once read (encrypted datasets).
+    name_key: Option<Option<[u8; 32]>>,
 }
 
 impl<'a> Tx<'a> {
@@ -245,7 +272,33 @@ impl<'a> Tx<'a> {
             now: Timestamp::new(sec, nsec),
             cache: BTreeMap::new(),
             log: ChangeLog::default(),
+            name_key: None,
         }
+    }
+
+    /// This transaction with the dataset's name key already known (the
+    /// mount read it), so hashing a name reads nothing.
+    pub fn with_name_key(mut self, key: Option<[u8; 32]>) -> Self {
+        self.name_key = Some(key);
+        self
+    }
+
+    /// The hash bucket of a directory entry or xattr name in `ino` (see
+    /// `codec::name_bucket`): keyed when the superblock holds a name key
+    /// (encrypted datasets, and what was received from them).
+    pub fn name_bucket(&mut self, ino: u64, name: &[u8]) -> Result<u64> {
+        let key = match self.name_key {
+            Some(k) => k,
+            None => {
+                let k = self
+                    .superblock()?
+                    .ok_or_else(|| FsError::io("superblock missing"))?
+                    .name_key;
+                self.name_key = Some(k);
+                k
+            }
+        };
+        Ok(codec::name_bucket(key.as_ref(), ino, name))
     }
 
     /// The inode, or ENOENT.

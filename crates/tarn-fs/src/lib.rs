@@ -167,6 +167,7 @@ impl From<StoreError> for FsError {
             StoreError::ReadOnly(_) => libc::EROFS,
             StoreError::Damaged(_) | StoreError::Other(_) => libc::EIO,
             StoreError::Invalid(_) => libc::EINVAL,
+            StoreError::Locked(_) => libc::EACCES,
         };
         FsError::new(errno, e.to_string())
     }

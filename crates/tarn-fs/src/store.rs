@@ -63,6 +63,9 @@ pub enum StoreError {
     /// A key or value over the tree's limits (a bug in the caller): EINVAL.
     #[error("invalid: {0}")]
     Invalid(String),
+    /// The dataset is encrypted and its key is not loaded: EACCES.
+    #[error("{0}")]
+    Locked(String),
 }
 
 /// Maximum key length in bytes the tree accepts.
@@ -84,6 +87,9 @@ pub struct StoreInfo {
     pub atime: bool,
     /// Stable 64-bit id of the dataset (or snapshot), for file handles.
     pub guid: u64,
+    /// The dataset is encrypted: names are hashed with a secret key (see
+    /// `codec::name_bucket`).
+    pub encrypted: bool,
 }
 
 /// Space figures for statfs, in bytes.

@@ -42,6 +42,7 @@ struct Config {
     readonly: bool,
     budget: Option<u64>,
     quota: bool,
+    encrypted: bool,
 }
 
 struct State {
@@ -81,6 +82,7 @@ impl MemBackend {
                     readonly: false,
                     budget: None,
                     quota: false,
+                    encrypted: false,
                 },
             }),
             snaps: Mutex::new(Vec::new()),
@@ -98,6 +100,11 @@ impl MemBackend {
     /// Sets the `atime` property.
     pub fn set_atime(&self, on: bool) {
         lock(&self.state).cfg.atime = on;
+    }
+    /// Says the dataset is encrypted, so a filesystem made on it keys its
+    /// name hashes (the values themselves stay in memory as they are).
+    pub fn set_encrypted(&self, on: bool) {
+        lock(&self.state).cfg.encrypted = on;
     }
     /// Makes the dataset read-only (like `readonly=on`).
     pub fn set_readonly(&self, on: bool) {
@@ -394,6 +401,7 @@ impl Backend for MemBackend {
             readonly: st.cfg.readonly,
             atime: st.cfg.atime,
             guid: self.guid,
+            encrypted: st.cfg.encrypted,
         };
         let used_before = st.used;
         let mut t = MemTxn {

@@ -1269,8 +1269,26 @@ fn inode_and_superblock_layouts_are_pinned() {
     for n in 0..v.len() {
         assert_eq!(Inode::decode(20, &v[..n]).unwrap_err().errno(), libc::EIO);
     }
-    let sb = Superblock { next_ino: 99 }.encode();
+    let sb = Superblock {
+        next_ino: 99,
+        name_key: None,
+    }
+    .encode();
     assert_eq!(sb.len(), 28);
     assert_eq!(&sb[..8], b"TARNFS01");
+    assert_eq!(&sb[8..12], &1u32.to_le_bytes());
     assert_eq!(Superblock::decode(&sb).unwrap().next_ino, 99);
+    // Version 2 (encrypted datasets) adds the 32-byte name key.
+    let v2 = Superblock {
+        next_ino: 99,
+        name_key: Some([7; 32]),
+    };
+    let e = v2.encode();
+    assert_eq!(e.len(), 60);
+    assert_eq!(&e[8..12], &2u32.to_le_bytes());
+    assert_eq!(&e[28..], &[7; 32]);
+    assert_eq!(Superblock::decode(&e).unwrap(), v2);
+    for n in 0..e.len() {
+        assert_eq!(Superblock::decode(&e[..n]).unwrap_err().errno(), libc::EIO);
+    }
 }

@@ -39,7 +39,7 @@ fn decode(ino: u64, key: &[u8], v: Val, tx: &mut Tx) -> Result<XEnt> {
 }
 
 fn find(tx: &mut Tx, ino: u64, name: &[u8]) -> Result<(u64, Option<XEnt>)> {
-    let b = codec::name_bucket(name);
+    let b = tx.name_bucket(ino, name)?;
     let lo = codec::key3(ino, K_XATTR, b);
     let hi = codec::key3(ino, K_XATTR, b | 0xffff);
     let page = tx.s.range(

@@ -37,7 +37,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tarn_block::pipeline::{self, Missed, Prepared};
-use tarn_block::{BlockPtr, BlockType, ChecksumAlg, Compression, Dva};
+use tarn_block::{BlockPtr, BlockType, ChecksumAlg, Compression, Dva, KeySet};
 use tarn_tree::NodeStore;
 
 use crate::pool::{Pool, SyncState};
@@ -125,7 +125,7 @@ impl Reservation {
 }
 
 /// How a data block is stored.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct BlockOpts {
     /// Compression.
     pub compression: Compression,
@@ -133,6 +133,9 @@ pub struct BlockOpts {
     pub checksum: ChecksumAlg,
     /// Copies (1..=3), on top of vdev redundancy.
     pub copies: u8,
+    /// The key of an encrypted dataset: its blocks are sealed with it
+    /// between compression and checksum (`tarn_block::crypt`).
+    pub key: Option<Arc<KeySet>>,
 }
 
 fn ext_key(key: &[u8]) -> Vec<u8> {
@@ -177,17 +180,30 @@ impl Cx<'_> {
         self.pool.holds.hold_owned(txg)
     }
 
-    /// Reads and verifies a data block (through the block cache). A failure
-    /// is reported by the caller (it knows which file it was).
-    pub fn read_block(&self, bp: &BlockPtr) -> Result<Vec<u8>, PoolError> {
-        Ok(self.pool.read_data(bp)?.to_vec())
+    /// Reads and verifies a data block (through the block cache),
+    /// decrypting it with `key` when it is sealed. A failure is reported
+    /// by the caller (it knows which file it was).
+    pub fn read_block(&self, bp: &BlockPtr, key: Option<&KeySet>) -> Result<Vec<u8>, PoolError> {
+        Ok(self.pool.read_data(bp, key)?.to_vec())
     }
 
     /// Checks every copy and column of a block, repairs what differs, then
     /// reads it. For blocks whose writes may have missed a device with no
     /// record of it anywhere: written early for the intent log, the miss
     /// was only in memory when the process died.
-    pub fn read_block_repairing(&self, bp: &BlockPtr) -> Result<Vec<u8>, PoolError> {
+    pub fn read_block_repairing(
+        &self,
+        bp: &BlockPtr,
+        key: Option<&KeySet>,
+    ) -> Result<Vec<u8>, PoolError> {
+        self.repair_block(bp)?;
+        self.read_block(bp, key)
+    }
+
+    /// Checks every copy and column of a block and repairs what differs
+    /// (see [`Cx::read_block_repairing`]), without reading it for a caller:
+    /// what needs no key.
+    pub fn repair_block(&self, bp: &BlockPtr) -> Result<(), PoolError> {
         let s = pipeline::scrub_block(&self.pool.tops, bp);
         if s.unrecoverable {
             return Err(PoolError::Damaged(format!(
@@ -195,7 +211,7 @@ impl Cx<'_> {
                 pipeline::describe(bp)
             )));
         }
-        self.read_block(bp)
+        Ok(())
     }
 
     /// Records damage for `status` (e.g. "tank/photos: file 7 at offset 0").
@@ -537,11 +553,17 @@ impl Pool {
     ) -> Result<Vec<Option<BlockPtr>>, PoolError> {
         let threads = self.opts.sync_threads;
         let prepared: Vec<Option<Result<Prepared<'_>, tarn_block::BlockError>>> =
-            parallel_map(&blocks, threads, |&(d, o, _)| {
+            parallel_map(&blocks, threads, |(d, o, _)| {
                 if d.iter().all(|&b| b == 0) {
                     None
                 } else {
-                    Some(pipeline::prepare(d, o.compression, o.checksum))
+                    Some(pipeline::prepare_sealed(
+                        d,
+                        o.compression,
+                        o.checksum,
+                        o.key.as_deref(),
+                        BlockType::Data,
+                    ))
                 }
             })?;
         let mut jobs = Vec::new();

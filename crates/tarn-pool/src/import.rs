@@ -153,7 +153,7 @@ fn load_txg(
     if !ub.meta_root.is_hole() {
         tarn_tree::walk(&rs, &ub.meta_root, 0, &mut |_| Ok(()), &mut |_, _| Ok(()))?;
     }
-    let space_bytes = pipeline::read_block(tops, &ub.space_root)?;
+    let space_bytes = pipeline::read_block(tops, &ub.space_root, None)?;
     let space = decode_space_root(&space_bytes, tops.len())?;
     for (m, t) in space.iter().zip(tops) {
         // With a member missing, the vdev cannot know its recorded size from

@@ -26,7 +26,7 @@
 use std::sync::Arc;
 
 use tarn_block::pipeline;
-use tarn_block::{BlockId, BlockKind, BlockPtr, Dva};
+use tarn_block::{BlockId, BlockKind, BlockPtr, Dva, KeySet};
 
 use crate::flight::Joined;
 use crate::pool::{Pool, State};
@@ -155,7 +155,16 @@ impl Pool {
     /// cache: a hit costs no I/O and no checksum. Only verified bytes are
     /// cached. The caller keeps `bp` from being freed and reused while it
     /// reads (the pool lock, or a hold on the txg it came from).
-    pub(crate) fn read_data(&self, bp: &BlockPtr) -> Result<Arc<[u8]>, PoolError> {
+    pub(crate) fn read_data(
+        &self,
+        bp: &BlockPtr,
+        key: Option<&KeySet>,
+    ) -> Result<Arc<[u8]>, PoolError> {
+        // An encrypted block is read only by someone holding its key, even
+        // when its plaintext is cached (the cache holds logical bytes).
+        if bp.is_encrypted() && key.is_none() {
+            return Err(tarn_block::BlockError::KeyUnavailable(pipeline::describe(bp)).into());
+        }
         if let Some(d) = self.cache.get(self.guid, bp, BlockKind::Data) {
             return Ok(d);
         }
@@ -172,12 +181,18 @@ impl Pool {
                 None => None,
             },
         };
-        let d: Arc<[u8]> = Arc::from(pipeline::read_block(&self.tops, bp)?);
+        let d: Arc<[u8]> = Arc::from(pipeline::read_block(&self.tops, bp, key)?);
         self.cache.insert(self.guid, bp, d.clone(), BlockKind::Data);
         if let Some(l) = lead {
             l.finish(Some(d.clone()));
         }
         Ok(d)
+    }
+
+    /// Drops this pool's blocks from the block cache (a key was unloaded:
+    /// the plaintext the cache holds of its blocks must go).
+    pub fn evict_cache(&self) {
+        self.cache.evict_pool(self.guid);
     }
 
     /// Reads a data block outside any transaction, so reads of one dataset
@@ -188,10 +203,11 @@ impl Pool {
     pub fn read_held(
         &self,
         bp: &BlockPtr,
+        key: Option<&KeySet>,
         _hold: &crate::OwnedHold,
     ) -> Result<Arc<[u8]>, PoolError> {
         self.check_usable(&self.lock())?;
-        self.read_data(bp)
+        self.read_data(bp, key)
     }
 
     /// Reads a data block into the block cache ahead of its reader
@@ -199,8 +215,9 @@ impl Pool {
     /// fails to read or verify is left alone here, for the reader's own
     /// read to repair or report. `_hold` keeps its space from reuse, as
     /// for [`Pool::read_held`].
-    pub fn prefetch_held(&self, bp: &BlockPtr, _hold: &crate::OwnedHold) {
-        if !self.cache.would_keep(bp.lsize as usize)
+    pub fn prefetch_held(&self, bp: &BlockPtr, key: Option<&KeySet>, _hold: &crate::OwnedHold) {
+        if (bp.is_encrypted() && key.is_none())
+            || !self.cache.would_keep(bp.lsize as usize)
             || self.check_usable(&self.lock()).is_err()
             || self.cache.contains(self.guid, bp)
         {
@@ -209,7 +226,7 @@ impl Pool {
         let Some(lead) = BlockId::of(self.guid, bp).and_then(|k| self.flights.lead(k)) else {
             return;
         };
-        match pipeline::read_block(&self.tops, bp) {
+        match pipeline::read_block(&self.tops, bp, key) {
             Ok(d) => {
                 let d: Arc<[u8]> = Arc::from(d);
                 self.cache

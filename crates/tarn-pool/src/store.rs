@@ -96,7 +96,7 @@ fn read_node(
     if let Some(v) = cache.get(pool, ptr, BlockKind::Meta) {
         return Ok(v.to_vec());
     }
-    let data = pipeline::read_block(tops, ptr).map_err(|e| TreeError::Store(Box::new(e)))?;
+    let data = pipeline::read_block(tops, ptr, None).map_err(|e| TreeError::Store(Box::new(e)))?;
     cache.insert(pool, ptr, Arc::from(data.as_slice()), BlockKind::Meta);
     Ok(data)
 }

@@ -220,6 +220,7 @@ impl Pool {
             compress: CompressAlg::Off,
             checksum_alg: alg,
             stored: body.into(),
+            seal: None,
         };
         missed.extend(pipeline::write_copies(&self.tops, &dvas, &p.stored)?);
         Ok(pipeline::make_ptr(&p, &dvas, txg, BlockType::SpaceMap, 0))

@@ -47,9 +47,12 @@ fn pool_error(e: DsError) -> PoolError {
         DsError::NoSpace(m) | DsError::Quota(m) => PoolError::NoSpace(m),
         DsError::NotFound(m) => PoolError::NotFound(m),
         DsError::Damaged(m) => PoolError::Damaged(m),
-        DsError::Invalid(m) | DsError::ReadOnly(m) | DsError::Exists(m) | DsError::Busy(m) => {
-            PoolError::Invalid(m)
-        }
+        DsError::Invalid(m)
+        | DsError::ReadOnly(m)
+        | DsError::Exists(m)
+        | DsError::Busy(m)
+        | DsError::Locked(m)
+        | DsError::WrongKey(m) => PoolError::Invalid(m),
         DsError::Corrupt(m) => PoolError::Corrupt(m),
     }
 }

@@ -79,3 +79,50 @@ impl FsPool {
         FsPool { fs, pool, dir }
     }
 }
+
+/// Argon2id parameters cheap enough for tests (the code path is the one
+/// of the defaults; only the cost differs).
+pub const FAST_PBKDF: tarn_dataset::crypt::Pbkdf = tarn_dataset::crypt::Pbkdf {
+    memory_kib: 64,
+    iterations: 1,
+    parallelism: 1,
+};
+
+/// A passphrase key given at the prompt, with [`FAST_PBKDF`].
+pub fn passphrase(pass: &str) -> tarn_dataset::KeyInput {
+    let mut k = tarn_dataset::KeyInput::new(
+        tarn_dataset::KeyFormat::Passphrase,
+        "prompt",
+        pass.as_bytes().to_vec(),
+    );
+    k.pbkdf = FAST_PBKDF;
+    k
+}
+
+/// Creates `name` as an encryption root (aes-256-gcm unless `props` says
+/// otherwise) with passphrase `pass`; its key is loaded.
+pub fn encrypted(pool: &Arc<Pool>, name: &str, pass: &str, props: &[(&str, &str)]) {
+    let mut p = crate::pools::props(props);
+    p.entry("encryption".into()).or_insert_with(|| "on".into());
+    p.insert("keyformat".into(), "passphrase".into());
+    tarn_dataset::create_with_key(pool, name, &p, false, Some(&passphrase(pass)))
+        .unwrap_or_else(|e| panic!("create {name}: {e}"));
+}
+
+/// Every occurrence of each needle in the member files `devs`: (needle
+/// index, file, offset). Reads each file whole.
+pub fn find_in_devices(
+    devs: &[std::path::PathBuf],
+    needles: &[Vec<u8>],
+) -> Vec<(usize, usize, usize)> {
+    let mut hits = Vec::new();
+    for (f, d) in devs.iter().enumerate() {
+        let bytes = std::fs::read(d).unwrap_or_else(|e| panic!("read {}: {e}", d.display()));
+        for (i, n) in needles.iter().enumerate() {
+            for off in memchr::memmem::find_iter(&bytes, n) {
+                hits.push((i, f, off));
+            }
+        }
+    }
+    hits
+}

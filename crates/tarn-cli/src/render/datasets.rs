@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use tarn_api::access::{Access, ShareInfo, UserInfo};
-use tarn_api::dataset::{DatasetInfo, DatasetKind, MountInfo, PropValue, Source};
+use tarn_api::dataset::{DatasetInfo, DatasetKind, KeyRootInfo, MountInfo, PropValue, Source};
 use tarn_api::params::ObjectInfo;
 
 use super::{format_date, format_size, table};
@@ -21,15 +21,17 @@ pub fn render_objects(pool: &str, objects: &[ObjectInfo]) -> String {
     table(&["NAME", "SIZE", "TXG"], &rows, &[0])
 }
 
-/// `dataset list`: NAME USED AVAIL REFER MOUNTPOINT, like `zfs list`.
+/// `dataset list`: NAME USED AVAIL REFER MOUNTPOINT, like `zfs list`;
+/// with ENCRYPTION KEYSTATUS ENCROOT when any dataset listed is encrypted.
 pub fn render_datasets(list: &[DatasetInfo]) -> String {
     if list.is_empty() {
         return "no datasets\n".into();
     }
+    let crypt = list.iter().any(|d| d.encryption.is_some());
     let rows: Vec<Vec<String>> = list
         .iter()
         .map(|d| {
-            vec![
+            let mut row = vec![
                 d.name.clone(),
                 format_size(d.used),
                 d.available.map_or("-".into(), format_size),
@@ -38,13 +40,43 @@ pub fn render_datasets(list: &[DatasetInfo]) -> String {
                     DatasetKind::Snapshot | DatasetKind::Volume => "-".into(),
                     DatasetKind::Filesystem => d.mountpoint.clone().unwrap_or_else(|| "-".into()),
                 },
+            ];
+            if crypt {
+                let or_dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+                row.push(d.encryption.clone().unwrap_or_else(|| "off".into()));
+                row.push(or_dash(&d.keystatus));
+                row.push(or_dash(&d.encryptionroot));
+            }
+            row
+        })
+        .collect();
+    let mut headers = vec!["NAME", "USED", "AVAIL", "REFER", "MOUNTPOINT"];
+    if crypt {
+        headers.extend(["ENCRYPTION", "KEYSTATUS", "ENCROOT"]);
+    }
+    table(&headers, &rows, &[0, 4])
+}
+
+/// `key list`: NAME KEYSTATUS KEYFORMAT KEYLOCATION.
+pub fn render_keys(list: &[KeyRootInfo]) -> String {
+    if list.is_empty() {
+        return "no encrypted datasets\n".into();
+    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|k| {
+            vec![
+                k.name.clone(),
+                k.keystatus.clone(),
+                k.keyformat.clone(),
+                k.keylocation.clone(),
             ]
         })
         .collect();
     table(
-        &["NAME", "USED", "AVAIL", "REFER", "MOUNTPOINT"],
+        &["NAME", "KEYSTATUS", "KEYFORMAT", "KEYLOCATION"],
         &rows,
-        &[0, 4],
+        &[0, 3],
     )
 }
 

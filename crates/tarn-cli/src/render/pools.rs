@@ -206,6 +206,15 @@ pub fn render_pool_status(pool: &PoolStatus) -> String {
             let _ = writeln!(out, "        {name}");
         }
     }
+    if !pool.locked.is_empty() {
+        let _ = writeln!(
+            out,
+            "locked: encrypted, key not loaded (`tarn key load ROOT`):"
+        );
+        for name in &pool.locked {
+            let _ = writeln!(out, "        {name}");
+        }
+    }
     out
 }
 
@@ -603,6 +612,7 @@ mod tests {
                 None,
             )],
             damaged: vec![],
+            locked: vec![],
             cache: None,
         }
     }

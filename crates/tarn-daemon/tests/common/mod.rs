@@ -62,6 +62,7 @@ pub fn sample_status() -> PoolStatus {
         }],
         logs: vec![],
         damaged: vec![],
+        locked: vec![],
         cache: None,
     }
 }

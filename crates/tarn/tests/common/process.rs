@@ -72,6 +72,26 @@ impl Daemon {
         tarn_at(&self.socket, args)
     }
 
+    /// Runs the CLI against this daemon with `input` on its standard input
+    /// (a passphrase, as a script pipes it).
+    pub fn tarn_input(&self, args: &[&str], input: &[u8]) -> Output {
+        use std::io::Write;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tarn"))
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .env_remove("TARN_SOCKET")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run tarn");
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(input);
+        }
+        child.wait_with_output().expect("wait for tarn")
+    }
+
     /// Runs a command that must succeed; returns its stdout.
     pub fn ok(&self, args: &[&str]) -> String {
         let o = self.tarn(args);
