@@ -182,6 +182,10 @@ pub struct KeyLoadParams {
     /// root's `keylocation`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub location: Option<String>,
+    /// Drop intent log records parked since a crash that can no longer be
+    /// read, instead of refusing the load (they are reported as damage).
+    #[serde(default)]
+    pub discard_log: bool,
 }
 
 impl std::fmt::Debug for KeyLoadParams {
@@ -190,6 +194,7 @@ impl std::fmt::Debug for KeyLoadParams {
             .field("name", &self.name)
             .field("key", &self.key.as_ref().map(|_| "<secret>"))
             .field("location", &self.location)
+            .field("discard_log", &self.discard_log)
             .finish()
     }
 }

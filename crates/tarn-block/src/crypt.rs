@@ -172,6 +172,9 @@ pub struct KeySet {
     rng: SystemRandom,
     current: Mutex<[Option<Current>; 3]>,
     derived: Mutex<Derived>,
+    /// Set when the key is unloaded: nothing is opened or sealed with it
+    /// any more, so no plaintext enters a cache after the unload.
+    revoked: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for KeySet {
@@ -215,7 +218,22 @@ impl KeySet {
             rng: SystemRandom::new(),
             current: Mutex::new([None, None, None]),
             derived: Mutex::new(HashMap::new()),
+            revoked: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Stops every use of this key (it was unloaded): opening and sealing
+    /// fail from now on.
+    pub fn revoke(&self) {
+        self.revoked
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        lock(&self.derived).clear();
+        *lock(&self.current) = [None, None, None];
+    }
+
+    /// True once [`KeySet::revoke`] ran.
+    pub fn is_revoked(&self) -> bool {
+        self.revoked.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// A new random master key.
@@ -237,6 +255,11 @@ impl KeySet {
         purpose: Purpose,
         salt: &[u8; SALT_LEN],
     ) -> Result<Arc<LessSafeKey>, BlockError> {
+        if self.is_revoked() {
+            return Err(BlockError::KeyUnavailable(
+                "a block or value of a key that was unloaded".into(),
+            ));
+        }
         if let Some(k) = lock(&self.derived).get(&(purpose, *salt)) {
             return Ok(k.clone());
         }
@@ -262,6 +285,11 @@ impl KeySet {
     /// The salt, key and a fresh nonce to seal one message of `purpose`.
     fn next(&self, purpose: Purpose) -> Result<Next, BlockError> {
         let mut cur = lock(&self.current);
+        if self.is_revoked() {
+            return Err(BlockError::KeyUnavailable(
+                "sealing with a key that was unloaded".into(),
+            ));
+        }
         let slot = &mut cur[purpose as usize];
         if slot.as_ref().is_none_or(|c| c.uses >= SALT_USES) {
             let mut salt = [0u8; SALT_LEN];

@@ -35,6 +35,10 @@ pub enum KeyCommand {
         /// Read the key from here this time (`prompt` or `file:///path`)
         #[arg(short = 'L', long = "location", value_name = "LOCATION")]
         location: Option<String>,
+        /// Drop intent log records kept since a crash that can no longer
+        /// be read, instead of refusing the load (reported as damage)
+        #[arg(long)]
+        discard_log: bool,
         /// The encryption root
         name: Option<String>,
     },
@@ -180,6 +184,7 @@ pub(crate) fn key_command(
             recursive,
             all,
             location,
+            discard_log,
             name,
         } => {
             let many = recursive || all;
@@ -198,6 +203,7 @@ pub(crate) fn key_command(
                     name: r.name.clone(),
                     key,
                     location: location.clone().filter(|l| l != "prompt"),
+                    discard_log,
                 };
                 match client.call(method::KEY_LOAD, &params) {
                     Ok(_) => loaded += 1,

@@ -266,10 +266,13 @@ impl Backend for Pools {
     fn key_load(&self, p: &tarn_api::params::KeyLoadParams) -> Result<(), ApiError> {
         let pool = self.get(pool_of(&p.name))?;
         let (format, location, _) = tarn_dataset::key_location(&pool, &p.name).map_err(ds_error)?;
+        if let Some(l) = &p.location {
+            tarn_dataset::crypt::check_keylocation(l).map_err(ds_error)?;
+        }
         let from = p.location.as_deref().unwrap_or(&location);
         let mut key = crate::keys::input(format, from, p.key.as_deref(), &p.name)?;
         key.location = location;
-        tarn_dataset::load_key(&pool, &p.name, &key).map_err(ds_error)?;
+        tarn_dataset::load_key_with(&pool, &p.name, &key, p.discard_log).map_err(ds_error)?;
         // Its datasets can be mounted and shared again.
         self.mounts.automount(&self.fss, &pool);
         self.refresh_servers();

@@ -208,6 +208,16 @@ impl KeyRec {
         let raw = key_bytes(self.keyformat, &input.material)?;
         match (&self.pbkdf, self.keyformat) {
             (Some(p), KeyFormat::Passphrase) => {
+                // A damaged or hostile record must not make a load take
+                // gigabytes or hours.
+                if p.memory_kib > 4 << 20 || p.iterations > 64 || !(1..=16).contains(&p.parallelism)
+                {
+                    return Err(DsError::Corrupt(format!(
+                        "key record {}: Argon2id parameters out of range ({} KiB, {} passes, {} \
+                         lanes)",
+                        self.id, p.memory_kib, p.iterations, p.parallelism
+                    )));
+                }
                 let salt = unhex(&p.salt)
                     .map_err(|e| DsError::Corrupt(format!("key record {}: salt: {e}", self.id)))?;
                 let params = Pbkdf {
@@ -540,6 +550,18 @@ pub fn key_location(pool: &Pool, name: &str) -> Result<(KeyFormat, String, bool)
 /// the intent log records parked for its datasets are replayed. Returns
 /// how many were.
 pub fn load_key(pool: &Pool, name: &str, input: &KeyInput) -> Result<usize, DsError> {
+    load_key_with(pool, name, input, false)
+}
+
+/// [`load_key`]; with `discard_log`, parked intent log records that can
+/// no longer be read are dropped (and reported as damage) instead of
+/// failing the load.
+pub fn load_key_with(
+    pool: &Pool,
+    name: &str,
+    input: &KeyInput,
+    discard_log: bool,
+) -> Result<usize, DsError> {
     let rec = with_dir(pool, |dir, _| {
         let k = root_key(dir, name)?;
         if dir.unlocked.contains_key(&k.id) {
@@ -565,7 +587,13 @@ pub fn load_key(pool: &Pool, name: &str, input: &KeyInput) -> Result<usize, DsEr
             }
             dir.unlocked.insert(rec.id, ks.clone());
         }
-        crate::zil::replay_parked(dsl, cx, rec.id)
+        let r = crate::zil::replay_parked(dsl, cx, rec.id, discard_log);
+        if r.is_err() {
+            // Not loaded after all: its datasets stay locked, and their
+            // parked records stay parked.
+            dsl.dir().unlocked.remove(&rec.id);
+        }
+        r
     })
 }
 
@@ -573,16 +601,23 @@ pub fn load_key(pool: &Pool, name: &str, input: &KeyInput) -> Result<usize, DsEr
 /// until it is loaded again. The caller makes sure nothing uses them
 /// (mounts, shares, open volumes).
 pub fn unload_key(pool: &Pool, name: &str) -> Result<(), DsError> {
-    with_excl(pool, |dsl, _cx| {
+    let ks = with_excl(pool, |dsl, _cx| {
         let mut dir = dsl.dir();
         let k = root_key(&dir, name)?;
-        if dir.unlocked.remove(&k.id).is_none() {
+        let Some(ks) = dir.unlocked.remove(&k.id) else {
             return Err(DsError::Busy(format!("the key of '{name}' is not loaded")));
-        }
-        Ok(())
+        };
+        Ok(ks)
     })?;
-    // Plaintext the cache holds of its blocks goes (the cache does not
+    // Reads still in flight (a block found before the unload, read-ahead)
+    // fail from now on and cache nothing; once they let go of the key, the
+    // plaintext the cache holds of its blocks goes (the cache does not
     // know datasets: the pool's blocks go, and come back on demand).
+    ks.revoke();
+    let t0 = std::time::Instant::now();
+    while Arc::strong_count(&ks) > 1 && t0.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     pool.evict_cache();
     Ok(())
 }

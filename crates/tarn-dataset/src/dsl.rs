@@ -316,6 +316,7 @@ impl Dir {
             dead: BTreeMap::new(),
             volume: None,
             key: None,
+            recv: None,
         }
     }
 }

@@ -87,6 +87,7 @@ fn record() -> DsRec {
         dead: BTreeMap::from([(0, sums(4096)), (1200, sums(0x1_0000_0000))]),
         volume: None,
         key: None,
+        recv: None,
     }
 }
 

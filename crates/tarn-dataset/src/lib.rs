@@ -52,6 +52,8 @@ mod overlay;
 pub mod props;
 pub mod readahead;
 mod record;
+pub mod recv;
+pub mod send;
 mod sync;
 mod txn;
 mod zil;
@@ -62,7 +64,7 @@ mod golden;
 pub use props::{PropValue, Source};
 pub use record::{DatasetInfo, DatasetKind, Sums, VolSpec};
 pub use txn::{apply_patch, BlockData, BlockRef, DatasetHandle, Txn, Value};
-pub use zil::IMMEDIATE_BYTES;
+pub use zil::{parked_blocks, parked_records, IMMEDIATE_BYTES};
 
 use tarn_pool::PoolError;
 
@@ -121,8 +123,8 @@ impl From<tarn_block::BlockError> for DsError {
 
 pub use config::{config_delete, config_list, config_put};
 pub use crypt::{
-    change_key, encryption_roots, key_location, load_key, unload_key, Encryption, KeyFormat,
-    KeyInput, KeyStatus,
+    change_key, encryption_roots, key_location, load_key, load_key_with, unload_key, Encryption,
+    KeyFormat, KeyInput, KeyStatus,
 };
 pub use destroy::destroy;
 pub use dsl::{attach, blocks, deflated, list, open};

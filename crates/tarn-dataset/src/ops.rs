@@ -453,39 +453,57 @@ pub fn snapshot(pool: &Pool, names: &[String], recursive: bool) -> Result<(), Ds
         }
         let txg = cx.txg();
         for (head, n) in todo {
-            let id = dsl.alloc_id();
-            let h = dsl.rec(head)?.clone();
-            dsl.names.insert(n.clone(), id);
-            dsl.recs.insert(
-                id,
-                DsRec {
-                    id,
-                    guid: new_guid(id),
-                    name: n,
-                    kind: DatasetKind::Snapshot,
-                    parent: None,
-                    head: Some(head),
-                    root: encode_ptr_hex(&BlockPtr::default()),
-                    created_txg: txg,
-                    created_unix: now_unix(),
-                    prev_snap: h.prev_snap,
-                    prev_snap_txg: h.prev_snap_txg,
-                    origin: None,
-                    clones: Vec::new(),
-                    props: BTreeMap::new(),
-                    referenced: Sums::default(),
-                    unique: Sums::default(),
-                    deadlist: 0,
-                    dead: BTreeMap::new(),
-                    volume: h.volume,
-                    key: h.key,
-                },
-            );
-            dsl.pending_snaps.push((head, id));
-            dsl.dirty_recs.insert(id);
+            dsl.new_snapshot(head, n, txg, None)?;
         }
         Ok(())
     })
+}
+
+impl Dir {
+    /// The record of a new snapshot `name` of `head`, taken by the sync of
+    /// `txg` (which gives it the tree as committed then). `from_stream`:
+    /// a received snapshot keeps the guid and time the stream gives it.
+    pub(crate) fn new_snapshot(
+        &mut self,
+        head: u64,
+        name: String,
+        txg: u64,
+        from_stream: Option<(u64, u64)>,
+    ) -> Result<u64, DsError> {
+        let id = self.alloc_id();
+        let h = self.rec(head)?.clone();
+        let (guid, created_unix) = from_stream.unwrap_or((new_guid(id), now_unix()));
+        self.names.insert(name.clone(), id);
+        self.recs.insert(
+            id,
+            DsRec {
+                id,
+                guid,
+                name,
+                kind: DatasetKind::Snapshot,
+                parent: None,
+                head: Some(head),
+                root: encode_ptr_hex(&BlockPtr::default()),
+                created_txg: txg,
+                created_unix,
+                prev_snap: h.prev_snap,
+                prev_snap_txg: h.prev_snap_txg,
+                origin: None,
+                clones: Vec::new(),
+                props: BTreeMap::new(),
+                referenced: Sums::default(),
+                unique: Sums::default(),
+                deadlist: 0,
+                dead: BTreeMap::new(),
+                volume: h.volume,
+                key: h.key,
+                recv: None,
+            },
+        );
+        self.pending_snaps.push((head, id));
+        self.dirty_recs.insert(id);
+        Ok(id)
+    }
 }
 
 /// Passes on the result of the changing part of an operation; an error
@@ -643,6 +661,18 @@ pub fn promote(pool: &Pool, name: &str) -> Result<(), DsError> {
 /// destroyed first (`destroy_newer` does it).
 pub fn rollback(pool: &Pool, snap_name: &str, destroy_newer: bool) -> Result<(), DsError> {
     with_dir_excl(pool, |dsl, cx| {
+        rollback_in(dsl, cx, snap_name, destroy_newer)
+    })
+}
+
+/// [`rollback`] inside an exclusive operation.
+pub(crate) fn rollback_in(
+    dsl: &mut Dir,
+    cx: &mut SyncCx<'_>,
+    snap_name: &str,
+    destroy_newer: bool,
+) -> Result<(), DsError> {
+    {
         let snap = dsl.id_of(snap_name)?;
         let s = dsl.rec(snap)?.clone();
         let Some(head) = s.head else {
@@ -709,7 +739,7 @@ pub fn rollback(pool: &Pool, snap_name: &str, destroy_newer: bool) -> Result<(),
             Ok(())
         })();
         applied(cx, "rollback", r)
-    })
+    }
 }
 
 /// Creates filesystem `name` from snapshot `snap_name`, sharing its blocks.

@@ -89,6 +89,7 @@ pub const COMPUTED: &[&str] = &[
     "keylocation",
     "keystatus",
     "encryptionroot",
+    "receive_resume_token",
 ];
 
 /// Encryption properties: given at creation (`encryption`, `keyformat`,
@@ -325,6 +326,9 @@ pub fn get_props(pool: &Pool, name: &str, names: &[String]) -> Result<Vec<PropVa
                         .map_or("none".into(), |e| e.status.name().into()),
                 ),
                 "encryptionroot" => computed(dsl.encryption(id).map_or("-".into(), |e| e.root)),
+                "receive_resume_token" => {
+                    computed(crate::recv::resume_token(dsl, id).unwrap_or_else(|| "-".into()))
+                }
                 other if default_of(other).is_some() => dsl.prop(id, other),
                 other => {
                     return Err(DsError::Invalid(format!("unknown property '{other}'")));

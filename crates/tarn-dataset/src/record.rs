@@ -143,6 +143,10 @@ pub(crate) struct DsRec {
     /// so unencrypted records are unchanged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<u64>,
+    /// While a stream is being received into the dataset: what it is and
+    /// how far it came (see `recv`). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recv: Option<crate::recv::RecvState>,
 }
 
 impl DsRec {

@@ -224,17 +224,26 @@ fn write_staged(
 ) -> Result<(), PoolError> {
     let mut todo: Vec<(&StagedBlock, BlockOpts, Reservation)> = Vec::new();
     for (id, o) in overlays {
-        // A locked dataset's blocks are never written in the clear: its
-        // options fail, and the sync with them (the pool stops).
-        let opts = dsl
-            .dir()
-            .block_opts(*id)
-            .map_err(|e| PoolError::Internal(format!("writing the blocks of dataset {id}: {e}")))?;
+        let mut opts: Option<BlockOpts> = None;
         for (_, b) in o.staged() {
             let slot = b.slot();
-            if slot.written.is_none() {
-                todo.push((b, opts.clone(), slot.res.clone()));
+            if slot.written.is_some() {
+                continue;
             }
+            // A locked dataset's blocks are never written in the clear:
+            // its options fail, and the sync with them (the pool stops).
+            // (A raw receive writes its blocks as they come: none waits.)
+            let opts = match &opts {
+                Some(o) => o.clone(),
+                None => {
+                    let o = dsl.dir().block_opts(*id).map_err(|e| {
+                        PoolError::Internal(format!("writing the blocks of dataset {id}: {e}"))
+                    })?;
+                    opts = Some(o.clone());
+                    o
+                }
+            };
+            todo.push((b, opts, slot.res.clone()));
         }
     }
     let blocks: Vec<(&[u8], BlockOpts, Option<Reservation>)> = todo

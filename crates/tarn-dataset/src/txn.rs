@@ -125,6 +125,25 @@ fn reserve(
     })
 }
 
+/// How a transaction runs: as a front end's change, redoing the intent
+/// log, or applying a received stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Checks everything, logs for the intent log, needs the key of an
+    /// encrypted dataset.
+    Normal,
+    /// Redoes the intent log: skips the checks the operations passed when
+    /// they ran (quota, read-only) and logs nothing.
+    Replay,
+    /// Applies a received stream: quotas hold, `readonly` does not (a
+    /// backup target is often read-only), nothing is logged (the receive
+    /// commits its txgs).
+    Receive,
+    /// Applies a raw stream: as `Receive`, without the key: values are
+    /// stored as given (sealed) and blocks as the sender stored them.
+    ReceiveRaw,
+}
+
 /// What [`Txn::stage`] did with a block.
 enum Staged {
     /// Staged these shared bytes.
@@ -159,6 +178,8 @@ pub struct Txn<'a, 'p> {
     /// Redoing the intent log: skip the checks the operations passed when
     /// they first ran (quota, read-only), and log nothing.
     replay: bool,
+    /// How it runs (see [`Mode`]).
+    mode: Mode,
     /// The open overlay's plain bytes when the transaction began.
     plain_before: u64,
     /// The dataset's key, when it is encrypted: plain values are sealed
@@ -295,7 +316,7 @@ impl Txn<'_, '_> {
     }
 
     fn ro_check(&self) -> Result<(), DsError> {
-        if self.readonly && !self.replay {
+        if self.readonly && self.mode == Mode::Normal {
             let name = crate::dsl::rec_name(&self.dsl.dir(), self.id).unwrap_or_default();
             return Err(DsError::ReadOnly(format!("dataset '{name}' is read-only")));
         }
@@ -375,6 +396,8 @@ impl Txn<'_, '_> {
             )));
         }
         let stored = match &self.key {
+            // A raw receive stores sealed values as the sender had them.
+            None if self.mode == Mode::ReceiveRaw => value.to_vec(),
             Some(k) => {
                 let sealed = k.seal_value(key, value)?;
                 if sealed.len() > MAX_PLAIN {
@@ -395,7 +418,7 @@ impl Txn<'_, '_> {
 
     /// Notes a successful operation for the intent log.
     fn logged(&mut self, op: impl FnOnce() -> LogOp) {
-        if !self.replay {
+        if self.mode == Mode::Normal {
             self.ops.push(op());
         }
     }
@@ -460,6 +483,61 @@ impl Txn<'_, '_> {
             Staged::Block(data) => self.logged(|| LogOp::Block(key.to_vec(), data)),
             Staged::Deleted => self.logged(|| LogOp::Delete(key.to_vec())),
             Staged::Nothing => {}
+        }
+        Ok(())
+    }
+
+    /// Stores blocks exactly as another pool stored them (a raw receive):
+    /// written now into room taken here, born in this txg, and staged as
+    /// written, so the sync adds them to the tree as they are. Only in a
+    /// raw receive, whose dataset nobody reads until it is complete (the
+    /// staged entries hold no logical bytes).
+    pub(crate) fn write_raw_blocks(
+        &mut self,
+        blocks: &[(Vec<u8>, crate::send::RawBlock)],
+    ) -> Result<(), DsError> {
+        if self.mode != Mode::ReceiveRaw {
+            return Err(DsError::Invalid("raw blocks outside a raw receive".into()));
+        }
+        let mut rooms = Vec::with_capacity(blocks.len());
+        for (_, b) in blocks {
+            let res = reserve(self.dsl, self.cx, self.id, false, b.lsize as u64, 0)?;
+            self.reserved.push(res.clone());
+            rooms.push(res);
+        }
+        let (alg, copies) = {
+            let dir = self.dsl.dir();
+            (
+                tarn_block::ChecksumAlg::parse(&dir.prop(self.id, "checksum").0)
+                    .unwrap_or_default(),
+                dir.copies(self.id),
+            )
+        };
+        let mut stored = Vec::with_capacity(blocks.len());
+        for ((_, b), res) in blocks.iter().zip(&rooms) {
+            let compress = tarn_block::CompressAlg::from_u8(b.compress)?;
+            stored.push((
+                tarn_pool::RawStored {
+                    stored: &b.stored,
+                    lsize: b.lsize,
+                    compress,
+                    seal: b.seal,
+                },
+                res.clone(),
+            ));
+        }
+        let written = self.cx.write_raw_now(stored, alg, copies)?;
+        // Writing trimmed the rooms to the blocks: what a failed
+        // transaction gives back is what the blocks hold now.
+        self.reserved.truncate(self.reserved.len() - rooms.len());
+        self.reserved
+            .extend(written.iter().map(Reservation::of_block));
+        for ((key, _), bp) in blocks.iter().zip(written) {
+            let dirty = bp.psize as u64;
+            self.cx.charge(dirty);
+            self.charged_dirty += dirty;
+            let b = StagedBlock::new(Arc::new(Vec::new()), Reservation::of_block(&bp), Some(bp));
+            self.set(key, Change::Block(Arc::new(b)))?;
         }
         Ok(())
     }
@@ -820,8 +898,27 @@ pub(crate) fn run<R, E>(
     readonly: bool,
     f: impl FnOnce(&mut Txn<'_, '_>) -> Result<R, E>,
 ) -> Result<Result<R, E>, DsError> {
-    // Locked (encrypted, key not loaded): refused before anything is read.
-    let key = dsl.dir().keyset(id)?;
+    let mode = if replay { Mode::Replay } else { Mode::Normal };
+    run_mode(dsl, cx, id, mode, readonly, f)
+}
+
+/// [`run`] in any [`Mode`].
+pub(crate) fn run_mode<R, E>(
+    dsl: &Dsl,
+    cx: &mut Cx<'_>,
+    id: u64,
+    mode: Mode,
+    readonly: bool,
+    f: impl FnOnce(&mut Txn<'_, '_>) -> Result<R, E>,
+) -> Result<Result<R, E>, DsError> {
+    let replay = mode == Mode::Replay;
+    // Locked (encrypted, key not loaded): refused before anything is read,
+    // except by a raw receive, which never needs the key.
+    let key = if mode == Mode::ReceiveRaw {
+        None
+    } else {
+        dsl.dir().keyset(id)?
+    };
     let live = dsl.live(id)?;
     let mut st = live.lock();
     let plain_before = st.open.plain_bytes();
@@ -839,6 +936,7 @@ pub(crate) fn run<R, E>(
         outgrown: Vec::new(),
         ops: Vec::new(),
         replay,
+        mode,
         plain_before,
         key,
     };
@@ -935,7 +1033,18 @@ impl DatasetHandle {
     /// they open it.
     pub fn check_unlocked(&self) -> Result<(), DsError> {
         let id = self.id;
-        with_dsl(&self.pool, false, |dsl, _| dsl.dir().keyset(id).map(|_| ()))
+        with_dsl(&self.pool, false, |dsl, _| {
+            let dir = dsl.dir();
+            // A snapshot is being received when its dataset is.
+            let head = dir.rec(id)?.head.unwrap_or(id);
+            if dir.rec(head)?.recv.is_some() && head == id {
+                return Err(DsError::Busy(format!(
+                    "'{}' is being received: it can be used once the stream is complete",
+                    self.name
+                )));
+            }
+            dir.keyset(id).map(|_| ())
+        })
     }
 
     /// The pool.

@@ -779,6 +779,28 @@ fn unpark(
             "a parked log record of dataset {rid} filed under {id}"
         )));
     }
+    // The blocks the readable header names, which will be freed, are
+    // exactly those the sealed operations reference: a record whose two
+    // lists differ is refused rather than free a block still in use.
+    let mut named: Vec<[u8; BLOCK_PTR_SIZE]> = entries
+        .iter()
+        .filter(|(k, _)| k[17] == PART_REFS)
+        .filter_map(|(_, v)| v.get(1..).and_then(|b| b.try_into().ok()))
+        .collect();
+    let mut used: Vec<[u8; BLOCK_PTR_SIZE]> = ops
+        .iter()
+        .filter_map(|op| match op {
+            LogOp::BlockRef(_, bp) => Some(bp.encode()),
+            _ => None,
+        })
+        .collect();
+    named.sort_unstable();
+    used.sort_unstable();
+    if named != used {
+        return Err(DsError::Corrupt(
+            "a parked log record whose referenced blocks differ from its header's".into(),
+        ));
+    }
     let mut out = Vec::with_capacity(ops.len());
     for op in ops {
         out.push(match op {
@@ -798,12 +820,20 @@ fn unpark(
 }
 
 /// Replays the parked records of every dataset of key `kid`, just loaded
-/// (see the module docs), in this exclusive operation. A record that
-/// cannot be read or opened stops its dataset's replay there: what came
-/// before it is kept (a prefix of what was acknowledged), it and what
-/// follows are dropped and reported as damage. Returns how many records
-/// were replayed.
-pub(crate) fn replay_parked(dsl: &Dsl, cx: &mut SyncCx<'_>, kid: u64) -> Result<usize, DsError> {
+/// (see the module docs), in this exclusive operation: first every record
+/// is read back and opened, changing nothing, so a record that cannot be
+/// read fails the load with the records kept (as a failed replay at
+/// import keeps the log); with `discard`, that record and the ones after
+/// it in its dataset are dropped instead and reported as damage (what was
+/// before it is still a prefix of what was acknowledged). Then they are
+/// applied and deleted; a failure there faults the pool, so nothing
+/// half-replayed commits. Returns how many records were replayed.
+pub(crate) fn replay_parked(
+    dsl: &Dsl,
+    cx: &mut SyncCx<'_>,
+    kid: u64,
+    discard: bool,
+) -> Result<usize, DsError> {
     let (key, ids) = {
         let dir = dsl.dir();
         let Some(key) = dir.unlocked.get(&kid).cloned() else {
@@ -817,59 +847,123 @@ pub(crate) fn replay_parked(dsl: &Dsl, cx: &mut SyncCx<'_>, kid: u64) -> Result<
             .collect();
         (key, ids)
     };
-    let mut replayed = 0;
+    // 1. Everything read and opened; nothing changed yet.
+    struct Plan {
+        id: u64,
+        ops: Vec<LogOp>,
+        free: Vec<BlockPtr>,
+        keys: Vec<Vec<u8>>,
+    }
+    let mut plans: Vec<Plan> = Vec::new();
+    let mut dropped: Vec<(Vec<Vec<u8>>, Vec<BlockPtr>)> = Vec::new();
+    let mut damage: Vec<String> = Vec::new();
     for id in ids {
         let records = parked_of(cx, id)?;
         let n = records.len();
+        let name = crate::dsl::rec_name(&dsl.dir(), id).unwrap_or_default();
         let mut failed = false;
         for (i, (_, entries)) in records.iter().enumerate() {
-            if !failed {
-                match unpark(cx, &key, id, entries) {
-                    Ok((ops, free)) => {
-                        let r = crate::txn::run(dsl, cx, id, true, false, |t| {
-                            for op in &ops {
-                                t.redo(op)?;
-                            }
-                            Ok::<(), DsError>(())
-                        });
-                        crate::ops::applied(
-                            cx,
-                            "replaying a parked intent log",
-                            r.and_then(|x| x),
-                        )?;
-                        for bp in free {
-                            cx.free(bp);
-                        }
-                        replayed += 1;
-                    }
-                    Err(e) => {
-                        let name = crate::dsl::rec_name(&dsl.dir(), id).unwrap_or_default();
-                        cx.report_damage(format!(
-                            "{name}: the intent log parked at import could not be replayed \
-                             from record {} of {n} ({e}); that record and the ones after it \
-                             were dropped",
-                            i + 1
-                        ));
-                        failed = true;
-                    }
-                }
-            }
+            let keys: Vec<Vec<u8>> = entries.iter().map(|(k, _)| k.clone()).collect();
             if failed {
-                // Dropped: their blocks go too.
-                for (_, v) in entries {
-                    if let Some((&crate::record::TAG_BLOCK, rest)) = v.split_first() {
-                        if let Ok(bp) = BlockPtr::decode(rest) {
-                            cx.free(bp);
-                        }
-                    }
+                let blocks = entries
+                    .iter()
+                    .filter_map(|(_, v)| match v.split_first() {
+                        Some((&crate::record::TAG_BLOCK, rest)) => BlockPtr::decode(rest).ok(),
+                        _ => None,
+                    })
+                    .collect();
+                dropped.push((keys, blocks));
+                continue;
+            }
+            match unpark(cx, &key, id, entries) {
+                Ok((ops, free)) => plans.push(Plan {
+                    id,
+                    ops,
+                    free,
+                    keys,
+                }),
+                Err(e) if discard => {
+                    damage.push(format!(
+                        "{name}: the intent log parked at import could not be replayed from \
+                         record {} of {n} ({e}); that record and the ones after it were \
+                         dropped on request (--discard-log)",
+                        i + 1
+                    ));
+                    failed = true;
+                    let blocks = entries
+                        .iter()
+                        .filter_map(|(_, v)| match v.split_first() {
+                            Some((&crate::record::TAG_BLOCK, rest)) => BlockPtr::decode(rest).ok(),
+                            _ => None,
+                        })
+                        .collect();
+                    dropped.push((keys, blocks));
+                }
+                Err(e) => {
+                    return Err(DsError::Damaged(format!(
+                        "{name}: the intent log parked at import cannot be replayed (record {} \
+                         of {n}: {e}); nothing was changed and the key stays unloaded. Repair \
+                         the devices and load the key again, or load it with --discard-log to \
+                         keep only the records before it",
+                        i + 1
+                    )));
                 }
             }
-            let mut dir = dsl.dir();
-            dir.parked_gone
-                .extend(entries.iter().map(|(k, _)| k.clone()));
         }
     }
+    // 2. Applied and deleted, in order.
+    let replayed = plans.len();
+    for p in plans {
+        let r = crate::txn::run(dsl, cx, p.id, true, false, |t| {
+            for op in &p.ops {
+                t.redo(op)?;
+            }
+            Ok::<(), DsError>(())
+        });
+        crate::ops::applied(cx, "replaying a parked intent log", r.and_then(|x| x))?;
+        for bp in p.free {
+            cx.free(bp);
+        }
+        dsl.dir().parked_gone.extend(p.keys);
+    }
+    for (keys, blocks) in dropped {
+        for bp in blocks {
+            cx.free(bp);
+        }
+        dsl.dir().parked_gone.extend(keys);
+    }
+    for d in damage {
+        cx.report_damage(d);
+    }
     Ok(replayed)
+}
+
+/// The number of intent log records parked for dataset `name` (waiting
+/// for its key).
+pub fn parked_records(pool: &Pool, name: &str) -> Result<usize, DsError> {
+    crate::dsl::with_excl(pool, |dsl, cx| {
+        let id = dsl.dir().id_of(name)?;
+        Ok(parked_of(cx, id)?.len())
+    })
+}
+
+/// The blocks holding the bytes of the records parked for dataset `name`
+/// (a diagnostic view, for drills and tests).
+pub fn parked_blocks(pool: &Pool, name: &str) -> Result<Vec<BlockPtr>, DsError> {
+    crate::dsl::with_excl(pool, |dsl, cx| {
+        let id = dsl.dir().id_of(name)?;
+        let mut out = Vec::new();
+        for (_, entries) in parked_of(cx, id)? {
+            for (k, v) in entries {
+                if let (PART_BYTES, Some((&crate::record::TAG_BLOCK, rest))) =
+                    (k[17], v.split_first())
+                {
+                    out.push(BlockPtr::decode(rest)?);
+                }
+            }
+        }
+        Ok(out)
+    })
 }
 
 #[cfg(test)]

@@ -606,7 +606,9 @@ fn a_parked_intent_log_replays_at_key_load_and_a_rollback_drops_it() {
     drop(fs);
     pool.abandon();
     let pool = import(dir.path());
+    assert_eq!(tarn_dataset::parked_records(&pool, "tank/s").unwrap(), 1);
     tarn_dataset::rollback(&pool, "tank/s@before", false).unwrap();
+    assert_eq!(tarn_dataset::parked_records(&pool, "tank/s").unwrap(), 0);
     assert_eq!(
         tarn_dataset::load_key(&pool, "tank/s", &passphrase(PASS)).unwrap(),
         0
@@ -685,4 +687,63 @@ fn entry_keys_do_not_reveal_names() {
         }
         assert_eq!(buckets[0] == buckets[1], !keyed, "{name}: {buckets:x?}");
     }
+}
+
+/// A parked record that cannot be read back: the load fails and changes
+/// nothing (the key stays unloaded, the record parked); asked to discard
+/// it, the load goes on without it and says so in the pool's status.
+#[test]
+fn an_unreadable_parked_record_fails_the_load_unless_discarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = devices(dir.path(), 1);
+    let pool = attached(create("tank", VdevKind::Single, &devs, &[]).unwrap());
+    encrypted(&pool, "tank/s", PASS, &[]);
+    let fs = mount(&pool, "tank/s");
+    let c = Cred::root();
+    let f = new_file(&fs, "f");
+    fs.write(f, 0, b"logged only", false, &c).unwrap();
+    fs.fsync(f).unwrap();
+    drop(fs);
+    pool.abandon();
+    let pool = import(dir.path());
+    assert_eq!(tarn_dataset::parked_records(&pool, "tank/s").unwrap(), 1);
+    // Damage the block holding the parked record (no redundancy on one
+    // device).
+    let chunk = tarn_dataset::parked_blocks(&pool, "tank/s").unwrap()[0];
+    tarn_testkit::files::overwrite(
+        &devs[0],
+        tarn_vdev::DATA_START + chunk.dvas[0].offset,
+        &[0xee; 512],
+    );
+    pool.evict_cache();
+    let r = tarn_dataset::load_key(&pool, "tank/s", &passphrase(PASS));
+    assert!(matches!(r, Err(DsError::Damaged(_))), "{r:?}");
+    let info = tarn_testkit::datasets::info(&pool, "tank/s");
+    assert_eq!(
+        info.keystatus.as_deref(),
+        Some("unavailable"),
+        "a failed load leaves it locked"
+    );
+    assert_eq!(
+        tarn_dataset::parked_records(&pool, "tank/s").unwrap(),
+        1,
+        "and the record parked"
+    );
+    let n = tarn_dataset::load_key_with(&pool, "tank/s", &passphrase(PASS), true).unwrap();
+    assert_eq!(n, 0);
+    assert_eq!(tarn_dataset::parked_records(&pool, "tank/s").unwrap(), 0);
+    assert!(pool
+        .status()
+        .damaged
+        .iter()
+        .any(|d| d.contains("--discard-log")));
+    let fs = mount(&pool, "tank/s");
+    assert_eq!(
+        content(&fs, ROOT_INO, "f"),
+        None,
+        "the dropped record's file"
+    );
+    drop(fs);
+    pool.sync().unwrap();
+    assert!(pool.leak_check().unwrap().is_clean());
 }

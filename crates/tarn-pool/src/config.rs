@@ -35,7 +35,15 @@ pub struct PoolProps {
     /// Default record size of the pool's datasets in bytes (4 KiB ..= 1 MiB,
     /// power of two).
     pub recordsize: u32,
+    /// Features of the on-disk format the pool has used since it was
+    /// created, which a tarn that does not know them must not read: import
+    /// refuses a pool naming one it does not know ([`FEATURES`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
 }
+
+/// The features this tarn reads (see [`PoolProps::features`]).
+pub const FEATURES: &[&str] = &["encryption"];
 
 impl Default for PoolProps {
     fn default() -> Self {
@@ -44,6 +52,7 @@ impl Default for PoolProps {
             compression: "lz4".into(),
             copies: 1,
             recordsize: 128 * 1024,
+            features: Vec::new(),
         }
     }
 }

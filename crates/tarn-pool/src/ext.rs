@@ -124,6 +124,19 @@ impl Reservation {
     }
 }
 
+/// A block as another pool stored it (a raw receive).
+#[derive(Clone, Copy, Debug)]
+pub struct RawStored<'a> {
+    /// The stored (compressed, sealed) bytes.
+    pub stored: &'a [u8],
+    /// Logical size.
+    pub lsize: u32,
+    /// Compression of `stored`.
+    pub compress: tarn_block::CompressAlg,
+    /// Salt, nonce and tag, when sealed.
+    pub seal: Option<tarn_block::crypt::Seal>,
+}
+
 /// How a data block is stored.
 #[derive(Clone, Debug)]
 pub struct BlockOpts {
@@ -366,6 +379,56 @@ impl Cx<'_> {
         Ok(out.into_iter().next().flatten())
     }
 
+    /// Writes blocks as they were stored elsewhere (a raw receive: bytes
+    /// compressed and sealed by the sender, with what their pointer said
+    /// of them) into the rooms `res` hold, born in this open txg; their
+    /// checksum is computed here with `alg`. Returns their pointers.
+    pub fn write_raw_now(
+        &self,
+        blocks: Vec<(RawStored<'_>, Reservation)>,
+        alg: ChecksumAlg,
+        copies: u8,
+    ) -> Result<Vec<BlockPtr>, PoolError> {
+        let mut placed = Vec::with_capacity(blocks.len());
+        for (b, res) in blocks {
+            if b.stored.is_empty()
+                || b.stored.len() > b.lsize as usize
+                || b.lsize as usize > tarn_block::bp::MAX_LSIZE as usize
+            {
+                return Err(PoolError::Invalid(format!(
+                    "a raw block of {} stored bytes for {} logical bytes",
+                    b.stored.len(),
+                    b.lsize
+                )));
+            }
+            if b.compress == tarn_block::CompressAlg::Off && b.stored.len() != b.lsize as usize {
+                return Err(PoolError::Invalid(
+                    "an uncompressed raw block whose sizes differ".into(),
+                ));
+            }
+            let p = Prepared {
+                stored: std::borrow::Cow::Borrowed(b.stored),
+                lsize: b.lsize,
+                compress: b.compress,
+                checksum_alg: alg,
+                checksum: tarn_block::checksum(alg, b.stored),
+                seal: b.seal,
+            };
+            placed.push((Some(p), copies, Some(res)));
+        }
+        let mut missed = Vec::new();
+        let out = self
+            .pool
+            .write_prepared(placed, self.txg, Some(self.txg), &mut missed)?;
+        if !missed.is_empty() {
+            let mut z = self.pool.zil_state();
+            z.missed.extend(missed.into_iter().map(|m| (self.txg, m)));
+        }
+        out.into_iter()
+            .map(|b| b.ok_or_else(|| PoolError::Internal("a raw block was not written".into())))
+            .collect()
+    }
+
     /// Frees a block of txg `txg` that only the intent log references
     /// (written early, then replaced before its txg committed): it stays
     /// allocated until that txg commits, since replay may still need it.
@@ -458,6 +521,17 @@ impl SyncCx<'_> {
                 (k, v)
             })
             .collect())
+    }
+
+    /// Marks the pool as using format feature `name` (committed with this
+    /// txg), so a tarn that does not know it refuses to import the pool
+    /// rather than misread it (see [`crate::PoolProps::features`]).
+    pub fn enable_feature(&mut self, name: &str) {
+        let mut st = self.cx.pool.lock();
+        if !st.props.features.iter().any(|f| f == name) {
+            st.props.features.push(name.to_string());
+            st.props_dirty = true;
+        }
     }
 
     /// Releases a block no longer referenced; it becomes reusable once the
@@ -566,17 +640,35 @@ impl Pool {
                     ))
                 }
             })?;
+        let mut placed = Vec::with_capacity(blocks.len());
+        for (p, (_, o, res)) in prepared.into_iter().zip(blocks) {
+            placed.push((p.transpose()?, o.copies, res));
+        }
+        self.write_prepared(placed, birth, open, missed)
+    }
+
+    /// Writes blocks already prepared (or `None`: nothing to write, its
+    /// room given back): each into its room when it still fits (the tail
+    /// freed), else into new space of `copies` copies; all at once.
+    fn write_prepared(
+        &self,
+        blocks: Vec<(Option<Prepared<'_>>, u8, Option<Reservation>)>,
+        birth: u64,
+        open: Option<u64>,
+        missed: &mut Vec<Missed>,
+    ) -> Result<Vec<Option<BlockPtr>>, PoolError> {
+        let threads = self.opts.sync_threads;
+        let n = blocks.len();
         let mut jobs = Vec::new();
         {
             let mut st = self.lock();
-            for (i, (p, (_, o, res))) in prepared.into_iter().zip(blocks.iter()).enumerate() {
+            for (i, (p, copies, res)) in blocks.into_iter().enumerate() {
                 let Some(p) = p else {
                     if let Some(r) = res {
                         self.free_now(&mut st, &r.dvas)?;
                     }
                     continue;
                 };
-                let p = p?;
                 let psize = p.stored.len() as u64;
                 let fits = res.as_ref().is_some_and(|r| self.room_holds(r, psize));
                 let dvas = match res {
@@ -597,7 +689,7 @@ impl Pool {
                         if let Some(r) = other {
                             self.free_now(&mut st, &r.dvas)?;
                         }
-                        self.allocate(&mut st, psize, o.copies.clamp(1, 3) as usize, true, open)?
+                        self.allocate(&mut st, psize, copies.clamp(1, 3) as usize, true, open)?
                     }
                 };
                 jobs.push((i, p, dvas));
@@ -610,7 +702,7 @@ impl Pool {
             .map(|(_, p, dvas)| (&dvas[..], &p.stored[..]))
             .collect();
         missed.extend(pipeline::write_many_copies(&self.tops, &writes, threads)?);
-        let mut out = vec![None; blocks.len()];
+        let mut out = vec![None; n];
         for (i, p, dvas) in &jobs {
             out[*i] = Some(pipeline::make_ptr(p, dvas, birth, BlockType::Data, 0));
         }

@@ -40,6 +40,7 @@ fn pool_props_json_is_pinned() {
         compression: "zstd-7".into(),
         copies: 3,
         recordsize: 1 << 20,
+        features: Vec::new(),
     };
     let golden = r#"{"checksum": "xxh3", "compression": "zstd-7", "copies": 3,
         "recordsize": 1048576}"#;
@@ -57,6 +58,14 @@ fn pool_props_json_is_pinned() {
     .is_err());
     let extra = golden.replacen('{', r#"{"dedup": "on", "#, 1);
     assert_eq!(serde_json::from_str::<PoolProps>(&extra).unwrap(), props);
+    // Features: written only when a pool has any.
+    let with = PoolProps {
+        features: vec!["encryption".into()],
+        ..props.clone()
+    };
+    let golden_f = golden.replacen('{', r#"{"features": ["encryption"], "#, 1);
+    assert_eq!(to_json(&with), json(&golden_f));
+    assert_eq!(serde_json::from_str::<PoolProps>(&golden_f).unwrap(), with);
 }
 
 fn scan_record() -> ScanRecord {

@@ -170,11 +170,21 @@ fn load_txg(
         }
     }
     let mut meta = Tree::open(ub.meta_root);
-    let props = match meta.get(&rs, K_PROPS)? {
+    let props: PoolProps = match meta.get(&rs, K_PROPS)? {
         Some(v) => serde_json::from_slice(&v)
             .map_err(|e| PoolError::Corrupt(format!("pool properties: {e}")))?,
         None => PoolProps::default(),
     };
+    if let Some(f) = props
+        .features
+        .iter()
+        .find(|f| !crate::config::FEATURES.contains(&f.as_str()))
+    {
+        return Err(PoolError::Invalid(format!(
+            "the pool uses the feature '{f}', which this version of tarn does not know: import \
+             it with a newer tarn"
+        )));
+    }
     let ms = match meta.get(&rs, K_STATE)? {
         Some(v) => serde_json::from_slice(&v)
             .map_err(|e| PoolError::Corrupt(format!("pool state: {e}")))?,

@@ -58,11 +58,11 @@ mod zil;
 mod golden;
 
 pub use config::{parse_size, PoolOptions, PoolProps, VdevSpec};
-pub use ext::{BlockOpts, Cx, ExtRef, Extension, Reservation, ScanFn, SyncCx};
+pub use ext::{BlockOpts, Cx, ExtRef, Extension, RawStored, Reservation, ScanFn, SyncCx};
 pub use import::discover;
 pub use pool::Pool;
 pub use scan::{LeakReport, ScanAction};
-pub use store::OwnedHold;
+pub use store::{OwnedHold, ReadStore};
 pub use zil::LogCommit;
 
 use tarn_block::BlockError;

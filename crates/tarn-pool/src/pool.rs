@@ -89,6 +89,8 @@ pub(crate) struct State {
     pub props: PoolProps,
     pub ms: MetaState,
     pub ms_dirty: bool,
+    /// `props` changed (a feature was enabled): the next sync writes them.
+    pub props_dirty: bool,
     pub rotor: usize,
     pub sync_requested: bool,
     pub closed: bool,
@@ -290,6 +292,7 @@ impl Pool {
                 props,
                 ms,
                 ms_dirty: false,
+                props_dirty: false,
                 rotor: 0,
                 sync_requested: false,
                 closed: false,

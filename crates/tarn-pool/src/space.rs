@@ -162,7 +162,7 @@ impl Pool {
     ) -> Result<Arc<[u8]>, PoolError> {
         // An encrypted block is read only by someone holding its key, even
         // when its plaintext is cached (the cache holds logical bytes).
-        if bp.is_encrypted() && key.is_none() {
+        if bp.is_encrypted() && key.is_none_or(KeySet::is_revoked) {
             return Err(tarn_block::BlockError::KeyUnavailable(pipeline::describe(bp)).into());
         }
         if let Some(d) = self.cache.get(self.guid, bp, BlockKind::Data) {
@@ -182,11 +182,35 @@ impl Pool {
             },
         };
         let d: Arc<[u8]> = Arc::from(pipeline::read_block(&self.tops, bp, key)?);
+        // A key unloaded meanwhile: its plaintext does not enter the cache.
+        if key.is_some_and(KeySet::is_revoked) {
+            return Err(tarn_block::BlockError::KeyUnavailable(pipeline::describe(bp)).into());
+        }
         self.cache.insert(self.guid, bp, d.clone(), BlockKind::Data);
         if let Some(l) = lead {
             l.finish(Some(d.clone()));
         }
         Ok(d)
+    }
+
+    /// The stored bytes of a block, verified against its checksum but not
+    /// decrypted or decompressed (a raw send streams them as they are);
+    /// not cached. `_hold` keeps its space from reuse, as for
+    /// [`Pool::read_held`].
+    pub fn read_stored_held(
+        &self,
+        bp: &BlockPtr,
+        _hold: &crate::OwnedHold,
+    ) -> Result<Vec<u8>, PoolError> {
+        self.check_usable(&self.lock())?;
+        Ok(pipeline::read_stored(&self.tops, bp)?)
+    }
+
+    /// A reader of committed tree nodes outside any lock (through the
+    /// block cache), for walks that hold a committed txg (see
+    /// [`crate::Cx::hold`]) so nothing they read is reused meanwhile.
+    pub fn committed_store(&self) -> crate::store::ReadStore<'_> {
+        self.read_store()
     }
 
     /// Drops this pool's blocks from the block cache (a key was unloaded:
@@ -216,7 +240,7 @@ impl Pool {
     /// read to repair or report. `_hold` keeps its space from reuse, as
     /// for [`Pool::read_held`].
     pub fn prefetch_held(&self, bp: &BlockPtr, key: Option<&KeySet>, _hold: &crate::OwnedHold) {
-        if (bp.is_encrypted() && key.is_none())
+        if (bp.is_encrypted() && key.is_none_or(KeySet::is_revoked))
             || !self.cache.would_keep(bp.lsize as usize)
             || self.check_usable(&self.lock()).is_err()
             || self.cache.contains(self.guid, bp)
@@ -227,6 +251,7 @@ impl Pool {
             return;
         };
         match pipeline::read_block(&self.tops, bp, key) {
+            Ok(_) if key.is_some_and(KeySet::is_revoked) => lead.finish(None),
             Ok(d) => {
                 let d: Arc<[u8]> = Arc::from(d);
                 self.cache

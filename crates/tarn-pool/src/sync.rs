@@ -119,6 +119,22 @@ impl Pool {
 
     /// Step 2b: the pool's own state record into the meta tree.
     fn sync_pool_state(&self, sync: &mut SyncState) -> Result<(), PoolError> {
+        let props = {
+            let mut st = self.lock();
+            if st.props_dirty {
+                st.props_dirty = false;
+                Some(
+                    serde_json::to_vec(&st.props)
+                        .map_err(|e| PoolError::Internal(e.to_string()))?,
+                )
+            } else {
+                None
+            }
+        };
+        if let Some(p) = props {
+            sync.meta
+                .insert(&self.read_store(), crate::pool::K_PROPS, &p)?;
+        }
         let json = {
             let mut st = self.lock();
             if !st.ms_dirty {

@@ -89,6 +89,7 @@ impl Pool {
         // block, which every sync replaces: an idle pool must stay idle).
         let pool = sync.meta.is_dirty()
             || st.ms_dirty
+            || st.props_dirty
             || !sync.frees.is_empty()
             || st.txg < sync.last_free_txg + DEFER_TXGS;
         drop(st);

@@ -63,7 +63,15 @@ fn encrypted_datasets_through_the_daemon() {
     let canary = b"CANARY-daemon-4f1e9b2c77a0";
     let name = "CANARY-name-0b2d9e61f3";
     std::fs::write(mnt.join(name), canary.repeat(1000)).unwrap();
+    // The same in an unencrypted dataset: the search must find those.
+    let open_mnt = dir.path().join("open");
+    let omp = format!("mountpoint={}", open_mnt.display());
+    d.ok(&["dataset", "create", "-o", &omp, "tank/open"]);
+    let open_canary = b"CANARY-open-8d2c11e05b";
+    let open_name = "CANARY-open-name-77aa31";
+    std::fs::write(open_mnt.join(open_name), open_canary.repeat(1000)).unwrap();
     d.ok(&["pool", "sync", "tank"]);
+    let (mut open_data, mut open_names) = (false, false);
     for m in &f {
         let bytes = std::fs::read(m).unwrap();
         assert!(!contains(&bytes, canary), "file data in the clear in {m}");
@@ -71,7 +79,13 @@ fn encrypted_datasets_through_the_daemon() {
             !contains(&bytes, name.as_bytes()),
             "a file name in the clear in {m}"
         );
+        open_data |= contains(&bytes, open_canary);
+        open_names |= contains(&bytes, open_name.as_bytes());
     }
+    assert!(
+        open_data && open_names,
+        "the unencrypted dataset's canaries were not found"
+    );
     let r = row(&d, "tank/secret");
     assert_eq!(r["encryption"], "aes-256-gcm");
     assert_eq!(r["keystatus"], "available");

@@ -1,0 +1,554 @@
+//! The dataset side of receive: a stream's entries applied to a dataset,
+//! then a snapshot with the sender's guid taken of the result.
+//!
+//! # Theory
+//!
+//! **Where a stream lands.** A full stream creates a new dataset; an
+//! incremental stream applies to an existing one whose newest snapshot is
+//! the stream's base (found by guid) and which has not changed since (or
+//! is rolled back to it, with `force`). While the entries arrive the
+//! dataset's record carries a *receive state* (what stream, how far): the
+//! dataset is not mounted or shared then, and nothing else writes it.
+//! [`Receiver::finish`] snapshots it, with the guid and time the stream
+//! gives, and clears the state, in one exclusive operation: a later
+//! incremental stream finds its base by that guid.
+//!
+//! **Entries** are applied in transactions of many at a time, like any
+//! write (quotas hold, `readonly` does not). A raw stream's transactions
+//! need no key: sealed values are stored as they are, and blocks exactly
+//! as the sender stored them (compressed, sealed), written at once and
+//! added to the tree by the sync as they are.
+//!
+//! **Resuming.** A resumable receive (`-s`) keeps its state when the stream
+//! breaks off; the state's resume point is the last key whose transaction
+//! has committed, never one ahead of what is on disk, so a stream resumed
+//! after it (`send -t`) applies nothing twice that matters (an entry
+//! applied again sets the same value). Without `-s` a broken receive is
+//! undone: a new dataset is destroyed, an existing one rolled back to the
+//! stream's base.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tarn_pool::Pool;
+
+use crate::crypt::KeyRec;
+use crate::dsl::{with_dsl, with_excl, Dir};
+use crate::record::{check_fs_name, hex, now_unix, parent_name, DatasetKind};
+use crate::send::{BlockPayload, SendInfo, SendItem};
+use crate::txn::Mode;
+use crate::DsError;
+
+/// A receive in progress, as the dataset's record keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecvState {
+    /// The guid of the snapshot being received.
+    pub to_guid: u64,
+    /// Its short name.
+    pub to_name: String,
+    /// Incremental streams: the guid of their base.
+    #[serde(default)]
+    pub from_guid: Option<u64>,
+    /// A raw stream.
+    pub raw: bool,
+    /// Kept when the stream breaks off (`receive -s`).
+    pub resumable: bool,
+    /// The last key whose transaction committed, lowercase hex (resume
+    /// after it); absent before the first.
+    #[serde(default)]
+    pub after: Option<String>,
+    /// The sending dataset's name, for people.
+    pub source: String,
+}
+
+/// How to receive.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RecvOptions {
+    /// Roll the target back to the stream's base (destroying newer
+    /// snapshots) when it changed since.
+    pub force: bool,
+    /// Keep what was received when the stream breaks off, to resume.
+    pub resumable: bool,
+}
+
+/// A receive in progress (see the module docs).
+pub struct Receiver {
+    pool: Arc<Pool>,
+    id: u64,
+    name: String,
+    mode: Mode,
+    info: SendInfo,
+    /// Keys applied, with the txg of their transaction.
+    pending: VecDeque<(u64, Vec<u8>)>,
+    /// The resume point a resumed stream starts after.
+    resume_after: Option<Vec<u8>>,
+    resumable: bool,
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+impl Receiver {
+    /// Prepares dataset `name` to receive the stream `info` describes
+    /// (see the module docs). A dataset with a resumable receive of the
+    /// same stream resumes it: [`Receiver::resume_after`] says after which
+    /// key the stream must start.
+    pub fn begin(
+        pool: &Arc<Pool>,
+        name: &str,
+        info: &SendInfo,
+        opts: RecvOptions,
+    ) -> Result<Receiver, DsError> {
+        check_fs_name(pool.name(), name)?;
+        let mode = if info.raw {
+            Mode::ReceiveRaw
+        } else {
+            Mode::Receive
+        };
+        // A rollback (`force`) replaces the dataset's tree: its open state
+        // is forgotten when the operation ends (`with_dir_excl`).
+        let (id, after) = crate::dsl::with_dir_excl(pool, |dir, cx| {
+            let state = RecvState {
+                to_guid: info.guid,
+                to_name: info.name.clone(),
+                from_guid: info.from.as_ref().map(|f| f.guid),
+                raw: info.raw,
+                resumable: opts.resumable,
+                after: None,
+                source: info.dataset.clone(),
+            };
+            if let Some(&id) = dir.names.get(name) {
+                if let Some(old) = dir.rec(id)?.recv.clone() {
+                    let same = old.to_guid == state.to_guid
+                        && old.from_guid == state.from_guid
+                        && old.raw == state.raw;
+                    if old.resumable && same {
+                        let after = match &old.after {
+                            Some(h) => Some(unhex(h).ok_or_else(|| {
+                                DsError::Corrupt(format!("'{name}': its resume point"))
+                            })?),
+                            None => None,
+                        };
+                        return Ok((id, after));
+                    }
+                    return Err(DsError::Busy(format!(
+                        "'{name}' holds a partial receive of another stream \
+                         ({}@{}); finish it with `tarn send -t` of its \
+                         receive_resume_token, or abort it with `tarn receive -A {name}`",
+                        old.source, old.to_name
+                    )));
+                }
+            }
+            let id = match &info.from {
+                None => begin_full(dir, cx.txg(), name, info)?,
+                Some(from) => begin_incremental(dir, cx, name, info, from.guid, opts.force)?,
+            };
+            if let Some(r) = dir.recs.get_mut(&id) {
+                r.recv = Some(state);
+            }
+            dir.dirty_recs.insert(id);
+            Ok((id, None))
+        })?;
+        Ok(Receiver {
+            pool: pool.clone(),
+            id,
+            name: name.to_string(),
+            mode,
+            info: info.clone(),
+            pending: VecDeque::new(),
+            resume_after: after,
+            resumable: opts.resumable,
+        })
+    }
+
+    /// Where a resumed stream must start: after this key (None: from the
+    /// beginning).
+    pub fn resume_after(&self) -> Option<&[u8]> {
+        self.resume_after.as_deref()
+    }
+
+    /// Applies entries of the stream, in order, as one transaction.
+    pub fn apply(&mut self, items: Vec<SendItem>) -> Result<(), DsError> {
+        let Some(last) = items.last().map(|i| i.key().to_vec()) else {
+            return Ok(());
+        };
+        let (id, mode) = (self.id, self.mode);
+        let (txg, committed) = with_dsl(&self.pool, true, |dsl, cx| {
+            let r = crate::txn::run_mode(dsl, cx, id, mode, false, |t| {
+                let mut raw = Vec::new();
+                for item in items {
+                    match item {
+                        SendItem::Put(k, v) => t.put(&k, &v)?,
+                        SendItem::Delete(k) => {
+                            t.delete(&k)?;
+                        }
+                        SendItem::Block(k, BlockPayload::Logical(d)) => {
+                            if d.len() > crate::txn::MAX_BLOCK {
+                                return Err(DsError::Invalid(format!(
+                                    "a block of {} bytes in the stream",
+                                    d.len()
+                                )));
+                            }
+                            t.write_block(&k, d)?
+                        }
+                        SendItem::Block(k, BlockPayload::Raw(b)) => raw.push((k, b)),
+                    }
+                }
+                if !raw.is_empty() {
+                    t.write_raw_blocks(&raw)?;
+                }
+                Ok::<(), DsError>(())
+            })?;
+            r?;
+            Ok((cx.txg(), cx.committed_txg()))
+        })?;
+        self.pending.push_back((txg, last));
+        self.save_progress(committed)
+    }
+
+    /// Records the newest key whose transaction has committed as the
+    /// resume point (see the module docs).
+    fn save_progress(&mut self, committed: u64) -> Result<(), DsError> {
+        let mut durable = None;
+        while self.pending.front().is_some_and(|(t, _)| *t <= committed) {
+            durable = self.pending.pop_front().map(|(_, k)| k);
+        }
+        let Some(key) = durable else { return Ok(()) };
+        if !self.resumable {
+            return Ok(());
+        }
+        let id = self.id;
+        with_dsl(&self.pool, false, |dsl, _| {
+            let mut dir = dsl.dir();
+            if let Some(st) = dir.recs.get_mut(&id).and_then(|r| r.recv.as_mut()) {
+                st.after = Some(hex(&key));
+            }
+            dir.dirty_recs.insert(id);
+            Ok(())
+        })
+    }
+
+    /// Ends the receive: the snapshot the stream carries is taken, with
+    /// its guid and time, and the dataset can be used again.
+    pub fn finish(self) -> Result<(), DsError> {
+        let (id, info) = (self.id, &self.info);
+        with_excl(&self.pool, |dsl, cx| {
+            let mut dir = dsl.dir();
+            let dir = &mut *dir;
+            let rec = dir.rec(id)?.clone();
+            let snap = format!("{}@{}", rec.name, info.name);
+            if dir.names.contains_key(&snap) {
+                return Err(DsError::Exists(format!("snapshot '{snap}' already exists")));
+            }
+            if let Some(r) = dir.recs.get_mut(&id) {
+                if r.kind == DatasetKind::Volume {
+                    r.volume = info.volume;
+                }
+                r.recv = None;
+            }
+            // A raw stream carries its key's wrapping as the sender has it
+            // now (a changed passphrase travels with it).
+            if let (Some(kid), Some(k)) = (rec.key, &info.key) {
+                if let Some(kr) = dir.keys.get_mut(&kid) {
+                    if kr.guid == k.guid && kr.wrapped != k.wrapped {
+                        kr.keyformat = k.keyformat;
+                        kr.pbkdf = k.pbkdf.as_ref().map(|p| p.rec());
+                        kr.wrapped = k.wrapped.clone();
+                        dir.dirty_keys.insert(kid);
+                    }
+                }
+            }
+            dir.dirty_recs.insert(id);
+            dir.new_snapshot(id, snap, cx.txg(), Some((info.guid, info.created_unix)))?;
+            Ok(())
+        })
+    }
+
+    /// Ends a receive that failed: kept to resume if it is resumable,
+    /// else undone (see [`abort`]).
+    pub fn fail(self) -> Result<(), DsError> {
+        if self.resumable {
+            // Whatever committed since is the resume point.
+            self.pool.sync()?;
+            let committed = with_dsl(&self.pool, false, |_, cx| Ok(cx.committed_txg()))?;
+            let mut me = self;
+            return me.save_progress(committed);
+        }
+        abort(&self.pool, &self.name)
+    }
+}
+
+/// A new dataset for a full stream.
+fn begin_full(dir: &mut Dir, txg: u64, name: &str, info: &SendInfo) -> Result<u64, DsError> {
+    if dir.names.contains_key(name) {
+        return Err(DsError::Exists(format!(
+            "'{name}' exists: a full stream makes a new dataset (receive into a new name, or \
+             send incrementally from a snapshot it has)"
+        )));
+    }
+    let parent = parent_name(name)
+        .and_then(|p| dir.names.get(p).copied())
+        .ok_or_else(|| DsError::NotFound(format!("the parent of '{name}' does not exist")))?;
+    if dir.rec(parent)?.kind == DatasetKind::Volume {
+        return Err(DsError::Invalid(format!(
+            "the parent of '{name}' is a volume: volumes cannot have children"
+        )));
+    }
+    let parent_key = dir.rec(parent)?.key;
+    let mut props = std::collections::BTreeMap::new();
+    for (k, v) in &info.props {
+        props.insert(k.clone(), crate::props::validate(k, v)?);
+    }
+    let key = match (&info.key, info.raw) {
+        (Some(k), true) => {
+            tarn_block::Cipher::parse(&k.cipher).map_err(|e| DsError::Invalid(e.to_string()))?;
+            if !k.wrapped.len().is_multiple_of(2)
+                || k.wrapped.len() != 2 * tarn_block::crypt::WRAPPED_LEN
+            {
+                return Err(DsError::Invalid(
+                    "the stream's wrapped key has the wrong size".into(),
+                ));
+            }
+            Some(k.clone())
+        }
+        (Some(_), false) => {
+            return Err(DsError::Invalid("a key in a stream that is not raw".into()))
+        }
+        (None, true) if parent_key.is_some() => {
+            return Err(DsError::Invalid(format!(
+                "'{name}' would be unencrypted inside an encrypted dataset: receive a raw stream \
+                 of an unencrypted dataset elsewhere, or send it without -w"
+            )))
+        }
+        (None, _) => {
+            if parent_key.is_some() {
+                // It inherits the parent's key: the key must be loaded to
+                // seal what arrives.
+                dir.keyset(parent)?;
+            }
+            None
+        }
+    };
+    if let Some(v) = info.volume {
+        crate::check_volspec(v)?;
+    } else if info.kind == DatasetKind::Volume {
+        return Err(DsError::Invalid(
+            "a volume stream without its geometry".into(),
+        ));
+    }
+    let mut rec = dir.new_fs(name, Some(parent), txg);
+    rec.props = props;
+    rec.key = parent_key;
+    if info.kind == DatasetKind::Volume {
+        rec.kind = DatasetKind::Volume;
+        rec.volume = info.volume;
+    }
+    let id = rec.id;
+    dir.recs.insert(id, rec);
+    if let Some(k) = key {
+        let kid = dir.alloc_id();
+        dir.keys.insert(
+            kid,
+            KeyRec {
+                id: kid,
+                guid: k.guid,
+                cipher: k.cipher.clone(),
+                keyformat: k.keyformat,
+                keylocation: "prompt".into(),
+                pbkdf: k.pbkdf.as_ref().map(|p| p.rec()),
+                wrapped: k.wrapped.clone(),
+                root: id,
+                created_unix: now_unix(),
+            },
+        );
+        dir.dirty_keys.insert(kid);
+        if let Some(r) = dir.recs.get_mut(&id) {
+            r.key = Some(kid);
+        }
+    }
+    Ok(id)
+}
+
+/// An existing dataset for an incremental stream: at its base snapshot
+/// (rolled back to it with `force`).
+fn begin_incremental(
+    dir: &mut Dir,
+    cx: &mut tarn_pool::SyncCx<'_>,
+    name: &str,
+    info: &SendInfo,
+    from: u64,
+    force: bool,
+) -> Result<u64, DsError> {
+    let id = dir.id_of(name)?;
+    let rec = dir.rec(id)?.clone();
+    if rec.is_snapshot() {
+        return Err(DsError::Invalid(format!("'{name}' is a snapshot")));
+    }
+    let snaps = crate::dsl::snapshot_ids(dir, id);
+    let Some((base_name, base)) = snaps
+        .iter()
+        .find(|(_, s)| dir.recs.get(s).is_some_and(|r| r.guid == from))
+        .cloned()
+    else {
+        return Err(DsError::NotFound(format!(
+            "'{name}' has no snapshot {} (guid {from}), the base of this incremental stream",
+            info.from
+                .as_ref()
+                .map_or(String::new(), |f| format!("@{}", f.name))
+        )));
+    };
+    let newest = snaps.last().map(|(_, s)| *s);
+    let changed = rec.root != dir.rec(base)?.root;
+    if newest != Some(base) || changed {
+        if !force {
+            return Err(DsError::Busy(format!(
+                "'{name}' changed since {base_name} (newer snapshots or changes): `tarn receive \
+                 -F` rolls it back first"
+            )));
+        }
+        crate::ops::rollback_in(dir, cx, &base_name, true)?;
+    }
+    match (dir.rec(id)?.key, &info.key) {
+        (Some(kid), Some(k)) => {
+            let same = dir.keys.get(&kid).is_some_and(|r| r.guid == k.guid);
+            if !same {
+                return Err(DsError::Invalid(format!(
+                    "the stream is sealed with another key than '{name}'"
+                )));
+            }
+        }
+        (Some(_), None) if info.raw => {
+            return Err(DsError::Invalid(format!(
+                "'{name}' is encrypted and the raw stream is not"
+            )))
+        }
+        (None, Some(_)) => {
+            return Err(DsError::Invalid(format!(
+                "the raw stream is encrypted and '{name}' is not"
+            )))
+        }
+        (Some(_), None) => {
+            dir.keyset(id)?;
+        }
+        (None, None) => {}
+    }
+    if (rec.kind == DatasetKind::Volume) != (info.kind == DatasetKind::Volume) {
+        return Err(DsError::Invalid(format!(
+            "'{name}' and the stream are not of the same kind (filesystem, volume)"
+        )));
+    }
+    Ok(id)
+}
+
+/// Undoes a partial receive into `name` (`receive -A`): a dataset the
+/// receive created is destroyed, an existing one rolled back to the
+/// stream's base.
+pub fn abort(pool: &Pool, name: &str) -> Result<(), DsError> {
+    crate::dsl::with_dir_excl(pool, |dir, cx| {
+        let id = dir.id_of(name)?;
+        let Some(state) = dir.rec(id)?.recv.clone() else {
+            return Err(DsError::Invalid(format!("'{name}' is not being received")));
+        };
+        if state.from_guid.is_none() {
+            let r = crate::zil::drop_parked(dir, cx, id).and_then(|()| dir.destroy_fs(cx, id));
+            return crate::ops::applied(cx, "aborting a receive", r);
+        }
+        let base = crate::dsl::snapshot_ids(dir, id)
+            .into_iter()
+            .find(|(_, s)| dir.recs.get(s).map(|r| Some(r.guid)) == Some(state.from_guid));
+        if let Some((base_name, _)) = base {
+            crate::ops::rollback_in(dir, cx, &base_name, true)?;
+        }
+        if let Some(r) = dir.recs.get_mut(&id) {
+            r.recv = None;
+        }
+        dir.dirty_recs.insert(id);
+        Ok(())
+    })
+}
+
+/// The `receive_resume_token` of dataset `id`: what `tarn send -t` needs
+/// to continue a resumable receive, or None.
+pub(crate) fn resume_token(dir: &Dir, id: u64) -> Option<String> {
+    let st = dir.recs.get(&id)?.recv.as_ref()?;
+    if !st.resumable {
+        return None;
+    }
+    let t = Token {
+        version: 1,
+        guid: st.to_guid,
+        from_guid: st.from_guid,
+        raw: st.raw,
+        after: st.after.clone(),
+        name: st.to_name.clone(),
+        source: st.source.clone(),
+    };
+    serde_json::to_vec(&t).ok().map(|j| hex(&j))
+}
+
+/// What a resume token says: which stream, resumed after which key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Token {
+    /// Token format (1).
+    pub version: u32,
+    /// The snapshot being sent.
+    pub guid: u64,
+    /// Its base, for an incremental stream.
+    #[serde(default)]
+    pub from_guid: Option<u64>,
+    /// A raw stream.
+    pub raw: bool,
+    /// Resume after this key (hex).
+    #[serde(default)]
+    pub after: Option<String>,
+    /// The snapshot's short name.
+    pub name: String,
+    /// The sending dataset's name.
+    pub source: String,
+}
+
+impl Token {
+    /// Decodes a token (`receive_resume_token`).
+    pub fn parse(s: &str) -> Result<Token, DsError> {
+        let bad = || DsError::Invalid("not a receive_resume_token".into());
+        let j = unhex(s.trim()).ok_or_else(bad)?;
+        let t: Token = serde_json::from_slice(&j).map_err(|_| bad())?;
+        if t.version != 1 {
+            return Err(DsError::Invalid(format!(
+                "a resume token of version {}: this tarn reads version 1",
+                t.version
+            )));
+        }
+        Ok(t)
+    }
+
+    /// The key to resume after, decoded.
+    pub fn after_key(&self) -> Result<Option<Vec<u8>>, DsError> {
+        match &self.after {
+            None => Ok(None),
+            Some(h) => unhex(h)
+                .map(Some)
+                .ok_or_else(|| DsError::Invalid("a resume token with a bad key".into())),
+        }
+    }
+}
+
+/// The full names of the snapshots `pool` holds with guid `guid` (`send
+/// -t` finds its snapshot by the token's guid).
+pub fn snapshot_by_guid(pool: &Pool, guid: u64) -> Result<Option<String>, DsError> {
+    crate::dsl::with_dir(pool, |dir, _| {
+        Ok(dir
+            .recs
+            .values()
+            .find(|r| r.is_snapshot() && r.guid == guid)
+            .map(|r| r.name.clone()))
+    })
+}

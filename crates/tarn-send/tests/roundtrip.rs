@@ -1,0 +1,510 @@
+//! Send and receive between two pools on real member files: full,
+//! incremental and `-I` streams of filesystems and volumes, raw streams of
+//! an encrypted dataset received without its key (scrubbed there, then
+//! opened with the same passphrase), `-F`, resuming after a cut at random
+//! places, and bad streams refused with the target unchanged.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Arc;
+
+use tarn_dataset::recv::RecvOptions;
+use tarn_dataset::{DsError, Value};
+use tarn_fs::{Cred, SetAttr, ROOT_INO};
+use tarn_pool::Pool;
+use tarn_send::{receive, send, SendError, SendOptions};
+use tarn_testkit::data::{pattern, Rng};
+use tarn_testkit::datasets::{encrypted, mount, passphrase, DsFs};
+use tarn_testkit::pools::{attached, create, props, scrub};
+use tarn_vdev::VdevKind;
+
+const PASS: &str = "the passphrase of the source";
+
+fn pools(dir: &std::path::Path) -> (Arc<Pool>, Arc<Pool>) {
+    let a = tarn_testkit::files::make(dir, "a", 3, 128 << 20);
+    let b = tarn_testkit::files::make(dir, "b", 2, 128 << 20);
+    (
+        attached(create("tank", VdevKind::Raidz { parity: 1 }, &a, &[]).unwrap()),
+        attached(create("backup", VdevKind::Mirror, &b, &[]).unwrap()),
+    )
+}
+
+/// Every entry of `name`'s tree as its dataset layer reads it (values
+/// opened, blocks read): two datasets with equal trees hold the same
+/// files, names, attributes, times, links and holes.
+fn tree(pool: &Arc<Pool>, name: &str) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let h = tarn_dataset::open(pool, name).unwrap();
+    let mut out = BTreeMap::new();
+    let mut from: Option<Vec<u8>> = None;
+    loop {
+        let page = h
+            .txn(false, |t| {
+                let lo = from.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+                let page = t.range(lo, Bound::Unbounded, 256)?;
+                let mut full = Vec::new();
+                for (k, v) in page {
+                    let bytes = match v {
+                        Value::Plain(p) => p,
+                        Value::Block { .. } => {
+                            let mut b = t.read_block(&k)?.unwrap_or_default();
+                            b.insert(0, 0xbb);
+                            b
+                        }
+                    };
+                    full.push((k, bytes));
+                }
+                Ok::<_, DsError>(full)
+            })
+            .unwrap();
+        let Some((last, _)) = page.last() else {
+            return out;
+        };
+        from = Some(last.clone());
+        out.extend(page);
+    }
+}
+
+fn to_vec(pool: &Arc<Pool>, snap: &str, opts: &SendOptions) -> Vec<u8> {
+    let mut out = Vec::new();
+    send(pool, snap, opts, &mut out).unwrap_or_else(|e| panic!("send {snap}: {e}"));
+    out
+}
+
+fn recv(pool: &Arc<Pool>, name: &str, stream: &[u8], force: bool) -> Result<(), SendError> {
+    let opts = RecvOptions {
+        force,
+        resumable: false,
+    };
+    receive(pool, name, opts, stream).map(|_| ())
+}
+
+fn incr(from: &str) -> SendOptions {
+    SendOptions {
+        from: Some(from.into()),
+        ..Default::default()
+    }
+}
+
+/// Files of every kind, with holes, links, attributes and odd times.
+fn populate(fs: &DsFs, rng: &mut Rng) {
+    let c = Cred::root();
+    let d = fs.mkdir(ROOT_INO, b"photos", 0o750, 0, &c).unwrap().ino;
+    for i in 0..12 {
+        let f = fs
+            .create(
+                d,
+                format!("img{i}.raw").as_bytes(),
+                libc::S_IFREG | 0o640,
+                0,
+                libc::O_RDWR,
+                &c,
+            )
+            .unwrap()
+            .ino;
+        let len = rng.range(0, 600_000) as usize;
+        fs.write(f, 0, &rng.bytes(len), false, &c).unwrap();
+        fs.release(f).unwrap();
+    }
+    // Sparse: a hole between two runs of data.
+    let s = fs
+        .create(
+            ROOT_INO,
+            b"sparse",
+            libc::S_IFREG | 0o600,
+            0,
+            libc::O_RDWR,
+            &c,
+        )
+        .unwrap()
+        .ino;
+    fs.write(s, 0, b"start", false, &c).unwrap();
+    fs.write(s, 5 << 20, b"end", false, &c).unwrap();
+    fs.release(s).unwrap();
+    let img0 = fs.lookup(d, b"img0.raw", &c).unwrap().ino;
+    fs.link(img0, ROOT_INO, b"hardlink", &c).unwrap();
+    fs.symlink(ROOT_INO, b"short", b"photos/img1.raw", &c)
+        .unwrap();
+    fs.symlink(ROOT_INO, b"long", &[b'x'; 3000], &c).unwrap();
+    fs.setxattr(img0, b"user.tag", b"summer", 0, &c).unwrap();
+    fs.setxattr(img0, b"user.big", &pattern(5, 5000), 0, &c)
+        .unwrap();
+    let sa = SetAttr {
+        uid: Some(1234),
+        gid: Some(99),
+        ..Default::default()
+    };
+    fs.setattr(img0, &sa, &c).unwrap();
+}
+
+/// Changes between two snapshots (round `n`, from 0 to 3): new,
+/// rewritten, truncated, deleted, renamed files and attributes.
+fn change(fs: &DsFs, rng: &mut Rng, n: usize) {
+    let c = Cred::root();
+    let d = fs.lookup(ROOT_INO, b"photos", &c).unwrap().ino;
+    let f = fs
+        .create(
+            d,
+            format!("new{n}.raw").as_bytes(),
+            libc::S_IFREG | 0o644,
+            0,
+            libc::O_RDWR,
+            &c,
+        )
+        .unwrap()
+        .ino;
+    fs.write(f, 0, &rng.bytes(300_000), false, &c).unwrap();
+    fs.release(f).unwrap();
+    let g = fs
+        .lookup(d, format!("img{n}.raw").as_bytes(), &c)
+        .unwrap()
+        .ino;
+    fs.open(g, libc::O_RDWR, &c).unwrap();
+    fs.write(g, 1000, &rng.bytes(70_000), false, &c).unwrap();
+    fs.release(g).unwrap();
+    let t = fs
+        .lookup(d, format!("img{}.raw", n + 4).as_bytes(), &c)
+        .unwrap()
+        .ino;
+    let sa = SetAttr {
+        size: Some(10),
+        ..Default::default()
+    };
+    fs.setattr(t, &sa, &c).unwrap();
+    fs.unlink(d, format!("img{}.raw", n + 8).as_bytes(), &c)
+        .unwrap();
+    fs.rename(
+        d,
+        format!("new{n}.raw").as_bytes(),
+        ROOT_INO,
+        format!("moved{n}.raw").as_bytes(),
+        0,
+        &c,
+    )
+    .unwrap();
+    let img0 = fs.lookup(d, b"img0.raw", &c).unwrap().ino;
+    fs.setxattr(img0, b"user.round", &[n as u8], 0, &c).unwrap();
+    if n == 1 {
+        fs.removexattr(img0, b"user.tag", &c).unwrap();
+    }
+}
+
+#[test]
+fn full_incremental_and_series_streams_recreate_the_snapshots() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tank, backup) = pools(dir.path());
+    let mut rng = Rng::new(0x5e4d);
+    tarn_dataset::create(&tank, "tank/fs", &props(&[("recordsize", "128K")]), false).unwrap();
+    let fs = mount(&tank, "tank/fs");
+    populate(&fs, &mut rng);
+    tarn_dataset::snapshot(&tank, &["tank/fs@a".into()], false).unwrap();
+    change(&fs, &mut rng, 0);
+    tarn_dataset::snapshot(&tank, &["tank/fs@b".into()], false).unwrap();
+    change(&fs, &mut rng, 1);
+    tarn_dataset::snapshot(&tank, &["tank/fs@c".into()], false).unwrap();
+    change(&fs, &mut rng, 2);
+    tarn_dataset::snapshot(&tank, &["tank/fs@d".into()], false).unwrap();
+
+    let full = to_vec(&tank, "tank/fs@a", &SendOptions::default());
+    recv(&backup, "backup/fs", &full, false).unwrap();
+    assert_eq!(tree(&backup, "backup/fs@a"), tree(&tank, "tank/fs@a"));
+    assert_eq!(tree(&backup, "backup/fs"), tree(&tank, "tank/fs@a"));
+    // The same stream again is refused: the dataset exists.
+    assert!(matches!(
+        recv(&backup, "backup/fs", &full, false),
+        Err(SendError::Dataset(DsError::Exists(_)))
+    ));
+    let ab = to_vec(&tank, "tank/fs@b", &incr("@a"));
+    assert!(
+        ab.len() < full.len(),
+        "the incremental stream carries only changes"
+    );
+    recv(&backup, "backup/fs", &ab, false).unwrap();
+    assert_eq!(tree(&backup, "backup/fs@b"), tree(&tank, "tank/fs@b"));
+    // -I: @c and @d in one input, two streams.
+    let series = to_vec(
+        &tank,
+        "tank/fs@d",
+        &SendOptions {
+            from: Some("tank/fs@b".into()),
+            intermediates: true,
+            ..Default::default()
+        },
+    );
+    recv(&backup, "backup/fs", &series, false).unwrap();
+    for s in ["c", "d"] {
+        assert_eq!(
+            tree(&backup, &format!("backup/fs@{s}")),
+            tree(&tank, &format!("tank/fs@{s}"))
+        );
+    }
+    // The POSIX view agrees too.
+    let copy = mount(&backup, "backup/fs");
+    let c = Cred::root();
+    let a = fs.lookup(ROOT_INO, b"sparse", &c).unwrap();
+    let b = copy.lookup(ROOT_INO, b"sparse", &c).unwrap();
+    assert_eq!(
+        (a.size, a.blocks, a.mtime, a.mode),
+        (b.size, b.blocks, b.mtime, b.mode)
+    );
+    assert_eq!(
+        copy.readlink(copy.lookup(ROOT_INO, b"long", &c).unwrap().ino)
+            .unwrap(),
+        vec![b'x'; 3000]
+    );
+    assert_eq!(copy.lookup(ROOT_INO, b"hardlink", &c).unwrap().nlink, 2);
+    drop(copy);
+    // The received dataset scrubs clean and holds no leaked space.
+    assert_eq!(scrub(&backup).errors, 0);
+    assert!(backup.leak_check().unwrap().is_clean());
+    // -F: a change on the target is rolled back before an incremental.
+    tarn_dataset::snapshot(&tank, &["tank/fs@e".into()], false).unwrap();
+    let de = to_vec(&tank, "tank/fs@e", &incr("@d"));
+    let copy = mount(&backup, "backup/fs");
+    let f = tarn_testkit::datasets::new_file(&copy, "local change");
+    copy.release(f).unwrap();
+    drop(copy);
+    let busy = recv(&backup, "backup/fs", &de, false);
+    assert!(
+        matches!(busy, Err(SendError::Dataset(DsError::Busy(_)))),
+        "{busy:?}"
+    );
+    recv(&backup, "backup/fs", &de, true).unwrap();
+    assert_eq!(tree(&backup, "backup/fs"), tree(&tank, "tank/fs@e"));
+    // A wrong base is refused, and changes nothing.
+    let before = tree(&backup, "backup/fs");
+    let bc = to_vec(&tank, "tank/fs@c", &incr("@b"));
+    let r = recv(&backup, "backup/fs", &bc, false);
+    assert!(
+        r.is_err(),
+        "an incremental whose base is not the newest snapshot"
+    );
+    assert_eq!(tree(&backup, "backup/fs"), before);
+}
+
+#[test]
+fn volumes_and_non_raw_streams_of_encrypted_datasets() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tank, backup) = pools(dir.path());
+    let spec = tarn_dataset::VolSpec {
+        size: 8 << 20,
+        block: 16384,
+    };
+    tarn_dataset::create_volume(&tank, "tank/vol", spec, true, &props(&[]), false).unwrap();
+    let v = tarn_dataset::open(&tank, "tank/vol").unwrap();
+    v.txn(true, |t| {
+        for b in [0u64, 3, 200, 511] {
+            t.write_block(&b.to_be_bytes(), pattern(b, 16384))?;
+        }
+        Ok::<_, DsError>(())
+    })
+    .unwrap();
+    tarn_dataset::snapshot(&tank, &["tank/vol@1".into()], false).unwrap();
+    recv(
+        &backup,
+        "backup/vol",
+        &to_vec(&tank, "tank/vol@1", &SendOptions::default()),
+        false,
+    )
+    .unwrap();
+    assert_eq!(tree(&backup, "backup/vol"), tree(&tank, "tank/vol@1"));
+    assert_eq!(
+        tarn_dataset::open(&backup, "backup/vol")
+            .unwrap()
+            .volume()
+            .unwrap(),
+        Some(spec)
+    );
+    // An encrypted filesystem sent without -w: plaintext in the stream,
+    // received into an encrypted parent it is sealed with that one's key.
+    encrypted(&tank, "tank/secret", PASS, &[]);
+    let fs = mount(&tank, "tank/secret");
+    let f = tarn_testkit::datasets::new_file(&fs, "note");
+    fs.write(f, 0, b"CANARY-plain-stream", false, &Cred::root())
+        .unwrap();
+    fs.release(f).unwrap();
+    drop(fs);
+    tarn_dataset::snapshot(&tank, &["tank/secret@s".into()], false).unwrap();
+    let stream = to_vec(&tank, "tank/secret@s", &SendOptions::default());
+    assert!(stream.windows(19).any(|w| w == b"CANARY-plain-stream"));
+    encrypted(&backup, "backup/vault", "another passphrase", &[]);
+    recv(&backup, "backup/vault/secret", &stream, false).unwrap();
+    assert_eq!(
+        tree(&backup, "backup/vault/secret"),
+        tree(&tank, "tank/secret@s")
+    );
+    let info = tarn_testkit::datasets::info(&backup, "backup/vault/secret");
+    assert_eq!(info.encryptionroot.as_deref(), Some("backup/vault"));
+    // Locked, the source refuses a non-raw send.
+    tarn_dataset::unload_key(&tank, "tank/secret").unwrap();
+    let mut out = Vec::new();
+    let r = send(&tank, "tank/secret@s", &SendOptions::default(), &mut out);
+    assert!(
+        matches!(r, Err(SendError::Dataset(DsError::Locked(_)))),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn raw_streams_travel_and_scrub_without_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tank, backup) = pools(dir.path());
+    let mut rng = Rng::new(77);
+    encrypted(&tank, "tank/s", PASS, &[("compression", "lz4")]);
+    let fs = mount(&tank, "tank/s");
+    populate(&fs, &mut rng);
+    let c = Cred::root();
+    let f = tarn_testkit::datasets::new_file(&fs, "CANARY-raw-name");
+    fs.write(f, 0, &b"CANARY-raw-data ".repeat(5000), false, &c)
+        .unwrap();
+    fs.release(f).unwrap();
+    tarn_dataset::snapshot(&tank, &["tank/s@1".into()], false).unwrap();
+    change(&fs, &mut rng, 3);
+    tarn_dataset::snapshot(&tank, &["tank/s@2".into()], false).unwrap();
+    drop(fs);
+    let raw = SendOptions {
+        raw: true,
+        ..Default::default()
+    };
+    // The sender's key is not needed either.
+    tarn_dataset::unload_key(&tank, "tank/s").unwrap();
+    let full = to_vec(&tank, "tank/s@1", &raw);
+    for canary in [&b"CANARY-raw-name"[..], b"CANARY-raw-data"] {
+        assert!(
+            !full.windows(canary.len()).any(|w| w == canary),
+            "plaintext in a raw stream"
+        );
+    }
+    recv(&backup, "backup/s", &full, false).unwrap();
+    let info = tarn_testkit::datasets::info(&backup, "backup/s");
+    assert_eq!(info.keystatus.as_deref(), Some("unavailable"));
+    assert_eq!(info.encryptionroot.as_deref(), Some("backup/s"));
+    let incremental = to_vec(
+        &tank,
+        "tank/s@2",
+        &SendOptions {
+            from: Some("@1".into()),
+            raw: true,
+            ..Default::default()
+        },
+    );
+    recv(&backup, "backup/s", &incremental, false).unwrap();
+    let s = scrub(&backup);
+    assert_eq!(s.errors, 0, "{s:?}");
+    assert!(backup.leak_check().unwrap().is_clean());
+    // The same passphrase opens it there: the same files.
+    tarn_dataset::load_key(&tank, "tank/s", &passphrase(PASS)).unwrap();
+    tarn_dataset::load_key(&backup, "backup/s", &passphrase(PASS)).unwrap();
+    assert_eq!(tree(&backup, "backup/s"), tree(&tank, "tank/s@2"));
+    assert_eq!(tree(&backup, "backup/s@1"), tree(&tank, "tank/s@1"));
+    let copy = mount(&backup, "backup/s");
+    assert!(copy.lookup(ROOT_INO, b"CANARY-raw-name", &c).is_ok());
+}
+
+/// The stream cut at random places: a resumable receive keeps what
+/// arrived, its token resumes it, and the result is the snapshot.
+#[test]
+fn a_resumable_receive_continues_after_cuts_anywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tank, backup) = pools(dir.path());
+    let mut rng = Rng::new(0xc075);
+    tarn_dataset::create(&tank, "tank/fs", &props(&[]), false).unwrap();
+    let fs = mount(&tank, "tank/fs");
+    populate(&fs, &mut rng);
+    tarn_dataset::snapshot(&tank, &["tank/fs@a".into()], false).unwrap();
+    change(&fs, &mut rng, 0);
+    tarn_dataset::snapshot(&tank, &["tank/fs@b".into()], false).unwrap();
+    drop(fs);
+    let seeds = tarn_testkit::data::env_seed("TARN_SEND_SEED").map_or(6, |_| 1);
+    for round in 0..seeds {
+        let target = format!("backup/r{round}");
+        let resumable = RecvOptions {
+            force: false,
+            resumable: true,
+        };
+        for (snap, opts) in [
+            ("tank/fs@a", SendOptions::default()),
+            ("tank/fs@b", incr("@a")),
+        ] {
+            let mut stream = to_vec(&tank, snap, &opts);
+            let mut cuts = 0;
+            loop {
+                let cut = rng.range(1, stream.len() as u64) as usize;
+                match receive(&backup, &target, resumable, &stream[..cut]) {
+                    Ok(_) => unreachable!("a cut stream is never complete"),
+                    Err(SendError::Stream(_)) => {}
+                    Err(e) => panic!("round {round}: cut at {cut}: {e}"),
+                }
+                cuts += 1;
+                let token =
+                    tarn_dataset::get_props(&backup, &target, &["receive_resume_token".into()])
+                        .map(|p| p[0].value.clone())
+                        .unwrap_or_else(|_| "-".into());
+                let resume = SendOptions {
+                    token: (token != "-").then_some(token),
+                    ..opts.clone()
+                };
+                stream = to_vec(&tank, snap, &resume);
+                if cuts == 3 || stream.len() < 64 {
+                    break;
+                }
+            }
+            receive(&backup, &target, resumable, &stream[..])
+                .unwrap_or_else(|e| panic!("round {round}: the resumed stream: {e}"));
+        }
+        assert_eq!(
+            tree(&backup, &format!("{target}@a")),
+            tree(&tank, "tank/fs@a")
+        );
+        assert_eq!(
+            tree(&backup, &format!("{target}@b")),
+            tree(&tank, "tank/fs@b")
+        );
+        assert_eq!(tree(&backup, &target), tree(&tank, "tank/fs@b"));
+    }
+    assert!(backup.leak_check().unwrap().is_clean());
+}
+
+/// A one-record change to a large file: the incremental stream holds
+/// about that record, and the send reads about that much.
+#[test]
+fn an_incremental_stream_costs_what_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tank, _backup) = pools(dir.path());
+    tarn_dataset::create(
+        &tank,
+        "tank/big",
+        &props(&[("recordsize", "128K"), ("compression", "off")]),
+        false,
+    )
+    .unwrap();
+    let fs = mount(&tank, "tank/big");
+    let f = tarn_testkit::datasets::new_file(&fs, "disk.img");
+    let c = Cred::root();
+    let mut rng = Rng::new(3);
+    for i in 0..512u64 {
+        fs.write(f, i << 17, &rng.bytes(128 << 10), false, &c)
+            .unwrap();
+    }
+    tarn_dataset::snapshot(&tank, &["tank/big@a".into()], false).unwrap();
+    fs.write(f, 300 << 17, &rng.bytes(128 << 10), false, &c)
+        .unwrap();
+    fs.release(f).unwrap();
+    tarn_dataset::snapshot(&tank, &["tank/big@b".into()], false).unwrap();
+    let mut out = Vec::new();
+    let r = send(&tank, "tank/big@b", &incr("@a"), &mut out).unwrap();
+    assert!(
+        out.len() < (128 << 10) + 8192,
+        "a 64 MiB file with one changed record: {} bytes of stream",
+        out.len()
+    );
+    assert_eq!(r.stats.blocks_read, 1, "{r:?}");
+    assert!(r.stats.nodes_read < 20, "{r:?}");
+    let full = send(
+        &tank,
+        "tank/big@b",
+        &SendOptions::default(),
+        std::io::sink(),
+    )
+    .unwrap();
+    assert_eq!(full.stats.blocks_read, 512);
+}
