@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use crate::access::{Share, ShareInfo, UserInfo};
-use crate::dataset::{DatasetInfo, KeyRootInfo, MountInfo, PropValue};
+use crate::dataset::{DatasetInfo, HoldInfo, KeyRootInfo, MountInfo, PropValue};
 use crate::error::ApiError;
 use crate::params::{DaemonStats, DatasetCreateParams, KeyChangeParams, KeyLoadParams, ObjectInfo};
 use crate::pool::{
@@ -95,6 +95,26 @@ pub trait Backend: Send + Sync {
     fn key_change(&self, _p: &KeyChangeParams) -> Result<(), ApiError> {
         Err(no_datasets())
     }
+    /// Sends a snapshot's stream into `out` (a transport's framed body).
+    fn dataset_send(
+        &self,
+        _p: &crate::params::SendParams,
+        _out: &mut dyn std::io::Write,
+    ) -> Result<crate::params::SendResult, ApiError> {
+        Err(no_datasets())
+    }
+    /// Receives the stream `input` holds.
+    fn dataset_receive(
+        &self,
+        _p: &crate::params::ReceiveParams,
+        _input: &mut dyn std::io::Read,
+    ) -> Result<crate::params::ReceiveResult, ApiError> {
+        Err(no_datasets())
+    }
+    /// Undoes a partial resumable receive.
+    fn dataset_receive_abort(&self, _name: &str) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
     /// The encryption roots at or below `name` (every one without it).
     fn key_list(&self, _name: Option<&str>) -> Result<Vec<KeyRootInfo>, ApiError> {
         Err(no_datasets())
@@ -126,6 +146,33 @@ pub trait Backend: Send + Sync {
     }
     /// Takes snapshots atomically (with `recursive`, of descendants too).
     fn dataset_snapshot(&self, _names: &[String], _recursive: bool) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Puts the hold `tag` on snapshots (with `recursive`, on the
+    /// snapshots of that name below too).
+    fn dataset_hold(
+        &self,
+        _tag: &str,
+        _snaps: &[String],
+        _recursive: bool,
+    ) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Releases the hold `tag` from snapshots.
+    fn dataset_release(
+        &self,
+        _tag: &str,
+        _snaps: &[String],
+        _recursive: bool,
+    ) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// The holds on snapshots.
+    fn dataset_holds(
+        &self,
+        _snaps: &[String],
+        _recursive: bool,
+    ) -> Result<Vec<HoldInfo>, ApiError> {
         Err(no_datasets())
     }
     /// Returns a filesystem to a snapshot (with `destroy_newer`, destroying

@@ -84,6 +84,15 @@ pub struct KeyRootInfo {
     pub keylocation: String,
 }
 
+/// One hold on a snapshot, as `dataset.holds` answers (API 2.2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HoldInfo {
+    /// The held snapshot (`fs@name`).
+    pub snapshot: String,
+    /// The hold's tag.
+    pub tag: String,
+}
+
 /// Where a property's value comes from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -164,6 +164,14 @@ pub fn call(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, ApiE
             let p: KeyChangeParams = params(method, p)?;
             reply(backend.key_change(&p)?)
         }
+        m::DATASET_RECEIVE_ABORT => {
+            let NameParams { name } = params(method, p)?;
+            reply(backend.dataset_receive_abort(&name)?)
+        }
+        m::DATASET_SEND | m::DATASET_RECEIVE => Err(ApiError::invalid(format!(
+            "{method} streams its data: call it on a transport that carries a body (the \
+             admin socket does)"
+        ))),
         m::KEY_LIST => {
             let OptionalNameParams { name } = params(method, p)?;
             reply(backend.key_list(name.as_deref())?)
@@ -210,6 +218,28 @@ pub fn call(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, ApiE
                 return Err(ApiError::invalid("name at least one snapshot (fs@name)"));
             }
             reply(backend.dataset_snapshot(&names, recursive)?)
+        }
+        m::DATASET_HOLD | m::DATASET_RELEASE => {
+            let HoldParams {
+                tag,
+                snapshots,
+                recursive,
+            } = params(method, p)?;
+            if snapshots.is_empty() {
+                return Err(ApiError::invalid("name at least one snapshot (fs@name)"));
+            }
+            if method == m::DATASET_HOLD {
+                reply(backend.dataset_hold(&tag, &snapshots, recursive)?)
+            } else {
+                reply(backend.dataset_release(&tag, &snapshots, recursive)?)
+            }
+        }
+        m::DATASET_HOLDS => {
+            let HoldsParams {
+                snapshots,
+                recursive,
+            } = params(method, p)?;
+            reply(backend.dataset_holds(&snapshots, recursive)?)
         }
         m::DATASET_ROLLBACK => {
             let RollbackParams {

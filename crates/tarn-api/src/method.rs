@@ -108,6 +108,27 @@ pub const KEY_CHANGE: &str = "key.change";
 /// [`crate::params::OptionalNameParams`]; answers
 /// [`crate::dataset::KeyRootInfo`]s.
 pub const KEY_LIST: &str = "key.list";
+/// Send a snapshot as a stream: [`crate::params::SendParams`]; the
+/// stream is the reply's framed body ([`crate::wire::FrameWriter`]), then
+/// a [`crate::params::SendResult`] line. Streaming transports only.
+pub const DATASET_SEND: &str = "dataset.send";
+/// Receive the framed stream that follows the request:
+/// [`crate::params::ReceiveParams`]; answers
+/// [`crate::params::ReceiveResult`]. Streaming transports only.
+pub const DATASET_RECEIVE: &str = "dataset.receive";
+/// Undo a partial resumable receive: [`crate::params::NameParams`].
+pub const DATASET_RECEIVE_ABORT: &str = "dataset.receive_abort";
+
+/// Put a hold on snapshots: [`crate::params::HoldParams`] (API 2.2).
+pub const DATASET_HOLD: &str = "dataset.hold";
+/// Release a hold: [`crate::params::HoldParams`] (API 2.2).
+pub const DATASET_RELEASE: &str = "dataset.release";
+/// The holds on snapshots: [`crate::params::HoldsParams`]; answers
+/// [`crate::dataset::HoldInfo`]s (API 2.2).
+pub const DATASET_HOLDS: &str = "dataset.holds";
+
+/// The methods whose request or reply carries a streamed body.
+pub const STREAMING: &[&str] = &[DATASET_SEND, DATASET_RECEIVE];
 
 /// Every method, for error messages and documentation.
 pub const ALL: &[&str] = &[
@@ -150,6 +171,12 @@ pub const ALL: &[&str] = &[
     KEY_UNLOAD,
     KEY_CHANGE,
     KEY_LIST,
+    DATASET_SEND,
+    DATASET_RECEIVE,
+    DATASET_RECEIVE_ABORT,
+    DATASET_HOLD,
+    DATASET_RELEASE,
+    DATASET_HOLDS,
     POOL_INJECT,
     USER_ADD,
     USER_DEL,

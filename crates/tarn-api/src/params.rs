@@ -366,6 +366,30 @@ pub struct SnapshotParams {
     pub recursive: bool,
 }
 
+/// `dataset.hold` and `dataset.release` (API 2.2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HoldParams {
+    /// The hold's tag: 1 to 128 characters, no control characters.
+    pub tag: String,
+    /// The snapshots (`fs@name`).
+    pub snapshots: Vec<String>,
+    /// Also the snapshots of the same name on every descendant.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// `dataset.holds` (API 2.2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HoldsParams {
+    /// The snapshots (`fs@name`).
+    pub snapshots: Vec<String>,
+    /// Also the snapshots of the same name on every descendant.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
 /// `dataset.rollback`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -595,4 +619,68 @@ pub struct ObjectInfo {
     /// The pool's last committed txg when the answer was made (objects are
     /// files; no txg of their last change is kept).
     pub txg: u64,
+}
+
+/// `dataset.send`: which snapshot, and how (its stream is the reply's
+/// body, see [`crate::wire::FrameWriter`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SendParams {
+    /// The snapshot (`pool/fs@name`); absent with `token`.
+    #[serde(default)]
+    pub snapshot: Option<String>,
+    /// Only what changed since this snapshot (`@name` or full): `-i`.
+    #[serde(default)]
+    pub from: Option<String>,
+    /// With `from`: every snapshot in between, one stream each (`-I`).
+    #[serde(default)]
+    pub intermediates: bool,
+    /// As stored: sealed values and blocks, no key needed (`-w`).
+    #[serde(default)]
+    pub raw: bool,
+    /// The dataset's local properties travel with it (`-p`).
+    #[serde(default)]
+    pub props: bool,
+    /// Continue an interrupted resumable receive (`-t`).
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+/// What `dataset.send` reports after its body.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SendResult {
+    /// Streams sent (more than one with `-I`).
+    pub streams: u64,
+    /// Bytes of stream.
+    pub bytes: u64,
+    /// Entries sent.
+    pub items: u64,
+    /// Data blocks read.
+    pub blocks_read: u64,
+}
+
+/// `dataset.receive`: where the stream that follows the request goes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiveParams {
+    /// The dataset the stream becomes (or updates).
+    pub name: String,
+    /// Roll it back to the stream's base first (`-F`).
+    #[serde(default)]
+    pub force: bool,
+    /// Keep what arrived if the stream breaks off, to resume (`-s`).
+    #[serde(default)]
+    pub resumable: bool,
+    /// Do not mount it after (`-u`).
+    #[serde(default)]
+    pub no_mount: bool,
+}
+
+/// What `dataset.receive` reports.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReceiveResult {
+    /// The snapshots received, by full name.
+    pub snapshots: Vec<String>,
+    /// Entries applied.
+    pub items: u64,
 }

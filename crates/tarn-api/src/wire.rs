@@ -7,7 +7,7 @@
 //! framing here is transport-independent: the daemon serves it on a Unix
 //! socket, the client speaks it, and another transport can reuse it.
 
-use std::io::{self, BufRead};
+use std::io::{self, BufRead, Read, Write};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -223,5 +223,163 @@ mod tests {
         assert_eq!(back.error.unwrap().code, ErrorCode::Busy);
         let future: ApiError = serde_json::from_str(r#"{"code":"quota","message":"m"}"#).unwrap();
         assert_eq!(future.code, ErrorCode::Internal);
+    }
+}
+
+/// Largest frame of a streamed body (see [`FrameWriter`]).
+pub const MAX_FRAME: usize = 1 << 20;
+
+/// The streamed body of `dataset.send` and `dataset.receive` on a byte
+/// transport: frames of a little-endian u32 length and that many bytes
+/// (1 to [`MAX_FRAME`]), ended by a frame of length 0. A send's frames
+/// follow its request line, and the response line follows the end frame;
+/// a receive's frames follow its request line, and the daemon answers
+/// with one response line when it has applied them (or at its first
+/// error, after which it closes the connection).
+pub struct FrameWriter<W: Write> {
+    w: W,
+    buf: Vec<u8>,
+}
+
+impl<W: Write> FrameWriter<W> {
+    /// Frames what is written to `w`.
+    pub fn new(w: W) -> Self {
+        FrameWriter {
+            w,
+            buf: Vec::with_capacity(256 << 10),
+        }
+    }
+
+    fn emit(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        self.w.write_all(&(self.buf.len() as u32).to_le_bytes())?;
+        self.w.write_all(&self.buf)?;
+        self.buf.clear();
+        Ok(())
+    }
+
+    /// Writes what is buffered and the end frame; returns the writer.
+    pub fn finish(mut self) -> io::Result<W> {
+        self.emit()?;
+        self.w.write_all(&0u32.to_le_bytes())?;
+        self.w.flush()?;
+        Ok(self.w)
+    }
+}
+
+impl<W: Write> Write for FrameWriter<W> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let room = (256 << 10) - self.buf.len();
+        let n = data.len().min(room);
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() >= 256 << 10 {
+            self.emit()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.emit()?;
+        self.w.flush()
+    }
+}
+
+/// Reads a framed body (see [`FrameWriter`]): the bytes of its frames,
+/// then end of input at the end frame. A frame longer than [`MAX_FRAME`],
+/// or input that ends before the end frame, is an error.
+pub struct FrameReader<R: Read> {
+    r: R,
+    left: usize,
+    done: bool,
+}
+
+impl<R: Read> FrameReader<R> {
+    /// Reads the frames of `r`.
+    pub fn new(r: R) -> Self {
+        FrameReader {
+            r,
+            left: 0,
+            done: false,
+        }
+    }
+
+    /// True once the end frame was read.
+    pub fn finished(&self) -> bool {
+        self.done
+    }
+}
+
+impl<R: Read> Read for FrameReader<R> {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        if self.done || out.is_empty() {
+            return Ok(0);
+        }
+        if self.left == 0 {
+            let mut len = [0u8; 4];
+            self.r.read_exact(&mut len).map_err(|e| {
+                if e.kind() == io::ErrorKind::UnexpectedEof {
+                    io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the streamed body ended without its end frame",
+                    )
+                } else {
+                    e
+                }
+            })?;
+            let n = u32::from_le_bytes(len) as usize;
+            if n == 0 {
+                self.done = true;
+                return Ok(0);
+            }
+            if n > MAX_FRAME {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("a frame of {n} bytes (at most {MAX_FRAME})"),
+                ));
+            }
+            self.left = n;
+        }
+        let want = out.len().min(self.left);
+        let got = self.r.read(&mut out[..want])?;
+        if got == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the streamed body ended inside a frame",
+            ));
+        }
+        self.left -= got;
+        Ok(got)
+    }
+}
+
+#[cfg(test)]
+mod frame_tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_refuse_damage() {
+        let data: Vec<u8> = (0..700_000u32).map(|i| (i % 251) as u8).collect();
+        let mut w = FrameWriter::new(Vec::new());
+        for chunk in data.chunks(10_007) {
+            w.write_all(chunk).unwrap();
+        }
+        let framed = w.finish().unwrap();
+        let mut back = Vec::new();
+        let mut r = FrameReader::new(&framed[..]);
+        r.read_to_end(&mut back).unwrap();
+        assert!(r.finished());
+        assert_eq!(back, data);
+        // Cut anywhere: an error, never a short body taken for whole.
+        for cut in [0, 3, 4, 100, framed.len() - 4, framed.len() - 1] {
+            let mut r = FrameReader::new(&framed[..cut]);
+            assert!(r.read_to_end(&mut Vec::new()).is_err(), "cut at {cut}");
+        }
+        let mut huge = ((MAX_FRAME + 1) as u32).to_le_bytes().to_vec();
+        huge.extend_from_slice(&[0; 16]);
+        assert!(FrameReader::new(&huge[..])
+            .read_to_end(&mut Vec::new())
+            .is_err());
     }
 }

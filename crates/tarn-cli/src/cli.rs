@@ -179,6 +179,38 @@ pub enum Command {
         /// The snapshot, `FILESYSTEM@NAME`
         snapshot: String,
     },
+    /// Put a hold on snapshots, so they cannot be destroyed until released:
+    /// `tarn hold offsite tank/home@monday`
+    Hold {
+        /// Also the snapshots of the same name on every filesystem below
+        #[arg(short = 'r', long)]
+        recursive: bool,
+        /// The hold's tag (names who needs the snapshot)
+        tag: String,
+        /// Snapshots, `FILESYSTEM@NAME`
+        #[arg(required = true, value_name = "FS@NAME")]
+        snapshots: Vec<String>,
+    },
+    /// Release a hold put with `tarn hold`
+    Release {
+        /// Also the snapshots of the same name on every filesystem below
+        #[arg(short = 'r', long)]
+        recursive: bool,
+        /// The hold's tag
+        tag: String,
+        /// Snapshots, `FILESYSTEM@NAME`
+        #[arg(required = true, value_name = "FS@NAME")]
+        snapshots: Vec<String>,
+    },
+    /// List the holds on snapshots
+    Holds {
+        /// Also the snapshots of the same name on every filesystem below
+        #[arg(short = 'r', long)]
+        recursive: bool,
+        /// Snapshots, `FILESYSTEM@NAME`
+        #[arg(required = true, value_name = "FS@NAME")]
+        snapshots: Vec<String>,
+    },
     /// Make a new filesystem from a snapshot (`-o PROP=VALUE` sets properties)
     Clone {
         /// The origin snapshot
@@ -206,6 +238,12 @@ pub enum Command {
     /// Encryption keys: load, unload, change, list
     #[command(subcommand)]
     Key(crate::key::KeyCommand),
+    /// Write a snapshot as a stream (to standard output or --to FILE):
+    /// `tarn send -i @monday tank/home@tuesday | ssh backup tarn receive tank/home`
+    Send(crate::send::SendArgs),
+    /// Make a snapshot from a stream (standard input or --from FILE)
+    #[command(alias = "recv")]
+    Receive(crate::send::ReceiveArgs),
     /// Mount a dataset with FUSE (no arguments: list the mounts)
     Mount {
         /// Let other users use the mount (off by default)
@@ -273,6 +311,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Run> {
         Command::Share(cmd) => crate::access::share_command(&mut client, &out, cmd)?,
         Command::Volume(cmd) => crate::volume::volume_command(&mut client, &out, cmd, pool_props)?,
         Command::Key(cmd) => crate::key::key_command(&mut client, &out, cmd, pool_props)?,
+        Command::Send(args) => crate::send::send(&mut client, args)?,
+        Command::Receive(args) => crate::send::receive(&mut client, &out, args)?,
         Command::Snapshot { recursive, names } => {
             crate::dataset::snapshot(&mut client, &out, names, recursive)?
         }
@@ -280,6 +320,20 @@ pub fn run(cli: Cli) -> anyhow::Result<Run> {
             recursive,
             snapshot,
         } => crate::dataset::rollback(&mut client, &out, snapshot, recursive)?,
+        Command::Hold {
+            recursive,
+            tag,
+            snapshots,
+        } => crate::dataset::hold(&mut client, &out, true, tag, snapshots, recursive)?,
+        Command::Release {
+            recursive,
+            tag,
+            snapshots,
+        } => crate::dataset::hold(&mut client, &out, false, tag, snapshots, recursive)?,
+        Command::Holds {
+            recursive,
+            snapshots,
+        } => crate::dataset::holds(&mut client, &out, snapshots, recursive)?,
         Command::Clone { snapshot, name } => {
             crate::dataset::clone(&mut client, &out, snapshot, name, pool_props)?
         }

@@ -102,18 +102,7 @@ impl Client {
 
     /// Calls `method` and returns its raw JSON result.
     pub fn call(&mut self, method: &str, params: &impl Serialize) -> anyhow::Result<Value> {
-        let id = self.next_id;
-        self.next_id += 1;
-        let params = serde_json::to_value(params)
-            .with_context(|| format!("cannot encode the parameters of {method}"))?;
-        let request = Request {
-            id: Some(id),
-            method: method.to_string(),
-            params,
-        };
-        let mut line = serde_json::to_vec(&request)
-            .with_context(|| format!("cannot encode the request {method}"))?;
-        line.push(b'\n');
+        let (id, line) = self.request_line(method, params)?;
         let shown = self.path.display().to_string();
         let lost = |e: io::Error| {
             anyhow::Error::from(ClosedUnanswered(format!(
@@ -131,6 +120,76 @@ impl Client {
         }
         let response = self.read_response()?;
         unwrap_response(response, id)
+    }
+
+    /// The request line of a call to `method`, and its id.
+    fn request_line(
+        &mut self,
+        method: &str,
+        params: &impl Serialize,
+    ) -> anyhow::Result<(u64, Vec<u8>)> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let params = serde_json::to_value(params)
+            .with_context(|| format!("cannot encode the parameters of {method}"))?;
+        let request = Request {
+            id: Some(id),
+            method: method.to_string(),
+            params,
+        };
+        let mut line = serde_json::to_vec(&request)
+            .with_context(|| format!("cannot encode the request {method}"))?;
+        line.push(b'\n');
+        Ok((id, line))
+    }
+
+    /// Calls a method whose reply carries a streamed body
+    /// (`dataset.send`): the body is copied into `out`, then the result
+    /// returned. The connection is used up.
+    pub fn call_body_out(
+        &mut self,
+        method: &str,
+        params: &impl Serialize,
+        out: &mut dyn Write,
+    ) -> anyhow::Result<Value> {
+        let (id, line) = self.request_line(method, params)?;
+        self.writer
+            .write_all(&line)
+            .context("lost the connection to the tarn daemon")?;
+        let mut body = tarn_api::wire::FrameReader::new(&mut self.reader);
+        let copied = io::copy(&mut body, out);
+        let response = self.read_response();
+        match (copied, response) {
+            (Ok(_), Ok(r)) => unwrap_response(r, id),
+            // The daemon's own error says more than a broken body.
+            (Err(_), Ok(r)) if r.error.is_some() => unwrap_response(r, id),
+            (Err(e), _) => Err(anyhow!("the stream: {e}")),
+            (Ok(_), Err(e)) => Err(e),
+        }
+    }
+
+    /// Calls a method whose request carries a streamed body
+    /// (`dataset.receive`): `input` is sent after the request, then the
+    /// result returned. The connection is used up.
+    pub fn call_body_in(
+        &mut self,
+        method: &str,
+        params: &impl Serialize,
+        input: &mut dyn io::Read,
+    ) -> anyhow::Result<Value> {
+        let (id, line) = self.request_line(method, params)?;
+        let sent = self.writer.write_all(&line).and_then(|()| {
+            let mut frames = tarn_api::wire::FrameWriter::new(&mut self.writer);
+            io::copy(input, &mut frames)?;
+            frames.finish().map(|_| ())
+        });
+        // The daemon may have answered early (a target that exists, a bad
+        // stream) and closed: its answer beats the write error.
+        match (sent, self.read_response()) {
+            (_, Ok(r)) => unwrap_response(r, id),
+            (Err(e), Err(_)) => Err(anyhow!("sending the stream to the daemon: {e}")),
+            (Ok(()), Err(e)) => Err(e),
+        }
     }
 
     /// Calls `method` and decodes its result as `R`.

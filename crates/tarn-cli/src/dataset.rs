@@ -6,12 +6,12 @@ use std::path::Path;
 
 use anyhow::bail;
 use clap::Subcommand;
-use tarn_api::dataset::{DatasetInfo, DatasetKind, MountInfo, PropValue};
+use tarn_api::dataset::{DatasetInfo, DatasetKind, HoldInfo, MountInfo, PropValue};
 use tarn_api::method;
 use tarn_api::params::{
     CloneParams, DatasetCreateParams, DatasetDestroyParams, DatasetGetParams, DatasetInheritParams,
-    DatasetListParams, DatasetRenameParams, DatasetSetParams, MountParams, NameParams, NoParams,
-    RollbackParams, SnapshotParams, UnmountParams,
+    DatasetListParams, DatasetRenameParams, DatasetSetParams, HoldParams, HoldsParams, MountParams,
+    NameParams, NoParams, RollbackParams, SnapshotParams, UnmountParams,
 };
 
 use crate::render;
@@ -217,6 +217,53 @@ pub(crate) fn snapshot(
         method::DATASET_SNAPSHOT,
         &SnapshotParams { names, recursive },
     )
+}
+
+/// `tarn hold [-r] TAG FS@NAME...` (`put`) and `tarn release [-r] TAG
+/// FS@NAME...`.
+pub(crate) fn hold(
+    client: &mut Session,
+    out: &Out,
+    put: bool,
+    tag: String,
+    snapshots: Vec<String>,
+    recursive: bool,
+) -> anyhow::Result<()> {
+    let m = if put {
+        method::DATASET_HOLD
+    } else {
+        method::DATASET_RELEASE
+    };
+    let params = HoldParams {
+        tag,
+        snapshots,
+        recursive,
+    };
+    client.call_quietly(out, m, &params)
+}
+
+/// `tarn holds [-r] FS@NAME...`: a table of snapshot and tag.
+pub(crate) fn holds(
+    client: &mut Session,
+    out: &Out,
+    snapshots: Vec<String>,
+    recursive: bool,
+) -> anyhow::Result<()> {
+    let v = client.call(
+        method::DATASET_HOLDS,
+        &HoldsParams {
+            snapshots,
+            recursive,
+        },
+    )?;
+    let list: Vec<HoldInfo> = decode(method::DATASET_HOLDS, v.clone())?;
+    out.raw_or(&v, || {
+        let rows: Vec<Vec<String>> = list
+            .iter()
+            .map(|h| vec![h.snapshot.clone(), h.tag.clone()])
+            .collect();
+        render::table(&["NAME", "TAG"], &rows, &[0, 1])
+    })
 }
 
 /// `tarn rollback [-r] FS@NAME`.

@@ -49,6 +49,30 @@ impl Session {
         self.client.insert(client).call(method, params)
     }
 
+    /// Calls a method whose reply carries a streamed body into `out` (on a
+    /// connection of its own).
+    pub(crate) fn call_body_out(
+        &mut self,
+        method: &str,
+        params: &impl serde::Serialize,
+        out: &mut dyn std::io::Write,
+    ) -> anyhow::Result<Value> {
+        let mut client = connect_checked(&self.path)?;
+        client.call_body_out(method, params, out)
+    }
+
+    /// Calls a method whose request carries `input` as a streamed body (on
+    /// a connection of its own).
+    pub(crate) fn call_body_in(
+        &mut self,
+        method: &str,
+        params: &impl serde::Serialize,
+        input: &mut dyn std::io::Read,
+    ) -> anyhow::Result<Value> {
+        let mut client = connect_checked(&self.path)?;
+        client.call_body_in(method, params, input)
+    }
+
     /// Calls a method whose answer needs no words for people (most changes
     /// answer `null`): prints it only with `-o json`.
     pub(crate) fn call_quietly(

@@ -338,6 +338,85 @@ impl Backend for Pools {
         tarn_dataset::change_key(&pool, &p.name, &key).map_err(ds_error)
     }
 
+    fn dataset_send(
+        &self,
+        p: &tarn_api::params::SendParams,
+        out: &mut dyn std::io::Write,
+    ) -> Result<tarn_api::params::SendResult, ApiError> {
+        let opts = tarn_send::SendOptions {
+            from: p.from.clone(),
+            intermediates: p.intermediates,
+            raw: p.raw,
+            props: p.props,
+            token: p.token.clone(),
+        };
+        // A token names its snapshot by guid: the pool that holds it.
+        let (pool, snap) = match (&p.snapshot, &p.token) {
+            (Some(s), _) => (self.get(pool_of(s))?, s.clone()),
+            (None, Some(t)) => {
+                let token = tarn_dataset::recv::Token::parse(t).map_err(ds_error)?;
+                let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+                let mut found = None;
+                for pool in pools {
+                    if let Ok(Some(name)) = tarn_dataset::recv::snapshot_by_guid(&pool, token.guid)
+                    {
+                        found = Some((pool, name));
+                        break;
+                    }
+                }
+                found.ok_or_else(|| {
+                    ApiError::not_found(format!(
+                        "no pool here holds the token's snapshot {}@{}",
+                        token.source, token.name
+                    ))
+                })?
+            }
+            (None, None) => return Err(ApiError::invalid("name a snapshot to send, or a token")),
+        };
+        let r = tarn_send::send(&pool, &snap, &opts, out).map_err(send_error)?;
+        Ok(tarn_api::params::SendResult {
+            streams: r.streams,
+            bytes: r.bytes,
+            items: r.stats.items,
+            blocks_read: r.stats.blocks_read,
+        })
+    }
+
+    fn dataset_receive(
+        &self,
+        p: &tarn_api::params::ReceiveParams,
+        input: &mut dyn std::io::Read,
+    ) -> Result<tarn_api::params::ReceiveResult, ApiError> {
+        let pool = self.get(pool_of(&p.name))?;
+        // The stream replaces what an existing target shows: its mounts
+        // and open filesystems go down first, and come back after.
+        let _resizes = tarn_vol::resize_lock();
+        let down = self.mounts.unmount_tree(&p.name)?;
+        self.fss.forget_tree(&p.name);
+        let opts = tarn_dataset::recv::RecvOptions {
+            force: p.force,
+            resumable: p.resumable,
+        };
+        let r = tarn_send::receive(&pool, &p.name, opts, input).map_err(send_error);
+        self.mounts.remount(&self.fss, &pool, down, None);
+        if !p.no_mount {
+            self.mounts.automount(&self.fss, &pool);
+        }
+        self.refresh_servers();
+        let r = r?;
+        Ok(tarn_api::params::ReceiveResult {
+            snapshots: r.snapshots,
+            items: r.items,
+        })
+    }
+
+    fn dataset_receive_abort(&self, name: &str) -> Result<(), ApiError> {
+        let pool = self.get(pool_of(name))?;
+        tarn_dataset::recv::abort(&pool, name).map_err(ds_error)?;
+        self.refresh_servers();
+        Ok(())
+    }
+
     fn key_list(
         &self,
         name: Option<&str>,
@@ -506,14 +585,36 @@ impl Backend for Pools {
         r
     }
 
+    fn dataset_hold(&self, tag: &str, snaps: &[String], recursive: bool) -> Result<(), ApiError> {
+        let pool = self.get(one_pool(snaps)?)?;
+        tarn_dataset::hold(&pool, tag, snaps, recursive).map_err(ds_error)
+    }
+
+    fn dataset_release(
+        &self,
+        tag: &str,
+        snaps: &[String],
+        recursive: bool,
+    ) -> Result<(), ApiError> {
+        let pool = self.get(one_pool(snaps)?)?;
+        tarn_dataset::release(&pool, tag, snaps, recursive).map_err(ds_error)
+    }
+
+    fn dataset_holds(
+        &self,
+        snaps: &[String],
+        recursive: bool,
+    ) -> Result<Vec<tarn_api::dataset::HoldInfo>, ApiError> {
+        let pool = self.get(one_pool(snaps)?)?;
+        let holds = tarn_dataset::holds(&pool, snaps, recursive).map_err(ds_error)?;
+        Ok(holds
+            .into_iter()
+            .map(|(snapshot, tag)| tarn_api::dataset::HoldInfo { snapshot, tag })
+            .collect())
+    }
+
     fn dataset_snapshot(&self, names: &[String], recursive: bool) -> Result<(), ApiError> {
-        let first = pool_of(names.first().map(String::as_str).unwrap_or(""));
-        if names.iter().any(|n| pool_of(n) != first) {
-            return Err(ApiError::invalid(
-                "snapshots taken together must be in one pool",
-            ));
-        }
-        let pool = self.get(first)?;
+        let pool = self.get(one_pool(names)?)?;
         tarn_dataset::snapshot(&pool, names, recursive).map_err(ds_error)
     }
 
@@ -866,6 +967,15 @@ impl Node for Pools {
     }
 }
 
+/// Maps a send or receive error onto the API's codes.
+fn send_error(e: tarn_send::SendError) -> ApiError {
+    match e {
+        tarn_send::SendError::Dataset(d) => ds_error(d),
+        tarn_send::SendError::Stream(m) => ApiError::invalid(format!("bad stream: {m}")),
+        tarn_send::SendError::Io(e) => ApiError::io(format!("the stream: {e}")),
+    }
+}
+
 /// A pool's status with the counters of the block cache it reads through.
 fn status_with_cache(p: &Pool) -> PoolStatus {
     let mut s = pool_status(p.status());
@@ -879,4 +989,16 @@ fn status_with_cache(p: &Pool) -> PoolStatus {
             .collect();
     }
     s
+}
+
+/// The pool every one of `names` is in: operations on several snapshots
+/// run in one txg of one pool.
+fn one_pool(names: &[String]) -> Result<&str, ApiError> {
+    let first = pool_of(names.first().map(String::as_str).unwrap_or(""));
+    if names.iter().any(|n| pool_of(n) != first) {
+        return Err(ApiError::invalid(
+            "snapshots named together must be in one pool",
+        ));
+    }
+    Ok(first)
 }

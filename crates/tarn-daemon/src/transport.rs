@@ -75,6 +75,10 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a response write may block on a client that does not read.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a streamed body (`dataset.send`, `dataset.receive`) may stall
+/// between two reads or writes: a slow pipe (ssh, a full disk on the
+/// other end) waits this long before the stream is given up.
+const STREAM_STALL: Duration = Duration::from_secs(600);
 /// How long a stop waits for running requests before exporting anyway.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a stop waits for the last answers to be written.
@@ -758,6 +762,12 @@ fn serve_connection(
                     }
                     a.busy = true;
                 }
+                if let Some(request) = streaming(text) {
+                    // The body follows on this connection, which ends with it.
+                    stream_body(request, &mut reader, &mut writer, backend);
+                    lock_activity(activity).busy = false;
+                    return;
+                }
                 let response = answer(text, shared, backend);
                 lock_activity(activity).busy = false;
                 response
@@ -773,6 +783,74 @@ fn serve_connection(
             return;
         }
     }
+}
+
+/// The request on `line` when it calls a method with a streamed body.
+fn streaming(line: &[u8]) -> Option<tarn_api::Request> {
+    let request = tarn_api::parse_request(line).ok()?;
+    method::STREAMING
+        .contains(&request.method.as_str())
+        .then_some(request)
+}
+
+/// Reads of a streamed body: each may wait [`STREAM_STALL`].
+struct Stalling<'a>(&'a mut BufReader<Timed>);
+
+impl Read for Stalling<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.get_mut().deadline = Some(Instant::now() + STREAM_STALL);
+        self.0.read(buf)
+    }
+}
+
+/// Serves a method with a streamed body (`tarn_api::wire::FrameWriter`):
+/// `dataset.send` writes its stream's frames, the end frame, then its
+/// response line; `dataset.receive` reads the frames that follow its
+/// request and then answers. The connection ends after either.
+fn stream_body(
+    request: tarn_api::Request,
+    reader: &mut BufReader<Timed>,
+    writer: &mut UnixStream,
+    backend: &dyn Backend,
+) {
+    let id = request.id;
+    let _ = writer.set_write_timeout(Some(STREAM_STALL));
+    let bad =
+        |e: serde_json::Error| ApiError::invalid(format!("bad params for {}: {e}", request.method));
+    let bug = || {
+        ApiError::internal(format!(
+            "the daemon hit a bug while handling {}; see the daemon's log",
+            request.method
+        ))
+    };
+    let outcome: Result<serde_json::Value, ApiError> = if request.method == method::DATASET_SEND {
+        let mut frames = tarn_api::wire::FrameWriter::new(&mut *writer);
+        let r = serde_json::from_value::<tarn_api::params::SendParams>(request.params.clone())
+            .map_err(bad)
+            .and_then(|p| {
+                catch_unwind(AssertUnwindSafe(|| backend.dataset_send(&p, &mut frames)))
+                    .unwrap_or_else(|_| Err(bug()))
+            })
+            .and_then(|r| serde_json::to_value(r).map_err(|e| ApiError::internal(e.to_string())));
+        // The end frame, whatever happened: the client reads its way to
+        // the response line. A client gone away ends it here.
+        if frames.finish().is_err() {
+            return;
+        }
+        r
+    } else {
+        let r = serde_json::from_value::<tarn_api::params::ReceiveParams>(request.params.clone())
+            .map_err(bad)
+            .and_then(|p| {
+                let mut body = tarn_api::wire::FrameReader::new(Stalling(reader));
+                catch_unwind(AssertUnwindSafe(|| backend.dataset_receive(&p, &mut body)))
+                    .unwrap_or_else(|_| Err(bug()))
+            })
+            .and_then(|r| serde_json::to_value(r).map_err(|e| ApiError::internal(e.to_string())));
+        r
+    };
+    let _ = writer.write_all(&Response::new(id, outcome).to_line());
+    let _ = writer.flush();
 }
 
 fn answer(line: &[u8], shared: &Shared, backend: &dyn Backend) -> Response {

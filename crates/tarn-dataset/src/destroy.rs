@@ -27,6 +27,7 @@ impl Dir {
         snap: u64,
     ) -> Result<(), DsError> {
         let s = self.rec(snap)?.clone();
+        s.check_not_held()?;
         if !s.clones.is_empty() {
             let names: Vec<String> = s
                 .clones
@@ -143,6 +144,7 @@ pub fn destroy(pool: &Pool, name: &str, recursive: bool) -> Result<(), DsError> 
             };
             for id in &chosen {
                 if let Some(r) = dsl.recs.get(id) {
+                    r.check_not_held()?;
                     if !r.clones.is_empty() {
                         return Err(DsError::Busy(format!(
                             "snapshot '{}' has dependent clones; destroy them first",
@@ -181,6 +183,7 @@ pub fn destroy(pool: &Pool, name: &str, recursive: bool) -> Result<(), DsError> 
         for d in &remaining {
             for s in dsl.snapshots_of(*d) {
                 if let Some(r) = dsl.recs.get(&s) {
+                    r.check_not_held()?;
                     if r.clones.iter().any(|c| !remaining.contains(c)) {
                         return Err(DsError::Busy(format!(
                             "snapshot '{}' has clones outside '{name}'; destroy them first",

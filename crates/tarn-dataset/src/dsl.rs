@@ -317,6 +317,7 @@ impl Dir {
             volume: None,
             key: None,
             recv: None,
+            holds: Default::default(),
         }
     }
 }

@@ -88,6 +88,7 @@ fn record() -> DsRec {
         volume: None,
         key: None,
         recv: None,
+        holds: Default::default(),
     }
 }
 
@@ -123,6 +124,17 @@ fn dataset_record_json_is_pinned() {
             .map(|b| format!("{b:02x}"))
             .collect::<String>()
     );
+}
+
+#[test]
+fn a_held_snapshot_adds_its_tags_and_nothing_else() {
+    let mut rec = record();
+    rec.holds = ["offsite".to_string(), "backup".to_string()].into();
+    let mut want = json(&golden());
+    want["holds"] = json(r#"["backup", "offsite"]"#);
+    assert_eq!(to_json(&rec), want);
+    let back: DsRec = serde_json::from_value(want.clone()).unwrap();
+    assert_eq!(to_json(&back), want);
 }
 
 #[test]

@@ -129,7 +129,7 @@ pub use crypt::{
 pub use destroy::destroy;
 pub use dsl::{attach, blocks, deflated, list, open};
 pub use ops::{
-    check_volspec, clone, create, create_volume, create_volume_with_key, create_with_key, promote,
-    rename, rollback, snapshot,
+    check_volspec, clone, create, create_volume, create_volume_with_key, create_with_key, hold,
+    holds, promote, release, rename, rollback, snapshot,
 };
 pub use props::{get_props, inherit, set_prop};

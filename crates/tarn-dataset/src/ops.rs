@@ -498,6 +498,7 @@ impl Dir {
                 volume: h.volume,
                 key: h.key,
                 recv: None,
+                holds: Default::default(),
             },
         );
         self.pending_snaps.push((head, id));
@@ -693,6 +694,7 @@ pub(crate) fn rollback_in(
             )));
         }
         for n in &newer {
+            dsl.rec(*n)?.check_not_held()?;
             if let Some(r) = dsl.recs.get(n).filter(|r| !r.clones.is_empty()) {
                 return Err(DsError::Busy(format!(
                     "snapshot '{}' (newer than '{snap_name}') has dependent clones; \
@@ -905,4 +907,106 @@ pub fn rename(pool: &Pool, old: &str, new: &str) -> Result<(), DsError> {
         }
         Ok(())
     })
+}
+
+/// Puts a hold with `tag` on each snapshot (with `recursive`, on the
+/// snapshot of that name of every filesystem below too): a held snapshot
+/// cannot be destroyed until every hold on it is released.
+pub fn hold(pool: &Pool, tag: &str, snaps: &[String], recursive: bool) -> Result<(), DsError> {
+    check_hold_tag(tag)?;
+    with_dir_excl(pool, |dsl, _cx| {
+        let ids = holds_targets(dsl, snaps, recursive)?;
+        for id in &ids {
+            if dsl.rec(*id)?.holds.contains(tag) {
+                return Err(DsError::Exists(format!(
+                    "snapshot '{}' already has a hold '{tag}'",
+                    dsl.rec(*id)?.name
+                )));
+            }
+        }
+        for id in ids {
+            if let Some(r) = dsl.recs.get_mut(&id) {
+                r.holds.insert(tag.to_string());
+            }
+            dsl.dirty_recs.insert(id);
+        }
+        Ok(())
+    })
+}
+
+/// Releases the hold `tag` from each snapshot (and, `recursive`, from the
+/// snapshots of that name below).
+pub fn release(pool: &Pool, tag: &str, snaps: &[String], recursive: bool) -> Result<(), DsError> {
+    with_dir_excl(pool, |dsl, _cx| {
+        let ids = holds_targets(dsl, snaps, recursive)?;
+        for id in &ids {
+            if !dsl.rec(*id)?.holds.contains(tag) {
+                return Err(DsError::NotFound(format!(
+                    "snapshot '{}' has no hold '{tag}'",
+                    dsl.rec(*id)?.name
+                )));
+            }
+        }
+        for id in ids {
+            if let Some(r) = dsl.recs.get_mut(&id) {
+                r.holds.remove(tag);
+            }
+            dsl.dirty_recs.insert(id);
+        }
+        Ok(())
+    })
+}
+
+/// The holds on each snapshot: (snapshot, tag), sorted.
+pub fn holds(
+    pool: &Pool,
+    snaps: &[String],
+    recursive: bool,
+) -> Result<Vec<(String, String)>, DsError> {
+    crate::dsl::with_dir(pool, |dsl, _| {
+        let mut out = Vec::new();
+        for id in holds_targets(dsl, snaps, recursive)? {
+            let r = dsl.rec(id)?;
+            out.extend(r.holds.iter().map(|t| (r.name.clone(), t.clone())));
+        }
+        out.sort();
+        Ok(out)
+    })
+}
+
+fn check_hold_tag(tag: &str) -> Result<(), DsError> {
+    if tag.is_empty() || tag.len() > 128 || tag.chars().any(|c| c.is_control()) {
+        return Err(DsError::Invalid(format!(
+            "hold tag '{tag}': 1 to 128 characters, no control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// The snapshots `snaps` name (and with `recursive`, those of the same
+/// name below each one's filesystem).
+fn holds_targets(dsl: &Dir, snaps: &[String], recursive: bool) -> Result<Vec<u64>, DsError> {
+    let mut ids = Vec::new();
+    for full in snaps {
+        let id = dsl.id_of(full)?;
+        if !dsl.rec(id)?.is_snapshot() {
+            return Err(DsError::Invalid(format!("'{full}' is not a snapshot")));
+        }
+        ids.push(id);
+        if recursive {
+            let (fs, snap) = full.split_once('@').unwrap_or((full, ""));
+            let prefix = format!("{fs}/");
+            for r in dsl.recs.values() {
+                if r.is_snapshot()
+                    && r.name.starts_with(&prefix)
+                    && r.name.rsplit_once('@').map(|(_, s)| s) == Some(snap)
+                {
+                    ids.push(r.id);
+                }
+            }
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids)
 }

@@ -147,6 +147,10 @@ pub(crate) struct DsRec {
     /// how far it came (see `recv`). Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recv: Option<crate::recv::RecvState>,
+    /// Snapshots: the tags of the holds on it; a held snapshot cannot be
+    /// destroyed (what keeps a replication's base). Absent when none.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub holds: std::collections::BTreeSet<String>,
 }
 
 impl DsRec {
@@ -157,6 +161,21 @@ impl DsRec {
 
     pub(crate) fn is_snapshot(&self) -> bool {
         self.kind == DatasetKind::Snapshot
+    }
+
+    /// Busy when this snapshot is held (it cannot be destroyed).
+    pub(crate) fn check_not_held(&self) -> Result<(), DsError> {
+        if self.holds.is_empty() {
+            return Ok(());
+        }
+        let tags: Vec<&str> = self.holds.iter().map(String::as_str).collect();
+        Err(DsError::Busy(format!(
+            "snapshot '{}' is held ({}): release it first with `tarn release {} {}`",
+            self.name,
+            tags.join(", "),
+            tags[0],
+            self.name
+        )))
     }
 }
 

@@ -577,6 +577,87 @@ fn snapshots_of_a_subtree_are_atomic_and_ranges_destroy() {
     ));
 }
 
+/// A held snapshot survives every way of destroying it (by name, in a
+/// range, recursively, by rollback over it) and export and import, until
+/// each of its holds is released.
+#[test]
+fn holds_keep_snapshots_until_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path(), VdevKind::Single, 1, 64 << 20);
+    ds::create(&pool, "tank/a/b", &BTreeMap::new(), true).unwrap();
+    for s in ["x", "y", "z"] {
+        ds::snapshot(&pool, &[format!("tank/a@{s}")], true).unwrap();
+    }
+    let held = |p: &Pool| ds::holds(p, &["tank/a@x".into(), "tank/a@y".into()], true).unwrap();
+    ds::hold(&pool, "offsite", &["tank/a@y".into()], true).unwrap();
+    ds::hold(&pool, "backup", &["tank/a@y".into()], false).unwrap();
+    assert!(matches!(
+        ds::hold(&pool, "backup", &["tank/a@y".into()], false),
+        Err(DsError::Exists(_))
+    ));
+    for bad in ["", "tab\there"] {
+        assert!(matches!(
+            ds::hold(&pool, bad, &["tank/a@y".into()], false),
+            Err(DsError::Invalid(_))
+        ));
+    }
+    assert!(matches!(
+        ds::hold(&pool, "t", &["tank/a".into()], false),
+        Err(DsError::Invalid(_))
+    ));
+    assert!(matches!(
+        ds::hold(&pool, "t", &["tank/a@nope".into()], false),
+        Err(DsError::NotFound(_))
+    ));
+    let want = [
+        ("tank/a/b@y", "offsite"),
+        ("tank/a@y", "backup"),
+        ("tank/a@y", "offsite"),
+    ];
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    assert_eq!(held(&pool), want);
+
+    let busy = |r: Result<(), DsError>| assert!(matches!(r, Err(DsError::Busy(_))), "{r:?}");
+    busy(ds::destroy(&pool, "tank/a@y", false));
+    busy(ds::destroy(&pool, "tank/a/b@y", false));
+    busy(ds::destroy(&pool, "tank/a@x%z", false));
+    busy(ds::destroy(&pool, "tank/a", true));
+    busy(ds::rollback(&pool, "tank/a@x", true));
+    // A refused destroy took nothing with it.
+    let names = |p: &Pool| -> Vec<String> {
+        ds::list(p, true)
+            .unwrap()
+            .into_iter()
+            .map(|i| i.name)
+            .filter(|n| n.contains('@'))
+            .collect()
+    };
+    assert_eq!(names(&pool).len(), 6);
+
+    pool.export(false).unwrap();
+    drop(pool);
+    let pool = import(dir.path(), "tank");
+    assert_eq!(held(&pool), want);
+    busy(ds::destroy(&pool, "tank/a@y", false));
+
+    ds::release(&pool, "offsite", &["tank/a@y".into()], true).unwrap();
+    assert!(matches!(
+        ds::release(&pool, "offsite", &["tank/a@y".into()], false),
+        Err(DsError::NotFound(_))
+    ));
+    busy(ds::destroy(&pool, "tank/a@y", false));
+    ds::destroy(&pool, "tank/a/b@y", false).unwrap();
+    ds::release(&pool, "backup", &["tank/a@y".into()], false).unwrap();
+    assert!(held(&pool).is_empty());
+    ds::rollback(&pool, "tank/a@x", true).unwrap();
+    assert!(!names(&pool).contains(&"tank/a@y".to_string()));
+    ds::destroy(&pool, "tank/a", true).unwrap();
+    assert!(names(&pool).is_empty());
+}
+
 /// Scrub reaches the blocks of every dataset and snapshot tree: damage to
 /// a mirror half is found and repaired; on a single device it is reported.
 #[test]

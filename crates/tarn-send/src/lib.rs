@@ -192,9 +192,10 @@ pub struct RecvReport {
     pub items: u64,
 }
 
-/// Entries applied per transaction, and the bytes that end one early.
-const BATCH_ITEMS: usize = 512;
-const BATCH_BYTES: usize = 16 << 20;
+/// Entries applied per transaction, and the bytes that end one early:
+/// also how finely a resumable receive can resume.
+const BATCH_ITEMS: usize = 256;
+const BATCH_BYTES: usize = 1 << 20;
 
 fn item_bytes(i: &SendItem) -> usize {
     use tarn_dataset::send::BlockPayload;

@@ -415,6 +415,7 @@ fn a_resumable_receive_continues_after_cuts_anywhere() {
     tarn_dataset::snapshot(&tank, &["tank/fs@b".into()], false).unwrap();
     drop(fs);
     let seeds = tarn_testkit::data::env_seed("TARN_SEND_SEED").map_or(6, |_| 1);
+    let mut resumed_later = 0;
     for round in 0..seeds {
         let target = format!("backup/r{round}");
         let resumable = RecvOptions {
@@ -443,7 +444,11 @@ fn a_resumable_receive_continues_after_cuts_anywhere() {
                     token: (token != "-").then_some(token),
                     ..opts.clone()
                 };
+                let whole = stream.len();
                 stream = to_vec(&tank, snap, &resume);
+                if stream.len() < whole {
+                    resumed_later += 1;
+                }
                 if cuts == 3 || stream.len() < 64 {
                     break;
                 }
@@ -461,6 +466,10 @@ fn a_resumable_receive_continues_after_cuts_anywhere() {
         );
         assert_eq!(tree(&backup, &target), tree(&tank, "tank/fs@b"));
     }
+    assert!(
+        resumed_later > 3,
+        "only {resumed_later} cuts resumed past the start: the test would not see a bad resume point"
+    );
     assert!(backup.leak_check().unwrap().is_clean());
 }
 

@@ -118,3 +118,49 @@ fn dataset_commands_end_to_end() {
     assert!(err.contains("root dataset"), "{err}");
     d.stop();
 }
+
+/// Holds through the CLI: a held snapshot refuses `destroy` with a message
+/// naming the hold, `holds` lists it (text and JSON), the hold survives a
+/// daemon restart, and after `release` the snapshot goes.
+#[test]
+fn holds_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(dir.path());
+    let f = files(dir.path(), "h", 1, 64 << 20);
+    d.ok(&["pool", "create", "tank", &f[0]]);
+    d.ok(&["dataset", "create", "-p", "tank/home/alice"]);
+    d.ok(&["snapshot", "-r", "tank/home@mon"]);
+    d.ok(&["hold", "-r", "offsite", "tank/home@mon"]);
+    let err = d.fails(&["hold", "offsite", "tank/home@mon"]);
+    assert!(err.contains("already"), "{err}");
+    let err = d.fails(&["hold", "x", "tank/home"]);
+    assert!(err.contains("not a snapshot"), "{err}");
+    let list = d.ok(&["holds", "-r", "tank/home@mon"]);
+    assert!(
+        list.contains("tank/home@mon") && list.contains("tank/home/alice@mon"),
+        "{list}"
+    );
+    assert!(list.contains("offsite"), "{list}");
+    let err = d.fails(&["destroy", "tank/home/alice@mon"]);
+    assert!(err.contains("held") && err.contains("offsite"), "{err}");
+    let err = d.fails(&["destroy", "-r", "tank/home"]);
+    assert!(err.contains("held"), "{err}");
+
+    d.stop();
+    d = Daemon::start(dir.path());
+    let json = d.ok(&["holds", "-o", "json", "tank/home/alice@mon"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!([{"snapshot": "tank/home/alice@mon", "tag": "offsite"}])
+    );
+    d.ok(&["release", "offsite", "tank/home/alice@mon"]);
+    let err = d.fails(&["release", "offsite", "tank/home/alice@mon"]);
+    assert!(err.contains("no hold"), "{err}");
+    d.ok(&["destroy", "tank/home/alice@mon"]);
+    let err = d.fails(&["destroy", "tank/home@mon"]);
+    assert!(err.contains("held"), "{err}");
+    d.ok(&["release", "-r", "offsite", "tank/home@mon"]);
+    d.ok(&["destroy", "-r", "tank/home"]);
+    d.stop();
+}

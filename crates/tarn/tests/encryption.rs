@@ -43,22 +43,7 @@ fn encrypted_datasets_through_the_daemon() {
     let f = files(dir.path(), "m", 3, 64 << 20);
     d.ok(&["pool", "create", "tank", "raidz1", &f[0], &f[1], &f[2]]);
     let mnt = dir.path().join("secret");
-    let mp = format!("mountpoint={}", mnt.display());
-    let o = d.tarn_input(
-        &[
-            "dataset",
-            "create",
-            "-o",
-            "encryption=on",
-            "-o",
-            "keyformat=passphrase",
-            "-o",
-            &mp,
-            "tank/secret",
-        ],
-        PASS,
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    d.create_encrypted("tank/secret", &mnt, PASS);
     assert!(is_mounted(&mnt));
     let canary = b"CANARY-daemon-4f1e9b2c77a0";
     let name = "CANARY-name-0b2d9e61f3";

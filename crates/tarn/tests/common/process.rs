@@ -92,6 +92,29 @@ impl Daemon {
         child.wait_with_output().expect("wait for tarn")
     }
 
+    /// Creates `name` as an encryption root with the passphrase `pass`
+    /// piped in, mounted at `mountpoint`.
+    pub fn create_encrypted(&self, name: &str, mountpoint: &Path, pass: &[u8]) {
+        let mp = format!("mountpoint={}", mountpoint.display());
+        let args = [
+            "dataset",
+            "create",
+            "-o",
+            "encryption=on",
+            "-o",
+            "keyformat=passphrase",
+            "-o",
+            &mp,
+            name,
+        ];
+        let o = self.tarn_input(&args, pass);
+        assert!(
+            o.status.success(),
+            "create {name}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+
     /// Runs a command that must succeed; returns its stdout.
     pub fn ok(&self, args: &[&str]) -> String {
         let o = self.tarn(args);
