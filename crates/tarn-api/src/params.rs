@@ -644,6 +644,10 @@ pub struct SendParams {
     /// Continue an interrupted resumable receive (`-t`).
     #[serde(default)]
     pub token: Option<String>,
+    /// A replication package: the dataset and those below it, with
+    /// their snapshots and properties (`-R`).
+    #[serde(default)]
+    pub replicate: bool,
 }
 
 /// What `dataset.send` reports after its body.
@@ -681,6 +685,10 @@ pub struct ReceiveParams {
 pub struct ReceiveResult {
     /// The snapshots received, by full name.
     pub snapshots: Vec<String>,
+    /// Snapshots of a series or package the target already had (sent
+    /// again after a break).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
     /// Entries applied.
     pub items: u64,
 }

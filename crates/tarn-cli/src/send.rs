@@ -31,9 +31,14 @@ pub struct SendArgs {
     /// Send the dataset's local properties too
     #[arg(short = 'p', long)]
     props: bool,
+    /// Replicate: the dataset and every one below it that has this
+    /// snapshot, each with its snapshots up to it (since -i/-I where it
+    /// has that one) and its properties; received below the target
+    #[arg(short = 'R', long = "replicate")]
+    replicate: bool,
     /// Continue the receive this token (the target's
     /// receive_resume_token) stands for
-    #[arg(short = 't', value_name = "TOKEN", conflicts_with_all = ["from", "all_from"])]
+    #[arg(short = 't', value_name = "TOKEN", conflicts_with_all = ["from", "all_from", "replicate"])]
     token: Option<String>,
     /// Write the stream to this file instead of standard output
     #[arg(long = "to", value_name = "FILE")]
@@ -78,6 +83,7 @@ pub(crate) fn send(client: &mut Session, a: SendArgs) -> anyhow::Result<()> {
         raw: a.raw,
         props: a.props,
         token: a.token,
+        replicate: a.replicate,
     };
     let v = match &a.to {
         Some(path) => {
@@ -142,9 +148,14 @@ pub(crate) fn receive(client: &mut Session, out: &Out, a: ReceiveArgs) -> anyhow
     };
     let r: ReceiveResult = decode(method::DATASET_RECEIVE, v.clone())?;
     out.raw_or(&v, || {
+        let skipped = r
+            .skipped
+            .iter()
+            .map(|s| format!("skipped {s} (already here)\n"));
         r.snapshots
             .iter()
             .map(|s| format!("received {s}\n"))
+            .chain(skipped)
             .collect()
     })
 }

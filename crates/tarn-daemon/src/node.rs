@@ -349,6 +349,7 @@ impl Backend for Pools {
             raw: p.raw,
             props: p.props,
             token: p.token.clone(),
+            replicate: p.replicate,
         };
         // A token names its snapshot by guid: the pool that holds it.
         let (pool, snap) = match (&p.snapshot, &p.token) {
@@ -406,6 +407,7 @@ impl Backend for Pools {
         let r = r?;
         Ok(tarn_api::params::ReceiveResult {
             snapshots: r.snapshots,
+            skipped: r.skipped,
             items: r.items,
         })
     }

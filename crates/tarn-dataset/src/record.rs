@@ -375,6 +375,9 @@ pub(crate) fn check_fs_name(pool: &str, name: &str) -> Result<(), DsError> {
         if p.is_empty() {
             return bad("empty component");
         }
+        if p == "." || p == ".." {
+            return bad("a component cannot be '.' or '..'");
+        }
         if !p
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))

@@ -308,6 +308,16 @@ fn begin_full(dir: &mut Dir, txg: u64, name: &str, info: &SendInfo) -> Result<u6
         props.insert(k.clone(), crate::props::validate(k, v)?);
     }
     let key = match (&info.key, info.raw) {
+        // The parent holds the same key (a tree sent with -R -w, or a
+        // child received below its encryption root): the child shares it,
+        // as on the sender.
+        (Some(k), true)
+            if parent_key
+                .and_then(|pk| dir.keys.get(&pk))
+                .is_some_and(|r| r.guid == k.guid && r.cipher == k.cipher) =>
+        {
+            None
+        }
         (Some(k), true) => {
             tarn_block::Cipher::parse(&k.cipher).map_err(|e| DsError::Invalid(e.to_string()))?;
             if !k.wrapped.len().is_multiple_of(2)
@@ -550,5 +560,18 @@ pub fn snapshot_by_guid(pool: &Pool, guid: u64) -> Result<Option<String>, DsErro
             .values()
             .find(|r| r.is_snapshot() && r.guid == guid)
             .map(|r| r.name.clone()))
+    })
+}
+
+/// Whether filesystem `fs` has a snapshot with this guid: a stream of a
+/// replication package that it already received is skipped.
+pub fn has_snapshot(pool: &Pool, fs: &str, guid: u64) -> Result<bool, DsError> {
+    crate::dsl::with_dir(pool, |dir, _| {
+        let Some(&id) = dir.names.get(fs) else {
+            return Ok(false);
+        };
+        Ok(crate::dsl::snapshot_ids(dir, id)
+            .iter()
+            .any(|(_, s)| dir.recs.get(s).is_some_and(|r| r.guid == guid)))
     })
 }

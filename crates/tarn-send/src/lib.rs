@@ -7,8 +7,11 @@
 //! write the trees; [`stream`] is the byte format, documented in
 //! docs/format.md ("Send streams"); this crate joins them: [`send`] walks
 //! a snapshot into a writer, [`receive`] applies what a reader holds.
-//! Several streams may follow each other in one input (`send -I`): they
-//! are received in order.
+//! Several streams may follow each other in one input (`send -I`, and
+//! `send -R`, whose streams each name their dataset's place below the
+//! package's top): they are received in order, and those whose snapshot
+//! the target already has are skipped, so a series sent again after a
+//! break finishes it.
 
 #![warn(missing_docs)]
 
@@ -54,6 +57,10 @@ pub struct SendOptions {
     pub props: bool,
     /// Continue the stream a resumable receive broke off (`-t`).
     pub token: Option<String>,
+    /// A replication package (`-R`): the dataset and every one below it
+    /// that has a snapshot of that name, each with its snapshots up to it
+    /// (since `from`, for those that have it) and its properties.
+    pub replicate: bool,
 }
 
 /// What a send did.
@@ -71,21 +78,33 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Writes one stream of `snap` (since `from`) to `out`.
+/// One stream to send: the snapshot, its base, and (in a package) where
+/// it goes below the package's top.
+struct Part {
+    snap: String,
+    from: Option<String>,
+    rel: Option<String>,
+    /// `[i, n]` when one send writes several streams.
+    part: Option<[u32; 2]>,
+}
+
+/// Writes one stream of `part` to `out`.
 fn send_one<W: Write>(
     pool: &Arc<Pool>,
-    snap: &str,
-    from: Option<&str>,
+    part: &Part,
     opts: &SendOptions,
     after: Option<Vec<u8>>,
     out: W,
 ) -> Result<(W, u64, SendStats), SendError> {
-    let src = SendSource::open(pool, snap, from, opts.raw, opts.props)?;
+    let props = opts.props || part.rel.is_some();
+    let src = SendSource::open(pool, &part.snap, part.from.as_deref(), opts.raw, props)?;
     let header = Header {
         magic: MAGIC.into(),
         version: VERSION,
         info: src.info().clone(),
         resume_after: after.as_deref().map(hex),
+        rel: part.rel.clone(),
+        part: part.part,
     };
     let mut w = StreamWriter::begin(out, &header)?;
     let mut failed: Option<SendError> = None;
@@ -122,6 +141,91 @@ fn series(pool: &Arc<Pool>, snap: &str, from: &str) -> Result<Vec<String>, SendE
         ))
         .into()),
     }
+}
+
+/// The short name of a snapshot given as `@name`, `name` or `fs@name`.
+fn short_name(s: &str) -> &str {
+    s.rsplit_once('@').map_or(s, |(_, n)| n)
+}
+
+/// The streams of a replication package of `snap` (see
+/// [`SendOptions::replicate`]): for each dataset at or below the top (a
+/// parent before its children) that has the snapshot, an incremental
+/// series from `from` when it has that snapshot, else a full stream of
+/// its oldest snapshot and the series from there. A clone is sent whole.
+fn package(pool: &Arc<Pool>, snap: &str, opts: &SendOptions) -> Result<Vec<Part>, SendError> {
+    let (top, want) = snap
+        .split_once('@')
+        .ok_or_else(|| DsError::Invalid(format!("'{snap}' is not a snapshot")))?;
+    let from = opts.from.as_deref().map(|f| match f.split_once('@') {
+        Some((fs, _)) if !fs.is_empty() && fs != top => Err(DsError::Invalid(format!(
+            "with -R, -i and -I name a snapshot of '{top}' ('@name'), not of '{fs}'"
+        ))),
+        _ => Ok(short_name(f)),
+    });
+    let from = from.transpose()?;
+    let mut names: Vec<String> = tarn_dataset::list(pool, false)?
+        .into_iter()
+        .map(|i| i.name)
+        .filter(|n| n == top || n.starts_with(&format!("{top}/")))
+        .collect();
+    names.sort();
+    if names.first().map(String::as_str) != Some(top) {
+        return Err(DsError::NotFound(format!("'{top}' does not exist")).into());
+    }
+    let mut parts = Vec::new();
+    for fs in names {
+        let all: Vec<String> = tarn_dataset::open(pool, &fs)?
+            .snapshots()?
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        let Some(end) = all.iter().position(|n| n == want) else {
+            if fs == top {
+                return Err(DsError::NotFound(format!("'{snap}' does not exist")).into());
+            }
+            continue;
+        };
+        let rel = fs[top.len()..].trim_start_matches('/').to_string();
+        let start = from.and_then(|f| all.iter().position(|n| n == f));
+        if fs == top {
+            if let (Some(f), None) = (from, start) {
+                return Err(DsError::NotFound(format!("'{top}@{f}' does not exist")).into());
+            }
+            if start.is_some_and(|s| s >= end) {
+                return Err(DsError::Invalid(format!(
+                    "'@{}' is not older than '{snap}'",
+                    from.unwrap_or_default()
+                ))
+                .into());
+            }
+        }
+        let full = |n: &String| format!("{fs}@{n}");
+        let mut add = |from: Option<&String>, to: &String| {
+            parts.push(Part {
+                snap: full(to),
+                from: from.map(full),
+                rel: Some(rel.clone()),
+                part: None,
+            })
+        };
+        match start {
+            Some(s) if s >= end => {}
+            Some(s) if !opts.intermediates => add(Some(&all[s]), &all[end]),
+            Some(s) => {
+                for w in all[s..=end].windows(2) {
+                    add(Some(&w[0]), &w[1]);
+                }
+            }
+            None => {
+                add(None, &all[0]);
+                for w in all[..=end].windows(2) {
+                    add(Some(&w[0]), &w[1]);
+                }
+            }
+        }
+    }
+    Ok(parts)
 }
 
 /// Sends snapshot `snap` (`pool/fs@name`) to `out` as `opts` say.
@@ -161,24 +265,49 @@ pub fn send<W: Write>(
             raw: token.raw,
             ..opts.clone()
         };
-        let (_, bytes, s) = send_one(pool, &name, from.as_deref(), &o, token.after_key()?, out)?;
+        let part = Part {
+            snap: name,
+            from,
+            rel: None,
+            part: None,
+        };
+        let (_, bytes, s) = send_one(pool, &part, &o, token.after_key()?, out)?;
         add(bytes, s);
         return Ok(report);
     }
-    match (&opts.from, opts.intermediates) {
-        (Some(from), true) => {
-            let list = series(pool, snap, from)?;
-            let mut out = out;
-            for pair in list.windows(2) {
-                let (o, bytes, s) = send_one(pool, &pair[1], Some(&pair[0]), opts, None, out)?;
-                out = o;
-                add(bytes, s);
-            }
+    let parts = if opts.replicate {
+        package(pool, snap, opts)?
+    } else {
+        match (&opts.from, opts.intermediates) {
+            (Some(from), true) => series(pool, snap, from)?
+                .windows(2)
+                .map(|w| Part {
+                    snap: w[1].clone(),
+                    from: Some(w[0].clone()),
+                    rel: None,
+                    part: None,
+                })
+                .collect(),
+            (from, _) => vec![Part {
+                snap: snap.to_string(),
+                from: from.clone(),
+                rel: None,
+                part: None,
+            }],
         }
-        (from, _) => {
-            let (_, bytes, s) = send_one(pool, snap, from.as_deref(), opts, None, out)?;
-            add(bytes, s);
+    };
+    let mut parts = parts;
+    let n = parts.len() as u32;
+    if n > 1 {
+        for (i, p) in parts.iter_mut().enumerate() {
+            p.part = Some([i as u32 + 1, n]);
         }
+    }
+    let mut out = out;
+    for part in &parts {
+        let (o, bytes, s) = send_one(pool, part, opts, None, out)?;
+        out = o;
+        add(bytes, s);
     }
     Ok(report)
 }
@@ -188,6 +317,9 @@ pub fn send<W: Write>(
 pub struct RecvReport {
     /// The snapshots received, by full name.
     pub snapshots: Vec<String>,
+    /// Streams of a series or package whose snapshot the target already
+    /// had (sent again after a break): read, checked, skipped.
+    pub skipped: Vec<String>,
     /// Entries applied.
     pub items: u64,
 }
@@ -218,20 +350,24 @@ fn receive_one<R: Read>(
 ) -> Result<(), SendError> {
     let mut rx = Receiver::begin(pool, name, &header.info, opts)?;
     let want = rx.resume_after().map(hex);
-    if header.resume_after != want {
-        let e = SendError::Stream(match (&want, &header.resume_after) {
-            (Some(_), None) => format!(
-                "'{name}' holds a partial receive of this stream: send it with -t and the \
-                 dataset's receive_resume_token, or abort it with `tarn receive -A {name}`"
-            ),
-            _ => "the stream resumes at another place than this receive broke off".into(),
-        });
-        // The partial state is left as it was.
-        return Err(e);
-    }
+    // The same stream sent again from its start continues a partial
+    // receive too: what it already applied is read, checked and skipped.
+    let skip: Option<Vec<u8>> = match (&want, &header.resume_after) {
+        (w, h) if w == h => None,
+        (Some(_), None) => rx.resume_after().map(<[u8]>::to_vec),
+        _ => {
+            // The partial state is left as it was.
+            return Err(SendError::Stream(
+                "the stream resumes at another place than this receive broke off".into(),
+            ));
+        }
+    };
     let mut batch: Vec<SendItem> = Vec::new();
     let mut bytes = 0;
-    let mut last: Option<Vec<u8>> = rx.resume_after().map(<[u8]>::to_vec);
+    let mut last: Option<Vec<u8>> = match skip {
+        Some(_) => None,
+        None => rx.resume_after().map(<[u8]>::to_vec),
+    };
     let r = (|| -> Result<(), SendError> {
         loop {
             match reader.next_record()? {
@@ -242,6 +378,9 @@ fn receive_one<R: Read>(
                         return Err(SendError::Stream("entries out of key order".into()));
                     }
                     last = Some(item.key().to_vec());
+                    if skip.as_deref().is_some_and(|s| item.key() <= s) {
+                        continue;
+                    }
                     bytes += item_bytes(&item);
                     batch.push(item);
                     report.items += 1;
@@ -280,8 +419,39 @@ fn receive_one<R: Read>(
     }
 }
 
+/// Where a stream goes: `name`, or for a stream of a replication package
+/// the dataset at its place below `name`.
+fn target(name: &str, header: &Header) -> Result<String, SendError> {
+    match header.rel.as_deref() {
+        None | Some("") => Ok(name.to_string()),
+        Some(rel) => {
+            if rel.contains(['@', '%']) || rel.starts_with('/') {
+                return Err(SendError::Stream(format!(
+                    "the package names a dataset '{rel}' that is not a path below its top"
+                )));
+            }
+            Ok(format!("{name}/{rel}"))
+        }
+    }
+}
+
+/// Reads and checks the rest of a stream without applying it.
+fn skip_stream<R: Read>(reader: &mut StreamReader<R>) -> Result<(), SendError> {
+    loop {
+        match reader.next_record()? {
+            Some(Record::Item(_)) => {}
+            Some(Record::End(_)) => return Ok(()),
+            Some(Record::Begin(_)) => {
+                return Err(SendError::Stream("BEGIN inside a stream".into()))
+            }
+            None => return Err(SendError::Stream("the stream ends before END".into())),
+        }
+    }
+}
+
 /// Receives every stream `input` holds into dataset `name` (see the
-/// crate docs): each becomes a snapshot of it.
+/// crate docs): each becomes a snapshot of it, or, in a replication
+/// package, of the dataset at its place below `name`.
 pub fn receive<R: Read>(
     pool: &Arc<Pool>,
     name: &str,
@@ -290,13 +460,47 @@ pub fn receive<R: Read>(
 ) -> Result<RecvReport, SendError> {
     let mut reader = StreamReader::new(input);
     let mut report = RecvReport::default();
+    // The `[i, n]` of the last stream of a series (`Header::part`).
+    let mut prev: Option<[u32; 2]> = None;
+    let unfinished = |prev: Option<[u32; 2]>| match prev {
+        Some([i, n]) if i < n => Err(SendError::Stream(format!(
+            "the input ends after stream {i} of the {n} one send wrote: it was cut short \
+             (what arrived is kept; send it all again to finish)"
+        ))),
+        _ => Ok(()),
+    };
     loop {
         match reader.next_record()? {
-            None if report.snapshots.is_empty() => {
+            None if report.snapshots.is_empty() && report.skipped.is_empty() => {
                 return Err(SendError::Stream("the input holds no stream".into()))
             }
-            None => return Ok(report),
-            Some(Record::Begin(h)) => receive_one(pool, name, &h, opts, &mut reader, &mut report)?,
+            None => {
+                unfinished(prev)?;
+                return Ok(report);
+            }
+            Some(Record::Begin(h)) => {
+                match (prev, h.part) {
+                    (_, Some([1, n])) if n >= 1 => unfinished(prev)?,
+                    (Some([i, n]), Some([j, m])) if j == i + 1 && m == n && j <= n => {}
+                    (_, Some(_)) => {
+                        return Err(SendError::Stream(
+                            "streams of one send arrive out of order or missing".into(),
+                        ))
+                    }
+                    (_, None) => unfinished(prev)?,
+                }
+                prev = h.part;
+                let at = target(name, &h)?;
+                // A series or package sent again after a break: what
+                // arrived the first time is skipped.
+                let several = h.rel.is_some() || h.part.is_some();
+                if several && tarn_dataset::recv::has_snapshot(pool, &at, h.info.guid)? {
+                    skip_stream(&mut reader)?;
+                    report.skipped.push(format!("{at}@{}", h.info.name));
+                    continue;
+                }
+                receive_one(pool, &at, &h, opts, &mut reader, &mut report)?
+            }
             Some(_) => return Err(SendError::Stream("a record outside a stream".into())),
         }
     }

@@ -61,6 +61,16 @@ pub struct Header {
     /// A resumed stream starts after this key (lowercase hex).
     #[serde(default)]
     pub resume_after: Option<String>,
+    /// Streams of a replication package (`send -R`): the dataset's name
+    /// below the package's top dataset (`""` for the top itself); the
+    /// receiver puts it at the same place below its target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rel: Option<String>,
+    /// When one send wrote several streams (`-I`, `-R`): this is stream
+    /// `[i, n]`, counting from 1, so an input cut between two of them is
+    /// refused instead of looking complete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub part: Option<[u32; 2]>,
 }
 
 /// One record as read.

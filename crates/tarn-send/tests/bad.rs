@@ -191,6 +191,8 @@ fn stream_of(version: u32, items: &[SendItem]) -> Vec<u8> {
         version,
         info: info(),
         resume_after: None,
+        rel: None,
+        part: None,
     };
     let mut w = StreamWriter::begin(Vec::new(), &h).unwrap();
     for i in items {
@@ -309,6 +311,8 @@ fn stream_layout_is_pinned() {
         version: VERSION,
         info: info(),
         resume_after: None,
+        rel: None,
+        part: None,
     })
     .unwrap();
     let h: serde_json::Value = serde_json::from_slice(&header).unwrap();

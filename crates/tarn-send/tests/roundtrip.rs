@@ -2,7 +2,8 @@
 //! incremental and `-I` streams of filesystems and volumes, raw streams of
 //! an encrypted dataset received without its key (scrubbed there, then
 //! opened with the same passphrase), `-F`, resuming after a cut at random
-//! places, and bad streams refused with the target unchanged.
+//! places, replication packages (`-R`) of trees, plain and raw, cut and
+//! sent again, and bad streams refused with the target unchanged.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -516,4 +517,283 @@ fn an_incremental_stream_costs_what_changed() {
     )
     .unwrap();
     assert_eq!(full.stats.blocks_read, 512);
+}
+
+fn replicate(from: Option<&str>, intermediates: bool, raw: bool) -> SendOptions {
+    SendOptions {
+        from: from.map(str::to_string),
+        intermediates,
+        raw,
+        replicate: true,
+        ..Default::default()
+    }
+}
+
+/// Every snapshot (and the live tree) of each `(source, copy)` pair is the
+/// same, and the copy has no snapshot the source did not send.
+fn same_trees(tank: &Arc<Pool>, backup: &Arc<Pool>, pairs: &[(&str, &str)], upto: &str) {
+    for (src, dst) in pairs {
+        let names = |p: &Arc<Pool>, fs: &str| -> Vec<String> {
+            tarn_dataset::open(p, fs)
+                .unwrap_or_else(|e| panic!("open {fs}: {e}"))
+                .snapshots()
+                .unwrap()
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect()
+        };
+        let mut want = names(tank, src);
+        if let Some(end) = want.iter().position(|n| n == upto) {
+            want.truncate(end + 1);
+        }
+        assert_eq!(names(backup, dst), want, "{dst}'s snapshots");
+        for n in &want {
+            assert_eq!(
+                tree(backup, &format!("{dst}@{n}")),
+                tree(tank, &format!("{src}@{n}")),
+                "{dst}@{n}"
+            );
+        }
+        assert_eq!(
+            tree(backup, dst),
+            tree(tank, &format!("{src}@{upto}")),
+            "{dst} itself"
+        );
+    }
+}
+
+/// `-R`: a tree of filesystems with their snapshots and properties, then
+/// an incremental package with a dataset that is new since; a package
+/// received again is skipped whole; a child without the snapshot stays
+/// home; `-F` rolls every dataset of the package back.
+#[test]
+fn a_replication_package_recreates_a_tree_with_its_snapshots() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tank, backup) = pools(dir.path());
+    let mut rng = Rng::new(0x2e9);
+    let mk = |name: &str, p: &[(&str, &str)]| {
+        tarn_dataset::create(&tank, name, &props(p), false).unwrap();
+    };
+    mk("tank/home", &[]);
+    mk("tank/home/alice", &[("compression", "zstd")]);
+    mk("tank/home/bob", &[("quota", "1G")]);
+    mk("tank/home/bob/music", &[("recordsize", "1M")]);
+    let alice = mount(&tank, "tank/home/alice");
+    populate(&alice, &mut rng);
+    let music = mount(&tank, "tank/home/bob/music");
+    populate(&music, &mut rng);
+    tarn_dataset::snapshot(&tank, &["tank/home@mon".into()], true).unwrap();
+    change(&alice, &mut rng, 0);
+    mk("tank/home/carol", &[]);
+    let carol = mount(&tank, "tank/home/carol");
+    populate(&carol, &mut rng);
+    tarn_dataset::snapshot(&tank, &["tank/home@tue".into()], true).unwrap();
+    mk("tank/home/dave", &[]);
+    tarn_dataset::snapshot(&tank, &["tank/home/dave@own".into()], false).unwrap();
+
+    let pkg = to_vec(&tank, "tank/home@tue", &replicate(None, false, false));
+    let opts = RecvOptions::default();
+    let r = receive(&backup, "backup/home", opts, &pkg[..]).unwrap();
+    // home, alice, bob, bob/music: two snapshots each; carol: one.
+    assert_eq!(r.snapshots.len(), 9, "{:?}", r.snapshots);
+    let pairs = [
+        ("tank/home", "backup/home"),
+        ("tank/home/alice", "backup/home/alice"),
+        ("tank/home/bob", "backup/home/bob"),
+        ("tank/home/bob/music", "backup/home/bob/music"),
+        ("tank/home/carol", "backup/home/carol"),
+    ];
+    same_trees(&tank, &backup, &pairs, "tue");
+    assert!(tarn_dataset::open(&backup, "backup/home/dave").is_err());
+    let local = |p: &Arc<Pool>, name: &str, prop: &str| {
+        let v = tarn_dataset::get_props(p, name, &[prop.to_string()]).unwrap();
+        (v[0].value.clone(), v[0].source.clone())
+    };
+    for (name, prop) in [
+        ("home/alice", "compression"),
+        ("home/bob", "quota"),
+        ("home/bob/music", "recordsize"),
+    ] {
+        assert_eq!(
+            local(&backup, &format!("backup/{name}"), prop),
+            local(&tank, &format!("tank/{name}"), prop),
+            "{name} {prop}"
+        );
+    }
+
+    // Incremental: changes below, and a dataset new since @tue.
+    change(&music, &mut rng, 1);
+    change(&alice, &mut rng, 2);
+    mk("tank/home/eve", &[]);
+    tarn_dataset::snapshot(&tank, &["tank/home@wed".into()], true).unwrap();
+    change(&carol, &mut rng, 3);
+    tarn_dataset::snapshot(&tank, &["tank/home@thu".into()], true).unwrap();
+    let inc = to_vec(
+        &tank,
+        "tank/home@thu",
+        &replicate(Some("@tue"), true, false),
+    );
+    let r = receive(&backup, "backup/home", opts, &inc[..]).unwrap();
+    assert!(r.skipped.is_empty(), "{:?}", r.skipped);
+    let mut pairs = pairs.to_vec();
+    pairs.push(("tank/home/eve", "backup/home/eve"));
+    pairs.push(("tank/home/dave", "backup/home/dave"));
+    same_trees(&tank, &backup, &pairs, "thu");
+    // The same package again: every stream read, checked and skipped.
+    let before = tree(&backup, "backup/home/alice");
+    let r = receive(&backup, "backup/home", opts, &inc[..]).unwrap();
+    assert!(r.snapshots.is_empty(), "{:?}", r.snapshots);
+    // dave has @wed and @thu now, but not @tue: it came whole, from its
+    // own first snapshot.
+    assert_eq!(r.skipped.len(), 15, "{:?}", r.skipped);
+    assert_eq!(tree(&backup, "backup/home/alice"), before);
+
+    // A change on the target refuses the next package; -F rolls back.
+    let copy = mount(&backup, "backup/home/bob/music");
+    let f = tarn_testkit::datasets::new_file(&copy, "local change");
+    copy.release(f).unwrap();
+    drop(copy);
+    tarn_dataset::snapshot(&tank, &["tank/home@fri".into()], true).unwrap();
+    let next = to_vec(
+        &tank,
+        "tank/home@fri",
+        &replicate(Some("@thu"), false, false),
+    );
+    let r = receive(&backup, "backup/home", opts, &next[..]);
+    assert!(
+        matches!(r, Err(SendError::Dataset(DsError::Busy(_)))),
+        "{r:?}"
+    );
+    let force = RecvOptions {
+        force: true,
+        resumable: false,
+    };
+    receive(&backup, "backup/home", force, &next[..]).unwrap();
+    same_trees(&tank, &backup, &pairs, "fri");
+    // -i names a snapshot of the top dataset.
+    let mut out = Vec::new();
+    let r = send(
+        &tank,
+        "tank/home@fri",
+        &replicate(Some("tank/home/alice@thu"), false, false),
+        &mut out,
+    );
+    assert!(
+        matches!(r, Err(SendError::Dataset(DsError::Invalid(_)))),
+        "{r:?}"
+    );
+    assert_eq!(scrub(&backup).errors, 0);
+    assert!(backup.leak_check().unwrap().is_clean());
+}
+
+/// `-R -w` of an encrypted tree: the children that share the root's key
+/// share the copy's key, a child with its own key is its own encryption
+/// root there; all of it received and scrubbed without a key, then opened
+/// with the sender's passphrases.
+#[test]
+fn a_raw_package_keeps_the_tree_of_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tank, backup) = pools(dir.path());
+    let mut rng = Rng::new(0x5ec);
+    const OWN: &str = "another passphrase entirely";
+    encrypted(&tank, "tank/sec", PASS, &[]);
+    tarn_dataset::create(&tank, "tank/sec/a", &props(&[]), false).unwrap();
+    encrypted(&tank, "tank/sec/own", OWN, &[]);
+    for name in ["tank/sec", "tank/sec/a", "tank/sec/own"] {
+        let fs = mount(&tank, name);
+        populate(&fs, &mut rng);
+    }
+    tarn_dataset::snapshot(&tank, &["tank/sec@1".into()], true).unwrap();
+    let fs = mount(&tank, "tank/sec/a");
+    change(&fs, &mut rng, 0);
+    drop(fs);
+    tarn_dataset::snapshot(&tank, &["tank/sec@2".into()], true).unwrap();
+    let trees = |p: &Arc<Pool>, top: &str| -> Vec<BTreeMap<Vec<u8>, Vec<u8>>> {
+        ["", "/a", "/own"]
+            .iter()
+            .flat_map(|c| ["@1", "@2"].map(|s| tree(p, &format!("{top}{c}{s}"))))
+            .collect()
+    };
+    let want = trees(&tank, "tank/sec");
+    tarn_dataset::unload_key(&tank, "tank/sec/own").unwrap();
+    tarn_dataset::unload_key(&tank, "tank/sec").unwrap();
+    let pkg = to_vec(&tank, "tank/sec@2", &replicate(None, false, true));
+    recv(&backup, "backup/sec", &pkg, false).unwrap();
+    for (name, root) in [
+        ("backup/sec", "backup/sec"),
+        ("backup/sec/a", "backup/sec"),
+        ("backup/sec/own", "backup/sec/own"),
+    ] {
+        let i = tarn_testkit::datasets::info(&backup, name);
+        assert_eq!(i.encryptionroot.as_deref(), Some(root), "{name}");
+        assert_eq!(i.keystatus.as_deref(), Some("unavailable"), "{name}");
+    }
+    assert_eq!(scrub(&backup).errors, 0);
+    assert!(backup.leak_check().unwrap().is_clean());
+    tarn_dataset::load_key(&backup, "backup/sec", &passphrase(PASS)).unwrap();
+    tarn_dataset::load_key(&backup, "backup/sec/own", &passphrase(OWN)).unwrap();
+    assert!(trees(&backup, "backup/sec") == want, "the copies differ");
+}
+
+/// A package (and an `-I` series) cut anywhere: the receive fails, even
+/// at a boundary between two streams; what arrived is kept, and the same
+/// package sent again from its start finishes it.
+#[test]
+fn a_cut_package_sent_again_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tank, backup) = pools(dir.path());
+    let mut rng = Rng::new(0xc0de);
+    for name in ["tank/t", "tank/t/x", "tank/t/y"] {
+        tarn_dataset::create(&tank, name, &props(&[]), false).unwrap();
+    }
+    let x = mount(&tank, "tank/t/x");
+    populate(&x, &mut rng);
+    tarn_dataset::snapshot(&tank, &["tank/t@1".into()], true).unwrap();
+    change(&x, &mut rng, 0);
+    let y = mount(&tank, "tank/t/y");
+    populate(&y, &mut rng);
+    tarn_dataset::snapshot(&tank, &["tank/t@2".into()], true).unwrap();
+    drop((x, y));
+    let pkg = to_vec(&tank, "tank/t@2", &replicate(None, false, false));
+    // Where each stream begins: cut just there too.
+    let magic = br#"{"magic""#;
+    let at: Vec<usize> = (0..pkg.len())
+        .filter(|&i| pkg[i..].starts_with(magic))
+        .collect();
+    let boundaries: Vec<usize> = at[1..].iter().map(|i| i - at[0]).collect();
+    assert_eq!(boundaries.len(), 5, "six streams");
+    let resumable = RecvOptions {
+        force: false,
+        resumable: true,
+    };
+    let rounds = tarn_testkit::data::env_seed("TARN_SEND_SEED").map_or(4, |_| 1);
+    for round in 0..rounds {
+        let target = format!("backup/c{round}");
+        let cuts = [
+            boundaries[round % boundaries.len()],
+            rng.range(1, pkg.len() as u64) as usize,
+            rng.range(1, pkg.len() as u64) as usize,
+        ];
+        for cut in cuts {
+            let r = receive(&backup, &target, resumable, &pkg[..cut]);
+            assert!(
+                matches!(r, Err(SendError::Stream(_))),
+                "round {round}: cut at {cut} of {}: {r:?}",
+                pkg.len()
+            );
+        }
+        receive(&backup, &target, resumable, &pkg[..])
+            .unwrap_or_else(|e| panic!("round {round}: the package again: {e}"));
+        same_trees(
+            &tank,
+            &backup,
+            &[
+                ("tank/t", &target),
+                ("tank/t/x", &format!("{target}/x")),
+                ("tank/t/y", &format!("{target}/y")),
+            ],
+            "2",
+        );
+    }
+    assert!(backup.leak_check().unwrap().is_clean());
 }

@@ -3,7 +3,8 @@
 //! an offsite box: it gets a raw stream of an encrypted dataset, scrubs it
 //! without the key, and opens it only when given the passphrase), an
 //! incremental stream, a stream cut short and resumed with its token, and
-//! a damaged stream refused while the daemon keeps serving.
+//! a damaged stream refused while the daemon keeps serving; a replication
+//! package (`send -R`) of a tree, sent twice.
 
 mod common;
 
@@ -43,6 +44,40 @@ fn prop(d: &Daemon, name: &str, p: &str) -> String {
     v[0]["value"].as_str().unwrap_or_default().to_string()
 }
 
+/// A daemon at `home` with pool `tank` and one at `offsite` with pool
+/// `vault`, each laid out as given (`"-"` stands for the next member
+/// file). Returns the daemons and the offsite member files.
+fn two_sites(
+    home: &std::path::Path,
+    offsite: &std::path::Path,
+    tank: &[&str],
+    vault: &[&str],
+) -> (Daemon, Daemon, Vec<String>) {
+    let mut out = Vec::new();
+    let mut members = Vec::new();
+    for (dir, pool, layout) in [(home, "tank", tank), (offsite, "vault", vault)] {
+        std::fs::create_dir_all(dir).unwrap();
+        let d = Daemon::start(dir);
+        let n = layout.iter().filter(|a| **a == "-").count();
+        let f = files(dir, "m", n, 64 << 20);
+        let mut it = f.iter();
+        let mut args = vec!["pool", "create", pool];
+        args.extend(layout.iter().map(|a| {
+            if *a == "-" {
+                it.next().unwrap().as_str()
+            } else {
+                a
+            }
+        }));
+        d.ok(&args);
+        out.push(d);
+        members = f;
+    }
+    let b = out.pop().unwrap();
+    let a = out.pop().unwrap();
+    (a, b, members)
+}
+
 #[test]
 fn snapshots_travel_between_daemons_raw_and_resumed() {
     if !require::fuse() {
@@ -50,14 +85,12 @@ fn snapshots_travel_between_daemons_raw_and_resumed() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (home, offsite) = (dir.path().join("home"), dir.path().join("offsite"));
-    std::fs::create_dir_all(&home).unwrap();
-    std::fs::create_dir_all(&offsite).unwrap();
-    let a = Daemon::start(&home);
-    let b = Daemon::start(&offsite);
-    let fa = files(&home, "m", 3, 64 << 20);
-    let fb = files(&offsite, "m", 2, 64 << 20);
-    a.ok(&["pool", "create", "tank", "raidz1", &fa[0], &fa[1], &fa[2]]);
-    b.ok(&["pool", "create", "vault", "mirror", &fb[0], &fb[1]]);
+    let (a, b, fb) = two_sites(
+        &home,
+        &offsite,
+        &["raidz1", "-", "-", "-"],
+        &["mirror", "-", "-"],
+    );
     let mnt = home.join("docs");
     a.create_encrypted("tank/docs", &mnt, PASS);
     let canary = b"CANARY-offsite-5c1d00aa".repeat(2000);
@@ -182,4 +215,41 @@ fn snapshots_travel_between_daemons_raw_and_resumed() {
         err.contains("not a snapshot") || err.contains("binary"),
         "{err}"
     );
+}
+
+/// `send -R` through the pipe: the tree arrives with its snapshots and
+/// local properties, the receiver says what it received, and the same
+/// package sent again is skipped, not refused.
+#[test]
+fn a_tree_travels_as_one_package() {
+    let dir = tempfile::tempdir().unwrap();
+    let (home, offsite) = (dir.path().join("home"), dir.path().join("offsite"));
+    let (a, b, _) = two_sites(&home, &offsite, &["-"], &["-"]);
+    a.ok(&["dataset", "create", "-o", "compression=zstd", "tank/home"]);
+    a.ok(&["dataset", "create", "-o", "quota=1G", "tank/home/kids"]);
+    a.ok(&["dataset", "create", "tank/home/kids/lego"]);
+    a.ok(&["snapshot", "-r", "tank/home@one"]);
+    a.ok(&["snapshot", "-r", "tank/home@two"]);
+    let out = ok(pipe(&a, "-R tank/home@two", &b, "vault/home"), "-R");
+    for s in [
+        "vault/home@one",
+        "vault/home/kids@two",
+        "vault/home/kids/lego@two",
+    ] {
+        assert!(out.contains(&format!("received {s}")), "{s}: {out}");
+    }
+    assert_eq!(prop(&b, "vault/home", "compression"), "zstd");
+    assert_eq!(prop(&b, "vault/home/kids", "quota"), "1073741824");
+    let snaps = b.ok(&["dataset", "list", "-t", "snapshot"]);
+    assert_eq!(snaps.matches("vault/home").count(), 6, "{snaps}");
+    let again = ok(pipe(&a, "-R tank/home@two", &b, "vault/home"), "-R again");
+    assert!(!again.contains("received"), "{again}");
+    assert_eq!(again.matches("skipped").count(), 6, "{again}");
+    // The incremental package after a new snapshot: only it arrives.
+    a.ok(&["snapshot", "-r", "tank/home@three"]);
+    let out = ok(
+        pipe(&a, "-R -i @two tank/home@three", &b, "vault/home"),
+        "-R -i",
+    );
+    assert_eq!(out.matches("received").count(), 3, "{out}");
 }
