@@ -85,9 +85,12 @@
 //! TASK SET, CLEAR TASK SET, LUN RESET and TARGET WARM RESET drop every
 //! waiting task and every running one that way; TARGET COLD RESET does
 //! so and closes the connection. The response to the function is sent
-//! only after the tasks it ended are over. All answer "function complete", including for a task
-//! that does not exist (it completed first). CLEAR ACA is "not
-//! supported", TASK REASSIGN "allegiance reassignment not supported".
+//! only after the tasks it ended are over. They answer "function
+//! complete", except ABORT TASK for a task this connection does not hold
+//! (it completed and was answered first, or never came): "task does not
+//! exist", so the initiator knows the response it got stands. CLEAR ACA
+//! is "not supported", TASK REASSIGN "allegiance reassignment not
+//! supported".
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -1278,14 +1281,21 @@ impl Ffp {
         let response = match func {
             1 => {
                 let itt = p.u32_at(20);
-                if let Some(t) = self.tasks.remove(&itt) {
+                let waiting = self.tasks.remove(&itt);
+                if let Some(t) = &waiting {
                     self.task_bytes -= t.want as u64;
                 }
                 if self.running_itts.values().any(|&(i, _)| i == itt) {
                     self.aborted.insert(itt);
                     self.settle().await;
+                    0
+                } else if waiting.is_some() {
+                    0
+                } else {
+                    // Completed (and answered) before the function came,
+                    // or never sent: "task does not exist".
+                    1
                 }
-                0
             }
             2 | 4 | 5 if lun != 0 => 2,
             2 | 4 | 5 | 6 | 7 => {

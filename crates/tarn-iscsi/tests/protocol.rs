@@ -1,7 +1,8 @@
 //! The protocol over a raw socket: bad input (garbage, oversized
 //! segments, login out of order, unknown opcodes) is answered with a
 //! Reject or a closed connection and never disturbs other sessions;
-//! writes through R2T and reads split into several Data-In PDUs.
+//! writes through R2T and reads split into several Data-In PDUs; ABORT
+//! TASK of a waiting, a finished and an unknown task.
 
 mod common;
 
@@ -630,4 +631,65 @@ fn a_target_removed_right_after_login_ends_that_session() {
         r.set_targets(vec![IscsiTarget::new(IQN, a.clone())])
             .unwrap();
     }
+}
+
+/// An ABORT TASK request for `itt` (immediate).
+fn abort_task(s: &mut Raw, tmf_itt: u32, itt: u32) -> Pdu {
+    let mut p = Pdu::new(op::TASK_MGMT);
+    p.set_immediate(true);
+    p.set_flags(0x80 | 1);
+    p.set_itt(tmf_itt);
+    p.set_u32(20, itt);
+    p.set_u32(24, s.cmd_sn);
+    p
+}
+
+/// ABORT TASK: a write waiting for its data is dropped without a response
+/// ("function complete"); one that completed and was answered, or an ITT
+/// never used, is "task does not exist", so the initiator knows the
+/// response it got stands.
+#[test]
+fn abort_task_tells_a_dropped_task_from_a_finished_one() {
+    let (r, dev) = server();
+    let mut s = Raw::login(r.local_addr(), IQN);
+    let block = |dev: &tarn_vol::testing::MemDevice| dev.contents()[..4096].to_vec();
+    // A 4 KiB write with no immediate data: it waits for Data-Out.
+    let c = s.scsi(20, &[0x2a, 0, 0, 0, 0, 0, 0, 0, 8, 0], 4096, false, true);
+    s.send(&c);
+    let r2t = s.recv().expect("an R2T");
+    assert_eq!(r2t.opcode(), op::R2T);
+    let a = abort_task(&mut s, 21, 20);
+    s.send(&a);
+    let rsp = s.recv().expect("the function's response");
+    assert_eq!(rsp.opcode(), op::TASK_MGMT_RSP);
+    assert_eq!(rsp.itt(), 21);
+    assert_eq!(rsp.bhs[2], 0, "function complete");
+    // Its data, sent late, is dropped: the device is unchanged.
+    let mut d = Pdu::new(op::DATA_OUT);
+    d.set_flags(0x80);
+    d.set_itt(20);
+    d.set_u32(20, r2t.u32_at(20));
+    d.data = vec![0xee; 4096];
+    s.send(&d);
+    s.tur_good(22);
+    assert_eq!(block(&dev), vec![0u8; 4096]);
+
+    // A write that completed and was answered.
+    let mut c = s.scsi(30, &[0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0], 512, false, true);
+    c.data = vec![0x5a; 512];
+    s.send(&c);
+    let rsp = s.recv().expect("the write's response");
+    assert_eq!((rsp.opcode(), rsp.itt(), rsp.bhs[3]), (op::SCSI_RSP, 30, 0));
+    let a = abort_task(&mut s, 31, 30);
+    s.send(&a);
+    let rsp = s.recv().expect("the function's response");
+    assert_eq!((rsp.opcode(), rsp.itt()), (op::TASK_MGMT_RSP, 31));
+    assert_eq!(rsp.bhs[2], 1, "task does not exist");
+    assert_eq!(block(&dev)[..512], [0x5a; 512]);
+    // An ITT never used.
+    let a = abort_task(&mut s, 32, 0x7777);
+    s.send(&a);
+    let rsp = s.recv().expect("the function's response");
+    assert_eq!(rsp.bhs[2], 1, "task does not exist");
+    s.tur_good(33);
 }
