@@ -14,18 +14,7 @@
 # Usage: scripts/bench-pool.sh [SIZE_MIB]   (default 1024)
 set -euo pipefail
 size_mib=${1:-1024}
-root=$(cd "$(dirname "$0")/.." && pwd)
-tarn=${TARN_BIN:-$root/target/release/tarn}
-[ -x "$tarn" ] || (cd "$root" && cargo build --release -q)
-work=$(mktemp -d "${BENCH_DIR:-$root}/bench.XXXXXX")
-trap 'kill $daemon 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
-export TARN_SOCKET=$work/tarn.sock
-
-now() { date +%s.%N; }
-rate() { awk -v b="$1" -v s="$2" 'BEGIN { printf "%.0f", b / 1048576 / s }'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
-cold=warm
-drop() { sync; if echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; then cold=cold; fi; }
+source "$(dirname "$0")/bench-common.sh"
 
 head -c "$((size_mib << 20))" /dev/urandom > "$work/data"
 bytes=$((size_mib << 20))

@@ -241,6 +241,9 @@ pub enum Command {
     /// Write a snapshot as a stream (to standard output or --to FILE):
     /// `tarn send -i @monday tank/home@tuesday | ssh backup tarn receive tank/home`
     Send(crate::send::SendArgs),
+    /// Keep a snapshot in an object store, as raw streams (only what the
+    /// store lacks): `tarn replicate tank/home@tue --to s3://bucket/home`
+    Replicate(crate::replicate::ReplicateArgs),
     /// Make a snapshot from a stream (standard input or --from FILE)
     #[command(alias = "recv")]
     Receive(crate::send::ReceiveArgs),
@@ -313,6 +316,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Run> {
         Command::Key(cmd) => crate::key::key_command(&mut client, &out, cmd, pool_props)?,
         Command::Send(args) => crate::send::send(&mut client, args)?,
         Command::Receive(args) => crate::send::receive(&mut client, &out, args)?,
+        Command::Replicate(args) => crate::replicate::replicate(&mut client, &out, args)?,
         Command::Snapshot { recursive, names } => {
             crate::dataset::snapshot(&mut client, &out, names, recursive)?
         }

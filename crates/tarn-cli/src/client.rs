@@ -178,11 +178,31 @@ impl Client {
         input: &mut dyn io::Read,
     ) -> anyhow::Result<Value> {
         let (id, line) = self.request_line(method, params)?;
+        let mut input_failed = None;
         let sent = self.writer.write_all(&line).and_then(|()| {
             let mut frames = tarn_api::wire::FrameWriter::new(&mut self.writer);
-            io::copy(input, &mut frames)?;
+            let mut buf = vec![0u8; 256 << 10];
+            loop {
+                let n = match input.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        input_failed = Some(e);
+                        return Ok(());
+                    }
+                };
+                frames.write_all(&buf[..n])?;
+            }
             frames.finish().map(|_| ())
         });
+        if let Some(e) = input_failed {
+            // The body ends without its end frame: the daemon undoes what
+            // it started and answers; wait for that, then say why.
+            let _ = self.writer.shutdown(std::net::Shutdown::Write);
+            let _ = self.read_response();
+            return Err(anyhow!("reading the stream: {e}"));
+        }
         // The daemon may have answered early (a target that exists, a bad
         // stream) and closed: its answer beats the write error.
         match (sent, self.read_response()) {

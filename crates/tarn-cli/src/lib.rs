@@ -29,6 +29,7 @@ pub mod key;
 pub mod object;
 pub mod pool;
 pub mod render;
+pub mod replicate;
 pub mod send;
 mod session;
 pub mod volume;

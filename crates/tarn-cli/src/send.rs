@@ -68,9 +68,15 @@ pub struct ReceiveArgs {
     /// Abandon a partial resumable receive into the dataset instead
     #[arg(short = 'A', conflicts_with_all = ["force", "resumable", "from"])]
     abort: bool,
-    /// Read the stream from this file instead of standard input
-    #[arg(long = "from", value_name = "FILE")]
+    /// Read the stream from this file instead of standard input, or
+    /// from an object store (`s3://BUCKET/PREFIX`, as `tarn replicate`
+    /// left it: every stream the target lacks, up to the newest)
+    #[arg(long = "from", value_name = "FILE|URL")]
     from: Option<PathBuf>,
+    /// With --from s3://...: up to this snapshot (its short name) instead
+    /// of the newest
+    #[arg(long = "snapshot", value_name = "NAME", requires = "from")]
+    snapshot: Option<String>,
     /// The dataset the stream becomes (or, incremental, updates)
     name: String,
 }
@@ -132,6 +138,23 @@ pub(crate) fn receive(client: &mut Session, out: &Out, a: ReceiveArgs) -> anyhow
         resumable: a.resumable,
         no_mount: a.no_mount,
     };
+    if let Some(url) = a
+        .from
+        .as_ref()
+        .and_then(|p| p.to_str())
+        .filter(|p| p.starts_with("s3://"))
+    {
+        return crate::replicate::receive_from_store(
+            client,
+            out,
+            url,
+            a.snapshot.as_deref(),
+            params,
+        );
+    }
+    if a.snapshot.is_some() {
+        bail!("--snapshot goes with --from s3://...");
+    }
     let v = match &a.from {
         Some(path) => {
             let mut f = std::fs::File::open(path)

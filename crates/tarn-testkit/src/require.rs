@@ -33,13 +33,15 @@ pub fn fuse() -> bool {
     }
 }
 
-/// Where program `name` is, on PATH or in ~/.cargo/bin.
+/// Where program `name` is, on PATH or in ~/.cargo/bin or ~/go/bin
+/// (where `cargo install` and `go install` put what tests use).
 pub fn find(name: &str) -> Option<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).collect())
         .unwrap_or_default();
     if let Some(home) = std::env::var_os("HOME") {
         dirs.push(Path::new(&home).join(".cargo/bin"));
+        dirs.push(Path::new(&home).join("go/bin"));
     }
     dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
 }

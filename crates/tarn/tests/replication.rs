@@ -29,20 +29,7 @@ fn pipe(from: &Daemon, send: &str, to: &Daemon, receive: &str) -> std::process::
         .expect("run the pipe")
 }
 
-fn ok(o: std::process::Output, what: &str) -> String {
-    assert!(
-        o.status.success(),
-        "{what}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn prop(d: &Daemon, name: &str, p: &str) -> String {
-    let v: serde_json::Value =
-        serde_json::from_str(&d.ok(&["-o", "json", "dataset", "get", p, name])).unwrap();
-    v[0]["value"].as_str().unwrap_or_default().to_string()
-}
+use common::process::succeeded as ok;
 
 /// A daemon at `home` with pool `tank` and one at `offsite` with pool
 /// `vault`, each laid out as given (`"-"` stands for the next member
@@ -107,7 +94,7 @@ fn snapshots_travel_between_daemons_raw_and_resumed() {
         pipe(&a, "-w -i @mon tank/docs@tue", &b, "vault/docs"),
         "raw incremental",
     );
-    assert_eq!(prop(&b, "vault/docs", "keystatus"), "unavailable");
+    assert_eq!(b.prop("vault/docs", "keystatus"), "unavailable");
     for m in &fb {
         let bytes = std::fs::read(m).unwrap();
         assert!(
@@ -167,7 +154,7 @@ fn snapshots_travel_between_daemons_raw_and_resumed() {
         "vault/docs",
     ]);
     assert!(err.contains("stream"), "{err}");
-    let token = prop(&b, "vault/docs", "receive_resume_token");
+    let token = b.prop("vault/docs", "receive_resume_token");
     assert!(token.len() > 20, "a resume token: {token}");
     let rest = dir.path().join("rest.stream");
     a.ok(&["send", "-t", &token, "--to", rest.to_str().unwrap()]);
@@ -179,7 +166,7 @@ fn snapshots_travel_between_daemons_raw_and_resumed() {
         rest.to_str().unwrap(),
         "vault/docs",
     ]);
-    assert_eq!(prop(&b, "vault/docs", "receive_resume_token"), "-");
+    assert_eq!(b.prop("vault/docs", "receive_resume_token"), "-");
     b.ok(&["mount", "vault/docs", view.to_str().unwrap()]);
     assert_eq!(std::fs::read(view.join("big.bin")).unwrap(), big);
     b.ok(&["unmount", view.to_str().unwrap()]);
@@ -238,8 +225,8 @@ fn a_tree_travels_as_one_package() {
     ] {
         assert!(out.contains(&format!("received {s}")), "{s}: {out}");
     }
-    assert_eq!(prop(&b, "vault/home", "compression"), "zstd");
-    assert_eq!(prop(&b, "vault/home/kids", "quota"), "1073741824");
+    assert_eq!(b.prop("vault/home", "compression"), "zstd");
+    assert_eq!(b.prop("vault/home/kids", "quota"), "1073741824");
     let snaps = b.ok(&["dataset", "list", "-t", "snapshot"]);
     assert_eq!(snaps.matches("vault/home").count(), 6, "{snaps}");
     let again = ok(pipe(&a, "-R tank/home@two", &b, "vault/home"), "-R again");

@@ -16,6 +16,17 @@ pub fn tarn_at(socket: &Path, args: &[&str]) -> Output {
         .expect("run tarn")
 }
 
+/// The stdout of a command that must have succeeded (`what` names it
+/// when it did not).
+pub fn succeeded(o: Output, what: &str) -> String {
+    assert!(
+        o.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 /// A running `tarn daemon` with its socket and state in one folder.
 pub struct Daemon {
     /// The daemon process.
@@ -117,13 +128,15 @@ impl Daemon {
 
     /// Runs a command that must succeed; returns its stdout.
     pub fn ok(&self, args: &[&str]) -> String {
-        let o = self.tarn(args);
-        assert!(
-            o.status.success(),
-            "tarn {args:?} failed: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
+        succeeded(self.tarn(args), &format!("tarn {args:?}"))
+    }
+
+    /// A property's value (`dataset get -o json`), as text.
+    pub fn prop(&self, name: &str, p: &str) -> String {
+        let v: serde_json::Value =
+            serde_json::from_str(&self.ok(&["-o", "json", "dataset", "get", p, name]))
+                .expect("dataset get answers JSON");
+        v[0]["value"].as_str().unwrap_or_default().to_string()
     }
 
     /// Runs a command that must fail cleanly (exit 1, `error: …`); returns stderr.

@@ -1,0 +1,268 @@
+//! Snapshots kept in a real object store (a MinIO server on loopback):
+//! `tarn replicate` of an encrypted dataset, killed in the middle of its
+//! upload and run again (the parts already stored are kept), an
+//! incremental replication, no plaintext in any stored object, then a
+//! fresh daemon and pool that receive everything from the store without
+//! the key, scrub it, and open it with the passphrase; a damaged part is
+//! refused with nothing left behind.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::process::{files, succeeded, Daemon};
+use tarn_testkit::require::{self, is_mounted};
+
+const PASS: &[u8] = b"the store never sees this\n";
+const USER: &str = "tarn-test";
+const SECRET: &str = "tarn-test-secret-key";
+const BUCKET: &str = "offsite";
+
+/// A MinIO server on a free loopback port, with its data in a folder.
+struct Minio {
+    child: Child,
+    endpoint: String,
+}
+
+impl Drop for Minio {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+impl Minio {
+    fn start(minio: &Path, dir: &Path) -> Minio {
+        let (port, console) = (free_port(), free_port());
+        let child = Command::new(minio)
+            .args(["server", "--quiet", "--address"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--console-address")
+            .arg(format!("127.0.0.1:{console}"))
+            .arg(dir)
+            .env("MINIO_ROOT_USER", USER)
+            .env("MINIO_ROOT_PASSWORD", SECRET)
+            .env("MINIO_BROWSER", "off")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start minio");
+        let m = Minio {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+        };
+        let t0 = Instant::now();
+        loop {
+            let mut b = m.bucket();
+            match b.create() {
+                Ok(()) => break,
+                Err(e) => assert!(
+                    t0.elapsed() < Duration::from_secs(60),
+                    "minio did not start: {e}"
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        m
+    }
+
+    fn config(&self) -> tarn_s3::Config {
+        tarn_s3::Config {
+            endpoint: tarn_s3::http::Endpoint::parse(&self.endpoint).unwrap(),
+            path_style: true,
+            signer: tarn_s3::sigv4::Signer::new(USER, SECRET, "us-east-1"),
+        }
+    }
+
+    fn bucket(&self) -> tarn_s3::Bucket {
+        tarn_s3::Bucket::new(self.config(), BUCKET).unwrap()
+    }
+
+    /// The CLI against `d`, with this store's settings in its environment.
+    fn command(&self, d: &Daemon, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_tarn"));
+        c.arg("--socket")
+            .arg(&d.socket)
+            .args(args)
+            .env_remove("TARN_SOCKET")
+            .env("TARN_S3_ENDPOINT", &self.endpoint)
+            .env("AWS_ACCESS_KEY_ID", USER)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET)
+            .env("AWS_REGION", "us-east-1");
+        c
+    }
+
+    fn run(&self, d: &Daemon, args: &[&str]) -> Output {
+        self.command(d, args).output().expect("run tarn")
+    }
+
+    fn ok(&self, d: &Daemon, args: &[&str]) -> String {
+        succeeded(self.run(d, args), &format!("tarn {args:?}"))
+    }
+}
+
+#[test]
+fn snapshots_go_to_an_object_store_and_come_back_without_the_key() {
+    let Some(minio) = require::program("minio") else {
+        return;
+    };
+    if !require::fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    std::fs::create_dir_all(&store_dir).unwrap();
+    let s3 = Minio::start(&minio, &store_dir);
+    let url = format!("s3://{BUCKET}/nas/docs");
+
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let a = Daemon::start(&home);
+    let f = files(&home, "m", 3, 256 << 20);
+    a.ok(&["pool", "create", "tank", "raidz1", &f[0], &f[1], &f[2]]);
+    let mnt = home.join("docs");
+    a.create_encrypted("tank/docs", &mnt, PASS);
+    let canary = b"CANARY-in-the-bucket-77e1".repeat(4000);
+    std::fs::write(mnt.join("letter.txt"), &canary).unwrap();
+    // Random data: sixteen parts of stream, so a kill can land between
+    // them.
+    let big = tarn_testkit::data::Rng::new(11).bytes(128 << 20);
+    std::fs::write(mnt.join("video.bin"), &big).unwrap();
+    a.ok(&["snapshot", "tank/docs@mon"]);
+
+    // Killed as soon as the first parts are stored.
+    let mut up = s3
+        .command(&a, &["replicate", "tank/docs@mon", "--to", &url])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut b = s3.bucket();
+    let t0 = Instant::now();
+    loop {
+        let parts = b
+            .list("nas/docs/")
+            .unwrap()
+            .iter()
+            .filter(|o| o.key.contains("/part-"))
+            .count();
+        if parts >= 2 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "no part stored");
+        assert!(
+            up.try_wait().unwrap().is_none(),
+            "the upload ended before it could be killed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    up.kill().unwrap();
+    up.wait().unwrap();
+    let listed = b.list("nas/docs/").unwrap();
+    assert!(
+        !listed.iter().any(|o| o.key.ends_with("manifest.json")),
+        "a cut upload has no manifest: {listed:?}"
+    );
+    a.ok(&["daemon", "ping"]);
+
+    // Run again: the parts already there are kept.
+    let out = s3.ok(
+        &a,
+        &["-o", "json", "replicate", "tank/docs@mon", "--to", &url],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let r = &v[0];
+    assert!(r["reused"].as_u64().unwrap() >= 2, "{out}");
+    assert_eq!(
+        r["reused"].as_u64().unwrap() + r["uploaded"].as_u64().unwrap(),
+        r["parts"].as_u64().unwrap(),
+        "{out}"
+    );
+    assert!(r["parts"].as_u64().unwrap() >= 16, "{out}");
+    let again = s3.ok(&a, &["replicate", "tank/docs@mon", "--to", &url]);
+    assert!(again.contains("already stored"), "{again}");
+
+    // An incremental run sends what changed, as its own stream.
+    std::fs::write(mnt.join("letter.txt"), b"rewritten").unwrap();
+    a.ok(&["snapshot", "tank/docs@tue"]);
+    let out = s3.ok(
+        &a,
+        &["-o", "json", "replicate", "tank/docs@tue", "--to", &url],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["from"], "mon", "{out}");
+    assert_eq!(v[0]["parts"], 1, "{out}");
+
+    // No stored object holds the plaintext; parts of the cut try that
+    // the finished stream does not name are gone.
+    let objects = b.list("").unwrap();
+    for o in &objects {
+        let bytes = b.get(&o.key).unwrap().unwrap();
+        assert!(
+            !bytes.windows(25).any(|w| w == &canary[..25]),
+            "plaintext in {}",
+            o.key
+        );
+    }
+    let manifests = objects
+        .iter()
+        .filter(|o| o.key.ends_with("/manifest.json"))
+        .count();
+    assert_eq!(manifests, 2);
+
+    // A fresh machine: a new daemon and pool receive it all, no key.
+    let away = dir.path().join("away");
+    std::fs::create_dir_all(&away).unwrap();
+    let c = Daemon::start(&away);
+    let g = files(&away, "m", 2, 512 << 20);
+    c.ok(&["pool", "create", "vault", "mirror", &g[0], &g[1]]);
+    let out = s3.ok(&c, &["receive", "-u", "--from", &url, "vault/docs"]);
+    assert!(
+        out.contains("received vault/docs@mon") && out.contains("received vault/docs@tue"),
+        "{out}"
+    );
+    assert_eq!(c.prop("vault/docs", "keystatus"), "unavailable");
+    c.ok(&["pool", "scrub", "--wait", "vault"]);
+    let status = c.ok(&["pool", "status", "vault"]);
+    assert!(status.contains("No known data errors"), "{status}");
+    let out = s3.ok(&c, &["receive", "--from", &url, "vault/docs"]);
+    assert!(out.contains("already has"), "{out}");
+    c.ok(&["dataset", "set", "readonly=on", "vault/docs"]);
+    let o = c.tarn_input(&["key", "load", "vault/docs"], PASS);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let view: PathBuf = away.join("view");
+    std::fs::create_dir(&view).unwrap();
+    c.ok(&["mount", "vault/docs", view.to_str().unwrap()]);
+    assert!(is_mounted(&view));
+    assert_eq!(
+        std::fs::read(view.join("letter.txt")).unwrap(),
+        b"rewritten"
+    );
+    assert!(std::fs::read(view.join("video.bin")).unwrap() == big);
+    c.ok(&["unmount", view.to_str().unwrap()]);
+
+    // A damaged part: refused, and the target is not created.
+    let part = objects
+        .iter()
+        .find(|o| o.key.contains("-full/part-00000003-"))
+        .expect("a part of the full stream");
+    let mut bytes = b.get(&part.key).unwrap().unwrap();
+    bytes[1000] ^= 1;
+    b.put(&part.key, &bytes).unwrap();
+    let o = s3.run(&c, &["receive", "--from", &url, "vault/other"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("not what the manifest says"), "{err}");
+    assert!(!c.ok(&["dataset", "list"]).contains("vault/other"));
+    c.ok(&["daemon", "ping"]);
+}
