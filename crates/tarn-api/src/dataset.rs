@@ -28,6 +28,10 @@ pub struct DatasetInfo {
     pub guid: u64,
     /// Creation time (Unix seconds).
     pub creation_unix: u64,
+    /// The txg that created it: orders snapshots exactly, where creation
+    /// times tie (API 2.2).
+    #[serde(default)]
+    pub createtxg: u64,
     /// Space this dataset and everything below it uses; for a snapshot,
     /// what destroying it would free.
     pub used: u64,

@@ -39,21 +39,30 @@ struct Snap {
     created: u64,
 }
 
-/// The snapshots of `fs`, oldest first.
+/// The snapshots of `fs`, oldest first (by the txg that took them: the
+/// list comes in name order, and times tie).
 fn snapshots_of(client: &mut Session, fs: &str) -> anyhow::Result<Vec<Snap>> {
     let v = client.call(method::DATASET_LIST, &DatasetListParams { snapshots: true })?;
     let all: Vec<DatasetInfo> = decode(method::DATASET_LIST, v)?;
-    Ok(all
+    let mut snaps: Vec<(u64, Snap)> = all
         .into_iter()
         .filter_map(|i| {
             let (f, s) = i.name.split_once('@')?;
-            (f == fs).then(|| Snap {
-                short: s.to_string(),
-                guid: i.guid,
-                created: i.creation_unix,
+            (f == fs).then(|| {
+                let snap = Snap {
+                    short: s.to_string(),
+                    guid: i.guid,
+                    created: i.creation_unix,
+                };
+                (i.createtxg, snap)
             })
         })
-        .collect())
+        .collect();
+    if snaps.iter().any(|(txg, _)| *txg == 0) {
+        bail!("the daemon does not say when its snapshots were taken (createtxg): update it");
+    }
+    snaps.sort_by_key(|(txg, _)| *txg);
+    Ok(snaps.into_iter().map(|(_, s)| s).collect())
 }
 
 fn open_store(url: &str) -> anyhow::Result<Store> {
@@ -164,26 +173,36 @@ pub(crate) fn receive_from_store(
             .with_context(|| format!("{url} holds no snapshot named '{s}'"))?,
         None => tarn_s3::newest(&all).with_context(|| format!("{url} holds no streams"))?,
     };
-    let chain = tarn_s3::chain(&all, target.info.guid)?;
     let have: HashSet<u64> = snapshots_of(client, &params.name)?
         .iter()
         .map(|s| s.guid)
         .collect();
-    let start = chain
-        .iter()
-        .rposition(|m| have.contains(&m.info.guid))
-        .map_or(0, |i| i + 1);
-    if start == chain.len() {
+    let chain = tarn_s3::chain(&all, target.info.guid, &have)?;
+    if chain.is_empty() {
         let msg = format!(
             "{} already has @{} (guid {})",
             params.name, target.info.snapshot, target.info.guid
         );
         return out.raw_or(&serde_json::json!({"snapshots": []}), || format!("{msg}\n"));
     }
-    let streams: Vec<Manifest> = chain[start..].iter().map(|m| (*m).clone()).collect();
+    let streams: Vec<Manifest> = chain.iter().map(|m| (*m).clone()).collect();
+    let want: Vec<String> = streams
+        .iter()
+        .map(|m| format!("{}@{}", params.name, m.info.snapshot))
+        .collect();
     let mut reader = store.into_reader(streams);
     let v = client.call_body_in(method::DATASET_RECEIVE, &params, &mut reader)?;
     let r: ReceiveResult = decode(method::DATASET_RECEIVE, v.clone())?;
+    // Each stream must have made its snapshot: a store that dropped one
+    // (or the bytes of one) must not pass for a complete restore.
+    if r.snapshots != want {
+        bail!(
+            "the store's streams made {:?}, not {:?}: the stored chain is incomplete or \
+             not what its manifests say",
+            r.snapshots,
+            want
+        );
+    }
     out.raw_or(&v, || {
         r.snapshots
             .iter()

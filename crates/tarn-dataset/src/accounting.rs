@@ -209,6 +209,7 @@ impl Dir {
             volblocksize: r.volume.map(|v| v.block),
             guid: r.guid,
             creation_unix: r.created_unix,
+            createtxg: r.created_txg,
             used: self.deflate(used.asize),
             available: if snapshot {
                 None

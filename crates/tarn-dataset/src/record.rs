@@ -321,6 +321,8 @@ pub struct DatasetInfo {
     pub guid: u64,
     /// Creation time (Unix seconds).
     pub creation_unix: u64,
+    /// The txg that created it: orders snapshots exactly (times tie).
+    pub createtxg: u64,
     /// Space this dataset and everything below it uses; for a snapshot,
     /// what destroying it would free.
     pub used: u64,

@@ -108,6 +108,7 @@ impl Receiver {
         opts: RecvOptions,
     ) -> Result<Receiver, DsError> {
         check_fs_name(pool.name(), name)?;
+        crate::record::check_snap_part(&format!("{name}@{}", info.name), &info.name)?;
         let mode = if info.raw {
             Mode::ReceiveRaw
         } else {
@@ -255,10 +256,11 @@ impl Receiver {
                 r.recv = None;
             }
             // A raw stream carries its key's wrapping as the sender has it
-            // now (a changed passphrase travels with it).
+            // now (a changed passphrase travels with it): applied to the
+            // record only when this dataset is its encryption root.
             if let (Some(kid), Some(k)) = (rec.key, &info.key) {
                 if let Some(kr) = dir.keys.get_mut(&kid) {
-                    if kr.guid == k.guid && kr.wrapped != k.wrapped {
+                    if kr.root == id && kr.guid == k.guid && kr.wrapped != k.wrapped {
                         kr.keyformat = k.keyformat;
                         kr.pbkdf = k.pbkdf.as_ref().map(|p| p.rec());
                         kr.wrapped = k.wrapped.clone();
@@ -286,6 +288,31 @@ impl Receiver {
     }
 }
 
+/// A stream's key as it may be stored: a known cipher, a wrapped key of
+/// the right size, and Argon2id parameters (exactly for a passphrase)
+/// within what a load accepts.
+fn check_key_export(k: &crate::send::KeyExport) -> Result<(), DsError> {
+    let bad = |why: &str| Err(DsError::Invalid(format!("the stream's key: {why}")));
+    tarn_block::Cipher::parse(&k.cipher).map_err(|e| DsError::Invalid(e.to_string()))?;
+    if k.wrapped.len() != 2 * tarn_block::crypt::WRAPPED_LEN || unhex(&k.wrapped).is_none() {
+        return bad("the wrapped key has the wrong size");
+    }
+    match (&k.pbkdf, k.keyformat) {
+        (Some(p), crate::KeyFormat::Passphrase) => {
+            if p.memory_kib > 4 << 20
+                || p.iterations > 64
+                || !(1..=16).contains(&p.parallelism)
+                || unhex(&p.salt).is_none_or(|s| s.len() < 16 || s.len() > 64)
+            {
+                return bad("Argon2id parameters or salt out of range");
+            }
+        }
+        (None, crate::KeyFormat::Raw | crate::KeyFormat::Hex) => {}
+        _ => return bad("Argon2id parameters go with a passphrase, and only with one"),
+    }
+    Ok(())
+}
+
 /// A new dataset for a full stream.
 fn begin_full(dir: &mut Dir, txg: u64, name: &str, info: &SendInfo) -> Result<u64, DsError> {
     if dir.names.contains_key(name) {
@@ -307,28 +334,29 @@ fn begin_full(dir: &mut Dir, txg: u64, name: &str, info: &SendInfo) -> Result<u6
     for (k, v) in &info.props {
         props.insert(k.clone(), crate::props::validate(k, v)?);
     }
+    if let Some(k) = &info.key {
+        check_key_export(k)?;
+    }
     let key = match (&info.key, info.raw) {
-        // The parent holds the same key (a tree sent with -R -w, or a
-        // child received below its encryption root): the child shares it,
-        // as on the sender.
+        // The parent holds the very same key record (a tree sent with
+        // -R -w, or a child received below its encryption root): the
+        // child shares it, as on the sender. Anything short of identical
+        // gets a record of its own, so a stream cannot change the key of
+        // a dataset it is not the root of.
         (Some(k), true)
             if parent_key
                 .and_then(|pk| dir.keys.get(&pk))
-                .is_some_and(|r| r.guid == k.guid && r.cipher == k.cipher) =>
+                .is_some_and(|r| {
+                    r.guid == k.guid
+                        && r.cipher == k.cipher
+                        && r.keyformat == k.keyformat
+                        && r.wrapped == k.wrapped
+                        && r.pbkdf.as_ref().map(crate::send::PbkdfExport::of) == k.pbkdf
+                }) =>
         {
             None
         }
-        (Some(k), true) => {
-            tarn_block::Cipher::parse(&k.cipher).map_err(|e| DsError::Invalid(e.to_string()))?;
-            if !k.wrapped.len().is_multiple_of(2)
-                || k.wrapped.len() != 2 * tarn_block::crypt::WRAPPED_LEN
-            {
-                return Err(DsError::Invalid(
-                    "the stream's wrapped key has the wrong size".into(),
-                ));
-            }
-            Some(k.clone())
-        }
+        (Some(k), true) => Some(k.clone()),
         (Some(_), false) => {
             return Err(DsError::Invalid("a key in a stream that is not raw".into()))
         }
@@ -425,6 +453,9 @@ fn begin_incremental(
             )));
         }
         crate::ops::rollback_in(dir, cx, &base_name, true)?;
+    }
+    if let Some(k) = &info.key {
+        check_key_export(k)?;
     }
     match (dir.rec(id)?.key, &info.key) {
         (Some(kid), Some(k)) => {

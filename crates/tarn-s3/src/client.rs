@@ -12,6 +12,8 @@ use crate::S3Error;
 
 /// Attempts per request (the first and the retries).
 const ATTEMPTS: u32 = 5;
+/// Most objects one listing returns.
+pub const MAX_LISTED: usize = 10_000_000;
 
 /// How to reach a store, usually from the environment ([`Config::from_env`]).
 #[derive(Clone, Debug)]
@@ -224,11 +226,17 @@ impl Bucket {
         }
     }
 
-    /// Every object whose key starts with `prefix`, in key order.
+    /// Every object whose key starts with `prefix`, in key order (at
+    /// most [`MAX_LISTED`]: a store that pages on forever is an error).
     pub fn list(&mut self, prefix: &str) -> Result<Vec<Object>, S3Error> {
         let mut out = Vec::new();
         let mut token: Option<String> = None;
         loop {
+            if out.len() > MAX_LISTED {
+                return Err(S3Error::Protocol(format!(
+                    "more than {MAX_LISTED} objects under '{prefix}'"
+                )));
+            }
             let mut q = vec![
                 ("list-type".to_string(), "2".to_string()),
                 ("prefix".to_string(), prefix.to_string()),
@@ -251,15 +259,16 @@ impl Bucket {
                 out.push(Object { key, size });
             }
             let truncated = element(&xml, "IsTruncated").is_some_and(|v| v == "true");
-            token = element(&xml, "NextContinuationToken");
+            let next = element(&xml, "NextContinuationToken");
             if !truncated {
                 break;
             }
-            if token.is_none() {
+            if next.is_none() || next == token {
                 return Err(S3Error::Protocol(
-                    "a truncated listing without a continuation token".into(),
+                    "a truncated listing without a new continuation token".into(),
                 ));
             }
+            token = next;
         }
         out.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(out)

@@ -268,28 +268,18 @@ fn exchange(
     w.write_all(body).map_err(io)?;
     w.flush().map_err(io)?;
 
-    let status_line = read_line(conn)?;
-    let mut parts = status_line.splitn(3, ' ');
-    let version = parts.next().unwrap_or("");
-    let status: u16 = parts
-        .next()
-        .and_then(|s| s.parse().ok())
-        .filter(|_| version.starts_with("HTTP/1."))
-        .ok_or_else(|| S3Error::Protocol(format!("bad status line '{status_line}'")))?;
-    let mut headers = Vec::new();
-    loop {
-        let line = read_line(conn)?;
-        if line.is_empty() {
-            break;
+    // Interim (1xx) responses come before the real one: read past them.
+    let mut interim = 0;
+    let (version, status, headers) = loop {
+        let (version, status, headers) = read_head(conn)?;
+        if status / 100 != 1 {
+            break (version, status, headers);
         }
-        if headers.len() > 200 {
-            return Err(S3Error::Protocol("too many response headers".into()));
+        interim += 1;
+        if interim > 8 {
+            return Err(S3Error::Protocol("too many interim responses".into()));
         }
-        let (k, v) = line
-            .split_once(':')
-            .ok_or_else(|| S3Error::Protocol(format!("bad header line '{line}'")))?;
-        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
-    }
+    };
     let mut resp = Response {
         status,
         headers,
@@ -299,7 +289,7 @@ fn exchange(
         .header("connection")
         .is_some_and(|v| v.eq_ignore_ascii_case("close"))
         || version == "HTTP/1.0";
-    let no_body = method == "HEAD" || status == 204 || status == 304 || status / 100 == 1;
+    let no_body = method == "HEAD" || status == 204 || status == 304;
     if no_body {
         return Ok((resp, !close));
     }
@@ -314,10 +304,16 @@ fn exchange(
                 .map_err(|_| S3Error::Protocol(format!("bad chunk size '{line}'")))?;
             if size == 0 {
                 // Trailers, then the empty line.
-                while !read_line(conn)?.is_empty() {}
+                let mut trailers = 0;
+                while !read_line(conn)?.is_empty() {
+                    trailers += 1;
+                    if trailers > 200 {
+                        return Err(S3Error::Protocol("too many trailers".into()));
+                    }
+                }
                 break;
             }
-            if resp.body.len() + size > MAX_BODY {
+            if size > MAX_BODY - resp.body.len() {
                 return Err(S3Error::Protocol("response body too large".into()));
             }
             let at = resp.body.len();
@@ -325,6 +321,9 @@ fn exchange(
             conn.read_exact(&mut resp.body[at..]).map_err(io)?;
             let mut crlf = [0u8; 2];
             conn.read_exact(&mut crlf).map_err(io)?;
+            if &crlf != b"\r\n" {
+                return Err(S3Error::Protocol("a chunk not ended by CRLF".into()));
+            }
         }
         return Ok((resp, !close));
     }
@@ -350,6 +349,36 @@ fn exchange(
             Ok((resp, false))
         }
     }
+}
+
+/// A response's status line and headers (names lowercased).
+#[allow(clippy::type_complexity)]
+fn read_head(
+    conn: &mut BufReader<Stream>,
+) -> Result<(String, u16, Vec<(String, String)>), S3Error> {
+    let status_line = read_line(conn)?;
+    let mut parts = status_line.splitn(3, ' ');
+    let version = parts.next().unwrap_or("").to_string();
+    let status: u16 = parts
+        .next()
+        .and_then(|s| s.parse().ok())
+        .filter(|_| version.starts_with("HTTP/1."))
+        .ok_or_else(|| S3Error::Protocol(format!("bad status line '{status_line}'")))?;
+    let mut headers = Vec::new();
+    loop {
+        let line = read_line(conn)?;
+        if line.is_empty() {
+            break;
+        }
+        if headers.len() > 200 {
+            return Err(S3Error::Protocol("too many response headers".into()));
+        }
+        let (k, v) = line
+            .split_once(':')
+            .ok_or_else(|| S3Error::Protocol(format!("bad header line '{line}'")))?;
+        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+    }
+    Ok((version, status, headers))
 }
 
 /// One CRLF-terminated line, without it.
@@ -401,8 +430,8 @@ mod tests {
     }
 
     /// A local server answering with the framings a store may use:
-    /// content-length, chunked, and close-delimited; the client keeps the
-    /// connection for the first two.
+    /// content-length, chunked, and close-delimited after an interim
+    /// 100; the client keeps the connection for the first two.
     #[test]
     fn responses_in_every_framing() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -414,7 +443,7 @@ mod tests {
             let answers: [&[u8]; 3] = [
                 b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
                 b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n",
-                b"HTTP/1.1 404 Not Found\r\nConnection: close\r\n\r\ngone",
+                b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 404 Not Found\r\nConnection: close\r\n\r\ngone",
             ];
             for a in answers {
                 // Read the request head and its (empty) body.
@@ -450,6 +479,8 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
             b"SMTP ready\r\n",
             b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\nffffffffffffffff\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\naXY",
         ] {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             let port = l.local_addr().unwrap().port();

@@ -26,7 +26,7 @@
 //! check the whole (see tarn-send). The store needs no key and learns no
 //! more than the stream's sizes: streams sent raw stay sealed.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{Read, Write};
 
 use serde::{Deserialize, Serialize};
@@ -43,6 +43,8 @@ pub const FORMAT: &str = "tarn-stream-objects";
 pub const VERSION: u32 = 1;
 /// Largest manifest accepted (about a million parts).
 const MAX_MANIFEST: usize = 128 << 20;
+/// Most bytes of manifests read from one prefix.
+const MAX_MANIFESTS_BYTES: u64 = 1 << 30;
 
 /// One part as a manifest lists it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -103,6 +105,38 @@ fn dir_name(i: &StreamInfo) -> String {
         Some(f) => format!("{:016x}-{f:016x}", i.guid),
         None => format!("{:016x}-full", i.guid),
     }
+}
+
+/// A manifest's parts are what an upload writes: at least one, named
+/// `part-INDEX-HASH16` in order, each at most [`PART`] bytes and all but
+/// the last exactly that, adding up to `bytes`.
+fn check_parts(m: &Manifest) -> Result<(), String> {
+    if m.parts.is_empty() || m.bytes == 0 {
+        return Err("an empty stream".into());
+    }
+    let mut sum: u64 = 0;
+    let last = m.parts.len() - 1;
+    for (i, p) in m.parts.iter().enumerate() {
+        let hash_ok = p.blake3.len() == 64
+            && p.blake3
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if !hash_ok || p.name != format!("part-{i:08}-{}", &p.blake3[..16]) {
+            return Err(format!(
+                "part {i} is named '{}', not as its index and hash",
+                p.name
+            ));
+        }
+        let full = p.size == PART as u64;
+        if p.size == 0 || p.size > PART as u64 || (i < last && !full) {
+            return Err(format!("part {i} has {} bytes", p.size));
+        }
+        sum = sum.saturating_add(p.size);
+    }
+    if sum != m.bytes {
+        return Err(format!("parts add up to {sum} bytes, not {}", m.bytes));
+    }
+    Ok(())
 }
 
 /// What an upload did.
@@ -170,6 +204,7 @@ impl Store {
         let base = self.key("");
         let listed = self.bucket.list(&base)?;
         let mut out = Vec::new();
+        let mut read: u64 = 0;
         for o in listed {
             let Some(rel) = o.key.strip_prefix(&base) else {
                 continue;
@@ -177,7 +212,8 @@ impl Store {
             let Some((dir, "manifest.json")) = rel.split_once('/') else {
                 continue;
             };
-            if o.size as usize > MAX_MANIFEST {
+            read = read.saturating_add(o.size);
+            if o.size > MAX_MANIFEST as u64 || read > MAX_MANIFESTS_BYTES {
                 return Err(S3Error::Layout(format!("{}: too large a manifest", o.key)));
             }
             let bytes = self
@@ -199,13 +235,7 @@ impl Store {
                     m.dir()
                 )));
             }
-            let sum: u64 = m.parts.iter().map(|p| p.size).sum();
-            if sum != m.bytes {
-                return Err(S3Error::Layout(format!(
-                    "{}: parts add up to {sum} bytes, not {}",
-                    o.key, m.bytes
-                )));
-            }
+            check_parts(&m).map_err(|why| S3Error::Layout(format!("{}: {why}", o.key)))?;
             out.push(m);
         }
         Ok(out)
@@ -216,13 +246,16 @@ impl Store {
     /// left are found and kept.
     pub fn upload(&mut self, info: StreamInfo) -> Result<Upload<'_>, S3Error> {
         let dir = self.key(&dir_name(&info));
-        let existing: HashSet<String> = self
+        let existing: HashMap<String, u64> = self
             .bucket
             .list(&format!("{dir}/"))?
             .into_iter()
-            .filter_map(|o| o.key.strip_prefix(&format!("{dir}/")).map(str::to_string))
+            .filter_map(|o| {
+                let name = o.key.strip_prefix(&format!("{dir}/"))?.to_string();
+                Some((name, o.size))
+            })
             .collect();
-        if existing.contains("manifest.json") {
+        if existing.contains_key("manifest.json") {
             return Err(S3Error::Layout(format!(
                 "{}/{dir}: this stream is already stored",
                 self.url
@@ -264,7 +297,8 @@ pub struct Upload<'a> {
     store: &'a mut Store,
     dir: String,
     info: StreamInfo,
-    existing: HashSet<String>,
+    /// Objects an earlier try left in the stream's directory, with sizes.
+    existing: HashMap<String, u64>,
     buf: Vec<u8>,
     parts: Vec<Part>,
     report: UploadReport,
@@ -274,7 +308,9 @@ impl Upload<'_> {
     fn flush_part(&mut self) -> Result<(), S3Error> {
         let hash = hex(blake3::hash(&self.buf).as_bytes());
         let name = format!("part-{:08}-{}", self.parts.len(), &hash[..16]);
-        if self.existing.contains(&name) {
+        // Kept only if it is the very part (same hash, same size); the
+        // download checks it again against the manifest.
+        if self.existing.get(&name) == Some(&(self.buf.len() as u64)) {
             self.report.reused += 1;
         } else {
             let key = format!("{}/{name}", self.dir);
@@ -312,7 +348,7 @@ impl Upload<'_> {
         let named: HashSet<&str> = m.parts.iter().map(|p| p.name.as_str()).collect();
         let stale: Vec<String> = self
             .existing
-            .iter()
+            .keys()
             .filter(|n| !named.contains(n.as_str()))
             .cloned()
             .collect();
@@ -394,29 +430,60 @@ pub fn newest(manifests: &[Manifest]) -> Option<&Manifest> {
         .max_by_key(|m| (m.info.created_unix, m.info.guid))
 }
 
-/// The streams that lead to snapshot `to`: a full stream, then each
-/// incremental one whose base the previous carried, ending with `to`.
-pub fn chain(manifests: &[Manifest], to: u64) -> Result<Vec<&Manifest>, S3Error> {
-    let mut out = Vec::new();
-    let mut want = Some(to);
-    while let Some(g) = want {
-        let m = manifests
-            .iter()
-            .filter(|m| m.info.guid == g)
-            // A full stream ends the walk soonest.
-            .min_by_key(|m| m.info.from_guid.is_some())
-            .ok_or_else(|| {
-                S3Error::Layout(format!(
-                    "no stored stream carries snapshot guid {g}, which the chain needs"
-                ))
-            })?;
-        if out.len() > manifests.len() {
-            return Err(S3Error::Layout("the stored streams form a loop".into()));
-        }
-        out.push(m);
-        want = m.info.from_guid;
+/// The streams to apply, in order, to bring a dataset that has the
+/// snapshots `have` (by guid; empty for a dataset not made yet) to
+/// snapshot `to`: the shortest run of stored streams that starts from a
+/// snapshot it has, or for a new dataset from a full stream. Empty when
+/// it has `to` already.
+pub fn chain<'a>(
+    manifests: &'a [Manifest],
+    to: u64,
+    have: &HashSet<u64>,
+) -> Result<Vec<&'a Manifest>, S3Error> {
+    if have.contains(&to) {
+        return Ok(Vec::new());
     }
-    out.reverse();
+    // Backwards from `to`, breadth first: `next[g]` is the stream that
+    // leads from snapshot g one step towards `to`.
+    let mut next: HashMap<u64, &Manifest> = HashMap::new();
+    let mut queue = VecDeque::from([to]);
+    let mut start: Option<&Manifest> = None;
+    'search: while let Some(g) = queue.pop_front() {
+        for m in manifests.iter().filter(|m| m.info.guid == g) {
+            match m.info.from_guid {
+                None if have.is_empty() => {
+                    start = Some(m);
+                    break 'search;
+                }
+                None => {}
+                Some(f) if have.contains(&f) => {
+                    start = Some(m);
+                    break 'search;
+                }
+                Some(f) if f != to && !next.contains_key(&f) => {
+                    next.insert(f, m);
+                    queue.push_back(f);
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    let Some(first) = start else {
+        return Err(S3Error::Layout(if have.is_empty() {
+            format!("no full stream in the store leads to snapshot guid {to}")
+        } else {
+            format!("no stored stream leads to snapshot guid {to} from a snapshot the target has")
+        }));
+    };
+    let mut out = vec![first];
+    let mut at = first.info.guid;
+    while at != to {
+        let m = next
+            .get(&at)
+            .ok_or_else(|| S3Error::Layout("the stored streams do not join up".into()))?;
+        out.push(m);
+        at = m.info.guid;
+    }
     Ok(out)
 }
 
@@ -441,19 +508,42 @@ mod tests {
         }
     }
 
+    fn guids(c: Vec<&Manifest>) -> Vec<(u64, Option<u64>)> {
+        c.iter().map(|m| (m.info.guid, m.info.from_guid)).collect()
+    }
+
     #[test]
-    fn chains_walk_back_to_a_full_stream() {
+    fn chains_walk_back_to_what_the_target_has() {
+        let none = HashSet::new();
         let all = vec![m(3, Some(2)), m(1, None), m(2, Some(1)), m(4, Some(9))];
-        let c: Vec<u64> = chain(&all, 3)
-            .unwrap()
-            .iter()
-            .map(|m| m.info.guid)
-            .collect();
-        assert_eq!(c, [1, 2, 3]);
-        assert!(chain(&all, 4).is_err(), "a missing base");
-        assert!(chain(&all, 7).is_err(), "no such snapshot");
+        assert_eq!(
+            guids(chain(&all, 3, &none).unwrap()),
+            [(1, None), (2, Some(1)), (3, Some(2))]
+        );
+        assert!(chain(&all, 4, &none).is_err(), "a missing base");
+        assert!(chain(&all, 7, &none).is_err(), "no such snapshot");
         let looped = vec![m(1, Some(2)), m(2, Some(1))];
-        assert!(chain(&looped, 1).is_err());
+        assert!(chain(&looped, 1, &none).is_err());
+        // A target that has 1 gets the incrementals only; one that has 2
+        // only the last; one that has 3 nothing.
+        let has = |g: u64| HashSet::from([g]);
+        assert_eq!(
+            guids(chain(&all, 3, &has(1)).unwrap()),
+            [(2, Some(1)), (3, Some(2))]
+        );
+        assert_eq!(guids(chain(&all, 3, &has(2)).unwrap()), [(3, Some(2))]);
+        assert!(chain(&all, 3, &has(3)).unwrap().is_empty());
+        // A full stream of 3 stored beside the incrementals: an existing
+        // target still gets an incremental, a new one the shortest way.
+        let mut both = all.clone();
+        both.push(m(3, None));
+        assert_eq!(
+            guids(chain(&both, 3, &has(1)).unwrap()),
+            [(2, Some(1)), (3, Some(2))]
+        );
+        assert_eq!(guids(chain(&both, 3, &none).unwrap()), [(3, None)]);
+        // A target whose snapshots the store never saw.
+        assert!(chain(&all, 3, &has(99)).is_err());
         // Only chain ends count (1 is 2's base); among them the latest.
         let mut late = m(9, None);
         late.info.created_unix = 100;
@@ -461,6 +551,46 @@ mod tests {
         assert_eq!(newest(&all).map(|m| m.info.guid), Some(9));
         let all = vec![m(1, None), m(2, Some(1))];
         assert_eq!(newest(&all).map(|m| m.info.guid), Some(2));
+    }
+
+    #[test]
+    fn manifests_must_describe_what_an_upload_writes() {
+        let part = |i: usize, size: u64| {
+            let h = format!("{:064x}", i + 1);
+            Part {
+                name: format!("part-{i:08}-{}", &h[..16]),
+                size,
+                blake3: h,
+            }
+        };
+        let mut good = m(1, None);
+        good.parts = vec![part(0, PART as u64), part(1, 10)];
+        good.bytes = PART as u64 + 10;
+        assert_eq!(check_parts(&good), Ok(()));
+        let mut bad = Vec::new();
+        let mut e = good.clone();
+        e.parts.clear();
+        e.bytes = 0;
+        bad.push(e);
+        let mut e = good.clone();
+        e.parts[1].name = "part-00000001-../../x".into();
+        bad.push(e);
+        let mut e = good.clone();
+        e.parts[0].size = 10;
+        e.bytes = 20;
+        bad.push(e);
+        let mut e = good.clone();
+        e.parts[1].size = u64::MAX;
+        bad.push(e);
+        let mut e = good.clone();
+        e.bytes += 1;
+        bad.push(e);
+        let mut e = good.clone();
+        e.parts.swap(0, 1);
+        bad.push(e);
+        for e in bad {
+            assert!(check_parts(&e).is_err(), "{e:?}");
+        }
     }
 
     #[test]

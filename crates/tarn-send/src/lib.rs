@@ -152,7 +152,9 @@ fn short_name(s: &str) -> &str {
 /// [`SendOptions::replicate`]): for each dataset at or below the top (a
 /// parent before its children) that has the snapshot, an incremental
 /// series from `from` when it has that snapshot, else a full stream of
-/// its oldest snapshot and the series from there. A clone is sent whole.
+/// its oldest snapshot and the series from there. A dataset without the
+/// snapshot is left out with everything below it; below a dataset sent
+/// whole, everything is sent whole. A clone is sent whole.
 fn package(pool: &Arc<Pool>, snap: &str, opts: &SendOptions) -> Result<Vec<Part>, SendError> {
     let (top, want) = snap
         .split_once('@')
@@ -174,7 +176,21 @@ fn package(pool: &Arc<Pool>, snap: &str, opts: &SendOptions) -> Result<Vec<Part>
         return Err(DsError::NotFound(format!("'{top}' does not exist")).into());
     }
     let mut parts = Vec::new();
+    // Datasets left out (their children go with them: the receiver would
+    // have no parent for them), and those sent whole (their children are
+    // new on the receiver too, so they go whole as well).
+    let mut left_out: Vec<String> = Vec::new();
+    let mut whole: Vec<String> = Vec::new();
+    let below = |fs: &str, list: &[String]| {
+        list.iter().any(|p| {
+            fs.strip_prefix(p.as_str())
+                .is_some_and(|r| r.starts_with('/'))
+        })
+    };
     for fs in names {
+        if below(&fs, &left_out) {
+            continue;
+        }
         let all: Vec<String> = tarn_dataset::open(pool, &fs)?
             .snapshots()?
             .into_iter()
@@ -184,10 +200,16 @@ fn package(pool: &Arc<Pool>, snap: &str, opts: &SendOptions) -> Result<Vec<Part>
             if fs == top {
                 return Err(DsError::NotFound(format!("'{snap}' does not exist")).into());
             }
+            left_out.push(fs);
             continue;
         };
         let rel = fs[top.len()..].trim_start_matches('/').to_string();
-        let start = from.and_then(|f| all.iter().position(|n| n == f));
+        let start = from
+            .and_then(|f| all.iter().position(|n| n == f))
+            .filter(|_| !below(&fs, &whole));
+        if start.is_none() {
+            whole.push(fs.clone());
+        }
         if fs == top {
             if let (Some(f), None) = (from, start) {
                 return Err(DsError::NotFound(format!("'{top}@{f}' does not exist")).into());

@@ -590,6 +590,9 @@ fn a_replication_package_recreates_a_tree_with_its_snapshots() {
     tarn_dataset::snapshot(&tank, &["tank/home@tue".into()], true).unwrap();
     mk("tank/home/dave", &[]);
     tarn_dataset::snapshot(&tank, &["tank/home/dave@own".into()], false).unwrap();
+    // A child with the snapshot below a dataset without it: left out too.
+    mk("tank/home/dave/sub", &[]);
+    tarn_dataset::snapshot(&tank, &["tank/home/dave/sub@tue".into()], false).unwrap();
 
     let pkg = to_vec(&tank, "tank/home@tue", &replicate(None, false, false));
     let opts = RecvOptions::default();
@@ -638,14 +641,15 @@ fn a_replication_package_recreates_a_tree_with_its_snapshots() {
     let mut pairs = pairs.to_vec();
     pairs.push(("tank/home/eve", "backup/home/eve"));
     pairs.push(("tank/home/dave", "backup/home/dave"));
+    pairs.push(("tank/home/dave/sub", "backup/home/dave/sub"));
     same_trees(&tank, &backup, &pairs, "thu");
     // The same package again: every stream read, checked and skipped.
     let before = tree(&backup, "backup/home/alice");
     let r = receive(&backup, "backup/home", opts, &inc[..]).unwrap();
     assert!(r.snapshots.is_empty(), "{:?}", r.snapshots);
     // dave has @wed and @thu now, but not @tue: it came whole, from its
-    // own first snapshot.
-    assert_eq!(r.skipped.len(), 15, "{:?}", r.skipped);
+    // own first snapshot, and so did dave/sub below it, from its @tue.
+    assert_eq!(r.skipped.len(), 18, "{:?}", r.skipped);
     assert_eq!(tree(&backup, "backup/home/alice"), before);
 
     // A change on the target refuses the next package; -F rolls back.
@@ -796,4 +800,98 @@ fn a_cut_package_sent_again_finishes() {
         );
     }
     assert!(backup.leak_check().unwrap().is_clean());
+}
+
+/// `stream` with its key's wrapping replaced by `wrapped` (hex), the
+/// chained checksums made again: what a hostile sender or store can send.
+fn with_wrapping(stream: &[u8], wrapped: &str) -> Vec<u8> {
+    use tarn_send::stream::{Record, StreamReader, StreamWriter};
+    let mut r = StreamReader::new(stream);
+    let Some(Record::Begin(mut h)) = r.next_record().unwrap() else {
+        panic!("a stream starts with BEGIN");
+    };
+    h.info.key.as_mut().expect("a raw stream's key").wrapped = wrapped.to_string();
+    let mut w = StreamWriter::begin(Vec::new(), &h).unwrap();
+    while let Some(rec) = r.next_record().unwrap() {
+        match rec {
+            Record::Item(i) => w.item(&i).unwrap(),
+            Record::End(_) => break,
+            Record::Begin(_) => panic!("one stream"),
+        }
+    }
+    w.end().unwrap().0
+}
+
+/// A raw stream that names its parent's key but carries another wrapping
+/// gets a key record of its own; an incremental stream into a dataset
+/// that shares its encryption root's key never rewrites that key: the
+/// root still opens with its passphrase.
+#[test]
+fn a_raw_stream_cannot_change_a_parents_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tank, backup) = pools(dir.path());
+    let mut rng = Rng::new(0xbad);
+    encrypted(&tank, "tank/sec", PASS, &[]);
+    tarn_dataset::create(&tank, "tank/sec/a", &props(&[]), false).unwrap();
+    let fs = mount(&tank, "tank/sec/a");
+    populate(&fs, &mut rng);
+    tarn_dataset::snapshot(&tank, &["tank/sec@1".into()], true).unwrap();
+    change(&fs, &mut rng, 0);
+    drop(fs);
+    tarn_dataset::snapshot(&tank, &["tank/sec/a@2".into()], false).unwrap();
+    recv(
+        &backup,
+        "backup/sec",
+        &to_vec(&tank, "tank/sec@1", &replicate(None, false, true)),
+        false,
+    )
+    .unwrap();
+    let bogus = "ab".repeat(tarn_block::crypt::WRAPPED_LEN);
+    // A full stream below the root with the root's key guid.
+    let full = to_vec(
+        &tank,
+        "tank/sec/a@1",
+        &SendOptions {
+            raw: true,
+            ..Default::default()
+        },
+    );
+    recv(
+        &backup,
+        "backup/sec/evil",
+        &with_wrapping(&full, &bogus),
+        false,
+    )
+    .unwrap();
+    let i = tarn_testkit::datasets::info(&backup, "backup/sec/evil");
+    assert_eq!(i.encryptionroot.as_deref(), Some("backup/sec/evil"));
+    // An incremental into the child that shares the root's key.
+    let inc = to_vec(
+        &tank,
+        "tank/sec/a@2",
+        &SendOptions {
+            from: Some("@1".into()),
+            raw: true,
+            ..Default::default()
+        },
+    );
+    recv(&backup, "backup/sec/a", &with_wrapping(&inc, &bogus), false).unwrap();
+    // The root's key is as it was: the passphrase opens the whole tree.
+    tarn_dataset::load_key(&backup, "backup/sec", &passphrase(PASS)).unwrap();
+    assert_eq!(tree(&backup, "backup/sec/a@1"), tree(&tank, "tank/sec/a@1"));
+    assert_eq!(tree(&backup, "backup/sec/a@2"), tree(&tank, "tank/sec/a@2"));
+    // Bad key fields are refused before anything is made.
+    for bad in ["00", "zz".repeat(tarn_block::crypt::WRAPPED_LEN).as_str()] {
+        let r = recv(
+            &backup,
+            "backup/sec/worse",
+            &with_wrapping(&full, bad),
+            false,
+        );
+        assert!(
+            matches!(r, Err(SendError::Dataset(DsError::Invalid(_)))),
+            "{r:?}"
+        );
+    }
+    assert!(tarn_dataset::open(&backup, "backup/sec/worse").is_err());
 }

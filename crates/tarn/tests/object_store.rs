@@ -138,11 +138,11 @@ fn snapshots_go_to_an_object_store_and_come_back_without_the_key() {
     // them.
     let big = tarn_testkit::data::Rng::new(11).bytes(128 << 20);
     std::fs::write(mnt.join("video.bin"), &big).unwrap();
-    a.ok(&["snapshot", "tank/docs@mon"]);
+    a.ok(&["snapshot", "tank/docs@night-9"]);
 
     // Killed as soon as the first parts are stored.
     let mut up = s3
-        .command(&a, &["replicate", "tank/docs@mon", "--to", &url])
+        .command(&a, &["replicate", "tank/docs@night-9", "--to", &url])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -178,7 +178,7 @@ fn snapshots_go_to_an_object_store_and_come_back_without_the_key() {
     // Run again: the parts already there are kept.
     let out = s3.ok(
         &a,
-        &["-o", "json", "replicate", "tank/docs@mon", "--to", &url],
+        &["-o", "json", "replicate", "tank/docs@night-9", "--to", &url],
     );
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let r = &v[0];
@@ -189,18 +189,25 @@ fn snapshots_go_to_an_object_store_and_come_back_without_the_key() {
         "{out}"
     );
     assert!(r["parts"].as_u64().unwrap() >= 16, "{out}");
-    let again = s3.ok(&a, &["replicate", "tank/docs@mon", "--to", &url]);
+    let again = s3.ok(&a, &["replicate", "tank/docs@night-9", "--to", &url]);
     assert!(again.contains("already stored"), "{again}");
 
     // An incremental run sends what changed, as its own stream.
     std::fs::write(mnt.join("letter.txt"), b"rewritten").unwrap();
-    a.ok(&["snapshot", "tank/docs@tue"]);
+    a.ok(&["snapshot", "tank/docs@night-10"]);
     let out = s3.ok(
         &a,
-        &["-o", "json", "replicate", "tank/docs@tue", "--to", &url],
+        &[
+            "-o",
+            "json",
+            "replicate",
+            "tank/docs@night-10",
+            "--to",
+            &url,
+        ],
     );
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v[0]["from"], "mon", "{out}");
+    assert_eq!(v[0]["from"], "night-9", "{out}");
     assert_eq!(v[0]["parts"], 1, "{out}");
 
     // No stored object holds the plaintext; parts of the cut try that
@@ -228,7 +235,7 @@ fn snapshots_go_to_an_object_store_and_come_back_without_the_key() {
     c.ok(&["pool", "create", "vault", "mirror", &g[0], &g[1]]);
     let out = s3.ok(&c, &["receive", "-u", "--from", &url, "vault/docs"]);
     assert!(
-        out.contains("received vault/docs@mon") && out.contains("received vault/docs@tue"),
+        out.contains("received vault/docs@night-9") && out.contains("received vault/docs@night-10"),
         "{out}"
     );
     assert_eq!(c.prop("vault/docs", "keystatus"), "unavailable");
@@ -237,6 +244,25 @@ fn snapshots_go_to_an_object_store_and_come_back_without_the_key() {
     assert!(status.contains("No known data errors"), "{status}");
     let out = s3.ok(&c, &["receive", "--from", &url, "vault/docs"]);
     assert!(out.contains("already has"), "{out}");
+    // Snapshots are ordered by when they were taken, not by name
+    // ("night-10" sorts before "night-9"); the next restore takes only
+    // what is new.
+    a.ok(&["snapshot", "tank/docs@night-11"]);
+    let out = s3.ok(
+        &a,
+        &[
+            "-o",
+            "json",
+            "replicate",
+            "tank/docs@night-11",
+            "--to",
+            &url,
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["from"], "night-10", "{out}");
+    let out = s3.ok(&c, &["receive", "-u", "--from", &url, "vault/docs"]);
+    assert_eq!(out.trim(), "received vault/docs@night-11", "{out}");
     c.ok(&["dataset", "set", "readonly=on", "vault/docs"]);
     let o = c.tarn_input(&["key", "load", "vault/docs"], PASS);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
