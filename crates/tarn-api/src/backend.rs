@@ -115,6 +115,27 @@ pub trait Backend: Send + Sync {
     fn dataset_receive_abort(&self, _name: &str) -> Result<(), ApiError> {
         Err(no_datasets())
     }
+    /// Makes a replication token for `label`, good for receiving into
+    /// `dataset` and below; returns it (only its hash is kept).
+    fn replication_token_add(
+        &self,
+        _label: &str,
+        _dataset: &str,
+    ) -> Result<crate::params::TokenAdded, ApiError> {
+        Err(no_datasets())
+    }
+    /// The replication tokens (never the tokens themselves).
+    fn replication_token_list(&self) -> Result<Vec<crate::params::TokenInfo>, ApiError> {
+        Err(no_datasets())
+    }
+    /// Removes the replication token `label`.
+    fn replication_token_del(&self, _label: &str) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Where the replication port listens, and its certificate.
+    fn replication_info(&self) -> Result<crate::params::ReplicationInfo, ApiError> {
+        Err(no_datasets())
+    }
     /// The encryption roots at or below `name` (every one without it).
     fn key_list(&self, _name: Option<&str>) -> Result<Vec<KeyRootInfo>, ApiError> {
         Err(no_datasets())

@@ -172,6 +172,25 @@ pub fn call(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, ApiE
             "{method} streams its data: call it on a transport that carries a body (the \
              admin socket does)"
         ))),
+        m::REPLICATION_TOKEN_ADD => {
+            let TokenAddParams { label, dataset } = params(method, p)?;
+            reply(backend.replication_token_add(&label, &dataset)?)
+        }
+        m::REPLICATION_TOKEN_LIST => {
+            let NoParams {} = params(method, p)?;
+            reply(backend.replication_token_list()?)
+        }
+        m::REPLICATION_TOKEN_DEL => {
+            let NameParams { name } = params(method, p)?;
+            reply(backend.replication_token_del(&name)?)
+        }
+        m::REPLICATION_INFO => {
+            let NoParams {} = params(method, p)?;
+            reply(backend.replication_info()?)
+        }
+        m::REPLICATION_HELLO => Err(ApiError::invalid(
+            "replication.hello opens a session on the replication port, not here",
+        )),
         m::KEY_LIST => {
             let OptionalNameParams { name } = params(method, p)?;
             reply(backend.key_list(name.as_deref())?)

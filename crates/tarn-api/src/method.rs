@@ -127,6 +127,20 @@ pub const DATASET_RELEASE: &str = "dataset.release";
 /// [`crate::dataset::HoldInfo`]s (API 2.2).
 pub const DATASET_HOLDS: &str = "dataset.holds";
 
+/// Open a session on the replication port: [`crate::params::HelloParams`]
+/// (the first request there; refused on the admin socket).
+pub const REPLICATION_HELLO: &str = "replication.hello";
+/// Make a replication token: [`crate::params::TokenAddParams`]; answers
+/// [`crate::params::TokenAdded`] (API 2.2).
+pub const REPLICATION_TOKEN_ADD: &str = "replication.token_add";
+/// The replication tokens: answers [`crate::params::TokenInfo`]s.
+pub const REPLICATION_TOKEN_LIST: &str = "replication.token_list";
+/// Remove a replication token by label: [`crate::params::NameParams`].
+pub const REPLICATION_TOKEN_DEL: &str = "replication.token_del";
+/// Where replication listens and its certificate: answers
+/// [`crate::params::ReplicationInfo`].
+pub const REPLICATION_INFO: &str = "replication.info";
+
 /// The methods whose request or reply carries a streamed body.
 pub const STREAMING: &[&str] = &[DATASET_SEND, DATASET_RECEIVE];
 
@@ -177,6 +191,11 @@ pub const ALL: &[&str] = &[
     DATASET_HOLD,
     DATASET_RELEASE,
     DATASET_HOLDS,
+    REPLICATION_HELLO,
+    REPLICATION_TOKEN_ADD,
+    REPLICATION_TOKEN_LIST,
+    REPLICATION_TOKEN_DEL,
+    REPLICATION_INFO,
     POOL_INJECT,
     USER_ADD,
     USER_DEL,

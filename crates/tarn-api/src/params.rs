@@ -366,6 +366,70 @@ pub struct SnapshotParams {
     pub recursive: bool,
 }
 
+/// `replication.hello`: the token a receiving daemon gave out.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HelloParams {
+    /// The token, as `replication token add` printed it.
+    pub token: String,
+}
+
+impl std::fmt::Debug for HelloParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HelloParams { token: <redacted> }")
+    }
+}
+
+/// `replication.token_add`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenAddParams {
+    /// A name for the sender it is for (`offsite-nas`).
+    pub label: String,
+    /// The dataset the token may receive into (itself and below).
+    pub dataset: String,
+}
+
+/// `replication.token_add`'s answer: the token, shown this once.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenAdded {
+    /// The label.
+    pub label: String,
+    /// The token (64 hex digits); only its hash is kept.
+    pub token: String,
+}
+
+impl std::fmt::Debug for TokenAdded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "TokenAdded {{ label: {:?}, token: <redacted> }}",
+            self.label
+        )
+    }
+}
+
+/// A replication token as `replication.token_list` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenInfo {
+    /// The label.
+    pub label: String,
+    /// The dataset it may receive into.
+    pub dataset: String,
+    /// When it was made (Unix seconds).
+    pub created_unix: u64,
+}
+
+/// `replication.info`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicationInfo {
+    /// The address the replication port listens on (absent: not
+    /// started).
+    pub listen: Option<String>,
+    /// SHA-256 of its TLS certificate, `AB:CD:...`: what a sender pins.
+    pub fingerprint: Option<String>,
+}
+
 /// `dataset.hold` and `dataset.release` (API 2.2).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -678,6 +742,10 @@ pub struct ReceiveParams {
     /// Do not mount it after (`-u`).
     #[serde(default)]
     pub no_mount: bool,
+    /// Properties the stream carries that are not set on a dataset it
+    /// creates (`-x PROP`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
 }
 
 /// What `dataset.receive` reports.

@@ -241,9 +241,14 @@ pub enum Command {
     /// Write a snapshot as a stream (to standard output or --to FILE):
     /// `tarn send -i @monday tank/home@tuesday | ssh backup tarn receive tank/home`
     Send(crate::send::SendArgs),
-    /// Keep a snapshot in an object store, as raw streams (only what the
-    /// store lacks): `tarn replicate tank/home@tue --to s3://bucket/home`
+    /// Send a snapshot to another tarn (tarn://) or an object store (s3://),
+    /// only what is missing there: `tarn replicate tank/home@tue --to
+    /// tarn://backup/vault/home --token-file T --fingerprint FP`
     Replicate(crate::replicate::ReplicateArgs),
+    /// This daemon's replication port: its certificate and the tokens of
+    /// the tarns that may send here
+    #[command(subcommand)]
+    Replication(crate::replicate::ReplicationCommand),
     /// Make a snapshot from a stream (standard input or --from FILE)
     #[command(alias = "recv")]
     Receive(crate::send::ReceiveArgs),
@@ -317,6 +322,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Run> {
         Command::Send(args) => crate::send::send(&mut client, args)?,
         Command::Receive(args) => crate::send::receive(&mut client, &out, args)?,
         Command::Replicate(args) => crate::replicate::replicate(&mut client, &out, args)?,
+        Command::Replication(cmd) => crate::replicate::replication_command(&mut client, &out, cmd)?,
         Command::Snapshot { recursive, names } => {
             crate::dataset::snapshot(&mut client, &out, names, recursive)?
         }

@@ -81,6 +81,12 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     pub iscsi: Option<std::net::SocketAddr>,
 
+    /// Take snapshots from other tarns (`tarn replicate --to tarn://`) on
+    /// this address over TLS, e.g. 0.0.0.0:7450; senders need a token
+    /// (`tarn replication token add`)
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub replication: Option<std::net::SocketAddr>,
+
     /// PEM certificate for WebDAV over HTTPS and NBD over TLS [default: a
     /// self-signed one generated in the state directory]
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -208,6 +214,8 @@ pub struct DaemonRun {
     pub nbd_tls_required: bool,
     /// Where iSCSI listens; not started when absent.
     pub iscsi: Option<SocketAddr>,
+    /// Where the replication port listens; not started when absent.
+    pub replication: Option<SocketAddr>,
     /// A PEM certificate and key for WebDAV over TLS.
     pub tls_cert: Option<(PathBuf, PathBuf)>,
     /// Plain HTTP for WebDAV even off loopback.
@@ -298,6 +306,7 @@ pub(crate) fn daemon_command(
         nbd,
         nbd_tls_required,
         iscsi,
+        replication,
         tls_cert,
         tls_key,
         webdav_plain_http,
@@ -318,6 +327,7 @@ pub(crate) fn daemon_command(
                 nbd,
                 nbd_tls_required,
                 iscsi,
+                replication,
                 tls_cert: tls_cert.zip(tls_key),
                 webdav_plain_http,
             }))

@@ -28,6 +28,7 @@ pub mod dataset;
 pub mod key;
 pub mod object;
 pub mod pool;
+pub mod remote;
 pub mod render;
 pub mod replicate;
 pub mod send;

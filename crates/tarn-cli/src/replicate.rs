@@ -23,13 +23,111 @@ use crate::session::{decode, Out, Session};
 /// `tarn replicate`'s arguments.
 #[derive(clap::Args, Debug)]
 pub struct ReplicateArgs {
-    /// Where: `s3://BUCKET/PREFIX` (credentials and endpoint from the
+    /// Where: another tarn, `tarn://HOST[:PORT]/POOL/DATASET` (its
+    /// replication port, 7450 by default), or an object store,
+    /// `s3://BUCKET/PREFIX` (credentials and endpoint from the
     /// environment: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
     /// TARN_S3_ENDPOINT)
     #[arg(long = "to", value_name = "URL")]
     to: String,
+    /// tarn://: a file holding the token the receiver made for this
+    /// sender (`tarn replication token add` there)
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
+    /// tarn://: the SHA-256 of the receiver's certificate (`tarn
+    /// replication info` there); nothing else is trusted
+    #[arg(long, value_name = "SHA256")]
+    fingerprint: Option<String>,
     /// The snapshot, POOL/DATASET@NAME
     snapshot: String,
+}
+
+/// `tarn replication ...`: this daemon's replication port and tokens.
+#[derive(clap::Subcommand, Debug)]
+pub enum ReplicationCommand {
+    /// Where the replication port listens and its certificate's
+    /// fingerprint (what senders pin)
+    Info,
+    /// Tokens that let other tarns send snapshots here
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+/// `tarn replication token ...`.
+#[derive(clap::Subcommand, Debug)]
+pub enum TokenCommand {
+    /// Make a token for a sender, good for receiving into DATASET and
+    /// below; it is printed once, only its hash is kept
+    Add {
+        /// A name for the sender, e.g. office-nas
+        label: String,
+        /// The dataset it may receive into, e.g. vault/backups
+        dataset: String,
+    },
+    /// List the tokens (labels and datasets, never the tokens)
+    List,
+    /// Remove a token: its sender can no longer connect
+    #[command(alias = "rm")]
+    Del {
+        /// The token's label
+        label: String,
+    },
+}
+
+/// `tarn replication ...`.
+pub(crate) fn replication_command(
+    client: &mut Session,
+    out: &Out,
+    cmd: ReplicationCommand,
+) -> anyhow::Result<()> {
+    use tarn_api::params::{
+        NameParams, NoParams, ReplicationInfo, TokenAddParams, TokenAdded, TokenInfo,
+    };
+    match cmd {
+        ReplicationCommand::Info => {
+            let v = client.call(method::REPLICATION_INFO, &NoParams {})?;
+            let i: ReplicationInfo = decode(method::REPLICATION_INFO, v.clone())?;
+            out.raw_or(&v, || match (&i.listen, &i.fingerprint) {
+                (Some(l), Some(f)) => format!(
+                    "replication listens on {l} (TLS)\ncertificate SHA-256 {f}\n\nsenders: \
+                     tarn replicate SNAP --to tarn://THIS-HOST:{port}/DATASET --token-file F \
+                     --fingerprint {f}\n",
+                    port = l.rsplit(':').next().unwrap_or("7450")
+                ),
+                _ => "replication is not started (tarn daemon --replication ADDR:PORT)\n".into(),
+            })
+        }
+        ReplicationCommand::Token(TokenCommand::Add { label, dataset }) => {
+            let v = client.call(
+                method::REPLICATION_TOKEN_ADD,
+                &TokenAddParams { label, dataset },
+            )?;
+            let t: TokenAdded = decode(method::REPLICATION_TOKEN_ADD, v.clone())?;
+            out.raw_or(&v, || format!("{}\n", t.token))
+        }
+        ReplicationCommand::Token(TokenCommand::List) => {
+            let v = client.call(method::REPLICATION_TOKEN_LIST, &NoParams {})?;
+            let list: Vec<TokenInfo> = decode(method::REPLICATION_TOKEN_LIST, v.clone())?;
+            out.raw_or(&v, || {
+                let rows: Vec<Vec<String>> = list
+                    .iter()
+                    .map(|t| {
+                        vec![
+                            t.label.clone(),
+                            t.dataset.clone(),
+                            crate::render::format_date(t.created_unix),
+                        ]
+                    })
+                    .collect();
+                crate::render::table(&["LABEL", "DATASET", "CREATED"], &rows, &[0, 1, 2])
+            })
+        }
+        ReplicationCommand::Token(TokenCommand::Del { label }) => client.call_quietly(
+            out,
+            method::REPLICATION_TOKEN_DEL,
+            &NameParams { name: label },
+        ),
+    }
 }
 
 /// A snapshot of one dataset, as the daemon lists it.
@@ -75,6 +173,12 @@ pub(crate) fn replicate(client: &mut Session, out: &Out, a: ReplicateArgs) -> an
     let Some((fs, short)) = a.snapshot.split_once('@') else {
         bail!("'{}' is not a snapshot (POOL/DATASET@NAME)", a.snapshot);
     };
+    if a.to.starts_with("tarn://") {
+        return replicate_to_tarn(client, out, &a, fs, short);
+    }
+    if a.token_file.is_some() || a.fingerprint.is_some() {
+        bail!("--token-file and --fingerprint go with --to tarn://...");
+    }
     let mut store = open_store(&a.to)?;
     let stored: HashSet<u64> = store
         .manifests()
@@ -208,5 +312,128 @@ pub(crate) fn receive_from_store(
             .iter()
             .map(|s| format!("received {s}\n"))
             .collect()
+    })
+}
+
+/// `tarn replicate SNAP --to tarn://HOST:PORT/DATASET`: a partial receive
+/// there is finished first (with its resume token), then every snapshot
+/// after the newest one the receiver has goes as one `-I` series of raw
+/// streams with properties, received without mounting.
+fn replicate_to_tarn(
+    client: &mut Session,
+    out: &Out,
+    a: &ReplicateArgs,
+    fs: &str,
+    short: &str,
+) -> anyhow::Result<()> {
+    use crate::remote::{parse_fingerprint, Remote, Target};
+    let target = Target::parse(&a.to)?;
+    let fp =
+        parse_fingerprint(a.fingerprint.as_deref().context(
+            "--fingerprint: the receiver's certificate (`tarn replication info` there)",
+        )?)?;
+    let token_file = a.token_file.as_deref().context(
+        "--token-file: the token the receiver made (`tarn replication token add` there)",
+    )?;
+    let token = std::fs::read_to_string(token_file)
+        .with_context(|| format!("cannot read {}", token_file.display()))?;
+    let name = target.dataset.clone();
+    // The sender's mountpoint names a folder on the sender: the copy
+    // takes the receiver's own (inherited) instead.
+    let receive = |resumable: bool| ReceiveParams {
+        name: name.clone(),
+        force: false,
+        resumable,
+        no_mount: true,
+        exclude: vec!["mountpoint".into()],
+    };
+    // One stream (or series) from the local daemon into the receiver.
+    let transfer = |client: &mut Session, send: SendParams| -> anyhow::Result<ReceiveResult> {
+        let remote = Remote::connect(&target, &fp, &token)?;
+        let v = remote.call_with_body(method::DATASET_RECEIVE, &receive(true), |w| {
+            client
+                .call_body_out(method::DATASET_SEND, &send, w)
+                .map(|_| ())
+        })?;
+        decode(method::DATASET_RECEIVE, v)
+    };
+    let mut lines = Vec::new();
+    let mut results = Vec::new();
+
+    let mut remote = Remote::connect(&target, &fp, &token)?;
+    let listed = remote.call(method::DATASET_LIST, &DatasetListParams { snapshots: true })?;
+    let theirs: Vec<DatasetInfo> = decode(method::DATASET_LIST, listed)?;
+    let exists = theirs.iter().any(|d| d.name == name);
+    let resume_token = if exists {
+        let v = remote.call(
+            method::DATASET_GET,
+            &tarn_api::params::DatasetGetParams {
+                name: name.clone(),
+                properties: vec!["receive_resume_token".into()],
+            },
+        )?;
+        v[0]["value"]
+            .as_str()
+            .filter(|t| *t != "-" && !t.is_empty())
+            .map(str::to_string)
+    } else {
+        None
+    };
+    drop(remote);
+    if let Some(t) = resume_token {
+        let r = transfer(
+            client,
+            SendParams {
+                token: Some(t),
+                ..Default::default()
+            },
+        )
+        .context("finishing the partial receive")?;
+        lines.extend(
+            r.snapshots
+                .iter()
+                .map(|s| format!("resumed and received {s}")),
+        );
+        results.extend(r.snapshots.clone());
+    }
+    // What the receiver has now, by guid.
+    let mut remote = Remote::connect(&target, &fp, &token)?;
+    let listed = remote.call(method::DATASET_LIST, &DatasetListParams { snapshots: true })?;
+    drop(remote);
+    let theirs: Vec<DatasetInfo> = decode(method::DATASET_LIST, listed)?;
+    let have: HashSet<u64> = theirs
+        .iter()
+        .filter(|d| d.name.split_once('@').is_some_and(|(f, _)| f == name))
+        .map(|d| d.guid)
+        .collect();
+    let snaps = snapshots_of(client, fs)?;
+    let Some(end) = snaps.iter().position(|s| s.short == short) else {
+        bail!("'{fs}@{short}' does not exist");
+    };
+    if have.contains(&snaps[end].guid) {
+        lines.push(format!("{} already has {fs}@{short}", a.to));
+    } else {
+        let base = snaps[..end].iter().rposition(|s| have.contains(&s.guid));
+        if base.is_none() && !have.is_empty() {
+            bail!(
+                "{} has snapshots, but none of {fs}'s: replicate into a new dataset, or \
+                 destroy it there",
+                a.to
+            );
+        }
+        let send = SendParams {
+            snapshot: Some(format!("{fs}@{short}")),
+            from: base.map(|b| format!("@{}", snaps[b].short)),
+            intermediates: base.is_some(),
+            raw: true,
+            props: true,
+            ..Default::default()
+        };
+        let r = transfer(client, send)?;
+        lines.extend(r.snapshots.iter().map(|s| format!("received {s}")));
+        results.extend(r.snapshots);
+    }
+    out.raw_or(&serde_json::json!({ "received": results }), || {
+        lines.iter().map(|l| format!("{l}\n")).collect()
     })
 }

@@ -65,6 +65,10 @@ pub struct ReceiveArgs {
     /// Do not mount the received filesystem
     #[arg(short = 'u')]
     no_mount: bool,
+    /// Do not set this property the stream carries (`-p`/`-R`) on a
+    /// dataset it creates, e.g. -x mountpoint; may be repeated
+    #[arg(short = 'x', value_name = "PROP")]
+    exclude: Vec<String>,
     /// Abandon a partial resumable receive into the dataset instead
     #[arg(short = 'A', conflicts_with_all = ["force", "resumable", "from"])]
     abort: bool,
@@ -137,6 +141,7 @@ pub(crate) fn receive(client: &mut Session, out: &Out, a: ReceiveArgs) -> anyhow
         force: a.force,
         resumable: a.resumable,
         no_mount: a.no_mount,
+        exclude: a.exclude,
     };
     if let Some(url) = a
         .from

@@ -14,6 +14,8 @@
 //! - [`filesystems`], [`mounts`]: one POSIX filesystem per dataset, and its
 //!   FUSE mounts.
 //! - [`servers`]: the NFS and WebDAV front ends.
+//! - [`replication`]: the replication port, where other tarns send
+//!   snapshots over TLS with a token.
 //! - [`transport`]: the admin socket, its limits and the stop sequence.
 //! - [`demo`]: what `tarn demo` runs.
 //!
@@ -36,6 +38,7 @@ pub mod mounts;
 pub mod node;
 pub mod objects;
 pub mod pools;
+pub mod replication;
 pub mod servers;
 pub mod transport;
 

@@ -389,6 +389,10 @@ impl Backend for Pools {
         input: &mut dyn std::io::Read,
     ) -> Result<tarn_api::params::ReceiveResult, ApiError> {
         let pool = self.get(pool_of(&p.name))?;
+        // One receive at a time into a tree: a second one (a sender that
+        // reconnected before the first noticed the cut) would apply the
+        // same partial state twice over.
+        let _receiving = self.receiving(&p.name)?;
         // The stream replaces what an existing target shows: its mounts
         // and open filesystems go down first, and come back after.
         let _resizes = tarn_vol::resize_lock();
@@ -397,6 +401,7 @@ impl Backend for Pools {
         let opts = tarn_dataset::recv::RecvOptions {
             force: p.force,
             resumable: p.resumable,
+            exclude: &p.exclude,
         };
         let r = tarn_send::receive(&pool, &p.name, opts, input).map_err(send_error);
         self.mounts.remount(&self.fss, &pool, down, None);
@@ -417,6 +422,30 @@ impl Backend for Pools {
         tarn_dataset::recv::abort(&pool, name).map_err(ds_error)?;
         self.refresh_servers();
         Ok(())
+    }
+
+    fn replication_token_add(
+        &self,
+        label: &str,
+        dataset: &str,
+    ) -> Result<tarn_api::params::TokenAdded, ApiError> {
+        self.tokens.add(label, dataset)
+    }
+
+    fn replication_token_list(&self) -> Result<Vec<tarn_api::params::TokenInfo>, ApiError> {
+        self.tokens.list()
+    }
+
+    fn replication_token_del(&self, label: &str) -> Result<(), ApiError> {
+        self.tokens.del(label)
+    }
+
+    fn replication_info(&self) -> Result<tarn_api::params::ReplicationInfo, ApiError> {
+        let r = self.replication.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(tarn_api::params::ReplicationInfo {
+            listen: r.as_ref().map(|r| r.addr().to_string()),
+            fingerprint: r.as_ref().map(|r| r.fingerprint().to_string()),
+        })
     }
 
     fn key_list(
@@ -957,6 +986,14 @@ impl Backend for Pools {
 
 impl Node for Pools {
     fn shutdown(&self) {
+        if let Some(mut r) = self
+            .replication
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            r.stop();
+        }
         self.servers.stop();
         self.mounts.unmount_all();
         let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
@@ -1003,4 +1040,43 @@ fn one_pool(names: &[String]) -> Result<&str, ApiError> {
         ));
     }
     Ok(first)
+}
+
+/// A receive in progress into a dataset (see [`Pools::receiving`]).
+pub(crate) struct Receiving<'a> {
+    pools: &'a Pools,
+    name: String,
+}
+
+impl Drop for Receiving<'_> {
+    fn drop(&mut self) {
+        self.pools
+            .receives
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.name);
+    }
+}
+
+impl Pools {
+    /// Marks a receive into `name` as running; busy when one into it, or
+    /// into a dataset above or below it, runs already.
+    pub(crate) fn receiving(&self, name: &str) -> Result<Receiving<'_>, ApiError> {
+        let mut r = self.receives.lock().unwrap_or_else(|e| e.into_inner());
+        let related = |a: &str, b: &str| {
+            a == b
+                || a.strip_prefix(b).is_some_and(|x| x.starts_with('/'))
+                || b.strip_prefix(a).is_some_and(|x| x.starts_with('/'))
+        };
+        if let Some(other) = r.iter().find(|o| related(o, name)) {
+            return Err(ApiError::busy(format!(
+                "a receive into '{other}' is running; try again when it ends"
+            )));
+        }
+        r.insert(name.to_string());
+        Ok(Receiving {
+            pools: self,
+            name: name.to_string(),
+        })
+    }
 }

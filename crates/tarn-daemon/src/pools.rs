@@ -99,6 +99,12 @@ pub struct Pools {
     pub(crate) fss: Filesystems,
     /// NFS and WebDAV.
     pub(crate) servers: Servers,
+    /// The replication port, when it runs.
+    pub(crate) replication: Mutex<Option<crate::replication::Replication>>,
+    /// The replication tokens.
+    pub(crate) tokens: Arc<crate::replication::Tokens>,
+    /// Datasets a receive is running into.
+    pub(crate) receives: Mutex<BTreeSet<String>>,
 }
 
 /// Checks WebDAV logins against the users stored in the pools.
@@ -221,6 +227,9 @@ impl Pools {
             mounts: Mounts::new(tuning.fuse_threads),
             fss: Filesystems::default(),
             servers: Servers::default(),
+            replication: Mutex::new(None),
+            tokens: Arc::new(crate::replication::Tokens::new(state_dir)),
+            receives: Mutex::new(BTreeSet::new()),
         };
         for entry in me.read_cache()? {
             match Pool::import(
@@ -431,7 +440,24 @@ impl Pools {
             pools: Arc::downgrade(self),
         });
         self.servers
-            .start(opts, &self.state_dir, self.share_lists(), auth)
+            .start(opts, &self.state_dir, self.share_lists(), auth)?;
+        if let Some(addr) = opts.replication {
+            let cfg = crate::servers::tls_config(opts, &self.state_dir);
+            let (tls, fp) = tarn_webdav::tls_server_config(&cfg)
+                .map_err(|e| DaemonError::msg(format!("replication TLS: {e}")))?;
+            let mut tls = (*tls).clone();
+            tls.alpn_protocols.clear();
+            let me: Arc<dyn tarn_api::Backend + Send + Sync> = self.clone();
+            let r = crate::replication::start(
+                addr,
+                Arc::new(tls),
+                fp,
+                self.tokens.clone(),
+                Arc::downgrade(&me),
+            )?;
+            *self.replication.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        }
+        Ok(())
     }
 
     /// Gives the running servers the current shares (after any change of

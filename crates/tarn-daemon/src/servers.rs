@@ -41,6 +41,8 @@ pub struct ServerOptions {
     pub nbd_tls_required: bool,
     /// iSCSI (volume shares).
     pub iscsi: Option<SocketAddr>,
+    /// The replication port (TLS, with the same certificate).
+    pub replication: Option<SocketAddr>,
     /// A PEM certificate and key for WebDAV (and NBD) over TLS; a
     /// self-signed pair in the state directory when absent.
     pub tls_cert: Option<(PathBuf, PathBuf)>,
@@ -148,7 +150,7 @@ pub struct ShareLists {
 }
 
 /// The TLS certificate of the node's servers, as WebDAV and NBD use it.
-fn tls_config(opts: &ServerOptions, state_dir: &Path) -> TlsConfig {
+pub(crate) fn tls_config(opts: &ServerOptions, state_dir: &Path) -> TlsConfig {
     match &opts.tls_cert {
         Some((cert, key)) => TlsConfig::Pem {
             cert: cert.clone(),

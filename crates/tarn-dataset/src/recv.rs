@@ -64,12 +64,15 @@ pub struct RecvState {
 
 /// How to receive.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct RecvOptions {
+pub struct RecvOptions<'a> {
     /// Roll the target back to the stream's base (destroying newer
     /// snapshots) when it changed since.
     pub force: bool,
     /// Keep what was received when the stream breaks off, to resume.
     pub resumable: bool,
+    /// Properties a stream carries that are not set on a dataset it
+    /// creates (`receive -x`): `mountpoint` names a folder on the sender.
+    pub exclude: &'a [String],
 }
 
 /// A receive in progress (see the module docs).
@@ -105,7 +108,7 @@ impl Receiver {
         pool: &Arc<Pool>,
         name: &str,
         info: &SendInfo,
-        opts: RecvOptions,
+        opts: RecvOptions<'_>,
     ) -> Result<Receiver, DsError> {
         check_fs_name(pool.name(), name)?;
         crate::record::check_snap_part(&format!("{name}@{}", info.name), &info.name)?;
@@ -149,7 +152,7 @@ impl Receiver {
                 }
             }
             let id = match &info.from {
-                None => begin_full(dir, cx.txg(), name, info)?,
+                None => begin_full(dir, cx.txg(), name, info, opts.exclude)?,
                 Some(from) => begin_incremental(dir, cx, name, info, from.guid, opts.force)?,
             };
             if let Some(r) = dir.recs.get_mut(&id) {
@@ -314,7 +317,13 @@ fn check_key_export(k: &crate::send::KeyExport) -> Result<(), DsError> {
 }
 
 /// A new dataset for a full stream.
-fn begin_full(dir: &mut Dir, txg: u64, name: &str, info: &SendInfo) -> Result<u64, DsError> {
+fn begin_full(
+    dir: &mut Dir,
+    txg: u64,
+    name: &str,
+    info: &SendInfo,
+    exclude: &[String],
+) -> Result<u64, DsError> {
     if dir.names.contains_key(name) {
         return Err(DsError::Exists(format!(
             "'{name}' exists: a full stream makes a new dataset (receive into a new name, or \
@@ -331,7 +340,7 @@ fn begin_full(dir: &mut Dir, txg: u64, name: &str, info: &SendInfo) -> Result<u6
     }
     let parent_key = dir.rec(parent)?.key;
     let mut props = std::collections::BTreeMap::new();
-    for (k, v) in &info.props {
+    for (k, v) in info.props.iter().filter(|(k, _)| !exclude.contains(k)) {
         props.insert(k.clone(), crate::props::validate(k, v)?);
     }
     if let Some(k) = &info.key {

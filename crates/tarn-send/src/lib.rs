@@ -366,7 +366,7 @@ fn receive_one<R: Read>(
     pool: &Arc<Pool>,
     name: &str,
     header: &Header,
-    opts: RecvOptions,
+    opts: RecvOptions<'_>,
     reader: &mut StreamReader<R>,
     report: &mut RecvReport,
 ) -> Result<(), SendError> {
@@ -477,7 +477,7 @@ fn skip_stream<R: Read>(reader: &mut StreamReader<R>) -> Result<(), SendError> {
 pub fn receive<R: Read>(
     pool: &Arc<Pool>,
     name: &str,
-    opts: RecvOptions,
+    opts: RecvOptions<'_>,
     input: R,
 ) -> Result<RecvReport, SendError> {
     let mut reader = StreamReader::new(input);

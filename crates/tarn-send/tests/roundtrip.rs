@@ -75,6 +75,7 @@ fn recv(pool: &Arc<Pool>, name: &str, stream: &[u8], force: bool) -> Result<(), 
     let opts = RecvOptions {
         force,
         resumable: false,
+        ..Default::default()
     };
     receive(pool, name, opts, stream).map(|_| ())
 }
@@ -422,6 +423,7 @@ fn a_resumable_receive_continues_after_cuts_anywhere() {
         let resumable = RecvOptions {
             force: false,
             resumable: true,
+            ..Default::default()
         };
         for (snap, opts) in [
             ("tank/fs@a", SendOptions::default()),
@@ -671,6 +673,7 @@ fn a_replication_package_recreates_a_tree_with_its_snapshots() {
     let force = RecvOptions {
         force: true,
         resumable: false,
+        ..Default::default()
     };
     receive(&backup, "backup/home", force, &next[..]).unwrap();
     same_trees(&tank, &backup, &pairs, "fri");
@@ -769,6 +772,7 @@ fn a_cut_package_sent_again_finishes() {
     let resumable = RecvOptions {
         force: false,
         resumable: true,
+        ..Default::default()
     };
     let rounds = tarn_testkit::data::env_seed("TARN_SEND_SEED").map_or(4, |_| 1);
     for round in 0..rounds {

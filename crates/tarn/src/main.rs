@@ -110,6 +110,7 @@ fn daemon_options(run: DaemonRun) -> DaemonOptions {
         nbd: run.nbd,
         nbd_tls_required: run.nbd_tls_required,
         iscsi: run.iscsi,
+        replication: run.replication,
         tls_cert: run.tls_cert,
         webdav_plain_http: run.webdav_plain_http,
         ..ServerOptions::default()

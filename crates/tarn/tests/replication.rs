@@ -4,7 +4,9 @@
 //! without the key, and opens it only when given the passphrase), an
 //! incremental stream, a stream cut short and resumed with its token, and
 //! a damaged stream refused while the daemon keeps serving; a replication
-//! package (`send -R`) of a tree, sent twice.
+//! package (`send -R`) of a tree, sent twice; `tarn replicate` to another
+//! daemon's replication port over TLS with a token (scope, wrong token,
+//! wrong certificate, a killed transfer resumed).
 
 mod common;
 
@@ -239,4 +241,192 @@ fn a_tree_travels_as_one_package() {
         "-R -i",
     );
     assert_eq!(out.matches("received").count(), 3, "{out}");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `tarn replicate --to tarn://`: an encrypted dataset goes raw to
+/// another daemon's replication port, which never has the key; later
+/// snapshots go as a series; the token's scope, a wrong token, a wrong
+/// certificate and a deleted token are refused; a transfer killed half
+/// way is finished by the next run from where it broke off.
+#[test]
+fn replicate_to_another_tarn_over_tls() {
+    if !require::fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (home, offsite) = (dir.path().join("home"), dir.path().join("offsite"));
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&offsite).unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let a = Daemon::start(&home);
+    let b = Daemon::start_with(&offsite, &["--replication", &listen]);
+    let fa = files(&home, "m", 1, 512 << 20);
+    let fb = files(&offsite, "m", 1, 512 << 20);
+    a.ok(&["pool", "create", "tank", &fa[0]]);
+    b.ok(&["pool", "create", "vault", &fb[0]]);
+    b.ok(&["dataset", "create", "vault/backups"]);
+    let token = b.ok(&["replication", "token", "add", "home-nas", "vault/backups"]);
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, token.trim()).unwrap();
+    let info: serde_json::Value =
+        serde_json::from_str(&b.ok(&["-o", "json", "replication", "info"])).unwrap();
+    let fp = info["fingerprint"].as_str().unwrap().to_string();
+    assert_eq!(info["listen"], listen.as_str());
+    let tokens = b.ok(&["replication", "token", "list"]);
+    assert!(
+        tokens.contains("home-nas") && !tokens.contains(token.trim()),
+        "{tokens}"
+    );
+
+    let mnt = home.join("docs");
+    a.create_encrypted("tank/docs", &mnt, PASS);
+    let canary = b"CANARY-over-the-wire-0b7a".repeat(2000);
+    std::fs::write(mnt.join("letter.txt"), &canary).unwrap();
+    a.ok(&["snapshot", "tank/docs@night-9"]);
+    let url = format!("tarn://127.0.0.1:{port}/vault/backups/docs");
+    let tf = token_file.to_str().unwrap();
+    let replicate = |snap: &str, to: &str, fp: &str| {
+        a.tarn(&[
+            "replicate",
+            snap,
+            "--to",
+            to,
+            "--token-file",
+            tf,
+            "--fingerprint",
+            fp,
+        ])
+    };
+    let out = ok(replicate("tank/docs@night-9", &url, &fp), "replicate");
+    assert!(out.contains("received vault/backups/docs@night-9"), "{out}");
+    assert_eq!(b.prop("vault/backups/docs", "keystatus"), "unavailable");
+    // The sender's mountpoint (a folder on the sender) is not taken over.
+    let mp = b.prop("vault/backups/docs", "mountpoint");
+    assert!(!mp.contains("home/docs"), "{mp}");
+    for m in &fb {
+        let bytes = std::fs::read(m).unwrap();
+        assert!(
+            !bytes.windows(25).any(|w| w == &canary[..25]),
+            "plaintext on the receiver"
+        );
+    }
+    // Two more snapshots: one series ("night-10" sorts before "night-9").
+    std::fs::write(mnt.join("letter.txt"), b"second").unwrap();
+    a.ok(&["snapshot", "tank/docs@night-10"]);
+    a.ok(&["snapshot", "tank/docs@night-11"]);
+    let out = ok(
+        replicate("tank/docs@night-11", &url, &fp),
+        "replicate a series",
+    );
+    assert!(
+        out.contains("received vault/backups/docs@night-10")
+            && out.contains("received vault/backups/docs@night-11"),
+        "{out}"
+    );
+    let out = ok(replicate("tank/docs@night-11", &url, &fp), "again");
+    assert!(out.contains("already has"), "{out}");
+
+    // What the token may not do, and who may not use it.
+    let other = format!("tarn://127.0.0.1:{port}/vault/elsewhere");
+    let err =
+        String::from_utf8_lossy(&replicate("tank/docs@night-11", &other, &fp).stderr).into_owned();
+    assert!(err.contains("outside"), "{err}");
+    let wrong_fp = "00".repeat(32);
+    let o = replicate("tank/docs@night-11", &url, &wrong_fp);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("pinned") || err.contains("certificate"),
+        "{err}"
+    );
+    std::fs::write(&token_file, "ab".repeat(32)).unwrap();
+    let err =
+        String::from_utf8_lossy(&replicate("tank/docs@night-11", &url, &fp).stderr).into_owned();
+    assert!(err.contains("not a replication token"), "{err}");
+    std::fs::write(&token_file, token.trim()).unwrap();
+
+    // A transfer killed half way: the next run resumes it.
+    let big = tarn_testkit::data::Rng::new(9).bytes(160 << 20);
+    std::fs::write(mnt.join("video.bin"), &big).unwrap();
+    a.ok(&["snapshot", "tank/docs@big"]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .arg("--socket")
+        .arg(&a.socket)
+        .args([
+            "replicate",
+            "tank/docs@big",
+            "--to",
+            &url,
+            "--token-file",
+            tf,
+        ])
+        .args(["--fingerprint", &fp])
+        .env_remove("TARN_SOCKET")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    loop {
+        let t = b.prop("vault/backups/docs", "receive_resume_token");
+        if t != "-" && !t.is_empty() {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the transfer ended before it could be cut"
+        );
+        assert!(t0.elapsed().as_secs() < 120, "no partial receive seen");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The receiver notices the cut and keeps what arrived; until then a
+    // second receive into the dataset is refused as busy.
+    let t0 = std::time::Instant::now();
+    let resumed = loop {
+        let o = replicate("tank/docs@big", &url, &fp);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        if o.status.success() || !err.contains("running") || t0.elapsed().as_secs() > 30 {
+            break o;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let out = ok(resumed, "resume");
+    assert!(
+        out.contains("resumed and received vault/backups/docs@big"),
+        "{out}"
+    );
+    assert_eq!(b.prop("vault/backups/docs", "receive_resume_token"), "-");
+
+    // The receiver scrubs it without the key; the passphrase opens it.
+    b.ok(&["pool", "scrub", "--wait", "vault"]);
+    let status = b.ok(&["pool", "status", "vault"]);
+    assert!(status.contains("No known data errors"), "{status}");
+    b.ok(&["dataset", "set", "readonly=on", "vault/backups/docs"]);
+    ok(
+        b.tarn_input(&["key", "load", "vault/backups/docs"], PASS),
+        "key load",
+    );
+    let view = offsite.join("view");
+    std::fs::create_dir(&view).unwrap();
+    b.ok(&["mount", "vault/backups/docs", view.to_str().unwrap()]);
+    assert!(is_mounted(&view));
+    assert_eq!(std::fs::read(view.join("letter.txt")).unwrap(), b"second");
+    assert!(std::fs::read(view.join("video.bin")).unwrap() == big);
+    b.ok(&["unmount", view.to_str().unwrap()]);
+
+    // A deleted token no longer opens a session.
+    b.ok(&["replication", "token", "del", "home-nas"]);
+    let err = String::from_utf8_lossy(&replicate("tank/docs@big", &url, &fp).stderr).into_owned();
+    assert!(err.contains("not a replication token"), "{err}");
+    b.ok(&["daemon", "ping"]);
 }
