@@ -746,6 +746,10 @@ pub struct ReceiveParams {
     /// creates (`-x PROP`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude: Vec<String>,
+    /// When given, the only properties the stream may set (the
+    /// replication port sets this; a sender there chooses nothing else).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub props_allowed: Option<Vec<String>>,
 }
 
 /// What `dataset.receive` reports.

@@ -76,7 +76,7 @@ impl Target {
 pub fn parse_fingerprint(s: &str) -> anyhow::Result<[u8; 32]> {
     let hex: String = s.chars().filter(|c| *c != ':').collect();
     let mut out = [0u8; 32];
-    if hex.len() != 64 {
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         bail!("a fingerprint is the certificate's SHA-256: 64 hex digits (`tarn replication info` on the receiver)");
     }
     for (i, b) in out.iter_mut().enumerate() {
@@ -284,6 +284,8 @@ impl Remote {
         use std::io::Read;
         let mut got: Vec<u8> = self.r.buffer().to_vec();
         let stream = self.r.get_mut();
+        let _ = stream.sock.set_read_timeout(Some(Duration::from_secs(5)));
+        let _ = stream.sock.set_write_timeout(Some(Duration::from_secs(5)));
         stream.conn.send_close_notify();
         let _ = stream.conn.write_tls(&mut stream.sock);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);

@@ -346,6 +346,7 @@ fn replicate_to_tarn(
         resumable,
         no_mount: true,
         exclude: vec!["mountpoint".into()],
+        props_allowed: None,
     };
     // One stream (or series) from the local daemon into the receiver.
     let transfer = |client: &mut Session, send: SendParams| -> anyhow::Result<ReceiveResult> {
@@ -379,12 +380,32 @@ fn replicate_to_tarn(
     } else {
         None
     };
+    let ours: HashSet<u64> = snapshots_of(client, fs)?.iter().map(|s| s.guid).collect();
+    // The token comes from the receiver: it is followed only when it asks
+    // for a raw stream of one of this dataset's snapshots. Anything else
+    // (a snapshot destroyed here since, another sender's stream, a token
+    // that would make this daemon send plaintext) is abandoned there.
+    let resume_token = match resume_token {
+        Some(t) if resume_token_is_ours(&t, &ours) => Some(t),
+        Some(_) => {
+            remote.call(
+                method::DATASET_RECEIVE_ABORT,
+                &tarn_api::params::NameParams { name: name.clone() },
+            )?;
+            lines.push(format!(
+                "abandoned a partial receive into {name} that is not of {fs}'s snapshots"
+            ));
+            None
+        }
+        None => None,
+    };
     drop(remote);
     if let Some(t) = resume_token {
         let r = transfer(
             client,
             SendParams {
                 token: Some(t),
+                raw: true,
                 ..Default::default()
             },
         )
@@ -436,4 +457,57 @@ fn replicate_to_tarn(
     out.raw_or(&serde_json::json!({ "received": results }), || {
         lines.iter().map(|l| format!("{l}\n")).collect()
     })
+}
+
+/// Whether a receiver's resume token asks for a raw stream of one of
+/// `ours` (from one of `ours`, if incremental). The token is lowercase hex
+/// of JSON (docs/format.md, "Send streams").
+fn resume_token_is_ours(token: &str, ours: &HashSet<u64>) -> bool {
+    let bytes: Option<Vec<u8>> = (0..token.len() / 2)
+        .map(|i| u8::from_str_radix(token.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect();
+    let Some(v) = bytes.and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok()) else {
+        return false;
+    };
+    let raw = v["raw"].as_bool() == Some(true);
+    let to = v["guid"].as_u64().is_some_and(|g| ours.contains(&g));
+    let from = match &v["from_guid"] {
+        serde_json::Value::Null => true,
+        f => f.as_u64().is_some_and(|g| ours.contains(&g)),
+    };
+    raw && to && from && token.len().is_multiple_of(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(v: serde_json::Value) -> String {
+        serde_json::to_vec(&v)
+            .unwrap()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    /// A receiver's resume token is followed only for a raw stream of
+    /// one of our snapshots (from one of ours).
+    #[test]
+    fn resume_tokens_from_a_receiver_are_checked() {
+        let ours = HashSet::from([1u64, 2]);
+        let t = |raw: bool, guid: u64, from: Option<u64>| {
+            token(serde_json::json!({
+                "version": 1, "guid": guid, "from_guid": from, "raw": raw,
+                "after": null, "name": "s", "source": "tank/a"
+            }))
+        };
+        assert!(resume_token_is_ours(&t(true, 2, Some(1)), &ours));
+        assert!(resume_token_is_ours(&t(true, 1, None), &ours));
+        assert!(!resume_token_is_ours(&t(false, 2, Some(1)), &ours), "not raw");
+        assert!(!resume_token_is_ours(&t(true, 3, Some(1)), &ours), "not ours");
+        assert!(!resume_token_is_ours(&t(true, 2, Some(9)), &ours), "base not ours");
+        assert!(!resume_token_is_ours("zz", &ours));
+        assert!(!resume_token_is_ours("7b7", &ours));
+        assert!(!resume_token_is_ours("", &ours));
+    }
 }

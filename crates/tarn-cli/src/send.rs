@@ -142,6 +142,7 @@ pub(crate) fn receive(client: &mut Session, out: &Out, a: ReceiveArgs) -> anyhow
         resumable: a.resumable,
         no_mount: a.no_mount,
         exclude: a.exclude,
+        props_allowed: None,
     };
     if let Some(url) = a
         .from

@@ -394,16 +394,25 @@ impl Backend for Pools {
         // same partial state twice over.
         let _receiving = self.receiving(&p.name)?;
         // The stream replaces what an existing target shows: its mounts
-        // and open filesystems go down first, and come back after.
-        let _resizes = tarn_vol::resize_lock();
-        let down = self.mounts.unmount_tree(&p.name)?;
-        self.fss.forget_tree(&p.name);
+        // and open filesystems go down first, and come back after. The
+        // lock that orders tree replacements is not held while the stream
+        // arrives (hours, from a slow sender): a dataset being received
+        // refuses to be opened meanwhile, and the receive's own changes
+        // of the tree are single transactions.
+        let down = {
+            let _resizes = tarn_vol::resize_lock();
+            let down = self.mounts.unmount_tree(&p.name)?;
+            self.fss.forget_tree(&p.name);
+            down
+        };
         let opts = tarn_dataset::recv::RecvOptions {
             force: p.force,
             resumable: p.resumable,
             exclude: &p.exclude,
+            allow: p.props_allowed.as_deref(),
         };
         let r = tarn_send::receive(&pool, &p.name, opts, input).map_err(send_error);
+        let _resizes = tarn_vol::resize_lock();
         self.mounts.remount(&self.fss, &pool, down, None);
         if !p.no_mount {
             self.mounts.automount(&self.fss, &pool);
@@ -419,6 +428,8 @@ impl Backend for Pools {
 
     fn dataset_receive_abort(&self, name: &str) -> Result<(), ApiError> {
         let pool = self.get(pool_of(name))?;
+        // Not while a receive into it runs: that one would go on writing.
+        let _receiving = self.receiving(name)?;
         tarn_dataset::recv::abort(&pool, name).map_err(ds_error)?;
         self.refresh_servers();
         Ok(())

@@ -23,20 +23,35 @@
 //! node's (the one WebDAV and NBD use); senders pin its SHA-256 (`tarn
 //! replication info` prints it), so no certificate authority is involved.
 //!
-//! **Limits.** At most [`MAX_SESSIONS`] sessions at once (more are closed
-//! at once); a request line must arrive within [`LINE_TIMEOUT`] and be at
-//! most 1 MiB; a stream may stall [`STREAM_STALL`] between frames. Every
-//! stream is checked record by record as it is applied (tarn-send), so a
-//! sender can break off, lie or send garbage: the receive fails and is
-//! undone (or kept to resume, with `-s`), and the daemon goes on.
+//! **What a sender chooses.** Only where below its dataset a stream goes
+//! and whether a broken one is kept to resume. The port itself decides
+//! the rest: never a rollback (`-F` destroys snapshots), never a mount,
+//! and of the properties a stream carries only those of how data is
+//! stored ([`PROPS_ALLOWED`]): a mountpoint would mount the sender's
+//! files anywhere on this machine, a reservation would take the pool's
+//! room.
+//!
+//! **Limits.** At most [`MAX_SESSIONS`] sessions; when full, the oldest
+//! that has not said hello is closed for a newcomer. The TLS handshake
+//! and the hello must be done within [`HELLO_TIMEOUT`], each later
+//! request must come within [`IDLE_TIMEOUT`], a line is at most 1 MiB,
+//! three mistakes (bad lines, wrong tokens) close the session, and the
+//! token is checked again before each request (deleting it ends the
+//! session). A stream must bring [`MIN_PROGRESS`] every
+//! [`PROGRESS_WINDOW`]. Every stream is checked record by record as it
+//! is applied (tarn-send), so a sender can break off, lie or send
+//! garbage: the receive fails and is undone (or kept to resume), and the
+//! daemon goes on. Stopping the daemon ends the sessions and waits for
+//! their receives to wind down before the pools are exported.
 
 use std::collections::HashMap;
 use std::io::{BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use tarn_api::params::{
@@ -48,8 +63,6 @@ use crate::error::{DaemonError, Result};
 
 /// Sessions served at once.
 pub const MAX_SESSIONS: usize = 16;
-/// Time for a request line (and the TLS handshake).
-pub const LINE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest pause inside a stream.
 pub const STREAM_STALL: Duration = Duration::from_secs(600);
 /// Longest request line.
@@ -221,12 +234,44 @@ fn in_scope(scope: &str, name: &str) -> bool {
         .is_some_and(|r| r.is_empty() || r.starts_with('/') || r.starts_with('@'))
 }
 
+/// Properties a stream may set on the replication port: how the data is
+/// stored, nothing about where it is mounted or how much room it holds.
+pub const PROPS_ALLOWED: &[&str] = &[
+    "compression",
+    "checksum",
+    "recordsize",
+    "atime",
+    "copies",
+    "sync",
+    "readonly",
+];
+/// Time for the TLS handshake and the hello, together.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Time between two requests after the hello.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// A stream must bring at least [`MIN_PROGRESS`] bytes every this long.
+pub const PROGRESS_WINDOW: Duration = Duration::from_secs(120);
+/// See [`PROGRESS_WINDOW`].
+pub const MIN_PROGRESS: u64 = 256 << 10;
+/// How long [`Replication::stop`] waits for sessions to wind down.
+const STOP_WAIT: Duration = Duration::from_secs(30);
+
+/// A session as the accept loop sees it: its socket (to end it), whether
+/// it said hello, and when it came.
+struct Slot {
+    stream: TcpStream,
+    hello: Arc<AtomicBool>,
+    since: Instant,
+}
+
+type Slots = Arc<Mutex<HashMap<u64, Slot>>>;
+
 /// The running replication port.
 pub struct Replication {
     addr: SocketAddr,
     fingerprint: String,
     stop: Arc<AtomicBool>,
-    sessions: Arc<Mutex<HashMap<u64, TcpStream>>>,
+    sessions: Slots,
     accept: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -241,19 +286,33 @@ impl Replication {
         &self.fingerprint
     }
 
-    /// Stops accepting and ends every session (a receive in progress
-    /// fails and is undone, or kept to resume).
+    /// Stops accepting, ends every session and waits (a while) for them
+    /// to wind down: a receive in progress fails and is undone, or kept
+    /// to resume, before the pools are exported.
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
         if let Some(t) = self.accept.take() {
             let _ = t.join();
         }
-        let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        for s in sessions.values() {
-            let _ = s.shutdown(Shutdown::Both);
+        {
+            let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+            for s in sessions.values() {
+                let _ = s.stream.shutdown(Shutdown::Both);
+            }
         }
+        let t0 = Instant::now();
+        while t0.elapsed() < STOP_WAIT {
+            if self
+                .sessions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("tarn daemon: replication sessions still running after {STOP_WAIT:?}; going on");
     }
 }
 
@@ -268,6 +327,38 @@ impl Drop for Replication {
 /// What a session calls: the node, while it exists.
 pub(crate) type Target = Weak<dyn Backend + Send + Sync>;
 
+/// Removes a session's slot however it ends (a panic included).
+struct SlotGuard(Slots, u64);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.1);
+    }
+}
+
+/// Makes room for a newcomer when every slot is taken: the oldest
+/// session that has not said hello is closed; false when all have.
+fn make_room(sessions: &mut HashMap<u64, Slot>) -> bool {
+    if sessions.len() < MAX_SESSIONS {
+        return true;
+    }
+    let oldest = sessions
+        .iter()
+        .filter(|(_, s)| !s.hello.load(Ordering::Relaxed))
+        .min_by_key(|(_, s)| s.since)
+        .map(|(id, _)| *id);
+    match oldest.and_then(|id| sessions.remove(&id)) {
+        Some(s) => {
+            let _ = s.stream.shutdown(Shutdown::Both);
+            true
+        }
+        None => false,
+    }
+}
+
 /// Starts the replication port on `addr` with the node's certificate.
 pub(crate) fn start(
     addr: SocketAddr,
@@ -281,50 +372,62 @@ pub(crate) fn start(
     let addr = listener
         .local_addr()
         .map_err(|e| DaemonError::msg(format!("replication: {e}")))?;
+    // Polled, so a stop needs no connection to wake it.
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| DaemonError::msg(format!("replication: {e}")))?;
     let stop = Arc::new(AtomicBool::new(false));
-    let sessions: Arc<Mutex<HashMap<u64, TcpStream>>> = Arc::default();
+    let sessions: Slots = Arc::default();
     let (stop2, sessions2) = (stop.clone(), sessions.clone());
     let accept = std::thread::Builder::new()
         .name("replication".into())
         .spawn(move || {
-            let next = AtomicU64::new(0);
-            for conn in listener.incoming() {
-                if stop2.load(Ordering::SeqCst) {
-                    break;
-                }
-                let Ok(stream) = conn else { continue };
-                let id = next.fetch_add(1, Ordering::Relaxed);
+            let mut next: u64 = 0;
+            while !stop2.load(Ordering::SeqCst) {
+                let stream = match listener.accept() {
+                    Ok((s, _)) => s,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(50));
+                        continue;
+                    }
+                    Err(_) => {
+                        // Out of descriptors and the like: back off.
+                        std::thread::sleep(Duration::from_millis(100));
+                        continue;
+                    }
+                };
+                let _ = stream.set_nonblocking(false);
+                next += 1;
+                let id = next;
+                let hello = Arc::new(AtomicBool::new(false));
                 {
                     let mut s = sessions2.lock().unwrap_or_else(|e| e.into_inner());
-                    if s.len() >= MAX_SESSIONS {
+                    let Ok(clone) = stream.try_clone() else {
+                        continue;
+                    };
+                    if !make_room(&mut s) {
                         let _ = stream.shutdown(Shutdown::Both);
                         continue;
                     }
-                    if let Ok(c) = stream.try_clone() {
-                        s.insert(id, c);
-                    }
+                    s.insert(
+                        id,
+                        Slot {
+                            stream: clone,
+                            hello: hello.clone(),
+                            since: Instant::now(),
+                        },
+                    );
                 }
-                let (tls, tokens, backend, sessions) = (
-                    tls.clone(),
-                    tokens.clone(),
-                    backend.clone(),
-                    sessions2.clone(),
-                );
-                let spawned = std::thread::Builder::new()
+                let guard = SlotGuard(sessions2.clone(), id);
+                let (tls, tokens, backend) = (tls.clone(), tokens.clone(), backend.clone());
+                let _ = std::thread::Builder::new()
                     .name("replication-session".into())
                     .spawn(move || {
-                        serve(stream, tls, &tokens, &backend);
-                        sessions
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .remove(&id);
+                        let _guard = guard;
+                        let _ = catch_unwind(AssertUnwindSafe(|| {
+                            serve(stream, tls, &tokens, &backend, &hello)
+                        }));
                     });
-                if spawned.is_err() {
-                    sessions2
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&id);
-                }
             }
         })
         .map_err(|e| DaemonError::msg(format!("replication: {e}")))?;
@@ -338,16 +441,63 @@ pub(crate) fn start(
     })
 }
 
-type Tls = rustls::StreamOwned<rustls::ServerConnection, TcpStream>;
+/// The session's socket, with a deadline on every read: the TLS layer
+/// reads through it, so a handshake, a line or a stream that trickles is
+/// cut off by the deadline, not only by a pause.
+struct Timed {
+    sock: TcpStream,
+    /// Reads fail after this instant.
+    deadline: Option<Instant>,
+    /// A stream: at least [`MIN_PROGRESS`] bytes per [`PROGRESS_WINDOW`].
+    progress: Option<(Instant, u64)>,
+}
 
-/// Reads of a stream's frames: each may wait [`STREAM_STALL`].
-struct Body<'a>(&'a mut BufReader<Tls>);
+fn timed_out(what: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::TimedOut, what.to_string())
+}
 
-impl Read for Body<'_> {
+impl Read for Timed {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.0.read(buf)
+        let now = Instant::now();
+        let mut wait = STREAM_STALL;
+        if let Some(d) = self.deadline {
+            if now >= d {
+                return Err(timed_out("the replication session's time is up"));
+            }
+            wait = wait.min(d - now);
+        }
+        if let Some((since, bytes)) = &mut self.progress {
+            if now.duration_since(*since) >= PROGRESS_WINDOW {
+                if *bytes < MIN_PROGRESS {
+                    return Err(timed_out("the stream arrives too slowly"));
+                }
+                (*since, *bytes) = (now, 0);
+            }
+            wait = wait.min(
+                PROGRESS_WINDOW.saturating_sub(now.duration_since(*since))
+                    + Duration::from_millis(1),
+            );
+        }
+        self.sock
+            .set_read_timeout(Some(wait.max(Duration::from_millis(1))))?;
+        let n = self.sock.read(buf)?;
+        if let Some((_, bytes)) = &mut self.progress {
+            *bytes += n as u64;
+        }
+        Ok(n)
     }
 }
+
+impl Write for Timed {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.sock.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.sock.flush()
+    }
+}
+
+type Tls = rustls::StreamOwned<rustls::ServerConnection, Timed>;
 
 fn reply(
     r: &mut BufReader<Tls>,
@@ -371,19 +521,56 @@ fn params<T: serde::de::DeserializeOwned>(
     serde_json::from_value(p).map_err(|e| ApiError::invalid(format!("bad params for {m}: {e}")))
 }
 
+/// Ends a session politely after a stream: the answer is sent, the TLS
+/// session closed, and what the sender still sends is read and dropped
+/// for a moment, so the answer is not lost to a reset.
+fn close(mut r: BufReader<Tls>) {
+    let s = r.get_mut();
+    s.conn.send_close_notify();
+    let _ = s.flush();
+    let _ = s.sock.sock.shutdown(Shutdown::Write);
+    s.sock.deadline = Some(Instant::now() + Duration::from_secs(2));
+    s.sock.progress = None;
+    let mut sink = [0u8; 64 << 10];
+    let mut left: usize = 16 << 20;
+    while left > 0 {
+        match s.sock.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => left = left.saturating_sub(n),
+        }
+    }
+}
+
+/// Mistakes a session may make before it is closed.
+const MAX_FAILURES: u32 = 3;
+
 /// One session (see the module docs).
-fn serve(stream: TcpStream, tls: Arc<rustls::ServerConfig>, tokens: &Tokens, backend: &Target) {
-    let _ = stream.set_read_timeout(Some(LINE_TIMEOUT));
+fn serve(
+    stream: TcpStream,
+    tls: Arc<rustls::ServerConfig>,
+    tokens: &Tokens,
+    backend: &Target,
+    said_hello: &AtomicBool,
+) {
     let _ = stream.set_write_timeout(Some(STREAM_STALL));
     let Ok(conn) = rustls::ServerConnection::new(tls) else {
         return;
     };
-    let mut r = BufReader::with_capacity(256 << 10, rustls::StreamOwned::new(conn, stream));
-    let mut scope: Option<String> = None;
+    let sock = Timed {
+        sock: stream,
+        deadline: Some(Instant::now() + HELLO_TIMEOUT),
+        progress: None,
+    };
+    let mut r = BufReader::with_capacity(256 << 10, rustls::StreamOwned::new(conn, sock));
+    // The token as presented, checked again before each request: a token
+    // deleted meanwhile ends the session.
+    let mut token: Option<String> = None;
     let mut failures = 0;
     let mut line = Vec::new();
     loop {
-        let _ = r.get_ref().sock.set_read_timeout(Some(LINE_TIMEOUT));
+        if token.is_some() {
+            r.get_mut().sock.deadline = Some(Instant::now() + IDLE_TIMEOUT);
+        }
         match read_line_bounded(&mut r, &mut line, MAX_LINE) {
             Ok(LineRead::Line) => {}
             Ok(LineRead::TooLong) => {
@@ -397,13 +584,11 @@ fn serve(stream: TcpStream, tls: Arc<rustls::ServerConfig>, tokens: &Tokens, bac
             Ok(LineRead::Eof) | Err(_) => return,
         }
         let text = line.trim_ascii();
-        if text.is_empty() {
-            continue;
-        }
         let req = match tarn_api::parse_request(text) {
             Ok(req) => req,
             Err((id, e)) => {
-                if !reply(&mut r, id, Err(e)) {
+                failures += 1;
+                if !reply(&mut r, id, Err(e)) || failures >= MAX_FAILURES {
                     return;
                 }
                 continue;
@@ -412,32 +597,34 @@ fn serve(stream: TcpStream, tls: Arc<rustls::ServerConfig>, tokens: &Tokens, bac
         let (id, m) = (req.id, req.method.as_str());
         if m == method::REPLICATION_HELLO {
             let out = params::<HelloParams>(m, req.params).and_then(|h| {
-                tokens.check(&h.token).ok_or_else(|| {
+                let ds = tokens.check(&h.token).ok_or_else(|| {
                     ApiError::invalid("that is not a replication token of this daemon")
-                })
+                })?;
+                Ok((h.token, ds))
             });
             match out {
-                Ok(ds) => {
-                    scope = Some(ds.clone());
+                Ok((t, ds)) => {
+                    token = Some(t);
+                    said_hello.store(true, Ordering::Relaxed);
                     if !reply(&mut r, id, Ok(serde_json::json!({ "dataset": ds }))) {
                         return;
                     }
                 }
                 Err(e) => {
                     failures += 1;
-                    if !reply(&mut r, id, Err(e)) || failures >= 3 {
+                    if !reply(&mut r, id, Err(e)) || failures >= MAX_FAILURES {
                         return;
                     }
                 }
             }
             continue;
         }
-        let Some(scope) = scope.as_deref() else {
+        let Some(scope) = token.as_deref().and_then(|t| tokens.check(t)) else {
             reply(
                 &mut r,
                 id,
                 Err(ApiError::invalid(
-                    "start with replication.hello and a token",
+                    "start with replication.hello and a token this daemon has",
                 )),
             );
             return;
@@ -454,34 +641,48 @@ fn serve(stream: TcpStream, tls: Arc<rustls::ServerConfig>, tokens: &Tokens, bac
         let out = match m {
             method::DATASET_LIST => json(node.dataset_list(true).map(|all| {
                 all.into_iter()
-                    .filter(|d| in_scope(scope, &d.name))
+                    .filter(|d| in_scope(&scope, &d.name))
                     .collect::<Vec<_>>()
             })),
             method::DATASET_GET => params::<DatasetGetParams>(m, req.params).and_then(|p| {
-                if !in_scope(scope, &p.name) {
+                if !in_scope(&scope, &p.name) {
                     return Err(outside(&p.name));
                 }
                 json(node.dataset_get(&p.name, &p.properties))
             }),
             method::DATASET_RECEIVE_ABORT => params::<NameParams>(m, req.params).and_then(|p| {
-                if !in_scope(scope, &p.name) || p.name.contains('@') {
+                if !in_scope(&scope, &p.name) || p.name.contains('@') {
                     return Err(outside(&p.name));
                 }
                 json(node.dataset_receive_abort(&p.name))
             }),
             method::DATASET_RECEIVE => {
                 let out = params::<ReceiveParams>(m, req.params).and_then(|p| {
-                    if !in_scope(scope, &p.name) || p.name.contains('@') {
+                    if !in_scope(&scope, &p.name) || p.name.contains('@') {
                         return Err(outside(&p.name));
                     }
-                    let _ = r.get_ref().sock.set_read_timeout(Some(STREAM_STALL));
-                    let mut body = tarn_api::wire::FrameReader::new(Body(&mut r));
+                    // What a sender may choose here: where, and whether to
+                    // keep a broken stream. Never a rollback (it destroys
+                    // snapshots), a mount, or properties beyond how data is
+                    // stored (a mountpoint on this machine, a reservation).
+                    let p = ReceiveParams {
+                        name: p.name,
+                        force: false,
+                        resumable: p.resumable,
+                        no_mount: true,
+                        exclude: Vec::new(),
+                        props_allowed: Some(PROPS_ALLOWED.iter().map(|s| s.to_string()).collect()),
+                    };
+                    let s = r.get_mut();
+                    s.sock.deadline = None;
+                    s.sock.progress = Some((Instant::now(), 0));
+                    let mut body = tarn_api::wire::FrameReader::new(&mut r);
                     json(node.dataset_receive(&p, &mut body))
                 });
                 // The connection ends with a stream.
+                r.get_mut().sock.progress = None;
                 reply(&mut r, id, out);
-                r.get_mut().conn.send_close_notify();
-                let _ = r.get_mut().flush();
+                close(r);
                 return;
             }
             other => Err(ApiError::invalid(format!(

@@ -73,6 +73,9 @@ pub struct RecvOptions<'a> {
     /// Properties a stream carries that are not set on a dataset it
     /// creates (`receive -x`): `mountpoint` names a folder on the sender.
     pub exclude: &'a [String],
+    /// When given, the only properties a stream may set (what a sender
+    /// that is not trusted with the machine may choose).
+    pub allow: Option<&'a [String]>,
 }
 
 /// A receive in progress (see the module docs).
@@ -152,7 +155,7 @@ impl Receiver {
                 }
             }
             let id = match &info.from {
-                None => begin_full(dir, cx.txg(), name, info, opts.exclude)?,
+                None => begin_full(dir, cx, name, info, &opts)?,
                 Some(from) => begin_incremental(dir, cx, name, info, from.guid, opts.force)?,
             };
             if let Some(r) = dir.recs.get_mut(&id) {
@@ -184,8 +187,9 @@ impl Receiver {
         let Some(last) = items.last().map(|i| i.key().to_vec()) else {
             return Ok(());
         };
-        let (id, mode) = (self.id, self.mode);
+        let (id, mode, guid) = (self.id, self.mode, self.info.guid);
         let (txg, committed) = with_dsl(&self.pool, true, |dsl, cx| {
+            still_receiving(&dsl.dir(), id, guid)?;
             let r = crate::txn::run_mode(dsl, cx, id, mode, false, |t| {
                 let mut raw = Vec::new();
                 for item in items {
@@ -247,6 +251,7 @@ impl Receiver {
         with_excl(&self.pool, |dsl, cx| {
             let mut dir = dsl.dir();
             let dir = &mut *dir;
+            still_receiving(dir, id, info.guid)?;
             let rec = dir.rec(id)?.clone();
             let snap = format!("{}@{}", rec.name, info.name);
             if dir.names.contains_key(&snap) {
@@ -291,6 +296,20 @@ impl Receiver {
     }
 }
 
+/// Busy unless dataset `id` is still receiving the stream of snapshot
+/// `guid`: an abandoned receive (`receive -A`, a rollback) must not go on
+/// writing, nor snapshot what is left.
+fn still_receiving(dir: &Dir, id: u64, guid: u64) -> Result<(), DsError> {
+    let rec = dir.rec(id)?;
+    if rec.recv.as_ref().map(|s| s.to_guid) != Some(guid) {
+        return Err(DsError::Busy(format!(
+            "the receive into '{}' was abandoned while it ran",
+            rec.name
+        )));
+    }
+    Ok(())
+}
+
 /// A stream's key as it may be stored: a known cipher, a wrapped key of
 /// the right size, and Argon2id parameters (exactly for a passphrase)
 /// within what a load accepts.
@@ -319,11 +338,12 @@ fn check_key_export(k: &crate::send::KeyExport) -> Result<(), DsError> {
 /// A new dataset for a full stream.
 fn begin_full(
     dir: &mut Dir,
-    txg: u64,
+    cx: &tarn_pool::Cx<'_>,
     name: &str,
     info: &SendInfo,
-    exclude: &[String],
+    opts: &RecvOptions<'_>,
 ) -> Result<u64, DsError> {
+    let txg = cx.txg();
     if dir.names.contains_key(name) {
         return Err(DsError::Exists(format!(
             "'{name}' exists: a full stream makes a new dataset (receive into a new name, or \
@@ -340,7 +360,8 @@ fn begin_full(
     }
     let parent_key = dir.rec(parent)?.key;
     let mut props = std::collections::BTreeMap::new();
-    for (k, v) in info.props.iter().filter(|(k, _)| !exclude.contains(k)) {
+    let wanted = |k: &String| !opts.exclude.contains(k) && opts.allow.is_none_or(|a| a.contains(k));
+    for (k, v) in info.props.iter().filter(|(k, _)| wanted(k)) {
         props.insert(k.clone(), crate::props::validate(k, v)?);
     }
     if let Some(k) = &info.key {
@@ -390,6 +411,19 @@ fn begin_full(
         return Err(DsError::Invalid(
             "a volume stream without its geometry".into(),
         ));
+    }
+    // A reservation takes room from every other dataset: the stream may
+    // set one only where it fits, as `create` checks.
+    if let Some(r) = props.get("reservation").and_then(|r| r.parse::<u64>().ok()) {
+        let avail = dir.available(cx, parent);
+        if r > avail {
+            return Err(DsError::NoSpace(format!(
+                "the stream's reservation of {} for '{name}' does not fit: {} available \
+                 (receive with -x reservation)",
+                crate::props::human_bytes(r),
+                crate::props::human_bytes(avail)
+            )));
+        }
     }
     let mut rec = dir.new_fs(name, Some(parent), txg);
     rec.props = props;

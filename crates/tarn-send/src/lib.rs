@@ -283,6 +283,15 @@ pub fn send<W: Write>(
                     || DsError::NotFound(format!("the token's base snapshot (guid {g}) is gone")),
                 )?),
             };
+        // A token comes from the receiver: it may not turn a raw send
+        // (what an encrypted dataset's backups are) into a plaintext one.
+        if opts.raw && !token.raw {
+            return Err(DsError::Invalid(
+                "the resume token is for a stream that is not raw, and a raw one was asked for"
+                    .into(),
+            )
+            .into());
+        }
         let o = SendOptions {
             raw: token.raw,
             ..opts.clone()

@@ -424,6 +424,54 @@ fn replicate_to_another_tarn_over_tls() {
     assert!(std::fs::read(view.join("video.bin")).unwrap() == big);
     b.ok(&["unmount", view.to_str().unwrap()]);
 
+    // A sender that asks the port for more than it allows gets less: no
+    // mount, no rollback, no mountpoint or reservation of its choosing;
+    // how data is stored (compression) it may choose.
+    let hostile = home.join("hostile");
+    std::fs::create_dir(&hostile).unwrap();
+    let mp = format!("mountpoint={}", hostile.display());
+    a.ok(&[
+        "dataset",
+        "create",
+        "-o",
+        &mp,
+        "-o",
+        "reservation=100M",
+        "-o",
+        "compression=zstd",
+        "tank/evil",
+    ]);
+    a.ok(&["snapshot", "tank/evil@1"]);
+    let stream = dir.path().join("evil.stream");
+    a.ok(&[
+        "send",
+        "-p",
+        "--to",
+        stream.to_str().unwrap(),
+        "tank/evil@1",
+    ]);
+    let bytes = std::fs::read(&stream).unwrap();
+    let t = tarn_cli::remote::Target::parse(&format!("tarn://127.0.0.1:{port}/vault/backups/evil"))
+        .unwrap();
+    let pin = tarn_cli::remote::parse_fingerprint(&fp).unwrap();
+    let remote = tarn_cli::remote::Remote::connect(&t, &pin, token.trim()).unwrap();
+    let asked = serde_json::json!({
+        "name": "vault/backups/evil", "force": true, "no_mount": false,
+        "props_allowed": ["mountpoint", "reservation", "compression"],
+    });
+    remote
+        .call_with_body("dataset.receive", &asked, |w| {
+            w.write_all(&bytes)?;
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(b.prop("vault/backups/evil", "compression"), "zstd");
+    let mp = b.prop("vault/backups/evil", "mountpoint");
+    assert!(!mp.contains("hostile"), "{mp}");
+    assert_ne!(b.prop("vault/backups/evil", "reservation"), "104857600");
+    // (The sender mounts its own dataset there; the receiver nothing.)
+    assert!(!b.ok(&["mount"]).contains("vault/backups/evil"));
+
     // A deleted token no longer opens a session.
     b.ok(&["replication", "token", "del", "home-nas"]);
     let err = String::from_utf8_lossy(&replicate("tank/docs@big", &url, &fp).stderr).into_owned();
