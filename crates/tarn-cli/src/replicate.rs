@@ -503,9 +503,18 @@ mod tests {
         };
         assert!(resume_token_is_ours(&t(true, 2, Some(1)), &ours));
         assert!(resume_token_is_ours(&t(true, 1, None), &ours));
-        assert!(!resume_token_is_ours(&t(false, 2, Some(1)), &ours), "not raw");
-        assert!(!resume_token_is_ours(&t(true, 3, Some(1)), &ours), "not ours");
-        assert!(!resume_token_is_ours(&t(true, 2, Some(9)), &ours), "base not ours");
+        assert!(
+            !resume_token_is_ours(&t(false, 2, Some(1)), &ours),
+            "not raw"
+        );
+        assert!(
+            !resume_token_is_ours(&t(true, 3, Some(1)), &ours),
+            "not ours"
+        );
+        assert!(
+            !resume_token_is_ours(&t(true, 2, Some(9)), &ours),
+            "base not ours"
+        );
         assert!(!resume_token_is_ours("zz", &ours));
         assert!(!resume_token_is_ours("7b7", &ours));
         assert!(!resume_token_is_ours("", &ours));
