@@ -146,6 +146,17 @@ impl<B: Backend> Fs<B> {
     /// the blocks that hold them, shared with the block cache, so a front
     /// end can write them to a socket with no copy at all.
     pub fn read_data(&self, ino: u64, offset: u64, size: u32) -> Result<ReadData> {
+        self.read_data_with(ino, offset, size, true)
+    }
+
+    /// [`Fs::read`] that leaves atime alone, whatever the dataset says:
+    /// what a read-only mount of a writable dataset reads with (reading
+    /// through it must not write).
+    pub fn read_without_atime(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        Ok(self.read_data_with(ino, offset, size, false)?.to_vec())
+    }
+
+    fn read_data_with(&self, ino: u64, offset: u64, size: u32, atime: bool) -> Result<ReadData> {
         if let Place::SnapDir = self.place(ino)? {
             return err(libc::EISDIR, "is a directory");
         }
@@ -172,7 +183,7 @@ impl<B: Backend> Fs<B> {
             readahead::submit(ahead);
         }
         let data = plan.run()?;
-        if touch {
+        if touch && atime {
             self.touch_atime(ino);
         }
         Ok(data)

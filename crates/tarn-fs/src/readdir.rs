@@ -13,8 +13,20 @@ impl<B: Backend> Fs<B> {
     /// are derived from the entries' keys, so they stay valid across
     /// restarts and concurrent changes.
     pub fn readdir(&self, ino: u64, cookie: u64, limit: usize) -> Result<Vec<DirEntry>> {
+        self.readdir_with(ino, cookie, limit, true)
+    }
+
+    /// [`Fs::readdir`], refreshing the directory's atime only when `atime`
+    /// (a read-only mount of a writable dataset lists without writing).
+    pub fn readdir_with(
+        &self,
+        ino: u64,
+        cookie: u64,
+        limit: usize,
+        atime: bool,
+    ) -> Result<Vec<DirEntry>> {
         Ok(self
-            .readdir_impl(ino, cookie, limit, false)?
+            .readdir_impl(ino, cookie, limit, false, atime)?
             .into_iter()
             .map(|(e, _)| e)
             .collect())
@@ -28,7 +40,19 @@ impl<B: Backend> Fs<B> {
         cookie: u64,
         limit: usize,
     ) -> Result<Vec<(DirEntry, Attr)>> {
-        self.readdir_impl(ino, cookie, limit, true)?
+        self.readdirplus_with(ino, cookie, limit, true)
+    }
+
+    /// [`Fs::readdirplus`], refreshing atime only when `atime` (see
+    /// [`Fs::readdir_with`]).
+    pub fn readdirplus_with(
+        &self,
+        ino: u64,
+        cookie: u64,
+        limit: usize,
+        atime: bool,
+    ) -> Result<Vec<(DirEntry, Attr)>> {
+        self.readdir_impl(ino, cookie, limit, true, atime)?
             .into_iter()
             .map(|(e, a)| match a {
                 Some(a) => Ok((e, a)),
@@ -45,6 +69,7 @@ impl<B: Backend> Fs<B> {
         cookie: u64,
         limit: usize,
         plus: bool,
+        atime: bool,
     ) -> Result<Vec<(DirEntry, Option<Attr>)>> {
         let dot = |ino: u64, cookie: u64, name: &[u8]| DirEntry {
             ino,
@@ -148,7 +173,7 @@ impl<B: Backend> Fs<B> {
                 slot.1 = Some(self.snapdir_attr()?);
             }
         }
-        if touch {
+        if touch && atime {
             self.touch_atime(ino);
         }
         Ok(out)

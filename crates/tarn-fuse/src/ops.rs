@@ -54,6 +54,9 @@ pub(crate) struct TarnFuse<B: Backend> {
     next_fh: AtomicU32,
     creds: CredCache,
     known: Arc<Known>,
+    /// Reads refresh atime (not through a read-only mount: reading
+    /// through it must not write, though the dataset is writable).
+    atime: bool,
 }
 
 impl<B: Backend> TarnFuse<B> {
@@ -80,6 +83,7 @@ impl<B: Backend> TarnFuse<B> {
             next_fh: AtomicU32::new(1),
             creds: CredCache::default(),
             known,
+            atime: !opts.read_only,
         }
     }
 
@@ -401,7 +405,12 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         reply: ReplyData,
     ) {
         guarded(self.origin, "read", || {
-            match self.fs.read(ino.0, offset, size) {
+            let read = if self.atime {
+                self.fs.read(ino.0, offset, size)
+            } else {
+                self.fs.read_without_atime(ino.0, offset, size)
+            };
+            match read {
                 Ok(d) => reply.data(&d),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -498,7 +507,10 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         mut reply: ReplyDirectory,
     ) {
         guarded(self.origin, "readdir", || {
-            match self.fs.readdir(ino.0, offset, READDIR_BATCH) {
+            match self
+                .fs
+                .readdir_with(ino.0, offset, READDIR_BATCH, self.atime)
+            {
                 Ok(entries) => {
                     for e in &entries {
                         let name = OsStr::from_bytes(&e.name);
@@ -522,7 +534,10 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         mut reply: ReplyDirectoryPlus,
     ) {
         guarded(self.origin, "readdirplus", || {
-            match self.fs.readdirplus(ino.0, offset, READDIRPLUS_BATCH) {
+            match self
+                .fs
+                .readdirplus_with(ino.0, offset, READDIRPLUS_BATCH, self.atime)
+            {
                 Ok(entries) => {
                     for (e, a) in &entries {
                         let name = OsStr::from_bytes(&e.name);
