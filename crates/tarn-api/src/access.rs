@@ -27,6 +27,10 @@ pub struct UserInfo {
     /// itself is never shown.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub chap: bool,
+    /// The user may log in over SMB: an NT hash of their password is
+    /// stored for Samba (API 2.3; `tarn user passwd --smb`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub smb: bool,
 }
 
 /// Read-only or read-write.
@@ -119,6 +123,44 @@ pub struct IscsiShare {
     pub read_only: bool,
 }
 
+/// SMB3 encryption of a share's traffic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SmbEncrypt {
+    /// Encrypt when the client asks (Samba's `if_required`).
+    #[default]
+    Off,
+    /// Offer encryption; clients that support it use it.
+    Desired,
+    /// Refuse clients that cannot encrypt.
+    Required,
+}
+
+/// How SMB (Samba) serves a filesystem share (API 2.3).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SmbShare {
+    /// User name → access. Users need an SMB password
+    /// (`tarn user passwd --smb`).
+    #[serde(default)]
+    pub users: BTreeMap<String, Access>,
+    /// Anyone may read without a password (as the anonymous user).
+    #[serde(default)]
+    pub guest: bool,
+    /// A Time Machine backup target for Macs.
+    #[serde(default)]
+    pub timemachine: bool,
+    /// Largest size Time Machine may fill, in bytes (0: no limit).
+    #[serde(default)]
+    pub tm_quota: u64,
+    /// SMB3 encryption of the traffic.
+    #[serde(default)]
+    pub encrypt: SmbEncrypt,
+    /// Signing required (it is always offered).
+    #[serde(default)]
+    pub signing_required: bool,
+}
+
 /// A share: a filesystem dataset and how it is served.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -140,6 +182,9 @@ pub struct Share {
     /// iSCSI target of a volume, if any (API 2.1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iscsi: Option<IscsiShare>,
+    /// SMB share of a filesystem, if any (API 2.3): `\\HOST\NAME`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smb: Option<SmbShare>,
 }
 
 /// A share as `share.list` reports it.

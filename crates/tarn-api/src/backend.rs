@@ -241,6 +241,7 @@ pub trait Backend: Send + Sync {
         _password: &str,
         _uid: Option<u32>,
         _gid: Option<u32>,
+        _smb: bool,
     ) -> Result<UserInfo, ApiError> {
         Err(no_datasets())
     }
@@ -254,6 +255,7 @@ pub trait Backend: Send + Sync {
         _pool: Option<&str>,
         _name: &str,
         _password: &str,
+        _smb: Option<bool>,
     ) -> Result<(), ApiError> {
         Err(no_datasets())
     }

@@ -299,8 +299,9 @@ pub fn call(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, ApiE
                 password,
                 uid,
                 gid,
+                smb,
             } = params(method, p)?;
-            reply(backend.user_add(pool.as_deref(), &name, &password, uid, gid)?)
+            reply(backend.user_add(pool.as_deref(), &name, &password, uid, gid, smb)?)
         }
         m::USER_DEL => {
             let UserParams { pool, name } = params(method, p)?;
@@ -311,8 +312,9 @@ pub fn call(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, ApiE
                 pool,
                 name,
                 password,
+                smb,
             } = params(method, p)?;
-            reply(backend.user_passwd(pool.as_deref(), &name, &password)?)
+            reply(backend.user_passwd(pool.as_deref(), &name, &password, smb)?)
         }
         m::USER_CHAP => {
             let UserChapParams { pool, name, secret } = params(method, p)?;

@@ -49,7 +49,10 @@ pub use wire::{parse_request, read_line_bounded, LineRead, Request, Response};
 ///
 /// 2.1 added iSCSI: a share field (`iscsi`), `user.chap`, the `chap` flag
 /// of users and the `iscsi` counters of `daemon.stats`.
-pub const API_VERSION: &str = "2.2";
+///
+/// 2.3 added SMB: a share field (`smb`), the `smb` flag of `user.add`,
+/// `user.passwd` and users, and the `smb` status of `daemon.stats`.
+pub const API_VERSION: &str = "2.3";
 
 /// The major number of an API version string (`1` of `1.0`), or `None`
 /// when the string is not a version.

@@ -533,6 +533,10 @@ pub struct UserAddParams {
     /// Numeric gid (the uid when absent).
     #[serde(default)]
     pub gid: Option<u32>,
+    /// Also store an NT hash of the password so the user can log in over
+    /// SMB (API 2.3).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub smb: bool,
 }
 
 /// `user.del`.
@@ -557,6 +561,10 @@ pub struct UserPasswdParams {
     pub name: String,
     /// The new password.
     pub password: String,
+    /// Some(true): also keep an NT hash for SMB logins; Some(false): drop
+    /// it; none: as before (API 2.3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smb: Option<bool>,
 }
 
 /// `user.chap` (API 2.1).
@@ -664,6 +672,30 @@ pub struct DaemonStats {
     /// The iSCSI target, when it runs (API 2.1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iscsi: Option<ConnCounters>,
+    /// The supervised Samba server, when SMB is on (API 2.3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smb: Option<SmbStatus>,
+}
+
+/// How the Samba server that tarn supervises is doing (API 2.3).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SmbStatus {
+    /// Where it listens.
+    pub address: String,
+    /// The `smbd` process id while it runs; none while it is restarted.
+    pub pid: Option<u32>,
+    /// Times it ended without being asked and was started again.
+    pub restarts: u64,
+    /// How it last ended without being asked (e.g. "killed by signal 9"),
+    /// with the time (seconds since the epoch).
+    pub last_exit: Option<String>,
+    /// Unix time of `last_exit`.
+    pub last_exit_unix: u64,
+    /// Shares it serves now.
+    pub shares: Vec<String>,
+    /// Shares it cannot serve, each with the reason.
+    pub problems: Vec<String>,
 }
 
 /// Result of `pool.sync`.

@@ -9,8 +9,8 @@ use std::io::IsTerminal;
 use anyhow::bail;
 use clap::Subcommand;
 use tarn_api::access::{
-    check_user_name, Access, IscsiShare, NbdShare, NfsShare, Share, ShareInfo, UserInfo,
-    WebdavShare,
+    check_user_name, Access, IscsiShare, NbdShare, NfsShare, Share, ShareInfo, SmbEncrypt,
+    SmbShare, UserInfo, WebdavShare,
 };
 use tarn_api::method;
 use tarn_api::params::{
@@ -38,6 +38,10 @@ pub enum UserCommand {
         /// Read the password from the first line of stdin
         #[arg(long)]
         password_stdin: bool,
+        /// The user may log in over SMB: also keep the NT hash Samba
+        /// checks passwords with (weaker than the main hash; see docs/smb.md)
+        #[arg(long)]
+        smb: bool,
         /// Login name
         name: String,
     },
@@ -57,6 +61,13 @@ pub enum UserCommand {
         /// Read the password from the first line of stdin
         #[arg(long)]
         password_stdin: bool,
+        /// From now on the user may log in over SMB (an NT hash is kept)
+        #[arg(long)]
+        smb: bool,
+        /// From now on the user may not log in over SMB (the NT hash is
+        /// dropped) [default: as before]
+        #[arg(long, conflicts_with = "smb")]
+        no_smb: bool,
         /// Login name
         name: String,
     },
@@ -81,6 +92,8 @@ pub enum UserCommand {
 }
 
 /// `tarn share ...`.
+// Parsed once per run: the size of the `Add` variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum ShareCommand {
     /// Add (or replace) a share: `tarn share add photos tank/photos --nfs
@@ -132,6 +145,26 @@ pub enum ShareCommand {
         /// The iSCSI target is read-only
         #[arg(long, requires = "iscsi")]
         iscsi_ro: bool,
+        /// Serve a filesystem over SMB (Windows, macOS) to these users,
+        /// `NAME=rw` or `NAME=ro`: `--smb alice=rw bob=ro`, or repeated
+        #[arg(long = "smb", value_name = "USER=rw|ro", num_args = 0..)]
+        smb: Option<Vec<String>>,
+        /// SMB: anyone may read without a password
+        #[arg(long)]
+        guest: bool,
+        /// SMB: a Time Machine backup target for Macs
+        #[arg(long)]
+        timemachine: bool,
+        /// SMB: the most a Time Machine share may hold (e.g. 500G)
+        #[arg(long, value_name = "SIZE", requires = "timemachine")]
+        quota: Option<String>,
+        /// SMB3 encryption of the share's traffic: off (when the client
+        /// asks), desired or required
+        #[arg(long, value_name = "MODE", default_value = "off")]
+        smb_encrypt: String,
+        /// SMB: refuse clients that do not sign their messages
+        #[arg(long)]
+        smb_signing_required: bool,
     },
     /// Remove a share
     Del {
@@ -242,6 +275,54 @@ fn prompt_hidden(prompt: &str) -> anyhow::Result<String> {
     Ok(line.trim_end_matches(['\n', '\r']).to_string())
 }
 
+/// Parses `USER=rw|ro` arguments (a bare `USER` is `rw`) of `flag`.
+fn user_access<'a>(
+    flag: &str,
+    args: impl IntoIterator<Item = &'a String>,
+) -> anyhow::Result<BTreeMap<String, Access>> {
+    let mut users = BTreeMap::new();
+    for w in args {
+        let (u, a) = w.split_once('=').unwrap_or((w.as_str(), "rw"));
+        let access = match a {
+            "rw" => Access::Rw,
+            "ro" => Access::Ro,
+            other => bail!("{flag} {w}: access must be rw or ro, not {other:?}"),
+        };
+        users.insert(u.to_string(), access);
+    }
+    Ok(users)
+}
+
+/// Parses a Time Machine quota: bytes, or a number with K, M, G, T or P
+/// (powers of 1024), e.g. `500G`.
+fn parse_quota(q: &str) -> anyhow::Result<u64> {
+    let t = q.trim();
+    let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let shift = match unit
+        .trim()
+        .to_ascii_uppercase()
+        .trim_end_matches(['B', 'I'])
+    {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        "P" => 50,
+        _ => bail!("--quota {q}: use a size like 500G (K, M, G, T, P)"),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| anyhow::anyhow!("--quota {q}: use a size like 500G"))?;
+    let bytes = n
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| anyhow::anyhow!("--quota {q}: too large"))?;
+    if bytes == 0 {
+        bail!("--quota {q}: must be more than 0 (leave it out for no limit)");
+    }
+    Ok(bytes)
+}
+
 pub(crate) fn user_command(
     client: &mut Session,
     out: &Out,
@@ -253,6 +334,7 @@ pub(crate) fn user_command(
             uid,
             gid,
             password_stdin,
+            smb,
             name,
         } => {
             check_user_name(&name).map_err(anyhow::Error::msg)?;
@@ -263,6 +345,7 @@ pub(crate) fn user_command(
                 password,
                 uid,
                 gid,
+                smb,
             };
             client.call_quietly(out, method::USER_ADD, &params)?;
         }
@@ -272,6 +355,8 @@ pub(crate) fn user_command(
         UserCommand::Passwd {
             pool,
             password_stdin,
+            smb,
+            no_smb,
             name,
         } => {
             let password = read_password(password_stdin)?;
@@ -279,6 +364,13 @@ pub(crate) fn user_command(
                 pool,
                 name,
                 password,
+                smb: if smb {
+                    Some(true)
+                } else if no_smb {
+                    Some(false)
+                } else {
+                    None
+                },
             };
             client.call_quietly(out, method::USER_PASSWD, &params)?;
         }
@@ -326,17 +418,38 @@ pub(crate) fn share_command(
             nbd_ro,
             iscsi,
             iscsi_ro,
+            smb,
+            guest,
+            timemachine,
+            quota,
+            smb_encrypt,
+            smb_signing_required,
         } => {
-            let mut users = BTreeMap::new();
-            for w in &webdav {
-                let (u, a) = w.split_once('=').unwrap_or((w.as_str(), "rw"));
-                let access = match a {
-                    "rw" => Access::Rw,
-                    "ro" => Access::Ro,
-                    other => bail!("--webdav {w}: access must be rw or ro, not {other:?}"),
-                };
-                users.insert(u.to_string(), access);
-            }
+            let smb_on = smb.is_some() || guest || timemachine;
+            let smb = if smb_on {
+                Some(SmbShare {
+                    users: user_access("--smb", smb.iter().flatten())?,
+                    guest,
+                    timemachine,
+                    tm_quota: match quota {
+                        Some(q) => parse_quota(&q)?,
+                        None => 0,
+                    },
+                    encrypt: match smb_encrypt.as_str() {
+                        "off" => SmbEncrypt::Off,
+                        "desired" => SmbEncrypt::Desired,
+                        "required" => SmbEncrypt::Required,
+                        other => bail!("--smb-encrypt {other}: use off, desired or required"),
+                    },
+                    signing_required: smb_signing_required,
+                })
+            } else {
+                if smb_encrypt != "off" || smb_signing_required {
+                    bail!("--smb-encrypt and --smb-signing-required need --smb");
+                }
+                None
+            };
+            let users = user_access("--webdav", &webdav)?;
             let share = Share {
                 name,
                 dataset,
@@ -360,6 +473,7 @@ pub(crate) fn share_command(
                     }),
                     None => None,
                 },
+                smb,
             };
             client.call_quietly(out, method::SHARE_ADD, &ShareAddParams { share, owner })?;
         }

@@ -87,6 +87,12 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     pub replication: Option<std::net::SocketAddr>,
 
+    /// Serve the SMB shares (Windows, macOS, Time Machine) on this
+    /// address, e.g. 0.0.0.0:445, through a Samba smbd that tarn
+    /// configures and supervises (needs root and Debian's samba)
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub smb: Option<std::net::SocketAddr>,
+
     /// PEM certificate for WebDAV over HTTPS and NBD over TLS [default: a
     /// self-signed one generated in the state directory]
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -216,6 +222,8 @@ pub struct DaemonRun {
     pub iscsi: Option<SocketAddr>,
     /// Where the replication port listens; not started when absent.
     pub replication: Option<SocketAddr>,
+    /// Where the supervised smbd listens; not started when absent.
+    pub smb: Option<SocketAddr>,
     /// A PEM certificate and key for WebDAV over TLS.
     pub tls_cert: Option<(PathBuf, PathBuf)>,
     /// Plain HTTP for WebDAV even off loopback.
@@ -307,6 +315,7 @@ pub(crate) fn daemon_command(
         nbd_tls_required,
         iscsi,
         replication,
+        smb,
         tls_cert,
         tls_key,
         webdav_plain_http,
@@ -328,6 +337,7 @@ pub(crate) fn daemon_command(
                 nbd_tls_required,
                 iscsi,
                 replication,
+                smb,
                 tls_cert: tls_cert.zip(tls_key),
                 webdav_plain_http,
             }))

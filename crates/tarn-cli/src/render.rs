@@ -210,12 +210,53 @@ pub fn render_daemon_stats(stats: &tarn_api::params::DaemonStats) -> String {
          lists the address; admin: another user); EVICTED: idle connections closed for a \
          newcomer; TIMED-OUT: a request line too slow to arrive\n",
     );
+    if let Some(smb) = &stats.smb {
+        let _ = writeln!(
+            out,
+            "smb: {} on {}, {} share(s), restarted {} time(s){}",
+            match smb.pid {
+                Some(pid) => format!("smbd running (pid {pid})"),
+                None => "smbd NOT running (being restarted)".to_string(),
+            },
+            smb.address,
+            smb.shares.len(),
+            smb.restarts,
+            match &smb.last_exit {
+                Some(how) => format!("; last ended: {how} at unix time {}", smb.last_exit_unix),
+                None => String::new(),
+            }
+        );
+        for p in &smb.problems {
+            let _ = writeln!(out, "smb: {p}");
+        }
+    }
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn daemon_stats_say_when_smbd_is_down_and_why_it_ended() {
+        let stats = tarn_api::params::DaemonStats {
+            smb: Some(tarn_api::params::SmbStatus {
+                address: "0.0.0.0:445".into(),
+                pid: None,
+                restarts: 2,
+                last_exit: Some("killed by signal 9".into()),
+                last_exit_unix: 5,
+                shares: vec!["a".into()],
+                problems: vec!["share 'b' is not served over SMB: x".into()],
+            }),
+            ..Default::default()
+        };
+        let text = render_daemon_stats(&stats);
+        assert!(text.contains("smbd NOT running"), "{text}");
+        assert!(text.contains("restarted 2 time(s)"), "{text}");
+        assert!(text.contains("killed by signal 9"), "{text}");
+        assert!(text.contains("smb: share 'b' is not served"), "{text}");
+    }
 
     #[test]
     fn daemon_stats_show_every_counter_and_absent_servers() {
@@ -243,8 +284,10 @@ mod tests {
                 accepted: 10,
                 ..Default::default()
             }),
+            smb: None,
         };
         let text = render_daemon_stats(&stats);
+        assert!(!text.contains("smb:"), "no SMB line without SMB");
         let lines: Vec<&str> = text.lines().collect();
         let cells = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
         assert_eq!(

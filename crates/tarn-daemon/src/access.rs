@@ -31,8 +31,8 @@ use tarn_pool::Pool;
 use std::collections::BTreeMap;
 
 use tarn_api::access::{
-    check_share_name, check_user_name, Access, IscsiShare, NbdShare, NfsShare, Share, UserInfo,
-    WebdavShare,
+    check_share_name, check_user_name, Access, IscsiShare, NbdShare, NfsShare, Share, SmbEncrypt,
+    SmbShare, UserInfo, WebdavShare,
 };
 use tarn_api::ApiError;
 
@@ -60,6 +60,12 @@ pub struct UserRecord {
     /// login password (docs/iscsi.md says what this exposes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chap_secret: Option<String>,
+    /// The NT hash of the password (32 upper-case hex digits), kept only
+    /// for users who log in over SMB: Samba's logins need it, and it is
+    /// unsalted MD4, so anyone who reads the pool's disks can try
+    /// passwords against it quickly (docs/smb.md says what this exposes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nt_hash: Option<String>,
 }
 
 impl std::fmt::Debug for UserRecord {
@@ -72,6 +78,7 @@ impl std::fmt::Debug for UserRecord {
                 "chap_secret",
                 &self.chap_secret.as_ref().map(|_| "<hidden>"),
             )
+            .field("smb", &self.nt_hash.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -98,6 +105,45 @@ pub struct ShareRecord {
     /// iSCSI target of a volume, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iscsi: Option<IscsiRecord>,
+    /// SMB share, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smb: Option<SmbRecord>,
+}
+
+/// How Samba serves a stored share.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SmbRecord {
+    /// User name → access.
+    pub users: BTreeMap<String, AccessRecord>,
+    /// Anyone may read without a password.
+    #[serde(default)]
+    pub guest: bool,
+    /// A Time Machine target.
+    #[serde(default)]
+    pub timemachine: bool,
+    /// Time Machine's size limit in bytes; 0: none.
+    #[serde(default)]
+    pub tm_quota: u64,
+    /// SMB3 encryption: "off", "desired" or "required".
+    #[serde(default)]
+    pub encrypt: SmbEncryptRecord,
+    /// Signing required.
+    #[serde(default)]
+    pub signing_required: bool,
+}
+
+/// SMB3 encryption, as stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SmbEncryptRecord {
+    /// When the client asks.
+    #[default]
+    Off,
+    /// Offered.
+    Desired,
+    /// Required.
+    Required,
 }
 
 /// How iSCSI serves a stored volume share.
@@ -178,6 +224,32 @@ pub enum AccessRecord {
     Rw,
 }
 
+fn to_records(users: &BTreeMap<String, Access>) -> BTreeMap<String, AccessRecord> {
+    users
+        .iter()
+        .map(|(u, a)| {
+            let a = match a {
+                Access::Ro => AccessRecord::Ro,
+                Access::Rw => AccessRecord::Rw,
+            };
+            (u.clone(), a)
+        })
+        .collect()
+}
+
+fn from_records(users: BTreeMap<String, AccessRecord>) -> BTreeMap<String, Access> {
+    users
+        .into_iter()
+        .map(|(u, a)| {
+            let a = match a {
+                AccessRecord::Ro => Access::Ro,
+                AccessRecord::Rw => Access::Rw,
+            };
+            (u, a)
+        })
+        .collect()
+}
+
 impl From<&Share> for ShareRecord {
     fn from(s: &Share) -> Self {
         ShareRecord {
@@ -192,17 +264,7 @@ impl From<&Share> for ShareRecord {
                 anon_gid: n.anon_gid,
             }),
             webdav: s.webdav.as_ref().map(|w| WebdavRecord {
-                users: w
-                    .users
-                    .iter()
-                    .map(|(u, a)| {
-                        let a = match a {
-                            Access::Ro => AccessRecord::Ro,
-                            Access::Rw => AccessRecord::Rw,
-                        };
-                        (u.clone(), a)
-                    })
-                    .collect(),
+                users: to_records(&w.users),
             }),
             nbd: s.nbd.as_ref().map(|n| NbdRecord {
                 clients: n.clients.clone(),
@@ -215,6 +277,18 @@ impl From<&Share> for ShareRecord {
                 chap: i.chap.clone(),
                 mutual_chap: i.mutual_chap.clone(),
                 read_only: i.read_only,
+            }),
+            smb: s.smb.as_ref().map(|m| SmbRecord {
+                users: to_records(&m.users),
+                guest: m.guest,
+                timemachine: m.timemachine,
+                tm_quota: m.tm_quota,
+                encrypt: match m.encrypt {
+                    SmbEncrypt::Off => SmbEncryptRecord::Off,
+                    SmbEncrypt::Desired => SmbEncryptRecord::Desired,
+                    SmbEncrypt::Required => SmbEncryptRecord::Required,
+                },
+                signing_required: m.signing_required,
             }),
         }
     }
@@ -234,17 +308,7 @@ impl From<ShareRecord> for Share {
                 anon_gid: n.anon_gid,
             }),
             webdav: r.webdav.map(|w| WebdavShare {
-                users: w
-                    .users
-                    .into_iter()
-                    .map(|(u, a)| {
-                        let a = match a {
-                            AccessRecord::Ro => Access::Ro,
-                            AccessRecord::Rw => Access::Rw,
-                        };
-                        (u, a)
-                    })
-                    .collect(),
+                users: from_records(w.users),
             }),
             nbd: r.nbd.map(|n| NbdShare {
                 clients: n.clients,
@@ -257,6 +321,18 @@ impl From<ShareRecord> for Share {
                 chap: i.chap,
                 mutual_chap: i.mutual_chap,
                 read_only: i.read_only,
+            }),
+            smb: r.smb.map(|m| SmbShare {
+                users: from_records(m.users),
+                guest: m.guest,
+                timemachine: m.timemachine,
+                tm_quota: m.tm_quota,
+                encrypt: match m.encrypt {
+                    SmbEncryptRecord::Off => SmbEncrypt::Off,
+                    SmbEncryptRecord::Desired => SmbEncrypt::Desired,
+                    SmbEncryptRecord::Required => SmbEncrypt::Required,
+                },
+                signing_required: m.signing_required,
             }),
         }
     }
@@ -383,6 +459,7 @@ pub fn user_add(
     password: &str,
     uid: Option<u32>,
     gid: Option<u32>,
+    smb: bool,
 ) -> Result<UserInfo, ApiError> {
     check_user_name(name)?;
     let existing = users(pool)?;
@@ -403,6 +480,7 @@ pub fn user_add(
         gid: gid.unwrap_or(uid),
         hash: hash_password(password)?,
         chap_secret: None,
+        nt_hash: smb.then(|| nt_hash(password)),
     };
     tarn_dataset::config_put(pool, KIND_USER, name, &encode(&rec)?).map_err(ds_error)?;
     Ok(UserInfo {
@@ -411,6 +489,7 @@ pub fn user_add(
         uid: rec.uid,
         gid: rec.gid,
         chap: false,
+        smb,
     })
 }
 
@@ -422,9 +501,39 @@ pub fn user(pool: &Pool, name: &str) -> Result<UserRecord, ApiError> {
         .ok_or_else(|| ApiError::not_found(format!("no user '{name}' in pool '{}'", pool.name())))
 }
 
-/// Changes a user's password.
-pub fn user_passwd(pool: &Pool, name: &str, password: &str) -> Result<(), ApiError> {
+/// The NT hash Samba checks SMB logins against: MD4 of the password in
+/// UTF-16LE, as 32 upper-case hex digits (the form of its `smbpasswd`
+/// file).
+pub fn nt_hash(password: &str) -> String {
+    use md4::{Digest, Md4};
+    let utf16: Vec<u8> = password.encode_utf16().flat_map(u16::to_le_bytes).collect();
+    Md4::digest(&utf16)
+        .iter()
+        .map(|b| format!("{b:02X}"))
+        .collect()
+}
+
+/// Changes a user's password; `smb` says whether an NT hash is kept for
+/// SMB logins from now on (none: as before; a kept one follows the new
+/// password).
+pub fn user_passwd(
+    pool: &Pool,
+    name: &str,
+    password: &str,
+    smb: Option<bool>,
+) -> Result<(), ApiError> {
     let mut rec = user(pool, name)?;
+    if smb == Some(false) {
+        if let Some(s) = shares(pool)?
+            .into_iter()
+            .find(|s| s.smb.as_ref().is_some_and(|m| m.users.contains_key(name)))
+        {
+            return Err(ApiError::busy(format!(
+                "share '{}' gives user '{name}' SMB access; change the share first",
+                s.name
+            )));
+        }
+    }
     if rec.chap_secret.as_deref() == Some(password) {
         return Err(ApiError::invalid(
             "the password must differ from the user's CHAP secret: the secret is stored as \
@@ -432,6 +541,8 @@ pub fn user_passwd(pool: &Pool, name: &str, password: &str) -> Result<(), ApiErr
         ));
     }
     rec.hash = hash_password(password)?;
+    let keep = smb.unwrap_or(rec.nt_hash.is_some());
+    rec.nt_hash = keep.then(|| nt_hash(password));
     tarn_dataset::config_put(pool, KIND_USER, name, &encode(&rec)?).map_err(ds_error)
 }
 
@@ -510,6 +621,7 @@ pub fn user_del(pool: &Pool, name: &str) -> Result<(), ApiError> {
             .as_ref()
             .is_some_and(|w| w.users.contains_key(name))
             || s.iscsi.as_ref().is_some_and(|i| names_chap_user(i, name))
+            || s.smb.as_ref().is_some_and(|m| m.users.contains_key(name))
     }) {
         return Err(ApiError::busy(format!(
             "share '{}' gives user '{name}' access; change the share first",
@@ -546,9 +658,9 @@ pub fn share_put(pool: &Pool, share: &Share) -> Result<(), ApiError> {
     let is = |k: &str| kind.first().map(|p| p.value.as_str()) == Some(k);
     // A volume, or a snapshot of one (served read-only).
     let block_device = kind.get(1).is_some_and(|p| p.value != "-");
-    if (share.nfs.is_some() || share.webdav.is_some()) && !is("filesystem") {
+    if (share.nfs.is_some() || share.webdav.is_some() || share.smb.is_some()) && !is("filesystem") {
         return Err(ApiError::invalid(format!(
-            "'{}' is not a filesystem dataset: NFS and WebDAV serve filesystems",
+            "'{}' is not a filesystem dataset: NFS, WebDAV and SMB serve filesystems",
             share.dataset
         )));
     }
@@ -599,10 +711,42 @@ pub fn share_put(pool: &Pool, share: &Share) -> Result<(), ApiError> {
             }
         }
     }
-    if share.nfs.is_none() && share.webdav.is_none() && share.nbd.is_none() && share.iscsi.is_none()
+    if let Some(m) = &share.smb {
+        let known = users(pool)?;
+        for u in m.users.keys() {
+            let rec = known.iter().find(|k| &k.name == u).ok_or_else(|| {
+                ApiError::not_found(format!(
+                    "no user '{u}' in pool '{}'; add it first with `tarn user add --smb {u}`",
+                    pool.name()
+                ))
+            })?;
+            if rec.nt_hash.is_none() {
+                return Err(ApiError::invalid(format!(
+                    "user '{u}' cannot log in over SMB yet: set their password with \
+                     `tarn user passwd --smb {u}` (Samba needs a hash of its own)"
+                )));
+            }
+        }
+        if m.users.is_empty() && !m.guest {
+            return Err(ApiError::invalid(
+                "an SMB share needs users (--smb alice=rw) or guest access (--guest)",
+            ));
+        }
+        if m.tm_quota > 0 && !m.timemachine {
+            return Err(ApiError::invalid(
+                "--quota limits a Time Machine share: add --timemachine",
+            ));
+        }
+    }
+    if share.nfs.is_none()
+        && share.webdav.is_none()
+        && share.smb.is_none()
+        && share.nbd.is_none()
+        && share.iscsi.is_none()
     {
         return Err(ApiError::invalid(
-            "a share needs --nfs or --webdav (a filesystem), or --nbd or --iscsi (a volume)",
+            "a share needs --nfs, --webdav or --smb (a filesystem), or --nbd or --iscsi \
+             (a volume)",
         ));
     }
     let record = ShareRecord::from(share);
@@ -757,6 +901,7 @@ mod tests {
                 read_only: true,
             }),
             iscsi: None,
+            smb: None,
         };
         assert_pinned(&record, golden);
     }
@@ -780,6 +925,7 @@ mod tests {
                 mutual_chap: Some("nas".into()),
                 read_only: false,
             }),
+            smb: None,
         };
         assert_pinned(&record, golden);
 
@@ -790,6 +936,7 @@ mod tests {
             gid: 10000,
             hash: "$argon2id$x".into(),
             chap_secret: Some("twelve bytes!".into()),
+            nt_hash: None,
         };
         assert_eq!(
             serde_json::to_value(&rec).unwrap(),
@@ -806,6 +953,61 @@ mod tests {
             serde_json::from_str::<serde_json::Value>(old).unwrap(),
             "a user without a secret is written as before"
         );
+    }
+
+    /// An SMB share record and a user with an NT hash, pinned
+    /// (docs/format.md).
+    #[test]
+    fn smb_share_and_user_records_golden() {
+        let golden = r#"{"name":"mac","dataset":"tank/tm","nfs":null,"webdav":null,"smb":{"users":{"alice":"rw","bob":"ro"},"guest":false,"timemachine":true,"tm_quota":536870912000,"encrypt":"required","signing_required":true}}"#;
+        let record = ShareRecord {
+            name: "mac".into(),
+            dataset: "tank/tm".into(),
+            nfs: None,
+            webdav: None,
+            nbd: None,
+            iscsi: None,
+            smb: Some(SmbRecord {
+                users: [
+                    ("alice".to_string(), AccessRecord::Rw),
+                    ("bob".to_string(), AccessRecord::Ro),
+                ]
+                .into(),
+                guest: false,
+                timemachine: true,
+                tm_quota: 500 << 30,
+                encrypt: SmbEncryptRecord::Required,
+                signing_required: true,
+            }),
+        };
+        assert_pinned(&record, golden);
+        let minimal: ShareRecord =
+            serde_json::from_str(r#"{"name":"a","dataset":"tank/a","smb":{"users":{}}}"#).unwrap();
+        let smb = minimal.smb.unwrap();
+        assert_eq!(
+            (smb.guest, smb.timemachine, smb.tm_quota, smb.encrypt),
+            (false, false, 0, SmbEncryptRecord::Off)
+        );
+        let user = r#"{"name":"alice","uid":10000,"gid":10000,"hash":"$argon2id$x","nt_hash":"8846F7EAEE8FB117AD06BDD830B7586C"}"#;
+        let rec: UserRecord = serde_json::from_str(user).unwrap();
+        assert_eq!(rec.nt_hash.as_deref(), Some(nt_hash("password").as_str()));
+        assert_eq!(
+            serde_json::to_value(&rec).unwrap(),
+            serde_json::from_str::<serde_json::Value>(user).unwrap()
+        );
+        assert!(!format!("{rec:?}").contains("8846"), "Debug hides the hash");
+    }
+
+    /// NT hashes as Samba computes them (its own `smbpasswd` wrote the
+    /// second; the first is the well-known hash of "password"), including
+    /// a character outside ASCII (UTF-16, not bytes).
+    #[test]
+    fn nt_hashes_match_samba() {
+        assert_eq!(nt_hash("password"), "8846F7EAEE8FB117AD06BDD830B7586C");
+        assert_eq!(nt_hash("secret1"), "B39A61F16A4E11FA80580241F1D4AAE8");
+        assert_ne!(nt_hash("Passwort"), nt_hash("passwort"));
+        assert_ne!(nt_hash("caf\u{e9}"), nt_hash("cafe"));
+        assert_eq!(nt_hash(""), "31D6CFE0D16AE931B73C59D7E0C089C0");
     }
 
     #[test]
@@ -845,6 +1047,7 @@ mod tests {
             }),
             nbd: None,
             iscsi: None,
+            smb: None,
         };
         assert_pinned(&record, golden);
 

@@ -173,7 +173,7 @@ pub fn run_demo(args: &DemoOptions) -> Result<()> {
     let users = backend.user_list()?;
     let user = match users.iter().find(|u| u.name == DEMO_USER) {
         Some(u) => u.clone(),
-        None => backend.user_add(Some(DEMO_POOL), DEMO_USER, &password, None, None)?,
+        None => backend.user_add(Some(DEMO_POOL), DEMO_USER, &password, None, None, false)?,
     };
     let shares = backend.share_list()?;
     if !shares.iter().any(|s| s.share.name == DEMO_SHARE) {
@@ -193,6 +193,7 @@ pub fn run_demo(args: &DemoOptions) -> Result<()> {
             }),
             nbd: None,
             iscsi: None,
+            smb: None,
         };
         backend.share_add(&share, Some(DEMO_USER))?;
     }

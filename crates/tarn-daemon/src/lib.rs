@@ -13,7 +13,8 @@
 //! - [`access`]: users and shares as stored in the pools.
 //! - [`filesystems`], [`mounts`]: one POSIX filesystem per dataset, and its
 //!   FUSE mounts.
-//! - [`servers`]: the NFS and WebDAV front ends.
+//! - [`servers`]: the NFS, WebDAV, NBD and iSCSI front ends; [`smb`]: the
+//!   Samba that tarn configures and supervises for SMB.
 //! - [`replication`]: the replication port, where other tarns send
 //!   snapshots over TLS with a token.
 //! - [`transport`]: the admin socket, its limits and the stop sequence.
@@ -40,6 +41,7 @@ pub mod objects;
 pub mod pools;
 pub mod replication;
 pub mod servers;
+pub mod smb;
 pub mod transport;
 
 use std::sync::Arc;

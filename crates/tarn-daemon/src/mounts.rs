@@ -9,6 +9,17 @@
 //! (rollback) or removes it (destroy, export) unmounts it first; a busy
 //! mount makes that operation fail instead of pulling files from under a
 //! program. Rollback and rename mount again afterwards.
+//!
+//! *Service* mounts are the daemon's own: a dataset that Samba shares is
+//! mounted for smbd in the state directory (Samba serves files through the
+//! kernel, as the logged-in user). They are keyed by share name, share the
+//! dataset's one `Fs` with every other front end (a second FUSE mount of
+//! one `Fs` is coherent: each mount hears of the other's changes through
+//! the `Fs`'s notifications), are not listed by `tarn mount list`, and are
+//! taken down with everything else an operation unmounts. A busy service
+//! mount first has its share's clients disconnected (the closer that the
+//! SMB supervisor installs), because a connected SMB client always holds
+//! its share open. `Pools::refresh_servers` mounts them again afterwards.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,9 +38,36 @@ struct Entry {
     mount: Mount,
 }
 
+/// A mount made for a front end (Samba), by share name.
+struct ServiceEntry {
+    dataset: String,
+    path: PathBuf,
+    fs: Arc<crate::filesystems::DatasetFs>,
+    mount: Mount,
+}
+
+/// Disconnects the clients of one share so its mount can go.
+pub type Closer = Box<dyn Fn(&str) + Send + Sync>;
+
+/// What a service mount should serve: (share, dataset, its `Fs`, where).
+pub struct ServiceWant {
+    /// Share name (the key).
+    pub share: String,
+    /// The dataset.
+    pub dataset: String,
+    /// The dataset's shared filesystem object.
+    pub fs: Arc<crate::filesystems::DatasetFs>,
+    /// The mountpoint.
+    pub path: PathBuf,
+}
+
 /// The daemon's mounts, by dataset name.
 pub struct Mounts {
     inner: Mutex<BTreeMap<String, Entry>>,
+    /// Service mounts, by share name.
+    service: Mutex<BTreeMap<String, ServiceEntry>>,
+    /// Disconnects a share's clients before its service mount goes.
+    closer: Mutex<Option<Closer>>,
     /// Threads serving each mount.
     threads: usize,
 }
@@ -39,8 +77,133 @@ impl Mounts {
     pub fn new(threads: usize) -> Mounts {
         Mounts {
             inner: Mutex::new(BTreeMap::new()),
+            service: Mutex::new(BTreeMap::new()),
+            closer: Mutex::new(None),
             threads,
         }
+    }
+
+    fn service_lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, ServiceEntry>> {
+        self.service.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Installs what disconnects a share's clients (the SMB supervisor).
+    pub fn set_closer(&self, closer: Option<Closer>) {
+        *self.closer.lock().unwrap_or_else(|e| e.into_inner()) = closer;
+    }
+
+    /// Makes the service mounts what `wanted` says: mounts what is
+    /// missing, takes down what is no longer wanted or serves another
+    /// `Fs` (a rollback or rename opened a fresh one) or path. Returns, per
+    /// wanted share, an error for those that could not be mounted.
+    pub fn sync_service(&self, wanted: Vec<ServiceWant>) -> Vec<(String, String)> {
+        let stale: Vec<String> = self
+            .service_lock()
+            .iter()
+            .filter(|(share, e)| {
+                !wanted
+                    .iter()
+                    .any(|w| &w.share == *share && Arc::ptr_eq(&w.fs, &e.fs) && w.path == e.path)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for share in stale {
+            if let Err(e) = self.service_unmount(&share) {
+                eprintln!("tarn: cannot unmount the SMB mount of share '{share}': {e}");
+            }
+        }
+        let mut problems = Vec::new();
+        for w in wanted {
+            if self.service_lock().contains_key(&w.share) {
+                continue;
+            }
+            let opts = MountOptions {
+                allow_other: true,
+                fsname: w.dataset.replace(',', "_"),
+                threads: self.threads,
+                snapshot_time_names: true,
+                ..Default::default()
+            };
+            let mounted = std::fs::create_dir_all(&w.path)
+                .map_err(|e| format!("cannot create {}: {e}", w.path.display()))
+                .and_then(|()| {
+                    tarn_fuse::mount(w.fs.clone(), &w.path, &opts).map_err(|e| e.to_string())
+                });
+            match mounted {
+                Ok(mount) => {
+                    self.service_lock().insert(
+                        w.share.clone(),
+                        ServiceEntry {
+                            dataset: w.dataset,
+                            path: w.path,
+                            fs: w.fs,
+                            mount,
+                        },
+                    );
+                }
+                Err(e) => problems.push((w.share, e)),
+            }
+        }
+        problems
+    }
+
+    /// Takes down the service mount of `share`: if busy, disconnects the
+    /// share's clients and tries again for a few seconds.
+    fn service_unmount(&self, share: &str) -> Result<(), ApiError> {
+        let Some(mut e) = self.service_lock().remove(share) else {
+            return Ok(());
+        };
+        let mut closed = false;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            match e.mount.unmount() {
+                Ok(()) => return Ok(()),
+                Err(err) if std::time::Instant::now() >= deadline => {
+                    let api = fuse_error(err);
+                    self.service_lock().insert(share.to_string(), e);
+                    return Err(ApiError::busy(format!(
+                        "share '{share}' is in use over SMB: {api}"
+                    )));
+                }
+                Err(_) => {
+                    if !closed {
+                        if let Some(c) = &*self.closer.lock().unwrap_or_else(|e| e.into_inner()) {
+                            c(share);
+                        }
+                        closed = true;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    /// Takes down the service mounts of `dataset` and everything below.
+    fn service_unmount_tree(&self, dataset: &str) -> Result<(), ApiError> {
+        let shares: Vec<String> = self
+            .service_lock()
+            .iter()
+            .filter(|(_, e)| covers(dataset, &e.dataset))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for s in shares {
+            self.service_unmount(&s)?;
+        }
+        Ok(())
+    }
+
+    /// Every service mount, lazily (daemon shutdown, pool export).
+    fn service_drop(&self, pool: Option<&str>) {
+        let gone: Vec<ServiceEntry> = {
+            let mut m = self.service_lock();
+            let keys: Vec<String> = m
+                .iter()
+                .filter(|(_, e)| pool.is_none_or(|p| covers(p, &e.dataset)))
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.iter().filter_map(|k| m.remove(k)).collect()
+        };
+        drop(gone);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
@@ -136,6 +299,7 @@ impl Mounts {
     /// Unmounts `dataset` and everything below it; fails (leaving the rest
     /// mounted) if one of them is busy. Returns what was unmounted.
     pub fn unmount_tree(&self, dataset: &str) -> Result<Vec<MountInfo>, ApiError> {
+        self.service_unmount_tree(dataset)?;
         let names: Vec<String> = self
             .lock()
             .keys()
@@ -177,6 +341,7 @@ impl Mounts {
 
     /// Unmounts everything of `pool` (lazily if busy: the pool is going).
     pub fn unmount_pool(&self, pool: &str) {
+        self.service_drop(Some(pool));
         let mut mounts = self.lock();
         let names: Vec<String> = mounts.keys().filter(|k| covers(pool, k)).cloned().collect();
         for n in names {
@@ -245,6 +410,7 @@ impl Mounts {
 
     /// Unmounts everything (daemon shutdown).
     pub fn unmount_all(&self) {
+        self.service_drop(None);
         let mut mounts = self.lock();
         for (_, mut e) in std::mem::take(&mut *mounts).into_iter().rev() {
             if e.mount.unmount().is_err() {

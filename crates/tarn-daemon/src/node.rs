@@ -748,22 +748,36 @@ impl Backend for Pools {
         password: &str,
         uid: Option<u32>,
         gid: Option<u32>,
+        smb: bool,
     ) -> Result<UserInfo, ApiError> {
         let _access = self.access_lock.lock().unwrap_or_else(|e| e.into_inner());
         let p = self.pool_for_users(pool)?;
-        access::user_add(&p, name, password, uid, gid)
+        let info = access::user_add(&p, name, password, uid, gid, smb)?;
+        // Samba's account and password files follow the users.
+        self.refresh_servers();
+        Ok(info)
     }
 
     fn user_del(&self, pool: Option<&str>, name: &str) -> Result<(), ApiError> {
         let _access = self.access_lock.lock().unwrap_or_else(|e| e.into_inner());
         let p = self.pool_for_users(pool)?;
-        access::user_del(&p, name)
+        access::user_del(&p, name)?;
+        self.refresh_servers();
+        Ok(())
     }
 
-    fn user_passwd(&self, pool: Option<&str>, name: &str, password: &str) -> Result<(), ApiError> {
+    fn user_passwd(
+        &self,
+        pool: Option<&str>,
+        name: &str,
+        password: &str,
+        smb: Option<bool>,
+    ) -> Result<(), ApiError> {
         let _access = self.access_lock.lock().unwrap_or_else(|e| e.into_inner());
         let p = self.pool_for_users(pool)?;
-        access::user_passwd(&p, name, password)
+        access::user_passwd(&p, name, password, smb)?;
+        self.refresh_servers();
+        Ok(())
     }
 
     fn user_chap(
@@ -791,6 +805,7 @@ impl Backend for Pools {
                     uid: u.uid,
                     gid: u.gid,
                     chap: u.chap_secret.is_some(),
+                    smb: u.nt_hash.is_some(),
                 });
             }
         }
@@ -800,7 +815,7 @@ impl Backend for Pools {
     fn share_add(&self, share: &Share, owner: Option<&str>) -> Result<(), ApiError> {
         let _access = self.access_lock.lock().unwrap_or_else(|e| e.into_inner());
         let pool = self.get(pool_of(&share.dataset))?;
-        if owner.is_some() && share.nfs.is_none() && share.webdav.is_none() {
+        if owner.is_some() && share.nfs.is_none() && share.webdav.is_none() && share.smb.is_none() {
             return Err(ApiError::invalid(
                 "--owner gives a filesystem's top folder to a user; a volume has none",
             ));
@@ -921,6 +936,7 @@ impl Backend for Pools {
                         webdav: None,
                         nbd: None,
                         iscsi: None,
+                        smb: None,
                     },
                     damaged: Some(d.error),
                 });

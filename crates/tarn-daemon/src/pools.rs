@@ -366,7 +366,24 @@ impl Pools {
     /// every pool's stored shares.
     pub fn share_lists(&self) -> ShareLists {
         let mut lists = ShareLists::default();
+        let smb_on = self.servers.smb_layout().is_some();
         for pool in self.all_pools() {
+            if smb_on {
+                match access::users(&pool) {
+                    Ok(users) => lists.smb_users.extend(users.into_iter().filter_map(|u| {
+                        Some(crate::smb::SmbUser {
+                            nt_hash: u.nt_hash?,
+                            name: u.name,
+                            uid: u.uid,
+                            gid: u.gid,
+                        })
+                    })),
+                    Err(e) => lists.smb_problems.push(format!(
+                        "pool '{}': cannot read its users: {e}",
+                        pool.name()
+                    )),
+                }
+            }
             let list = match access::shares(&pool) {
                 Ok(l) => l,
                 Err(e) => {
@@ -416,6 +433,29 @@ impl Pools {
                         }
                     }
                 }
+                if let (Some(m), true) = (&share.smb, smb_on) {
+                    if lists.smb.iter().any(|w| w.name == share.name) {
+                        lists.smb_problems.push(format!(
+                            "share '{}' of pool '{}' is not served over SMB: another pool has \
+                             a share of that name",
+                            share.name,
+                            pool.name()
+                        ));
+                    } else {
+                        match self.fss.get(&pool, &share.dataset) {
+                            Ok(fs) => lists.smb.push(crate::servers::SmbWant {
+                                name: share.name.clone(),
+                                dataset: share.dataset.clone(),
+                                share: m.clone(),
+                                fs,
+                            }),
+                            Err(e) => lists.smb_problems.push(format!(
+                                "share '{}' is not served over SMB: {e}",
+                                share.name
+                            )),
+                        }
+                    }
+                }
                 if share.nfs.is_none() && share.webdav.is_none() {
                     continue;
                 }
@@ -441,6 +481,11 @@ impl Pools {
         });
         self.servers
             .start(opts, &self.state_dir, self.share_lists(), auth)?;
+        if let Some(bind) = opts.smb {
+            self.servers.start_smb(bind, &self.state_dir)?;
+            self.mounts.set_closer(self.servers.smb_closer());
+            self.refresh_servers();
+        }
         if let Some(addr) = opts.replication {
             let cfg = crate::servers::tls_config(opts, &self.state_dir);
             let (tls, fp) = tarn_webdav::tls_server_config(&cfg)
@@ -463,7 +508,45 @@ impl Pools {
     /// Gives the running servers the current shares (after any change of
     /// shares, pools or datasets).
     pub(crate) fn refresh_servers(&self) {
-        self.servers.update(self.share_lists());
+        let mut lists = self.share_lists();
+        self.serve_smb(&mut lists);
+        self.servers.update(lists);
+    }
+
+    /// Mounts what the SMB shares need (service mounts) and hands Samba
+    /// the shares that could be mounted, with the users.
+    fn serve_smb(&self, lists: &mut ShareLists) {
+        let Some(layout) = self.servers.smb_layout() else {
+            return;
+        };
+        let wants = std::mem::take(&mut lists.smb);
+        let mut problems = std::mem::take(&mut lists.smb_problems);
+        let users = crate::smb::usable_users(std::mem::take(&mut lists.smb_users), &mut problems);
+        let mut entries = Vec::new();
+        let mut service = Vec::new();
+        for w in wants {
+            let path = layout.mountpoint(&w.name);
+            entries.push(crate::smb::SmbEntry {
+                name: w.name.clone(),
+                dataset: w.dataset.clone(),
+                share: w.share,
+                path: path.clone(),
+            });
+            service.push(crate::mounts::ServiceWant {
+                share: w.name,
+                dataset: w.dataset,
+                fs: w.fs,
+                path,
+            });
+        }
+        for (share, why) in self.mounts.sync_service(service) {
+            problems.push(format!("share '{share}' is not served over SMB: {why}"));
+            entries.retain(|e| e.name != share);
+        }
+        for p in &problems {
+            eprintln!("tarn: {p}");
+        }
+        self.servers.update_smb(&entries, &users, problems);
     }
 
     /// The pool that stores users: the named one, or the only one.

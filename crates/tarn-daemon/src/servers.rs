@@ -1,4 +1,5 @@
-//! The network front ends the daemon runs: NFSv3, WebDAV, NBD and iSCSI.
+//! The network front ends the daemon runs: NFSv3, WebDAV, NBD, iSCSI,
+//! and the supervised Samba for SMB (`smb`).
 //!
 //! All serve the shares stored in the pools (see `access`): every share
 //! with NFS settings is an export at `/NAME`, every share with WebDAV users
@@ -43,6 +44,8 @@ pub struct ServerOptions {
     pub iscsi: Option<SocketAddr>,
     /// The replication port (TLS, with the same certificate).
     pub replication: Option<SocketAddr>,
+    /// SMB: the address the supervised smbd listens on.
+    pub smb: Option<SocketAddr>,
     /// A PEM certificate and key for WebDAV (and NBD) over TLS; a
     /// self-signed pair in the state directory when absent.
     pub tls_cert: Option<(PathBuf, PathBuf)>,
@@ -133,7 +136,20 @@ pub struct Servers {
     webdav: Mutex<Option<tarn_webdav::Running>>,
     nbd: Mutex<Option<tarn_nbd::Running>>,
     iscsi: Mutex<Option<tarn_iscsi::Running>>,
+    smb: Mutex<Option<crate::smb::Samba>>,
     endpoints: Mutex<Endpoints>,
+}
+
+/// A share Samba should serve, before its service mount exists.
+pub struct SmbWant {
+    /// Share name.
+    pub name: String,
+    /// The dataset.
+    pub dataset: String,
+    /// How it is served.
+    pub share: tarn_api::access::SmbShare,
+    /// The dataset's filesystem.
+    pub fs: Arc<crate::filesystems::DatasetFs>,
 }
 
 /// What the servers serve: built from every pool's share records.
@@ -147,6 +163,12 @@ pub struct ShareLists {
     pub nbd: Vec<tarn_nbd::NbdExport>,
     /// iSCSI targets (volumes).
     pub iscsi: Vec<tarn_iscsi::IscsiTarget>,
+    /// SMB shares (filesystems), when SMB runs.
+    pub smb: Vec<SmbWant>,
+    /// Users with SMB logins, when SMB runs.
+    pub smb_users: Vec<crate::smb::SmbUser>,
+    /// Why some shares or users are not served over SMB.
+    pub smb_problems: Vec<String>,
 }
 
 /// The TLS certificate of the node's servers, as WebDAV and NBD use it.
@@ -205,6 +227,7 @@ impl Servers {
             webdav: shares,
             nbd,
             iscsi,
+            ..
         } = lists;
         let mut ep = Endpoints::default();
         if let Some(bind) = opts.nfs {
@@ -286,6 +309,7 @@ impl Servers {
             webdav: shares,
             nbd,
             iscsi,
+            ..
         } = lists;
         if let Some(t) = self
             .iscsi
@@ -319,6 +343,44 @@ impl Servers {
         }
     }
 
+    /// Starts the supervised smbd on `bind` (serving nothing until
+    /// [`Servers::update_smb`]).
+    pub fn start_smb(&self, bind: SocketAddr, state_dir: &Path) -> Result<()> {
+        let samba = crate::smb::Samba::start(state_dir, bind)?;
+        *self.smb.lock().unwrap_or_else(|e| e.into_inner()) = Some(samba);
+        Ok(())
+    }
+
+    /// Where SMB's files go, when SMB runs.
+    pub fn smb_layout(&self) -> Option<crate::smb::Layout> {
+        self.smb
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|s| s.layout().clone())
+    }
+
+    /// A closer that disconnects a share's SMB clients, when SMB runs.
+    pub fn smb_closer(&self) -> Option<crate::mounts::Closer> {
+        self.smb
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|s| s.closer())
+    }
+
+    /// Hands Samba its shares (already mounted) and users.
+    pub fn update_smb(
+        &self,
+        entries: &[crate::smb::SmbEntry],
+        users: &[crate::smb::SmbUser],
+        problems: Vec<String>,
+    ) {
+        if let Some(s) = self.smb.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            s.update(entries, users, problems);
+        }
+    }
+
     /// Where the servers listen.
     pub fn endpoints(&self) -> Endpoints {
         self.endpoints
@@ -334,7 +396,9 @@ impl Servers {
         let webdav = self.webdav.lock().unwrap_or_else(|e| e.into_inner());
         let nbd = self.nbd.lock().unwrap_or_else(|e| e.into_inner());
         let iscsi = self.iscsi.lock().unwrap_or_else(|e| e.into_inner());
+        let smb = self.smb.lock().unwrap_or_else(|e| e.into_inner());
         tarn_api::params::DaemonStats {
+            smb: smb.as_ref().map(|s| s.status()),
             iscsi: iscsi
                 .as_ref()
                 .map(|t| crate::convert::conn_counters(t.stats())),
@@ -353,6 +417,9 @@ impl Servers {
 
     /// Stops every server (daemon shutdown).
     pub fn stop(&self) {
+        if let Some(s) = self.smb.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            s.stop();
+        }
         if let Some(t) = self.iscsi.lock().unwrap_or_else(|e| e.into_inner()).take() {
             t.stop();
         }

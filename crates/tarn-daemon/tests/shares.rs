@@ -25,6 +25,7 @@ fn nfs_share(name: &str, dataset: &str) -> Share {
         webdav: None,
         nbd: None,
         iscsi: None,
+        smb: None,
     }
 }
 

@@ -333,6 +333,16 @@ impl Txn<'_, '_> {
         crate::dsl::rec_guid(&self.dsl.dir(), self.id).unwrap_or(0)
     }
 
+    /// When the dataset (or snapshot) was created, in seconds since the
+    /// epoch: a snapshot's time, as SMB's "Previous Versions" shows it.
+    pub fn created_unix(&self) -> u64 {
+        self.dsl
+            .dir()
+            .rec(self.id)
+            .map(|r| r.created_unix)
+            .unwrap_or(0)
+    }
+
     /// True when the dataset is encrypted (its values and blocks are sealed).
     pub fn is_encrypted(&self) -> bool {
         self.key.is_some()

@@ -168,6 +168,7 @@ impl DatasetBackend {
                 atime: t.prop("atime") == "on",
                 guid: t.guid(),
                 encrypted: t.is_encrypted(),
+                created_unix: t.created_unix(),
             };
             always = write && t.prop("sync") == "always";
             let mut s = TxnStore {

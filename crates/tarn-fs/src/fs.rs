@@ -362,6 +362,18 @@ impl<B: Backend> Fs<B> {
         Ok(out)
     }
 
+    /// The snapshots in `.snapshot` with their creation times (seconds
+    /// since the epoch), oldest first: SMB's "Previous Versions" names
+    /// them by time.
+    pub fn snapshot_times(&self) -> Result<Vec<(String, u64)>> {
+        let mut out = Vec::new();
+        for (name, b) in self.live.snapshots()? {
+            let t = b.txn(false, &mut |s| Ok(s.info().created_unix))?;
+            out.push((name, t));
+        }
+        Ok(out)
+    }
+
     pub(crate) fn snapdir_attr(&self) -> Result<Attr> {
         self.live.txn(false, &mut |s| {
             let mut tx = Tx::new(s);

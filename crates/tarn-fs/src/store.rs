@@ -90,6 +90,9 @@ pub struct StoreInfo {
     /// The dataset is encrypted: names are hashed with a secret key (see
     /// `codec::name_bucket`).
     pub encrypted: bool,
+    /// When the dataset or snapshot was created (seconds since the epoch;
+    /// 0 when unknown): names snapshots by time for SMB clients.
+    pub created_unix: u64,
 }
 
 /// Space figures for statfs, in bytes.

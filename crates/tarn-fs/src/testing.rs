@@ -43,6 +43,7 @@ struct Config {
     budget: Option<u64>,
     quota: bool,
     encrypted: bool,
+    created_unix: u64,
 }
 
 struct State {
@@ -83,6 +84,7 @@ impl MemBackend {
                     budget: None,
                     quota: false,
                     encrypted: false,
+                    created_unix: 1_700_000_000,
                 },
             }),
             snaps: Mutex::new(Vec::new()),
@@ -154,6 +156,7 @@ impl MemBackend {
         }
         let mut cfg = st.cfg.clone();
         cfg.readonly = true;
+        cfg.created_unix = u64::try_from(lock(&self.clock).0).unwrap_or(0);
         let copy = MemBackend {
             state: Mutex::new(State {
                 map: st.map.clone(),
@@ -402,6 +405,7 @@ impl Backend for MemBackend {
             atime: st.cfg.atime,
             guid: self.guid,
             encrypted: st.cfg.encrypted,
+            created_unix: st.cfg.created_unix,
         };
         let used_before = st.used;
         let mut t = MemTxn {

@@ -150,6 +150,7 @@
 
 mod convert;
 mod creds;
+pub mod gmt;
 mod invalidate;
 mod known;
 mod ops;
@@ -220,6 +221,11 @@ pub struct MountOptions {
     /// it needs write access to `/sys/class/bdi` (root); if that fails the
     /// mount works with the default.
     pub read_ahead: u32,
+    /// List and look up the snapshots in `.snapshot` by the time they were
+    /// taken (`@GMT-YYYY.MM.DD-HH.MM.SS`, see [`gmt`]) instead of by name:
+    /// for a mount that Samba serves, whose shadow-copy module shows them
+    /// as "Previous Versions". Off by default.
+    pub snapshot_time_names: bool,
 }
 
 impl Default for MountOptions {
@@ -235,6 +241,7 @@ impl Default for MountOptions {
             entry_ttl: DEFAULT_TTL,
             max_write: DEFAULT_MAX_WRITE,
             read_ahead: DEFAULT_MAX_WRITE,
+            snapshot_time_names: false,
         }
     }
 }

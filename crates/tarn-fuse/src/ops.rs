@@ -57,6 +57,8 @@ pub(crate) struct TarnFuse<B: Backend> {
     /// Reads refresh atime (not through a read-only mount: reading
     /// through it must not write, though the dataset is writable).
     atime: bool,
+    /// `.snapshot` lists snapshots by time (`MountOptions::snapshot_time_names`).
+    time_names: bool,
 }
 
 impl<B: Backend> TarnFuse<B> {
@@ -84,7 +86,60 @@ impl<B: Backend> TarnFuse<B> {
             creds: CredCache::default(),
             known,
             atime: !opts.read_only,
+            time_names: opts.snapshot_time_names,
         }
+    }
+
+    /// (time name, real name) of every snapshot, for a mount that names
+    /// them by time.
+    fn time_names(&self) -> Result<Vec<(String, String)>, FsError> {
+        Ok(crate::gmt::by_time(&self.fs.snapshot_times()?))
+    }
+
+    /// The name to give `Fs` for `name` looked up in `parent`: in a mount
+    /// that names snapshots by time, a time name in `.snapshot` becomes the
+    /// snapshot's real name, and a real name is not found (each snapshot
+    /// has one name there).
+    fn real_name(&self, parent: u64, name: &[u8]) -> Result<Vec<u8>, FsError> {
+        if !self.time_names || parent != SNAPDIR_INO || name == b"." || name == b".." {
+            return Ok(name.to_vec());
+        }
+        self.time_names()?
+            .into_iter()
+            .find(|(t, _)| t.as_bytes() == name)
+            .map(|(_, real)| real.into_bytes())
+            .ok_or_else(|| FsError::new(libc::ENOENT, "no snapshot taken at that time"))
+    }
+
+    /// Renames the entries of a `.snapshot` listing to time names (in a
+    /// mount that names snapshots by time), dropping those that lost
+    /// their time name to an older snapshot of the same second.
+    fn listed_names<T>(
+        &self,
+        ino: u64,
+        entries: Vec<T>,
+        name_of: impl Fn(&mut T) -> &mut Vec<u8>,
+    ) -> Result<Vec<T>, FsError> {
+        if !self.time_names || ino != SNAPDIR_INO {
+            return Ok(entries);
+        }
+        let names = self.time_names()?;
+        let mut out = Vec::with_capacity(entries.len());
+        for mut e in entries {
+            let n = name_of(&mut e);
+            if n.as_slice() == b"." || n.as_slice() == b".." {
+                out.push(e);
+                continue;
+            }
+            if let Some((t, _)) = names
+                .iter()
+                .find(|(_, real)| real.as_bytes() == n.as_slice())
+            {
+                *n = t.clone().into_bytes();
+                out.push(e);
+            }
+        }
+        Ok(out)
     }
 
     fn cred(&self, req: &Request) -> tarn_fs::Cred {
@@ -195,7 +250,9 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         guarded(self.origin, "lookup", || {
-            let r = self.fs.lookup(parent.0, name.as_bytes(), &self.cred(req));
+            let r = self
+                .real_name(parent.0, name.as_bytes())
+                .and_then(|n| self.fs.lookup(parent.0, &n, &self.cred(req)));
             match r {
                 // A missing name is cached too (a negative entry): whoever
                 // adds it reports the entry, which invalidates it. Names
@@ -510,6 +567,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
             match self
                 .fs
                 .readdir_with(ino.0, offset, READDIR_BATCH, self.atime)
+                .and_then(|l| self.listed_names(ino.0, l, |e| &mut e.name))
             {
                 Ok(entries) => {
                     for e in &entries {
@@ -537,6 +595,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
             match self
                 .fs
                 .readdirplus_with(ino.0, offset, READDIRPLUS_BATCH, self.atime)
+                .and_then(|l| self.listed_names(ino.0, l, |e| &mut e.0.name))
             {
                 Ok(entries) => {
                     for (e, a) in &entries {

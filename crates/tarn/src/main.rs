@@ -111,6 +111,7 @@ fn daemon_options(run: DaemonRun) -> DaemonOptions {
         nbd_tls_required: run.nbd_tls_required,
         iscsi: run.iscsi,
         replication: run.replication,
+        smb: run.smb,
         tls_cert: run.tls_cert,
         webdav_plain_http: run.webdav_plain_http,
         ..ServerOptions::default()

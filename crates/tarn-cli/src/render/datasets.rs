@@ -135,10 +135,31 @@ pub fn render_users(users: &[UserInfo]) -> String {
                 u.gid.to_string(),
                 u.pool.clone(),
                 if u.chap { "yes" } else { "-" }.to_string(),
+                if u.smb { "yes" } else { "-" }.to_string(),
             ]
         })
         .collect();
-    table(&["NAME", "UID", "GID", "POOL", "CHAP"], &rows, &[0, 3, 4])
+    table(
+        &["NAME", "UID", "GID", "POOL", "CHAP", "SMB"],
+        &rows,
+        &[0, 3, 4, 5],
+    )
+}
+
+/// `USER=rw|ro` for each user of a share's access map.
+fn access_list(users: &std::collections::BTreeMap<String, Access>) -> Vec<String> {
+    users
+        .iter()
+        .map(|(u, a)| {
+            format!(
+                "{u}={}",
+                match a {
+                    Access::Ro => "ro",
+                    Access::Rw => "rw",
+                }
+            )
+        })
+        .collect()
 }
 
 /// `tarn share list`.
@@ -168,20 +189,7 @@ pub fn render_shares(shares: &[ShareInfo]) -> String {
             };
             let dav = match &s.webdav {
                 None => "-".to_string(),
-                Some(w) => w
-                    .users
-                    .iter()
-                    .map(|(u, a)| {
-                        format!(
-                            "{u}={}",
-                            match a {
-                                Access::Ro => "ro",
-                                Access::Rw => "rw",
-                            }
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join(","),
+                Some(w) => access_list(&w.users).join(","),
             };
             let nbd = match &s.nbd {
                 None => "-".to_string(),
@@ -206,16 +214,43 @@ pub fn render_shares(shares: &[ShareInfo]) -> String {
                     format!("{} {clients} ({})", i.iqn, opts.join(","))
                 }
             };
-            vec![s.name.clone(), s.dataset.clone(), nfs, dav, nbd, iscsi]
+            let smb = match &s.smb {
+                None => "-".to_string(),
+                Some(m) => {
+                    let mut opts = access_list(&m.users);
+                    if m.guest {
+                        opts.push("guest".into());
+                    }
+                    if m.timemachine {
+                        opts.push(if m.tm_quota > 0 {
+                            format!("timemachine<={}", crate::render::format_size(m.tm_quota))
+                        } else {
+                            "timemachine".into()
+                        });
+                    }
+                    match m.encrypt {
+                        tarn_api::access::SmbEncrypt::Off => {}
+                        tarn_api::access::SmbEncrypt::Desired => opts.push("encrypt".into()),
+                        tarn_api::access::SmbEncrypt::Required => {
+                            opts.push("encrypt=required".into())
+                        }
+                    }
+                    if m.signing_required {
+                        opts.push("signing=required".into());
+                    }
+                    opts.join(",")
+                }
+            };
+            vec![s.name.clone(), s.dataset.clone(), nfs, dav, smb, nbd, iscsi]
         })
         .collect();
     let mut out = if rows.is_empty() {
         String::new()
     } else {
         table(
-            &["NAME", "DATASET", "NFS", "WEBDAV", "NBD", "ISCSI"],
+            &["NAME", "DATASET", "NFS", "WEBDAV", "SMB", "NBD", "ISCSI"],
             &rows,
-            &[0, 1, 2, 3, 4, 5],
+            &[0, 1, 2, 3, 4, 5, 6],
         )
     };
     for i in damaged {

@@ -1,0 +1,989 @@
+//! SMB for Windows and macOS: a real Samba `smbd`, configured and
+//! supervised by the daemon.
+//!
+//! # Why Samba, and how it reaches the data
+//!
+//! Windows and macOS are tested against Samba, and an SMB3 server is a
+//! project of its own; tarn runs Samba unmodified instead of speaking SMB
+//! itself. Samba serves files through the kernel as the logged-in user, so
+//! every dataset an SMB share names gets a *service mount* (see `mounts`):
+//! a FUSE mount of the dataset's one shared `Fs` in
+//! `STATE/smb/mnt/SHARE`, with `allow_other`, and `.snapshot` listing the
+//! snapshots by the time they were taken (`@GMT-…`, what Samba's
+//! shadow-copy module needs to show "Previous Versions"). Because smbd
+//! switches to the user's uid before it touches a file, the POSIX layer
+//! sees the user's uid and gid: a file alice creates over SMB has alice's
+//! owner, as seen over NFS, WebDAV and FUSE, and permissions are the
+//! POSIX layer's.
+//!
+//! # Accounts without touching the host
+//!
+//! smbd maps a login name to a Unix account with `getpwnam`. tarn's users
+//! live in the pool, not in `/etc/passwd`, so smbd runs with nss_wrapper
+//! (Debian's `libnss-wrapper`, from Samba's own project) preloaded, which
+//! answers those lookups from a `passwd` and a `group` file tarn writes in
+//! `STATE/smb/nss`. Without the library, smbd falls back to the host's
+//! accounts, and each SMB user needs a host account of the same name and
+//! uid (said at start). Passwords are checked by Samba against the NT
+//! hashes tarn keeps for users with SMB access (`tarn user passwd --smb`),
+//! written to an `smbpasswd` file (0600, in a 0700 directory).
+//!
+//! # Everything is derived, and follows live
+//!
+//! `smb.conf`, the account files and the password file are regenerated
+//! from the pools' share and user records whenever shares, users, pools or
+//! datasets change (the same moments the NFS and WebDAV lists are rebuilt),
+//! written atomically, and smbd is told to reload (SIGHUP) instead of
+//! restarted, so connected clients stay connected. Nothing in `STATE/smb`
+//! is a source of truth: deleting it loses nothing.
+//!
+//! # Supervision
+//!
+//! One thread starts smbd in the foreground, in its own process group
+//! (its children are per-client), and waits for it. If smbd ends without
+//! being asked (a crash, a signal), the thread records how, reports it on
+//! stderr and in `daemon.stats`, and starts it again after a back-off
+//! (0.5 s doubling to 30 s, reset after a minute of good running).
+//! Stopping the daemon sends SIGTERM and waits for it (SIGKILL after ten
+//! seconds). An smbd left over from a daemon that was killed is found by
+//! its pid file and stopped before a new one starts, so the port is free.
+//!
+//! # Durability
+//!
+//! An SMB client's flush (Time Machine's `F_FULLFSYNC` arrives as one) is
+//! an `fsync` on the FUSE mount (`strict sync`, Samba's default), which
+//! commits the dataset's intent log: what a client flushed survives a
+//! crash of tarn or of the machine, as `docs/smb.md` says.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tarn_api::access::{Access, SmbEncrypt, SmbShare};
+use tarn_api::params::SmbStatus;
+
+use crate::error::{DaemonError, Result};
+
+/// One share as Samba serves it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SmbEntry {
+    /// Share name.
+    pub name: String,
+    /// The dataset.
+    pub dataset: String,
+    /// How it is served.
+    pub share: SmbShare,
+    /// Where its service mount is (the share's `path`).
+    pub path: PathBuf,
+}
+
+/// A user who may log in over SMB.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SmbUser {
+    /// Login name.
+    pub name: String,
+    /// Unix uid files get.
+    pub uid: u32,
+    /// Unix gid.
+    pub gid: u32,
+    /// NT hash, 32 upper-case hex digits.
+    pub nt_hash: String,
+}
+
+impl std::fmt::Debug for SmbUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SmbUser")
+            .field("name", &self.name)
+            .field("uid", &self.uid)
+            .field("gid", &self.gid)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The account the guest maps to.
+const GUEST_UID: u32 = 65534;
+
+/// The files under `STATE/smb`.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    /// `STATE/smb`.
+    pub root: PathBuf,
+}
+
+impl Layout {
+    fn conf(&self) -> PathBuf {
+        self.root.join("smb.conf")
+    }
+    fn private(&self) -> PathBuf {
+        self.root.join("private")
+    }
+    fn smbpasswd(&self) -> PathBuf {
+        self.private().join("smbpasswd")
+    }
+    fn nss(&self) -> PathBuf {
+        self.root.join("nss")
+    }
+    fn log(&self) -> PathBuf {
+        self.root.join("log")
+    }
+    fn pid(&self) -> PathBuf {
+        self.root.join("pid")
+    }
+    /// Where the service mount of `share` goes.
+    pub fn mountpoint(&self, share: &str) -> PathBuf {
+        self.root.join("mnt").join(share)
+    }
+}
+
+/// A value for smb.conf: one line, no characters Samba's parser treats
+/// specially (it has no quoting).
+fn conf_value(what: &str, v: &str) -> Result<String> {
+    if v.chars()
+        .any(|c| c.is_control() || c == ';' || c == '#' || c == '[' || c == ']')
+    {
+        return Err(DaemonError::msg(format!(
+            "{what} '{v}' cannot be written to smb.conf (control character, ';', '#' or a \
+             bracket)"
+        )));
+    }
+    Ok(v.to_string())
+}
+
+/// Renders smb.conf for `entries` (their paths already mounted).
+pub fn render_conf(layout: &Layout, bind: SocketAddr, entries: &[SmbEntry]) -> Result<String> {
+    let root = conf_value("the state directory", &layout.root.display().to_string())?;
+    let any_guest = entries.iter().any(|e| e.share.guest);
+    let mut c = String::new();
+    let _ = writeln!(
+        c,
+        "# Written by tarn from the pools' share records; do not edit."
+    );
+    let _ = writeln!(c, "# It is rewritten whenever shares or users change.");
+    c.push_str("[global]\n");
+    let mut g = |k: &str, v: &str| {
+        let _ = writeln!(c, "  {k} = {v}");
+    };
+    g("server role", "standalone server");
+    g("workgroup", "WORKGROUP");
+    g("server string", "tarn");
+    g("smb ports", &bind.port().to_string());
+    if !bind.ip().is_unspecified() {
+        g("interfaces", &bind.ip().to_string());
+        g("bind interfaces only", "yes");
+    }
+    // No SMB1: it is insecure and every client since Windows Vista and
+    // macOS 10.9 speaks SMB2 or later.
+    g("server min protocol", "SMB2_10");
+    g("disable netbios", "yes");
+    g("private dir", &format!("{root}/private"));
+    g("lock directory", &format!("{root}/lock"));
+    g("state directory", &format!("{root}/state"));
+    g("cache directory", &format!("{root}/cache"));
+    g("pid directory", &format!("{root}/pid"));
+    g("ncalrpc dir", &format!("{root}/ncalrpc"));
+    g("log file", &format!("{root}/log/smbd.log"));
+    g("max log size", "5000");
+    g("log level", "1");
+    g(
+        "passdb backend",
+        &format!("smbpasswd:{root}/private/smbpasswd"),
+    );
+    g("map to guest", if any_guest { "Bad User" } else { "Never" });
+    g("guest account", "nobody");
+    g("load printers", "no");
+    g("printing", "bsd");
+    g("printcap name", "/dev/null");
+    g("disable spoolss", "yes");
+    g("unix password sync", "no");
+    g("obey pam restrictions", "no");
+    g("usershare max shares", "0");
+    // Apple's SMB extensions (fruit) must be loaded for every share once
+    // one uses them; catia maps the characters macOS allows and Windows
+    // does not, streams_xattr keeps alternate data streams (Finder info,
+    // resource forks) in extended attributes, shadow_copy2 shows
+    // `.snapshot` as previous versions.
+    g("vfs objects", "catia fruit streams_xattr shadow_copy2");
+    g("fruit:metadata", "stream");
+    g("fruit:resource", "stream");
+    g("fruit:encoding", "native");
+    g("fruit:model", "MacSamba");
+    g("fruit:posix_rename", "yes");
+    g("fruit:veto_appledouble", "no");
+    g("fruit:wipe_intentionally_left_blank_rfork", "yes");
+    g("fruit:delete_empty_adfiles", "yes");
+    g("shadow:snapdir", ".snapshot");
+    g("shadow:format", "@GMT-%Y.%m.%d-%H.%M.%S");
+    g("shadow:sort", "desc");
+    g("shadow:localtime", "no");
+    g("ea support", "yes");
+    g("store dos attributes", "yes");
+    g("strict sync", "yes");
+    g("server signing", "default");
+    g("multicast dns register", "yes");
+    for e in entries {
+        let _ = writeln!(c);
+        let _ = writeln!(c, "[{}]", conf_value("share name", &e.name)?);
+        let mut s = |k: &str, v: &str| {
+            let _ = writeln!(c, "  {k} = {v}");
+        };
+        s("comment", &conf_value("dataset name", &e.dataset)?);
+        s(
+            "path",
+            &conf_value("mountpoint", &e.path.display().to_string())?,
+        );
+        s("browseable", "yes");
+        let rw: Vec<&str> = e
+            .share
+            .users
+            .iter()
+            .filter(|(_, a)| **a == Access::Rw)
+            .map(|(u, _)| u.as_str())
+            .collect();
+        let all: Vec<&str> = e.share.users.keys().map(String::as_str).collect();
+        s("read only", "yes");
+        if !rw.is_empty() {
+            s("write list", &rw.join(" "));
+        }
+        if e.share.guest {
+            s("guest ok", "yes");
+        } else {
+            s("guest ok", "no");
+            s("valid users", &all.join(" "));
+        }
+        // New files: what the POSIX layer makes of the client's create,
+        // owner and group from the user (smbd runs as them).
+        s("create mask", "0664");
+        s("directory mask", "0775");
+        s(
+            "server smb encrypt",
+            match e.share.encrypt {
+                SmbEncrypt::Off => "if_required",
+                SmbEncrypt::Desired => "desired",
+                SmbEncrypt::Required => "required",
+            },
+        );
+        if e.share.signing_required {
+            s("server signing", "mandatory");
+        }
+        if e.share.timemachine {
+            s("fruit:time machine", "yes");
+            if e.share.tm_quota > 0 {
+                let mib = e.share.tm_quota.div_ceil(1 << 20);
+                s("fruit:time machine max size", &format!("{mib}M"));
+            }
+            // What Apple's guide for Time Machine over SMB asks of a
+            // server: durable handles, no kernel leases or share modes.
+            s("durable handles", "yes");
+            s("kernel oplocks", "no");
+            s("kernel share modes", "no");
+            s("posix locking", "no");
+        }
+    }
+    Ok(c)
+}
+
+/// The passwd file smbd's account lookups read (nss_wrapper).
+pub fn render_passwd(users: &[SmbUser]) -> String {
+    let mut c = String::from("root:x:0:0:root:/root:/usr/sbin/nologin\n");
+    let _ = writeln!(
+        c,
+        "nobody:x:{GUEST_UID}:{GUEST_UID}:nobody:/nonexistent:/usr/sbin/nologin"
+    );
+    for u in users {
+        let _ = writeln!(
+            c,
+            "{}:x:{}:{}:tarn user:/nonexistent:/usr/sbin/nologin",
+            u.name, u.uid, u.gid
+        );
+    }
+    c
+}
+
+/// The group file: one group per gid of the users, named after the user
+/// whose uid it equals, else `gGID`.
+pub fn render_group(users: &[SmbUser]) -> String {
+    let mut c = String::from("root:x:0:\n");
+    let _ = writeln!(c, "nogroup:x:{GUEST_UID}:");
+    let mut gids: BTreeMap<u32, String> = BTreeMap::new();
+    for u in users {
+        if u.gid == 0 || u.gid == GUEST_UID {
+            continue;
+        }
+        let name = users
+            .iter()
+            .find(|o| o.uid == u.gid && o.gid == u.gid)
+            .map(|o| o.name.clone())
+            .unwrap_or_else(|| format!("g{}", u.gid));
+        gids.entry(u.gid).or_insert(name);
+    }
+    for (gid, name) in gids {
+        let _ = writeln!(c, "{name}:x:{gid}:");
+    }
+    c
+}
+
+/// Samba's `smbpasswd` file of `users`.
+pub fn render_smbpasswd(users: &[SmbUser]) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut c = String::new();
+    for u in users {
+        let _ = writeln!(
+            c,
+            "{}:{}:XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX:{}:[U          ]:LCT-{:08X}:",
+            u.name, u.uid, u.nt_hash, now as u32
+        );
+    }
+    c
+}
+
+/// Keeps the users smbd may see: not root, not the guest's ids, names
+/// that do not clash with the built-in accounts; the rest reported.
+pub fn usable_users(users: Vec<SmbUser>, problems: &mut Vec<String>) -> Vec<SmbUser> {
+    let mut out: Vec<SmbUser> = Vec::new();
+    for u in users {
+        if u.uid == 0
+            || u.uid == GUEST_UID
+            || ["root", "nobody", "nogroup"].contains(&u.name.as_str())
+        {
+            problems.push(format!(
+                "user '{}' (uid {}) cannot log in over SMB: root and the guest account are \
+                 reserved",
+                u.name, u.uid
+            ));
+            continue;
+        }
+        if out.iter().any(|o| o.name == u.name) {
+            problems.push(format!(
+                "user '{}' exists in two pools; SMB logins use the first",
+                u.name
+            ));
+            continue;
+        }
+        out.push(u);
+    }
+    out
+}
+
+/// Finds a program in `PATH`, then in the sbin directories Debian uses.
+fn find_program(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// nss_wrapper, if installed.
+fn find_nss_wrapper() -> Option<PathBuf> {
+    let mut dirs = vec![PathBuf::from("/usr/lib"), PathBuf::from("/usr/lib64")];
+    if let Ok(rd) = std::fs::read_dir("/usr/lib") {
+        dirs.extend(
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.to_string_lossy().ends_with("-linux-gnu")),
+        );
+    }
+    dirs.into_iter()
+        .map(|d| d.join("libnss_wrapper.so"))
+        .find(|p| p.is_file())
+}
+
+/// Checks that users other than root can reach `dir` (smbd opens the
+/// share's files as the logged-in user): every ancestor must be
+/// searchable by others.
+fn check_reachable(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut p = Some(dir);
+    while let Some(d) = p {
+        if let Ok(m) = std::fs::metadata(d) {
+            if m.permissions().mode() & 0o001 == 0 {
+                return Err(DaemonError::msg(format!(
+                    "SMB users cannot reach {}: {} is not searchable by others (chmod o+x it, \
+                     or use a --state-dir whose parents are)",
+                    dir.display(),
+                    d.display()
+                )));
+            }
+        }
+        p = d.parent();
+    }
+    Ok(())
+}
+
+struct Shared {
+    status: SmbStatus,
+    child: Option<Child>,
+}
+
+/// The supervised smbd.
+pub struct Samba {
+    layout: Layout,
+    bind: SocketAddr,
+    smbcontrol: Option<PathBuf>,
+    nss_wrapper: Option<PathBuf>,
+    shared: Arc<Mutex<Shared>>,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// What was last written, so an unchanged update sends no reload.
+    written: Mutex<Option<(String, String, String, String)>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write_file(path: &Path, text: &str, mode: u32) -> Result<()> {
+    crate::pools::write_atomically(path, text.as_bytes(), mode)
+        .map_err(|e| DaemonError::msg(format!("cannot write {}: {e}", path.display())))
+}
+
+fn mkdir(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(path)
+        .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)))
+        .map_err(|e| DaemonError::msg(format!("cannot create {}: {e}", path.display())))
+}
+
+/// Stops an smbd that a killed daemon left running on this state
+/// directory (found by its pid file, recognised by its config path).
+fn stop_leftover(layout: &Layout) {
+    let Ok(rd) = std::fs::read_dir(layout.pid()) else {
+        return;
+    };
+    let conf = layout.conf().display().to_string();
+    for e in rd.flatten() {
+        let Ok(text) = std::fs::read_to_string(e.path()) else {
+            continue;
+        };
+        let Ok(pid) = text.trim().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if pid <= 1 || !cmdline.contains("smbd") || !cmdline.contains(&conf) {
+            continue;
+        }
+        eprintln!("tarn: stopping smbd {pid} left over from an earlier daemon");
+        let p = nix::unistd::Pid::from_raw(pid);
+        let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && Path::new(&format!("/proc/{pid}")).exists() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+impl Samba {
+    /// Prepares `STATE/smb` and starts smbd listening on `bind`, serving
+    /// no shares yet (`update` hands them over). Fails when Samba is not
+    /// installed or smbd does not come up.
+    pub fn start(state_dir: &Path, bind: SocketAddr) -> Result<Samba> {
+        let smbd = find_program("smbd").ok_or_else(|| {
+            DaemonError::msg(
+                "SMB needs Samba's smbd, which is not installed (Debian: apt-get install samba)",
+            )
+        })?;
+        let layout = Layout {
+            root: state_dir.join("smb"),
+        };
+        mkdir(&layout.root, 0o755)?;
+        check_reachable(&layout.root)?;
+        mkdir(&layout.private(), 0o700)?;
+        for d in ["lock", "state", "cache", "pid", "ncalrpc", "log"] {
+            mkdir(&layout.root.join(d), 0o755)?;
+        }
+        mkdir(&layout.nss(), 0o755)?;
+        mkdir(&layout.root.join("mnt"), 0o755)?;
+        let nss_wrapper = find_nss_wrapper();
+        if nss_wrapper.is_none() {
+            eprintln!(
+                "tarn: nss_wrapper (Debian: libnss-wrapper) is not installed: SMB users need \
+                 host accounts of the same names and uids"
+            );
+        }
+        stop_leftover(&layout);
+        let samba = Samba {
+            layout,
+            bind,
+            smbcontrol: find_program("smbcontrol"),
+            nss_wrapper,
+            shared: Arc::new(Mutex::new(Shared {
+                status: SmbStatus {
+                    address: bind.to_string(),
+                    ..SmbStatus::default()
+                },
+                child: None,
+            })),
+            stop: Arc::new(AtomicBool::new(false)),
+            thread: Mutex::new(None),
+            written: Mutex::new(None),
+        };
+        samba.write(&[], &[], Vec::new())?;
+        let child = samba.spawn(&smbd)?;
+        lock(&samba.shared).status.pid = Some(child.id());
+        lock(&samba.shared).child = Some(child);
+        samba.wait_listening()?;
+        let t = {
+            let shared = samba.shared.clone();
+            let stop = samba.stop.clone();
+            let layout = samba.layout.clone();
+            let env = samba.env();
+            std::thread::Builder::new()
+                .name("tarn-smbd".into())
+                .spawn(move || supervise(smbd, layout, env, shared, stop))
+                .map_err(|e| DaemonError::msg(format!("cannot start the SMB supervisor: {e}")))?
+        };
+        *lock(&samba.thread) = Some(t);
+        Ok(samba)
+    }
+
+    /// The files layout (mountpoints of shares).
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        match &self.nss_wrapper {
+            Some(lib) => vec![
+                ("LD_PRELOAD".into(), lib.display().to_string()),
+                (
+                    "NSS_WRAPPER_PASSWD".into(),
+                    self.layout.nss().join("passwd").display().to_string(),
+                ),
+                (
+                    "NSS_WRAPPER_GROUP".into(),
+                    self.layout.nss().join("group").display().to_string(),
+                ),
+            ],
+            None => Vec::new(),
+        }
+    }
+
+    fn spawn(&self, smbd: &Path) -> Result<Child> {
+        spawn_smbd(smbd, &self.layout, &self.env())
+    }
+
+    /// Waits until smbd accepts connections (or ended, or ten seconds).
+    fn wait_listening(&self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let addr = if self.bind.ip().is_unspecified() {
+            SocketAddr::new(
+                if self.bind.is_ipv4() {
+                    std::net::Ipv4Addr::LOCALHOST.into()
+                } else {
+                    std::net::Ipv6Addr::LOCALHOST.into()
+                },
+                self.bind.port(),
+            )
+        } else {
+            self.bind
+        };
+        loop {
+            if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return Ok(());
+            }
+            let ended = {
+                let mut sh = lock(&self.shared);
+                sh.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+            };
+            if ended.is_some() || Instant::now() >= deadline {
+                self.shutdown();
+                let log =
+                    std::fs::read_to_string(self.layout.log().join("smbd.out")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                return Err(DaemonError::msg(format!(
+                    "smbd did not start listening on {}: {}",
+                    self.bind,
+                    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Writes the configuration for `entries` and `users`; returns true
+    /// if anything changed.
+    fn write(
+        &self,
+        entries: &[SmbEntry],
+        users: &[SmbUser],
+        problems: Vec<String>,
+    ) -> Result<bool> {
+        let conf = render_conf(&self.layout, self.bind, entries)?;
+        let passwd = render_passwd(users);
+        let group = render_group(users);
+        // The time stamp in smbpasswd changes every call: compare without it.
+        let pw_key: String = users
+            .iter()
+            .map(|u| format!("{}:{}:{}\n", u.name, u.uid, u.nt_hash))
+            .collect();
+        let key = (conf.clone(), passwd.clone(), group.clone(), pw_key);
+        {
+            let mut sh = lock(&self.shared);
+            sh.status.shares = entries.iter().map(|e| e.name.clone()).collect();
+            sh.status.problems = problems;
+        }
+        let mut written = lock(&self.written);
+        if written.as_ref() == Some(&key) {
+            return Ok(false);
+        }
+        // Accounts and passwords before the configuration that names them.
+        write_file(&self.layout.nss().join("passwd"), &passwd, 0o644)?;
+        write_file(&self.layout.nss().join("group"), &group, 0o644)?;
+        write_file(&self.layout.smbpasswd(), &render_smbpasswd(users), 0o600)?;
+        write_file(&self.layout.conf(), &conf, 0o644)?;
+        *written = Some(key);
+        Ok(true)
+    }
+
+    /// Serves `entries` to `users` from now on: rewrites the files and has
+    /// smbd reload them (connections stay).
+    pub fn update(&self, entries: &[SmbEntry], users: &[SmbUser], problems: Vec<String>) {
+        match self.write(entries, users, problems) {
+            Ok(true) => self.signal(nix::sys::signal::Signal::SIGHUP),
+            Ok(false) => {}
+            Err(e) => eprintln!("tarn: cannot update the SMB configuration: {e}"),
+        }
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        if let Some(pid) = lock(&self.shared).status.pid {
+            if let Ok(pid) = i32::try_from(pid) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+            }
+        }
+    }
+
+    /// Disconnects every client of `share` (before its mount goes).
+    pub fn close_share(&self, share: &str) {
+        close_share(self.smbcontrol.as_deref(), &self.layout, &self.env(), share);
+    }
+
+    /// A closer for `Mounts::set_closer`.
+    pub fn closer(&self) -> crate::mounts::Closer {
+        let smbcontrol = self.smbcontrol.clone();
+        let layout = self.layout.clone();
+        let env = self.env();
+        Box::new(move |share| close_share(smbcontrol.as_deref(), &layout, &env, share))
+    }
+
+    /// How smbd is doing.
+    pub fn status(&self) -> SmbStatus {
+        lock(&self.shared).status.clone()
+    }
+
+    fn shutdown(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let child = lock(&self.shared).child.take();
+        if let Some(mut c) = child {
+            terminate(&mut c);
+        }
+        lock(&self.shared).status.pid = None;
+    }
+
+    /// Stops smbd and its supervisor.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = t.join();
+        }
+        self.shutdown();
+    }
+}
+
+impl Drop for Samba {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn spawn_smbd(smbd: &Path, layout: &Layout, env: &[(String, String)]) -> Result<Child> {
+    use std::os::unix::process::CommandExt;
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(layout.log().join("smbd.out"))
+        .map_err(|e| DaemonError::msg(format!("cannot open smbd's log: {e}")))?;
+    let err = out
+        .try_clone()
+        .map_err(|e| DaemonError::msg(format!("cannot open smbd's log: {e}")))?;
+    let mut cmd = Command::new(smbd);
+    cmd.arg("--foreground")
+        .arg("--no-process-group")
+        .arg("--debug-stdout")
+        .arg("-s")
+        .arg(layout.conf())
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        // Its own process group: a terminal's ^C reaches the daemon, which
+        // stops smbd in order.
+        .process_group(0);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn()
+        .map_err(|e| DaemonError::msg(format!("cannot start {}: {e}", smbd.display())))
+}
+
+fn close_share(smbcontrol: Option<&Path>, layout: &Layout, env: &[(String, String)], share: &str) {
+    let Some(prog) = smbcontrol else {
+        return;
+    };
+    let mut cmd = Command::new(prog);
+    cmd.arg("-s")
+        .arg(layout.conf())
+        .arg("smbd")
+        .arg("close-share")
+        .arg(share)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let _ = cmd.status();
+}
+
+/// SIGTERM, then SIGKILL after ten seconds; reaps the child.
+fn terminate(c: &mut Child) {
+    if let Ok(pid) = i32::try_from(c.id()) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = c.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+fn describe(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(sig)) => format!("killed by signal {sig}"),
+        _ => "ended".to_string(),
+    }
+}
+
+/// The supervisor thread: restarts smbd whenever it ends unasked.
+fn supervise(
+    smbd: PathBuf,
+    layout: Layout,
+    env: Vec<(String, String)>,
+    shared: Arc<Mutex<Shared>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut backoff = Duration::from_millis(500);
+    let mut started = Instant::now();
+    loop {
+        if stop.load(Ordering::SeqCst) {
+            if let Some(mut c) = lock(&shared).child.take() {
+                terminate(&mut c);
+            }
+            lock(&shared).status.pid = None;
+            return;
+        }
+        let ended = {
+            let mut sh = lock(&shared);
+            match sh.child.as_mut().map(|c| c.try_wait()) {
+                Some(Ok(Some(st))) => Some(describe(st)),
+                Some(Err(e)) => Some(format!("cannot be waited for: {e}")),
+                Some(Ok(None)) => None,
+                None => Some("not running".to_string()),
+            }
+        };
+        let Some(how) = ended else {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        };
+        {
+            let mut sh = lock(&shared);
+            sh.child = None;
+            sh.status.pid = None;
+            sh.status.restarts += 1;
+            sh.status.last_exit = Some(how.clone());
+            sh.status.last_exit_unix = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            backoff = Duration::from_millis(500);
+        }
+        eprintln!(
+            "tarn: smbd {how}; starting it again in {:.1} s",
+            backoff.as_secs_f64()
+        );
+        let until = Instant::now() + backoff;
+        while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(30));
+        if stop.load(Ordering::SeqCst) {
+            continue;
+        }
+        // Its children may still be serving the old session; the pid file
+        // of the one that ended is stale, so a leftover check is not needed.
+        match spawn_smbd(&smbd, &layout, &env) {
+            Ok(c) => {
+                started = Instant::now();
+                let mut sh = lock(&shared);
+                sh.status.pid = Some(c.id());
+                sh.child = Some(c);
+            }
+            Err(e) => eprintln!("tarn: {e}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str) -> SmbEntry {
+        SmbEntry {
+            name: name.into(),
+            dataset: format!("tank/{name}"),
+            share: SmbShare {
+                users: [
+                    ("alice".to_string(), Access::Rw),
+                    ("bob".to_string(), Access::Ro),
+                ]
+                .into_iter()
+                .collect(),
+                ..SmbShare::default()
+            },
+            path: PathBuf::from(format!("/state/smb/mnt/{name}")),
+        }
+    }
+
+    fn section<'a>(conf: &'a str, name: &str) -> Vec<&'a str> {
+        let head = format!("[{name}]");
+        conf.lines()
+            .skip_while(|l| *l != head)
+            .skip(1)
+            .take_while(|l| !l.starts_with('['))
+            .map(str::trim)
+            .collect()
+    }
+
+    fn layout() -> Layout {
+        Layout {
+            root: PathBuf::from("/state/smb"),
+        }
+    }
+
+    #[test]
+    fn access_lists_follow_the_share() {
+        let bind: SocketAddr = "127.0.0.1:4450".parse().unwrap();
+        let conf = render_conf(&layout(), bind, &[entry("photos")]).unwrap();
+        let s = section(&conf, "photos");
+        assert!(s.contains(&"path = /state/smb/mnt/photos"), "{s:?}");
+        assert!(s.contains(&"read only = yes"));
+        assert!(s.contains(&"write list = alice"));
+        assert!(s.contains(&"valid users = alice bob"));
+        assert!(s.contains(&"guest ok = no"));
+        assert!(conf.contains("server min protocol = SMB2_10"), "no SMB1");
+        assert!(conf.contains("map to guest = Never"));
+        assert!(conf.contains("smb ports = 4450"));
+        assert!(conf.contains("interfaces = 127.0.0.1"));
+        assert!(!s.iter().any(|l| l.starts_with("fruit:time machine")));
+
+        let mut g = entry("media");
+        g.share.guest = true;
+        g.share.timemachine = true;
+        g.share.tm_quota = (1 << 30) + 1;
+        g.share.encrypt = SmbEncrypt::Required;
+        g.share.signing_required = true;
+        let conf = render_conf(&layout(), bind, &[g]).unwrap();
+        let s = section(&conf, "media");
+        assert!(s.contains(&"guest ok = yes"));
+        assert!(!s.iter().any(|l| l.starts_with("valid users")));
+        assert!(conf.contains("map to guest = Bad User"));
+        assert!(s.contains(&"fruit:time machine = yes"));
+        assert!(
+            s.contains(&"fruit:time machine max size = 1025M"),
+            "rounded up"
+        );
+        assert!(s.contains(&"server smb encrypt = required"));
+        assert!(s.contains(&"server signing = mandatory"));
+    }
+
+    #[test]
+    fn an_unwritable_value_is_refused_not_written() {
+        let bind: SocketAddr = "0.0.0.0:445".parse().unwrap();
+        let mut e = entry("x");
+        e.path = PathBuf::from("/state/a\n[global]\npath=/");
+        assert!(render_conf(&layout(), bind, &[e]).is_err());
+        let bad = Layout {
+            root: PathBuf::from("/st;ate"),
+        };
+        assert!(render_conf(&bad, bind, &[]).is_err());
+        let conf = render_conf(&layout(), bind, &[]).unwrap();
+        assert!(
+            !conf.contains("interfaces ="),
+            "all addresses: no interface list"
+        );
+    }
+
+    fn user(name: &str, uid: u32, gid: u32) -> SmbUser {
+        SmbUser {
+            name: name.into(),
+            uid,
+            gid,
+            nt_hash: crate::access::nt_hash("pw"),
+        }
+    }
+
+    #[test]
+    fn account_files_name_every_user_and_group() {
+        let users = vec![user("alice", 1001, 1001), user("bob", 1002, 100)];
+        let p = render_passwd(&users);
+        assert!(p.lines().any(|l| l.starts_with("alice:x:1001:1001:")));
+        assert!(p.lines().any(|l| l.starts_with("bob:x:1002:100:")));
+        assert!(p.lines().any(|l| l.starts_with("nobody:x:65534:65534:")));
+        let g = render_group(&users);
+        assert!(g.lines().any(|l| l == "alice:x:1001:"));
+        assert!(g.lines().any(|l| l == "g100:x:100:"));
+        let s = render_smbpasswd(&users);
+        let first: Vec<&str> = s.lines().next().unwrap().split(':').collect();
+        assert_eq!(first[0], "alice");
+        assert_eq!(first[1], "1001");
+        assert_eq!(first[3], crate::access::nt_hash("pw"));
+        assert_eq!(first[3].len(), 32);
+    }
+
+    #[test]
+    fn reserved_and_duplicate_users_are_left_out_and_reported() {
+        let mut problems = Vec::new();
+        let kept = usable_users(
+            vec![
+                user("root", 0, 0),
+                user("alice", 1001, 1001),
+                user("alice", 2001, 2001),
+                user("guest", 65534, 65534),
+            ],
+            &mut problems,
+        );
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].uid, 1001);
+        assert_eq!(problems.len(), 3, "{problems:?}");
+    }
+}

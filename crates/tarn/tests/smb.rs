@@ -1,0 +1,572 @@
+//! SMB through the Samba that the daemon configures and supervises, driven
+//! by Samba's own client (`smbclient`): users and their access, the same
+//! files and owners over SMB, NFS, WebDAV and FUSE, snapshots as previous
+//! versions, a share torn down under a connected client, and smbd killed
+//! and brought back.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::clients::tarn_with_stdin;
+use common::process::{files, Daemon};
+use tarn_testkit::clients::{curl, nfs_cat, nfs_cp, nfs_url, tool};
+use tarn_testkit::net::free_port;
+use tarn_testkit::require;
+
+/// What an SMB test needs: root with FUSE (service mounts, smbd switching
+/// users) and Samba's server and client.
+fn smb_ready() -> bool {
+    require::fuse() && require::programs(&["smbd", "smbclient", "smbcontrol", "testparm"])
+}
+
+/// Runs `smbclient //127.0.0.1/SHARE -p PORT` as `user` (`name%password`,
+/// or none for a guest) with the commands `cmds`: whether it succeeded and
+/// everything it said.
+fn smbclient(port: u16, share: &str, user: Option<&str>, cmds: &str) -> (bool, String) {
+    let mut c = Command::new("smbclient");
+    c.arg(format!("//127.0.0.1/{share}"))
+        .args(["-p", &port.to_string(), "-m", "SMB3"]);
+    match user {
+        Some(u) => c.args(["-U", u]),
+        None => c.arg("-N"),
+    };
+    let out = c.args(["-c", cmds]).output().expect("run smbclient");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // smbclient exits 0 after some failed commands; an NT_STATUS error
+    // says a command failed.
+    let ok = out.status.success() && !text.contains("NT_STATUS_");
+    (ok, text)
+}
+
+fn smb_ok(port: u16, share: &str, user: Option<&str>, cmds: &str) -> String {
+    let (ok, text) = smbclient(port, share, user, cmds);
+    assert!(ok, "smbclient {share} {user:?} {cmds:?}: {text}");
+    text
+}
+
+fn smb_refused(port: u16, share: &str, user: Option<&str>, cmds: &str, status: &str) {
+    let (ok, text) = smbclient(port, share, user, cmds);
+    assert!(
+        !ok && text.contains(status),
+        "smbclient {share} {user:?} {cmds:?} should fail with {status}: {text}"
+    );
+}
+
+/// A temporary folder that smbd, running as a user, can walk through.
+fn open_tempdir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+fn add_user(d: &Daemon, args: &[&str], password: &str) {
+    let mut all = vec!["user", "add", "--password-stdin"];
+    all.extend_from_slice(args);
+    let out = tarn_with_stdin(d, &all, &format!("{password}\n"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Deterministic bytes that differ per file and per position.
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed)
+        .collect()
+}
+
+fn smb_stats(d: &Daemon) -> serde_json::Value {
+    let v: serde_json::Value =
+        serde_json::from_str(&d.ok(&["-o", "json", "daemon", "stats"])).unwrap();
+    v["smb"].clone()
+}
+
+fn nfs_ls_line(nfs: u16, path: &str, name: &str) -> Vec<String> {
+    let (ok, out, err) = tool(&["nfs-ls", &nfs_url(nfs, nfs, path)]);
+    assert!(ok, "nfs-ls: {err}");
+    let text = String::from_utf8_lossy(&out).into_owned();
+    text.lines()
+        .find(|l| l.split_whitespace().last() == Some(name))
+        .unwrap_or_else(|| panic!("{name} not in nfs-ls of {path}: {text}"))
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn smb_serves_users_the_same_files_as_every_other_front_end() {
+    if !smb_ready() || !require::programs(&["nfs-cp", "nfs-cat", "nfs-ls", "curl"]) {
+        return;
+    }
+    let dir = open_tempdir();
+    let (smb, nfs, dav) = (free_port(), free_port(), free_port());
+    let smb_arg = format!("127.0.0.1:{smb}");
+    let nfs_arg = format!("127.0.0.1:{nfs}");
+    let dav_arg = format!("127.0.0.1:{dav}");
+    let d = Daemon::start_with(
+        dir.path(),
+        &["--smb", &smb_arg, "--nfs", &nfs_arg, "--webdav", &dav_arg],
+    );
+    let f = files(dir.path(), "m", 4, 1 << 30);
+    d.ok(&[
+        "pool", "create", "tank", "raidz1", &f[0], &f[1], &f[2], &f[3],
+    ]);
+    d.ok(&["dataset", "create", "tank/photos"]);
+    d.ok(&["dataset", "create", "tank/media"]);
+    add_user(&d, &["--smb", "--uid", "1001", "alice"], "wonder-land");
+    add_user(&d, &["--smb", "--uid", "1002", "bob"], "build-it");
+    add_user(&d, &["--uid", "1003", "carol"], "sing-along");
+
+    // A user without an SMB password cannot be given SMB access.
+    let err = d.fails(&["share", "add", "x", "tank/photos", "--smb", "carol=rw"]);
+    assert!(err.contains("tarn user passwd --smb carol"), "{err}");
+    d.ok(&[
+        "share",
+        "add",
+        "photos",
+        "tank/photos",
+        "--smb",
+        "alice=rw",
+        "bob=ro",
+        "--nfs",
+        "127.0.0.1/32",
+        "--all-squash",
+        "--anon-uid",
+        "1001",
+        "--anon-gid",
+        "1001",
+        "--webdav",
+        "alice=rw",
+        "--owner",
+        "alice",
+    ]);
+    d.ok(&["share", "add", "media", "tank/media", "--smb", "--guest"]);
+    let list = d.ok(&["share", "list"]);
+    assert!(list.contains("alice=rw,bob=ro"), "{list}");
+    let users = d.ok(&["user", "list"]);
+    assert!(
+        users
+            .lines()
+            .any(|l| l.starts_with("carol") && l.trim_end().ends_with('-')),
+        "carol has no SMB login: {users}"
+    );
+
+    // Put and get, byte for byte, as alice; bob reads them.
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    for (name, len) in [("empty", 0usize), ("one", 1), ("mib1", (1 << 20) + 1)] {
+        let src = work.join(name);
+        std::fs::write(&src, pattern(len, 7)).unwrap();
+        smb_ok(
+            smb,
+            "photos",
+            Some("alice%wonder-land"),
+            &format!("put {} {name}", src.display()),
+        );
+        let back = work.join(format!("{name}.back"));
+        smb_ok(
+            smb,
+            "photos",
+            Some("bob%build-it"),
+            &format!("get {name} {}", back.display()),
+        );
+        assert_eq!(
+            std::fs::read(&back).unwrap(),
+            pattern(len, 7),
+            "{name} read back over SMB"
+        );
+    }
+
+    // Who may do what.
+    let src = work.join("one");
+    smb_refused(
+        smb,
+        "photos",
+        Some("bob%build-it"),
+        &format!("put {} bob.txt", src.display()),
+        "NT_STATUS_ACCESS_DENIED",
+    );
+    smb_refused(
+        smb,
+        "photos",
+        Some("alice%wrong"),
+        "ls",
+        "NT_STATUS_LOGON_FAILURE",
+    );
+    // carol has no SMB login: with a guest share on the server she is
+    // only a guest, who may not use this share.
+    smb_refused(
+        smb,
+        "photos",
+        Some("carol%sing-along"),
+        "ls",
+        "NT_STATUS_ACCESS_DENIED",
+    );
+    smb_refused(smb, "photos", None, "ls", "NT_STATUS_ACCESS_DENIED");
+    // The guest share: anyone reads, nobody writes.
+    smb_ok(smb, "media", None, "ls");
+    smb_refused(
+        smb,
+        "media",
+        None,
+        &format!("put {} guest.txt", src.display()),
+        "NT_STATUS_ACCESS_DENIED",
+    );
+
+    // A file alice writes over SMB: alice's over NFS and FUSE, the same
+    // bytes over NFS, WebDAV and FUSE.
+    let data = pattern(300_000, 3);
+    let src = work.join("from-smb");
+    std::fs::write(&src, &data).unwrap();
+    smb_ok(
+        smb,
+        "photos",
+        Some("alice%wonder-land"),
+        &format!("mkdir sub; put {} from-smb.bin", src.display()),
+    );
+    let line = nfs_ls_line(nfs, "/photos", "from-smb.bin");
+    assert_eq!(
+        (line[2].as_str(), line[3].as_str()),
+        ("1001", "1001"),
+        "{line:?}"
+    );
+    let smb_mode = line[0].clone();
+    assert_eq!(nfs_cat(&nfs_url(nfs, nfs, "/photos/from-smb.bin")), data);
+    let (code, body, _) = curl(&[
+        "-u",
+        "alice:wonder-land",
+        &format!("http://127.0.0.1:{dav}/photos/from-smb.bin"),
+    ]);
+    assert_eq!((code, body == data), (200, true), "WebDAV read");
+    let mnt = dir.path().join("fuse");
+    std::fs::create_dir(&mnt).unwrap();
+    d.ok(&["mount", "tank/photos", mnt.to_str().unwrap()]);
+    let meta = std::fs::metadata(mnt.join("from-smb.bin")).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (1001, 1001));
+    assert!(
+        smb_mode.starts_with("-rw-rw-r--"),
+        "create mask 0664: {smb_mode}"
+    );
+    assert_eq!(meta.mode() & 0o777, 0o664);
+    assert_eq!(std::fs::read(mnt.join("from-smb.bin")).unwrap(), data);
+
+    // And the reverse: written over NFS, WebDAV and FUSE, read over SMB.
+    let nfs_src = work.join("nfs-src");
+    std::fs::write(&nfs_src, pattern(70_000, 11)).unwrap();
+    assert!(nfs_cp(
+        nfs_src.to_str().unwrap(),
+        &nfs_url(nfs, nfs, "/photos/from-nfs.bin")
+    ));
+    let dav_src = work.join("dav-src");
+    std::fs::write(&dav_src, pattern(90_000, 13)).unwrap();
+    let (code, _, _) = curl(&[
+        "-u",
+        "alice:wonder-land",
+        "-T",
+        dav_src.to_str().unwrap(),
+        &format!("http://127.0.0.1:{dav}/photos/from-dav.bin"),
+    ]);
+    assert_eq!(code, 201);
+    std::fs::write(mnt.join("from-fuse.bin"), pattern(50_000, 17)).unwrap();
+    for (name, want) in [
+        ("from-nfs.bin", pattern(70_000, 11)),
+        ("from-dav.bin", pattern(90_000, 13)),
+        ("from-fuse.bin", pattern(50_000, 17)),
+    ] {
+        let back = work.join(format!("{name}.smb"));
+        // alice: the files are hers (whether bob may read them is up to
+        // the mode each client gave them, as the POSIX layer says).
+        smb_ok(
+            smb,
+            "photos",
+            Some("alice%wonder-land"),
+            &format!("get {name} {}", back.display()),
+        );
+        assert_eq!(std::fs::read(&back).unwrap(), want, "{name} over SMB");
+    }
+    let dav_meta = std::fs::metadata(mnt.join("from-dav.bin")).unwrap();
+    assert_eq!(dav_meta.uid(), 1001, "alice's over WebDAV and SMB alike");
+    d.ok(&["unmount", "tank/photos"]);
+
+    // 1 GiB each way, compared byte for byte.
+    let big = work.join("big");
+    {
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&big).unwrap());
+        let chunk = pattern(1 << 20, 0);
+        for i in 0..1024u32 {
+            let mut c = chunk.clone();
+            c[..4].copy_from_slice(&i.to_le_bytes());
+            w.write_all(&c).unwrap();
+        }
+    }
+    smb_ok(
+        smb,
+        "photos",
+        Some("alice%wonder-land"),
+        &format!("put {} big.bin", big.display()),
+    );
+    let big_back = work.join("big.back");
+    smb_ok(
+        smb,
+        "photos",
+        Some("alice%wonder-land"),
+        &format!("get big.bin {}", big_back.display()),
+    );
+    assert!(same_file(&big, &big_back), "1 GiB read back differs");
+
+    // Users change live: bob's SMB login goes, alice's password changes.
+    d.ok(&["share", "add", "photos", "tank/photos", "--smb", "alice=rw"]);
+    let out = tarn_with_stdin(
+        &d,
+        &["user", "passwd", "--no-smb", "--password-stdin", "bob"],
+        "build-it\n",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = tarn_with_stdin(
+        &d,
+        &["user", "passwd", "--password-stdin", "alice"],
+        "new-land\n",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // bob is a guest now (there is a guest share), and not on this share.
+    smb_refused(
+        smb,
+        "photos",
+        Some("bob%build-it"),
+        "ls",
+        "NT_STATUS_ACCESS_DENIED",
+    );
+    smb_refused(
+        smb,
+        "photos",
+        Some("alice%wonder-land"),
+        "ls",
+        "NT_STATUS_LOGON_FAILURE",
+    );
+    smb_ok(smb, "photos", Some("alice%new-land"), "ls");
+    d.stop();
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    let (mut fa, mut fb) = (
+        std::fs::File::open(a).unwrap(),
+        std::fs::File::open(b).unwrap(),
+    );
+    if fa.metadata().unwrap().len() != fb.metadata().unwrap().len() {
+        return false;
+    }
+    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    loop {
+        let n = fa.read(&mut ba).unwrap();
+        if n == 0 {
+            return true;
+        }
+        fb.read_exact(&mut bb[..n]).unwrap();
+        if ba[..n] != bb[..n] {
+            return false;
+        }
+    }
+}
+
+#[test]
+fn snapshots_are_previous_versions_and_smbd_is_supervised() {
+    if !smb_ready() {
+        return;
+    }
+    let dir = open_tempdir();
+    let smb = free_port();
+    let smb_arg = format!("127.0.0.1:{smb}");
+    let d = Daemon::start_with(dir.path(), &["--smb", &smb_arg]);
+    let f = files(dir.path(), "m", 2, 256 << 20);
+    d.ok(&["pool", "create", "tank", "mirror", &f[0], &f[1]]);
+    d.ok(&["dataset", "create", "tank/docs"]);
+    d.ok(&["dataset", "create", "tank/tm"]);
+    add_user(&d, &["--smb", "--uid", "1001", "alice"], "wonder-land");
+    d.ok(&[
+        "share",
+        "add",
+        "docs",
+        "tank/docs",
+        "--smb",
+        "alice=rw",
+        "--owner",
+        "alice",
+    ]);
+    d.ok(&[
+        "share",
+        "add",
+        "tm",
+        "tank/tm",
+        "--smb",
+        "alice=rw",
+        "--timemachine",
+        "--quota",
+        "500G",
+        "--smb-encrypt",
+        "required",
+        "--owner",
+        "alice",
+    ]);
+    let alice = Some("alice%wonder-land");
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+
+    // Samba reads the options as tarn means them.
+    let conf = dir.path().join("state/smb/smb.conf");
+    let out = Command::new("testparm")
+        .args(["-s", "--section-name", "tm"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    let parsed = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    for want in [
+        "fruit:time machine = yes",
+        "fruit:time machine max size = 512000m",
+        "server smb encrypt = required",
+    ] {
+        assert!(parsed.contains(want), "testparm lacks {want:?}: {parsed}");
+    }
+    let out = Command::new("testparm")
+        .args(["-s", "--parameter-name", "server min protocol"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    let min = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        min.starts_with("SMB2") || min.starts_with("SMB3"),
+        "no SMB1: {min}"
+    );
+    smb_ok(smb, "tm", alice, "ls");
+
+    // Version 1 is snapshotted, then replaced by version 2.
+    let v1 = pattern(10_000, 1);
+    let v2 = pattern(12_000, 2);
+    let src = work.join("v");
+    std::fs::write(&src, &v1).unwrap();
+    smb_ok(
+        smb,
+        "docs",
+        alice,
+        &format!("put {} report.txt", src.display()),
+    );
+    d.ok(&["snapshot", "tank/docs@monday"]);
+    std::thread::sleep(Duration::from_millis(1100));
+    std::fs::write(&src, &v2).unwrap();
+    smb_ok(
+        smb,
+        "docs",
+        alice,
+        &format!("put {} report.txt", src.display()),
+    );
+    let info = smb_ok(smb, "docs", alice, "allinfo report.txt");
+    let versions: Vec<&str> = info.lines().filter(|l| l.starts_with("@GMT-")).collect();
+    assert_eq!(versions.len(), 1, "one previous version: {info}");
+    let gmt = versions[0].trim();
+    let old = work.join("old");
+    smb_ok(
+        smb,
+        "docs",
+        alice,
+        &format!("get {gmt}\\report.txt {}", old.display()),
+    );
+    assert_eq!(std::fs::read(&old).unwrap(), v1, "the previous version");
+    let now = work.join("now");
+    smb_ok(
+        smb,
+        "docs",
+        alice,
+        &format!("get report.txt {}", now.display()),
+    );
+    assert_eq!(std::fs::read(&now).unwrap(), v2);
+    // Previous versions are read-only.
+    smb_refused(
+        smb,
+        "docs",
+        alice,
+        &format!("put {} {gmt}\\report.txt", src.display()),
+        "NT_STATUS_",
+    );
+
+    // A rollback under a connected client: the client is disconnected,
+    // the share comes back with the old file.
+    let mut held = Command::new("smbclient")
+        .arg("//127.0.0.1/docs")
+        .args(["-p", &smb.to_string(), "-U", "alice%wonder-land"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = held.stdin.take().unwrap();
+    stdin.write_all(b"cd .\n").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    d.ok(&["rollback", "tank/docs@monday"]);
+    drop(stdin);
+    let _ = held.wait();
+    let after = work.join("after");
+    smb_ok(
+        smb,
+        "docs",
+        alice,
+        &format!("get report.txt {}", after.display()),
+    );
+    assert_eq!(std::fs::read(&after).unwrap(), v1, "rolled back");
+
+    // smbd killed: restarted, shares back, and the status says so.
+    let s = smb_stats(&d);
+    let pid = s["pid"].as_u64().expect("smbd runs") as i32;
+    assert_eq!(s["restarts"], 0);
+    assert_eq!(s["shares"].as_array().map(Vec::len), Some(2), "{s}");
+    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    let t0 = Instant::now();
+    loop {
+        let s = smb_stats(&d);
+        if s["restarts"] == 1 && s["pid"].as_u64().is_some_and(|p| p as i32 != pid) {
+            assert!(
+                s["last_exit"].as_str().unwrap_or("").contains("signal 9"),
+                "{s}"
+            );
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "not restarted: {s}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let text = d.ok(&["daemon", "stats"]);
+    assert!(text.contains("restarted 1 time"), "{text}");
+    let t0 = Instant::now();
+    while !smbclient(smb, "docs", alice, "ls").0 {
+        assert!(t0.elapsed() < Duration::from_secs(15), "shares not back");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Stopping the daemon stops smbd.
+    let pid = smb_stats(&d)["pid"].as_u64().unwrap();
+    d.stop();
+    let t0 = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "smbd outlived the daemon"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
