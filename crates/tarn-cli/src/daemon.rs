@@ -93,6 +93,12 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     pub smb: Option<std::net::SocketAddr>,
 
+    /// A file of your own Samba settings (smb.conf syntax, starting with a
+    /// section header), read after everything tarn writes: for settings
+    /// tarn does not manage, or shares of other directories
+    #[arg(long, value_name = "FILE", requires = "smb")]
+    pub smb_include: Option<PathBuf>,
+
     /// PEM certificate for WebDAV over HTTPS and NBD over TLS [default: a
     /// self-signed one generated in the state directory]
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -224,6 +230,8 @@ pub struct DaemonRun {
     pub replication: Option<SocketAddr>,
     /// Where the supervised smbd listens; not started when absent.
     pub smb: Option<SocketAddr>,
+    /// The owner's own Samba settings.
+    pub smb_include: Option<PathBuf>,
     /// A PEM certificate and key for WebDAV over TLS.
     pub tls_cert: Option<(PathBuf, PathBuf)>,
     /// Plain HTTP for WebDAV even off loopback.
@@ -316,6 +324,7 @@ pub(crate) fn daemon_command(
         iscsi,
         replication,
         smb,
+        smb_include,
         tls_cert,
         tls_key,
         webdav_plain_http,
@@ -338,6 +347,7 @@ pub(crate) fn daemon_command(
                 iscsi,
                 replication,
                 smb,
+                smb_include: smb_include.map(|p| std::path::absolute(&p).unwrap_or(p)),
                 tls_cert: tls_cert.zip(tls_key),
                 webdav_plain_http,
             }))

@@ -482,7 +482,8 @@ impl Pools {
         self.servers
             .start(opts, &self.state_dir, self.share_lists(), auth)?;
         if let Some(bind) = opts.smb {
-            self.servers.start_smb(bind, &self.state_dir)?;
+            self.servers
+                .start_smb(bind, opts.smb_include.clone(), &self.state_dir)?;
             self.mounts.set_closer(self.servers.smb_closer());
             self.refresh_servers();
         }

@@ -46,6 +46,8 @@ pub struct ServerOptions {
     pub replication: Option<SocketAddr>,
     /// SMB: the address the supervised smbd listens on.
     pub smb: Option<SocketAddr>,
+    /// SMB: a file of the owner's own Samba settings, read after tarn's.
+    pub smb_include: Option<PathBuf>,
     /// A PEM certificate and key for WebDAV (and NBD) over TLS; a
     /// self-signed pair in the state directory when absent.
     pub tls_cert: Option<(PathBuf, PathBuf)>,
@@ -345,8 +347,13 @@ impl Servers {
 
     /// Starts the supervised smbd on `bind` (serving nothing until
     /// [`Servers::update_smb`]).
-    pub fn start_smb(&self, bind: SocketAddr, state_dir: &Path) -> Result<()> {
-        let samba = crate::smb::Samba::start(state_dir, bind)?;
+    pub fn start_smb(
+        &self,
+        bind: SocketAddr,
+        include: Option<PathBuf>,
+        state_dir: &Path,
+    ) -> Result<()> {
+        let samba = crate::smb::Samba::start(state_dir, bind, include)?;
         *self.smb.lock().unwrap_or_else(|e| e.into_inner()) = Some(samba);
         Ok(())
     }

@@ -154,8 +154,14 @@ fn conf_value(what: &str, v: &str) -> Result<String> {
     Ok(v.to_string())
 }
 
-/// Renders smb.conf for `entries` (their paths already mounted).
-pub fn render_conf(layout: &Layout, bind: SocketAddr, entries: &[SmbEntry]) -> Result<String> {
+/// Renders smb.conf for `entries` (their paths already mounted), with
+/// `include` (the owner's own Samba settings) read at the end.
+pub fn render_conf(
+    layout: &Layout,
+    bind: SocketAddr,
+    entries: &[SmbEntry],
+    include: Option<&Path>,
+) -> Result<String> {
     let root = conf_value("the state directory", &layout.root.display().to_string())?;
     let any_guest = entries.iter().any(|e| e.share.guest);
     let mut c = String::new();
@@ -255,10 +261,10 @@ pub fn render_conf(layout: &Layout, bind: SocketAddr, entries: &[SmbEntry]) -> R
             s("guest ok", "no");
             s("valid users", &all.join(" "));
         }
-        // New files: what the POSIX layer makes of the client's create,
-        // owner and group from the user (smbd runs as them).
-        s("create mask", "0664");
-        s("directory mask", "0775");
+        // New files keep Samba's default modes (create mask 0744,
+        // directory mask 0755): the owner's execute bit is what Windows
+        // clients need to be granted "execute" on their own files (Samba's
+        // torture suite fails without it), and the owner is the user.
         s(
             "server smb encrypt",
             match e.share.encrypt {
@@ -283,6 +289,19 @@ pub fn render_conf(layout: &Layout, bind: SocketAddr, entries: &[SmbEntry]) -> R
             s("kernel share modes", "no");
             s("posix locking", "no");
         }
+    }
+    if let Some(inc) = include {
+        let _ = writeln!(c);
+        let _ = writeln!(
+            c,
+            "# The owner's own settings (tarn daemon --smb-include); Samba reads"
+        );
+        let _ = writeln!(c, "# them here, after everything tarn manages.");
+        let _ = writeln!(
+            c,
+            "include = {}",
+            conf_value("--smb-include", &inc.display().to_string())?
+        );
     }
     Ok(c)
 }
@@ -427,6 +446,7 @@ struct Shared {
 pub struct Samba {
     layout: Layout,
     bind: SocketAddr,
+    include: Option<PathBuf>,
     smbcontrol: Option<PathBuf>,
     nss_wrapper: Option<PathBuf>,
     shared: Arc<Mutex<Shared>>,
@@ -484,9 +504,18 @@ fn stop_leftover(layout: &Layout) {
 
 impl Samba {
     /// Prepares `STATE/smb` and starts smbd listening on `bind`, serving
-    /// no shares yet (`update` hands them over). Fails when Samba is not
-    /// installed or smbd does not come up.
-    pub fn start(state_dir: &Path, bind: SocketAddr) -> Result<Samba> {
+    /// no shares yet (`update` hands them over); `include` is a file of
+    /// the owner's own Samba settings, read after tarn's. Fails when Samba
+    /// is not installed or smbd does not come up.
+    pub fn start(state_dir: &Path, bind: SocketAddr, include: Option<PathBuf>) -> Result<Samba> {
+        if let Some(inc) = &include {
+            if !inc.is_absolute() || !inc.is_file() {
+                return Err(DaemonError::msg(format!(
+                    "--smb-include {}: not an existing file given by its absolute path",
+                    inc.display()
+                )));
+            }
+        }
         let smbd = find_program("smbd").ok_or_else(|| {
             DaemonError::msg(
                 "SMB needs Samba's smbd, which is not installed (Debian: apt-get install samba)",
@@ -514,6 +543,7 @@ impl Samba {
         let samba = Samba {
             layout,
             bind,
+            include,
             smbcontrol: find_program("smbcontrol"),
             nss_wrapper,
             shared: Arc::new(Mutex::new(Shared {
@@ -618,7 +648,7 @@ impl Samba {
         users: &[SmbUser],
         problems: Vec<String>,
     ) -> Result<bool> {
-        let conf = render_conf(&self.layout, self.bind, entries)?;
+        let conf = render_conf(&self.layout, self.bind, entries, self.include.as_deref())?;
         let passwd = render_passwd(users);
         let group = render_group(users);
         // The time stamp in smbpasswd changes every call: compare without it.
@@ -893,7 +923,7 @@ mod tests {
     #[test]
     fn access_lists_follow_the_share() {
         let bind: SocketAddr = "127.0.0.1:4450".parse().unwrap();
-        let conf = render_conf(&layout(), bind, &[entry("photos")]).unwrap();
+        let conf = render_conf(&layout(), bind, &[entry("photos")], None).unwrap();
         let s = section(&conf, "photos");
         assert!(s.contains(&"path = /state/smb/mnt/photos"), "{s:?}");
         assert!(s.contains(&"read only = yes"));
@@ -912,7 +942,13 @@ mod tests {
         g.share.tm_quota = (1 << 30) + 1;
         g.share.encrypt = SmbEncrypt::Required;
         g.share.signing_required = true;
-        let conf = render_conf(&layout(), bind, &[g]).unwrap();
+        let conf = render_conf(
+            &layout(),
+            bind,
+            &[g],
+            Some(Path::new("/etc/tarn/smb-extra.conf")),
+        )
+        .unwrap();
         let s = section(&conf, "media");
         assert!(s.contains(&"guest ok = yes"));
         assert!(!s.iter().any(|l| l.starts_with("valid users")));
@@ -924,6 +960,11 @@ mod tests {
         );
         assert!(s.contains(&"server smb encrypt = required"));
         assert!(s.contains(&"server signing = mandatory"));
+        assert_eq!(
+            conf.lines().last(),
+            Some("include = /etc/tarn/smb-extra.conf"),
+            "the owner's settings come last"
+        );
     }
 
     #[test]
@@ -931,12 +972,12 @@ mod tests {
         let bind: SocketAddr = "0.0.0.0:445".parse().unwrap();
         let mut e = entry("x");
         e.path = PathBuf::from("/state/a\n[global]\npath=/");
-        assert!(render_conf(&layout(), bind, &[e]).is_err());
+        assert!(render_conf(&layout(), bind, &[e], None).is_err());
         let bad = Layout {
             root: PathBuf::from("/st;ate"),
         };
-        assert!(render_conf(&bad, bind, &[]).is_err());
-        let conf = render_conf(&layout(), bind, &[]).unwrap();
+        assert!(render_conf(&bad, bind, &[], None).is_err());
+        let conf = render_conf(&layout(), bind, &[], None).unwrap();
         assert!(
             !conf.contains("interfaces ="),
             "all addresses: no interface list"

@@ -112,6 +112,7 @@ fn daemon_options(run: DaemonRun) -> DaemonOptions {
         iscsi: run.iscsi,
         replication: run.replication,
         smb: run.smb,
+        smb_include: run.smb_include,
         tls_cert: run.tls_cert,
         webdav_plain_http: run.webdav_plain_http,
         ..ServerOptions::default()

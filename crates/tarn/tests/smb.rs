@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -255,10 +256,10 @@ fn smb_serves_users_the_same_files_as_every_other_front_end() {
     let meta = std::fs::metadata(mnt.join("from-smb.bin")).unwrap();
     assert_eq!((meta.uid(), meta.gid()), (1001, 1001));
     assert!(
-        smb_mode.starts_with("-rw-rw-r--"),
-        "create mask 0664: {smb_mode}"
+        smb_mode.starts_with("-rwxr--r--"),
+        "Samba's create mask 0744: {smb_mode}"
     );
-    assert_eq!(meta.mode() & 0o777, 0o664);
+    assert_eq!(meta.mode() & 0o777, 0o744);
     assert_eq!(std::fs::read(mnt.join("from-smb.bin")).unwrap(), data);
 
     // And the reverse: written over NFS, WebDAV and FUSE, read over SMB.
@@ -569,4 +570,310 @@ fn snapshots_are_previous_versions_and_smbd_is_supervised() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The suites of `smbtorture-expected.txt` (the part of each name before
+/// the test), as smbtorture wants them named on its command line.
+fn torture_suites(tests: &BTreeSet<String>) -> Vec<String> {
+    let mut suites: Vec<String> = tests
+        .iter()
+        .map(|t| {
+            let parts: Vec<&str> = t.splitn(3, '.').collect();
+            parts[..parts.len().min(2)].join(".")
+        })
+        .collect();
+    suites.sort();
+    suites.dedup();
+    suites
+}
+
+/// The names of the passing tests in smbtorture's subunit output: a result
+/// line is `STATUS: NAME`, and any but success may open a detail block
+/// (` [` … a line `]`).
+fn torture_passes(subunit: &str) -> BTreeSet<String> {
+    let mut passed = BTreeSet::new();
+    let mut other = BTreeSet::new();
+    let mut in_detail = false;
+    for line in subunit.lines() {
+        if in_detail {
+            in_detail = line != "]";
+            continue;
+        }
+        let Some((status, rest)) = line.split_once(": ") else {
+            continue;
+        };
+        if ![
+            "success",
+            "successful",
+            "failure",
+            "fail",
+            "skip",
+            "error",
+            "xfail",
+            "uxsuccess",
+        ]
+        .contains(&status)
+        {
+            continue;
+        }
+        let name = match rest.strip_suffix(" [") {
+            Some(n) => {
+                in_detail = true;
+                n
+            }
+            None => rest,
+        };
+        if status.starts_with("success") {
+            passed.insert(name.to_string());
+        } else {
+            other.insert(name.to_string());
+        }
+    }
+    passed.difference(&other).cloned().collect()
+}
+
+#[test]
+fn the_torture_parser_reads_subunit() {
+    let out = "smbtorture 4.17.12-Debian\ntest: smb2.a.x\ntime: 1\nsuccess: smb2.a.x\n\
+               test: smb2.a.y\nfailure: smb2.a.y [\nsome: detail\nsuccess: fake\n]\n\
+               skip: smb2.b.z [\nwhy\n]\nsuccess: smb2.c.CREATE Existing\nprogress: 3\n";
+    let p = torture_passes(out);
+    assert_eq!(
+        p.into_iter().collect::<Vec<_>>(),
+        ["smb2.a.x", "smb2.c.CREATE Existing"]
+    );
+    let tests: BTreeSet<String> = ["smb2.connect", "smb2.dir.find", "smb2.dir.many"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(torture_suites(&tests), ["smb2.connect", "smb2.dir"]);
+}
+
+/// Runs the listed smbtorture tests against `share`; the passing ones.
+fn torture(
+    port: u16,
+    share: &str,
+    list: &Path,
+    suites: &[String],
+    work: &Path,
+) -> BTreeSet<String> {
+    let conf = work.join("client.conf");
+    std::fs::write(&conf, "[global]\n").unwrap();
+    let run = work.join(share);
+    std::fs::create_dir_all(&run).unwrap();
+    let out = Command::new("smbtorture")
+        .arg("-s")
+        .arg(&conf)
+        .arg(format!("//127.0.0.1/{share}"))
+        .args(["-p", &port.to_string(), "-U", "alice%wonder-land"])
+        .args(["--target=samba3", "--fullname", "--format=subunit"])
+        .arg("--maximum-runtime=300")
+        .arg(format!("--load-list={}", list.display()))
+        .args(suites)
+        .current_dir(&run)
+        .output()
+        .expect("run smbtorture");
+    torture_passes(&String::from_utf8_lossy(&out.stdout))
+}
+
+#[test]
+fn samba_torture_suites_pass_on_a_tarn_share_as_on_a_plain_directory() {
+    if !smb_ready() || !require::programs(&["smbtorture"]) {
+        return;
+    }
+    let dir = open_tempdir();
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    // The reference: a plain directory of alice's, served by the same smbd
+    // with the same settings, through the owner's include file.
+    let plain = dir.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    std::os::unix::fs::chown(&plain, Some(1001), Some(1001)).unwrap();
+    let include = dir.path().join("extra.conf");
+    std::fs::write(
+        &include,
+        format!(
+            "[reference]\n  path = {}\n  read only = no\n  valid users = alice\n",
+            plain.display()
+        ),
+    )
+    .unwrap();
+    let smb = free_port();
+    let smb_arg = format!("127.0.0.1:{smb}");
+    let d = Daemon::start_with(
+        dir.path(),
+        &[
+            "--smb",
+            &smb_arg,
+            "--smb-include",
+            include.to_str().unwrap(),
+        ],
+    );
+    let f = files(dir.path(), "m", 2, 512 << 20);
+    d.ok(&["pool", "create", "tank", "mirror", &f[0], &f[1]]);
+    d.ok(&["dataset", "create", "tank/t"]);
+    add_user(&d, &["--smb", "--uid", "1001", "alice"], "wonder-land");
+    d.ok(&[
+        "share", "add", "t", "tank/t", "--smb", "alice=rw", "--owner", "alice",
+    ]);
+
+    let list = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/smbtorture-expected.txt");
+    let expected: BTreeSet<String> = std::fs::read_to_string(&list)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect();
+    let suites = torture_suites(&expected);
+    // smbtorture's --load-list takes names only.
+    let names = work.join("tests.txt");
+    std::fs::write(
+        &names,
+        expected
+            .iter()
+            .map(|t| format!("{t}\n"))
+            .collect::<String>(),
+    )
+    .unwrap();
+    let reference = torture(smb, "reference", &names, &suites, &work);
+    let ours = torture(smb, "t", &names, &suites, &work);
+    let missing_ref: Vec<&String> = expected.difference(&reference).collect();
+    assert!(
+        missing_ref.is_empty(),
+        "the reference directory does not pass {missing_ref:?}: the suite or the Samba \
+         settings changed"
+    );
+    let missing: Vec<&String> = expected.difference(&ours).collect();
+    assert!(
+        missing.is_empty(),
+        "tests that pass on a plain directory but fail on the tarn share: {missing:?}"
+    );
+    d.stop();
+}
+
+/// Byte `pos` of band `n` as `tools/smb_bands.py` writes it.
+fn band_byte(n: u64, pos: u64) -> u8 {
+    let i = (pos + n) % 251;
+    ((i * 7 + n * 31) & 0xff) as u8
+}
+
+/// The Python with smbprotocol that sends SMB2 FLUSH (`TARN_SMB_PYTHON`,
+/// which `.ci/run` sets, or `python3`), if it has the module.
+fn smb_python() -> Option<String> {
+    let py = std::env::var("TARN_SMB_PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let ok = Command::new(&py)
+        .args(["-c", "import smbprotocol"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        Some(py)
+    } else {
+        require::missing("Python's smbprotocol (pip install smbprotocol; TARN_SMB_PYTHON)");
+        None
+    }
+}
+
+#[test]
+fn time_machine_bands_flushed_over_smb_survive_a_daemon_kill() {
+    if !smb_ready() {
+        return;
+    }
+    let Some(python) = smb_python() else {
+        return;
+    };
+    let dir = open_tempdir();
+    let smb = free_port();
+    let smb_arg = format!("127.0.0.1:{smb}");
+    let mut d = Daemon::start_with(dir.path(), &["--smb", &smb_arg]);
+    let f = files(dir.path(), "m", 2, 1 << 30);
+    d.ok(&["pool", "create", "tank", "mirror", &f[0], &f[1]]);
+    d.ok(&["dataset", "create", "tank/tm"]);
+    add_user(&d, &["--smb", "--uid", "1001", "alice"], "wonder-land");
+    d.ok(&[
+        "share",
+        "add",
+        "mac",
+        "tank/tm",
+        "--smb",
+        "alice=rw",
+        "--timemachine",
+        "--quota",
+        "100G",
+        "--owner",
+        "alice",
+    ]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/smb_bands.py");
+    let mut client = Command::new(&python)
+        .arg(&script)
+        .args([
+            "127.0.0.1",
+            &smb.to_string(),
+            "mac",
+            "alice",
+            "wonder-land",
+            "60",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the band writer");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(client.stdout.take().unwrap()));
+    // Kill the daemon once a dozen bands are flushed, while the next is
+    // being written.
+    let mut flushed = None;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(n) = line.strip_prefix("flushed ") {
+            let n: u64 = n.parse().unwrap();
+            flushed = Some(n);
+            if n == 11 {
+                break;
+            }
+        }
+    }
+    let flushed = flushed.expect("no band was flushed");
+    assert_eq!(flushed, 11, "the writer stopped early");
+    std::thread::sleep(Duration::from_millis(150));
+    d.kill_in_place();
+    // What the writer heard after the kill can only add bands it saw
+    // flushed before the daemon died; count only those seen before.
+    let _ = client.kill();
+    let _ = client.wait();
+    drop(d);
+
+    // The daemon comes back on the same state (and stops the smbd the
+    // killed one left running); every flushed band is there, exactly.
+    let d = Daemon::start_with(dir.path(), &["--smb", &smb_arg]);
+    let t0 = Instant::now();
+    while !smbclient(smb, "mac", Some("alice%wonder-land"), "ls bands\\*").0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the share did not come back"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mnt = dir.path().join("check");
+    std::fs::create_dir(&mnt).unwrap();
+    d.ok(&["mount", "tank/tm", mnt.to_str().unwrap()]);
+    for n in 0..=flushed {
+        let data = std::fs::read(mnt.join(format!("bands/{n:x}"))).unwrap();
+        assert_eq!(data.len(), 8 << 20, "band {n} length");
+        if let Some(pos) = (0..data.len() as u64).find(|&p| data[p as usize] != band_byte(n, p)) {
+            panic!("band {n} differs at byte {pos}");
+        }
+    }
+    // One band back over SMB too.
+    let back = dir.path().join("band0");
+    smb_ok(
+        smb,
+        "mac",
+        Some("alice%wonder-land"),
+        &format!("get bands\\0 {}", back.display()),
+    );
+    assert_eq!(
+        std::fs::read(&back).unwrap(),
+        std::fs::read(mnt.join("bands/0")).unwrap()
+    );
+    d.ok(&["unmount", "tank/tm"]);
+    d.stop();
 }
