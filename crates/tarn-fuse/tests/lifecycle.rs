@@ -472,3 +472,61 @@ fn large_reads_arrive_in_few_requests() {
     // readahead of 128 KiB would make 64), plus a few lookups and getattrs.
     assert!(txns <= 24, "{txns} read transactions for 8 MiB");
 }
+
+/// A mount for Samba lists `.snapshot` by the time each snapshot was taken
+/// (`@GMT-…`), finds snapshots by that name only, and shows one snapshot
+/// per second; another mount of the same `Fs` keeps the real names.
+#[test]
+fn snapshots_by_time_for_samba() {
+    if !require::fuse() {
+        return;
+    }
+    let backend = MemBackend::new();
+    let opts = MountOptions {
+        snapshot_time_names: true,
+        ..MountOptions::default()
+    };
+    let f = mount_backend(backend.clone(), &opts);
+    fs::write(f.path("file"), b"one").unwrap();
+    backend.set_time(1_700_000_000, 0);
+    backend.snapshot("monday").unwrap();
+    fs::write(f.path("file"), b"two").unwrap();
+    backend.set_time(1_700_086_400, 0);
+    backend.snapshot("tuesday").unwrap();
+    // Same second as tuesday: no name of its own.
+    backend.snapshot("tuesday-again").unwrap();
+    fs::write(f.path("file"), b"three").unwrap();
+
+    let mut names: Vec<String> = fs::read_dir(f.path(".snapshot"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["@GMT-2023.11.14-22.13.20", "@GMT-2023.11.15-22.13.20"]
+    );
+    assert_eq!(
+        fs::read(f.path(".snapshot/@GMT-2023.11.14-22.13.20/file")).unwrap(),
+        b"one"
+    );
+    assert_eq!(
+        fs::read(f.path(".snapshot/@GMT-2023.11.15-22.13.20/file")).unwrap(),
+        b"two"
+    );
+    let e = fs::metadata(f.path(".snapshot/monday")).unwrap_err();
+    assert_eq!(errno_of(&e), libc::ENOENT, "real names are not looked up");
+    let e = fs::metadata(f.path(".snapshot/@GMT-2023.11.16-22.13.20")).unwrap_err();
+    assert_eq!(errno_of(&e), libc::ENOENT, "no snapshot at that time");
+
+    // A second, ordinary mount of the same Fs: the names as given.
+    let dir = tempfile::tempdir().unwrap();
+    let plain = tarn_fuse::mount(f.fs.clone(), dir.path(), &MountOptions::default()).unwrap();
+    let mut real: Vec<String> = fs::read_dir(dir.path().join(".snapshot"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    real.sort();
+    assert_eq!(real, ["monday", "tuesday", "tuesday-again"]);
+    drop(plain);
+}

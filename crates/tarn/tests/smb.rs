@@ -457,6 +457,32 @@ fn snapshots_are_previous_versions_and_smbd_is_supervised() {
         "no SMB1: {min}"
     );
     smb_ok(smb, "tm", alice, "ls");
+    // Encryption required: a client that cannot encrypt (SMB 2.1) is
+    // refused on that share, and served on the others.
+    let old_client = |share: &str| {
+        let out = Command::new("smbclient")
+            .arg(format!("//127.0.0.1/{share}"))
+            .args([
+                "-p",
+                &smb.to_string(),
+                "-m",
+                "SMB2_10",
+                "-U",
+                "alice%wonder-land",
+            ])
+            .args(["-c", "ls"])
+            .output()
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let text = old_client("tm");
+    assert!(text.contains("NT_STATUS_ACCESS_DENIED"), "{text}");
+    let text = old_client("docs");
+    assert!(!text.contains("NT_STATUS_"), "{text}");
 
     // Version 1 is snapshotted, then replaced by version 2.
     let v1 = pattern(10_000, 1);
