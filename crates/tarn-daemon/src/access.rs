@@ -712,6 +712,24 @@ pub fn share_put(pool: &Pool, share: &Share) -> Result<(), ApiError> {
         }
     }
     if let Some(m) = &share.smb {
+        if crate::smb::reserved_share_name(&share.name) {
+            return Err(ApiError::invalid(format!(
+                "'{}' cannot be the name of an SMB share: Samba gives it a meaning of its own \
+                 (reserved: {})",
+                share.name,
+                crate::smb::RESERVED_SHARE_NAMES.join(", ")
+            )));
+        }
+        // Samba finds shares by name without case: two would be one.
+        if let Some(other) = shares(pool)?.into_iter().find(|o| {
+            o.smb.is_some() && o.name != share.name && o.name.eq_ignore_ascii_case(&share.name)
+        }) {
+            return Err(ApiError::exists(format!(
+                "share '{}' is served over SMB already, and SMB share names do not differ by \
+                 case",
+                other.name
+            )));
+        }
         let known = users(pool)?;
         for u in m.users.keys() {
             let rec = known.iter().find(|k| &k.name == u).ok_or_else(|| {

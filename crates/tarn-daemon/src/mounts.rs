@@ -46,6 +46,22 @@ struct ServiceEntry {
     mount: Mount,
 }
 
+/// Makes the folder a service mount goes on: mode 000, so that while
+/// nothing is mounted on it (between an unmount and the next refresh)
+/// Samba's users are refused instead of shown an empty share; a dead mount
+/// a killed daemon left there is detached first.
+fn prepare_service_mountpoint(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Err(e) = std::fs::metadata(path) {
+        if e.raw_os_error() == Some(libc::ENOTCONN) {
+            let _ = nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    std::fs::create_dir_all(path)
+        .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o000)))
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))
+}
+
 /// Disconnects the clients of one share so its mount can go.
 pub type Closer = Box<dyn Fn(&str) + Send + Sync>;
 
@@ -124,11 +140,9 @@ impl Mounts {
                 snapshot_time_names: true,
                 ..Default::default()
             };
-            let mounted = std::fs::create_dir_all(&w.path)
-                .map_err(|e| format!("cannot create {}: {e}", w.path.display()))
-                .and_then(|()| {
-                    tarn_fuse::mount(w.fs.clone(), &w.path, &opts).map_err(|e| e.to_string())
-                });
+            let mounted = prepare_service_mountpoint(&w.path).and_then(|()| {
+                tarn_fuse::mount(w.fs.clone(), &w.path, &opts).map_err(|e| e.to_string())
+            });
             match mounted {
                 Ok(mount) => {
                     self.service_lock().insert(
@@ -184,6 +198,21 @@ impl Mounts {
             .service_lock()
             .iter()
             .filter(|(_, e)| covers(dataset, &e.dataset))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for s in shares {
+            self.service_unmount(&s)?;
+        }
+        Ok(())
+    }
+
+    /// Takes down the service mounts of exactly these datasets (not their
+    /// children): what `tarn key unload` does before the key goes.
+    pub fn service_unmount_datasets(&self, datasets: &[String]) -> Result<(), ApiError> {
+        let shares: Vec<String> = self
+            .service_lock()
+            .iter()
+            .filter(|(_, e)| datasets.contains(&e.dataset))
             .map(|(k, _)| k.clone())
             .collect();
         for s in shares {

@@ -304,23 +304,14 @@ impl Backend for Pools {
             })
             .collect();
         mounted.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        let mut down = Vec::new();
-        for m in mounted {
-            match self.mounts.unmount(&m) {
-                Ok(info) => down.push(info),
-                Err(e) => {
-                    self.mounts.remount(&self.fss, &pool, down, None);
-                    return Err(e);
-                }
-            }
-        }
-        for u in &users {
-            self.fss.forget_one(u);
-        }
-        let r = tarn_dataset::unload_key(&pool, name).map_err(ds_error);
-        if r.is_err() {
-            self.mounts.remount(&self.fss, &pool, down, None);
-        }
+        let r = {
+            // No refresh may mount a share of these datasets again between
+            // taking it down and the key going.
+            let _serving = self.serve_lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.take_down_and_unload(&pool, name, &users, mounted)
+        };
+        // Samba's shares come back if the unload failed, and are listed as
+        // problems (locked) if it worked.
         self.refresh_servers();
         r
     }
@@ -1086,6 +1077,39 @@ impl Drop for Receiving<'_> {
 }
 
 impl Pools {
+    /// `key_unload`'s work under the serve lock: takes down what uses the
+    /// key (Samba's service mounts, then the FUSE mounts `mounted`,
+    /// deepest first), forgets the filesystems of `users` and unloads the
+    /// key of `name`. A busy mount or a failed unload mounts the FUSE
+    /// mounts again (Samba's come back with the next refresh).
+    fn take_down_and_unload(
+        &self,
+        pool: &Arc<Pool>,
+        name: &str,
+        users: &[String],
+        mounted: Vec<String>,
+    ) -> Result<(), ApiError> {
+        self.mounts.service_unmount_datasets(users)?;
+        let mut down = Vec::new();
+        for m in mounted {
+            match self.mounts.unmount(&m) {
+                Ok(info) => down.push(info),
+                Err(e) => {
+                    self.mounts.remount(&self.fss, pool, down, None);
+                    return Err(e);
+                }
+            }
+        }
+        for u in users {
+            self.fss.forget_one(u);
+        }
+        let r = tarn_dataset::unload_key(pool, name).map_err(ds_error);
+        if r.is_err() {
+            self.mounts.remount(&self.fss, pool, down, None);
+        }
+        r
+    }
+
     /// Marks a receive into `name` as running; busy when one into it, or
     /// into a dataset above or below it, runs already.
     pub(crate) fn receiving(&self, name: &str) -> Result<Receiving<'_>, ApiError> {

@@ -105,6 +105,10 @@ pub struct Pools {
     pub(crate) tokens: Arc<crate::replication::Tokens>,
     /// Datasets a receive is running into.
     pub(crate) receives: Mutex<BTreeSet<String>>,
+    /// Serializes handing the servers their lists (and Samba its service
+    /// mounts), and what must not race with it (a key unload's teardown):
+    /// two refreshes at once could mount one share twice.
+    pub(crate) serve_lock: Mutex<()>,
 }
 
 /// Checks WebDAV logins against the users stored in the pools.
@@ -230,6 +234,7 @@ impl Pools {
             replication: Mutex::new(None),
             tokens: Arc::new(crate::replication::Tokens::new(state_dir)),
             receives: Mutex::new(BTreeSet::new()),
+            serve_lock: Mutex::new(()),
         };
         for entry in me.read_cache()? {
             match Pool::import(
@@ -434,12 +439,21 @@ impl Pools {
                     }
                 }
                 if let (Some(m), true) = (&share.smb, smb_on) {
-                    if lists.smb.iter().any(|w| w.name == share.name) {
+                    if lists
+                        .smb
+                        .iter()
+                        .any(|w| w.name.eq_ignore_ascii_case(&share.name))
+                    {
                         lists.smb_problems.push(format!(
-                            "share '{}' of pool '{}' is not served over SMB: another pool has \
-                             a share of that name",
+                            "share '{}' of pool '{}' is not served over SMB: another share has \
+                             that name (SMB names do not differ by case)",
                             share.name,
                             pool.name()
+                        ));
+                    } else if crate::smb::reserved_share_name(&share.name) {
+                        lists.smb_problems.push(format!(
+                            "share '{}' is not served over SMB: Samba reserves the name",
+                            share.name
                         ));
                     } else {
                         match self.fss.get(&pool, &share.dataset) {
@@ -509,6 +523,7 @@ impl Pools {
     /// Gives the running servers the current shares (after any change of
     /// shares, pools or datasets).
     pub(crate) fn refresh_servers(&self) {
+        let _serving = self.serve_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut lists = self.share_lists();
         self.serve_smb(&mut lists);
         self.servers.update(lists);

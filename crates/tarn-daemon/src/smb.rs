@@ -143,15 +143,29 @@ impl Layout {
 /// A value for smb.conf: one line, no characters Samba's parser treats
 /// specially (it has no quoting).
 fn conf_value(what: &str, v: &str) -> Result<String> {
-    if v.chars()
-        .any(|c| c.is_control() || c == ';' || c == '#' || c == '[' || c == ']')
-    {
+    // No quoting exists: a newline or bracket would start a section, ';'
+    // and '#' a comment, '%' a macro Samba expands, a backslash a
+    // continued line.
+    if v.chars().any(|c| c.is_control() || ";#[]%\\".contains(c)) {
         return Err(DaemonError::msg(format!(
-            "{what} '{v}' cannot be written to smb.conf (control character, ';', '#' or a \
-             bracket)"
+            "{what} '{v}' cannot be written to smb.conf (a control character or one of \
+             ; # [ ] % \\)"
         )));
     }
     Ok(v.to_string())
+}
+
+/// Section names Samba gives a meaning of their own: a share by one of
+/// these names would change the settings of every share, print, or make
+/// home directories.
+pub const RESERVED_SHARE_NAMES: [&str; 5] = ["global", "globals", "homes", "printers", "print$"];
+
+/// Whether `name` cannot be an SMB share's name (Samba compares section
+/// names without case).
+pub fn reserved_share_name(name: &str) -> bool {
+    RESERVED_SHARE_NAMES
+        .iter()
+        .any(|r| r.eq_ignore_ascii_case(name))
 }
 
 /// Renders smb.conf for `entries` (their paths already mounted), with
@@ -323,14 +337,20 @@ pub fn render_passwd(users: &[SmbUser]) -> String {
     c
 }
 
+/// The group every SMB user (and the guest) belongs to: the only group
+/// that may enter `STATE/smb/mnt` (mode 0710), so that local accounts of
+/// the host cannot walk into the service mounts around Samba's access
+/// lists. A gid far above the ranges distributions hand out.
+pub const SMB_GROUP: (&str, u32) = ("tarn-smb", 2_147_483_600);
+
 /// The group file: one group per gid of the users, named after the user
-/// whose uid it equals, else `gGID`.
+/// whose uid it equals, else `gGID`, and the SMB group with every user.
 pub fn render_group(users: &[SmbUser]) -> String {
     let mut c = String::from("root:x:0:\n");
     let _ = writeln!(c, "nogroup:x:{GUEST_UID}:");
     let mut gids: BTreeMap<u32, String> = BTreeMap::new();
     for u in users {
-        if u.gid == 0 || u.gid == GUEST_UID {
+        if u.gid == 0 || u.gid == GUEST_UID || u.gid == SMB_GROUP.1 {
             continue;
         }
         let name = users
@@ -343,6 +363,9 @@ pub fn render_group(users: &[SmbUser]) -> String {
     for (gid, name) in gids {
         let _ = writeln!(c, "{name}:x:{gid}:");
     }
+    let mut members: Vec<&str> = users.iter().map(|u| u.name.as_str()).collect();
+    members.push("nobody");
+    let _ = writeln!(c, "{}:x:{}:{}", SMB_GROUP.0, SMB_GROUP.1, members.join(","));
     c
 }
 
@@ -363,27 +386,53 @@ pub fn render_smbpasswd(users: &[SmbUser]) -> String {
     c
 }
 
-/// Keeps the users smbd may see: not root, not the guest's ids, names
-/// that do not clash with the built-in accounts; the rest reported.
+/// Keeps the users smbd may see: valid names and hashes (records come
+/// from disks, which may have been written elsewhere), not root, not the
+/// guest's or the SMB group's ids, names that do not clash with the
+/// built-in accounts; the rest reported. Samba has one name space for the
+/// users of every pool: a name in two pools with different ids or
+/// passwords is left out entirely (fail closed), so importing a pool
+/// cannot take over another pool's user.
 pub fn usable_users(users: Vec<SmbUser>, problems: &mut Vec<String>) -> Vec<SmbUser> {
     let mut out: Vec<SmbUser> = Vec::new();
+    let mut clashed: Vec<String> = Vec::new();
     for u in users {
-        if u.uid == 0
-            || u.uid == GUEST_UID
-            || ["root", "nobody", "nogroup"].contains(&u.name.as_str())
-        {
+        let hash_ok = u.nt_hash.len() == 32
+            && u.nt_hash
+                .chars()
+                .all(|c| c.is_ascii_digit() || ('A'..='F').contains(&c));
+        if tarn_api::access::check_user_name(&u.name).is_err() || !hash_ok {
             problems.push(format!(
-                "user '{}' (uid {}) cannot log in over SMB: root and the guest account are \
-                 reserved",
-                u.name, u.uid
+                "a user record ({:?}) has a name or NT hash that cannot be used; left out of SMB",
+                u.name
             ));
             continue;
         }
-        if out.iter().any(|o| o.name == u.name) {
+        let reserved_ids = [0, GUEST_UID, SMB_GROUP.1];
+        if reserved_ids.contains(&u.uid)
+            || reserved_ids.contains(&u.gid)
+            || ["root", "nobody", "nogroup", SMB_GROUP.0].contains(&u.name.as_str())
+        {
             problems.push(format!(
-                "user '{}' exists in two pools; SMB logins use the first",
-                u.name
+                "user '{}' (uid {}, gid {}) cannot log in over SMB: root, the guest account \
+                 and tarn's SMB group are reserved",
+                u.name, u.uid, u.gid
             ));
+            continue;
+        }
+        if clashed.contains(&u.name) {
+            continue;
+        }
+        if let Some(i) = out.iter().position(|o| o.name == u.name) {
+            if out[i] != u {
+                problems.push(format!(
+                    "user '{}' exists in two pools with different ids or passwords: neither \
+                     may log in over SMB until one is removed or they match",
+                    u.name
+                ));
+                out.remove(i);
+                clashed.push(u.name);
+            }
             continue;
         }
         out.push(u);
@@ -448,7 +497,7 @@ pub struct Samba {
     bind: SocketAddr,
     include: Option<PathBuf>,
     smbcontrol: Option<PathBuf>,
-    nss_wrapper: Option<PathBuf>,
+    nss_wrapper: PathBuf,
     shared: Arc<Mutex<Shared>>,
     stop: Arc<AtomicBool>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -492,14 +541,61 @@ fn stop_leftover(layout: &Layout) {
             continue;
         }
         eprintln!("tarn: stopping smbd {pid} left over from an earlier daemon");
+        // tarn starts smbd as the leader of its own process group: the
+        // group is smbd and its per-client children.
         let p = nix::unistd::Pid::from_raw(pid);
-        let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGTERM);
+        let _ = nix::sys::signal::killpg(p, nix::sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline && Path::new(&format!("/proc/{pid}")).exists() {
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::signal::killpg(p, nix::sys::signal::Signal::SIGKILL);
     }
+}
+
+/// Detaches what is still mounted below `dir`: the service mounts of a
+/// daemon that was killed are dead (every access fails with ENOTCONN) and
+/// would stop new ones from being made.
+fn detach_stale(dir: &Path) {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    for line in mounts.lines() {
+        let Some(point) = line.split(' ').nth(1) else {
+            continue;
+        };
+        let point = PathBuf::from(unescape_mount_path(point));
+        if point.starts_with(dir) && point != dir {
+            match nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH) {
+                Ok(()) => eprintln!(
+                    "tarn: detached {} left by an earlier daemon",
+                    point.display()
+                ),
+                Err(e) => eprintln!("tarn: cannot detach {}: {e}", point.display()),
+            }
+        }
+    }
+}
+
+/// Undoes the octal escapes of `/proc/self/mounts` (`\\040` for a space).
+fn unescape_mount_path(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b[i] == b'\\'
+            && b.len() >= i + 4
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c));
+        if octal {
+            let v = u32::from(b[i + 1] - b'0') * 64
+                + u32::from(b[i + 2] - b'0') * 8
+                + u32::from(b[i + 3] - b'0');
+            out.push(u8::try_from(v).unwrap_or(b'?'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 impl Samba {
@@ -532,14 +628,33 @@ impl Samba {
         }
         mkdir(&layout.nss(), 0o755)?;
         mkdir(&layout.root.join("mnt"), 0o755)?;
-        let nss_wrapper = find_nss_wrapper();
-        if nss_wrapper.is_none() {
-            eprintln!(
-                "tarn: nss_wrapper (Debian: libnss-wrapper) is not installed: SMB users need \
-                 host accounts of the same names and uids"
-            );
+        // Without it smbd would map tarn's users to the host's accounts of
+        // the same names, whose uids may be other tarn users'.
+        let nss_wrapper = find_nss_wrapper().ok_or_else(|| {
+            DaemonError::msg(
+                "SMB needs nss_wrapper, which gives Samba tarn's users (Debian: apt-get install \
+                 libnss-wrapper)",
+            )
+        })?;
+        let mnt = layout.root.join("mnt");
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::os::unix::fs::chown(&mnt, Some(0), Some(SMB_GROUP.1))
+                .and_then(|()| {
+                    std::fs::set_permissions(&mnt, std::fs::Permissions::from_mode(0o710))
+                })
+                .map_err(|e| DaemonError::msg(format!("cannot set up {}: {e}", mnt.display())))?;
         }
         stop_leftover(&layout);
+        detach_stale(&mnt);
+        // Refuse a port someone else holds (a distribution's smbd on 445)
+        // instead of waiting for our smbd to fail to bind it.
+        drop(std::net::TcpListener::bind(bind).map_err(|e| {
+            DaemonError::msg(format!(
+                "cannot listen for SMB on {bind}: {e} (is another Samba running? \
+                 systemctl disable --now smbd)"
+            ))
+        })?);
         let samba = Samba {
             layout,
             bind,
@@ -582,20 +697,17 @@ impl Samba {
     }
 
     fn env(&self) -> Vec<(String, String)> {
-        match &self.nss_wrapper {
-            Some(lib) => vec![
-                ("LD_PRELOAD".into(), lib.display().to_string()),
-                (
-                    "NSS_WRAPPER_PASSWD".into(),
-                    self.layout.nss().join("passwd").display().to_string(),
-                ),
-                (
-                    "NSS_WRAPPER_GROUP".into(),
-                    self.layout.nss().join("group").display().to_string(),
-                ),
-            ],
-            None => Vec::new(),
-        }
+        vec![
+            ("LD_PRELOAD".into(), self.nss_wrapper.display().to_string()),
+            (
+                "NSS_WRAPPER_PASSWD".into(),
+                self.layout.nss().join("passwd").display().to_string(),
+            ),
+            (
+                "NSS_WRAPPER_GROUP".into(),
+                self.layout.nss().join("group").display().to_string(),
+            ),
+        ]
     }
 
     fn spawn(&self, smbd: &Path) -> Result<Child> {
@@ -618,13 +730,15 @@ impl Samba {
             self.bind
         };
         loop {
-            if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                return Ok(());
-            }
+            let listening =
+                std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok();
             let ended = {
                 let mut sh = lock(&self.shared);
                 sh.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
             };
+            if listening && ended.is_none() {
+                return Ok(());
+            }
             if ended.is_some() || Instant::now() >= deadline {
                 self.shutdown();
                 let log =
@@ -681,7 +795,13 @@ impl Samba {
         match self.write(entries, users, problems) {
             Ok(true) => self.signal(nix::sys::signal::Signal::SIGHUP),
             Ok(false) => {}
-            Err(e) => eprintln!("tarn: cannot update the SMB configuration: {e}"),
+            Err(e) => {
+                eprintln!("tarn: cannot update the SMB configuration: {e}");
+                lock(&self.shared).status.problems.push(format!(
+                    "the configuration could not be written ({e}): smbd still serves the \
+                     previous shares and users"
+                ));
+            }
         }
     }
 
@@ -786,8 +906,9 @@ fn close_share(smbcontrol: Option<&Path>, layout: &Layout, env: &[(String, Strin
 
 /// SIGTERM, then SIGKILL after ten seconds; reaps the child.
 fn terminate(c: &mut Child) {
+    // The whole process group: smbd and its per-client children.
     if let Ok(pid) = i32::try_from(c.id()) {
-        let _ = nix::sys::signal::kill(
+        let _ = nix::sys::signal::killpg(
             nix::unistd::Pid::from_raw(pid),
             nix::sys::signal::Signal::SIGTERM,
         );
@@ -798,6 +919,12 @@ fn terminate(c: &mut Child) {
             return;
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+    if let Ok(pid) = i32::try_from(c.id()) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
     let _ = c.kill();
     let _ = c.wait();
@@ -1012,19 +1139,53 @@ mod tests {
     }
 
     #[test]
+    fn mount_paths_are_unescaped() {
+        assert_eq!(unescape_mount_path("/a\\040b/c"), "/a b/c");
+        assert_eq!(unescape_mount_path("/a\\134b"), "/a\\b");
+        assert_eq!(unescape_mount_path("/plain"), "/plain");
+        assert_eq!(
+            unescape_mount_path("/end\\04"),
+            "/end\\04",
+            "a cut escape stays"
+        );
+    }
+
+    #[test]
+    fn reserved_section_names_are_caught_in_any_case() {
+        for n in ["global", "GLOBAL", "Globals", "homes", "printers", "PRINT$"] {
+            assert!(reserved_share_name(n), "{n}");
+        }
+        for n in ["photos", "global2", "home"] {
+            assert!(!reserved_share_name(n), "{n}");
+        }
+    }
+
+    #[test]
     fn reserved_and_duplicate_users_are_left_out_and_reported() {
         let mut problems = Vec::new();
         let kept = usable_users(
             vec![
                 user("root", 0, 0),
                 user("alice", 1001, 1001),
+                user("bob", 1002, 1002),
+                // Another pool's alice with other ids: neither may log in.
                 user("alice", 2001, 2001),
+                user("alice", 1001, 1001),
+                // The same bob in another pool: one bob.
+                user("bob", 1002, 1002),
                 user("guest", 65534, 65534),
+                user("carol", 1003, 0),
+                user("Bad:Name", 1004, 1004),
+                SmbUser {
+                    nt_hash: "not hex".into(),
+                    ..user("dave", 1005, 1005)
+                },
             ],
             &mut problems,
         );
-        assert_eq!(kept.len(), 1);
-        assert_eq!(kept[0].uid, 1001);
-        assert_eq!(problems.len(), 3, "{problems:?}");
+        let names: Vec<&str> = kept.iter().map(|u| u.name.as_str()).collect();
+        assert_eq!(names, ["bob"]);
+        assert_eq!(problems.len(), 6, "{problems:?}");
+        assert!(problems.iter().any(|p| p.contains("two pools")));
     }
 }

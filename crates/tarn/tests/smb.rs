@@ -155,6 +155,11 @@ fn smb_serves_users_the_same_files_as_every_other_front_end() {
     d.ok(&["share", "add", "media", "tank/media", "--smb", "--guest"]);
     let list = d.ok(&["share", "list"]);
     assert!(list.contains("alice=rw,bob=ro"), "{list}");
+    // Names Samba would read as its own sections, or as another share.
+    let err = d.fails(&["share", "add", "Global", "tank/media", "--smb", "--guest"]);
+    assert!(err.contains("meaning of its own"), "{err}");
+    let err = d.fails(&["share", "add", "PHOTOS", "tank/media", "--smb", "--guest"]);
+    assert!(err.contains("do not differ by case"), "{err}");
     let users = d.ok(&["user", "list"]);
     assert!(
         users
@@ -535,20 +540,55 @@ fn snapshots_are_previous_versions_and_smbd_is_supervised() {
 
     // A rollback under a connected client: the client is disconnected,
     // the share comes back with the old file.
-    let mut held = Command::new("smbclient")
-        .arg("//127.0.0.1/docs")
+    // stdbuf: smbclient's output line by line although it is a pipe.
+    let mut held = Command::new("stdbuf")
+        .args(["-oL", "smbclient", "//127.0.0.1/docs"])
         .args(["-p", &smb.to_string(), "-U", "alice%wonder-land"])
         .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let mut stdin = held.stdin.take().unwrap();
-    stdin.write_all(b"cd .\n").unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    let held_out = held.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(held_out)) {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // Connected: a listing came back through this session.
+    stdin.write_all(b"ls\n").unwrap();
+    let t0 = Instant::now();
+    while !rx
+        .recv_timeout(Duration::from_secs(10))
+        .is_ok_and(|l| l.contains("blocks of size"))
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the held session did not list"
+        );
+    }
     d.ok(&["rollback", "tank/docs@monday"]);
+    // The held session was cut: its next command fails.
+    stdin.write_all(b"ls\n").unwrap();
     drop(stdin);
+    let mut err = String::new();
+    held.stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     let _ = held.wait();
+    let rest: Vec<String> = rx.try_iter().collect();
+    let said = format!("{err}{}", rest.join("\n"));
+    assert!(
+        said.contains("NT_STATUS_"),
+        "the connected client was not disconnected by the rollback: {said}"
+    );
     let after = work.join("after");
     smb_ok(
         smb,
@@ -557,6 +597,46 @@ fn snapshots_are_previous_versions_and_smbd_is_supervised() {
         &format!("get report.txt {}", after.display()),
     );
     assert_eq!(std::fs::read(&after).unwrap(), v1, "rolled back");
+
+    // An encrypted dataset's share: gone while its key is unloaded (its
+    // clients disconnected first), back when the key is loaded.
+    let secret_mp = dir.path().join("secret-mp");
+    std::fs::create_dir(&secret_mp).unwrap();
+    d.create_encrypted("tank/secret", &secret_mp, b"a long passphrase\n");
+    d.ok(&[
+        "share",
+        "add",
+        "secret",
+        "tank/secret",
+        "--smb",
+        "alice=rw",
+        "--owner",
+        "alice",
+    ]);
+    smb_ok(
+        smb,
+        "secret",
+        alice,
+        &format!("put {} s.txt", src.display()),
+    );
+    d.ok(&["key", "unload", "tank/secret"]);
+    smb_refused(smb, "secret", alice, "ls", "NT_STATUS_BAD_NETWORK_NAME");
+    let st = smb_stats(&d);
+    assert!(
+        st["problems"].to_string().contains("secret"),
+        "the locked share is reported: {st}"
+    );
+    let o = d.tarn_input(&["key", "load", "tank/secret"], b"a long passphrase\n");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let t0 = Instant::now();
+    while !smbclient(smb, "secret", alice, "ls s.txt").0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the share did not come back"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    d.ok(&["share", "del", "secret"]);
 
     // smbd killed: restarted, shares back, and the status says so.
     let s = smb_stats(&d);
@@ -865,10 +945,11 @@ fn time_machine_bands_flushed_over_smb_survive_a_daemon_kill() {
     // flushed before the daemon died; count only those seen before.
     let _ = client.kill();
     let _ = client.wait();
-    drop(d);
 
-    // The daemon comes back on the same state (and stops the smbd the
-    // killed one left running); every flushed band is there, exactly.
+    // The daemon comes back on the same state: it stops the smbd the
+    // killed one left running and detaches its dead mounts (`killed` is
+    // dropped only at the end, as its drop would detach them itself).
+    let killed = d;
     let d = Daemon::start_with(dir.path(), &["--smb", &smb_arg]);
     let t0 = Instant::now();
     while !smbclient(smb, "mac", Some("alice%wonder-land"), "ls bands\\*").0 {
@@ -902,4 +983,5 @@ fn time_machine_bands_flushed_over_smb_survive_a_daemon_kill() {
     );
     d.ok(&["unmount", "tank/tm"]);
     d.stop();
+    drop(killed);
 }
