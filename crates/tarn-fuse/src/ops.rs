@@ -111,6 +111,31 @@ impl<B: Backend> TarnFuse<B> {
             .ok_or_else(|| FsError::new(libc::ENOENT, "no snapshot taken at that time"))
     }
 
+    /// One batch of a directory listing from `offset`, with the names a
+    /// mount that names snapshots by time shows. A batch whose every entry
+    /// was dropped (snapshots that lost their time name) is not answered
+    /// empty, which the kernel would take for the end: the next is fetched.
+    fn listing<T>(
+        &self,
+        ino: u64,
+        mut offset: u64,
+        fetch: impl Fn(u64) -> Result<Vec<T>, FsError>,
+        cookie_of: impl Fn(&T) -> u64,
+        name_of: impl Fn(&mut T) -> &mut Vec<u8> + Copy,
+    ) -> Result<Vec<T>, FsError> {
+        loop {
+            let raw = fetch(offset)?;
+            let Some(last) = raw.last().map(&cookie_of) else {
+                return Ok(raw);
+            };
+            let shown = self.listed_names(ino, raw, name_of)?;
+            if !shown.is_empty() {
+                return Ok(shown);
+            }
+            offset = last;
+        }
+    }
+
     /// Renames the entries of a `.snapshot` listing to time names (in a
     /// mount that names snapshots by time), dropping those that lost
     /// their time name to an older snapshot of the same second.
@@ -564,11 +589,13 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         mut reply: ReplyDirectory,
     ) {
         guarded(self.origin, "readdir", || {
-            match self
-                .fs
-                .readdir_with(ino.0, offset, READDIR_BATCH, self.atime)
-                .and_then(|l| self.listed_names(ino.0, l, |e| &mut e.name))
-            {
+            match self.listing(
+                ino.0,
+                offset,
+                |off| self.fs.readdir_with(ino.0, off, READDIR_BATCH, self.atime),
+                |e| e.cookie,
+                |e| &mut e.name,
+            ) {
                 Ok(entries) => {
                     for e in &entries {
                         let name = OsStr::from_bytes(&e.name);
@@ -592,11 +619,16 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         mut reply: ReplyDirectoryPlus,
     ) {
         guarded(self.origin, "readdirplus", || {
-            match self
-                .fs
-                .readdirplus_with(ino.0, offset, READDIRPLUS_BATCH, self.atime)
-                .and_then(|l| self.listed_names(ino.0, l, |e| &mut e.0.name))
-            {
+            match self.listing(
+                ino.0,
+                offset,
+                |off| {
+                    self.fs
+                        .readdirplus_with(ino.0, off, READDIRPLUS_BATCH, self.atime)
+                },
+                |e| e.0.cookie,
+                |e| &mut e.0.name,
+            ) {
                 Ok(entries) => {
                     for (e, a) in &entries {
                         let name = OsStr::from_bytes(&e.name);

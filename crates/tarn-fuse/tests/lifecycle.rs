@@ -529,4 +529,21 @@ fn snapshots_by_time_for_samba() {
     real.sort();
     assert_eq!(real, ["monday", "tuesday", "tuesday-again"]);
     drop(plain);
+    // Hundreds of snapshots in one second, then one more: whole batches of
+    // the listing lose their names, and the listing still goes on to the
+    // end instead of stopping at an empty batch.
+    for i in 0..300 {
+        backend.snapshot(&format!("burst-{i}")).unwrap();
+    }
+    backend.set_time(1_700_172_800, 0);
+    backend.snapshot("wednesday").unwrap();
+    let names: Vec<String> = fs::read_dir(f.path(".snapshot"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert!(
+        names.iter().any(|n| n == "@GMT-2023.11.16-22.13.20"),
+        "{names:?}"
+    );
 }
