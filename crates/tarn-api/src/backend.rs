@@ -285,6 +285,26 @@ pub trait Backend: Send + Sync {
     fn share_list(&self) -> Result<Vec<ShareInfo>, ApiError> {
         Err(no_datasets())
     }
+    /// Adds or replaces a schedule.
+    fn schedule_add(&self, _schedule: &crate::schedule::Schedule) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Removes a schedule.
+    fn schedule_del(&self, _pool: Option<&str>, _name: &str) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Every schedule of every pool, with its latest runs.
+    fn schedule_list(&self) -> Result<Vec<crate::schedule::ScheduleInfo>, ApiError> {
+        Err(no_datasets())
+    }
+    /// Runs a schedule now (whether due or not).
+    fn schedule_run(
+        &self,
+        _pool: Option<&str>,
+        _name: &str,
+    ) -> Result<crate::schedule::RunRecord, ApiError> {
+        Err(no_datasets())
+    }
     /// Mounts a dataset (at `mountpoint`, or where its property says).
     fn dataset_mount(
         &self,

@@ -336,6 +336,23 @@ pub fn call(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, ApiE
             let NoParams {} = params(method, p)?;
             reply(backend.share_list()?)
         }
+        m::SCHEDULE_ADD => {
+            let ScheduleAddParams { schedule } = params(method, p)?;
+            crate::schedule::check_schedule(&schedule)?;
+            reply(backend.schedule_add(&schedule)?)
+        }
+        m::SCHEDULE_DEL => {
+            let ScheduleParams { pool, name } = params(method, p)?;
+            reply(backend.schedule_del(pool.as_deref(), &name)?)
+        }
+        m::SCHEDULE_LIST => {
+            let NoParams {} = params(method, p)?;
+            reply(backend.schedule_list()?)
+        }
+        m::SCHEDULE_RUN => {
+            let ScheduleParams { pool, name } = params(method, p)?;
+            reply(backend.schedule_run(pool.as_deref(), &name)?)
+        }
         m::DATASET_MOUNT => {
             let MountParams {
                 name,

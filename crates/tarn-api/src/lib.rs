@@ -29,6 +29,8 @@ pub mod error;
 pub mod method;
 pub mod params;
 pub mod pool;
+pub mod schedule;
+pub mod time;
 pub mod wire;
 
 pub use backend::Backend;
@@ -51,7 +53,9 @@ pub use wire::{parse_request, read_line_bounded, LineRead, Request, Response};
 /// of users and the `iscsi` counters of `daemon.stats`.
 ///
 /// 2.3 added SMB: a share field (`smb`), the `smb` flag of `user.add`,
-/// `user.passwd` and users, and the `smb` status of `daemon.stats`.
+/// `user.passwd` and users, and the `smb` status of `daemon.stats`; and
+/// schedules (`schedule.add`, `schedule.del`, `schedule.list`,
+/// `schedule.run`).
 pub const API_VERSION: &str = "2.3";
 
 /// The major number of an API version string (`1` of `1.0`), or `None`

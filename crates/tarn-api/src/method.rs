@@ -47,6 +47,16 @@ pub const OBJECT_LIST: &str = "object.list";
 /// Delete an object: [`crate::params::ObjectParams`].
 pub const OBJECT_DELETE: &str = "object.delete";
 
+/// Add or replace a schedule: [`crate::params::ScheduleAddParams`] (API 2.3).
+pub const SCHEDULE_ADD: &str = "schedule.add";
+/// Remove a schedule: [`crate::params::ScheduleParams`] (API 2.3).
+pub const SCHEDULE_DEL: &str = "schedule.del";
+/// Every schedule with its latest runs (API 2.3).
+pub const SCHEDULE_LIST: &str = "schedule.list";
+/// Run a schedule now: [`crate::params::ScheduleParams`]; answers a
+/// [`crate::schedule::RunRecord`] (API 2.3).
+pub const SCHEDULE_RUN: &str = "schedule.run";
+
 /// Create a filesystem: [`crate::params::DatasetCreateParams`].
 pub const DATASET_CREATE: &str = "dataset.create";
 /// Destroy a dataset, snapshot or snapshot range: [`crate::params::DatasetDestroyParams`].
@@ -208,4 +218,8 @@ pub const ALL: &[&str] = &[
     DATASET_MOUNT,
     DATASET_UNMOUNT,
     DATASET_MOUNTS,
+    SCHEDULE_ADD,
+    SCHEDULE_DEL,
+    SCHEDULE_LIST,
+    SCHEDULE_RUN,
 ];

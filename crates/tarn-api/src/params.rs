@@ -604,6 +604,25 @@ pub struct ShareAddParams {
     pub owner: Option<String>,
 }
 
+/// `schedule.add`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleAddParams {
+    /// The schedule (stored in its pool).
+    pub schedule: crate::schedule::Schedule,
+}
+
+/// `schedule.del`, `schedule.run`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleParams {
+    /// The pool (optional when the name is unique).
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// Schedule name.
+    pub name: String,
+}
+
 /// `share.del`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -226,12 +226,16 @@ pub enum Command {
         /// What to destroy
         name: String,
     },
-    /// Users who reach shares over WebDAV (stored in the pool)
+    /// Users who reach shares over WebDAV, SMB and iSCSI (stored in the pool)
     #[command(subcommand)]
     User(UserCommand),
-    /// Shares: a dataset exported over NFS and/or WebDAV (stored in the pool)
+    /// Shares: a filesystem served over NFS, WebDAV and SMB, a volume over NBD and iSCSI (stored in the pool)
     #[command(subcommand)]
     Share(ShareCommand),
+    /// Schedules stored in the pool and run by the daemon: snapshot
+    /// policies with retention, and scrubs
+    #[command(subcommand)]
+    Schedule(crate::schedule::ScheduleCommand),
     /// Block volumes for virtual machines: create, resize, list
     #[command(subcommand)]
     Volume(crate::volume::VolumeCommand),
@@ -317,6 +321,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Run> {
         }
         Command::User(cmd) => crate::access::user_command(&mut client, &out, cmd)?,
         Command::Share(cmd) => crate::access::share_command(&mut client, &out, cmd)?,
+        Command::Schedule(cmd) => crate::schedule::schedule_command(&mut client, &out, cmd)?,
         Command::Volume(cmd) => crate::volume::volume_command(&mut client, &out, cmd, pool_props)?,
         Command::Key(cmd) => crate::key::key_command(&mut client, &out, cmd, pool_props)?,
         Command::Send(args) => crate::send::send(&mut client, args)?,

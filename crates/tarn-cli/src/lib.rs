@@ -31,6 +31,7 @@ pub mod pool;
 pub mod remote;
 pub mod render;
 pub mod replicate;
+pub mod schedule;
 pub mod send;
 mod session;
 pub mod volume;

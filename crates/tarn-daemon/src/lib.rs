@@ -17,6 +17,8 @@
 //!   Samba that tarn configures and supervises for SMB.
 //! - [`replication`]: the replication port, where other tarns send
 //!   snapshots over TLS with a token.
+//! - [`schedule`]: snapshot policies with retention and scrub schedules,
+//!   and the thread that runs them.
 //! - [`transport`]: the admin socket, its limits and the stop sequence.
 //! - [`demo`]: what `tarn demo` runs.
 //!
@@ -40,6 +42,7 @@ pub mod node;
 pub mod objects;
 pub mod pools;
 pub mod replication;
+pub mod schedule;
 pub mod servers;
 pub mod smb;
 pub mod transport;
@@ -56,6 +59,7 @@ pub use transport::{run_daemon, DaemonOptions, Node};
 pub fn start_node(opts: &DaemonOptions) -> Result<Arc<Pools>> {
     let pools = Arc::new(Pools::open(&opts.state_dir, &opts.tuning)?);
     pools.start_servers(&opts.servers)?;
+    pools.start_scheduler()?;
     Ok(pools)
 }
 

@@ -936,6 +936,44 @@ impl Backend for Pools {
         Ok(out)
     }
 
+    fn schedule_add(&self, schedule: &tarn_api::schedule::Schedule) -> Result<(), ApiError> {
+        let _runs = self.schedule_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let pool = self.get(&schedule.pool)?;
+        crate::schedule::put(&pool, schedule, crate::schedule::clock())
+    }
+
+    fn schedule_del(&self, pool: Option<&str>, name: &str) -> Result<(), ApiError> {
+        let _runs = self.schedule_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let (pool, _) = self.find_schedule(pool, name)?;
+        crate::schedule::del(&pool, name)
+    }
+
+    fn schedule_list(&self) -> Result<Vec<tarn_api::schedule::ScheduleInfo>, ApiError> {
+        let now = crate::schedule::clock();
+        let mut out = Vec::new();
+        for pool in self.all_pools() {
+            for (rec, st) in crate::schedule::stored(&pool)? {
+                out.extend(crate::schedule::info(pool.name(), &rec, &st, now));
+            }
+        }
+        Ok(out)
+    }
+
+    fn schedule_run(
+        &self,
+        pool: Option<&str>,
+        name: &str,
+    ) -> Result<tarn_api::schedule::RunRecord, ApiError> {
+        let _runs = self.schedule_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let (pool, rec) = self.find_schedule(pool, name)?;
+        let r = crate::schedule::run(self, &pool, &rec, crate::schedule::clock());
+        Ok(tarn_api::schedule::RunRecord {
+            started_unix: r.started_unix,
+            ok: r.ok,
+            detail: r.detail,
+        })
+    }
+
     fn dataset_mount(
         &self,
         name: &str,
@@ -1004,6 +1042,14 @@ impl Backend for Pools {
 
 impl Node for Pools {
     fn shutdown(&self) {
+        if let Some(s) = self
+            .scheduler
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            s.stop();
+        }
         if let Some(mut r) = self
             .replication
             .lock()
@@ -1077,6 +1123,35 @@ impl Drop for Receiving<'_> {
 }
 
 impl Pools {
+    /// The pool and stored record of schedule `name` (in `pool`, or the one
+    /// pool that has a schedule of that name).
+    fn find_schedule(
+        &self,
+        pool: Option<&str>,
+        name: &str,
+    ) -> Result<(Arc<Pool>, crate::schedule::ScheduleRecord), ApiError> {
+        let pools = match pool {
+            Some(p) => vec![self.get(p)?],
+            None => self.all_pools(),
+        };
+        let mut found = Vec::new();
+        for p in pools {
+            if let Some((rec, _)) = crate::schedule::stored(&p)?
+                .into_iter()
+                .find(|(r, _)| r.name == name)
+            {
+                found.push((p, rec));
+            }
+        }
+        match found.len() {
+            0 => Err(ApiError::not_found(format!("no schedule '{name}'"))),
+            1 => Ok(found.remove(0)),
+            _ => Err(ApiError::invalid(format!(
+                "several pools have a schedule '{name}': say which with --pool"
+            ))),
+        }
+    }
+
     /// `key_unload`'s work under the serve lock: takes down what uses the
     /// key (Samba's service mounts, then the FUSE mounts `mounted`,
     /// deepest first), forgets the filesystems of `users` and unloads the

@@ -109,6 +109,10 @@ pub struct Pools {
     /// mounts), and what must not race with it (a key unload's teardown):
     /// two refreshes at once could mount one share twice.
     pub(crate) serve_lock: Mutex<()>,
+    /// One schedule run at a time (the scheduler's and `schedule.run`'s).
+    pub(crate) schedule_lock: Mutex<()>,
+    /// The thread that runs schedules.
+    pub(crate) scheduler: Mutex<Option<crate::schedule::Scheduler>>,
 }
 
 /// Checks WebDAV logins against the users stored in the pools.
@@ -235,6 +239,8 @@ impl Pools {
             tokens: Arc::new(crate::replication::Tokens::new(state_dir)),
             receives: Mutex::new(BTreeSet::new()),
             serve_lock: Mutex::new(()),
+            schedule_lock: Mutex::new(()),
+            scheduler: Mutex::new(None),
         };
         for entry in me.read_cache()? {
             match Pool::import(
@@ -517,6 +523,14 @@ impl Pools {
             )?;
             *self.replication.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
         }
+        Ok(())
+    }
+
+    /// Starts running the pools' schedules.
+    pub fn start_scheduler(self: &Arc<Self>) -> Result<()> {
+        let s = crate::schedule::Scheduler::start(Arc::downgrade(self))
+            .map_err(|e| DaemonError::msg(format!("cannot start the scheduler: {e}")))?;
+        *self.scheduler.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
         Ok(())
     }
 

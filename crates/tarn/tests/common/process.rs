@@ -43,19 +43,26 @@ impl Daemon {
 
     /// Like [`Daemon::start`], with more daemon arguments.
     pub fn start_with(dir: &Path, extra: &[&str]) -> Daemon {
-        Daemon::spawn(dir, extra, Stdio::null())
+        Daemon::spawn(dir, extra, Stdio::null(), &[])
+    }
+
+    /// Like [`Daemon::start_with`], with environment variables (the
+    /// schedules' test clock and tick).
+    pub fn start_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
+        Daemon::spawn(dir, extra, Stdio::null(), env)
     }
 
     /// Like [`Daemon::start_with`], keeping what the daemon says on stderr
     /// in the file `log`, for tests that check it (no panics, say).
     pub fn start_logged(dir: &Path, extra: &[&str], log: &Path) -> Daemon {
         let file = std::fs::File::create(log).expect("create the daemon log");
-        Daemon::spawn(dir, extra, Stdio::from(file))
+        Daemon::spawn(dir, extra, Stdio::from(file), &[])
     }
 
-    fn spawn(dir: &Path, extra: &[&str], stderr: Stdio) -> Daemon {
+    fn spawn(dir: &Path, extra: &[&str], stderr: Stdio, env: &[(&str, &str)]) -> Daemon {
         let socket = dir.join("tarn.sock");
         let child = Command::new(env!("CARGO_BIN_EXE_tarn"))
+            .envs(env.iter().copied())
             .args(["daemon", "--socket"])
             .arg(&socket)
             .arg("--state-dir")

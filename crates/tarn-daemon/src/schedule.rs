@@ -1,0 +1,990 @@
+//! Schedules: snapshot policies with retention, and scrubs, run by the
+//! daemon.
+//!
+//! # What is stored, and where
+//!
+//! A schedule is a configuration record (kind `schedule`) of the pool it
+//! acts on, so it moves with the disks; what it did is a second record
+//! (kind `schedrun`): when it last started and its latest 20 runs
+//! with their outcomes. Both are the daemon's own types (golden tests pin
+//! their JSON; see `docs/format.md`).
+//!
+//! # When a schedule runs: periods, not timers
+//!
+//! Time is cut into UTC periods: hours, days, weeks (from Monday), months
+//! and years. A snapshot policy takes one snapshot per period of the
+//! finest kind it keeps (hourly if it keeps hours, else daily, …); a scrub
+//! schedule scrubs once per day, week or month, not before its hour. A
+//! schedule is *due* when the period of the clock now is later than the
+//! period of its last start. That one comparison gives the rules a NAS
+//! needs: a run happens at most once per period, however often the
+//! scheduler looks (every 30 seconds) or the daemon restarts; and after
+//! downtime that skipped several periods, it runs once, not once per
+//! missed period. A run by hand (`tarn schedule run-now`) counts as the
+//! period's run. A new scrub schedule starts counting from when it was
+//! added (no scrub at once); a new snapshot policy takes its first
+//! snapshot at once.
+//!
+//! # What a snapshot policy keeps
+//!
+//! Snapshots are named `PREFIX-YYYY-MM-DD-HHMM` (UTC). Only snapshots of
+//! the policy's dataset (and, recursive, of the datasets below) whose
+//! names start with `PREFIX-` are ever pruned; snapshots taken by hand or
+//! by another policy with another prefix are not touched. For each period
+//! kind with a count `n` (say daily = 30), the policy keeps the *first*
+//! snapshot it has in each of the `n` most recent periods that have one;
+//! what no period kind keeps is destroyed, except:
+//!
+//! - the newest snapshot of the policy (the base of the next incremental
+//!   send);
+//! - a snapshot with a hold (`tarn hold`; replication tools hold the
+//!   last snapshot they sent, which is what the next incremental needs);
+//! - a snapshot with clones (a destroy would fail anyway).
+//!
+//! Keeping the first of each period (not the last) means a daily snapshot,
+//! once kept, never changes. The planning functions here are pure (clock
+//! and snapshot list in, names out) and tested by simulating a year.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tarn_api::schedule::{Every, Retention, RunRecord, Schedule, ScheduleInfo, ScheduleKind};
+use tarn_api::{ApiError, Backend};
+use tarn_pool::Pool;
+
+use crate::convert::ds_error;
+use crate::pools::Pools;
+
+/// Configuration-record kind of schedules.
+pub const KIND_SCHEDULE: &str = "schedule";
+/// Configuration-record kind of what schedules did.
+pub const KIND_STATE: &str = "schedrun";
+/// Runs kept per schedule (fewer if their lines are long: a record holds
+/// at most 4 KiB).
+pub const MAX_RUNS: usize = 20;
+/// A run's line is cut to this many characters.
+const MAX_DETAIL: usize = 160;
+
+// ---------------------------------------------------------------------
+// Records (the daemon's own types; JSON pinned by golden tests)
+
+/// A schedule as stored (its pool is the pool it is stored in).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleRecord {
+    /// Name, unique in the pool.
+    pub name: String,
+    /// What it does.
+    pub kind: KindRecord,
+}
+
+/// What a stored schedule does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum KindRecord {
+    /// A snapshot policy.
+    Snapshot {
+        /// The dataset.
+        dataset: String,
+        /// The datasets below it too.
+        recursive: bool,
+        /// Counts per period: hourly, daily, weekly, monthly, yearly.
+        keep: [u32; 5],
+        /// Name prefix.
+        prefix: String,
+    },
+    /// A scrub.
+    Scrub {
+        /// "daily", "weekly" or "monthly".
+        every: String,
+        /// Not before this UTC hour.
+        at_hour: u8,
+        /// UTC hours `[from, to)` in which a running scrub is paused.
+        pause: Option<(u8, u8)>,
+    },
+}
+
+/// What a schedule did, as stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateRecord {
+    /// When it last started (Unix seconds); none: never.
+    #[serde(default)]
+    pub last_started_unix: Option<u64>,
+    /// Latest runs, oldest first.
+    #[serde(default)]
+    pub runs: Vec<RunRec>,
+}
+
+/// One run, as stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRec {
+    /// Start, Unix seconds.
+    pub started_unix: u64,
+    /// Succeeded.
+    pub ok: bool,
+    /// What it did or why it failed.
+    pub detail: String,
+}
+
+fn every_name(e: Every) -> &'static str {
+    match e {
+        Every::Daily => "daily",
+        Every::Weekly => "weekly",
+        Every::Monthly => "monthly",
+    }
+}
+
+fn every_of(s: &str) -> Option<Every> {
+    match s {
+        "daily" => Some(Every::Daily),
+        "weekly" => Some(Every::Weekly),
+        "monthly" => Some(Every::Monthly),
+        _ => None,
+    }
+}
+
+impl From<&Schedule> for ScheduleRecord {
+    fn from(s: &Schedule) -> Self {
+        let kind = match &s.kind {
+            ScheduleKind::Snapshot {
+                dataset,
+                recursive,
+                keep,
+                prefix,
+            } => KindRecord::Snapshot {
+                dataset: dataset.clone(),
+                recursive: *recursive,
+                keep: [
+                    keep.hourly,
+                    keep.daily,
+                    keep.weekly,
+                    keep.monthly,
+                    keep.yearly,
+                ],
+                prefix: prefix.clone(),
+            },
+            ScheduleKind::Scrub {
+                every,
+                at_hour,
+                pause,
+            } => KindRecord::Scrub {
+                every: every_name(*every).to_string(),
+                at_hour: *at_hour,
+                pause: *pause,
+            },
+        };
+        ScheduleRecord {
+            name: s.name.clone(),
+            kind,
+        }
+    }
+}
+
+impl ScheduleRecord {
+    /// The API's view of it, in `pool`; an error for a record this build
+    /// cannot read.
+    pub fn to_api(&self, pool: &str) -> Result<Schedule, String> {
+        let kind = match &self.kind {
+            KindRecord::Snapshot {
+                dataset,
+                recursive,
+                keep,
+                prefix,
+            } => ScheduleKind::Snapshot {
+                dataset: dataset.clone(),
+                recursive: *recursive,
+                keep: retention(keep),
+                prefix: prefix.clone(),
+            },
+            KindRecord::Scrub {
+                every,
+                at_hour,
+                pause,
+            } => ScheduleKind::Scrub {
+                every: every_of(every).ok_or_else(|| format!("unknown period '{every}'"))?,
+                at_hour: *at_hour,
+                pause: *pause,
+            },
+        };
+        Ok(Schedule {
+            name: self.name.clone(),
+            pool: pool.to_string(),
+            kind,
+        })
+    }
+}
+
+fn retention(k: &[u32; 5]) -> Retention {
+    Retention {
+        hourly: k[0],
+        daily: k[1],
+        weekly: k[2],
+        monthly: k[3],
+        yearly: k[4],
+    }
+}
+
+// ---------------------------------------------------------------------
+// Time: UTC periods
+
+/// A kind of period.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Period {
+    /// An hour.
+    Hour,
+    /// A day.
+    Day,
+    /// A week, Monday to Sunday.
+    Week,
+    /// A calendar month.
+    Month,
+    /// A calendar year.
+    Year,
+}
+
+const DAY: u64 = 86_400;
+
+use tarn_api::time::{civil_from_days as civil, days_from_civil};
+
+/// The start (Unix seconds, UTC) of the period of kind `p` that holds `t`.
+pub fn bucket(p: Period, t: u64) -> u64 {
+    let days = t / DAY;
+    match p {
+        Period::Hour => t - t % 3600,
+        Period::Day => days * DAY,
+        // 1970-01-01 was a Thursday: Monday is 3 days before a multiple
+        // of 7 (days + 3) % 7 after it.
+        Period::Week => (days - (days + 3) % 7) * DAY,
+        Period::Month => {
+            let (y, m, _) = civil(days);
+            days_from_civil(y, m, 1) * DAY
+        }
+        Period::Year => {
+            let (y, _, _) = civil(days);
+            days_from_civil(y, 1, 1) * DAY
+        }
+    }
+}
+
+/// The start of the period after the one that holds `t`.
+pub fn next_bucket(p: Period, t: u64) -> u64 {
+    let longest = match p {
+        Period::Hour => 3600,
+        Period::Day => DAY,
+        Period::Week => 7 * DAY,
+        Period::Month => 31 * DAY,
+        Period::Year => 366 * DAY,
+    };
+    bucket(p, bucket(p, t) + longest)
+}
+
+/// The hour of the day of `t` (UTC).
+fn hour_of(t: u64) -> u8 {
+    ((t % DAY) / 3600) as u8
+}
+
+/// `PREFIX-YYYY-MM-DD-HHMM` of `t` (UTC).
+pub fn snapshot_name(prefix: &str, t: u64) -> String {
+    let (y, m, d) = civil(t / DAY);
+    let s = t % DAY;
+    format!(
+        "{prefix}-{y:04}-{m:02}-{d:02}-{:02}{:02}",
+        s / 3600,
+        s / 60 % 60
+    )
+}
+
+// ---------------------------------------------------------------------
+// Planning (pure)
+
+fn periods(k: &Retention) -> [(Period, u32); 5] {
+    [
+        (Period::Hour, k.hourly),
+        (Period::Day, k.daily),
+        (Period::Week, k.weekly),
+        (Period::Month, k.monthly),
+        (Period::Year, k.yearly),
+    ]
+}
+
+/// The finest period a retention keeps, which says how often a policy
+/// takes snapshots.
+pub fn finest(k: &Retention) -> Option<Period> {
+    periods(k).into_iter().find(|(_, n)| *n > 0).map(|(p, _)| p)
+}
+
+fn scrub_period(e: Every) -> Period {
+    match e {
+        Every::Daily => Period::Day,
+        Every::Weekly => Period::Week,
+        Every::Monthly => Period::Month,
+    }
+}
+
+/// Whether a schedule last started at `last` is due at `now`.
+pub fn due(kind: &ScheduleKind, last: Option<u64>, now: u64) -> bool {
+    match kind {
+        ScheduleKind::Snapshot { keep, .. } => match finest(keep) {
+            None => false,
+            Some(p) => last.is_none_or(|l| bucket(p, l) < bucket(p, now)),
+        },
+        ScheduleKind::Scrub { every, at_hour, .. } => {
+            let p = scrub_period(*every);
+            hour_of(now) >= *at_hour && last.is_none_or(|l| bucket(p, l) < bucket(p, now))
+        }
+    }
+}
+
+/// When a schedule last started at `last` is next due (as far as the
+/// clock at `now` says).
+pub fn next_due(kind: &ScheduleKind, last: Option<u64>, now: u64) -> Option<u64> {
+    if due(kind, last, now) {
+        return Some(now);
+    }
+    match kind {
+        ScheduleKind::Snapshot { keep, .. } => {
+            finest(keep).map(|p| next_bucket(p, last.unwrap_or(now)))
+        }
+        ScheduleKind::Scrub { every, at_hour, .. } => {
+            let p = scrub_period(*every);
+            let start = match last {
+                Some(l) if bucket(p, l) == bucket(p, now) => next_bucket(p, now),
+                _ => bucket(p, now),
+            };
+            Some(start + u64::from(*at_hour) * 3600)
+        }
+    }
+}
+
+/// Whether `now` is in the pause hours `[from, to)` (which may wrap past
+/// midnight, e.g. 22 to 6).
+pub fn paused_at(pause: Option<(u8, u8)>, now: u64) -> bool {
+    let Some((from, to)) = pause else {
+        return false;
+    };
+    let h = hour_of(now);
+    if from < to {
+        from <= h && h < to
+    } else {
+        h >= from || h < to
+    }
+}
+
+/// A snapshot of a policy, for pruning.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snap {
+    /// Full name (`tank/a@auto-…`).
+    pub name: String,
+    /// Creation time.
+    pub creation: u64,
+    /// Creation txg (orders snapshots of one second).
+    pub txg: u64,
+}
+
+/// The snapshots the retention `keep` keeps of `snaps` (one dataset's
+/// snapshots of one policy): the first of each of the most recent periods,
+/// per period kind, and the newest.
+pub fn kept(keep: &Retention, snaps: &[Snap]) -> BTreeSet<String> {
+    let mut sorted: Vec<&Snap> = snaps.iter().collect();
+    sorted.sort_by_key(|s| (s.creation, s.txg));
+    let mut out = BTreeSet::new();
+    if let Some(newest) = sorted.last() {
+        out.insert(newest.name.clone());
+    }
+    for (p, n) in periods(keep) {
+        if n == 0 {
+            continue;
+        }
+        let mut first: BTreeMap<u64, &str> = BTreeMap::new();
+        for s in &sorted {
+            first.entry(bucket(p, s.creation)).or_insert(&s.name);
+        }
+        for name in first.values().rev().take(n as usize) {
+            out.insert(name.to_string());
+        }
+    }
+    out
+}
+
+/// What pruning destroys of `snaps`: what the retention does not keep and
+/// `protected` (held, cloned) does not save.
+pub fn prune(keep: &Retention, snaps: &[Snap], protected: impl Fn(&str) -> bool) -> Vec<String> {
+    let keep = kept(keep, snaps);
+    let mut gone: Vec<&Snap> = snaps
+        .iter()
+        .filter(|s| !keep.contains(&s.name) && !protected(&s.name))
+        .collect();
+    gone.sort_by_key(|s| (s.creation, s.txg));
+    gone.into_iter().map(|s| s.name.clone()).collect()
+}
+
+// ---------------------------------------------------------------------
+// Storage
+
+fn decode<T: serde::de::DeserializeOwned>(kind: &str, name: &str, v: &[u8]) -> Result<T, String> {
+    serde_json::from_slice(v).map_err(|e| format!("{kind} '{name}' cannot be read: {e}"))
+}
+
+fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, ApiError> {
+    serde_json::to_vec(v).map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// The schedules stored in `pool`, each with its state; a record that
+/// cannot be read is reported and left out.
+pub fn stored(pool: &Pool) -> Result<Vec<(ScheduleRecord, StateRecord)>, ApiError> {
+    let states: BTreeMap<String, Vec<u8>> = tarn_dataset::config_list(pool, KIND_STATE)
+        .map_err(ds_error)?
+        .into_iter()
+        .collect();
+    let mut out = Vec::new();
+    for (name, v) in tarn_dataset::config_list(pool, KIND_SCHEDULE).map_err(ds_error)? {
+        match decode::<ScheduleRecord>(KIND_SCHEDULE, &name, &v) {
+            Ok(rec) => {
+                let state = states
+                    .get(&name)
+                    .and_then(|v| decode::<StateRecord>(KIND_STATE, &name, v).ok())
+                    .unwrap_or_default();
+                out.push((rec, state));
+            }
+            Err(e) => eprintln!("tarn: pool '{}': {e}; it does not run", pool.name()),
+        }
+    }
+    Ok(out)
+}
+
+/// Stores a schedule (and, for a new scrub schedule, a state that starts
+/// counting now).
+pub fn put(pool: &Pool, s: &Schedule, now: u64) -> Result<(), ApiError> {
+    if let ScheduleKind::Snapshot { dataset, .. } = &s.kind {
+        tarn_dataset::get_props(pool, dataset, &["type".to_string()]).map_err(ds_error)?;
+    }
+    let rec = ScheduleRecord::from(s);
+    let existing = stored(pool)?.into_iter().find(|(r, _)| r.name == s.name);
+    tarn_dataset::config_put(pool, KIND_SCHEDULE, &s.name, &encode(&rec)?).map_err(ds_error)?;
+    let fresh = existing.is_none_or(|(old, _)| old.kind != rec.kind);
+    if fresh {
+        let state = StateRecord {
+            last_started_unix: matches!(s.kind, ScheduleKind::Scrub { .. }).then_some(now),
+            runs: Vec::new(),
+        };
+        tarn_dataset::config_put(pool, KIND_STATE, &s.name, &encode(&state)?).map_err(ds_error)?;
+    }
+    Ok(())
+}
+
+/// Removes a schedule and its state.
+pub fn del(pool: &Pool, name: &str) -> Result<(), ApiError> {
+    if !tarn_dataset::config_delete(pool, KIND_SCHEDULE, name).map_err(ds_error)? {
+        return Err(ApiError::not_found(format!(
+            "no schedule '{name}' in pool '{}'",
+            pool.name()
+        )));
+    }
+    let _ = tarn_dataset::config_delete(pool, KIND_STATE, name);
+    Ok(())
+}
+
+/// The API's list entry of a stored schedule.
+pub fn info(pool: &str, rec: &ScheduleRecord, st: &StateRecord, now: u64) -> Option<ScheduleInfo> {
+    let schedule = rec.to_api(pool).ok()?;
+    let next_due_unix = next_due(&schedule.kind, st.last_started_unix, now);
+    Some(ScheduleInfo {
+        schedule,
+        runs: st
+            .runs
+            .iter()
+            .map(|r| RunRecord {
+                started_unix: r.started_unix,
+                ok: r.ok,
+                detail: r.detail.clone(),
+            })
+            .collect(),
+        next_due_unix,
+    })
+}
+
+// ---------------------------------------------------------------------
+// Running
+
+/// The clock schedules see: the system's, moved by
+/// `TARN_TEST_CLOCK_OFFSET` seconds (a test hook: tests of missed
+/// periods start the daemon "later" instead of waiting hours).
+pub fn clock() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let offset: i64 = std::env::var("TARN_TEST_CLOCK_OFFSET")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    now.saturating_add_signed(offset)
+}
+
+/// Runs the schedule `rec` of `pool` now and records the run. The caller
+/// holds `Pools::schedule_lock`.
+pub fn run(pools: &Pools, pool: &Arc<Pool>, rec: &ScheduleRecord, now: u64) -> RunRec {
+    let result = match rec.to_api(pool.name()) {
+        Err(e) => Err(e),
+        Ok(s) => match &s.kind {
+            ScheduleKind::Snapshot {
+                dataset,
+                recursive,
+                keep,
+                prefix,
+            } => run_snapshot(pools, dataset, *recursive, keep, prefix, now),
+            ScheduleKind::Scrub { .. } => run_scrub(pools, pool.name()),
+        },
+    };
+    let run = match result {
+        Ok(detail) => RunRec {
+            started_unix: now,
+            ok: true,
+            detail,
+        },
+        Err(detail) => RunRec {
+            started_unix: now,
+            ok: false,
+            detail,
+        },
+    };
+    if !run.ok {
+        eprintln!(
+            "tarn: schedule '{}' of pool '{}' failed: {}",
+            rec.name,
+            pool.name(),
+            run.detail
+        );
+    }
+    let mut state = stored(pool)
+        .ok()
+        .and_then(|l| l.into_iter().find(|(r, _)| r.name == rec.name))
+        .map(|(_, s)| s)
+        .unwrap_or_default();
+    state.last_started_unix = Some(now);
+    let mut stored_run = run.clone();
+    if stored_run.detail.chars().count() > MAX_DETAIL {
+        stored_run.detail = stored_run.detail.chars().take(MAX_DETAIL - 1).collect();
+        stored_run.detail.push('…');
+    }
+    state.runs.push(stored_run);
+    let excess = state.runs.len().saturating_sub(MAX_RUNS);
+    state.runs.drain(..excess);
+    // Configuration records hold at most 4 KiB: the oldest runs go first.
+    while state.runs.len() > 1 && encode(&state).is_ok_and(|b| b.len() > 4000) {
+        state.runs.remove(0);
+    }
+    match encode(&state) {
+        Ok(bytes) => {
+            if let Err(e) = tarn_dataset::config_put(pool, KIND_STATE, &rec.name, &bytes) {
+                eprintln!(
+                    "tarn: cannot record the run of schedule '{}': {e}",
+                    rec.name
+                );
+            }
+        }
+        Err(e) => eprintln!(
+            "tarn: cannot record the run of schedule '{}': {e}",
+            rec.name
+        ),
+    }
+    run
+}
+
+fn run_snapshot(
+    pools: &Pools,
+    dataset: &str,
+    recursive: bool,
+    keep: &Retention,
+    prefix: &str,
+    now: u64,
+) -> Result<String, String> {
+    let name = snapshot_name(prefix, now);
+    let full = format!("{dataset}@{name}");
+    let taken = match pools.dataset_snapshot(std::slice::from_ref(&full), recursive) {
+        Ok(()) => format!("took {full}{}", if recursive { " (recursive)" } else { "" }),
+        // Run twice within a minute (by hand): the snapshot exists.
+        Err(e) if e.code == tarn_api::ErrorCode::Exists => format!("{full} exists already"),
+        Err(e) => return Err(format!("cannot take {full}: {e}")),
+    };
+    let all = pools.dataset_list(true).map_err(|e| e.to_string())?;
+    let covered = |d: &str| d == dataset || (recursive && d.starts_with(&format!("{dataset}/")));
+    let mut per_dataset: BTreeMap<String, Vec<Snap>> = BTreeMap::new();
+    let marker = format!("@{prefix}-");
+    for d in &all {
+        let Some((fs, _)) = d.name.split_once('@') else {
+            continue;
+        };
+        if covered(fs) && d.name.contains(&marker) {
+            per_dataset.entry(fs.to_string()).or_default().push(Snap {
+                name: d.name.clone(),
+                creation: d.creation_unix,
+                txg: d.createtxg,
+            });
+        }
+    }
+    let origins: BTreeSet<String> = all.iter().filter_map(|d| d.origin.clone()).collect();
+    let mut destroyed = 0usize;
+    let mut failures = Vec::new();
+    for snaps in per_dataset.values() {
+        let names: Vec<String> = snaps.iter().map(|s| s.name.clone()).collect();
+        let held: BTreeSet<String> = pools
+            .dataset_holds(&names, false)
+            .map_err(|e| format!("cannot read the holds: {e}"))?
+            .into_iter()
+            .map(|h| h.snapshot)
+            .collect();
+        for victim in prune(keep, snaps, |n| held.contains(n) || origins.contains(n)) {
+            match pools.dataset_destroy(&victim, false) {
+                Ok(()) => destroyed += 1,
+                Err(e) => failures.push(format!("{victim}: {e}")),
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(format!("{taken}; pruned {destroyed}"))
+    } else {
+        Err(format!(
+            "{taken}; pruned {destroyed}; could not destroy {}",
+            failures.join("; ")
+        ))
+    }
+}
+
+fn run_scrub(pools: &Pools, pool: &str) -> Result<String, String> {
+    match pools.pool_scrub(pool, tarn_api::pool::ScrubAction::Start) {
+        Ok(_) => Ok(format!("started a scrub of '{pool}'")),
+        Err(e) => Err(format!("cannot start a scrub of '{pool}': {e}")),
+    }
+}
+
+/// Pauses the scrub of `pool` in the pause hours of its scrub schedules,
+/// and resumes it after them.
+fn apply_pause(pools: &Pools, pool: &str, pause: Option<(u8, u8)>, now: u64) {
+    let Ok(status) = pools.pool_status(Some(pool)) else {
+        return;
+    };
+    let Some(scan) = status.first().and_then(|s| s.scan.clone()) else {
+        return;
+    };
+    if scan.kind != tarn_api::pool::ScanKind::Scrub {
+        return;
+    }
+    use tarn_api::pool::{ScanState, ScrubAction};
+    let action = match (scan.state, paused_at(pause, now)) {
+        (ScanState::Scanning, true) => ScrubAction::Pause,
+        (ScanState::Paused, false) => ScrubAction::Resume,
+        _ => return,
+    };
+    if let Err(e) = pools.pool_scrub(pool, action) {
+        eprintln!("tarn: scrub schedule of '{pool}': cannot {action:?} the scrub: {e}");
+    }
+}
+
+/// One look at every schedule: runs what is due, applies pause hours.
+pub fn tick(pools: &Pools, now: u64) {
+    let _runs = pools
+        .schedule_lock
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    for pool in pools.all_pools() {
+        let Ok(list) = stored(&pool) else {
+            continue;
+        };
+        for (rec, state) in list {
+            let Ok(s) = rec.to_api(pool.name()) else {
+                continue;
+            };
+            if due(&s.kind, state.last_started_unix, now) {
+                run(pools, &pool, &rec, now);
+            }
+            if let ScheduleKind::Scrub { pause: Some(p), .. } = s.kind {
+                apply_pause(pools, pool.name(), Some(p), now);
+            }
+        }
+    }
+}
+
+/// The thread that looks at the schedules every `TARN_SCHEDULE_TICK_MS`
+/// milliseconds (30 s by default).
+pub struct Scheduler {
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Scheduler {
+    /// Starts looking at the schedules of `pools`.
+    pub fn start(pools: Weak<Pools>) -> std::io::Result<Scheduler> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tick_ms: u64 = std::env::var("TARN_SCHEDULE_TICK_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(30_000)
+            .max(10);
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("tarn-schedules".into())
+            .spawn(move || {
+                while !flag.load(Ordering::SeqCst) {
+                    match pools.upgrade() {
+                        Some(p) => tick(&p, clock()),
+                        None => return,
+                    }
+                    let mut slept = 0;
+                    while slept < tick_ms && !flag.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(10.min(tick_ms)));
+                        slept += 10;
+                    }
+                }
+            })?;
+        Ok(Scheduler {
+            stop,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Stops looking (a run in progress finishes first).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const T0: u64 = 1_767_225_600; // 2026-01-01 00:00 UTC, a Thursday
+
+    #[test]
+    fn periods_start_where_the_calendar_says() {
+        let t = T0 + 40 * DAY + 13 * 3600 + 125; // 2026-02-10 13:02:05, a Tuesday
+        assert_eq!(snapshot_name("auto", t), "auto-2026-02-10-1302");
+        assert_eq!(bucket(Period::Hour, t), t - 125);
+        assert_eq!(bucket(Period::Day, t), T0 + 40 * DAY);
+        assert_eq!(bucket(Period::Week, t), T0 + 39 * DAY, "Monday 9 February");
+        assert_eq!(bucket(Period::Month, t), T0 + 31 * DAY);
+        assert_eq!(bucket(Period::Year, t), T0);
+        assert_eq!(
+            next_bucket(Period::Month, T0 + 31 * DAY),
+            T0 + 59 * DAY,
+            "1 March"
+        );
+        assert_eq!(next_bucket(Period::Year, T0), T0 + 365 * DAY);
+        assert_eq!(snapshot_name("a", 0), "a-1970-01-01-0000");
+    }
+
+    proptest! {
+        /// Every period holds its own start, starts no later than `t`, and
+        /// the next one starts after `t`.
+        #[test]
+        fn buckets_are_consistent(t in 0u64..4_102_444_800, p in 0usize..5) {
+            let p = [Period::Hour, Period::Day, Period::Week, Period::Month, Period::Year][p];
+            let b = bucket(p, t);
+            prop_assert!(b <= t);
+            prop_assert_eq!(bucket(p, b), b);
+            let n = next_bucket(p, t);
+            prop_assert!(n > t);
+            prop_assert_eq!(bucket(p, n), n);
+            prop_assert_eq!(bucket(p, n - 1), b, "nothing between two periods");
+        }
+    }
+
+    fn keep(h: u32, d: u32, w: u32, m: u32, y: u32) -> Retention {
+        Retention {
+            hourly: h,
+            daily: d,
+            weekly: w,
+            monthly: m,
+            yearly: y,
+        }
+    }
+
+    fn policy(k: Retention) -> ScheduleKind {
+        ScheduleKind::Snapshot {
+            dataset: "tank/a".into(),
+            recursive: false,
+            keep: k,
+            prefix: "auto".into(),
+        }
+    }
+
+    /// A year of an hourly policy, the scheduler looking every 10 minutes:
+    /// one snapshot per hour is taken, and after every run what is left is
+    /// exactly what the policy says: per period kind, the first snapshot of
+    /// each of its most recent periods, and nothing else.
+    #[test]
+    fn a_year_of_hourly_snapshots_keeps_exactly_the_counts() {
+        let k = keep(24, 30, 8, 12, 0);
+        let kind = policy(k);
+        let mut snaps: Vec<Snap> = Vec::new();
+        let mut last = None;
+        let mut taken = 0;
+        let mut all_taken: Vec<u64> = Vec::new();
+        let mut t = T0 + 1234;
+        let end = T0 + 365 * DAY;
+        while t < end {
+            if due(&kind, last, t) {
+                last = Some(t);
+                taken += 1;
+                all_taken.push(t);
+                snaps.push(Snap {
+                    name: snapshot_name("auto", t),
+                    creation: t,
+                    txg: taken,
+                });
+                let gone = prune(&k, &snaps, |_| false);
+                snaps.retain(|s| !gone.contains(&s.name));
+            }
+            t += 600;
+        }
+        assert_eq!(taken, 365 * 24, "one snapshot per hour, no more, no less");
+        // Per kind: the first snapshot taken in each of the most recent
+        // periods is there.
+        for (p, n) in periods(&k) {
+            if n == 0 {
+                continue;
+            }
+            let mut firsts: BTreeMap<u64, u64> = BTreeMap::new();
+            for &x in &all_taken {
+                firsts.entry(bucket(p, x)).or_insert(x);
+            }
+            for (_, first) in firsts.iter().rev().take(n as usize) {
+                let name = snapshot_name("auto", *first);
+                assert!(
+                    snaps.iter().any(|s| s.name == name),
+                    "{p:?}: {name} was pruned"
+                );
+            }
+        }
+        // Nothing else: every snapshot left is one of those (or the newest).
+        let must = kept(&k, &snaps);
+        assert_eq!(snaps.len(), must.len());
+        // The counts, by hand: 24 hours; 30 days (today's first is among
+        // the hours); 8 weeks; 12 months, overlapping.
+        let hours = snaps
+            .iter()
+            .filter(|s| s.creation + 24 * 3600 > end)
+            .count();
+        assert_eq!(hours, 24);
+        let months: BTreeSet<u64> = snaps
+            .iter()
+            .map(|s| bucket(Period::Month, s.creation))
+            .collect();
+        assert_eq!(months.len(), 12);
+        assert!(
+            snaps.len() < 24 + 30 + 8 + 12,
+            "the kinds overlap: {}",
+            snaps.len()
+        );
+    }
+
+    #[test]
+    fn a_missed_period_runs_once_after_downtime() {
+        let kind = policy(keep(24, 0, 0, 0, 0));
+        let last = T0 + 5 * 3600 + 10;
+        assert!(!due(&kind, Some(last), last + 60), "same hour");
+        // Down for three hours and a half: due once, and once it ran, not
+        // again in that hour.
+        let back = last + 3 * 3600 + 1800;
+        assert!(due(&kind, Some(last), back));
+        assert!(!due(&kind, Some(back), back + 600));
+        assert_eq!(
+            next_due(&kind, Some(back), back + 600),
+            Some(bucket(Period::Hour, back) + 3600)
+        );
+        let scrub = ScheduleKind::Scrub {
+            every: Every::Monthly,
+            at_hour: 2,
+            pause: None,
+        };
+        let added = T0 + 3 * DAY;
+        assert!(
+            !due(&scrub, Some(added), added + 3600),
+            "not in the month it was added"
+        );
+        let next_month = T0 + 31 * DAY;
+        assert!(
+            !due(&scrub, Some(added), next_month + 3600),
+            "not before 02:00"
+        );
+        assert!(due(&scrub, Some(added), next_month + 2 * 3600));
+        assert_eq!(
+            next_due(&scrub, Some(added), added),
+            Some(next_month + 2 * 3600)
+        );
+        // Down all of March: one scrub in April.
+        let april = T0 + 90 * DAY + 5 * 3600;
+        assert!(due(&scrub, Some(next_month + 2 * 3600), april));
+    }
+
+    #[test]
+    fn held_cloned_and_newest_snapshots_survive_pruning() {
+        let k = keep(2, 0, 0, 0, 0);
+        let snaps: Vec<Snap> = (0..6)
+            .map(|i| Snap {
+                name: format!("tank/a@auto-{i}"),
+                creation: T0 + i * 3600,
+                txg: i,
+            })
+            .collect();
+        let gone = prune(&k, &snaps, |n| n.ends_with("-1") || n.ends_with("-2"));
+        assert_eq!(gone, ["tank/a@auto-0", "tank/a@auto-3"]);
+        // Keeping only yearly: the newest is never pruned (an incremental
+        // send's base), nor the first of the year.
+        let gone = prune(&keep(0, 0, 0, 0, 1), &snaps, |_| false);
+        assert_eq!(
+            gone,
+            [
+                "tank/a@auto-1",
+                "tank/a@auto-2",
+                "tank/a@auto-3",
+                "tank/a@auto-4"
+            ]
+        );
+    }
+
+    #[test]
+    fn pause_hours_wrap_past_midnight() {
+        let at = |h: u64| T0 + h * 3600 + 59;
+        assert!(paused_at(Some((8, 23)), at(8)));
+        assert!(!paused_at(Some((8, 23)), at(23)));
+        assert!(!paused_at(Some((8, 23)), at(7)));
+        assert!(paused_at(Some((22, 6)), at(23)));
+        assert!(paused_at(Some((22, 6)), at(5)));
+        assert!(!paused_at(Some((22, 6)), at(6)));
+        assert!(!paused_at(None, at(12)));
+    }
+
+    /// The stored JSON, pinned (docs/format.md).
+    #[test]
+    fn schedule_records_golden() {
+        let s = Schedule {
+            name: "photos".into(),
+            pool: "tank".into(),
+            kind: policy(keep(24, 30, 8, 12, 0)),
+        };
+        let rec = ScheduleRecord::from(&s);
+        let golden = r#"{"name":"photos","kind":{"snapshot":{"dataset":"tank/a","recursive":false,"keep":[24,30,8,12,0],"prefix":"auto"}}}"#;
+        assert_eq!(serde_json::to_string(&rec).unwrap(), golden);
+        assert_eq!(serde_json::from_str::<ScheduleRecord>(golden).unwrap(), rec);
+        assert_eq!(rec.to_api("tank").unwrap(), s);
+        let scrub =
+            r#"{"name":"monthly","kind":{"scrub":{"every":"monthly","at_hour":2,"pause":[8,23]}}}"#;
+        let rec: ScheduleRecord = serde_json::from_str(scrub).unwrap();
+        assert_eq!(serde_json::to_string(&rec).unwrap(), scrub);
+        let state =
+            r#"{"last_started_unix":5,"runs":[{"started_unix":5,"ok":true,"detail":"took x"}]}"#;
+        let st: StateRecord = serde_json::from_str(state).unwrap();
+        assert_eq!(serde_json::to_string(&st).unwrap(), state);
+        let bad = r#"{"name":"m","kind":{"scrub":{"every":"hourly","at_hour":2,"pause":null}}}"#;
+        let rec: ScheduleRecord = serde_json::from_str(bad).unwrap();
+        assert!(rec.to_api("tank").is_err(), "an unknown period is not run");
+    }
+}

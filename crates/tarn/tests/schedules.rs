@@ -1,0 +1,231 @@
+//! Schedules run by a real daemon: a snapshot policy takes recursive
+//! snapshots and prunes only what its retention lets go (never a held or
+//! cloned one, nor snapshots without its prefix); a period missed while
+//! the daemon was down runs once; a scrub schedule starts a scrub and
+//! resumes one paused outside its pause hours; every run is recorded.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::process::{files, Daemon};
+
+/// The scheduler looks every 100 ms in these tests.
+const TICK: (&str, &str) = ("TARN_SCHEDULE_TICK_MS", "100");
+
+fn snapshots(d: &Daemon, of: &str) -> Vec<String> {
+    let v: serde_json::Value =
+        serde_json::from_str(&d.ok(&["-o", "json", "dataset", "list", "-t", "snapshot"])).unwrap();
+    let mut out: Vec<String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["name"].as_str())
+        .filter(|n| n.starts_with(&format!("{of}@")))
+        .map(|n| n.split_once('@').unwrap().1.to_string())
+        .collect();
+    out.sort();
+    out
+}
+
+fn runs(d: &Daemon, name: &str) -> Vec<serde_json::Value> {
+    let v: serde_json::Value =
+        serde_json::from_str(&d.ok(&["-o", "json", "schedule", "runs", name])).unwrap();
+    v.as_array().unwrap().clone()
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn snapshot_policies_take_prune_and_catch_up_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start_env(dir.path(), &[], &[TICK]);
+    let f = files(dir.path(), "m", 2, 128 << 20);
+    d.ok(&["pool", "create", "tank", "mirror", &f[0], &f[1]]);
+    d.ok(&["dataset", "create", "tank/photos"]);
+    d.ok(&["dataset", "create", "tank/photos/2026"]);
+    // Older snapshots of the policy (its prefix), and one of someone's.
+    for s in ["auto-a", "auto-b", "auto-c", "auto-d", "manual"] {
+        d.ok(&["snapshot", &format!("tank/photos@{s}")]);
+    }
+    d.ok(&["hold", "keep-me", "tank/photos@auto-b"]);
+    d.ok(&["clone", "tank/photos@auto-c", "tank/c-clone"]);
+
+    // Bad schedules are refused with a reason.
+    let err = d.fails(&["schedule", "add", "x", "snapshot", "tank/photos"]);
+    assert!(err.contains("--keep"), "{err}");
+    let err = d.fails(&[
+        "schedule",
+        "add",
+        "x",
+        "snapshot",
+        "tank/nope",
+        "--keep",
+        "daily=3",
+    ]);
+    assert!(err.contains("nope"), "{err}");
+    let err = d.fails(&[
+        "schedule",
+        "add",
+        "x",
+        "snapshot",
+        "tank/photos",
+        "--keep",
+        "minutely=3",
+    ]);
+    assert!(err.contains("minutely"), "{err}");
+
+    // Two hours and a day: the first run is at once.
+    d.ok(&[
+        "schedule",
+        "add",
+        "photos",
+        "snapshot",
+        "tank/photos",
+        "-r",
+        "--keep",
+        "hourly=2,daily=1",
+    ]);
+    wait_for("the first run", || runs(&d, "photos").len() == 1);
+    let first = runs(&d, "photos")[0].clone();
+    assert_eq!(first["ok"], true, "{first}");
+    let detail = first["detail"].as_str().unwrap().to_string();
+    assert!(detail.contains("took tank/photos@auto-"), "{detail}");
+    assert!(detail.ends_with("pruned 1"), "only auto-d may go: {detail}");
+    let taken = detail
+        .split_once("@")
+        .unwrap()
+        .1
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    // Kept: the first of the hour (a), the held (b), the cloned (c), the
+    // newest (the one taken), and what is not the policy's.
+    let mut want = vec!["auto-a", "auto-b", "auto-c", taken.as_str(), "manual"];
+    want.sort();
+    assert_eq!(snapshots(&d, "tank/photos"), want);
+    assert_eq!(
+        snapshots(&d, "tank/photos/2026"),
+        [taken.as_str()],
+        "recursive"
+    );
+    // Looking again and again in the same hour takes nothing more.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(runs(&d, "photos").len(), 1);
+    let list = d.ok(&["schedule", "list"]);
+    assert!(list.contains("keep hourly=2,daily=1 (auto-*)"), "{list}");
+
+    // Down for three hours: one run when it is back, not three.
+    d.stop();
+    let d = Daemon::start_env(
+        dir.path(),
+        &[],
+        &[TICK, ("TARN_TEST_CLOCK_OFFSET", "10800")],
+    );
+    wait_for("the catch-up run", || runs(&d, "photos").len() == 2);
+    std::thread::sleep(Duration::from_millis(800));
+    let r = runs(&d, "photos");
+    assert_eq!(r.len(), 2, "{r:?}");
+    assert_eq!(r[1]["ok"], true, "{:?}", r[1]);
+    assert!(
+        r[1]["started_unix"].as_u64().unwrap() >= r[0]["started_unix"].as_u64().unwrap() + 10_800
+    );
+    // The held and cloned snapshots are still there.
+    let now = snapshots(&d, "tank/photos");
+    for s in ["auto-b", "auto-c", "manual"] {
+        assert!(now.iter().any(|n| n == s), "{s} gone: {now:?}");
+    }
+
+    // run-now runs whether due or not, and del stops it (its snapshots stay).
+    let out = d.ok(&["schedule", "run-now", "photos"]);
+    assert!(out.starts_with("ok: "), "{out}");
+    assert_eq!(runs(&d, "photos").len(), 3);
+    d.ok(&["schedule", "del", "photos"]);
+    assert!(d.ok(&["schedule", "list"]).starts_with("no schedules"));
+    assert!(snapshots(&d, "tank/photos").iter().any(|n| n == "manual"));
+    d.fails(&["schedule", "run-now", "photos"]);
+    d.stop();
+}
+
+#[test]
+fn scrub_schedules_scrub_and_resume_outside_pause_hours() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start_env(dir.path(), &[], &[TICK]);
+    let f = files(dir.path(), "m", 2, 128 << 20);
+    d.ok(&["pool", "create", "tank", "mirror", &f[0], &f[1]]);
+    let data = dir.path().join("data");
+    std::fs::write(&data, vec![7u8; 8 << 20]).unwrap();
+    d.ok(&["object", "put", "tank", "blob", data.to_str().unwrap()]);
+    d.ok(&["pool", "sync", "tank"]);
+
+    let err = d.fails(&["schedule", "add", "s", "scrub", "tank", "--at", "24"]);
+    assert!(err.contains("0 to 23"), "{err}");
+    // A monthly scrub added now waits for next month.
+    d.ok(&[
+        "schedule", "add", "monthly", "scrub", "tank", "--every", "monthly",
+    ]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        runs(&d, "monthly").is_empty(),
+        "it ran in the month it was added"
+    );
+    let list = d.ok(&["schedule", "list"]);
+    assert!(list.contains("monthly from 00:00"), "{list}");
+    // By hand it scrubs now.
+    let out = d.ok(&["schedule", "run-now", "monthly"]);
+    assert!(out.contains("started a scrub of 'tank'"), "{out}");
+    d.ok(&["pool", "scrub", "--wait", "tank"]);
+
+    // Slow disks, so a scrub lasts while the scheduler looks at it.
+    for dev in [&f[0], &f[1]] {
+        d.ok(&[
+            "pool",
+            "inject",
+            "tank",
+            dev,
+            "latency",
+            "--latency-ms",
+            "30",
+        ]);
+    }
+    let hour = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        % 86_400)
+        / 3600;
+    let state = || {
+        let v: serde_json::Value =
+            serde_json::from_str(&d.ok(&["-o", "json", "pool", "status", "tank"])).unwrap();
+        v[0]["scan"]["state"].as_str().unwrap_or("").to_string()
+    };
+    // In its pause hours (this hour and the next), a running scrub is
+    // paused by the scheduler.
+    let now_hours = format!("{hour}-{}", (hour + 2) % 24);
+    d.ok(&[
+        "schedule", "add", "nightly", "scrub", "tank", "--every", "daily", "--pause", &now_hours,
+    ]);
+    d.ok(&["pool", "scrub", "tank"]);
+    wait_for("the scheduler to pause the scrub", || state() == "paused");
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(state(), "paused", "it stays paused in the pause hours");
+    // Outside its pause hours, a paused scrub is resumed and finishes.
+    d.ok(&["schedule", "del", "nightly"]);
+    let later = format!("{}-{}", (hour + 2) % 24, (hour + 4) % 24);
+    d.ok(&[
+        "schedule", "add", "daytime", "scrub", "tank", "--every", "daily", "--pause", &later,
+    ]);
+    wait_for("the scheduler to resume the scrub", || state() != "paused");
+    for dev in [&f[0], &f[1]] {
+        d.ok(&["pool", "inject", "tank", dev, "--clear"]);
+    }
+    wait_for("the scrub to finish", || state() == "finished");
+    d.stop();
+}
