@@ -224,6 +224,13 @@ pub fn check_user_name(name: &str) -> Result<(), ApiError> {
 
 /// Checks a share name: one path component.
 pub fn check_share_name(name: &str) -> Result<(), ApiError> {
+    check_name("share", name)
+}
+
+/// Checks the name of a share, schedule or alert (`what`): up to 64
+/// letters, digits, '-', '_', '.', and not `.` or `..` (it may become a
+/// path component or a section name).
+pub fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name != "."
@@ -235,7 +242,7 @@ pub fn check_share_name(name: &str) -> Result<(), ApiError> {
         Ok(())
     } else {
         Err(ApiError::invalid(format!(
-            "invalid share name '{name}': use up to 64 letters, digits, '-', '_', '.'"
+            "invalid {what} name '{name}': use up to 64 letters, digits, '-', '_', '.'"
         )))
     }
 }

@@ -285,6 +285,33 @@ pub trait Backend: Send + Sync {
     fn share_list(&self) -> Result<Vec<ShareInfo>, ApiError> {
         Err(no_datasets())
     }
+    /// The latest events (after `after`, at most `limit`, oldest first).
+    fn events_list(
+        &self,
+        _after: Option<u64>,
+        _limit: usize,
+    ) -> Result<Vec<crate::events::Event>, ApiError> {
+        Err(no_datasets())
+    }
+    /// Adds or replaces an alert.
+    fn alert_add(&self, _alert: &crate::events::Alert) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Removes an alert.
+    fn alert_del(&self, _name: &str) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Every alert.
+    fn alert_list(&self) -> Result<Vec<crate::events::AlertInfo>, ApiError> {
+        Err(no_datasets())
+    }
+    /// Sends a test event through one alert or every alert, now.
+    fn alert_test(
+        &self,
+        _name: Option<&str>,
+    ) -> Result<Vec<crate::events::AlertTestResult>, ApiError> {
+        Err(no_datasets())
+    }
     /// Adds or replaces a schedule.
     fn schedule_add(&self, _schedule: &crate::schedule::Schedule) -> Result<(), ApiError> {
         Err(no_datasets())

@@ -336,6 +336,27 @@ pub fn call(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, ApiE
             let NoParams {} = params(method, p)?;
             reply(backend.share_list()?)
         }
+        m::EVENTS_LIST => {
+            let EventsParams { after, limit } = params(method, p)?;
+            reply(backend.events_list(after, limit.unwrap_or(100).min(10_000))?)
+        }
+        m::ALERT_ADD => {
+            let AlertAddParams { alert } = params(method, p)?;
+            crate::events::check_alert(&alert)?;
+            reply(backend.alert_add(&alert)?)
+        }
+        m::ALERT_DEL => {
+            let AlertParams { name } = params(method, p)?;
+            reply(backend.alert_del(&name)?)
+        }
+        m::ALERT_LIST => {
+            let NoParams {} = params(method, p)?;
+            reply(backend.alert_list()?)
+        }
+        m::ALERT_TEST => {
+            let AlertTestParams { name } = params(method, p)?;
+            reply(backend.alert_test(name.as_deref())?)
+        }
         m::SCHEDULE_ADD => {
             let ScheduleAddParams { schedule } = params(method, p)?;
             crate::schedule::check_schedule(&schedule)?;

@@ -26,6 +26,7 @@ pub mod backend;
 pub mod dataset;
 pub mod dispatch;
 pub mod error;
+pub mod events;
 pub mod method;
 pub mod params;
 pub mod pool;

@@ -57,6 +57,17 @@ pub const SCHEDULE_LIST: &str = "schedule.list";
 /// [`crate::schedule::RunRecord`] (API 2.3).
 pub const SCHEDULE_RUN: &str = "schedule.run";
 
+/// The daemon's latest events: [`crate::params::EventsParams`] (API 2.3).
+pub const EVENTS_LIST: &str = "events.list";
+/// Add or replace an alert: [`crate::params::AlertAddParams`] (API 2.3).
+pub const ALERT_ADD: &str = "alert.add";
+/// Remove an alert: [`crate::params::AlertParams`] (API 2.3).
+pub const ALERT_DEL: &str = "alert.del";
+/// Every alert with its delivery counters (API 2.3).
+pub const ALERT_LIST: &str = "alert.list";
+/// Send a test event through one alert or all: [`crate::params::AlertTestParams`] (API 2.3).
+pub const ALERT_TEST: &str = "alert.test";
+
 /// Create a filesystem: [`crate::params::DatasetCreateParams`].
 pub const DATASET_CREATE: &str = "dataset.create";
 /// Destroy a dataset, snapshot or snapshot range: [`crate::params::DatasetDestroyParams`].
@@ -222,4 +233,9 @@ pub const ALL: &[&str] = &[
     SCHEDULE_DEL,
     SCHEDULE_LIST,
     SCHEDULE_RUN,
+    EVENTS_LIST,
+    ALERT_ADD,
+    ALERT_DEL,
+    ALERT_LIST,
+    ALERT_TEST,
 ];

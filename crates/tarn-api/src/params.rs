@@ -623,6 +623,43 @@ pub struct ScheduleParams {
     pub name: String,
 }
 
+/// `events.list`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsParams {
+    /// Only events with a larger id (for following the log).
+    #[serde(default)]
+    pub after: Option<u64>,
+    /// At most this many, the newest (100 when absent).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// `alert.add`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertAddParams {
+    /// The alert.
+    pub alert: crate::events::Alert,
+}
+
+/// `alert.del`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertParams {
+    /// Alert name.
+    pub name: String,
+}
+
+/// `alert.test`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertTestParams {
+    /// One alert; every alert when absent.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
 /// `share.del`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -113,17 +113,7 @@ pub struct ScheduleInfo {
 /// retention that keeps something, a prefix that makes valid snapshot
 /// names, hours of the day.
 pub fn check_schedule(s: &Schedule) -> Result<(), ApiError> {
-    let name_ok = !s.name.is_empty()
-        && s.name.len() <= 64
-        && s.name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
-    if !name_ok {
-        return Err(ApiError::invalid(format!(
-            "invalid schedule name '{}': use up to 64 letters, digits, '-', '_', '.'",
-            s.name
-        )));
-    }
+    crate::access::check_name("schedule", &s.name)?;
     match &s.kind {
         ScheduleKind::Snapshot {
             dataset,

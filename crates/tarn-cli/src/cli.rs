@@ -232,6 +232,12 @@ pub enum Command {
     /// Shares: a filesystem served over NFS, WebDAV and SMB, a volume over NBD and iSCSI (stored in the pool)
     #[command(subcommand)]
     Share(ShareCommand),
+    /// What the daemon saw happen to the pools: devices, scrubs, space,
+    /// schedules (`-f` follows)
+    Events(crate::events::EventsArgs),
+    /// Where the daemon sends events: webhooks, email, programs
+    #[command(subcommand)]
+    Alert(crate::events::AlertCommand),
     /// Schedules stored in the pool and run by the daemon: snapshot
     /// policies with retention, and scrubs
     #[command(subcommand)]
@@ -321,6 +327,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Run> {
         }
         Command::User(cmd) => crate::access::user_command(&mut client, &out, cmd)?,
         Command::Share(cmd) => crate::access::share_command(&mut client, &out, cmd)?,
+        Command::Events(args) => crate::events::events_command(&mut client, &out, args)?,
+        Command::Alert(cmd) => crate::events::alert_command(&mut client, &out, cmd)?,
         Command::Schedule(cmd) => crate::schedule::schedule_command(&mut client, &out, cmd)?,
         Command::Volume(cmd) => crate::volume::volume_command(&mut client, &out, cmd, pool_props)?,
         Command::Key(cmd) => crate::key::key_command(&mut client, &out, cmd, pool_props)?,

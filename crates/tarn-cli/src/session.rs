@@ -117,6 +117,11 @@ impl Out {
         Out { format }
     }
 
+    /// Whether results are for people (not JSON).
+    pub(crate) fn is_human(&self) -> bool {
+        matches!(self.format, Format::Human)
+    }
+
     /// Prints the raw result in JSON mode, or `human()` otherwise. Fails
     /// if stdout is gone (e.g. `| head` ended), which [`crate::cli::is_broken_pipe`]
     /// recognises so the program can end quietly.

@@ -17,6 +17,8 @@
 //!   Samba that tarn configures and supervises for SMB.
 //! - [`replication`]: the replication port, where other tarns send
 //!   snapshots over TLS with a token.
+//! - [`events`]: the event log, what the daemon observes of its pools,
+//!   and the alerts that send events by webhook, email or program.
 //! - [`schedule`]: snapshot policies with retention and scrub schedules,
 //!   and the thread that runs them.
 //! - [`transport`]: the admin socket, its limits and the stop sequence.
@@ -35,6 +37,7 @@ pub mod access;
 pub mod convert;
 pub mod demo;
 pub mod error;
+pub mod events;
 pub mod filesystems;
 mod keys;
 pub mod mounts;

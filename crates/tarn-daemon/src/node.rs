@@ -936,6 +936,33 @@ impl Backend for Pools {
         Ok(out)
     }
 
+    fn events_list(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<tarn_api::events::Event>, ApiError> {
+        Ok(self.events.list(after, limit))
+    }
+
+    fn alert_add(&self, alert: &tarn_api::events::Alert) -> Result<(), ApiError> {
+        self.events.alert_add(alert)
+    }
+
+    fn alert_del(&self, name: &str) -> Result<(), ApiError> {
+        self.events.alert_del(name)
+    }
+
+    fn alert_list(&self) -> Result<Vec<tarn_api::events::AlertInfo>, ApiError> {
+        Ok(self.events.alert_list())
+    }
+
+    fn alert_test(
+        &self,
+        name: Option<&str>,
+    ) -> Result<Vec<tarn_api::events::AlertTestResult>, ApiError> {
+        self.events.alert_test(name)
+    }
+
     fn schedule_add(&self, schedule: &tarn_api::schedule::Schedule) -> Result<(), ApiError> {
         let _runs = self.schedule_lock.lock().unwrap_or_else(|e| e.into_inner());
         let pool = self.get(&schedule.pool)?;
@@ -1067,6 +1094,7 @@ impl Node for Pools {
             }
         }
         // The cache keeps listing them: they come back at the next start.
+        self.events.close();
     }
 }
 

@@ -113,6 +113,8 @@ pub struct Pools {
     pub(crate) schedule_lock: Mutex<()>,
     /// The thread that runs schedules.
     pub(crate) scheduler: Mutex<Option<crate::schedule::Scheduler>>,
+    /// The event log and the alerts.
+    pub(crate) events: crate::events::Events,
 }
 
 /// Checks WebDAV logins against the users stored in the pools.
@@ -210,6 +212,8 @@ impl Pools {
                 id
             }
         };
+        // After the state lock: the crash marker is this daemon's.
+        let events = crate::events::Events::open(state_dir)?;
         let dirty_max = tuning.dirty_max_mib << 20;
         // One block cache for every pool of the daemon.
         if tuning.cache_mib > 0 {
@@ -240,6 +244,7 @@ impl Pools {
             receives: Mutex::new(BTreeSet::new()),
             serve_lock: Mutex::new(()),
             schedule_lock: Mutex::new(()),
+            events,
             scheduler: Mutex::new(None),
         };
         for entry in me.read_cache()? {

@@ -552,11 +552,12 @@ pub fn run(pools: &Pools, pool: &Arc<Pool>, rec: &ScheduleRecord, now: u64) -> R
         },
     };
     if !run.ok {
-        eprintln!(
-            "tarn: schedule '{}' of pool '{}' failed: {}",
-            rec.name,
-            pool.name(),
-            run.detail
+        pools.events.emit(
+            tarn_api::events::Severity::Warning,
+            "schedule.failed",
+            Some(pool.name()),
+            None,
+            format!("schedule '{}' failed: {}", rec.name, run.detail),
         );
     }
     let mut state = stored(pool)
@@ -684,8 +685,14 @@ fn apply_pause(pools: &Pools, pool: &str, pause: Option<(u8, u8)>, now: u64) {
     }
 }
 
-/// One look at every schedule: runs what is due, applies pause hours.
+/// One look at every schedule: runs what is due, applies pause hours;
+/// then at every pool, for events.
 pub fn tick(pools: &Pools, now: u64) {
+    look_at_schedules(pools, now);
+    pools.events.observe(pools);
+}
+
+fn look_at_schedules(pools: &Pools, now: u64) {
     let _runs = pools
         .schedule_lock
         .lock()

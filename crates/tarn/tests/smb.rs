@@ -552,7 +552,7 @@ fn snapshots_are_previous_versions_and_smbd_is_supervised() {
     let mut stdin = held.stdin.take().unwrap();
     let held_out = held.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
+    let reader = std::thread::spawn(move || {
         for line in std::io::BufRead::lines(std::io::BufReader::new(held_out)) {
             let Ok(line) = line else { break };
             if tx.send(line).is_err() {
@@ -583,6 +583,8 @@ fn snapshots_are_previous_versions_and_smbd_is_supervised() {
         .read_to_string(&mut err)
         .unwrap();
     let _ = held.wait();
+    // Every line it printed, once its output has ended.
+    let _ = reader.join();
     let rest: Vec<String> = rx.try_iter().collect();
     let said = format!("{err}{}", rest.join("\n"));
     assert!(
@@ -863,10 +865,10 @@ fn band_byte(n: u64, pos: u64) -> u8 {
     ((i * 7 + n * 31) & 0xff) as u8
 }
 
-/// The Python with smbprotocol that sends SMB2 FLUSH (`TARN_SMB_PYTHON`,
+/// The Python with smbprotocol that sends SMB2 FLUSH (`TARN_TEST_PYTHON`,
 /// which `.ci/run` sets, or `python3`), if it has the module.
 fn smb_python() -> Option<String> {
-    let py = std::env::var("TARN_SMB_PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let py = std::env::var("TARN_TEST_PYTHON").unwrap_or_else(|_| "python3".to_string());
     let ok = Command::new(&py)
         .args(["-c", "import smbprotocol"])
         .output()
@@ -874,7 +876,7 @@ fn smb_python() -> Option<String> {
     if ok {
         Some(py)
     } else {
-        require::missing("Python's smbprotocol (pip install smbprotocol; TARN_SMB_PYTHON)");
+        require::missing("Python's smbprotocol (pip install smbprotocol; TARN_TEST_PYTHON)");
         None
     }
 }
