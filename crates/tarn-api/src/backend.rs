@@ -285,6 +285,18 @@ pub trait Backend: Send + Sync {
     fn share_list(&self) -> Result<Vec<ShareInfo>, ApiError> {
         Err(no_datasets())
     }
+    /// Health of every device of every pool.
+    fn disk_list(&self) -> Result<Vec<crate::health::DiskHealth>, ApiError> {
+        Err(no_datasets())
+    }
+    /// Health of one device of a pool.
+    fn disk_health(&self, _device: &str) -> Result<crate::health::DiskHealth, ApiError> {
+        Err(no_datasets())
+    }
+    /// Starts a self-test on a disk of a pool.
+    fn disk_selftest(&self, _device: &str, _test: &str) -> Result<String, ApiError> {
+        Err(no_datasets())
+    }
     /// The latest events (after `after`, at most `limit`, oldest first).
     fn events_list(
         &self,

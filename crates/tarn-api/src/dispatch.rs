@@ -336,6 +336,18 @@ pub fn call(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, ApiE
             let NoParams {} = params(method, p)?;
             reply(backend.share_list()?)
         }
+        m::DISK_LIST => {
+            let NoParams {} = params(method, p)?;
+            reply(backend.disk_list()?)
+        }
+        m::DISK_HEALTH => {
+            let DiskParams { device, .. } = params(method, p)?;
+            reply(backend.disk_health(&device)?)
+        }
+        m::DISK_SELFTEST => {
+            let DiskParams { device, test } = params(method, p)?;
+            reply(backend.disk_selftest(&device, test.as_deref().unwrap_or("short"))?)
+        }
         m::EVENTS_LIST => {
             let EventsParams { after, limit } = params(method, p)?;
             reply(backend.events_list(after, limit.unwrap_or(100).min(10_000))?)

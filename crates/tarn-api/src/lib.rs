@@ -27,6 +27,7 @@ pub mod dataset;
 pub mod dispatch;
 pub mod error;
 pub mod events;
+pub mod health;
 pub mod method;
 pub mod params;
 pub mod pool;

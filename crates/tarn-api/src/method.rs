@@ -57,6 +57,12 @@ pub const SCHEDULE_LIST: &str = "schedule.list";
 /// [`crate::schedule::RunRecord`] (API 2.3).
 pub const SCHEDULE_RUN: &str = "schedule.run";
 
+/// Health of every device of the imported pools (API 2.3).
+pub const DISK_LIST: &str = "disk.list";
+/// Health of one device: [`crate::params::DiskParams`] (API 2.3).
+pub const DISK_HEALTH: &str = "disk.health";
+/// Start a short or long self-test: [`crate::params::DiskParams`] (API 2.3).
+pub const DISK_SELFTEST: &str = "disk.selftest";
 /// The daemon's latest events: [`crate::params::EventsParams`] (API 2.3).
 pub const EVENTS_LIST: &str = "events.list";
 /// Add or replace an alert: [`crate::params::AlertAddParams`] (API 2.3).
@@ -234,6 +240,9 @@ pub const ALL: &[&str] = &[
     SCHEDULE_LIST,
     SCHEDULE_RUN,
     EVENTS_LIST,
+    DISK_LIST,
+    DISK_HEALTH,
+    DISK_SELFTEST,
     ALERT_ADD,
     ALERT_DEL,
     ALERT_LIST,

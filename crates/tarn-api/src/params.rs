@@ -623,6 +623,17 @@ pub struct ScheduleParams {
     pub name: String,
 }
 
+/// `disk.health`, `disk.selftest`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskParams {
+    /// The device path, as its pool names it.
+    pub device: String,
+    /// `disk.selftest`: `short` or `long`.
+    #[serde(default)]
+    pub test: Option<String>,
+}
+
 /// `events.list`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -232,6 +232,9 @@ pub enum Command {
     /// Shares: a filesystem served over NFS, WebDAV and SMB, a volume over NBD and iSCSI (stored in the pool)
     #[command(subcommand)]
     Share(ShareCommand),
+    /// Health of the pools' disks: SMART and NVMe data, self-tests
+    #[command(subcommand)]
+    Disk(crate::disk::DiskCommand),
     /// What the daemon saw happen to the pools: devices, scrubs, space,
     /// schedules (`-f` follows)
     Events(crate::events::EventsArgs),
@@ -327,6 +330,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Run> {
         }
         Command::User(cmd) => crate::access::user_command(&mut client, &out, cmd)?,
         Command::Share(cmd) => crate::access::share_command(&mut client, &out, cmd)?,
+        Command::Disk(cmd) => crate::disk::disk_command(&mut client, &out, cmd)?,
         Command::Events(args) => crate::events::events_command(&mut client, &out, args)?,
         Command::Alert(cmd) => crate::events::alert_command(&mut client, &out, cmd)?,
         Command::Schedule(cmd) => crate::schedule::schedule_command(&mut client, &out, cmd)?,

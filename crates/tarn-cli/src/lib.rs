@@ -25,6 +25,7 @@ pub mod cli;
 pub mod client;
 pub mod daemon;
 pub mod dataset;
+pub mod disk;
 pub mod events;
 pub mod key;
 pub mod object;

@@ -19,6 +19,7 @@
 //!   snapshots over TLS with a token.
 //! - [`events`]: the event log, what the daemon observes of its pools,
 //!   and the alerts that send events by webhook, email or program.
+//! - [`health`]: SMART and NVMe health of the pools' disks (smartctl).
 //! - [`schedule`]: snapshot policies with retention and scrub schedules,
 //!   and the thread that runs them.
 //! - [`transport`]: the admin socket, its limits and the stop sequence.
@@ -39,6 +40,7 @@ pub mod demo;
 pub mod error;
 pub mod events;
 pub mod filesystems;
+pub mod health;
 mod keys;
 pub mod mounts;
 pub mod node;

@@ -936,6 +936,24 @@ impl Backend for Pools {
         Ok(out)
     }
 
+    fn disk_list(&self) -> Result<Vec<tarn_api::health::DiskHealth>, ApiError> {
+        Ok(self
+            .devices()
+            .into_iter()
+            .map(|(d, p)| crate::health::read(&d, &p))
+            .collect())
+    }
+
+    fn disk_health(&self, device: &str) -> Result<tarn_api::health::DiskHealth, ApiError> {
+        let (d, p) = self.pool_device(device)?;
+        Ok(crate::health::read(&d, &p))
+    }
+
+    fn disk_selftest(&self, device: &str, test: &str) -> Result<String, ApiError> {
+        let (d, _) = self.pool_device(device)?;
+        crate::health::self_test(&d, test).map_err(ApiError::invalid)
+    }
+
     fn events_list(
         &self,
         after: Option<u64>,
@@ -1151,6 +1169,18 @@ impl Drop for Receiving<'_> {
 }
 
 impl Pools {
+    /// (device, pool) of a device of an imported pool, by its path (or
+    /// the path it resolves to).
+    fn pool_device(&self, device: &str) -> Result<(String, String), ApiError> {
+        let canon = std::fs::canonicalize(device).ok();
+        self.devices()
+            .into_iter()
+            .find(|(d, _)| d == device || canon.is_some() && std::fs::canonicalize(d).ok() == canon)
+            .ok_or_else(|| {
+                ApiError::not_found(format!("{device} is not a device of an imported pool"))
+            })
+    }
+
     /// The pool and stored record of schedule `name` (in `pool`, or the one
     /// pool that has a schedule of that name).
     fn find_schedule(

@@ -115,6 +115,8 @@ pub struct Pools {
     pub(crate) scheduler: Mutex<Option<crate::schedule::Scheduler>>,
     /// The event log and the alerts.
     pub(crate) events: crate::events::Events,
+    /// What the last disk health look saw.
+    pub(crate) health: crate::health::Watch,
 }
 
 /// Checks WebDAV logins against the users stored in the pools.
@@ -245,6 +247,7 @@ impl Pools {
             serve_lock: Mutex::new(()),
             schedule_lock: Mutex::new(()),
             events,
+            health: crate::health::Watch::default(),
             scheduler: Mutex::new(None),
         };
         for entry in me.read_cache()? {
@@ -529,6 +532,48 @@ impl Pools {
             *self.replication.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
         }
         Ok(())
+    }
+
+    /// Every device of every pool, with its pool: (device, pool).
+    pub(crate) fn devices(&self) -> Vec<(String, String)> {
+        use tarn_api::Backend;
+        self.pool_status(None)
+            .unwrap_or_default()
+            .into_iter()
+            .flat_map(|st| {
+                let mut all = crate::health::leaves(&st.vdevs);
+                all.extend(crate::health::leaves(&st.logs));
+                all.into_iter().map(move |d| (d, st.name.clone()))
+            })
+            .collect()
+    }
+
+    /// Looks at the disks' health when it is due and records new warnings
+    /// as events.
+    pub(crate) fn watch_health(&self) {
+        for (h, new) in self.health.look(&self.devices()) {
+            let what = [h.model.as_deref(), h.serial.as_deref()]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(" ");
+            self.events.emit(
+                if h.critical {
+                    tarn_api::events::Severity::Critical
+                } else {
+                    tarn_api::events::Severity::Warning
+                },
+                "disk.warning",
+                Some(&h.pool),
+                Some(&h.device),
+                format!(
+                    "disk {} ({what}) of pool '{}': {}",
+                    h.device,
+                    h.pool,
+                    new.join("; ")
+                ),
+            );
+        }
     }
 
     /// Starts running the pools' schedules.

@@ -690,6 +690,7 @@ fn apply_pause(pools: &Pools, pool: &str, pause: Option<(u8, u8)>, now: u64) {
 pub fn tick(pools: &Pools, now: u64) {
     look_at_schedules(pools, now);
     pools.events.observe(pools);
+    pools.watch_health();
 }
 
 fn look_at_schedules(pools: &Pools, now: u64) {
