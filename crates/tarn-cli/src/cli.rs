@@ -232,6 +232,9 @@ pub enum Command {
     /// Shares: a filesystem served over NFS, WebDAV and SMB, a volume over NBD and iSCSI (stored in the pool)
     #[command(subcommand)]
     Share(ShareCommand),
+    /// Measure a pool (on a scratch dataset, one row per `--sweep`
+    /// combination) or a directory: random and sequential I/O, as fio would
+    Bench(crate::bench::BenchArgs),
     /// Health of the pools' disks: SMART and NVMe data, self-tests
     #[command(subcommand)]
     Disk(crate::disk::DiskCommand),
@@ -330,6 +333,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Run> {
         }
         Command::User(cmd) => crate::access::user_command(&mut client, &out, cmd)?,
         Command::Share(cmd) => crate::access::share_command(&mut client, &out, cmd)?,
+        Command::Bench(args) => crate::bench::bench_command(&mut client, &out, args)?,
         Command::Disk(cmd) => crate::disk::disk_command(&mut client, &out, cmd)?,
         Command::Events(args) => crate::events::events_command(&mut client, &out, args)?,
         Command::Alert(cmd) => crate::events::alert_command(&mut client, &out, cmd)?,

@@ -21,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod access;
+pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod daemon;

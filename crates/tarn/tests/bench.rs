@@ -1,0 +1,137 @@
+//! `tarn bench` against fio on the same mount in the same run: the
+//! figures must agree within a factor of 4 (both share this machine's
+//! cores with the daemon, so single runs swing; a factor of 4 still
+//! catches a benchmark that measures the wrong thing: the page cache
+//! instead of the file, a queue depth of 1 instead of 32, bytes for
+//! requests).
+
+mod common;
+
+use std::process::Command;
+
+use common::process::{files, Daemon};
+use tarn_testkit::require;
+
+/// fio's figure for one job on `file`: (read IOPS, read bandwidth in MB/s).
+fn fio(file: &str, rw: &str, bs: &str, jobs: u32, runtime: u32) -> (f64, f64) {
+    let out = Command::new("fio")
+        .args([
+            "--name=cmp",
+            &format!("--filename={file}"),
+            "--size=64M",
+            &format!("--rw={rw}"),
+            &format!("--bs={bs}"),
+            &format!("--numjobs={jobs}"),
+            "--thread",
+            "--ioengine=psync",
+            "--direct=1",
+            "--time_based",
+            &format!("--runtime={runtime}"),
+            "--group_reporting",
+            "--output-format=json",
+        ])
+        .output()
+        .expect("run fio");
+    assert!(
+        out.status.success(),
+        "fio: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("fio's JSON");
+    let read = &v["jobs"][0]["read"];
+    (
+        read["iops"].as_f64().unwrap_or(0.0),
+        read["bw_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+    )
+}
+
+fn close(what: &str, ours: f64, theirs: f64) {
+    let ratio = ours / theirs;
+    assert!(
+        (0.25..=4.0).contains(&ratio),
+        "{what}: tarn bench {ours:.0}, fio {theirs:.0} (ratio {ratio:.2})"
+    );
+}
+
+#[test]
+fn bench_agrees_with_fio_and_reports_every_column() {
+    if !require::fuse() || !require::programs(&["fio"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path());
+    let f = files(dir.path(), "m", 2, 512 << 20);
+    d.ok(&["pool", "create", "tank", "mirror", &f[0], &f[1]]);
+
+    // The pool mode: a scratch dataset per combination, gone afterwards.
+    let v: serde_json::Value = serde_json::from_str(&d.ok(&[
+        "-o",
+        "json",
+        "bench",
+        "tank",
+        "--size",
+        "32M",
+        "--runtime",
+        "1",
+        "--sweep",
+        "compression=off,lz4",
+    ]))
+    .unwrap();
+    let rows = v.as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        for col in [
+            "randread_iops_qd32",
+            "read_iops_qd1",
+            "write_iops_qd32",
+            "read_mb_s",
+            "write_mb_s",
+            "cat_mb_s",
+        ] {
+            assert!(r[col].as_f64().is_some_and(|x| x > 0.0), "{col}: {r}");
+        }
+    }
+    assert_eq!(
+        rows[1]["settings"][0],
+        serde_json::json!(["compression", "lz4"])
+    );
+    let left = d.ok(&["dataset", "list"]);
+    assert!(!left.contains("tarn-bench"), "scratch dataset left: {left}");
+
+    // The same workloads in a directory, beside fio on the same mount.
+    d.ok(&["dataset", "create", "tank/b"]);
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    d.ok(&["mount", "tank/b", mnt.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_str(&d.ok(&[
+        "-o",
+        "json",
+        "bench",
+        "--dir",
+        mnt.to_str().unwrap(),
+        "--size",
+        "64M",
+        "--runtime",
+        "2",
+    ]))
+    .unwrap();
+    let ours = &v[0];
+    let file = mnt.join("fio.dat");
+    let file = file.to_str().unwrap();
+    let (iops, _) = fio(file, "randread", "4k", 32, 2);
+    close(
+        "random read 4k QD32",
+        ours["randread_iops_qd32"].as_f64().unwrap(),
+        iops,
+    );
+    let (iops1, _) = fio(file, "randread", "4k", 1, 2);
+    close(
+        "random read 4k QD1",
+        ours["read_iops_qd1"].as_f64().unwrap(),
+        iops1,
+    );
+    let (_, mbs) = fio(file, "read", "1M", 1, 2);
+    close("cat speed", ours["cat_mb_s"].as_f64().unwrap(), mbs);
+    d.ok(&["unmount", "tank/b"]);
+    d.stop();
+}
