@@ -46,7 +46,6 @@
 //! and snapshot list in, names out) and tested by simulating a year.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -717,35 +716,40 @@ fn look_at_schedules(pools: &Pools, now: u64) {
 }
 
 /// The thread that looks at the schedules every `TARN_SCHEDULE_TICK_MS`
-/// milliseconds (30 s by default).
+/// milliseconds (30 s by default). Between looks it sleeps on a condition
+/// variable (no polling: an idle daemon wakes once per look), which a stop
+/// wakes at once.
 pub struct Scheduler {
-    stop: Arc<AtomicBool>,
+    stop: Arc<(Mutex<bool>, std::sync::Condvar)>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Scheduler {
     /// Starts looking at the schedules of `pools`.
     pub fn start(pools: Weak<Pools>) -> std::io::Result<Scheduler> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let tick_ms: u64 = std::env::var("TARN_SCHEDULE_TICK_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(30_000)
-            .max(10);
+        let stop = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let tick = Duration::from_millis(
+            std::env::var("TARN_SCHEDULE_TICK_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(30_000u64)
+                .max(10),
+        );
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
             .name("tarn-schedules".into())
-            .spawn(move || {
-                while !flag.load(Ordering::SeqCst) {
-                    match pools.upgrade() {
-                        Some(p) => tick(&p, clock()),
-                        None => return,
-                    }
-                    let mut slept = 0;
-                    while slept < tick_ms && !flag.load(Ordering::SeqCst) {
-                        std::thread::sleep(Duration::from_millis(10.min(tick_ms)));
-                        slept += 10;
-                    }
+            .spawn(move || loop {
+                match pools.upgrade() {
+                    Some(p) => tick_once(&p),
+                    None => return,
+                }
+                let (lock, cv) = &*flag;
+                let stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
+                let (stopped, _) = cv
+                    .wait_timeout_while(stopped, tick, |s| !*s)
+                    .unwrap_or_else(|e| e.into_inner());
+                if *stopped {
+                    return;
                 }
             })?;
         Ok(Scheduler {
@@ -756,11 +760,17 @@ impl Scheduler {
 
     /// Stops looking (a run in progress finishes first).
     pub fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
+        let (lock, cv) = &*self.stop;
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        cv.notify_all();
         if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = t.join();
         }
     }
+}
+
+fn tick_once(p: &Pools) {
+    tick(p, clock());
 }
 
 #[cfg(test)]
