@@ -20,7 +20,7 @@ command -v fio >/dev/null || { echo "bench-sweep: needs fio" >&2; exit 1; }
 daemon=$!
 for _ in $(seq 100); do "$tarn" daemon ping >/dev/null 2>&1 && break; sleep 0.1; done
 devs=()
-for i in 0 1 2 3; do truncate -s 16G "$work/d$i"; devs+=("$work/d$i"); done
+for i in 0 1 2 3; do truncate -s 4G "$work/d$i"; devs+=("$work/d$i"); done
 "$tarn" pool create bench raidz1 "${devs[@]}" >/dev/null
 
 sweeps=(--sweep recordsize=128K,1M --sweep compression=off,lz4 --sweep encryption=off,aes-256-gcm)
