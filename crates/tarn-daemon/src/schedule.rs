@@ -728,7 +728,7 @@ impl Scheduler {
     /// Starts looking at the schedules of `pools`.
     pub fn start(pools: Weak<Pools>) -> std::io::Result<Scheduler> {
         let stop = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
-        let tick = Duration::from_millis(
+        let every = Duration::from_millis(
             std::env::var("TARN_SCHEDULE_TICK_MS")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -740,13 +740,13 @@ impl Scheduler {
             .name("tarn-schedules".into())
             .spawn(move || loop {
                 match pools.upgrade() {
-                    Some(p) => tick_once(&p),
+                    Some(p) => tick(&p, clock()),
                     None => return,
                 }
                 let (lock, cv) = &*flag;
                 let stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
                 let (stopped, _) = cv
-                    .wait_timeout_while(stopped, tick, |s| !*s)
+                    .wait_timeout_while(stopped, every, |s| !*s)
                     .unwrap_or_else(|e| e.into_inner());
                 if *stopped {
                     return;
@@ -767,10 +767,6 @@ impl Scheduler {
             let _ = t.join();
         }
     }
-}
-
-fn tick_once(p: &Pools) {
-    tick(p, clock());
 }
 
 #[cfg(test)]

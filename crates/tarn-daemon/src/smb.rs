@@ -60,7 +60,6 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -488,8 +487,12 @@ fn check_reachable(dir: &Path) -> Result<()> {
 
 struct Shared {
     status: SmbStatus,
-    child: Option<Child>,
 }
+
+/// The stop flag, and what wakes the supervisor's back-off when it is set.
+/// The supervisor spawns smbd and records its pid while holding the flag,
+/// so a stop sees either no new smbd or its pid.
+type StopFlag = Arc<(Mutex<bool>, std::sync::Condvar)>;
 
 /// The supervised smbd.
 pub struct Samba {
@@ -499,7 +502,7 @@ pub struct Samba {
     smbcontrol: Option<PathBuf>,
     nss_wrapper: PathBuf,
     shared: Arc<Mutex<Shared>>,
-    stop: Arc<AtomicBool>,
+    stop: StopFlag,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// What was last written, so an unchanged update sends no reload.
     written: Mutex<Option<(String, String, String, String)>>,
@@ -666,17 +669,18 @@ impl Samba {
                     address: bind.to_string(),
                     ..SmbStatus::default()
                 },
-                child: None,
             })),
-            stop: Arc::new(AtomicBool::new(false)),
+            stop: Arc::new((Mutex::new(false), std::sync::Condvar::new())),
             thread: Mutex::new(None),
             written: Mutex::new(None),
         };
         samba.write(&[], &[], Vec::new())?;
-        let child = samba.spawn(&smbd)?;
+        let mut child = samba.spawn(&smbd)?;
+        if let Err(e) = samba.wait_listening(&mut child) {
+            terminate(&mut child);
+            return Err(e);
+        }
         lock(&samba.shared).status.pid = Some(child.id());
-        lock(&samba.shared).child = Some(child);
-        samba.wait_listening()?;
         let t = {
             let shared = samba.shared.clone();
             let stop = samba.stop.clone();
@@ -684,7 +688,7 @@ impl Samba {
             let env = samba.env();
             std::thread::Builder::new()
                 .name("tarn-smbd".into())
-                .spawn(move || supervise(smbd, layout, env, shared, stop))
+                .spawn(move || supervise(smbd, layout, env, child, shared, stop))
                 .map_err(|e| DaemonError::msg(format!("cannot start the SMB supervisor: {e}")))?
         };
         *lock(&samba.thread) = Some(t);
@@ -715,7 +719,7 @@ impl Samba {
     }
 
     /// Waits until smbd accepts connections (or ended, or ten seconds).
-    fn wait_listening(&self) -> Result<()> {
+    fn wait_listening(&self, child: &mut Child) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
         let addr = if self.bind.ip().is_unspecified() {
             SocketAddr::new(
@@ -732,15 +736,11 @@ impl Samba {
         loop {
             let listening =
                 std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok();
-            let ended = {
-                let mut sh = lock(&self.shared);
-                sh.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
-            };
+            let ended = child.try_wait().ok().flatten();
             if listening && ended.is_none() {
                 return Ok(());
             }
             if ended.is_some() || Instant::now() >= deadline {
-                self.shutdown();
                 let log =
                     std::fs::read_to_string(self.layout.log().join("smbd.out")).unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(5).collect();
@@ -813,11 +813,6 @@ impl Samba {
         }
     }
 
-    /// Disconnects every client of `share` (before its mount goes).
-    pub fn close_share(&self, share: &str) {
-        close_share(self.smbcontrol.as_deref(), &self.layout, &self.env(), share);
-    }
-
     /// A closer for `Mounts::set_closer`.
     pub fn closer(&self) -> crate::mounts::Closer {
         let smbcontrol = self.smbcontrol.clone();
@@ -831,22 +826,33 @@ impl Samba {
         lock(&self.shared).status.clone()
     }
 
-    fn shutdown(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let child = lock(&self.shared).child.take();
-        if let Some(mut c) = child {
-            terminate(&mut c);
-        }
-        lock(&self.shared).status.pid = None;
-    }
-
-    /// Stops smbd and its supervisor.
+    /// Stops smbd (SIGTERM to its process group; SIGKILL after ten
+    /// seconds) and its supervisor.
     pub fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = lock(&self.thread).take() {
-            let _ = t.join();
+        let Some(t) = lock(&self.thread).take() else {
+            return;
+        };
+        let pid = {
+            let (flag, cv) = &*self.stop;
+            let mut stopped = lock(flag);
+            *stopped = true;
+            cv.notify_all();
+            lock(&self.shared).status.pid
+        };
+        let group = |sig| {
+            if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
+                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), sig);
+            }
+        };
+        group(nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !t.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
         }
-        self.shutdown();
+        if !t.is_finished() {
+            group(nix::sys::signal::Signal::SIGKILL);
+        }
+        let _ = t.join();
     }
 }
 
@@ -939,41 +945,34 @@ fn describe(status: std::process::ExitStatus) -> String {
     }
 }
 
-/// The supervisor thread: restarts smbd whenever it ends unasked.
+/// The supervisor thread: waits for smbd (blocked in `wait`, no polling)
+/// and starts it again whenever it ends unasked.
 fn supervise(
     smbd: PathBuf,
     layout: Layout,
     env: Vec<(String, String)>,
+    first: Child,
     shared: Arc<Mutex<Shared>>,
-    stop: Arc<AtomicBool>,
+    stop: StopFlag,
 ) {
+    let (flag, cv) = &*stop;
+    let mut child = Some(first);
     let mut backoff = Duration::from_millis(500);
     let mut started = Instant::now();
     loop {
-        if stop.load(Ordering::SeqCst) {
-            if let Some(mut c) = lock(&shared).child.take() {
-                terminate(&mut c);
-            }
-            lock(&shared).status.pid = None;
+        let how = match child.take() {
+            Some(mut c) => match c.wait() {
+                Ok(st) => describe(st),
+                Err(e) => format!("cannot be waited for: {e}"),
+            },
+            None => "could not be started".to_string(),
+        };
+        lock(&shared).status.pid = None;
+        if *lock(flag) {
             return;
         }
-        let ended = {
-            let mut sh = lock(&shared);
-            match sh.child.as_mut().map(|c| c.try_wait()) {
-                Some(Ok(Some(st))) => Some(describe(st)),
-                Some(Err(e)) => Some(format!("cannot be waited for: {e}")),
-                Some(Ok(None)) => None,
-                None => Some("not running".to_string()),
-            }
-        };
-        let Some(how) = ended else {
-            std::thread::sleep(Duration::from_millis(100));
-            continue;
-        };
         {
             let mut sh = lock(&shared);
-            sh.child = None;
-            sh.status.pid = None;
             sh.status.restarts += 1;
             sh.status.last_exit = Some(how.clone());
             sh.status.last_exit_unix = SystemTime::now()
@@ -988,25 +987,26 @@ fn supervise(
             "tarn: smbd {how}; starting it again in {:.1} s",
             backoff.as_secs_f64()
         );
-        let until = Instant::now() + backoff;
-        while Instant::now() < until && !stop.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(50));
+        let stopped = lock(flag);
+        let (stopped, _) = cv
+            .wait_timeout_while(stopped, backoff, |s| !*s)
+            .unwrap_or_else(|e| e.into_inner());
+        if *stopped {
+            return;
         }
         backoff = (backoff * 2).min(Duration::from_secs(30));
-        if stop.load(Ordering::SeqCst) {
-            continue;
-        }
-        // Its children may still be serving the old session; the pid file
-        // of the one that ended is stale, so a leftover check is not needed.
+        // Spawned and recorded under the stop flag (see `StopFlag`). Its
+        // children may still serve the old session; the pid file of the
+        // one that ended is stale, so no leftover check is needed.
         match spawn_smbd(&smbd, &layout, &env) {
             Ok(c) => {
                 started = Instant::now();
-                let mut sh = lock(&shared);
-                sh.status.pid = Some(c.id());
-                sh.child = Some(c);
+                lock(&shared).status.pid = Some(c.id());
+                child = Some(c);
             }
             Err(e) => eprintln!("tarn: {e}"),
         }
+        drop(stopped);
     }
 }
 
