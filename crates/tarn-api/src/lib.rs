@@ -58,7 +58,10 @@ pub use wire::{parse_request, read_line_bounded, LineRead, Request, Response};
 /// `user.passwd` and users, and the `smb` status of `daemon.stats`; and
 /// schedules (`schedule.add`, `schedule.del`, `schedule.list`,
 /// `schedule.run`).
-pub const API_VERSION: &str = "2.3";
+///
+/// 2.4 added self-test and replication schedules, and the `hourly`
+/// period.
+pub const API_VERSION: &str = "2.4";
 
 /// The major number of an API version string (`1` of `1.0`), or `None`
 /// when the string is not a version.

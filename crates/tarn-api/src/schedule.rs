@@ -26,10 +26,12 @@ pub struct Retention {
     pub yearly: u32,
 }
 
-/// How often a scrub schedule runs.
+/// How often a scrub, self-test or replication schedule runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Every {
+    /// Once an hour (replication only; API 2.4).
+    Hourly,
     /// Once a day.
     Daily,
     /// Once a week (in the week from Monday).
@@ -69,6 +71,88 @@ pub enum ScheduleKind {
         #[serde(default)]
         pause: Option<(u8, u8)>,
     },
+    /// A SMART self-test of every disk of the pool (file devices have none
+    /// and are skipped). API 2.4.
+    Selftest {
+        /// Short or long.
+        test: SelfTest,
+        /// How often (daily, weekly or monthly).
+        every: Every,
+        /// Not before this hour of the day (UTC, 0 to 23).
+        #[serde(default)]
+        at_hour: u8,
+    },
+    /// Replication of a dataset's newest snapshot to another tarn or an
+    /// object store, as `tarn replicate` does it (the daemon runs that
+    /// command). API 2.4.
+    Replicate {
+        /// The dataset whose snapshots are sent.
+        dataset: String,
+        /// Where: `tarn://HOST[:PORT]/POOL/DATASET` or `s3://BUCKET/PREFIX`.
+        to: String,
+        /// Send the newest snapshot whose name starts with `PREFIX-` (a
+        /// snapshot policy's); none: the newest snapshot of any name.
+        #[serde(default)]
+        prefix: Option<String>,
+        /// How often.
+        every: Every,
+        /// Not before this hour of the day (UTC; daily and longer).
+        #[serde(default)]
+        at_hour: u8,
+        /// tarn://: the file with the receiver's token (read by the
+        /// daemon at each run).
+        #[serde(default)]
+        token_file: Option<String>,
+        /// tarn://: the SHA-256 of the receiver's certificate.
+        #[serde(default)]
+        fingerprint: Option<String>,
+        /// s3://: a file of `NAME=VALUE` lines with the store's
+        /// credentials and endpoint (`AWS_ACCESS_KEY_ID`, …), mode 0600,
+        /// read by the daemon at each run.
+        #[serde(default)]
+        env_file: Option<String>,
+    },
+}
+
+impl Every {
+    /// `hourly`, `daily`, `weekly` or `monthly`: the name in the JSON,
+    /// in stored records and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Every::Hourly => "hourly",
+            Every::Daily => "daily",
+            Every::Weekly => "weekly",
+            Every::Monthly => "monthly",
+        }
+    }
+
+    /// The period of that name.
+    pub fn parse(name: &str) -> Option<Every> {
+        [Every::Hourly, Every::Daily, Every::Weekly, Every::Monthly]
+            .into_iter()
+            .find(|e| e.name() == name)
+    }
+}
+
+/// Which SMART self-test a self-test schedule starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SelfTest {
+    /// A couple of minutes: electrical and mechanical checks and a read of
+    /// part of the surface.
+    Short,
+    /// Hours: a read of the whole surface.
+    Long,
+}
+
+impl SelfTest {
+    /// `short` or `long`, as smartctl names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SelfTest::Short => "short",
+            SelfTest::Long => "long",
+        }
+    }
 }
 
 fn auto() -> String {
@@ -114,6 +198,46 @@ pub struct ScheduleInfo {
 /// names, hours of the day.
 pub fn check_schedule(s: &Schedule) -> Result<(), ApiError> {
     crate::access::check_name("schedule", &s.name)?;
+    let check_dataset = |dataset: &String| {
+        let in_pool = dataset == &s.pool
+            || dataset
+                .strip_prefix(s.pool.as_str())
+                .is_some_and(|r| r.starts_with('/'));
+        if dataset.contains('@') || !in_pool {
+            return Err(ApiError::invalid(format!(
+                "'{dataset}' is not a dataset of pool '{}'",
+                s.pool
+            )));
+        }
+        Ok(())
+    };
+    let check_prefix = |prefix: &String| {
+        let prefix_ok = !prefix.is_empty()
+            && prefix.len() <= 32
+            && prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        if !prefix_ok {
+            return Err(ApiError::invalid(format!(
+                "invalid snapshot prefix '{prefix}': up to 32 letters, digits, '-', '_', '.'"
+            )));
+        }
+        Ok(())
+    };
+    let check_hour = |at_hour: u8| {
+        if at_hour > 23 {
+            return Err(ApiError::invalid("--at is an hour of the day, 0 to 23"));
+        }
+        Ok(())
+    };
+    let check_path = |what: &str, p: &Option<String>| {
+        if p.as_ref().is_some_and(|p| !p.starts_with('/')) {
+            return Err(ApiError::invalid(format!(
+                "{what} must be an absolute path (the daemon reads it)"
+            )));
+        }
+        Ok(())
+    };
     match &s.kind {
         ScheduleKind::Snapshot {
             dataset,
@@ -121,35 +245,76 @@ pub fn check_schedule(s: &Schedule) -> Result<(), ApiError> {
             prefix,
             ..
         } => {
-            let in_pool = dataset == &s.pool
-                || dataset
-                    .strip_prefix(s.pool.as_str())
-                    .is_some_and(|r| r.starts_with('/'));
-            if dataset.contains('@') || !in_pool {
-                return Err(ApiError::invalid(format!(
-                    "'{dataset}' is not a dataset of pool '{}'",
-                    s.pool
-                )));
-            }
+            check_dataset(dataset)?;
             if *keep == Retention::default() {
                 return Err(ApiError::invalid(
                     "a snapshot policy must keep something: --keep hourly=24,daily=30,…",
                 ));
             }
-            let prefix_ok = !prefix.is_empty()
-                && prefix.len() <= 32
-                && prefix
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
-            if !prefix_ok {
-                return Err(ApiError::invalid(format!(
-                    "invalid snapshot prefix '{prefix}': up to 32 letters, digits, '-', '_', '.'"
-                )));
+            check_prefix(prefix)?;
+        }
+        ScheduleKind::Selftest { every, at_hour, .. } => {
+            check_hour(*at_hour)?;
+            if *every == Every::Hourly {
+                return Err(ApiError::invalid(
+                    "a self-test schedule runs daily, weekly or monthly",
+                ));
             }
         }
-        ScheduleKind::Scrub { at_hour, pause, .. } => {
-            if *at_hour > 23 {
-                return Err(ApiError::invalid("--at is an hour of the day, 0 to 23"));
+        ScheduleKind::Replicate {
+            dataset,
+            to,
+            prefix,
+            every,
+            at_hour,
+            token_file,
+            fingerprint,
+            env_file,
+        } => {
+            check_dataset(dataset)?;
+            check_hour(*at_hour)?;
+            if *every == Every::Hourly && *at_hour != 0 {
+                return Err(ApiError::invalid("--at goes with daily or longer periods"));
+            }
+            if let Some(p) = prefix {
+                check_prefix(p)?;
+            }
+            check_path("--token-file", token_file)?;
+            check_path("--env-file", env_file)?;
+            if to.starts_with("tarn://") {
+                if token_file.is_none() || fingerprint.is_none() {
+                    return Err(ApiError::invalid(
+                        "replication to tarn:// needs --token-file and --fingerprint",
+                    ));
+                }
+                if env_file.is_some() {
+                    return Err(ApiError::invalid("--env-file goes with s3:// targets"));
+                }
+            } else if to.starts_with("s3://") {
+                if token_file.is_some() || fingerprint.is_some() {
+                    return Err(ApiError::invalid(
+                        "--token-file and --fingerprint go with tarn:// targets",
+                    ));
+                }
+            } else {
+                return Err(ApiError::invalid(format!(
+                    "'{to}': replicate to tarn://HOST[:PORT]/POOL/DATASET or s3://BUCKET/PREFIX"
+                )));
+            }
+            if to.len() > 512 || to.chars().any(|c| c.is_control() || c.is_whitespace()) {
+                return Err(ApiError::invalid(format!("'{to}' is not a usable URL")));
+            }
+        }
+        ScheduleKind::Scrub {
+            every,
+            at_hour,
+            pause,
+        } => {
+            check_hour(*at_hour)?;
+            if *every == Every::Hourly {
+                return Err(ApiError::invalid(
+                    "a scrub schedule runs daily, weekly or monthly",
+                ));
             }
             if let Some((a, b)) = pause {
                 if *a > 23 || *b > 24 || a == b {
@@ -203,8 +368,64 @@ mod tests {
             },
         };
         check_schedule(&scrub(2, Some((8, 23)))).unwrap();
+        let mut hourly = scrub(2, None);
+        if let ScheduleKind::Scrub { every, .. } = &mut hourly.kind {
+            *every = Every::Hourly;
+        }
+        assert!(check_schedule(&hourly).is_err(), "no hourly scrubs");
         assert!(check_schedule(&scrub(24, None)).is_err());
         assert!(check_schedule(&scrub(2, Some((8, 8)))).is_err());
+    }
+
+    fn replicate(to: &str, token: Option<&str>, fp: Option<&str>, env: Option<&str>) -> Schedule {
+        Schedule {
+            name: "offsite".into(),
+            pool: "tank".into(),
+            kind: ScheduleKind::Replicate {
+                dataset: "tank/a".into(),
+                to: to.into(),
+                prefix: Some("auto".into()),
+                every: Every::Daily,
+                at_hour: 1,
+                token_file: token.map(Into::into),
+                fingerprint: fp.map(Into::into),
+                env_file: env.map(Into::into),
+            },
+        }
+    }
+
+    #[test]
+    fn replication_schedules_are_checked() {
+        check_schedule(&replicate("s3://b/p", None, None, Some("/etc/tarn/s3.env"))).unwrap();
+        check_schedule(&replicate("s3://b/p", None, None, None)).unwrap();
+        check_schedule(&replicate("tarn://h/vault/a", Some("/t"), Some("ab"), None)).unwrap();
+        let refused = [
+            replicate("tarn://h/vault/a", None, Some("ab"), None),
+            replicate("tarn://h/vault/a", Some("/t"), None, None),
+            replicate("tarn://h/vault/a", Some("/t"), Some("ab"), Some("/e")),
+            replicate("s3://b/p", Some("/t"), None, None),
+            replicate("s3://b/p", None, None, Some("relative.env")),
+            replicate("http://b/p", None, None, None),
+            replicate("s3://b/p q", None, None, None),
+        ];
+        for r in refused {
+            assert!(check_schedule(&r).is_err(), "{r:?}");
+        }
+        let j = serde_json::to_string(&replicate("s3://b/p", None, None, None)).unwrap();
+        assert_eq!(
+            j,
+            r#"{"name":"offsite","pool":"tank","kind":{"replicate":{"dataset":"tank/a","to":"s3://b/p","prefix":"auto","every":"daily","at_hour":1,"token_file":null,"fingerprint":null,"env_file":null}}}"#
+        );
+        let t = Schedule {
+            name: "t".into(),
+            pool: "tank".into(),
+            kind: ScheduleKind::Selftest {
+                test: SelfTest::Long,
+                every: Every::Hourly,
+                at_hour: 3,
+            },
+        };
+        assert!(check_schedule(&t).is_err(), "no hourly self-tests");
     }
 
     #[test]

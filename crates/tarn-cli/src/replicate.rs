@@ -8,6 +8,11 @@
 //! already has and sends each later one up to SNAP as its own incremental
 //! stream (or SNAP whole, the first time). Streams are always raw: an
 //! encrypted dataset stays sealed, and the store never needs a key.
+//!
+//! After a replication, the newest snapshot the target has carries a hold
+//! tagged `replicate URL` (moved from the one before): it is the base of
+//! the next incremental, so a snapshot policy's pruning, or a destroy by
+//! hand, cannot take it (see [`hold_base`]).
 
 use std::collections::HashSet;
 
@@ -251,6 +256,7 @@ pub(crate) fn replicate(client: &mut Session, out: &Out, a: ReplicateArgs) -> an
             store.bucket().retries
         ));
     }
+    hold_base(client, fs, short, &a.to)?;
     out.raw_or(&serde_json::Value::Array(results), || {
         lines.iter().map(|l| format!("{l}\n")).collect()
     })
@@ -454,9 +460,86 @@ fn replicate_to_tarn(
         lines.extend(r.snapshots.iter().map(|s| format!("received {s}")));
         results.extend(r.snapshots);
     }
+    hold_base(client, fs, short, &a.to)?;
     out.raw_or(&serde_json::json!({ "received": results }), || {
         lines.iter().map(|l| format!("{l}\n")).collect()
     })
+}
+
+/// The tag of the hold on the base of the next incremental to `to`:
+/// `replicate URL`, or a digest of a URL too long for a tag.
+pub(crate) fn hold_tag(to: &str) -> String {
+    let tag = format!("replicate {to}");
+    if tag.len() <= 128 {
+        return tag;
+    }
+    let d = ring::digest::digest(&ring::digest::SHA256, to.as_bytes());
+    let hex: String = d.as_ref()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("replicate sha256:{hex}")
+}
+
+/// Moves the hold of target `to` onto its new base: `fs@short` (which the
+/// target now has), unless a newer snapshot holds it already (a replication
+/// of an older snapshot by hand); the tag's holds on other snapshots of
+/// `fs` are released.
+fn hold_base(client: &mut Session, fs: &str, short: &str, to: &str) -> anyhow::Result<()> {
+    use tarn_api::dataset::HoldInfo;
+    use tarn_api::params::{HoldParams, HoldsParams};
+    let tag = hold_tag(to);
+    let snaps = snapshots_of(client, fs)?;
+    let names: Vec<String> = snaps.iter().map(|s| format!("{fs}@{}", s.short)).collect();
+    let v = client.call(
+        method::DATASET_HOLDS,
+        &HoldsParams {
+            snapshots: names.clone(),
+            recursive: false,
+        },
+    )?;
+    let holds: Vec<HoldInfo> = decode(method::DATASET_HOLDS, v)?;
+    let ours: Vec<&str> = holds
+        .iter()
+        .filter(|h| h.tag == tag)
+        .map(|h| h.snapshot.as_str())
+        .collect();
+    let sent = format!("{fs}@{short}");
+    // Oldest first: the base is the newest of what was sent and held.
+    let base = names
+        .iter()
+        .rev()
+        .find(|n| **n == sent || ours.contains(&n.as_str()))
+        .cloned()
+        .unwrap_or(sent);
+    if !ours.contains(&base.as_str()) {
+        client
+            .call(
+                method::DATASET_HOLD,
+                &HoldParams {
+                    tag: tag.clone(),
+                    snapshots: vec![base.clone()],
+                    recursive: false,
+                },
+            )
+            .with_context(|| format!("holding {base}, the base of the next incremental"))?;
+    }
+    let old: Vec<String> = ours
+        .iter()
+        .filter(|n| **n != base)
+        .map(|n| n.to_string())
+        .collect();
+    if !old.is_empty() {
+        client.call(
+            method::DATASET_RELEASE,
+            &HoldParams {
+                tag,
+                snapshots: old,
+                recursive: false,
+            },
+        )?;
+    }
+    Ok(())
 }
 
 /// Whether a receiver's resume token asks for a raw stream of one of
@@ -492,6 +575,15 @@ mod tests {
 
     /// A receiver's resume token is followed only for a raw stream of
     /// one of our snapshots (from one of ours).
+    #[test]
+    fn hold_tags_fit() {
+        assert_eq!(hold_tag("s3://b/p"), "replicate s3://b/p");
+        let long = format!("s3://b/{}", "x".repeat(200));
+        let t = hold_tag(&long);
+        assert!(t.len() <= 128 && t.starts_with("replicate sha256:"), "{t}");
+        assert_ne!(t, hold_tag(&format!("{long}y")));
+    }
+
     #[test]
     fn resume_tokens_from_a_receiver_are_checked() {
         let ours = HashSet::from([1u64, 2]);

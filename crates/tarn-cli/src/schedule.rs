@@ -1,28 +1,37 @@
-//! `tarn schedule ...`: snapshot policies with retention and scrub
-//! schedules, stored in the pool and run by the daemon.
+//! `tarn schedule ...`: snapshot policies with retention, scrub,
+//! self-test and replication schedules, stored in the pool and run by the
+//! daemon.
 
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use tarn_api::method;
 use tarn_api::params::{NoParams, ScheduleAddParams, ScheduleParams};
-use tarn_api::schedule::{Every, Retention, RunRecord, Schedule, ScheduleInfo, ScheduleKind};
+use tarn_api::schedule::{
+    Every, Retention, RunRecord, Schedule, ScheduleInfo, ScheduleKind, SelfTest,
+};
 
 use crate::render::table;
 use crate::session::{decode, Out, Session};
 
 /// `tarn schedule ...`.
+// Parsed once per process: the size of `Add` costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum ScheduleCommand {
     /// Add (or replace) a schedule: `tarn schedule add photos snapshot
     /// tank/photos -r --keep hourly=24,daily=30,weekly=8,monthly=12`, or
     /// `tarn schedule add scrub-tank scrub tank --every monthly --at 2
-    /// --pause 8-23`. Times are UTC
+    /// --pause 8-23`, `tarn schedule add disks selftest tank --test short
+    /// --every weekly`, or `tarn schedule add offsite replicate
+    /// tank/photos --to s3://bucket/photos --env-file /etc/tarn/s3.env
+    /// --every daily --at 1`. Times are UTC
     Add {
         /// Schedule name (unique in its pool)
         name: String,
-        /// What it does: `snapshot` or `scrub`
+        /// What it does: `snapshot`, `scrub`, `selftest` or `replicate`
         kind: String,
-        /// The dataset to snapshot, or the pool to scrub
+        /// The dataset to snapshot or replicate, or the pool to scrub or
+        /// self-test
         target: String,
         /// snapshot: the datasets below the target too
         #[arg(short = 'r', long)]
@@ -32,15 +41,39 @@ pub enum ScheduleCommand {
         /// kept says how often a snapshot is taken)
         #[arg(long, value_name = "PERIOD=N,...")]
         keep: Option<String>,
-        /// snapshot: the names' prefix (only snapshots with it are pruned)
+        /// snapshot: the names' prefix (only snapshots with it are
+        /// pruned); replicate: send the newest snapshot with it
         #[arg(long, default_value = "auto")]
         prefix: String,
-        /// scrub: daily, weekly or monthly
+        /// replicate: send the newest snapshot whatever its name
+        #[arg(long, conflicts_with = "prefix")]
+        any_snapshot: bool,
+        /// scrub (monthly by default), selftest (weekly), replicate
+        /// (daily): hourly (replicate only), daily, weekly or monthly
         #[arg(long, value_name = "PERIOD")]
         every: Option<String>,
-        /// scrub: not before this hour of the day (0 to 23, UTC)
+        /// scrub, selftest, replicate: not before this hour of the day (0
+        /// to 23, UTC)
         #[arg(long, value_name = "HOUR", default_value_t = 0)]
         at: u8,
+        /// selftest: short or long
+        #[arg(long, value_name = "TEST", default_value = "short")]
+        test: String,
+        /// replicate: where, tarn://HOST[:PORT]/POOL/DATASET or
+        /// s3://BUCKET/PREFIX
+        #[arg(long, value_name = "URL")]
+        to: Option<String>,
+        /// replicate to tarn://: the file with the receiver's token
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<std::path::PathBuf>,
+        /// replicate to tarn://: the SHA-256 of the receiver's certificate
+        #[arg(long, value_name = "SHA256")]
+        fingerprint: Option<String>,
+        /// replicate to s3://: a file (mode 0600) of NAME=VALUE lines with
+        /// the store's AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION
+        /// and TARN_S3_ENDPOINT; the daemon reads it at each run
+        #[arg(long, value_name = "FILE")]
+        env_file: Option<std::path::PathBuf>,
         /// scrub: pause a running scrub in these hours, e.g. 8-23 (UTC;
         /// 22-6 wraps past midnight)
         #[arg(long, value_name = "FROM-TO")]
@@ -113,6 +146,26 @@ fn parse_pause(s: &str) -> anyhow::Result<(u8, u8)> {
     Ok((h(a)?, h(b)?))
 }
 
+/// Parses `--every`.
+fn parse_every(s: Option<&str>, default: Every) -> anyhow::Result<Every> {
+    match s {
+        None => Ok(default),
+        Some(name) => Every::parse(name)
+            .with_context(|| format!("--every {name}: hourly, daily, weekly or monthly")),
+    }
+}
+
+/// A file the daemon reads, as an absolute path.
+fn absolute(flag: &str, p: Option<std::path::PathBuf>) -> anyhow::Result<Option<String>> {
+    let Some(p) = p else {
+        return Ok(None);
+    };
+    let abs = std::path::absolute(&p).with_context(|| format!("{flag} {}", p.display()))?;
+    abs.to_str()
+        .map(|s| Some(s.to_string()))
+        .with_context(|| format!("{flag} {}: not UTF-8", p.display()))
+}
+
 fn pool_of(target: &str) -> String {
     target.split('/').next().unwrap_or(target).to_string()
 }
@@ -146,17 +199,41 @@ fn describe(k: &ScheduleKind) -> (String, String) {
             at_hour,
             pause,
         } => {
-            let every = match every {
-                Every::Daily => "daily",
-                Every::Weekly => "weekly",
-                Every::Monthly => "monthly",
-            };
             let pause = pause
                 .map(|(a, b)| format!(", paused {a:02}-{b:02}h"))
                 .unwrap_or_default();
             (
                 "scrub".to_string(),
-                format!("{every} from {at_hour:02}:00{pause}"),
+                format!("{} from {at_hour:02}:00{pause}", every.name()),
+            )
+        }
+        ScheduleKind::Selftest {
+            test,
+            every,
+            at_hour,
+        } => (
+            format!("{} self-test", test.name()),
+            format!("{} from {at_hour:02}:00", every.name()),
+        ),
+        ScheduleKind::Replicate {
+            dataset,
+            to,
+            prefix,
+            every,
+            at_hour,
+            ..
+        } => {
+            let which = match prefix {
+                Some(p) => format!("newest {p}-*"),
+                None => "newest".to_string(),
+            };
+            let when = match every {
+                Every::Hourly => "hourly".to_string(),
+                e => format!("{} from {at_hour:02}:00", e.name()),
+            };
+            (
+                format!("replicate {dataset} to {to}"),
+                format!("{which}, {when}"),
             )
         }
     }
@@ -232,14 +309,37 @@ pub(crate) fn schedule_command(
             recursive,
             keep,
             prefix,
+            any_snapshot,
             every,
             at,
             pause,
+            test,
+            to,
+            token_file,
+            fingerprint,
+            env_file,
         } => {
+            let replicate_only = to.is_some()
+                || token_file.is_some()
+                || fingerprint.is_some()
+                || env_file.is_some()
+                || any_snapshot;
+            if kind != "replicate" && replicate_only {
+                bail!(
+                    "--to, --token-file, --fingerprint, --env-file and --any-snapshot are for \
+                     replicate schedules"
+                );
+            }
+            if kind != "selftest" && test != "short" {
+                bail!("--test is for selftest schedules");
+            }
+            if kind != "scrub" && pause.is_some() {
+                bail!("--pause is for scrub schedules");
+            }
             let kind = match kind.as_str() {
                 "snapshot" => {
-                    if every.is_some() || pause.is_some() {
-                        bail!("--every and --pause are for scrub schedules");
+                    if every.is_some() {
+                        bail!("a snapshot schedule's --keep says how often it runs, not --every");
                     }
                     let keep = keep.context(
                         "a snapshot schedule needs --keep, e.g. hourly=24,daily=30,weekly=8,monthly=12",
@@ -258,19 +358,51 @@ pub(crate) fn schedule_command(
                     if target.contains('/') {
                         bail!("a scrub schedule names a pool, not '{target}'");
                     }
-                    let every = match every.as_deref() {
-                        Some("daily") => Every::Daily,
-                        Some("weekly") => Every::Weekly,
-                        Some("monthly") | None => Every::Monthly,
-                        Some(other) => bail!("--every {other}: daily, weekly or monthly"),
-                    };
                     ScheduleKind::Scrub {
-                        every,
+                        every: parse_every(every.as_deref(), Every::Monthly)?,
                         at_hour: at,
                         pause: pause.as_deref().map(parse_pause).transpose()?,
                     }
                 }
-                other => bail!("'{other}': a schedule is a `snapshot` or a `scrub` schedule"),
+                "selftest" => {
+                    if keep.is_some() || recursive {
+                        bail!("--keep and -r are for snapshot schedules");
+                    }
+                    if target.contains('/') {
+                        bail!("a self-test schedule names a pool, not '{target}'");
+                    }
+                    ScheduleKind::Selftest {
+                        test: match test.as_str() {
+                            "short" => SelfTest::Short,
+                            "long" => SelfTest::Long,
+                            other => bail!("--test {other}: short or long"),
+                        },
+                        every: parse_every(every.as_deref(), Every::Weekly)?,
+                        at_hour: at,
+                    }
+                }
+                "replicate" => {
+                    if keep.is_some() || recursive {
+                        bail!("--keep and -r are for snapshot schedules");
+                    }
+                    ScheduleKind::Replicate {
+                        dataset: target.clone(),
+                        to: to.context(
+                            "a replicate schedule needs --to tarn://HOST/POOL/DATASET or \
+                             --to s3://BUCKET/PREFIX",
+                        )?,
+                        prefix: (!any_snapshot).then_some(prefix),
+                        every: parse_every(every.as_deref(), Every::Daily)?,
+                        at_hour: at,
+                        token_file: absolute("--token-file", token_file)?,
+                        fingerprint,
+                        env_file: absolute("--env-file", env_file)?,
+                    }
+                }
+                other => bail!(
+                    "'{other}': a schedule is a `snapshot`, `scrub`, `selftest` or `replicate` \
+                     schedule"
+                ),
             };
             let schedule = Schedule {
                 name,

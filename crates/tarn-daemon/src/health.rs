@@ -175,7 +175,7 @@ fn judge(h: &mut DiskHealth) {
 }
 
 /// Whether `path` is a block device (a disk, not a file).
-fn is_block_device(path: &str) -> bool {
+pub(crate) fn is_block_device(path: &str) -> bool {
     use std::os::unix::fs::FileTypeExt;
     std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device())
 }

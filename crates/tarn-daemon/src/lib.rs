@@ -63,6 +63,7 @@ pub use transport::{run_daemon, DaemonOptions, Node};
 /// starts the NFS and WebDAV servers the options ask for.
 pub fn start_node(opts: &DaemonOptions) -> Result<Arc<Pools>> {
     let pools = Arc::new(Pools::open(&opts.state_dir, &opts.tuning)?);
+    let _ = pools.admin_socket.set(opts.socket.clone());
     pools.start_servers(&opts.servers)?;
     pools.start_scheduler()?;
     Ok(pools)

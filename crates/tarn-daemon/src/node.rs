@@ -1009,9 +1009,8 @@ impl Backend for Pools {
         pool: Option<&str>,
         name: &str,
     ) -> Result<tarn_api::schedule::RunRecord, ApiError> {
-        let _runs = self.schedule_lock.lock().unwrap_or_else(|e| e.into_inner());
         let (pool, rec) = self.find_schedule(pool, name)?;
-        let r = crate::schedule::run(self, &pool, &rec, crate::schedule::clock());
+        let r = crate::schedule::run_now(self, &pool, &rec, crate::schedule::clock())?;
         Ok(tarn_api::schedule::RunRecord {
             started_unix: r.started_unix,
             ok: r.ok,

@@ -111,6 +111,11 @@ pub struct Pools {
     pub(crate) serve_lock: Mutex<()>,
     /// One schedule run at a time (the scheduler's and `schedule.run`'s).
     pub(crate) schedule_lock: Mutex<()>,
+    /// Long schedule runs (replications) in progress, `POOL/NAME`.
+    pub(crate) long_runs: Mutex<BTreeSet<String>>,
+    /// The admin socket, which scheduled replications run `tarn
+    /// replicate` against (set when the daemon serves one).
+    pub(crate) admin_socket: std::sync::OnceLock<PathBuf>,
     /// The thread that runs schedules.
     pub(crate) scheduler: Mutex<Option<crate::schedule::Scheduler>>,
     /// The event log and the alerts.
@@ -246,6 +251,8 @@ impl Pools {
             receives: Mutex::new(BTreeSet::new()),
             serve_lock: Mutex::new(()),
             schedule_lock: Mutex::new(()),
+            long_runs: Mutex::new(BTreeSet::new()),
+            admin_socket: std::sync::OnceLock::new(),
             events,
             health: crate::health::Watch::default(),
             scheduler: Mutex::new(None),

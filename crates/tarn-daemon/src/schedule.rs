@@ -1,5 +1,15 @@
-//! Schedules: snapshot policies with retention, and scrubs, run by the
-//! daemon.
+//! Schedules: snapshot policies with retention, scrubs, SMART self-tests
+//! and replication, run by the daemon.
+//!
+//! # Long runs
+//!
+//! Snapshots, scrub starts and self-test starts take moments and run in
+//! the scheduler's thread under `Pools::schedule_lock`, one at a time. A
+//! replication may take hours: it runs `tarn replicate` (the command an
+//! owner runs by hand) against the daemon's admin socket on a thread of
+//! its own, after storing that it started (so it is not started again in
+//! its period, nor while it runs: `Pools::long_runs`), and takes the lock
+//! only to record its outcome.
 //!
 //! # What is stored, and where
 //!
@@ -50,7 +60,9 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tarn_api::schedule::{Every, Retention, RunRecord, Schedule, ScheduleInfo, ScheduleKind};
+use tarn_api::schedule::{
+    Every, Retention, RunRecord, Schedule, ScheduleInfo, ScheduleKind, SelfTest,
+};
 use tarn_api::{ApiError, Backend};
 use tarn_pool::Pool;
 
@@ -104,6 +116,34 @@ pub enum KindRecord {
         /// UTC hours `[from, to)` in which a running scrub is paused.
         pause: Option<(u8, u8)>,
     },
+    /// SMART self-tests of the pool's disks.
+    Selftest {
+        /// "short" or "long".
+        test: String,
+        /// "daily", "weekly" or "monthly".
+        every: String,
+        /// Not before this UTC hour.
+        at_hour: u8,
+    },
+    /// Replication of the newest snapshot.
+    Replicate {
+        /// The dataset.
+        dataset: String,
+        /// Target URL (tarn:// or s3://).
+        to: String,
+        /// Only snapshots named `PREFIX-…`.
+        prefix: Option<String>,
+        /// "hourly", "daily", "weekly" or "monthly".
+        every: String,
+        /// Not before this UTC hour.
+        at_hour: u8,
+        /// tarn://: the token's file.
+        token_file: Option<String>,
+        /// tarn://: the receiver certificate's SHA-256.
+        fingerprint: Option<String>,
+        /// s3://: the credentials' file.
+        env_file: Option<String>,
+    },
 }
 
 /// What a schedule did, as stored.
@@ -126,23 +166,6 @@ pub struct RunRec {
     pub ok: bool,
     /// What it did or why it failed.
     pub detail: String,
-}
-
-fn every_name(e: Every) -> &'static str {
-    match e {
-        Every::Daily => "daily",
-        Every::Weekly => "weekly",
-        Every::Monthly => "monthly",
-    }
-}
-
-fn every_of(s: &str) -> Option<Every> {
-    match s {
-        "daily" => Some(Every::Daily),
-        "weekly" => Some(Every::Weekly),
-        "monthly" => Some(Every::Monthly),
-        _ => None,
-    }
 }
 
 impl From<&Schedule> for ScheduleRecord {
@@ -170,9 +193,37 @@ impl From<&Schedule> for ScheduleRecord {
                 at_hour,
                 pause,
             } => KindRecord::Scrub {
-                every: every_name(*every).to_string(),
+                every: every.name().to_string(),
                 at_hour: *at_hour,
                 pause: *pause,
+            },
+            ScheduleKind::Selftest {
+                test,
+                every,
+                at_hour,
+            } => KindRecord::Selftest {
+                test: test.name().to_string(),
+                every: every.name().to_string(),
+                at_hour: *at_hour,
+            },
+            ScheduleKind::Replicate {
+                dataset,
+                to,
+                prefix,
+                every,
+                at_hour,
+                token_file,
+                fingerprint,
+                env_file,
+            } => KindRecord::Replicate {
+                dataset: dataset.clone(),
+                to: to.clone(),
+                prefix: prefix.clone(),
+                every: every.name().to_string(),
+                at_hour: *at_hour,
+                token_file: token_file.clone(),
+                fingerprint: fingerprint.clone(),
+                env_file: env_file.clone(),
             },
         };
         ScheduleRecord {
@@ -203,9 +254,41 @@ impl ScheduleRecord {
                 at_hour,
                 pause,
             } => ScheduleKind::Scrub {
-                every: every_of(every).ok_or_else(|| format!("unknown period '{every}'"))?,
+                every: Every::parse(every).ok_or_else(|| format!("unknown period '{every}'"))?,
                 at_hour: *at_hour,
                 pause: *pause,
+            },
+            KindRecord::Selftest {
+                test,
+                every,
+                at_hour,
+            } => ScheduleKind::Selftest {
+                test: match test.as_str() {
+                    "short" => SelfTest::Short,
+                    "long" => SelfTest::Long,
+                    other => return Err(format!("unknown self-test '{other}'")),
+                },
+                every: Every::parse(every).ok_or_else(|| format!("unknown period '{every}'"))?,
+                at_hour: *at_hour,
+            },
+            KindRecord::Replicate {
+                dataset,
+                to,
+                prefix,
+                every,
+                at_hour,
+                token_file,
+                fingerprint,
+                env_file,
+            } => ScheduleKind::Replicate {
+                dataset: dataset.clone(),
+                to: to.clone(),
+                prefix: prefix.clone(),
+                every: Every::parse(every).ok_or_else(|| format!("unknown period '{every}'"))?,
+                at_hour: *at_hour,
+                token_file: token_file.clone(),
+                fingerprint: fingerprint.clone(),
+                env_file: env_file.clone(),
             },
         };
         Ok(Schedule {
@@ -315,25 +398,40 @@ pub fn finest(k: &Retention) -> Option<Period> {
     periods(k).into_iter().find(|(_, n)| *n > 0).map(|(p, _)| p)
 }
 
-fn scrub_period(e: Every) -> Period {
+fn every_period(e: Every) -> Period {
     match e {
+        Every::Hourly => Period::Hour,
         Every::Daily => Period::Day,
         Every::Weekly => Period::Week,
         Every::Monthly => Period::Month,
     }
 }
 
+/// How often, and from which hour of the day, a scrub, self-test or
+/// replication schedule runs; none for a snapshot policy.
+fn periodic(kind: &ScheduleKind) -> Option<(Period, u8)> {
+    match kind {
+        ScheduleKind::Snapshot { .. } => None,
+        ScheduleKind::Scrub { every, at_hour, .. }
+        | ScheduleKind::Selftest { every, at_hour, .. }
+        | ScheduleKind::Replicate { every, at_hour, .. } => {
+            let p = every_period(*every);
+            Some((p, if p == Period::Hour { 0 } else { *at_hour }))
+        }
+    }
+}
+
 /// Whether a schedule last started at `last` is due at `now`.
 pub fn due(kind: &ScheduleKind, last: Option<u64>, now: u64) -> bool {
-    match kind {
-        ScheduleKind::Snapshot { keep, .. } => match finest(keep) {
+    match (kind, periodic(kind)) {
+        (ScheduleKind::Snapshot { keep, .. }, _) => match finest(keep) {
             None => false,
             Some(p) => last.is_none_or(|l| bucket(p, l) < bucket(p, now)),
         },
-        ScheduleKind::Scrub { every, at_hour, .. } => {
-            let p = scrub_period(*every);
-            hour_of(now) >= *at_hour && last.is_none_or(|l| bucket(p, l) < bucket(p, now))
+        (_, Some((p, at_hour))) => {
+            hour_of(now) >= at_hour && last.is_none_or(|l| bucket(p, l) < bucket(p, now))
         }
+        (_, None) => false,
     }
 }
 
@@ -343,18 +441,18 @@ pub fn next_due(kind: &ScheduleKind, last: Option<u64>, now: u64) -> Option<u64>
     if due(kind, last, now) {
         return Some(now);
     }
-    match kind {
-        ScheduleKind::Snapshot { keep, .. } => {
+    match (kind, periodic(kind)) {
+        (ScheduleKind::Snapshot { keep, .. }, _) => {
             finest(keep).map(|p| next_bucket(p, last.unwrap_or(now)))
         }
-        ScheduleKind::Scrub { every, at_hour, .. } => {
-            let p = scrub_period(*every);
+        (_, Some((p, at_hour))) => {
             let start = match last {
                 Some(l) if bucket(p, l) == bucket(p, now) => next_bucket(p, now),
                 _ => bucket(p, now),
             };
-            Some(start + u64::from(*at_hour) * 3600)
+            Some(start + u64::from(at_hour) * 3600)
         }
+        (_, None) => None,
     }
 }
 
@@ -457,8 +555,26 @@ pub fn stored(pool: &Pool) -> Result<Vec<(ScheduleRecord, StateRecord)>, ApiErro
 /// Stores a schedule (and, for a new scrub schedule, a state that starts
 /// counting now).
 pub fn put(pool: &Pool, s: &Schedule, now: u64) -> Result<(), ApiError> {
-    if let ScheduleKind::Snapshot { dataset, .. } = &s.kind {
-        tarn_dataset::get_props(pool, dataset, &["type".to_string()]).map_err(ds_error)?;
+    match &s.kind {
+        ScheduleKind::Snapshot { dataset, .. } => {
+            tarn_dataset::get_props(pool, dataset, &["type".to_string()]).map_err(ds_error)?;
+        }
+        ScheduleKind::Replicate {
+            dataset,
+            token_file,
+            env_file,
+            ..
+        } => {
+            tarn_dataset::get_props(pool, dataset, &["type".to_string()]).map_err(ds_error)?;
+            if let Some(f) = token_file {
+                std::fs::read_to_string(f)
+                    .map_err(|e| ApiError::invalid(format!("cannot read {f}: {e}")))?;
+            }
+            if let Some(f) = env_file {
+                read_env_file(f).map_err(ApiError::invalid)?;
+            }
+        }
+        ScheduleKind::Scrub { .. } | ScheduleKind::Selftest { .. } => {}
     }
     let rec = ScheduleRecord::from(s);
     let existing = stored(pool)?.into_iter().find(|(r, _)| r.name == s.name);
@@ -466,7 +582,14 @@ pub fn put(pool: &Pool, s: &Schedule, now: u64) -> Result<(), ApiError> {
     let fresh = existing.is_none_or(|(old, _)| old.kind != rec.kind);
     if fresh {
         let state = StateRecord {
-            last_started_unix: matches!(s.kind, ScheduleKind::Scrub { .. }).then_some(now),
+            // Scrubs and self-tests are long and wear the disks: a new
+            // schedule waits for its next period. Snapshots and
+            // replication run at once, so a mistake shows now.
+            last_started_unix: matches!(
+                s.kind,
+                ScheduleKind::Scrub { .. } | ScheduleKind::Selftest { .. }
+            )
+            .then_some(now),
             runs: Vec::new(),
         };
         tarn_dataset::config_put(pool, KIND_STATE, &s.name, &encode(&state)?).map_err(ds_error)?;
@@ -526,7 +649,18 @@ pub fn clock() -> u64 {
 /// Runs the schedule `rec` of `pool` now and records the run. The caller
 /// holds `Pools::schedule_lock`.
 pub fn run(pools: &Pools, pool: &Arc<Pool>, rec: &ScheduleRecord, now: u64) -> RunRec {
-    let result = match rec.to_api(pool.name()) {
+    let result = execute(pools, pool, rec, now);
+    record(pools, pool, rec, now, result)
+}
+
+/// Does what the schedule does; its outcome in a line.
+fn execute(
+    pools: &Pools,
+    pool: &Arc<Pool>,
+    rec: &ScheduleRecord,
+    now: u64,
+) -> Result<String, String> {
+    match rec.to_api(pool.name()) {
         Err(e) => Err(e),
         Ok(s) => match &s.kind {
             ScheduleKind::Snapshot {
@@ -536,8 +670,143 @@ pub fn run(pools: &Pools, pool: &Arc<Pool>, rec: &ScheduleRecord, now: u64) -> R
                 prefix,
             } => run_snapshot(pools, dataset, *recursive, keep, prefix, now),
             ScheduleKind::Scrub { .. } => run_scrub(pools, pool.name()),
+            ScheduleKind::Selftest { test, .. } => run_selftest(pools, pool.name(), *test),
+            ScheduleKind::Replicate { .. } => run_replicate(pools, &s.kind),
         },
+    }
+}
+
+/// Whether the schedule runs for long (a replication): it runs on a
+/// thread of its own, without `Pools::schedule_lock`, so snapshots and
+/// scrubs stay on time while it sends.
+fn runs_long(rec: &ScheduleRecord) -> bool {
+    matches!(rec.kind, KindRecord::Replicate { .. })
+}
+
+/// Stores that the schedule started at `now` (before a long run, so the
+/// scheduler does not start it again in the same period). The caller
+/// holds `Pools::schedule_lock`.
+fn mark_started(pool: &Pool, rec: &ScheduleRecord, now: u64) {
+    let mut state = stored(pool)
+        .ok()
+        .and_then(|l| l.into_iter().find(|(r, _)| r.name == rec.name))
+        .map(|(_, s)| s)
+        .unwrap_or_default();
+    state.last_started_unix = Some(now);
+    let saved = encode(&state)
+        .and_then(|b| tarn_dataset::config_put(pool, KIND_STATE, &rec.name, &b).map_err(ds_error));
+    if let Err(e) = saved {
+        eprintln!(
+            "tarn: cannot record the start of schedule '{}': {e}",
+            rec.name
+        );
+    }
+}
+
+/// Long runs in progress, by `POOL/NAME`, taken out when dropped.
+struct LongRun<'a> {
+    pools: &'a Pools,
+    key: String,
+}
+
+impl<'a> LongRun<'a> {
+    fn start(pools: &'a Pools, pool: &Pool, rec: &ScheduleRecord) -> Option<LongRun<'a>> {
+        let key = format!("{}/{}", pool.name(), rec.name);
+        let mut running = pools.long_runs.lock().unwrap_or_else(|e| e.into_inner());
+        running
+            .insert(key.clone())
+            .then_some(LongRun { pools, key })
+    }
+}
+
+impl Drop for LongRun<'_> {
+    fn drop(&mut self) {
+        self.pools
+            .long_runs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+    }
+}
+
+/// `tarn schedule run-now`: runs a schedule and waits for its outcome. A
+/// replication runs without `Pools::schedule_lock` (see [`runs_long`]),
+/// and not while the scheduler's run of it goes on.
+pub fn run_now(
+    pools: &Pools,
+    pool: &Arc<Pool>,
+    rec: &ScheduleRecord,
+    now: u64,
+) -> Result<RunRec, ApiError> {
+    if !runs_long(rec) {
+        let _runs = pools
+            .schedule_lock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        return Ok(run(pools, pool, rec, now));
+    }
+    let Some(_running) = LongRun::start(pools, pool, rec) else {
+        return Err(ApiError::busy(format!(
+            "schedule '{}' is running now; see `tarn schedule runs {}` when it ends",
+            rec.name, rec.name
+        )));
     };
+    {
+        let _runs = pools
+            .schedule_lock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        mark_started(pool, rec, now);
+    }
+    let result = execute(pools, pool, rec, now);
+    let _runs = pools
+        .schedule_lock
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    Ok(record(pools, pool, rec, now, result))
+}
+
+/// Starts a long run on a thread of its own (the scheduler's way); does
+/// nothing if it runs already. The caller holds `Pools::schedule_lock`.
+fn start_long(pools: &Arc<Pools>, pool: &Arc<Pool>, rec: &ScheduleRecord, now: u64) {
+    if pools
+        .long_runs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&format!("{}/{}", pool.name(), rec.name))
+    {
+        return;
+    }
+    mark_started(pool, rec, now);
+    let name = rec.name.clone();
+    let (pools, pool, rec) = (pools.clone(), pool.clone(), rec.clone());
+    let spawned = std::thread::Builder::new()
+        .name("tarn-schedule-run".into())
+        .spawn(move || {
+            let Some(_running) = LongRun::start(&pools, &pool, &rec) else {
+                return;
+            };
+            let result = execute(&pools, &pool, &rec, now);
+            let _runs = pools
+                .schedule_lock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            record(&pools, &pool, &rec, now, result);
+        });
+    if let Err(e) = spawned {
+        eprintln!("tarn: cannot start schedule '{name}': {e}");
+    }
+}
+
+/// Records the outcome of a run (and raises an event if it failed). The
+/// caller holds `Pools::schedule_lock`.
+fn record(
+    pools: &Pools,
+    pool: &Arc<Pool>,
+    rec: &ScheduleRecord,
+    now: u64,
+    result: Result<String, String>,
+) -> RunRec {
     let run = match result {
         Ok(detail) => RunRec {
             started_unix: now,
@@ -661,6 +930,195 @@ fn run_scrub(pools: &Pools, pool: &str) -> Result<String, String> {
     }
 }
 
+/// Starts a self-test on every disk of the pool; file devices are
+/// skipped (they have none). Results arrive later, through the health
+/// watch, which raises an event for a failed one.
+fn run_selftest(pools: &Pools, pool: &str, test: SelfTest) -> Result<String, String> {
+    let status = pools.pool_status(Some(pool)).map_err(|e| e.to_string())?;
+    let leaves: Vec<String> = status
+        .iter()
+        .flat_map(|s| crate::health::leaves(&s.vdevs))
+        .collect();
+    let disks: Vec<&String> = leaves
+        .iter()
+        .filter(|d| crate::health::is_block_device(d))
+        .collect();
+    if disks.is_empty() {
+        return Ok(format!(
+            "'{pool}' has no disks to test ({} file devices have no self-test)",
+            leaves.len()
+        ));
+    }
+    let mut started = Vec::new();
+    let mut failed = Vec::new();
+    for d in disks {
+        match crate::health::self_test(d, test.name()) {
+            Ok(_) => started.push(d.as_str()),
+            Err(e) => failed.push(format!("{d}: {e}")),
+        }
+    }
+    let done = format!(
+        "started a {} self-test on {}",
+        test.name(),
+        if started.is_empty() {
+            "no disk".to_string()
+        } else {
+            started.join(", ")
+        }
+    );
+    if failed.is_empty() {
+        Ok(done)
+    } else {
+        Err(format!("{done}; {}", failed.join("; ")))
+    }
+}
+
+/// Names a credentials file may set: what `tarn replicate` reads to reach
+/// an object store, and nothing else (a file cannot set `LD_PRELOAD`).
+const ENV_NAMES: &[&str] = &[
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "TARN_S3_ENDPOINT",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ENDPOINT_URL",
+    "TARN_S3_PATH_STYLE",
+    "SSL_CERT_FILE",
+];
+
+/// Reads a credentials file: `NAME=VALUE` lines (an `export ` before the
+/// name and quotes around the value are allowed, `#` starts a comment),
+/// names from [`ENV_NAMES`], readable by its owner only.
+pub fn read_env_file(path: &str) -> Result<Vec<(String, String)>, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(format!(
+            "{path} holds credentials but others may read it: chmod 600 {path}"
+        ));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let line = line.strip_prefix("export ").unwrap_or(line).trim_start();
+        let Some((name, value)) = line.split_once('=') else {
+            return Err(format!("{path}:{}: expected NAME=VALUE", i + 1));
+        };
+        let name = name.trim();
+        if !ENV_NAMES.contains(&name) {
+            return Err(format!(
+                "{path}:{}: '{name}' is not one of {}",
+                i + 1,
+                ENV_NAMES.join(", ")
+            ));
+        }
+        let value = value.trim();
+        let unquoted = ['"', '\'']
+            .iter()
+            .find_map(|q| value.strip_prefix(*q).and_then(|v| v.strip_suffix(*q)))
+            .unwrap_or(value);
+        out.push((name.to_string(), unquoted.to_string()));
+    }
+    Ok(out)
+}
+
+/// The newest snapshot of `dataset` (by the txg that took it) whose name
+/// starts with `PREFIX-`, or of any name.
+fn newest_snapshot<'a>(
+    all: impl IntoIterator<Item = (&'a str, u64)>,
+    dataset: &str,
+    prefix: Option<&str>,
+) -> Option<String> {
+    all.into_iter()
+        .filter(|(name, _)| {
+            name.split_once('@').is_some_and(|(fs, short)| {
+                fs == dataset
+                    && prefix
+                        .is_none_or(|p| short.strip_prefix(p).is_some_and(|r| r.starts_with('-')))
+            })
+        })
+        .max_by_key(|(_, txg)| *txg)
+        .map(|(name, _)| name.to_string())
+}
+
+/// Sends the newest snapshot by running `tarn replicate` against this
+/// daemon's admin socket, as the owner would from cron: the code that
+/// replicates by hand is the code that replicates on schedule, and a
+/// store or a remote tarn that hangs or misbehaves affects a child
+/// process, not the daemon. The command holds the snapshot it sent, so
+/// pruning keeps the base of the next incremental.
+fn run_replicate(pools: &Pools, kind: &ScheduleKind) -> Result<String, String> {
+    let ScheduleKind::Replicate {
+        dataset,
+        to,
+        prefix,
+        token_file,
+        fingerprint,
+        env_file,
+        ..
+    } = kind
+    else {
+        return Err("not a replication schedule".into());
+    };
+    let socket = pools
+        .admin_socket
+        .get()
+        .ok_or("this daemon has no admin socket to replicate through")?;
+    let all = pools.dataset_list(true).map_err(|e| e.to_string())?;
+    let named = all.iter().map(|d| (d.name.as_str(), d.createtxg));
+    let Some(snap) = newest_snapshot(named, dataset, prefix.as_deref()) else {
+        return Err(match prefix {
+            Some(p) => format!("{dataset} has no snapshot named {p}-… to send"),
+            None => format!("{dataset} has no snapshot to send"),
+        });
+    };
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find tarn itself: {e}"))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("--socket")
+        .arg(socket)
+        .arg("replicate")
+        .arg(&snap)
+        .arg("--to")
+        .arg(to)
+        .stdin(std::process::Stdio::null());
+    if let Some(f) = token_file {
+        cmd.arg("--token-file").arg(f);
+    }
+    if let Some(f) = fingerprint {
+        cmd.arg("--fingerprint").arg(f);
+    }
+    if let Some(f) = env_file {
+        for (k, v) in read_env_file(f)? {
+            cmd.env(k, v);
+        }
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run tarn replicate: {e}"))?;
+    let lines = |b: &[u8]| -> String {
+        String::from_utf8_lossy(b)
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    if out.status.success() {
+        Ok(lines(&out.stdout))
+    } else {
+        let why = lines(&out.stderr);
+        Err(format!(
+            "replicating {snap} to {to} failed: {}",
+            why.strip_prefix("tarn: error: ").unwrap_or(&why)
+        ))
+    }
+}
+
 /// Pauses the scrub of `pool` in the pause hours of its scrub schedules,
 /// and resumes it after them.
 fn apply_pause(pools: &Pools, pool: &str, pause: Option<(u8, u8)>, now: u64) {
@@ -686,27 +1144,34 @@ fn apply_pause(pools: &Pools, pool: &str, pause: Option<(u8, u8)>, now: u64) {
 
 /// One look at every schedule: runs what is due, applies pause hours;
 /// then at every pool, for events.
-pub fn tick(pools: &Pools, now: u64) {
+pub fn tick(pools: &Arc<Pools>, now: u64) {
     look_at_schedules(pools, now);
     pools.events.observe(pools);
     pools.watch_health();
 }
 
-fn look_at_schedules(pools: &Pools, now: u64) {
+fn look_at_schedules(pools: &Arc<Pools>, now: u64) {
     let _runs = pools
         .schedule_lock
         .lock()
         .unwrap_or_else(|e| e.into_inner());
     for pool in pools.all_pools() {
-        let Ok(list) = stored(&pool) else {
+        let Ok(mut list) = stored(&pool) else {
             continue;
         };
+        // Snapshots first: a replication due in the same look sends the
+        // snapshot just taken.
+        list.sort_by_key(|(r, _)| !matches!(r.kind, KindRecord::Snapshot { .. }));
         for (rec, state) in list {
             let Ok(s) = rec.to_api(pool.name()) else {
                 continue;
             };
             if due(&s.kind, state.last_started_unix, now) {
-                run(pools, &pool, &rec, now);
+                if runs_long(&rec) {
+                    start_long(pools, &pool, &rec, now);
+                } else {
+                    run(pools, &pool, &rec, now);
+                }
             }
             if let ScheduleKind::Scrub { pause: Some(p), .. } = s.kind {
                 apply_pause(pools, pool.name(), Some(p), now);
@@ -997,8 +1462,85 @@ mod tests {
             r#"{"last_started_unix":5,"runs":[{"started_unix":5,"ok":true,"detail":"took x"}]}"#;
         let st: StateRecord = serde_json::from_str(state).unwrap();
         assert_eq!(serde_json::to_string(&st).unwrap(), state);
-        let bad = r#"{"name":"m","kind":{"scrub":{"every":"hourly","at_hour":2,"pause":null}}}"#;
+        let bad = r#"{"name":"m","kind":{"scrub":{"every":"yearly","at_hour":2,"pause":null}}}"#;
         let rec: ScheduleRecord = serde_json::from_str(bad).unwrap();
         assert!(rec.to_api("tank").is_err(), "an unknown period is not run");
+        let selftest =
+            r#"{"name":"t","kind":{"selftest":{"test":"long","every":"weekly","at_hour":3}}}"#;
+        let rec: ScheduleRecord = serde_json::from_str(selftest).unwrap();
+        assert_eq!(serde_json::to_string(&rec).unwrap(), selftest);
+        assert_eq!(
+            ScheduleRecord::from(&rec.to_api("tank").unwrap()),
+            rec,
+            "round trip"
+        );
+        let bad = selftest.replace("long", "medium");
+        let rec: ScheduleRecord = serde_json::from_str(&bad).unwrap();
+        assert!(rec.to_api("tank").is_err(), "an unknown test is not run");
+        let repl = r#"{"name":"off","kind":{"replicate":{"dataset":"tank/a","to":"s3://b/p","prefix":"auto","every":"hourly","at_hour":0,"token_file":null,"fingerprint":null,"env_file":"/etc/tarn/s3.env"}}}"#;
+        let rec: ScheduleRecord = serde_json::from_str(repl).unwrap();
+        assert_eq!(serde_json::to_string(&rec).unwrap(), repl);
+        assert_eq!(ScheduleRecord::from(&rec.to_api("tank").unwrap()), rec);
+    }
+
+    #[test]
+    fn replication_sends_the_newest_snapshot_of_its_prefix() {
+        let all = [
+            ("tank/a", 0),
+            ("tank/a@auto-2026-01-01-0000", 5),
+            ("tank/a@manual", 9),
+            ("tank/a@auto-2026-01-01-0100", 7),
+            ("tank/a@autumn", 11),
+            ("tank/ab@auto-2026-01-02-0000", 12),
+            ("tank/a/b@auto-2026-01-02-0000", 13),
+        ];
+        assert_eq!(
+            newest_snapshot(all, "tank/a", Some("auto")).as_deref(),
+            Some("tank/a@auto-2026-01-01-0100"),
+            "by txg, not by name; 'autumn' is not an auto- snapshot"
+        );
+        assert_eq!(
+            newest_snapshot(all, "tank/a", None).as_deref(),
+            Some("tank/a@autumn")
+        );
+        assert_eq!(newest_snapshot(all, "tank/c", None), None);
+    }
+
+    #[test]
+    fn credentials_files_are_checked() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("s3.env");
+        let path = f.to_str().unwrap();
+        std::fs::write(
+            &f,
+            "# the offsite store\nexport AWS_ACCESS_KEY_ID=ak\nAWS_SECRET_ACCESS_KEY=\"s k\"\n\n\
+             TARN_S3_ENDPOINT='http://127.0.0.1:9000'\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let vars = read_env_file(path).unwrap();
+        assert_eq!(
+            vars,
+            [
+                ("AWS_ACCESS_KEY_ID".to_string(), "ak".to_string()),
+                ("AWS_SECRET_ACCESS_KEY".to_string(), "s k".to_string()),
+                (
+                    "TARN_S3_ENDPOINT".to_string(),
+                    "http://127.0.0.1:9000".to_string()
+                ),
+            ]
+        );
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = read_env_file(path).unwrap_err();
+        assert!(e.contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(&f, "AWS_REGION=x\nLD_PRELOAD=/tmp/evil.so\n").unwrap();
+        let e = read_env_file(path).unwrap_err();
+        assert!(e.contains(":2:") && e.contains("LD_PRELOAD"), "{e}");
+        std::fs::write(&f, "AWS_REGION\n").unwrap();
+        assert!(read_env_file(path)
+            .unwrap_err()
+            .contains(":1: expected NAME=VALUE"));
     }
 }

@@ -163,7 +163,8 @@ impl DsRec {
         self.kind == DatasetKind::Snapshot
     }
 
-    /// Busy when this snapshot is held (it cannot be destroyed).
+    /// Busy when this snapshot is held (it cannot be destroyed); the hint
+    /// quotes a tag a shell would split.
     pub(crate) fn check_not_held(&self) -> Result<(), DsError> {
         if self.holds.is_empty() {
             return Ok(());
@@ -173,7 +174,7 @@ impl DsRec {
             "snapshot '{}' is held ({}): release it first with `tarn release {} {}`",
             self.name,
             tags.join(", "),
-            tags[0],
+            shell_word(tags[0]),
             self.name
         )))
     }
@@ -406,4 +407,30 @@ pub(crate) fn check_snap_part(name: &str, snap: &str) -> Result<(), DsError> {
 
 pub(crate) fn parent_name(name: &str) -> Option<&str> {
     name.rsplit_once('/').map(|(p, _)| p)
+}
+
+/// `word` as one shell word: quoted when it holds anything but letters,
+/// digits and `-_.:/@=+,`.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.:/@=+,".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hold_tags_in_hints_are_one_shell_word() {
+        use super::shell_word;
+        assert_eq!(shell_word("offsite"), "offsite");
+        assert_eq!(shell_word("replicate s3://b/p"), "'replicate s3://b/p'");
+        assert_eq!(shell_word("it's"), r"'it'\''s'");
+        assert_eq!(shell_word(""), "''");
+    }
 }

@@ -31,6 +31,18 @@ fn files_have_no_health_data_and_disks_are_asked() {
     assert!(err.contains("a file, not a disk"), "{err}");
     let err = d.fails(&["disk", "health", "/dev/nonexistent-disk"]);
     assert!(err.contains("not a device of an imported pool"), "{err}");
+    // A self-test schedule of a pool of files has nothing to test, and
+    // says so; it waits for its next period before its first run.
+    d.ok(&[
+        "schedule", "add", "tests", "selftest", "tank", "--test", "long", "--every", "weekly",
+    ]);
+    let list = d.ok(&["schedule", "list"]);
+    assert!(
+        list.contains("long self-test") && list.contains("never"),
+        "{list}"
+    );
+    let out = d.ok(&["schedule", "run-now", "tests"]);
+    assert!(out.contains("no disks to test (2 file devices"), "{out}");
 
     // Block devices (loop devices here) go to smartctl, which has no SMART
     // data for them either, and says so.
@@ -63,6 +75,16 @@ fn files_have_no_health_data_and_disks_are_asked() {
             note.starts_with("no health data") && !note.contains("a file"),
             "a loop device is a disk without SMART data: {v}"
         );
+        // A scheduled self-test goes to smartctl, which cannot test a loop
+        // device: the run fails, names the disks, and raises an event.
+        d.ok(&["schedule", "add", "loop-tests", "selftest", "loops"]);
+        let err = d.fails(&["schedule", "run-now", "loop-tests"]);
+        assert!(
+            err.contains(&loops[0]) && err.contains("could not start the test"),
+            "{err}"
+        );
+        let events = d.ok(&["events"]);
+        assert!(events.contains("'loop-tests' failed"), "{events}");
     }));
     let _ = d.tarn(&["pool", "destroy", "-f", "loops"]);
     d.stop();

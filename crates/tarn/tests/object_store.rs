@@ -8,108 +8,15 @@
 
 mod common;
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::PathBuf;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::process::{files, succeeded, Daemon};
+use common::minio::{Minio, BUCKET};
+use common::process::{files, Daemon};
 use tarn_testkit::require::{self, is_mounted};
 
 const PASS: &[u8] = b"the store never sees this\n";
-const USER: &str = "tarn-test";
-const SECRET: &str = "tarn-test-secret-key";
-const BUCKET: &str = "offsite";
-
-/// A MinIO server on a free loopback port, with its data in a folder.
-struct Minio {
-    child: Child,
-    endpoint: String,
-}
-
-impl Drop for Minio {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-impl Minio {
-    fn start(minio: &Path, dir: &Path) -> Minio {
-        let (port, console) = (free_port(), free_port());
-        let child = Command::new(minio)
-            .args(["server", "--quiet", "--address"])
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--console-address")
-            .arg(format!("127.0.0.1:{console}"))
-            .arg(dir)
-            .env("MINIO_ROOT_USER", USER)
-            .env("MINIO_ROOT_PASSWORD", SECRET)
-            .env("MINIO_BROWSER", "off")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start minio");
-        let m = Minio {
-            child,
-            endpoint: format!("http://127.0.0.1:{port}"),
-        };
-        let t0 = Instant::now();
-        loop {
-            let mut b = m.bucket();
-            match b.create() {
-                Ok(()) => break,
-                Err(e) => assert!(
-                    t0.elapsed() < Duration::from_secs(60),
-                    "minio did not start: {e}"
-                ),
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        m
-    }
-
-    fn config(&self) -> tarn_s3::Config {
-        tarn_s3::Config {
-            endpoint: tarn_s3::http::Endpoint::parse(&self.endpoint).unwrap(),
-            path_style: true,
-            signer: tarn_s3::sigv4::Signer::new(USER, SECRET, "us-east-1"),
-        }
-    }
-
-    fn bucket(&self) -> tarn_s3::Bucket {
-        tarn_s3::Bucket::new(self.config(), BUCKET).unwrap()
-    }
-
-    /// The CLI against `d`, with this store's settings in its environment.
-    fn command(&self, d: &Daemon, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_tarn"));
-        c.arg("--socket")
-            .arg(&d.socket)
-            .args(args)
-            .env_remove("TARN_SOCKET")
-            .env("TARN_S3_ENDPOINT", &self.endpoint)
-            .env("AWS_ACCESS_KEY_ID", USER)
-            .env("AWS_SECRET_ACCESS_KEY", SECRET)
-            .env("AWS_REGION", "us-east-1");
-        c
-    }
-
-    fn run(&self, d: &Daemon, args: &[&str]) -> Output {
-        self.command(d, args).output().expect("run tarn")
-    }
-
-    fn ok(&self, d: &Daemon, args: &[&str]) -> String {
-        succeeded(self.run(d, args), &format!("tarn {args:?}"))
-    }
-}
 
 #[test]
 fn snapshots_go_to_an_object_store_and_come_back_without_the_key() {
@@ -209,6 +116,17 @@ fn snapshots_go_to_an_object_store_and_come_back_without_the_key() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v[0]["from"], "night-9", "{out}");
     assert_eq!(v[0]["parts"], 1, "{out}");
+    // The base of the next incremental is held (moved from night-9), so
+    // pruning cannot take it.
+    let tag = format!("replicate {url}");
+    let holds = a.ok(&["holds", "tank/docs@night-9", "tank/docs@night-10"]);
+    let held: Vec<&str> = holds.lines().filter(|l| l.contains(&tag)).collect();
+    assert!(held.len() == 1 && held[0].contains("@night-10"), "{holds}");
+    let err = a.fails(&["destroy", "tank/docs@night-10"]);
+    assert!(
+        err.contains(&format!("is held ({tag})")) && err.contains(&format!("release '{tag}'")),
+        "{err}"
+    );
 
     // No stored object holds the plaintext; parts of the cut try that
     // the finished stream does not name are gone.

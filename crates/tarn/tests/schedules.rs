@@ -2,13 +2,18 @@
 //! snapshots and prunes only what its retention lets go (never a held or
 //! cloned one, nor snapshots without its prefix); a period missed while
 //! the daemon was down runs once; a scrub schedule starts a scrub and
-//! resumes one paused outside its pause hours; every run is recorded.
+//! resumes one paused outside its pause hours; a replication schedule
+//! sends the newest snapshot of its policy to an object store (MinIO) and
+//! holds it, so pruning keeps the next incremental's base; every run is
+//! recorded, and a failed one raises an event.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
+use common::minio::{Minio, BUCKET, SECRET, USER};
 use common::process::{files, Daemon};
+use tarn_testkit::require;
 
 /// The scheduler looks every 100 ms in these tests.
 const TICK: (&str, &str) = ("TARN_SCHEDULE_TICK_MS", "100");
@@ -228,4 +233,158 @@ fn scrub_schedules_scrub_and_resume_outside_pause_hours() {
     }
     wait_for("the scrub to finish", || state() == "finished");
     d.stop();
+}
+
+#[test]
+fn replication_schedules_send_hold_and_report_failures() {
+    let Some(minio) = require::program("minio") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    std::fs::create_dir_all(&store_dir).unwrap();
+    let s3 = Minio::start(&minio, &store_dir);
+    let url = format!("s3://{BUCKET}/nas/docs");
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let d = Daemon::start_env(&home, &[], &[TICK]);
+    let f = files(&home, "m", 2, 128 << 20);
+    d.ok(&["pool", "create", "tank", "mirror", &f[0], &f[1]]);
+    d.ok(&["dataset", "create", "tank/docs"]);
+    d.ok(&["snapshot", "tank/docs@auto-2026-01-01-0000"]);
+    d.ok(&["snapshot", "tank/docs@manual"]);
+
+    // The store's credentials live in a file only the owner may read.
+    let env = dir.path().join("s3.env");
+    std::fs::write(
+        &env,
+        format!(
+            "# the offsite store\nTARN_S3_ENDPOINT={}\nAWS_ACCESS_KEY_ID={USER}\n\
+             AWS_SECRET_ACCESS_KEY={SECRET}\nAWS_REGION=us-east-1\n",
+            s3.endpoint
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&env, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let env_s = env.to_str().unwrap();
+    let add = |name: &str, env_file: &str| {
+        d.tarn(&[
+            "schedule",
+            "add",
+            name,
+            "replicate",
+            "tank/docs",
+            "--to",
+            &url,
+            "--env-file",
+            env_file,
+            "--every",
+            "daily",
+        ])
+    };
+    let refused = add("offsite", env_s);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("chmod 600"),
+        "{err}"
+    );
+    std::fs::set_permissions(&env, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let err = d.fails(&[
+        "schedule",
+        "add",
+        "x",
+        "replicate",
+        "tank/docs",
+        "--to",
+        "tarn://h/v/d",
+    ]);
+    assert!(err.contains("--token-file"), "{err}");
+
+    // A new replication schedule runs at once, and sends the newest
+    // snapshot of its prefix (not "manual", taken later).
+    let added = add("offsite", env_s);
+    assert!(
+        added.status.success(),
+        "{}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+    wait_for("the first replication", || runs(&d, "offsite").len() == 1);
+    let first = runs(&d, "offsite")[0].clone();
+    assert_eq!(first["ok"], true, "{first}");
+    let detail = first["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("stored tank/docs@auto-2026-01-01-0000"),
+        "{detail}"
+    );
+    let tag = format!("replicate {url}");
+    let holds = d.ok(&["holds", "tank/docs@auto-2026-01-01-0000"]);
+    assert!(holds.contains(&tag), "{holds}");
+    // Not again in the same day, however often the scheduler looks.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(runs(&d, "offsite").len(), 1);
+
+    // By hand: the next snapshot goes as incrementals (through "manual",
+    // taken between), and the hold moves.
+    d.ok(&["snapshot", "tank/docs@auto-2026-01-02-0000"]);
+    let out = d.ok(&["schedule", "run-now", "offsite"]);
+    assert!(
+        out.contains("stored tank/docs@manual since @auto-2026-01-01-0000")
+            && out.contains("stored tank/docs@auto-2026-01-02-0000 since @manual"),
+        "{out}"
+    );
+    let holds = d.ok(&[
+        "holds",
+        "tank/docs@auto-2026-01-01-0000",
+        "tank/docs@auto-2026-01-02-0000",
+    ]);
+    let ours: Vec<&str> = holds.lines().filter(|l| l.contains(&tag)).collect();
+    assert!(ours.len() == 1 && ours[0].contains("-02-0000"), "{holds}");
+    let manifests = s3
+        .bucket()
+        .list("nas/docs/")
+        .unwrap()
+        .iter()
+        .filter(|o| o.key.ends_with("/manifest.json"))
+        .count();
+    assert_eq!(manifests, 3);
+
+    // A policy keeping one hour keeps the first of this hour (01) and the
+    // one it takes; it prunes 03, but not 02, the held base.
+    d.ok(&["snapshot", "tank/docs@auto-2026-01-03-0000"]);
+    d.ok(&[
+        "schedule",
+        "add",
+        "docs",
+        "snapshot",
+        "tank/docs",
+        "--keep",
+        "hourly=1",
+    ]);
+    wait_for("the policy's run", || runs(&d, "docs").len() == 1);
+    let left = snapshots(&d, "tank/docs");
+    assert!(
+        !left.contains(&"auto-2026-01-03-0000".to_string())
+            && left.contains(&"auto-2026-01-02-0000".to_string()),
+        "{left:?}"
+    );
+
+    // Wrong credentials: the run fails, says why, and raises an event.
+    std::fs::write(
+        &env,
+        format!(
+            "TARN_S3_ENDPOINT={}\nAWS_ACCESS_KEY_ID={USER}\nAWS_SECRET_ACCESS_KEY=wrong\n",
+            s3.endpoint
+        ),
+    )
+    .unwrap();
+    let err = d.fails(&["schedule", "run-now", "offsite"]);
+    assert!(err.contains("replicating tank/docs@auto-"), "{err}");
+    let last = runs(&d, "offsite").last().cloned().unwrap();
+    assert_eq!(last["ok"], false, "{last}");
+    let events = d.ok(&["events"]);
+    assert!(
+        events.contains("schedule.failed") && events.contains("'offsite' failed"),
+        "{events}"
+    );
 }

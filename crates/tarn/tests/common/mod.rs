@@ -7,6 +7,7 @@
 
 pub mod clients;
 pub mod iscsi;
+pub mod minio;
 pub mod nbd;
 pub mod process;
 pub mod seeded;
