@@ -9,7 +9,8 @@
 //! one writer, and "cat speed": one reader in 1 MiB requests, as
 //! `cat file > /dev/null` or a media player reads. With `--dir` it runs the same
 //! workloads in any directory (another tarn mount, an NFS or WebDAV mount
-//! of a client machine, a plain disk for comparison).
+//! of a client machine, a plain disk for comparison); with `--client
+//! nfs://…` over the network with tarn's own NFS client (`bench_nfs`).
 //!
 //! Requests are `pread`/`pwrite` from threads (one per request in
 //! flight) on a file opened with O_DIRECT, as fio's `psync` engine with
@@ -46,6 +47,10 @@ pub struct BenchArgs {
     /// Measure in this directory instead of a scratch dataset
     #[arg(long, value_name = "DIR", conflicts_with = "pool")]
     pub dir: Option<PathBuf>,
+    /// Measure a share from this machine over the network:
+    /// nfs://HOST[:PORT]/SHARE[/DIR] (no daemon or mount needed here)
+    #[arg(long, value_name = "URL", conflicts_with_all = ["pool", "dir"])]
+    pub client: Option<String>,
     /// Size of the test file
     #[arg(long, default_value = "1G")]
     pub size: String,
@@ -181,7 +186,24 @@ impl Aligned {
 }
 
 /// A small fast generator for offsets (not for secrets).
-fn next(state: &mut u64) -> u64 {
+/// The sum of what the threads of a sequential pass read.
+pub(crate) fn join_sum<E>(
+    handles: Vec<std::thread::JoinHandle<Result<u64, E>>>,
+) -> anyhow::Result<u64>
+where
+    anyhow::Error: From<E>,
+{
+    let mut total = 0;
+    for h in handles {
+        total += h
+            .join()
+            .map_err(|_| anyhow::anyhow!("a benchmark thread panicked"))??;
+    }
+    Ok(total)
+}
+
+/// xorshift64: the benchmarks' cheap random numbers.
+pub(crate) fn next(state: &mut u64) -> u64 {
     *state ^= *state << 13;
     *state ^= *state >> 7;
     *state ^= *state << 17;
@@ -261,12 +283,7 @@ fn sequential_read(file: &Path, size: u64, readers: u64) -> anyhow::Result<f64> 
             })
         })
         .collect();
-    let mut total = 0;
-    for h in handles {
-        total += h
-            .join()
-            .map_err(|_| anyhow::anyhow!("a benchmark thread panicked"))??;
-    }
+    let total = join_sum(handles)?;
     Ok(total as f64 / 1e6 / t0.elapsed().as_secs_f64())
 }
 
@@ -367,7 +384,14 @@ pub(crate) fn bench_command(
     let size = parse_size(&args.size)?;
     let runtime = Duration::from_secs(args.runtime.max(1));
     let mut rows = Vec::new();
-    if let Some(dir) = &args.dir {
+    if let Some(url) = &args.client {
+        if !args.sweep.is_empty() {
+            bail!("--sweep makes scratch datasets: give a pool, not --client");
+        }
+        let row = crate::bench_nfs::run(url, size, runtime, |w| progress(&format!("{url}: {w}")));
+        progress("");
+        rows.push(row?);
+    } else if let Some(dir) = &args.dir {
         if !args.sweep.is_empty() {
             bail!("--sweep makes scratch datasets: give a pool, not --dir");
         }

@@ -22,6 +22,7 @@
 
 pub mod access;
 pub mod bench;
+pub mod bench_nfs;
 pub mod cli;
 pub mod client;
 pub mod daemon;

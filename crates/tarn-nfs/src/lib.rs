@@ -129,6 +129,7 @@
 
 #![warn(missing_docs)]
 
+pub mod client;
 mod export;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;

@@ -1,12 +1,12 @@
 //! A MinIO server on loopback, for the tests of replication to an object
 //! store.
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use super::process::{succeeded, Daemon};
+use tarn_testkit::net::free_port;
 
 /// MinIO's root user.
 pub const USER: &str = "tarn-test";
@@ -26,13 +26,6 @@ impl Drop for Minio {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 impl Minio {
