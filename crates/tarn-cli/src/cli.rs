@@ -28,8 +28,8 @@ use crate::session::{Out, Session};
 #[derive(Parser, Debug)]
 #[command(name = "tarn", version, max_term_width = 100)]
 pub struct Cli {
-    /// Admin socket of the daemon [default: $XDG_RUNTIME_DIR/tarn/tarn.sock,
-    /// /run/tarn/tarn.sock for root, else /tmp/tarn-$UID/tarn.sock]
+    /// Admin socket of the daemon [default: /run/tarn/tarn.sock for root,
+    /// else $XDG_RUNTIME_DIR/tarn/tarn.sock, else /tmp/tarn-$UID/tarn.sock]
     #[arg(long, global = true, env = "TARN_SOCKET", value_name = "PATH")]
     pub socket: Option<PathBuf>,
 
@@ -56,7 +56,40 @@ impl Cli {
     /// `nfs_max_connections`, ...): the binary takes them from the code
     /// that uses them, so `--help` shows what the daemon really does.
     pub fn parse_args_with(defaults: &[(&'static str, String)]) -> Cli {
-        Cli::try_parse_with(std::env::args_os(), defaults).unwrap_or_else(|e| e.exit())
+        let args: Vec<OsString> = std::env::args_os().collect();
+        let cli = Cli::try_parse_with(&args, defaults).unwrap_or_else(|e| e.exit());
+        match Cli::with_config_file(cli, &args, defaults) {
+            Ok(cli) => cli,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                std::process::exit(2);
+            }
+        }
+    }
+
+    /// For `tarn daemon --config FILE`: parses `args` again with the
+    /// file's settings as the flags' defaults (over `defaults`), so a
+    /// flag on the command line overrides the file. Other commands come
+    /// back as they are.
+    pub fn with_config_file(
+        cli: Cli,
+        args: &[OsString],
+        defaults: &[(&'static str, String)],
+    ) -> anyhow::Result<Cli> {
+        let Command::Daemon(d) = &cli.command else {
+            return Ok(cli);
+        };
+        let Some(file) = &d.config else {
+            return Ok(cli);
+        };
+        let loaded = crate::config::load(file, &daemon_command())?;
+        let mut merged: Vec<(&'static str, String)> = defaults
+            .iter()
+            .filter(|(id, _)| !loaded.defaults.iter().any(|(i, _)| i == id))
+            .cloned()
+            .collect();
+        merged.extend(loaded.defaults);
+        Ok(Cli::try_parse_with(args, &merged)?)
     }
 
     /// Parses `args` (program name first) like clap's `try_parse_from`, and
@@ -106,13 +139,29 @@ impl Cli {
     /// set. Panics on an id that names no flag of `tarn daemon` (a bug of
     /// the caller, caught by its tests).
     pub fn command_with(defaults: &[(&'static str, String)]) -> clap::Command {
-        Cli::command().mut_subcommand("daemon", |mut daemon| {
-            for (id, value) in defaults {
+        let mut cmd = Cli::command();
+        // The admin socket is a flag of every command; a configuration
+        // file's `socket` is the default of `tarn daemon`'s.
+        if let Some((_, socket)) = defaults.iter().find(|(id, _)| *id == "socket") {
+            cmd = cmd.mut_arg("socket", |arg| arg.default_value(socket.clone()));
+        }
+        cmd.mut_subcommand("daemon", |mut daemon| {
+            for (id, value) in defaults.iter().filter(|(id, _)| *id != "socket") {
                 daemon = daemon.mut_arg(*id, |arg| arg.default_value(value.clone()));
             }
             daemon
         })
     }
+}
+
+/// `tarn daemon`'s definition, whose flags' parsers check the
+/// configuration file's values.
+pub fn daemon_command() -> clap::Command {
+    let mut c = Cli::command();
+    c.build();
+    c.find_subcommand("daemon")
+        .cloned()
+        .unwrap_or_else(|| clap::Command::new("daemon"))
 }
 
 fn is_output_flag(arg: &OsString) -> bool {
@@ -245,9 +294,12 @@ pub enum Command {
     #[command(subcommand)]
     Alert(crate::events::AlertCommand),
     /// Schedules stored in the pool and run by the daemon: snapshot
-    /// policies with retention, and scrubs
+    /// policies with retention, scrubs, disk self-tests, replication
     #[command(subcommand)]
     Schedule(crate::schedule::ScheduleCommand),
+    /// The daemon's configuration file (`tarn daemon --config FILE`)
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Block volumes for virtual machines: create, resize, list
     #[command(subcommand)]
     Volume(crate::volume::VolumeCommand),
@@ -289,6 +341,17 @@ pub enum Command {
     /// Try tarn: a raidz1 pool of four sparse files under ./tarn-demo, served
     /// by a daemon in the foreground until Ctrl-C
     Demo(DemoArgs),
+}
+
+/// `tarn config ...`.
+#[derive(clap::Subcommand, Debug)]
+pub enum ConfigCommand {
+    /// Check a configuration file as `tarn daemon --config FILE` would
+    /// read it, and show what it sets (no daemon needed)
+    Check {
+        /// The file, e.g. /etc/tarn/tarn.toml
+        file: PathBuf,
+    },
 }
 
 /// What [`run`] leaves to the binary.
@@ -338,6 +401,31 @@ pub fn run(cli: Cli) -> anyhow::Result<Run> {
         Command::Events(args) => crate::events::events_command(&mut client, &out, args)?,
         Command::Alert(cmd) => crate::events::alert_command(&mut client, &out, cmd)?,
         Command::Schedule(cmd) => crate::schedule::schedule_command(&mut client, &out, cmd)?,
+        Command::Config(ConfigCommand::Check { file }) => {
+            let loaded = crate::config::load(&file, &daemon_command())?;
+            let rows: Vec<Vec<String>> = loaded
+                .settings
+                .iter()
+                .map(|(k, v)| vec![k.clone(), v.clone()])
+                .collect();
+            let v = serde_json::json!(loaded
+                .settings
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect::<serde_json::Map<_, _>>());
+            out.raw_or(&v, || {
+                format!(
+                    "{} is valid: {} settings; flags given to `tarn daemon` override them\n{}",
+                    file.display(),
+                    rows.len(),
+                    if rows.is_empty() {
+                        String::new()
+                    } else {
+                        crate::render::table(&["KEY", "VALUE"], &rows, &[0, 1])
+                    }
+                )
+            })?;
+        }
         Command::Volume(cmd) => crate::volume::volume_command(&mut client, &out, cmd, pool_props)?,
         Command::Key(cmd) => crate::key::key_command(&mut client, &out, cmd, pool_props)?,
         Command::Send(args) => crate::send::send(&mut client, args)?,

@@ -33,6 +33,16 @@ pub struct DemoArgs {
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct DaemonArgs {
+    /// Read settings from this TOML file (docs/config.md); flags given
+    /// here override it
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// What the daemon logs (to standard error, or the journal under
+    /// systemd): error, warn, info or debug
+    #[arg(long, value_name = "LEVEL", value_parser = ["error", "warn", "info", "debug"])]
+    pub log_level: Option<String>,
+
     /// Where the daemon keeps its state [default: /var/lib/tarn for root,
     /// else $XDG_STATE_HOME/tarn or ~/.local/state/tarn]
     #[arg(long, env = "TARN_STATE_DIR", value_name = "DIR")]
@@ -201,6 +211,8 @@ pub enum DaemonAction {
 pub struct DaemonRun {
     /// Path of the admin socket.
     pub socket: PathBuf,
+    /// error, warn, info or debug.
+    pub log_level: String,
     /// Where the daemon keeps its state.
     pub state_dir: PathBuf,
     /// Seconds between transaction group commits while anything is
@@ -274,16 +286,17 @@ fn non_empty_env(name: &str) -> Option<PathBuf> {
 }
 
 /// The socket path used when neither `--socket` nor `TARN_SOCKET` is given:
-/// `$XDG_RUNTIME_DIR/tarn/tarn.sock`, else `/run/tarn/tarn.sock` for root,
-/// else `/tmp/tarn-$UID/tarn.sock`.
+/// `/run/tarn/tarn.sock` for root (where the service's daemon listens,
+/// whatever a login shell's `XDG_RUNTIME_DIR` says), else
+/// `$XDG_RUNTIME_DIR/tarn/tarn.sock`, else `/tmp/tarn-$UID/tarn.sock`.
 pub fn default_socket_path() -> PathBuf {
+    if euid() == 0 {
+        return PathBuf::from("/run/tarn/tarn.sock");
+    }
     if let Some(dir) = non_empty_env("XDG_RUNTIME_DIR") {
         return dir.join("tarn").join("tarn.sock");
     }
-    match euid() {
-        0 => PathBuf::from("/run/tarn/tarn.sock"),
-        uid => PathBuf::from(format!("/tmp/tarn-{uid}/tarn.sock")),
-    }
+    PathBuf::from(format!("/tmp/tarn-{}/tarn.sock", euid()))
 }
 
 /// The state directory used when `--state-dir` is not given:
@@ -311,6 +324,8 @@ pub(crate) fn daemon_command(
     args: DaemonArgs,
 ) -> anyhow::Result<Option<DaemonRun>> {
     let DaemonArgs {
+        config: _,
+        log_level,
         state_dir,
         action,
         txg_interval,
@@ -334,6 +349,7 @@ pub(crate) fn daemon_command(
         None => {
             return Ok(Some(DaemonRun {
                 socket: client.path.clone(),
+                log_level: log_level.unwrap_or_else(|| "info".to_string()),
                 state_dir: state_dir.unwrap_or_else(default_state_dir),
                 txg_interval_secs: txg_interval,
                 dirty_max_mib,

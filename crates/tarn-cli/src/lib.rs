@@ -25,6 +25,7 @@ pub mod bench;
 pub mod bench_nfs;
 pub mod cli;
 pub mod client;
+pub mod config;
 pub mod daemon;
 pub mod dataset;
 pub mod disk;

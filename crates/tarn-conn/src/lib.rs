@@ -424,9 +424,9 @@ impl RateLog {
             }
         };
         if suppressed > 0 {
-            eprintln!("{}: {msg} ({suppressed} similar lines left out)", self.name);
+            log::warn!("{}: {msg} ({suppressed} similar lines left out)", self.name);
         } else {
-            eprintln!("{}: {msg}", self.name);
+            log::warn!("{}: {msg}", self.name);
         }
         true
     }

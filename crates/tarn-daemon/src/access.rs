@@ -439,7 +439,7 @@ pub fn stored_shares(pool: &Pool) -> Result<StoredShares, ApiError> {
 pub fn shares(pool: &Pool) -> Result<Vec<Share>, ApiError> {
     let stored = stored_shares(pool)?;
     for d in &stored.damaged {
-        eprintln!(
+        log::warn!(
             "tarn: pool '{}': share '{}' is not served: its record cannot be read ({}); \
              `tarn share add {}` replaces it, `tarn share del {}` removes it",
             pool.name(),

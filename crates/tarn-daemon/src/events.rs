@@ -216,9 +216,12 @@ impl Events {
             self.append(&mut log, &event);
             event
         };
-        eprintln!(
+        log::warn!(
             "tarn: event {} [{:?}] {}: {}",
-            event.id, event.severity, event.kind, event.message
+            event.id,
+            event.severity,
+            event.kind,
+            event.message
         );
         self.dispatch(&event);
     }
@@ -247,7 +250,7 @@ impl Events {
             .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
         match written {
             Ok(()) => log.2 += 1,
-            Err(e) => eprintln!("tarn: cannot write {}: {e}", path.display()),
+            Err(e) => log::warn!("tarn: cannot write {}: {e}", path.display()),
         }
     }
 
@@ -431,13 +434,13 @@ impl Events {
                             s.last_error = None;
                         }
                         Err(e) => {
-                            eprintln!("tarn: alert '{}' failed: {e}", a.name);
+                            log::warn!("tarn: alert '{}' failed: {e}", a.name);
                             s.last_error = Some(e);
                         }
                     }
                 });
             if let Err(e) = spawned {
-                eprintln!("tarn: cannot start delivering alert '{name}': {e}");
+                log::warn!("tarn: cannot start delivering alert '{name}': {e}");
             }
         }
     }

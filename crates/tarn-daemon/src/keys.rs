@@ -125,8 +125,8 @@ pub(crate) fn autoload(pool: &Arc<Pool>) {
         let r = input(format, &location, None, &root)
             .and_then(|k| tarn_dataset::load_key(pool, &root, &k).map_err(ds_error));
         match r {
-            Ok(_) => eprintln!("tarn: loaded the key of '{root}' from {location}"),
-            Err(e) => eprintln!("tarn: the key of '{root}' was not loaded: {e}"),
+            Ok(_) => log::warn!("tarn: loaded the key of '{root}' from {location}"),
+            Err(e) => log::warn!("tarn: the key of '{root}' was not loaded: {e}"),
         }
     }
 }

@@ -125,7 +125,7 @@ impl Mounts {
             .collect();
         for share in stale {
             if let Err(e) = self.service_unmount(&share) {
-                eprintln!("tarn: cannot unmount the SMB mount of share '{share}': {e}");
+                log::warn!("tarn: cannot unmount the SMB mount of share '{share}': {e}");
             }
         }
         let mut problems = Vec::new();
@@ -363,7 +363,7 @@ impl Mounts {
             };
             let path = PathBuf::from(&i.mountpoint);
             if let Err(e) = self.mount(fss, pool, &name, &path, true, i.allow_other, i.read_only) {
-                eprintln!("tarn: cannot mount {name} again at {}: {e}", i.mountpoint);
+                log::warn!("tarn: cannot mount {name} again at {}: {e}", i.mountpoint);
             }
         }
     }
@@ -377,9 +377,10 @@ impl Mounts {
             if let Some(mut e) = mounts.remove(&n) {
                 if e.mount.unmount().is_err() {
                     // Dropping detaches it lazily.
-                    eprintln!(
+                    log::warn!(
                         "tarn: {} was busy; detached it from {}",
-                        e.info.dataset, e.info.mountpoint
+                        e.info.dataset,
+                        e.info.mountpoint
                     );
                 }
             }
@@ -414,7 +415,7 @@ impl Mounts {
             .collect();
         for n in stale {
             if let Err(e) = self.unmount(&n) {
-                eprintln!("tarn: cannot unmount {n}: {e}");
+                log::warn!("tarn: cannot unmount {n}: {e}");
             }
         }
         // Parents before children, so a child's folder is inside the mount.
@@ -423,11 +424,11 @@ impl Mounts {
                 continue;
             }
             if let Err(e) = std::fs::create_dir_all(&path) {
-                eprintln!("tarn: cannot create mountpoint {}: {e}", path.display());
+                log::warn!("tarn: cannot create mountpoint {}: {e}", path.display());
                 continue;
             }
             if let Err(e) = self.mount(fss, pool, &name, &path, false, false, false) {
-                eprintln!("tarn: cannot mount {name} at {}: {e}", path.display());
+                log::warn!("tarn: cannot mount {name} at {}: {e}", path.display());
             }
         }
     }
@@ -443,9 +444,10 @@ impl Mounts {
         let mut mounts = self.lock();
         for (_, mut e) in std::mem::take(&mut *mounts).into_iter().rev() {
             if e.mount.unmount().is_err() {
-                eprintln!(
+                log::warn!(
                     "tarn: {} was busy; detached it from {}",
-                    e.info.dataset, e.info.mountpoint
+                    e.info.dataset,
+                    e.info.mountpoint
                 );
             }
         }

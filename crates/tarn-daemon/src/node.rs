@@ -515,7 +515,7 @@ impl Backend for Pools {
         for p in pools {
             match tarn_dataset::list(&p, snapshots) {
                 Ok(l) => out.extend(l.into_iter().map(dataset_info)),
-                Err(e) => eprintln!("tarn: pool '{}': cannot list datasets: {e}", p.name()),
+                Err(e) => log::warn!("tarn: pool '{}': cannot list datasets: {e}", p.name()),
             }
         }
         Ok(out)
@@ -728,7 +728,7 @@ impl Backend for Pools {
             .get(name)?
             .inject(device, fault.map(fault_to_engine))
             .map_err(in_pool(name))?;
-        eprintln!("tarn: drill: pool '{name}' device {device}: {what}");
+        log::warn!("tarn: drill: pool '{name}' device {device}: {what}");
         Ok(r.into_iter().map(crate::convert::fault).collect())
     }
 
@@ -1107,7 +1107,7 @@ impl Node for Pools {
         let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
         for p in pools {
             if let Err(e) = p.export(false) {
-                eprintln!("tarn: exporting pool '{}': {e}", p.name());
+                log::warn!("tarn: exporting pool '{}': {e}", p.name());
             }
         }
         // The cache keeps listing them: they come back at the next start.

@@ -167,7 +167,7 @@ impl Drop for NameGuard<'_> {
 /// level and is reported, and dataset commands then say why they fail.
 pub(crate) fn attach_datasets(pool: &Arc<Pool>) {
     if let Err(e) = tarn_dataset::attach(pool) {
-        eprintln!(
+        log::warn!(
             "tarn: pool '{}': cannot load its datasets: {e}",
             pool.name()
         );
@@ -268,7 +268,7 @@ impl Pools {
             ) {
                 Ok(pool) => {
                     attach_datasets(&pool);
-                    eprintln!(
+                    log::info!(
                         "tarn: imported pool '{}' (state {})",
                         entry.name,
                         pool.health()
@@ -278,7 +278,7 @@ impl Pools {
                 }
                 Err(e) => {
                     // Kept in the cache: disks may come late, or be fixed.
-                    eprintln!("tarn: cannot import pool '{}': {e}", entry.name);
+                    log::warn!("tarn: cannot import pool '{}': {e}", entry.name);
                     me.unavailable
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
@@ -347,7 +347,7 @@ impl Pools {
             .map_err(std::io::Error::other)
             .and_then(|b| write_atomically(&self.cache_path(), &b, 0o644));
         if let Err(e) = result {
-            eprintln!("tarn: cannot save {}: {e}", self.cache_path().display());
+            log::warn!("tarn: cannot save {}: {e}", self.cache_path().display());
         }
     }
 
@@ -413,7 +413,7 @@ impl Pools {
             let list = match access::shares(&pool) {
                 Ok(l) => l,
                 Err(e) => {
-                    eprintln!("tarn: pool '{}': cannot read its shares: {e}", pool.name());
+                    log::warn!("tarn: pool '{}': cannot read its shares: {e}", pool.name());
                     continue;
                 }
             };
@@ -422,7 +422,7 @@ impl Pools {
                     if lists.nbd.iter().any(|e| e.name == share.name) {
                         // Two pools imported with a share of one name: the
                         // first keeps it, so the rest are still served.
-                        eprintln!(
+                        log::warn!(
                             "tarn: share '{}' of pool '{}' is not served over NBD: another \
                              pool has a share of that name",
                             share.name,
@@ -431,13 +431,13 @@ impl Pools {
                     } else {
                         match self.fss.volume(&pool, &share.dataset) {
                             Ok(v) => lists.nbd.extend(nbd_entry(v, &share)),
-                            Err(e) => eprintln!("tarn: share '{}': {e}", share.name),
+                            Err(e) => log::warn!("tarn: share '{}': {e}", share.name),
                         }
                     }
                 }
                 if let Some(i) = &share.iscsi {
                     let users = access::users(&pool).unwrap_or_else(|e| {
-                        eprintln!("tarn: pool '{}': cannot read its users: {e}", pool.name());
+                        log::warn!("tarn: pool '{}': cannot read its users: {e}", pool.name());
                         Vec::new()
                     });
                     let target = self
@@ -446,7 +446,7 @@ impl Pools {
                         .map_err(|e| e.to_string())
                         .and_then(|v| iscsi_entry(v, &share, i, &users));
                     match target {
-                        Ok(t) if lists.iscsi.iter().any(|o| o.name == t.name) => eprintln!(
+                        Ok(t) if lists.iscsi.iter().any(|o| o.name == t.name) => log::warn!(
                             "tarn: share '{}' of pool '{}' is not served over iSCSI: another \
                              share serves the target {}",
                             share.name,
@@ -455,7 +455,7 @@ impl Pools {
                         ),
                         Ok(t) => lists.iscsi.push(t),
                         Err(e) => {
-                            eprintln!("tarn: share '{}' is not served over iSCSI: {e}", share.name)
+                            log::warn!("tarn: share '{}' is not served over iSCSI: {e}", share.name)
                         }
                     }
                 }
@@ -497,7 +497,7 @@ impl Pools {
                 let fs = match self.fss.get(&pool, &share.dataset) {
                     Ok(fs) => fs,
                     Err(e) => {
-                        eprintln!("tarn: share '{}': {e}", share.name);
+                        log::warn!("tarn: share '{}': {e}", share.name);
                         continue;
                     }
                 };
@@ -631,7 +631,7 @@ impl Pools {
             entries.retain(|e| e.name != share);
         }
         for p in &problems {
-            eprintln!("tarn: {p}");
+            log::warn!("tarn: {p}");
         }
         self.servers.update_smb(&entries, &users, problems);
     }

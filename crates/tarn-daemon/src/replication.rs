@@ -312,7 +312,7 @@ impl Replication {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        eprintln!("tarn daemon: replication sessions still running after {STOP_WAIT:?}; going on");
+        log::warn!("tarn daemon: replication sessions still running after {STOP_WAIT:?}; going on");
     }
 }
 
@@ -431,7 +431,7 @@ pub(crate) fn start(
             }
         })
         .map_err(|e| DaemonError::msg(format!("replication: {e}")))?;
-    eprintln!("tarn daemon: replication listening on {addr} (TLS, certificate {fingerprint})");
+    log::info!("tarn daemon: replication listening on {addr} (TLS, certificate {fingerprint})");
     Ok(Replication {
         addr,
         fingerprint,

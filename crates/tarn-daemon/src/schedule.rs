@@ -546,7 +546,7 @@ pub fn stored(pool: &Pool) -> Result<Vec<(ScheduleRecord, StateRecord)>, ApiErro
                     .unwrap_or_default();
                 out.push((rec, state));
             }
-            Err(e) => eprintln!("tarn: pool '{}': {e}; it does not run", pool.name()),
+            Err(e) => log::warn!("tarn: pool '{}': {e}; it does not run", pool.name()),
         }
     }
     Ok(out)
@@ -696,7 +696,7 @@ fn mark_started(pool: &Pool, rec: &ScheduleRecord, now: u64) {
     let saved = encode(&state)
         .and_then(|b| tarn_dataset::config_put(pool, KIND_STATE, &rec.name, &b).map_err(ds_error));
     if let Err(e) = saved {
-        eprintln!(
+        log::warn!(
             "tarn: cannot record the start of schedule '{}': {e}",
             rec.name
         );
@@ -794,7 +794,7 @@ fn start_long(pools: &Arc<Pools>, pool: &Arc<Pool>, rec: &ScheduleRecord, now: u
             record(&pools, &pool, &rec, now, result);
         });
     if let Err(e) = spawned {
-        eprintln!("tarn: cannot start schedule '{name}': {e}");
+        log::warn!("tarn: cannot start schedule '{name}': {e}");
     }
 }
 
@@ -849,13 +849,13 @@ fn record(
     match encode(&state) {
         Ok(bytes) => {
             if let Err(e) = tarn_dataset::config_put(pool, KIND_STATE, &rec.name, &bytes) {
-                eprintln!(
+                log::warn!(
                     "tarn: cannot record the run of schedule '{}': {e}",
                     rec.name
                 );
             }
         }
-        Err(e) => eprintln!(
+        Err(e) => log::warn!(
             "tarn: cannot record the run of schedule '{}': {e}",
             rec.name
         ),
@@ -1138,7 +1138,7 @@ fn apply_pause(pools: &Pools, pool: &str, pause: Option<(u8, u8)>, now: u64) {
         _ => return,
     };
     if let Err(e) = pools.pool_scrub(pool, action) {
-        eprintln!("tarn: scrub schedule of '{pool}': cannot {action:?} the scrub: {e}");
+        log::warn!("tarn: scrub schedule of '{pool}': cannot {action:?} the scrub: {e}");
     }
 }
 

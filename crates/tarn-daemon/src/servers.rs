@@ -320,17 +320,17 @@ impl Servers {
             .as_ref()
         {
             if let Err(e) = t.set_targets(iscsi) {
-                eprintln!("tarn: cannot update the iSCSI targets: {e}");
+                log::warn!("tarn: cannot update the iSCSI targets: {e}");
             }
         }
         if let Some(n) = self.nbd.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             if let Err(e) = n.set_exports(nbd) {
-                eprintln!("tarn: cannot update the NBD exports: {e}");
+                log::warn!("tarn: cannot update the NBD exports: {e}");
             }
         }
         if let Some(n) = self.nfs.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             if let Err(e) = n.set_exports(exports) {
-                eprintln!("tarn: cannot update the NFS exports: {e}");
+                log::warn!("tarn: cannot update the NFS exports: {e}");
             }
         }
         if let Some(w) = self
@@ -340,7 +340,7 @@ impl Servers {
             .as_ref()
         {
             if let Err(e) = w.set_shares(shares) {
-                eprintln!("tarn: cannot update the WebDAV shares: {e}");
+                log::warn!("tarn: cannot update the WebDAV shares: {e}");
             }
         }
     }
@@ -449,7 +449,7 @@ fn networks(share: &str, list: &[String]) -> Vec<IpNet> {
         .filter_map(|c| match c.parse::<IpNet>() {
             Ok(net) => Some(net),
             Err(_) => {
-                eprintln!("tarn: share '{share}': ignoring bad network {c}");
+                log::warn!("tarn: share '{share}': ignoring bad network {c}");
                 None
             }
         })

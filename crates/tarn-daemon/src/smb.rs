@@ -543,7 +543,7 @@ fn stop_leftover(layout: &Layout) {
         if pid <= 1 || !cmdline.contains("smbd") || !cmdline.contains(&conf) {
             continue;
         }
-        eprintln!("tarn: stopping smbd {pid} left over from an earlier daemon");
+        log::warn!("tarn: stopping smbd {pid} left over from an earlier daemon");
         // tarn starts smbd as the leader of its own process group: the
         // group is smbd and its per-client children.
         let p = nix::unistd::Pid::from_raw(pid);
@@ -568,11 +568,11 @@ fn detach_stale(dir: &Path) {
         let point = PathBuf::from(unescape_mount_path(point));
         if point.starts_with(dir) && point != dir {
             match nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH) {
-                Ok(()) => eprintln!(
+                Ok(()) => log::warn!(
                     "tarn: detached {} left by an earlier daemon",
                     point.display()
                 ),
-                Err(e) => eprintln!("tarn: cannot detach {}: {e}", point.display()),
+                Err(e) => log::warn!("tarn: cannot detach {}: {e}", point.display()),
             }
         }
     }
@@ -796,7 +796,7 @@ impl Samba {
             Ok(true) => self.signal(nix::sys::signal::Signal::SIGHUP),
             Ok(false) => {}
             Err(e) => {
-                eprintln!("tarn: cannot update the SMB configuration: {e}");
+                log::warn!("tarn: cannot update the SMB configuration: {e}");
                 lock(&self.shared).status.problems.push(format!(
                     "the configuration could not be written ({e}): smbd still serves the \
                      previous shares and users"
@@ -983,7 +983,7 @@ fn supervise(
         if started.elapsed() > Duration::from_secs(60) {
             backoff = Duration::from_millis(500);
         }
-        eprintln!(
+        log::warn!(
             "tarn: smbd {how}; starting it again in {:.1} s",
             backoff.as_secs_f64()
         );
@@ -1004,7 +1004,7 @@ fn supervise(
                 lock(&shared).status.pid = Some(c.id());
                 child = Some(c);
             }
-            Err(e) => eprintln!("tarn: {e}"),
+            Err(e) => log::warn!("tarn: {e}"),
         }
         drop(stopped);
     }

@@ -341,7 +341,37 @@ fn bind_socket(path: &Path) -> Result<Bound> {
 }
 
 fn log(message: &str) {
-    let _ = writeln!(io::stderr(), "tarn daemon: {message}");
+    if message.starts_with("cannot") {
+        log::warn!("tarn daemon: {message}");
+    } else {
+        log::info!("tarn daemon: {message}");
+    }
+}
+
+/// Tells systemd where the daemon stands, for a `Type=notify` service
+/// (packaging/tarn.service): `READY=1` once the admin socket and the
+/// servers are up, `STOPPING=1` when it stops. Outside systemd (no
+/// `NOTIFY_SOCKET`) it does nothing.
+pub fn notify_systemd(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let sent = std::os::unix::net::UnixDatagram::unbound().and_then(|sock| {
+        use std::os::unix::ffi::OsStrExt;
+        let bytes = path.as_bytes();
+        match bytes.strip_prefix(b"@") {
+            #[cfg(target_os = "linux")]
+            Some(name) => {
+                use std::os::linux::net::SocketAddrExt;
+                let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
+                sock.send_to_addr(state.as_bytes(), &addr)
+            }
+            _ => sock.send_to(state.as_bytes(), &path),
+        }
+    });
+    if let Err(e) = sent {
+        log(&format!("cannot tell systemd {state:?}: {e}"));
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -920,6 +950,7 @@ pub fn run_daemon(opts: DaemonOptions, backend: Arc<dyn Node>) -> Result<()> {
         // From now on a signal also wakes the loop out of poll(2).
         SIGNAL_WAKE_FD.store(shared.wake.write.as_raw_fd(), Ordering::SeqCst);
     }
+    notify_systemd("READY=1\nSTATUS=serving");
 
     loop {
         if shared.stop.load(Ordering::SeqCst) {
@@ -963,6 +994,7 @@ pub fn run_daemon(opts: DaemonOptions, backend: Arc<dyn Node>) -> Result<()> {
         }
     }
 
+    notify_systemd("STOPPING=1\nSTATUS=exporting pools");
     if let Some(guard) = signals.as_mut() {
         guard.restore();
         log("stopping: exporting pools (a second Ctrl-C exits at once)");

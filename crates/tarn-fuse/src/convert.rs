@@ -9,7 +9,7 @@ use tarn_fs::{Attr, FileKind, FsError, TimeSet, Timestamp};
 pub(crate) fn errno(e: &FsError) -> Errno {
     if e.errno() == libc::EIO {
         // Damage or a failing pool: the operator needs to know which file.
-        eprintln!("tarn: I/O error: {}", e.message());
+        log::warn!("tarn: I/O error: {}", e.message());
     }
     Errno::from_i32(e.errno())
 }

@@ -437,7 +437,7 @@ pub fn mount<B: Backend + 'static>(
     };
     if opts.read_ahead > 0 {
         if let Err(e) = set_read_ahead(&mount.mountpoint, opts.read_ahead / 1024) {
-            eprintln!(
+            log::warn!(
                 "tarn-fuse: cannot set the readahead of {}: {e}",
                 mount.mountpoint.display()
             );
@@ -519,7 +519,7 @@ impl Mount {
                 }
                 Err(e) if lazy_if_busy => {
                     if let Err(e2) = nix::mount::umount2(&path, MntFlags::MNT_DETACH) {
-                        eprintln!(
+                        log::warn!(
                             "tarn-fuse: cannot unmount {} ({e}), nor detach it ({e2})",
                             path.display()
                         );
@@ -615,14 +615,14 @@ fn reap_later(bg: BackgroundSession) {
             let _ = bg.join();
         });
     if let Err(e) = spawned {
-        eprintln!("tarn-fuse: cannot start a thread to reap a detached session: {e}");
+        log::warn!("tarn-fuse: cannot start a thread to reap a detached session: {e}");
     }
 }
 
 impl Drop for Mount {
     fn drop(&mut self) {
         if let Err(e) = self.unmount_inner(true) {
-            eprintln!("tarn-fuse: {e}");
+            log::warn!("tarn-fuse: {e}");
         }
     }
 }

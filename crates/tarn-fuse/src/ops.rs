@@ -243,7 +243,7 @@ fn xattr_reply(value: &[u8], size: u32, reply: ReplyXattr) {
 fn guarded(origin: Origin, op: &'static str, f: impl FnOnce()) {
     let _mark = origin.enter();
     if std::panic::catch_unwind(AssertUnwindSafe(f)).is_err() {
-        eprintln!("tarn-fuse: {op} panicked; the request failed with EIO");
+        log::error!("tarn-fuse: {op} panicked; the request failed with EIO");
     }
 }
 

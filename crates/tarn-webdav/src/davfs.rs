@@ -64,7 +64,7 @@ pub(crate) fn map_err(e: tarn_fs::FsError) -> FsError {
         libc::EXDEV => FsError::IsRemote,
         libc::EOPNOTSUPP | libc::ENOSYS => FsError::NotImplemented,
         _ => {
-            eprintln!("tarn-webdav: filesystem error: {e}");
+            log::warn!("tarn-webdav: filesystem error: {e}");
             FsError::GeneralFailure
         }
     }
@@ -82,7 +82,7 @@ where
         // Logged by the catcher.
         Ok(None) => Err(FsError::GeneralFailure),
         Err(e) => {
-            eprintln!("tarn-webdav: blocking task failed: {e}");
+            log::warn!("tarn-webdav: blocking task failed: {e}");
             Err(FsError::GeneralFailure)
         }
     }

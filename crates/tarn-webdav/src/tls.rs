@@ -67,7 +67,7 @@ fn generate(dir: &Path, names: &[String]) -> Result<(), WebdavError> {
     let mut f = std::fs::File::create(dir.join(CERT_FILE))?;
     f.write_all(ck.cert.pem().as_bytes())?;
     f.sync_all()?;
-    eprintln!(
+    log::warn!(
         "tarn-webdav: generated a self-signed TLS certificate in {}",
         dir.display()
     );
@@ -97,6 +97,6 @@ pub(crate) fn server_config(
         .with_single_cert(certs, key)
         .map_err(tls_err)?;
     sc.alpn_protocols = vec![b"http/1.1".to_vec()];
-    eprintln!("tarn-webdav: TLS certificate SHA-256 fingerprint {fp}");
+    log::info!("tarn-webdav: TLS certificate SHA-256 fingerprint {fp}");
     Ok((Arc::new(sc), fp))
 }

@@ -12,11 +12,68 @@ use tarn_cli::{is_broken_pipe, Cli, Run};
 use tarn_daemon::demo::DemoOptions;
 use tarn_daemon::{DaemonOptions, ServerOptions};
 
+/// The daemon's log: each line to standard error as its part wrote it
+/// ("tarn: …", "tarn-webdav: …"), at or above the level asked; with the
+/// syslog priority in front (`<4>…`) when standard error is the journal
+/// (systemd says so in `JOURNAL_STREAM`), so `journalctl -p warning`
+/// picks the warnings.
+struct Logger {
+    journal: bool,
+}
+
+impl Logger {
+    fn install(level: log::LevelFilter) {
+        use std::os::unix::fs::MetadataExt;
+        let journal = std::env::var("JOURNAL_STREAM").is_ok_and(|want| {
+            std::fs::metadata("/proc/self/fd/2")
+                .is_ok_and(|m| format!("{}:{}", m.dev(), m.ino()) == want)
+        });
+        // One logger for the process's life: leaked once, on purpose.
+        let logger: &'static Logger = Box::leak(Box::new(Logger { journal }));
+        if log::set_logger(logger).is_ok() {
+            log::set_max_level(level);
+        }
+    }
+}
+
+impl log::Log for Logger {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::max_level()
+    }
+
+    fn log(&self, r: &log::Record) {
+        if !self.enabled(r.metadata()) {
+            return;
+        }
+        let mut e = std::io::stderr().lock();
+        let _ = if self.journal {
+            let prio = match r.level() {
+                log::Level::Error => 3,
+                log::Level::Warn => 4,
+                log::Level::Info => 6,
+                log::Level::Debug | log::Level::Trace => 7,
+            };
+            writeln!(e, "<{prio}>{}", r.args())
+        } else {
+            writeln!(e, "{}", r.args())
+        };
+    }
+
+    fn flush(&self) {}
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse_args_with(&daemon_flag_defaults());
+    Logger::install(log::LevelFilter::Info);
     let outcome = tarn_cli::run(cli).and_then(|run| match run {
         Run::Done(code) => Ok(code),
         Run::Daemon(opts) => {
+            log::set_max_level(match opts.log_level.as_str() {
+                "error" => log::LevelFilter::Error,
+                "warn" => log::LevelFilter::Warn,
+                "debug" => log::LevelFilter::Debug,
+                _ => log::LevelFilter::Info,
+            });
             tarn_daemon::run(daemon_options(*opts))?;
             Ok(ExitCode::SUCCESS)
         }

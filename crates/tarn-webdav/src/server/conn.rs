@@ -77,7 +77,7 @@ pub(super) async fn accept_loop(
                 Ok(x) => x,
                 Err(e) => {
                     // e.g. EMFILE: back off instead of spinning.
-                    eprintln!("tarn-webdav: accept failed: {e}");
+                    log::warn!("tarn-webdav: accept failed: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }

@@ -115,9 +115,11 @@ async fn authenticate(
                 .as_ref()
                 .map(|(u, _)| u.as_str())
                 .unwrap_or("<malformed>");
-            eprintln!("tarn-webdav: failed login for user {who:?} from {ip}");
+            log::warn!("tarn-webdav: failed login for user {who:?} from {ip}");
             if st.limiter.fail(ip) {
-                eprintln!("tarn-webdav: too many failed logins from {ip}; refusing it for a while");
+                log::warn!(
+                    "tarn-webdav: too many failed logins from {ip}; refusing it for a while"
+                );
                 Err(too_many(st.window))
             } else {
                 Err(unauthorized())
