@@ -296,6 +296,11 @@ pub fn check_schedule(s: &Schedule) -> Result<(), ApiError> {
                         "--token-file and --fingerprint go with tarn:// targets",
                     ));
                 }
+                if env_file.is_none() {
+                    return Err(ApiError::invalid(
+                        "replication to s3:// needs --env-file with the store's credentials",
+                    ));
+                }
             } else {
                 return Err(ApiError::invalid(format!(
                     "'{to}': replicate to tarn://HOST[:PORT]/POOL/DATASET or s3://BUCKET/PREFIX"
@@ -397,7 +402,6 @@ mod tests {
     #[test]
     fn replication_schedules_are_checked() {
         check_schedule(&replicate("s3://b/p", None, None, Some("/etc/tarn/s3.env"))).unwrap();
-        check_schedule(&replicate("s3://b/p", None, None, None)).unwrap();
         check_schedule(&replicate("tarn://h/vault/a", Some("/t"), Some("ab"), None)).unwrap();
         let refused = [
             replicate("tarn://h/vault/a", None, Some("ab"), None),
@@ -405,16 +409,17 @@ mod tests {
             replicate("tarn://h/vault/a", Some("/t"), Some("ab"), Some("/e")),
             replicate("s3://b/p", Some("/t"), None, None),
             replicate("s3://b/p", None, None, Some("relative.env")),
+            replicate("s3://b/p", None, None, None),
             replicate("http://b/p", None, None, None),
             replicate("s3://b/p q", None, None, None),
         ];
         for r in refused {
             assert!(check_schedule(&r).is_err(), "{r:?}");
         }
-        let j = serde_json::to_string(&replicate("s3://b/p", None, None, None)).unwrap();
+        let j = serde_json::to_string(&replicate("s3://b/p", None, None, Some("/e"))).unwrap();
         assert_eq!(
             j,
-            r#"{"name":"offsite","pool":"tank","kind":{"replicate":{"dataset":"tank/a","to":"s3://b/p","prefix":"auto","every":"daily","at_hour":1,"token_file":null,"fingerprint":null,"env_file":null}}}"#
+            r#"{"name":"offsite","pool":"tank","kind":{"replicate":{"dataset":"tank/a","to":"s3://b/p","prefix":"auto","every":"daily","at_hour":1,"token_file":null,"fingerprint":null,"env_file":"/e"}}}"#
         );
         let t = Schedule {
             name: "t".into(),

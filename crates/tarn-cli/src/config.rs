@@ -42,6 +42,8 @@ pub const KEYS: &[Key] = &[
     key("listen", "nbd", "nbd"),
     key("listen", "iscsi", "iscsi"),
     key("listen", "replication", "replication"),
+    key("listen", "metrics", "metrics"),
+    key("metrics", "token_file", "metrics_token_file"),
     key("tls", "cert", "tls_cert"),
     key("tls", "key", "tls_key"),
     key("tls", "webdav_plain_http", "webdav_plain_http"),
@@ -163,7 +165,7 @@ pub fn parse(text: &str, file: &str, daemon: &clap::Command) -> Result<Loaded, S
         match item {
             Item::Table(t) => {
                 if !KEYS.iter().any(|k| k.section == name) {
-                    let sections = ["listen", "tls", "smb", "engine", "limits"];
+                    let sections = ["listen", "tls", "smb", "metrics", "engine", "limits"];
                     let near = sections.iter().min_by_key(|s| distance(s, name));
                     return Err(err(
                         line,
@@ -238,6 +240,11 @@ pub fn parse(text: &str, file: &str, daemon: &clap::Command) -> Result<Loaded, S
             "nbd",
             "tls.nbd_tls_required needs listen.nbd",
         ),
+        (
+            "metrics_token_file",
+            "metrics",
+            "metrics.token_file needs listen.metrics",
+        ),
     ];
     for (a, b, why) in pairs {
         if has(a) && !has(b) {
@@ -264,7 +271,7 @@ fn check_value(daemon: &clap::Command, key: &Key, value: &str) -> Result<(), Str
     let Some(arg) = daemon.get_arguments().find(|a| a.get_id() == key.id) else {
         return Err(format!("`{}` is not a setting of this tarn", key.dotted()));
     };
-    if !arg.get_action().takes_values() {
+    if !arg.get_action().takes_values() || arg.get_value_names() == Some(&["BOOL".into()]) {
         return match value {
             "true" | "false" => Ok(()),
             _ => Err(format!("`{}` is true or false", key.dotted())),

@@ -82,8 +82,11 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     pub nbd: Option<std::net::SocketAddr>,
 
-    /// NBD clients must start TLS before anything else
-    #[arg(long, requires = "nbd")]
+    /// NBD clients must start TLS before anything else (`=false` turns off
+    /// what a configuration file turned on)
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true",
+          action = clap::ArgAction::Set)]
     pub nbd_tls_required: bool,
 
     /// Serve the volume shares over iSCSI on this address, e.g.
@@ -103,24 +106,37 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     pub smb: Option<std::net::SocketAddr>,
 
+    /// Serve the daemon's counters for Prometheus at
+    /// http://ADDR:PORT/metrics, e.g. 127.0.0.1:9470 (off loopback only
+    /// with --metrics-token-file)
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<std::net::SocketAddr>,
+
+    /// A file holding the bearer token scrapers must send to /metrics
+    #[arg(long, value_name = "FILE")]
+    pub metrics_token_file: Option<PathBuf>,
+
     /// A file of your own Samba settings (smb.conf syntax, starting with a
     /// section header), read after everything tarn writes: for settings
     /// tarn does not manage, or shares of other directories
-    #[arg(long, value_name = "FILE", requires = "smb")]
+    #[arg(long, value_name = "FILE")]
     pub smb_include: Option<PathBuf>,
 
     /// PEM certificate for WebDAV over HTTPS and NBD over TLS [default: a
     /// self-signed one generated in the state directory]
-    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    #[arg(long, value_name = "FILE")]
     pub tls_cert: Option<PathBuf>,
 
     /// PEM private key for --tls-cert
-    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    #[arg(long, value_name = "FILE")]
     pub tls_key: Option<PathBuf>,
 
     /// Serve WebDAV over plain HTTP even off loopback: passwords then cross
-    /// the network in the clear (a trusted LAN, or behind a TLS proxy)
-    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
+    /// the network in the clear (a trusted LAN, or behind a TLS proxy);
+    /// `=false` turns off what a configuration file turned on
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true",
+          action = clap::ArgAction::Set)]
     pub webdav_plain_http: bool,
 
     /// Connection limits and timeouts (see docs/security.md).
@@ -244,6 +260,10 @@ pub struct DaemonRun {
     pub smb: Option<SocketAddr>,
     /// The owner's own Samba settings.
     pub smb_include: Option<PathBuf>,
+    /// Where `/metrics` is served; not started when absent.
+    pub metrics: Option<SocketAddr>,
+    /// The bearer token `/metrics` asks for.
+    pub metrics_token: Option<String>,
     /// A PEM certificate and key for WebDAV over TLS.
     pub tls_cert: Option<(PathBuf, PathBuf)>,
     /// Plain HTTP for WebDAV even off loopback.
@@ -272,6 +292,30 @@ impl From<DemoArgs> for DemoRun {
             webdav_port: a.webdav_port,
         }
     }
+}
+
+/// Reads a token file: one line, at least 16 characters, readable by its
+/// owner only.
+fn read_token(f: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(f).with_context(|| format!("cannot read {}", f.display()))?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        anyhow::bail!(
+            "{} holds a token but others may read it: chmod 600 {}",
+            f.display(),
+            f.display()
+        );
+    }
+    let t = std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?;
+    let t = t.trim().to_string();
+    if t.len() < 16 || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        anyhow::bail!(
+            "{}: a token is one line of at least 16 characters without spaces",
+            f.display()
+        );
+    }
+    Ok(t)
 }
 
 fn euid() -> u32 {
@@ -340,6 +384,8 @@ pub(crate) fn daemon_command(
         replication,
         smb,
         smb_include,
+        metrics,
+        metrics_token_file,
         tls_cert,
         tls_key,
         webdav_plain_http,
@@ -347,6 +393,48 @@ pub(crate) fn daemon_command(
     } = args;
     match action {
         None => {
+            // What goes together, checked on the flags and the
+            // configuration file's settings at once (a flag and a key of
+            // the file may each give half).
+            let pairs = [
+                (
+                    tls_cert.is_some(),
+                    tls_key.is_some(),
+                    "--tls-cert and --tls-key go together",
+                ),
+                (
+                    tls_key.is_some(),
+                    tls_cert.is_some(),
+                    "--tls-cert and --tls-key go together",
+                ),
+                (
+                    smb_include.is_some(),
+                    smb.is_some(),
+                    "--smb-include needs --smb",
+                ),
+                (
+                    nbd_tls_required,
+                    nbd.is_some(),
+                    "--nbd-tls-required needs --nbd",
+                ),
+                (
+                    metrics_token_file.is_some(),
+                    metrics.is_some(),
+                    "--metrics-token-file needs --metrics",
+                ),
+            ];
+            for (a, b, why) in pairs {
+                if a && !b {
+                    anyhow::bail!("{why} (from the command line or the configuration file)");
+                }
+            }
+            if webdav_plain_http && tls_cert.is_some() {
+                anyhow::bail!(
+                    "--webdav-plain-http and a certificate (--tls-cert) contradict each other \
+                     (from the command line or the configuration file); \
+                     --webdav-plain-http=false turns it off"
+                );
+            }
             return Ok(Some(DaemonRun {
                 socket: client.path.clone(),
                 log_level: log_level.unwrap_or_else(|| "info".to_string()),
@@ -364,9 +452,11 @@ pub(crate) fn daemon_command(
                 replication,
                 smb,
                 smb_include: smb_include.map(|p| std::path::absolute(&p).unwrap_or(p)),
+                metrics,
+                metrics_token: metrics_token_file.map(|f| read_token(&f)).transpose()?,
                 tls_cert: tls_cert.zip(tls_key),
                 webdav_plain_http,
-            }))
+            }));
         }
         Some(DaemonAction::Stop) => {
             client.call_quietly(out, method::DAEMON_STOP, &NoParams {})?;

@@ -573,8 +573,6 @@ mod tests {
             .collect()
     }
 
-    /// A receiver's resume token is followed only for a raw stream of
-    /// one of our snapshots (from one of ours).
     #[test]
     fn hold_tags_fit() {
         assert_eq!(hold_tag("s3://b/p"), "replicate s3://b/p");
@@ -584,6 +582,8 @@ mod tests {
         assert_ne!(t, hold_tag(&format!("{long}y")));
     }
 
+    /// A receiver's resume token is followed only for a raw stream of
+    /// one of our snapshots (from one of ours).
     #[test]
     fn resume_tokens_from_a_receiver_are_checked() {
         let ours = HashSet::from([1u64, 2]);

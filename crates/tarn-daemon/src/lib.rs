@@ -42,6 +42,7 @@ pub mod events;
 pub mod filesystems;
 pub mod health;
 mod keys;
+pub mod metrics;
 pub mod mounts;
 pub mod node;
 pub mod objects;

@@ -984,7 +984,7 @@ impl Backend for Pools {
     fn schedule_add(&self, schedule: &tarn_api::schedule::Schedule) -> Result<(), ApiError> {
         let _runs = self.schedule_lock.lock().unwrap_or_else(|e| e.into_inner());
         let pool = self.get(&schedule.pool)?;
-        crate::schedule::put(&pool, schedule, crate::schedule::clock())
+        crate::schedule::put(&pool, schedule, crate::schedule::clock(), &self.node_id)
     }
 
     fn schedule_del(&self, pool: Option<&str>, name: &str) -> Result<(), ApiError> {
@@ -1086,6 +1086,14 @@ impl Backend for Pools {
 
 impl Node for Pools {
     fn shutdown(&self) {
+        if let Some(m) = self
+            .metrics
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            m.stop();
+        }
         if let Some(s) = self
             .scheduler
             .lock()

@@ -101,6 +101,8 @@ pub struct Pools {
     pub(crate) servers: Servers,
     /// The replication port, when it runs.
     pub(crate) replication: Mutex<Option<crate::replication::Replication>>,
+    /// The metrics endpoint, when it runs.
+    pub(crate) metrics: Mutex<Option<crate::metrics::MetricsServer>>,
     /// The replication tokens.
     pub(crate) tokens: Arc<crate::replication::Tokens>,
     /// Datasets a receive is running into.
@@ -111,6 +113,9 @@ pub struct Pools {
     pub(crate) serve_lock: Mutex<()>,
     /// One schedule run at a time (the scheduler's and `schedule.run`'s).
     pub(crate) schedule_lock: Mutex<()>,
+    /// This daemon's identity (`STATE/node-id`, made at the first start):
+    /// replication schedules run only on the daemon that added them.
+    pub(crate) node_id: String,
     /// Long schedule runs (replications) in progress, `POOL/NAME`.
     pub(crate) long_runs: Mutex<BTreeSet<String>>,
     /// The admin socket, which scheduled replications run `tarn
@@ -247,11 +252,13 @@ impl Pools {
             fss: Filesystems::default(),
             servers: Servers::default(),
             replication: Mutex::new(None),
+            metrics: Mutex::new(None),
             tokens: Arc::new(crate::replication::Tokens::new(state_dir)),
             receives: Mutex::new(BTreeSet::new()),
             serve_lock: Mutex::new(()),
             schedule_lock: Mutex::new(()),
             long_runs: Mutex::new(BTreeSet::new()),
+            node_id: node_id(state_dir)?,
             admin_socket: std::sync::OnceLock::new(),
             events,
             health: crate::health::Watch::default(),
@@ -538,6 +545,15 @@ impl Pools {
             )?;
             *self.replication.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
         }
+        if let Some(addr) = opts.metrics {
+            let m = crate::metrics::MetricsServer::start(
+                addr,
+                opts.metrics_token.clone(),
+                Arc::downgrade(self),
+            )
+            .map_err(DaemonError::msg)?;
+            *self.metrics.lock().unwrap_or_else(|e| e.into_inner()) = Some(m);
+        }
         Ok(())
     }
 
@@ -698,6 +714,24 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> std::io:
         std::fs::File::open(dir)?.sync_all()?;
     }
     Ok(())
+}
+
+/// Reads `STATE/node-id`, or makes it (32 random hex digits).
+fn node_id(state_dir: &Path) -> Result<String> {
+    let path = state_dir.join("node-id");
+    if let Ok(s) = std::fs::read_to_string(&path) {
+        let s = s.trim();
+        if s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(s.to_string());
+        }
+    }
+    let mut raw = [0u8; 16];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw)
+        .map_err(|_| DaemonError::msg("no randomness for the node id"))?;
+    let id: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(&path, format!("{id}\n"))
+        .map_err(|e| DaemonError::msg(format!("cannot write {}: {e}", path.display())))?;
+    Ok(id)
 }
 
 #[cfg(test)]

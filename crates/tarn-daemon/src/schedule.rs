@@ -143,6 +143,10 @@ pub enum KindRecord {
         fingerprint: Option<String>,
         /// s3://: the credentials' file.
         env_file: Option<String>,
+        /// The daemon that added it (its `node-id`): the credential files
+        /// are that machine's, so only it runs the schedule.
+        #[serde(default)]
+        node: String,
     },
 }
 
@@ -224,6 +228,7 @@ impl From<&Schedule> for ScheduleRecord {
                 token_file: token_file.clone(),
                 fingerprint: fingerprint.clone(),
                 env_file: env_file.clone(),
+                node: String::new(),
             },
         };
         ScheduleRecord {
@@ -280,6 +285,7 @@ impl ScheduleRecord {
                 token_file,
                 fingerprint,
                 env_file,
+                node: _,
             } => ScheduleKind::Replicate {
                 dataset: dataset.clone(),
                 to: to.clone(),
@@ -553,8 +559,8 @@ pub fn stored(pool: &Pool) -> Result<Vec<(ScheduleRecord, StateRecord)>, ApiErro
 }
 
 /// Stores a schedule (and, for a new scrub schedule, a state that starts
-/// counting now).
-pub fn put(pool: &Pool, s: &Schedule, now: u64) -> Result<(), ApiError> {
+/// counting now); a replication is marked as this daemon's (`node`).
+pub fn put(pool: &Pool, s: &Schedule, now: u64, node: &str) -> Result<(), ApiError> {
     match &s.kind {
         ScheduleKind::Snapshot { dataset, .. } => {
             tarn_dataset::get_props(pool, dataset, &["type".to_string()]).map_err(ds_error)?;
@@ -576,7 +582,10 @@ pub fn put(pool: &Pool, s: &Schedule, now: u64) -> Result<(), ApiError> {
         }
         ScheduleKind::Scrub { .. } | ScheduleKind::Selftest { .. } => {}
     }
-    let rec = ScheduleRecord::from(s);
+    let mut rec = ScheduleRecord::from(s);
+    if let KindRecord::Replicate { node: n, .. } = &mut rec.kind {
+        *n = node.to_string();
+    }
     let existing = stored(pool)?.into_iter().find(|(r, _)| r.name == s.name);
     tarn_dataset::config_put(pool, KIND_SCHEDULE, &s.name, &encode(&rec)?).map_err(ds_error)?;
     let fresh = existing.is_none_or(|(old, _)| old.kind != rec.kind);
@@ -660,7 +669,22 @@ fn execute(
     rec: &ScheduleRecord,
     now: u64,
 ) -> Result<String, String> {
-    match rec.to_api(pool.name()) {
+    let checked = rec.to_api(pool.name()).and_then(|s| {
+        // Records come from the pool's disks, which may come from
+        // another machine: what runs is checked as when it was added.
+        tarn_api::schedule::check_schedule(&s).map_err(|e| e.to_string())?;
+        Ok(s)
+    });
+    if let KindRecord::Replicate { node, .. } = &rec.kind {
+        if *node != pools.node_id {
+            return Err(format!(
+                "this replication schedule was added on another machine (its credential files \
+                 are that machine's): add it again here with `tarn schedule add {} replicate …`",
+                rec.name
+            ));
+        }
+    }
+    match checked {
         Err(e) => Err(e),
         Ok(s) => match &s.kind {
             ScheduleKind::Snapshot {
@@ -769,33 +793,45 @@ pub fn run_now(
 /// Starts a long run on a thread of its own (the scheduler's way); does
 /// nothing if it runs already. The caller holds `Pools::schedule_lock`.
 fn start_long(pools: &Arc<Pools>, pool: &Arc<Pool>, rec: &ScheduleRecord, now: u64) {
-    if pools
-        .long_runs
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .contains(&format!("{}/{}", pool.name(), rec.name))
-    {
+    // Marked as running here, before the thread exists, so a `run-now`
+    // in between finds it running; the thread takes the mark over.
+    let Some(running) = LongRun::start(pools, pool, rec) else {
         return;
-    }
+    };
+    let key = running.key.clone();
+    std::mem::forget(running);
     mark_started(pool, rec, now);
     let name = rec.name.clone();
-    let (pools, pool, rec) = (pools.clone(), pool.clone(), rec.clone());
+    let (p, pool, rec) = (pools.clone(), pool.clone(), rec.clone());
     let spawned = std::thread::Builder::new()
         .name("tarn-schedule-run".into())
         .spawn(move || {
-            let Some(_running) = LongRun::start(&pools, &pool, &rec) else {
-                return;
+            let _running = LongRun {
+                pools: &p,
+                key: format!("{}/{}", pool.name(), rec.name),
             };
-            let result = execute(&pools, &pool, &rec, now);
-            let _runs = pools
-                .schedule_lock
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            record(&pools, &pool, &rec, now, result);
+            let result = execute(&p, &pool, &rec, now);
+            let _runs = p.schedule_lock.lock().unwrap_or_else(|e| e.into_inner());
+            record(&p, &pool, &rec, now, result);
         });
     if let Err(e) = spawned {
+        pools
+            .long_runs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
         log::warn!("tarn: cannot start schedule '{name}': {e}");
     }
+}
+
+/// `s` cut to `max` characters (the last one an ellipsis).
+fn cut(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(max - 1).collect();
+    out.push('…');
+    out
 }
 
 /// Records the outcome of a run (and raises an event if it failed). The
@@ -825,7 +861,7 @@ fn record(
             "schedule.failed",
             Some(pool.name()),
             None,
-            format!("schedule '{}' failed: {}", rec.name, run.detail),
+            format!("schedule '{}' failed: {}", rec.name, cut(&run.detail, 400)),
         );
     }
     let mut state = stored(pool)
@@ -835,10 +871,7 @@ fn record(
         .unwrap_or_default();
     state.last_started_unix = Some(now);
     let mut stored_run = run.clone();
-    if stored_run.detail.chars().count() > MAX_DETAIL {
-        stored_run.detail = stored_run.detail.chars().take(MAX_DETAIL - 1).collect();
-        stored_run.detail.push('…');
-    }
+    stored_run.detail = cut(&stored_run.detail, MAX_DETAIL);
     state.runs.push(stored_run);
     let excess = state.runs.len().saturating_sub(MAX_RUNS);
     state.runs.drain(..excess);
@@ -991,14 +1024,35 @@ const ENV_NAMES: &[&str] = &[
 /// name and quotes around the value are allowed, `#` starts a comment),
 /// names from [`ENV_NAMES`], readable by its owner only.
 pub fn read_env_file(path: &str) -> Result<Vec<(String, String)>, String> {
-    use std::os::unix::fs::PermissionsExt;
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    // Opened once, not through a symbolic link, and checked on what was
+    // opened: owned by the daemon's user, readable by it alone (another
+    // user who could write it could point root's replication elsewhere).
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| format!("cannot read {path}: {e} (a symbolic link is not followed)"))?;
+    let meta = f
+        .metadata()
+        .map_err(|e| format!("cannot read {path}: {e}"))?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if !meta.is_file() || meta.uid() != me {
+        return Err(format!(
+            "{path} must be a file owned by the daemon's user (uid {me})"
+        ));
+    }
     if meta.permissions().mode() & 0o077 != 0 {
         return Err(format!(
             "{path} holds credentials but others may read it: chmod 600 {path}"
         ));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let mut text = String::new();
+    f.take(64 << 10)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read {path}: {e}"))?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -1044,6 +1098,71 @@ fn newest_snapshot<'a>(
         })
         .max_by_key(|(_, txg)| *txg)
         .map(|(name, _)| name.to_string())
+}
+
+/// How long a scheduled replication may run before it is stopped and
+/// recorded as failed: 24 hours (`TARN_REPLICATE_LIMIT_SECS` for tests).
+/// A first copy bigger than a day's transfer goes by hand, with `tarn
+/// replicate`, which resumes.
+fn replicate_limit() -> Duration {
+    Duration::from_secs(
+        std::env::var("TARN_REPLICATE_LIMIT_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(24 * 3600),
+    )
+}
+
+/// Runs `cmd` with its output captured (the first MiB of each), killed
+/// after `limit`.
+fn run_bounded(
+    mut cmd: std::process::Command,
+    limit: Duration,
+) -> Result<std::process::Output, String> {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run tarn replicate: {e}"))?;
+    fn drain(r: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.by_ref().take(1 << 20).read_to_end(&mut v);
+                // Keep reading (and dropping) so the child never blocks.
+                let _ = std::io::copy(&mut r, &mut std::io::sink());
+            }
+            v
+        })
+    }
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break st,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "stopped after {} s without finishing (run `tarn replicate` by hand for a \
+                     first copy that big: it resumes)",
+                    limit.as_secs()
+                ));
+            }
+            Err(e) => return Err(format!("cannot wait for tarn replicate: {e}")),
+        }
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    })
 }
 
 /// Sends the newest snapshot by running `tarn replicate` against this
@@ -1092,14 +1211,17 @@ fn run_replicate(pools: &Pools, kind: &ScheduleKind) -> Result<String, String> {
     if let Some(f) = fingerprint {
         cmd.arg("--fingerprint").arg(f);
     }
+    // Only the schedule's own settings reach the store: none of the
+    // daemon's, nor its systemd socket.
+    for name in ENV_NAMES.iter().chain(&["NOTIFY_SOCKET", "TARN_SOCKET"]) {
+        cmd.env_remove(name);
+    }
     if let Some(f) = env_file {
         for (k, v) in read_env_file(f)? {
             cmd.env(k, v);
         }
     }
-    let out = cmd
-        .output()
-        .map_err(|e| format!("cannot run tarn replicate: {e}"))?;
+    let out = run_bounded(cmd, replicate_limit())?;
     let lines = |b: &[u8]| -> String {
         String::from_utf8_lossy(b)
             .lines()
@@ -1166,6 +1288,11 @@ fn look_at_schedules(pools: &Arc<Pools>, now: u64) {
             let Ok(s) = rec.to_api(pool.name()) else {
                 continue;
             };
+            if tarn_api::schedule::check_schedule(&s).is_err() {
+                // A record this tarn would not have stored: `execute`
+                // refuses it too, with the reason, when run by hand.
+                continue;
+            }
             if due(&s.kind, state.last_started_unix, now) {
                 if runs_long(&rec) {
                     start_long(pools, &pool, &rec, now);
@@ -1477,10 +1604,15 @@ mod tests {
         let bad = selftest.replace("long", "medium");
         let rec: ScheduleRecord = serde_json::from_str(&bad).unwrap();
         assert!(rec.to_api("tank").is_err(), "an unknown test is not run");
-        let repl = r#"{"name":"off","kind":{"replicate":{"dataset":"tank/a","to":"s3://b/p","prefix":"auto","every":"hourly","at_hour":0,"token_file":null,"fingerprint":null,"env_file":"/etc/tarn/s3.env"}}}"#;
+        let repl = r#"{"name":"off","kind":{"replicate":{"dataset":"tank/a","to":"s3://b/p","prefix":"auto","every":"hourly","at_hour":0,"token_file":null,"fingerprint":null,"env_file":"/etc/tarn/s3.env","node":"ab12"}}}"#;
         let rec: ScheduleRecord = serde_json::from_str(repl).unwrap();
         assert_eq!(serde_json::to_string(&rec).unwrap(), repl);
-        assert_eq!(ScheduleRecord::from(&rec.to_api("tank").unwrap()), rec);
+        let mut back = ScheduleRecord::from(&rec.to_api("tank").unwrap());
+        if let KindRecord::Replicate { node, .. } = &mut back.kind {
+            assert_eq!(node, "", "the API does not carry the node; put() sets it");
+            *node = "ab12".into();
+        }
+        assert_eq!(back, rec);
     }
 
     #[test]
@@ -1542,5 +1674,9 @@ mod tests {
         assert!(read_env_file(path)
             .unwrap_err()
             .contains(":1: expected NAME=VALUE"));
+        let link = dir.path().join("link.env");
+        std::os::unix::fs::symlink(&f, &link).unwrap();
+        let e = read_env_file(link.to_str().unwrap()).unwrap_err();
+        assert!(e.contains("symbolic link"), "{e}");
     }
 }

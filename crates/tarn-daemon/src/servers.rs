@@ -54,6 +54,10 @@ pub struct ServerOptions {
     /// Plain HTTP even off loopback (passwords cross the network in the
     /// clear: only for a trusted network or behind a TLS proxy).
     pub webdav_plain_http: bool,
+    /// Where `/metrics` is served (not started when absent).
+    pub metrics: Option<SocketAddr>,
+    /// The bearer token `/metrics` asks for (required off loopback).
+    pub metrics_token: Option<String>,
     /// NFS connection limits and threads.
     pub nfs_limits: NfsLimits,
     /// WebDAV connection limits.
@@ -420,6 +424,32 @@ impl Servers {
                 .as_ref()
                 .map(|w| crate::convert::conn_counters(w.stats())),
         }
+    }
+
+    /// Requests of the file servers since they started: (protocol,
+    /// operation, latency, errors).
+    pub fn request_stats(&self) -> Vec<(&'static str, &'static str, tarn_stats::Snapshot, u64)> {
+        let mut out = Vec::new();
+        if let Some(n) = self.nfs.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            out.extend(
+                n.request_stats()
+                    .into_iter()
+                    .map(|(op, s, e)| ("nfs", op, s, e)),
+            );
+        }
+        if let Some(w) = self
+            .webdav
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            out.extend(
+                w.request_stats()
+                    .into_iter()
+                    .map(|(op, s, e)| ("webdav", op, s, e)),
+            );
+        }
+        out
     }
 
     /// Stops every server (daemon shutdown).

@@ -51,6 +51,7 @@ impl Target {
                 nfs_port: 1,
                 mount_port: 2,
                 mounts: Mutex::new(Vec::new()),
+                stats: crate::service::new_stats(),
             },
         }
     }

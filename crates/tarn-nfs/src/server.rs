@@ -112,6 +112,7 @@ impl NfsServer {
             nfs_port: nfs_addr.port(),
             mount_port: mount_addr.port(),
             mounts: Mutex::new(Vec::new()),
+            stats: crate::service::new_stats(),
         });
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -209,6 +210,22 @@ impl Running {
     /// evictions, idle closes.
     pub fn stats(&self) -> ConnStats {
         self.admission.stats()
+    }
+
+    /// Requests per NFS procedure since the start: (name, latency
+    /// histogram, errors), for the metrics endpoint.
+    pub fn request_stats(&self) -> Vec<(&'static str, tarn_stats::Snapshot, u64)> {
+        crate::service::PROC_NAMES
+            .iter()
+            .zip(&self.svc.stats)
+            .map(|(name, s)| {
+                (
+                    *name,
+                    s.latency.snapshot(),
+                    s.errors.load(std::sync::atomic::Ordering::Relaxed),
+                )
+            })
+            .collect()
     }
 
     /// The write verifier of this server instance (changes at each start).

@@ -306,6 +306,24 @@ impl Pool {
         Ok(())
     }
 
+    /// What the metrics endpoint reads: each device's read and write
+    /// latencies (its path, then the two histograms), and how long the
+    /// txg syncs took.
+    pub fn latencies(
+        &self,
+    ) -> (
+        Vec<(String, tarn_stats::Snapshot, tarn_stats::Snapshot)>,
+        tarn_stats::Snapshot,
+    ) {
+        let devices = self
+            .tops
+            .iter()
+            .flat_map(|t| t.latencies())
+            .map(|(p, r, w)| (p.display().to_string(), r, w))
+            .collect();
+        (devices, self.sync_times.snapshot())
+    }
+
     /// Cumulative counters of the pool, each top-level vdev and each leaf.
     pub fn iostat(&self) -> Vec<IostatEntry> {
         let st = self.lock();

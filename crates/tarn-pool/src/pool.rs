@@ -149,6 +149,8 @@ pub struct Pool {
     pub(crate) locks: Mutex<Vec<File>>,
     /// How scans find the blocks the extension references.
     pub(crate) ext_scan: Mutex<Option<crate::ext::ScanFn>>,
+    /// How long each txg sync took (quiesce to uberblock), for metrics.
+    pub(crate) sync_times: tarn_stats::Histogram,
 }
 
 pub(crate) fn now_unix() -> u64 {
@@ -322,6 +324,7 @@ impl Pool {
             scan_ops: Mutex::new(()),
             locks: Mutex::new(locks),
             ext_scan: Mutex::new(None),
+            sync_times: tarn_stats::Histogram::new(tarn_stats::SYNC_US),
         }
     }
 

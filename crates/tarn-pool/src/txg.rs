@@ -50,7 +50,7 @@ use crate::PoolError;
 
 impl Pool {
     /// Bytes the open txg holds now.
-    pub(crate) fn dirty_bytes(&self) -> u64 {
+    pub fn dirty_bytes(&self) -> u64 {
         self.dirty.load(Ordering::Relaxed)
     }
 
@@ -117,11 +117,16 @@ impl Pool {
     /// the gate exclusively already (an exclusive operation). Returns the txg
     /// committed.
     pub(crate) fn sync_txg(&self, sync: &mut SyncState, gate_held: bool) -> Result<u64, PoolError> {
+        let start = std::time::Instant::now();
         let txg = {
             let _gate = (!gate_held).then(|| self.gate_exclusive());
             self.quiesce()
         };
-        self.sync_body(sync, txg)
+        let done = self.sync_body(sync, txg);
+        if done.is_ok() {
+            self.sync_times.since(start);
+        }
+        done
     }
 
     /// Closes the open txg (the gate is held exclusively): the next one opens,

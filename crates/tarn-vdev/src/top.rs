@@ -57,6 +57,10 @@ pub struct Counters {
 
 #[derive(Default)]
 struct AtomicCounters {
+    /// How long successful reads took at the device.
+    read_latency: tarn_stats::Histogram,
+    /// How long successful writes took at the device.
+    write_latency: tarn_stats::Histogram,
     read_errors: AtomicU64,
     write_errors: AtomicU64,
     cksum_errors: AtomicU64,
@@ -96,6 +100,8 @@ impl AtomicCounters {
         for a in self.all() {
             a.store(0, Ordering::Relaxed);
         }
+        self.read_latency.clear();
+        self.write_latency.clear();
     }
 }
 
@@ -610,6 +616,22 @@ impl TopVdev {
             .collect()
     }
 
+    /// Read and write latency histograms of every child, in order, with
+    /// its current path (successful I/O only; since the last clear).
+    pub fn latencies(&self) -> Vec<(PathBuf, tarn_stats::Snapshot, tarn_stats::Snapshot)> {
+        self.children
+            .iter()
+            .map(|c| {
+                let path = lock(&c.slot).path.clone();
+                (
+                    path,
+                    c.counters.read_latency.snapshot(),
+                    c.counters.write_latency.snapshot(),
+                )
+            })
+            .collect()
+    }
+
     /// The leaf of child `idx`, if one is attached (whatever its state).
     pub fn leaf(&self, idx: usize) -> Option<Arc<dyn Leaf>> {
         self.children
@@ -801,9 +823,11 @@ impl TopVdev {
 
     /// Reads from a pinned child, counting the outcome; false on any error.
     pub(crate) fn child_read(&self, h: &Handle, buf: &mut [u8], off: u64) -> bool {
+        let start = std::time::Instant::now();
         let ok = self.in_data_region(&*h.leaf, off, buf.len()) && h.leaf.read_at(buf, off).is_ok();
         let c = &self.children[h.idx].counters;
         if ok {
+            c.read_latency.since(start);
             bump(&c.read_ops, 1);
             bump(&c.read_bytes, buf.len() as u64);
             self.note_ok(h.idx, READ);
@@ -822,6 +846,7 @@ impl TopVdev {
     /// Like [`TopVdev::child_write`] for the concatenation of `bufs`.
     pub(crate) fn child_write_vectored(&self, h: &Handle, bufs: &[&[u8]], off: u64) -> bool {
         let len: usize = bufs.iter().map(|b| b.len()).sum();
+        let start = std::time::Instant::now();
         let ok = self.in_data_region(&*h.leaf, off, len)
             && match bufs {
                 [one] => h.leaf.write_at(one, off).is_ok(),
@@ -830,6 +855,7 @@ impl TopVdev {
         let buf_len = len;
         let c = &self.children[h.idx].counters;
         if ok {
+            c.write_latency.since(start);
             bump(&c.write_ops, 1);
             bump(&c.write_bytes, buf_len as u64);
             self.note_ok(h.idx, WRITE);

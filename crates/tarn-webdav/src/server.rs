@@ -190,6 +190,38 @@ struct State {
     cache: AuthCache,
     window: Duration,
     header_timeout: Duration,
+    /// Per method (by [`METHODS`], then others): time to the response
+    /// head, and 5xx answers.
+    requests: Vec<tarn_stats::RequestStats>,
+}
+
+/// The methods metrics count one by one; the last slot is any other.
+pub const METHODS: [&str; 14] = [
+    "GET",
+    "HEAD",
+    "PUT",
+    "DELETE",
+    "PROPFIND",
+    "PROPPATCH",
+    "MKCOL",
+    "COPY",
+    "MOVE",
+    "LOCK",
+    "UNLOCK",
+    "OPTIONS",
+    "POST",
+    "other",
+];
+
+impl State {
+    /// The stats slot of `method`.
+    fn method_stats(&self, method: &str) -> Option<&tarn_stats::RequestStats> {
+        let i = METHODS
+            .iter()
+            .position(|m| *m == method)
+            .unwrap_or(METHODS.len() - 1);
+        self.requests.get(i)
+    }
 }
 
 fn valid_name(n: &str) -> bool {
@@ -276,6 +308,22 @@ impl Running {
     /// evictions.
     pub fn stats(&self) -> tarn_conn::Stats {
         self.admission.stats()
+    }
+
+    /// Requests per method since the start: (method, latency to the
+    /// response head, 5xx answers), for the metrics endpoint.
+    pub fn request_stats(&self) -> Vec<(&'static str, tarn_stats::Snapshot, u64)> {
+        METHODS
+            .iter()
+            .zip(&self.state.requests)
+            .map(|(m, s)| {
+                (
+                    *m,
+                    s.latency.snapshot(),
+                    s.errors.load(std::sync::atomic::Ordering::Relaxed),
+                )
+            })
+            .collect()
     }
 
     /// Replaces the set of shares. Connections stay open; requests already
@@ -375,6 +423,10 @@ pub fn serve(
         cache: AuthCache::new(config.auth_cache_ttl),
         window: config.auth_failure_window,
         header_timeout: config.header_read_timeout,
+        requests: METHODS
+            .iter()
+            .map(|_| tarn_stats::RequestStats::default())
+            .collect(),
     });
     let admission = Admission::new(
         "tarn-webdav",

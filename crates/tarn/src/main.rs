@@ -170,6 +170,8 @@ fn daemon_options(run: DaemonRun) -> DaemonOptions {
         replication: run.replication,
         smb: run.smb,
         smb_include: run.smb_include,
+        metrics: run.metrics,
+        metrics_token: run.metrics_token,
         tls_cert: run.tls_cert,
         webdav_plain_http: run.webdav_plain_http,
         ..ServerOptions::default()

@@ -4,8 +4,9 @@
 //! the daemon was down runs once; a scrub schedule starts a scrub and
 //! resumes one paused outside its pause hours; a replication schedule
 //! sends the newest snapshot of its policy to an object store (MinIO) and
-//! holds it, so pruning keeps the next incremental's base; every run is
-//! recorded, and a failed one raises an event.
+//! holds it, so pruning keeps the next incremental's base, and only on the
+//! daemon that added it; every run is recorded, and a failed one raises
+//! an event.
 
 mod common;
 
@@ -387,4 +388,19 @@ fn replication_schedules_send_hold_and_report_failures() {
         events.contains("schedule.failed") && events.contains("'offsite' failed"),
         "{events}"
     );
+
+    // The pool on another machine (another daemon identity): the
+    // replication schedule is listed but does not run there, and says why.
+    d.stop();
+    std::fs::write(
+        home.join("state/node-id"),
+        "0123456789abcdef0123456789abcdef\n",
+    )
+    .unwrap();
+    let d = Daemon::start_env(&home, &[], &[TICK]);
+    let list = d.ok(&["schedule", "list"]);
+    assert!(list.contains("offsite"), "{list}");
+    let err = d.fails(&["schedule", "run-now", "offsite"]);
+    assert!(err.contains("added on another machine"), "{err}");
+    d.stop();
 }

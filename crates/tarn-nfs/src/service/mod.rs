@@ -103,6 +103,42 @@ pub(crate) struct Service {
     pub mount_port: u16,
     /// MOUNT's DUMP list: (client, path).
     pub mounts: Mutex<Vec<(String, String)>>,
+    /// Per NFS procedure (by number): latencies and errors.
+    pub stats: Vec<tarn_stats::RequestStats>,
+}
+
+/// NFSv3 procedure names by number (RFC 1813), as metrics label them.
+pub const PROC_NAMES: [&str; 22] = [
+    "null",
+    "getattr",
+    "setattr",
+    "lookup",
+    "access",
+    "readlink",
+    "read",
+    "write",
+    "create",
+    "mkdir",
+    "symlink",
+    "mknod",
+    "remove",
+    "rmdir",
+    "rename",
+    "link",
+    "readdir",
+    "readdirplus",
+    "fsstat",
+    "fsinfo",
+    "pathconf",
+    "commit",
+];
+
+/// One [`tarn_stats::RequestStats`] per NFS procedure.
+pub(crate) fn new_stats() -> Vec<tarn_stats::RequestStats> {
+    PROC_NAMES
+        .iter()
+        .map(|_| tarn_stats::RequestStats::default())
+        .collect()
 }
 
 impl Service {
@@ -283,6 +319,7 @@ impl Service {
         let caller = Caller { peer, user };
         let xid = call.xid;
         let payload = Cell::new(None);
+        let start = std::time::Instant::now();
         let result: Result<Writer, AcceptStat> = match (call.prog, call.vers) {
             (NFS_PROG, 3) => self.nfs(&caller, call.proc_, args, xid, &payload),
             (NFS_PROG, _) => Err(AcceptStat::ProgMismatch(3, 3)),
@@ -292,13 +329,25 @@ impl Service {
             (PMAP_PROG, _) => Err(AcceptStat::ProgMismatch(2, 2)),
             _ => Err(AcceptStat::ProgUnavail),
         };
-        Some(match result {
+        let reply = match result {
             Ok(w) => Reply {
                 body: w.into_bytes(),
                 data: payload.take(),
             },
             Err(stat) => Reply::plain(rpc::accepted(xid, stat).into_bytes()),
-        })
+        };
+        if call.prog == NFS_PROG && call.vers == 3 {
+            if let Some(s) = self.stats.get(call.proc_ as usize) {
+                // The accepted header is 24 bytes; an NFS result starts
+                // with its nfsstat3 (NULL has none).
+                let ok = match reply.body.get(20..28) {
+                    Some(b) => b.iter().all(|x| *x == 0),
+                    None => reply.body.get(20..24).is_some_and(|b| b == [0; 4]),
+                };
+                s.record(start, ok);
+            }
+        }
+        Some(reply)
     }
     // ----- NFS v3 --------------------------------------------------------
 

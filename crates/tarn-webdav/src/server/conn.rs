@@ -204,7 +204,17 @@ async fn serve_request(
     busy: Busy,
 ) -> Response<RespBody> {
     let what = format!("{} {:.200} from {ip}", req.method(), req.uri().path());
-    match panics::Caught(Box::pin(handle(req, ip, st, heads))).await {
+    let start = std::time::Instant::now();
+    let method = req.method().clone();
+    let stats = st.clone();
+    let done = panics::Caught(Box::pin(handle(req, ip, st, heads))).await;
+    if let Some(s) = stats.method_stats(method.as_str()) {
+        let ok = done
+            .as_ref()
+            .is_ok_and(|(r, _)| !r.status().is_server_error());
+        s.record(start, ok);
+    }
+    match done {
         Ok((resp, fix)) => resp.map(|b| RespBody::new(b, busy, fix, what)),
         Err(p) => {
             panics::report(&what, p.as_ref());
