@@ -31,6 +31,9 @@ pub struct UserInfo {
     /// stored for Samba (API 2.3; `tarn user passwd --smb`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub smb: bool,
+    /// An administrator of the web page and the HTTPS API (API 2.5).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub admin: bool,
 }
 
 /// Read-only or read-write.

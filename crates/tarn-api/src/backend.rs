@@ -272,6 +272,27 @@ pub trait Backend: Send + Sync {
     fn user_list(&self) -> Result<Vec<UserInfo>, ApiError> {
         Err(no_datasets())
     }
+    /// Makes a user an administrator (of the HTTPS API), or not.
+    fn user_admin(&self, _pool: Option<&str>, _name: &str, _admin: bool) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
+    /// Makes an HTTPS API token acting as `user`; returns it (only its
+    /// hash is kept).
+    fn api_token_add(
+        &self,
+        _label: &str,
+        _user: &str,
+    ) -> Result<crate::params::TokenAdded, ApiError> {
+        Err(no_datasets())
+    }
+    /// The HTTPS API tokens (never the tokens themselves).
+    fn api_token_list(&self) -> Result<Vec<crate::params::ApiTokenInfo>, ApiError> {
+        Err(no_datasets())
+    }
+    /// Removes the HTTPS API token `label`.
+    fn api_token_del(&self, _label: &str) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
     /// Adds or replaces a share (stored in its dataset's pool); with
     /// `owner`, gives the dataset's root directory to that user.
     fn share_add(&self, _share: &Share, _owner: Option<&str>) -> Result<(), ApiError> {

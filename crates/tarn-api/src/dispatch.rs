@@ -324,6 +324,23 @@ pub fn call(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, ApiE
             let NoParams {} = params(method, p)?;
             reply(backend.user_list()?)
         }
+        m::USER_ADMIN => {
+            let UserAdminParams { pool, name, admin } = params(method, p)?;
+            reply(backend.user_admin(pool.as_deref(), &name, admin)?)
+        }
+        m::API_TOKEN_ADD => {
+            let ApiTokenAddParams { label, user } = params(method, p)?;
+            crate::access::check_name("token", &label)?;
+            reply(backend.api_token_add(&label, &user)?)
+        }
+        m::API_TOKEN_LIST => {
+            let NoParams {} = params(method, p)?;
+            reply(backend.api_token_list()?)
+        }
+        m::API_TOKEN_DEL => {
+            let NameParams { name } = params(method, p)?;
+            reply(backend.api_token_del(&name)?)
+        }
         m::SHARE_ADD => {
             let ShareAddParams { share, owner } = params(method, p)?;
             reply(backend.share_add(&share, owner.as_deref())?)

@@ -27,6 +27,9 @@ pub enum ErrorCode {
     /// A key or passphrase that does not open the key it is given for
     /// (API 2.2).
     WrongKey,
+    /// The caller may not do this (a user calling an administrator's
+    /// method over HTTPS; API 2.5).
+    Forbidden,
     /// A bug or an unexpected state in the daemon. Codes unknown to this
     /// build (from a newer daemon) also read as `internal`.
     #[serde(other)]
@@ -45,6 +48,7 @@ impl ErrorCode {
             ErrorCode::Damaged => "damaged",
             ErrorCode::Locked => "locked",
             ErrorCode::WrongKey => "wrong_key",
+            ErrorCode::Forbidden => "forbidden",
             ErrorCode::Internal => "internal",
         }
     }

@@ -31,6 +31,7 @@ pub mod health;
 pub mod method;
 pub mod params;
 pub mod pool;
+pub mod roles;
 pub mod schedule;
 pub mod time;
 pub mod wire;
@@ -61,7 +62,11 @@ pub use wire::{parse_request, read_line_bounded, LineRead, Request, Response};
 ///
 /// 2.4 added self-test and replication schedules, and the `hourly`
 /// period.
-pub const API_VERSION: &str = "2.4";
+///
+/// 2.5 added administrators (`user.admin`, the `admin` flag of users)
+/// and the HTTPS API's tokens (`api.token_add`, `api.token_list`,
+/// `api.token_del`).
+pub const API_VERSION: &str = "2.5";
 
 /// The major number of an API version string (`1` of `1.0`), or `None`
 /// when the string is not a version.

@@ -113,6 +113,19 @@ pub const USER_PASSWD: &str = "user.passwd";
 pub const USER_CHAP: &str = "user.chap";
 /// List users: [`crate::params::NoParams`].
 pub const USER_LIST: &str = "user.list";
+/// Make a user an administrator of the web page and the HTTPS API, or
+/// not: [`crate::params::UserAdminParams`] (API 2.5).
+pub const USER_ADMIN: &str = "user.admin";
+/// Make a bearer token for scripts that call the HTTPS API as a user:
+/// [`crate::params::ApiTokenAddParams`]; answers
+/// [`crate::params::TokenAdded`] (API 2.5).
+pub const API_TOKEN_ADD: &str = "api.token_add";
+/// The HTTPS API's tokens (never the tokens): answers
+/// [`crate::params::ApiTokenInfo`]s (API 2.5).
+pub const API_TOKEN_LIST: &str = "api.token_list";
+/// Remove an HTTPS API token: [`crate::params::NameParams`] (its label)
+/// (API 2.5).
+pub const API_TOKEN_DEL: &str = "api.token_del";
 /// Add or replace a share: [`crate::params::ShareAddParams`].
 pub const SHARE_ADD: &str = "share.add";
 /// Remove a share: [`crate::params::ShareDelParams`].
@@ -229,6 +242,10 @@ pub const ALL: &[&str] = &[
     USER_PASSWD,
     USER_CHAP,
     USER_LIST,
+    USER_ADMIN,
+    API_TOKEN_ADD,
+    API_TOKEN_LIST,
+    API_TOKEN_DEL,
     SHARE_ADD,
     SHARE_DEL,
     SHARE_LIST,

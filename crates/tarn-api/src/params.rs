@@ -420,6 +420,41 @@ pub struct TokenInfo {
     pub created_unix: u64,
 }
 
+/// `user.admin` (API 2.5).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserAdminParams {
+    /// The pool (optional with one pool).
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// The user.
+    pub name: String,
+    /// An administrator from now on, or not.
+    pub admin: bool,
+}
+
+/// `api.token_add` (API 2.5).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiTokenAddParams {
+    /// A name for what uses it (`backup-script`).
+    pub label: String,
+    /// The user it acts as (with that user's role, looked up at each
+    /// request).
+    pub user: String,
+}
+
+/// One HTTPS API token, as `api.token_list` shows it (API 2.5).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiTokenInfo {
+    /// Its label.
+    pub label: String,
+    /// The user it acts as.
+    pub user: String,
+    /// When it was made (Unix seconds).
+    pub created_unix: u64,
+}
+
 /// `replication.info`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicationInfo {

@@ -42,9 +42,27 @@ pub enum UserCommand {
         /// checks passwords with (weaker than the main hash; see docs/smb.md)
         #[arg(long)]
         smb: bool,
+        /// An administrator of the web page and the HTTPS API
+        #[arg(long)]
+        admin: bool,
         /// Login name
         name: String,
     },
+    /// Make a user an administrator of the web page and the HTTPS API
+    /// (`on`), or not (`off`)
+    Admin {
+        /// The pool [default: the only pool]
+        #[arg(long)]
+        pool: Option<String>,
+        /// Login name
+        name: String,
+        /// on or off
+        #[arg(value_parser = ["on", "off"])]
+        state: String,
+    },
+    /// Bearer tokens for scripts that call the HTTPS API as a user
+    #[command(subcommand)]
+    Token(ApiTokenCommand),
     /// Remove a user
     Del {
         /// The pool [default: the only pool]
@@ -89,6 +107,27 @@ pub enum UserCommand {
     },
     /// List users
     List,
+}
+
+/// `tarn user token ...`.
+#[derive(Subcommand, Debug)]
+pub enum ApiTokenCommand {
+    /// Make a token that acts as USER (with USER's role); it is printed
+    /// once, only its hash is kept
+    Add {
+        /// A name for what uses it, e.g. backup-script
+        label: String,
+        /// The user it acts as
+        user: String,
+    },
+    /// List the tokens (labels and users, never the tokens)
+    List,
+    /// Remove a token: it stops working at once
+    #[command(alias = "rm")]
+    Del {
+        /// The token's label
+        label: String,
+    },
 }
 
 /// `tarn share ...`.
@@ -335,19 +374,56 @@ pub(crate) fn user_command(
             gid,
             password_stdin,
             smb,
+            admin,
             name,
         } => {
             check_user_name(&name).map_err(anyhow::Error::msg)?;
             let password = read_password(password_stdin)?;
             let params = UserAddParams {
-                pool,
-                name,
+                pool: pool.clone(),
+                name: name.clone(),
                 password,
                 uid,
                 gid,
                 smb,
             };
             client.call_quietly(out, method::USER_ADD, &params)?;
+            if admin {
+                let p = tarn_api::params::UserAdminParams { pool, name, admin };
+                client.call_quietly(out, method::USER_ADMIN, &p)?;
+            }
+        }
+        UserCommand::Admin { pool, name, state } => {
+            let p = tarn_api::params::UserAdminParams {
+                pool,
+                name,
+                admin: state == "on",
+            };
+            client.call_quietly(out, method::USER_ADMIN, &p)?;
+        }
+        UserCommand::Token(ApiTokenCommand::Add { label, user }) => {
+            let p = tarn_api::params::ApiTokenAddParams { label, user };
+            let v = client.call(method::API_TOKEN_ADD, &p)?;
+            let t: tarn_api::params::TokenAdded = decode(method::API_TOKEN_ADD, v.clone())?;
+            out.raw_or(&v, || format!("{}\n", t.token))?;
+        }
+        UserCommand::Token(ApiTokenCommand::List) => {
+            let v = client.call(method::API_TOKEN_LIST, &NoParams {})?;
+            let list: Vec<tarn_api::params::ApiTokenInfo> =
+                decode(method::API_TOKEN_LIST, v.clone())?;
+            out.raw_or(&v, || {
+                let rows = list
+                    .iter()
+                    .map(|t| (t.label.as_str(), t.user.as_str(), t.created_unix));
+                crate::render::token_table("USER", rows)
+            })?;
+        }
+        UserCommand::Token(ApiTokenCommand::Del { label }) => {
+            client.call_quietly(
+                out,
+                method::API_TOKEN_DEL,
+                &tarn_api::params::NameParams { name: label },
+            )?;
         }
         UserCommand::Del { pool, name } => {
             client.call_quietly(out, method::USER_DEL, &UserParams { pool, name })?;

@@ -42,6 +42,7 @@ pub const KEYS: &[Key] = &[
     key("listen", "nbd", "nbd"),
     key("listen", "iscsi", "iscsi"),
     key("listen", "replication", "replication"),
+    key("listen", "web", "web"),
     key("listen", "metrics", "metrics"),
     key("metrics", "token_file", "metrics_token_file"),
     key("tls", "cert", "tls_cert"),

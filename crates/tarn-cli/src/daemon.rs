@@ -106,6 +106,12 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     pub smb: Option<std::net::SocketAddr>,
 
+    /// Serve the admin API over HTTPS for the web page and scripts on this
+    /// address, e.g. 0.0.0.0:8444 (plain HTTP on a loopback address;
+    /// docs/api.md)
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub web: Option<std::net::SocketAddr>,
+
     /// Serve the daemon's counters for Prometheus at
     /// http://ADDR:PORT/metrics, e.g. 127.0.0.1:9470 (off loopback only
     /// with --metrics-token-file)
@@ -260,6 +266,8 @@ pub struct DaemonRun {
     pub smb: Option<SocketAddr>,
     /// The owner's own Samba settings.
     pub smb_include: Option<PathBuf>,
+    /// Where the HTTPS API is served; not started when absent.
+    pub web: Option<SocketAddr>,
     /// Where `/metrics` is served; not started when absent.
     pub metrics: Option<SocketAddr>,
     /// The bearer token `/metrics` asks for.
@@ -384,6 +392,7 @@ pub(crate) fn daemon_command(
         replication,
         smb,
         smb_include,
+        web,
         metrics,
         metrics_token_file,
         tls_cert,
@@ -452,6 +461,7 @@ pub(crate) fn daemon_command(
                 replication,
                 smb,
                 smb_include: smb_include.map(|p| std::path::absolute(&p).unwrap_or(p)),
+                web,
                 metrics,
                 metrics_token: metrics_token_file.map(|f| read_token(&f)).transpose()?,
                 tls_cert: tls_cert.zip(tls_key),

@@ -91,6 +91,17 @@ pub fn format_duration(secs: u64) -> String {
     }
 }
 
+/// A table of tokens (replication or API): label, what each is for
+/// (`scope`: DATASET or USER), when it was made; never the tokens.
+pub fn token_table<'a>(scope: &str, rows: impl Iterator<Item = (&'a str, &'a str, u64)>) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .map(|(label, what, created)| {
+            vec![label.to_string(), what.to_string(), format_date(created)]
+        })
+        .collect();
+    table(&["LABEL", scope, "CREATED"], &rows, &[0, 1, 2])
+}
+
 /// A Unix time in local time, as `ctime` writes it: `Sun Mar  1 12:00:00 2026`.
 pub fn format_date(unix: u64) -> String {
     const DAYS: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];

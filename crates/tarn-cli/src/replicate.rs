@@ -114,17 +114,10 @@ pub(crate) fn replication_command(
             let v = client.call(method::REPLICATION_TOKEN_LIST, &NoParams {})?;
             let list: Vec<TokenInfo> = decode(method::REPLICATION_TOKEN_LIST, v.clone())?;
             out.raw_or(&v, || {
-                let rows: Vec<Vec<String>> = list
+                let rows = list
                     .iter()
-                    .map(|t| {
-                        vec![
-                            t.label.clone(),
-                            t.dataset.clone(),
-                            crate::render::format_date(t.created_unix),
-                        ]
-                    })
-                    .collect();
-                crate::render::table(&["LABEL", "DATASET", "CREATED"], &rows, &[0, 1, 2])
+                    .map(|t| (t.label.as_str(), t.dataset.as_str(), t.created_unix));
+                crate::render::token_table("DATASET", rows)
             })
         }
         ReplicationCommand::Token(TokenCommand::Del { label }) => client.call_quietly(

@@ -66,6 +66,10 @@ pub struct UserRecord {
     /// passwords against it quickly (docs/smb.md says what this exposes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nt_hash: Option<String>,
+    /// An administrator of the web page and the HTTPS API; written only
+    /// when set.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub admin: bool,
 }
 
 impl std::fmt::Debug for UserRecord {
@@ -481,6 +485,7 @@ pub fn user_add(
         hash: hash_password(password)?,
         chap_secret: None,
         nt_hash: smb.then(|| nt_hash(password)),
+        admin: false,
     };
     tarn_dataset::config_put(pool, KIND_USER, name, &encode(&rec)?).map_err(ds_error)?;
     Ok(UserInfo {
@@ -490,7 +495,15 @@ pub fn user_add(
         gid: rec.gid,
         chap: false,
         smb,
+        admin: false,
     })
+}
+
+/// Makes `name` an administrator, or not.
+pub fn user_admin(pool: &Pool, name: &str, admin: bool) -> Result<(), ApiError> {
+    let mut rec = user(pool, name)?;
+    rec.admin = admin;
+    tarn_dataset::config_put(pool, KIND_USER, name, &encode(&rec)?).map_err(ds_error)
 }
 
 /// The stored record of user `name`.
@@ -955,11 +968,20 @@ mod tests {
             hash: "$argon2id$x".into(),
             chap_secret: Some("twelve bytes!".into()),
             nt_hash: None,
+            admin: false,
         };
         assert_eq!(
             serde_json::to_value(&rec).unwrap(),
             serde_json::from_str::<serde_json::Value>(user).unwrap()
         );
+        let admin = r#"{"name":"alice","uid":10000,"gid":10000,"hash":"$argon2id$x","admin":true}"#;
+        let ada = UserRecord {
+            chap_secret: None,
+            admin: true,
+            ..rec.clone()
+        };
+        assert_eq!(serde_json::to_string(&ada).unwrap(), admin);
+        assert_eq!(serde_json::from_str::<UserRecord>(admin).unwrap(), ada);
         let old = r#"{"name":"alice","uid":10000,"gid":10000,"hash":"$argon2id$x"}"#;
         let without = UserRecord {
             chap_secret: None,

@@ -52,6 +52,7 @@ pub mod schedule;
 pub mod servers;
 pub mod smb;
 pub mod transport;
+pub mod web;
 
 use std::sync::Arc;
 

@@ -797,10 +797,49 @@ impl Backend for Pools {
                     gid: u.gid,
                     chap: u.chap_secret.is_some(),
                     smb: u.nt_hash.is_some(),
+                    admin: u.admin,
                 });
             }
         }
         Ok(out)
+    }
+
+    fn user_admin(&self, pool: Option<&str>, name: &str, admin: bool) -> Result<(), ApiError> {
+        let _access = self.access_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let p = self.pool_for_users(pool)?;
+        access::user_admin(&p, name, admin)
+    }
+
+    fn api_token_add(
+        &self,
+        label: &str,
+        user: &str,
+    ) -> Result<tarn_api::params::TokenAdded, ApiError> {
+        if !self
+            .all_pools()
+            .iter()
+            .any(|p| access::user(p, user).is_ok())
+        {
+            return Err(ApiError::not_found(format!("no user '{user}'")));
+        }
+        self.api_tokens.add(label, user)
+    }
+
+    fn api_token_list(&self) -> Result<Vec<tarn_api::params::ApiTokenInfo>, ApiError> {
+        Ok(self
+            .api_tokens
+            .list()?
+            .into_iter()
+            .map(|t| tarn_api::params::ApiTokenInfo {
+                label: t.label,
+                user: t.dataset,
+                created_unix: t.created_unix,
+            })
+            .collect())
+    }
+
+    fn api_token_del(&self, label: &str) -> Result<(), ApiError> {
+        self.api_tokens.del(label)
     }
 
     fn share_add(&self, share: &Share, owner: Option<&str>) -> Result<(), ApiError> {
@@ -1093,6 +1132,9 @@ impl Node for Pools {
             .take()
         {
             m.stop();
+        }
+        if let Some(w) = self.web.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            w.stop();
         }
         if let Some(s) = self
             .scheduler

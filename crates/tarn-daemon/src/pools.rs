@@ -103,8 +103,12 @@ pub struct Pools {
     pub(crate) replication: Mutex<Option<crate::replication::Replication>>,
     /// The metrics endpoint, when it runs.
     pub(crate) metrics: Mutex<Option<crate::metrics::MetricsServer>>,
+    /// The HTTPS API, when it runs.
+    pub(crate) web: Mutex<Option<tarn_web::Running>>,
     /// The replication tokens.
     pub(crate) tokens: Arc<crate::replication::Tokens>,
+    /// The HTTPS API's bearer tokens.
+    pub(crate) api_tokens: Arc<crate::replication::Tokens>,
     /// Datasets a receive is running into.
     pub(crate) receives: Mutex<BTreeSet<String>>,
     /// Serializes handing the servers their lists (and Samba its service
@@ -253,7 +257,9 @@ impl Pools {
             servers: Servers::default(),
             replication: Mutex::new(None),
             metrics: Mutex::new(None),
+            web: Mutex::new(None),
             tokens: Arc::new(crate::replication::Tokens::new(state_dir)),
+            api_tokens: Arc::new(crate::replication::Tokens::api(state_dir)),
             receives: Mutex::new(BTreeSet::new()),
             serve_lock: Mutex::new(()),
             schedule_lock: Mutex::new(()),
@@ -553,6 +559,10 @@ impl Pools {
             )
             .map_err(DaemonError::msg)?;
             *self.metrics.lock().unwrap_or_else(|e| e.into_inner()) = Some(m);
+        }
+        if let Some(addr) = opts.web {
+            let w = crate::web::start(self, addr, opts, &self.state_dir)?;
+            *self.web.lock().unwrap_or_else(|e| e.into_inner()) = Some(w);
         }
         Ok(())
     }

@@ -70,11 +70,18 @@ const MAX_LINE: usize = 1 << 20;
 /// Where the tokens' hashes are kept, in the state directory.
 pub const TOKENS_FILE: &str = "replication-tokens.json";
 
-/// One token as kept: its hash, never the token.
+/// Where the HTTPS API's tokens' hashes are kept, in the state directory.
+pub const API_TOKENS_FILE: &str = "api-tokens.json";
+
+/// One token as kept: its hash, never the token. A replication token has
+/// a dataset, an HTTPS API token a user.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct TokenRec {
     label: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     dataset: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    user: String,
     /// Lowercase hex SHA-256 of the token's text.
     sha256: String,
     created_unix: u64,
@@ -85,10 +92,13 @@ struct TokenFile {
     tokens: Vec<TokenRec>,
 }
 
-/// The tokens of this node (see the module docs).
+/// The tokens of this node (see the module docs): the replication
+/// port's, each good for a dataset, or the HTTPS API's, each acting as a
+/// user (the same keeping, in another file).
 pub struct Tokens {
     path: PathBuf,
     lock: Mutex<()>,
+    api: bool,
 }
 
 fn sha256_hex(s: &str) -> String {
@@ -104,11 +114,29 @@ fn io_error(what: &str, path: &Path, e: impl std::fmt::Display) -> ApiError {
 }
 
 impl Tokens {
-    /// The tokens kept in `state_dir`.
+    /// The replication tokens kept in `state_dir`.
     pub fn new(state_dir: &Path) -> Tokens {
         Tokens {
             path: state_dir.join(TOKENS_FILE),
             lock: Mutex::new(()),
+            api: false,
+        }
+    }
+
+    /// The HTTPS API tokens kept in `state_dir`.
+    pub fn api(state_dir: &Path) -> Tokens {
+        Tokens {
+            path: state_dir.join(API_TOKENS_FILE),
+            lock: Mutex::new(()),
+            api: true,
+        }
+    }
+
+    fn what(&self) -> &'static str {
+        if self.api {
+            "API"
+        } else {
+            "replication"
         }
     }
 
@@ -139,7 +167,8 @@ impl Tokens {
         write().map_err(|e| io_error("cannot write", &self.path, e))
     }
 
-    /// Makes a token for `label`, good for `dataset` and below.
+    /// Makes a token for `label`, good for `dataset` and below (an API
+    /// token: acting as the user `dataset`).
     pub fn add(&self, label: &str, dataset: &str) -> std::result::Result<TokenAdded, ApiError> {
         let label_ok = !label.is_empty()
             && label.len() <= 64
@@ -151,11 +180,15 @@ impl Tokens {
                 "token label '{label}': 1 to 64 letters, digits, '-', '_', '.', ':'"
             )));
         }
-        let ds_ok = !dataset.is_empty()
-            && !dataset.contains(['@', '%'])
-            && dataset
-                .split('/')
-                .all(|p| !p.is_empty() && p != "." && p != "..");
+        if self.api {
+            tarn_api::access::check_user_name(dataset)?;
+        }
+        let ds_ok = self.api
+            || !dataset.is_empty()
+                && !dataset.contains(['@', '%'])
+                && dataset
+                    .split('/')
+                    .all(|p| !p.is_empty() && p != "." && p != "..");
         if !ds_ok {
             return Err(ApiError::invalid(format!(
                 "'{dataset}' is not a dataset name (POOL or POOL/DATASET)"
@@ -165,16 +198,23 @@ impl Tokens {
         let mut f = self.load()?;
         if f.tokens.iter().any(|t| t.label == label) {
             return Err(ApiError::exists(format!(
-                "a replication token '{label}' exists; delete it first"
+                "an {} token '{label}' exists; delete it first",
+                self.what()
             )));
         }
         let mut raw = [0u8; 32];
         ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw)
             .map_err(|_| ApiError::internal("no randomness for a token"))?;
         let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        let (ds, user) = if self.api {
+            (String::new(), dataset.to_string())
+        } else {
+            (dataset.to_string(), String::new())
+        };
         f.tokens.push(TokenRec {
             label: label.to_string(),
-            dataset: dataset.to_string(),
+            dataset: ds,
+            user,
             sha256: sha256_hex(&token),
             created_unix: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -195,7 +235,7 @@ impl Tokens {
             .into_iter()
             .map(|t| TokenInfo {
                 label: t.label,
-                dataset: t.dataset,
+                dataset: if self.api { t.user } else { t.dataset },
                 created_unix: t.created_unix,
             })
             .collect())
@@ -209,22 +249,27 @@ impl Tokens {
         f.tokens.retain(|t| t.label != label);
         if f.tokens.len() == before {
             return Err(ApiError::not_found(format!(
-                "no replication token '{label}'"
+                "no {} token '{label}'",
+                self.what()
             )));
         }
         self.save(&f)
     }
 
-    /// The dataset `token` is good for, if it is one of ours.
-    fn check(&self, token: &str) -> Option<String> {
+    /// The dataset `token` is good for (an API token: the user it acts
+    /// as), if it is one of ours.
+    pub(crate) fn check(&self, token: &str) -> Option<String> {
         // Hashes are compared, not tokens: how long a comparison takes
         // tells a guesser nothing about a token it does not have.
         let want = sha256_hex(token.trim());
         let f = self.load().ok()?;
-        f.tokens
-            .into_iter()
-            .find(|t| t.sha256 == want)
-            .map(|t| t.dataset)
+        f.tokens.into_iter().find(|t| t.sha256 == want).map(|t| {
+            if self.api {
+                t.user
+            } else {
+                t.dataset
+            }
+        })
     }
 }
 

@@ -56,6 +56,8 @@ pub struct ServerOptions {
     pub webdav_plain_http: bool,
     /// Where `/metrics` is served (not started when absent).
     pub metrics: Option<SocketAddr>,
+    /// Where the HTTPS API is served (not started when absent).
+    pub web: Option<SocketAddr>,
     /// The bearer token `/metrics` asks for (required off loopback).
     pub metrics_token: Option<String>,
     /// NFS connection limits and threads.

@@ -136,13 +136,14 @@ pub fn render_users(users: &[UserInfo]) -> String {
                 u.pool.clone(),
                 if u.chap { "yes" } else { "-" }.to_string(),
                 if u.smb { "yes" } else { "-" }.to_string(),
+                if u.admin { "yes" } else { "-" }.to_string(),
             ]
         })
         .collect();
     table(
-        &["NAME", "UID", "GID", "POOL", "CHAP", "SMB"],
+        &["NAME", "UID", "GID", "POOL", "CHAP", "SMB", "ADMIN"],
         &rows,
-        &[0, 3, 4, 5],
+        &[0, 3, 4, 5, 6],
     )
 }
 

@@ -1,0 +1,544 @@
+//! Who may call what over the HTTPS API, and the reference of every
+//! method (docs/api.md is generated from [`METHODS`]).
+//!
+//! The admin socket is root's: every method, no roles. Over HTTPS a
+//! caller is a tarn user, and each method needs a role:
+//!
+//! - [`Role::User`]: any user who logged in. These answer only what is
+//!   the user's own: the shares that list them, the datasets of those
+//!   shares, their own password (the HTTPS front end filters and checks
+//!   that, with [`visible_to`]).
+//! - [`Role::Admin`]: users made administrators (`tarn user admin NAME
+//!   on`); everything that changes pools, datasets, users and shares.
+//! - [`Role::Local`]: never over HTTPS. Methods that read or write paths
+//!   of the server's own filesystem as root (objects from files, FUSE
+//!   mounts on any directory, fault injection), stream bodies the HTTP
+//!   front end does not carry (send, receive), and what belongs to
+//!   another transport (`daemon.stop`, `replication.hello`).
+
+use crate::method as m;
+
+/// What a method needs over HTTPS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Any logged-in user (answers filtered to what is theirs).
+    User,
+    /// An administrator.
+    Admin,
+    /// Not over HTTPS: the admin socket only.
+    Local,
+}
+
+impl Role {
+    /// How docs/api.md names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::User => "user",
+            Role::Admin => "admin",
+            Role::Local => "socket only",
+        }
+    }
+}
+
+/// Every method: (name, role over HTTPS, what it does, its parameters).
+pub const METHODS: &[(&str, Role, &str, &str)] = &[
+    (
+        m::DAEMON_PING,
+        Role::User,
+        "version, pid and API version of the daemon",
+        "{}",
+    ),
+    (
+        m::DAEMON_STOP,
+        Role::Local,
+        "export every pool and stop the daemon",
+        "{}",
+    ),
+    (
+        m::DAEMON_STATS,
+        Role::Admin,
+        "connection counters of the servers",
+        "{}",
+    ),
+    (
+        m::POOL_CREATE,
+        Role::Admin,
+        "create a pool",
+        "CreateRequest",
+    ),
+    (
+        m::POOL_IMPORT,
+        Role::Admin,
+        "find or import pools",
+        "ImportRequest",
+    ),
+    (m::POOL_EXPORT, Role::Admin, "export a pool", "ForceParams"),
+    (
+        m::POOL_DESTROY,
+        Role::Admin,
+        "destroy a pool",
+        "ForceParams",
+    ),
+    (
+        m::POOL_LIST,
+        Role::Admin,
+        "pools with size, allocation and health",
+        "{}",
+    ),
+    (
+        m::POOL_STATUS,
+        Role::Admin,
+        "pool health, devices, scan, cache",
+        "OptionalNameParams",
+    ),
+    (
+        m::POOL_SCRUB,
+        Role::Admin,
+        "start, pause, resume or cancel a scrub",
+        "ScrubParams",
+    ),
+    (
+        m::POOL_OFFLINE,
+        Role::Admin,
+        "take a device out of service",
+        "DeviceParams",
+    ),
+    (
+        m::POOL_ONLINE,
+        Role::Admin,
+        "bring a device back",
+        "DeviceParams",
+    ),
+    (
+        m::POOL_REPLACE,
+        Role::Admin,
+        "replace a device",
+        "ReplaceParams",
+    ),
+    (
+        m::POOL_ADD_LOG,
+        Role::Admin,
+        "add a log vdev",
+        "AddLogParams",
+    ),
+    (
+        m::POOL_REMOVE,
+        Role::Admin,
+        "remove a log vdev",
+        "DeviceParams",
+    ),
+    (
+        m::POOL_CLEAR,
+        Role::Admin,
+        "reset error counters",
+        "ClearParams",
+    ),
+    (
+        m::POOL_IOSTAT,
+        Role::Admin,
+        "cumulative I/O counters",
+        "OptionalNameParams",
+    ),
+    (
+        m::POOL_SYNC,
+        Role::Admin,
+        "commit the open txg now",
+        "NameParams",
+    ),
+    (
+        m::POOL_INJECT,
+        Role::Local,
+        "inject device faults (drills)",
+        "InjectParams",
+    ),
+    (
+        m::OBJECT_WRITE,
+        Role::Local,
+        "write an object from a file of the server",
+        "ObjectWriteParams",
+    ),
+    (
+        m::OBJECT_READ,
+        Role::Local,
+        "read an object into a file of the server",
+        "ObjectReadParams",
+    ),
+    (m::OBJECT_LIST, Role::Admin, "list objects", "PoolParams"),
+    (
+        m::OBJECT_DELETE,
+        Role::Admin,
+        "delete an object",
+        "ObjectParams",
+    ),
+    (
+        m::SCHEDULE_ADD,
+        Role::Admin,
+        "add or replace a schedule",
+        "ScheduleAddParams",
+    ),
+    (
+        m::SCHEDULE_DEL,
+        Role::Admin,
+        "remove a schedule",
+        "ScheduleParams",
+    ),
+    (
+        m::SCHEDULE_LIST,
+        Role::Admin,
+        "schedules with their latest runs",
+        "{}",
+    ),
+    (
+        m::SCHEDULE_RUN,
+        Role::Admin,
+        "run a schedule now",
+        "ScheduleParams",
+    ),
+    (m::DISK_LIST, Role::Admin, "health of every device", "{}"),
+    (
+        m::DISK_HEALTH,
+        Role::Admin,
+        "health of one device",
+        "DiskParams",
+    ),
+    (
+        m::DISK_SELFTEST,
+        Role::Admin,
+        "start a SMART self-test",
+        "SelftestParams",
+    ),
+    (m::EVENTS_LIST, Role::Admin, "the event log", "EventsParams"),
+    (
+        m::ALERT_ADD,
+        Role::Admin,
+        "add or replace an alert",
+        "AlertAddParams",
+    ),
+    (m::ALERT_DEL, Role::Admin, "remove an alert", "AlertParams"),
+    (
+        m::ALERT_LIST,
+        Role::Admin,
+        "the alerts (never their passwords)",
+        "{}",
+    ),
+    (
+        m::ALERT_TEST,
+        Role::Admin,
+        "send a test event through alerts",
+        "OptionalNameParams",
+    ),
+    (
+        m::DATASET_CREATE,
+        Role::Admin,
+        "create a filesystem",
+        "DatasetCreateParams",
+    ),
+    (
+        m::DATASET_DESTROY,
+        Role::Admin,
+        "destroy a dataset or snapshot",
+        "DatasetDestroyParams",
+    ),
+    (
+        m::DATASET_LIST,
+        Role::User,
+        "datasets (a user: those of their shares)",
+        "DatasetListParams",
+    ),
+    (
+        m::DATASET_GET,
+        Role::Admin,
+        "read properties",
+        "DatasetGetParams",
+    ),
+    (
+        m::DATASET_SET,
+        Role::Admin,
+        "set properties",
+        "DatasetSetParams",
+    ),
+    (
+        m::DATASET_INHERIT,
+        Role::Admin,
+        "clear a property",
+        "DatasetInheritParams",
+    ),
+    (
+        m::DATASET_RENAME,
+        Role::Admin,
+        "rename a dataset",
+        "RenameParams",
+    ),
+    (
+        m::DATASET_SNAPSHOT,
+        Role::Admin,
+        "take snapshots",
+        "SnapshotParams",
+    ),
+    (
+        m::DATASET_ROLLBACK,
+        Role::Admin,
+        "roll back to a snapshot",
+        "RollbackParams",
+    ),
+    (
+        m::DATASET_CLONE,
+        Role::Admin,
+        "clone a snapshot",
+        "CloneParams",
+    ),
+    (
+        m::DATASET_PROMOTE,
+        Role::Admin,
+        "promote a clone",
+        "NameParams",
+    ),
+    (
+        m::DATASET_MOUNT,
+        Role::Local,
+        "mount with FUSE on a directory of the server",
+        "MountParams",
+    ),
+    (m::DATASET_UNMOUNT, Role::Local, "unmount", "UnmountParams"),
+    (m::DATASET_MOUNTS, Role::Admin, "the FUSE mounts", "{}"),
+    (
+        m::DATASET_SEND,
+        Role::Local,
+        "write a send stream",
+        "SendParams",
+    ),
+    (
+        m::DATASET_RECEIVE,
+        Role::Local,
+        "apply a send stream",
+        "ReceiveParams",
+    ),
+    (
+        m::DATASET_RECEIVE_ABORT,
+        Role::Admin,
+        "undo a partial receive",
+        "NameParams",
+    ),
+    (m::DATASET_HOLD, Role::Admin, "hold snapshots", "HoldParams"),
+    (
+        m::DATASET_RELEASE,
+        Role::Admin,
+        "release holds",
+        "HoldParams",
+    ),
+    (
+        m::DATASET_HOLDS,
+        Role::Admin,
+        "the holds on snapshots",
+        "HoldsParams",
+    ),
+    (
+        m::VOLUME_CREATE,
+        Role::Admin,
+        "create a volume",
+        "VolumeCreateParams",
+    ),
+    (
+        m::VOLUME_RESIZE,
+        Role::Admin,
+        "resize a volume",
+        "VolumeResizeParams",
+    ),
+    (
+        m::KEY_LOAD,
+        Role::Admin,
+        "load encryption keys",
+        "KeyLoadParams",
+    ),
+    (
+        m::KEY_UNLOAD,
+        Role::Admin,
+        "unload encryption keys",
+        "KeyUnloadParams",
+    ),
+    (
+        m::KEY_CHANGE,
+        Role::Admin,
+        "change a wrapping key",
+        "KeyChangeParams",
+    ),
+    (
+        m::KEY_LIST,
+        Role::Admin,
+        "encryption roots and key status",
+        "OptionalNameParams",
+    ),
+    (
+        m::REPLICATION_HELLO,
+        Role::Local,
+        "(the replication port's first request)",
+        "HelloParams",
+    ),
+    (
+        m::REPLICATION_TOKEN_ADD,
+        Role::Admin,
+        "make a replication token",
+        "TokenAddParams",
+    ),
+    (
+        m::REPLICATION_TOKEN_LIST,
+        Role::Admin,
+        "the replication tokens",
+        "{}",
+    ),
+    (
+        m::REPLICATION_TOKEN_DEL,
+        Role::Admin,
+        "remove a replication token",
+        "NameParams",
+    ),
+    (
+        m::REPLICATION_INFO,
+        Role::Admin,
+        "the replication port and certificate",
+        "{}",
+    ),
+    (m::USER_ADD, Role::Admin, "add a user", "UserAddParams"),
+    (m::USER_DEL, Role::Admin, "remove a user", "UserParams"),
+    (
+        m::USER_PASSWD,
+        Role::User,
+        "change a password (a user: their own)",
+        "UserPasswdParams",
+    ),
+    (
+        m::USER_CHAP,
+        Role::Admin,
+        "set a CHAP secret",
+        "UserChapParams",
+    ),
+    (m::USER_LIST, Role::Admin, "the users", "{}"),
+    (
+        m::USER_ADMIN,
+        Role::Admin,
+        "make a user an administrator, or not",
+        "UserAdminParams",
+    ),
+    (
+        m::API_TOKEN_ADD,
+        Role::Admin,
+        "make an HTTPS API token",
+        "ApiTokenAddParams",
+    ),
+    (m::API_TOKEN_LIST, Role::Admin, "the HTTPS API tokens", "{}"),
+    (
+        m::API_TOKEN_DEL,
+        Role::Admin,
+        "remove an HTTPS API token",
+        "NameParams",
+    ),
+    (
+        m::SHARE_ADD,
+        Role::Admin,
+        "add or replace a share",
+        "ShareAddParams",
+    ),
+    (
+        m::SHARE_DEL,
+        Role::Admin,
+        "remove a share",
+        "ShareDelParams",
+    ),
+    (
+        m::SHARE_LIST,
+        Role::User,
+        "shares (a user: those that list them)",
+        "{}",
+    ),
+];
+
+/// The role `method` needs over HTTPS; an unknown method is `Local`.
+pub fn role(method: &str) -> Role {
+    METHODS
+        .iter()
+        .find(|(n, ..)| *n == method)
+        .map_or(Role::Local, |(_, r, ..)| *r)
+}
+
+/// Whether a share (by its record) is `user`'s: its WebDAV or SMB users
+/// list them.
+pub fn share_is_users(share: &crate::access::Share, user: &str) -> bool {
+    share
+        .webdav
+        .as_ref()
+        .is_some_and(|w| w.users.contains_key(user))
+        || share
+            .smb
+            .as_ref()
+            .is_some_and(|s| s.users.contains_key(user))
+}
+
+/// Whether a dataset (or snapshot) `name` is visible to a user whose
+/// shares serve `datasets`: it is one of them, below one, or a snapshot
+/// of one of those.
+pub fn visible_to(name: &str, datasets: &[String]) -> bool {
+    let fs = name.split('@').next().unwrap_or(name);
+    datasets.iter().any(|d| {
+        fs == d
+            || fs
+                .strip_prefix(d.as_str())
+                .is_some_and(|r| r.starts_with('/'))
+    })
+}
+
+/// The method table of docs/api.md.
+pub fn markdown_table() -> String {
+    let mut out =
+        String::from("| method | role over HTTPS | params | what it does |\n|---|---|---|---|\n");
+    for (name, role, what, params) in METHODS {
+        out.push_str(&format!(
+            "| `{name}` | {} | `{params}` | {what} |\n",
+            role.name()
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_method_has_a_role_once() {
+        for m in crate::method::ALL {
+            let n = METHODS.iter().filter(|(x, ..)| x == m).count();
+            assert_eq!(n, 1, "{m} appears {n} times in roles::METHODS");
+        }
+        assert_eq!(
+            METHODS.len(),
+            crate::method::ALL.len(),
+            "a method not in method::ALL"
+        );
+        assert_eq!(role("pool.destroy"), Role::Admin);
+        assert_eq!(role("share.list"), Role::User);
+        assert_eq!(role("object.write"), Role::Local);
+        assert_eq!(role("no.such"), Role::Local);
+    }
+
+    /// docs/api.md holds the table as the code has it.
+    #[test]
+    fn the_reference_is_the_code() {
+        let doc = include_str!("../../../docs/api.md");
+        assert!(
+            doc.contains(&markdown_table()),
+            "docs/api.md's method table differs from roles::METHODS: paste \
+             tarn_api::roles::markdown_table() there"
+        );
+    }
+
+    #[test]
+    fn visibility_follows_dataset_names() {
+        let mine = vec!["tank/photos".to_string()];
+        assert!(visible_to("tank/photos", &mine));
+        assert!(visible_to("tank/photos@mon", &mine));
+        assert!(visible_to("tank/photos/2026@mon", &mine));
+        assert!(!visible_to("tank/photos2", &mine));
+        assert!(!visible_to("tank", &mine));
+        assert!(!visible_to("tank/other@photos", &mine));
+    }
+}
