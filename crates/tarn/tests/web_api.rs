@@ -44,6 +44,10 @@ fn http(
     (status, head.to_lowercase(), v)
 }
 
+/// A browser request's (content type, CSRF token, Origin) and the
+/// answer it must get (status, error code).
+type Case<'a> = (&'a str, Option<&'a str>, Option<&'a str>, u16, &'a str);
+
 /// A browser's session: its cookie and CSRF token.
 struct Browser {
     cookie: String,
@@ -182,7 +186,7 @@ fn the_api_knows_who_calls_and_what_they_may_do() {
     // case is alice's cookie with (content type, CSRF token, Origin).
     let own = format!("http://127.0.0.1:{port}");
     let zeros = "0".repeat(64);
-    let cases: [(&str, Option<&str>, Option<&str>, u16, &str); 6] = [
+    let cases: [Case; 6] = [
         ("application/json", None, None, 403, "csrf"),
         ("application/json", Some(&zeros), None, 403, "csrf"),
         (
