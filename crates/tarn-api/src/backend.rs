@@ -293,6 +293,10 @@ pub trait Backend: Send + Sync {
     fn api_token_del(&self, _label: &str) -> Result<(), ApiError> {
         Err(no_datasets())
     }
+    /// Rates over the last hour (or day) from the daemon's history.
+    fn stats_history(&self, _day: bool) -> Result<Vec<crate::params::HistoryPoint>, ApiError> {
+        Err(no_datasets())
+    }
     /// Adds or replaces a share (stored in its dataset's pool); with
     /// `owner`, gives the dataset's root directory to that user.
     fn share_add(&self, _share: &Share, _owner: Option<&str>) -> Result<(), ApiError> {

@@ -337,6 +337,10 @@ pub fn call(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, ApiE
             let NoParams {} = params(method, p)?;
             reply(backend.api_token_list()?)
         }
+        m::STATS_HISTORY => {
+            let HistoryParams { day } = params(method, p)?;
+            reply(backend.stats_history(day)?)
+        }
         m::API_TOKEN_DEL => {
             let NameParams { name } = params(method, p)?;
             reply(backend.api_token_del(&name)?)

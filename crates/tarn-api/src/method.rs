@@ -126,6 +126,11 @@ pub const API_TOKEN_LIST: &str = "api.token_list";
 /// Remove an HTTPS API token: [`crate::params::NameParams`] (its label)
 /// (API 2.5).
 pub const API_TOKEN_DEL: &str = "api.token_del";
+/// Throughput, IOPS and latency per pool and per protocol over the last
+/// hour or day, from the daemon's bounded history:
+/// [`crate::params::HistoryParams`]; answers
+/// [`crate::params::HistoryPoint`]s (API 2.5).
+pub const STATS_HISTORY: &str = "stats.history";
 /// Add or replace a share: [`crate::params::ShareAddParams`].
 pub const SHARE_ADD: &str = "share.add";
 /// Remove a share: [`crate::params::ShareDelParams`].
@@ -264,4 +269,5 @@ pub const ALL: &[&str] = &[
     ALERT_DEL,
     ALERT_LIST,
     ALERT_TEST,
+    STATS_HISTORY,
 ];

@@ -455,6 +455,65 @@ pub struct ApiTokenInfo {
     pub created_unix: u64,
 }
 
+/// `stats.history` (API 2.5).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryParams {
+    /// The last day (a point per 5 minutes) instead of the last hour (a
+    /// point per 10 seconds).
+    #[serde(default)]
+    pub day: bool,
+}
+
+/// One point of `stats.history`: rates over the interval that ends at
+/// `t` (API 2.5).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HistoryPoint {
+    /// End of the interval (Unix seconds).
+    pub t: u64,
+    /// Its length in seconds.
+    pub secs: f64,
+    /// Per pool.
+    pub pools: Vec<PoolRates>,
+    /// Per protocol (NFS, WebDAV), while their servers run.
+    pub protocols: Vec<ProtocolRates>,
+    /// Share of block-cache lookups answered from the cache (0 to 1;
+    /// none without lookups).
+    pub cache_hit_ratio: Option<f64>,
+}
+
+/// A pool's device traffic over one interval (all its devices together).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PoolRates {
+    /// The pool.
+    pub pool: String,
+    /// Device reads per second.
+    pub read_iops: f64,
+    /// Device writes per second.
+    pub write_iops: f64,
+    /// Bytes read per second.
+    pub read_bytes_per_sec: f64,
+    /// Bytes written per second.
+    pub write_bytes_per_sec: f64,
+    /// Mean time of a device read in milliseconds (none without reads).
+    pub read_latency_ms: Option<f64>,
+    /// Mean time of a device write in milliseconds.
+    pub write_latency_ms: Option<f64>,
+}
+
+/// A protocol's requests over one interval.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProtocolRates {
+    /// `nfs` or `webdav`.
+    pub protocol: String,
+    /// Requests per second.
+    pub requests_per_sec: f64,
+    /// Mean time to answer in milliseconds (none without requests).
+    pub latency_ms: Option<f64>,
+    /// Requests answered with an error.
+    pub errors: u64,
+}
+
 /// `replication.info`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicationInfo {

@@ -450,6 +450,12 @@ pub const METHODS: &[(&str, Role, &str, &str)] = &[
         "shares (a user: those that list them)",
         "{}",
     ),
+    (
+        m::STATS_HISTORY,
+        Role::Admin,
+        "rates per pool and protocol over the last hour or day",
+        "HistoryParams",
+    ),
 ];
 
 /// The role `method` needs over HTTPS; an unknown method is `Local`.

@@ -169,6 +169,16 @@ pub enum PoolCommand {
         #[arg(num_args = 0..=3, value_names = ["POOL", "INTERVAL", "COUNT"])]
         args: Vec<String>,
     },
+    /// Throughput, IOPS and latency per pool and protocol over the last
+    /// hour (a point per 10 s) or day (`--day`, a point per 5 min)
+    History {
+        /// The last day instead of the last hour
+        #[arg(long)]
+        day: bool,
+        /// Only the last N points
+        #[arg(long, value_name = "N")]
+        last: Option<usize>,
+    },
     /// Commit the pool's open transaction group now
     Sync {
         /// Pool name
@@ -462,6 +472,18 @@ pub(crate) fn pool_command(
             let (pool, interval, count) = parse_iostat_args(&args)?;
             iostat(client, out, pool, interval, count, verbose)?;
         }
+        PoolCommand::History { day, last } => {
+            let v = client.call(
+                method::STATS_HISTORY,
+                &tarn_api::params::HistoryParams { day },
+            )?;
+            let mut points: Vec<tarn_api::params::HistoryPoint> =
+                decode(method::STATS_HISTORY, v.clone())?;
+            if let Some(n) = last {
+                points.drain(..points.len().saturating_sub(n));
+            }
+            out.raw_or(&v, || render_history(&points))?;
+        }
         PoolCommand::Sync { pool } => {
             let v = client.call(method::POOL_SYNC, &NameParams { name: pool.clone() })?;
             let synced: SyncResult = decode(method::POOL_SYNC, v.clone())?;
@@ -649,6 +671,60 @@ fn wait_for_scrub(
         let _ = std::io::stderr().flush();
         thread::sleep(Duration::from_secs(1));
     }
+}
+
+/// `tarn pool history`: a row per point and pool, then per protocol.
+fn render_history(points: &[tarn_api::params::HistoryPoint]) -> String {
+    if points.is_empty() {
+        return "no history yet: the daemon samples every 10 seconds\n".into();
+    }
+    let ms = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.2}"));
+    let mut rows = Vec::new();
+    for p in points {
+        let time = tarn_api::time::utc_minutes(p.t);
+        for r in &p.pools {
+            rows.push(vec![
+                time.clone(),
+                r.pool.clone(),
+                format!("{:.0}", r.read_iops),
+                format!("{:.0}", r.write_iops),
+                format!("{:.1}", r.read_bytes_per_sec / 1e6),
+                format!("{:.1}", r.write_bytes_per_sec / 1e6),
+                ms(r.read_latency_ms),
+                ms(r.write_latency_ms),
+                p.cache_hit_ratio
+                    .map_or("-".into(), |h| format!("{:.0}%", h * 100.0)),
+            ]);
+        }
+        for r in &p.protocols {
+            rows.push(vec![
+                time.clone(),
+                r.protocol.clone(),
+                format!("{:.0} req/s", r.requests_per_sec),
+                String::new(),
+                String::new(),
+                String::new(),
+                ms(r.latency_ms),
+                String::new(),
+                String::new(),
+            ]);
+        }
+    }
+    crate::render::table(
+        &[
+            "TIME (UTC)",
+            "POOL/PROTO",
+            "READ/S",
+            "WRITE/S",
+            "READ MB/S",
+            "WRITE MB/S",
+            "READ MS",
+            "WRITE MS",
+            "CACHE HITS",
+        ],
+        &rows,
+        &[0, 1],
+    )
 }
 
 #[cfg(test)]

@@ -41,6 +41,7 @@ pub mod error;
 pub mod events;
 pub mod filesystems;
 pub mod health;
+pub mod history;
 mod keys;
 pub mod metrics;
 pub mod mounts;
@@ -68,6 +69,7 @@ pub fn start_node(opts: &DaemonOptions) -> Result<Arc<Pools>> {
     let _ = pools.admin_socket.set(opts.socket.clone());
     pools.start_servers(&opts.servers)?;
     pools.start_scheduler()?;
+    pools.start_history()?;
     Ok(pools)
 }
 

@@ -842,6 +842,18 @@ impl Backend for Pools {
         self.api_tokens.del(label)
     }
 
+    fn stats_history(&self, day: bool) -> Result<Vec<tarn_api::params::HistoryPoint>, ApiError> {
+        match self
+            .history
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            Some(h) => Ok(h.points(day)),
+            None => Err(ApiError::busy("the history is not sampled yet")),
+        }
+    }
+
     fn share_add(&self, share: &Share, owner: Option<&str>) -> Result<(), ApiError> {
         let _access = self.access_lock.lock().unwrap_or_else(|e| e.into_inner());
         let pool = self.get(pool_of(&share.dataset))?;
@@ -1135,6 +1147,14 @@ impl Node for Pools {
         }
         if let Some(w) = self.web.lock().unwrap_or_else(|e| e.into_inner()).take() {
             w.stop();
+        }
+        if let Some(h) = self
+            .history
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            h.stop();
         }
         if let Some(s) = self
             .scheduler

@@ -105,6 +105,8 @@ pub struct Pools {
     pub(crate) metrics: Mutex<Option<crate::metrics::MetricsServer>>,
     /// The HTTPS API, when it runs.
     pub(crate) web: Mutex<Option<tarn_web::Running>>,
+    /// The sampled history of rates (`stats.history`).
+    pub(crate) history: Mutex<Option<crate::history::History>>,
     /// The replication tokens.
     pub(crate) tokens: Arc<crate::replication::Tokens>,
     /// The HTTPS API's bearer tokens.
@@ -258,6 +260,7 @@ impl Pools {
             replication: Mutex::new(None),
             metrics: Mutex::new(None),
             web: Mutex::new(None),
+            history: Mutex::new(None),
             tokens: Arc::new(crate::replication::Tokens::new(state_dir)),
             api_tokens: Arc::new(crate::replication::Tokens::api(state_dir)),
             receives: Mutex::new(BTreeSet::new()),
@@ -607,6 +610,14 @@ impl Pools {
                 ),
             );
         }
+    }
+
+    /// Starts sampling the history of rates (`stats.history`).
+    pub fn start_history(self: &Arc<Self>) -> Result<()> {
+        let h = crate::history::History::start(Arc::downgrade(self))
+            .map_err(|e| DaemonError::msg(format!("cannot start the history: {e}")))?;
+        *self.history.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
+        Ok(())
     }
 
     /// Starts running the pools' schedules.

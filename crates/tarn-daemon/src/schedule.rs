@@ -9,7 +9,9 @@
 //! owner runs by hand) against the daemon's admin socket on a thread of
 //! its own, after storing that it started (so it is not started again in
 //! its period, nor while it runs: `Pools::long_runs`), and takes the lock
-//! only to record its outcome.
+//! only to record its outcome. A daemon that stops does not wait for it:
+//! the command loses its socket and ends, its outcome is not recorded,
+//! and the next period's run (or `run-now`) resumes the transfer.
 //!
 //! # What is stored, and where
 //!

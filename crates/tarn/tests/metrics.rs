@@ -112,7 +112,7 @@ fn metrics_parse_move_with_io_and_are_guarded() {
         token_file.display().to_string(),
     ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let d = Daemon::start_with(dir.path(), &args);
+    let d = Daemon::start_env(dir.path(), &args, &[("TARN_HISTORY_TICK_MS", "100")]);
     let f = files(dir.path(), "m", 2, 256 << 20);
     d.ok(&["pool", "create", "tank", "mirror", &f[0], &f[1]]);
     d.ok(&["dataset", "create", "tank/b"]);
@@ -273,6 +273,35 @@ fn metrics_parse_move_with_io_and_are_guarded() {
             );
         }
     }
+    // The history (the dashboard's charts) saw the same I/O: points with
+    // bytes written to the pool and NFS requests.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let v: serde_json::Value =
+        serde_json::from_str(&d.ok(&["-o", "json", "pool", "history"])).unwrap();
+    let points = v.as_array().unwrap();
+    assert!(points.len() >= 2, "{v}");
+    let wrote: f64 = points
+        .iter()
+        .flat_map(|p| p["pools"].as_array().unwrap().clone())
+        .filter(|r| r["pool"] == "tank")
+        .map(|r| r["write_bytes_per_sec"].as_f64().unwrap() * 0.1)
+        .sum();
+    assert!(
+        wrote > (8 << 20) as f64,
+        "the pool's writes in the history: {wrote}"
+    );
+    let nfs_requests: f64 = points
+        .iter()
+        .flat_map(|p| p["protocols"].as_array().unwrap().clone())
+        .filter(|r| r["protocol"] == "nfs")
+        .map(|r| r["requests_per_sec"].as_f64().unwrap())
+        .sum();
+    assert!(nfs_requests > 0.0, "{v}");
+    let table = d.ok(&["pool", "history", "--last", "3"]);
+    assert!(
+        table.contains("tank") && table.contains("READ MB/S"),
+        "{table}"
+    );
     d.stop();
 
     // Off loopback without a token: the daemon does not start.
