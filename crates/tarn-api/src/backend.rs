@@ -282,6 +282,7 @@ pub trait Backend: Send + Sync {
         &self,
         _label: &str,
         _user: &str,
+        _pool: Option<&str>,
     ) -> Result<crate::params::TokenAdded, ApiError> {
         Err(no_datasets())
     }

@@ -329,9 +329,9 @@ pub fn call(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, ApiE
             reply(backend.user_admin(pool.as_deref(), &name, admin)?)
         }
         m::API_TOKEN_ADD => {
-            let ApiTokenAddParams { label, user } = params(method, p)?;
+            let ApiTokenAddParams { label, user, pool } = params(method, p)?;
             crate::access::check_name("token", &label)?;
-            reply(backend.api_token_add(&label, &user)?)
+            reply(backend.api_token_add(&label, &user, pool.as_deref())?)
         }
         m::API_TOKEN_LIST => {
             let NoParams {} = params(method, p)?;

@@ -442,6 +442,9 @@ pub struct ApiTokenAddParams {
     /// The user it acts as (with that user's role, looked up at each
     /// request).
     pub user: String,
+    /// The pool of that user (needed when several pools have one).
+    #[serde(default)]
+    pub pool: Option<String>,
 }
 
 /// One HTTPS API token, as `api.token_list` shows it (API 2.5).
@@ -451,6 +454,8 @@ pub struct ApiTokenInfo {
     pub label: String,
     /// The user it acts as.
     pub user: String,
+    /// That user's pool.
+    pub pool: String,
     /// When it was made (Unix seconds).
     pub created_unix: u64,
 }

@@ -492,6 +492,66 @@ pub fn visible_to(name: &str, datasets: &[String]) -> bool {
     })
 }
 
+/// Every string in a JSON value, with the key it sits under (the nearest
+/// object key; "" at the top).
+fn strings<'a>(v: &'a serde_json::Value, key: &'a str, out: &mut Vec<(&'a str, &'a str)>) {
+    match v {
+        serde_json::Value::String(s) => out.push((key, s)),
+        serde_json::Value::Array(a) => a.iter().for_each(|x| strings(x, key, out)),
+        serde_json::Value::Object(o) => o.iter().for_each(|(k, x)| strings(x, k, out)),
+        _ => {}
+    }
+}
+
+fn has_key(v: &serde_json::Value, want: &str) -> bool {
+    match v {
+        serde_json::Value::Array(a) => a.iter().any(|x| has_key(x, want)),
+        serde_json::Value::Object(o) => o.iter().any(|(k, x)| k == want || has_key(x, want)),
+        _ => false,
+    }
+}
+
+/// Why an administrator's call is refused over HTTPS although the method
+/// is theirs: parameters that would make the daemon (root) read, run or
+/// write something of the server's own filesystem, which the `tarn`
+/// command on the machine may do and a web session may not. None: fine.
+///
+/// - devices of pools outside `/dev/` (a file "device" would overwrite
+///   any file);
+/// - `mountpoint` and `file://` key locations (a mount over a system
+///   folder; a key read from any file);
+/// - replication schedules (they name token and credential files the
+///   daemon reads and sends) and program alerts (a program run as root).
+pub fn https_refusal(method: &str, params: &serde_json::Value) -> Option<&'static str> {
+    let mut all = Vec::new();
+    strings(params, "", &mut all);
+    match method {
+        m::POOL_CREATE | m::POOL_REPLACE | m::POOL_ADD_LOG | m::POOL_IMPORT => all
+            .iter()
+            .any(|(_, s)| s.contains('/') && !s.starts_with("/dev/"))
+            .then_some("over HTTPS a pool's devices are block devices under /dev/ (files: the tarn command)"),
+        m::DATASET_CREATE | m::VOLUME_CREATE | m::DATASET_SET | m::KEY_LOAD | m::KEY_CHANGE => {
+            let property = params.get("property").and_then(|p| p.as_str());
+            let refused = all.iter().any(|(k, s)| {
+                *k == "mountpoint"
+                    || ((*k == "keylocation" || *k == "location") && s.starts_with("file:"))
+                    || (*k == "value" && property == Some("mountpoint"))
+                    || (*k == "value" && property == Some("keylocation") && s.starts_with("file:"))
+            });
+            refused.then_some(
+                "over HTTPS mountpoints and file:// key locations are refused (they name folders \
+                 and files of the server): use the tarn command",
+            )
+        }
+        m::SCHEDULE_ADD => has_key(params, "replicate").then_some(
+            "replication schedules name files of the server: add them with the tarn command",
+        ),
+        m::ALERT_ADD => has_key(params, "program")
+            .then_some("program alerts run as root: add them with the tarn command"),
+        _ => None,
+    }
+}
+
 /// The method table of docs/api.md.
 pub fn markdown_table() -> String {
     let mut out =
@@ -524,6 +584,83 @@ mod tests {
         assert_eq!(role("share.list"), Role::User);
         assert_eq!(role("object.write"), Role::Local);
         assert_eq!(role("no.such"), Role::Local);
+    }
+
+    #[test]
+    fn what_an_administrator_may_not_do_over_https() {
+        use serde_json::json;
+        let refused = [
+            (
+                m::POOL_CREATE,
+                json!({"name": "t", "vdevs": [{"kind": "mirror", "devices": ["/etc/passwd", "/dev/sdb"]}]}),
+            ),
+            (
+                m::POOL_REPLACE,
+                json!({"name": "t", "old": "/dev/sdb", "new": "/root/x"}),
+            ),
+            (m::POOL_IMPORT, json!({"dirs": ["/home"]})),
+            (
+                m::DATASET_CREATE,
+                json!({"name": "t/a", "properties": {"mountpoint": "/etc"}}),
+            ),
+            (
+                m::DATASET_CREATE,
+                json!({"name": "t/a", "properties": {"keylocation": "file:///etc/shadow"}}),
+            ),
+            (
+                m::DATASET_SET,
+                json!({"name": "t/a", "property": "mountpoint", "value": "/usr"}),
+            ),
+            (
+                m::KEY_LOAD,
+                json!({"name": "t/a", "location": "file:///etc/shadow"}),
+            ),
+            (
+                m::KEY_CHANGE,
+                json!({"name": "t/a", "keylocation": "file:///k"}),
+            ),
+            (
+                m::SCHEDULE_ADD,
+                json!({"schedule": {"name": "x", "pool": "t", "kind": {"replicate": {}}}}),
+            ),
+            (
+                m::ALERT_ADD,
+                json!({"alert": {"name": "x", "target": {"program": {"path": "/bin/sh"}}}}),
+            ),
+        ];
+        for (method, p) in refused {
+            assert!(https_refusal(method, &p).is_some(), "{method} {p}");
+        }
+        let fine = [
+            (
+                m::POOL_CREATE,
+                json!({"name": "t", "vdevs": [{"kind": "mirror", "devices": ["/dev/sdb", "/dev/disk/by-id/ata-x"]}]}),
+            ),
+            (
+                m::DATASET_CREATE,
+                json!({"name": "t/a", "properties": {"compression": "lz4"}}),
+            ),
+            (
+                m::DATASET_SET,
+                json!({"name": "t/a", "property": "compression", "value": "zstd"}),
+            ),
+            (m::KEY_LOAD, json!({"name": "t/a", "key": "a passphrase"})),
+            (
+                m::SCHEDULE_ADD,
+                json!({"schedule": {"name": "x", "pool": "t", "kind": {"scrub": {}}}}),
+            ),
+            (
+                m::ALERT_ADD,
+                json!({"alert": {"name": "x", "target": {"webhook": {"url": "https://h/x"}}}}),
+            ),
+            (
+                m::SHARE_ADD,
+                json!({"share": {"name": "x", "dataset": "t/a"}}),
+            ),
+        ];
+        for (method, p) in fine {
+            assert!(https_refusal(method, &p).is_none(), "{method} {p}");
+        }
     }
 
     /// docs/api.md holds the table as the code has it.

@@ -115,6 +115,9 @@ pub enum ApiTokenCommand {
     /// Make a token that acts as USER (with USER's role); it is printed
     /// once, only its hash is kept
     Add {
+        /// The user's pool [default: the only pool with that user]
+        #[arg(long)]
+        pool: Option<String>,
         /// A name for what uses it, e.g. backup-script
         label: String,
         /// The user it acts as
@@ -401,8 +404,8 @@ pub(crate) fn user_command(
             };
             client.call_quietly(out, method::USER_ADMIN, &p)?;
         }
-        UserCommand::Token(ApiTokenCommand::Add { label, user }) => {
-            let p = tarn_api::params::ApiTokenAddParams { label, user };
+        UserCommand::Token(ApiTokenCommand::Add { pool, label, user }) => {
+            let p = tarn_api::params::ApiTokenAddParams { label, user, pool };
             let v = client.call(method::API_TOKEN_ADD, &p)?;
             let t: tarn_api::params::TokenAdded = decode(method::API_TOKEN_ADD, v.clone())?;
             out.raw_or(&v, || format!("{}\n", t.token))?;
@@ -412,10 +415,15 @@ pub(crate) fn user_command(
             let list: Vec<tarn_api::params::ApiTokenInfo> =
                 decode(method::API_TOKEN_LIST, v.clone())?;
             out.raw_or(&v, || {
+                let users: Vec<String> = list
+                    .iter()
+                    .map(|t| format!("{} ({})", t.user, t.pool))
+                    .collect();
                 let rows = list
                     .iter()
-                    .map(|t| (t.label.as_str(), t.user.as_str(), t.created_unix));
-                crate::render::token_table("USER", rows)
+                    .zip(&users)
+                    .map(|(t, u)| (t.label.as_str(), u.as_str(), t.created_unix));
+                crate::render::token_table("USER (POOL)", rows)
             })?;
         }
         UserCommand::Token(ApiTokenCommand::Del { label }) => {

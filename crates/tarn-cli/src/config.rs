@@ -43,6 +43,7 @@ pub const KEYS: &[Key] = &[
     key("listen", "iscsi", "iscsi"),
     key("listen", "replication", "replication"),
     key("listen", "web", "web"),
+    key("listen", "web_origin", "web_origin"),
     key("listen", "metrics", "metrics"),
     key("metrics", "token_file", "metrics_token_file"),
     key("tls", "cert", "tls_cert"),

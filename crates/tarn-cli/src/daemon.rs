@@ -112,6 +112,11 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     pub web: Option<std::net::SocketAddr>,
 
+    /// The API's public origin when a reverse proxy serves it, e.g.
+    /// https://nas.example.org: the only Origin browsers may send
+    #[arg(long, value_name = "URL")]
+    pub web_origin: Option<String>,
+
     /// Serve the daemon's counters for Prometheus at
     /// http://ADDR:PORT/metrics, e.g. 127.0.0.1:9470 (off loopback only
     /// with --metrics-token-file)
@@ -268,6 +273,8 @@ pub struct DaemonRun {
     pub smb_include: Option<PathBuf>,
     /// Where the HTTPS API is served; not started when absent.
     pub web: Option<SocketAddr>,
+    /// The API's public origin behind a reverse proxy.
+    pub web_origin: Option<String>,
     /// Where `/metrics` is served; not started when absent.
     pub metrics: Option<SocketAddr>,
     /// The bearer token `/metrics` asks for.
@@ -393,6 +400,7 @@ pub(crate) fn daemon_command(
         smb,
         smb_include,
         web,
+        web_origin,
         metrics,
         metrics_token_file,
         tls_cert,
@@ -437,6 +445,17 @@ pub(crate) fn daemon_command(
                     anyhow::bail!("{why} (from the command line or the configuration file)");
                 }
             }
+            if let Some(o) = &web_origin {
+                let rest = o
+                    .strip_prefix("https://")
+                    .or_else(|| o.strip_prefix("http://"));
+                if web.is_none() {
+                    anyhow::bail!("--web-origin needs --web");
+                }
+                if rest.is_none_or(|r| r.is_empty() || r.trim_end_matches('/').contains('/')) {
+                    anyhow::bail!("--web-origin {o}: an origin, like https://nas.example.org");
+                }
+            }
             if webdav_plain_http && tls_cert.is_some() {
                 anyhow::bail!(
                     "--webdav-plain-http and a certificate (--tls-cert) contradict each other \
@@ -462,6 +481,7 @@ pub(crate) fn daemon_command(
                 smb,
                 smb_include: smb_include.map(|p| std::path::absolute(&p).unwrap_or(p)),
                 web,
+                web_origin,
                 metrics,
                 metrics_token: metrics_token_file.map(|f| read_token(&f)).transpose()?,
                 tls_cert: tls_cert.zip(tls_key),

@@ -66,10 +66,12 @@ pub struct UserRecord {
     /// passwords against it quickly (docs/smb.md says what this exposes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nt_hash: Option<String>,
-    /// An administrator of the web page and the HTTPS API; written only
-    /// when set.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub admin: bool,
+    /// The daemon (its `node-id`) on which the user is an administrator
+    /// of the web page and the HTTPS API; written only when set. Bound to
+    /// a daemon so that a pool from another machine brings no
+    /// administrators with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_node: Option<String>,
 }
 
 impl std::fmt::Debug for UserRecord {
@@ -485,7 +487,7 @@ pub fn user_add(
         hash: hash_password(password)?,
         chap_secret: None,
         nt_hash: smb.then(|| nt_hash(password)),
-        admin: false,
+        admin_node: None,
     };
     tarn_dataset::config_put(pool, KIND_USER, name, &encode(&rec)?).map_err(ds_error)?;
     Ok(UserInfo {
@@ -499,10 +501,10 @@ pub fn user_add(
     })
 }
 
-/// Makes `name` an administrator, or not.
-pub fn user_admin(pool: &Pool, name: &str, admin: bool) -> Result<(), ApiError> {
+/// Makes `name` an administrator of the daemon `node`, or not.
+pub fn user_admin(pool: &Pool, name: &str, admin: bool, node: &str) -> Result<(), ApiError> {
     let mut rec = user(pool, name)?;
-    rec.admin = admin;
+    rec.admin_node = admin.then(|| node.to_string());
     tarn_dataset::config_put(pool, KIND_USER, name, &encode(&rec)?).map_err(ds_error)
 }
 
@@ -968,16 +970,16 @@ mod tests {
             hash: "$argon2id$x".into(),
             chap_secret: Some("twelve bytes!".into()),
             nt_hash: None,
-            admin: false,
+            admin_node: None,
         };
         assert_eq!(
             serde_json::to_value(&rec).unwrap(),
             serde_json::from_str::<serde_json::Value>(user).unwrap()
         );
-        let admin = r#"{"name":"alice","uid":10000,"gid":10000,"hash":"$argon2id$x","admin":true}"#;
+        let admin = r#"{"name":"alice","uid":10000,"gid":10000,"hash":"$argon2id$x","admin_node":"0123abcd"}"#;
         let ada = UserRecord {
             chap_secret: None,
-            admin: true,
+            admin_node: Some("0123abcd".into()),
             ..rec.clone()
         };
         assert_eq!(serde_json::to_string(&ada).unwrap(), admin);

@@ -20,7 +20,9 @@
 //! it is told; off loopback it needs a bearer token (`--metrics-token-file`),
 //! compared in constant time. It answers `GET /metrics` and nothing else,
 //! one request per connection, each bounded in size and time (a slow
-//! client holds the endpoint for at most [`IO_TIMEOUT`], not the daemon).
+//! client holds the endpoint for at most [`IO_TIMEOUT`] to send its
+//! request and as long to read the answer, not the daemon; its stop
+//! waits for no more than that).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -529,11 +531,18 @@ fn answer(head: &str, token: Option<&str>) -> Result<(), (&'static str, &'static
 }
 
 fn serve(mut s: TcpStream, token: Option<&str>, pools: &Pools) -> std::io::Result<()> {
-    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    // One deadline for the whole request head, not one per read: a
+    // client trickling a byte at a time is cut off at IO_TIMEOUT.
+    let deadline = std::time::Instant::now() + IO_TIMEOUT;
     s.set_write_timeout(Some(IO_TIMEOUT))?;
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        s.set_read_timeout(Some(left))?;
         let n = s.read(&mut buf)?;
         if n == 0 {
             return Ok(());

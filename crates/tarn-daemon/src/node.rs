@@ -753,6 +753,8 @@ impl Backend for Pools {
         let _access = self.access_lock.lock().unwrap_or_else(|e| e.into_inner());
         let p = self.pool_for_users(pool)?;
         access::user_del(&p, name)?;
+        // Its API tokens go with it.
+        self.api_tokens.del_scope(&format!("{}/{name}", p.name()))?;
         self.refresh_servers();
         Ok(())
     }
@@ -797,7 +799,7 @@ impl Backend for Pools {
                     gid: u.gid,
                     chap: u.chap_secret.is_some(),
                     smb: u.nt_hash.is_some(),
-                    admin: u.admin,
+                    admin: u.admin_node.as_deref() == Some(self.node_id.as_str()),
                 });
             }
         }
@@ -807,22 +809,30 @@ impl Backend for Pools {
     fn user_admin(&self, pool: Option<&str>, name: &str, admin: bool) -> Result<(), ApiError> {
         let _access = self.access_lock.lock().unwrap_or_else(|e| e.into_inner());
         let p = self.pool_for_users(pool)?;
-        access::user_admin(&p, name, admin)
+        access::user_admin(&p, name, admin, &self.node_id)
     }
 
     fn api_token_add(
         &self,
         label: &str,
         user: &str,
+        pool: Option<&str>,
     ) -> Result<tarn_api::params::TokenAdded, ApiError> {
-        if !self
+        let holders: Vec<String> = self
             .all_pools()
             .iter()
-            .any(|p| access::user(p, user).is_ok())
-        {
-            return Err(ApiError::not_found(format!("no user '{user}'")));
+            .filter(|p| pool.is_none_or(|want| p.name() == want))
+            .filter(|p| access::user(p, user).is_ok())
+            .map(|p| p.name().to_string())
+            .collect();
+        match holders.as_slice() {
+            [one] => self.api_tokens.add(label, &format!("{one}/{user}")),
+            [] => Err(ApiError::not_found(format!("no user '{user}'"))),
+            _ => Err(ApiError::invalid(format!(
+                "pools {} each have a user '{user}': give --pool",
+                holders.join(", ")
+            ))),
         }
-        self.api_tokens.add(label, user)
     }
 
     fn api_token_list(&self) -> Result<Vec<tarn_api::params::ApiTokenInfo>, ApiError> {
@@ -830,10 +840,14 @@ impl Backend for Pools {
             .api_tokens
             .list()?
             .into_iter()
-            .map(|t| tarn_api::params::ApiTokenInfo {
-                label: t.label,
-                user: t.dataset,
-                created_unix: t.created_unix,
+            .map(|t| {
+                let (pool, user) = t.dataset.split_once('/').unwrap_or(("", &t.dataset));
+                tarn_api::params::ApiTokenInfo {
+                    label: t.label.clone(),
+                    user: user.to_string(),
+                    pool: pool.to_string(),
+                    created_unix: t.created_unix,
+                }
             })
             .collect())
     }

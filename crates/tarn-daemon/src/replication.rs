@@ -160,6 +160,9 @@ impl Tokens {
                 .truncate(true)
                 .mode(0o600)
                 .open(&tmp)?;
+            // A left-over temporary file keeps its mode at open: 0600 now.
+            use std::os::unix::fs::PermissionsExt;
+            out.set_permissions(std::fs::Permissions::from_mode(0o600))?;
             out.write_all(&json)?;
             out.sync_all()?;
             std::fs::rename(&tmp, &self.path)
@@ -181,7 +184,14 @@ impl Tokens {
             )));
         }
         if self.api {
-            tarn_api::access::check_user_name(dataset)?;
+            // POOL/NAME: names are per pool.
+            let Some((pool, name)) = dataset.split_once('/') else {
+                return Err(ApiError::invalid("an API token acts as POOL/USER"));
+            };
+            tarn_api::access::check_user_name(name)?;
+            if pool.is_empty() || pool.contains(['/', '@']) {
+                return Err(ApiError::invalid(format!("'{pool}' is not a pool name")));
+            }
         }
         let ds_ok = self.api
             || !dataset.is_empty()
@@ -252,6 +262,21 @@ impl Tokens {
                 "no {} token '{label}'",
                 self.what()
             )));
+        }
+        self.save(&f)
+    }
+
+    /// Removes every token of `scope` (an API token's POOL/USER, when
+    /// that user is removed: a user added again later under the name must
+    /// not inherit them).
+    pub fn del_scope(&self, scope: &str) -> std::result::Result<(), ApiError> {
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = self.load()?;
+        let before = f.tokens.len();
+        f.tokens
+            .retain(|t| (if self.api { &t.user } else { &t.dataset }) != scope);
+        if f.tokens.len() == before {
+            return Ok(());
         }
         self.save(&f)
     }

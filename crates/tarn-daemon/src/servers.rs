@@ -58,6 +58,9 @@ pub struct ServerOptions {
     pub metrics: Option<SocketAddr>,
     /// Where the HTTPS API is served (not started when absent).
     pub web: Option<SocketAddr>,
+    /// The public origin of the API behind a reverse proxy
+    /// (`https://nas.example.org`).
+    pub web_origin: Option<String>,
     /// The bearer token `/metrics` asks for (required off loopback).
     pub metrics_token: Option<String>,
     /// NFS connection limits and threads.

@@ -8,9 +8,9 @@
 //! as their user with that user's role at the time of each request, so
 //! removing a user or their flag takes effect at once.
 
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
-use tarn_web::WebAuth;
+use tarn_web::{UserId, WebAuth};
 
 use crate::access;
 use crate::pools::Pools;
@@ -21,37 +21,64 @@ pub struct WebUsers {
     pub pools: Weak<Pools>,
 }
 
+/// A hash no password opens, checked for names that do not exist so a
+/// failed login costs the same whether or not the name is a user's (the
+/// time would otherwise tell which names are).
+fn decoy_hash() -> &'static str {
+    static DECOY: OnceLock<String> = OnceLock::new();
+    DECOY.get_or_init(|| access::hash_password("tarn decoy password").unwrap_or_default())
+}
+
 impl WebUsers {
-    fn record(&self, user: &str) -> Option<access::UserRecord> {
+    fn record(&self, user: &UserId) -> Option<(access::UserRecord, String)> {
         let pools = self.pools.upgrade()?;
-        let all = pools.all_pools();
-        all.iter().find_map(|p| access::user(p, user).ok())
+        let pool = pools.get(&user.pool).ok()?;
+        let rec = access::user(&pool, &user.name).ok()?;
+        Some((rec, pools.node_id.clone()))
     }
 }
 
 impl WebAuth for WebUsers {
-    fn login(&self, user: &str, password: &str) -> Option<String> {
+    fn login(&self, user: &str, password: &str) -> Option<UserId> {
         let pools = self.pools.upgrade()?;
         let all = pools.all_pools();
-        all.iter()
-            .find_map(|p| access::authenticate(p, user, password))
-            .map(|r| r.name)
+        // Each pool's record of that name, tried in turn: the identity is
+        // the record the password opened.
+        let found = all.iter().find_map(|p| {
+            access::authenticate(p, user, password).map(|r| UserId {
+                pool: p.name().to_string(),
+                name: r.name,
+            })
+        });
+        if found.is_none() && !all.iter().any(|p| access::user(p, user).is_ok()) {
+            let _ = access::verify_password(decoy_hash(), password);
+        }
+        found
     }
 
-    fn token(&self, token: &str) -> Option<String> {
+    fn token(&self, token: &str) -> Option<UserId> {
         let pools = self.pools.upgrade()?;
-        let user = pools.api_tokens.check(token)?;
+        let scope = pools.api_tokens.check(token)?;
+        let (pool, name) = scope.split_once('/')?;
+        let id = UserId {
+            pool: pool.to_string(),
+            name: name.to_string(),
+        };
         // The token's user must still exist.
-        self.record(&user).map(|r| r.name)
+        self.record(&id).map(|_| id)
     }
 
-    fn is_admin(&self, user: &str) -> Option<bool> {
-        self.record(user).map(|r| r.admin)
+    fn is_admin(&self, user: &UserId) -> Option<bool> {
+        // An administrator of this daemon: a pool from another machine
+        // brings none.
+        self.record(user)
+            .map(|(r, node)| r.admin_node.as_deref() == Some(node.as_str()))
     }
 }
 
 /// Starts the HTTPS API on `addr`: TLS with the node's certificate, or
-/// plain HTTP on a loopback address.
+/// plain HTTP on a loopback address (for a reverse proxy, whose public
+/// origin `opts.web_origin` names).
 pub fn start(
     pools: &Arc<Pools>,
     addr: std::net::SocketAddr,
@@ -74,8 +101,14 @@ pub fn start(
     let auth = Arc::new(WebUsers {
         pools: Arc::downgrade(pools),
     });
-    let running = tarn_web::serve(addr, tls, Arc::downgrade(&me), auth)
-        .map_err(|e| DaemonError::msg(e.to_string()))?;
+    let running = tarn_web::serve(
+        addr,
+        tls,
+        opts.web_origin.clone(),
+        Arc::downgrade(&me),
+        auth,
+    )
+    .map_err(|e| DaemonError::msg(e.to_string()))?;
     log::info!("tarn: web API on {scheme}://{}/api/", running.addr());
     Ok(running)
 }

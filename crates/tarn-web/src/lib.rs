@@ -32,10 +32,17 @@
 //!
 //! Every request body must be JSON (`Content-Type: application/json`),
 //! which a cross-site form cannot send without a preflight this server
-//! never answers. Failed logins are counted per client address: after
-//! [`LOGIN_FAILURES`] in [`LOGIN_WINDOW`] that address gets 429 until
-//! the window passes. Bodies are bounded ([`MAX_BODY`]), request heads
-//! must arrive within [`HEADER_TIMEOUT`], connections are capped.
+//! never answers. Failed logins are counted per client address (an
+//! IPv6 client per /64), each attempt before its password is checked so
+//! parallel attempts cannot slip past the count: after [`LOGIN_FAILURES`]
+//! in [`LOGIN_WINDOW`] that address gets 429 until the window passes.
+//! The caller is settled before a body is read; bodies are bounded in
+//! size ([`MAX_BODY`]) and time ([`BODY_TIMEOUT`]), request heads must
+//! arrive within [`HEADER_TIMEOUT`], connections are capped.
+//!
+//! A user is a record of one pool ([`UserId`]): names repeat across
+//! pools, so sessions, tokens, roles and the user methods' filters all
+//! follow the (pool, name) the password or token opened.
 //!
 //! # Transport
 //!
@@ -82,16 +89,30 @@ pub const MAX_CONNECTIONS: usize = 256;
 /// The session cookie's name.
 pub const COOKIE: &str = "tarn_session";
 
+/// A tarn user: the pool that stores the record and the name in it.
+/// Names are per pool (two pools may each have an `alice`), so a caller
+/// is always both.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct UserId {
+    /// The pool of the user record.
+    pub pool: String,
+    /// The login name.
+    pub name: String,
+}
+
 /// How the web front end checks users; the daemon answers from the
-/// pools' user records and its token store.
+/// pools' user records and its token store. These block (they read
+/// records and hash passwords): the server calls them off its async
+/// threads.
 pub trait WebAuth: Send + Sync + 'static {
-    /// The user these credentials log in (None: wrong).
-    fn login(&self, user: &str, password: &str) -> Option<String>;
+    /// The user whose record these credentials open (None: wrong; the
+    /// check costs the same for a name that does not exist).
+    fn login(&self, user: &str, password: &str) -> Option<UserId>;
     /// The user a bearer token acts as (None: not a token of ours).
-    fn token(&self, token: &str) -> Option<String>;
-    /// Whether `user` is an administrator now (None: no such user any
-    /// more).
-    fn is_admin(&self, user: &str) -> Option<bool>;
+    fn token(&self, token: &str) -> Option<UserId>;
+    /// Whether `user` is an administrator of this daemon now (None: no
+    /// such user any more).
+    fn is_admin(&self, user: &UserId) -> Option<bool>;
 }
 
 /// Why the server did not start.
@@ -104,7 +125,7 @@ pub enum WebError {
 
 /// A logged-in browser.
 struct Session {
-    user: String,
+    user: UserId,
     csrf: String,
     created: Instant,
     last: Instant,
@@ -114,8 +135,37 @@ struct State {
     backend: Weak<dyn Backend + Send + Sync>,
     auth: Arc<dyn WebAuth>,
     tls: bool,
+    /// The public origin when behind a proxy (`https://nas.example.org`).
+    origin: Option<String>,
     sessions: Mutex<HashMap<String, Session>>,
     failures: Mutex<HashMap<IpAddr, Vec<Instant>>>,
+    /// Password checks at once (argon2 is slow on purpose).
+    logins: Arc<tokio::sync::Semaphore>,
+}
+
+/// Sessions one user may have; their least recently used goes first.
+pub const SESSIONS_PER_USER: usize = 32;
+/// Password checks running at once.
+pub const LOGINS_AT_ONCE: usize = 4;
+/// Client addresses whose failed logins are remembered.
+const MAX_FAILURE_ADDRESSES: usize = 65_536;
+/// Time for a request body.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The bucket failed logins from `ip` count in: the address, or its /64
+/// for IPv6 (one host usually holds a whole /64).
+fn bucket(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let mut seg = v6.segments();
+                seg[4..].fill(0);
+                IpAddr::V6(std::net::Ipv6Addr::from(seg))
+            }
+        },
+    }
 }
 
 /// The running server.
@@ -158,9 +208,13 @@ fn same(a: &str, b: &str) -> bool {
 }
 
 /// Starts serving on `addr` (HTTPS with `tls`, else plain HTTP).
+/// `origin` is the public origin (`https://nas.example.org`) when a
+/// reverse proxy serves the API there: the only `Origin` accepted from
+/// browsers, and it makes cookies `Secure` when it is https.
 pub fn serve(
     addr: SocketAddr,
     tls: Option<Arc<rustls::ServerConfig>>,
+    origin: Option<String>,
     backend: Weak<dyn Backend + Send + Sync>,
     auth: Arc<dyn WebAuth>,
 ) -> Result<Running, WebError> {
@@ -171,8 +225,10 @@ pub fn serve(
         backend,
         auth,
         tls: tls.is_some(),
+        origin: origin.map(|o| o.trim_end_matches('/').to_string()),
         sessions: Mutex::new(HashMap::new()),
         failures: Mutex::new(HashMap::new()),
+        logins: Arc::new(tokio::sync::Semaphore::new(LOGINS_AT_ONCE)),
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -289,7 +345,7 @@ fn answer(state: &State, status: StatusCode, body: Value, extra: &[(&str, String
         "content-security-policy",
         "default-src 'none'; frame-ancestors 'none'",
     );
-    if state.tls {
+    if state.secure() {
         set(h, "strict-transport-security", "max-age=31536000");
     }
     for (k, v) in extra {
@@ -349,7 +405,7 @@ impl Refusal {
 
 /// Who made a request, as far as it proved it.
 struct Caller {
-    user: String,
+    user: UserId,
     admin: bool,
     /// The session id, for a browser (CSRF applies); none for a token.
     session: Option<String>,
@@ -435,45 +491,97 @@ impl State {
         }
     }
 
-    fn blocked(&self, ip: IpAddr) -> Option<Duration> {
+    /// Counts a login attempt from `ip` before its password is checked
+    /// (so parallel attempts cannot all pass the count), or says how long
+    /// the address must wait.
+    fn attempt(&self, ip: IpAddr) -> Result<Instant, Duration> {
         let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
-        let q = f.entry(ip).or_default();
+        let key = bucket(ip);
+        if !f.contains_key(&key) && f.len() >= MAX_FAILURE_ADDRESSES {
+            f.retain(|_, q| q.iter().any(|t| now.duration_since(*t) < LOGIN_WINDOW));
+            if f.len() >= MAX_FAILURE_ADDRESSES {
+                // Full of live entries: nobody new gets in for a while,
+                // rather than everyone's count being forgotten.
+                return Err(LOGIN_WINDOW);
+            }
+        }
+        let q = f.entry(key).or_default();
         q.retain(|t| now.duration_since(*t) < LOGIN_WINDOW);
-        (q.len() >= LOGIN_FAILURES).then(|| {
-            q.first().map_or(LOGIN_WINDOW, |t| {
+        if q.len() >= LOGIN_FAILURES {
+            return Err(q.first().map_or(LOGIN_WINDOW, |t| {
                 LOGIN_WINDOW.saturating_sub(now.duration_since(*t))
-            })
-        })
+            }));
+        }
+        q.push(now);
+        Ok(now)
     }
 
-    fn failed(&self, ip: IpAddr) {
+    /// A counted attempt that succeeded does not count.
+    fn succeeded(&self, ip: IpAddr, at: Instant) {
         let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        if f.len() > 65_536 {
-            f.clear(); // bounded memory; the window refills
+        if let Some(q) = f.get_mut(&bucket(ip)) {
+            q.retain(|t| *t != at);
         }
-        f.entry(ip).or_default().push(Instant::now());
+    }
+
+    /// Cookies are `Secure` when the browser reaches us over TLS
+    /// (directly, or through an https proxy origin).
+    fn secure(&self) -> bool {
+        self.tls
+            || self
+                .origin
+                .as_deref()
+                .is_some_and(|o| o.starts_with("https://"))
     }
 
     fn cookie(&self, id: &str, max_age: u64) -> String {
         format!(
             "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{}",
-            if self.tls { "; Secure" } else { "" }
+            if self.secure() { "; Secure" } else { "" }
         )
     }
 }
 
-/// The `Origin` of a request, when sent, must be this server.
-fn same_origin(headers: &HeaderMap, tls: bool) -> bool {
+/// The `Origin` of a request, when sent, must be this server: the
+/// configured public origin, or the scheme and `Host` it was reached by.
+fn same_origin(headers: &HeaderMap, tls: bool, public: Option<&str>) -> bool {
     let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
         return true;
     };
+    if let Some(p) = public {
+        return origin == p;
+    }
     let host = headers
         .get(header::HOST)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     let scheme = if tls { "https" } else { "http" };
     origin == format!("{scheme}://{host}")
+}
+
+/// Plain HTTP serves loopback only: the `Host` must name loopback (or
+/// the public origin's host, behind a proxy), so a page on another name
+/// that resolves here (DNS rebinding) is refused.
+fn host_allowed(headers: &HeaderMap, tls: bool, public: Option<&str>) -> bool {
+    if tls {
+        return true;
+    }
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    let public_host = public
+        .and_then(|p| p.split_once("://"))
+        .map(|(_, rest)| rest.split('/').next().unwrap_or(""))
+        .map(|a| a.rsplit_once(':').map_or(a, |(h, _)| h));
+    name == "localhost"
+        || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        || public_host == Some(name)
 }
 
 fn is_json(headers: &HeaderMap) -> bool {
@@ -485,9 +593,9 @@ fn is_json(headers: &HeaderMap) -> bool {
 }
 
 async fn body_json(body: Incoming) -> Result<Value, &'static str> {
-    let bytes = Limited::new(body, MAX_BODY)
-        .collect()
+    let bytes = tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, MAX_BODY).collect())
         .await
+        .map_err(|_| "the body did not arrive in time")?
         .map_err(|_| "the body is too large or cut short")?
         .to_bytes();
     if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -496,12 +604,29 @@ async fn body_json(body: Incoming) -> Result<Value, &'static str> {
     serde_json::from_slice(&bytes).map_err(|_| "the body is not JSON")
 }
 
+/// Who calls, found off the async threads (it reads records and the
+/// token store).
+async fn caller_of(st: &Arc<State>, headers: &HeaderMap) -> Result<Caller, Refusal> {
+    let (st2, h) = (st.clone(), headers.clone());
+    tokio::task::spawn_blocking(move || st2.caller(&h))
+        .await
+        .unwrap_or_else(|_| Err(Refusal::unauthorized()))
+}
+
 async fn handle(req: Request<Incoming>, ip: IpAddr, st: Arc<State>) -> Resp {
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_string();
     let headers = parts.headers;
+    if !host_allowed(&headers, st.tls, st.origin.as_deref()) {
+        return error(
+            &st,
+            StatusCode::MISDIRECTED_REQUEST,
+            "host",
+            "plain HTTP answers for loopback names only",
+        );
+    }
     if parts.method == Method::GET && path == "/api/session" {
-        return match st.caller(&headers) {
+        return match caller_of(&st, &headers).await {
             Ok(c) => {
                 let csrf = c.session.as_ref().and_then(|id| {
                     st.sessions
@@ -513,7 +638,7 @@ async fn handle(req: Request<Incoming>, ip: IpAddr, st: Arc<State>) -> Resp {
                 answer(
                     &st,
                     StatusCode::OK,
-                    json!({"user": c.user, "admin": c.admin, "csrf": csrf}),
+                    json!({"user": c.user.name, "pool": c.user.pool, "admin": c.admin, "csrf": csrf}),
                     &[],
                 )
             }
@@ -526,7 +651,7 @@ async fn handle(req: Request<Incoming>, ip: IpAddr, st: Arc<State>) -> Resp {
             None => error(&st, StatusCode::NOT_FOUND, "not_found", "no such page"),
         };
     }
-    if !same_origin(&headers, st.tls) {
+    if !same_origin(&headers, st.tls, st.origin.as_deref()) {
         return error(
             &st,
             StatusCode::FORBIDDEN,
@@ -542,20 +667,33 @@ async fn handle(req: Request<Incoming>, ip: IpAddr, st: Arc<State>) -> Resp {
             "send the body as application/json",
         );
     }
+    if path == "/api/login" {
+        return match body_json(body).await {
+            Ok(v) => login(&st, ip, v).await,
+            Err(why) => error(&st, StatusCode::BAD_REQUEST, "body", why),
+        };
+    }
+    let method = match path.strip_prefix("/api/call/") {
+        Some(m) => Some(m.to_string()),
+        None if path == "/api/logout" => None,
+        None => return error(&st, StatusCode::NOT_FOUND, "not_found", "no such endpoint"),
+    };
+    // Who calls is settled before the body is read: nobody may hold a
+    // connection open with a slow body without logging in first.
+    let c = match caller_of(&st, &headers).await {
+        Ok(c) => c,
+        Err(r) => return r.answer(&st),
+    };
+    if let Err(r) = st.check_csrf(&c, &headers) {
+        return r.answer(&st);
+    }
     let body = match body_json(body).await {
         Ok(v) => v,
         Err(why) => return error(&st, StatusCode::BAD_REQUEST, "body", why),
     };
-    match path.as_str() {
-        "/api/login" => login(&st, ip, body).await,
-        "/api/logout" => {
-            let c = match st.caller(&headers) {
-                Ok(c) => c,
-                Err(r) => return r.answer(&st),
-            };
-            if let Err(r) = st.check_csrf(&c, &headers) {
-                return r.answer(&st);
-            }
+    match method {
+        Some(m) => call(&st, c, m, body).await,
+        None => {
             if let Some(id) = &c.session {
                 st.sessions
                     .lock()
@@ -569,34 +707,45 @@ async fn handle(req: Request<Incoming>, ip: IpAddr, st: Arc<State>) -> Resp {
                 &[("set-cookie", st.cookie("", 0))],
             )
         }
-        p => match p.strip_prefix("/api/call/") {
-            Some(method) => call(&st, &headers, method.to_string(), body).await,
-            None => error(&st, StatusCode::NOT_FOUND, "not_found", "no such endpoint"),
-        },
     }
 }
 
 async fn login(st: &Arc<State>, ip: IpAddr, body: Value) -> Resp {
-    if let Some(wait) = st.blocked(ip) {
-        return answer(
-            st,
-            StatusCode::TOO_MANY_REQUESTS,
-            json!({"error": {"code": "too_many_logins",
-                "message": "too many failed logins from this address; wait"}}),
-            &[("retry-after", (wait.as_secs() + 1).to_string())],
-        );
-    }
+    let attempt = match st.attempt(ip) {
+        Ok(at) => at,
+        Err(wait) => {
+            return answer(
+                st,
+                StatusCode::TOO_MANY_REQUESTS,
+                json!({"error": {"code": "too_many_logins",
+                    "message": "too many failed logins from this address; wait"}}),
+                &[("retry-after", (wait.as_secs() + 1).to_string())],
+            )
+        }
+    };
     let user = body.get("user").and_then(Value::as_str).unwrap_or("");
     let password = body.get("password").and_then(Value::as_str).unwrap_or("");
     let (user, password) = (user.to_string(), password.to_string());
     let auth = st.auth.clone();
-    // Password hashing is slow on purpose: off the async threads.
-    let who = tokio::task::spawn_blocking(move || auth.login(&user, &password))
-        .await
-        .ok()
-        .flatten();
-    let Some(user) = who else {
-        st.failed(ip);
+    let Ok(_permit) = st.logins.clone().acquire_owned().await else {
+        return error(
+            st,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "stopping",
+            "the server is stopping",
+        );
+    };
+    // Password hashing is slow on purpose: off the async threads, a few
+    // at a time.
+    let who = tokio::task::spawn_blocking(move || {
+        let id = auth.login(&user, &password)?;
+        let admin = auth.is_admin(&id).unwrap_or(false);
+        Some((id, admin))
+    })
+    .await
+    .ok()
+    .flatten();
+    let Some((user, admin)) = who else {
         return error(
             st,
             StatusCode::UNAUTHORIZED,
@@ -604,6 +753,7 @@ async fn login(st: &Arc<State>, ip: IpAddr, body: Value) -> Resp {
             "wrong user or password",
         );
     };
+    st.succeeded(ip, attempt);
     let (Some(id), Some(csrf)) = (random_hex(32), random_hex(32)) else {
         return error(
             st,
@@ -612,9 +762,19 @@ async fn login(st: &Arc<State>, ip: IpAddr, body: Value) -> Resp {
             "no randomness",
         );
     };
-    let admin = st.auth.is_admin(&user).unwrap_or(false);
     {
         let mut sessions = st.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        // This user's oldest beyond their share, then anyone's oldest.
+        let theirs: Vec<(String, Instant)> = sessions
+            .iter()
+            .filter(|(_, s)| s.user == user)
+            .map(|(k, s)| (k.clone(), s.last))
+            .collect();
+        if theirs.len() >= SESSIONS_PER_USER {
+            if let Some((k, _)) = theirs.iter().min_by_key(|(_, t)| *t) {
+                sessions.remove(k);
+            }
+        }
         if sessions.len() >= MAX_SESSIONS {
             let oldest = sessions
                 .iter()
@@ -635,28 +795,25 @@ async fn login(st: &Arc<State>, ip: IpAddr, body: Value) -> Resp {
             },
         );
     }
-    log::info!("tarn-web: {user} logged in from {ip}");
+    log::info!(
+        "tarn-web: {} (pool {}) logged in from {ip}",
+        user.name,
+        user.pool
+    );
     answer(
         st,
         StatusCode::OK,
-        json!({"user": user, "admin": admin, "csrf": csrf}),
+        json!({"user": user.name, "pool": user.pool, "admin": admin, "csrf": csrf}),
         &[("set-cookie", st.cookie(&id, SESSION_MAX.as_secs()))],
     )
 }
 
-async fn call(st: &Arc<State>, headers: &HeaderMap, method: String, params: Value) -> Resp {
-    let caller = match st.caller(headers) {
-        Ok(c) => c,
-        Err(r) => return r.answer(st),
-    };
-    if let Err(r) = st.check_csrf(&caller, headers) {
-        return r.answer(st);
-    }
+async fn call(st: &Arc<State>, caller: Caller, method: String, params: Value) -> Resp {
     let role = tarn_api::roles::role(&method);
     let refused = match role {
         Role::Local => Some("this method is served on the admin socket only"),
         Role::Admin if !caller.admin => Some("this method is for administrators"),
-        _ => None,
+        _ => tarn_api::roles::https_refusal(&method, &params),
     };
     if let Some(why) = refused {
         return error(st, StatusCode::FORBIDDEN, "forbidden", why);
@@ -669,6 +826,24 @@ async fn call(st: &Arc<State>, headers: &HeaderMap, method: String, params: Valu
             "the daemon is stopping",
         );
     };
+    let current = caller.session.clone();
+    // A password change: whose (a user's own pool is forced in as_user).
+    let target = (method == tarn_api::method::USER_PASSWD).then(|| {
+        let name = params
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let pool = if caller.admin {
+            params
+                .get("pool")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        } else {
+            Some(caller.user.pool.clone())
+        };
+        (name, pool)
+    });
     let outcome = tokio::task::spawn_blocking(move || {
         if caller.admin {
             tarn_api::dispatch::call(&*backend, &method, params)
@@ -678,7 +853,19 @@ async fn call(st: &Arc<State>, headers: &HeaderMap, method: String, params: Valu
     })
     .await;
     match outcome {
-        Ok(Ok(v)) => answer(st, StatusCode::OK, json!({ "result": v }), &[]),
+        Ok(Ok(v)) => {
+            if let Some((name, pool)) = target {
+                // A new password ends that user's other sessions (not the
+                // one that changed it): whoever knew the old one is out.
+                let mut sessions = st.sessions.lock().unwrap_or_else(|e| e.into_inner());
+                sessions.retain(|k, s| {
+                    let theirs =
+                        s.user.name == name && pool.as_ref().is_none_or(|p| *p == s.user.pool);
+                    !theirs || Some(k) == current.as_ref()
+                });
+            }
+            answer(st, StatusCode::OK, json!({ "result": v }), &[])
+        }
         Ok(Err(e)) => error(st, status_of(e.code), e.code.as_str(), &e.message),
         Err(_) => error(
             st,
@@ -690,10 +877,10 @@ async fn call(st: &Arc<State>, headers: &HeaderMap, method: String, params: Valu
 }
 
 /// A method of the user role, for a user who is not an administrator:
-/// answers only what is theirs.
+/// answers only what is theirs, and of it only what a user needs.
 fn as_user(
     backend: &dyn Backend,
-    user: &str,
+    user: &UserId,
     method: &str,
     params: Value,
 ) -> Result<Value, ApiError> {
@@ -702,7 +889,9 @@ fn as_user(
         Ok(backend
             .share_list()?
             .into_iter()
-            .filter(|s| tarn_api::roles::share_is_users(&s.share, user))
+            .filter(|s| {
+                s.pool == user.pool && tarn_api::roles::share_is_users(&s.share, &user.name)
+            })
             .collect())
     };
     match method {
@@ -711,7 +900,30 @@ fn as_user(
             let _: tarn_api::params::NoParams =
                 serde_json::from_value(if params.is_null() { json!({}) } else { params })
                     .map_err(|e| ApiError::invalid(format!("bad params for {method}: {e}")))?;
-            serde_json::to_value(shares()?).map_err(|e| ApiError::internal(e.to_string()))
+            // Of each share: its name, dataset and this user's access;
+            // not other users, client networks or block settings.
+            let mine: Vec<Value> = shares()?
+                .into_iter()
+                .map(|s| {
+                    let webdav = s
+                        .share
+                        .webdav
+                        .as_ref()
+                        .and_then(|w| w.users.get(&user.name).copied());
+                    let smb = s
+                        .share
+                        .smb
+                        .as_ref()
+                        .and_then(|w| w.users.get(&user.name).copied());
+                    json!({
+                        "pool": s.pool,
+                        "share": {"name": s.share.name, "dataset": s.share.dataset},
+                        "webdav": webdav,
+                        "smb": smb,
+                    })
+                })
+                .collect();
+            Ok(Value::Array(mine))
         }
         m::DATASET_LIST => {
             let mine: Vec<String> = shares()?.into_iter().map(|s| s.share.dataset).collect();
@@ -725,16 +937,30 @@ fn as_user(
                         .and_then(Value::as_str)
                         .is_some_and(|n| tarn_api::roles::visible_to(n, &mine))
                 })
-                .cloned()
+                .map(|d| {
+                    // Where it is mounted and what it was cloned from
+                    // are the server's business.
+                    let mut d = d.clone();
+                    if let Some(o) = d.as_object_mut() {
+                        o.remove("mountpoint");
+                        o.remove("origin");
+                    }
+                    d
+                })
                 .collect();
             Ok(Value::Array(kept))
         }
         m::USER_PASSWD => {
-            if params.get("name").and_then(Value::as_str) != Some(user) {
+            if params.get("name").and_then(Value::as_str) != Some(user.name.as_str()) {
                 return Err(ApiError::new(
                     ErrorCode::Forbidden,
                     "a user may change their own password only",
                 ));
+            }
+            // Their own record: the pool is theirs, whatever was asked.
+            let mut params = params;
+            if let Some(o) = params.as_object_mut() {
+                o.insert("pool".into(), Value::String(user.pool.clone()));
             }
             tarn_api::dispatch::call(backend, method, params)
         }
@@ -750,18 +976,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn origins_and_content_types() {
+    fn origins_hosts_and_content_types() {
         let mut h = HeaderMap::new();
         h.insert(header::HOST, HeaderValue::from_static("nas:8444"));
-        assert!(same_origin(&h, true), "no Origin: a script, not a page");
+        assert!(
+            same_origin(&h, true, None),
+            "no Origin: a script, not a page"
+        );
         h.insert(header::ORIGIN, HeaderValue::from_static("https://nas:8444"));
-        assert!(same_origin(&h, true));
-        assert!(!same_origin(&h, false), "scheme counts");
+        assert!(same_origin(&h, true, None));
+        assert!(!same_origin(&h, false, None), "scheme counts");
+        let public = Some("https://nas.example.org");
+        assert!(
+            !same_origin(&h, false, public),
+            "behind a proxy: its origin only"
+        );
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("https://nas.example.org"),
+        );
+        assert!(same_origin(&h, false, public));
         h.insert(
             header::ORIGIN,
             HeaderValue::from_static("https://evil.example"),
         );
-        assert!(!same_origin(&h, true));
+        assert!(!same_origin(&h, true, None));
+        // Plain HTTP: loopback names (or the proxy's public host) only.
+        let host = |v: &'static str| {
+            let mut m = HeaderMap::new();
+            m.insert(header::HOST, HeaderValue::from_static(v));
+            m
+        };
+        assert!(host_allowed(&host("127.0.0.1:8444"), false, None));
+        assert!(host_allowed(&host("localhost:8444"), false, None));
+        assert!(host_allowed(&host("[::1]:8444"), false, None));
+        assert!(
+            !host_allowed(&host("evil.example:8444"), false, None),
+            "DNS rebinding"
+        );
+        assert!(host_allowed(&host("nas.example.org"), false, public));
+        assert!(
+            host_allowed(&host("evil.example"), true, None),
+            "TLS: not checked here"
+        );
         let mut c = HeaderMap::new();
         assert!(!is_json(&c));
         c.insert(
@@ -771,6 +1028,23 @@ mod tests {
         assert!(is_json(&c));
         c.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
         assert!(!is_json(&c), "what a cross-site form can send");
+    }
+
+    #[test]
+    fn failed_logins_count_per_address_and_per_v6_network() {
+        assert_eq!(
+            bucket("2001:db8::1:2:3:4".parse().unwrap()),
+            bucket("2001:db8::9:8:7:6".parse().unwrap()),
+            "one /64"
+        );
+        assert_ne!(
+            bucket("10.0.0.1".parse().unwrap()),
+            bucket("10.0.0.2".parse().unwrap())
+        );
+        assert_eq!(
+            bucket("::ffff:10.0.0.1".parse().unwrap()),
+            bucket("10.0.0.1".parse().unwrap())
+        );
     }
 
     #[test]

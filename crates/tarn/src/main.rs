@@ -172,6 +172,7 @@ fn daemon_options(run: DaemonRun) -> DaemonOptions {
         smb_include: run.smb_include,
         metrics: run.metrics,
         web: run.web,
+        web_origin: run.web_origin,
         metrics_token: run.metrics_token,
         tls_cert: run.tls_cert,
         webdav_plain_http: run.webdav_plain_http,

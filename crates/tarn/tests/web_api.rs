@@ -248,8 +248,64 @@ fn the_api_knows_who_calls_and_what_they_may_do() {
     let (s, _, _) = http(port, "POST", "/api/call/pool.list", &auth, "{}");
     assert_eq!(s, 401, "a deleted token stops at once");
 
+    // Over HTTPS an administrator may not name the server's own files.
+    let (s, v) = call(
+        port,
+        &ada,
+        "dataset.set",
+        json!({"name": "tank/a", "property": "mountpoint", "value": "/etc"}),
+    );
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (403, Some("forbidden")),
+        "{v}"
+    );
+    let (s, _) = call(
+        port,
+        &ada,
+        "pool.create",
+        json!({"name": "evil", "vdevs": [{"kind": "single", "devices": ["/etc/hostname"]}]}),
+    );
+    assert_eq!(s, 403);
+
+    // Another pool's user of the same name is someone else: not an
+    // administrator, and not able to reach tank's ada.
+    let g = files(dir.path(), "v", 1, 64 << 20);
+    d.ok(&["pool", "create", "vault", &g[0]]);
+    let out = common::clients::tarn_with_stdin(
+        &d,
+        &["user", "add", "--pool", "vault", "--password-stdin", "ada"],
+        "other-ada-password\n",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let other = login(port, "ada", "other-ada-password");
+    let (s, v) = call(port, &other, "pool.status", json!({}));
+    assert_eq!(s, 403, "vault's ada is no administrator: {v}");
+    let (s, v) = call(
+        port,
+        &other,
+        "user.passwd",
+        json!({"pool": "tank", "name": "ada", "password": "taken-over-1"}),
+    );
+    assert_eq!(s, 200, "{v}");
+    let (s, _, _) = http(
+        port,
+        "POST",
+        "/api/login",
+        &json_ct,
+        r#"{"user":"ada","password":"ada-password-1"}"#,
+    );
+    assert_eq!(
+        s, 200,
+        "tank's ada keeps her password: the change went to vault's"
+    );
+
     // Demoted: the live session is a user's now.
-    d.ok(&["user", "admin", "ada", "off"]);
+    d.ok(&["user", "admin", "--pool", "tank", "ada", "off"]);
     let (s, _) = call(port, &ada, "pool.status", json!({}));
     assert_eq!(s, 403);
     // Logout ends the session.
@@ -271,8 +327,31 @@ fn the_api_knows_who_calls_and_what_they_may_do() {
     assert_eq!(s, 401);
     // A removed user's session ends too.
     d.ok(&["share", "del", "a"]);
-    d.ok(&["user", "del", "alice"]);
+    let alice_token = d
+        .ok(&["user", "token", "add", "--pool", "tank", "alices", "alice"])
+        .trim()
+        .to_string();
+    d.ok(&["user", "del", "--pool", "tank", "alice"]);
     let (s, _) = call(port, &alice, "share.list", json!({}));
+    assert_eq!(s, 401);
+    // Her tokens went with her: an alice added again does not get them.
+    let out = common::clients::tarn_with_stdin(
+        &d,
+        &["user", "add", "--pool", "tank", "--password-stdin", "alice"],
+        "new-alice-password\n",
+    );
+    assert!(out.status.success());
+    let bearer = format!("Bearer {alice_token}");
+    let (s, _, _) = http(
+        port,
+        "POST",
+        "/api/call/share.list",
+        &[
+            ("Content-Type", "application/json"),
+            ("Authorization", bearer.as_str()),
+        ],
+        "{}",
+    );
     assert_eq!(s, 401);
 
     // Failed logins are limited per address.
