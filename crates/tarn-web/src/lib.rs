@@ -359,6 +359,52 @@ fn answer(state: &State, status: StatusCode, body: Value, extra: &[(&str, String
     r
 }
 
+/// The page's files, built into the binary (no internet at run time, no
+/// third-party code: the page is tarn's own HTML, CSS and JavaScript).
+const ASSETS: &[(&str, &str, &str)] = &[
+    (
+        "/",
+        "text/html; charset=utf-8",
+        include_str!("../assets/index.html"),
+    ),
+    (
+        "/app.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../assets/app.js"),
+    ),
+    (
+        "/app.css",
+        "text/css; charset=utf-8",
+        include_str!("../assets/app.css"),
+    ),
+];
+
+/// One of [`ASSETS`], with a policy that lets the page load only itself.
+fn asset(state: &State, path: &str) -> Option<Resp> {
+    let (_, ctype, body) = ASSETS.iter().find(|(p, ..)| *p == path)?;
+    let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    let h = r.headers_mut();
+    let mut set = |k: &'static str, v: &str| {
+        if let Ok(v) = HeaderValue::from_str(v) {
+            h.insert(k, v);
+        }
+    };
+    set("content-type", ctype);
+    set("cache-control", "no-cache");
+    set("x-content-type-options", "nosniff");
+    set("x-frame-options", "DENY");
+    set("referrer-policy", "no-referrer");
+    set(
+        "content-security-policy",
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+         connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
+    );
+    if state.secure() {
+        set("strict-transport-security", "max-age=31536000");
+    }
+    Some(r)
+}
+
 fn error(state: &State, status: StatusCode, code: &str, message: &str) -> Resp {
     answer(
         state,
@@ -644,6 +690,11 @@ async fn handle(req: Request<Incoming>, ip: IpAddr, st: Arc<State>) -> Resp {
             }
             Err(r) => r.answer(&st),
         };
+    }
+    if parts.method == Method::GET || parts.method == Method::HEAD {
+        if let Some(r) = asset(&st, &path) {
+            return r;
+        }
     }
     if parts.method != Method::POST {
         return match path.strip_prefix("/api/") {
