@@ -38,7 +38,9 @@
 //! in [`LOGIN_WINDOW`] that address gets 429 until the window passes.
 //! The caller is settled before a body is read; bodies are bounded in
 //! size ([`MAX_BODY`]) and time ([`BODY_TIMEOUT`]), request heads must
-//! arrive within [`HEADER_TIMEOUT`], connections are capped.
+//! arrive within [`HEADER_TIMEOUT`], connections are capped in all and
+//! per client address (`tarn-conn`'s admission: at the limit an idle one
+//! is closed for a newcomer) and closed after [`IDLE_TIMEOUT`] idle.
 //!
 //! A user is a record of one pool ([`UserId`]): names repeat across
 //! pools, so sessions, tokens, roles and the user methods' filters all
@@ -86,6 +88,10 @@ pub const MAX_BODY: usize = 1 << 20;
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 256;
+/// Connections from one client address at once.
+pub const MAX_PER_ADDRESS: usize = 32;
+/// A kept-alive connection without a request for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// The session cookie's name.
 pub const COOKIE: &str = "tarn_session";
 
@@ -261,7 +267,13 @@ async fn accept_loop(
     tls: Option<Arc<rustls::ServerConfig>>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let adm = tarn_conn::Admission::new(
+        "tarn-web",
+        tarn_conn::Limits {
+            max_connections: MAX_CONNECTIONS,
+            max_per_address: MAX_PER_ADDRESS,
+        },
+    );
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     loop {
         let (sock, peer) = tokio::select! {
@@ -275,22 +287,21 @@ async fn accept_loop(
             },
             _ = stop.changed() => return,
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            continue; // full: the connection is closed
+        let Ok(conn) = adm.admit(peer.ip()) else {
+            continue; // over a limit: the connection is closed
         };
         let _ = sock.set_nodelay(true);
         let (st, acc, mut sd) = (state.clone(), acceptor.clone(), stop.clone());
         tokio::spawn(async move {
-            let _permit = permit;
             match acc {
                 Some(acc) => {
                     let Ok(Ok(s)) = tokio::time::timeout(HEADER_TIMEOUT, acc.accept(sock)).await
                     else {
                         return;
                     };
-                    serve_conn(s, peer, st, &mut sd).await;
+                    serve_conn(s, peer, conn, st, &mut sd).await;
                 }
-                None => serve_conn(sock, peer, st, &mut sd).await,
+                None => serve_conn(sock, peer, conn, st, &mut sd).await,
             }
         });
     }
@@ -299,25 +310,35 @@ async fn accept_loop(
 async fn serve_conn<I>(
     io: I,
     peer: SocketAddr,
+    conn: tarn_conn::Conn,
     state: Arc<State>,
     stop: &mut tokio::sync::watch::Receiver<bool>,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let activity = conn.state().clone();
     let svc = service_fn(move |req: Request<Incoming>| {
         let st = state.clone();
-        async move { Ok::<_, Infallible>(handle(req, peer.ip(), st).await) }
+        // Busy while a request runs: only idle connections are evicted.
+        let busy = activity.begin();
+        async move {
+            let r = handle(req, peer.ip(), st).await;
+            drop(busy);
+            Ok::<_, Infallible>(r)
+        }
     });
-    let conn = hyper::server::conn::http1::Builder::new()
+    let http = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
         .serve_connection(TokioIo::new(io), svc);
-    tokio::pin!(conn);
+    tokio::pin!(http);
     tokio::select! {
-        _ = conn.as_mut() => {}
+        _ = http.as_mut() => {}
+        // Idle too long, or evicted for a newcomer.
+        _ = conn.closed(Some(IDLE_TIMEOUT)) => {}
         _ = stop.changed() => {
-            conn.as_mut().graceful_shutdown();
-            let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
+            http.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(Duration::from_secs(5), http).await;
         }
     }
 }

@@ -354,6 +354,45 @@ fn the_api_knows_who_calls_and_what_they_may_do() {
     );
     assert_eq!(s, 401);
 
+    // One address may hold 32 connections; the next is closed at once,
+    // and room comes back when they close.
+    let held: Vec<TcpStream> = (0..32)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let mut extra = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    extra
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let _ = extra.write_all(b"GET /api/session HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    let mut got = Vec::new();
+    let _ = extra.read_to_end(&mut got);
+    assert!(
+        got.is_empty(),
+        "the 33rd connection is served: {}",
+        String::from_utf8_lossy(&got)
+    );
+    drop(held);
+    let t0 = std::time::Instant::now();
+    loop {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let _ = s.write_all(
+            b"GET /api/session HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+        );
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        if got.starts_with(b"HTTP/1.1 401") {
+            break;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "room never came back"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+
     // Failed logins are limited per address.
     let mut codes = Vec::new();
     for _ in 0..6 {
