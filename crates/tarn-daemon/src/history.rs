@@ -13,7 +13,7 @@
 //! samples, each a few numbers per pool and protocol.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tarn_api::params::{HistoryPoint, PoolRates, ProtocolRates};
@@ -165,7 +165,6 @@ impl Rings {
 
 /// Reads every counter now.
 fn sample(pools: &Pools) -> Sample {
-    use tarn_api::Backend;
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
@@ -204,11 +203,9 @@ fn sample(pools: &Pools) -> Sample {
         e.secs += snap.sum_secs;
         e.errors += errors;
     }
-    if let Some(c) = pools
-        .pool_status(None)
-        .ok()
-        .and_then(|l| l.into_iter().find_map(|st| st.cache))
-    {
+    // One block cache serves every pool: its counters through any pool.
+    if let Some(p) = pools.all_pools().first() {
+        let c = p.cache_stats();
         s.cache = (c.data_hits + c.meta_hits, c.data_misses + c.meta_misses);
     }
     s
@@ -217,49 +214,24 @@ fn sample(pools: &Pools) -> Sample {
 /// The sampling thread and the rings it fills.
 pub struct History {
     rings: Arc<Mutex<Rings>>,
-    stop: Arc<(Mutex<bool>, Condvar)>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    thread: crate::periodic::Periodic,
 }
 
 impl History {
-    /// Starts sampling `pools`.
+    /// Starts sampling `pools` every [`FINE`] (`TARN_HISTORY_TICK_MS`).
     pub fn start(pools: Weak<Pools>) -> std::io::Result<History> {
-        let tick = std::env::var("TARN_HISTORY_TICK_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map_or(FINE, Duration::from_millis)
-            .max(Duration::from_millis(10));
+        let tick = crate::periodic::tick_from_env("TARN_HISTORY_TICK_MS", FINE);
         // The day ring keeps one sample in 30 of the hour ring's.
         let coarse_every = (tick * 30).as_secs_f64();
         let rings = Arc::new(Mutex::new(Rings::default()));
-        let stop = Arc::new((Mutex::new(false), Condvar::new()));
-        let (r, flag) = (rings.clone(), stop.clone());
-        let thread = std::thread::Builder::new()
-            .name("tarn-history".into())
-            .spawn(move || loop {
-                match pools.upgrade() {
-                    Some(p) => {
-                        let s = sample(&p);
-                        r.lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push(s, coarse_every);
-                    }
-                    None => return,
-                }
-                let (lock, cv) = &*flag;
-                let stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
-                let (stopped, _) = cv
-                    .wait_timeout_while(stopped, tick, |s| !*s)
-                    .unwrap_or_else(|e| e.into_inner());
-                if *stopped {
-                    return;
-                }
-            })?;
-        Ok(History {
-            rings,
-            stop,
-            thread: Mutex::new(Some(thread)),
-        })
+        let r = rings.clone();
+        let thread = crate::periodic::Periodic::start("tarn-history", tick, pools, move |p| {
+            let s = sample(p);
+            r.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(s, coarse_every);
+        })?;
+        Ok(History { rings, thread })
     }
 
     /// The points of the last hour (or day).
@@ -272,12 +244,7 @@ impl History {
 
     /// Stops sampling.
     pub fn stop(&self) {
-        let (lock, cv) = &*self.stop;
-        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        cv.notify_all();
-        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = t.join();
-        }
+        self.thread.stop();
     }
 }
 

@@ -47,6 +47,7 @@ pub mod metrics;
 pub mod mounts;
 pub mod node;
 pub mod objects;
+pub mod periodic;
 pub mod pools;
 pub mod replication;
 pub mod schedule;

@@ -128,7 +128,7 @@ pub struct Pools {
     /// replicate` against (set when the daemon serves one).
     pub(crate) admin_socket: std::sync::OnceLock<PathBuf>,
     /// The thread that runs schedules.
-    pub(crate) scheduler: Mutex<Option<crate::schedule::Scheduler>>,
+    pub(crate) scheduler: Mutex<Option<crate::periodic::Periodic>>,
     /// The event log and the alerts.
     pub(crate) events: crate::events::Events,
     /// What the last disk health look saw.
@@ -622,7 +622,7 @@ impl Pools {
 
     /// Starts running the pools' schedules.
     pub fn start_scheduler(self: &Arc<Self>) -> Result<()> {
-        let s = crate::schedule::Scheduler::start(Arc::downgrade(self))
+        let s = crate::schedule::start_scheduler(Arc::downgrade(self))
             .map_err(|e| DaemonError::msg(format!("cannot start the scheduler: {e}")))?;
         *self.scheduler.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
         Ok(())

@@ -58,7 +58,7 @@
 //! and snapshot list in, names out) and tested by simulating a year.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -1309,58 +1309,11 @@ fn look_at_schedules(pools: &Arc<Pools>, now: u64) {
     }
 }
 
-/// The thread that looks at the schedules every `TARN_SCHEDULE_TICK_MS`
-/// milliseconds (30 s by default). Between looks it sleeps on a condition
-/// variable (no polling: an idle daemon wakes once per look), which a stop
-/// wakes at once.
-pub struct Scheduler {
-    stop: Arc<(Mutex<bool>, std::sync::Condvar)>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-}
-
-impl Scheduler {
-    /// Starts looking at the schedules of `pools`.
-    pub fn start(pools: Weak<Pools>) -> std::io::Result<Scheduler> {
-        let stop = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
-        let every = Duration::from_millis(
-            std::env::var("TARN_SCHEDULE_TICK_MS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(30_000u64)
-                .max(10),
-        );
-        let flag = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("tarn-schedules".into())
-            .spawn(move || loop {
-                match pools.upgrade() {
-                    Some(p) => tick(&p, clock()),
-                    None => return,
-                }
-                let (lock, cv) = &*flag;
-                let stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
-                let (stopped, _) = cv
-                    .wait_timeout_while(stopped, every, |s| !*s)
-                    .unwrap_or_else(|e| e.into_inner());
-                if *stopped {
-                    return;
-                }
-            })?;
-        Ok(Scheduler {
-            stop,
-            thread: Mutex::new(Some(thread)),
-        })
-    }
-
-    /// Stops looking (a run in progress finishes first).
-    pub fn stop(&self) {
-        let (lock, cv) = &*self.stop;
-        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        cv.notify_all();
-        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = t.join();
-        }
-    }
+/// Starts the thread that looks at the schedules every
+/// `TARN_SCHEDULE_TICK_MS` milliseconds (30 s by default).
+pub fn start_scheduler(pools: Weak<Pools>) -> std::io::Result<crate::periodic::Periodic> {
+    let every = crate::periodic::tick_from_env("TARN_SCHEDULE_TICK_MS", Duration::from_secs(30));
+    crate::periodic::Periodic::start("tarn-schedules", every, pools, |p| tick(p, clock()))
 }
 
 #[cfg(test)]
