@@ -153,6 +153,13 @@ impl SelfTest {
             SelfTest::Long => "long",
         }
     }
+
+    /// The test of that name.
+    pub fn parse(name: &str) -> Option<SelfTest> {
+        [SelfTest::Short, SelfTest::Long]
+            .into_iter()
+            .find(|t| t.name() == name)
+    }
 }
 
 fn auto() -> String {

@@ -10,7 +10,8 @@
 //! `cat file > /dev/null` or a media player reads. With `--dir` it runs the same
 //! workloads in any directory (another tarn mount, an NFS or WebDAV mount
 //! of a client machine, a plain disk for comparison); with `--client
-//! nfs://…` over the network with tarn's own NFS client (`bench_nfs`).
+//! nfs://…` over the network with tarn's own NFS client ([`nfs`]).
+//! Both run the same row of workloads ([`row`]) on a [`TestFile`].
 //!
 //! Requests are `pread`/`pwrite` from threads (one per request in
 //! flight) on a file opened with O_DIRECT, as fio's `psync` engine with
@@ -20,6 +21,8 @@
 //! smaller than `--cache-mib` is read from memory after the first pass,
 //! which is what a working set that fits gets.
 //! Nothing here is a test: figures vary from run to run.
+
+pub mod nfs;
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -306,37 +309,95 @@ fn sequential_write(file: &Path, size: u64) -> anyhow::Result<f64> {
     Ok(written as f64 / 1e6 / t0.elapsed().as_secs_f64())
 }
 
+/// Where a row's workloads run: a file in a directory (local, or any
+/// mount) or a file of an NFS share ([`nfs`]). Each returns its figure.
+pub(crate) trait TestFile {
+    /// Writes the file in 1 MiB requests, then makes it durable: MB/s.
+    fn write(&self, size: u64) -> anyhow::Result<f64>;
+    /// Reads it with `streams` readers, each a contiguous share: MB/s.
+    fn read(&self, size: u64, streams: u64) -> anyhow::Result<f64>;
+    /// 4 KiB requests at random offsets, `depth` in flight, for
+    /// `runtime` (writes end durable): requests per second.
+    fn random(
+        &self,
+        size: u64,
+        depth: usize,
+        runtime: Duration,
+        write: bool,
+    ) -> anyhow::Result<f64>;
+    /// Before a read pass: forget what this machine caches of the file.
+    fn settle(&self) {}
+}
+
+/// The six workloads of a row, in the table's order, on `f`.
+pub(crate) fn row(
+    f: &dyn TestFile,
+    size: u64,
+    runtime: Duration,
+    progress: &dyn Fn(&str),
+) -> anyhow::Result<BenchRow> {
+    progress("sequential write");
+    let write_mb_s = f.write(size)?;
+    f.settle();
+    progress("cat");
+    let cat_mb_s = f.read(size, 1)?;
+    f.settle();
+    progress("sequential read");
+    let read_mb_s = f.read(size, 4)?;
+    f.settle();
+    progress("random read, 32 in flight");
+    let randread_iops_qd32 = f.random(size, 32, runtime, false)?;
+    f.settle();
+    progress("random read, one at a time");
+    let read_iops_qd1 = f.random(size, 1, runtime, false)?;
+    progress("random write, 32 in flight");
+    let write_iops_qd32 = f.random(size, 32, runtime, true)?;
+    Ok(BenchRow {
+        settings: Vec::new(),
+        randread_iops_qd32,
+        read_iops_qd1,
+        write_iops_qd32,
+        read_mb_s,
+        write_mb_s,
+        cat_mb_s,
+    })
+}
+
+/// A test file of this machine: O_DIRECT requests from threads, the page
+/// cache dropped between passes.
+struct LocalFile(PathBuf);
+
+impl TestFile for LocalFile {
+    fn write(&self, size: u64) -> anyhow::Result<f64> {
+        sequential_write(&self.0, size)
+    }
+
+    fn read(&self, size: u64, streams: u64) -> anyhow::Result<f64> {
+        sequential_read(&self.0, size, streams)
+    }
+
+    fn random(
+        &self,
+        size: u64,
+        depth: usize,
+        runtime: Duration,
+        write: bool,
+    ) -> anyhow::Result<f64> {
+        random_io(&self.0, size, depth, runtime, write)
+    }
+
+    fn settle(&self) {
+        drop_caches();
+    }
+}
+
 /// Every workload in `dir` on a file of `size` bytes.
 pub fn run_in(dir: &Path, size: u64, runtime: Duration, label: &str) -> anyhow::Result<BenchRow> {
-    let file = dir.join(format!("tarn-bench-{}.dat", std::process::id()));
-    let result = (|| -> anyhow::Result<BenchRow> {
-        progress(&format!("{label}: sequential write"));
-        let write_mb_s = sequential_write(&file, size)?;
-        drop_caches();
-        progress(&format!("{label}: cat"));
-        let cat_mb_s = sequential_read(&file, size, 1)?;
-        drop_caches();
-        progress(&format!("{label}: sequential read"));
-        let read_mb_s = sequential_read(&file, size, 4)?;
-        drop_caches();
-        progress(&format!("{label}: random read, 32 in flight"));
-        let randread_iops_qd32 = random_io(&file, size, 32, runtime, false)?;
-        drop_caches();
-        progress(&format!("{label}: random read, one at a time"));
-        let read_iops_qd1 = random_io(&file, size, 1, runtime, false)?;
-        progress(&format!("{label}: random write, 32 in flight"));
-        let write_iops_qd32 = random_io(&file, size, 32, runtime, true)?;
-        Ok(BenchRow {
-            settings: Vec::new(),
-            randread_iops_qd32,
-            read_iops_qd1,
-            write_iops_qd32,
-            read_mb_s,
-            write_mb_s,
-            cat_mb_s,
-        })
-    })();
-    let _ = std::fs::remove_file(&file);
+    let file = LocalFile(dir.join(format!("tarn-bench-{}.dat", std::process::id())));
+    let result = row(&file, size, runtime, &|what| {
+        progress(&format!("{label}: {what}"))
+    });
+    let _ = std::fs::remove_file(&file.0);
     progress("");
     result
 }
@@ -388,7 +449,7 @@ pub(crate) fn bench_command(
         if !args.sweep.is_empty() {
             bail!("--sweep makes scratch datasets: give a pool, not --client");
         }
-        let row = crate::bench_nfs::run(url, size, runtime, |w| progress(&format!("{url}: {w}")));
+        let row = nfs::run(url, size, runtime, &|w| progress(&format!("{url}: {w}")));
         progress("");
         rows.push(row?);
     } else if let Some(dir) = &args.dir {

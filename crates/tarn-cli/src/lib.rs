@@ -22,7 +22,6 @@
 
 pub mod access;
 pub mod bench;
-pub mod bench_nfs;
 pub mod cli;
 pub mod client;
 pub mod config;

@@ -372,11 +372,8 @@ pub(crate) fn schedule_command(
                         bail!("a self-test schedule names a pool, not '{target}'");
                     }
                     ScheduleKind::Selftest {
-                        test: match test.as_str() {
-                            "short" => SelfTest::Short,
-                            "long" => SelfTest::Long,
-                            other => bail!("--test {other}: short or long"),
-                        },
+                        test: SelfTest::parse(&test)
+                            .with_context(|| format!("--test {test}: short or long"))?,
                         every: parse_every(every.as_deref(), Every::Weekly)?,
                         at_hour: at,
                     }

@@ -270,11 +270,7 @@ impl ScheduleRecord {
                 every,
                 at_hour,
             } => ScheduleKind::Selftest {
-                test: match test.as_str() {
-                    "short" => SelfTest::Short,
-                    "long" => SelfTest::Long,
-                    other => return Err(format!("unknown self-test '{other}'")),
-                },
+                test: SelfTest::parse(test).ok_or_else(|| format!("unknown self-test '{test}'"))?,
                 every: Every::parse(every).ok_or_else(|| format!("unknown period '{every}'"))?,
                 at_hour: *at_hour,
             },

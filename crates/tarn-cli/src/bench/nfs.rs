@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use tarn_nfs::client::{read_reply, write_reply, Client, Fh, UNSTABLE};
 
-use crate::bench::{join_sum, next, BenchRow};
+use super::{join_sum, next, row, BenchRow, TestFile};
 
 /// Requests in flight per sequential stream.
 const WINDOW: usize = 4;
@@ -263,47 +263,53 @@ fn random_io(
     Ok(count.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64())
 }
 
+/// A file of an NFS share: its target and name.
+struct NfsFile {
+    t: Target,
+    name: String,
+}
+
+impl TestFile for NfsFile {
+    fn write(&self, size: u64) -> anyhow::Result<f64> {
+        sequential_write(&self.t, &self.name, size)
+    }
+
+    fn read(&self, size: u64, streams: u64) -> anyhow::Result<f64> {
+        sequential_read(&self.t, &self.name, size, streams)
+    }
+
+    fn random(
+        &self,
+        size: u64,
+        depth: usize,
+        runtime: Duration,
+        write: bool,
+    ) -> anyhow::Result<f64> {
+        random_io(&self.t, &self.name, size, depth, runtime, write)
+    }
+}
+
 /// Every workload on a file of `size` bytes in the share `url`; the file
 /// is removed afterwards (also when a workload fails).
 pub fn run(
     url: &str,
     size: u64,
     runtime: Duration,
-    progress: impl Fn(&str),
+    progress: &dyn Fn(&str),
 ) -> anyhow::Result<BenchRow> {
-    let t = Target::parse(url)?;
-    let name = format!(
-        "tarn-bench-{}-{}.dat",
-        std::fs::read_to_string("/etc/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_default(),
-        std::process::id()
-    );
-    let result = (|| -> anyhow::Result<BenchRow> {
-        progress("sequential write");
-        let write_mb_s = sequential_write(&t, &name, size)?;
-        progress("cat");
-        let cat_mb_s = sequential_read(&t, &name, size, 1)?;
-        progress("sequential read");
-        let read_mb_s = sequential_read(&t, &name, size, 4)?;
-        progress("random read, 32 in flight");
-        let randread_iops_qd32 = random_io(&t, &name, size, 32, runtime, false)?;
-        progress("random read, one at a time");
-        let read_iops_qd1 = random_io(&t, &name, size, 1, runtime, false)?;
-        progress("random write, 32 in flight");
-        let write_iops_qd32 = random_io(&t, &name, size, 32, runtime, true)?;
-        Ok(BenchRow {
-            settings: Vec::new(),
-            randread_iops_qd32,
-            read_iops_qd1,
-            write_iops_qd32,
-            read_mb_s,
-            write_mb_s,
-            cat_mb_s,
-        })
-    })();
-    if let Ok((mut c, dir)) = t.open() {
-        let _ = c.remove(&dir, &name);
+    let f = NfsFile {
+        t: Target::parse(url)?,
+        name: format!(
+            "tarn-bench-{}-{}.dat",
+            std::fs::read_to_string("/etc/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_default(),
+            std::process::id()
+        ),
+    };
+    let result = row(&f, size, runtime, progress);
+    if let Ok((mut c, dir)) = f.t.open() {
+        let _ = c.remove(&dir, &f.name);
     }
     result
 }
