@@ -853,7 +853,17 @@ fn record(
             detail,
         },
     };
-    if !run.ok {
+    // Every run is in the event log: a failed one as a warning (which
+    // alerts deliver by default), a good one for the record.
+    if run.ok {
+        pools.events.emit(
+            tarn_api::events::Severity::Info,
+            "schedule.ran",
+            Some(pool.name()),
+            None,
+            format!("schedule '{}' ran: {}", rec.name, cut(&run.detail, 400)),
+        );
+    } else {
         pools.events.emit(
             tarn_api::events::Severity::Warning,
             "schedule.failed",

@@ -104,6 +104,12 @@ fn snapshot_policies_take_prune_and_catch_up_once() {
     let detail = first["detail"].as_str().unwrap().to_string();
     assert!(detail.contains("took tank/photos@auto-"), "{detail}");
     assert!(detail.ends_with("pruned 1"), "only auto-d may go: {detail}");
+    // The run is in the event log too.
+    let events = d.ok(&["events"]);
+    assert!(
+        events.contains("schedule.ran") && events.contains("schedule 'photos' ran: took"),
+        "{events}"
+    );
     let taken = detail
         .split_once("@")
         .unwrap()
