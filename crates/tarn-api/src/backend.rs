@@ -294,6 +294,21 @@ pub trait Backend: Send + Sync {
     fn api_token_del(&self, _label: &str) -> Result<(), ApiError> {
         Err(no_datasets())
     }
+    /// Makes a share link (see [`crate::params::LinkCreateParams`]).
+    fn link_create(
+        &self,
+        _p: &crate::params::LinkCreateParams,
+    ) -> Result<crate::params::LinkCreated, ApiError> {
+        Err(no_datasets())
+    }
+    /// The share links (never their tokens).
+    fn link_list(&self) -> Result<Vec<crate::params::LinkInfo>, ApiError> {
+        Err(no_datasets())
+    }
+    /// Revokes share link `id`.
+    fn link_revoke(&self, _id: &str) -> Result<(), ApiError> {
+        Err(no_datasets())
+    }
     /// Rates over the last hour (or day) from the daemon's history.
     fn stats_history(&self, _day: bool) -> Result<Vec<crate::params::HistoryPoint>, ApiError> {
         Err(no_datasets())

@@ -341,6 +341,18 @@ pub fn call(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, ApiE
             let HistoryParams { day } = params(method, p)?;
             reply(backend.stats_history(day)?)
         }
+        m::LINK_CREATE => {
+            let p: LinkCreateParams = params(method, p)?;
+            reply(backend.link_create(&p)?)
+        }
+        m::LINK_LIST => {
+            let NoParams {} = params(method, p)?;
+            reply(backend.link_list()?)
+        }
+        m::LINK_REVOKE => {
+            let NameParams { name } = params(method, p)?;
+            reply(backend.link_revoke(&name)?)
+        }
         m::API_TOKEN_DEL => {
             let NameParams { name } = params(method, p)?;
             reply(backend.api_token_del(&name)?)

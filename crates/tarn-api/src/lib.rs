@@ -66,7 +66,9 @@ pub use wire::{parse_request, read_line_bounded, LineRead, Request, Response};
 /// 2.5 added administrators (`user.admin`, the `admin` flag of users)
 /// and the HTTPS API's tokens (`api.token_add`, `api.token_list`,
 /// `api.token_del`).
-pub const API_VERSION: &str = "2.5";
+///
+/// 2.6 added share links (`link.create`, `link.list`, `link.revoke`).
+pub const API_VERSION: &str = "2.6";
 
 /// The major number of an API version string (`1` of `1.0`), or `None`
 /// when the string is not a version.

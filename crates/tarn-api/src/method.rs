@@ -131,6 +131,16 @@ pub const API_TOKEN_DEL: &str = "api.token_del";
 /// [`crate::params::HistoryParams`]; answers
 /// [`crate::params::HistoryPoint`]s (API 2.5).
 pub const STATS_HISTORY: &str = "stats.history";
+/// Make a share link to a folder of a share, read-only or upload-only,
+/// with an optional password and expiry: [`crate::params::LinkCreateParams`];
+/// answers [`crate::params::LinkCreated`] (API 2.6).
+pub const LINK_CREATE: &str = "link.create";
+/// The share links (never their tokens): answers
+/// [`crate::params::LinkInfo`]s; a user sees their own (API 2.6).
+pub const LINK_LIST: &str = "link.list";
+/// Revoke a share link: [`crate::params::NameParams`] (its id); a user
+/// may revoke their own (API 2.6).
+pub const LINK_REVOKE: &str = "link.revoke";
 /// Add or replace a share: [`crate::params::ShareAddParams`].
 pub const SHARE_ADD: &str = "share.add";
 /// Remove a share: [`crate::params::ShareDelParams`].
@@ -270,4 +280,7 @@ pub const ALL: &[&str] = &[
     ALERT_LIST,
     ALERT_TEST,
     STATS_HISTORY,
+    LINK_CREATE,
+    LINK_LIST,
+    LINK_REVOKE,
 ];

@@ -460,6 +460,65 @@ pub struct ApiTokenInfo {
     pub created_unix: u64,
 }
 
+/// `link.create` (API 2.6): a link to `path` of share `share`, acting
+/// as `owner` (`POOL/USER`; over HTTPS always the caller).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkCreateParams {
+    /// The share.
+    pub share: String,
+    /// The folder, relative to the share's root (`""` for all of it).
+    #[serde(default)]
+    pub path: String,
+    /// Upload-only (visitors add files and see nothing) instead of
+    /// read-only.
+    #[serde(default)]
+    pub upload: bool,
+    /// A password visitors must give first.
+    #[serde(default)]
+    pub password: Option<String>,
+    /// Seconds from now until the link stops working.
+    #[serde(default)]
+    pub expires_in_secs: Option<u64>,
+    /// The user it acts as, `POOL/USER` (a share is a pool's, so is the
+    /// user).
+    #[serde(default)]
+    pub owner: Option<String>,
+}
+
+/// A new share link: its id and its secret token (shown once; the
+/// address is `/s/TOKEN` on the web page's server) (API 2.6).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkCreated {
+    /// The id (for `link.revoke`).
+    pub id: String,
+    /// The secret token.
+    pub token: String,
+}
+
+/// One share link as `link.list` shows it (API 2.6).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkInfo {
+    /// Its id.
+    pub id: String,
+    /// The pool of its share and owner.
+    pub pool: String,
+    /// The share.
+    pub share: String,
+    /// The folder.
+    pub path: String,
+    /// Upload-only.
+    pub upload: bool,
+    /// Whether it has a password.
+    pub password: bool,
+    /// The user it acts as.
+    pub owner: String,
+    /// When it was made (Unix seconds).
+    pub created_unix: u64,
+    /// When it stops working (Unix seconds), if ever.
+    pub expires_unix: Option<u64>,
+}
+
 /// `stats.history` (API 2.5).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -456,6 +456,24 @@ pub const METHODS: &[(&str, Role, &str, &str)] = &[
         "rates per pool and protocol over the last hour or day",
         "HistoryParams",
     ),
+    (
+        m::LINK_CREATE,
+        Role::User,
+        "make a share link (a user: to their shares, as themselves)",
+        "LinkCreateParams",
+    ),
+    (
+        m::LINK_LIST,
+        Role::User,
+        "the share links (a user: their own)",
+        "{}",
+    ),
+    (
+        m::LINK_REVOKE,
+        Role::User,
+        "revoke a share link (a user: their own)",
+        "NameParams",
+    ),
 ];
 
 /// The role `method` needs over HTTPS; an unknown method is `Local`.

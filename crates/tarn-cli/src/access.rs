@@ -608,3 +608,114 @@ mod tests {
         }
     }
 }
+
+/// `tarn link ...`: share links of the web page (`/s/TOKEN`).
+#[derive(Subcommand, Debug)]
+pub enum LinkCommand {
+    /// Make a link to a folder of a share, acting as a user who may use
+    /// the share; the token is printed once (open
+    /// `https://HOST:PORT/s/TOKEN` on the web page's server)
+    Create {
+        /// The user it acts as, `USER` or `POOL/USER`
+        #[arg(long = "as", value_name = "USER")]
+        owner: String,
+        /// Visitors may only upload (and see nothing); otherwise read-only
+        #[arg(long)]
+        upload: bool,
+        /// Ask visitors for a password, read from stdin (first line)
+        #[arg(long)]
+        password_stdin: bool,
+        /// Stop working after this many days
+        #[arg(long, value_name = "DAYS")]
+        expires: Option<u64>,
+        /// The share
+        share: String,
+        /// The folder, relative to the share's top [default: all of it]
+        #[arg(default_value = "")]
+        path: String,
+    },
+    /// The links (never their tokens)
+    List,
+    /// Revoke a link: it stops working at once
+    #[command(alias = "rm")]
+    Revoke {
+        /// The link's id
+        id: String,
+    },
+}
+
+pub(crate) fn link_command(
+    client: &mut Session,
+    out: &Out,
+    cmd: LinkCommand,
+) -> anyhow::Result<()> {
+    use tarn_api::params::{LinkCreateParams, LinkCreated, LinkInfo, NameParams};
+    match cmd {
+        LinkCommand::Create {
+            owner,
+            upload,
+            password_stdin,
+            expires,
+            share,
+            path,
+        } => {
+            let owner = if owner.contains('/') {
+                owner
+            } else {
+                // A bare name: the pool of the share.
+                let shares: Vec<tarn_api::access::ShareInfo> = decode(
+                    method::SHARE_LIST,
+                    client.call(method::SHARE_LIST, &NoParams {})?,
+                )?;
+                let Some(s) = shares.iter().find(|s| s.share.name == share) else {
+                    bail!("no share '{share}'");
+                };
+                format!("{}/{owner}", s.pool)
+            };
+            let password = if password_stdin {
+                Some(read_secret(true, "Password")?)
+            } else {
+                None
+            };
+            let p = LinkCreateParams {
+                share,
+                path,
+                upload,
+                password,
+                expires_in_secs: expires.map(|d| d.saturating_mul(86_400)),
+                owner: Some(owner),
+            };
+            let v = client.call(method::LINK_CREATE, &p)?;
+            let made: LinkCreated = decode(method::LINK_CREATE, v.clone())?;
+            out.raw_or(&v, || format!("{}\n", made.token))?;
+        }
+        LinkCommand::List => {
+            let v = client.call(method::LINK_LIST, &NoParams {})?;
+            let list: Vec<LinkInfo> = decode(method::LINK_LIST, v.clone())?;
+            out.raw_or(&v, || {
+                let rows: Vec<Vec<String>> = list
+                    .iter()
+                    .map(|l| {
+                        vec![
+                            l.id.clone(),
+                            format!("{}/{}", l.share, l.path),
+                            if l.upload { "upload" } else { "read" }.to_string(),
+                            l.owner.clone(),
+                            if l.password { "yes" } else { "" }.to_string(),
+                            l.expires_unix.map_or(String::new(), render::format_date),
+                        ]
+                    })
+                    .collect();
+                render::table(
+                    &["ID", "SHARE/FOLDER", "MODE", "AS", "PASSWORD", "EXPIRES"],
+                    &rows,
+                    &[0, 1, 2, 3, 4, 5],
+                )
+            })?;
+        }
+        LinkCommand::Revoke { id } => {
+            client.call_quietly(out, method::LINK_REVOKE, &NameParams { name: id })?;
+        }
+    }
+    Ok(())
+}

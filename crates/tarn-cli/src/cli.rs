@@ -281,6 +281,10 @@ pub enum Command {
     /// Shares: a filesystem served over NFS, WebDAV and SMB, a volume over NBD and iSCSI (stored in the pool)
     #[command(subcommand)]
     Share(ShareCommand),
+    /// Share links of the web page: a folder for visitors without a
+    /// login, read-only or upload-only, with a password and an expiry
+    #[command(subcommand)]
+    Link(crate::access::LinkCommand),
     /// Measure a pool (on a scratch dataset, one row per `--sweep`
     /// combination) or a directory: random and sequential I/O, as fio would
     Bench(crate::bench::BenchArgs),
@@ -396,6 +400,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Run> {
         }
         Command::User(cmd) => crate::access::user_command(&mut client, &out, cmd)?,
         Command::Share(cmd) => crate::access::share_command(&mut client, &out, cmd)?,
+        Command::Link(cmd) => crate::access::link_command(&mut client, &out, cmd)?,
         Command::Bench(args) => crate::bench::bench_command(&mut client, &out, args)?,
         Command::Disk(cmd) => crate::disk::disk_command(&mut client, &out, cmd)?,
         Command::Events(args) => crate::events::events_command(&mut client, &out, args)?,

@@ -43,6 +43,7 @@ pub mod filesystems;
 pub mod health;
 pub mod history;
 mod keys;
+pub mod links;
 pub mod metrics;
 pub mod mounts;
 pub mod node;

@@ -323,6 +323,14 @@ fn gather(pools: &Pools) -> Gathered {
             c.idle_closed,
         );
     }
+    if let Some(w) = pools.web.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        g.gauge(
+            "tarn_web_thumbnail_cache_bytes",
+            "Memory held by the web page's cached thumbnails",
+            vec![],
+            w.thumbnail_cache_bytes() as f64,
+        );
+    }
     if let Some(smb) = stats.smb {
         g.gauge(
             "tarn_smb_up",

@@ -856,6 +856,48 @@ impl Backend for Pools {
         self.api_tokens.del(label)
     }
 
+    fn link_create(
+        &self,
+        p: &tarn_api::params::LinkCreateParams,
+    ) -> Result<tarn_api::params::LinkCreated, ApiError> {
+        let owner = p
+            .owner
+            .as_deref()
+            .ok_or_else(|| ApiError::invalid("owner: POOL/USER, the user the link acts as"))?;
+        let (pool, name) = owner
+            .split_once('/')
+            .ok_or_else(|| ApiError::invalid("owner: POOL/USER, the user the link acts as"))?;
+        let user = tarn_web::UserId {
+            pool: pool.to_string(),
+            name: name.to_string(),
+        };
+        let share = crate::web::file_shares(self, &user)
+            .into_iter()
+            .find(|s| s.name == p.share)
+            .ok_or_else(|| {
+                ApiError::not_found(format!(
+                    "user '{name}' of pool '{pool}' has no share '{}' of files",
+                    p.share
+                ))
+            })?;
+        if p.upload && !share.writable {
+            return Err(ApiError::new(
+                tarn_api::ErrorCode::Forbidden,
+                "an upload link needs write access to the share",
+            ));
+        }
+        crate::web::folder_of(&share, &crate::links::check_path(&p.path)?)?;
+        self.links.create(pool, name, p)
+    }
+
+    fn link_list(&self) -> Result<Vec<tarn_api::params::LinkInfo>, ApiError> {
+        self.links.list()
+    }
+
+    fn link_revoke(&self, id: &str) -> Result<(), ApiError> {
+        self.links.revoke(id)
+    }
+
     fn stats_history(&self, day: bool) -> Result<Vec<tarn_api::params::HistoryPoint>, ApiError> {
         match self
             .history

@@ -111,6 +111,8 @@ pub struct Pools {
     pub(crate) tokens: Arc<crate::replication::Tokens>,
     /// The HTTPS API's bearer tokens.
     pub(crate) api_tokens: Arc<crate::replication::Tokens>,
+    /// The web page's share links.
+    pub(crate) links: crate::links::Links,
     /// Datasets a receive is running into.
     pub(crate) receives: Mutex<BTreeSet<String>>,
     /// Serializes handing the servers their lists (and Samba its service
@@ -263,6 +265,7 @@ impl Pools {
             history: Mutex::new(None),
             tokens: Arc::new(crate::replication::Tokens::new(state_dir)),
             api_tokens: Arc::new(crate::replication::Tokens::api(state_dir)),
+            links: crate::links::Links::new(state_dir),
             receives: Mutex::new(BTreeSet::new()),
             serve_lock: Mutex::new(()),
             schedule_lock: Mutex::new(()),

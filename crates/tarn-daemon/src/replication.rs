@@ -101,7 +101,16 @@ pub struct Tokens {
     api: bool,
 }
 
-fn sha256_hex(s: &str) -> String {
+/// `n` random bytes in hex, for secrets and ids.
+pub(crate) fn random_hex(n: usize) -> std::result::Result<String, ApiError> {
+    let mut raw = vec![0u8; n];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw)
+        .map_err(|_| ApiError::internal("no randomness for a token"))?;
+    Ok(raw.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The SHA-256 of `s` in hex: what is kept of a token.
+pub(crate) fn sha256_hex(s: &str) -> String {
     ring::digest::digest(&ring::digest::SHA256, s.as_bytes())
         .as_ref()
         .iter()
@@ -111,6 +120,43 @@ fn sha256_hex(s: &str) -> String {
 
 fn io_error(what: &str, path: &Path, e: impl std::fmt::Display) -> ApiError {
     ApiError::internal(format!("{what} {}: {e}", path.display()))
+}
+
+/// Writes `value` as JSON to `path`, readable by the daemon's user only,
+/// durably and atomically (a temporary file renamed over it).
+pub(crate) fn save_private<T: serde::Serialize>(
+    path: &Path,
+    value: &T,
+) -> std::result::Result<(), ApiError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("json.tmp");
+    let json = serde_json::to_vec_pretty(value).map_err(|e| ApiError::internal(e.to_string()))?;
+    let write = || -> std::io::Result<()> {
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        // A left-over temporary file keeps its mode at open: 0600 now.
+        use std::os::unix::fs::PermissionsExt;
+        out.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        out.write_all(&json)?;
+        out.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| io_error("cannot write", path, e))
+}
+
+/// Reads the JSON at `path` (the default when there is no file).
+pub(crate) fn load_json<T: serde::de::DeserializeOwned + Default>(
+    path: &Path,
+) -> std::result::Result<T, ApiError> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| io_error("cannot read", path, e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(T::default()),
+        Err(e) => Err(io_error("cannot read", path, e)),
+    }
 }
 
 impl Tokens {
@@ -141,33 +187,11 @@ impl Tokens {
     }
 
     fn load(&self) -> std::result::Result<TokenFile, ApiError> {
-        match std::fs::read(&self.path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| io_error("cannot read the tokens in", &self.path, e)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(TokenFile::default()),
-            Err(e) => Err(io_error("cannot read", &self.path, e)),
-        }
+        load_json(&self.path)
     }
 
     fn save(&self, f: &TokenFile) -> std::result::Result<(), ApiError> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let tmp = self.path.with_extension("json.tmp");
-        let json = serde_json::to_vec_pretty(f).map_err(|e| ApiError::internal(e.to_string()))?;
-        let write = || -> std::io::Result<()> {
-            let mut out = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            // A left-over temporary file keeps its mode at open: 0600 now.
-            use std::os::unix::fs::PermissionsExt;
-            out.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-            out.write_all(&json)?;
-            out.sync_all()?;
-            std::fs::rename(&tmp, &self.path)
-        };
-        write().map_err(|e| io_error("cannot write", &self.path, e))
+        save_private(&self.path, f)
     }
 
     /// Makes a token for `label`, good for `dataset` and below (an API
@@ -212,10 +236,7 @@ impl Tokens {
                 self.what()
             )));
         }
-        let mut raw = [0u8; 32];
-        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw)
-            .map_err(|_| ApiError::internal("no randomness for a token"))?;
-        let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        let token = random_hex(32)?;
         let (ds, user) = if self.api {
             (String::new(), dataset.to_string())
         } else {

@@ -10,7 +10,7 @@
 
 use std::sync::{Arc, OnceLock, Weak};
 
-use tarn_web::{UserId, WebAuth};
+use tarn_web::{FileShare, LinkGrant, UserId, WebAuth, WebFiles};
 
 use crate::access;
 use crate::pools::Pools;
@@ -76,6 +76,121 @@ impl WebAuth for WebUsers {
     }
 }
 
+/// The shares `user` may open in the file pages: the filesystem shares
+/// of their pool that list them for WebDAV or SMB, writable when either
+/// gives them read-write access.
+pub(crate) fn file_shares(pools: &Pools, user: &UserId) -> Vec<FileShare> {
+    use tarn_api::access::Access;
+    use tarn_api::Backend;
+    let Ok(pool) = pools.get(&user.pool) else {
+        return Vec::new();
+    };
+    let Ok(rec) = access::user(&pool, &user.name) else {
+        return Vec::new();
+    };
+    let Ok(list) = pools.share_list() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for s in list.into_iter().filter(|s| s.pool == user.pool) {
+        let share = s.share;
+        let dav = share
+            .webdav
+            .as_ref()
+            .and_then(|w| w.users.get(&user.name).copied());
+        let smb = share
+            .smb
+            .as_ref()
+            .and_then(|w| w.users.get(&user.name).copied());
+        if dav.is_none() && smb.is_none() {
+            continue;
+        }
+        let writable = dav == Some(Access::Rw) || smb == Some(Access::Rw);
+        // Volumes, and filesystems whose key is not loaded, have no files
+        // to show.
+        let Ok(fs) = pools.fss.get(&pool, &share.dataset) else {
+            continue;
+        };
+        out.push(FileShare {
+            name: share.name,
+            fs,
+            cred: tarn_fs::Cred {
+                uid: rec.uid,
+                gid: rec.gid,
+                groups: Vec::new(),
+            },
+            writable,
+        });
+    }
+    out
+}
+
+/// Checks that `path` (checked plain names) is a folder of `share` as
+/// its user reaches it, through no symbolic link.
+pub(crate) fn folder_of(share: &FileShare, path: &str) -> Result<(), tarn_api::ApiError> {
+    use tarn_api::ApiError;
+    let mut cur = share
+        .fs
+        .getattr(tarn_fs::ROOT_INO)
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    for c in path.split('/').filter(|c| !c.is_empty()) {
+        cur = share
+            .fs
+            .lookup(cur.ino, c.as_bytes(), &share.cred)
+            .map_err(|e| ApiError::not_found(format!("folder '{path}': {}", e.message())))?;
+        if cur.kind != tarn_fs::FileKind::Directory {
+            return Err(ApiError::invalid(format!(
+                "'{path}' is not a folder (links are to folders; symbolic links are not followed)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl WebFiles for WebUsers {
+    fn shares(&self, user: &UserId) -> Vec<FileShare> {
+        match self.pools.upgrade() {
+            Some(p) => file_shares(&p, user),
+            None => Vec::new(),
+        }
+    }
+
+    fn link(&self, token: &str) -> Option<LinkGrant> {
+        let pools = self.pools.upgrade()?;
+        let rec = pools.links.find(token)?;
+        let owner = UserId {
+            pool: rec.pool.clone(),
+            name: rec.owner.clone(),
+        };
+        // Looked up now: an owner who lost the share (or was removed)
+        // takes their links with them.
+        let mut share = file_shares(&pools, &owner)
+            .into_iter()
+            .find(|s| s.name == rec.share)?;
+        if rec.upload && !share.writable {
+            return None;
+        }
+        share.writable = rec.upload;
+        Some(LinkGrant {
+            id: rec.id,
+            share,
+            path: rec.path,
+            upload: rec.upload,
+            password: rec.password_hash.is_some(),
+        })
+    }
+
+    fn link_password(&self, token: &str, password: &str) -> bool {
+        let Some(pools) = self.pools.upgrade() else {
+            return false;
+        };
+        match pools.links.find(token).and_then(|r| r.password_hash) {
+            Some(h) => access::verify_password(&h, password),
+            None => false,
+        }
+    }
+}
+
 /// Starts the HTTPS API on `addr`: TLS with the node's certificate, or
 /// plain HTTP on a loopback address (for a reverse proxy, whose public
 /// origin `opts.web_origin` names).
@@ -101,12 +216,14 @@ pub fn start(
     let auth = Arc::new(WebUsers {
         pools: Arc::downgrade(pools),
     });
+    let files: Arc<dyn WebFiles> = auth.clone();
     let running = tarn_web::serve(
         addr,
         tls,
         opts.web_origin.clone(),
         Arc::downgrade(&me),
         auth,
+        Some(files),
     )
     .map_err(|e| DaemonError::msg(e.to_string()))?;
     log::info!("tarn: web API on {scheme}://{}/api/", running.addr());

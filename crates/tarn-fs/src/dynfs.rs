@@ -69,6 +69,8 @@ pub trait DynFs: Send + Sync + 'static {
     fn getxattr(&self, ino: u64, name: &[u8], cred: &Cred) -> Result<Vec<u8>>;
     fn listxattr(&self, ino: u64, cred: &Cred) -> Result<Vec<Vec<u8>>>;
     fn removexattr(&self, ino: u64, name: &[u8], cred: &Cred) -> Result<()>;
+    /// [`Fs::snapshot_times`].
+    fn snapshot_times(&self) -> Result<Vec<(String, u64)>>;
 }
 
 impl<B: Backend + 'static> DynFs for Fs<B> {
@@ -185,5 +187,8 @@ impl<B: Backend + 'static> DynFs for Fs<B> {
     }
     fn removexattr(&self, ino: u64, name: &[u8], cred: &Cred) -> Result<()> {
         Fs::removexattr(self, ino, name, cred)
+    }
+    fn snapshot_times(&self) -> Result<Vec<(String, u64)>> {
+        Fs::snapshot_times(self)
     }
 }

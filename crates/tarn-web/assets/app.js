@@ -193,7 +193,8 @@ async function refresh() {
 
 function showApp() {
   $("#login").hidden = true;
-  $("#app").hidden = false;
+  $("#tabs").hidden = false;
+  showTab(location.hash.startsWith("#files") ? "files" : "dash");
   $("#logout").hidden = false;
   $("#who").textContent = `${session.user}${session.admin ? " (administrator)" : ""}`;
   document.querySelectorAll("[data-admin]").forEach((s) => { s.hidden = !session.admin; });
@@ -206,6 +207,8 @@ function showLogin() {
   session = null;
   clearInterval(timer);
   $("#app").hidden = true;
+  $("#tabs").hidden = true;
+  $("#files-view").hidden = true;
   $("#logout").hidden = true;
   $("#who").textContent = "";
   $("#login").hidden = false;
@@ -239,7 +242,359 @@ $("#logout").addEventListener("click", async () => {
   showLogin();
 });
 
+// ---- Files: the shares of a logged-in user, or a share link's folder.
+
+const CHUNK = 8 << 20;
+const IMAGE = /\.(jpe?g|png)$/i;
+let listView = false;
+// Where the file calls go: a share of the user, or a link (/s/TOKEN).
+let files = null; // {list(path), file(path), start, session(id), headers(), share, path, writable, link}
+
+const enc = (path) => path.split("/").filter(Boolean).map(encodeURIComponent).join("/");
+const join = (a, b) => (a ? a + "/" + b : b);
+
+function userFiles(share) {
+  return {
+    share, path: "", writable: false, link: false,
+    list: (p) => `/api/files/${encodeURIComponent(share)}/${enc(p)}?list`,
+    file: (p) => `/api/files/${encodeURIComponent(share)}/${enc(p)}`,
+    start: "/api/upload",
+    session: (id) => `/api/upload/${id}`,
+    headers: () => ({ "X-CSRF-Token": session ? session.csrf : "" }),
+  };
+}
+
+function linkFiles(token) {
+  return {
+    share: null, path: "", writable: false, link: true,
+    list: (p) => `/s/${token}/f/${enc(p)}?list`,
+    file: (p) => `/s/${token}/f/${enc(p)}`,
+    start: `/s/${token}/upload`,
+    session: (id) => `/s/${token}/upload/${id}`,
+    headers: () => ({}),
+  };
+}
+
+async function call(url, opts) {
+  const r = await fetch(url, Object.assign({ credentials: "same-origin" }, opts || {}));
+  const body = await r.json().catch(() => ({}));
+  if (!r.ok) {
+    const e = new Error((body.error && body.error.message) || r.statusText);
+    e.status = r.status;
+    e.code = body.error && body.error.code;
+    throw e;
+  }
+  return body;
+}
+
+function post(url, body) {
+  return call(url, {
+    method: "POST",
+    headers: Object.assign({ "Content-Type": "application/json" }, files.headers()),
+    body: JSON.stringify(body),
+  });
+}
+
+function filesError(e) {
+  $("#files-error").textContent = e ? e.message || String(e) : "";
+}
+
+function crumbs() {
+  const parts = files.path.split("/").filter(Boolean);
+  const top = files.link ? files.name : files.share;
+  const out = [el("a", { href: "#", onclick: (ev) => { ev.preventDefault(); openFolder(""); } }, top)];
+  parts.forEach((p, i) => {
+    const to = parts.slice(0, i + 1).join("/");
+    out.push(" / ", el("a", { href: "#", onclick: (ev) => { ev.preventDefault(); openFolder(to); } }, p));
+  });
+  $("#crumbs").replaceChildren(...out);
+}
+
+async function openFolder(path) {
+  files.path = path;
+  filesError(null);
+  crumbs();
+  $("#zip-link").href = files.file(path) + "?zip";
+  $("#versions").hidden = true;
+  if (files.upload) {
+    $("#listing").replaceChildren();
+    return;
+  }
+  let body;
+  try {
+    body = await call(files.list(path));
+  } catch (e) {
+    filesError(e);
+    return;
+  }
+  files.writable = body.writable;
+  $("#new-folder").hidden = !files.writable;
+  $("#upload-label").hidden = !(files.writable || files.upload);
+  $("#drop").hidden = !(files.writable || files.upload);
+  const entries = body.entries.sort((a, b) =>
+    (a.kind === "dir") === (b.kind === "dir") ? a.name.localeCompare(b.name) : a.kind === "dir" ? -1 : 1);
+  // Photos show as a grid of server-made thumbnails (never the
+  // originals); the rest, and everything in list view, as rows.
+  const images = entries.filter((e) => e.kind === "file" && IMAGE.test(e.name));
+  const grid = images.length > 0 && !listView;
+  $("#view-toggle").hidden = images.length === 0;
+  $("#view-toggle").textContent = listView ? "Show photos as a grid" : "Show as a list";
+  const tiles = document.createDocumentFragment();
+  if (grid) {
+    for (const e of images) {
+      const p = join(path, e.name);
+      tiles.append(el("a", { class: "tile", href: files.file(p), target: "_blank", rel: "noopener", title: e.name },
+        el("img", { loading: "lazy", alt: e.name, src: files.file(p) + `?thumb&v=${e.mtime}-${e.size}` })));
+    }
+  }
+  $("#grid").replaceChildren(tiles);
+  $("#grid").hidden = !grid;
+  const rows = document.createDocumentFragment();
+  for (const e of entries) {
+    if (grid && e.kind === "file" && IMAGE.test(e.name)) continue;
+    const p = join(path, e.name);
+    const link = e.kind === "dir"
+      ? el("a", { href: "#", onclick: (ev) => { ev.preventDefault(); openFolder(p); } }, e.name + "/")
+      : e.kind === "file" ? el("a", { href: files.file(p), target: "_blank", rel: "noopener" }, e.name)
+        : el("span", {}, e.name + (e.kind === "link" ? " (link)" : ""));
+    const actions = el("td", {});
+    if (e.kind === "file") actions.append(el("a", { class: "button", href: files.file(p) + "?download" }, "Download"), " ");
+    if (!files.link && (e.kind === "file" || e.kind === "dir")) {
+      actions.append(el("button", { class: "versions", onclick: () => showVersions(p, e.kind) }, "Versions"), " ");
+    }
+    if (files.writable) {
+      actions.append(el("button", { onclick: () => renameEntry(p) }, "Rename"), " ",
+        el("button", { onclick: () => deleteEntry(p, e.kind) }, "Delete"));
+    }
+    rows.append(el("tr", { "data-name": e.name },
+      el("td", { class: "name" }, link),
+      el("td", {}, e.kind === "dir" ? "" : size(e.size)),
+      el("td", {}, new Date(e.mtime * 1000).toLocaleString()),
+      actions));
+  }
+  if (rows.childNodes.length === 0) {
+    $("#listing").replaceChildren(grid ? "" : el("tr", {}, el("td", { class: "muted" }, "This folder is empty.")));
+    return;
+  }
+  $("#listing").replaceChildren(
+    el("thead", {}, el("tr", {}, el("th", {}, "name"), el("th", {}, "size"), el("th", {}, "modified"), el("th", {}, ""))),
+    el("tbody", {}, rows));
+}
+
+async function renameEntry(p) {
+  const to = prompt("New name or path (inside this share):", p);
+  if (!to || to === p) return;
+  try {
+    await post("/api/files-op", { op: "rename", share: files.share, path: p, to });
+    openFolder(files.path);
+  } catch (e) { filesError(e); }
+}
+
+async function deleteEntry(p, kind) {
+  if (!confirm(`Delete ${p}${kind === "dir" ? " and everything in it" : ""}?`)) return;
+  try {
+    await post("/api/files-op", { op: "delete", share: files.share, path: p });
+    openFolder(files.path);
+  } catch (e) { filesError(e); }
+}
+
+async function showVersions(p, kind) {
+  let list;
+  try {
+    list = await call(files.file(p) + "?versions");
+  } catch (e) { filesError(e); return; }
+  $("#versions-title").textContent = `Previous versions of ${p}`;
+  const rows = [];
+  let prev = null;
+  for (const v of list) {
+    // Snapshots that hold the same version show it once.
+    const key = kind === "file" ? `${v.size}/${v.mtime}` : v.snapshot;
+    if (key === prev) continue;
+    prev = key;
+    const restore = files.writable ? el("button", { class: "restore", onclick: async () => {
+      if (!confirm(`Put back ${p} as it was in ${v.snapshot}?`)) return;
+      try {
+        await post("/api/files-op", { op: "restore", share: files.share, path: p, snapshot: v.snapshot });
+        $("#versions").hidden = true;
+        openFolder(files.path);
+      } catch (e) { filesError(e); }
+    } }, "Restore") : "";
+    rows.push([new Date(v.time * 1000).toLocaleString(), v.snapshot,
+      kind === "file" ? size(v.size) : "", new Date(v.mtime * 1000).toLocaleString(), restore]);
+  }
+  table($("#versions-table"), ["snapshot time", "snapshot", "size", "modified", ""], rows);
+  if (rows.length === 0) $("#versions-table").replaceChildren(el("tr", {}, el("td", {}, "no snapshot holds it")));
+  $("#versions").hidden = false;
+}
+
+// One file: start a session, send chunks, and after a dropped connection
+// ask where the server stands and go on from there.
+async function upload(file) {
+  const item = el("li", {}, `${file.name}: starting`);
+  $("#uploads").append(item);
+  const dir = files.path;
+  try {
+    const start = (replace) => post(files.start, { share: files.share, path: dir, name: file.name,
+      size: file.size, replace });
+    let s;
+    try {
+      s = await start(false);
+    } catch (e) {
+      if (e.code !== "exists" || files.link || !confirm(`Replace ${file.name}?`)) throw e;
+      s = await start(true);
+    }
+    let offset = 0;
+    let failures = 0;
+    for (;;) {
+      if (offset >= file.size && file.size > 0) break;
+      const end = Math.min(file.size, offset + CHUNK);
+      let r;
+      try {
+        r = await call(files.session(s.id), {
+          method: "PUT",
+          headers: Object.assign({ "Content-Type": "application/octet-stream", "Upload-Offset": String(offset) },
+            files.headers()),
+          body: file.slice(offset, end),
+        });
+        failures = 0;
+      } catch (e) {
+        if (e.status && e.status < 500 && e.code !== "offset" && e.status !== 400) throw e;
+        if (++failures > 20) throw e;
+        await new Promise((ok) => setTimeout(ok, Math.min(10000, 500 * failures)));
+        r = await call(files.session(s.id), { headers: files.headers() });
+      }
+      offset = r.offset;
+      item.textContent = `${file.name}: ${Math.floor((100 * offset) / Math.max(1, file.size))} %`;
+      if (r.done) { item.textContent = `${file.name}: uploaded as ${r.name}`; break; }
+      if (file.size === 0) break;
+    }
+  } catch (e) {
+    item.textContent = `${file.name}: ${e.message}`;
+    item.className = "error";
+  }
+  if (files.path === dir) openFolder(dir);
+}
+
+async function uploadAll(list) {
+  for (const f of list) await upload(f);
+}
+
+$("#upload-input").addEventListener("change", (ev) => {
+  uploadAll(Array.from(ev.target.files));
+  ev.target.value = "";
+});
+const drop = $("#drop");
+drop.addEventListener("dragover", (ev) => { ev.preventDefault(); drop.classList.add("over"); });
+drop.addEventListener("dragleave", () => drop.classList.remove("over"));
+drop.addEventListener("drop", (ev) => {
+  ev.preventDefault();
+  drop.classList.remove("over");
+  uploadAll(Array.from(ev.dataTransfer.files));
+});
+
+$("#new-folder").addEventListener("click", async () => {
+  const name = prompt("Name of the new folder:");
+  if (!name) return;
+  try {
+    await post("/api/files-op", { op: "mkdir", share: files.share, path: join(files.path, name) });
+    openFolder(files.path);
+  } catch (e) { filesError(e); }
+});
+$("#view-toggle").addEventListener("click", () => { listView = !listView; openFolder(files.path); });
+$("#versions-close").addEventListener("click", () => { $("#versions").hidden = true; });
+$("#link-button").addEventListener("click", () => { $("#link-form").hidden = !$("#link-form").hidden; });
+$("#link-make").addEventListener("click", async () => {
+  const upload = document.querySelector("input[name=link-mode]:checked").value === "upload";
+  const params = { share: files.share, path: files.path, upload };
+  if ($("#link-pw").value) params.password = $("#link-pw").value;
+  if ($("#link-days").value) params.expires_in_secs = Number($("#link-days").value) * 86400;
+  try {
+    const made = await api("link.create", params);
+    const url = `${location.origin}/s/${made.token}`;
+    $("#link-out").replaceChildren("Send this address: ", el("a", { id: "link-url", href: url }, url));
+    $("#link-pw").value = "";
+  } catch (e) { filesError(e); }
+});
+
+async function showFiles() {
+  let shares;
+  try {
+    shares = await call("/api/files");
+  } catch (e) { filesError(e); return; }
+  const pick = $("#share-pick");
+  const current = files && !files.link ? files.share : null;
+  pick.replaceChildren(...shares.map((s) => el("option", { value: s.name }, s.name)));
+  if (shares.length === 0) {
+    filesError(new Error("no shares of yours hold files"));
+    return;
+  }
+  pick.value = current && shares.some((s) => s.name === current) ? current : shares[0].name;
+  files = userFiles(pick.value);
+  openFolder("");
+}
+$("#share-pick").addEventListener("change", () => { files = userFiles($("#share-pick").value); openFolder(""); });
+
+function showTab(which) {
+  $("#tab-dash").classList.toggle("on", which === "dash");
+  $("#tab-files").classList.toggle("on", which === "files");
+  $("#app").hidden = which !== "dash";
+  $("#files-view").hidden = which !== "files";
+  if (which === "files") showFiles();
+}
+$("#tab-dash").addEventListener("click", () => { history.replaceState(null, "", "#"); showTab("dash"); });
+$("#tab-files").addEventListener("click", () => { history.replaceState(null, "", "#files"); showTab("files"); });
+
+// A visitor through a share link: no login, the link's folder only.
+async function showLink(token) {
+  $("#logout").hidden = true;
+  $("#link-button").hidden = true;
+  $("#new-folder").hidden = true;
+  let info;
+  try {
+    info = await call(`/s/${token}/info`);
+  } catch (e) {
+    $("#files-view").hidden = false;
+    filesError(e);
+    return;
+  }
+  $("#who").textContent = `shared folder ${info.name}`;
+  if (!info.open) {
+    $("#unlock").hidden = false;
+    return;
+  }
+  $("#unlock").hidden = true;
+  $("#files-view").hidden = false;
+  files = linkFiles(token);
+  files.upload = info.upload;
+  files.name = info.name;
+  $("#share-pick").hidden = true;
+  $("#zip-link").hidden = info.upload;
+  $("#upload-label").hidden = !info.upload;
+  $("#drop").hidden = !info.upload;
+  if (info.upload) $("#listing").replaceChildren();
+  openFolder("");
+}
+
+$("#unlock").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const token = location.pathname.split("/")[2];
+  try {
+    await call(`/s/${token}/unlock`, {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ password: $("#link-password").value }),
+    });
+    showLink(token);
+  } catch (e) {
+    $("#unlock-error").textContent = e.message;
+  }
+});
+
 (async () => {
+  const m = location.pathname.match(/^\/s\/([0-9a-f]{64})\/?$/);
+  if (m) {
+    showLink(m[1]);
+    return;
+  }
   const r = await fetch("/api/session", { credentials: "same-origin" });
   if (r.ok) {
     session = await r.json();

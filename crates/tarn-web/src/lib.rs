@@ -56,6 +56,13 @@
 
 #![warn(missing_docs)]
 
+mod files;
+mod routes;
+mod thumbs;
+mod zip;
+
+pub use files::{FileShare, LinkGrant, WebFiles};
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -147,6 +154,14 @@ struct State {
     failures: Mutex<HashMap<IpAddr, Vec<Instant>>>,
     /// Password checks at once (argon2 is slow on purpose).
     logins: Arc<tokio::sync::Semaphore>,
+    /// The file pages' daemon side (None: not served).
+    files: Option<Arc<dyn WebFiles>>,
+    /// Upload sessions in progress.
+    uploads: files::Uploads,
+    /// Unlocked password links: cookie → (link id, when).
+    link_sessions: Mutex<HashMap<String, (String, Instant)>>,
+    /// Made thumbnails.
+    thumbs: thumbs::Thumbs,
 }
 
 /// Sessions one user may have; their least recently used goes first.
@@ -177,6 +192,7 @@ fn bucket(ip: IpAddr) -> IpAddr {
 /// The running server.
 pub struct Running {
     addr: SocketAddr,
+    state: Arc<State>,
     stop: Option<tokio::sync::watch::Sender<bool>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -185,6 +201,12 @@ impl Running {
     /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Memory held by cached thumbnails (the metric
+    /// `tarn_web_thumbnail_cache_bytes`).
+    pub fn thumbnail_cache_bytes(&self) -> usize {
+        self.state.thumbs.bytes()
     }
 
     /// Stops listening and ends the connections.
@@ -223,6 +245,7 @@ pub fn serve(
     origin: Option<String>,
     backend: Weak<dyn Backend + Send + Sync>,
     auth: Arc<dyn WebAuth>,
+    files: Option<Arc<dyn WebFiles>>,
 ) -> Result<Running, WebError> {
     let std_listener = std::net::TcpListener::bind(addr)?;
     std_listener.set_nonblocking(true)?;
@@ -235,6 +258,10 @@ pub fn serve(
         sessions: Mutex::new(HashMap::new()),
         failures: Mutex::new(HashMap::new()),
         logins: Arc::new(tokio::sync::Semaphore::new(LOGINS_AT_ONCE)),
+        files,
+        uploads: Default::default(),
+        link_sessions: Mutex::new(HashMap::new()),
+        thumbs: thumbs::Thumbs::default(),
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -243,6 +270,7 @@ pub fn serve(
         .thread_name("tarn-web")
         .enable_all()
         .build()?;
+    let st = state.clone();
     let thread = std::thread::Builder::new()
         .name("tarn-web".into())
         .spawn(move || {
@@ -250,12 +278,13 @@ pub fn serve(
                 let Ok(listener) = tokio::net::TcpListener::from_std(std_listener) else {
                     return;
                 };
-                accept_loop(listener, state, tls, stop_rx).await;
+                accept_loop(listener, st, tls, stop_rx).await;
             });
             rt.shutdown_timeout(Duration::from_secs(5));
         })?;
     Ok(Running {
         addr,
+        state,
         stop: Some(stop_tx),
         thread: Some(thread),
     })
@@ -343,12 +372,20 @@ async fn serve_conn<I>(
     }
 }
 
-type Resp = Response<Full<Bytes>>;
+/// An answer's body: a whole one, or a stream (downloads) whose error
+/// aborts the connection.
+type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
+type Resp = Response<Body>;
+
+/// A whole body.
+fn full(b: impl Into<Bytes>) -> Body {
+    Full::new(b.into()).map_err(|e| match e {}).boxed_unsync()
+}
 
 /// An answer with the API's headers: JSON, never cached, not framed, no
 /// referrer, and HSTS over TLS.
 fn answer(state: &State, status: StatusCode, body: Value, extra: &[(&str, String)]) -> Resp {
-    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    let mut r = Response::new(full(body.to_string()));
     *r.status_mut() = status;
     let h = r.headers_mut();
     let set = |h: &mut HeaderMap, k: &'static str, v: &str| {
@@ -403,7 +440,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
 /// One of [`ASSETS`], with a policy that lets the page load only itself.
 fn asset(state: &State, path: &str) -> Option<Resp> {
     let (_, ctype, body) = ASSETS.iter().find(|(p, ..)| *p == path)?;
-    let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    let mut r = Response::new(full(Bytes::from_static(body.as_bytes())));
     let h = r.headers_mut();
     let mut set = |k: &'static str, v: &str| {
         if let Ok(v) = HeaderValue::from_str(v) {
@@ -478,15 +515,20 @@ struct Caller {
     session: Option<String>,
 }
 
-fn cookie_session(headers: &HeaderMap) -> Option<String> {
+/// The value of cookie `name` in a request.
+fn cookie_value(headers: &HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == COOKIE)
+        .find(|(k, _)| *k == name)
         .map(|(_, v)| v.to_string())
+}
+
+fn cookie_session(headers: &HeaderMap) -> Option<String> {
+    cookie_value(headers, COOKIE)
 }
 
 impl State {
@@ -712,6 +754,31 @@ async fn handle(req: Request<Incoming>, ip: IpAddr, st: Arc<State>) -> Resp {
             Err(r) => r.answer(&st),
         };
     }
+    if let Some(rest) = path.strip_prefix("/s/") {
+        let rest = rest.to_string();
+        return routes::link(
+            &st,
+            ip,
+            parts.method,
+            &rest,
+            parts.uri.query(),
+            &headers,
+            body,
+        )
+        .await;
+    }
+    if let Some(rest) = path.strip_prefix("/api/") {
+        if rest == "files"
+            || rest.starts_with("files/")
+            || rest == "files-op"
+            || rest == "upload"
+            || rest.starts_with("upload/")
+        {
+            let rest = rest.to_string();
+            return routes::files(&st, parts.method, &rest, parts.uri.query(), &headers, body)
+                .await;
+        }
+    }
     if parts.method == Method::GET || parts.method == Method::HEAD {
         if let Some(r) = asset(&st, &path) {
             return r;
@@ -916,6 +983,16 @@ async fn call(st: &Arc<State>, caller: Caller, method: String, params: Value) ->
         };
         (name, pool)
     });
+    let mut params = params;
+    if caller.admin && method == tarn_api::method::LINK_CREATE {
+        // An administrator's link acts as them unless they name another
+        // user of theirs.
+        if let Some(o) = params.as_object_mut() {
+            o.entry("owner").or_insert_with(|| {
+                Value::String(format!("{}/{}", caller.user.pool, caller.user.name))
+            });
+        }
+    }
     let outcome = tokio::task::spawn_blocking(move || {
         if caller.admin {
             tarn_api::dispatch::call(&*backend, &method, params)
@@ -957,6 +1034,7 @@ fn as_user(
     params: Value,
 ) -> Result<Value, ApiError> {
     use tarn_api::method as m;
+    let me = format!("{}/{}", user.pool, user.name);
     let shares = || -> Result<Vec<tarn_api::access::ShareInfo>, ApiError> {
         Ok(backend
             .share_list()?
@@ -1033,6 +1111,37 @@ fn as_user(
             let mut params = params;
             if let Some(o) = params.as_object_mut() {
                 o.insert("pool".into(), Value::String(user.pool.clone()));
+            }
+            tarn_api::dispatch::call(backend, method, params)
+        }
+        m::LINK_CREATE => {
+            // Always as themselves: the daemon checks that the share is
+            // theirs (and writable, for an upload link).
+            let mut params = params;
+            if let Some(o) = params.as_object_mut() {
+                o.insert("owner".into(), Value::String(me));
+            }
+            tarn_api::dispatch::call(backend, method, params)
+        }
+        m::LINK_LIST => {
+            let all = tarn_api::dispatch::call(backend, method, params)?;
+            let mine: Vec<Value> = all
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|l| l.get("owner").and_then(Value::as_str) == Some(me.as_str()))
+                .cloned()
+                .collect();
+            Ok(Value::Array(mine))
+        }
+        m::LINK_REVOKE => {
+            let id = params.get("name").and_then(Value::as_str).unwrap_or("");
+            let theirs = backend
+                .link_list()?
+                .iter()
+                .any(|l| l.id == id && l.owner == me);
+            if !theirs {
+                return Err(ApiError::new(ErrorCode::NotFound, "no such link of yours"));
             }
             tarn_api::dispatch::call(backend, method, params)
         }

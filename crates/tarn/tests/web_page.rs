@@ -3,9 +3,13 @@
 //! pool ONLINE with its devices, starts a scrub and watches its outcome
 //! appear, takes a snapshot with a button; a phone-sized viewport shows
 //! the page without horizontal scrolling; a user who logs in sees their
-//! share and none of the administrator's sections. Screenshots of each
-//! view are saved as test artifacts (in the target directory); the
-//! assertions are on the DOM, not on pixels.
+//! share and none of the administrator's sections. In the file pages a
+//! user uploads a file through the page (read back over WebDAV), sees a
+//! folder of photos as server-made thumbnails, restores a previous
+//! version, and makes a share link that opens while logged out; those
+//! pages fit a phone too. Screenshots of each view are saved as test
+//! artifacts (in the target directory); the assertions are on the DOM,
+//! not on pixels.
 
 mod common;
 
@@ -340,5 +344,239 @@ fn the_dashboard_in_a_real_browser() {
         "{listed}"
     );
     page.screenshot("user");
+    d.stop();
+}
+
+/// Basic-auth GET over plain HTTP (WebDAV): (status, body).
+fn basic_get(port: u16, path: &str, user: &str, password: &str) -> (u16, Vec<u8>) {
+    let auth = common::clients::base64(format!("{user}:{password}").as_bytes());
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Basic {auth}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let split = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&out[..split]).to_string();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, out[split + 4..].to_vec())
+}
+
+fn png(w: u32, h: u32, shade: u8) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8, y as u8, shade]));
+    let mut out = Vec::new();
+    img.write_to(&mut std::io::Cursor::new(&mut out), image::ImageFormat::Png)
+        .unwrap();
+    out
+}
+
+impl Cdp {
+    /// Gives the page's file input these files, as a person choosing
+    /// them would (the input's change event fires).
+    fn choose_files(&mut self, paths: &[&std::path::Path]) {
+        let doc = self.call("DOM.getDocument", json!({}));
+        let root = doc["root"]["nodeId"].clone();
+        let node = self.call(
+            "DOM.querySelector",
+            json!({"nodeId": root, "selector": "#upload-input"}),
+        );
+        let files: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        self.call(
+            "DOM.setFileInputFiles",
+            json!({"nodeId": node["nodeId"], "files": files}),
+        );
+    }
+
+    /// Clicks the button labelled `label` in the listing row of `name`.
+    fn click_in_row(&mut self, name: &str, label: &str) {
+        let ok = self.eval(&format!(
+            "(() => {{ const r = [...document.querySelectorAll('#listing tr')] \
+             .find(r => r.dataset.name === {name:?}); if (!r) return false; \
+             const b = [...r.querySelectorAll('button')].find(b => b.innerText === {label:?}); \
+             if (!b) return false; b.click(); return true; }})()"
+        ));
+        assert_eq!(ok, true, "no {label} button for {name}");
+    }
+}
+
+#[test]
+fn files_in_a_real_browser() {
+    if !require::programs(&["chromium"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let dav = free_port();
+    let d = Daemon::start_with(
+        dir.path(),
+        &[
+            "--web",
+            &format!("127.0.0.1:{port}"),
+            "--webdav",
+            &format!("127.0.0.1:{dav}"),
+        ],
+    );
+    let f = files(dir.path(), "disk", 1, 256 << 20);
+    d.ok(&["pool", "create", "tank", &f[0]]);
+    d.ok(&["dataset", "create", "tank/family"]);
+    add_user(&d, "alice", "alice-password");
+    d.ok(&[
+        "share",
+        "add",
+        "family",
+        "tank/family",
+        "--webdav",
+        "alice=rw",
+        "--owner",
+        "alice",
+    ]);
+    let up = dir.path().join("upload");
+    std::fs::create_dir(&up).unwrap();
+    let note = up.join("note.txt");
+    std::fs::write(&note, "the first version\n").unwrap();
+
+    let browser = Browser::start();
+    let mut page = browser.page();
+    page.call("Page.enable", json!({}));
+    page.call("DOM.enable", json!({}));
+    page.call(
+        "Page.navigate",
+        json!({"url": format!("http://127.0.0.1:{port}/#files")}),
+    );
+    page.wait(&format!("{SHOWN}('#login')"), "the login form");
+    page.eval(
+        "document.querySelector('#user').value = 'alice'; \
+         document.querySelector('#password').value = 'alice-password'; \
+         document.querySelector('#login').requestSubmit(); true",
+    );
+    page.wait(&format!("{SHOWN}('#files-view')"), "the file pages");
+    // Dialogs answer yes, and a new folder is called album.
+    page.eval("window.confirm = () => true; window.prompt = () => 'album'; true");
+
+    // Upload through the page; WebDAV reads the same bytes.
+    page.choose_files(&[&note]);
+    page.wait(
+        "document.querySelector('#listing tr[data-name=\"note.txt\"]') !== null",
+        "the uploaded file in the listing",
+    );
+    assert_eq!(
+        basic_get(dav, "/family/note.txt", "alice", "alice-password"),
+        (200, b"the first version\n".to_vec())
+    );
+    page.screenshot("files");
+
+    // A folder of photos: a grid of thumbnails, not the originals.
+    page.eval("document.querySelector('#new-folder').click(); true");
+    page.wait(
+        "document.querySelector('#listing tr[data-name=\"album\"]') !== null",
+        "the new folder",
+    );
+    page.eval(
+        "[...document.querySelectorAll('#listing tr[data-name=\"album\"] a')][0].click(); true",
+    );
+    page.wait(
+        "document.querySelector('#crumbs').innerText.includes('album')",
+        "inside the album",
+    );
+    let mut photos = Vec::new();
+    for i in 0..3u8 {
+        let p = up.join(format!("photo{i}.png"));
+        std::fs::write(&p, png(640, 480, i * 80)).unwrap();
+        photos.push(p);
+    }
+    let refs: Vec<&std::path::Path> = photos.iter().map(|p| p.as_path()).collect();
+    page.choose_files(&refs);
+    page.wait(
+        "document.querySelectorAll('#grid img').length === 3 && \
+         [...document.querySelectorAll('#grid img')].every(i => i.complete && i.naturalWidth > 0)",
+        "three thumbnails, loaded",
+    );
+    let widths = page.eval(
+        "[...document.querySelectorAll('#grid img')].map(i => [i.naturalWidth, i.naturalHeight])",
+    );
+    assert_eq!(
+        widths,
+        json!([[256, 192], [256, 192], [256, 192]]),
+        "thumbnails, not originals"
+    );
+    let srcs = page.eval("[...document.querySelectorAll('#grid img')].map(i => i.src).join(' ')");
+    assert!(srcs.as_str().unwrap().contains("?thumb"), "{srcs}");
+    page.screenshot("album");
+
+    // A previous version, restored through the page.
+    page.eval("[...document.querySelectorAll('#crumbs a')][0].click(); true");
+    page.wait(
+        "document.querySelector('#listing tr[data-name=\"note.txt\"]') !== null",
+        "back at the top",
+    );
+    d.ok(&["snapshot", "tank/family@monday"]);
+    std::fs::write(&note, "the second version, longer\n").unwrap();
+    page.choose_files(&[&note]);
+    page.wait(
+        "document.querySelectorAll('#uploads li').length === 5 && \
+         document.querySelectorAll('#uploads li')[4].innerText === 'note.txt: uploaded as note.txt'",
+        "the replacing upload",
+    );
+    assert_eq!(
+        basic_get(dav, "/family/note.txt", "alice", "alice-password").1,
+        b"the second version, longer\n"
+    );
+    page.click_in_row("note.txt", "Versions");
+    page.wait(
+        "!document.querySelector('#versions').hidden && \
+         document.querySelector('#versions-table').innerText.includes('monday')",
+        "the versions",
+    );
+    page.screenshot("versions");
+    page.eval("document.querySelector('#versions-table button.restore').click(); true");
+    page.wait("document.querySelector('#versions').hidden", "the restore");
+    assert_eq!(
+        basic_get(dav, "/family/note.txt", "alice", "alice-password").1,
+        b"the first version\n"
+    );
+
+    // A share link to the album, opened after logging out.
+    page.eval(
+        "[...document.querySelectorAll('#listing tr[data-name=\"album\"] a')][0].click(); true",
+    );
+    page.wait(
+        "document.querySelector('#crumbs').innerText.includes('album')",
+        "inside the album again",
+    );
+    page.eval("document.querySelector('#link-button').click(); document.querySelector('#link-make').click(); true");
+    page.wait("document.querySelector('#link-url') !== null", "the link");
+    let url = page.eval("document.querySelector('#link-url').href");
+    let url = url.as_str().unwrap().to_string();
+    assert!(url.contains("/s/"), "{url}");
+    page.eval("document.querySelector('#logout').click(); true");
+    page.wait(&format!("{SHOWN}('#login')"), "logged out");
+    page.call("Page.navigate", json!({ "url": url }));
+    page.wait(
+        "document.querySelectorAll('#grid img').length === 3 && \
+         [...document.querySelectorAll('#grid img')].every(i => i.complete && i.naturalWidth === 256)",
+        "the album through the link, with thumbnails",
+    );
+    let session = page.eval("fetch('/api/session').then(r => r.status)");
+    assert_eq!(session, 401, "logged out");
+    let got = page.eval(
+        "fetch(document.querySelector('#grid a').href).then(r => r.arrayBuffer()).then(b => b.byteLength)",
+    );
+    assert_eq!(
+        got.as_u64(),
+        Some(png(640, 480, 0).len() as u64),
+        "a photo downloaded through the link"
+    );
+    page.screenshot("link");
+    page.call(
+        "Emulation.setDeviceMetricsOverride",
+        json!({"width": 390, "height": 844, "deviceScaleFactor": 2, "mobile": true}),
+    );
+    page.wait(
+        "document.documentElement.scrollWidth <= window.innerWidth",
+        "no horizontal scroll on a phone",
+    );
+    page.screenshot("link-phone");
     d.stop();
 }

@@ -1,0 +1,272 @@
+//! Thumbnails for the photo grid: a JPEG of at most [`THUMB_SIZE`]
+//! pixels a side, made on the server from a JPEG or PNG (turned upright
+//! by its EXIF orientation), so a folder of photos shows without sending
+//! any original over the network.
+//!
+//! # Cache and invalidation
+//!
+//! Made thumbnails are kept in memory, at most [`THUMB_CACHE_BYTES`] in
+//! all, the least recently used going first. The key is the file's
+//! identity and version as the filesystem reports it: dataset, inode,
+//! generation, size, and modification and change times. Any write,
+//! truncate or replacement changes one of them, so a changed file is
+//! never shown with its old picture: its old entry is simply never asked
+//! for again and ages out. The grid asks with the version in the URL
+//! (`?thumb&v=…`), which lets the browser keep a thumbnail for good.
+//!
+//! # Bounds
+//!
+//! At most [`MAKERS`] thumbnails are made at once (decoding is CPU and
+//! memory heavy; other requests keep being served); sources above
+//! [`MAX_SOURCE`] bytes or [`MAX_PIXELS_SIDE`] pixels a side get none.
+//! HEIC has no maintained decoder we could build in, so HEIC files get
+//! no thumbnail (the page shows a plain tile).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Cursor;
+use std::sync::{Condvar, Mutex};
+
+use bytes::Bytes;
+use http::StatusCode;
+use tarn_fs::{Attr, FileKind};
+
+use crate::files::{FErr, Scope};
+
+/// Longest side of a thumbnail, in pixels.
+pub const THUMB_SIZE: u32 = 256;
+/// Memory for cached thumbnails.
+pub const THUMB_CACHE_BYTES: usize = 64 << 20;
+/// Thumbnails made at once.
+pub const MAKERS: usize = 2;
+/// Largest source file that gets a thumbnail.
+pub const MAX_SOURCE: u64 = 64 << 20;
+/// Largest source image side, in pixels.
+pub const MAX_PIXELS_SIDE: u32 = 16_384;
+
+/// A file's identity and version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    dataset: u64,
+    ino: u64,
+    generation: u64,
+    size: u64,
+    mtime: (i64, u32),
+    ctime: (i64, u32),
+}
+
+impl Key {
+    fn of(a: &Attr) -> Key {
+        Key {
+            dataset: a.dataset,
+            ino: a.ino,
+            generation: a.generation,
+            size: a.size,
+            mtime: (a.mtime.sec, a.mtime.nsec),
+            ctime: (a.ctime.sec, a.ctime.nsec),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Lru {
+    map: HashMap<Key, (Bytes, u64)>,
+    order: BTreeMap<u64, Key>,
+    bytes: usize,
+    tick: u64,
+}
+
+/// The thumbnail cache and the makers' gate.
+pub(crate) struct Thumbs {
+    lru: Mutex<Lru>,
+    busy: Mutex<usize>,
+    free: Condvar,
+    budget: usize,
+}
+
+impl Default for Thumbs {
+    fn default() -> Thumbs {
+        Thumbs::new(THUMB_CACHE_BYTES)
+    }
+}
+
+impl Thumbs {
+    pub fn new(budget: usize) -> Thumbs {
+        Thumbs {
+            lru: Mutex::new(Lru::default()),
+            busy: Mutex::new(0),
+            free: Condvar::new(),
+            budget,
+        }
+    }
+
+    fn get(&self, k: &Key) -> Option<Bytes> {
+        let mut l = self.lru.lock().unwrap_or_else(|e| e.into_inner());
+        l.tick += 1;
+        let tick = l.tick;
+        let (b, old) = {
+            let e = l.map.get_mut(k)?;
+            let old = e.1;
+            e.1 = tick;
+            (e.0.clone(), old)
+        };
+        l.order.remove(&old);
+        l.order.insert(tick, *k);
+        Some(b)
+    }
+
+    fn put(&self, k: Key, b: Bytes) {
+        let mut l = self.lru.lock().unwrap_or_else(|e| e.into_inner());
+        if b.len() > self.budget {
+            return;
+        }
+        l.tick += 1;
+        let tick = l.tick;
+        if let Some((old, t)) = l.map.insert(k, (b.clone(), tick)) {
+            l.bytes -= old.len();
+            l.order.remove(&t);
+        }
+        l.bytes += b.len();
+        l.order.insert(tick, k);
+        while l.bytes > self.budget {
+            let Some((_, victim)) = l.order.pop_first() else {
+                break;
+            };
+            if let Some((old, _)) = l.map.remove(&victim) {
+                l.bytes -= old.len();
+            }
+        }
+    }
+
+    /// Bytes of thumbnails held.
+    pub fn bytes(&self) -> usize {
+        self.lru.lock().unwrap_or_else(|e| e.into_inner()).bytes
+    }
+
+    /// Runs `f` as one of at most [`MAKERS`].
+    fn gated<T>(&self, f: impl FnOnce() -> T) -> T {
+        let mut n = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        while *n >= MAKERS {
+            n = self.free.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+        *n += 1;
+        drop(n);
+        let r = f();
+        *self.busy.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        self.free.notify_one();
+        r
+    }
+}
+
+fn unsupported(msg: &str) -> FErr {
+    FErr::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "no_thumbnail", msg)
+}
+
+/// Makes a JPEG thumbnail of an encoded JPEG or PNG image.
+pub(crate) fn make(data: &[u8]) -> Result<Vec<u8>, FErr> {
+    use image::ImageDecoder;
+    let mut reader = image::ImageReader::new(Cursor::new(data))
+        .with_guessed_format()
+        .map_err(|_| unsupported("cannot read this image"))?;
+    match reader.format() {
+        Some(image::ImageFormat::Jpeg | image::ImageFormat::Png) => {}
+        _ => return Err(unsupported("thumbnails are made of JPEG and PNG images")),
+    }
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(MAX_PIXELS_SIDE);
+    limits.max_image_height = Some(MAX_PIXELS_SIDE);
+    limits.max_alloc = Some(1 << 30);
+    reader.limits(limits);
+    let mut decoder = reader
+        .into_decoder()
+        .map_err(|_| unsupported("cannot read this image"))?;
+    let orientation = decoder
+        .orientation()
+        .unwrap_or(image::metadata::Orientation::NoTransforms);
+    let mut img = image::DynamicImage::from_decoder(decoder)
+        .map_err(|_| unsupported("cannot read this image (damaged, or too large)"))?;
+    img.apply_orientation(orientation);
+    let small = img.thumbnail(THUMB_SIZE, THUMB_SIZE).to_rgb8();
+    let mut out = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 80)
+        .encode_image(&small)
+        .map_err(|e| FErr::new(StatusCode::INTERNAL_SERVER_ERROR, "io", e.to_string()))?;
+    Ok(out)
+}
+
+/// The thumbnail of the file at `comps`, and whether it came from the
+/// cache.
+pub(crate) fn thumbnail(
+    thumbs: &Thumbs,
+    scope: &Scope,
+    comps: &[Vec<u8>],
+) -> Result<(Bytes, bool), FErr> {
+    let a = scope.file_for_reading(comps)?;
+    if a.kind != FileKind::Regular {
+        return Err(unsupported("only files have thumbnails"));
+    }
+    if a.size > MAX_SOURCE {
+        return Err(unsupported("the image is too large for a thumbnail"));
+    }
+    let key = Key::of(&a);
+    if let Some(b) = thumbs.get(&key) {
+        return Ok((b, true));
+    }
+    let made = thumbs.gated(|| -> Result<Bytes, FErr> {
+        let data = scope.read_all(&a)?;
+        Ok(Bytes::from(make(&data)?))
+    })?;
+    thumbs.put(key, made.clone());
+    Ok((made, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn png(w: u32, h: u32) -> Vec<u8> {
+        let img = image::RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8, y as u8, 128]));
+        let mut out = Vec::new();
+        img.write_to(&mut Cursor::new(&mut out), image::ImageFormat::Png)
+            .unwrap();
+        out
+    }
+
+    #[test]
+    fn thumbnails_keep_the_aspect_and_fit_the_box() {
+        let t = make(&png(1200, 600)).unwrap();
+        let img = image::load_from_memory(&t).unwrap();
+        assert_eq!((img.width(), img.height()), (256, 128));
+        let t = make(&png(100, 300)).unwrap();
+        let img = image::load_from_memory(&t).unwrap();
+        assert_eq!((img.width(), img.height()), (85, 256));
+        assert!(make(b"not an image at all").is_err());
+        assert!(make(b"GIF89a....").is_err());
+    }
+
+    #[test]
+    fn the_cache_stays_in_its_budget_and_drops_the_least_recent() {
+        let t = Thumbs::new(1000);
+        let k = |i: u64| Key {
+            dataset: 1,
+            ino: i,
+            generation: 0,
+            size: 0,
+            mtime: (0, 0),
+            ctime: (0, 0),
+        };
+        for i in 0..4 {
+            t.put(k(i), Bytes::from(vec![0u8; 300]));
+        }
+        assert!(t.bytes() <= 1000);
+        assert!(t.get(&k(0)).is_none(), "the oldest went first");
+        assert!(t.get(&k(1)).is_some());
+        t.put(k(9), Bytes::from(vec![0u8; 300]));
+        assert!(t.get(&k(1)).is_some(), "recently used: kept");
+        assert!(t.get(&k(2)).is_none());
+        t.put(k(10), Bytes::from(vec![0u8; 5000]));
+        assert!(t.get(&k(10)).is_none(), "larger than the budget: not kept");
+        let mut changed = k(1);
+        changed.mtime = (1, 0);
+        assert!(t.get(&changed).is_none(), "a new version is a new key");
+    }
+}
