@@ -104,32 +104,79 @@ function poolCard(st, entry) {
   );
 }
 
+const COLORS = ["#457b9d", "#e76f51", "#2a9d8f", "#e9c46a", "#8d5fd3", "#264653", "#f4a261", "#6c757d"];
+
+// The series of one metric: per pool (reads and writes) and, for
+// operations and latency, per protocol.
+function seriesOf(points, metric) {
+  const out = new Map();
+  const put = (label, k, v) => {
+    if (!out.has(label)) out.set(label, new Array(points.length).fill(null));
+    out.get(label)[k] = v;
+  };
+  points.forEach((p, k) => {
+    for (const r of p.pools) {
+      if (metric === "bytes") {
+        put(`${r.pool} read`, k, r.read_bytes_per_sec);
+        put(`${r.pool} write`, k, r.write_bytes_per_sec);
+      } else if (metric === "iops") {
+        put(`${r.pool} read`, k, r.read_iops);
+        put(`${r.pool} write`, k, r.write_iops);
+      } else {
+        put(`${r.pool} read`, k, r.read_latency_ms);
+        put(`${r.pool} write`, k, r.write_latency_ms);
+      }
+    }
+    if (metric !== "bytes") {
+      for (const r of p.protocols) {
+        put(r.protocol, k, metric === "iops" ? r.requests_per_sec : r.latency_ms);
+      }
+    }
+  });
+  return [...out.entries()].map(([label, values], i) => ({ label, values, color: COLORS[i % COLORS.length] }));
+}
+
+function unitOf(metric, v) {
+  if (metric === "bytes") return `${size(v)}/s`;
+  if (metric === "iops") return `${v.toFixed(v < 10 ? 1 : 0)}/s`;
+  return `${v.toFixed(v < 10 ? 2 : 0)} ms`;
+}
+
 function drawChart(points) {
+  const metric = $("#chart-metric").value;
   const c = $("#chart");
   const g = c.getContext("2d");
   g.clearRect(0, 0, c.width, c.height);
-  const series = points.map((p) => p.pools.reduce((a, r) => [a[0] + r.read_bytes_per_sec, a[1] + r.write_bytes_per_sec], [0, 0]));
-  const max = Math.max(1, ...series.map((s) => Math.max(s[0], s[1])));
-  const line = (i, color) => {
-    g.strokeStyle = color;
+  const series = seriesOf(points, metric);
+  const max = Math.max(1e-9, ...series.flatMap((s) => s.values.filter((v) => v !== null)));
+  for (const s of series) {
+    g.strokeStyle = s.color;
     g.lineWidth = 2;
     g.beginPath();
-    series.forEach((s, k) => {
-      const x = series.length > 1 ? (k / (series.length - 1)) * (c.width - 10) + 5 : 5;
-      const y = c.height - 5 - (s[i] / max) * (c.height - 25);
-      if (k === 0) g.moveTo(x, y); else g.lineTo(x, y);
+    let pen = false;
+    s.values.forEach((v, k) => {
+      if (v === null) { pen = false; return; }
+      const x = points.length > 1 ? (k / (points.length - 1)) * (c.width - 10) + 5 : 5;
+      const y = c.height - 5 - (v / max) * (c.height - 25);
+      if (pen) g.lineTo(x, y); else g.moveTo(x, y);
+      pen = true;
     });
     g.stroke();
-  };
-  line(0, "#457b9d");
-  line(1, "#e76f51");
+  }
   g.fillStyle = "#1d2430";
   g.font = "12px system-ui";
-  g.fillText(`read (blue) / write (orange), peak ${size(max)}/s`, 8, 14);
-  const last = points[points.length - 1];
-  if (last) {
-    const hit = last.cache_hit_ratio === null ? "-" : (100 * last.cache_hit_ratio).toFixed(0) + " %";
-    const protos = last.protocols.map((p) => `${p.protocol} ${p.requests_per_sec.toFixed(0)} req/s`).join(", ");
+  const span = $("#chart-range").value === "day" ? "last day, per 5 minutes" : "last hour, per 10 seconds";
+  g.fillText(`peak ${unitOf(metric, max)} (${span})`, 8, 14);
+  $("#legend").replaceChildren(...series.map((s) => {
+    const last = [...s.values].reverse().find((v) => v !== null);
+    const e = el("span", {}, `${s.label}${last === undefined ? "" : ": " + unitOf(metric, last)}`);
+    e.style.setProperty("--c", s.color);
+    return e;
+  }));
+  const now = points[points.length - 1];
+  if (now) {
+    const hit = now.cache_hit_ratio === null ? "-" : (100 * now.cache_hit_ratio).toFixed(0) + " %";
+    const protos = now.protocols.map((p) => `${p.protocol} ${p.requests_per_sec.toFixed(0)} req/s`).join(", ");
     $("#rates").textContent = `cache hits ${hit}` + (protos ? `; ${protos}` : "");
   }
 }
@@ -139,9 +186,9 @@ function showError(e) {
 }
 
 async function refreshAdmin() {
-  const [status, list, history, events, users] = await Promise.all([
-    api("pool.status", {}), api("pool.list", {}), api("stats.history", {}),
-    api("events.list", { limit: 20 }), api("user.list", {}),
+  const [status, list, history, events, users, alerts] = await Promise.all([
+    api("pool.status", {}), api("pool.list", {}), api("stats.history", { day: $("#chart-range").value === "day" }),
+    api("events.list", { limit: 20 }), api("user.list", {}), api("alert.list", {}),
   ]);
   const byName = Object.fromEntries(list.map((e) => [e.name, e]));
   $("#pools").replaceChildren(...status.map((st) => poolCard(st, byName[st.name])));
@@ -150,7 +197,70 @@ async function refreshAdmin() {
   table($("#events"), ["time", "severity", "what"], events.slice().reverse().map((e) => [
     new Date(e.time_unix * 1000).toLocaleString(), e.severity, el("span", { class: "wrap" }, e.message),
   ]));
-  table($("#users"), ["name", "pool", "uid", "admin"], users.map((u) => [u.name, u.pool, u.uid, u.admin ? "yes" : ""]));
+  table($("#users"), ["name", "pool", "uid", "admin", ""], users.map((u) => [u.name, u.pool, u.uid, u.admin ? "yes" : "",
+    el("span", { class: "buttons", "data-user": u.name },
+      button("Password", () => {
+        const password = prompt(`New password for ${u.name}:`);
+        if (password) act("user.passwd", { pool: u.pool, name: u.name, password });
+      }),
+      button(u.admin ? "Not admin" : "Make admin", () => act("user.admin", { pool: u.pool, name: u.name, admin: !u.admin })),
+      button("Delete", () => {
+        if (confirm(`Delete the user ${u.name} of ${u.pool}?`)) act("user.del", { pool: u.pool, name: u.name });
+      })),
+  ]));
+  table($("#alerts"), ["name", "to", "from", "sent", "last error", ""], alerts.map((a) => {
+    const t = a.alert.target;
+    const to = t.webhook ? t.webhook.url : t.email ? `mail to ${t.email.to.join(", ")}` : t.program ? "a program" : "";
+    return [a.alert.name, el("span", { class: "wrap" }, to), a.alert.min_severity, a.sent,
+      el("span", { class: "wrap" }, a.last_error || ""),
+      el("span", { class: "buttons" },
+        button("Test", () => act("alert.test", { name: a.alert.name })),
+        button("Delete", () => { if (confirm(`Delete the alert ${a.alert.name}?`)) act("alert.del", { name: a.alert.name }); }))];
+  }));
+}
+
+function button(label, onclick) {
+  return el("button", { type: "button", onclick }, label);
+}
+
+// An administrator's change: the method, then a fresh page.
+async function act(method, params) {
+  try {
+    const r = await api(method, params);
+    await refresh();
+    return r;
+  } catch (e) {
+    showError(e);
+    return undefined;
+  }
+}
+
+async function showProps(name) {
+  let props;
+  try {
+    props = await api("dataset.get", { name, properties: [] });
+  } catch (e) { showError(e); return; }
+  $("#props-title").textContent = `Properties of ${name}`;
+  table($("#props-table"), ["property", "value", "source", ""], props.map((p) => [
+    p.property, el("span", { class: "wrap" }, p.value),
+    typeof p.source === "string" ? p.source : Object.keys(p.source || {})[0] || "",
+    button("Change", async () => {
+      const value = prompt(`New ${p.property} of ${name}:`, p.value);
+      if (value !== null && value !== p.value && await act("dataset.set", { name, property: p.property, value }) !== undefined) {
+        showProps(name);
+      }
+    }),
+  ]));
+  $("#props").hidden = false;
+}
+
+function parseUsers(text) {
+  const m = {};
+  for (const w of (text || "").split(/[\s,]+/).filter(Boolean)) {
+    const [u, a] = w.split("=");
+    m[u] = a === "ro" ? "ro" : "rw";
+  }
+  return m;
 }
 
 async function refresh() {
@@ -163,27 +273,46 @@ async function refresh() {
     // A user's list carries their own access; an administrator's the
     // share records, whose user lists are summed up.
     const users = (m) => (m ? Object.entries(m.users || {}).map(([u, a]) => `${u}=${a}`).join(" ") : "");
-    table($("#shares"), ["share", "dataset", "access"], shares.map((s) => [
+    table($("#shares"), ["share", "dataset", "access", ""], shares.map((s) => [
       s.share.name, s.share.dataset,
       session.admin
         ? [s.share.nfs ? "nfs" : "", s.share.webdav ? "webdav " + users(s.share.webdav) : "",
           s.share.smb ? "smb " + users(s.share.smb) : ""].filter(Boolean).join("; ")
         : [s.webdav ? "webdav " + s.webdav : "", s.smb ? "smb " + s.smb : ""].filter(Boolean).join(", "),
+      session.admin ? button("Remove", () => {
+        if (confirm(`Stop serving the share ${s.share.name}? Its files stay.`)) act("share.del", { pool: s.pool, name: s.share.name });
+      }) : "",
     ]));
     table($("#datasets"), ["name", "used", "refer", ""], datasets.map((d) => {
       const snap = d.name.includes("@");
-      let action = "";
+      const destroy = button("Destroy", () => {
+        if (confirm(`Destroy ${d.name}${snap ? "" : " with its snapshots and the datasets below it"}? This cannot be undone.`)) {
+          act("dataset.destroy", { name: d.name, recursive: !snap });
+        }
+      });
+      let actions = "";
       if (session.admin && snap) {
-        action = el("button", { onclick: () => {
-          if (confirm(`Destroy ${d.name}?`)) api("dataset.destroy", { name: d.name, recursive: false }).then(refresh, showError);
-        } }, "Destroy");
+        actions = el("span", { class: "buttons", "data-dataset": d.name },
+          button("Rollback", () => {
+            if (confirm(`Roll ${d.name.split("@")[0]} back to ${d.name}? Changes made since are lost.`)) {
+              act("dataset.rollback", { snapshot: d.name, destroy_newer: false });
+            }
+          }),
+          button("Clone", () => {
+            const name = prompt(`Name of the new filesystem cloned from ${d.name}:`, d.name.split("@")[0] + "-clone");
+            if (name) act("dataset.clone", { snapshot: d.name, name });
+          }),
+          destroy);
       } else if (session.admin) {
-        action = el("button", { onclick: () => {
-          const now = new Date().toISOString().replace(/[-:]/g, "").slice(0, 15);
-          api("dataset.snapshot", { names: [`${d.name}@web-${now}`], recursive: false }).then(refresh, showError);
-        } }, "Snapshot");
+        actions = el("span", { class: "buttons", "data-dataset": d.name },
+          button("Snapshot", () => {
+            const now = new Date().toISOString().replace(/[-:]/g, "").slice(0, 15);
+            act("dataset.snapshot", { names: [`${d.name}@web-${now}`], recursive: false });
+          }),
+          button("Properties", () => showProps(d.name)),
+          d.name.includes("/") ? destroy : "");
       }
-      return [d.name, size(d.used), size(d.referenced), action];
+      return [d.name, size(d.used), size(d.referenced), actions];
     }));
     $("#error").textContent = "";
   } catch (e) {
@@ -213,6 +342,39 @@ function showLogin() {
   $("#who").textContent = "";
   $("#login").hidden = false;
 }
+
+function onForm(id, handler) {
+  $(id).addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    if (await handler() !== undefined) ev.target.reset();
+  });
+}
+
+onForm("#ds-new", () => {
+  const properties = {};
+  if ($("#ds-compression").value) properties.compression = $("#ds-compression").value;
+  return act("dataset.create", { name: $("#ds-name").value.trim(), properties, parents: false });
+});
+onForm("#share-new", () => {
+  const share = { name: $("#share-name").value.trim(), dataset: $("#share-dataset").value.trim() };
+  if ($("#share-webdav").value.trim()) share.webdav = { users: parseUsers($("#share-webdav").value) };
+  if ($("#share-smb").value.trim()) share.smb = { users: parseUsers($("#share-smb").value) };
+  return act("share.add", { share });
+});
+onForm("#user-new", async () => {
+  const name = $("#new-user").value.trim();
+  const r = await act("user.add", { name, password: $("#new-user-password").value });
+  if (r !== undefined && $("#new-user-admin").checked) return act("user.admin", { name, admin: true });
+  return r;
+});
+onForm("#alert-new", () => act("alert.add", { alert: {
+  name: $("#alert-name").value.trim(),
+  target: { webhook: { url: $("#alert-url").value.trim() } },
+  min_severity: $("#alert-severity").value,
+} }));
+$("#props-close").addEventListener("click", () => { $("#props").hidden = true; });
+$("#chart-metric").addEventListener("change", refresh);
+$("#chart-range").addEventListener("change", refresh);
 
 $("#login").addEventListener("submit", async (ev) => {
   ev.preventDefault();

@@ -238,7 +238,12 @@ fn the_dashboard_in_a_real_browser() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let web = format!("127.0.0.1:{port}");
-    let d = Daemon::start_with(dir.path(), &["--web", &web]);
+    // History points every 100 ms (a day point every 3 s) for the charts.
+    let d = Daemon::start_env(
+        dir.path(),
+        &["--web", &web],
+        &[("TARN_HISTORY_TICK_MS", "100")],
+    );
     let f = files(dir.path(), "disk", 2, 128 << 20);
     d.ok(&["pool", "create", "tank", "mirror", &f[0], &f[1]]);
     d.ok(&["dataset", "create", "tank/photos"]);
@@ -308,6 +313,126 @@ fn the_dashboard_in_a_real_browser() {
     );
     let snaps = d.ok(&["dataset", "list", "-t", "snapshot"]);
     assert!(snaps.contains("tank/photos@web-"), "{snaps}");
+
+    // Management: dialogs say yes, and prompts answer what the test sets.
+    page.eval("window.confirm = () => true; window.prompt = () => window.answer; true");
+    let click = |page: &mut Cdp, row: &str, label: &str| {
+        let ok = page.eval(&format!(
+            "(() => {{ const s = document.querySelector('[data-dataset=\"{row}\"]') || \
+             document.querySelector('[data-user=\"{row}\"]'); if (!s) return false; \
+             const b = [...s.querySelectorAll('button')].find(b => b.innerText === '{label}'); \
+             if (!b) return false; b.click(); return true; }})()"
+        ));
+        assert_eq!(ok, true, "no {label} button for {row}");
+    };
+    page.eval(
+        "document.querySelector('#ds-name').value = 'tank/media'; \
+         document.querySelector('#ds-compression').value = 'lz4'; \
+         document.querySelector('#ds-new').requestSubmit(); true",
+    );
+    page.wait(
+        "document.querySelector('[data-dataset=\"tank/media\"]') !== null",
+        "the new dataset",
+    );
+    assert_eq!(d.prop("tank/media", "compression"), "lz4");
+    click(&mut page, "tank/media", "Properties");
+    page.wait(
+        "!document.querySelector('#props').hidden && \
+         document.querySelector('#props-table').innerText.includes('compression')",
+        "the properties",
+    );
+    page.eval(
+        "window.answer = 'zstd'; [...document.querySelectorAll('#props-table tr')] \
+         .find(r => r.cells[0] && r.cells[0].innerText === 'compression') \
+         .querySelector('button').click(); true",
+    );
+    page.wait(
+        "[...document.querySelectorAll('#props-table tr')].some(r => r.cells[0] && \
+         r.cells[0].innerText === 'compression' && r.cells[1].innerText === 'zstd')",
+        "the changed property",
+    );
+    assert_eq!(d.prop("tank/media", "compression"), "zstd");
+    page.screenshot("properties");
+    let snap = page.eval(
+        "[...document.querySelectorAll('[data-dataset]')].map(s => s.dataset.dataset) \
+         .find(n => n.startsWith('tank/photos@web-'))",
+    );
+    let snap = snap.as_str().unwrap().to_string();
+    page.eval("window.answer = 'tank/photos-copy'; true");
+    click(&mut page, &snap, "Clone");
+    page.wait(
+        "document.querySelector('[data-dataset=\"tank/photos-copy\"]') !== null",
+        "the clone",
+    );
+    assert!(d.ok(&["dataset", "list"]).contains("tank/photos-copy"));
+    click(&mut page, "tank/photos-copy", "Destroy");
+    page.wait(
+        "document.querySelector('[data-dataset=\"tank/photos-copy\"]') === null",
+        "the clone destroyed",
+    );
+    assert!(!d.ok(&["dataset", "list"]).contains("tank/photos-copy"));
+    click(&mut page, &snap, "Rollback");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        page.eval("document.querySelector('#error').innerText"),
+        "",
+        "the rollback"
+    );
+    // Users and shares.
+    page.eval(
+        "document.querySelector('#new-user').value = 'bob'; \
+         document.querySelector('#new-user-password').value = 'bob-password-1'; \
+         document.querySelector('#user-new').requestSubmit(); true",
+    );
+    page.wait(
+        "document.querySelector('[data-user=\"bob\"]') !== null",
+        "the new user",
+    );
+    click(&mut page, "bob", "Make admin");
+    page.wait(
+        "[...document.querySelectorAll('#users tr')].some(r => r.cells[0] && \
+         r.cells[0].innerText === 'bob' && r.cells[3].innerText === 'yes')",
+        "bob an administrator",
+    );
+    let users = d.ok(&["user", "list"]);
+    assert!(
+        users
+            .lines()
+            .any(|l| l.starts_with("bob") && l.trim_end().ends_with("yes")),
+        "{users}"
+    );
+    page.eval(
+        "document.querySelector('#share-name').value = 'media'; \
+         document.querySelector('#share-dataset').value = 'tank/media'; \
+         document.querySelector('#share-webdav').value = 'bob=rw'; \
+         document.querySelector('#share-new').requestSubmit(); true",
+    );
+    page.wait(
+        "document.querySelector('#shares').innerText.includes('webdav bob=rw')",
+        "the new share",
+    );
+    assert!(d.ok(&["share", "list"]).contains("media"));
+    page.eval(
+        "document.querySelector('#alert-name').value = 'hook'; \
+         document.querySelector('#alert-url').value = 'http://127.0.0.1:9/hook'; \
+         document.querySelector('#alert-new').requestSubmit(); true",
+    );
+    page.wait(
+        "document.querySelector('#alerts').innerText.includes('http://127.0.0.1:9/hook')",
+        "the new alert",
+    );
+    // The chart per metric and range, with a legend per pool.
+    page.eval(
+        "document.querySelector('#chart-metric').value = 'latency'; \
+         document.querySelector('#chart-range').value = 'day'; \
+         document.querySelector('#chart-range').dispatchEvent(new Event('change')); true",
+    );
+    page.wait(
+        "document.querySelector('#legend').innerText.includes('tank read') && \
+         document.querySelector('#chart').getContext('2d') !== null",
+        "the latency chart's legend",
+    );
+    page.screenshot("dashboard-managed");
 
     // A phone: no horizontal scrolling.
     page.call(
