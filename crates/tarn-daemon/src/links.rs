@@ -41,7 +41,7 @@ pub(crate) struct LinkRecord {
     pub expires_unix: Option<u64>,
 }
 
-#[derive(Default, Serialize, Deserialize)]
+#[derive(Clone, Default, Serialize, Deserialize)]
 struct LinkFile {
     links: Vec<LinkRecord>,
 }
@@ -50,7 +50,13 @@ struct LinkFile {
 pub struct Links {
     path: PathBuf,
     lock: Mutex<()>,
+    /// The file as last read, with its identity (modified time, length,
+    /// inode): visitors' requests do not parse it again unless it
+    /// changed.
+    cache: Mutex<Option<(FileKey, LinkFile)>>,
 }
+
+type FileKey = (Option<SystemTime>, u64, u64);
 
 pub(crate) fn now_unix() -> u64 {
     SystemTime::now()
@@ -78,11 +84,29 @@ impl Links {
         Links {
             path: state_dir.join(LINKS_FILE),
             lock: Mutex::new(()),
+            cache: Mutex::new(None),
         }
     }
 
     fn load(&self) -> Result<LinkFile, ApiError> {
-        load_json(&self.path)
+        use std::os::unix::fs::MetadataExt;
+        let key = std::fs::metadata(&self.path)
+            .ok()
+            .map(|m| (m.modified().ok(), m.len(), m.ino()));
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(k), Some((ck, f))) = (key, cache.as_ref()) {
+            if k == *ck {
+                return Ok(f.clone());
+            }
+        }
+        let f: LinkFile = load_json(&self.path)?;
+        *cache = key.map(|k| (k, f.clone()));
+        Ok(f)
+    }
+
+    fn save(&self, f: &LinkFile) -> Result<(), ApiError> {
+        *self.cache.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        save_private(&self.path, f)
     }
 
     /// Adds a link for `owner` of `pool` (already checked by the caller:
@@ -126,7 +150,7 @@ impl Links {
             created_unix: now,
             expires_unix,
         });
-        save_private(&self.path, &f)?;
+        self.save(&f)?;
         Ok(LinkCreated { id, token })
     }
 
@@ -161,7 +185,7 @@ impl Links {
         if f.links.len() == before {
             return Err(ApiError::not_found(format!("no link '{id}'")));
         }
-        save_private(&self.path, &f)
+        self.save(&f)
     }
 
     /// The live link whose token this is.

@@ -180,6 +180,38 @@ impl WebFiles for WebUsers {
         })
     }
 
+    fn snapshot_before_restore(&self, user: &UserId, share: &str) -> Result<String, String> {
+        use tarn_api::Backend;
+        let pools = self.pools.upgrade().ok_or("the daemon is stopping")?;
+        let list = pools.share_list().map_err(|e| e.message)?;
+        let dataset = list
+            .iter()
+            .find(|s| s.pool == user.pool && s.share.name == share)
+            .map(|s| s.share.dataset.clone())
+            .ok_or_else(|| format!("no share '{share}'"))?;
+        let now = crate::links::now_unix();
+        let (y, m, d) = tarn_api::time::civil_from_days(now / 86_400);
+        let s = now % 86_400;
+        let stamp = format!(
+            "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+            s / 3600,
+            s / 60 % 60,
+            s % 60
+        );
+        for n in 0..100 {
+            let name = match n {
+                0 => format!("{dataset}@restore-{stamp}"),
+                n => format!("{dataset}@restore-{stamp}-{n}"),
+            };
+            match pools.dataset_snapshot(std::slice::from_ref(&name), false) {
+                Ok(()) => return Ok(name),
+                Err(e) if e.code == tarn_api::ErrorCode::Exists => continue,
+                Err(e) => return Err(e.message),
+            }
+        }
+        Err("too many restores this second".into())
+    }
+
     fn link_password(&self, token: &str, password: &str) -> bool {
         let Some(pools) = self.pools.upgrade() else {
             return false;

@@ -515,6 +515,13 @@ async function openFolder(path) {
   for (const e of entries) {
     if (grid && e.kind === "file" && IMAGE.test(e.name)) continue;
     const p = join(path, e.name);
+    if (e.bad_name) {
+      // Its real name is not text: reachable over SMB, NFS or WebDAV.
+      rows.append(el("tr", { "data-name": e.name }, el("td", { class: "name" }, e.name + " (name not shown exactly)"),
+        el("td", {}, e.kind === "dir" ? "" : size(e.size)), el("td", {}, new Date(e.mtime * 1000).toLocaleString()),
+        el("td", {})));
+      continue;
+    }
     const link = e.kind === "dir"
       ? el("a", { href: "#", onclick: (ev) => { ev.preventDefault(); openFolder(p); } }, e.name + "/")
       : e.kind === "file" ? el("a", { href: files.file(p), target: "_blank", rel: "noopener" }, e.name)
@@ -574,7 +581,7 @@ async function showVersions(p, kind) {
     if (key === prev) continue;
     prev = key;
     const restore = files.writable ? el("button", { class: "restore", onclick: async () => {
-      if (!confirm(`Put back ${p} as it was in ${v.snapshot}?`)) return;
+      if (!confirm(`Put back ${p} as it was in ${v.snapshot}? What is there now is kept in a new snapshot.`)) return;
       try {
         await post("/api/files-op", { op: "restore", share: files.share, path: p, snapshot: v.snapshot });
         $("#versions").hidden = true;
@@ -607,6 +614,7 @@ async function upload(file) {
     }
     let offset = 0;
     let failures = 0;
+    let replaceNow = false;
     for (;;) {
       if (offset >= file.size && file.size > 0) break;
       const end = Math.min(file.size, offset + CHUNK);
@@ -615,11 +623,16 @@ async function upload(file) {
         r = await call(files.session(s.id), {
           method: "PUT",
           headers: Object.assign({ "Content-Type": "application/octet-stream", "Upload-Offset": String(offset) },
-            files.headers()),
+            replaceNow ? { "Upload-Replace": "true" } : {}, files.headers()),
           body: file.slice(offset, end),
         });
         failures = 0;
       } catch (e) {
+        // Every byte is there but the name was taken meanwhile.
+        if (e.code === "exists" && !files.link && !replaceNow && confirm(`${file.name} appeared meanwhile. Replace it?`)) {
+          replaceNow = true;
+          continue;
+        }
         if (e.status && e.status < 500 && e.code !== "offset" && e.status !== 400) throw e;
         if (++failures > 20) throw e;
         await new Promise((ok) => setTimeout(ok, Math.min(10000, 500 * failures)));
@@ -627,7 +640,7 @@ async function upload(file) {
       }
       offset = r.offset;
       item.textContent = `${file.name}: ${Math.floor((100 * offset) / Math.max(1, file.size))} %`;
-      if (r.done) { item.textContent = `${file.name}: uploaded as ${r.name}`; break; }
+      if (r.done) { item.textContent = r.name ? `${file.name}: uploaded as ${r.name}` : `${file.name}: uploaded`; break; }
       if (file.size === 0) break;
     }
   } catch (e) {

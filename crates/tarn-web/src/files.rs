@@ -97,6 +97,10 @@ pub trait WebFiles: Send + Sync + 'static {
     fn link(&self, token: &str) -> Option<LinkGrant>;
     /// Whether `password` is the link's (blocks: hashed on purpose).
     fn link_password(&self, token: &str, password: &str) -> bool;
+    /// Takes a snapshot of the dataset behind `user`'s share `share`
+    /// before a restore replaces anything in it, so what the restore
+    /// replaces stays a previous version; answers the snapshot's name.
+    fn snapshot_before_restore(&self, user: &UserId, share: &str) -> Result<String, String>;
 }
 
 /// An upload session without a chunk for this long is ended.
@@ -105,6 +109,11 @@ pub const UPLOAD_IDLE: Duration = Duration::from_secs(24 * 3600);
 pub const UPLOADS_PER_OWNER: usize = 64;
 /// Upload sessions open in all.
 pub const MAX_UPLOADS: usize = 1024;
+/// How often idle upload sessions are looked for.
+pub const REAP_EVERY: Duration = Duration::from_secs(600);
+/// A folder's left-over temporaries (of sessions a restart forgot) are
+/// looked for at most this often, when an upload starts there.
+const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 /// Time allowed between two pieces of an upload chunk's body.
 pub const CHUNK_IDLE: Duration = Duration::from_secs(60);
 /// Bytes gathered from the network before one filesystem write.
@@ -196,6 +205,11 @@ fn component(c: &[u8]) -> FResult<()> {
             "snapshots are reached through previous versions",
         ));
     }
+    if hidden(c) {
+        // Another session's upload or restore in progress: not a file
+        // anyone may open, rename or replace until it is whole.
+        return Err(FErr::forbidden("that name is a transfer in progress"));
+    }
     if c.len() > 255 {
         return Err(FErr::bad("a name is longer than 255 bytes"));
     }
@@ -250,12 +264,8 @@ pub(crate) fn json_components(path: &str) -> FResult<Vec<Vec<u8>>> {
 
 /// A new name for a file or folder.
 fn new_name(name: &str) -> FResult<Vec<u8>> {
+    // component() refuses tarn's own temporary names too.
     component(name.as_bytes())?;
-    if name.starts_with(UPLOAD_PREFIX) || name.starts_with(RESTORE_PREFIX) {
-        return Err(FErr::bad(
-            "names starting .tarn-upload- or .tarn-restore- are tarn's",
-        ));
-    }
     Ok(name.as_bytes().to_vec())
 }
 
@@ -335,6 +345,12 @@ impl Scope {
         self.walk(comps)
     }
 
+    /// Whether the caller may read file `a`.
+    pub(crate) fn may_read(&self, a: &Attr) -> FResult<()> {
+        self.fs().access(a.ino, tarn_fs::R_OK, self.cred())?;
+        Ok(())
+    }
+
     /// All of file `a` (opened as the caller: its permissions apply).
     pub(crate) fn read_all(&self, a: &Attr) -> FResult<Vec<u8>> {
         self.fs().open(a.ino, libc::O_RDONLY, self.cred())?;
@@ -403,12 +419,18 @@ pub(crate) fn list(scope: &Scope, comps: &[Vec<u8>]) -> FResult<Value> {
         .into_iter()
         .filter(|(n, _)| !hidden(n))
         .map(|(n, a)| {
-            json!({
+            let mut e = json!({
                 "name": String::from_utf8_lossy(&n),
                 "kind": kind_name(a.kind),
                 "size": a.size,
                 "mtime": a.mtime.sec,
-            })
+            });
+            if std::str::from_utf8(&n).is_err() {
+                // Shown, but not to be acted on by its shown name (which
+                // is not its real one): use SMB, NFS or WebDAV for it.
+                e["bad_name"] = Value::Bool(true);
+            }
+            e
         })
         .collect();
     Ok(json!({"entries": items, "writable": scope.modify && scope.share.writable}))
@@ -530,11 +552,29 @@ struct ChanWriter {
     buf: Vec<u8>,
 }
 
+/// A client that takes nothing of a download for this long is dropped
+/// (its blocking thread and open file are needed elsewhere).
+pub const SEND_STALL: Duration = Duration::from_secs(120);
+
 impl ChanWriter {
+    /// Sends a piece, waiting while the client reads what came before
+    /// (on a blocking thread: the runtime's handle waits for the
+    /// channel).
     fn send(&mut self, b: Bytes) -> io::Result<()> {
-        self.tx
-            .blocking_send(Ok(b))
-            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the client went away"))
+        let tx = self.tx.clone();
+        let sent = tokio::runtime::Handle::current()
+            .block_on(async move { tokio::time::timeout(SEND_STALL, tx.send(Ok(b))).await });
+        match sent {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the client went away",
+            )),
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client stopped reading",
+            )),
+        }
     }
 }
 
@@ -598,7 +638,11 @@ where
             if e.kind() != io::ErrorKind::BrokenPipe {
                 log::warn!("tarn-web: a download was cut short: {e}");
             }
-            let _ = tx.blocking_send(Err(e));
+            // The error item makes hyper cut the connection rather than
+            // end the body cleanly.
+            let tx = tx.clone();
+            let _ = tokio::runtime::Handle::current()
+                .block_on(async move { tokio::time::timeout(SEND_STALL, tx.send(Err(e))).await });
         }
     });
     let mut r = http::Response::new(ChanBody(rx).boxed_unsync());
@@ -627,6 +671,7 @@ pub(crate) fn download(
     comps: &[Vec<u8>],
     headers: &HeaderMap,
     attachment: bool,
+    zips: &Arc<tokio::sync::Semaphore>,
 ) -> FResult<Resp> {
     scope.need_read()?;
     let a = scope.walk(comps)?;
@@ -637,7 +682,16 @@ pub(crate) fn download(
         .unwrap_or_else(|| scope.share.name.as_bytes().to_vec());
     match a.kind {
         FileKind::Regular => {}
-        FileKind::Directory => return Ok(zip_folder(scope, a, name)),
+        FileKind::Directory => {
+            let permit = zips.clone().try_acquire_owned().map_err(|_| {
+                FErr::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "busy",
+                    "too many folder downloads at once; try again in a moment",
+                )
+            })?;
+            return Ok(zip_folder(scope, a, name, permit));
+        }
         _ => return Err(FErr::bad("only files and folders can be downloaded")),
     }
     scope.fs().open(a.ino, libc::O_RDONLY, scope.cred())?;
@@ -693,7 +747,16 @@ pub(crate) fn download(
     }))
 }
 
-fn zip_folder(scope: Scope, dir: Attr, name: Vec<u8>) -> Resp {
+/// Folder downloads streamed at once (each walks a tree and holds a
+/// blocking thread).
+pub const MAX_ZIPS: usize = 4;
+
+fn zip_folder(
+    scope: Scope,
+    dir: Attr,
+    name: Vec<u8>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> Resp {
     let top = String::from_utf8_lossy(&name).to_string();
     let hs = vec![
         ("content-type", "application/zip".to_string()),
@@ -703,6 +766,7 @@ fn zip_folder(scope: Scope, dir: Attr, name: Vec<u8>) -> Resp {
         ),
     ];
     streamed(StatusCode::OK, hs, move |tx| {
+        let _permit = permit;
         let w = ChanWriter {
             tx: tx.clone(),
             buf: Vec::new(),
@@ -721,7 +785,7 @@ fn zip_folder(scope: Scope, dir: Attr, name: Vec<u8>) -> Resp {
                 note.push_str(s);
                 note.push('\n');
             }
-            z.start_file(&format!("{top}/tarn-skipped.txt"), dir.mtime.sec)?;
+            z.start_file(&format!("{top}/tarn-skipped.txt"), dir.mtime.sec, None)?;
             z.write(note.as_bytes())?;
         }
         let mut w = z.finish()?;
@@ -762,11 +826,11 @@ fn zip_dir(
                     skipped.push(path);
                     continue;
                 }
-                let r = z.start_file(&path, a.mtime.sec).and_then(|()| {
-                    // The size now, not the listing's: a file that grows
-                    // while it is zipped is taken as it is.
-                    let size = fs.getattr(a.ino).map_err(fs_io)?.size;
-                    copy_out(fs, a.ino, 0, size, &mut |b| z.write(b))
+                // The size now, not the listing's: a file that grows while
+                // it is zipped is taken as it is.
+                let r = fs.getattr(a.ino).map_err(fs_io).and_then(|now| {
+                    z.start_file(&path, a.mtime.sec, Some(now.size))?;
+                    copy_out(fs, a.ino, 0, now.size, &mut |b| z.write(b))
                 });
                 let _ = fs.release(a.ino);
                 r?;
@@ -833,6 +897,12 @@ fn copy_file_over(
         });
         let _ = src_fs.release(src.ino);
         copied.map_err(|e| FErr::new(StatusCode::INTERNAL_SERVER_ERROR, "io", e.to_string()))?;
+        // The old version's time, so it reads as that version again.
+        let keep_time = tarn_fs::SetAttr {
+            mtime: Some(tarn_fs::TimeSet::At(src.mtime)),
+            ..Default::default()
+        };
+        fs.setattr(t.ino, &keep_time, cred)?;
         fs.rename(dir, tmp.as_bytes(), dir, name, 0, cred)?;
         Ok(())
     })();
@@ -847,7 +917,12 @@ fn copy_file_over(
 /// atomically) or of a folder (each file of the old folder replaces its
 /// current version; files made since are kept). Answers how many files
 /// were restored.
-pub(crate) fn restore(scope: &Scope, comps: &[Vec<u8>], snap: &str) -> FResult<Value> {
+pub(crate) fn restore(
+    scope: &Scope,
+    comps: &[Vec<u8>],
+    snap: &str,
+    safety: &dyn Fn() -> FResult<String>,
+) -> FResult<Value> {
     scope.need_modify()?;
     if snap.is_empty() || snap.contains('/') || snap == "." || snap == ".." {
         return Err(FErr::bad("no such snapshot"));
@@ -860,8 +935,10 @@ pub(crate) fn restore(scope: &Scope, comps: &[Vec<u8>], snap: &str) -> FResult<V
             return Err(FErr::bad("the top folder of a snapshot is a folder"));
         }
         let d = scope.walk(&[])?;
+        let kept = safety()?;
         restore_dir(scope, &src, d.ino, 0, &mut n)?;
-        return Ok(json!({"files": n}));
+        fs.fsync(d.ino)?;
+        return Ok(json!({"files": n, "kept_in": kept}));
     }
     let (dir, name) = scope.parent(comps).map_err(|e| {
         if e.status == StatusCode::NOT_FOUND {
@@ -874,6 +951,11 @@ pub(crate) fn restore(scope: &Scope, comps: &[Vec<u8>], snap: &str) -> FResult<V
             e
         }
     })?;
+    if src.kind != FileKind::Regular && src.kind != FileKind::Directory {
+        return Err(FErr::bad("only files and folders can be restored"));
+    }
+    // What is there now stays reachable as a previous version.
+    let kept = safety()?;
     match src.kind {
         FileKind::Regular => {
             copy_file_over(scope, &src, fs, dir.ino, &name)?;
@@ -900,7 +982,7 @@ pub(crate) fn restore(scope: &Scope, comps: &[Vec<u8>], snap: &str) -> FResult<V
     }
     // Restored means durable: the user is told so only now.
     fs.fsync(dir.ino)?;
-    Ok(json!({"files": n}))
+    Ok(json!({"files": n, "kept_in": kept}))
 }
 
 fn restore_dir(scope: &Scope, src: &Attr, dst: u64, depth: usize, n: &mut u64) -> FResult<()> {
@@ -954,7 +1036,11 @@ fn remove_tree(scope: &Scope, dir: u64, name: &[u8], depth: usize) -> FResult<()
 }
 
 /// `POST /api/files/op`: mkdir, rename (also a move), delete, restore.
-pub(crate) fn operation(scope: &Scope, body: &Value) -> FResult<Value> {
+pub(crate) fn operation(
+    scope: &Scope,
+    body: &Value,
+    safety: &dyn Fn() -> FResult<String>,
+) -> FResult<Value> {
     let s = |k: &str| body.get(k).and_then(Value::as_str).unwrap_or("");
     let comps = json_components(s("path"))?;
     match s("op") {
@@ -993,7 +1079,7 @@ pub(crate) fn operation(scope: &Scope, body: &Value) -> FResult<Value> {
             remove_tree(scope, dir.ino, &name, 0)?;
             Ok(json!({}))
         }
-        "restore" => restore(scope, &comps, s("snapshot")),
+        "restore" => restore(scope, &comps, s("snapshot"), safety),
         _ => Err(FErr::bad("op must be mkdir, rename, delete or restore")),
     }
 }
@@ -1025,8 +1111,9 @@ impl Upload {
     }
 }
 
-/// Ends idle sessions and removes their temporary files.
-fn reap(st: &State) {
+/// Ends idle sessions and removes their temporary files (at each new
+/// upload and every [`REAP_EVERY`]).
+pub(crate) fn reap(st: &State) {
     let dead: Vec<Upload> = {
         let mut u = st.uploads.lock().unwrap_or_else(|e| e.into_inner());
         let ids: Vec<String> = u
@@ -1038,6 +1125,44 @@ fn reap(st: &State) {
     };
     for x in dead {
         drop_temp(&x);
+    }
+}
+
+/// Removes temporaries in folder `dir` that no session owns and that
+/// have not changed for [`UPLOAD_IDLE`]: those of sessions a restart
+/// (or a crash) forgot. A folder is looked at most every
+/// [`SWEEP_EVERY`].
+fn sweep(st: &State, scope: &Scope, dir: u64) {
+    let key = (Arc::as_ptr(&scope.share.fs) as *const () as usize, dir);
+    {
+        let mut seen = st.swept.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.get(&key).is_some_and(|t| t.elapsed() < SWEEP_EVERY) {
+            return;
+        }
+        if seen.len() >= 10_000 {
+            seen.clear();
+        }
+        seen.insert(key, Instant::now());
+    }
+    let Ok(list) = entries(scope.fs(), dir) else {
+        return;
+    };
+    let live: Vec<Vec<u8>> = st
+        .uploads
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .filter(|u| u.dir == dir)
+        .map(|u| u.tmp.clone())
+        .collect();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    for (name, a) in list {
+        let old = now - a.mtime.sec > UPLOAD_IDLE.as_secs() as i64;
+        if hidden(&name) && old && a.kind == FileKind::Regular && !live.contains(&name) {
+            let _ = scope.fs().unlink(dir, &name, scope.cred());
+        }
     }
 }
 
@@ -1064,10 +1189,16 @@ pub(crate) fn upload_start(st: &State, scope: &Scope, body: &Value) -> FResult<V
     if replace {
         scope.need_modify()?;
     }
+    if scope.add && !scope.modify && !comps.is_empty() {
+        return Err(FErr::forbidden(
+            "an upload link adds files to its folder only",
+        ));
+    }
     let dir = scope.walk(&comps)?;
     if dir.kind != FileKind::Directory {
         return Err(FErr::bad("uploads go into a folder"));
     }
+    sweep(st, scope, dir.ino);
     let fs = scope.fs();
     if !replace && !scope.add {
         match fs.lookup(dir.ino, &name, scope.cred()) {
@@ -1177,37 +1308,80 @@ pub(crate) fn upload_cancel(st: &State, who: &Who, id: &str) -> FResult<Value> {
     Ok(json!({}))
 }
 
-/// Gives the session back (not busy), or ends it.
-fn put_back(st: &State, id: &str, offset: u64, end: bool) {
-    let mut u = st.uploads.lock().unwrap_or_else(|e| e.into_inner());
-    if end {
-        if let Some(x) = u.remove(id) {
-            drop(u);
-            drop_temp(&x);
+/// A claimed session: given back (not busy, at the offset reached) when
+/// dropped, however the chunk's handling ends; or ended, with its
+/// temporary file removed.
+struct Claim {
+    st: Arc<State>,
+    id: String,
+    offset: u64,
+    end: bool,
+    done: bool,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if self.done {
+            return;
         }
-    } else if let Some(x) = u.get_mut(id) {
-        x.busy = false;
-        x.offset = offset;
-        x.last = Instant::now();
+        let mut u = self.st.uploads.lock().unwrap_or_else(|e| e.into_inner());
+        if self.end {
+            if let Some(x) = u.remove(&self.id) {
+                drop(u);
+                drop_temp(&x);
+            }
+        } else if let Some(x) = u.get_mut(&self.id) {
+            x.busy = false;
+            x.offset = self.offset;
+            x.last = Instant::now();
+        }
     }
 }
 
 /// `PUT …/upload/ID` with `Upload-Offset`: writes a chunk as it arrives
-/// and, with the last byte, puts the file in place.
+/// and, with the last byte, puts the file in place. The work runs as a
+/// task of its own: a client that goes away (hyper then drops the
+/// request's future) cannot leave the session half-handled.
 pub(crate) async fn upload_put(
     st: &Arc<State>,
     scope: Scope,
     id: &str,
     headers: &HeaderMap,
+    body: Incoming,
+) -> FResult<Value> {
+    let (st2, id2, h2) = (st.clone(), id.to_string(), headers.clone());
+    tokio::spawn(async move { put_chunk(st2, scope, id2, h2, body).await })
+        .await
+        .unwrap_or_else(|_| {
+            Err(FErr::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "the upload failed",
+            ))
+        })
+}
+
+async fn put_chunk(
+    st: Arc<State>,
+    scope: Scope,
+    id: String,
+    headers: HeaderMap,
     mut body: Incoming,
 ) -> FResult<Value> {
     let claimed: Option<u64> = headers
         .get("upload-offset")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse().ok());
-    let (fs, cred, dir, tmp, tmp_ino, size, mut offset) = {
+    let replace_now = headers
+        .get("upload-replace")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim() == "true");
+    if replace_now {
+        scope.need_modify()?;
+    }
+    let (fs, cred, dir, tmp, tmp_ino, size, name, replace, keep_both, mut claim) = {
         let mut u = st.uploads.lock().unwrap_or_else(|e| e.into_inner());
-        let x = match u.get_mut(id) {
+        let x = match u.get_mut(&id) {
             Some(x) if x.who == scope.who => x,
             _ => return Err(no_upload()),
         };
@@ -1229,6 +1403,7 @@ pub(crate) async fn upload_put(
             ));
         }
         x.busy = true;
+        x.replace |= replace_now;
         (
             scope.share.fs.clone(),
             scope.share.cred.clone(),
@@ -1236,44 +1411,57 @@ pub(crate) async fn upload_put(
             x.tmp.clone(),
             x.tmp_ino,
             x.size,
-            x.offset,
+            x.name.clone(),
+            x.replace,
+            x.keep_both,
+            Claim {
+                st: st.clone(),
+                id: id.clone(),
+                offset: x.offset,
+                end: false,
+                done: false,
+            },
         )
     };
-    // The temporary must still be ours and as long as we think.
+    let mut offset = claim.offset;
+    // The temporary must still be ours and as long as we think; if it is
+    // gone or changed, the session ends (nothing of it can be trusted).
     let check = {
         let (fs, cred, tmp) = (fs.clone(), cred.clone(), tmp.clone());
-        tokio::task::spawn_blocking(move || -> FResult<()> {
-            let a = fs.lookup(dir, &tmp, &cred)?;
-            if a.ino != tmp_ino || a.kind != FileKind::Regular || a.size != offset {
-                return Err(FErr::new(
+        blocking(move || -> FResult<()> {
+            let gone = |why: &str| {
+                FErr::new(
                     StatusCode::CONFLICT,
                     "changed",
-                    "the upload's temporary file was changed by someone else; start again",
-                ));
+                    format!("the upload's temporary file {why}; start again"),
+                )
+            };
+            let a = match fs.lookup(dir, &tmp, &cred) {
+                Ok(a) => a,
+                Err(e) if e.errno() == libc::ENOENT => return Err(gone("is gone")),
+                Err(e) => return Err(e.into()),
+            };
+            if a.ino != tmp_ino || a.kind != FileKind::Regular || a.size != offset {
+                return Err(gone("was changed by someone else"));
             }
             fs.open(tmp_ino, libc::O_WRONLY, &cred)?;
             Ok(())
         })
         .await
-        .unwrap_or_else(|_| Err(FErr::bad("internal")))
     };
     if let Err(e) = check {
-        put_back(st, id, offset, e.code == "changed");
+        claim.end = e.code == "changed";
         return Err(e);
     }
     let write = |data: Vec<u8>, at: u64| {
         let (fs, cred) = (fs.clone(), cred.clone());
-        async move {
-            tokio::task::spawn_blocking(move || -> FResult<()> {
-                let mut done = 0;
-                while done < data.len() {
-                    done += fs.write(tmp_ino, at + done as u64, &data[done..], false, &cred)?;
-                }
-                Ok(())
-            })
-            .await
-            .unwrap_or_else(|_| Err(FErr::bad("internal")))
-        }
+        blocking(move || -> FResult<()> {
+            let mut done = 0;
+            while done < data.len() {
+                done += fs.write(tmp_ino, at + done as u64, &data[done..], false, &cred)?;
+            }
+            Ok(())
+        })
     };
     let mut buf: Vec<u8> = Vec::with_capacity(WRITE_BATCH);
     let mut outcome: FResult<()> = Ok(());
@@ -1306,6 +1494,7 @@ pub(crate) async fn upload_put(
                 break;
             }
             offset += n;
+            claim.offset = offset;
         }
     }
     if !buf.is_empty() {
@@ -1314,49 +1503,37 @@ pub(crate) async fn upload_put(
             Ok(()) => offset += n,
             Err(e) => outcome = outcome.and(Err(e)),
         }
+        claim.offset = offset;
     }
-    let finished = outcome.is_ok() && offset == size;
-    let (name, replace, keep_both) = {
-        let u = st.uploads.lock().unwrap_or_else(|e| e.into_inner());
-        match u.get(id) {
-            Some(x) => (x.name.clone(), x.replace, x.keep_both),
-            None => (Vec::new(), false, false),
-        }
+    if outcome.is_err() || offset < size {
+        let f = fs.clone();
+        let _ = blocking(move || Ok(f.release(tmp_ino))).await;
+        outcome?;
+        return Ok(json!({"offset": offset, "size": size, "done": false}));
+    }
+    let placed = {
+        let (fs, cred) = (fs.clone(), cred.clone());
+        blocking(move || place(&*fs, &cred, dir, &tmp, tmp_ino, &name, replace, keep_both)).await
     };
-    let placed = if finished {
-        let (fs, cred, tmp) = (fs.clone(), cred.clone(), tmp.clone());
-        tokio::task::spawn_blocking(move || {
-            place(&*fs, &cred, dir, &tmp, tmp_ino, &name, replace, keep_both)
-        })
-        .await
-        .unwrap_or_else(|_| Err(FErr::bad("internal")))
-    } else {
-        let _ = fs.release(tmp_ino);
-        Ok(Vec::new())
-    };
-    match (outcome, placed) {
-        (Ok(()), Ok(final_name)) if finished => {
+    match placed {
+        Ok(final_name) => {
             // Placed: the session is over (its temporary is the file now).
+            claim.done = true;
             st.uploads
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .remove(id);
-            Ok(json!({"offset": offset, "size": size, "done": true,
-                "name": String::from_utf8_lossy(&final_name)}))
+                .remove(&id);
+            let mut v = json!({"offset": offset, "size": size, "done": true});
+            if !keep_both {
+                // A visitor of an upload link is not told which names
+                // were taken.
+                v["name"] = Value::String(String::from_utf8_lossy(&final_name).into());
+            }
+            Ok(v)
         }
-        (Ok(()), Ok(_)) => {
-            put_back(st, id, offset, false);
-            Ok(json!({"offset": offset, "size": size, "done": false}))
-        }
-        (Ok(()), Err(e)) => {
-            // The name was taken meanwhile: the upload ends.
-            put_back(st, id, offset, true);
-            Err(e)
-        }
-        (Err(e), _) => {
-            put_back(st, id, offset, false);
-            Err(e)
-        }
+        // The bytes stay: the session waits, whole, for a retry (with
+        // Upload-Replace: true when the name was taken meanwhile).
+        Err(e) => Err(e),
     }
 }
 
@@ -1393,7 +1570,8 @@ fn place(
                 return Err(FErr::new(
                     StatusCode::CONFLICT,
                     "exists",
-                    "a file of that name appeared meanwhile",
+                    "a file of that name appeared meanwhile; send the last chunk again \
+                     with Upload-Replace: true to replace it",
                 ))
             }
             Err(e) => return Err(e.into()),
@@ -1482,8 +1660,8 @@ pub(crate) async fn serve_path(
             .await
             .map(|v| answer(st, StatusCode::OK, v, &[]))
     } else {
-        let (h, dl) = (headers.clone(), q("download"));
-        blocking(move || download(scope, &comps, &h, dl)).await
+        let (h, dl, zips) = (headers.clone(), q("download"), st.zips.clone());
+        blocking(move || download(scope, &comps, &h, dl, &zips)).await
     };
     r.unwrap_or_else(|e| e.answer(st))
 }

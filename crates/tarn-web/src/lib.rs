@@ -162,6 +162,10 @@ struct State {
     link_sessions: Mutex<HashMap<String, (String, Instant)>>,
     /// Made thumbnails.
     thumbs: thumbs::Thumbs,
+    /// Folder downloads streaming now ([`files::MAX_ZIPS`]).
+    zips: Arc<tokio::sync::Semaphore>,
+    /// Folders swept of forgotten upload temporaries, and when.
+    swept: Mutex<HashMap<(usize, u64), Instant>>,
 }
 
 /// Sessions one user may have; their least recently used goes first.
@@ -262,6 +266,8 @@ pub fn serve(
         uploads: Default::default(),
         link_sessions: Mutex::new(HashMap::new()),
         thumbs: thumbs::Thumbs::default(),
+        swept: Mutex::new(HashMap::new()),
+        zips: Arc::new(tokio::sync::Semaphore::new(files::MAX_ZIPS)),
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -278,6 +284,15 @@ pub fn serve(
                 let Ok(listener) = tokio::net::TcpListener::from_std(std_listener) else {
                     return;
                 };
+                // Idle upload sessions end even when nobody uploads.
+                let reaped = st.clone();
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(files::REAP_EVERY).await;
+                        let st = reaped.clone();
+                        let _ = tokio::task::spawn_blocking(move || files::reap(&st)).await;
+                    }
+                });
                 accept_loop(listener, st, tls, stop_rx).await;
             });
             rt.shutdown_timeout(Duration::from_secs(5));
@@ -348,12 +363,19 @@ async fn serve_conn<I>(
     let activity = conn.state().clone();
     let svc = service_fn(move |req: Request<Incoming>| {
         let st = state.clone();
-        // Busy while a request runs: only idle connections are evicted.
+        // Busy while a request runs and its answer is sent (a download
+        // streams long after the handler returned): only idle
+        // connections are evicted or closed for idleness.
         let busy = activity.begin();
         async move {
             let r = handle(req, peer.ip(), st).await;
-            drop(busy);
-            Ok::<_, Infallible>(r)
+            Ok::<_, Infallible>(r.map(|b| {
+                BusyBody {
+                    inner: b,
+                    _busy: busy,
+                }
+                .boxed_unsync()
+            }))
         }
     });
     let http = hyper::server::conn::http1::Builder::new()
@@ -376,6 +398,30 @@ async fn serve_conn<I>(
 /// aborts the connection.
 type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
 type Resp = Response<Body>;
+
+/// A response body that keeps its connection marked busy until it is
+/// sent or dropped.
+struct BusyBody {
+    inner: Body,
+    _busy: tarn_conn::Busy,
+}
+
+impl hyper::body::Body for BusyBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
 
 /// A whole body.
 fn full(b: impl Into<Bytes>) -> Body {

@@ -137,8 +137,25 @@ pub(crate) async fn files(
             }
             (&Method::POST, "files-op") => {
                 let body = json_body(headers, body).await?;
-                let scope = user_scope(st, &c.user, &share_of(&body)).await?;
-                let v = files::blocking(move || files::operation(&scope, &body)).await?;
+                let share = share_of(&body);
+                let scope = user_scope(st, &c.user, &share).await?;
+                let (f, user) = (st.files.clone(), c.user.clone());
+                let v = files::blocking(move || {
+                    let safety = || -> Result<String, FErr> {
+                        let f = f.as_ref().ok_or_else(|| {
+                            FErr::new(StatusCode::NOT_FOUND, "not_found", "no file pages")
+                        })?;
+                        f.snapshot_before_restore(&user, &share).map_err(|why| {
+                            FErr::new(
+                                StatusCode::INTERNAL_SERVER_ERROR,
+                                "io",
+                                format!("no snapshot of what the restore would replace: {why}"),
+                            )
+                        })
+                    };
+                    files::operation(&scope, &body, &safety)
+                })
+                .await?;
                 Ok(ok(v))
             }
             (&Method::POST, "upload") => {

@@ -18,7 +18,10 @@
 //!
 //! At most [`MAKERS`] thumbnails are made at once (decoding is CPU and
 //! memory heavy; other requests keep being served); sources above
-//! [`MAX_SOURCE`] bytes or [`MAX_PIXELS_SIDE`] pixels a side get none.
+//! [`MAX_SOURCE`] bytes, [`MAX_PIXELS_SIDE`] pixels a side or
+//! [`MAX_DECODE`] bytes decoded get none, so making thumbnails takes at
+//! most about `MAKERS × (MAX_SOURCE + MAX_DECODE)` beyond the cache. A
+//! decoder that panics on a hostile file fails that request only.
 //! HEIC has no maintained decoder we could build in, so HEIC files get
 //! no thumbnail (the page shows a plain tile).
 
@@ -39,9 +42,11 @@ pub const THUMB_CACHE_BYTES: usize = 64 << 20;
 /// Thumbnails made at once.
 pub const MAKERS: usize = 2;
 /// Largest source file that gets a thumbnail.
-pub const MAX_SOURCE: u64 = 64 << 20;
+pub const MAX_SOURCE: u64 = 48 << 20;
 /// Largest source image side, in pixels.
-pub const MAX_PIXELS_SIDE: u32 = 16_384;
+pub const MAX_PIXELS_SIDE: u32 = 12_000;
+/// Memory one decode may take (a 48-megapixel photo needs 144 MiB).
+pub const MAX_DECODE: u64 = 192 << 20;
 
 /// A file's identity and version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -142,18 +147,24 @@ impl Thumbs {
         self.lru.lock().unwrap_or_else(|e| e.into_inner()).bytes
     }
 
-    /// Runs `f` as one of at most [`MAKERS`].
+    /// Runs `f` as one of at most [`MAKERS`] (the slot is given back
+    /// however `f` ends, a panic included).
     fn gated<T>(&self, f: impl FnOnce() -> T) -> T {
+        struct Slot<'a>(&'a Thumbs);
+        impl Drop for Slot<'_> {
+            fn drop(&mut self) {
+                *self.0.busy.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                self.0.free.notify_one();
+            }
+        }
         let mut n = self.busy.lock().unwrap_or_else(|e| e.into_inner());
         while *n >= MAKERS {
             n = self.free.wait(n).unwrap_or_else(|e| e.into_inner());
         }
         *n += 1;
         drop(n);
-        let r = f();
-        *self.busy.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
-        self.free.notify_one();
-        r
+        let _slot = Slot(self);
+        f()
     }
 }
 
@@ -174,7 +185,7 @@ pub(crate) fn make(data: &[u8]) -> Result<Vec<u8>, FErr> {
     let mut limits = image::Limits::default();
     limits.max_image_width = Some(MAX_PIXELS_SIDE);
     limits.max_image_height = Some(MAX_PIXELS_SIDE);
-    limits.max_alloc = Some(1 << 30);
+    limits.max_alloc = Some(MAX_DECODE);
     reader.limits(limits);
     let mut decoder = reader
         .into_decoder()
@@ -204,6 +215,9 @@ pub(crate) fn thumbnail(
     if a.kind != FileKind::Regular {
         return Err(unsupported("only files have thumbnails"));
     }
+    // The cache is shared by every caller: whoever asks must be allowed
+    // to read the file, cached or not.
+    scope.may_read(&a)?;
     if a.size > MAX_SOURCE {
         return Err(unsupported("the image is too large for a thumbnail"));
     }
@@ -213,7 +227,10 @@ pub(crate) fn thumbnail(
     }
     let made = thumbs.gated(|| -> Result<Bytes, FErr> {
         let data = scope.read_all(&a)?;
-        Ok(Bytes::from(make(&data)?))
+        // A decoder that panics on a hostile file costs that request only.
+        let made = std::panic::catch_unwind(|| make(&data))
+            .unwrap_or_else(|_| Err(unsupported("cannot read this image")))?;
+        Ok(Bytes::from(made))
     })?;
     thumbs.put(key, made.clone());
     Ok((made, false))

@@ -31,6 +31,8 @@ struct Entry {
     time: u16,
     date: u16,
     dir: bool,
+    /// Its local header carries ZIP64 sizes.
+    zip64: bool,
 }
 
 /// Writes one archive into `W`, entry after entry.
@@ -78,24 +80,41 @@ impl<W: Write> ZipWriter<W> {
         Ok(())
     }
 
-    fn local(&mut self, name: &str, mtime: i64, dir: bool) -> io::Result<()> {
+    fn local(&mut self, name: &str, mtime: i64, dir: bool, size: Option<u64>) -> io::Result<()> {
         self.end_file()?;
         let (time, date) = dos_time(mtime);
-        let mut name = name.as_bytes().to_vec();
+        // A `\` would be a folder separator to Windows' extractors.
+        let mut name = name.replace('\\', "_").into_bytes();
         if dir {
             name.push(b'/');
         }
-        let mut h = Vec::with_capacity(30 + name.len());
+        if name.len() > usize::from(u16::MAX) {
+            return Err(io::Error::other("a path too long for a ZIP"));
+        }
+        // A file known to be large says so here too (ZIP64 sizes), for
+        // readers that stream rather than read the central directory.
+        let big = size.is_some_and(|s| s >= self.zip64_from);
+        let mut extra = Vec::new();
+        if big {
+            extra.extend(1u16.to_le_bytes());
+            extra.extend(16u16.to_le_bytes());
+            extra.extend([0u8; 16]); // sizes: in the descriptor
+        }
+        let mut h = Vec::with_capacity(30 + name.len() + extra.len());
         h.extend(LOCAL.to_le_bytes());
-        h.extend(20u16.to_le_bytes());
+        h.extend(if big { 45u16 } else { 20u16 }.to_le_bytes());
         h.extend(FLAGS.to_le_bytes());
         h.extend(0u16.to_le_bytes()); // stored
         h.extend(time.to_le_bytes());
         h.extend(date.to_le_bytes());
-        h.extend([0u8; 12]); // crc and sizes: in the descriptor
+        h.extend([0u8; 4]); // crc: in the descriptor
+        let size32: u32 = if big { u32::MAX } else { 0 };
+        h.extend(size32.to_le_bytes());
+        h.extend(size32.to_le_bytes());
         h.extend((name.len() as u16).to_le_bytes());
-        h.extend(0u16.to_le_bytes());
+        h.extend((extra.len() as u16).to_le_bytes());
         h.extend(&name);
+        h.extend(&extra);
         let offset = self.at;
         self.put(&h)?;
         self.entries.push(Entry {
@@ -106,20 +125,22 @@ impl<W: Write> ZipWriter<W> {
             time,
             date,
             dir,
+            zip64: big,
         });
         Ok(())
     }
 
     /// Adds a folder entry (`name` without the trailing slash).
     pub fn dir(&mut self, name: &str, mtime: i64) -> io::Result<()> {
-        self.local(name, mtime, true)?;
+        self.local(name, mtime, true, Some(0))?;
         self.open = Some((crc32fast::Hasher::new(), 0));
         self.end_file()
     }
 
-    /// Starts a file entry; its bytes follow with [`ZipWriter::write`].
-    pub fn start_file(&mut self, name: &str, mtime: i64) -> io::Result<()> {
-        self.local(name, mtime, false)?;
+    /// Starts a file entry of `size` bytes if known; its bytes follow
+    /// with [`ZipWriter::write`].
+    pub fn start_file(&mut self, name: &str, mtime: i64, size: Option<u64>) -> io::Result<()> {
+        self.local(name, mtime, false, size)?;
         self.open = Some((crc32fast::Hasher::new(), 0));
         Ok(())
     }
@@ -140,7 +161,7 @@ impl<W: Write> ZipWriter<W> {
             return Ok(());
         };
         let crc = crc.finalize();
-        let big = size >= self.zip64_from;
+        let big = size >= self.zip64_from || self.entries.last().is_some_and(|e| e.zip64);
         if let Some(e) = self.entries.last_mut() {
             e.crc = crc;
             e.size = size;
@@ -167,7 +188,7 @@ impl<W: Write> ZipWriter<W> {
         let cd_start = self.at;
         let entries = std::mem::take(&mut self.entries);
         for e in &entries {
-            let big_size = e.size >= self.zip64_from;
+            let big_size = e.size >= self.zip64_from || e.zip64;
             let big_off = e.offset >= self.zip64_from;
             let mut extra = Vec::new();
             if big_size || big_off {
@@ -261,13 +282,13 @@ mod tests {
         let mut z = ZipWriter::new(Vec::new());
         z.zip64_from = zip64_from;
         z.dir("photos", 1_700_000_000).unwrap();
-        z.start_file("photos/a.txt", 1_700_000_000).unwrap();
+        z.start_file("photos/a.txt", 1_700_000_000, None).unwrap();
         z.write(b"hello ").unwrap();
         z.write(b"world").unwrap();
-        z.start_file("photos/é b.bin", 0).unwrap();
+        z.start_file("photos/é b.bin", 0, Some(100_000)).unwrap();
         z.write(&(0..=255u8).cycle().take(100_000).collect::<Vec<_>>())
             .unwrap();
-        z.start_file("empty", 1_800_000_000).unwrap();
+        z.start_file("empty", 1_800_000_000, Some(0)).unwrap();
         z.finish().unwrap()
     }
 

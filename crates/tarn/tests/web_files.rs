@@ -478,6 +478,49 @@ fn files_uploads_versions_and_share_links() {
         200
     );
 
+    // Two uploads of one name: the second to finish finds it taken,
+    // keeps its bytes, and replaces it when asked to.
+    let start = |b: &Browser| {
+        let a = b.post(
+            "/api/upload",
+            json!({"share": "a", "path": "", "name": "late.txt", "size": 3}),
+        );
+        assert_eq!(a.status, 200, "{:?}", a.json());
+        a.json()["id"].as_str().unwrap().to_string()
+    };
+    let (first, second) = (start(&alice), start(&alice));
+    // A session's temporary is nobody's file meanwhile.
+    let tmp = format!(".tarn-upload-{first}");
+    assert_eq!(alice.get(&format!("/api/files/a/{tmp}")).status, 403);
+    let mv = alice.op(json!({"op": "rename", "share": "a", "path": tmp, "to": "peek.txt"}));
+    assert_eq!(mv.status, 403, "{:?}", mv.json());
+    let chunk = |id: &str, offset: &str, body: &[u8], extra: &[(&str, &str)]| {
+        let mut h = vec![
+            ("Cookie", alice.cookie.as_str()),
+            ("X-CSRF-Token", alice.csrf.as_str()),
+            ("Upload-Offset", offset),
+        ];
+        h.extend_from_slice(extra);
+        http(port, "PUT", &format!("/api/upload/{id}"), &h, body)
+    };
+    assert_eq!(chunk(&second, "0", b"two", &[]).status, 200);
+    let clash = chunk(&first, "0", b"one", &[]);
+    assert_eq!((clash.status, clash.code().as_str()), (409, "exists"));
+    assert_eq!(
+        alice.get(&format!("/api/upload/{first}")).json(),
+        json!({"offset": 3, "size": 3, "busy": false}),
+        "the bytes are kept"
+    );
+    let done = chunk(&first, "3", b"", &[("Upload-Replace", "true")]);
+    assert_eq!(done.status, 200, "{:?}", done.json());
+    assert_eq!(alice.get("/api/files/a/late.txt").body, b"one");
+    assert_eq!(
+        alice
+            .op(json!({"op": "delete", "share": "a", "path": "late.txt"}))
+            .status,
+        200
+    );
+
     // Files for the rest: a folder downloads as a checked ZIP.
     alice.upload("a", "pub", "hello.txt", b"hello, world\n");
     alice.upload("a", "pub", "photo.jpg", &[0xFF, 0xD8, 0xFF, 0xE0, 1, 2, 3]);
@@ -546,6 +589,19 @@ fn files_uploads_versions_and_share_links() {
         alice.get("/api/files/a/docs/note.txt").body,
         b"version one\n"
     );
+    // What the restore replaced is kept in a snapshot of its own.
+    let kept = r.json()["kept_in"].as_str().unwrap().to_string();
+    assert!(kept.starts_with("tank/a@restore-"), "{kept}");
+    let snap = kept.split('@').nth(1).unwrap().to_string();
+    let v = alice.get("/api/files/a/docs/note.txt?versions").json();
+    let replaced = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["snapshot"] == snap.as_str())
+        .unwrap_or_else(|| panic!("{v}"))
+        .clone();
+    assert_eq!(replaced["size"], 20, "the replaced version: {v}");
     // A folder: its files come back, newer ones stay.
     assert_eq!(
         alice
@@ -610,12 +666,20 @@ fn files_uploads_versions_and_share_links() {
     let same =
         std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(mnt.join("pub/wide.png")).unwrap());
     assert_eq!(ino, same, "rewritten in place");
+    // Only alice may read it now: her cached thumbnail is not bob's.
+    std::fs::set_permissions(
+        mnt.join("pub/wide.png"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     d.ok(&["unmount", mnt.to_str().unwrap()]);
     assert_eq!(
         thumb(&alice),
         ((128, 256), "made"),
         "the changed file's thumbnail"
     );
+    let denied = bob.get("/api/files/a/pub/wide.png?thumb");
+    assert_eq!(denied.status, 403, "bob may not read it, cached or not");
 
     // A read link to pub/, opened logged out.
     let made = alice.call("link.create", json!({"share": "a", "path": "pub"}));
@@ -785,7 +849,11 @@ fn files_uploads_versions_and_share_links() {
         b"guest\n",
     );
     assert_eq!(put.status, 200, "{:?}", put.json());
-    assert_eq!(put.json()["name"], "hello (2).txt");
+    assert_eq!(put.json()["done"], true);
+    assert!(
+        put.json().get("name").is_none(),
+        "visitors are not told which names are taken"
+    );
     assert_eq!(
         alice.get("/api/files/a/pub/hello.txt").body,
         b"hello, world\n"
@@ -794,6 +862,13 @@ fn files_uploads_versions_and_share_links() {
         alice.get("/api/files/a/pub/hello%20(2).txt").body,
         b"guest\n"
     );
+    // Into its folder only: not below, and not above.
+    let up = post_json(
+        port,
+        &format!("/s/{token3}/upload"),
+        json!({"path": "sub", "name": "x", "size": 1}),
+    );
+    assert_eq!(up.status, 403);
     // The link cannot reach above its folder either.
     let up = post_json(
         port,

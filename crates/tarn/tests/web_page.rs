@@ -15,220 +15,14 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::browser::{Browser, Cdp, SHOWN};
 use common::clients::add_user;
 use common::process::{files, Daemon};
-use serde_json::{json, Value};
+use serde_json::json;
 use tarn_testkit::net::free_port;
 use tarn_testkit::require;
-
-/// A headless chromium, killed when dropped.
-struct Browser {
-    child: Child,
-    _profile: tempfile::TempDir,
-    port: u16,
-}
-
-impl Drop for Browser {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A GET to chromium's DevTools HTTP server, which may keep the
-/// connection open: the body is read up to its Content-Length.
-fn http_get(port: u16, path: &str) -> Option<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut got = Vec::new();
-    let mut buf = [0u8; 8192];
-    loop {
-        let text = String::from_utf8_lossy(&got).to_string();
-        if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            let len = head.lines().find_map(|l| {
-                let l = l.to_ascii_lowercase();
-                l.strip_prefix("content-length:")
-                    .and_then(|v| v.trim().parse::<usize>().ok())
-            });
-            if len.is_some_and(|n| body.len() >= n) {
-                return Some(body.to_string());
-            }
-        }
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => return text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()),
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-        }
-    }
-}
-
-impl Browser {
-    fn start() -> Browser {
-        let port = free_port();
-        let profile = tempfile::tempdir().unwrap();
-        let child = Command::new("chromium")
-            .args([
-                "--headless=new",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-first-run",
-                "--window-size=1280,900",
-                &format!("--remote-debugging-port={port}"),
-                &format!("--user-data-dir={}", profile.path().display()),
-                "about:blank",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start chromium");
-        let b = Browser {
-            child,
-            _profile: profile,
-            port,
-        };
-        let t0 = Instant::now();
-        while http_get(port, "/json/version").is_none() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "chromium did not start"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        b
-    }
-
-    /// The DevTools connection of its page.
-    fn page(&self) -> Cdp {
-        let list: Value =
-            serde_json::from_str(&http_get(self.port, "/json/list").unwrap()).unwrap();
-        let url = list
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|t| t["type"] == "page")
-            .and_then(|t| t["webSocketDebuggerUrl"].as_str())
-            .expect("a page target")
-            .to_string();
-        let stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(30)))
-            .unwrap();
-        let (ws, _) = tungstenite::client(url.as_str(), stream).expect("DevTools websocket");
-        Cdp { ws, id: 0 }
-    }
-}
-
-/// A JavaScript function: whether the element `sel` is displayed, as
-/// the eye sees it (a stylesheet could keep a `hidden` element shown).
-const SHOWN: &str = "(sel => { const e = document.querySelector(sel); \
-    return e !== null && getComputedStyle(e).display !== 'none'; })";
-
-/// One DevTools session.
-struct Cdp {
-    ws: tungstenite::WebSocket<TcpStream>,
-    id: u64,
-}
-
-impl Cdp {
-    fn call(&mut self, method: &str, params: Value) -> Value {
-        self.id += 1;
-        let id = self.id;
-        let msg = json!({"id": id, "method": method, "params": params}).to_string();
-        self.ws.send(tungstenite::Message::text(msg)).unwrap();
-        loop {
-            let m = self
-                .ws
-                .read()
-                .unwrap_or_else(|e| panic!("{method}: no answer from chromium: {e}"));
-            let Ok(text) = m.to_text() else { continue };
-            let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
-            if v["id"] == id {
-                assert!(v.get("error").is_none(), "{method}: {v}");
-                return v["result"].clone();
-            }
-        }
-    }
-
-    /// The value of a JavaScript expression in the page.
-    fn eval(&mut self, expr: &str) -> Value {
-        let r = self.call(
-            "Runtime.evaluate",
-            json!({"expression": expr, "returnByValue": true, "awaitPromise": true}),
-        );
-        assert!(r.get("exceptionDetails").is_none(), "{expr}: {r}");
-        r["result"]["value"].clone()
-    }
-
-    /// Waits until `expr` is true in the page.
-    fn wait(&mut self, expr: &str, what: &str) {
-        let t0 = Instant::now();
-        while self.eval(expr) != Value::Bool(true) {
-            let text = self.eval("document.body.innerText");
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "timed out: {what}\n{text}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn screenshot(&mut self, name: &str) {
-        let r = self.call("Page.captureScreenshot", json!({"format": "png"}));
-        let png = decode_base64(r["data"].as_str().unwrap());
-        assert!(png.starts_with(b"\x89PNG"), "a PNG");
-        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-page");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
-    }
-
-    fn log_in(&mut self, user: &str, password: &str) {
-        self.wait(&format!("{SHOWN}('#login')"), "the login form");
-        self.eval(&format!(
-            "document.querySelector('#user').value = {user:?}; \
-             document.querySelector('#password').value = {password:?}; \
-             document.querySelector('#login').requestSubmit(); true"
-        ));
-        // Shown and hidden as the eye sees it (a stylesheet could keep a
-        // hidden element displayed).
-        self.wait(
-            &format!("{SHOWN}('#app') && !{SHOWN}('#login')"),
-            "the page after login, the form gone",
-        );
-    }
-}
-
-fn decode_base64(s: &str) -> Vec<u8> {
-    let val = |c: u8| -> u32 {
-        match c {
-            b'A'..=b'Z' => (c - b'A') as u32,
-            b'a'..=b'z' => (c - b'a' + 26) as u32,
-            b'0'..=b'9' => (c - b'0' + 52) as u32,
-            b'+' => 62,
-            _ => 63,
-        }
-    };
-    let bytes: Vec<u8> = s
-        .bytes()
-        .filter(|b| *b != b'=' && !b.is_ascii_whitespace())
-        .collect();
-    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
-    for chunk in bytes.chunks(4) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |acc, (i, c)| acc | (val(*c) << (18 - 6 * i)));
-        let take = chunk.len() - 1;
-        out.extend_from_slice(&n.to_be_bytes()[1..1 + take]);
-    }
-    out
-}
 
 #[test]
 fn the_dashboard_in_a_real_browser() {
@@ -498,6 +292,17 @@ fn png(w: u32, h: u32, shade: u8) -> Vec<u8> {
 }
 
 impl Cdp {
+    /// Saves a screenshot of the page as a test artifact
+    /// (`target/tmp/web-page/NAME.png`).
+    fn screenshot(&mut self, name: &str) {
+        let r = self.call("Page.captureScreenshot", json!({"format": "png"}));
+        let png = common::browser::decode_base64(r["data"].as_str().unwrap());
+        assert!(png.starts_with(b"\x89PNG"), "a PNG");
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-page");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
+    }
+
     /// Gives the page's file input these files, as a person choosing
     /// them would (the input's change event fires).
     fn choose_files(&mut self, paths: &[&std::path::Path]) {

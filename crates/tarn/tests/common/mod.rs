@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod clients;
 pub mod iscsi;
 pub mod minio;
