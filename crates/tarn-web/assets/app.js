@@ -407,6 +407,13 @@ $("#logout").addEventListener("click", async () => {
 // ---- Files: the shares of a logged-in user, or a share link's folder.
 
 const CHUNK = 8 << 20;
+// Rows of a listing shown at once, then added per frame.
+const FIRST_ROWS = 400;
+const MORE_ROWS = 4000;
+let listing = 0;
+// Made once: a formatter per call is what makes long lists slow.
+const DATE = new Intl.DateTimeFormat(undefined, { dateStyle: "short", timeStyle: "short" });
+const COLLATE = new Intl.Collator(undefined, { numeric: true });
 const IMAGE = /\.(jpe?g|png)$/i;
 let listView = false;
 // Where the file calls go: a share of the user, or a link (/s/TOKEN).
@@ -473,6 +480,8 @@ function crumbs() {
 }
 
 async function openFolder(path) {
+  // A newer listing stops an older one (its answer and its filling).
+  const gen = ++listing;
   files.path = path;
   filesError(null);
   crumbs();
@@ -489,12 +498,13 @@ async function openFolder(path) {
     filesError(e);
     return;
   }
+  if (gen !== listing) return;
   files.writable = body.writable;
   $("#new-folder").hidden = !files.writable;
   $("#upload-label").hidden = !(files.writable || files.upload);
   $("#drop").hidden = !(files.writable || files.upload);
   const entries = body.entries.sort((a, b) =>
-    (a.kind === "dir") === (b.kind === "dir") ? a.name.localeCompare(b.name) : a.kind === "dir" ? -1 : 1);
+    (a.kind === "dir") === (b.kind === "dir") ? COLLATE.compare(a.name, b.name) : a.kind === "dir" ? -1 : 1);
   // Photos show as a grid of server-made thumbnails (never the
   // originals); the rest, and everything in list view, as rows.
   const images = entries.filter((e) => e.kind === "file" && IMAGE.test(e.name));
@@ -511,44 +521,101 @@ async function openFolder(path) {
   }
   $("#grid").replaceChildren(tiles);
   $("#grid").hidden = !grid;
+  // Thousands of rows: plain DOM calls, one formatter, one click
+  // handler for the whole list (below), and rows the browser lays out
+  // only when they scroll into view (content-visibility in app.css).
   const rows = document.createDocumentFragment();
-  for (const e of entries) {
-    if (grid && e.kind === "file" && IMAGE.test(e.name)) continue;
+  const cell = (row, text, cls) => {
+    const c = document.createElement("span");
+    c.textContent = text;
+    if (cls) c.className = cls;
+    row.appendChild(c);
+    return c;
+  };
+  const act = (box, tag, label, what, href) => {
+    const b = document.createElement(tag);
+    b.textContent = label;
+    b.dataset.act = what;
+    if (tag === "a") { b.className = "button"; b.href = href; } else { b.type = "button"; }
+    box.append(b, " ");
+  };
+  const build = (e) => {
     const p = join(path, e.name);
+    const row = document.createElement("div");
+    row.className = "row";
+    row.setAttribute("role", "row");
+    row.dataset.name = e.name;
+    row.dataset.kind = e.kind;
+    const name = cell(row, "", "name");
     if (e.bad_name) {
       // Its real name is not text: reachable over SMB, NFS or WebDAV.
-      rows.append(el("tr", { "data-name": e.name }, el("td", { class: "name" }, e.name + " (name not shown exactly)"),
-        el("td", {}, e.kind === "dir" ? "" : size(e.size)), el("td", {}, new Date(e.mtime * 1000).toLocaleString()),
-        el("td", {})));
-      continue;
+      name.textContent = e.name + " (name not shown exactly)";
+    } else if (e.kind === "dir") {
+      const a = document.createElement("a");
+      a.href = "#";
+      a.dataset.act = "open";
+      a.textContent = e.name + "/";
+      name.appendChild(a);
+    } else if (e.kind === "file") {
+      const a = document.createElement("a");
+      a.href = files.file(p);
+      a.target = "_blank";
+      a.rel = "noopener";
+      a.textContent = e.name;
+      name.appendChild(a);
+    } else {
+      name.textContent = e.name + (e.kind === "link" ? " (link)" : "");
     }
-    const link = e.kind === "dir"
-      ? el("a", { href: "#", onclick: (ev) => { ev.preventDefault(); openFolder(p); } }, e.name + "/")
-      : e.kind === "file" ? el("a", { href: files.file(p), target: "_blank", rel: "noopener" }, e.name)
-        : el("span", {}, e.name + (e.kind === "link" ? " (link)" : ""));
-    const actions = el("td", {});
-    if (e.kind === "file") actions.append(el("a", { class: "button", href: files.file(p) + "?download" }, "Download"), " ");
-    if (!files.link && (e.kind === "file" || e.kind === "dir")) {
-      actions.append(el("button", { class: "versions", onclick: () => showVersions(p, e.kind) }, "Versions"), " ");
+    cell(row, e.kind === "dir" ? "" : size(e.size), "size");
+    cell(row, DATE.format(new Date(e.mtime * 1000)), "date");
+    const actions = cell(row, "", "acts");
+    if (!e.bad_name) {
+      if (e.kind === "file") act(actions, "a", "Download", "download", files.file(p) + "?download");
+      if (!files.link && (e.kind === "file" || e.kind === "dir")) act(actions, "button", "Versions", "versions");
+      if (files.writable) {
+        act(actions, "button", "Rename", "rename");
+        act(actions, "button", "Delete", "delete");
+      }
     }
-    if (files.writable) {
-      actions.append(el("button", { onclick: () => renameEntry(p) }, "Rename"), " ",
-        el("button", { onclick: () => deleteEntry(p, e.kind) }, "Delete"));
-    }
-    rows.append(el("tr", { "data-name": e.name },
-      el("td", { class: "name" }, link),
-      el("td", {}, e.kind === "dir" ? "" : size(e.size)),
-      el("td", {}, new Date(e.mtime * 1000).toLocaleString()),
-      actions));
-  }
-  if (rows.childNodes.length === 0) {
-    $("#listing").replaceChildren(grid ? "" : el("tr", {}, el("td", { class: "muted" }, "This folder is empty.")));
+    return row;
+  };
+  const shown = entries.filter((e) => !(grid && e.kind === "file" && IMAGE.test(e.name)));
+  if (shown.length === 0) {
+    $("#listing").replaceChildren(grid ? "" : el("p", { class: "muted" }, "This folder is empty."));
     return;
   }
-  $("#listing").replaceChildren(
-    el("thead", {}, el("tr", {}, el("th", {}, "name"), el("th", {}, "size"), el("th", {}, "modified"), el("th", {}, ""))),
-    el("tbody", {}, rows));
+  const head = el("div", { class: "row head" }, el("span", {}, "name"), el("span", { class: "size" }, "size"),
+    el("span", { class: "date" }, "modified"), el("span", {}));
+  head.setAttribute("role", "row");
+  // The first screens at once, the rest a few thousand rows per frame:
+  // a big folder shows immediately and the page stays responsive.
+  for (const e of shown.slice(0, FIRST_ROWS)) rows.appendChild(build(e));
+  $("#listing").replaceChildren(head, rows);
+  let next = FIRST_ROWS;
+  const more = () => {
+    if (gen !== listing || next >= shown.length) return;
+    const part = document.createDocumentFragment();
+    for (const e of shown.slice(next, next + MORE_ROWS)) part.appendChild(build(e));
+    $("#listing").appendChild(part);
+    next += MORE_ROWS;
+    requestAnimationFrame(more);
+  };
+  requestAnimationFrame(more);
 }
+
+// One handler for every row's links and buttons.
+$("#listing").addEventListener("click", (ev) => {
+  const t = ev.target.closest("[data-act]");
+  const tr = t && t.closest(".row");
+  if (!tr || t.dataset.act === "download") return;
+  ev.preventDefault();
+  const p = join(files.path, tr.dataset.name);
+  const kind = tr.dataset.kind;
+  if (t.dataset.act === "open") openFolder(p);
+  else if (t.dataset.act === "versions") showVersions(p, kind);
+  else if (t.dataset.act === "rename") renameEntry(p);
+  else if (t.dataset.act === "delete") deleteEntry(p, kind);
+});
 
 async function renameEntry(p) {
   const to = prompt("New name or path (inside this share):", p);

@@ -3,12 +3,14 @@
 //! `scripts/bench-web.sh`. Not a test.
 //!
 //! ```text
-//! web-render URL EXPR [--runs N] [--fresh-cache] [--login USER:PASSWORD]
+//! web-render URL EXPR [--runs N] [--fresh-cache] [--login USER:PASSWORD] [--mbit N]
 //!     Opens URL N times (default 5) and prints the milliseconds from the
 //!     navigation until the JavaScript expression EXPR is true, each run
 //!     and the median: `runs_ms=812,790,801 median_ms=801`. With
 //!     --fresh-cache the browser's cache is emptied before each run; with
-//!     --login the page's login form is filled in once first.
+//!     --login the page's login form is filled in once first; with --mbit
+//!     the browser's network is held to N Mbit/s each way with 4 ms of
+//!     latency (a home Wi-Fi), for the page and the servers alike.
 //! web-render --jpeg WIDTH HEIGHT OUT
 //!     Writes a JPEG that compresses like a photo (smooth shapes and some
 //!     grain), to fill a folder of photos.
@@ -67,12 +69,14 @@ fn main() {
     let mut runs = 5;
     let mut fresh = false;
     let mut login = None;
+    let mut mbit: Option<f64> = None;
     let mut rest = args[2..].iter();
     while let Some(a) = rest.next() {
         match a.as_str() {
             "--runs" => runs = rest.next().and_then(|v| v.parse().ok()).unwrap_or(runs),
             "--fresh-cache" => fresh = true,
             "--login" => login = rest.next().and_then(|v| v.split_once(':')),
+            "--mbit" => mbit = rest.next().and_then(|v| v.parse().ok()),
             other => {
                 eprintln!("web-render: unknown option {other}");
                 std::process::exit(2);
@@ -83,6 +87,14 @@ fn main() {
     let mut page = b.page();
     page.call("Page.enable", json!({}));
     page.call("Network.enable", json!({}));
+    if let Some(m) = mbit {
+        let bytes_per_sec = m * 1e6 / 8.0;
+        page.call(
+            "Network.emulateNetworkConditions",
+            json!({"offline": false, "latency": 4, "downloadThroughput": bytes_per_sec,
+                "uploadThroughput": bytes_per_sec}),
+        );
+    }
     if let Some((user, password)) = login {
         page.call("Page.navigate", json!({ "url": url }));
         page.log_in(user, password);

@@ -322,7 +322,7 @@ impl Cdp {
     /// Clicks the button labelled `label` in the listing row of `name`.
     fn click_in_row(&mut self, name: &str, label: &str) {
         let ok = self.eval(&format!(
-            "(() => {{ const r = [...document.querySelectorAll('#listing tr')] \
+            "(() => {{ const r = [...document.querySelectorAll('#listing .row')] \
              .find(r => r.dataset.name === {name:?}); if (!r) return false; \
              const b = [...r.querySelectorAll('button')].find(b => b.innerText === {label:?}); \
              if (!b) return false; b.click(); return true; }})()"
@@ -388,7 +388,7 @@ fn files_in_a_real_browser() {
     // Upload through the page; WebDAV reads the same bytes.
     page.choose_files(&[&note]);
     page.wait(
-        "document.querySelector('#listing tr[data-name=\"note.txt\"]') !== null",
+        "document.querySelector('#listing .row[data-name=\"note.txt\"]') !== null",
         "the uploaded file in the listing",
     );
     assert_eq!(
@@ -400,11 +400,11 @@ fn files_in_a_real_browser() {
     // A folder of photos: a grid of thumbnails, not the originals.
     page.eval("document.querySelector('#new-folder').click(); true");
     page.wait(
-        "document.querySelector('#listing tr[data-name=\"album\"]') !== null",
+        "document.querySelector('#listing .row[data-name=\"album\"]') !== null",
         "the new folder",
     );
     page.eval(
-        "[...document.querySelectorAll('#listing tr[data-name=\"album\"] a')][0].click(); true",
+        "[...document.querySelectorAll('#listing .row[data-name=\"album\"] a')][0].click(); true",
     );
     page.wait(
         "document.querySelector('#crumbs').innerText.includes('album')",
@@ -438,7 +438,7 @@ fn files_in_a_real_browser() {
     // A previous version, restored through the page.
     page.eval("[...document.querySelectorAll('#crumbs a')][0].click(); true");
     page.wait(
-        "document.querySelector('#listing tr[data-name=\"note.txt\"]') !== null",
+        "document.querySelector('#listing .row[data-name=\"note.txt\"]') !== null",
         "back at the top",
     );
     d.ok(&["snapshot", "tank/family@monday"]);
@@ -469,7 +469,7 @@ fn files_in_a_real_browser() {
 
     // A share link to the album, opened after logging out.
     page.eval(
-        "[...document.querySelectorAll('#listing tr[data-name=\"album\"] a')][0].click(); true",
+        "[...document.querySelectorAll('#listing .row[data-name=\"album\"] a')][0].click(); true",
     );
     page.wait(
         "document.querySelector('#crumbs').innerText.includes('album')",
