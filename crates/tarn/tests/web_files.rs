@@ -660,6 +660,25 @@ fn files_uploads_versions_and_share_links() {
     d.ok(&["mount", "tank/a", mnt.to_str().unwrap()]);
     std::os::unix::fs::symlink("../secret", mnt.join("pub/escape")).unwrap();
     std::os::unix::fs::symlink("/etc/passwd", mnt.join("pub/passwd")).unwrap();
+    // Temporaries of upload sessions a restart forgot: one two days old,
+    // one fresh (a day must pass before a temporary counts as forgotten).
+    std::fs::create_dir(mnt.join("stale")).unwrap();
+    std::fs::set_permissions(
+        mnt.join("stale"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let old_tmp = mnt.join("stale/.tarn-upload-00112233445566778899aabbccddeeff");
+    let new_tmp = mnt.join("stale/.tarn-upload-ffeeddccbbaa99887766554433221100");
+    std::fs::write(&old_tmp, b"half an upload").unwrap();
+    std::fs::write(&new_tmp, b"half another").unwrap();
+    let two_days_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 86_400);
+    std::fs::File::options()
+        .write(true)
+        .open(&old_tmp)
+        .unwrap()
+        .set_modified(two_days_ago)
+        .unwrap();
     let ino =
         std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(mnt.join("pub/wide.png")).unwrap());
     std::fs::write(mnt.join("pub/wide.png"), png(200, 400)).unwrap();
@@ -876,6 +895,21 @@ fn files_uploads_versions_and_share_links() {
         json!({"path": "../secret", "name": "x", "size": 1}),
     );
     assert_eq!(up.status, 400);
+    // An upload into the folder sweeps the forgotten temporary, and only
+    // that one.
+    alice.upload("a", "stale", "new.txt", b"new\n");
+    d.ok(&["mount", "tank/a", mnt.to_str().unwrap()]);
+    let mut left: Vec<String> = std::fs::read_dir(mnt.join("stale"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    left.sort();
+    d.ok(&["unmount", mnt.to_str().unwrap()]);
+    assert_eq!(
+        left,
+        [".tarn-upload-ffeeddccbbaa99887766554433221100", "new.txt"],
+        "the two-day-old temporary is gone, the fresh one stays"
+    );
     // Taking the share from its owner closes their links.
     d.ok(&["share", "add", "a", "tank/a", "--webdav", "bob=ro"]);
     assert_eq!(
