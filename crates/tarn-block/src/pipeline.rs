@@ -232,7 +232,67 @@ pub fn read_block(
     bp: &BlockPtr,
     key: Option<&KeySet>,
 ) -> Result<Vec<u8>, BlockError> {
-    let mut stored = read_stored(tops, bp)?;
+    let stored = read_stored(tops, bp)?;
+    logical(bp, stored, key)
+}
+
+/// Reads many blocks as [`read_block`] reads one, in order. Blocks whose
+/// first copy is on the same top-level vdev are read together through
+/// [`TopVdev::read_many`] (the pieces of neighbouring blocks merged into
+/// few reads per device), each verified against its own checksum; a block
+/// that does not read or verify there is read again alone through every
+/// copy ([`read_block`]), so each block's outcome is `read_block`'s.
+pub fn read_blocks(
+    tops: &[Arc<TopVdev>],
+    bps: &[&BlockPtr],
+    key: Option<&KeySet>,
+) -> Vec<Result<Vec<u8>, BlockError>> {
+    if bps.len() < 2 {
+        return bps.iter().map(|bp| read_block(tops, bp, key)).collect();
+    }
+    let mut out: Vec<Option<Result<Vec<u8>, BlockError>>> = (0..bps.len()).map(|_| None).collect();
+    let mut by_top: std::collections::BTreeMap<u32, Vec<(usize, u64)>> = Default::default();
+    for (i, bp) in bps.iter().enumerate() {
+        match bp.used_dvas().next() {
+            Some(d) if !bp.is_hole() && top(tops, d).is_ok() => {
+                by_top.entry(d.vdev).or_default().push((i, d.offset));
+            }
+            _ => out[i] = Some(read_block(tops, bp, key)),
+        }
+    }
+    for (vdev, list) in by_top {
+        let Some(t) = tops.get(vdev as usize) else {
+            continue;
+        };
+        let want: Vec<(u64, usize)> = list
+            .iter()
+            .map(|&(i, off)| (off, bps[i].psize as usize))
+            .collect();
+        let verify = |k: usize, b: &[u8]| {
+            let bp = bps[list[k].0];
+            checksum(bp.checksum_alg, b) == bp.checksum
+        };
+        for ((i, _), r) in list.iter().zip(t.read_many(&want, &verify)) {
+            out[*i] = Some(match r {
+                Ok(stored) => logical(bps[*i], stored, key),
+                // Other copies, and the error read_block would give.
+                Err(_) => read_block(tops, bps[*i], key),
+            });
+        }
+    }
+    out.into_iter()
+        .zip(bps)
+        .map(|(r, bp)| r.unwrap_or_else(|| read_block(tops, bp, key)))
+        .collect()
+}
+
+/// The logical bytes of a block's verified stored bytes: decrypted (with
+/// `key`) and decompressed.
+fn logical(
+    bp: &BlockPtr,
+    mut stored: Vec<u8>,
+    key: Option<&KeySet>,
+) -> Result<Vec<u8>, BlockError> {
     if bp.is_encrypted() {
         let Some(k) = key else {
             return Err(BlockError::KeyUnavailable(describe(bp)));

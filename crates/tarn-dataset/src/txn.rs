@@ -217,6 +217,47 @@ impl AsRef<[u8]> for BlockData {
 /// module docs).
 pub struct BlockRef(RefInner);
 
+/// A committed block of a batch read: its pointer, the hold keeping its
+/// space, and the dataset and key that name it in a damage report.
+type Held = (BlockPtr, tarn_pool::OwnedHold, u64, Vec<u8>);
+
+/// Blocks of a batch read with one key (or none).
+type KeyGroup<T> = (Option<Arc<KeySet>>, Vec<T>);
+
+/// Whether two blocks are read with the same key (the same loaded key
+/// set, or none).
+fn same_key(a: &Option<Arc<KeySet>>, b: &Option<Arc<KeySet>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        _ => false,
+    }
+}
+
+/// What a read of a committed block gives its reader: the bytes, the
+/// pool's refusal (faulted, gone), or damage, reported once, named after
+/// the dataset and key like a read inside a transaction.
+fn outcome(
+    pool: &Pool,
+    r: Result<Arc<[u8]>, PoolError>,
+    hold: tarn_pool::OwnedHold,
+    id: u64,
+    key: &[u8],
+) -> Result<BlockData, DsError> {
+    match r {
+        Ok(d) => Ok(BlockData::Committed(d)),
+        Err(e @ (PoolError::Faulted(_) | PoolError::NotFound(_))) => Err(e.into()),
+        Err(e) => {
+            drop(hold);
+            let name = crate::dsl::with_dir(pool, |dir, _| crate::dsl::rec_name(dir, id))
+                .unwrap_or_default();
+            let what = format!("dataset {name}: block at key {key:02x?}");
+            pool.report_damage(what.clone());
+            Err(DsError::Damaged(format!("{what}: {e}")))
+        }
+    }
+}
+
 enum RefInner {
     Staged(Arc<Vec<u8>>),
     Committed {
@@ -260,18 +301,81 @@ impl BlockRef {
                 id,
                 key,
                 crypt,
-            } => match pool.read_held(&bp, crypt.as_deref(), &hold) {
-                Ok(d) => Ok(BlockData::Committed(d)),
-                Err(e @ (PoolError::Faulted(_) | PoolError::NotFound(_))) => Err(e.into()),
-                Err(e) => {
-                    drop(hold);
-                    let name = crate::dsl::with_dir(pool, |dir, _| crate::dsl::rec_name(dir, id))
-                        .unwrap_or_default();
-                    let what = format!("dataset {name}: block at key {key:02x?}");
-                    pool.report_damage(what.clone());
-                    Err(DsError::Damaged(format!("{what}: {e}")))
+            } => {
+                let r = pool.read_held(&bp, crypt.as_deref(), &hold);
+                outcome(pool, r, hold, id, &key)
+            }
+        }
+    }
+
+    /// Reads many blocks as [`BlockRef::read`] reads one, in order: the
+    /// committed ones in one batch per key ([`Pool::read_held_many`]: the
+    /// pieces of neighbouring blocks merged into few reads per device).
+    pub fn read_many(refs: Vec<BlockRef>, pool: &Pool) -> Vec<Result<BlockData, DsError>> {
+        let n = refs.len();
+        let mut out: Vec<Option<Result<BlockData, DsError>>> = (0..n).map(|_| None).collect();
+        // Committed blocks grouped by the key they are read with.
+        let mut groups: Vec<KeyGroup<usize>> = Vec::new();
+        let mut held: Vec<Option<Held>> = (0..n).map(|_| None).collect();
+        for (i, r) in refs.into_iter().enumerate() {
+            match r.0 {
+                RefInner::Staged(d) => out[i] = Some(Ok(BlockData::Staged(d))),
+                RefInner::Committed {
+                    bp,
+                    hold,
+                    id,
+                    key,
+                    crypt,
+                } => {
+                    match groups.iter_mut().find(|(k, _)| same_key(k, &crypt)) {
+                        Some((_, g)) => g.push(i),
+                        None => groups.push((crypt.clone(), vec![i])),
+                    }
+                    held[i] = Some((bp, hold, id, key));
                 }
-            },
+            }
+        }
+        for (crypt, idxs) in groups {
+            let read = {
+                let (bps, holds): (Vec<&BlockPtr>, Vec<&tarn_pool::OwnedHold>) = idxs
+                    .iter()
+                    .filter_map(|&i| held[i].as_ref().map(|(bp, h, ..)| (bp, h)))
+                    .unzip();
+                pool.read_held_many(&bps, crypt.as_deref(), &holds)
+            };
+            for (&i, r) in idxs.iter().zip(read) {
+                let Some((_, hold, id, key)) = held[i].take() else {
+                    continue;
+                };
+                out[i] = Some(outcome(pool, r, hold, id, &key));
+            }
+        }
+        out.into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| Err(DsError::Corrupt("a block was not read (a bug)".into())))
+            })
+            .collect()
+    }
+
+    /// [`BlockRef::prefetch`] of many blocks, read as one batch
+    /// ([`Pool::prefetch_held_many`]).
+    pub fn prefetch_many(refs: Vec<BlockRef>, pool: &Pool) {
+        let mut groups: Vec<KeyGroup<(BlockPtr, tarn_pool::OwnedHold)>> = Vec::new();
+        for r in refs {
+            if let RefInner::Committed {
+                bp, hold, crypt, ..
+            } = r.0
+            {
+                match groups.iter_mut().find(|(k, _)| same_key(k, &crypt)) {
+                    Some((_, g)) => g.push((bp, hold)),
+                    None => groups.push((crypt, vec![(bp, hold)])),
+                }
+            }
+        }
+        for (crypt, list) in groups {
+            let (bps, holds): (Vec<&BlockPtr>, Vec<&tarn_pool::OwnedHold>) =
+                list.iter().map(|(b, h)| (b, h)).unzip();
+            pool.prefetch_held_many(&bps, crypt.as_deref(), &holds);
         }
     }
 

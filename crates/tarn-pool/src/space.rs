@@ -193,6 +193,99 @@ impl Pool {
         Ok(d)
     }
 
+    /// [`Pool::read_data`] of many blocks at once, in order. The cache
+    /// answers what it holds; the rest is read as one batch
+    /// ([`pipeline::read_blocks`]: the pieces of neighbouring blocks merged
+    /// into few reads per device), and each block read is verified, cached
+    /// and handed to readers waiting for it, as `read_data` does. Blocks
+    /// another reader is already fetching are waited for only after this
+    /// batch's own are done, so two batches never wait on each other.
+    pub(crate) fn read_data_many(
+        &self,
+        bps: &[&BlockPtr],
+        key: Option<&KeySet>,
+    ) -> Vec<Result<Arc<[u8]>, PoolError>> {
+        let no_key = |bp: &BlockPtr| -> PoolError {
+            tarn_block::BlockError::KeyUnavailable(pipeline::describe(bp)).into()
+        };
+        let mut out: Vec<Option<Result<Arc<[u8]>, PoolError>>> =
+            (0..bps.len()).map(|_| None).collect();
+        let mut mine = Vec::new();
+        let mut waits = Vec::new();
+        for (i, bp) in bps.iter().enumerate() {
+            if bp.is_encrypted() && key.is_none_or(KeySet::is_revoked) {
+                out[i] = Some(Err(no_key(bp)));
+                continue;
+            }
+            if let Some(d) = self.cache.get(self.guid, bp, BlockKind::Data) {
+                out[i] = Some(Ok(d));
+                continue;
+            }
+            match BlockId::of(self.guid, bp).map(|k| self.flights.join(k)) {
+                None => mine.push((i, None)),
+                Some(Joined::Lead(l)) => mine.push((i, Some(l))),
+                Some(Joined::Wait(w)) => waits.push((i, w)),
+            }
+        }
+        let batch: Vec<&BlockPtr> = mine.iter().map(|(i, _)| bps[*i]).collect();
+        let read = pipeline::read_blocks(&self.tops, &batch, key);
+        for ((i, lead), r) in mine.into_iter().zip(read) {
+            out[i] = Some(match r {
+                // A key unloaded meanwhile: its plaintext does not enter
+                // the cache (and the waiters read for themselves).
+                Ok(_) if key.is_some_and(KeySet::is_revoked) => Err(no_key(bps[i])),
+                Ok(v) => {
+                    let d: Arc<[u8]> = Arc::from(v);
+                    self.cache
+                        .insert(self.guid, bps[i], d.clone(), BlockKind::Data);
+                    if let Some(l) = lead {
+                        l.finish(Some(d.clone()));
+                    }
+                    Ok(d)
+                }
+                Err(e) => Err(e.into()),
+            });
+        }
+        for (i, w) in waits {
+            out[i] = Some(match w.wait() {
+                Some(d) => {
+                    self.cache.used(self.guid, bps[i]);
+                    Ok(d)
+                }
+                None => self.read_data(bps[i], key),
+            });
+        }
+        out.into_iter()
+            .zip(bps)
+            .map(|(r, bp)| r.unwrap_or_else(|| self.read_data(bp, key)))
+            .collect()
+    }
+
+    /// [`Pool::read_held`] of many blocks at once (see
+    /// [`Pool::read_data_many`]), each kept from reuse by its hold.
+    pub fn read_held_many(
+        &self,
+        bps: &[&BlockPtr],
+        key: Option<&KeySet>,
+        _holds: &[&crate::OwnedHold],
+    ) -> Vec<Result<Arc<[u8]>, PoolError>> {
+        let usable = self.check_usable(&self.lock());
+        if let Err(e) = usable {
+            // The same refusal for each block (the kind is what callers
+            // act on: a faulted pool, or one that is gone).
+            return bps
+                .iter()
+                .map(|_| {
+                    Err(match &e {
+                        PoolError::NotFound(m) => PoolError::NotFound(m.clone()),
+                        other => PoolError::Faulted(other.to_string()),
+                    })
+                })
+                .collect();
+        }
+        self.read_data_many(bps, key)
+    }
+
     /// The stored bytes of a block, verified against its checksum but not
     /// decrypted or decompressed (a raw send streams them as they are);
     /// not cached. `_hold` keeps its space from reuse, as for
@@ -239,26 +332,51 @@ impl Pool {
     /// fails to read or verify is left alone here, for the reader's own
     /// read to repair or report. `_hold` keeps its space from reuse, as
     /// for [`Pool::read_held`].
-    pub fn prefetch_held(&self, bp: &BlockPtr, key: Option<&KeySet>, _hold: &crate::OwnedHold) {
-        if (bp.is_encrypted() && key.is_none_or(KeySet::is_revoked))
-            || !self.cache.would_keep(bp.lsize as usize)
-            || self.check_usable(&self.lock()).is_err()
-            || self.cache.contains(self.guid, bp)
-        {
+    pub fn prefetch_held(&self, bp: &BlockPtr, key: Option<&KeySet>, hold: &crate::OwnedHold) {
+        self.prefetch_held_many(&[bp], key, &[hold]);
+    }
+
+    /// [`Pool::prefetch_held`] of many blocks, read as one batch (the
+    /// pieces of neighbouring blocks merged, see
+    /// [`pipeline::read_blocks`]); equally advisory.
+    pub fn prefetch_held_many(
+        &self,
+        bps: &[&BlockPtr],
+        key: Option<&KeySet>,
+        _holds: &[&crate::OwnedHold],
+    ) {
+        if self.check_usable(&self.lock()).is_err() {
             return;
         }
-        let Some(lead) = BlockId::of(self.guid, bp).and_then(|k| self.flights.lead(k)) else {
-            return;
-        };
-        match pipeline::read_block(&self.tops, bp, key) {
-            Ok(_) if key.is_some_and(KeySet::is_revoked) => lead.finish(None),
-            Ok(d) => {
-                let d: Arc<[u8]> = Arc::from(d);
-                self.cache
-                    .insert_prefetched(self.guid, bp, d.clone(), BlockKind::Data);
-                lead.finish(Some(d));
+        let mut leads = Vec::new();
+        let mut batch = Vec::new();
+        for bp in bps {
+            if (bp.is_encrypted() && key.is_none_or(KeySet::is_revoked))
+                || !self.cache.would_keep(bp.lsize as usize)
+                || self.cache.contains(self.guid, bp)
+            {
+                continue;
             }
-            Err(_) => lead.finish(None),
+            if let Some(lead) = BlockId::of(self.guid, bp).and_then(|k| self.flights.lead(k)) {
+                leads.push(lead);
+                batch.push(*bp);
+            }
+        }
+        for ((bp, lead), r) in batch
+            .iter()
+            .zip(leads)
+            .zip(pipeline::read_blocks(&self.tops, &batch, key))
+        {
+            match r {
+                Ok(_) if key.is_some_and(KeySet::is_revoked) => lead.finish(None),
+                Ok(d) => {
+                    let d: Arc<[u8]> = Arc::from(d);
+                    self.cache
+                        .insert_prefetched(self.guid, bp, d.clone(), BlockKind::Data);
+                    lead.finish(Some(d));
+                }
+                Err(_) => lead.finish(None),
+            }
         }
     }
 

@@ -9,7 +9,7 @@ use crate::VdevError;
 impl TopVdev {
     /// Children usable for reading, complete ones first so a resilvering
     /// child is only read when nothing else verifies.
-    fn read_order(&self) -> Vec<Handle> {
+    pub(crate) fn read_order(&self) -> Vec<Handle> {
         let mut hs: Vec<Handle> = (0..self.width()).filter_map(|i| self.handle(i)).collect();
         hs.sort_by_key(|h| h.resilvering);
         hs

@@ -224,6 +224,7 @@ impl Child {
 }
 
 /// A usable child pinned for the duration of one I/O.
+#[derive(Clone)]
 pub(crate) struct Handle {
     pub(crate) idx: usize,
     leaf: Arc<dyn Leaf>,

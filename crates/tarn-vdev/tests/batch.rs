@@ -166,3 +166,107 @@ fn an_absent_child_misses_a_block_that_has_no_column_on_it() {
     let many = v.write_many(&[(0, &d[..])], 1);
     assert_eq!(many[0].as_ref().expect("written").missed, vec![5]);
 }
+
+proptest! {
+    #![proptest_config(tarn_testkit::data::cases(64))]
+
+    /// Reading many blocks at once gives each block what reading it alone
+    /// gives: its bytes, or the same kind of error, whatever is corrupt,
+    /// failing or absent; and it repairs what reading alone repairs (the
+    /// children's bytes end up the same on both sides).
+    #[test]
+    fn read_many_is_read_one_by_one(
+        (kind, n) in kinds(),
+        sizes in proptest::collection::vec((1usize..100_000, proptest::bool::weighted(0.2)), 1..40),
+        corrupt in proptest::collection::vec((0usize..5, 0u64..(4 << 20), 1u64..20_000), 0..4),
+        failing in proptest::option::of(0usize..5),
+        absent in proptest::option::of(0usize..5),
+    ) {
+        let (a, b) = (mem_leaves(n), mem_leaves(n));
+        let missing: Vec<usize> = absent.filter(|&c| c < n).into_iter().collect();
+        let (va, vb) = (open(kind, 12, &a, &missing), open(kind, 12, &b, &missing));
+        let blocks = layout(&va, &sizes);
+        for (o, d) in &blocks {
+            let _ = va.write(*o, d);
+            let _ = vb.write(*o, d);
+        }
+        // The same damage on both sides.
+        for &(child, off, len) in &corrupt {
+            if child < n {
+                a[child].corrupt(off, len);
+                b[child].corrupt(off, len);
+            }
+        }
+        if let Some(f) = failing.filter(|&f| f < n) {
+            a[f].set_fail_reads(true);
+            b[f].set_fail_reads(true);
+        }
+        let kind_of = |e: tarn_vdev::VdevError| std::mem::discriminant(&e);
+        let one: Vec<Result<Vec<u8>, _>> = blocks
+            .iter()
+            .map(|(o, d)| va.read(*o, d.len(), &verifier(d)).map_err(kind_of))
+            .collect();
+        let want: Vec<(u64, usize)> = blocks.iter().map(|(o, d)| (*o, d.len())).collect();
+        let datas: Vec<&Vec<u8>> = blocks.iter().map(|(_, d)| d).collect();
+        let many: Vec<Result<Vec<u8>, _>> = vb
+            .read_many(&want, &|i, bytes| bytes == &datas[i][..])
+            .into_iter()
+            .map(|r| r.map_err(kind_of))
+            .collect();
+        prop_assert_eq!(one.len(), many.len());
+        for (k, (o, m)) in one.iter().zip(&many).enumerate() {
+            prop_assert!(o == m, "block {}: alone {:?}, many {:?}", k, o.as_ref().map(|v| v.len()), m.as_ref().map(|v| v.len()));
+            if let Ok(bytes) = m {
+                prop_assert!(bytes == datas[k], "block {} read back other bytes", k);
+            }
+        }
+        // Whatever reading alone repaired, reading many repaired too.
+        for f in a.iter().chain(b.iter()) {
+            f.set_fail_reads(false);
+        }
+        for (o, d) in &blocks {
+            let ra = va.read(*o, d.len(), &verifier(d)).map_err(kind_of);
+            let rb = vb.read(*o, d.len(), &verifier(d)).map_err(kind_of);
+            prop_assert_eq!(ra.is_ok(), rb.is_ok());
+        }
+    }
+}
+
+#[test]
+fn neighbouring_blocks_are_read_in_a_few_reads_per_child() {
+    let leaves = mem_leaves(4);
+    let v = open(VdevKind::Raidz { parity: 1 }, 12, &leaves, &[]);
+    let data: Vec<Vec<u8>> = (0..64).map(|i| pattern(i, 16 << 10)).collect();
+    let mut at = 0;
+    let mut want = Vec::new();
+    for d in &data {
+        v.write(at, d).expect("written");
+        want.push((at, d.len()));
+        at += v.alloc_size(d.len() as u64);
+    }
+    let before: u64 = v.leaves().iter().map(|l| l.counters.read_ops).sum();
+    let got = v.read_many(&want, &|i, b| b == &data[i][..]);
+    let reads = v.leaves().iter().map(|l| l.counters.read_ops).sum::<u64>() - before;
+    // Alone, 64 blocks × 3 data columns = 192 reads; merged, a few per
+    // child.
+    assert!(reads <= 12, "{reads} reads for 64 neighbouring 16K blocks");
+    for (g, d) in got.into_iter().zip(&data) {
+        assert_eq!(&g.expect("read"), d);
+    }
+    // A column that does not verify: that block is read again alone and
+    // reconstructed (and repaired); the others stay as they were.
+    let cols = v.extents(want[10].0, want[10].1 as u64).unwrap();
+    let col = cols.iter().find(|e| !e.parity).expect("a data column");
+    let good = leaves[col.child].raw_read(col.leaf_offset, 512);
+    leaves[col.child].corrupt(col.leaf_offset, 512);
+    assert_ne!(leaves[col.child].raw_read(col.leaf_offset, 512), good);
+    let got = v.read_many(&want, &|i, b| b == &data[i][..]);
+    for (g, d) in got.into_iter().zip(&data) {
+        assert_eq!(&g.expect("read, reconstructed where needed"), d);
+    }
+    assert_eq!(
+        leaves[col.child].raw_read(col.leaf_offset, 512),
+        good,
+        "the damaged column was repaired"
+    );
+}

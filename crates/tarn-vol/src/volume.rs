@@ -73,55 +73,34 @@ pub fn resize_lock() -> std::sync::MutexGuard<'static, ()> {
     RESIZES.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Threads one read spreads its blocks over when it needs many.
-const READERS: usize = 4;
 /// Bytes of blocks one read-ahead job reads.
 const AHEAD_JOB: u64 = 256 << 10;
-/// Blocks to read before a read uses more than its own thread.
-const PARALLEL_FROM: usize = 8;
 
-/// Reads the blocks `refs` name (None: a hole), several at a time when
-/// there are many: a 1 MiB read of 16K blocks is 64 reads, each a disk
-/// read and a checksum, and reading them one after the other leaves the
-/// disks and the other core idle. Results come back in order.
-fn read_blocks(
+/// Reads the blocks `refs` name (None: a hole), in order, as one batch: a
+/// 1 MiB read of 16K blocks is 64 blocks, each a few small pieces on
+/// each device; read together, the pieces of neighbouring blocks are
+/// merged into a few reads per device, the devices read at once
+/// ([`BlockRef::read_many`]).
+fn read_blocks<P>(
     refs: Vec<Option<BlockRef>>,
-    read: &(dyn Fn(BlockRef) -> Result<BlockData, DsError> + Sync),
+    pool: &P,
+    read_many: impl FnOnce(Vec<BlockRef>) -> Vec<Result<BlockData, DsError>>,
+    read_one: impl Fn(BlockRef, &P) -> Result<BlockData, DsError>,
 ) -> Vec<Option<Result<BlockData, DsError>>> {
-    let one_by_one = |rs: Vec<Option<BlockRef>>| -> Vec<Option<Result<BlockData, DsError>>> {
-        rs.into_iter().map(|r| r.map(read)).collect()
-    };
-    if refs.iter().filter(|r| r.is_some()).count() < PARALLEL_FROM {
-        return one_by_one(refs);
-    }
-    let per = refs.len().div_ceil(READERS);
-    let mut chunks: Vec<Vec<Option<BlockRef>>> = Vec::new();
-    let mut rest = refs.into_iter();
-    loop {
-        let c: Vec<Option<BlockRef>> = rest.by_ref().take(per).collect();
-        if c.is_empty() {
-            break;
-        }
-        chunks.push(c);
-    }
-    std::thread::scope(|s| {
-        let running: Vec<_> = chunks
+    let present: Vec<usize> = (0..refs.len()).filter(|&i| refs[i].is_some()).collect();
+    if present.len() < 2 {
+        // One block (a small random read): nothing to merge.
+        return refs
             .into_iter()
-            .map(|c| {
-                let n = c.len();
-                (n, s.spawn(move || one_by_one(c)))
-            })
+            .map(|r| r.map(|r| read_one(r, pool)))
             .collect();
-        running
-            .into_iter()
-            .flat_map(|(n, h)| {
-                h.join().unwrap_or_else(|_| {
-                    let e = || DsError::Corrupt("a block reader panicked (a bug)".into());
-                    (0..n).map(|_| Some(Err(e()))).collect()
-                })
-            })
-            .collect()
-    })
+    }
+    let mut out: Vec<Option<Result<BlockData, DsError>>> = (0..refs.len()).map(|_| None).collect();
+    let read = read_many(refs.into_iter().flatten().collect());
+    for (i, r) in present.into_iter().zip(read) {
+        out[i] = Some(r);
+    }
+    out
 }
 
 /// Keys per page when listing which blocks exist.
@@ -435,17 +414,18 @@ impl Device for Volume {
                 let rest = later.split_off(later.len().min(per));
                 let group = std::mem::replace(&mut later, rest);
                 let pool = self.handle.pool().clone();
-                jobs.push(Box::new(move || {
-                    for r in group {
-                        r.prefetch(&pool);
-                    }
-                }));
+                jobs.push(Box::new(move || BlockRef::prefetch_many(group, &pool)));
             }
             Ok::<_, DsError>((refs, jobs))
         })?;
         readahead::submit(jobs);
         let pool = self.handle.pool();
-        let blocks = read_blocks(refs, &|r: BlockRef| r.read(pool));
+        let blocks = read_blocks(
+            refs,
+            pool,
+            |rs| BlockRef::read_many(rs, pool),
+            |r, p| r.read(p),
+        );
         let mut out = Vec::with_capacity(len as usize);
         for (p, r) in pieces.iter().zip(blocks) {
             match r {
