@@ -201,9 +201,33 @@ pub fn read_stored(tops: &[Arc<TopVdev>], bp: &BlockPtr) -> Result<Vec<u8>, Bloc
     if bp.is_hole() {
         return Err(BlockError::Format("read of a hole pointer".into()));
     }
+    copies_from(tops, bp, 0, None)
+}
+
+/// The first copy of a block (callers checked it has one).
+fn first(bp: &BlockPtr) -> &Dva {
+    bp.used_dvas().next().unwrap_or(&bp.dvas[0])
+}
+
+/// [`read_stored`] after the first copy failed with `first_err`: the
+/// other copies.
+fn read_other_copies(
+    tops: &[Arc<TopVdev>],
+    bp: &BlockPtr,
+    first_err: BlockError,
+) -> Result<Vec<u8>, BlockError> {
+    copies_from(tops, bp, 1, Some(first_err))
+}
+
+/// Tries the copies of a block from the `skip`th on.
+fn copies_from(
+    tops: &[Arc<TopVdev>],
+    bp: &BlockPtr,
+    skip: usize,
+    mut last: Option<BlockError>,
+) -> Result<Vec<u8>, BlockError> {
     let verify = |b: &[u8]| checksum(bp.checksum_alg, b) == bp.checksum;
-    let mut last: Option<BlockError> = None;
-    for d in bp.used_dvas() {
+    for d in bp.used_dvas().skip(skip) {
         let t = match top(tops, d) {
             Ok(t) => t,
             Err(e) => {
@@ -275,8 +299,13 @@ pub fn read_blocks(
         for ((i, _), r) in list.iter().zip(t.read_many(&want, &verify)) {
             out[*i] = Some(match r {
                 Ok(stored) => logical(bps[*i], stored, key),
-                // Other copies, and the error read_block would give.
-                Err(_) => read_block(tops, bps[*i], key),
+                // The first copy was read alone already (reconstructed,
+                // repaired, counted): the other copies, as read_stored
+                // would go on.
+                Err(e) => {
+                    read_other_copies(tops, bps[*i], BlockError::Io(fmt_dva(first(bps[*i])), e))
+                        .and_then(|stored| logical(bps[*i], stored, key))
+                }
             });
         }
     }

@@ -248,6 +248,11 @@ impl Pool {
         }
         for (i, w) in waits {
             out[i] = Some(match w.wait() {
+                // Plaintext read before a key was unloaded is not handed
+                // out after it.
+                Some(_) if bps[i].is_encrypted() && key.is_none_or(KeySet::is_revoked) => {
+                    Err(no_key(bps[i]))
+                }
                 Some(d) => {
                     self.cache.used(self.guid, bps[i]);
                     Ok(d)
@@ -278,6 +283,7 @@ impl Pool {
                 .map(|_| {
                     Err(match &e {
                         PoolError::NotFound(m) => PoolError::NotFound(m.clone()),
+                        PoolError::Faulted(m) => PoolError::Faulted(m.clone()),
                         other => PoolError::Faulted(other.to_string()),
                     })
                 })

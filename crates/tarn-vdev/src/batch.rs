@@ -336,6 +336,8 @@ struct Run {
     child: usize,
     at: u64,
     len: usize,
+    /// Bytes of it that pieces want (the rest is gaps).
+    useful: usize,
     /// (block, range in the block's buffer, where it starts in the run).
     parts: Vec<(usize, std::ops::Range<usize>, usize)>,
 }
@@ -345,6 +347,9 @@ struct Run {
 /// between its neighbours' data columns on the same child, and reading it
 /// costs less than another read.
 pub const READ_GAP: u64 = 32 << 10;
+
+/// The largest gap a run wanting less than this reads through.
+const GAP_FLOOR: u64 = 16 << 10;
 
 /// Merged runs at least this large in all are read with a thread per
 /// child; smaller batches are not worth the threads.
@@ -367,8 +372,9 @@ impl TopVdev {
     /// [`TopVdev::read`], which reconstructs, repairs and reports exactly
     /// as for any read. So each block's outcome is `read`'s, and no byte
     /// that did not verify is ever returned. A merged read counts as one
-    /// operation in its child's counters (and, failing, one error, before
-    /// the blocks in it are read again alone and counted again).
+    /// operation in its child's counters; a merged read that fails counts
+    /// nothing, the blocks in it being read again alone (and those reads
+    /// counting what fails).
     pub fn read_many(
         &self,
         blocks: &[(u64, usize)],
@@ -445,20 +451,27 @@ impl TopVdev {
             for (at, block, range) in list {
                 let n = range.len();
                 match runs.last_mut() {
+                    // A gap is read only when no larger than what the run
+                    // already wants (or 16 KiB, a parity column of a small
+                    // block): small blocks far apart are not read many
+                    // times over.
                     Some(r)
                         if r.child == child
                             && at >= r.at + r.len as u64
-                            && at - (r.at + r.len as u64) <= READ_GAP
+                            && at - (r.at + r.len as u64)
+                                <= READ_GAP.min((r.useful as u64).max(GAP_FLOOR))
                             && (at - r.at) as usize + n <= MERGE_MAX =>
                     {
                         let start = (at - r.at) as usize;
                         r.len = start + n;
+                        r.useful += n;
                         r.parts.push((block, range, start));
                     }
                     _ => runs.push(Run {
                         child,
                         at,
                         len: n,
+                        useful: n,
                         parts: vec![(block, range, 0)],
                     }),
                 }
@@ -467,7 +480,7 @@ impl TopVdev {
         let read_run = |r: &Run| -> Option<Vec<u8>> {
             let h = handles.get(&r.child)?;
             let mut buf = vec![0u8; r.len];
-            self.child_read(h, &mut buf, r.at).then_some(buf)
+            self.child_read_merged(h, &mut buf, r.at).then_some(buf)
         };
         let total: usize = runs.iter().map(|r| r.len).sum();
         let children: std::collections::BTreeSet<usize> = runs.iter().map(|r| r.child).collect();

@@ -839,6 +839,23 @@ impl TopVdev {
         ok
     }
 
+    /// A merged read (see `read_many`): counted like [`TopVdev::child_read`]
+    /// when it succeeds; a failure is not counted, because the blocks in
+    /// it are read again alone and those reads count what fails (a bad
+    /// sector in a gap between pieces fails no block at all).
+    pub(crate) fn child_read_merged(&self, h: &Handle, buf: &mut [u8], off: u64) -> bool {
+        let start = std::time::Instant::now();
+        let ok = self.in_data_region(&*h.leaf, off, buf.len()) && h.leaf.read_at(buf, off).is_ok();
+        if ok {
+            let c = &self.children[h.idx].counters;
+            c.read_latency.since(start);
+            bump(&c.read_ops, 1);
+            bump(&c.read_bytes, buf.len() as u64);
+            self.note_ok(h.idx, READ);
+        }
+        ok
+    }
+
     /// Writes to a pinned child, counting the outcome; false on any error.
     pub(crate) fn child_write(&self, h: &Handle, buf: &[u8], off: u64) -> bool {
         self.child_write_vectored(h, &[buf], off)
