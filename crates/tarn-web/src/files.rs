@@ -1666,12 +1666,6 @@ pub(crate) async fn serve_path(
     r.unwrap_or_else(|e| e.answer(st))
 }
 
-/// Whether a request that changes something may come from this browser:
-/// its `Origin`, when sent, must be ours.
-pub(crate) fn same_site(st: &State, headers: &HeaderMap) -> bool {
-    crate::same_origin(headers, st.tls, st.origin.as_deref())
-}
-
 /// `Method` names the file pages use, for the router.
 pub(crate) fn is_write(m: &Method) -> bool {
     !(m == Method::GET || m == Method::HEAD)

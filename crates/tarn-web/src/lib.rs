@@ -715,6 +715,19 @@ fn same_origin(headers: &HeaderMap, tls: bool, public: Option<&str>) -> bool {
     origin == format!("{scheme}://{host}")
 }
 
+/// The refusal of a request from another site's page (its `Origin`, when
+/// sent, is not this server), for every request that changes something.
+fn other_site(st: &State, headers: &HeaderMap) -> Option<Resp> {
+    (!same_origin(headers, st.tls, st.origin.as_deref())).then(|| {
+        error(
+            st,
+            StatusCode::FORBIDDEN,
+            "origin",
+            "requests from another site's pages are refused",
+        )
+    })
+}
+
 /// Plain HTTP serves loopback only: the `Host` must name loopback (or
 /// the public origin's host, behind a proxy), so a page on another name
 /// that resolves here (DNS rebinding) is refused.
@@ -836,13 +849,8 @@ async fn handle(req: Request<Incoming>, ip: IpAddr, st: Arc<State>) -> Resp {
             None => error(&st, StatusCode::NOT_FOUND, "not_found", "no such page"),
         };
     }
-    if !same_origin(&headers, st.tls, st.origin.as_deref()) {
-        return error(
-            &st,
-            StatusCode::FORBIDDEN,
-            "origin",
-            "requests from another site's pages are refused",
-        );
+    if let Some(r) = other_site(&st, &headers) {
+        return r;
     }
     if !is_json(&headers) {
         return error(

@@ -49,13 +49,8 @@ fn guard(st: &State, c: &crate::Caller, method: &Method, headers: &HeaderMap) ->
     if !files::is_write(method) {
         return None;
     }
-    if !files::same_site(st, headers) {
-        return Some(error(
-            st,
-            StatusCode::FORBIDDEN,
-            "origin",
-            "requests from another site's pages are refused",
-        ));
+    if let Some(r) = crate::other_site(st, headers) {
+        return Some(r);
     }
     st.check_csrf(c, headers).err().map(|r| r.answer(st))
 }
@@ -278,13 +273,10 @@ pub(crate) async fn link(
     let Some(f) = st.files.clone() else {
         return no_files(st);
     };
-    if files::is_write(&method) && !files::same_site(st, headers) {
-        return error(
-            st,
-            StatusCode::FORBIDDEN,
-            "origin",
-            "requests from another site's pages are refused",
-        );
+    if files::is_write(&method) {
+        if let Some(r) = crate::other_site(st, headers) {
+            return r;
+        }
     }
     let t = token.to_string();
     let grant = match files::blocking(move || Ok(f.link(&t))).await {

@@ -119,10 +119,9 @@ fn the_dashboard_in_a_real_browser() {
         ));
         assert_eq!(ok, true, "no {label} button for {row}");
     };
-    page.eval(
-        "document.querySelector('#ds-name').value = 'tank/media'; \
-         document.querySelector('#ds-compression').value = 'lz4'; \
-         document.querySelector('#ds-new').requestSubmit(); true",
+    page.submit(
+        "#ds-new",
+        &[("#ds-name", "tank/media"), ("#ds-compression", "lz4")],
     );
     page.wait(
         "document.querySelector('[data-dataset=\"tank/media\"]') !== null",
@@ -173,10 +172,12 @@ fn the_dashboard_in_a_real_browser() {
         "the rollback"
     );
     // Users and shares.
-    page.eval(
-        "document.querySelector('#new-user').value = 'bob'; \
-         document.querySelector('#new-user-password').value = 'bob-password-1'; \
-         document.querySelector('#user-new').requestSubmit(); true",
+    page.submit(
+        "#user-new",
+        &[
+            ("#new-user", "bob"),
+            ("#new-user-password", "bob-password-1"),
+        ],
     );
     page.wait(
         "document.querySelector('[data-user=\"bob\"]') !== null",
@@ -195,21 +196,25 @@ fn the_dashboard_in_a_real_browser() {
             .any(|l| l.starts_with("bob") && l.trim_end().ends_with("yes")),
         "{users}"
     );
-    page.eval(
-        "document.querySelector('#share-name').value = 'media'; \
-         document.querySelector('#share-dataset').value = 'tank/media'; \
-         document.querySelector('#share-webdav').value = 'bob=rw'; \
-         document.querySelector('#share-new').requestSubmit(); true",
+    page.submit(
+        "#share-new",
+        &[
+            ("#share-name", "media"),
+            ("#share-dataset", "tank/media"),
+            ("#share-webdav", "bob=rw"),
+        ],
     );
     page.wait(
         "document.querySelector('#shares').innerText.includes('webdav bob=rw')",
         "the new share",
     );
     assert!(d.ok(&["share", "list"]).contains("media"));
-    page.eval(
-        "document.querySelector('#alert-name').value = 'hook'; \
-         document.querySelector('#alert-url').value = 'http://127.0.0.1:9/hook'; \
-         document.querySelector('#alert-new').requestSubmit(); true",
+    page.submit(
+        "#alert-new",
+        &[
+            ("#alert-name", "hook"),
+            ("#alert-url", "http://127.0.0.1:9/hook"),
+        ],
     );
     page.wait(
         "document.querySelector('#alerts').innerText.includes('http://127.0.0.1:9/hook')",
@@ -292,6 +297,18 @@ fn png(w: u32, h: u32, shade: u8) -> Vec<u8> {
 }
 
 impl Cdp {
+    /// Fills form `form`'s fields (selector, value) and submits it.
+    fn submit(&mut self, form: &str, fields: &[(&str, &str)]) {
+        let mut js = String::new();
+        for (sel, v) in fields {
+            js.push_str(&format!("document.querySelector({sel:?}).value = {v:?}; "));
+        }
+        js.push_str(&format!(
+            "document.querySelector({form:?}).requestSubmit(); true"
+        ));
+        self.eval(&js);
+    }
+
     /// Saves a screenshot of the page as a test artifact
     /// (`target/tmp/web-page/NAME.png`).
     fn screenshot(&mut self, name: &str) {
@@ -376,10 +393,9 @@ fn files_in_a_real_browser() {
         json!({"url": format!("http://127.0.0.1:{port}/#files")}),
     );
     page.wait(&format!("{SHOWN}('#login')"), "the login form");
-    page.eval(
-        "document.querySelector('#user').value = 'alice'; \
-         document.querySelector('#password').value = 'alice-password'; \
-         document.querySelector('#login').requestSubmit(); true",
+    page.submit(
+        "#login",
+        &[("#user", "alice"), ("#password", "alice-password")],
     );
     page.wait(&format!("{SHOWN}('#files-view')"), "the file pages");
     // Dialogs answer yes, and a new folder is called album.
