@@ -20,7 +20,7 @@ use std::time::Duration;
 use common::browser::{Browser, Cdp, SHOWN};
 use common::clients::add_user;
 use common::process::{files, Daemon};
-use serde_json::json;
+use serde_json::{json, Value};
 use tarn_testkit::net::free_port;
 use tarn_testkit::require;
 
@@ -232,6 +232,22 @@ fn the_dashboard_in_a_real_browser() {
         "the latency chart's legend",
     );
     page.screenshot("dashboard-managed");
+    // A new password for bob with its button: bob logs in with it. (Last:
+    // the login gives this browser bob's session.)
+    page.eval("window.answer = 'bob-password-2'; true");
+    click(&mut page, "bob", "Password");
+    let login =
+        "fetch('/api/login', {method: 'POST', headers: {'Content-Type': 'application/json'}, \
+         body: JSON.stringify({user: 'bob', password: 'bob-password-2'})}).then(r => r.status)";
+    let mut status = Value::Null;
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_millis(700));
+        status = page.eval(login);
+        if status == 200 {
+            break;
+        }
+    }
+    assert_eq!(status, 200, "bob's new password opens his login");
 
     // A phone: no horizontal scrolling.
     page.call(
