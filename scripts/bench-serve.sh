@@ -23,40 +23,17 @@
 set -euo pipefail
 size_mib=${1:-1024}
 depth=${DEPTH:-8}
-root=$(cd "$(dirname "$0")/.." && pwd)
-tarn=$root/target/release/tarn
+# root, tarn, work, TARN_SOCKET, now, drop/cold, free_port; stops
+# $daemon at exit.
+. "$(dirname "$0")/bench-common.sh"
 nfs_bench=$root/target/release/examples/nfs-bench
 # A no-op when both are up to date.
 (cd "$root" && cargo build --release -q -p tarn -p tarn-nfs --bin tarn --example nfs-bench)
-
-work=$(mktemp -d "${BENCH_DIR:-$root}/bench.XXXXXX")
 daemon=
-cleanup() {
-    if [ -n "$daemon" ]; then
-        "$tarn" daemon stop >/dev/null 2>&1 || kill "$daemon" 2>/dev/null || true
-        wait "$daemon" 2>/dev/null || true
-    fi
-    rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-export TARN_SOCKET=$work/tarn.sock
 
 bytes=$((size_mib << 20))
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 clk=$(getconf CLK_TCK)
-now() { date +%s.%N; }
-cold=warm
-drop() { sync; if echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; then cold=cold; fi; }
-# A free TCP port on 127.0.0.1 (random, checked with ss).
-free_port() {
-    local p
-    while :; do
-        p=$((20000 + RANDOM % 40000))
-        [ -z "$(ss -Htln "sport = :$p")" ] && { echo "$p"; return; }
-    done
-}
 # The daemon's CPU time in clock ticks (utime + stime; fields after "(comm)").
 cpu_ticks() { sed 's/.*) //' "/proc/$daemon/stat" | awk '{ print $12 + $13 }'; }
 

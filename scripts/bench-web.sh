@@ -37,14 +37,13 @@
 set -euo pipefail
 width=${1:-1600}
 height=${2:-1200}
-root=$(cd "$(dirname "$0")/.." && pwd)
-tarn=$root/target/release/tarn
-render=$root/target/release/examples/web-render
 command -v chromium >/dev/null || { echo "needs chromium (apt-get install chromium)" >&2; exit 1; }
+# root, tarn, work, TARN_SOCKET, now, ratio, free_port.
+. "$(dirname "$0")/bench-common.sh"
+render=$root/target/release/examples/web-render
 # A no-op when both are up to date.
 (cd "$root" && cargo build --release -q -p tarn --bin tarn --example web-render)
 
-work=$(mktemp -d "${BENCH_DIR:-$root}/bench.XXXXXX")
 daemon=
 peer=
 scraper=
@@ -52,25 +51,10 @@ cleanup() {
     [ -n "$scraper" ] && kill "$scraper" 2>/dev/null
     [ -n "$peer" ] && kill "$peer" 2>/dev/null
     mountpoint -q "$work/mnt" 2>/dev/null && "$tarn" unmount "$work/mnt" >/dev/null 2>&1
-    if [ -n "$daemon" ]; then
-        "$tarn" daemon stop >/dev/null 2>&1 || kill "$daemon" 2>/dev/null || true
-        wait "$daemon" 2>/dev/null || true
-    fi
-    rm -rf "$work"
+    cleanup_common
 }
 trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-export TARN_SOCKET=$work/tarn.sock
 
-free_port() {
-    local p
-    while :; do
-        p=$((20000 + RANDOM % 40000))
-        [ -z "$(ss -Htln "sport = :$p")" ] && { echo "$p"; return; }
-    done
-}
-now() { date +%s.%N; }
 field() { tr ' ' '\n' | sed -n "s/^$1=//p"; }
 rss_kib() { awk '/^VmRSS/ { print $2 }' "/proc/$daemon/status"; }
 # A gauge of the daemon's metrics.
@@ -239,7 +223,6 @@ plain_m=$(median "${plain[@]}")
 scraped_m=$(median "${scraped[@]}")
 
 # ----- report ------------------------------------------------------------------
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0) print "-"; else printf "%.2f", a / b }'; }
 printf '%-44s %10s %10s %8s\n' "workload" "tarn" "peer" "ratio"
 printf '%-44s %8s ms %10s %8s\n' "dashboard (pools and datasets shown)" "$tarn_dash" "-" "-"
 printf '%-44s %8s ms %8s ms %8s\n' "list 20,000 files (first screen)" "$tarn_first" "$peer_first" "$(ratio "$tarn_first" "$peer_first")"
