@@ -6,17 +6,15 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::sync::Arc;
 
 use tarn_dataset::{self as ds, DatasetHandle};
 use tarn_pool::{Pool, VdevSpec};
 use tarn_testkit::data::pattern as noise;
+use tarn_testkit::gates::{within, LONG};
 use tarn_testkit::pools;
 use tarn_vdev::fault::{find_device, Fault, FaultKind, WriteGate};
 use tarn_vdev::VdevKind;
-
-const LONG: Duration = Duration::from_secs(20);
 
 /// Pool `tank` on a data file `d0` with a log device, and the data file.
 fn pool_with_log(dir: &Path) -> (Arc<Pool>, PathBuf) {
@@ -38,26 +36,6 @@ fn key(i: u64) -> Vec<u8> {
 
 fn read(h: &DatasetHandle, i: u64) -> Option<Vec<u8>> {
     h.txn(false, |t| t.read_block(&key(i))).unwrap()
-}
-
-/// Runs `f` on its own thread and fails the test if it does not finish
-/// within `LONG`; the gate is opened first so nothing stays stuck.
-fn within<R: Send + 'static>(
-    gate: &WriteGate,
-    what: &str,
-    f: impl FnOnce() -> R + Send + 'static,
-) -> R {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(LONG) {
-        Ok(r) => r,
-        Err(_) => {
-            gate.open();
-            panic!("{what} waited for the txg sync held at the gate");
-        }
-    }
 }
 
 #[test]

@@ -195,6 +195,47 @@ impl ReadPlan {
     }
 }
 
+/// Readers of the blocks on disk that a write of `len` bytes at `off`
+/// would patch: the records it covers in part (at most the first and the
+/// last; the whole block of a file of one block). Found inside a read
+/// transaction and run before the write's, so the old record is read from
+/// the disks without the dataset's lock and the write's patch finds it in
+/// the block cache (see [`crate::Fs::write_iov`]).
+pub(crate) fn patch_readers(
+    tx: &mut Tx,
+    inode: &Inode,
+    off: u64,
+    len: u64,
+) -> Result<Vec<BlockReader>> {
+    let end = off.saturating_add(len);
+    if len == 0 || off >= inode.size {
+        // Past the end there is nothing old to patch (a record that ends
+        // the file short is patched only where it holds data).
+        return Ok(Vec::new());
+    }
+    let rs = rs(inode);
+    let mut at: Vec<u64> = Vec::with_capacity(2);
+    if inode.size.max(end) <= rs {
+        at.push(0);
+    } else {
+        let head = off - off % rs;
+        if off != head || end < head + rs {
+            at.push(off);
+        }
+        let tail = (end - 1) - (end - 1) % rs;
+        if tail != head && end < tail + rs {
+            at.push(end - 1);
+        }
+    }
+    let mut out = Vec::new();
+    for a in at {
+        for (_, r) in for_blocks(tx, inode, a, a + 1, |tx, key| tx.s.block_reader(key))? {
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
 /// Writes `data` at `off`, growing the file as needed.
 pub(crate) fn write(tx: &mut Tx, inode: &mut Inode, off: u64, data: &[&[u8]]) -> Result<()> {
     tx.contents_changed(inode.ino);

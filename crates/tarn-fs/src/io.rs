@@ -231,6 +231,7 @@ impl<B: Backend> Fs<B> {
     ) -> Result<usize> {
         let len: usize = iov.iter().map(|d| d.len()).sum();
         let local = self.live_ino(ino)?;
+        self.warm_for_write(ino, offset, len as u64, append);
         self.write_txn(|tx| {
             let mut i = tx.get(local)?;
             match i.kind {
@@ -250,6 +251,31 @@ impl<B: Backend> Fs<B> {
             }
             Ok(len)
         })
+    }
+
+    /// Reads the records a write covers in part into the block cache
+    /// before its transaction. Patching a record that is not in the open
+    /// txg needs the old record, and read inside the write's transaction
+    /// that disk read would hold the dataset's lock, and with it every
+    /// other request on the dataset; read here, the reads of many writers
+    /// run at once. Nothing is decided from what is read: a record that
+    /// changed since, or a read that failed, is read again (and its error
+    /// reported) by the write's transaction.
+    fn warm_for_write(&self, ino: u64, offset: u64, len: u64, append: bool) {
+        if len == 0 {
+            return;
+        }
+        let readers = self.read_on(ino, |tx, _, l| {
+            let i = tx.get(l)?;
+            if i.kind != FileKind::Regular {
+                return Ok(Vec::new());
+            }
+            let off = if append { i.size } else { offset };
+            file::patch_readers(tx, &i, off, len)
+        });
+        for read in readers.unwrap_or_default() {
+            let _ = read();
+        }
     }
 
     /// `fallocate`: mode 0 only extends the size (a copy-on-write store

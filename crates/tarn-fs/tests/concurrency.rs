@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use tarn_fs::{Cred, ROOT_INO};
 use tarn_pool::ScanAction;
-use tarn_testkit::data::{env_seed, random_seed, Rng};
+use tarn_testkit::data::{env_seed, pattern, random_seed, Rng};
 use tarn_testkit::datasets::{filesystem, mount, new_file, DsFs};
+use tarn_testkit::gates;
 use tarn_testkit::pools::{self, wait_scan};
 use tarn_vdev::VdevKind;
 
@@ -200,4 +201,56 @@ fn many_writers_with_syncs_snapshots_and_a_scrub() {
 #[test]
 fn many_writers_with_fsyncs_syncs_snapshots_and_a_scrub() {
     under_load(true);
+}
+
+/// A write into part of a record that is on disk but not cached reads the
+/// old record without holding the dataset: with that read held at a gate,
+/// a whole-record write to another file of the dataset, and a read of it,
+/// still finish. (Read inside the write's transaction, the disk read would
+/// hold up every other request on the dataset; the check then times out.)
+#[test]
+fn a_partial_write_reads_its_old_record_without_holding_up_the_dataset() {
+    const RS: usize = 16 << 10;
+    let c = Cred::root();
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pools::tank(dir.path(), VdevKind::Raidz { parity: 1 }, 4, 64 << 20);
+    let fs = filesystem(&pool, "tank/fs", &[("recordsize", "16K")]);
+    let f = new_file(&fs, "f");
+    fs.write(f, 0, &pattern(1, 4 * RS), false, &c).unwrap();
+    fs.release(f).unwrap();
+    let g = new_file(&fs, "g");
+    fs.release(g).unwrap();
+    pool.sync().unwrap();
+    drop(fs);
+    // Imported again: the block cache is empty, f's records on disk only.
+    pool.abandon();
+    drop(pool);
+    let pool = pools::attached(
+        pools::try_import(&[dir.path()], "tank", true, pools::opts()).expect("import"),
+    );
+    let fs = Arc::new(mount(&pool, "tank/fs"));
+    // The tree's nodes, both inodes and the allocator in memory first.
+    fs.write(g, 0, &pattern(3, RS), false, &c).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().size, 4 * RS as u64);
+    let members: Vec<_> = (0..4).map(|i| dir.path().join(format!("d{i}"))).collect();
+    let gate = gates::hold_reads(&members.iter().map(|p| p.as_path()).collect::<Vec<_>>());
+    let patcher = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.write(f, RS as u64 + 100, &[7; 4096], false, &Cred::root()))
+    };
+    assert!(
+        gate.wait_for_waiter(gates::LONG),
+        "the partial write never read its old record"
+    );
+    let other = fs.clone();
+    let back = gates::within(&gate, "a whole-record write beside a patch", move || {
+        other.write(g, RS as u64, &pattern(2, RS), false, &Cred::root())?;
+        other.read(g, RS as u64, RS as u32)
+    });
+    assert!(back.unwrap() == pattern(2, RS));
+    gate.open();
+    assert_eq!(patcher.join().unwrap().unwrap(), 4096);
+    let mut want = pattern(1, 4 * RS);
+    want[RS + 100..RS + 100 + 4096].fill(7);
+    assert!(fs.read(f, 0, 4 * RS as u32).unwrap() == want);
 }

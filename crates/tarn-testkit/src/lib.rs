@@ -8,6 +8,8 @@
 //! - [`pools`]: pools on those files (`tank` in one call, create, import,
 //!   options that never sync on their own), scans waited for, counters
 //!   summed, where a block's bytes lie.
+//! - [`gates`]: device reads or writes held at a gate, and checks that
+//!   fail by timing out if they wait for it.
 //! - [`datasets`]: filesystem datasets with the POSIX layer mounted, and a
 //!   pool with one filesystem ready.
 //! - [`blobs`]: named byte arrays kept in a pool's root dataset, for the
@@ -32,6 +34,7 @@ pub mod clients;
 pub mod data;
 pub mod datasets;
 pub mod files;
+pub mod gates;
 pub mod net;
 pub mod pools;
 pub mod require;

@@ -218,7 +218,9 @@ impl PowerSwitch {
 }
 
 /// A gate a test holds writes at: while it is closed, every write and
-/// flush of the attached leaves waits (reads pass). Tests use it to stop a
+/// flush of the attached leaves waits (reads pass). Attached with
+/// [`FaultLeaf::attach_read_gate`] instead, it holds reads (and only
+/// reads): a test stops a disk read to see what else still runs. Tests use it to stop a
 /// txg sync in the middle of its device writes and check what the rest of
 /// the engine can still do meanwhile; attach it to the pool's data
 /// devices only, so a log device keeps working.
@@ -315,6 +317,7 @@ struct State {
     injected: u64,
     switch: Option<Arc<PowerSwitch>>,
     gate: Option<Arc<WriteGate>>,
+    read_gate: Option<Arc<WriteGate>>,
 }
 
 impl State {
@@ -440,6 +443,7 @@ impl FaultLeaf {
                 injected: 0,
                 switch: None,
                 gate: None,
+                read_gate: None,
             }),
         }
     }
@@ -450,8 +454,11 @@ impl FaultLeaf {
 
     /// Recomputes `armed` after a change (under the state lock).
     fn rearm(&self, st: &State) {
-        let on =
-            !st.faults.is_empty() || st.undo.is_some() || st.switch.is_some() || st.gate.is_some();
+        let on = !st.faults.is_empty()
+            || st.undo.is_some()
+            || st.switch.is_some()
+            || st.gate.is_some()
+            || st.read_gate.is_some();
         self.armed.store(on, Ordering::Release);
     }
 
@@ -510,6 +517,14 @@ impl FaultLeaf {
         self.rearm(&st);
     }
 
+    /// Attaches the leaf's reads to a [`WriteGate`] (`None` detaches
+    /// them): while it is closed every read waits, writes pass.
+    pub fn attach_read_gate(&self, gate: Option<Arc<WriteGate>>) {
+        let mut st = self.lock();
+        st.read_gate = gate;
+        self.rearm(&st);
+    }
+
     /// The attached power switch.
     pub fn switch(&self) -> Option<Arc<PowerSwitch>> {
         self.lock().switch.clone()
@@ -546,6 +561,11 @@ impl Leaf for FaultLeaf {
             return self.inner.read_at(buf, offset);
         }
         let len = buf.len() as u64;
+        // Bound first: the state lock must not be held while the gate waits.
+        let gate = self.lock().read_gate.clone();
+        if let Some(g) = gate {
+            g.pass();
+        }
         let (vanish, error, flip, delay) = {
             let mut st = self.lock();
             (
@@ -713,6 +733,34 @@ mod tests {
         f.attach_gate(None);
         gate.close();
         f.write_at(&[3; 4096], 0).unwrap(); // detached: passes
+    }
+
+    #[test]
+    fn a_closed_read_gate_holds_reads_but_not_writes() {
+        let (_, f) = leaf();
+        let f = Arc::new(f);
+        let gate = WriteGate::new();
+        f.attach_read_gate(Some(gate.clone()));
+        f.write_at(&[1; 4096], 0).unwrap();
+        gate.close();
+        let r = {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                let mut b = [0u8; 4096];
+                f.read_at(&mut b, 0).unwrap();
+                b
+            })
+        };
+        assert!(gate.wait_for_waiter(Duration::from_secs(10)));
+        f.write_at(&[2; 4096], 0).unwrap(); // writes pass
+        f.flush().unwrap();
+        assert_eq!(gate.waiting(), 1, "the read is still held");
+        gate.open();
+        assert_eq!(r.join().unwrap(), [2; 4096]);
+        f.attach_read_gate(None);
+        gate.close();
+        let mut b = [0u8; 4096];
+        f.read_at(&mut b, 0).unwrap(); // detached: passes
     }
 
     #[test]

@@ -16,7 +16,10 @@
 //! some in part lands entirely in one txg or not at all, and it is one
 //! record in the intent log when made durable. A whole block is written as
 //! is (no read); part of a block is a patch, which costs the intent log
-//! only the bytes written. Reads take references to the blocks inside the
+//! only the bytes written. The old block a patch needs is read into the
+//! block cache just before the transaction (`warm`), so the transaction,
+//! which holds the dataset's lock, copies it from memory instead of
+//! holding every other request up for a disk read. Reads take references to the blocks inside the
 //! transaction and read them after it, so a slow disk read never holds up
 //! the dataset's writers.
 //!
@@ -323,6 +326,32 @@ impl Volume {
         Ok(())
     }
 
+    /// Reads the committed blocks a write will patch into the block cache,
+    /// before its transaction: a patch of a block that is not in the open
+    /// txg reads the old block, and inside the transaction that read would
+    /// hold the dataset's lock (every other request of the volume) for a
+    /// disk read. Read here, the requests' reads run at once and the patch
+    /// finds the block cached. Nothing is decided from what is read: a
+    /// block that changed since, or a failed read, is read again (and its
+    /// error reported) by the transaction.
+    fn warm(&self, keys: impl Iterator<Item = [u8; 8]>) {
+        let keys: Vec<[u8; 8]> = keys.collect();
+        if keys.is_empty() {
+            return;
+        }
+        let refs = self.handle.txn(false, |t| {
+            let mut refs = Vec::with_capacity(keys.len());
+            for k in &keys {
+                refs.extend(t.block_ref(k)?.filter(BlockRef::is_committed));
+            }
+            Ok::<_, DsError>(refs)
+        });
+        let pool = self.handle.pool();
+        for r in refs.unwrap_or_default() {
+            let _ = r.read(pool);
+        }
+    }
+
     /// Zeros `off..off + len`: whole blocks are deleted (one range),
     /// blocks touched in part get zeros patched in where they exist.
     fn zero(&self, off: u64, len: u64, fua: bool) -> Result<(), VolError> {
@@ -348,6 +377,7 @@ impl Volume {
                 .flat_map(|r| Self::pieces(&spec, r.start, r.end - r.start))
                 .collect()
         };
+        self.warm(partial.iter().map(|p| key(p.block)));
         self.write_txn(fua, |t| {
             if first_whole < end_whole {
                 let (a, b) = (key(first_whole), key(end_whole));
@@ -450,6 +480,7 @@ impl Device for Volume {
         check_range(spec.size, off, data.len() as u64)?;
         let bs = spec.block as usize;
         let pieces: Vec<Piece> = Self::pieces(&spec, off, data.len() as u64).collect();
+        self.warm(pieces.iter().filter(|p| p.len != bs).map(|p| key(p.block)));
         self.write_txn(fua, |t| {
             let mut at = 0;
             for p in &pieces {

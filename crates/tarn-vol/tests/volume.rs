@@ -12,6 +12,7 @@ use proptest::prelude::*;
 use tarn_dataset::{DsError, VolSpec};
 use tarn_pool::Pool;
 use tarn_testkit::data::pattern;
+use tarn_testkit::gates;
 use tarn_testkit::pools::{props, tank};
 use tarn_vdev::VdevKind;
 use tarn_vol::{Device, Extent, VolError, Volume};
@@ -269,6 +270,51 @@ fn flushed_and_fua_writes_survive(block: u32, commit: bool) {
             "nothing made the last write durable ({block}-byte blocks)"
         );
     }
+}
+
+/// A write of part of a block that is on disk but not cached reads the
+/// old block without holding the volume's dataset: with that read held at
+/// a gate, a whole-block write and a read of it on the same volume still
+/// finish. (Read inside the write's transaction, the disk read would hold
+/// up every other request of the volume; the check then times out.)
+#[test]
+fn a_partial_write_reads_its_old_block_without_holding_up_the_volume() {
+    const BS: usize = 16 << 10;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pool = pool(dir.path());
+    let vol = volume(&pool, "tank/v", 1 << 20, BS as u32, true);
+    vol.write(0, &pattern(1, 2 * BS), false)
+        .expect("write blocks 0 and 1");
+    pool.sync().expect("commit");
+    drop(vol);
+    // Imported again: the block cache is empty, block 0 is on disk only.
+    let pool = crash_and_import(pool, dir.path());
+    let vol = reopen(&pool, "tank/v");
+    // The tree's nodes and the allocator are in memory before the gate.
+    vol.write(3 * BS as u64, &pattern(3, BS), false)
+        .expect("write block 3");
+    assert!(vol.read(BS as u64, BS as u32).expect("read block 1") == pattern(1, 2 * BS)[BS..]);
+    let members: Vec<_> = (0..4).map(|i| dir.path().join(format!("d{i}"))).collect();
+    let gate = gates::hold_reads(&members.iter().map(|p| p.as_path()).collect::<Vec<_>>());
+    let patcher = {
+        let vol = vol.clone();
+        std::thread::spawn(move || vol.write(4096, &[7; 4096], false))
+    };
+    assert!(
+        gate.wait_for_waiter(gates::LONG),
+        "the partial write never read its old block"
+    );
+    let other = vol.clone();
+    let back = gates::within(&gate, "a whole-block write beside a patch", move || {
+        other.write(2 * BS as u64, &pattern(2, BS), false)?;
+        other.read(2 * BS as u64, BS as u32)
+    });
+    assert!(back.expect("write and read block 2") == pattern(2, BS));
+    gate.open();
+    patcher.join().expect("patcher").expect("the partial write");
+    let mut want = pattern(1, 2 * BS)[..BS].to_vec();
+    want[4096..8192].fill(7);
+    assert!(vol.read(0, BS as u32).expect("read block 0") == want);
 }
 
 #[test]
