@@ -43,7 +43,11 @@
 //! **Large blocks are written in place.** A block of at least
 //! [`IMMEDIATE_BYTES`] is written now into the room its transaction already
 //! holds and the record carries only its pointer; the sync then uses that
-//! block as is instead of writing it again. Replay reads it back through
+//! block as is instead of writing it again. The blocks of one record are
+//! written together (prepared in parallel, as the sync prepares its own),
+//! so an `fsync` after a large write waits for about one block's
+//! compression, sealing and checksum per worker, not for all of them in
+//! turn. Replay reads it back through
 //! its checksum before using it, so a damaged block fails replay loudly
 //! rather than turning into wrong file contents.
 //!
@@ -504,8 +508,16 @@ pub(crate) fn commit(dsl: &Dsl, cx: &mut Cx<'_>, id: u64) -> Result<bool, DsErro
     let mut all = true;
     for (txg, last_seq, ops) in groups {
         let mut ops = collapse(ops);
-        let mut refs = Vec::new();
-        for op in &mut ops {
+        // The pointer each large block write of the record will carry:
+        // written already (by an earlier commit, or by the sync), or
+        // written now, all of them at once. Each block's slot stays locked
+        // from the decision to write it until its pointer is in the slot,
+        // so a transaction replacing the block meanwhile either sees it
+        // written (and frees it after the sync) or gives its room back
+        // before the decision (and the record carries the data instead).
+        let mut bps: Vec<Option<BlockPtr>> = vec![None; ops.len()];
+        let mut now = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
             let LogOp::Block(k, data) = op else { continue };
             if data.len() < immediate {
                 continue;
@@ -513,10 +525,10 @@ pub(crate) fn commit(dsl: &Dsl, cx: &mut Cx<'_>, id: u64) -> Result<bool, DsErro
             let Some(sb) = staged.get(&(txg, k.clone())) else {
                 continue;
             };
-            let mut slot = sb.slot();
-            let bp = match slot.written {
+            let slot = sb.slot();
+            match slot.written {
                 // Written by an earlier commit, or by the sync already.
-                Some(bp) => bp,
+                Some(bp) => bps[i] = Some(bp),
                 // A block of a txg that is no longer open belongs to its
                 // sync, which may be writing it right now into the same
                 // room; a block replaced since it was found here has given
@@ -524,27 +536,43 @@ pub(crate) fn commit(dsl: &Dsl, cx: &mut Cx<'_>, id: u64) -> Result<bool, DsErro
                 // the open txg's live blocks (open context holds the txg
                 // open during this commit) are written early, accounted to
                 // that txg.
-                None if txg != cx.txg() || slot.released => continue,
-                None => match cx.write_block_now(&sb.data, opts.clone(), slot.res.clone(), txg) {
-                    Ok(Some(bp)) => {
-                        slot.res = Reservation::of_block(&bp);
-                        slot.written = Some(bp);
-                        bp
+                None if txg != cx.txg() || slot.released => {}
+                None => now.push((i, sb, slot)),
+            }
+        }
+        if !now.is_empty() {
+            let blocks = now
+                .iter()
+                .map(|(_, sb, slot)| (sb.data.as_slice(), opts.clone(), slot.res.clone()))
+                .collect();
+            match cx.write_blocks_now(blocks, txg) {
+                Ok(written) => {
+                    for ((i, _, slot), bp) in now.iter_mut().zip(written) {
+                        if let Some(bp) = bp {
+                            slot.res = Reservation::of_block(&bp);
+                            slot.written = Some(bp);
+                            bps[*i] = Some(bp);
+                        }
                     }
-                    Ok(None) => continue,
-                    Err(e) => {
-                        // The block's room may be half given back: nothing
-                        // of this txg may commit with it.
-                        cx.fault(format!(
-                            "writing a block for the intent log failed ({e}); the pool stopped \
-                             so that nothing half-written is committed"
-                        ));
-                        return Err(e.into());
-                    }
-                },
-            };
-            refs.push(bp);
-            *op = LogOp::BlockRef(std::mem::take(k), bp);
+                }
+                Err(e) => {
+                    // The blocks' room may be half given back: nothing of
+                    // this txg may commit with them.
+                    cx.fault(format!(
+                        "writing a block for the intent log failed ({e}); the pool stopped \
+                         so that nothing half-written is committed"
+                    ));
+                    return Err(e.into());
+                }
+            }
+        }
+        drop(now);
+        let mut refs = Vec::new();
+        for (op, bp) in ops.iter_mut().zip(bps) {
+            if let (Some(bp), LogOp::Block(k, _)) = (bp, &mut *op) {
+                refs.push(bp);
+                *op = LogOp::BlockRef(std::mem::take(k), bp);
+            }
         }
         let rec = match &opts.key {
             Some(k) => seal_record(id, &refs, &ops, k)?,

@@ -365,9 +365,30 @@ impl Cx<'_> {
         res: Reservation,
         birth: u64,
     ) -> Result<Option<BlockPtr>, PoolError> {
+        Ok(self
+            .write_blocks_now(vec![(data, opts, res)], birth)?
+            .into_iter()
+            .next()
+            .flatten())
+    }
+
+    /// [`Cx::write_block_now`] of many blocks at once: compressed, sealed
+    /// and checksummed in parallel on up to `sync_threads` workers and
+    /// written together, as the txg sync writes its blocks, so an `fsync`
+    /// that logs many large blocks waits for about the slowest of them
+    /// rather than for their sum. In the order given; None for a block
+    /// that needed no room (all zeros: its room given back).
+    pub fn write_blocks_now(
+        &self,
+        blocks: Vec<(&[u8], BlockOpts, Reservation)>,
+        birth: u64,
+    ) -> Result<Vec<Option<BlockPtr>>, PoolError> {
         let mut missed = Vec::new();
         let out = self.pool.write_data(
-            vec![(data, opts, Some(res))],
+            blocks
+                .into_iter()
+                .map(|(d, o, r)| (d, o, Some(r)))
+                .collect(),
             birth,
             Some(self.txg),
             &mut missed,
@@ -376,7 +397,7 @@ impl Cx<'_> {
             let mut z = self.pool.zil_state();
             z.missed.extend(missed.into_iter().map(|m| (birth, m)));
         }
-        Ok(out.into_iter().next().flatten())
+        Ok(out)
     }
 
     /// Writes blocks as they were stored elsewhere (a raw receive: bytes
