@@ -64,7 +64,7 @@ mod golden;
 pub use props::{PropValue, Source};
 pub use record::{DatasetInfo, DatasetKind, Sums, VolSpec};
 pub use txn::{apply_patch, BlockData, BlockRef, DatasetHandle, Txn, Value};
-pub use zil::{parked_blocks, parked_records, IMMEDIATE_BYTES};
+pub use zil::{parked_blocks, parked_records, IMMEDIATE_BYTES, WAIT_SYNC_BYTES};
 
 use tarn_pool::PoolError;
 

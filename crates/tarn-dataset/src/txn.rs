@@ -1193,12 +1193,27 @@ impl DatasetHandle {
             return Ok(());
         }
         let id = self.id;
-        // Whatever keeps the log from taking it, a txg commit is durable too.
-        let logged = with_dsl(&self.pool, false, |dsl, cx| crate::zil::commit(dsl, cx, id));
-        if !matches!(logged, Ok(true)) {
-            self.pool.sync()?;
+        let mut may_wait = true;
+        loop {
+            let r = with_dsl(&self.pool, false, |dsl, cx| {
+                crate::zil::commit(dsl, cx, id, may_wait)
+            });
+            match r {
+                Ok(crate::zil::Commit::Durable) => return Ok(()),
+                // Once, so an fsync under a steady stream of writes cannot
+                // chase txg after txg: the second commit logs what is left.
+                Ok(crate::zil::Commit::WaitForSync) if may_wait => {
+                    self.pool.wait_for_sync();
+                    may_wait = false;
+                }
+                // Whatever keeps the log from taking it, a txg commit is
+                // durable too.
+                _ => {
+                    self.pool.sync()?;
+                    return Ok(());
+                }
+            }
         }
-        Ok(())
     }
 
     /// After a write found the pool full: commits txgs until the space

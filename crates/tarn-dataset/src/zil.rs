@@ -40,6 +40,18 @@
 //! beyond repair after the write fails the replay like a damaged block a
 //! record references (below).
 //!
+//! **The syncing txg's data is not copied twice.** Pending operations of
+//! the txg being synced are logged (the sync may still fail, and the
+//! commit cannot know how far it got), but when they hold at least
+//! [`WAIT_SYNC_BYTES`] of data and there is no log device, copying them
+//! would write that data a second time on the same disks while the sync
+//! writes it: the commit returns [`Commit::WaitForSync`] instead, the
+//! caller waits for that sync holding nothing, and commits once more
+//! (without waiting again, so a steady writer cannot keep an `fsync`
+//! chasing txgs), which logs only what the open txg holds. Replay is
+//! still redo from the committed txg: the second commit's records belong
+//! to the txg after the one that was waited for.
+//!
 //! **Large blocks are written in place.** A block of at least
 //! [`IMMEDIATE_BYTES`] is written now into the room its transaction already
 //! holds and the record carries only its pointer; the sync then uses that
@@ -439,24 +451,50 @@ fn collapse(ops: Vec<LogOp>) -> Vec<LogOp> {
         .collect()
 }
 
+/// Unlogged bytes of the txg being synced from which an intent log commit
+/// (with no log device) waits for that sync rather than copying them into
+/// the log: the sync is writing them already, and the log would write
+/// them a second time on the same disks, sealing them again when the
+/// dataset is encrypted.
+pub const WAIT_SYNC_BYTES: usize = 8 << 20;
+
+/// What [`commit`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Commit {
+    /// The pending operations are durable (or `sync=disabled`).
+    Durable,
+    /// The log could not take them: commit the txg instead (what could
+    /// not be logged stays pending for that sync).
+    Unlogged,
+    /// Most of them belong to the txg being synced (at least
+    /// [`WAIT_SYNC_BYTES`] of data): wait for that sync, then commit again
+    /// without waiting, for what is left (the open txg's).
+    WaitForSync,
+}
+
 /// Commits dataset `id`'s pending operations to the intent log, one
 /// commit per txg they belong to (the syncing txg's first, then the open
-/// one's). True when they are durable, or when the dataset's
-/// `sync=disabled` says not to care; false when the caller must commit the
-/// txg instead (what could not be logged stays pending for that sync).
+/// one's); see [`Commit`] for the answers. With `may_wait`, a commit that
+/// would copy at least [`WAIT_SYNC_BYTES`] of the syncing txg's data into
+/// the log asks to wait for that sync instead.
 ///
 /// One commit of a dataset runs at a time (`LiveDs::commit`): a second
 /// `fsync` waits, then finds what the first logged gone from the pending
 /// list. The dataset's lock is held only to take the pending operations
 /// and the staged blocks they name, so transactions of the dataset go on
 /// during the log's writes.
-pub(crate) fn commit(dsl: &Dsl, cx: &mut Cx<'_>, id: u64) -> Result<bool, DsError> {
+pub(crate) fn commit(
+    dsl: &Dsl,
+    cx: &mut Cx<'_>,
+    id: u64,
+    may_wait: bool,
+) -> Result<Commit, DsError> {
     let (disabled, opts) = {
         let dir = dsl.dir();
         (dir.prop(id, "sync").0 == "disabled", dir.block_opts(id)?)
     };
     if disabled {
-        return Ok(true);
+        return Ok(Commit::Durable);
     }
     // With a separate log device, copying into the log beats writing in
     // place on the data vdevs.
@@ -474,7 +512,25 @@ pub(crate) fn commit(dsl: &Dsl, cx: &mut Cx<'_>, id: u64) -> Result<bool, DsErro
     {
         let st = live.lock();
         if st.log.is_empty() {
-            return Ok(true);
+            return Ok(Commit::Durable);
+        }
+        // A log device takes copies faster than the data disks write
+        // the txg: only without one is waiting the better deal.
+        let syncing = st.syncing.as_ref().map(|(t, _)| *t);
+        if may_wait && !cx.log_device() && syncing.is_some() {
+            let carried: usize = st
+                .log
+                .iter()
+                .filter(|(t, _, _)| Some(*t) == syncing)
+                .map(|(_, _, op)| match op {
+                    LogOp::Block(_, d) => d.len(),
+                    LogOp::Patch { bytes, .. } => bytes.len(),
+                    _ => 0,
+                })
+                .sum();
+            if carried >= WAIT_SYNC_BYTES {
+                return Ok(Commit::WaitForSync);
+            }
         }
         for (txg, seq, op) in &st.log {
             match groups.last_mut() {
@@ -594,7 +650,11 @@ pub(crate) fn commit(dsl: &Dsl, cx: &mut Cx<'_>, id: u64) -> Result<bool, DsErro
         live.pending
             .store(asize, std::sync::atomic::Ordering::Relaxed);
     }
-    Ok(all)
+    Ok(if all {
+        Commit::Durable
+    } else {
+        Commit::Unlogged
+    })
 }
 
 /// Replays the records the pool found in its intent log at import, in the

@@ -113,6 +113,14 @@ impl Pool {
         Ok(self.lock().txg)
     }
 
+    /// Waits until the txg sync in progress, if any, has finished
+    /// (committed, or failed and faulted the pool). An intent log commit
+    /// that finds most of what it would log in the txg being synced waits
+    /// for it rather than writing that data a second time.
+    pub fn wait_for_sync(&self) {
+        drop(self.sync_state());
+    }
+
     /// Quiesces the open txg and syncs it; with `gate_held`, the caller holds
     /// the gate exclusively already (an exclusive operation). Returns the txg
     /// committed.
