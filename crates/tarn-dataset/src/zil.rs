@@ -56,10 +56,12 @@
 //! [`IMMEDIATE_BYTES`] is written now into the room its transaction already
 //! holds and the record carries only its pointer; the sync then uses that
 //! block as is instead of writing it again. The blocks of one record are
-//! written together (prepared in parallel, as the sync prepares its own),
-//! so an `fsync` after a large write waits for about one block's
-//! compression, sealing and checksum per worker, not for all of them in
-//! turn. Replay reads it back through
+//! written together, prepared (compressed, sealed, checksummed) on the
+//! sync's workers at once, so an `fsync` after a large write waits for
+//! their preparation divided among the workers rather than for each in
+//! turn. Their slots stay locked until all of them are written: a
+//! transaction replacing one of them meanwhile waits for that (while it
+//! holds the dataset's lock). Replay reads it back through
 //! its checksum before using it, so a damaged block fails replay loudly
 //! rather than turning into wrong file contents.
 //!
@@ -482,7 +484,9 @@ pub(crate) enum Commit {
 /// `fsync` waits, then finds what the first logged gone from the pending
 /// list. The dataset's lock is held only to take the pending operations
 /// and the staged blocks they name, so transactions of the dataset go on
-/// during the log's writes.
+/// during the log's writes, except one that replaces a block this commit
+/// is writing in place: it waits for the commit's block writes (the
+/// block's slot).
 pub(crate) fn commit(
     dsl: &Dsl,
     cx: &mut Cx<'_>,

@@ -207,25 +207,29 @@ pub(crate) fn patch_readers(
     off: u64,
     len: u64,
 ) -> Result<Vec<BlockReader>> {
-    let end = off.saturating_add(len);
-    if len == 0 || off >= inode.size {
-        // Past the end there is nothing old to patch (a record that ends
-        // the file short is patched only where it holds data).
+    if len == 0 || inode.size == 0 {
         return Ok(Vec::new());
     }
+    let end = off.saturating_add(len);
     let rs = rs(inode);
+    // The start of the record that holds the file's last byte: records
+    // from there on hold nothing old to patch.
+    let last = (inode.size - 1) - (inode.size - 1) % rs;
     let mut at: Vec<u64> = Vec::with_capacity(2);
     if inode.size.max(end) <= rs {
+        // A file of one block, written and still one block.
         at.push(0);
     } else {
         let head = off - off % rs;
         if off != head || end < head + rs {
-            at.push(off);
+            at.push(head);
         }
         let tail = (end - 1) - (end - 1) % rs;
         if tail != head && end < tail + rs {
-            at.push(end - 1);
+            at.push(tail);
         }
+        // Appends and writes past the end patch at most the last record.
+        at.retain(|&a| a <= last);
     }
     let mut out = Vec::new();
     for a in at {

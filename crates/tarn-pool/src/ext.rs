@@ -375,8 +375,9 @@ impl Cx<'_> {
     /// [`Cx::write_block_now`] of many blocks at once: compressed, sealed
     /// and checksummed in parallel on up to `sync_threads` workers and
     /// written together, as the txg sync writes its blocks, so an `fsync`
-    /// that logs many large blocks waits for about the slowest of them
-    /// rather than for their sum. In the order given; None for a block
+    /// that logs many large blocks waits for their preparation shared
+    /// among the workers rather than for each in turn. In the order
+    /// given; None for a block
     /// that needed no room (all zeros: its room given back).
     pub fn write_blocks_now(
         &self,
