@@ -111,7 +111,7 @@ pub struct Reservation {
 
 impl Reservation {
     /// The room a block written early already occupies (see
-    /// [`Cx::write_block_now`]), or that import claimed for it.
+    /// [`Cx::write_blocks_now`]), or that import claimed for it.
     pub fn of_block(bp: &BlockPtr) -> Reservation {
         Reservation {
             dvas: bp.used_dvas().copied().collect(),
@@ -336,7 +336,7 @@ impl Cx<'_> {
     /// Makes `records` (opaque to the pool) of txg `txg` (this txg, or the
     /// one syncing) durable in the intent log, together with the data
     /// blocks `refs` written in place for them (see
-    /// [`Cx::write_block_now`]). On [`crate::LogCommit::Unavailable`]
+    /// [`Cx::write_blocks_now`]). On [`crate::LogCommit::Unavailable`]
     /// nothing is promised: commit a txg instead.
     pub fn log_commit(
         &self,
@@ -353,32 +353,16 @@ impl Cx<'_> {
         self.pool.zil_state().replay.take()
     }
 
-    /// Writes a data block now, into the room `res` holds for it, so the
-    /// intent log can reference it instead of copying it. The block is born
-    /// in txg `birth` (the txg whose change it is: this one or the one
-    /// syncing). Hand it back with [`Cx::log_free`] if that txg stops
-    /// referencing it.
-    pub fn write_block_now(
-        &self,
-        data: &[u8],
-        opts: BlockOpts,
-        res: Reservation,
-        birth: u64,
-    ) -> Result<Option<BlockPtr>, PoolError> {
-        Ok(self
-            .write_blocks_now(vec![(data, opts, res)], birth)?
-            .into_iter()
-            .next()
-            .flatten())
-    }
-
-    /// [`Cx::write_block_now`] of many blocks at once: compressed, sealed
-    /// and checksummed in parallel on up to `sync_threads` workers and
-    /// written together, as the txg sync writes its blocks, so an `fsync`
-    /// that logs many large blocks waits for their preparation shared
-    /// among the workers rather than for each in turn. In the order
-    /// given; None for a block
-    /// that needed no room (all zeros: its room given back).
+    /// Writes data blocks now, into the rooms their reservations hold, so
+    /// the intent log can reference them instead of copying them. They are
+    /// born in txg `birth` (the txg whose change they are: this one or the
+    /// one syncing); hand one back with [`Cx::log_free`] if that txg stops
+    /// referencing it. Compressed, sealed and checksummed in parallel on
+    /// up to `sync_threads` workers and written together, as the txg sync
+    /// writes its blocks, so an `fsync` that logs many large blocks waits
+    /// for their preparation shared among the workers rather than for each
+    /// in turn. In the order given; None for a block that needed no room
+    /// (all zeros: its room given back).
     pub fn write_blocks_now(
         &self,
         blocks: Vec<(&[u8], BlockOpts, Reservation)>,
