@@ -68,7 +68,7 @@ impl Compression {
             Self::Off => None,
             Self::Lz4 => {
                 let mut v =
-                    Vec::with_capacity(4 + lz4_flex::block::get_maximum_output_size(data.len()));
+                    crate::spare::take(4 + lz4_flex::block::get_maximum_output_size(data.len()));
                 v.extend_from_slice(&(data.len() as u32).to_le_bytes());
                 v.resize(4 + lz4_flex::block::get_maximum_output_size(data.len()), 0);
                 match lz4_flex::block::compress_into(data, &mut v[4..]) {
@@ -76,7 +76,10 @@ impl Compression {
                         v.truncate(4 + n);
                         Some((CompressAlg::Lz4, v))
                     }
-                    Err(_) => None,
+                    Err(_) => {
+                        crate::spare::give(v);
+                        None
+                    }
                 }
             }
             Self::Zstd(level) => zstd::bulk::compress(data, *level)
@@ -85,7 +88,11 @@ impl Compression {
         };
         match out {
             Some((alg, v)) if !data.is_empty() && v.len() <= limit => (alg, Cow::Owned(v)),
-            _ => (CompressAlg::Off, Cow::Borrowed(data)),
+            Some((_, v)) => {
+                crate::spare::give(v);
+                (CompressAlg::Off, Cow::Borrowed(data))
+            }
+            None => (CompressAlg::Off, Cow::Borrowed(data)),
         }
     }
 }

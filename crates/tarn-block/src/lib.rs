@@ -15,6 +15,7 @@ pub mod checksum;
 pub mod compress;
 pub mod crypt;
 pub mod pipeline;
+pub mod spare;
 
 pub use bp::{
     BlockPtr, BlockType, ChecksumAlg, CompressAlg, Dva, BLOCK_PTR_SIZE, FLAG_ENCRYPTED, MAX_COPIES,

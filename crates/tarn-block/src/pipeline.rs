@@ -70,7 +70,15 @@ pub fn prepare_sealed<'a>(
     let lsize = data.len() as u32;
     let (compress, mut stored) = compression.compress(data);
     let seal = match key {
-        Some(k) => Some(k.seal_block(btype, compress, lsize, stored.to_mut())?),
+        Some(k) => {
+            if let Cow::Borrowed(b) = stored {
+                // Sealed in a copy: the caller's bytes stay plaintext.
+                let mut v = crate::spare::take(b.len());
+                v.extend_from_slice(b);
+                stored = Cow::Owned(v);
+            }
+            Some(k.seal_block(btype, compress, lsize, stored.to_mut())?)
+        }
         None => None,
     };
     let sum = checksum(alg, &stored);
@@ -82,6 +90,16 @@ pub fn prepare_sealed<'a>(
         checksum: sum,
         seal,
     })
+}
+
+impl Prepared<'_> {
+    /// Hands the block's own stored bytes (compressed or sealed) back to
+    /// the spare buffers once they are on the devices (see `spare`).
+    pub fn recycle(self) {
+        if let Cow::Owned(v) = self.stored {
+            crate::spare::give(v);
+        }
+    }
 }
 
 /// Builds the pointer for a prepared block written at `dvas` in txg `birth`.

@@ -50,6 +50,12 @@ pub type Entry = (Vec<u8>, Vec<u8>);
 /// Meta-tree prefix of the extension's namespace.
 pub(crate) const P_EXT: u8 = 0x40;
 
+/// How many bytes of data blocks are prepared (compressed, sealed,
+/// checksummed) before they are written, see [`Pool::write_data`]: enough
+/// for every sync worker to have many blocks, and for neighbouring blocks
+/// to merge into long device writes, within half the spare buffers.
+pub(crate) const WRITE_WINDOW: usize = 32 << 20;
+
 /// Pool state owned by a higher layer, called at each step of a txg (see
 /// the module docs). Implementations keep their own locks.
 pub trait Extension: Send + Sync {
@@ -624,7 +630,35 @@ impl Pool {
     /// with no lock held, their room trimmed or found under `st`, written in
     /// parallel with no lock held. `open`: the open txg an early write
     /// belongs to (its allocations are tracked, see `space`).
+    ///
+    /// In windows of about [`WRITE_WINDOW`] bytes: a block that is
+    /// compressed or sealed has bytes of its own until it is written, so a
+    /// whole txg prepared at once would hold a second copy of its dirty
+    /// data; a window's buffers are handed back before the next window
+    /// takes them (see `tarn_block::spare`).
     pub(crate) fn write_data(
+        &self,
+        blocks: Vec<(&[u8], BlockOpts, Option<Reservation>)>,
+        birth: u64,
+        open: Option<u64>,
+        missed: &mut Vec<Missed>,
+    ) -> Result<Vec<Option<BlockPtr>>, PoolError> {
+        let mut out = Vec::with_capacity(blocks.len());
+        let mut rest = blocks.into_iter().peekable();
+        while rest.peek().is_some() {
+            let mut window = Vec::new();
+            let mut bytes = 0usize;
+            while bytes < WRITE_WINDOW {
+                let Some(b) = rest.next() else { break };
+                bytes += b.0.len();
+                window.push(b);
+            }
+            out.extend(self.write_window(window, birth, open, missed)?);
+        }
+        Ok(out)
+    }
+
+    fn write_window(
         &self,
         blocks: Vec<(&[u8], BlockOpts, Option<Reservation>)>,
         birth: u64,
@@ -709,8 +743,9 @@ impl Pool {
             .collect();
         missed.extend(pipeline::write_many_copies(&self.tops, &writes, threads)?);
         let mut out = vec![None; n];
-        for (i, p, dvas) in &jobs {
-            out[*i] = Some(pipeline::make_ptr(p, dvas, birth, BlockType::Data, 0));
+        for (i, p, dvas) in jobs {
+            out[i] = Some(pipeline::make_ptr(&p, &dvas, birth, BlockType::Data, 0));
+            p.recycle();
         }
         Ok(out)
     }
