@@ -461,7 +461,7 @@ fn collapse(ops: Vec<LogOp>) -> Vec<LogOp> {
 pub const WAIT_SYNC_BYTES: usize = 8 << 20;
 
 /// What [`commit`] did.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Commit {
     /// The pending operations are durable (or `sync=disabled`).
     Durable,
