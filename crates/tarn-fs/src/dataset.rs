@@ -220,4 +220,8 @@ impl Backend for DatasetBackend {
             .map(|(name, h)| (name, Arc::new(DatasetBackend::new(h))))
             .collect())
     }
+
+    fn generation(&self) -> Option<u64> {
+        Some(self.handle.pool().open_txg())
+    }
 }

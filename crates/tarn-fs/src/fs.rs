@@ -68,6 +68,17 @@ pub struct Fs<B: Backend> {
     /// The key of name hashes, from the superblock (encrypted datasets);
     /// fixed for the dataset's life.
     name_key: Option<[u8; 32]>,
+    /// Where the last write to each file ended (see `Fs::write_iov`).
+    pub(crate) last_writes: Mutex<HashMap<u64, LastWrite>>,
+}
+
+/// The end of a file's last write, its record size, and the backend's
+/// generation read before that write's transaction.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LastWrite {
+    pub end: u64,
+    pub rs: u64,
+    pub generation: u64,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -233,6 +244,7 @@ impl<B: Backend> Fs<B> {
                 next: 1,
             }),
             notify: Hub::default(),
+            last_writes: Mutex::new(HashMap::new()),
         };
         if !info.readonly {
             fs.reap_orphans()?;

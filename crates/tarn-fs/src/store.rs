@@ -201,6 +201,14 @@ pub trait Backend: Send + Sync {
     fn snapshots(&self) -> Result<Vec<(String, std::sync::Arc<Self>)>, crate::FsError>
     where
         Self: Sized;
+    /// A number that stays the same while the changes of write
+    /// transactions gather in one batch in memory (the pool's open txg),
+    /// or None when the store cannot tell. Only a hint for skipping work
+    /// that would find nothing to do (see `Fs::write_iov`); nothing's
+    /// correctness depends on it.
+    fn generation(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// [`Store::patch_block`] for a store that keeps no uncommitted blocks of

@@ -254,3 +254,88 @@ fn a_partial_write_reads_its_old_record_without_holding_up_the_dataset() {
     want[RS + 100..RS + 100 + 4096].fill(7);
     assert!(fs.read(f, 0, 4 * RS as u32).unwrap() == want);
 }
+
+/// A backend that counts the read transactions run on the dataset.
+struct Counting {
+    inner: tarn_fs::DatasetBackend,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+impl tarn_fs::Backend for Counting {
+    fn txn<R>(
+        &self,
+        write: bool,
+        f: &mut dyn FnMut(&mut dyn tarn_fs::Store) -> Result<R, tarn_fs::FsError>,
+    ) -> Result<R, tarn_fs::FsError> {
+        if !write {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+        }
+        self.inner.txn(write, f)
+    }
+
+    fn sync(&self) -> Result<(), tarn_fs::FsError> {
+        self.inner.sync()
+    }
+
+    fn snapshots(&self) -> Result<Vec<(String, Arc<Self>)>, tarn_fs::FsError> {
+        Ok(Vec::new())
+    }
+
+    fn generation(&self) -> Option<u64> {
+        self.inner.generation()
+    }
+}
+
+/// A write that continues the file's last write inside the same record,
+/// in the same open txg, skips the read transaction that warms the
+/// records it patches (the record is in the open txg already); a write
+/// elsewhere, or one after the txg moved on, still runs it; and every
+/// byte reads back as written.
+#[test]
+fn a_write_continuing_the_last_one_in_its_record_skips_warming() {
+    const RS: u64 = 16 << 10;
+    let c = Cred::root();
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pools::tank(dir.path(), VdevKind::Raidz { parity: 1 }, 4, 64 << 20);
+    drop(filesystem(&pool, "tank/fs", &[("recordsize", "16K")]));
+    let h = tarn_dataset::open(&pool, "tank/fs").unwrap();
+    let backend = Arc::new(Counting {
+        inner: tarn_fs::DatasetBackend::new(h),
+        reads: Default::default(),
+    });
+    let fs = tarn_fs::Fs::mount(backend.clone()).unwrap();
+    let f = fs
+        .create(ROOT_INO, b"f", libc::S_IFREG | 0o644, 0, libc::O_RDWR, &c)
+        .unwrap()
+        .ino;
+    let mut model = Vec::new();
+    let mut write = |off: u64, len: usize, seed: u64| -> u64 {
+        let data = pattern(seed, len);
+        let before = backend.reads.load(Ordering::Relaxed);
+        fs.write(f, off, &data, false, &c).unwrap();
+        let end = off as usize + len;
+        if model.len() < end {
+            model.resize(end, 0);
+        }
+        model[off as usize..end].copy_from_slice(&data);
+        backend.reads.load(Ordering::Relaxed) - before
+    };
+    assert!(write(0, 4096, 1) >= 1, "a first write warms");
+    assert_eq!(write(4096, 4096, 2), 0, "continuing in the record");
+    assert_eq!(write(8192, 8192, 3), 0, "up to the record's end");
+    assert!(
+        write(RS, 4096, 4) >= 1,
+        "a write starting a new record warms"
+    );
+    assert!(write(3 * RS + 5, 100, 5) >= 1, "a write elsewhere warms");
+    pool.sync().unwrap();
+    assert!(
+        write(3 * RS + 105, 100, 6) >= 1,
+        "after the txg moved on, the record is not in the open txg"
+    );
+    assert!(
+        write(3 * RS + 205, 2 * RS as usize, 7) >= 1,
+        "a write reaching past its record warms"
+    );
+    assert!(fs.read(f, 0, model.len() as u32).unwrap() == model);
+}

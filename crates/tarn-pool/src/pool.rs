@@ -382,6 +382,12 @@ impl Pool {
         self.lock().txg
     }
 
+    /// The txg that changes join now (it may close as soon as this
+    /// returns: a hint, never a promise).
+    pub fn open_txg(&self) -> u64 {
+        self.open_txg.load(Ordering::Acquire)
+    }
+
     /// The pool's properties.
     pub fn props(&self) -> PoolProps {
         self.lock().props.clone()
