@@ -63,6 +63,23 @@ impl Compression {
     /// recorded in the pointer and the bytes to store: `data` itself when
     /// it stays uncompressed (a record is not copied only to be written).
     pub fn compress<'a>(&self, data: &'a [u8]) -> (CompressAlg, Cow<'a, [u8]>) {
+        self.compress_with(data, true)
+    }
+
+    /// [`Compression::compress`]; with `recycle` false, an output that is
+    /// not kept is freed rather than handed to the spare buffers (a block
+    /// of an encrypted dataset: its compressed plaintext is not kept in
+    /// the process past its use, see `spare`).
+    pub(crate) fn compress_with<'a>(
+        &self,
+        data: &'a [u8],
+        recycle: bool,
+    ) -> (CompressAlg, Cow<'a, [u8]>) {
+        let give = |v: Vec<u8>| {
+            if recycle {
+                crate::spare::give(v);
+            }
+        };
         let limit = data.len() - data.len() / 8;
         let out = match self {
             Self::Off => None,
@@ -77,7 +94,7 @@ impl Compression {
                         Some((CompressAlg::Lz4, v))
                     }
                     Err(_) => {
-                        crate::spare::give(v);
+                        give(v);
                         None
                     }
                 }
@@ -89,7 +106,7 @@ impl Compression {
         match out {
             Some((alg, v)) if !data.is_empty() && v.len() <= limit => (alg, Cow::Owned(v)),
             Some((_, v)) => {
-                crate::spare::give(v);
+                give(v);
                 (CompressAlg::Off, Cow::Borrowed(data))
             }
             None => (CompressAlg::Off, Cow::Borrowed(data)),

@@ -24,7 +24,9 @@ use crate::crypt::{KeySet, Seal};
 use crate::BlockError;
 
 /// A block after compression and checksumming, ready to be allocated and
-/// written; an uncompressed block's bytes are the caller's, borrowed.
+/// written. Its bytes are the caller's, borrowed, only when neither
+/// compressed nor sealed; owned bytes may come from the spare buffers:
+/// [`Prepared::recycle`] once written.
 #[derive(Clone, Debug)]
 pub struct Prepared<'a> {
     /// The bytes to store (psize of them).
@@ -68,7 +70,7 @@ pub fn prepare_sealed<'a>(
         )));
     }
     let lsize = data.len() as u32;
-    let (compress, mut stored) = compression.compress(data);
+    let (compress, mut stored) = compression.compress_with(data, key.is_none());
     let seal = match key {
         Some(k) => {
             if let Cow::Borrowed(b) = stored {

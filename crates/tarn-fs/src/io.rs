@@ -12,7 +12,7 @@ use crate::{FsError, Result};
 use tarn_dataset::readahead;
 
 /// Files whose last write is remembered (see `Fs::write_iov`); past it
-/// the memory starts again (a few hints lost, nothing else).
+/// one is forgotten for each new one (a hint lost, nothing else).
 const LAST_WRITES: usize = 4096;
 
 impl<B: Backend> Fs<B> {
@@ -262,7 +262,10 @@ impl<B: Backend> Fs<B> {
         if let Some(generation) = generation.filter(|_| len > 0) {
             let mut last = lock(&self.last_writes);
             if last.len() >= LAST_WRITES && !last.contains_key(&ino) {
-                last.clear();
+                // Forget one (whichever the map yields first).
+                if let Some(&old) = last.keys().next() {
+                    last.remove(&old);
+                }
             }
             last.insert(
                 ino,

@@ -757,7 +757,21 @@ fn an_unreadable_parked_record_fails_the_load_unless_discarded() {
 fn a_txg_of_many_write_windows_reads_back_exactly_and_stays_sealed() {
     let dir = tempfile::tempdir().unwrap();
     let devs = devices(dir.path(), 4);
-    let pool = attached(create("tank", VdevKind::Raidz { parity: 1 }, &devs, &[]).unwrap());
+    // Nothing syncs before the test asks: one txg holds every block.
+    let one_txg = PoolOptions {
+        dirty_sync_bytes: 128 << 20,
+        ..opts()
+    };
+    let pool = attached(
+        tarn_testkit::pools::create_with(
+            "tank",
+            VdevKind::Raidz { parity: 1 },
+            &devs,
+            &[],
+            one_txg,
+        )
+        .unwrap(),
+    );
     encrypted(&pool, "tank/secret", PASS, &[("compression", "lz4")]);
     let s = mount(&pool, "tank/secret");
     let c = Cred::root();
@@ -765,9 +779,9 @@ fn a_txg_of_many_write_windows_reads_back_exactly_and_stays_sealed() {
     let canaries = Canaries::new(&mut rng, "W", 64);
     let mut files = Vec::new();
     let mut total = 0usize;
-    // 48 MiB: more than the 32 MiB window, below the 64 MiB that starts a
-    // sync, so one txg holds it all. Sizes from 70 KiB to over a record,
-    // so records and tails of many sizes share the buffers in turn.
+    // 48 MiB: more than the 32 MiB window, in one txg. Sizes from 70 KiB
+    // to over a record, so records and tails of many sizes share the
+    // buffers in turn.
     while total < 48 << 20 {
         let i = files.len();
         let len = rng.range(70 << 10, (1 << 20) + (300 << 10)) as usize;

@@ -635,7 +635,9 @@ impl Pool {
     /// compressed or sealed has bytes of its own until it is written, so a
     /// whole txg prepared at once would hold a second copy of its dirty
     /// data; a window's buffers are handed back before the next window
-    /// takes them (see `tarn_block::spare`).
+    /// takes them (see `tarn_block::spare`). An error in a later window
+    /// leaves the earlier ones written and their rooms trimmed: a caller
+    /// must stop the pool on an error (the sync and the intent log do).
     pub(crate) fn write_data(
         &self,
         blocks: Vec<(&[u8], BlockOpts, Option<Reservation>)>,
