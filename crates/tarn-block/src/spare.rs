@@ -88,7 +88,7 @@ impl Spares {
     /// the spares stay within their bound, otherwise freed.
     pub fn give(&self, mut v: Vec<u8>) {
         let cap = v.capacity();
-        if cap < MIN_SPARE || cap > self.bound {
+        if cap < MIN_SPARE {
             return;
         }
         v.clear();
@@ -113,11 +113,6 @@ pub fn take(len: usize) -> Vec<u8> {
 /// [`Spares::give`] to the process's spares.
 pub fn give(v: Vec<u8>) {
     SPARES.give(v)
-}
-
-/// The capacity the process's spares hold now.
-pub fn held() -> usize {
-    SPARES.held()
 }
 
 #[cfg(test)]

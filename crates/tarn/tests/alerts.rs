@@ -283,9 +283,9 @@ fn a_faulted_device_is_mailed_and_the_daemon_reports_what_happened() {
     std::fs::write(&data, vec![1u8; 1 << 20]).unwrap();
     d.ok(&["object", "put", "tank", "x", data.to_str().unwrap()]);
     d.ok(&["pool", "sync", "tank"]);
-    // The pool's own DEGRADED mail may come first (the health check can
-    // see the vanished device before the sync's writes fault it): wait
-    // for the whole message about the device.
+    // One health check emits the pool's DEGRADED before the device's
+    // FAULTED, so the first whole mail may be the pool's: wait for the
+    // whole message about the device.
     wait_for("the mail about the faulted device", || {
         let m = mail.lock().unwrap();
         m.find("device.faulted")
