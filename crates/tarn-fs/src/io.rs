@@ -157,7 +157,13 @@ impl<B: Backend> Fs<B> {
     /// what a read-only mount of a writable dataset reads with (reading
     /// through it must not write).
     pub fn read_without_atime(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
-        Ok(self.read_data_with(ino, offset, size, false)?.to_vec())
+        Ok(self.read_data_without_atime(ino, offset, size)?.to_vec())
+    }
+
+    /// [`Fs::read_data`] that leaves atime alone (see
+    /// [`Fs::read_without_atime`]).
+    pub fn read_data_without_atime(&self, ino: u64, offset: u64, size: u32) -> Result<ReadData> {
+        self.read_data_with(ino, offset, size, false)
     }
 
     fn read_data_with(&self, ino: u64, offset: u64, size: u32, atime: bool) -> Result<ReadData> {

@@ -84,6 +84,18 @@ impl ReadData {
         self.len == 0
     }
 
+    /// The whole read as one slice when it is a single range of one block
+    /// (a read of one record, or inside one), or empty; None when it has
+    /// several pieces. Lets a front end whose reply takes one buffer send
+    /// the cached block's bytes as they are instead of assembling a copy.
+    pub fn contiguous(&self) -> Option<&[u8]> {
+        match self.pieces.as_slice() {
+            [] => Some(&[]),
+            [Piece::Block { data, start, end }] => Some(&(**data).as_ref()[*start..*end]),
+            _ => None,
+        }
+    }
+
     /// The bytes in order as slices of the blocks (and of a static zero
     /// page for zeros), for a vectored write.
     pub fn slices(&self) -> impl Iterator<Item = &[u8]> + '_ {

@@ -342,6 +342,46 @@ fn open_checks_permissions_and_truncates() {
 }
 
 #[test]
+fn a_read_inside_one_record_comes_as_one_slice_of_its_block() {
+    let (_b, fs) = setup();
+    let rs = 4096usize;
+    let data: Vec<u8> = (0..3 * rs + 100).map(|i| (i % 251) as u8 + 1).collect();
+    let f = mkfile(&fs, ROOT_INO, "f", &data);
+    // A hole between the data and a byte far past it.
+    fs.write(f, 8 * rs as u64, b"x", false, &root()).unwrap();
+    let mut whole = data.clone();
+    whole.resize(8 * rs, 0);
+    whole.push(b'x');
+    for (off, len) in [
+        (0, rs),
+        (rs + 10, 100),
+        (rs - 1, 1),
+        (0, 2 * rs),
+        (rs - 50, 100),
+        (3 * rs, 100),
+        (3 * rs + 50, rs),
+        (5 * rs, 10),
+        (4 * rs, 4 * rs + 1),
+        (whole.len(), 10),
+    ] {
+        let d = fs.read_data(f, off as u64, len as u32).unwrap();
+        let want = &whole[off.min(whole.len())..(off + len).min(whole.len())];
+        assert_eq!(d.to_vec(), want, "read of {len} at {off}");
+        // One slice exactly when the bytes are one range of one stored
+        // block: inside a record that holds data, or nothing at all.
+        let stored =
+            want.is_empty() || (off / rs == (off + want.len() - 1) / rs && off < data.len());
+        match d.contiguous() {
+            Some(s) => {
+                assert!(stored, "read of {len} at {off} came as one slice");
+                assert_eq!(s, want, "read of {len} at {off}");
+            }
+            None => assert!(!stored, "read of {len} at {off} was not one slice"),
+        }
+    }
+}
+
+#[test]
 fn sparse_write_reads_zeros_and_uses_no_blocks() {
     let (b, fs) = setup();
     let f = mkfile(&fs, ROOT_INO, "f", b"");

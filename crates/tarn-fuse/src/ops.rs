@@ -488,12 +488,17 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
     ) {
         guarded(self.origin, "read", || {
             let read = if self.atime {
-                self.fs.read(ino.0, offset, size)
+                self.fs.read_data(ino.0, offset, size)
             } else {
-                self.fs.read_without_atime(ino.0, offset, size)
+                self.fs.read_data_without_atime(ino.0, offset, size)
             };
+            // A read inside one record is replied from the cached block
+            // itself; only one that spans several is assembled.
             match read {
-                Ok(d) => reply.data(&d),
+                Ok(d) => match d.contiguous() {
+                    Some(s) => reply.data(s),
+                    None => reply.data(&d.to_vec()),
+                },
                 Err(e) => reply.error(errno(&e)),
             }
         });
