@@ -354,8 +354,12 @@ pub fn decode(buf: &[u8], d: Digests, max_data: u32) -> Result<Option<(Pdu, usiz
     Ok(Some((assemble(bhs, f, rest, d)?, BHS_LEN + n)))
 }
 
-/// Reads one PDU from a stream. The data segment is read in full only
-/// after its length has been checked against `max_data`.
+/// Reads one PDU from a stream: the same PDU, or the same error, as
+/// [`decode`] of the same bytes (a stream that ends early is an I/O
+/// error). The data segment is read only after its length has been
+/// checked against `max_data`, straight into the PDU's own buffer: a
+/// write's payload is neither zeroed first nor copied out of a buffer of
+/// the whole PDU.
 pub async fn read_pdu<R: AsyncRead + Unpin>(
     rd: &mut R,
     d: Digests,
@@ -364,9 +368,42 @@ pub async fn read_pdu<R: AsyncRead + Unpin>(
     let mut bhs = [0u8; BHS_LEN];
     rd.read_exact(&mut bhs).await?;
     let f = framing(&bhs, max_data)?;
-    let mut rest = vec![0u8; rest_len(f, d)];
-    rd.read_exact(&mut rest).await?;
-    Ok(assemble(bhs, f, &rest, d)?)
+    let mut ahs = vec![0u8; f.ahs_len];
+    rd.read_exact(&mut ahs).await?;
+    let mut header_ok = true;
+    if d.header {
+        let mut got = [0u8; 4];
+        rd.read_exact(&mut got).await?;
+        header_ok = crc32c(&[&bhs, &ahs]) == u32::from_le_bytes(got);
+    }
+    let mut data = Vec::new();
+    let mut data_ok = true;
+    if f.data_len > 0 {
+        data.reserve_exact(f.data_len);
+        let n = (&mut *rd)
+            .take(f.data_len as u64)
+            .read_to_end(&mut data)
+            .await?;
+        if n < f.data_len {
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+        }
+        let mut pad = [0u8; 3];
+        let pad = &mut pad[..padded(f.data_len) - f.data_len];
+        rd.read_exact(pad).await?;
+        if d.data {
+            let mut got = [0u8; 4];
+            rd.read_exact(&mut got).await?;
+            data_ok = crc32c(&[&data, pad]) == u32::from_le_bytes(got);
+        }
+    }
+    // After the whole PDU, as `decode` answers: the header first.
+    if !header_ok {
+        return Err(PduError::HeaderDigest.into());
+    }
+    if !data_ok {
+        return Err(PduError::DataDigest.into());
+    }
+    Ok(Pdu { bhs, ahs, data })
 }
 
 #[cfg(test)]
@@ -424,6 +461,40 @@ mod tests {
         fn arbitrary_bytes_never_panic(buf in proptest::collection::vec(any::<u8>(), 0..400),
                                        h in any::<bool>(), d in any::<bool>()) {
             let _ = decode(&buf, Digests { header: h, data: d }, 256);
+        }
+
+        #[test]
+        fn reading_a_stream_agrees_with_decoding_its_bytes(
+            bhs in proptest::collection::vec(any::<u8>(), 48),
+            ahs_words in 0usize..3,
+            data in proptest::collection::vec(any::<u8>(), 0..300),
+            h in any::<bool>(), d in any::<bool>(),
+            flip in proptest::option::of((any::<usize>(), 1u8..=255)),
+            cut in proptest::option::of(any::<usize>()),
+        ) {
+            let mut p = Pdu::new(0);
+            p.bhs.copy_from_slice(&bhs);
+            p.ahs = vec![0x5a; ahs_words * 4];
+            p.data = data;
+            let dg = Digests { header: h, data: d };
+            let mut wire = p.encode(dg);
+            if let Some((at, x)) = flip {
+                let at = at % wire.len();
+                wire[at] ^= x;
+            }
+            if let Some(c) = cut {
+                wire.truncate(c % wire.len());
+            }
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let read = rt.block_on(read_pdu(&mut &wire[..], dg, 256));
+            match (decode(&wire, dg, 256), read) {
+                (Ok(Some((a, _))), Ok(b)) => prop_assert!(a == b),
+                (Ok(None), Err(ReadError::Io(e))) => {
+                    prop_assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof)
+                }
+                (Err(a), Err(ReadError::Pdu(b))) => prop_assert_eq!(a, b),
+                (a, b) => prop_assert!(false, "decode {:?}, read {:?}", a.map(|o| o.map(|(p, n)| (p.data, n))), b.map(|p| p.data)),
+            }
         }
 
         #[test]

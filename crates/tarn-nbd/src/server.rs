@@ -577,12 +577,15 @@ async fn next_request<R: AsyncRead + Unpin>(
             };
             let payload = match cmd {
                 Command::Write { len, .. } if len > 0 => {
-                    // `len` is at most the maximum payload (classify).
-                    let mut buf = vec![0u8; len as usize];
-                    if rd.read_exact(&mut buf).await.is_err() {
-                        return Next::End;
+                    // `len` is at most the maximum payload (classify). Read
+                    // into the spare capacity: zeroing bytes that are about
+                    // to be overwritten is a pass over the payload for
+                    // nothing.
+                    let mut buf = Vec::with_capacity(len as usize);
+                    match (&mut *rd).take(len as u64).read_to_end(&mut buf).await {
+                        Ok(n) if n == len as usize => Some(buf),
+                        _ => return Next::End,
                     }
-                    Some(buf)
                 }
                 _ => None,
             };
