@@ -486,9 +486,15 @@ mod tests {
                 wire.truncate(c % wire.len());
             }
             let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-            let read = rt.block_on(read_pdu(&mut &wire[..], dg, 256));
+            let mut rest = &wire[..];
+            let read = rt.block_on(read_pdu(&mut rest, dg, 256));
             match (decode(&wire, dg, 256), read) {
-                (Ok(Some((a, _))), Ok(b)) => prop_assert!(a == b),
+                // The same PDU, and exactly its bytes taken from the
+                // stream (the next PDU starts where decode says).
+                (Ok(Some((a, n))), Ok(b)) => {
+                    prop_assert!(a == b);
+                    prop_assert_eq!(wire.len() - rest.len(), n);
+                }
                 (Ok(None), Err(ReadError::Io(e))) => {
                     prop_assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof)
                 }
