@@ -748,18 +748,13 @@ fn an_unreadable_parked_record_fails_the_load_unless_discarded() {
     assert!(pool.leak_check().unwrap().is_clean());
 }
 
-/// A txg holding more than one write window of sealed blocks (the pool
-/// prepares and writes data in windows, and reuses the buffers of one
-/// window's sealed and compressed bytes for the next): blocks of every
-/// size and kind read back exactly after export and import, and none of
-/// their plaintext is on the devices.
-#[test]
-fn a_txg_of_many_write_windows_reads_back_exactly_and_stays_sealed() {
-    let dir = tempfile::tempdir().unwrap();
-    let devs = devices(dir.path(), 4);
-    // Nothing syncs before the test asks: one txg holds every block.
+/// Raidz1 of four files under `dir` whose syncs start only when asked
+/// (one txg holds up to 256 MiB), with an encrypted lz4 dataset
+/// `tank/secret` mounted: for the tests of the sync's write windows.
+fn one_txg_secret(dir: &Path) -> (Vec<PathBuf>, Arc<Pool>, DsFs) {
+    let devs = devices(dir, 4);
     let one_txg = PoolOptions {
-        dirty_sync_bytes: 128 << 20,
+        dirty_sync_bytes: 256 << 20,
         ..opts()
     };
     let pool = attached(
@@ -774,6 +769,18 @@ fn a_txg_of_many_write_windows_reads_back_exactly_and_stays_sealed() {
     );
     encrypted(&pool, "tank/secret", PASS, &[("compression", "lz4")]);
     let s = mount(&pool, "tank/secret");
+    (devs, pool, s)
+}
+
+/// A txg holding more than one write window of sealed blocks (the pool
+/// prepares and writes data in windows, and reuses the buffers of one
+/// window's sealed and compressed bytes for the next): blocks of every
+/// size and kind read back exactly after export and import, and none of
+/// their plaintext is on the devices.
+#[test]
+fn a_txg_of_many_write_windows_reads_back_exactly_and_stays_sealed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (devs, pool, s) = one_txg_secret(dir.path());
     let c = Cred::root();
     let mut rng = Rng::new(0x3a11_d0e5);
     let canaries = Canaries::new(&mut rng, "W", 64);
@@ -814,4 +821,59 @@ fn a_txg_of_many_write_windows_reads_back_exactly_and_stays_sealed() {
             data.len()
         );
     }
+}
+
+/// A sync whose device writes fail while its next window is being
+/// prepared (`Pool::write_data` prepares one window while it writes the
+/// one before) reports the error and commits nothing: once the devices
+/// work again, an import finds the last committed txg exactly, and the
+/// failed txg left nothing the leak check can see.
+#[test]
+fn a_sync_failing_while_its_next_window_is_prepared_commits_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (devs, pool, s) = one_txg_secret(dir.path());
+    let c = Cred::root();
+    let mut rng = Rng::new(0x5e7f_a11e);
+    let (kept, _) = rng.mixed(700 << 10);
+    let ino = new_file(&s, "kept");
+    s.write(ino, 0, &kept, false, &c).expect("write");
+    s.release(ino).unwrap();
+    pool.sync().expect("the first txg commits");
+    // 80 MiB in one txg: three windows.
+    let mut total = 0usize;
+    let mut i = 0;
+    while total < 80 << 20 {
+        let (data, _) = rng.mixed(1 << 20);
+        let ino = new_file(&s, &format!("lost{i}"));
+        s.write(ino, 0, &data, false, &c).expect("write");
+        s.release(ino).unwrap();
+        total += data.len();
+        i += 1;
+    }
+    // Two of four members refuse every write: no block of raidz1 can be
+    // written, so the first window fails while the second is prepared.
+    for d in &devs[..2] {
+        tarn_vdev::find_device(d)
+            .expect("device is open")
+            .inject(tarn_vdev::Fault::always(tarn_vdev::FaultKind::WriteError));
+    }
+    assert!(pool.sync().is_err(), "a sync that cannot write reports it");
+    drop(s);
+    pool.abandon();
+
+    let pool = import(dir.path());
+    tarn_dataset::load_key(&pool, "tank/secret", &passphrase(PASS)).unwrap();
+    let s = mount(&pool, "tank/secret");
+    assert!(
+        content(&s, ROOT_INO, "kept") == Some(kept),
+        "the committed file"
+    );
+    assert_eq!(
+        content(&s, ROOT_INO, "lost0"),
+        None,
+        "nothing of the failed txg"
+    );
+    drop(s);
+    let leaks = pool.leak_check().unwrap();
+    assert!(leaks.is_clean(), "{leaks:?}");
 }

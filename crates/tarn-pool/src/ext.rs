@@ -56,6 +56,13 @@ pub(crate) const P_EXT: u8 = 0x40;
 /// to merge into long device writes, within half the spare buffers.
 pub(crate) const WRITE_WINDOW: usize = 32 << 20;
 
+/// The blocks of one window: bytes, how to store them, their room.
+type Window<'a> = Vec<(&'a [u8], BlockOpts, Option<Reservation>)>;
+
+/// A window's blocks as prepared: None for a hole, else the block or why
+/// it could not be prepared.
+type PreparedWindow<'a> = Vec<Option<Result<Prepared<'a>, tarn_block::BlockError>>>;
+
 /// Pool state owned by a higher layer, called at each step of a txg (see
 /// the module docs). Implementations keep their own locks.
 pub trait Extension: Send + Sync {
@@ -634,10 +641,14 @@ impl Pool {
     /// In windows of about [`WRITE_WINDOW`] bytes: a block that is
     /// compressed or sealed has bytes of its own until it is written, so a
     /// whole txg prepared at once would hold a second copy of its dirty
-    /// data; a window's buffers are handed back before the next window
-    /// takes them (see `tarn_block::spare`). An error in a later window
-    /// leaves the earlier ones written and their rooms trimmed: a caller
-    /// must stop the pool on an error (the sync and the intent log do).
+    /// data; a window's buffers are handed back before the window after
+    /// next takes them (see `tarn_block::spare`). The next window is
+    /// prepared while this one is written: writing into the devices' files
+    /// waits for the disk when the kernel's dirty pages are at their limit,
+    /// and the CPU work of the next window fills that wait instead of
+    /// following it. An error in a later window leaves the earlier ones
+    /// written and their rooms trimmed: a caller must stop the pool on an
+    /// error (the sync and the intent log do).
     pub(crate) fn write_data(
         &self,
         blocks: Vec<(&[u8], BlockOpts, Option<Reservation>)>,
@@ -645,7 +656,7 @@ impl Pool {
         open: Option<u64>,
         missed: &mut Vec<Missed>,
     ) -> Result<Vec<Option<BlockPtr>>, PoolError> {
-        let mut out = Vec::with_capacity(blocks.len());
+        let mut windows: Vec<Window<'_>> = Vec::new();
         let mut rest = blocks.into_iter().peekable();
         while rest.peek().is_some() {
             let mut window = Vec::new();
@@ -655,38 +666,62 @@ impl Pool {
                 bytes += b.0.len();
                 window.push(b);
             }
-            out.extend(self.write_window(window, birth, open, missed)?);
+            windows.push(window);
         }
-        Ok(out)
+        let mut out = Vec::new();
+        let Some(first) = windows.first() else {
+            return Ok(out);
+        };
+        let mut prepared = self.prepare_window(first)?;
+        std::thread::scope(|s| {
+            for (i, window) in windows.iter().enumerate() {
+                let next = windows
+                    .get(i + 1)
+                    .map(|w| s.spawn(move || self.prepare_window(w)));
+                let placed = prepared
+                    .into_iter()
+                    .zip(window)
+                    .map(|(p, (_, o, res))| Ok((p.transpose()?, o.copies, res.clone())))
+                    .collect::<Result<Vec<_>, tarn_block::BlockError>>();
+                let written = placed
+                    .map_err(PoolError::from)
+                    .and_then(|placed| self.write_prepared(placed, birth, open, missed));
+                // Joined before anything returns: the scope would join it
+                // anyway, and its buffers are dropped with it on an error.
+                let next = next.map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(PoolError::Internal("a sync worker thread panicked".into()))
+                    })
+                });
+                out.extend(written?);
+                prepared = match next {
+                    Some(n) => n?,
+                    None => Vec::new(),
+                };
+            }
+            Ok(out)
+        })
     }
 
-    fn write_window(
+    /// Compresses, seals and checksums the blocks of one window on up to
+    /// `sync_threads` workers; `None` for an all-zero block (a hole).
+    fn prepare_window<'a>(
         &self,
-        blocks: Vec<(&[u8], BlockOpts, Option<Reservation>)>,
-        birth: u64,
-        open: Option<u64>,
-        missed: &mut Vec<Missed>,
-    ) -> Result<Vec<Option<BlockPtr>>, PoolError> {
-        let threads = self.opts.sync_threads;
-        let prepared: Vec<Option<Result<Prepared<'_>, tarn_block::BlockError>>> =
-            parallel_map(&blocks, threads, |(d, o, _)| {
-                if d.iter().all(|&b| b == 0) {
-                    None
-                } else {
-                    Some(pipeline::prepare_sealed(
-                        d,
-                        o.compression,
-                        o.checksum,
-                        o.key.as_deref(),
-                        BlockType::Data,
-                    ))
-                }
-            })?;
-        let mut placed = Vec::with_capacity(blocks.len());
-        for (p, (_, o, res)) in prepared.into_iter().zip(blocks) {
-            placed.push((p.transpose()?, o.copies, res));
-        }
-        self.write_prepared(placed, birth, open, missed)
+        blocks: &[(&'a [u8], BlockOpts, Option<Reservation>)],
+    ) -> Result<PreparedWindow<'a>, PoolError> {
+        parallel_map(blocks, self.opts.sync_threads, |(d, o, _)| {
+            if d.iter().all(|&b| b == 0) {
+                None
+            } else {
+                Some(pipeline::prepare_sealed(
+                    d,
+                    o.compression,
+                    o.checksum,
+                    o.key.as_deref(),
+                    BlockType::Data,
+                ))
+            }
+        })
     }
 
     /// Writes blocks already prepared (or `None`: nothing to write, its
