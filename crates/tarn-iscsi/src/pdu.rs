@@ -347,6 +347,18 @@ pub fn decode(buf: &[u8], d: Digests, max_data: u32) -> Result<Option<(Pdu, usiz
     let mut bhs = [0u8; BHS_LEN];
     bhs.copy_from_slice(head);
     let f = framing(&bhs, max_data)?;
+    // A header whose digest fails is refused as soon as it is all there:
+    // the lengths it announces are not to be trusted, so nothing is
+    // waited for on their word.
+    if d.header {
+        let Some(h) = buf.get(BHS_LEN..BHS_LEN + f.ahs_len + 4) else {
+            return Ok(None);
+        };
+        let (ahs, got) = h.split_at(f.ahs_len);
+        if crc32c(&[&bhs, ahs]) != u32::from_le_bytes([got[0], got[1], got[2], got[3]]) {
+            return Err(PduError::HeaderDigest);
+        }
+    }
     let n = rest_len(f, d);
     let Some(rest) = buf.get(BHS_LEN..BHS_LEN + n) else {
         return Ok(None);
@@ -370,11 +382,14 @@ pub async fn read_pdu<R: AsyncRead + Unpin>(
     let f = framing(&bhs, max_data)?;
     let mut ahs = vec![0u8; f.ahs_len];
     rd.read_exact(&mut ahs).await?;
-    let mut header_ok = true;
     if d.header {
+        // Checked before the data segment is read, as `decode` does: a
+        // damaged header's lengths are not waited for.
         let mut got = [0u8; 4];
         rd.read_exact(&mut got).await?;
-        header_ok = crc32c(&[&bhs, &ahs]) == u32::from_le_bytes(got);
+        if crc32c(&[&bhs, &ahs]) != u32::from_le_bytes(got) {
+            return Err(PduError::HeaderDigest.into());
+        }
     }
     let mut data = Vec::new();
     let mut data_ok = true;
@@ -395,10 +410,6 @@ pub async fn read_pdu<R: AsyncRead + Unpin>(
             rd.read_exact(&mut got).await?;
             data_ok = crc32c(&[&data, pad]) == u32::from_le_bytes(got);
         }
-    }
-    // After the whole PDU, as `decode` answers: the header first.
-    if !header_ok {
-        return Err(PduError::HeaderDigest.into());
     }
     if !data_ok {
         return Err(PduError::DataDigest.into());
@@ -445,6 +456,14 @@ mod tests {
         let mut w = p.encode(BOTH);
         w[10] ^= 1;
         assert_eq!(decode(&w, BOTH, 1 << 20), Err(PduError::HeaderDigest));
+        // Refused once the header and its digest are there, before the
+        // data its (untrusted) length announces.
+        assert_eq!(decode(&w[..52], BOTH, 1 << 20), Err(PduError::HeaderDigest));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let read = rt.block_on(read_pdu(&mut &w[..52], BOTH, 1 << 20));
+        assert!(matches!(read, Err(ReadError::Pdu(PduError::HeaderDigest))));
         let mut w = p.encode(BOTH);
         w[60] ^= 1;
         assert_eq!(decode(&w, BOTH, 1 << 20), Err(PduError::DataDigest));
