@@ -774,7 +774,7 @@ fn one_txg_secret(dir: &Path) -> (Vec<PathBuf>, Arc<Pool>, DsFs) {
 
 /// A txg holding more than one write window of sealed blocks (the pool
 /// prepares and writes data in windows, and reuses the buffers of one
-/// window's sealed and compressed bytes for the next): blocks of every
+/// window's sealed and compressed bytes for the window after next): blocks of every
 /// size and kind read back exactly after export and import, and none of
 /// their plaintext is on the devices.
 #[test]
@@ -823,11 +823,13 @@ fn a_txg_of_many_write_windows_reads_back_exactly_and_stays_sealed() {
     }
 }
 
-/// A sync whose device writes fail while its next window is being
-/// prepared (`Pool::write_data` prepares one window while it writes the
-/// one before) reports the error and commits nothing: once the devices
-/// work again, an import finds the last committed txg exactly, and the
-/// failed txg left nothing the leak check can see.
+/// A sync of several windows whose device writes fail (the first window
+/// fails while the second is being prepared: `Pool::write_data` prepares
+/// one window while it writes the one before) reports the error and
+/// commits nothing: once the devices work again, an import finds the last
+/// committed txg exactly, and the failed txg left nothing the leak check
+/// can see. (That a failed window stops the windows after it is tested on
+/// its own, `pipelined` in tarn-pool's sync module.)
 #[test]
 fn a_sync_failing_while_its_next_window_is_prepared_commits_nothing() {
     let dir = tempfile::tempdir().unwrap();

@@ -53,15 +53,15 @@ pub(crate) const P_EXT: u8 = 0x40;
 /// How many bytes of data blocks are prepared (compressed, sealed,
 /// checksummed) before they are written, see [`Pool::write_data`]: enough
 /// for every sync worker to have many blocks, and for neighbouring blocks
-/// to merge into long device writes, within half the spare buffers.
+/// to merge into long device writes; the window written and the next,
+/// prepared meanwhile, fit in the spare buffers together.
 pub(crate) const WRITE_WINDOW: usize = 32 << 20;
 
 /// The blocks of one window: bytes, how to store them, their room.
 type Window<'a> = Vec<(&'a [u8], BlockOpts, Option<Reservation>)>;
 
-/// A window's blocks as prepared: None for a hole, else the block or why
-/// it could not be prepared.
-type PreparedWindow<'a> = Vec<Option<Result<Prepared<'a>, tarn_block::BlockError>>>;
+/// A window's blocks as prepared: None for a hole.
+type PreparedWindow<'a> = Vec<Option<Prepared<'a>>>;
 
 /// Pool state owned by a higher layer, called at each step of a txg (see
 /// the module docs). Implementations keep their own locks.
@@ -668,48 +668,28 @@ impl Pool {
             }
             windows.push(window);
         }
-        let mut out = Vec::new();
-        let Some(first) = windows.first() else {
-            return Ok(out);
-        };
-        let mut prepared = self.prepare_window(first)?;
-        std::thread::scope(|s| {
-            for (i, window) in windows.iter().enumerate() {
-                let next = windows
-                    .get(i + 1)
-                    .map(|w| s.spawn(move || self.prepare_window(w)));
+        crate::sync::pipelined(
+            &windows,
+            |w| self.prepare_window(w),
+            |w, prepared| {
                 let placed = prepared
                     .into_iter()
-                    .zip(window)
-                    .map(|(p, (_, o, res))| Ok((p.transpose()?, o.copies, res.clone())))
-                    .collect::<Result<Vec<_>, tarn_block::BlockError>>();
-                let written = placed
-                    .map_err(PoolError::from)
-                    .and_then(|placed| self.write_prepared(placed, birth, open, missed));
-                // Joined before anything returns: the scope would join it
-                // anyway, and its buffers are dropped with it on an error.
-                let next = next.map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(PoolError::Internal("a sync worker thread panicked".into()))
-                    })
-                });
-                out.extend(written?);
-                prepared = match next {
-                    Some(n) => n?,
-                    None => Vec::new(),
-                };
-            }
-            Ok(out)
-        })
+                    .zip(w)
+                    .map(|(p, (_, o, res))| (p, o.copies, res.clone()))
+                    .collect();
+                self.write_prepared(placed, birth, open, missed)
+            },
+        )
     }
 
     /// Compresses, seals and checksums the blocks of one window on up to
-    /// `sync_threads` workers; `None` for an all-zero block (a hole).
+    /// `sync_threads` workers; `None` for an all-zero block (a hole). The
+    /// first block that cannot be prepared fails the window.
     fn prepare_window<'a>(
         &self,
         blocks: &[(&'a [u8], BlockOpts, Option<Reservation>)],
     ) -> Result<PreparedWindow<'a>, PoolError> {
-        parallel_map(blocks, self.opts.sync_threads, |(d, o, _)| {
+        let prepared = parallel_map(blocks, self.opts.sync_threads, |(d, o, _)| {
             if d.iter().all(|&b| b == 0) {
                 None
             } else {
@@ -721,7 +701,11 @@ impl Pool {
                     BlockType::Data,
                 ))
             }
-        })
+        })?;
+        Ok(prepared
+            .into_iter()
+            .map(Option::transpose)
+            .collect::<Result<_, _>>()?)
     }
 
     /// Writes blocks already prepared (or `None`: nothing to write, its

@@ -91,6 +91,46 @@ pub(crate) fn parallel_map<T: Sync, R: Send>(
     })
 }
 
+/// Runs `prepare` and then `write` on each of `windows`, in order, with
+/// the next window prepared on another thread while one is written (so
+/// the CPU work of preparing fills the write's wait for the disk): what
+/// the sync does with its data blocks (see [`Pool::write_data`]). Returns
+/// every window's results in order. Stops at the first error of either
+/// step: no window after a failed one is written, and none after the
+/// window being prepared when it failed is prepared; the one being
+/// prepared is finished and dropped first.
+pub(crate) fn pipelined<W: Sync, P: Send, T>(
+    windows: &[W],
+    prepare: impl Fn(&W) -> Result<P, PoolError> + Sync,
+    mut write: impl FnMut(&W, P) -> Result<Vec<T>, PoolError>,
+) -> Result<Vec<T>, PoolError> {
+    let mut out = Vec::new();
+    let Some(first) = windows.first() else {
+        return Ok(out);
+    };
+    let prepare = &prepare;
+    let mut prepared = prepare(first)?;
+    std::thread::scope(|s| {
+        for (i, w) in windows.iter().enumerate() {
+            let next = windows.get(i + 1).map(|n| s.spawn(move || prepare(n)));
+            let written = write(w, prepared);
+            // Joined before anything returns (the scope would wait for it
+            // anyway); what it prepared is dropped on an error.
+            let next = next.map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(PoolError::Internal("a sync worker thread panicked".into()))
+                })
+            });
+            out.extend(written?);
+            match next {
+                Some(n) => prepared = n?,
+                None => break,
+            }
+        }
+        Ok(out)
+    })
+}
+
 impl Pool {
     /// The sync of quiesced txg `txg`, step by step (see the module docs).
     pub(crate) fn sync_body(&self, sync: &mut SyncState, txg: u64) -> Result<u64, PoolError> {
@@ -373,5 +413,134 @@ impl Pool {
         for l in &mut st.logs {
             l.space.release_deferred(upto);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn fail(m: &str) -> PoolError {
+        PoolError::Internal(m.into())
+    }
+
+    fn is(r: &Result<Vec<u32>, PoolError>, m: &str) -> bool {
+        matches!(r, Err(PoolError::Internal(x)) if x == m)
+    }
+
+    /// Every window is prepared and written once, in order, and the next
+    /// window's preparation runs while one is being written (a write here
+    /// waits until the next preparation has started: done one after the
+    /// other, it would wait in vain).
+    #[test]
+    fn windows_are_written_in_order_while_the_next_is_prepared() {
+        let windows: Vec<u32> = (0..6).collect();
+        let (tx, rx) = mpsc::channel::<u32>();
+        let tx = Mutex::new(tx);
+        let out = pipelined(
+            &windows,
+            |w| {
+                tx.lock().unwrap().send(*w).unwrap();
+                Ok(w * 10)
+            },
+            |w, p| {
+                assert_eq!(p, w * 10, "window {w} got what was prepared for it");
+                if *w + 1 < 6 {
+                    while rx
+                        .recv_timeout(Duration::from_secs(10))
+                        .expect("next prepared meanwhile")
+                        != w + 1
+                    {}
+                }
+                Ok(vec![(*w, p)])
+            },
+        )
+        .unwrap();
+        assert_eq!(out, (0..6).map(|w| (w, w * 10)).collect::<Vec<_>>());
+        let none: Vec<u32> = Vec::new();
+        let out = pipelined(
+            &none,
+            |_| -> Result<u32, PoolError> { panic!("nothing to prepare") },
+            |_, _| Ok(vec![0u8]),
+        );
+        assert!(out.unwrap().is_empty());
+    }
+
+    /// Six windows, the write of `bad_write` or the preparation of
+    /// `bad_prepare` failing: the outcome, the windows written, and the
+    /// windows prepared (sorted).
+    fn six_windows(
+        bad_write: Option<u32>,
+        bad_prepare: Option<u32>,
+    ) -> (Result<Vec<u32>, PoolError>, Vec<u32>, Vec<u32>) {
+        let windows: Vec<u32> = (0..6).collect();
+        let prepared = Mutex::new(Vec::new());
+        let mut written = Vec::new();
+        let r = pipelined(
+            &windows,
+            |w| {
+                prepared.lock().unwrap().push(*w);
+                match bad_prepare == Some(*w) {
+                    true => Err(fail("seal")),
+                    false => Ok(*w),
+                }
+            },
+            |w, _| {
+                written.push(*w);
+                match bad_write == Some(*w) {
+                    true => Err(fail("disk")),
+                    false => Ok(vec![*w]),
+                }
+            },
+        );
+        let mut p = prepared.into_inner().unwrap();
+        p.sort();
+        (r, written, p)
+    }
+
+    /// A failed write ends it: no later window is written, and only the
+    /// one being prepared meanwhile was prepared.
+    #[test]
+    fn a_failed_write_stops_the_windows_after_it() {
+        let (r, written, prepared) = six_windows(Some(2), None);
+        assert!(is(&r, "disk"), "{r:?}");
+        assert_eq!(written, [0, 1, 2]);
+        assert_eq!(prepared, [0, 1, 2, 3]);
+    }
+
+    /// A window that cannot be prepared is not written, nor is any after
+    /// it; the ones before it are.
+    #[test]
+    fn a_failed_preparation_stops_before_its_window() {
+        let (r, written, prepared) = six_windows(None, Some(3));
+        assert!(is(&r, "seal"), "{r:?}");
+        assert_eq!(written, [0, 1, 2]);
+        assert_eq!(prepared, [0, 1, 2, 3]);
+    }
+
+    /// A preparing thread that panics is an error, not a panic of the sync.
+    #[test]
+    fn a_panicking_preparation_is_an_error() {
+        let windows: Vec<u32> = (0..3).collect();
+        let mut written = Vec::new();
+        let r = pipelined(
+            &windows,
+            |w| {
+                if *w == 1 {
+                    panic!("injected");
+                }
+                Ok(*w)
+            },
+            |w, _| {
+                written.push(*w);
+                Ok(vec![*w])
+            },
+        );
+        assert!(is(&r, "a sync worker thread panicked"), "{r:?}");
+        assert_eq!(written, [0]);
     }
 }
