@@ -153,15 +153,9 @@ impl<B: Backend> Fs<B> {
         self.read_data_with(ino, offset, size, true)
     }
 
-    /// [`Fs::read`] that leaves atime alone, whatever the dataset says:
-    /// what a read-only mount of a writable dataset reads with (reading
-    /// through it must not write).
-    pub fn read_without_atime(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
-        Ok(self.read_data_without_atime(ino, offset, size)?.to_vec())
-    }
-
-    /// [`Fs::read_data`] that leaves atime alone (see
-    /// [`Fs::read_without_atime`]).
+    /// [`Fs::read_data`] that leaves atime alone, whatever the dataset
+    /// says: what a read-only mount of a writable dataset reads with
+    /// (reading through it must not write).
     pub fn read_data_without_atime(&self, ino: u64, offset: u64, size: u32) -> Result<ReadData> {
         self.read_data_with(ino, offset, size, false)
     }

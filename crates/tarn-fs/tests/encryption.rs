@@ -774,9 +774,9 @@ fn one_txg_secret(dir: &Path) -> (Vec<PathBuf>, Arc<Pool>, DsFs) {
 
 /// A txg holding more than one write window of sealed blocks (the pool
 /// prepares and writes data in windows, and reuses the buffers of one
-/// window's sealed and compressed bytes for the window after next): blocks of every
-/// size and kind read back exactly after export and import, and none of
-/// their plaintext is on the devices.
+/// window's sealed and compressed bytes for the window after next):
+/// blocks of every size and kind read back exactly after export and
+/// import, and none of their plaintext is on the devices.
 #[test]
 fn a_txg_of_many_write_windows_reads_back_exactly_and_stays_sealed() {
     let dir = tempfile::tempdir().unwrap();
