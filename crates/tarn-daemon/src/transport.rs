@@ -20,8 +20,10 @@
 //!    must not lock `tarn` commands out, so connections are admitted like
 //!    the network servers' (tarn-conn): at most [`MAX_CONNECTIONS`] at
 //!    once, and when all are taken an idle one (no request in progress) is
-//!    closed for the newcomer: one that never sent a request if any, the
-//!    longest idle of those; only when every connection is
+//!    closed for the newcomer: one that never sent a request if any, a
+//!    silent one before one whose request is arriving (a command that has
+//!    just connected is not pushed out by a burst of newcomers before its
+//!    line is read), the longest idle of those; only when every connection is
 //!    running a request is the newcomer answered `busy` and closed. A
 //!    connection with no request for [`IDLE_TIMEOUT`] is closed, and a
 //!    request line must arrive whole within [`REQUEST_TIMEOUT`] of its
@@ -420,6 +422,9 @@ struct Activity {
     idle_since: Instant,
     /// A request has been answered on this connection.
     served: bool,
+    /// Bytes of a request have been read and its answer is not yet sent:
+    /// the client is talking, not idling.
+    arriving: bool,
     /// Evicted: the connection must not start another request.
     closing: bool,
 }
@@ -491,9 +496,13 @@ impl Shared {
         }
     }
 
-    /// Closes an idle connection to make room: one that never sent a
-    /// request if there is one (a command's connection between its first
-    /// and its next request is spared), the one idle the longest of those.
+    /// Closes an idle connection to make room, the least valuable one: a
+    /// connection that never sent a request before one that has (a
+    /// command's connection between its first and its next request is
+    /// spared), a silent one before one whose request is arriving (read
+    /// in part, or waiting unread in the socket: a command that has just
+    /// connected must not be pushed out by a burst of newcomers before its
+    /// thread reads its line), and of those the one idle the longest.
     /// Answers whether one was closed. Called with the table locked.
     fn evict_one(&self, conns: &mut Conns) -> bool {
         let victim = conns
@@ -501,10 +510,14 @@ impl Shared {
             .iter()
             .filter_map(|(id, o)| {
                 let a = lock_activity(&o.activity);
-                (!a.busy && !a.closing).then_some((a.served, a.idle_since, *id))
+                if a.busy || a.closing {
+                    return None;
+                }
+                let arriving = a.arriving || bytes_waiting(&o.stream);
+                Some((a.served, arriving, a.idle_since, *id))
             })
             .min();
-        let Some((_, since, id)) = victim else {
+        let Some((_, _, since, id)) = victim else {
             return false;
         };
         let Some(open) = conns.open.remove(&id) else {
@@ -524,6 +537,25 @@ impl Shared {
         self.changed.notify_all();
         true
     }
+}
+
+/// Whether bytes wait unread on `stream` (a request its thread has not
+/// read yet), without consuming or blocking.
+fn bytes_waiting(stream: &UnixStream) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: `byte` is one writable byte that outlives the call, and
+    // `stream` keeps the descriptor open; MSG_PEEK | MSG_DONTWAIT neither
+    // consumes data nor blocks. Exercised by
+    // `a_request_arriving_is_not_evicted_before_silent_connections`.
+    let n = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n > 0
 }
 
 /// Removes a connection from [`Conns`] when its thread ends, however it ends.
@@ -638,6 +670,7 @@ fn admit(stream: UnixStream, shared: &Arc<Shared>, backend: &Arc<dyn Node>) {
             busy: false,
             idle_since: Instant::now(),
             served: false,
+            arriving: false,
             closing: false,
         }));
         let id = conns.next_id;
@@ -737,7 +770,7 @@ fn serve_connection(
             reader.get_mut().deadline = shared.idle_timeout.map(|t| Instant::now() + t);
             match reader.fill_buf() {
                 Ok([]) => return,
-                Ok(_) => {}
+                Ok(_) => lock_activity(activity).arriving = true,
                 Err(e) if timed_out(&e) => {
                     shared.counters.idle_closed.fetch_add(1, Ordering::Relaxed);
                     let idle = shared.idle_timeout.unwrap_or_default().as_secs();
@@ -783,6 +816,7 @@ fn serve_connection(
             Ok(LineRead::Line) => {
                 let text = line.trim_ascii();
                 if text.is_empty() {
+                    lock_activity(activity).arriving = !reader.buffer().is_empty();
                     continue;
                 }
                 {
@@ -808,6 +842,7 @@ fn serve_connection(
             let mut a = lock_activity(activity);
             a.idle_since = Instant::now();
             a.served = true;
+            a.arriving = !reader.buffer().is_empty();
         }
         if written.is_err() {
             return;

@@ -198,6 +198,36 @@ fn at_the_limit_an_idle_connection_makes_room_and_busy_ones_refuse() {
     daemon.join().unwrap();
 }
 
+/// A command that has connected and sent (part of) its request is not
+/// pushed out by newcomers while silent connections, even younger ones,
+/// can make room: a burst of reconnecting idle clients must not close a
+/// `tarn` command's connection between its connect and its answer.
+#[test]
+fn a_request_arriving_is_not_evicted_before_silent_connections() {
+    let daemon = TestDaemon::start(|o| o.max_connections = 3);
+    let mut talking = Raw::connect(&daemon.socket);
+    talking.send(br#"{"id":1,"method":"daemon.ping""#);
+    thread::sleep(Duration::from_millis(30));
+    let mut silent = Raw::connect(&daemon.socket);
+    thread::sleep(Duration::from_millis(30));
+    let _younger = Raw::connect(&daemon.socket);
+    thread::sleep(Duration::from_millis(30));
+
+    // Two newcomers, each served: two evictions. The talking connection
+    // is the oldest that never got an answer, so idle-longest alone
+    // would close it first.
+    let mut first = Raw::connect(&daemon.socket);
+    assert!(first.call(r#"{"id":2,"method":"daemon.ping"}"#)["result"].is_object());
+    let mut second = Raw::connect(&daemon.socket);
+    assert!(second.call(r#"{"id":3,"method":"daemon.ping"}"#)["result"].is_object());
+
+    talking.send(b"}\n");
+    let pong = talking.recv().expect("the arriving request is answered");
+    assert!(pong["result"].is_object(), "{pong}");
+    assert!(silent.recv().is_none(), "the silent connection made room");
+    daemon.stop();
+}
+
 #[test]
 fn stop_lets_running_requests_finish_before_shutdown() {
     let mut daemon = TestDaemon::start(|_| {});
