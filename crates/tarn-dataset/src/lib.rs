@@ -50,6 +50,7 @@ mod dsl;
 mod ops;
 mod overlay;
 pub mod props;
+pub mod read_data;
 pub mod readahead;
 mod record;
 pub mod recv;
@@ -62,6 +63,7 @@ mod zil;
 mod golden;
 
 pub use props::{PropValue, Source};
+pub use read_data::{Part, ReadData};
 pub use record::{DatasetInfo, DatasetKind, Sums, VolSpec};
 pub use txn::{apply_patch, BlockData, BlockRef, DatasetHandle, Txn, Value};
 pub use zil::{parked_blocks, parked_records, IMMEDIATE_BYTES, WAIT_SYNC_BYTES};

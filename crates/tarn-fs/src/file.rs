@@ -8,9 +8,9 @@ use std::ops::Bound;
 
 use crate::codec::{self, K_DATA};
 use crate::inode::{Inode, Tx};
-use crate::read_data::ReadData;
 use crate::store::{BlockReader, StoreError, Val};
 use crate::{FsError, Result};
+use tarn_dataset::read_data::ReadData;
 
 /// Largest file size (`off_t` limit).
 pub(crate) const MAX_FILE_SIZE: u64 = i64::MAX as u64;

@@ -5,10 +5,10 @@ use crate::file::{self, MAX_FILE_SIZE};
 use crate::fs::{attr_of, err, lock, open_mask, wants_atime, Fs, LastWrite, Place, MAX_READ};
 use crate::inode::{self, Tx};
 use crate::perm;
-use crate::read_data::ReadData;
 use crate::store::Backend;
 use crate::types::*;
 use crate::{FsError, Result};
+use tarn_dataset::read_data::ReadData;
 use tarn_dataset::readahead;
 
 /// Files whose last write is remembered (see `Fs::write_iov`); past it

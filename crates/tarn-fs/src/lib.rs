@@ -94,7 +94,6 @@ mod io;
 mod namespace;
 pub mod notify;
 mod perm;
-mod read_data;
 mod readdir;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
@@ -114,11 +113,11 @@ pub use dataset::DatasetBackend;
 pub use dynfs::DynFs;
 pub use fs::{Fs, MAX_READ};
 pub use notify::{Change, Origin, Subscriber, Subscription};
-pub use read_data::{Part, ReadData};
 pub use store::{
     patch_by_rewrite, Backend, BlockReader, Bytes, Prefetch, SpaceInfo, Store, StoreError,
     StoreInfo, Val,
 };
+pub use tarn_dataset::read_data::{Part, ReadData};
 pub use types::*;
 
 /// Result type of every `tarn-fs` operation.

@@ -19,7 +19,7 @@ use std::ops::Bound;
 
 /// Bytes of a block as a store hands them out: shared with its cache when
 /// it can, so a read costs no extra copy.
-pub type Bytes = Box<dyn AsRef<[u8]> + Send + Sync>;
+pub type Bytes = tarn_dataset::read_data::Bytes;
 
 /// A read of a block into a cache ahead of its reader, found inside a
 /// transaction and run after it (see [`Store::block_prefetcher`]).

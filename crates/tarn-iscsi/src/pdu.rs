@@ -238,29 +238,44 @@ impl Pdu {
     /// header digest, data padded to 4, data digest. Data past 2^24 - 1
     /// bytes is a caller's bug and is cut.
     pub fn encode(&self, digests: Digests) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.encode_into(digests, &[&self.data], &mut out);
+        out
+    }
+
+    /// Appends the PDU to `out` as [`Pdu::encode`] encodes it, with the
+    /// data segment made of `data` (slices in order) instead of
+    /// `self.data`: a Data-In PDU is built straight from the blocks a read
+    /// shares, and a reply straight into the connection's output buffer.
+    pub fn encode_into(&self, digests: Digests, data: &[&[u8]], out: &mut Vec<u8>) {
         let ahs_words = self.ahs.len().div_ceil(4).min(255);
-        let data_len = self.data.len().min(0x00ff_ffff);
-        let mut out = Vec::with_capacity(BHS_LEN + ahs_words * 4 + 8 + data_len + 3);
+        let data_len = data.iter().map(|d| d.len()).sum::<usize>().min(0x00ff_ffff);
+        let at = out.len();
+        out.reserve(BHS_LEN + ahs_words * 4 + 8 + data_len + 3);
         out.extend_from_slice(&self.bhs);
-        out[4] = ahs_words as u8;
-        out[5..8].copy_from_slice(&(data_len as u32).to_be_bytes()[1..]);
+        out[at + 4] = ahs_words as u8;
+        out[at + 5..at + 8].copy_from_slice(&(data_len as u32).to_be_bytes()[1..]);
         let ahs_len = self.ahs.len().min(ahs_words * 4);
         out.extend_from_slice(&self.ahs[..ahs_len]);
-        out.resize(BHS_LEN + ahs_words * 4, 0);
+        out.resize(at + BHS_LEN + ahs_words * 4, 0);
         if digests.header {
-            let c = crc32c(&[&out]);
+            let c = crc32c(&[&out[at..]]);
             out.extend_from_slice(&c.to_le_bytes());
         }
         if data_len > 0 {
             let start = out.len();
-            out.extend_from_slice(&self.data[..data_len]);
+            let mut left = data_len;
+            for d in data {
+                let take = d.len().min(left);
+                out.extend_from_slice(&d[..take]);
+                left -= take;
+            }
             out.resize(start + padded(data_len), 0);
             if digests.data {
                 let c = crc32c(&[&out[start..]]);
                 out.extend_from_slice(&c.to_le_bytes());
             }
         }
-        out
     }
 }
 
@@ -513,6 +528,30 @@ mod tests {
                 (Err(a), Err(ReadError::Pdu(b))) => prop_assert_eq!(a, b),
                 (a, b) => prop_assert!(false, "decode {:?}, read {:?}", a.map(|o| o.map(|(p, n)| (p.data, n))), b.map(|p| p.data)),
             }
+        }
+
+        #[test]
+        fn encoding_from_slices_is_encoding_their_concatenation(
+            data in proptest::collection::vec(any::<u8>(), 0..3000),
+            cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..6),
+            h in any::<bool>(), d in any::<bool>(), ahs_words in 0usize..3,
+        ) {
+            let mut at: Vec<usize> = cuts.iter().map(|c| c.index(data.len() + 1)).collect();
+            at.push(0);
+            at.push(data.len());
+            at.sort_unstable();
+            let slices: Vec<&[u8]> = at.windows(2).map(|w| &data[w[0]..w[1]]).collect();
+            let mut p = Pdu::new(op::DATA_IN);
+            p.set_itt(7);
+            p.ahs = vec![0x5a; ahs_words * 4];
+            let dg = Digests { header: h, data: d };
+            // Appended after what the buffer holds already.
+            let mut out = vec![1, 2, 3];
+            p.encode_into(dg, &slices, &mut out);
+            p.data = data.clone();
+            let whole = p.encode(dg);
+            prop_assert_eq!(&out[..3], &[1u8, 2, 3][..]);
+            prop_assert_eq!(&out[3..], &whole[..]);
         }
 
         #[test]

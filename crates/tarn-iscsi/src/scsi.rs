@@ -22,7 +22,7 @@
 //! FUA is durable only at the next [`Device::flush`]: SYNCHRONIZE CACHE
 //! calls it, and FUA on WRITE is passed down as `fua`.
 
-use tarn_vol::{Device, VolError};
+use tarn_vol::{Device, ReadData, VolError};
 
 use crate::digest::md5;
 use crate::lu::LuState;
@@ -722,7 +722,11 @@ impl From<PrError> for Failure {
 /// held exclusively (see [`crate::lu`]); the reservation check happens
 /// under that lock, so a write that passed it finishes before any
 /// reservation change that would refuse it takes effect.
-pub fn execute(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<Vec<u8>, Failure> {
+///
+/// The data a command returns comes as a [`ReadData`]: a READ's is the
+/// ranges of the blocks that hold it (shared with the block cache), so
+/// its Data-In PDUs are built from them with no copy of their own.
+pub fn execute(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<ReadData, Failure> {
     let access = cmd.access();
     let _shared;
     let _exclusive;
@@ -733,7 +737,7 @@ pub fn execute(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<Vec<u8>, Failure> 
     }
     match *cmd {
         Cmd::PrIn { sa, alloc } => {
-            return Ok(cut(u.lu.reservations().read(sa)?, alloc));
+            return Ok(cut(u.lu.reservations().read(sa)?, alloc).into());
         }
         Cmd::PrOut {
             sa,
@@ -742,14 +746,24 @@ pub fn execute(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<Vec<u8>, Failure> 
         } => {
             let params = OutParams::parse(len, out)?;
             u.lu.reservations().out(u.nexus, sa, scope_type, params)?;
-            return Ok(Vec::new());
+            return Ok(ReadData::default());
         }
         _ => {}
     }
     if u.lu.reservations().conflicts(u.nexus, access) {
         return Err(Failure::ReservationConflict);
     }
-    Ok(medium(u, cmd, out)?)
+    if let Cmd::Read { lba, blocks } = *cmd {
+        u.check(lba, blocks as u64)?;
+        if blocks == 0 {
+            return Ok(ReadData::default());
+        }
+        return u
+            .dev
+            .read_data(lba * BLOCK, blocks * BLOCK as u32)
+            .map_err(|e| map_err(e, false).into());
+    }
+    Ok(medium(u, cmd, out)?.into())
 }
 
 /// Carries out a command that is not a PERSISTENT RESERVE one, once
@@ -790,14 +804,8 @@ fn medium(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<Vec<u8>, Sense> {
             v[14] = 0x80 | 0x40; // LBPME, LBPRZ
             Ok(cut(v, alloc))
         }
-        Cmd::Read { lba, blocks } => {
-            u.check(lba, blocks as u64)?;
-            if blocks == 0 {
-                return Ok(Vec::new());
-            }
-            dev.read(lba * BLOCK, blocks * BLOCK as u32)
-                .map_err(|e| map_err(e, false))
-        }
+        // Read by `execute`, as shared blocks.
+        Cmd::Read { .. } => Err(Sense::INTERNAL),
         Cmd::Write { lba, blocks, fua } => {
             u.check(lba, blocks as u64)?;
             if blocks == 0 {
@@ -1421,10 +1429,12 @@ mod tests {
             nexus: &Nexus::new("iqn.2024-01.x:i", [0; 6], "iqn.2024-01.x:d"),
         };
         let cmd = parse(&cdb(c), 0, LIM)?;
-        execute(&u, &cmd, out).map_err(|f| match f {
-            Failure::Check(s) => s,
-            Failure::ReservationConflict => panic!("no reservations here"),
-        })
+        execute(&u, &cmd, out)
+            .map(|d| d.to_vec())
+            .map_err(|f| match f {
+                Failure::Check(s) => s,
+                Failure::ReservationConflict => panic!("no reservations here"),
+            })
     }
 
     #[test]

@@ -465,6 +465,55 @@ where
     }
 }
 
+/// The first `len` bytes of a read's slices.
+struct Span<'a> {
+    slices: &'a [&'a [u8]],
+    /// Where each slice starts in the read.
+    starts: Vec<usize>,
+    len: usize,
+}
+
+impl<'a> Span<'a> {
+    fn new(slices: &'a [&'a [u8]], len: usize) -> Span<'a> {
+        let mut at = 0;
+        let starts = slices
+            .iter()
+            .map(|s| {
+                let from = at;
+                at += s.len();
+                from
+            })
+            .collect();
+        Span {
+            slices,
+            starts,
+            len,
+        }
+    }
+
+    /// The slices that make bytes `off..off + n` (inside the read).
+    fn range(&self, off: usize, n: usize) -> Vec<&'a [u8]> {
+        let end = off + n;
+        // The first slice that ends after `off`.
+        let first = self
+            .starts
+            .partition_point(|&from| from <= off)
+            .saturating_sub(1);
+        let mut out = Vec::new();
+        for (s, &from) in self.slices[first..].iter().zip(&self.starts[first..]) {
+            let to = from + s.len();
+            if from >= end {
+                break;
+            }
+            if to <= off {
+                continue;
+            }
+            out.push(&s[off.saturating_sub(from)..s.len() - to.saturating_sub(end)]);
+        }
+        out
+    }
+}
+
 /// A command running on the blocking pool, as it comes back.
 struct Done {
     itt: u32,
@@ -475,7 +524,7 @@ struct Done {
     out_len: u32,
     overflow: u32,
     target: Arc<IscsiTarget>,
-    res: Result<Vec<u8>, Failure>,
+    res: Result<tarn_vol::ReadData, Failure>,
 }
 
 /// What the connection's task waits for.
@@ -693,6 +742,13 @@ impl Ffp {
     /// window less the commands running, see the module docs), and
     /// queues the PDU.
     fn send(&mut self, mut p: Pdu, status: bool) {
+        let data = std::mem::take(&mut p.data);
+        self.send_with(p, status, &[&data]);
+    }
+
+    /// [`Self::send`] with `data` (slices in order) as the data segment,
+    /// encoded straight into the output buffer.
+    fn send_with(&mut self, mut p: Pdu, status: bool, data: &[&[u8]]) {
         p.set_u32(24, self.sess.stat_sn);
         if status {
             self.sess.stat_sn = self.sess.stat_sn.wrapping_add(1);
@@ -706,7 +762,7 @@ impl Ffp {
             .saturating_sub(1)
             .saturating_sub(self.running.len() as u32);
         p.set_u32(32, exp.wrapping_add(window));
-        self.out.extend_from_slice(&p.encode(self.digests));
+        p.encode_into(self.digests, data, &mut self.out);
     }
 
     fn reject(&mut self, bad: &Pdu, why: u8) {
@@ -1229,16 +1285,19 @@ impl Ffp {
     }
 
     /// Data-In PDUs for `din` (cut to the expected length) with the
-    /// status in the last one; a SCSI Response if there is no data.
-    fn data_in(&mut self, itt: u32, lun_field: [u8; 8], edtl: u32, din: Vec<u8>) {
-        let produced = din.len() as u32;
+    /// status in the last one; a SCSI Response if there is no data. Each
+    /// PDU's data segment is encoded from the slices of the blocks `din`
+    /// shares (one copy, into the output buffer).
+    fn data_in(&mut self, itt: u32, lun_field: [u8; 8], edtl: u32, din: tarn_vol::ReadData) {
+        let produced = din.len().min(u32::MAX as usize) as u32;
         let (rflag, resid) = match produced.cmp(&edtl) {
             std::cmp::Ordering::Greater => (0x04, produced - edtl),
             std::cmp::Ordering::Less => (0x02, edtl - produced),
             std::cmp::Ordering::Equal => (0, 0),
         };
-        let send = &din[..produced.min(edtl) as usize];
-        if send.is_empty() {
+        let slices: Vec<&[u8]> = din.slices().collect();
+        let send = Span::new(&slices, produced.min(edtl) as usize);
+        if send.len == 0 {
             self.respond(itt, scsi::status::GOOD, None, rflag, resid);
             return;
         }
@@ -1247,10 +1306,10 @@ impl Ffp {
         let burst = prm.max_burst.max(512) as usize;
         let mut off = 0usize;
         let mut sn = 0u32;
-        while off < send.len() {
+        while off < send.len {
             let burst_end = (off / burst + 1) * burst;
-            let n = mrdsl.min(burst_end - off).min(send.len() - off);
-            let last = off + n == send.len();
+            let n = mrdsl.min(burst_end - off).min(send.len - off);
+            let last = off + n == send.len;
             let mut p = Pdu::new(op::DATA_IN);
             let mut f = 0u8;
             if last || off + n == burst_end {
@@ -1267,8 +1326,7 @@ impl Ffp {
             p.set_u32(20, RESERVED_TAG);
             p.set_u32(36, sn);
             p.set_u32(40, off as u32);
-            p.data = send[off..off + n].to_vec();
-            self.send(p, last);
+            self.send_with(p, last, &send.range(off, n));
             off += n;
             sn += 1;
         }
@@ -1421,4 +1479,34 @@ async fn flush<W: AsyncWrite + Unpin>(
     };
     out.clear();
     ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The slices a Data-In PDU is built from are exactly the bytes
+        /// of its range of the read, whatever the blocks' sizes.
+        #[test]
+        fn a_span_range_is_those_bytes_of_the_read(
+            lens in proptest::collection::vec(0usize..5000, 0..30),
+            a in any::<prop::sample::Index>(),
+            b in any::<prop::sample::Index>(),
+        ) {
+            let blocks: Vec<Vec<u8>> = lens
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| (0..n).map(|j| (i * 31 + j) as u8).collect())
+                .collect();
+            let slices: Vec<&[u8]> = blocks.iter().map(Vec::as_slice).collect();
+            let flat: Vec<u8> = blocks.concat();
+            let span = Span::new(&slices, flat.len());
+            let (x, y) = (a.index(flat.len() + 1), b.index(flat.len() + 1));
+            let (off, end) = (x.min(y), x.max(y));
+            let got: Vec<u8> = span.range(off, end - off).concat();
+            prop_assert_eq!(&got[..], &flat[off..end]);
+        }
+    }
 }

@@ -443,7 +443,7 @@ impl tarn_vol::Device for Gate {
     fn read_only(&self) -> bool {
         false
     }
-    fn read(&self, off: u64, len: u32) -> Result<Vec<u8>, tarn_vol::VolError> {
+    fn read_data(&self, off: u64, len: u32) -> Result<tarn_vol::ReadData, tarn_vol::VolError> {
         let mut open = self.opened.lock().unwrap();
         if off < 4096 {
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
@@ -456,7 +456,7 @@ impl tarn_vol::Device for Gate {
             }
         }
         drop(open);
-        self.inner.read(off, len)
+        self.inner.read_data(off, len)
     }
     fn write(&self, off: u64, data: &[u8], fua: bool) -> Result<(), tarn_vol::VolError> {
         self.inner.write(off, data, fua)

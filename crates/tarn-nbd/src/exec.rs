@@ -12,7 +12,7 @@
 //! Because a read reply is always exactly one content chunk, the server
 //! can honour `NBD_CMD_FLAG_DF` for free and advertises it.
 
-use tarn_vol::{Device, VolError};
+use tarn_vol::{Device, ReadData, VolError};
 
 use crate::proto::{self, errno, reply};
 use crate::request::Command;
@@ -27,8 +27,9 @@ pub const MAX_STATUS_EXTENTS: usize = 1 << 16;
 pub enum Done {
     /// No data (writes, flush, trim, cache, write zeroes).
     Empty,
-    /// The bytes read.
-    Data(Vec<u8>),
+    /// The bytes read, as ranges of the blocks that hold them (shared with
+    /// the block cache: the reply is written from them, not from a copy).
+    Data(ReadData),
     /// `(length, flags)` descriptors of `base:allocation`.
     Status(Vec<(u32, u32)>),
 }
@@ -48,7 +49,7 @@ pub struct Reply {
     /// Reply header (and chunk fields before the data).
     pub head: Vec<u8>,
     /// Data after the head (a read's bytes).
-    pub data: Option<Vec<u8>>,
+    pub data: Option<ReadData>,
 }
 
 /// Maps a device error to the protocol's error value. Writes past the end
@@ -78,9 +79,9 @@ fn fail(e: VolError, writes: bool) -> Failure {
 /// zeros would (space is reserved per volume, not per block).
 pub fn run(dev: &dyn Device, cmd: Command, payload: Option<Vec<u8>>) -> Result<Done, Failure> {
     match cmd {
-        Command::Read { len: 0, .. } => Ok(Done::Data(Vec::new())),
+        Command::Read { len: 0, .. } => Ok(Done::Data(ReadData::default())),
         Command::Read { offset, len } => {
-            let data = dev.read(offset, len).map_err(|e| fail(e, false))?;
+            let data = dev.read_data(offset, len).map_err(|e| fail(e, false))?;
             if data.len() != len as usize {
                 return Err(Failure {
                     errno: errno::EIO,
@@ -199,7 +200,7 @@ pub fn encode(
                 proto::chunk_header(&mut head, reply::FLAG_DONE, reply::TYPE_NONE, cookie, 0);
                 return Reply { head, data: None };
             }
-            if is_zero(&data) {
+            if data.slices().all(is_zero) {
                 proto::chunk_header(
                     &mut head,
                     reply::FLAG_DONE,
@@ -307,7 +308,7 @@ mod tests {
         };
         assert_eq!(
             run(&d, r, None),
-            Ok(Done::Data(vec![0, 0, 1, 2, 3, 4, 0, 0]))
+            Ok(Done::Data(vec![0, 0, 1, 2, 3, 4, 0, 0].into()))
         );
         let z = Command::WriteZeroes {
             offset: 8192,
@@ -317,7 +318,7 @@ mod tests {
         assert_eq!(run(&d, z, None), Ok(Done::Empty));
         assert_eq!(
             run(&d, r, None),
-            Ok(Done::Data(vec![0, 0, 0, 0, 3, 4, 0, 0]))
+            Ok(Done::Data(vec![0, 0, 0, 0, 3, 4, 0, 0].into()))
         );
         let t = Command::Trim {
             offset: 8192,
@@ -326,7 +327,7 @@ mod tests {
         };
         assert_eq!(run(&d, t, None), Ok(Done::Empty));
         assert_eq!(d.flushes(), 1, "trim with FUA flushes");
-        assert_eq!(run(&d, r, None), Ok(Done::Data(vec![0; 8])));
+        assert_eq!(run(&d, r, None), Ok(Done::Data(vec![0; 8].into())));
         assert_eq!(run(&d, Command::Flush, None), Ok(Done::Empty));
         assert_eq!(d.flushes(), 2);
     }
@@ -420,10 +421,10 @@ mod tests {
 
     #[test]
     fn encodings() {
-        let r = encode(5, 0, true, false, Ok(Done::Data(vec![9; 3])));
+        let r = encode(5, 0, true, false, Ok(Done::Data(vec![9; 3].into())));
         assert_eq!(r.head, proto::simple_reply(0, 5));
-        assert_eq!(r.data, Some(vec![9; 3]));
-        let r = encode(5, 4096, true, true, Ok(Done::Data(vec![9; 3])));
+        assert_eq!(r.data, Some(vec![9; 3].into()));
+        let r = encode(5, 4096, true, true, Ok(Done::Data(vec![9; 3].into())));
         assert_eq!(r.head.len(), 28);
         assert_eq!(
             u16::from_be_bytes([r.head[6], r.head[7]]),
@@ -431,7 +432,7 @@ mod tests {
         );
         assert_eq!(u32::from_be_bytes(r.head[16..20].try_into().unwrap()), 11);
         assert_eq!(u64::from_be_bytes(r.head[20..28].try_into().unwrap()), 4096);
-        let r = encode(5, 4096, true, true, Ok(Done::Data(vec![0; 8192])));
+        let r = encode(5, 4096, true, true, Ok(Done::Data(vec![0; 8192].into())));
         assert_eq!(
             u16::from_be_bytes([r.head[6], r.head[7]]),
             reply::TYPE_OFFSET_HOLE
@@ -439,7 +440,7 @@ mod tests {
         assert_eq!(r.head.len(), 32);
         assert_eq!(u32::from_be_bytes(r.head[28..32].try_into().unwrap()), 8192);
         assert!(r.data.is_none());
-        let r = encode(5, 0, true, true, Ok(Done::Data(vec![])));
+        let r = encode(5, 0, true, true, Ok(Done::Data(vec![].into())));
         assert_eq!(u16::from_be_bytes([r.head[6], r.head[7]]), reply::TYPE_NONE);
         let f = Failure {
             errno: errno::EIO,

@@ -13,6 +13,7 @@
 pub mod testing;
 pub mod volume;
 
+pub use tarn_dataset::ReadData;
 pub use volume::{resize_lock, Volume};
 
 /// Errors of a block device, each mapped by a front end to its protocol's
@@ -64,8 +65,15 @@ pub trait Device: Send + Sync {
     fn block_size(&self) -> u32;
     /// True when every write fails with [`VolError::ReadOnly`].
     fn read_only(&self) -> bool;
-    /// `len` bytes at `off`; holes read as zeros.
-    fn read(&self, off: u64, len: u32) -> Result<Vec<u8>, VolError>;
+    /// `len` bytes at `off`; holes read as zeros. The bytes come as
+    /// ranges of the blocks that hold them (shared with the block cache,
+    /// not copied) and runs of zeros, so a front end can send them with a
+    /// vectored write.
+    fn read_data(&self, off: u64, len: u32) -> Result<ReadData, VolError>;
+    /// [`Device::read_data`] assembled into one buffer (one copy).
+    fn read(&self, off: u64, len: u32) -> Result<Vec<u8>, VolError> {
+        Ok(self.read_data(off, len)?.to_vec())
+    }
     /// Writes `data` at `off`. With `fua` it is durable when this returns;
     /// without, at the next [`Device::flush`] (or txg commit).
     fn write(&self, off: u64, data: &[u8], fua: bool) -> Result<(), VolError>;

@@ -68,10 +68,10 @@ impl Device for MemDevice {
         self.read_only
     }
 
-    fn read(&self, off: u64, len: u32) -> Result<Vec<u8>, VolError> {
+    fn read_data(&self, off: u64, len: u32) -> Result<crate::ReadData, VolError> {
         let b = self.lock();
         check_range(b.len() as u64, off, len as u64)?;
-        Ok(b[off as usize..off as usize + len as usize].to_vec())
+        Ok(b[off as usize..off as usize + len as usize].to_vec().into())
     }
 
     fn write(&self, off: u64, data: &[u8], _fua: bool) -> Result<(), VolError> {

@@ -64,7 +64,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 use tarn_dataset::readahead::{self, Prefetch, ReadAhead};
 use tarn_dataset::{BlockData, BlockRef, DatasetHandle, DsError, VolSpec};
 
-use crate::{check_range, Device, Extent, VolError};
+use crate::{check_range, Device, Extent, ReadData, VolError};
 
 static RESIZES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -411,7 +411,7 @@ impl Device for Volume {
                 .unwrap_or(true)
     }
 
-    fn read(&self, off: u64, len: u32) -> Result<Vec<u8>, VolError> {
+    fn read_data(&self, off: u64, len: u32) -> Result<ReadData, VolError> {
         let spec = self.read_spec()?;
         check_range(spec.size, off, len as u64)?;
         let pieces: Vec<Piece> = Self::pieces(&spec, off, len as u64).collect();
@@ -456,19 +456,19 @@ impl Device for Volume {
             |rs| BlockRef::read_many(rs, pool),
             |r, p| r.read(p),
         );
-        let mut out = Vec::with_capacity(len as usize);
+        let mut out = ReadData::default();
         for (p, r) in pieces.iter().zip(blocks) {
             match r {
-                None => out.resize(out.len() + p.len, 0),
+                None => out.push_zeros(p.len),
                 Some(r) => {
                     let data = r?;
                     // A block shorter than the piece (never written so by
                     // this layer) reads as zeros past its end.
                     let have = data.len().saturating_sub(p.start).min(p.len);
                     if have > 0 {
-                        out.extend_from_slice(&data[p.start..p.start + have]);
+                        out.push_block(Box::new(data), p.start, p.start + have);
                     }
-                    out.resize(out.len() + p.len - have, 0);
+                    out.push_zeros(p.len - have);
                 }
             }
         }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tarn_nbd::proto::{self, client, cmd, opt, rep};
 use tarn_nbd::{NbdConfig, NbdExport, NbdServer, Running};
 use tarn_vol::testing::MemDevice;
-use tarn_vol::{Device, Extent, VolError};
+use tarn_vol::{Device, Extent, ReadData, VolError};
 
 pub const MIB: u64 = 1 << 20;
 
@@ -74,8 +74,8 @@ impl Device for Probe {
     fn read_only(&self) -> bool {
         Device::read_only(&self.mem)
     }
-    fn read(&self, off: u64, len: u32) -> Result<Vec<u8>, VolError> {
-        self.mem.read(off, len)
+    fn read_data(&self, off: u64, len: u32) -> Result<ReadData, VolError> {
+        self.mem.read_data(off, len)
     }
     fn write(&self, off: u64, data: &[u8], fua: bool) -> Result<(), VolError> {
         let d = *self.write_delay.lock().unwrap();

@@ -1,19 +1,21 @@
 //! The bytes of a read as the pieces of the blocks that hold them, so a
 //! front end can hand them to the socket without assembling a buffer.
 //!
-//! A read of a file covers records; each record is a block shared with
-//! the block cache (or with the open txg), a hole, or a block shorter than
-//! its record (its tail reads as zeros). [`ReadData`] keeps, in file
+//! A read of a file or a volume covers records (blocks); each is a block
+//! shared with the block cache (or with the open txg), a hole, or a block
+//! shorter than its record (its tail reads as zeros). [`ReadData`] keeps, in file
 //! order, a range of each block it needs (the block's bytes are shared,
 //! not copied: holding a `ReadData` keeps those blocks alive even if the
 //! cache evicts them) and a length for each run of zeros. [`ReadData::slices`]
 //! yields them as byte slices for a vectored write, the zeros from one
 //! static zero page; [`ReadData::into_parts`] hands them over as owned
 //! [`Part`]s for a front end whose buffers can wrap them (an HTTP body);
-//! [`ReadData::to_vec`] assembles them with one copy, as
-//! [`crate::Fs::read`] does.
+//! [`ReadData::to_vec`] assembles them with one copy, for a caller that
+//! wants one buffer.
 
-use crate::store::Bytes;
+/// A block's bytes as a read holds them: shared with the cache or the open
+/// txg (a [`crate::BlockData`], or any owner of bytes), not copied.
+pub type Bytes = Box<dyn AsRef<[u8]> + Send + Sync>;
 
 /// Zeros for holes, shared by every read.
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
@@ -30,8 +32,8 @@ enum Piece {
     Zeros(usize),
 }
 
-/// The result of [`crate::Fs::read_data`]: a read's bytes as ranges of
-/// shared blocks and runs of zeros (see the module docs).
+/// A read's bytes as ranges of shared blocks and runs of zeros (see the
+/// module docs).
 #[derive(Default)]
 pub struct ReadData {
     pieces: Vec<Piece>,
@@ -49,7 +51,7 @@ impl std::fmt::Debug for ReadData {
 
 impl ReadData {
     /// Appends `n` zeros.
-    pub(crate) fn push_zeros(&mut self, n: usize) {
+    pub fn push_zeros(&mut self, n: usize) {
         if n == 0 {
             return;
         }
@@ -63,7 +65,7 @@ impl ReadData {
 
     /// Appends bytes `start..end` of `data` (an empty range adds nothing).
     /// The range must lie inside the block.
-    pub(crate) fn push_block(&mut self, data: Bytes, start: usize, end: usize) {
+    pub fn push_block(&mut self, data: Bytes, start: usize, end: usize) {
         let blen = (*data).as_ref().len();
         debug_assert!(start <= end && end <= blen, "range inside the block");
         let end = end.min(blen);
@@ -140,6 +142,25 @@ impl ReadData {
         v
     }
 }
+
+impl From<Vec<u8>> for ReadData {
+    /// The bytes of one buffer (a device that keeps no shared blocks).
+    fn from(v: Vec<u8>) -> ReadData {
+        let mut r = ReadData::default();
+        let n = v.len();
+        r.push_block(Box::new(v), 0, n);
+        r
+    }
+}
+
+impl PartialEq for ReadData {
+    /// Two reads are equal when they hold the same bytes, however split.
+    fn eq(&self, other: &ReadData) -> bool {
+        self.len == other.len && self.to_vec() == other.to_vec()
+    }
+}
+
+impl Eq for ReadData {}
 
 /// One piece of a [`ReadData`], owned (see [`ReadData::into_parts`]): a
 /// range of a shared block, or zeros. Its bytes are `as_ref()`.
