@@ -504,20 +504,37 @@ impl Shared {
     /// connected must not be pushed out by a burst of newcomers before its
     /// thread reads its line), and of those the one idle the longest.
     /// Answers whether one was closed. Called with the table locked.
+    ///
+    /// The socket is peeked lazily, in the order of what the connection
+    /// threads have marked: usually only the first candidate is, however
+    /// many connections the table holds.
     fn evict_one(&self, conns: &mut Conns) -> bool {
-        let victim = conns
+        let mut marked: Vec<(bool, bool, Instant, u64)> = conns
             .open
             .iter()
             .filter_map(|(id, o)| {
                 let a = lock_activity(&o.activity);
-                if a.busy || a.closing {
-                    return None;
-                }
-                let arriving = a.arriving || bytes_waiting(&o.stream);
-                Some((a.served, arriving, a.idle_since, *id))
+                (!a.busy && !a.closing).then_some((a.served, a.arriving, a.idle_since, *id))
             })
-            .min();
-        let Some((_, _, since, id)) = victim else {
+            .collect();
+        marked.sort_unstable();
+        // A peek can only rank a candidate later than its mark, so once a
+        // mark ranks at or after the best found, nothing later wins.
+        let mut best: Option<(bool, bool, Instant, u64)> = None;
+        for key in marked {
+            if best.is_some_and(|b| key >= b) {
+                break;
+            }
+            let (served, arriving, since, id) = key;
+            let waiting = !arriving
+                && conns
+                    .open
+                    .get(&id)
+                    .is_some_and(|o| bytes_waiting(&o.stream));
+            let real = (served, arriving || waiting, since, id);
+            best = Some(best.map_or(real, |b| b.min(real)));
+        }
+        let Some((_, _, since, id)) = best else {
             return false;
         };
         let Some(open) = conns.open.remove(&id) else {
@@ -546,7 +563,8 @@ fn bytes_waiting(stream: &UnixStream) -> bool {
     // SAFETY: `byte` is one writable byte that outlives the call, and
     // `stream` keeps the descriptor open; MSG_PEEK | MSG_DONTWAIT neither
     // consumes data nor blocks. Exercised by
-    // `a_request_arriving_is_not_evicted_before_silent_connections`.
+    // `bytes_waiting_peeks_without_consuming` (and through `evict_one` by
+    // `a_request_arriving_is_not_evicted_before_silent_connections`).
     let n = unsafe {
         libc::recv(
             stream.as_raw_fd(),
@@ -1063,4 +1081,25 @@ pub fn run_daemon(opts: DaemonOptions, backend: Arc<dyn Node>) -> Result<()> {
     }
     log("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[test]
+    fn bytes_waiting_peeks_without_consuming() {
+        let (mut client, server) = UnixStream::pair().unwrap();
+        assert!(!bytes_waiting(&server), "nothing sent yet");
+        client.write_all(b"{\"id\"").unwrap();
+        assert!(bytes_waiting(&server), "a request is arriving");
+        assert!(bytes_waiting(&server), "peeking consumed nothing");
+        let mut got = [0u8; 5];
+        (&server).read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"{\"id\"", "the bytes are all still there");
+        assert!(!bytes_waiting(&server), "read: nothing waits");
+        drop(client);
+        assert!(!bytes_waiting(&server), "a closed peer is silent");
+    }
 }

@@ -548,9 +548,16 @@ mod tests {
             // Appended after what the buffer holds already.
             let mut out = vec![1, 2, 3];
             p.encode_into(dg, &slices, &mut out);
+            prop_assert_eq!(&out[..3], &[1u8, 2, 3][..]);
+            // It decodes to the PDU with the whole data...
+            let (q, n) = decode(&out[3..], dg, 1 << 16).unwrap().unwrap();
+            prop_assert_eq!(n, out.len() - 3);
+            prop_assert_eq!(q.itt(), 7);
+            prop_assert_eq!(&q.ahs, &p.ahs);
+            prop_assert_eq!(&q.data, &data);
+            // ...and is the same bytes as the PDU encoded with it.
             p.data = data.clone();
             let whole = p.encode(dg);
-            prop_assert_eq!(&out[..3], &[1u8, 2, 3][..]);
             prop_assert_eq!(&out[3..], &whole[..]);
         }
 
