@@ -292,20 +292,34 @@ impl BlockCache {
 
     /// The cached logical bytes of `bp` of pool `pool` (its guid), if any.
     pub fn get(&self, pool: u64, bp: &BlockPtr, kind: BlockKind) -> Option<Arc<[u8]>> {
+        let found = self.try_get(pool, bp, kind);
+        if found.is_none() {
+            let misses = match kind {
+                BlockKind::Data => &self.stats.data_misses,
+                BlockKind::Meta => &self.stats.meta_misses,
+            };
+            misses.fetch_add(1, Ordering::Relaxed);
+        }
+        found
+    }
+
+    /// [`BlockCache::get`] for a reader that, on a miss, asks again the
+    /// way that reads the block (a front end trying memory before a
+    /// blocking read): a hit counts and is used, a miss is not counted.
+    pub fn try_get(&self, pool: u64, bp: &BlockPtr, kind: BlockKind) -> Option<Arc<[u8]>> {
         let found = BlockId::of(pool, bp).and_then(|k| {
             let mut sh = lock(&self.shards[k.shard()]);
             let e = sh.map.get_mut(&k)?;
             self.use_entry(e);
             Some(e.data.clone())
         });
-        let (hits, misses) = match kind {
-            BlockKind::Data => (&self.stats.data_hits, &self.stats.data_misses),
-            BlockKind::Meta => (&self.stats.meta_hits, &self.stats.meta_misses),
-        };
-        match &found {
-            Some(_) => hits.fetch_add(1, Ordering::Relaxed),
-            None => misses.fetch_add(1, Ordering::Relaxed),
-        };
+        if found.is_some() {
+            let hits = match kind {
+                BlockKind::Data => &self.stats.data_hits,
+                BlockKind::Meta => &self.stats.meta_hits,
+            };
+            hits.fetch_add(1, Ordering::Relaxed);
+        }
         found
     }
 

@@ -45,6 +45,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The lock if it is free now (poisoned counts as free, as for `lock`).
+fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// One dataset whose tree is open.
 pub(crate) struct LiveDs {
     pub id: u64,
@@ -60,6 +69,11 @@ impl LiveDs {
     /// The dataset's state, locked.
     pub(crate) fn lock(&self) -> MutexGuard<'_, LiveState> {
         lock(&self.st)
+    }
+
+    /// The state if no transaction holds it now.
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, LiveState>> {
+        try_lock(&self.st)
     }
 }
 
@@ -154,6 +168,18 @@ impl Dsl {
     /// The directory, locked.
     pub(crate) fn dir(&self) -> MutexGuard<'_, Dir> {
         lock(&self.dir)
+    }
+
+    /// The dataset directory if no one holds it (see
+    /// [`crate::DatasetHandle::try_block_refs`]).
+    pub(crate) fn try_dir(&self) -> Option<MutexGuard<'_, Dir>> {
+        try_lock(&self.dir)
+    }
+
+    /// The open dataset `id` if it is open and its table is free; never
+    /// opens a tree (that reads from the devices).
+    pub(crate) fn try_live(&self, id: u64) -> Option<Arc<LiveDs>> {
+        try_lock(&self.lives)?.get(&id).cloned()
     }
 
     /// The open dataset `id`, opening its tree on first use.

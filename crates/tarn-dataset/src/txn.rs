@@ -308,6 +308,20 @@ impl BlockRef {
         }
     }
 
+    /// The block's bytes if they are in memory (staged, or cached and
+    /// readable with the key held), without waiting for a device; None
+    /// otherwise (read it with [`BlockRef::read`]).
+    pub fn read_cached(&self, pool: &Pool) -> Option<BlockData> {
+        match &self.0 {
+            RefInner::Staged(d) => Some(BlockData::Staged(d.clone())),
+            RefInner::Committed {
+                bp, hold, crypt, ..
+            } => pool
+                .read_held_cached(bp, crypt.as_deref(), hold)
+                .map(BlockData::Committed),
+        }
+    }
+
     /// Reads many blocks as [`BlockRef::read`] reads one, in order: the
     /// committed ones in one batch per key ([`Pool::read_held_many`]: the
     /// pieces of neighbouring blocks merged into few reads per device).
@@ -1183,6 +1197,50 @@ impl DatasetHandle {
             Ok(inner) => inner,
             Err(e) => Err(E::from(e)),
         }
+    }
+
+    /// The blocks under `keys`, as [`Txn::block_ref`] finds them, looked up
+    /// without waiting: None, at once, if that would wait for a lock (a
+    /// transaction of this dataset, an exclusive operation) or for a tree
+    /// node that is not cached, or if the lookup fails (the caller then
+    /// looks up the usual way, which reports the failure). For a front
+    /// end that answers a read from memory on its network thread and
+    /// hands it to a blocking thread only when it must.
+    pub fn try_block_refs(&self, keys: &[&[u8]]) -> Option<Vec<Option<BlockRef>>> {
+        let id = self.id;
+        let found = self.pool.try_with_ext::<Dsl, _>(|dsl, cx| {
+            let crypt = {
+                let dir = dsl.try_dir()?;
+                if !dir.loaded {
+                    return None;
+                }
+                dir.keyset(id).ok()?
+            };
+            let live = dsl.try_live(id)?;
+            let mut st = live.try_lock()?;
+            let store = cx.cached_store();
+            let mut out = Vec::with_capacity(keys.len());
+            for &key in keys {
+                let found = st.view().get(&store, key);
+                if store.missed() {
+                    return None;
+                }
+                out.push(match found.ok()? {
+                    None => None,
+                    Some(Found::Staged(b)) => Some(BlockRef(RefInner::Staged(b.data.clone()))),
+                    Some(Found::Block(bp)) => Some(BlockRef(RefInner::Committed {
+                        bp,
+                        hold: cx.hold(st.tree_txg),
+                        id,
+                        key: key.to_vec(),
+                        crypt: crypt.clone(),
+                    })),
+                    Some(Found::Plain(_) | Found::Sealed(_)) => return None,
+                });
+            }
+            Some(out)
+        })?;
+        found.ok()
     }
 
     /// Makes every finished transaction of this dataset durable: through

@@ -97,6 +97,15 @@ impl LuState {
         }
     }
 
+    /// The persistent reservations if no one holds them now.
+    pub fn try_reservations(&self) -> Option<MutexGuard<'_, Reservations>> {
+        match self.pr.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// The persistent reservations, locked.
     pub fn reservations(&self) -> MutexGuard<'_, Reservations> {
         match self.pr.lock() {

@@ -766,6 +766,28 @@ pub fn execute(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<ReadData, Failure>
     Ok(medium(u, cmd, out)?.into())
 }
 
+/// [`execute`] of a READ the device answers from memory
+/// ([`Device::read_cached`]), on the connection's own thread: the same
+/// checks in the same order, and None, at once, for any other command or
+/// where answering would wait (the reservations held, a block not in
+/// memory); the command then runs on a blocking thread.
+pub fn execute_cached(u: &Unit<'_>, cmd: &Cmd) -> Option<Result<ReadData, Failure>> {
+    let Cmd::Read { lba, blocks } = *cmd else {
+        return None;
+    };
+    if u.lu.try_reservations()?.conflicts(u.nexus, cmd.access()) {
+        return Some(Err(Failure::ReservationConflict));
+    }
+    if let Err(s) = u.check(lba, blocks as u64) {
+        return Some(Err(s.into()));
+    }
+    if blocks == 0 {
+        return Some(Ok(ReadData::default()));
+    }
+    let read = u.dev.read_cached(lba * BLOCK, blocks * BLOCK as u32)?;
+    Some(read.map_err(|e| map_err(e, false).into()))
+}
+
 /// Carries out a command that is not a PERSISTENT RESERVE one, once
 /// [`execute`] has taken the locks and checked the reservations.
 fn medium(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<Vec<u8>, Sense> {

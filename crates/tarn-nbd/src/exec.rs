@@ -65,6 +65,32 @@ pub fn errno_of(e: &VolError, writes: bool) -> u32 {
     }
 }
 
+/// [`run`] of a read the device answers from memory, on the network
+/// thread (see [`Device::read_cached`]); None for any other command, or
+/// when the read must go to a blocking thread.
+pub fn run_cached(dev: &dyn Device, cmd: Command) -> Option<Result<Done, Failure>> {
+    match cmd {
+        Command::Read { len: 0, .. } => Some(Ok(Done::Data(ReadData::default()))),
+        Command::Read { offset, len } => Some(read_done(dev.read_cached(offset, len)?, len)),
+        _ => None,
+    }
+}
+
+/// The outcome of a read of `len` bytes.
+fn read_done(r: Result<ReadData, VolError>, len: u32) -> Result<Done, Failure> {
+    let data = r.map_err(|e| fail(e, false))?;
+    if data.len() != len as usize {
+        return Err(Failure {
+            errno: errno::EIO,
+            message: format!(
+                "the device returned {} bytes for a {len}-byte read",
+                data.len()
+            ),
+        });
+    }
+    Ok(Done::Data(data))
+}
+
 fn fail(e: VolError, writes: bool) -> Failure {
     Failure {
         errno: errno_of(&e, writes),
@@ -80,19 +106,7 @@ fn fail(e: VolError, writes: bool) -> Failure {
 pub fn run(dev: &dyn Device, cmd: Command, payload: Option<Vec<u8>>) -> Result<Done, Failure> {
     match cmd {
         Command::Read { len: 0, .. } => Ok(Done::Data(ReadData::default())),
-        Command::Read { offset, len } => {
-            let data = dev.read_data(offset, len).map_err(|e| fail(e, false))?;
-            if data.len() != len as usize {
-                return Err(Failure {
-                    errno: errno::EIO,
-                    message: format!(
-                        "the device returned {} bytes for a {len}-byte read",
-                        data.len()
-                    ),
-                });
-            }
-            Ok(Done::Data(data))
-        }
+        Command::Read { offset, len } => read_done(dev.read_data(offset, len), len),
         Command::Write { len: 0, .. } => Ok(Done::Empty),
         Command::Write { offset, len, fua } => {
             let data = payload.unwrap_or_default();

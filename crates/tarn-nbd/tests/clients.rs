@@ -141,10 +141,23 @@ fn nbdinfo_map_matches_the_device_holes() {
 
 #[test]
 fn qemu_io_writes_reads_flushes_discards_and_zeroes() {
+    qemu_io_script(false);
+}
+
+/// The same with every read answered from memory on the network thread
+/// (as a volume's cached blocks are): the same bytes reach the client.
+#[test]
+fn qemu_io_reads_answered_from_memory() {
+    qemu_io_script(true);
+}
+
+fn qemu_io_script(from_memory: bool) {
     if require::program("qemu-io").is_none() {
         return;
     }
     let dev = Probe::new(16 * MIB, 4096);
+    dev.from_memory
+        .store(from_memory, std::sync::atomic::Ordering::SeqCst);
     let r = start(vec![NbdExport::new("vol", dev.clone())]);
     let u = url(&r, "vol");
     let out = ok(&[
@@ -209,6 +222,15 @@ fn qemu_io_writes_reads_flushes_discards_and_zeroes() {
         !good && out.contains("Pattern verification failed"),
         "{out}"
     );
+    let cached = Probe::get(&dev.cached_reads);
+    if from_memory {
+        assert!(
+            cached >= 5,
+            "the reads were answered from memory ({cached})"
+        );
+    } else {
+        assert_eq!(cached, 0);
+    }
 }
 
 #[test]

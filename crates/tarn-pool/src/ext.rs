@@ -199,6 +199,18 @@ impl Cx<'_> {
         self.pool.read_store()
     }
 
+    /// A store of committed tree nodes that reads only the block cache:
+    /// a node not cached fails the lookup and is recorded
+    /// ([`crate::store::CachedStore::missed`]), for a reader that must
+    /// not wait for a device.
+    pub fn cached_store(&self) -> crate::store::CachedStore<'_> {
+        crate::store::CachedStore {
+            cache: &self.pool.cache,
+            pool: self.pool.guid,
+            missed: std::cell::Cell::new(false),
+        }
+    }
+
     /// Takes a hold on committed txg `txg`: until it is dropped, no block
     /// that txg's trees reference is freed for reuse, so a reader may look
     /// a pointer up and read the block later without any lock.
@@ -843,6 +855,46 @@ impl Pool {
             Some(t) => f(t, &mut cx),
             None => Err(PoolError::Internal("extension of another type".into())),
         })
+    }
+
+    /// [`Pool::with_ext`] for a reader that must not wait (a front end
+    /// answering a read from memory on its network thread): None, at
+    /// once, where `with_ext` would wait for the gate (an exclusive
+    /// operation), the pool's state or the extension; and None if `f`
+    /// answers None (it found something it would have to wait for).
+    /// Nothing is throttled: `f` only reads.
+    pub fn try_with_ext<T: Extension + 'static, R>(
+        &self,
+        f: impl FnOnce(&T, &mut Cx<'_>) -> Option<R>,
+    ) -> Option<Result<R, PoolError>> {
+        let usable = |pool: &Pool| -> Option<Result<(), PoolError>> {
+            let st = match pool.st.try_lock() {
+                Ok(st) => st,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return None,
+            };
+            Some(pool.check_usable(&st))
+        };
+        if let Err(e) = usable(self)? {
+            return Some(Err(e));
+        }
+        let ext = match self.ext.try_read() {
+            Ok(e) => e.clone(),
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().clone(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        }?;
+        let _gate = match self.gate.try_read() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        if let Err(e) = usable(self)? {
+            return Some(Err(e));
+        }
+        let txg = self.open_txg.load(Ordering::Acquire);
+        let mut cx = Cx { pool: self, txg };
+        let t = ext.as_any().downcast_ref::<T>()?;
+        self.contained(|| Ok(f(t, &mut cx))).transpose()
     }
 
     /// Runs `f` as an exclusive operation on the extension of type `T` (see

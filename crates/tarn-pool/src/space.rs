@@ -333,6 +333,22 @@ impl Pool {
         self.read_data(bp, key)
     }
 
+    /// [`Pool::read_held`] from the block cache only: the block's bytes if
+    /// they are cached and may be read (an encrypted block needs its key
+    /// loaded), None otherwise, without waiting for a device. A miss is
+    /// not counted: the caller reads the block the usual way next.
+    pub fn read_held_cached(
+        &self,
+        bp: &BlockPtr,
+        key: Option<&KeySet>,
+        _hold: &crate::OwnedHold,
+    ) -> Option<Arc<[u8]>> {
+        if bp.is_encrypted() && key.is_none_or(KeySet::is_revoked) {
+            return None;
+        }
+        self.cache.try_get(self.guid, bp, BlockKind::Data)
+    }
+
     /// Reads a data block into the block cache ahead of its reader
     /// (read-ahead), unless it is there already. Advisory: a block that
     /// fails to read or verify is left alone here, for the reader's own

@@ -125,6 +125,44 @@ impl NodeStore for ReadStore<'_> {
     fn free(&mut self, _ptr: &BlockPtr) {}
 }
 
+/// A store of committed tree nodes that answers from the block cache
+/// only (see [`crate::Cx::cached_store`]).
+pub struct CachedStore<'a> {
+    pub(crate) cache: &'a BlockCache,
+    pub(crate) pool: u64,
+    pub(crate) missed: std::cell::Cell<bool>,
+}
+
+impl CachedStore<'_> {
+    /// True once a lookup needed a node the cache does not hold (the
+    /// lookup failed for that, not for damage).
+    pub fn missed(&self) -> bool {
+        self.missed.get()
+    }
+}
+
+impl NodeStore for CachedStore<'_> {
+    fn read(&self, ptr: &BlockPtr) -> Result<Vec<u8>, TreeError> {
+        match self.cache.try_get(self.pool, ptr, BlockKind::Meta) {
+            Some(v) => Ok(v.to_vec()),
+            None => {
+                self.missed.set(true);
+                Err(TreeError::Store(Box::new(PoolError::Internal(
+                    "tree node not cached (a lookup from memory only)".into(),
+                ))))
+            }
+        }
+    }
+
+    fn write(&mut self, _data: Vec<u8>, _level: u8) -> Result<BlockPtr, TreeError> {
+        Err(TreeError::Store(Box::new(PoolError::Internal(
+            "tree write outside of txg sync".into(),
+        ))))
+    }
+
+    fn free(&mut self, _ptr: &BlockPtr) {}
+}
+
 /// Chooses top-level vdevs and allocates every copy of a block: copies go to
 /// distinct vdevs when the pool has them, round-robin from a rotor so
 /// consecutive blocks stripe over the vdevs.

@@ -70,6 +70,16 @@ pub trait Device: Send + Sync {
     /// not copied) and runs of zeros, so a front end can send them with a
     /// vectored write.
     fn read_data(&self, off: u64, len: u32) -> Result<ReadData, VolError>;
+    /// [`Device::read_data`] answered from memory only, without waiting for
+    /// a device or a lock: None when answering would wait (a block or a
+    /// tree node not cached, a transaction or an exclusive operation under
+    /// way). A front end tries it on its network thread and hands the
+    /// request to a blocking thread only on None. Never waiting is the
+    /// whole contract; the default answers None.
+    fn read_cached(&self, off: u64, len: u32) -> Option<Result<ReadData, VolError>> {
+        let _ = (off, len);
+        None
+    }
     /// [`Device::read_data`] assembled into one buffer (one copy).
     fn read(&self, off: u64, len: u32) -> Result<Vec<u8>, VolError> {
         Ok(self.read_data(off, len)?.to_vec())

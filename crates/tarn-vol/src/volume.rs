@@ -62,7 +62,7 @@ use std::ops::Bound;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use tarn_dataset::readahead::{self, Prefetch, ReadAhead};
-use tarn_dataset::{BlockData, BlockRef, DatasetHandle, DsError, VolSpec};
+use tarn_dataset::{BlockData, BlockRef, DatasetHandle, DsError, Txn, VolSpec};
 
 use crate::{check_range, Device, Extent, ReadData, VolError};
 
@@ -104,6 +104,36 @@ fn read_blocks<P>(
         out[i] = Some(r);
     }
     out
+}
+
+/// The committed blocks among `blocks` (what read-ahead reads: staged
+/// ones are in memory already).
+fn committed_refs(
+    t: &mut Txn<'_, '_>,
+    blocks: std::ops::Range<u64>,
+) -> Result<Vec<BlockRef>, DsError> {
+    let mut later = Vec::new();
+    for b in blocks {
+        later.extend(t.block_ref(&key(b))?.filter(BlockRef::is_committed));
+    }
+    Ok(later)
+}
+
+/// Read-ahead jobs for `later`, one per [`AHEAD_JOB`] bytes of blocks: the
+/// queue holds jobs, not blocks, and a job per small block would fill it
+/// at once.
+fn prefetch_jobs(mut later: Vec<BlockRef>, bs: u64, handle: &DatasetHandle) -> Vec<Prefetch> {
+    let per = (AHEAD_JOB / bs).max(1) as usize;
+    let mut jobs: Vec<Prefetch> = Vec::new();
+    while !later.is_empty() {
+        let rest = later.split_off(later.len().min(per));
+        let group = std::mem::replace(&mut later, rest);
+        let handle = handle.clone();
+        jobs.push(Box::new(move || {
+            BlockRef::prefetch_many(group, handle.pool())
+        }));
+    }
+    jobs
 }
 
 /// Keys per page when listing which blocks exist.
@@ -300,6 +330,21 @@ impl Volume {
         })
     }
 
+    /// Blocks to read ahead after a read of `len` bytes at `off`: a range
+    /// the stream table hands out, cut to the device and to the blocks the
+    /// read does not read itself.
+    fn ahead(&self, spec: &VolSpec, off: u64, len: u32) -> std::ops::Range<u64> {
+        let bs = spec.block as u64;
+        self.readahead
+            .on_read((0, 0), off, len as u64, bs)
+            .map(|r| {
+                let first = (r.start / bs).max((off + len as u64).div_ceil(bs));
+                let last = r.end.min(spec.size).div_ceil(bs);
+                first..last.max(first)
+            })
+            .unwrap_or(0..0)
+    }
+
     /// Runs a write transaction; a write that found the pool full runs
     /// once more after the space of earlier deletes is back (see
     /// [`DatasetHandle::reclaim_space`]). Then makes it durable if `fua`
@@ -416,37 +461,14 @@ impl Device for Volume {
         check_range(spec.size, off, len as u64)?;
         let pieces: Vec<Piece> = Self::pieces(&spec, off, len as u64).collect();
         let bs = spec.block as u64;
-        // Blocks to read ahead: a range the stream table hands out, cut to
-        // the device and to the blocks this read does not read itself.
-        let ahead = self
-            .readahead
-            .on_read((0, 0), off, len as u64, bs)
-            .map(|r| {
-                let first = (r.start / bs).max((off + len as u64).div_ceil(bs));
-                let last = r.end.min(spec.size).div_ceil(bs);
-                first..last.max(first)
-            })
-            .unwrap_or(0..0);
+        let ahead = self.ahead(&spec, off, len);
         let (refs, jobs) = self.handle.txn(false, |t| {
             let refs = pieces
                 .iter()
                 .map(|p| t.block_ref(&key(p.block)))
                 .collect::<Result<Vec<Option<BlockRef>>, DsError>>()?;
-            let mut later = Vec::new();
-            for b in ahead.clone() {
-                later.extend(t.block_ref(&key(b))?.filter(BlockRef::is_committed));
-            }
-            // One job per AHEAD_JOB bytes of blocks: the queue holds jobs,
-            // not blocks, and a job per small block would fill it at once.
-            let per = (AHEAD_JOB / bs).max(1) as usize;
-            let mut jobs: Vec<Prefetch> = Vec::new();
-            while !later.is_empty() {
-                let rest = later.split_off(later.len().min(per));
-                let group = std::mem::replace(&mut later, rest);
-                let pool = self.handle.pool().clone();
-                jobs.push(Box::new(move || BlockRef::prefetch_many(group, &pool)));
-            }
-            Ok::<_, DsError>((refs, jobs))
+            let later = committed_refs(t, ahead.clone())?;
+            Ok::<_, DsError>((refs, prefetch_jobs(later, bs, &self.handle)))
         })?;
         readahead::submit(jobs);
         let pool = self.handle.pool();
@@ -473,6 +495,56 @@ impl Device for Volume {
             }
         }
         Ok(out)
+    }
+
+    fn read_cached(&self, off: u64, len: u32) -> Option<Result<ReadData, VolError>> {
+        // Held to the end, as `read_spec` holds it: no resize meanwhile.
+        let guard = match self.spec.try_read() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        let Some(spec) = *guard else {
+            return Some(Err(self.closed()));
+        };
+        if let Err(e) = check_range(spec.size, off, len as u64) {
+            return Some(Err(e));
+        }
+        let pieces: Vec<Piece> = Self::pieces(&spec, off, len as u64).collect();
+        let keys: Vec<[u8; 8]> = pieces.iter().map(|p| key(p.block)).collect();
+        let keys: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        let refs = self.handle.try_block_refs(&keys)?;
+        let pool = self.handle.pool();
+        let mut out = ReadData::default();
+        for (p, r) in pieces.iter().zip(refs) {
+            match r {
+                None => out.push_zeros(p.len),
+                Some(r) => {
+                    let data = r.read_cached(pool)?;
+                    let have = data.len().saturating_sub(p.start).min(p.len);
+                    if have > 0 {
+                        out.push_block(Box::new(data), p.start, p.start + have);
+                    }
+                    out.push_zeros(p.len - have);
+                }
+            }
+        }
+        // Answered: the read counts toward read-ahead like any other, and
+        // what is to be read ahead is looked up on a read-ahead thread.
+        let ahead = self.ahead(&spec, off, len);
+        if !ahead.is_empty() {
+            let handle = self.handle.clone();
+            let bs = spec.block as u64;
+            readahead::submit(vec![Box::new(move || {
+                let Ok(later) = handle.txn(false, |t| committed_refs(t, ahead)) else {
+                    return;
+                };
+                for job in prefetch_jobs(later, bs, &handle) {
+                    job();
+                }
+            })]);
+        }
+        Some(Ok(out))
     }
 
     fn write(&self, off: u64, data: &[u8], fua: bool) -> Result<(), VolError> {

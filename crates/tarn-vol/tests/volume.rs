@@ -158,12 +158,27 @@ fn run_model(block: u32, ops: &[Op]) {
             }
             Op::Read { off, len } => {
                 let (off, len) = (scale(off), scale(len));
+                // From memory first: whatever it answers is right.
+                match vol.read_cached(off, len as u32) {
+                    None => {}
+                    Some(Ok(got)) => assert!(
+                        got.to_vec() == model[off as usize..(off + len) as usize],
+                        "read from memory {len} at {off}"
+                    ),
+                    Some(Err(e)) => assert!(off + len > size, "read from memory: {e}"),
+                }
                 match vol.read(off, len as u32) {
                     Ok(got) => {
                         assert!(off + len <= size);
                         assert!(
                             got == model[off as usize..(off + len) as usize],
                             "read {len} at {off}"
+                        );
+                        // Just read: every block it needs is in memory.
+                        let again = vol.read_cached(off, len as u32);
+                        assert!(
+                            matches!(&again, Some(Ok(d)) if d.to_vec() == got),
+                            "a read just done is answered from memory ({len} at {off})"
                         );
                     }
                     Err(e) => assert!(off + len > size, "read {len} at {off}: {e}"),
@@ -581,4 +596,56 @@ fn a_closed_volume_refuses_every_request_and_a_fresh_one_serves() {
     let fresh = reopen(&pool, "tank/v");
     assert!(fresh.is_current());
     assert_eq!(fresh.read(0, 6).expect("read"), b"before");
+}
+
+/// A read from memory never waits: while a transaction of the volume
+/// holds its dataset (parked inside it here), it answers None at once
+/// (the front end then reads on a blocking thread), and once the
+/// transaction is done the same read is answered from memory.
+#[test]
+fn a_read_from_memory_never_waits_for_a_transaction() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    const BS: usize = 16 << 10;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pool = pool(dir.path());
+    let vol = volume(&pool, "tank/v", 1 << 20, BS as u32, true);
+    vol.write(0, &pattern(1, 2 * BS), false).expect("write");
+    pool.sync().expect("commit");
+    assert!(vol.read(0, 2 * BS as u32).expect("read") == pattern(1, 2 * BS));
+    assert!(
+        matches!(vol.read_cached(0, 2 * BS as u32), Some(Ok(_))),
+        "in memory after a read"
+    );
+    let (inside_tx, inside_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let holder = {
+        let vol = vol.clone();
+        std::thread::spawn(move || {
+            vol.handle().txn(false, |_t| {
+                inside_tx.send(()).expect("tell");
+                let _ = release_rx.recv();
+                Ok::<(), DsError>(())
+            })
+        })
+    };
+    inside_rx.recv().expect("inside the transaction");
+    let (done_tx, done_rx) = mpsc::channel();
+    {
+        let vol = vol.clone();
+        std::thread::spawn(move || {
+            let _ = done_tx.send(vol.read_cached(0, 2 * BS as u32).is_none());
+        });
+    }
+    let none = done_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the read from memory waited for the transaction");
+    assert!(none, "held: the read says it would wait");
+    release_tx.send(()).expect("release");
+    holder.join().expect("holder").expect("the transaction");
+    let again = vol.read_cached(0, 2 * BS as u32);
+    assert!(
+        matches!(&again, Some(Ok(d)) if d.to_vec() == pattern(1, 2 * BS)),
+        "answered from memory once the transaction is done"
+    );
 }

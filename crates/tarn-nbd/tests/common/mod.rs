@@ -45,6 +45,11 @@ pub struct Probe {
     pub zeroes: AtomicU64,
     pub trims: AtomicU64,
     pub write_delay: Mutex<Duration>,
+    /// Answer reads from memory ([`Device::read_cached`]), as a volume
+    /// whose blocks are cached does.
+    pub from_memory: std::sync::atomic::AtomicBool,
+    /// Reads answered from memory.
+    pub cached_reads: AtomicU64,
 }
 
 impl Probe {
@@ -56,6 +61,8 @@ impl Probe {
             zeroes: AtomicU64::new(0),
             trims: AtomicU64::new(0),
             write_delay: Mutex::new(Duration::ZERO),
+            from_memory: std::sync::atomic::AtomicBool::new(false),
+            cached_reads: AtomicU64::new(0),
         })
     }
 
@@ -76,6 +83,13 @@ impl Device for Probe {
     }
     fn read_data(&self, off: u64, len: u32) -> Result<ReadData, VolError> {
         self.mem.read_data(off, len)
+    }
+    fn read_cached(&self, off: u64, len: u32) -> Option<Result<ReadData, VolError>> {
+        if !self.from_memory.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.cached_reads.fetch_add(1, Ordering::SeqCst);
+        Some(self.mem.read_data(off, len))
     }
     fn write(&self, off: u64, data: &[u8], fua: bool) -> Result<(), VolError> {
         let d = *self.write_delay.lock().unwrap();
