@@ -308,6 +308,15 @@ impl BlockRef {
         }
     }
 
+    /// Whether [`BlockRef::read_cached`] would answer now (nothing is
+    /// counted or used: see [`Pool::is_cached`]).
+    pub fn in_memory(&self, pool: &Pool) -> bool {
+        match &self.0 {
+            RefInner::Staged(_) => true,
+            RefInner::Committed { bp, crypt, .. } => pool.is_cached(bp, crypt.as_deref()),
+        }
+    }
+
     /// The block's bytes if they are in memory (staged, or cached and
     /// readable with the key held), without waiting for a device; None
     /// otherwise (read it with [`BlockRef::read`]).

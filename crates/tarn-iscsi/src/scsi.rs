@@ -775,16 +775,20 @@ pub fn execute_cached(u: &Unit<'_>, cmd: &Cmd) -> Option<Result<ReadData, Failur
     let Cmd::Read { lba, blocks } = *cmd else {
         return None;
     };
+    if blocks == 0 {
+        return None;
+    }
     if u.lu.try_reservations()?.conflicts(u.nexus, cmd.access()) {
         return Some(Err(Failure::ReservationConflict));
     }
-    if let Err(s) = u.check(lba, blocks as u64) {
-        return Some(Err(s.into()));
-    }
-    if blocks == 0 {
-        return Some(Ok(ReadData::default()));
-    }
-    let read = u.dev.read_cached(lba * BLOCK, blocks * BLOCK as u32)?;
+    // The range is checked by the device's read, against its size under a
+    // lock it only tries (`Unit::check` asks the size, which can wait for
+    // a resize), and fails with the same sense.
+    let Some(off) = lba.checked_mul(BLOCK) else {
+        return Some(Err(Sense::LBA_OUT_OF_RANGE.into()));
+    };
+    let len = blocks.checked_mul(BLOCK as u32)?;
+    let read = u.dev.read_cached(off, len)?;
     Some(read.map_err(|e| map_err(e, false).into()))
 }
 
@@ -1438,6 +1442,38 @@ mod tests {
         let mut c = [0u8; 16];
         c[..b.len()].copy_from_slice(b);
         c
+    }
+
+    proptest::proptest! {
+        /// A READ answered from memory gives what the usual path gives:
+        /// the same bytes, or the same sense (past the end, an LBA whose
+        /// byte offset overflows).
+        #[test]
+        fn a_read_from_memory_is_the_usual_read(
+            lba in proptest::prop_oneof![0u64..2100, proptest::strategy::Just(u64::MAX / 512 + 1), proptest::strategy::Just(u64::MAX - 3)],
+            blocks in 0u32..80,
+        ) {
+            let dev = MemDevice::new(1 << 20, 4096);
+            let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+            dev.write(0, &data, false).unwrap();
+            let nexus = Nexus::new("iqn.2024-01.x:i", [0; 6], "iqn.2024-01.x:d");
+            let lu = LuState::default();
+            let u = Unit {
+                dev: &dev,
+                read_only: false,
+                name: "iqn.2024-01.x:d",
+                limits: LIM,
+                lun: 0,
+                lu: &lu,
+                nexus: &nexus,
+            };
+            let cmd = Cmd::Read { lba, blocks };
+            let usual = execute(&u, &cmd, &[]).map(|d| d.to_vec());
+            match execute_cached(&u, &cmd) {
+                Some(r) => proptest::prop_assert_eq!(r.map(|d| d.to_vec()), usual),
+                None => proptest::prop_assert_eq!(blocks, 0, "MemDevice answers every read"),
+            }
+        }
     }
 
     fn run(dev: &MemDevice, ro: bool, c: &[u8], out: &[u8]) -> Result<Vec<u8>, Sense> {

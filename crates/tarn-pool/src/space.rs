@@ -349,6 +349,14 @@ impl Pool {
         self.cache.try_get(self.guid, bp, BlockKind::Data)
     }
 
+    /// Whether [`Pool::read_held_cached`] would answer now (no use, hit
+    /// or miss is counted): a reader of many blocks checks them all before
+    /// it reads any, so a read that falls back is not counted twice.
+    pub fn is_cached(&self, bp: &BlockPtr, key: Option<&KeySet>) -> bool {
+        !(bp.is_encrypted() && key.is_none_or(KeySet::is_revoked))
+            && self.cache.contains(self.guid, bp)
+    }
+
     /// Reads a data block into the block cache ahead of its reader
     /// (read-ahead), unless it is there already. Advisory: a block that
     /// fails to read or verify is left alone here, for the reader's own

@@ -106,6 +106,10 @@ fn read_blocks<P>(
     out
 }
 
+/// The largest read answered from memory on a front end's network thread
+/// ([`Device::read_cached`]): its lookups are the thread's work.
+const CACHED_MAX: u64 = 1 << 20;
+
 /// The committed blocks among `blocks` (what read-ahead reads: staged
 /// ones are in memory already).
 fn committed_refs(
@@ -510,11 +514,21 @@ impl Device for Volume {
         if let Err(e) = check_range(spec.size, off, len as u64) {
             return Some(Err(e));
         }
+        // The network thread does a large read's lookups on a worker
+        // instead (they hold the dataset meanwhile).
+        if len as u64 > CACHED_MAX {
+            return None;
+        }
         let pieces: Vec<Piece> = Self::pieces(&spec, off, len as u64).collect();
         let keys: Vec<[u8; 8]> = pieces.iter().map(|p| key(p.block)).collect();
         let keys: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
         let refs = self.handle.try_block_refs(&keys)?;
         let pool = self.handle.pool();
+        // All or nothing: a read that falls back reads (and counts) its
+        // blocks once, the usual way.
+        if !refs.iter().flatten().all(|r| r.in_memory(pool)) {
+            return None;
+        }
         let mut out = ReadData::default();
         for (p, r) in pieces.iter().zip(refs) {
             match r {
@@ -536,11 +550,8 @@ impl Device for Volume {
             let handle = self.handle.clone();
             let bs = spec.block as u64;
             readahead::submit(vec![Box::new(move || {
-                let Ok(later) = handle.txn(false, |t| committed_refs(t, ahead)) else {
-                    return;
-                };
-                for job in prefetch_jobs(later, bs, &handle) {
-                    job();
+                if let Ok(later) = handle.txn(false, |t| committed_refs(t, ahead)) {
+                    readahead::submit(prefetch_jobs(later, bs, &handle));
                 }
             })]);
         }
