@@ -385,15 +385,31 @@ fn snapshots_clones_and_rollback_carry_contents_and_size() {
         snap.read(0, 1 << 20).expect("read snap") == a,
         "the clone's write stays in the clone"
     );
+    // A read from memory, when it answers, answers what a read would.
+    let from_memory = |v: &Volume, want: &[u8], what: &str| match v.read_cached(0, 1 << 20) {
+        None => {}
+        Some(r) => assert!(r.expect(what).to_vec() == want, "{what}"),
+    };
+    from_memory(&snap, &a, "the snapshot from memory");
+    let mut with_b = a.clone();
+    with_b[50_000..350_000].copy_from_slice(&b);
+    assert!(vol.read(0, 1 << 20).expect("read the head") == with_b);
+    from_memory(&vol, &with_b, "the head from memory");
+    let mut clone_b = a.clone();
+    clone_b[..300_000].copy_from_slice(&b);
+    from_memory(&clone, &clone_b, "the clone from memory");
 
     drop(vol);
     tarn_dataset::rollback(&pool, "tank/v@one", false).expect("rollback");
     let vol = reopen(&pool, "tank/v");
     assert_eq!(vol.size(), 1 << 20, "rollback restores the size");
+    // The head's newer blocks are still cached: never served again.
+    from_memory(&vol, &a, "rolled back, from memory");
     assert!(
         vol.read(0, 1 << 20).expect("read") == a,
         "rollback restores the contents"
     );
+    from_memory(&vol, &a, "rolled back, from memory after a read");
     let kinds: Vec<_> = tarn_dataset::list(&pool, true)
         .expect("list")
         .into_iter()
@@ -656,5 +672,42 @@ fn a_read_from_memory_never_waits_for_a_transaction() {
     assert!(
         matches!(&again, Some(Ok(d)) if d.to_vec() == pattern(1, 2 * BS)),
         "answered from memory once the transaction is done"
+    );
+}
+
+/// An encrypted volume is read from memory only while its key is loaded:
+/// once the key is unloaded, a read from memory gives no bytes (not the
+/// plaintext the cache held) and the usual read refuses.
+#[test]
+fn a_read_from_memory_of_an_encrypted_volume_needs_its_key() {
+    const BS: usize = 16 << 10;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pool = pool(dir.path());
+    tarn_testkit::datasets::encrypted(&pool, "tank/secret", "correct horse", &[]);
+    let vol = volume(&pool, "tank/secret/v", 1 << 20, BS as u32, true);
+    assert_eq!(
+        tarn_testkit::datasets::info(&pool, "tank/secret/v")
+            .encryptionroot
+            .as_deref(),
+        Some("tank/secret"),
+        "the volume is encrypted"
+    );
+    vol.write(0, &pattern(5, 2 * BS), false).expect("write");
+    pool.sync().expect("commit");
+    assert!(vol.read(0, 2 * BS as u32).expect("read") == pattern(5, 2 * BS));
+    assert!(
+        matches!(vol.read_cached(0, 2 * BS as u32), Some(Ok(d)) if d.to_vec() == pattern(5, 2 * BS)),
+        "read from memory with the key loaded"
+    );
+    tarn_dataset::unload_key(&pool, "tank/secret").expect("unload the key");
+    if let Some(Ok(d)) = vol.read_cached(0, 2 * BS as u32) {
+        panic!(
+            "a read from memory gave {} bytes after the key was unloaded",
+            d.len()
+        );
+    }
+    assert!(
+        vol.read(0, 2 * BS as u32).is_err(),
+        "the usual read refuses too"
     );
 }
