@@ -63,6 +63,16 @@ type Window<'a> = Vec<(&'a [u8], BlockOpts, Option<Reservation>)>;
 /// A window's blocks as prepared: None for a hole.
 type PreparedWindow<'a> = Vec<Option<Prepared<'a>>>;
 
+/// The guard of a lock taken without waiting, if it was free (a poisoned
+/// lock counts as free, as everywhere in this crate).
+fn free_now<G>(r: std::sync::TryLockResult<G>) -> Option<G> {
+    match r {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// Pool state owned by a higher layer, called at each step of a txg (see
 /// the module docs). Implementations keep their own locks.
 pub trait Extension: Send + Sync {
@@ -868,26 +878,14 @@ impl Pool {
         f: impl FnOnce(&T, &mut Cx<'_>) -> Option<R>,
     ) -> Option<Result<R, PoolError>> {
         let usable = |pool: &Pool| -> Option<Result<(), PoolError>> {
-            let st = match pool.st.try_lock() {
-                Ok(st) => st,
-                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => return None,
-            };
+            let st = free_now(pool.st.try_lock())?;
             Some(pool.check_usable(&st))
         };
         if let Err(e) = usable(self)? {
             return Some(Err(e));
         }
-        let ext = match self.ext.try_read() {
-            Ok(e) => e.clone(),
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().clone(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        }?;
-        let _gate = match self.gate.try_read() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
+        let ext = free_now(self.ext.try_read())?.clone()?;
+        let _gate = free_now(self.gate.try_read())?;
         if let Err(e) = usable(self)? {
             return Some(Err(e));
         }

@@ -34,6 +34,12 @@ use crate::store::{Allocator, METADATA_RESERVE_BYTES};
 use crate::PoolError;
 
 /// Takes `[off, off + len)` out of the uncommitted ranges of one vdev.
+/// True for an encrypted block read without its key loaded: refused,
+/// even when its plaintext is cached (the cache holds logical bytes).
+fn sealed_without_key(bp: &BlockPtr, key: Option<&KeySet>) -> bool {
+    bp.is_encrypted() && key.is_none_or(KeySet::is_revoked)
+}
+
 fn untrack(map: &mut std::collections::BTreeMap<u64, (u64, u64)>, off: u64, len: u64) {
     let end = off + len;
     let hit: Vec<(u64, u64, u64)> = map
@@ -162,7 +168,7 @@ impl Pool {
     ) -> Result<Arc<[u8]>, PoolError> {
         // An encrypted block is read only by someone holding its key, even
         // when its plaintext is cached (the cache holds logical bytes).
-        if bp.is_encrypted() && key.is_none_or(KeySet::is_revoked) {
+        if sealed_without_key(bp, key) {
             return Err(tarn_block::BlockError::KeyUnavailable(pipeline::describe(bp)).into());
         }
         if let Some(d) = self.cache.get(self.guid, bp, BlockKind::Data) {
@@ -213,7 +219,7 @@ impl Pool {
         let mut mine = Vec::new();
         let mut waits = Vec::new();
         for (i, bp) in bps.iter().enumerate() {
-            if bp.is_encrypted() && key.is_none_or(KeySet::is_revoked) {
+            if sealed_without_key(bp, key) {
                 out[i] = Some(Err(no_key(bp)));
                 continue;
             }
@@ -250,9 +256,7 @@ impl Pool {
             out[i] = Some(match w.wait() {
                 // Plaintext read before a key was unloaded is not handed
                 // out after it.
-                Some(_) if bps[i].is_encrypted() && key.is_none_or(KeySet::is_revoked) => {
-                    Err(no_key(bps[i]))
-                }
+                Some(_) if sealed_without_key(bps[i], key) => Err(no_key(bps[i])),
                 Some(d) => {
                     self.cache.used(self.guid, bps[i]);
                     Ok(d)
@@ -343,7 +347,7 @@ impl Pool {
         key: Option<&KeySet>,
         _hold: &crate::OwnedHold,
     ) -> Option<Arc<[u8]>> {
-        if bp.is_encrypted() && key.is_none_or(KeySet::is_revoked) {
+        if sealed_without_key(bp, key) {
             return None;
         }
         self.cache.try_get(self.guid, bp, BlockKind::Data)
@@ -353,8 +357,7 @@ impl Pool {
     /// or miss is counted): a reader of many blocks checks them all before
     /// it reads any, so a read that falls back is not counted twice.
     pub fn is_cached(&self, bp: &BlockPtr, key: Option<&KeySet>) -> bool {
-        !(bp.is_encrypted() && key.is_none_or(KeySet::is_revoked))
-            && self.cache.contains(self.guid, bp)
+        !sealed_without_key(bp, key) && self.cache.contains(self.guid, bp)
     }
 
     /// Reads a data block into the block cache ahead of its reader
@@ -381,7 +384,7 @@ impl Pool {
         let mut leads = Vec::new();
         let mut batch = Vec::new();
         for bp in bps {
-            if (bp.is_encrypted() && key.is_none_or(KeySet::is_revoked))
+            if sealed_without_key(bp, key)
                 || !self.cache.would_keep(bp.lsize as usize)
                 || self.cache.contains(self.guid, bp)
             {

@@ -205,6 +205,23 @@ struct Piece {
     len: usize,
 }
 
+impl Piece {
+    /// Appends this piece of a read to `out`: its range of `data` (the
+    /// block; None for a hole), zeros for a hole and past the end of a
+    /// block shorter than the piece (never written so by this layer).
+    fn push_to(&self, out: &mut ReadData, data: Option<BlockData>) {
+        let Some(data) = data else {
+            out.push_zeros(self.len);
+            return;
+        };
+        let have = data.len().saturating_sub(self.start).min(self.len);
+        if have > 0 {
+            out.push_block(Box::new(data), self.start, self.start + have);
+        }
+        out.push_zeros(self.len - have);
+    }
+}
+
 impl Volume {
     /// Opens the volume behind `handle`; fails if it is a filesystem.
     pub fn open(handle: DatasetHandle) -> Result<Arc<Volume>, VolError> {
@@ -484,19 +501,7 @@ impl Device for Volume {
         );
         let mut out = ReadData::default();
         for (p, r) in pieces.iter().zip(blocks) {
-            match r {
-                None => out.push_zeros(p.len),
-                Some(r) => {
-                    let data = r?;
-                    // A block shorter than the piece (never written so by
-                    // this layer) reads as zeros past its end.
-                    let have = data.len().saturating_sub(p.start).min(p.len);
-                    if have > 0 {
-                        out.push_block(Box::new(data), p.start, p.start + have);
-                    }
-                    out.push_zeros(p.len - have);
-                }
-            }
+            p.push_to(&mut out, r.transpose()?);
         }
         Ok(out)
     }
@@ -531,17 +536,11 @@ impl Device for Volume {
         }
         let mut out = ReadData::default();
         for (p, r) in pieces.iter().zip(refs) {
-            match r {
-                None => out.push_zeros(p.len),
-                Some(r) => {
-                    let data = r.read_cached(pool)?;
-                    let have = data.len().saturating_sub(p.start).min(p.len);
-                    if have > 0 {
-                        out.push_block(Box::new(data), p.start, p.start + have);
-                    }
-                    out.push_zeros(p.len - have);
-                }
-            }
+            let data = match r {
+                Some(r) => Some(r.read_cached(pool)?),
+                None => None,
+            };
+            p.push_to(&mut out, data);
         }
         // Answered: the read counts toward read-ahead like any other, and
         // what is to be read ahead is looked up on a read-ahead thread.
