@@ -14,6 +14,12 @@
 //! just wrote) are inserted. Exporting a pool drops its blocks
 //! ([`BlockCache::evict_pool`]): the devices may change hands.
 //!
+//! **Freed blocks leave.** The sync that frees a block (overwritten,
+//! deleted, its last snapshot destroyed) drops it ([`BlockCache::forget`]).
+//! Not for correctness (no pointer asks for it again) but for memory: a
+//! guest rewriting its disk at random would otherwise fill the cache with
+//! the versions it replaced, pushing out blocks that can still be read.
+//!
 //! **Eviction (S3-FIFO).** A plain LRU lets one large sequential read
 //! flush a hot working set. Here every new block enters a *small* FIFO
 //! (a tenth of the budget); a block read again while there moves to the
@@ -437,6 +443,36 @@ impl BlockCache {
         }
     }
 
+    /// Drops the block `bp` of pool `pool` (its guid): it was freed, so no
+    /// pointer will ever ask for it again, and its memory is better given
+    /// to blocks that can still be read (an overwrite would otherwise
+    /// leave the cache full of the versions it replaced). A reader that
+    /// still holds the bytes keeps them. Not counted as an eviction.
+    pub fn forget(&self, pool: u64, bp: &BlockPtr) {
+        let Some(k) = BlockId::of(pool, bp) else {
+            return;
+        };
+        let mut sh = lock(&self.shards[k.shard()]);
+        let Some(e) = sh.map.remove(&k) else {
+            return;
+        };
+        match e.queue {
+            Queue::Small => sh.small_bytes -= e.data.len(),
+            Queue::Main => sh.main_bytes -= e.data.len(),
+        }
+        // The key's queue slot stays until it surfaces (skipped then). A
+        // cache that frees what it holds may never be full enough to
+        // surface them: compact the queues when stale slots outnumber the
+        // blocks.
+        if sh.small.len() + sh.main.len() > 2 * sh.map.len() + 64 {
+            let Shard {
+                map, small, main, ..
+            } = &mut *sh;
+            small.retain(|k| map.get(k).is_some_and(|e| e.queue == Queue::Small));
+            main.retain(|k| map.get(k).is_some_and(|e| e.queue == Queue::Main));
+        }
+    }
+
     /// Drops every block of pool `pool` (at export: its devices may be
     /// imported elsewhere, or rewritten, before it comes back).
     pub fn evict_pool(&self, pool: u64) {
@@ -689,6 +725,34 @@ mod tests {
     }
 
     #[test]
+    fn freed_blocks_leave_and_their_queue_slots_do_not_pile_up() {
+        let c = BlockCache::new(BUDGET);
+        c.insert(7, &bp(0, 4096), data(0, 4096), BlockKind::Data);
+        // A cache that frees everything it takes in never fills, so no
+        // eviction ever pops a slot: forget must not leave them all.
+        for n in 1..100_000 {
+            c.insert(7, &bp(n, 4096), data(n, 4096), BlockKind::Data);
+            c.forget(7, &bp(n, 4096));
+        }
+        let s = c.stats();
+        assert_eq!((s.blocks, s.bytes, s.evicted), (1, 4096, 0));
+        assert!(c.contains(7, &bp(0, 4096)));
+        let slots: usize = c
+            .shards
+            .iter()
+            .map(|s| {
+                let sh = lock(s);
+                sh.small.len() + sh.main.len()
+            })
+            .sum();
+        assert!(slots <= SHARDS * 65, "{slots} queue slots for one block");
+        // Forgetting what is not there, or a hole, changes nothing.
+        c.forget(7, &bp(5, 4096));
+        c.forget(7, &BlockPtr::default());
+        assert_eq!(c.stats().bytes, 4096);
+    }
+
+    #[test]
     fn shrinking_the_bound_evicts() {
         let c = BlockCache::new(4 * BUDGET);
         for n in 0..2000 {
@@ -704,9 +768,11 @@ mod tests {
         /// Against a model: whatever is found is what was inserted for that
         /// key, the bound holds after every step, and counters add up.
         #[test]
-        fn model(ops in proptest::collection::vec((0u8..3, 0u64..200, 1usize..200_000), 1..400)) {
+        fn model(ops in proptest::collection::vec((0u8..4, 0u64..200, 1usize..200_000), 1..400)) {
             let c = BlockCache::new(BUDGET);
             let mut model: HashMap<u64, Arc<[u8]>> = HashMap::new();
+            // Forgotten (freed) and not inserted again since.
+            let mut freed: HashSet<u64> = HashSet::new();
             let mut gets = 0u64;
             for (op, n, len) in ops {
                 let len = model.get(&n).map_or(len, |d| d.len());
@@ -715,16 +781,24 @@ mod tests {
                     0 | 1 => {
                         let d = data(n, len);
                         model.entry(n).or_insert_with(|| d.clone());
+                        freed.remove(&n);
                         if op == 0 { c.insert(7, &b, d, BlockKind::Data) } else { c.insert_prefetched(7, &b, d, BlockKind::Data) }
                     }
-                    _ => {
+                    2 => {
                         gets += 1;
                         if let Some(got) = c.get(7, &b, BlockKind::Data) {
+                            prop_assert!(!freed.contains(&n), "block {} served after it was freed", n);
                             prop_assert_eq!(Some(&got), model.get(&n));
                         }
                     }
+                    _ => {
+                        c.forget(7, &b);
+                        freed.insert(n);
+                        prop_assert!(!c.contains(7, &b));
+                    }
                 }
                 prop_assert!(c.stats().bytes <= c.max_bytes() as u64);
+                prop_assert_eq!(c.bytes_of(BlockKind::Data), c.stats().bytes);
             }
             let s = c.stats();
             prop_assert_eq!(s.data_hits + s.data_misses, gets);

@@ -215,3 +215,55 @@ proptest! {
         run(&ops, 1 << 20);
     }
 }
+
+/// A block freed by an overwrite leaves the cache at the sync that frees
+/// it (its memory goes to blocks that can still be read); a block a
+/// snapshot still holds stays, and reads give the new contents.
+#[test]
+fn freed_blocks_leave_the_cache_and_held_ones_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Arc::new(BlockCache::new(256 << 20));
+    let opts = PoolOptions {
+        cache: Some(cache.clone()),
+        ..pools::opts()
+    };
+    let pool: Arc<Pool> = pools::tank_with(dir.path(), VdevKind::Mirror, 2, 64 << 20, opts);
+    let h = handle(&pool, "tank/a", &[("compression", "off")]);
+    let data_bytes = || cache.bytes_of(tarn_block::BlockKind::Data);
+    let (held, freed) = (20_000usize, 30_000usize);
+    let mut model = Model::new();
+    let write = |model: &mut Model, k: u64, seed: u64, len: usize| {
+        let data = pattern(seed, len);
+        h.txn(true, |t| t.write_block(&key(k), data.clone()))
+            .unwrap();
+        model.insert(k, data);
+    };
+    write(&mut model, 1, 1, held);
+    pool.sync().unwrap();
+    ds::snapshot(&pool, &["tank/a@s".to_string()], false).unwrap();
+    write(&mut model, 2, 2, freed);
+    pool.sync().unwrap();
+    check(&h, 1, &model, "before the overwrite");
+    check(&h, 2, &model, "before the overwrite");
+    assert_eq!(data_bytes(), (held + freed) as u64, "both blocks read once");
+    write(&mut model, 1, 3, held);
+    write(&mut model, 2, 4, freed);
+    pool.sync().unwrap();
+    assert_eq!(
+        data_bytes(),
+        held as u64,
+        "the block only the head held is still cached after it was freed"
+    );
+    check(&h, 1, &model, "after the overwrite");
+    check(&h, 2, &model, "after the overwrite");
+    // The snapshot's block is still there, and still read from memory.
+    let snap = ds::open(&pool, "tank/a@s").unwrap();
+    let misses = cache.stats().data_misses;
+    let got = snap.txn(false, |t| t.read_block(&key(1))).unwrap();
+    assert_eq!(got.as_deref(), Some(&pattern(1, held)[..]));
+    assert_eq!(
+        cache.stats().data_misses,
+        misses,
+        "the held block was evicted"
+    );
+}

@@ -215,6 +215,12 @@ impl Pool {
         if !all_frees.is_empty() {
             sync.last_free_txg = txg;
         }
+        // A freed block is never asked for again: its cached copy goes now,
+        // so overwrites do not fill the cache with the versions they
+        // replaced (see `BlockCache::forget`).
+        for bp in &all_frees {
+            self.cache.forget(self.guid, bp);
+        }
         let mut st = self.lock();
         if !st.space_root.is_hole() {
             all_frees.push(st.space_root);
