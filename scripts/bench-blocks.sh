@@ -20,7 +20,7 @@
 # by qemu-img bench over libiscsi (fio has no iSCSI engine here): the same
 # four workloads, each a fixed count of requests (one pass of SIZE for
 # 1M, SIZE/4 worth for 4k) at the same queue depths, writes ending with a
-# flush. qemu-img bench does not do random offsets: the 4k jobs stride by
+# flush and writing a non-zero byte pattern (zeros would be holes to tarn). qemu-img bench does not do random offsets: the 4k jobs stride by
 # 1009 blocks of 4K (a prime), wrapping at the end, which scatters them
 # over the whole device as random I/O would. Reads run after the fill
 # with caches dropped, as above.
@@ -183,7 +183,9 @@ ijob() { # side rw bs depth unit
         rand*) count=$((SIZE * 1048576 / 4 / bytes)) step=$((1009 * bytes)) ;;
         *) count=$((SIZE * 1048576 / bytes)) step=$bytes ;;
     esac
-    case $rw in *write) args=(-w "--flush-interval=$count") ;; esac
+    # A non-zero pattern: qemu-img bench writes zeros by default, which a
+    # volume stores as holes (nothing written) and a plain file writes.
+    case $rw in *write) args=(-w "--flush-interval=$count" "--pattern=165") ;; esac
     secs=$(qemu-img bench -f raw -d "$depth" -s "$bytes" -c "$count" -S "$step" "${args[@]}" \
         "$(iscsi_url "$side")" 2>>"$WORK/bench.log" | sed -n 's/^Run completed in \([0-9.]*\) seconds.*/\1/p') || true
     [ -n "$secs" ] || { cat "$WORK/bench.log" >&2; tail -20 "$WORK/daemon.log" >&2; exit 1; }
