@@ -34,7 +34,12 @@
 //! block is verified on its own; any block not read whole or not
 //! verifying is read again alone, which reconstructs, repairs and reports
 //! as a single read does. Merging only changes how many reads reach the
-//! devices, never which bytes a caller gets.
+//! devices, never which bytes a caller gets. A run's buffer lives only
+//! until its pieces are copied out; a few are kept for the next runs
+//! (`run_buffer`), since a fresh one is memory the kernel must fault in
+//! and clear page by page, a tenth of a cold streaming read's CPU. A kept
+//! buffer's old bytes never reach a caller: a read that succeeds
+//! overwrites all of them, and one that fails drops the run.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -355,6 +360,36 @@ const GAP_FLOOR: u64 = 16 << 10;
 /// child; smaller batches are not worth the threads.
 const PARALLEL_READ_FROM: usize = 256 << 10;
 
+/// Most run buffers kept for the next merged read (see [`run_buffer`]).
+const SPARE_RUNS_MAX: usize = 8;
+
+/// Run buffers a merged read is done with, kept for the next one: a
+/// fresh buffer of up to [`MERGE_MAX`] is fresh memory whose every page
+/// faults in (and is cleared) on first touch, which a streaming reader
+/// would pay on every read for bytes it copies out and drops at once.
+static SPARE_RUNS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+
+/// A buffer of `len` bytes for one merged read: a spare one if there is
+/// one (its old bytes are all overwritten by the read, or the read failed
+/// and they are dropped unread), else a new one with room for any run.
+fn run_buffer(len: usize) -> Vec<u8> {
+    let spare = SPARE_RUNS.lock().unwrap_or_else(|e| e.into_inner()).pop();
+    let mut b = spare.unwrap_or_else(|| Vec::with_capacity(MERGE_MAX));
+    b.resize(len, 0);
+    b
+}
+
+/// Keeps `b` for [`run_buffer`], up to [`SPARE_RUNS_MAX`] of them.
+fn spare_run_buffer(b: Vec<u8>) {
+    if b.capacity() > MERGE_MAX {
+        return;
+    }
+    let mut spare = SPARE_RUNS.lock().unwrap_or_else(|e| e.into_inner());
+    if spare.len() < SPARE_RUNS_MAX {
+        spare.push(b);
+    }
+}
+
 impl TopVdev {
     /// Reads many blocks, each `(offset, psize)`, with the pieces of
     /// neighbouring blocks on one child merged into one read (up to
@@ -479,8 +514,13 @@ impl TopVdev {
         }
         let read_run = |r: &Run| -> Option<Vec<u8>> {
             let h = handles.get(&r.child)?;
-            let mut buf = vec![0u8; r.len];
-            self.child_read_merged(h, &mut buf, r.at).then_some(buf)
+            let mut buf = run_buffer(r.len);
+            if self.child_read_merged(h, &mut buf, r.at) {
+                Some(buf)
+            } else {
+                spare_run_buffer(buf);
+                None
+            }
         };
         let total: usize = runs.iter().map(|r| r.len).sum();
         let children: std::collections::BTreeSet<usize> = runs.iter().map(|r| r.child).collect();
@@ -523,6 +563,7 @@ impl TopVdev {
                         wants[*block].buf[range.clone()]
                             .copy_from_slice(&bytes[*start..*start + n]);
                     }
+                    spare_run_buffer(bytes);
                 }
                 None => {
                     for (block, ..) in &r.parts {
@@ -543,5 +584,36 @@ impl TopVdev {
                 self.read(offset, psize, &|b: &[u8]| verify(i, b))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only this test takes and gives back run buffers in this test binary
+    /// (the merged reads are tested from `tests/batch.rs`, another
+    /// process), so what it gives back is what it takes next.
+    #[test]
+    fn run_buffers_are_reused_and_kept_bounded() {
+        let b = run_buffer(100);
+        assert_eq!(b.len(), 100);
+        let first = b.as_ptr();
+        spare_run_buffer(b);
+        // The same memory again, at the length asked (longer or shorter).
+        let c = run_buffer(MERGE_MAX);
+        assert_eq!((c.as_ptr(), c.len()), (first, MERGE_MAX));
+        spare_run_buffer(c);
+        let d = run_buffer(10);
+        assert_eq!((d.as_ptr(), d.len()), (first, 10));
+        spare_run_buffer(d);
+        // Never more than the bound kept, and nothing larger than a run.
+        for _ in 0..SPARE_RUNS_MAX + 4 {
+            spare_run_buffer(Vec::with_capacity(4096));
+        }
+        spare_run_buffer(Vec::with_capacity(MERGE_MAX + 1));
+        let spare = SPARE_RUNS.lock().unwrap_or_else(|e| e.into_inner());
+        assert_eq!(spare.len(), SPARE_RUNS_MAX);
+        assert!(spare.iter().all(|b| b.capacity() <= MERGE_MAX));
     }
 }
