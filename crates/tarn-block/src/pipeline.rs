@@ -290,18 +290,20 @@ pub fn read_blocks(
     tops: &[Arc<TopVdev>],
     bps: &[&BlockPtr],
     key: Option<&KeySet>,
-) -> Vec<Result<Vec<u8>, BlockError>> {
+) -> Vec<Result<Arc<[u8]>, BlockError>> {
+    let alone = |bp: &BlockPtr| read_block(tops, bp, key).map(Arc::from);
     if bps.len() < 2 {
-        return bps.iter().map(|bp| read_block(tops, bp, key)).collect();
+        return bps.iter().map(|bp| alone(bp)).collect();
     }
-    let mut out: Vec<Option<Result<Vec<u8>, BlockError>>> = (0..bps.len()).map(|_| None).collect();
+    let mut out: Vec<Option<Result<Arc<[u8]>, BlockError>>> =
+        (0..bps.len()).map(|_| None).collect();
     let mut by_top: std::collections::BTreeMap<u32, Vec<(usize, u64)>> = Default::default();
     for (i, bp) in bps.iter().enumerate() {
         match bp.used_dvas().next() {
             Some(d) if !bp.is_hole() && top(tops, d).is_ok() => {
                 by_top.entry(d.vdev).or_default().push((i, d.offset));
             }
-            _ => out[i] = Some(read_block(tops, bp, key)),
+            _ => out[i] = Some(alone(bp)),
         }
     }
     for (vdev, list) in by_top {
@@ -318,21 +320,47 @@ pub fn read_blocks(
         };
         for ((i, _), r) in list.iter().zip(t.read_many(&want, &verify)) {
             out[*i] = Some(match r {
-                Ok(stored) => logical(bps[*i], stored, key),
+                Ok(stored) => logical_shared(bps[*i], stored, key),
                 // The first copy was read alone already (reconstructed,
                 // repaired, counted): the other copies, as read_stored
                 // would go on.
                 Err(e) => {
                     read_other_copies(tops, bps[*i], BlockError::Io(fmt_dva(first(bps[*i])), e))
                         .and_then(|stored| logical(bps[*i], stored, key))
+                        .map(Arc::from)
                 }
             });
         }
     }
     out.into_iter()
         .zip(bps)
-        .map(|(r, bp)| r.unwrap_or_else(|| read_block(tops, bp, key)))
+        .map(|(r, bp)| r.unwrap_or_else(|| alone(bp)))
         .collect()
+}
+
+/// [`logical`] for stored bytes read into a shared buffer: a block stored
+/// as is (after opening it in place, if sealed) is that buffer, with no
+/// copy; a compressed one is decompressed into a new one.
+fn logical_shared(
+    bp: &BlockPtr,
+    mut stored: Arc<[u8]>,
+    key: Option<&KeySet>,
+) -> Result<Arc<[u8]>, BlockError> {
+    if bp.is_encrypted() {
+        let Some(k) = key else {
+            return Err(BlockError::KeyUnavailable(describe(bp)));
+        };
+        match Arc::get_mut(&mut stored) {
+            Some(buf) => k.open_block(bp, buf)?,
+            None => return logical(bp, stored.to_vec(), key).map(Arc::from),
+        }
+    }
+    if bp.compress == CompressAlg::Off && stored.len() == bp.lsize as usize {
+        return Ok(stored);
+    }
+    decompress(bp.compress, &stored, bp.lsize as usize)
+        .map(Arc::from)
+        .map_err(|e| BlockError::Decompress(describe(bp), e))
 }
 
 /// The logical bytes of a block's verified stored bytes: decrypted (with

@@ -70,13 +70,19 @@ proptest! {
             bps.push(make_ptr(&p, &dvas, 5, BlockType::Data, 0));
         }
         let k = with_key.then_some(&key);
-        let kind = |r: &Result<Vec<u8>, tarn_block::BlockError>| match r {
-            Ok(v) => Ok(v.clone()),
+        let kind = |r: Result<&[u8], &tarn_block::BlockError>| match r {
+            Ok(v) => Ok(v.to_vec()),
             Err(e) => Err(std::mem::discriminant(e)),
         };
-        let one: Vec<_> = bps.iter().map(|bp| kind(&read_block(&tops, bp, k))).collect();
+        let one: Vec<_> = bps
+            .iter()
+            .map(|bp| kind(read_block(&tops, bp, k).as_deref()))
+            .collect();
         let refs: Vec<&BlockPtr> = bps.iter().collect();
-        let many: Vec<_> = read_blocks(&tops, &refs, k).iter().map(kind).collect();
+        let many: Vec<_> = read_blocks(&tops, &refs, k)
+            .iter()
+            .map(|r| kind(r.as_deref()))
+            .collect();
         prop_assert_eq!(&one, &many);
         for (i, r) in many.iter().enumerate() {
             let sealed = blocks[i].2;

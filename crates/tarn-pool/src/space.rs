@@ -241,7 +241,7 @@ impl Pool {
                 // the cache (and the waiters read for themselves).
                 Ok(_) if key.is_some_and(KeySet::is_revoked) => Err(no_key(bps[i])),
                 Ok(v) => {
-                    let d: Arc<[u8]> = Arc::from(v);
+                    let d: Arc<[u8]> = v;
                     self.cache
                         .insert(self.guid, bps[i], d.clone(), BlockKind::Data);
                     if let Some(l) = lead {
@@ -403,7 +403,7 @@ impl Pool {
             match r {
                 Ok(_) if key.is_some_and(KeySet::is_revoked) => lead.finish(None),
                 Ok(d) => {
-                    let d: Arc<[u8]> = Arc::from(d);
+                    let d: Arc<[u8]> = d;
                     self.cache
                         .insert_prefetched(self.guid, bp, d.clone(), BlockKind::Data);
                     lead.finish(Some(d));

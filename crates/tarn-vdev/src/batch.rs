@@ -329,7 +329,9 @@ fn plan_all<'a>(
 /// One block of a [`TopVdev::read_many`]: where its bytes go, and whether
 /// the merged reads brought them all.
 struct Want {
-    buf: Vec<u8>,
+    /// Allocated once, where the block's bytes are gathered and then
+    /// handed out (usually as they are, to the block cache).
+    buf: std::sync::Arc<[u8]>,
     psize: usize,
     /// Read through the merged path (false: read alone from the start).
     merged: bool,
@@ -414,7 +416,7 @@ impl TopVdev {
         &self,
         blocks: &[(u64, usize)],
         verify: &(dyn Fn(usize, &[u8]) -> bool + Sync),
-    ) -> Vec<Result<Vec<u8>, VdevError>> {
+    ) -> Vec<Result<std::sync::Arc<[u8]>, VdevError>> {
         let mut wants: Vec<Want> = Vec::with_capacity(blocks.len());
         // child → (leaf offset, block, range in its buffer)
         let mut by_child: BTreeMap<usize, Vec<(u64, usize, std::ops::Range<usize>)>> =
@@ -430,7 +432,7 @@ impl TopVdev {
         };
         for (i, &(offset, psize)) in blocks.iter().enumerate() {
             let alone = Want {
-                buf: Vec::new(),
+                buf: std::sync::Arc::from(&[][..]),
                 psize,
                 merged: false,
                 ok: false,
@@ -473,7 +475,9 @@ impl TopVdev {
                 by_child.entry(child).or_default().push((at, i, range));
             }
             wants.push(Want {
-                buf: vec![0u8; len],
+                // One allocation, filled in place below (no buffer to
+                // copy into a shared one afterwards).
+                buf: std::iter::repeat_n(0u8, len).collect(),
                 psize,
                 merged: true,
                 ok: true,
@@ -560,8 +564,15 @@ impl TopVdev {
                 Some(bytes) => {
                     for (block, range, start) in &r.parts {
                         let n = range.len();
-                        wants[*block].buf[range.clone()]
-                            .copy_from_slice(&bytes[*start..*start + n]);
+                        let w = &mut wants[*block];
+                        // Nobody else holds it yet; if that ever failed,
+                        // the block is read alone.
+                        match std::sync::Arc::get_mut(&mut w.buf) {
+                            Some(buf) => {
+                                buf[range.clone()].copy_from_slice(&bytes[*start..*start + n])
+                            }
+                            None => w.ok = false,
+                        }
                     }
                     spare_run_buffer(bytes);
                 }
@@ -575,13 +586,18 @@ impl TopVdev {
         wants
             .into_iter()
             .enumerate()
-            .map(|(i, mut w)| {
+            .map(|(i, w)| {
                 if w.merged && w.ok && verify(i, &w.buf[..w.psize]) {
-                    w.buf.truncate(w.psize);
-                    return Ok(w.buf);
+                    if w.buf.len() == w.psize {
+                        return Ok(w.buf);
+                    }
+                    // Padded to whole sectors: the block is its first
+                    // `psize` bytes.
+                    return Ok(std::sync::Arc::from(&w.buf[..w.psize]));
                 }
                 let (offset, psize) = blocks[i];
                 self.read(offset, psize, &|b: &[u8]| verify(i, b))
+                    .map(std::sync::Arc::from)
             })
             .collect()
     }
