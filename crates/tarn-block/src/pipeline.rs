@@ -338,27 +338,39 @@ pub fn read_blocks(
         .collect()
 }
 
-/// [`logical`] for stored bytes read into a shared buffer: a block stored
-/// as is (after opening it in place, if sealed) is that buffer, with no
-/// copy; a compressed one is decompressed into a new one.
+/// [`logical`] for stored bytes read into a shared buffer, which holds
+/// them first (it may be longer: see [`TopVdev::read_many`]): a block
+/// stored as is (after opening it in place, if sealed) is that buffer,
+/// with no copy when it is exactly the block; a compressed one is
+/// decompressed from it into a new one.
 fn logical_shared(
     bp: &BlockPtr,
-    mut stored: Arc<[u8]>,
+    mut buf: Arc<[u8]>,
     key: Option<&KeySet>,
 ) -> Result<Arc<[u8]>, BlockError> {
+    let psize = bp.psize as usize;
+    if buf.len() < psize {
+        return Err(BlockError::Io(
+            describe(bp),
+            VdevError::InvalidArgument(format!("{} bytes read for {psize}", buf.len())),
+        ));
+    }
     if bp.is_encrypted() {
         let Some(k) = key else {
             return Err(BlockError::KeyUnavailable(describe(bp)));
         };
-        match Arc::get_mut(&mut stored) {
-            Some(buf) => k.open_block(bp, buf)?,
-            None => return logical(bp, stored.to_vec(), key).map(Arc::from),
+        match Arc::get_mut(&mut buf) {
+            Some(b) => k.open_block(bp, &mut b[..psize])?,
+            None => return logical(bp, buf[..psize].to_vec(), key).map(Arc::from),
         }
     }
-    if bp.compress == CompressAlg::Off && stored.len() == bp.lsize as usize {
-        return Ok(stored);
+    if bp.compress == CompressAlg::Off && psize == bp.lsize as usize {
+        if buf.len() == psize {
+            return Ok(buf);
+        }
+        return Ok(Arc::from(&buf[..psize]));
     }
-    decompress(bp.compress, &stored, bp.lsize as usize)
+    decompress(bp.compress, &buf[..psize], bp.lsize as usize)
         .map(Arc::from)
         .map_err(|e| BlockError::Decompress(describe(bp), e))
 }

@@ -375,6 +375,11 @@ static SPARE_RUNS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::n
 /// one (its old bytes are all overwritten by the read, or the read failed
 /// and they are dropped unread), else a new one with room for any run.
 fn run_buffer(len: usize) -> Vec<u8> {
+    if len > MERGE_MAX {
+        // One large block's run: it would not be kept afterwards, so it
+        // does not take a spare one either.
+        return vec![0u8; len];
+    }
     let spare = SPARE_RUNS.lock().unwrap_or_else(|e| e.into_inner()).pop();
     let mut b = spare.unwrap_or_else(|| Vec::with_capacity(MERGE_MAX));
     b.resize(len, 0);
@@ -412,6 +417,11 @@ impl TopVdev {
     /// operation in its child's counters; a merged read that fails counts
     /// nothing, the blocks in it being read again alone (and those reads
     /// counting what fails).
+    ///
+    /// Each block's bytes are the first `psize` of its buffer: a buffer
+    /// gathered from whole sectors may be longer, and is handed over as
+    /// gathered rather than copied to its exact length (a compressed
+    /// block is decompressed from the slice anyway).
     pub fn read_many(
         &self,
         blocks: &[(u64, usize)],
@@ -588,12 +598,7 @@ impl TopVdev {
             .enumerate()
             .map(|(i, w)| {
                 if w.merged && w.ok && verify(i, &w.buf[..w.psize]) {
-                    if w.buf.len() == w.psize {
-                        return Ok(w.buf);
-                    }
-                    // Padded to whole sectors: the block is its first
-                    // `psize` bytes.
-                    return Ok(std::sync::Arc::from(&w.buf[..w.psize]));
+                    return Ok(w.buf);
                 }
                 let (offset, psize) = blocks[i];
                 self.read(offset, psize, &|b: &[u8]| verify(i, b))
