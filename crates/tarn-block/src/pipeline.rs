@@ -355,24 +355,14 @@ fn logical_shared(
             VdevError::InvalidArgument(format!("{} bytes read for {psize}", buf.len())),
         ));
     }
-    if bp.is_encrypted() {
-        let Some(k) = key else {
-            return Err(BlockError::KeyUnavailable(describe(bp)));
-        };
-        match Arc::get_mut(&mut buf) {
-            Some(b) => k.open_block(bp, &mut b[..psize])?,
-            None => return logical(bp, buf[..psize].to_vec(), key).map(Arc::from),
-        }
+    let Some(b) = Arc::get_mut(&mut buf) else {
+        return logical(bp, buf[..psize].to_vec(), key).map(Arc::from);
+    };
+    match open_in_place(bp, &mut b[..psize], key)? {
+        Some(d) => Ok(Arc::from(d)),
+        None if buf.len() == psize => Ok(buf),
+        None => Ok(Arc::from(&buf[..psize])),
     }
-    if bp.compress == CompressAlg::Off && psize == bp.lsize as usize {
-        if buf.len() == psize {
-            return Ok(buf);
-        }
-        return Ok(Arc::from(&buf[..psize]));
-    }
-    decompress(bp.compress, &buf[..psize], bp.lsize as usize)
-        .map(Arc::from)
-        .map_err(|e| BlockError::Decompress(describe(bp), e))
 }
 
 /// The logical bytes of a block's verified stored bytes: decrypted (with
@@ -382,17 +372,29 @@ fn logical(
     mut stored: Vec<u8>,
     key: Option<&KeySet>,
 ) -> Result<Vec<u8>, BlockError> {
+    // Stored as is: the verified bytes are the block (no copy).
+    Ok(open_in_place(bp, &mut stored, key)?.unwrap_or(stored))
+}
+
+/// Opens a block's verified stored bytes in place if they are sealed;
+/// then None when they are its logical bytes as they are, or its bytes
+/// decompressed. What [`logical`] and [`logical_shared`] share.
+fn open_in_place(
+    bp: &BlockPtr,
+    stored: &mut [u8],
+    key: Option<&KeySet>,
+) -> Result<Option<Vec<u8>>, BlockError> {
     if bp.is_encrypted() {
         let Some(k) = key else {
             return Err(BlockError::KeyUnavailable(describe(bp)));
         };
-        k.open_block(bp, &mut stored)?;
+        k.open_block(bp, stored)?;
     }
     if bp.compress == CompressAlg::Off && stored.len() == bp.lsize as usize {
-        // Stored as is: the verified bytes are the block (no copy).
-        return Ok(stored);
+        return Ok(None);
     }
-    decompress(bp.compress, &stored, bp.lsize as usize)
+    decompress(bp.compress, stored, bp.lsize as usize)
+        .map(Some)
         .map_err(|e| BlockError::Decompress(describe(bp), e))
 }
 
