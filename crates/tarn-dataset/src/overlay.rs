@@ -394,7 +394,17 @@ pub(crate) fn decode_tree_value(mut raw: Vec<u8>, key: &[u8]) -> Result<Found, D
             raw.remove(0);
             Ok(Found::Sealed(raw))
         }
-        Some(&TAG_BLOCK) => BlockPtr::decode(&raw[1..])
+        _ => decode_tree_slice(&raw, key),
+    }
+}
+
+/// [`decode_tree_value`] of a value borrowed from its tree node: the
+/// value is copied once, without its tag.
+pub(crate) fn decode_tree_slice(raw: &[u8], key: &[u8]) -> Result<Found, DsError> {
+    match raw.split_first() {
+        Some((&TAG_PLAIN, v)) => Ok(Found::Plain(v.to_vec())),
+        Some((&TAG_SEALED, v)) => Ok(Found::Sealed(v.to_vec())),
+        Some((&TAG_BLOCK, v)) => BlockPtr::decode(v)
             .map(Found::Block)
             .map_err(|e| DsError::Corrupt(format!("block pointer at key {key:02x?}: {e}"))),
         _ => Err(DsError::Corrupt(format!("value tag at key {key:02x?}"))),
@@ -434,8 +444,11 @@ impl View<'_> {
                 Seen::Below => {}
             }
         }
-        match self.tree.get(store, key)? {
-            Some(raw) => Ok(Some(decode_tree_value(raw, key)?)),
+        match self
+            .tree
+            .get_with(store, key, |raw| decode_tree_slice(raw, key))?
+        {
+            Some(found) => Ok(Some(found?)),
             None => Ok(None),
         }
     }

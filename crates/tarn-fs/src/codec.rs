@@ -30,6 +30,13 @@ pub(crate) fn key2(ino: u64, kind: u8) -> Vec<u8> {
     k
 }
 
+/// [`key2`] on the stack, for lookups made once per listed entry.
+pub(crate) fn key2_array(ino: u64, kind: u8) -> [u8; 9] {
+    let mut k = [kind; 9];
+    k[..8].copy_from_slice(&ino.to_be_bytes());
+    k
+}
+
 /// `ino ‖ kind ‖ n` with `n` big-endian.
 pub(crate) fn key3(ino: u64, kind: u8, n: u64) -> Vec<u8> {
     let mut k = key2(ino, kind);

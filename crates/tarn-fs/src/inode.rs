@@ -337,7 +337,7 @@ impl<'a> Tx<'a> {
         if ino == 0 || ino > MAX_LOCAL_INO {
             return Ok((None, false));
         }
-        let v = match self.s.get(&codec::key2(ino, K_INODE))? {
+        let v = match self.s.get(&codec::key2_array(ino, K_INODE))? {
             None => return Ok((None, false)),
             Some(crate::Val::Plain(v)) => v,
             Some(crate::Val::Block { .. }) => {

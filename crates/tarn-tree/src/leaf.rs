@@ -4,6 +4,24 @@ use std::cmp::Ordering;
 
 use crate::{MAX_KEY, MAX_VALUE};
 
+/// Orders two keys as byte strings (the same order as `<[u8]>::cmp`).
+///
+/// Most keys start with an 8-byte big-endian object number, and two keys
+/// met in a search usually differ there: comparing those bytes as one
+/// integer settles most probes without a call to `memcmp`, which dominated
+/// the lookups of a directory listing's inodes.
+#[inline]
+pub(crate) fn cmp_keys(a: &[u8], b: &[u8]) -> Ordering {
+    if let (Some(ha), Some(hb)) = (a.first_chunk::<8>(), b.first_chunk::<8>()) {
+        match u64::from_be_bytes(*ha).cmp(&u64::from_be_bytes(*hb)) {
+            Ordering::Equal => a[8..].cmp(&b[8..]),
+            o => o,
+        }
+    } else {
+        a.cmp(b)
+    }
+}
+
 /// Key length (u16) and value length (u32) in front of every leaf entry.
 pub(crate) const ENTRY_OVERHEAD: usize = 6;
 
@@ -98,7 +116,12 @@ impl Leaf {
     }
 
     pub fn key(&self, i: usize) -> &[u8] {
-        self.entry(i).0
+        // Only the key: searches call this for every probe, and the value's
+        // end (the next entry's start) is not needed for it.
+        let o = self.start(i);
+        let klen = u16::from_le_bytes([self.buf[o], self.buf[o + 1]]) as usize;
+        let k = o + ENTRY_OVERHEAD;
+        &self.buf[k..k + klen]
     }
 
     /// The last key, if any.
@@ -115,7 +138,7 @@ impl Leaf {
         let (mut lo, mut hi) = (0, self.len());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            match self.key(mid).cmp(key) {
+            match cmp_keys(self.key(mid), key) {
                 Ordering::Less => lo = mid + 1,
                 Ordering::Greater => hi = mid,
                 Ordering::Equal => return Ok(mid),

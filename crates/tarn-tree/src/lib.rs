@@ -233,6 +233,17 @@ impl Tree {
 
     /// Returns the value stored under `key`.
     pub fn get(&mut self, store: &dyn NodeStore, key: &[u8]) -> Result<Option<Vec<u8>>, TreeError> {
+        self.get_with(store, key, <[u8]>::to_vec)
+    }
+
+    /// Hands the value stored under `key` to `f` where it lies in its
+    /// node, so a caller that decodes it needs no copy of its own.
+    pub fn get_with<R>(
+        &mut self,
+        store: &dyn NodeStore,
+        key: &[u8],
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>, TreeError> {
         if self.root.is_vacant() {
             return Ok(None);
         }
@@ -241,7 +252,7 @@ impl Tree {
             let node = slot.load(store)?;
             match &mut node.body {
                 Body::Leaf(leaf) => {
-                    return Ok(leaf.search(key).ok().map(|i| leaf.entry(i).1.to_vec()));
+                    return Ok(leaf.search(key).ok().map(|i| f(leaf.entry(i).1)));
                 }
                 Body::Internal(kids) => {
                     let i = child_index(kids, key);

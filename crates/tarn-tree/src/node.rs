@@ -302,8 +302,9 @@ fn shortest_separator(a: &[u8], b: &[u8]) -> Vec<u8> {
 
 /// Index of the child whose key range holds `key`.
 pub(crate) fn child_index(kids: &[Kid], key: &[u8]) -> usize {
-    kids.get(1..)
-        .map_or(0, |seps| seps.partition_point(|k| k.key.as_slice() <= key))
+    kids.get(1..).map_or(0, |seps| {
+        seps.partition_point(|k| crate::leaf::cmp_keys(&k.key, key).is_le())
+    })
 }
 
 /// Reads and decodes the node `ptr` references.
