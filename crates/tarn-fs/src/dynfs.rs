@@ -64,6 +64,14 @@ pub trait DynFs: Send + Sync + 'static {
     fn fsync(&self, ino: u64) -> Result<()>;
     fn readdir(&self, ino: u64, cookie: u64, limit: usize) -> Result<Vec<DirEntry>>;
     fn readdirplus(&self, ino: u64, cookie: u64, limit: usize) -> Result<Vec<(DirEntry, Attr)>>;
+    /// [`Fs::readdirplus_fitting`] (atime as for `readdirplus`).
+    fn readdirplus_fitting(
+        &self,
+        ino: u64,
+        cookie: u64,
+        limit: usize,
+        fits: &mut dyn FnMut(Option<&DirEntry>) -> bool,
+    ) -> Result<Vec<(DirEntry, Attr)>>;
     fn statfs(&self, ino: u64) -> Result<StatFs>;
     fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: u32, cred: &Cred) -> Result<()>;
     fn getxattr(&self, ino: u64, name: &[u8], cred: &Cred) -> Result<Vec<u8>>;
@@ -172,6 +180,15 @@ impl<B: Backend + 'static> DynFs for Fs<B> {
     }
     fn readdirplus(&self, ino: u64, cookie: u64, limit: usize) -> Result<Vec<(DirEntry, Attr)>> {
         Fs::readdirplus(self, ino, cookie, limit)
+    }
+    fn readdirplus_fitting(
+        &self,
+        ino: u64,
+        cookie: u64,
+        limit: usize,
+        fits: &mut dyn FnMut(Option<&DirEntry>) -> bool,
+    ) -> Result<Vec<(DirEntry, Attr)>> {
+        Fs::readdirplus_fitting(self, ino, cookie, limit, true, fits)
     }
     fn statfs(&self, ino: u64) -> Result<StatFs> {
         Fs::statfs(self, ino)

@@ -26,7 +26,7 @@ impl<B: Backend> Fs<B> {
         atime: bool,
     ) -> Result<Vec<DirEntry>> {
         Ok(self
-            .readdir_impl(ino, cookie, limit, false, atime)?
+            .readdir_impl(ino, cookie, limit, false, atime, &mut |_| true)?
             .into_iter()
             .map(|(e, _)| e)
             .collect())
@@ -52,7 +52,24 @@ impl<B: Backend> Fs<B> {
         limit: usize,
         atime: bool,
     ) -> Result<Vec<(DirEntry, Attr)>> {
-        self.readdir_impl(ino, cookie, limit, true, atime)?
+        self.readdirplus_fitting(ino, cookie, limit, atime, &mut |_| true)
+    }
+
+    /// [`Fs::readdirplus_with`] that ends the page before the first entry
+    /// `fits` refuses, so a caller with a reply of fixed size (NFS's
+    /// `maxcount`) does not pay for the attributes of entries it would
+    /// drop. `fits` is called with `None` before the first entry of each
+    /// attempt (a transaction may run again), then with each entry in
+    /// order; a refused entry is the first of the next page.
+    pub fn readdirplus_fitting(
+        &self,
+        ino: u64,
+        cookie: u64,
+        limit: usize,
+        atime: bool,
+        fits: &mut dyn FnMut(Option<&DirEntry>) -> bool,
+    ) -> Result<Vec<(DirEntry, Attr)>> {
+        self.readdir_impl(ino, cookie, limit, true, atime, fits)?
             .into_iter()
             .map(|(e, a)| match a {
                 Some(a) => Ok((e, a)),
@@ -70,6 +87,7 @@ impl<B: Backend> Fs<B> {
         limit: usize,
         plus: bool,
         atime: bool,
+        fits: &mut dyn FnMut(Option<&DirEntry>) -> bool,
     ) -> Result<Vec<(DirEntry, Option<Attr>)>> {
         let dot = |ino: u64, cookie: u64, name: &[u8]| DirEntry {
             ino,
@@ -79,24 +97,34 @@ impl<B: Backend> Fs<B> {
         };
         if let Place::SnapDir = self.place(ino)? {
             let mut out = Vec::new();
+            fits(None);
+            let mut full = false;
             if cookie == 0 && out.len() < limit {
-                let a = if plus {
-                    Some(self.snapdir_attr()?)
-                } else {
-                    None
-                };
-                out.push((dot(SNAPDIR_INO, 1, b"."), a));
+                let e = dot(SNAPDIR_INO, 1, b".");
+                full = !fits(Some(&e));
+                if !full {
+                    let a = if plus {
+                        Some(self.snapdir_attr()?)
+                    } else {
+                        None
+                    };
+                    out.push((e, a));
+                }
             }
-            if cookie <= 1 && out.len() < limit {
-                let a = if plus {
-                    Some(self.getattr(ROOT_INO)?)
-                } else {
-                    None
-                };
-                out.push((dot(ROOT_INO, 2, b".."), a));
+            if cookie <= 1 && out.len() < limit && !full {
+                let e = dot(ROOT_INO, 2, b"..");
+                full = !fits(Some(&e));
+                if !full {
+                    let a = if plus {
+                        Some(self.getattr(ROOT_INO)?)
+                    } else {
+                        None
+                    };
+                    out.push((e, a));
+                }
             }
             for (slot, name) in self.snapshot_list()? {
-                if out.len() >= limit {
+                if out.len() >= limit || full {
                     break;
                 }
                 if slot + COOKIE_BASE <= cookie {
@@ -108,6 +136,9 @@ impl<B: Backend> Fs<B> {
                     kind: FileKind::Directory,
                     name: name.into_bytes(),
                 };
+                if !fits(Some(&e)) {
+                    break;
+                }
                 let a = if plus {
                     Some(self.snap_root_attr(slot)?)
                 } else {
@@ -125,44 +156,61 @@ impl<B: Backend> Fs<B> {
             let guid = tx.info.guid;
             let mut out = Vec::new();
             let mut snap_parent = None;
+            fits(None);
+            let mut full = false;
             if cookie == 0 && limit > 0 {
-                let a = plus.then(|| attr_of(slot, guid, &d));
-                out.push((dot(gino(slot, l), 1, b"."), a));
+                let e = dot(gino(slot, l), 1, b".");
+                full = !fits(Some(&e));
+                if !full {
+                    let a = plus.then(|| attr_of(slot, guid, &d));
+                    out.push((e, a));
+                }
             }
-            if cookie <= 1 && out.len() < limit {
-                if slot != 0 && l == ROOT_INO {
-                    snap_parent = Some(out.len());
-                    out.push((dot(SNAPDIR_INO, 2, b".."), None));
+            if cookie <= 1 && out.len() < limit && !full {
+                let parent = if slot != 0 && l == ROOT_INO {
+                    SNAPDIR_INO
                 } else {
-                    let a = if plus {
-                        // A removed (but still open) directory's parent
-                        // may be gone too: fall back to the directory.
-                        let p = tx.try_get(d.parent)?.unwrap_or_else(|| d.clone());
-                        Some(attr_of(slot, guid, &p))
+                    gino(slot, d.parent)
+                };
+                let e = dot(parent, 2, b"..");
+                full = !fits(Some(&e));
+                if !full {
+                    if parent == SNAPDIR_INO {
+                        snap_parent = Some(out.len());
+                        out.push((e, None));
                     } else {
-                        None
-                    };
-                    out.push((dot(gino(slot, d.parent), 2, b".."), a));
+                        let a = if plus {
+                            // A removed (but still open) directory's parent
+                            // may be gone too: fall back to the directory.
+                            let p = tx.try_get(d.parent)?.unwrap_or_else(|| d.clone());
+                            Some(attr_of(slot, guid, &p))
+                        } else {
+                            None
+                        };
+                        out.push((e, a));
+                    }
                 }
             }
             let want = limit - out.len();
-            if want > 0 && d.nlink > 0 {
+            if want > 0 && d.nlink > 0 && !full {
                 let after = cookie.checked_sub(COOKIE_BASE);
                 for e in dir::list(tx, l, after, want)? {
+                    let ino = e.ino;
+                    let e = DirEntry {
+                        ino: gino(slot, e.ino),
+                        cookie: e.h + COOKIE_BASE,
+                        kind: e.kind,
+                        name: e.name,
+                    };
+                    if !fits(Some(&e)) {
+                        break;
+                    }
                     let a = if plus {
-                        Some(attr_of(slot, guid, &tx.peek(e.ino)?))
+                        Some(attr_of(slot, guid, &tx.peek(ino)?))
                     } else {
                         None
                     };
-                    out.push((
-                        DirEntry {
-                            ino: gino(slot, e.ino),
-                            cookie: e.h + COOKIE_BASE,
-                            kind: e.kind,
-                            name: e.name,
-                        },
-                        a,
-                    ));
+                    out.push((e, a));
                 }
             }
             Ok((out, wants_atime(tx, &d), snap_parent))

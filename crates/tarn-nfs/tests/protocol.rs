@@ -533,6 +533,120 @@ fn connection_limit_evicts_the_longest_idle_connection() {
     assert_eq!((st.evicted, st.open, st.refused_full), (1, 2, 0));
 }
 
+/// READDIRPLUS pages of names of every length under random `dircount` and
+/// `maxcount`: every entry exactly once, each reply within both limits,
+/// and every page but the last full (its next entry would not have fit),
+/// so a page ending early, or EOF said too soon, fails.
+#[test]
+fn readdirplus_pages_are_full_and_within_their_limits() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let fs = mem_fs();
+    let mut expect = vec![".".to_string(), "..".to_string()];
+    for i in 0..120usize {
+        // Lengths 1..=255 in a scattered order, each name unique.
+        let len = (i * 97) % 255 + 1;
+        let name: String = format!("{i:03}").chars().cycle().take(len.max(3)).collect();
+        fs.create(1, name.as_bytes(), 0o644, 0, 0, &Cred::root())
+            .unwrap();
+        expect.push(name);
+    }
+    expect.sort();
+    let r = start(vec![open_export("/p", fs)]);
+    let (_, root) = Client::connect(r.local_addrs().1, sys(0, 0)).mnt("/p");
+    // The runner takes an `Fn`: the connection is borrowed per call.
+    let c = std::cell::RefCell::new(root_client(&r));
+    // One entry's encoded bytes and its `dircount` bytes.
+    let sizes = |name_len: usize| {
+        let dir = 8 + 4 + name_len.next_multiple_of(4) + 8;
+        (4 + dir + 4 + 84 + 4 + 4 + 36, dir)
+    };
+    let mut runner = TestRunner::new(Config {
+        cases: 24,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&(1200u32..9000, 100u32..4000), |(maxcount, dircount)| {
+            let mut pages: Vec<Vec<String>> = Vec::new();
+            let mut sizes_of_pages = Vec::new();
+            let (mut cookie, mut verf) = (0u64, [0u8; 8]);
+            loop {
+                prop_assert!(pages.len() < 1000, "no end of the listing");
+                let mut w = Writer::new();
+                w.opaque(&root)
+                    .u64(cookie)
+                    .fixed(&verf)
+                    .u32(dircount)
+                    .u32(maxcount);
+                let b = c
+                    .borrow_mut()
+                    .call(NFS_PROG, nfsproc::READDIRPLUS, &w.into_bytes());
+                prop_assert!(b.len() <= maxcount as usize, "{} > maxcount", b.len());
+                let mut rd = Reader::new(&b);
+                let st = rd.u32().unwrap();
+                if st == 10005 {
+                    // TOOSMALL only when the next entry alone is too big.
+                    let next = expect
+                        .iter()
+                        .filter(|n| !pages.iter().flatten().any(|m| m == *n))
+                        .map(|n| sizes(n.len()))
+                        .collect::<Vec<_>>();
+                    prop_assert!(
+                        next.iter()
+                            .any(|&(l, d)| l + 120 > maxcount as usize || d > dircount as usize),
+                        "TOOSMALL with room for an entry"
+                    );
+                    return Ok(());
+                }
+                prop_assert_eq!(st, OK);
+                skip_post_op(&mut rd);
+                verf.copy_from_slice(rd.fixed(8).unwrap());
+                let (mut page, mut dir_used) = (Vec::new(), 0usize);
+                while rd.bool().unwrap() {
+                    let _fileid = rd.u64().unwrap();
+                    let name = String::from_utf8(rd.opaque(255).unwrap().to_vec()).unwrap();
+                    dir_used += sizes(name.len()).1;
+                    page.push(name);
+                    cookie = rd.u64().unwrap();
+                    prop_assert!(rd.bool().unwrap(), "attributes present");
+                    Fattr::read(&mut rd);
+                    prop_assert!(rd.bool().unwrap(), "handle present");
+                    prop_assert_eq!(rd.opaque(64).unwrap().len(), 36);
+                }
+                prop_assert!(dir_used <= dircount as usize, "{dir_used} > dircount");
+                let eof = rd.bool().unwrap();
+                sizes_of_pages.push((b.len(), dir_used));
+                pages.push(page);
+                if eof {
+                    break;
+                }
+            }
+            let mut all: Vec<String> = pages.iter().flatten().cloned().collect();
+            all.sort();
+            prop_assert!(
+                all == expect,
+                "{} entries listed of {}, maxcount {} dircount {}",
+                all.len(),
+                expect.len(),
+                maxcount,
+                dircount
+            );
+            for (i, (used, dir_used)) in sizes_of_pages.iter().enumerate().take(pages.len() - 1) {
+                let (len, dir) = sizes(pages[i + 1][0].len());
+                prop_assert!(
+                    used + len > maxcount as usize || dir_used + dir > dircount as usize,
+                    "page {} ({} bytes, {} dir bytes) had room for the next entry",
+                    i,
+                    used,
+                    dir_used
+                );
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
 /// Pages through a directory with small replies: every entry exactly once,
 /// attributes and handles present, cookies resumable; a foreign cookie
 /// verifier is BAD_COOKIE.

@@ -52,9 +52,31 @@ impl<'a> Cx<'a> {
             24 + 4
         };
         let limit = (maxcount.saturating_sub(overhead) / per_entry_min).clamp(1, MAX_DIR_BATCH);
+        // READDIRPLUS pages end where the next entry would not fit: a name
+        // is longer than `per_entry_min` assumes, and an entry listed but
+        // cut off below would have had its inode read and its handle made
+        // for nothing (a fifteenth of a page of short names).
+        let mut refused = false;
+        let (mut est, mut est_dir) = (overhead, 0usize);
+        let mut fits = |e: Option<&tarn_fs::DirEntry>| {
+            let Some(e) = e else {
+                (refused, est, est_dir) = (false, overhead, 0);
+                return true;
+            };
+            let dir_bytes = entry_dir_len(e.name.len());
+            let len = 4 + dir_bytes + POST_OP_ATTR_LEN + 4 + 4 + HANDLE_LEN;
+            if est + len > maxcount || est_dir + dir_bytes > dircount {
+                refused = true;
+                return false;
+            }
+            (est, est_dir) = (est + len, est_dir + dir_bytes);
+            true
+        };
         // Kept as listed: reshaping every entry moves hundreds of bytes each.
         let listed: Result<Listed, FsError> = if plus {
-            d.fs().readdirplus(d.ino(), cookie, limit).map(Listed::Plus)
+            d.fs()
+                .readdirplus_fitting(d.ino(), cookie, limit, &mut fits)
+                .map(Listed::Plus)
         } else {
             d.fs().readdir(d.ino(), cookie, limit).map(Listed::Names)
         };
@@ -81,6 +103,7 @@ impl<'a> Cx<'a> {
             let mark = w.len();
             w.bool(true).u64(e.ino).opaque(&e.name).u64(e.cookie);
             let dir_bytes = w.len() - mark - 4;
+            debug_assert_eq!(dir_bytes, entry_dir_len(e.name.len()));
             if plus {
                 post_op_attr(w, a);
                 match a {
@@ -101,15 +124,21 @@ impl<'a> Cx<'a> {
             dir_used += dir_bytes;
             taken += 1;
         }
-        if taken == 0 && fetched > 0 {
+        if taken == 0 && (fetched > 0 || refused) {
             w.truncate(start);
             fail(w, NfsStat::TooSmall);
             return Ok(());
         }
-        let eof = taken == fetched && fetched < limit;
+        let eof = taken == fetched && fetched < limit && !refused;
         w.bool(false).bool(eof);
         Ok(())
     }
+}
+
+/// Bytes of an entry's `fileid`, name and cookie in a reply: what
+/// READDIRPLUS's `dircount` counts.
+fn entry_dir_len(name_len: usize) -> usize {
+    8 + 4 + name_len.next_multiple_of(4) + 8
 }
 
 /// A page of a directory as the file system listed it.
