@@ -453,6 +453,46 @@ impl View<'_> {
         }
     }
 
+    /// [`View::get`] of many keys in ascending order: `f(i, found)` for
+    /// each `keys[i]` present, not in order. The keys no overlay decides
+    /// are looked up in the tree together ([`Tree::get_sorted_with`]).
+    pub(crate) fn get_sorted(
+        &mut self,
+        store: &dyn NodeStore,
+        keys: &[&[u8]],
+        f: &mut dyn FnMut(usize, Found),
+    ) -> Result<(), DsError> {
+        let mut below = Vec::with_capacity(keys.len());
+        'key: for (i, key) in keys.iter().enumerate() {
+            for l in &self.layers {
+                match l.seen(key) {
+                    Seen::Entry(c) => {
+                        if let Some(found) = from_change(c) {
+                            f(i, found);
+                        }
+                        continue 'key;
+                    }
+                    Seen::Hidden => continue 'key,
+                    Seen::Below => {}
+                }
+            }
+            below.push(i);
+        }
+        let tree_keys: Vec<&[u8]> = below.iter().map(|&i| keys[i]).collect();
+        let mut bad = None;
+        self.tree
+            .get_sorted_with(store, &tree_keys, &mut |j, raw| match decode_tree_slice(
+                raw,
+                tree_keys[j],
+            ) {
+                Ok(found) => f(below[j], found),
+                Err(e) => {
+                    bad.get_or_insert(e);
+                }
+            })?;
+        bad.map_or(Ok(()), Err)
+    }
+
     /// Up to `limit` entries inside `start..end`, in key order.
     pub(crate) fn range(
         &mut self,

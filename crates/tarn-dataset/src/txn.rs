@@ -516,6 +516,23 @@ impl Txn<'_, '_> {
         }
     }
 
+    /// [`Txn::get`] of many keys, given in ascending order (the order the
+    /// tree stores them): one walk of the tree instead of one per key.
+    pub fn get_many(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Value>>, DsError> {
+        let mut found = Vec::with_capacity(keys.len());
+        {
+            let store = self.cx.store();
+            self.st
+                .view()
+                .get_sorted(&store, keys, &mut |i, f| found.push((i, f)))?;
+        }
+        let mut out: Vec<Option<Value>> = (0..keys.len()).map(|_| None).collect();
+        for (i, f) in found {
+            out[i] = Some(self.value_of(keys[i], f)?);
+        }
+        Ok(out)
+    }
+
     /// Stores a plain value.
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), DsError> {
         self.ro_check()?;

@@ -62,6 +62,11 @@ impl Store for TxnStore<'_, '_, '_> {
         self.t.get(key).map(|o| o.map(val)).map_err(store_err)
     }
 
+    fn get_many(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Val>>, StoreError> {
+        let found = self.t.get_many(keys).map_err(store_err)?;
+        Ok(found.into_iter().map(|o| o.map(val)).collect())
+    }
+
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
         self.t.put(key, value).map_err(store_err)
     }

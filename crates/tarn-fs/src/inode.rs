@@ -316,14 +316,43 @@ impl<'a> Tx<'a> {
         Ok(inode)
     }
 
-    /// The inode, to look at only: like [`Tx::try_get`], but one loaded
-    /// from the store is not kept (listing a large directory's attributes
-    /// would otherwise fill the transaction's cache with inodes nobody
-    /// changes).
-    pub fn peek(&mut self, ino: u64) -> Result<Inode> {
-        self.find(ino)?
-            .0
-            .ok_or_else(|| FsError::new(libc::ENOENT, format!("no inode {ino}")))
+    /// Inodes to look at only, or ENOENT: like [`Tx::get`], but those
+    /// loaded from the store are not kept (listing a large directory's
+    /// attributes would otherwise fill the transaction's cache with inodes
+    /// nobody changes), and they are read in one ordered pass
+    /// ([`Store::get_many`]), which is what a page of a listing costs.
+    pub fn peek_many(&mut self, inos: &[u64]) -> Result<Vec<Inode>> {
+        let gone = |ino: u64| FsError::new(libc::ENOENT, format!("no inode {ino}"));
+        let mut out: Vec<Option<Inode>> = vec![None; inos.len()];
+        let mut wanted: Vec<(u64, usize)> = Vec::new();
+        for (i, &ino) in inos.iter().enumerate() {
+            match self.cache.get(&ino) {
+                Some(Cached::Clean(x)) | Some(Cached::Dirty(x)) => out[i] = Some(x.clone()),
+                Some(Cached::Freed) => return Err(gone(ino)),
+                None if ino == 0 || ino > MAX_LOCAL_INO => return Err(gone(ino)),
+                None => wanted.push((ino, i)),
+            }
+        }
+        // Keys are the inode numbers big-endian: sorted numbers, sorted keys.
+        wanted.sort_unstable();
+        let keys: Vec<[u8; 9]> = wanted
+            .iter()
+            .map(|&(ino, _)| codec::key2_array(ino, K_INODE))
+            .collect();
+        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+        let vals = self.s.get_many(&refs)?;
+        for (&(ino, i), v) in wanted.iter().zip(vals) {
+            out[i] = match v {
+                None => return Err(gone(ino)),
+                Some(crate::Val::Plain(v)) => Some(Inode::decode(ino, &v)?),
+                Some(crate::Val::Block { .. }) => {
+                    return Err(FsError::io(format!("inode {ino} stored as a block")))
+                }
+            };
+        }
+        out.into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| FsError::io("internal: an inode of a batch was not looked up"))
     }
 
     /// The inode if it exists, and whether it came from the store rather

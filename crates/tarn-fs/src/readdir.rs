@@ -194,6 +194,8 @@ impl<B: Backend> Fs<B> {
             let want = limit - out.len();
             if want > 0 && d.nlink > 0 && !full {
                 let after = cookie.checked_sub(COOKIE_BASE);
+                let mut page = Vec::new();
+                let mut inos = Vec::new();
                 for e in dir::list(tx, l, after, want)? {
                     let ino = e.ino;
                     let e = DirEntry {
@@ -205,12 +207,16 @@ impl<B: Backend> Fs<B> {
                     if !fits(Some(&e)) {
                         break;
                     }
-                    let a = if plus {
-                        Some(attr_of(slot, guid, &tx.peek(ino)?))
-                    } else {
-                        None
-                    };
-                    out.push((e, a));
+                    page.push(e);
+                    inos.push(ino);
+                }
+                if plus {
+                    let inodes = tx.peek_many(&inos)?;
+                    for (e, i) in page.into_iter().zip(inodes) {
+                        out.push((e, Some(attr_of(slot, guid, &i))));
+                    }
+                } else {
+                    out.extend(page.into_iter().map(|e| (e, None)));
                 }
             }
             Ok((out, wants_atime(tx, &d), snap_parent))

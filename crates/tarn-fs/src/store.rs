@@ -113,6 +113,11 @@ pub trait Store {
     fn space(&mut self) -> SpaceInfo;
     /// The value under `key`.
     fn get(&mut self, key: &[u8]) -> Result<Option<Val>, StoreError>;
+    /// The values under `keys`, which are in ascending order; a store
+    /// whose lookups share work across neighbouring keys overrides it.
+    fn get_many(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Val>>, StoreError> {
+        keys.iter().map(|k| self.get(k)).collect()
+    }
     /// Stores a plain value, replacing (and freeing) whatever was there.
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError>;
     /// Removes `key`, freeing its block if it held one. False if absent.

@@ -135,7 +135,13 @@ impl Leaf {
 
     /// Index of `key`, or where it would be inserted.
     pub fn search(&self, key: &[u8]) -> Result<usize, usize> {
-        let (mut lo, mut hi) = (0, self.len());
+        self.search_from(0, key)
+    }
+
+    /// [`Leaf::search`] among the entries from `lo` on, for a key known
+    /// not to sort before entry `lo` (the next of a run of sorted keys).
+    pub fn search_from(&self, lo: usize, key: &[u8]) -> Result<usize, usize> {
+        let (mut lo, mut hi) = (lo.min(self.len()), self.len());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             match cmp_keys(self.key(mid), key) {

@@ -265,6 +265,31 @@ impl Tree {
         }
     }
 
+    /// [`Tree::get_with`] for many keys, given in ascending order (repeats
+    /// allowed; keys out of order are looked up one by one): calls
+    /// `f(i, value)` for each `keys[i]` present, in order. A run of keys
+    /// in one leaf descends to it once and searches it from where the
+    /// previous key was found, where separate lookups would each walk
+    /// from the root (a directory listing reads a page of inodes this way).
+    pub fn get_sorted_with(
+        &mut self,
+        store: &dyn NodeStore,
+        keys: &[&[u8]],
+        f: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<(), TreeError> {
+        if self.root.is_vacant() || keys.is_empty() {
+            return Ok(());
+        }
+        if !keys.is_sorted_by(|a, b| leaf::cmp_keys(a, b).is_le()) {
+            // Not what callers promise; answered right all the same.
+            for (i, key) in keys.iter().enumerate() {
+                self.get_with(store, key, |v| f(i, v))?;
+            }
+            return Ok(());
+        }
+        get_sorted_rec(store, &mut self.root, keys, 0, f)
+    }
+
     /// Stores `value` under `key` and returns the value it replaces.
     pub fn insert(
         &mut self,
@@ -737,6 +762,58 @@ fn contained(start: Bound<&[u8]>, end: Bound<&[u8]>, lo: Option<&[u8]>, hi: Opti
         Bound::Included(e) | Bound::Excluded(e) => hi.is_some_and(|hi| hi <= e),
     };
     lo_ok && hi_ok
+}
+
+/// [`Tree::get_sorted_with`] below `slot`: `keys` (ascending) are the ones
+/// whose place is in this subtree, `base` the index of the first.
+fn get_sorted_rec(
+    store: &dyn NodeStore,
+    slot: &mut Slot,
+    keys: &[&[u8]],
+    base: usize,
+    f: &mut dyn FnMut(usize, &[u8]),
+) -> Result<(), TreeError> {
+    let node = slot.load(store)?;
+    match &mut node.body {
+        Body::Leaf(leaf) => {
+            let mut lo = 0;
+            for (i, key) in keys.iter().enumerate() {
+                match leaf.search_from(lo, key) {
+                    Ok(at) => {
+                        f(base + i, leaf.entry(at).1);
+                        // Not past it: the next key may be the same.
+                        lo = at;
+                    }
+                    Err(at) => lo = at,
+                }
+            }
+        }
+        Body::Internal(kids) => {
+            let mut from = 0;
+            while let Some(first) = keys.get(from) {
+                let ci = child_index(kids, first);
+                // The keys below the next child's separator stay here.
+                let run = match kids.get(ci + 1) {
+                    Some(next) => {
+                        keys[from..].partition_point(|k| leaf::cmp_keys(k, &next.key).is_lt())
+                    }
+                    None => keys.len() - from,
+                };
+                let Some(kid) = kids.get_mut(ci) else {
+                    return Ok(());
+                };
+                get_sorted_rec(
+                    store,
+                    &mut kid.slot,
+                    &keys[from..from + run],
+                    base + from,
+                    f,
+                )?;
+                from += run.max(1);
+            }
+        }
+    }
+    Ok(())
 }
 
 fn range_rec(

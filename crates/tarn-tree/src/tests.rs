@@ -211,6 +211,8 @@ enum Op {
     InsertRun(u8, u16, u16, u8),
     Remove(Vec<u8>),
     Get(Vec<u8>),
+    /// `get_sorted_with` of these keys, sorted first when the flag says so.
+    GetMany(Vec<Vec<u8>>, bool),
     Range(Bound<Vec<u8>>, Bound<Vec<u8>>, usize),
     DeleteRange(Bound<Vec<u8>>, Bound<Vec<u8>>),
     Commit,
@@ -254,6 +256,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0u8..3, 0u16..1200, 1u16..400, 0u8..16).prop_map(|(p, s, n, v)| Op::InsertRun(p, s, n, v)),
         20 => key().prop_map(Op::Remove),
         8 => key().prop_map(Op::Get),
+        4 => (prop::collection::vec(bound_key(), 0..40), any::<bool>())
+            .prop_map(|(k, sorted)| Op::GetMany(k, sorted)),
         6 => (bound(), bound(), 0usize..40).prop_map(|(s, e, n)| Op::Range(s, e, n)),
         4 => (bound(), bound()).prop_map(|(s, e)| Op::DeleteRange(s, e)),
         8 => Just(Op::Commit),
@@ -282,6 +286,21 @@ fn run_model(node_max: usize, ops: Vec<Op>) {
             }
             Op::Remove(k) => assert_eq!(tree.remove(&store, &k).unwrap(), model.remove(&k)),
             Op::Get(k) => assert_eq!(tree.get(&store, &k).unwrap(), model.get(&k).cloned()),
+            Op::GetMany(mut keys, sorted) => {
+                if sorted {
+                    keys.sort();
+                }
+                let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+                let mut got = Vec::new();
+                tree.get_sorted_with(&store, &refs, &mut |i, v| got.push((i, v.to_vec())))
+                    .unwrap();
+                let want: Vec<_> = keys
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, k)| model.get(k).map(|v| (i, v.clone())))
+                    .collect();
+                assert_eq!(got, want);
+            }
             Op::Range(s, e, limit) => {
                 let got = tree.range(&store, as_ref(&s), as_ref(&e), limit).unwrap();
                 let want: Vec<_> = model
