@@ -13,6 +13,7 @@
 #   4k random read, queue depth 32             IOPS   >= 1.0
 #   4k random write, queue depth 32            IOPS   >= 0.75
 #   1M sequential read, queue depth 8          MiB/s  >= 1.0
+#     (twice: right after the fill, and after the random writes)
 #   1M sequential write, queue depth 8         MiB/s  >= 0.75
 #
 # iSCSI (second table): the same volume through tarn's iSCSI target, and
@@ -196,16 +197,30 @@ print(round(count / secs) if unit == "IOPS" else round(count * nbytes / secs / 1
 ' "$count" "$bytes" "$secs" "$unit"
 }
 
+# The jobs in their order: label, fio rw, block size, queue depth, unit.
+# The 1M reads run twice: on the volume as the sequential fill left it,
+# and after the 4k random writes, which (copy-on-write) moved a quarter
+# of its blocks away from their neighbours, as a guest's random writes do.
+WORKLOADS=("fresh-read read 1M 8 MiB/s" "randread randread 4k 32 IOPS"
+    "randwrite randwrite 4k 32 IOPS" "read read 1M 8 MiB/s" "write write 1M 8 MiB/s")
+row_name() { # label rw bs depth
+    case $1 in
+        fresh-read) echo "read $3 qd$4, after the fill" ;;
+        read) echo "read $3 qd$4, after the random writes" ;;
+        *) echo "$2 $3 qd$4" ;;
+    esac
+}
+
 declare -A R I
-for w in "randread 4k 32 IOPS" "randwrite 4k 32 IOPS" "read 1M 8 MiB/s" "write 1M 8 MiB/s"; do
+for w in "${WORKLOADS[@]}"; do
     set -- $w
     for side in tarn nbdkit loop; do
         drop "$side"
-        R[$1,$side]=$(job "$side" "$1" "$2" "$3" "$4")
+        R[$1,$side]=$(job "$side" "$2" "$3" "$4" "$5")
     done
     for side in tarn tgt; do
         drop "$side"
-        I[$1,$side]=$(ijob "$side" "$1" "$2" "$3" "$4")
+        I[$1,$side]=$(ijob "$side" "$2" "$3" "$4" "$5")
     done
 done
 
@@ -213,17 +228,17 @@ mkdir -p "$(dirname "$OUT")"
 {
     echo "| workload | unit | tarn | nbdkit | loop | tarn/nbdkit | tarn/loop |"
     echo "|---|---|---|---|---|---|---|"
-    for w in "randread 4k 32 IOPS" "randwrite 4k 32 IOPS" "read 1M 8 MiB/s" "write 1M 8 MiB/s"; do
+    for w in "${WORKLOADS[@]}"; do
         set -- $w
         t=${R[$1,tarn]} k=${R[$1,nbdkit]} l=${R[$1,loop]}
-        echo "| $1 $2 qd$3 | $4 | $t | $k | $l | $(python3 -c "print(f'{$t/max($k,1):.2f}')") | $(python3 -c "print(f'{$t/max($l,1):.2f}')") |"
+        echo "| $(row_name "$@") | $5 | $t | $k | $l | $(python3 -c "print(f'{$t/max($k,1):.2f}')") | $(python3 -c "print(f'{$t/max($l,1):.2f}')") |"
     done
     echo
     echo "| iSCSI workload | unit | tarn | tgt | tarn/tgt |"
     echo "|---|---|---|---|---|"
-    for w in "randread 4k 32 IOPS" "randwrite 4k 32 IOPS" "read 1M 8 MiB/s" "write 1M 8 MiB/s"; do
+    for w in "${WORKLOADS[@]}"; do
         set -- $w
         t=${I[$1,tarn]} g=${I[$1,tgt]}
-        echo "| $1 $2 qd$3 | $4 | $t | $g | $(python3 -c "print(f'{$t/max($g,1):.2f}')") |"
+        echo "| $(row_name "$@") | $5 | $t | $g | $(python3 -c "print(f'{$t/max($g,1):.2f}')") |"
     done
 } | tee "$OUT.md"
