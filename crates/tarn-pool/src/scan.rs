@@ -479,28 +479,29 @@ impl Pool {
                 return Step::Stop;
             }
             let per = chunk.len().div_ceil(threads);
-            let results: Vec<pipeline::BlockScrub> = std::thread::scope(|s| {
-                let hs: Vec<_> = chunk
-                    .chunks(per.max(1))
-                    .map(|c| {
-                        s.spawn(|| {
-                            c.iter()
-                                .map(|(bp, _)| pipeline::scrub_block(&self.tops, bp))
-                                .collect::<Vec<_>>()
-                        })
+            let tops = &self.tops;
+            type Job<'a> = Box<dyn FnOnce() -> Vec<pipeline::BlockScrub> + Send + 'a>;
+            let jobs: Vec<Job<'_>> = chunk
+                .chunks(per.max(1))
+                .map(|c| {
+                    Box::new(move || {
+                        c.iter()
+                            .map(|(bp, _)| pipeline::scrub_block(tops, bp))
+                            .collect::<Vec<_>>()
+                    }) as Job<'_>
+                })
+                .collect();
+            let results: Vec<pipeline::BlockScrub> = tarn_vdev::workers::run_all(jobs)
+                .into_iter()
+                .flat_map(|got| {
+                    got.unwrap_or_else(|| {
+                        vec![pipeline::BlockScrub {
+                            unrecoverable: true,
+                            ..Default::default()
+                        }]
                     })
-                    .collect();
-                hs.into_iter()
-                    .flat_map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            vec![pipeline::BlockScrub {
-                                unrecoverable: true,
-                                ..Default::default()
-                            }]
-                        })
-                    })
-                    .collect()
-            });
+                })
+                .collect();
             let mut st = self.lock();
             let mut lost = Vec::new();
             for ((bp, rec), r) in chunk.iter().zip(&results) {

@@ -75,20 +75,19 @@ pub(crate) fn parallel_map<T: Sync, R: Send>(
         return Ok(items.iter().map(&f).collect());
     }
     let chunk = items.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = items
-            .chunks(chunk)
-            .map(|c| s.spawn(|| c.iter().map(&f).collect::<Vec<R>>()))
-            .collect();
-        let mut out = Vec::with_capacity(items.len());
-        for h in handles {
-            match h.join() {
-                Ok(v) => out.extend(v),
-                Err(_) => return Err(PoolError::Internal("a sync worker thread panicked".into())),
-            }
+    let f = &f;
+    let jobs: Vec<Box<dyn FnOnce() -> Vec<R> + Send + '_>> = items
+        .chunks(chunk)
+        .map(|c| Box::new(move || c.iter().map(f).collect::<Vec<R>>()) as Box<_>)
+        .collect();
+    let mut out = Vec::with_capacity(items.len());
+    for got in tarn_vdev::workers::run_all(jobs) {
+        match got {
+            Some(v) => out.extend(v),
+            None => return Err(PoolError::Internal("a sync worker thread panicked".into())),
         }
-        Ok(out)
-    })
+    }
+    Ok(out)
 }
 
 /// Runs `prepare` and then `write` on each of `windows`, in order, with
@@ -110,25 +109,28 @@ pub(crate) fn pipelined<W: Sync, P: Send, T>(
     };
     let prepare = &prepare;
     let mut prepared = prepare(first)?;
-    std::thread::scope(|s| {
-        for (i, w) in windows.iter().enumerate() {
-            let next = windows.get(i + 1).map(|n| s.spawn(move || prepare(n)));
-            let written = write(w, prepared);
-            // Joined before anything returns (the scope would wait for it
-            // anyway); what it prepared is dropped on an error.
-            let next = next.map(|h| {
-                h.join().unwrap_or_else(|_| {
+    for (i, w) in windows.iter().enumerate() {
+        // The next window is prepared on a kept thread while this one
+        // is written; both have finished when `run_beside` returns, and
+        // what was prepared is dropped on an error.
+        let (written, next) = match windows.get(i + 1) {
+            Some(n) => {
+                let (written, next) =
+                    tarn_vdev::workers::run_beside(|| write(w, prepared), move || prepare(n));
+                let next = next.unwrap_or_else(|| {
                     Err(PoolError::Internal("a sync worker thread panicked".into()))
-                })
-            });
-            out.extend(written?);
-            match next {
-                Some(n) => prepared = n?,
-                None => break,
+                });
+                (written, Some(next))
             }
+            None => (write(w, prepared), None),
+        };
+        out.extend(written?);
+        match next {
+            Some(n) => prepared = n?,
+            None => break,
         }
-        Ok(out)
-    })
+    }
+    Ok(out)
 }
 
 impl Pool {

@@ -208,22 +208,22 @@ impl TopVdev {
                 }
             }
         }
-        let results: Vec<Vec<(usize, usize, bool)>> = std::thread::scope(|s| {
-            let workers: Vec<_> = by_child
-                .into_iter()
-                .map(|(child, mut pieces)| {
-                    let plans = &plans;
-                    s.spawn(move || {
-                        pieces.sort_unstable_by_key(|&(off, _, _)| off);
-                        self.write_runs(child, &pieces, plans)
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .map(|w| w.join().unwrap_or_default())
-                .collect()
-        });
+        let plans_ref = &plans;
+        let jobs: Vec<ChildJob<'_, Vec<(usize, usize, bool)>>> = by_child
+            .into_iter()
+            .map(|(child, mut pieces)| {
+                Box::new(move || {
+                    pieces.sort_unstable_by_key(|&(off, _, _)| off);
+                    self.write_runs(child, &pieces, plans_ref)
+                }) as ChildJob<'_, _>
+            })
+            .collect();
+        // A child whose thread panicked wrote nothing: its pieces count
+        // as failed below.
+        let results: Vec<Vec<(usize, usize, bool)>> = crate::workers::run_all(jobs)
+            .into_iter()
+            .map(Option::unwrap_or_default)
+            .collect();
         let mut ok: Vec<Vec<bool>> = plans
             .iter()
             .map(|p| {
@@ -299,32 +299,37 @@ fn plan_all<'a>(
         return blocks.iter().map(|&(o, d)| top.plan(o, d)).collect();
     }
     let per = blocks.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        let parts: Vec<_> = blocks
-            .chunks(per)
-            .map(|chunk| {
-                let h = s.spawn(move || -> Vec<Result<Plan<'a>, VdevError>> {
-                    chunk.iter().map(|&(o, d)| top.plan(o, d)).collect()
-                });
-                (chunk.len(), h)
+    let chunks: Vec<&[(u64, &'a [u8])]> = blocks.chunks(per).collect();
+    let jobs: Vec<ChildJob<'_, Vec<Result<Plan<'a>, VdevError>>>> = chunks
+        .iter()
+        .map(|&chunk| {
+            Box::new(move || chunk.iter().map(|&(o, d)| top.plan(o, d)).collect())
+                as ChildJob<'_, _>
+        })
+        .collect();
+    crate::workers::run_all(jobs)
+        .into_iter()
+        .zip(&chunks)
+        .flat_map(|(got, chunk)| {
+            got.unwrap_or_else(|| {
+                (0..chunk.len())
+                    .map(|_| {
+                        Err(VdevError::InvalidArgument(
+                            "a planning thread panicked".into(),
+                        ))
+                    })
+                    .collect()
             })
-            .collect();
-        parts
-            .into_iter()
-            .flat_map(|(n, h)| {
-                h.join().unwrap_or_else(|_| {
-                    (0..n)
-                        .map(|_| {
-                            Err(VdevError::InvalidArgument(
-                                "a planning thread panicked".into(),
-                            ))
-                        })
-                        .collect()
-                })
-            })
-            .collect::<Vec<_>>()
-    })
+        })
+        .collect()
 }
+
+/// The runs one child read in a merged read: their indexes, and the bytes
+/// of each (none if its read failed).
+type ChildRuns = (Vec<usize>, Vec<Option<Vec<u8>>>);
+
+/// A job of [`crate::workers::run_all`] that borrows the batch it works on.
+type ChildJob<'a, T> = Box<dyn FnOnce() -> T + Send + 'a>;
 
 /// One block of a [`TopVdev::read_many`]: where its bytes go, and whether
 /// the merged reads brought them all.
@@ -540,32 +545,28 @@ impl TopVdev {
         let children: std::collections::BTreeSet<usize> = runs.iter().map(|r| r.child).collect();
         let data: Vec<Option<Vec<u8>>> = if children.len() > 1 && total >= PARALLEL_READ_FROM {
             // The children at once, each reading its runs in order.
-            std::thread::scope(|s| {
-                let jobs: Vec<_> = children
-                    .iter()
-                    .map(|&c| {
-                        let mine: Vec<usize> =
-                            (0..runs.len()).filter(|&k| runs[k].child == c).collect();
-                        let (runs, read_run) = (&runs, &read_run);
-                        s.spawn(move || {
-                            let got: Vec<Option<Vec<u8>>> =
-                                mine.iter().map(|&k| read_run(&runs[k])).collect();
-                            (mine, got)
-                        })
-                    })
-                    .collect();
-                let mut data: Vec<Option<Vec<u8>>> = (0..runs.len()).map(|_| None).collect();
-                for j in jobs {
-                    // A reader thread that panicked read nothing: its
-                    // blocks are read again alone.
-                    if let Ok((mine, got)) = j.join() {
-                        for (k, d) in mine.into_iter().zip(got) {
-                            data[k] = d;
-                        }
-                    }
+            let (runs_ref, read_run) = (&runs, &read_run);
+            let jobs: Vec<ChildJob<'_, ChildRuns>> = children
+                .iter()
+                .map(|&c| {
+                    let mine: Vec<usize> =
+                        (0..runs.len()).filter(|&k| runs[k].child == c).collect();
+                    Box::new(move || {
+                        let got: Vec<Option<Vec<u8>>> =
+                            mine.iter().map(|&k| read_run(&runs_ref[k])).collect();
+                        (mine, got)
+                    }) as ChildJob<'_, _>
+                })
+                .collect();
+            let mut data: Vec<Option<Vec<u8>>> = (0..runs.len()).map(|_| None).collect();
+            // A reader that panicked read nothing: its blocks are read
+            // again alone.
+            for (mine, got) in crate::workers::run_all(jobs).into_iter().flatten() {
+                for (k, d) in mine.into_iter().zip(got) {
+                    data[k] = d;
                 }
-                data
-            })
+            }
+            data
         } else {
             runs.iter().map(read_run).collect()
         };

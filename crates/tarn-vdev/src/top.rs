@@ -567,15 +567,14 @@ impl TopVdev {
         let results: Vec<bool> = if handles.len() <= 1 {
             handles.iter().map(|h| h.leaf.flush().is_ok()).collect()
         } else {
-            std::thread::scope(|s| {
-                let jobs: Vec<_> = handles
-                    .iter()
-                    .map(|h| s.spawn(|| h.leaf.flush().is_ok()))
-                    .collect();
-                jobs.into_iter()
-                    .map(|j| j.join().unwrap_or(false))
-                    .collect()
-            })
+            let jobs: Vec<Box<dyn FnOnce() -> bool + Send + '_>> = handles
+                .iter()
+                .map(|h| Box::new(|| h.leaf.flush().is_ok()) as Box<_>)
+                .collect();
+            crate::workers::run_all(jobs)
+                .into_iter()
+                .map(|ok| ok.unwrap_or(false))
+                .collect()
         };
         let mut durable = Vec::new();
         for (h, ok) in handles.iter().zip(results) {
