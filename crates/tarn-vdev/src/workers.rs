@@ -16,13 +16,14 @@
 //!
 //! [`run_all`] takes jobs that borrow from its caller (a window's stripe
 //! buffers, the plan of a read), as a scope's threads may. That is sound
-//! because `run_all` does not return, and so the borrowed data cannot be
-//! dropped, until every job has finished running or been dropped: each job
-//! is wrapped so that it signals a latch last, panics included (a job that
-//! panics is caught and yields `None`, as a scoped thread that panicked
-//! yields an error at its join), and `run_all` waits for the latch before
-//! anything else. The latch and the result slots are reference-counted,
-//! so a worker never touches memory of a caller that has returned.
+//! because `run_all` does not return or unwind, and so the borrowed data
+//! cannot be dropped, until every job handed to a worker has finished:
+//! each is wrapped so that it counts a latch down last, panics included (a
+//! job that panics is caught and yields `None`, as a scoped thread that
+//! panicked yields an error at its join), and a guard that waits for the
+//! latch is dropped on return and on unwinding alike. The latch and the
+//! result slots are reference-counted, so a worker never touches memory
+//! of a caller that has returned.
 //!
 //! # No deadlock
 //!
@@ -66,28 +67,35 @@ fn workers() -> &'static Arc<Workers> {
 }
 
 impl Workers {
-    /// Queues `job` for a worker set aside for it, or hands it back when
-    /// there is none to be had.
-    fn submit(self: &Arc<Self>, job: Job) -> Option<Job> {
+    /// Sets a worker aside for one job: an idle one, or a new one while
+    /// there are fewer than [`MAX_WORKERS`]. False when none is to be had.
+    fn claim(self: &Arc<Self>) -> bool {
         let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if st.idle > 0 {
             st.idle -= 1;
-        } else if st.started < MAX_WORKERS {
-            let me = Arc::clone(self);
-            let spawned = std::thread::Builder::new()
-                .name("tarn-vdev".into())
-                .spawn(move || me.work());
-            if spawned.is_err() {
-                return Some(job);
-            }
-            st.started += 1;
-        } else {
-            return Some(job);
+            return true;
         }
-        st.jobs.push_back(job);
-        drop(st);
+        if st.started >= MAX_WORKERS {
+            return false;
+        }
+        let me = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("tarn-vdev".into())
+            .spawn(move || me.work());
+        if spawned.is_ok() {
+            st.started += 1;
+        }
+        spawned.is_ok()
+    }
+
+    /// Queues a job for the worker [`Workers::claim`] set aside.
+    fn push(&self, job: Job) {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .jobs
+            .push_back(job);
         self.ready.notify_one();
-        None
     }
 
     /// A worker's life: take a job, run it, and wait for the next one.
@@ -97,8 +105,8 @@ impl Workers {
             match st.jobs.pop_front() {
                 Some(job) => {
                     drop(st);
-                    // Wrapped jobs catch their own panics; this keeps the
-                    // worker alive should one escape anyway.
+                    // Jobs catch their own panics; this keeps the worker
+                    // alive should one escape anyway.
                     let _ = catch_unwind(AssertUnwindSafe(job));
                     st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
                     st.idle += 1;
@@ -118,6 +126,10 @@ struct Latch {
 }
 
 impl Latch {
+    fn add(&self) {
+        *self.left.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+    }
+
     fn done(&self) {
         let mut left = self.left.lock().unwrap_or_else(PoisonError::into_inner);
         *left -= 1;
@@ -131,6 +143,15 @@ impl Latch {
         while *left > 0 {
             left = self.zero.wait(left).unwrap_or_else(PoisonError::into_inner);
         }
+    }
+}
+
+/// Waits for a latch when dropped, on return and on unwinding alike.
+struct WaitFor(Arc<Latch>);
+
+impl Drop for WaitFor {
+    fn drop(&mut self) {
+        self.0.wait();
     }
 }
 
@@ -169,58 +190,60 @@ pub fn run_all<'a, T: Send + 'a>(jobs: Vec<Box<dyn FnOnce() -> T + Send + 'a>>) 
 }
 
 /// [`run_all`], running `meanwhile` on the calling thread after its own
-/// jobs and before waiting for the others; a panic of `meanwhile` is
-/// carried on once every job has finished.
+/// jobs and before waiting for the others; a panic of `meanwhile` unwinds
+/// once every job handed to a worker has finished.
 fn run_all_with<'a, T: Send + 'a>(
     jobs: Vec<Box<dyn FnOnce() -> T + Send + 'a>>,
     meanwhile: impl FnOnce(),
 ) -> Vec<Option<T>> {
     let n = jobs.len();
     let slots: Arc<Vec<Mutex<Option<T>>>> = Arc::new((0..n).map(|_| Mutex::new(None)).collect());
+    // Counts the jobs handed to workers; from here on, this function does
+    // not return or unwind before they have all finished.
     let latch = Arc::new(Latch {
-        left: Mutex::new(n),
+        left: Mutex::new(0),
         zero: Condvar::new(),
     });
-    let mut mine = Vec::new();
+    let waiting = WaitFor(Arc::clone(&latch));
+    let pool = workers();
+    let mut mine: Vec<Box<dyn FnOnce() + 'a>> = Vec::new();
     for (i, job) in jobs.into_iter().enumerate() {
-        let (slots, latch) = (Arc::clone(&slots), Arc::clone(&latch));
-        let wrapped: Box<dyn FnOnce() + Send + 'a> = Box::new(move || {
+        let slots = Arc::clone(&slots);
+        let run = move || {
             if let Ok(v) = catch_unwind(AssertUnwindSafe(job)) {
                 *slots[i].lock().unwrap_or_else(PoisonError::into_inner) = Some(v);
             }
+        };
+        if i == 0 || !pool.claim() {
+            mine.push(Box::new(run));
+            continue;
+        }
+        latch.add();
+        let latch = Arc::clone(&latch);
+        let wrapped: Box<dyn FnOnce() + Send + 'a> = Box::new(move || {
+            run();
             // Last: after this the caller may return and drop what the
             // job borrowed.
             latch.done();
         });
-        if i == 0 {
-            mine.push(wrapped);
-            continue;
-        }
         // SAFETY: the box's type only forgets the lifetime `'a` of what the
-        // job borrows; its layout is the same. The job runs (or is dropped
-        // unrun by a thread that then cannot count it down, which does not
-        // happen: `work` runs every job it takes) before `latch.done()`,
-        // and this function waits for the latch below before returning, so
-        // nothing the job borrows is dropped while it can still use it.
+        // job borrows; its layout is the same. A claimed worker takes every
+        // job pushed (`work` runs each job it pops), the job counts the
+        // latch down only after it has run and dropped what it borrows,
+        // and `waiting` (dropped on return and on unwinding) waits for the
+        // latch: nothing the job borrows is dropped while it can use it.
         let erased: Job = unsafe {
             std::mem::transmute::<Box<dyn FnOnce() + Send + 'a>, Box<dyn FnOnce() + Send + 'static>>(
                 wrapped,
             )
         };
-        if let Some(back) = workers().submit(erased) {
-            mine.push(back);
-        }
+        pool.push(erased);
     }
     for job in mine {
         job();
     }
-    // A panic here waits for the jobs like everything else (they may
-    // borrow what unwinding would drop), and is carried on after.
-    let meanwhile = catch_unwind(AssertUnwindSafe(meanwhile));
-    latch.wait();
-    if let Err(panic) = meanwhile {
-        std::panic::resume_unwind(panic);
-    }
+    meanwhile();
+    drop(waiting);
     // Every job has finished, so the slots are ours alone.
     match Arc::try_unwrap(slots) {
         Ok(slots) => slots
