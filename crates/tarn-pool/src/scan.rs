@@ -481,9 +481,10 @@ impl Pool {
             let per = chunk.len().div_ceil(threads);
             let tops = &self.tops;
             type Job<'a> = Box<dyn FnOnce() -> Vec<pipeline::BlockScrub> + Send + 'a>;
-            let jobs: Vec<Job<'_>> = chunk
-                .chunks(per.max(1))
-                .map(|c| {
+            let parts: Vec<&[(BlockPtr, Who)]> = chunk.chunks(per.max(1)).collect();
+            let jobs: Vec<Job<'_>> = parts
+                .iter()
+                .map(|&c| {
                     Box::new(move || {
                         c.iter()
                             .map(|(bp, _)| pipeline::scrub_block(tops, bp))
@@ -491,14 +492,19 @@ impl Pool {
                     }) as Job<'_>
                 })
                 .collect();
+            // A part whose worker panicked counts each of its blocks as
+            // unrecoverable, so the results stay in step with the blocks.
             let results: Vec<pipeline::BlockScrub> = tarn_vdev::workers::run_all(jobs)
                 .into_iter()
-                .flat_map(|got| {
+                .zip(&parts)
+                .flat_map(|(got, c)| {
                     got.unwrap_or_else(|| {
-                        vec![pipeline::BlockScrub {
-                            unrecoverable: true,
-                            ..Default::default()
-                        }]
+                        (0..c.len())
+                            .map(|_| pipeline::BlockScrub {
+                                unrecoverable: true,
+                                ..Default::default()
+                            })
+                            .collect()
                     })
                 })
                 .collect();

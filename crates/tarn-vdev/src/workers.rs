@@ -18,12 +18,19 @@
 //! buffers, the plan of a read), as a scope's threads may. That is sound
 //! because `run_all` does not return or unwind, and so the borrowed data
 //! cannot be dropped, until every job handed to a worker has finished:
-//! each is wrapped so that it counts a latch down last, panics included (a
-//! job that panics is caught and yields `None`, as a scoped thread that
-//! panicked yields an error at its join), and a guard that waits for the
-//! latch is dropped on return and on unwinding alike. The latch and the
-//! result slots are reference-counted, so a worker never touches memory
-//! of a caller that has returned.
+//! each is counted on a latch before it exists and carries a `Done` that
+//! counts it down exactly once, after the job has run and dropped what it
+//! borrows, or when the job is dropped unrun (a job that panics is caught
+//! and yields `None`, as a scoped thread that panicked yields an error at
+//! its join); and a guard that waits for the latch is dropped on return
+//! and on unwinding alike. The latch and the result slots are
+//! reference-counted, so a worker never touches memory of a caller that
+//! has returned.
+//!
+//! A worker counts itself idle before it lets its job's `Done` go, so a
+//! caller that runs batch after batch (a streaming reader) finds its last
+//! batch's workers free, and the number of threads stays what its batches
+//! need instead of creeping towards the cap.
 //!
 //! # No deadlock
 //!
@@ -43,8 +50,11 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 /// that asked for them.
 pub const MAX_WORKERS: usize = 64;
 
-/// A job with its borrows erased; see the module docs for why that holds.
-type Job = Box<dyn FnOnce() + Send + 'static>;
+/// A job with its borrows erased (see the module docs for why that
+/// holds). It gives back its [`Done`], which its worker drops once it has
+/// counted itself idle again: a caller woken by the count finds the worker
+/// free for its next jobs.
+type Job = Box<dyn FnOnce() -> Done + Send + 'static>;
 
 #[derive(Default)]
 struct State {
@@ -70,20 +80,28 @@ impl Workers {
     /// Sets a worker aside for one job: an idle one, or a new one while
     /// there are fewer than [`MAX_WORKERS`]. False when none is to be had.
     fn claim(self: &Arc<Self>) -> bool {
-        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if st.idle > 0 {
-            st.idle -= 1;
-            return true;
+        {
+            let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if st.idle > 0 {
+                st.idle -= 1;
+                return true;
+            }
+            if st.started >= MAX_WORKERS {
+                return false;
+            }
+            st.started += 1;
         }
-        if st.started >= MAX_WORKERS {
-            return false;
-        }
+        // Started outside the lock, which finishing workers and other
+        // callers need meanwhile.
         let me = Arc::clone(self);
         let spawned = std::thread::Builder::new()
             .name("tarn-vdev".into())
             .spawn(move || me.work());
-        if spawned.is_ok() {
-            st.started += 1;
+        if spawned.is_err() {
+            self.state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .started -= 1;
         }
         spawned.is_ok()
     }
@@ -106,10 +124,14 @@ impl Workers {
                 Some(job) => {
                     drop(st);
                     // Jobs catch their own panics; this keeps the worker
-                    // alive should one escape anyway.
-                    let _ = catch_unwind(AssertUnwindSafe(job));
+                    // alive should one escape anyway (its `Done` has then
+                    // been dropped while unwinding).
+                    let done = catch_unwind(AssertUnwindSafe(job));
                     st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
                     st.idle += 1;
+                    drop(st);
+                    drop(done);
+                    st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
                 }
                 None => {
                     st = self.ready.wait(st).unwrap_or_else(PoisonError::into_inner);
@@ -143,6 +165,16 @@ impl Latch {
         while *left > 0 {
             left = self.zero.wait(left).unwrap_or_else(PoisonError::into_inner);
         }
+    }
+}
+
+/// Counts its latch down when dropped: when its job has run, or when the
+/// job is dropped unrun, or unwinds.
+struct Done(Arc<Latch>);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.0.done();
     }
 }
 
@@ -207,6 +239,7 @@ fn run_all_with<'a, T: Send + 'a>(
     let waiting = WaitFor(Arc::clone(&latch));
     let pool = workers();
     let mut mine: Vec<Box<dyn FnOnce() + 'a>> = Vec::new();
+    let mut handed: Vec<Job> = Vec::new();
     for (i, job) in jobs.into_iter().enumerate() {
         let slots = Arc::clone(&slots);
         let run = move || {
@@ -214,33 +247,48 @@ fn run_all_with<'a, T: Send + 'a>(
                 *slots[i].lock().unwrap_or_else(PoisonError::into_inner) = Some(v);
             }
         };
-        if i == 0 || !pool.claim() {
+        if i == 0 {
             mine.push(Box::new(run));
             continue;
         }
+        // Counted before it exists: from here on it counts down exactly
+        // once, run or dropped.
         latch.add();
-        let latch = Arc::clone(&latch);
-        let wrapped: Box<dyn FnOnce() + Send + 'a> = Box::new(move || {
+        let done = Done(Arc::clone(&latch));
+        let wrapped: Box<dyn FnOnce() -> Done + Send + 'a> = Box::new(move || {
             run();
-            // Last: after this the caller may return and drop what the
-            // job borrowed.
-            latch.done();
+            // The job and what it borrowed are gone; `done` goes last.
+            done
         });
         // SAFETY: the box's type only forgets the lifetime `'a` of what the
-        // job borrows; its layout is the same. A claimed worker takes every
-        // job pushed (`work` runs each job it pops), the job counts the
-        // latch down only after it has run and dropped what it borrows,
-        // and `waiting` (dropped on return and on unwinding) waits for the
-        // latch: nothing the job borrows is dropped while it can use it.
+        // job borrows; its layout is the same. The job counts the latch
+        // down (its `Done` dropped) only after it has run and dropped what
+        // it borrows, or when it is dropped unrun; and `waiting` (dropped on
+        // return and on unwinding) waits for the latch. So nothing the job
+        // borrows is dropped while it can still use it, wherever it runs.
         let erased: Job = unsafe {
-            std::mem::transmute::<Box<dyn FnOnce() + Send + 'a>, Box<dyn FnOnce() + Send + 'static>>(
-                wrapped,
-            )
+            std::mem::transmute::<
+                Box<dyn FnOnce() -> Done + Send + 'a>,
+                Box<dyn FnOnce() -> Done + Send + 'static>,
+            >(wrapped)
         };
-        pool.push(erased);
+        handed.push(erased);
+    }
+    // Claimed and queued with nothing between that can unwind; those no
+    // worker can take run here.
+    let mut here = Vec::new();
+    for job in handed {
+        if pool.claim() {
+            pool.push(job);
+        } else {
+            here.push(job);
+        }
     }
     for job in mine {
         job();
+    }
+    for job in here {
+        drop(job());
     }
     meanwhile();
     drop(waiting);
