@@ -431,18 +431,25 @@ pub(crate) struct View<'a> {
 const TREE_PAGE: usize = 256;
 
 impl View<'_> {
+    /// What the overlays say of `key`, newest first: `Some` when one of
+    /// them decides it (its entry, or `None` for one deleted), `None` when
+    /// the tree below does.
+    fn in_layers(&self, key: &[u8]) -> Option<Option<Found>> {
+        self.layers.iter().find_map(|l| match l.seen(key) {
+            Seen::Entry(c) => Some(from_change(c)),
+            Seen::Hidden => Some(None),
+            Seen::Below => None,
+        })
+    }
+
     /// The value of `key`.
     pub(crate) fn get(
         &mut self,
         store: &dyn NodeStore,
         key: &[u8],
     ) -> Result<Option<Found>, DsError> {
-        for l in &self.layers {
-            match l.seen(key) {
-                Seen::Entry(c) => return Ok(from_change(c)),
-                Seen::Hidden => return Ok(None),
-                Seen::Below => {}
-            }
+        if let Some(decided) = self.in_layers(key) {
+            return Ok(decided);
         }
         match self
             .tree
@@ -463,20 +470,12 @@ impl View<'_> {
         f: &mut dyn FnMut(usize, Found),
     ) -> Result<(), DsError> {
         let mut below = Vec::with_capacity(keys.len());
-        'key: for (i, key) in keys.iter().enumerate() {
-            for l in &self.layers {
-                match l.seen(key) {
-                    Seen::Entry(c) => {
-                        if let Some(found) = from_change(c) {
-                            f(i, found);
-                        }
-                        continue 'key;
-                    }
-                    Seen::Hidden => continue 'key,
-                    Seen::Below => {}
-                }
+        for (i, key) in keys.iter().enumerate() {
+            match self.in_layers(key) {
+                Some(Some(found)) => f(i, found),
+                Some(None) => {}
+                None => below.push(i),
             }
-            below.push(i);
         }
         let tree_keys: Vec<&[u8]> = below.iter().map(|&i| keys[i]).collect();
         let mut bad = None;

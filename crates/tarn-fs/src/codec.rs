@@ -24,9 +24,9 @@ pub(crate) fn ino_prefix(ino: u64) -> [u8; 8] {
 
 /// `ino ‖ kind`.
 pub(crate) fn key2(ino: u64, kind: u8) -> Vec<u8> {
+    // Room for `key3`'s counter without growing.
     let mut k = Vec::with_capacity(17);
-    k.extend_from_slice(&ino.to_be_bytes());
-    k.push(kind);
+    k.extend_from_slice(&key2_array(ino, kind));
     k
 }
 

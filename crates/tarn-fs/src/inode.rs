@@ -262,6 +262,17 @@ pub(crate) struct Tx<'a> {
     name_key: Option<Option<[u8; 32]>>,
 }
 
+/// Inode `ino` from what the store holds under its key.
+fn stored_inode(ino: u64, v: Option<crate::Val>) -> Result<Option<Inode>> {
+    match v {
+        None => Ok(None),
+        Some(crate::Val::Plain(v)) => Inode::decode(ino, &v).map(Some),
+        Some(crate::Val::Block { .. }) => {
+            Err(FsError::io(format!("inode {ino} stored as a block")))
+        }
+    }
+}
+
 impl<'a> Tx<'a> {
     pub fn new(s: &'a mut dyn Store) -> Self {
         let info = s.info();
@@ -342,13 +353,7 @@ impl<'a> Tx<'a> {
         let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
         let vals = self.s.get_many(&refs)?;
         for (&(ino, i), v) in wanted.iter().zip(vals) {
-            out[i] = match v {
-                None => return Err(gone(ino)),
-                Some(crate::Val::Plain(v)) => Some(Inode::decode(ino, &v)?),
-                Some(crate::Val::Block { .. }) => {
-                    return Err(FsError::io(format!("inode {ino} stored as a block")))
-                }
-            };
+            out[i] = Some(stored_inode(ino, v)?.ok_or_else(|| gone(ino))?);
         }
         out.into_iter()
             .collect::<Option<Vec<_>>>()
@@ -366,14 +371,10 @@ impl<'a> Tx<'a> {
         if ino == 0 || ino > MAX_LOCAL_INO {
             return Ok((None, false));
         }
-        let v = match self.s.get(&codec::key2_array(ino, K_INODE))? {
-            None => return Ok((None, false)),
-            Some(crate::Val::Plain(v)) => v,
-            Some(crate::Val::Block { .. }) => {
-                return Err(FsError::io(format!("inode {ino} stored as a block")))
-            }
-        };
-        Ok((Some(Inode::decode(ino, &v)?), true))
+        let v = self.s.get(&codec::key2_array(ino, K_INODE))?;
+        let inode = stored_inode(ino, v)?;
+        let loaded = inode.is_some();
+        Ok((inode, loaded))
     }
 
     /// Records a changed inode; written by [`Tx::flush`]. A new inode (not

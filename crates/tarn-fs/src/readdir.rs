@@ -97,12 +97,10 @@ impl<B: Backend> Fs<B> {
         };
         if let Place::SnapDir = self.place(ino)? {
             let mut out = Vec::new();
-            fits(None);
-            let mut full = false;
+            let mut page = Page::start(fits);
             if cookie == 0 && out.len() < limit {
                 let e = dot(SNAPDIR_INO, 1, b".");
-                full = !fits(Some(&e));
-                if !full {
+                if page.admit(&e) {
                     let a = if plus {
                         Some(self.snapdir_attr()?)
                     } else {
@@ -111,10 +109,9 @@ impl<B: Backend> Fs<B> {
                     out.push((e, a));
                 }
             }
-            if cookie <= 1 && out.len() < limit && !full {
+            if cookie <= 1 && out.len() < limit {
                 let e = dot(ROOT_INO, 2, b"..");
-                full = !fits(Some(&e));
-                if !full {
+                if page.admit(&e) {
                     let a = if plus {
                         Some(self.getattr(ROOT_INO)?)
                     } else {
@@ -124,7 +121,7 @@ impl<B: Backend> Fs<B> {
                 }
             }
             for (slot, name) in self.snapshot_list()? {
-                if out.len() >= limit || full {
+                if out.len() >= limit || page.full {
                     break;
                 }
                 if slot + COOKIE_BASE <= cookie {
@@ -136,7 +133,7 @@ impl<B: Backend> Fs<B> {
                     kind: FileKind::Directory,
                     name: name.into_bytes(),
                 };
-                if !fits(Some(&e)) {
+                if !page.admit(&e) {
                     break;
                 }
                 let a = if plus {
@@ -156,25 +153,22 @@ impl<B: Backend> Fs<B> {
             let guid = tx.info.guid;
             let mut out = Vec::new();
             let mut snap_parent = None;
-            fits(None);
-            let mut full = false;
+            let mut page = Page::start(&mut *fits);
             if cookie == 0 && limit > 0 {
                 let e = dot(gino(slot, l), 1, b".");
-                full = !fits(Some(&e));
-                if !full {
+                if page.admit(&e) {
                     let a = plus.then(|| attr_of(slot, guid, &d));
                     out.push((e, a));
                 }
             }
-            if cookie <= 1 && out.len() < limit && !full {
+            if cookie <= 1 && out.len() < limit {
                 let parent = if slot != 0 && l == ROOT_INO {
                     SNAPDIR_INO
                 } else {
                     gino(slot, d.parent)
                 };
                 let e = dot(parent, 2, b"..");
-                full = !fits(Some(&e));
-                if !full {
+                if page.admit(&e) {
                     if parent == SNAPDIR_INO {
                         snap_parent = Some(out.len());
                         out.push((e, None));
@@ -192,9 +186,9 @@ impl<B: Backend> Fs<B> {
                 }
             }
             let want = limit - out.len();
-            if want > 0 && d.nlink > 0 && !full {
+            if want > 0 && d.nlink > 0 && !page.full {
                 let after = cookie.checked_sub(COOKIE_BASE);
-                let mut page = Vec::new();
+                let mut listed = Vec::new();
                 let mut inos = Vec::new();
                 for e in dir::list(tx, l, after, want)? {
                     let ino = e.ino;
@@ -204,19 +198,19 @@ impl<B: Backend> Fs<B> {
                         kind: e.kind,
                         name: e.name,
                     };
-                    if !fits(Some(&e)) {
+                    if !page.admit(&e) {
                         break;
                     }
-                    page.push(e);
+                    listed.push(e);
                     inos.push(ino);
                 }
                 if plus {
                     let inodes = tx.peek_many(&inos)?;
-                    for (e, i) in page.into_iter().zip(inodes) {
+                    for (e, i) in listed.into_iter().zip(inodes) {
                         out.push((e, Some(attr_of(slot, guid, &i))));
                     }
                 } else {
-                    out.extend(page.into_iter().map(|e| (e, None)));
+                    out.extend(listed.into_iter().map(|e| (e, None)));
                 }
             }
             Ok((out, wants_atime(tx, &d), snap_parent))
@@ -231,5 +225,26 @@ impl<B: Backend> Fs<B> {
             self.touch_atime(ino);
         }
         Ok(out)
+    }
+}
+
+/// One attempt at a page: asks `fits` (see [`Fs::readdirplus_fitting`])
+/// about each entry in order until it refuses one, after which the page
+/// is full and nothing more is asked.
+struct Page<'f> {
+    fits: &'f mut dyn FnMut(Option<&DirEntry>) -> bool,
+    full: bool,
+}
+
+impl<'f> Page<'f> {
+    fn start(fits: &'f mut dyn FnMut(Option<&DirEntry>) -> bool) -> Page<'f> {
+        fits(None);
+        Page { fits, full: false }
+    }
+
+    /// Whether `e` goes on the page.
+    fn admit(&mut self, e: &DirEntry) -> bool {
+        self.full = self.full || !(self.fits)(Some(e));
+        !self.full
     }
 }
