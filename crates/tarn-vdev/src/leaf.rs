@@ -4,6 +4,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 
 use crate::VdevError;
 
@@ -35,13 +37,23 @@ pub trait Leaf: Send + Sync + std::fmt::Debug {
 /// pread/pwrite. It keeps no statistics: the vdev counts I/O per child.
 #[derive(Debug)]
 pub struct FileLeaf {
-    file: File,
+    /// The file, shared with the writeback thread ([`KICK_BYTES`]).
+    shared: Arc<Shared>,
     path: PathBuf,
     size: u64,
-    /// Bytes written since writeback was last started ([`KICK_BYTES`]).
-    unkicked: std::sync::atomic::AtomicU64,
+    /// Bytes written since writeback was last asked for.
+    unkicked: AtomicU64,
+}
+
+/// What the writeback thread needs of a leaf.
+#[derive(Debug)]
+struct Shared {
+    file: File,
+    /// Set while a start of its writeback waits in the thread's queue, so
+    /// a leaf is queued at most once however fast it is written.
+    queued: AtomicBool,
     /// How many times writeback was started, for tests.
-    kicks: std::sync::atomic::AtomicU64,
+    kicks: AtomicU64,
 }
 
 impl FileLeaf {
@@ -62,27 +74,33 @@ impl FileLeaf {
             .seek(SeekFrom::End(0))
             .map_err(|e| io_err("size", e))?;
         Ok(FileLeaf {
-            file,
+            shared: Arc::new(Shared {
+                file,
+                queued: AtomicBool::new(false),
+                kicks: AtomicU64::new(0),
+            }),
             path: path.to_path_buf(),
             size,
-            unkicked: std::sync::atomic::AtomicU64::new(0),
-            kicks: std::sync::atomic::AtomicU64::new(0),
+            unkicked: AtomicU64::new(0),
         })
     }
 
-    /// Counts `n` bytes written and starts the kernel's writeback of the
-    /// file once [`KICK_BYTES`] have gathered since the last start.
+    fn file(&self) -> &File {
+        &self.shared.file
+    }
+
+    /// Counts `n` bytes written and, once [`KICK_BYTES`] have gathered
+    /// since the last time, has the writeback thread start the kernel's
+    /// writeback of the file.
     fn written(&self, n: usize) {
-        use std::sync::atomic::Ordering;
         let before = self.unkicked.fetch_add(n as u64, Ordering::Relaxed);
-        // Whoever crosses the mark and still finds it crossed starts it:
-        // one writer, not every writer of the moment.
-        if before + n as u64 >= KICK_BYTES && self.unkicked.swap(0, Ordering::Relaxed) >= KICK_BYTES
+        // Whoever crosses the mark and still finds it crossed asks: one
+        // writer, not every writer of the moment.
+        if before + n as u64 >= KICK_BYTES
+            && self.unkicked.swap(0, Ordering::Relaxed) >= KICK_BYTES
+            && !self.shared.queued.swap(true, Ordering::AcqRel)
         {
-            // A hint: whatever fails here fails again, and is reported, in
-            // the flush every txg and intent log commit waits for.
-            let _ = start_writeback(&self.file);
-            self.kicks.fetch_add(1, Ordering::Relaxed);
+            kick(&self.shared);
         }
     }
 }
@@ -97,11 +115,58 @@ impl FileLeaf {
 /// with `SYNC_FILE_RANGE_WRITE`: it queues the dirty pages and does not
 /// wait for them) overlaps the two, and the flush finds less left.
 /// Durability does not change: nothing is called durable before the flush.
-/// Why 32 MiB and not less: at 8 MiB large syncs gained more, but the
-/// p99 of 64k writes with an `fsync` each, on a pool with a log device,
-/// rose by a sixth (the commits' in-place blocks queued behind the sync's
-/// writeback); at 32 MiB it measured as without (docs/performance.md).
+///
+/// The call is made by one thread of its own (`tarn-writeback`), not by
+/// the writer: queueing the pages is work (the file system allocates
+/// their blocks and builds the I/O), and a writer that paid for a whole
+/// sync's pages was, once in so many, an intent log commit (its blocks
+/// written in place) whose `fsync` then waited for it. Made by the
+/// writers, every 8 MiB, it raised the fsync p99 of 64k writes on a pool
+/// with a log device by a sixth. Why 32 MiB and not 8: large syncs gain
+/// a little more at 8, but the small syncs that run beside a stream of
+/// `fsync`s then start it too, and the p99 of 4k writes with a log
+/// device was a little higher; at 32 MiB they rarely reach it
+/// (docs/performance.md).
 const KICK_BYTES: u64 = 32 << 20;
+
+/// Hands `leaf` to the writeback thread (started on first use); where no
+/// thread can be started, starts its writeback here.
+fn kick(leaf: &Arc<Shared>) {
+    static QUEUE: OnceLock<Option<Mutex<mpsc::Sender<Arc<Shared>>>>> = OnceLock::new();
+    let queue = QUEUE.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Arc<Shared>>();
+        std::thread::Builder::new()
+            .name("tarn-writeback".into())
+            .spawn(move || {
+                for leaf in rx {
+                    // Cleared first: writes from here on may queue it again.
+                    leaf.queued.store(false, Ordering::Release);
+                    writeback(&leaf);
+                }
+            })
+            .ok()
+            .map(|_| Mutex::new(tx))
+    });
+    let sent = queue.as_ref().is_some_and(|q| {
+        q.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(leaf.clone())
+            .is_ok()
+    });
+    if !sent {
+        leaf.queued.store(false, Ordering::Release);
+        writeback(leaf);
+    }
+}
+
+/// Starts the writeback of one leaf's file and counts it.
+fn writeback(leaf: &Shared) {
+    // A hint: whatever fails here fails again, and is reported, in the
+    // flush every txg and intent log commit waits for (the kernel keeps a
+    // writeback error for the file until a flush reports it).
+    let _ = start_writeback(&leaf.file);
+    leaf.kicks.fetch_add(1, Ordering::Relaxed);
+}
 
 /// Queues the file's dirty pages for writing, without waiting for them.
 #[cfg(target_os = "linux")]
@@ -208,13 +273,13 @@ pub(crate) fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> 
 impl Leaf for FileLeaf {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         check_range(offset, buf.len(), self.size)?;
-        self.file.read_exact_at(buf, offset)
+        self.file().read_exact_at(buf, offset)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         // Refuse to grow a regular file: the size is part of the geometry.
         check_range(offset, buf.len(), self.size)?;
-        self.file.write_all_at(buf, offset)?;
+        self.file().write_all_at(buf, offset)?;
         self.written(buf.len());
         Ok(())
     }
@@ -222,13 +287,13 @@ impl Leaf for FileLeaf {
     fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         check_range(offset, total, self.size)?;
-        write_vectored_all(&self.file, bufs, offset)?;
+        write_vectored_all(self.file(), bufs, offset)?;
         self.written(total);
         Ok(())
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.file.sync_data()
+        self.file().sync_data()
     }
 
     fn size(&self) -> u64 {
@@ -325,35 +390,51 @@ mod tests {
 
     #[test]
     fn writeback_starts_every_few_mib_and_changes_no_byte() {
-        use std::sync::atomic::Ordering;
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("d0");
         File::create(&p).unwrap().set_len(4 * KICK_BYTES).unwrap();
         let leaf = FileLeaf::open(&p).unwrap();
         // The call itself succeeds on a regular file.
-        start_writeback(&leaf.file).unwrap();
-        let chunk = 4 << 20;
-        let total = 3 * KICK_BYTES as usize + chunk / 2;
+        start_writeback(leaf.file()).unwrap();
+        let kicks = || leaf.shared.kicks.load(Ordering::Relaxed);
+        // Waits for the writeback thread to have started `n` in all.
+        let wait_for = |n: u64| {
+            let t0 = std::time::Instant::now();
+            while kicks() < n && t0.elapsed() < std::time::Duration::from_secs(20) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            assert_eq!(kicks(), n, "writeback starts");
+        };
+        let chunk = 1 << 20;
         let mut at = 0;
         let mut i = 0u8;
-        while at < total {
-            let piece = vec![i; chunk.min(total - at)];
+        let mut write = |len: usize| {
+            let piece = vec![i; len];
             if i.is_multiple_of(2) {
                 leaf.write_at(&piece, at as u64).unwrap();
             } else {
                 let (a, b) = piece.split_at(piece.len() / 3);
                 leaf.write_vectored_at(&[a, b], at as u64).unwrap();
             }
-            at += piece.len();
+            at += len;
             i = i.wrapping_add(1);
+        };
+        for round in 1..=3u64 {
+            // Short of the mark: nothing starts.
+            for _ in 0..KICK_BYTES as usize / chunk - 1 {
+                write(chunk);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert_eq!(kicks(), round - 1, "started before {KICK_BYTES} bytes");
+            // The write that reaches it starts one.
+            write(chunk);
+            wait_for(round);
         }
-        assert_eq!(
-            leaf.kicks.load(Ordering::Relaxed),
-            3,
-            "one start per {KICK_BYTES} bytes"
-        );
+        write(chunk / 2);
         assert_eq!(leaf.unkicked.load(Ordering::Relaxed), (chunk / 2) as u64);
+        assert!(!leaf.shared.queued.load(Ordering::Relaxed));
         leaf.flush().unwrap();
+        let total = 3 * KICK_BYTES as usize + chunk / 2;
         let mut back = vec![0u8; total];
         leaf.read_at(&mut back, 0).unwrap();
         for (n, c) in back.chunks(chunk).enumerate() {
