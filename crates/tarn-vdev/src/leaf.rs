@@ -5,7 +5,7 @@ use std::io::{self, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{mpsc, Arc, OnceLock, Weak};
 
 use crate::VdevError;
 
@@ -94,13 +94,14 @@ impl FileLeaf {
     /// writeback of the file.
     fn written(&self, n: usize) {
         let before = self.unkicked.fetch_add(n as u64, Ordering::Relaxed);
-        // Whoever crosses the mark and still finds it crossed asks: one
-        // writer, not every writer of the moment.
-        if before + n as u64 >= KICK_BYTES
-            && self.unkicked.swap(0, Ordering::Relaxed) >= KICK_BYTES
-            && !self.shared.queued.swap(true, Ordering::AcqRel)
-        {
-            kick(&self.shared);
+        // Only the writer that crosses the mark asks, and starts the count
+        // again (what another writer adds in between is not counted: this
+        // only times a hint).
+        if before < KICK_BYTES && before + n as u64 >= KICK_BYTES {
+            self.unkicked.store(0, Ordering::Relaxed);
+            if !self.shared.queued.swap(true, Ordering::AcqRel) {
+                kick(&self.shared);
+            }
         }
     }
 }
@@ -130,29 +131,29 @@ impl FileLeaf {
 const KICK_BYTES: u64 = 32 << 20;
 
 /// Hands `leaf` to the writeback thread (started on first use); where no
-/// thread can be started, starts its writeback here.
+/// thread can be started, starts its writeback here. The queue holds the
+/// leaf weakly: a leaf dropped meanwhile (an export, a removed device)
+/// closes its file at once, whatever the thread is doing.
 fn kick(leaf: &Arc<Shared>) {
-    static QUEUE: OnceLock<Option<Mutex<mpsc::Sender<Arc<Shared>>>>> = OnceLock::new();
+    static QUEUE: OnceLock<Option<mpsc::Sender<Weak<Shared>>>> = OnceLock::new();
     let queue = QUEUE.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<Arc<Shared>>();
+        let (tx, rx) = mpsc::channel::<Weak<Shared>>();
         std::thread::Builder::new()
             .name("tarn-writeback".into())
             .spawn(move || {
                 for leaf in rx {
+                    let Some(leaf) = leaf.upgrade() else { continue };
                     // Cleared first: writes from here on may queue it again.
                     leaf.queued.store(false, Ordering::Release);
                     writeback(&leaf);
                 }
             })
             .ok()
-            .map(|_| Mutex::new(tx))
+            .map(|_| tx)
     });
-    let sent = queue.as_ref().is_some_and(|q| {
-        q.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send(leaf.clone())
-            .is_ok()
-    });
+    let sent = queue
+        .as_ref()
+        .is_some_and(|q| q.send(Arc::downgrade(leaf)).is_ok());
     if !sent {
         leaf.queued.store(false, Ordering::Release);
         writeback(leaf);
@@ -161,11 +162,14 @@ fn kick(leaf: &Arc<Shared>) {
 
 /// Starts the writeback of one leaf's file and counts it.
 fn writeback(leaf: &Shared) {
-    // A hint: whatever fails here fails again, and is reported, in the
-    // flush every txg and intent log commit waits for (the kernel keeps a
-    // writeback error for the file until a flush reports it).
+    // A hint: an error of the writeback it starts is recorded for the
+    // file and reported by the next flush, which every txg and intent log
+    // commit waits for. (Only because this call does not wait: with a
+    // `SYNC_FILE_RANGE_WAIT_*` flag it would itself take that report,
+    // shared by every descriptor of the open file, and the flush would
+    // then succeed.)
     let _ = start_writeback(&leaf.file);
-    leaf.kicks.fetch_add(1, Ordering::Relaxed);
+    leaf.kicks.fetch_add(1, Ordering::Release);
 }
 
 /// Queues the file's dirty pages for writing, without waiting for them.
@@ -396,7 +400,7 @@ mod tests {
         let leaf = FileLeaf::open(&p).unwrap();
         // The call itself succeeds on a regular file.
         start_writeback(leaf.file()).unwrap();
-        let kicks = || leaf.shared.kicks.load(Ordering::Relaxed);
+        let kicks = || leaf.shared.kicks.load(Ordering::Acquire);
         // Waits for the writeback thread to have started `n` in all.
         let wait_for = |n: u64| {
             let t0 = std::time::Instant::now();
@@ -432,7 +436,7 @@ mod tests {
         }
         write(chunk / 2);
         assert_eq!(leaf.unkicked.load(Ordering::Relaxed), (chunk / 2) as u64);
-        assert!(!leaf.shared.queued.load(Ordering::Relaxed));
+        assert!(!leaf.shared.queued.load(Ordering::Acquire));
         leaf.flush().unwrap();
         let total = 3 * KICK_BYTES as usize + chunk / 2;
         let mut back = vec![0u8; total];

@@ -138,6 +138,7 @@ impl Layout {
         let mut pos = 0;
         for c in self.parity..self.ncols() {
             let take = self.cols[c].len.min(data.len().saturating_sub(pos));
+            debug_assert!(self.cols[c].len <= self.shard_len);
             stripe.extend_from_slice(&data[pos..pos + take]);
             stripe.resize((c + 1) * self.shard_len, 0);
             pos += self.cols[c].len;
