@@ -112,7 +112,7 @@ impl FileLeaf {
 /// (fdatasync). Left alone, the kernel holds the written pages in memory
 /// until that flush, so the disk idles while the sync copies and hashes
 /// and the sync then idles while the disk writes: a large sync took the
-/// sum of the two. Starting writeback every few MiB (`sync_file_range`
+/// sum of the two. Starting writeback every `KICK_BYTES` (`sync_file_range`
 /// with `SYNC_FILE_RANGE_WRITE`: it queues the dirty pages and does not
 /// wait for them) overlaps the two, and the flush finds less left.
 /// Durability does not change: nothing is called durable before the flush.
