@@ -409,6 +409,9 @@ async fn transmit<R, W>(
     // A change between the handshake and the subscription above would be
     // missed: check once at the start, against the exports as they are now.
     changed.mark_changed();
+    let mut writes = Writes::default();
+    // Fixed for a volume's life (a closed one fails every write anyway).
+    let block = u64::from(sess.export.device.block_size()).max(1);
     loop {
         // The request being read survives a change of the exports (it is
         // polled again, never dropped half-read) unless the connection
@@ -466,7 +469,7 @@ async fn transmit<R, W>(
                 let dev = sess.export.device.clone();
                 let sh = shared.clone();
                 let name = sess.export.name.clone();
-                tokio::task::spawn_blocking(move || {
+                let work = move || {
                     let out = exec::run(&*dev, cmd, payload);
                     log_io_error(&sh, &name, &out);
                     let read = matches!(cmd, Command::Read { .. });
@@ -479,7 +482,15 @@ async fn transmit<R, W>(
                         _slot: slot,
                         _bytes: bytes,
                     });
-                });
+                };
+                match cmd {
+                    Command::Write { offset, len, .. }
+                        if offset % block == 0 && u64::from(len) % block == 0 =>
+                    {
+                        writes.run(Box::new(work))
+                    }
+                    _ => drop(tokio::task::spawn_blocking(work)),
+                }
             }
             Next::Refuse {
                 header,
@@ -512,6 +523,60 @@ async fn transmit<R, W>(
     // sender), the writer drains the channel, shuts the stream down and
     // ends.
     let _ = writer.await;
+}
+
+/// A device call carried out on another thread.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The thread that carries out a connection's writes of whole blocks one
+/// after the other, started by its first such write and ended with the
+/// connection.
+///
+/// A write handed to the blocking pool costs two thread switches (to a
+/// worker and, with the reply, back), and the pool's workers then wait
+/// for one another on the volume's lock; a write of whole blocks needs
+/// no old block and costs less than that. On one thread of their own the
+/// writes take the lock in turn. A write into part of a block may read
+/// the old block from the disk first: it still goes to the pool, so that
+/// the reads of many such writes run at once and none holds up the
+/// writes behind it. NBD gives writes in flight no order, so none is
+/// promised here either.
+#[derive(Default)]
+struct Writes {
+    queue: Option<std::sync::mpsc::Sender<Job>>,
+    /// Starting the thread failed: every write goes to the pool.
+    failed: bool,
+}
+
+impl Writes {
+    /// Queues `job` to the thread (or to the pool when the thread cannot
+    /// be started or has ended).
+    fn run(&mut self, job: Job) {
+        if self.queue.is_none() && !self.failed {
+            let (tx, rx) = std::sync::mpsc::channel::<Job>();
+            let started = std::thread::Builder::new()
+                .name("tarn-nbd-writes".into())
+                .spawn(move || {
+                    while let Ok(job) = rx.recv() {
+                        // A panic is the job's own (its reply is lost, as
+                        // on the pool); the thread goes on.
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                    }
+                });
+            match started {
+                Ok(_) => self.queue = Some(tx),
+                Err(_) => self.failed = true,
+            }
+        }
+        let job = match &self.queue {
+            Some(q) => match q.send(job) {
+                Ok(()) => return,
+                Err(std::sync::mpsc::SendError(job)) => job,
+            },
+            None => job,
+        };
+        drop(tokio::task::spawn_blocking(job));
+    }
 }
 
 /// Reads the next request: header, judgement, permits (so memory stays

@@ -244,6 +244,74 @@ fn read_past_the_end_is_einval_and_the_connection_stays_usable() {
     c.disconnect();
 }
 
+/// A connection's writes of whole blocks run one after the other on a
+/// thread of their own, and writes into part of a block on the blocking
+/// pool (they may read the old block first); every one lands. A write
+/// whose device call panics loses its reply (as on the pool) but not the
+/// thread: the writes after it on the same connection are carried out
+/// and answered.
+#[test]
+fn whole_block_writes_run_on_the_connections_write_thread() {
+    let dev = Probe::new(MIB, 4096);
+    let r = start(vec![NbdExport::new("vol", dev.clone())]);
+    let mut c = Raw::open(r.local_addr(), "vol");
+    let mut model = vec![0u8; MIB as usize];
+    let writes: [(u64, usize); 5] = [
+        (0, 4096),
+        (3 * 4096, 8192),
+        (100, 512),
+        (8192, 4096),
+        (4096 + 7, 4096),
+    ];
+    for (i, &(off, len)) in writes.iter().enumerate() {
+        let data = pattern(i as u64 + 1, len);
+        assert_eq!(c.write(off, &data), 0, "write of {len} at {off}");
+        model[off as usize..off as usize + len].copy_from_slice(&data);
+    }
+    assert_eq!(
+        c.read(0, MIB as u32),
+        Ok(model.clone()),
+        "every write landed"
+    );
+    let on_thread = |off: u64| {
+        dev.write_threads
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|(o, _)| *o == off)
+            .map(|(_, name)| name.as_deref() == Some("tarn-nbd-writes"))
+            .expect("the write reached the device")
+    };
+    for (off, len) in writes {
+        let whole = off % 4096 == 0 && len % 4096 == 0;
+        assert_eq!(on_thread(off), whole, "write of {len} at {off}");
+    }
+    // A panicking write, then another on the same connection.
+    *dev.panic_at.lock().unwrap() = Some(16 * 4096);
+    c.request(cmd::WRITE, 0, 7, 16 * 4096, 4096, &pattern(9, 4096));
+    let data = pattern(10, 4096);
+    c.request(cmd::WRITE, 0, 8, 20 * 4096, 4096, &data);
+    assert_eq!(c.status(), (8, 0), "the write after the panic is answered");
+    assert!(on_thread(20 * 4096), "on the same thread, which lived on");
+    model[20 * 4096..21 * 4096].copy_from_slice(&data);
+    *dev.panic_at.lock().unwrap() = None;
+    // The lost reply is the panicking write's alone: a new connection
+    // sees everything else.
+    drop(c);
+    let mut c = Raw::open(r.local_addr(), "vol");
+    let got = c.read(0, MIB as u32).expect("read");
+    assert!(
+        got[20 * 4096..21 * 4096] == data[..],
+        "written after the panic"
+    );
+    assert!(
+        got[..16 * 4096] == model[..16 * 4096],
+        "the writes before it"
+    );
+    c.disconnect();
+}
+
 #[test]
 fn writes_to_read_only_exports_are_eperm() {
     let dev = mem(MIB);

@@ -50,6 +50,10 @@ pub struct Probe {
     pub from_memory: std::sync::atomic::AtomicBool,
     /// Reads answered from memory.
     pub cached_reads: AtomicU64,
+    /// Each write's offset and the name of the thread that carried it out.
+    pub write_threads: Mutex<Vec<(u64, Option<String>)>>,
+    /// A write at this offset panics (a device bug, injected).
+    pub panic_at: Mutex<Option<u64>>,
 }
 
 impl Probe {
@@ -63,6 +67,8 @@ impl Probe {
             write_delay: Mutex::new(Duration::ZERO),
             from_memory: std::sync::atomic::AtomicBool::new(false),
             cached_reads: AtomicU64::new(0),
+            write_threads: Mutex::new(Vec::new()),
+            panic_at: Mutex::new(None),
         })
     }
 
@@ -95,6 +101,13 @@ impl Device for Probe {
         let d = *self.write_delay.lock().unwrap();
         if !d.is_zero() {
             std::thread::sleep(d);
+        }
+        self.write_threads
+            .lock()
+            .unwrap()
+            .push((off, std::thread::current().name().map(str::to_string)));
+        if *self.panic_at.lock().unwrap() == Some(off) {
+            panic!("injected: a write at {off} panics");
         }
         self.writes.fetch_add(1, Ordering::SeqCst);
         if fua {
