@@ -34,11 +34,11 @@
 //! header is always at the start of the stream's next bytes), and the
 //! device call runs on the blocking pool ([`NbdConfig::workers`] threads
 //! shared by all connections), because `Device` calls block on disks;
-//! except writes of whole blocks, which run one after the other on a
-//! thread of the connection's own (`Writes` in `server.rs`: they read
-//! nothing first, and in turn they do not wait for one another on the
-//! volume's lock), and reads answered from memory on the connection's
-//! task.
+//! except writes of whole blocks without FUA, which run one after the
+//! other on a thread of the connection's own (`Writes` in `server.rs`:
+//! they read nothing first, and in turn they do not wait for one another
+//! on the volume's lock), and reads answered from memory on the
+//! connection's task.
 //! Its reply goes to the connection's one writer task, which writes
 //! replies in completion order (the cookie matches them to requests),
 //! batching those that are ready together; the slot and bytes are given

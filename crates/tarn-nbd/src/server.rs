@@ -45,7 +45,8 @@ pub struct NbdConfig {
     /// count. At least `max_payload`. Default 64 MiB.
     pub max_inflight_bytes_per_connection: u32,
     /// Threads carrying out device calls (blocking work), for all
-    /// connections together. Default 16.
+    /// connections together; each connection's writes of whole blocks
+    /// run on a thread of its own instead (`Writes`). Default 16.
     pub workers: usize,
     /// Time allowed from accept to the end of the negotiation (TLS
     /// included). Default 30 s.
@@ -484,9 +485,13 @@ async fn transmit<R, W>(
                     });
                 };
                 match cmd {
-                    Command::Write { offset, len, .. }
-                        if offset % block == 0 && u64::from(len) % block == 0 =>
-                    {
+                    // A FUA write waits for the intent log: on the pool,
+                    // several share a commit.
+                    Command::Write {
+                        offset,
+                        len,
+                        fua: false,
+                    } if offset % block == 0 && u64::from(len) % block == 0 => {
                         writes.run(Box::new(work))
                     }
                     _ => drop(tokio::task::spawn_blocking(work)),
@@ -528,19 +533,22 @@ async fn transmit<R, W>(
 /// A device call carried out on another thread.
 type Job = Box<dyn FnOnce() + Send>;
 
-/// The thread that carries out a connection's writes of whole blocks one
-/// after the other, started by its first such write and ended with the
-/// connection.
+/// The thread that carries out a connection's writes of whole blocks
+/// without FUA one after the other, started by its first such write; it
+/// ends once the connection has ended and its queue is done (the
+/// connection's end waits for every queued write, whose reply sender it
+/// holds).
 ///
-/// A write handed to the blocking pool costs two thread switches (to a
-/// worker and, with the reply, back), and the pool's workers then wait
-/// for one another on the volume's lock; a write of whole blocks needs
-/// no old block and costs less than that. On one thread of their own the
-/// writes take the lock in turn. A write into part of a block may read
-/// the old block from the disk first: it still goes to the pool, so that
-/// the reads of many such writes run at once and none holds up the
-/// writes behind it. NBD gives writes in flight no order, so none is
-/// promised here either.
+/// On the blocking pool, the workers that carry out one connection's
+/// small writes wait for one another on the volume's lock and hand the
+/// lock and the CPU back and forth; a write of whole blocks reads nothing
+/// first, and on one thread of their own such writes take the lock in
+/// turn (measured in docs/performance.md: a fifth more 4k writes into 4K
+/// blocks on a fifth less CPU). A write into part of a block may read the
+/// old block from the disk first, and a FUA write waits for the intent
+/// log: both still go to the pool, so that many run at once and none
+/// holds up the writes behind it. NBD gives writes in flight no order,
+/// so none is promised here either.
 #[derive(Default)]
 struct Writes {
     queue: Option<std::sync::mpsc::Sender<Job>>,

@@ -245,8 +245,9 @@ fn read_past_the_end_is_einval_and_the_connection_stays_usable() {
 }
 
 /// A connection's writes of whole blocks run one after the other on a
-/// thread of their own, and writes into part of a block on the blocking
-/// pool (they may read the old block first); every one lands. A write
+/// thread of their own, and writes into part of a block (they may read
+/// the old block first) and FUA writes (they wait for the intent log) on
+/// the blocking pool; every one lands. A write
 /// whose device call panics loses its reply (as on the pool) but not the
 /// thread: the writes after it on the same connection are carried out
 /// and answered.
@@ -256,12 +257,14 @@ fn whole_block_writes_run_on_the_connections_write_thread() {
     let r = start(vec![NbdExport::new("vol", dev.clone())]);
     let mut c = Raw::open(r.local_addr(), "vol");
     let mut model = vec![0u8; MIB as usize];
-    let writes: [(u64, usize); 5] = [
+    let writes: [(u64, usize); 6] = [
         (0, 4096),
         (3 * 4096, 8192),
         (100, 512),
         (8192, 4096),
         (4096 + 7, 4096),
+        // Aligned to 512 bytes, not to the block.
+        (6 * 4096 + 512, 512),
     ];
     for (i, &(off, len)) in writes.iter().enumerate() {
         let data = pattern(i as u64 + 1, len);
@@ -287,6 +290,13 @@ fn whole_block_writes_run_on_the_connections_write_thread() {
         let whole = off % 4096 == 0 && len % 4096 == 0;
         assert_eq!(on_thread(off), whole, "write of {len} at {off}");
     }
+    // A FUA write of a whole block goes to the pool (it waits for the
+    // intent log there, beside others).
+    let fua = pattern(11, 4096);
+    c.request(cmd::WRITE, cmd_flag::FUA, 5, 30 * 4096, 4096, &fua);
+    assert_eq!(c.status(), (5, 0));
+    assert!(!on_thread(30 * 4096), "a FUA write on the write thread");
+    assert_eq!(Probe::get(&dev.fua_writes), 1);
     // A panicking write, then another on the same connection.
     *dev.panic_at.lock().unwrap() = Some(16 * 4096);
     c.request(cmd::WRITE, 0, 7, 16 * 4096, 4096, &pattern(9, 4096));
@@ -309,6 +319,7 @@ fn whole_block_writes_run_on_the_connections_write_thread() {
         got[..16 * 4096] == model[..16 * 4096],
         "the writes before it"
     );
+    assert!(got[30 * 4096..31 * 4096] == fua[..], "the FUA write");
     c.disconnect();
 }
 
