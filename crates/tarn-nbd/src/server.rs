@@ -550,17 +550,21 @@ type Job = Box<dyn FnOnce() + Send>;
 /// holds up the writes behind it. NBD gives writes in flight no order,
 /// so none is promised here either.
 #[derive(Default)]
-struct Writes {
-    queue: Option<std::sync::mpsc::Sender<Job>>,
+enum Writes {
+    /// No write of whole blocks yet: no thread.
+    #[default]
+    Idle,
+    /// The thread, fed through this queue.
+    Running(std::sync::mpsc::Sender<Job>),
     /// Starting the thread failed: every write goes to the pool.
-    failed: bool,
+    Unavailable,
 }
 
 impl Writes {
-    /// Queues `job` to the thread (or to the pool when the thread cannot
-    /// be started or has ended).
+    /// Queues `job` to the thread, started on first use (or to the pool
+    /// when the thread cannot be started or has ended).
     fn run(&mut self, job: Job) {
-        if self.queue.is_none() && !self.failed {
+        if matches!(self, Writes::Idle) {
             let (tx, rx) = std::sync::mpsc::channel::<Job>();
             let started = std::thread::Builder::new()
                 .name("tarn-nbd-writes".into())
@@ -571,17 +575,17 @@ impl Writes {
                         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
                     }
                 });
-            match started {
-                Ok(_) => self.queue = Some(tx),
-                Err(_) => self.failed = true,
-            }
+            *self = match started {
+                Ok(_) => Writes::Running(tx),
+                Err(_) => Writes::Unavailable,
+            };
         }
-        let job = match &self.queue {
-            Some(q) => match q.send(job) {
+        let job = match self {
+            Writes::Running(q) => match q.send(job) {
                 Ok(()) => return,
                 Err(std::sync::mpsc::SendError(job)) => job,
             },
-            None => job,
+            Writes::Idle | Writes::Unavailable => job,
         };
         drop(tokio::task::spawn_blocking(job));
     }

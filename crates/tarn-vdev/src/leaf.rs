@@ -393,7 +393,7 @@ mod tests {
     }
 
     #[test]
-    fn writeback_starts_every_few_mib_and_changes_no_byte() {
+    fn writeback_starts_every_kick_bytes_and_changes_no_byte() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("d0");
         File::create(&p).unwrap().set_len(4 * KICK_BYTES).unwrap();
