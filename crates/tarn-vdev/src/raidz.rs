@@ -127,24 +127,6 @@ impl Layout {
             pos += len;
         }
     }
-
-    /// A stripe buffer holding `data` in its data columns, zeros after
-    /// each column's share and in the parity columns. Built by appending,
-    /// so the data's bytes are written once (zeroing the whole buffer
-    /// first cost a large write a twentieth of the sync's CPU).
-    fn scattered(&self, data: &[u8]) -> Vec<u8> {
-        let mut stripe = Vec::with_capacity(self.ncols() * self.shard_len);
-        stripe.resize(self.parity * self.shard_len, 0);
-        let mut pos = 0;
-        for c in self.parity..self.ncols() {
-            let take = self.cols[c].len.min(data.len().saturating_sub(pos));
-            debug_assert!(self.cols[c].len <= self.shard_len);
-            stripe.extend_from_slice(&data[pos..pos + take]);
-            stripe.resize((c + 1) * self.shard_len, 0);
-            pos += self.cols[c].len;
-        }
-        stripe
-    }
 }
 
 /// Bytes allocated for a block of `psize` bytes: data plus parity sectors,
@@ -159,12 +141,58 @@ pub(crate) fn alloc_size(psize: u64, width: usize, parity: usize, ashift: u8) ->
     total.div_ceil(unit).saturating_mul(unit).saturating_mul(s)
 }
 
-/// Computes the parity shards of a stripe buffer from its data shards.
-fn encode(codec: &Codec, lay: &Layout, stripe: &mut [u8]) -> Result<(), VdevError> {
-    let mut shards: Vec<&mut [u8]> = stripe.chunks_exact_mut(lay.shard_len).collect();
-    // Our columns put parity first; the codec wants data first.
-    shards.rotate_left(lay.parity);
-    codec.encode(&mut shards).map_err(VdevError::Geometry)
+/// Where each column of a block comes from: a range of the caller's
+/// bytes, then a range of the returned buffer.
+pub(crate) type ColumnBytes = (std::ops::Range<usize>, std::ops::Range<usize>);
+
+/// The parity of `data` laid out as `lay`, computed from `data` where it
+/// lies (no stripe buffer holding a copy of it): returns a buffer with
+/// the parity columns, then zeros, and for every column its bytes: a
+/// data column is its share of `data` followed by zeros up to whole
+/// sectors; a parity column is its shard of the buffer. The bytes are
+/// exactly those of the stripe the read path rebuilds (short columns
+/// zero-extended for the arithmetic, the zeros never stored); the tests
+/// hold the two to that.
+///
+/// The parity is computed from the columns where they lie, each as
+/// long as its share of `data` ([`Codec::encode_short`]).
+pub(crate) fn parity_and_columns(
+    codec: &Codec,
+    lay: &Layout,
+    data: &[u8],
+) -> Result<(Vec<u8>, Vec<ColumnBytes>), VdevError> {
+    let (p, sl) = (lay.parity, lay.shard_len);
+    let mut spans = Vec::with_capacity(lay.data_cols());
+    let mut pos = 0usize;
+    for col in &lay.cols[p..] {
+        let start = pos.min(data.len());
+        let take = col.len.min(data.len() - start);
+        spans.push(start..start + take);
+        pos += col.len;
+    }
+    let pad = lay.cols[p..]
+        .iter()
+        .zip(&spans)
+        .map(|(col, s)| col.len - s.len())
+        .max()
+        .unwrap_or(0);
+    let mut own = vec![0u8; p * sl + pad];
+    let shards: Vec<&[u8]> = spans.iter().map(|s| &data[s.clone()]).collect();
+    let mut parity: Vec<&mut [u8]> = own[..p * sl].chunks_exact_mut(sl).collect();
+    codec
+        .encode_short(&shards, &mut parity)
+        .map_err(VdevError::Geometry)?;
+    let zeros = p * sl;
+    let cols = (0..p)
+        .map(|c| (0..0, c * sl..c * sl + lay.cols[c].len))
+        .chain(
+            lay.cols[p..]
+                .iter()
+                .zip(spans)
+                .map(|(col, s)| (s.clone(), zeros..zeros + col.len - s.len())),
+        )
+        .collect();
+    Ok((own, cols))
 }
 
 /// Rebuilds the data columns flagged in `missing` into `scratch` (the stripe
@@ -266,12 +294,9 @@ impl TopVdev {
             .map_err(VdevError::Geometry)
     }
 
-    /// The stripe buffer of `data` laid out as `lay`: data columns
-    /// scattered, parity computed.
-    pub(crate) fn raidz_stripe(&self, lay: &Layout, data: &[u8]) -> Result<Vec<u8>, VdevError> {
-        let mut stripe = lay.scattered(data);
-        encode(self.codec_for(lay)?, lay, &mut stripe)?;
-        Ok(stripe)
+    /// The parity code of blocks laid out as `lay`.
+    pub(crate) fn raidz_codec(&self, lay: &Layout) -> Result<&Codec, VdevError> {
+        self.codec_for(lay)
     }
 
     fn pin_columns(&self, lay: &Layout) -> Vec<Option<Handle>> {
@@ -490,7 +515,7 @@ impl TopVdev {
         let dshards: Vec<&[u8]> = data_shards.chunks_exact(sl).collect();
         let mut pshards: Vec<&mut [u8]> = st.scratch.chunks_exact_mut(sl).collect();
         st.codec
-            .encode_sep(&dshards, &mut pshards)
+            .encode_short(&dshards, &mut pshards)
             .map_err(VdevError::Geometry)?;
         for (c, col) in lay.cols[..p].iter().enumerate() {
             let at = c * sl..c * sl + col.len;
@@ -521,6 +546,59 @@ impl TopVdev {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// The stripe the write path once built and the read path still
+    /// works in: the data columns one after the other, each zero-extended
+    /// to the shard length, parity first, computed over the whole buffer.
+    fn reference_stripe(codec: &Codec, lay: &Layout, data: &[u8]) -> Vec<u8> {
+        let mut stripe = vec![0u8; lay.ncols() * lay.shard_len];
+        let mut pos = 0;
+        for c in lay.parity..lay.ncols() {
+            let take = lay.cols[c].len.min(data.len().saturating_sub(pos));
+            let at = c * lay.shard_len;
+            stripe[at..at + take].copy_from_slice(&data[pos..pos + take]);
+            pos += lay.cols[c].len;
+        }
+        let mut shards: Vec<&mut [u8]> = stripe.chunks_exact_mut(lay.shard_len).collect();
+        shards.rotate_left(lay.parity);
+        codec.encode(&mut shards).expect("encode");
+        stripe
+    }
+
+    proptest! {
+        /// Every column the write path produces (data in place, parity
+        /// cut into stretches) is byte for byte the stored part of the
+        /// reference stripe, for any geometry, size and offset.
+        #[test]
+        fn columns_are_the_reference_stripes(
+            width in 3usize..=9,
+            parity in 1usize..=3,
+            ashift in 9u8..=12,
+            sectors in 0u64..200,
+            psize_seed in any::<u64>(),
+            seed in any::<u8>(),
+        ) {
+            prop_assume!(width >= parity + 2);
+            let s = sector(ashift);
+            // Any length: whole sectors, or a last sector partly used.
+            let psize = (sectors * s + psize_seed % s).max(1);
+            let data: Vec<u8> = (0..psize as usize)
+                .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+                .collect();
+            let lay = Layout::new(sectors * 3 * s, psize, width, parity, ashift);
+            let codecs = crate::parity::CodecCache::new(parity, width - parity);
+            let codec = codecs.get(lay.data_cols()).expect("codec");
+            let want = reference_stripe(codec, &lay, &data);
+            let (own, cols) = parity_and_columns(codec, &lay, &data).expect("parity");
+            prop_assert_eq!(cols.len(), lay.ncols());
+            for (c, (d, o)) in cols.into_iter().enumerate() {
+                let mut got = data[d].to_vec();
+                got.extend_from_slice(&own[o]);
+                prop_assert_eq!(&got[..], &want[lay.stored(c)], "column {}", c);
+            }
+        }
+    }
 
     fn children(lay: &Layout) -> Vec<(usize, u64, usize)> {
         lay.cols
