@@ -6,9 +6,9 @@
 //! A block becomes a *plan*: the pieces that go to each child (mirror: the
 //! whole block, padded to whole sectors, to every child; raidz: one
 //! column per child, parity computed), each a range of the caller's bytes
-//! followed by a range of a small buffer of the plan's own (parity,
-//! padding zeros), so a block's data is never copied on its way to the
-//! children (`raidz::parity_and_columns`). Writing a plan puts every piece on
+//! followed by a range of a buffer of the plan's own (parity, padding
+//! zeros), so a block's data is never copied into a stripe on its way to
+//! the children (`raidz::parity_and_columns`). Writing a plan puts every piece on
 //! its child; its *outcome* counts the pieces that failed: the block is
 //! written if no more failed than its redundancy tolerates (raidz: parity
 //! columns; mirror: all sides but one), and the children that missed it,
@@ -20,7 +20,7 @@
 //! (a volume's 16K, a small file) cost one write call per column, which is
 //! what limits them; [`TopVdev::write_many`] sorts each child's pieces by
 //! offset and writes each run of touching pieces (up to [`MERGE_MAX`]
-//! bytes) as one buffer, the children in parallel, as ZFS's I/O queue
+//! bytes) as one vectored write, the children in parallel, as ZFS's I/O queue
 //! aggregates. The outcome of every block is computed exactly as for a
 //! single write: a merged write that fails marks every piece in it failed,
 //! so a failure can only add children to a block's missed list, never hide

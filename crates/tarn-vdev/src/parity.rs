@@ -32,9 +32,10 @@ impl Codec {
     /// arithmetic as the library's encoder (the tests hold the two to
     /// the same bytes), but a coefficient of 1 is a plain XOR, which runs
     /// at memory speed where the GF(2^8) table arithmetic cost a twelfth
-    /// of a large write's CPU: raidz1 parity is a plain XOR of 1, 3, 7,
-    /// 15 or 31 data columns (a raidz1 of 4 writing blocks of three
-    /// sectors or more); the other codes have few coefficients of 1 or none.
+    /// of a large write's CPU: raidz1 parity is a plain XOR of 2^k - 1
+    /// data columns (1, 3, 7, ..., 127: a raidz1 of 4 writing blocks of
+    /// three sectors or more); the other codes have few coefficients of 1
+    /// or none.
     pub(crate) fn encode_short(
         &self,
         data: &[&[u8]],
@@ -161,6 +162,16 @@ mod tests {
         assert_eq!(encode(&d, 1), PINNED_P1);
         assert_eq!(encode(&d, 2), PINNED_P2);
         assert_eq!(encode(&d, 3), PINNED_P3);
+        // The write path's arithmetic gives the same bytes.
+        for (p, pinned) in [(1, PINNED_P1), (2, PINNED_P2), (3, PINNED_P3)] {
+            let mut out = vec![vec![0u8; 4]; p];
+            let mut refs: Vec<&mut [u8]> = out.iter_mut().map(Vec::as_mut_slice).collect();
+            Codec::new(3, p)
+                .unwrap()
+                .encode_short(&d, &mut refs)
+                .unwrap();
+            assert_eq!(out, pinned, "encode_short, parity {p}");
+        }
         // One data column: every parity column is a copy.
         assert_eq!(encode(&[&[7, 8, 9]], 3), vec![vec![7, 8, 9]; 3]);
     }
@@ -221,6 +232,43 @@ mod tests {
             let mut outs: Vec<&mut [u8]> = got.iter_mut().map(Vec::as_mut_slice).collect();
             c.encode_short(&short, &mut outs).unwrap();
             proptest::prop_assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn wide_codes_encode_short_as_the_library_does() {
+        // The property test stops at 16 data columns; a raidz vdev may
+        // have up to 255 children, and codes of 2^k - 1 columns are all
+        // XOR for raidz1.
+        for data in [17usize, 31, 63, 127, 252, 253] {
+            for parity in 1..=3 {
+                let c = Codec::new(data, parity).unwrap();
+                let len = 37;
+                let shards: Vec<Vec<u8>> = (0..data)
+                    .map(|i| {
+                        let n = [len, len - 1, 0, 5, len][i % 5];
+                        (0..n).map(|j| (i * 7 + j * 3 + 1) as u8).collect()
+                    })
+                    .collect();
+                let padded: Vec<Vec<u8>> = shards
+                    .iter()
+                    .map(|s| {
+                        let mut p = s.clone();
+                        p.resize(len, 0);
+                        p
+                    })
+                    .collect();
+                let refs: Vec<&[u8]> = padded.iter().map(Vec::as_slice).collect();
+                let mut got = vec![vec![0x5au8; len]; parity];
+                let short: Vec<&[u8]> = shards.iter().map(Vec::as_slice).collect();
+                let mut outs: Vec<&mut [u8]> = got.iter_mut().map(Vec::as_mut_slice).collect();
+                c.encode_short(&short, &mut outs).unwrap();
+                assert_eq!(got, encode(&refs, parity), "{data}+{parity}");
+                if parity == 1 {
+                    let all_ones = c.rows[0].iter().all(|&x| x == 1);
+                    assert_eq!(all_ones, (data + 1).is_power_of_two(), "{data}+1 XOR");
+                }
+            }
         }
     }
 

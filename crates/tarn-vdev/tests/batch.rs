@@ -8,7 +8,7 @@ mod common;
 use common::{mem_leaves, open, verifier};
 use proptest::prelude::*;
 use tarn_testkit::data::pattern;
-use tarn_vdev::{VdevKind, WriteOutcome};
+use tarn_vdev::{Leaf, VdevKind, WriteOutcome, DATA_START};
 
 fn kinds() -> impl Strategy<Value = (VdevKind, usize)> {
     prop_oneof![
@@ -142,6 +142,31 @@ fn neighbouring_pieces_become_one_write_per_child() {
     assert!(ops <= 16, "{ops} writes for 64 neighbouring 16K blocks");
     for ((o, d), _) in blocks.iter().zip(0..) {
         assert_eq!(v.read(*o, d.len(), &verifier(d)).expect("read"), *d);
+    }
+}
+
+#[test]
+fn a_mirror_block_is_padded_with_zeros_on_every_side() {
+    let leaves = mem_leaves(3);
+    // Not zeros: the padding written must be told apart from space never
+    // written.
+    for l in &leaves {
+        let size = l.size() as usize;
+        l.write_at(&vec![0xff; size], 0).unwrap();
+    }
+    let v = open(VdevKind::Mirror, 12, &leaves, &[]);
+    let data = pattern(7, 5000);
+    let off = v.alloc_align() * 3;
+    for r in v.write_many(&[(off, &data[..]), (off + 8192, &data[..100])], 1) {
+        assert!(r.expect("written").missed.is_empty());
+    }
+    for l in &leaves {
+        for (at, d) in [(off, &data[..]), (off + 8192, &data[..100])] {
+            let mut got = vec![0u8; 4096 * d.len().div_ceil(4096)];
+            l.read_at(&mut got, DATA_START + at).unwrap();
+            assert_eq!(&got[..d.len()], d);
+            assert!(got[d.len()..].iter().all(|&b| b == 0), "padding at {at}");
+        }
     }
 }
 
