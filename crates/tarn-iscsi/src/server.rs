@@ -1021,13 +1021,18 @@ impl Ffp {
             return Flow::Go;
         }
         let take = p.data.len().min(need as usize);
+        // Room for all of it at once (`need` is within the pending-write
+        // budget checked above): grown Data-Out by Data-Out, the buffer
+        // was reallocated and copied over again as it doubled.
+        let mut buf = Vec::with_capacity(need as usize);
+        buf.extend_from_slice(&p.data[..take]);
         let task = WriteTask {
             ordered,
             cmd,
             lun_field,
             edtl,
             want: need,
-            buf: p.data[..take].to_vec(),
+            buf,
             received: p.data.len() as u32,
             unsolicited: !p.is_final() && !prm.initial_r2t,
             r2t: None,
