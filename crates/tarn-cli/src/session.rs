@@ -86,18 +86,26 @@ impl Session {
     }
 }
 
+/// Retries of [`connect_checked`]'s first request after its connection
+/// was closed unheard.
+const CONNECT_TRIES: u32 = 6;
+
 /// A fresh connection whose daemon speaks this client's API. The first
 /// request is a ping, safe to repeat: when a daemon at its connection
 /// limit closes the new connection before it was heard (it makes room by
 /// closing the connection idle the longest), the ping is tried again on
-/// another connection, a few times.
+/// another connection, up to [`CONNECT_TRIES`] times with a growing pause
+/// (2.5 s in all). Under a local program flooding the socket with
+/// connections, a command descheduled between its connect and its write
+/// on a busy machine lost its connection four times running in one test
+/// run; six retries make that far less likely.
 fn connect_checked(path: &Path) -> anyhow::Result<Client> {
     let mut tries = 0;
     loop {
         let mut client = Client::connect(path)?;
         match client.check_api_version() {
             Ok(_) => return Ok(client),
-            Err(e) if tries < 3 && e.is::<crate::client::ClosedUnanswered>() => {
+            Err(e) if tries < CONNECT_TRIES && e.is::<crate::client::ClosedUnanswered>() => {
                 tries += 1;
                 std::thread::sleep(std::time::Duration::from_millis(20 << tries));
             }
