@@ -103,7 +103,7 @@ impl TopVdev {
         self.check_block(offset, data.len() as u64)?;
         if self.parity > 0 {
             let lay: Layout = self.layout(offset, data.len() as u64);
-            let codec = self.raidz_codec(&lay)?;
+            let codec = self.codec_for(&lay)?;
             let (own, cols) = crate::raidz::parity_and_columns(codec, &lay, data)?;
             let pieces = lay
                 .cols

@@ -288,15 +288,11 @@ struct Stripe<'a> {
 }
 
 impl TopVdev {
-    fn codec_for(&self, lay: &Layout) -> Result<&Codec, VdevError> {
+    /// The parity code of blocks laid out as `lay`.
+    pub(crate) fn codec_for(&self, lay: &Layout) -> Result<&Codec, VdevError> {
         self.codecs()?
             .get(lay.data_cols())
             .map_err(VdevError::Geometry)
-    }
-
-    /// The parity code of blocks laid out as `lay`.
-    pub(crate) fn raidz_codec(&self, lay: &Layout) -> Result<&Codec, VdevError> {
-        self.codec_for(lay)
     }
 
     fn pin_columns(&self, lay: &Layout) -> Vec<Option<Handle>> {
@@ -568,8 +564,8 @@ mod tests {
 
     proptest! {
         /// Every column the write path produces (data in place, parity
-        /// cut into stretches) is byte for byte the stored part of the
-        /// reference stripe, for any geometry, size and offset.
+        /// from columns of unequal length) is byte for byte the stored
+        /// part of the reference stripe, for any geometry, size and offset.
         #[test]
         fn columns_are_the_reference_stripes(
             width in 3usize..=9,
