@@ -199,6 +199,34 @@ mod tests {
         assert_eq!(all[..4], want[..4]);
     }
 
+    /// The parity `c.encode_short` computes from `shards` (each at most
+    /// `len` bytes) into shards filled with `fill` first, and the parity
+    /// the library computes from the same shards zero-extended to `len`:
+    /// the two must be equal.
+    fn short_and_extended(
+        c: &Codec,
+        shards: &[Vec<u8>],
+        len: usize,
+        fill: u8,
+    ) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+        let parity = c.rows.len();
+        let padded: Vec<Vec<u8>> = shards
+            .iter()
+            .map(|s| {
+                let mut p = s.clone();
+                p.resize(len, 0);
+                p
+            })
+            .collect();
+        let refs: Vec<&[u8]> = padded.iter().map(Vec::as_slice).collect();
+        let want = encode(&refs, parity);
+        let mut got = vec![vec![fill; len]; parity];
+        let short: Vec<&[u8]> = shards.iter().map(Vec::as_slice).collect();
+        let mut outs: Vec<&mut [u8]> = got.iter_mut().map(Vec::as_mut_slice).collect();
+        c.encode_short(&short, &mut outs).unwrap();
+        (got, want)
+    }
+
     proptest::proptest! {
         /// `encode_short` of short shards is `encode` of the same shards
         /// zero-extended, for every code a raidz vdev can use.
@@ -217,20 +245,7 @@ mod tests {
                     (0..n).map(|j| (j as u8).wrapping_mul(29) ^ seed ^ (i as u8)).collect()
                 })
                 .collect();
-            let padded: Vec<Vec<u8>> = shards
-                .iter()
-                .map(|s| {
-                    let mut p = s.clone();
-                    p.resize(len, 0);
-                    p
-                })
-                .collect();
-            let refs: Vec<&[u8]> = padded.iter().map(Vec::as_slice).collect();
-            let want = encode(&refs, parity);
-            let mut got = vec![vec![0xa5u8; len]; parity];
-            let short: Vec<&[u8]> = shards.iter().map(Vec::as_slice).collect();
-            let mut outs: Vec<&mut [u8]> = got.iter_mut().map(Vec::as_mut_slice).collect();
-            c.encode_short(&short, &mut outs).unwrap();
+            let (got, want) = short_and_extended(&c, &shards, len, 0xa5);
             proptest::prop_assert_eq!(got, want);
         }
     }
@@ -250,20 +265,8 @@ mod tests {
                         (0..n).map(|j| (i * 7 + j * 3 + 1) as u8).collect()
                     })
                     .collect();
-                let padded: Vec<Vec<u8>> = shards
-                    .iter()
-                    .map(|s| {
-                        let mut p = s.clone();
-                        p.resize(len, 0);
-                        p
-                    })
-                    .collect();
-                let refs: Vec<&[u8]> = padded.iter().map(Vec::as_slice).collect();
-                let mut got = vec![vec![0x5au8; len]; parity];
-                let short: Vec<&[u8]> = shards.iter().map(Vec::as_slice).collect();
-                let mut outs: Vec<&mut [u8]> = got.iter_mut().map(Vec::as_mut_slice).collect();
-                c.encode_short(&short, &mut outs).unwrap();
-                assert_eq!(got, encode(&refs, parity), "{data}+{parity}");
+                let (got, want) = short_and_extended(&c, &shards, len, 0x5a);
+                assert_eq!(got, want, "{data}+{parity}");
                 if parity == 1 {
                     let all_ones = c.rows[0].iter().all(|&x| x == 1);
                     assert_eq!(all_ones, (data + 1).is_power_of_two(), "{data}+1 XOR");
