@@ -66,7 +66,9 @@ pub use props::{PropValue, Source};
 pub use read_data::{Part, ReadData};
 pub use record::{DatasetInfo, DatasetKind, Sums, VolSpec};
 pub use txn::{apply_patch, BlockData, BlockRef, DatasetHandle, Txn, Value};
-pub use zil::{parked_blocks, parked_records, IMMEDIATE_BYTES, WAIT_SYNC_BYTES};
+pub use zil::{
+    parked_blocks, parked_records, IMMEDIATE_BYTES, IMMEDIATE_RECORD_BYTES, WAIT_SYNC_BYTES,
+};
 
 use tarn_pool::PoolError;
 

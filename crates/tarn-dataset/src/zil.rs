@@ -55,7 +55,13 @@
 //! **Large blocks are written in place.** A block of at least
 //! [`IMMEDIATE_BYTES`] is written now into the room its transaction already
 //! holds and the record carries only its pointer; the sync then uses that
-//! block as is instead of writing it again. The blocks of one record are
+//! block as is instead of writing it again. So is every whole block of a
+//! record whose whole blocks add up to at least [`IMMEDIATE_RECORD_BYTES`],
+//! however small each is: a large write into a volume's 16K blocks (or
+//! into files of a small `recordsize`) copied into the log would reach the
+//! disks twice, and written in place it reaches them once, in the few
+//! large writes its neighbouring rooms merge into. Small records stay
+//! copied: one log write is quicker than many scattered block writes. The blocks of one record are
 //! written together, prepared (compressed, sealed, checksummed) on the
 //! sync's workers at once, so an `fsync` after a large write waits for
 //! their preparation divided among the workers rather than for each in
@@ -104,6 +110,12 @@ use crate::DsError;
 /// Data blocks at least this large are written in place and referenced
 /// from the log instead of copied into it.
 pub const IMMEDIATE_BYTES: usize = 32 << 10;
+
+/// A record whose whole-block writes add up to at least this many bytes
+/// has all of them written in place, however small each block is (a
+/// volume's 16K blocks, files of a small `recordsize`): copied, they would
+/// reach the disks twice, once in the log and once at the sync.
+pub const IMMEDIATE_RECORD_BYTES: usize = 1 << 20;
 
 /// One tree operation of a committed transaction.
 #[derive(Clone, Debug)]
@@ -568,6 +580,20 @@ pub(crate) fn commit(
     let mut all = true;
     for (txg, last_seq, ops) in groups {
         let mut ops = collapse(ops);
+        // Small blocks are copied into the record unless it carries enough
+        // of them that copying would write a large amount of data twice.
+        let whole: usize = ops
+            .iter()
+            .filter_map(|op| match op {
+                LogOp::Block(k, d) if staged.contains_key(&(txg, k.clone())) => Some(d.len()),
+                _ => None,
+            })
+            .sum();
+        let min = if immediate != usize::MAX && whole >= IMMEDIATE_RECORD_BYTES {
+            0
+        } else {
+            immediate
+        };
         // The pointer each large block write of the record will carry:
         // written already (by an earlier commit, or by the sync), or
         // written now, all of them at once. Each block's slot stays locked
@@ -579,7 +605,7 @@ pub(crate) fn commit(
         let mut now = Vec::new();
         for (i, op) in ops.iter().enumerate() {
             let LogOp::Block(k, data) = op else { continue };
-            if data.len() < immediate {
+            if data.len() < min {
                 continue;
             }
             let Some(sb) = staged.get(&(txg, k.clone())) else {
