@@ -58,7 +58,11 @@ pub(crate) const P_EXT: u8 = 0x40;
 pub(crate) const WRITE_WINDOW: usize = 32 << 20;
 
 /// The blocks of one window: bytes, how to store them, their room.
-type Window<'a> = Vec<(&'a [u8], BlockOpts, Option<Reservation>)>;
+type Window<'a> = Vec<DataBlock<'a>>;
+
+/// A data block to write: its logical bytes, how to store it, and the
+/// room it already holds, if any.
+type DataBlock<'a> = (&'a [u8], BlockOpts, Option<Reservation>);
 
 /// A window's blocks as prepared: None for a hole.
 type PreparedWindow<'a> = Vec<Option<Prepared<'a>>>;
@@ -671,9 +675,42 @@ impl Pool {
     /// following it. An error in a later window leaves the earlier ones
     /// written and their rooms trimmed: a caller must stop the pool on an
     /// error (the sync and the intent log do).
+    ///
+    /// In the order of the rooms the blocks hold (the answers in the order
+    /// asked): a txg's blocks come in key order, but their rooms were
+    /// allocated one after the other as the writes arrived, so random
+    /// writes give neighbouring keys rooms far apart. Taken in room order,
+    /// a window holds rooms that touch, and the device layer merges their
+    /// pieces into a few large writes instead of one per column.
     pub(crate) fn write_data(
         &self,
         blocks: Vec<(&[u8], BlockOpts, Option<Reservation>)>,
+        birth: u64,
+        open: Option<u64>,
+        missed: &mut Vec<Missed>,
+    ) -> Result<Vec<Option<BlockPtr>>, PoolError> {
+        let mut order: Vec<usize> = (0..blocks.len()).collect();
+        order.sort_by_key(|&i| {
+            blocks[i]
+                .2
+                .as_ref()
+                .and_then(|r| r.dvas.first())
+                .map(|d| (d.vdev, d.offset))
+        });
+        let mut slots: Vec<Option<DataBlock<'_>>> = blocks.into_iter().map(Some).collect();
+        let sorted: Vec<DataBlock<'_>> = order.iter().filter_map(|&i| slots[i].take()).collect();
+        let written = self.write_data_in_order(sorted, birth, open, missed)?;
+        let mut out: Vec<Option<BlockPtr>> = vec![None; order.len()];
+        for (&i, bp) in order.iter().zip(written) {
+            out[i] = bp;
+        }
+        Ok(out)
+    }
+
+    /// [`Pool::write_data`] of blocks in the order given.
+    fn write_data_in_order(
+        &self,
+        blocks: Vec<DataBlock<'_>>,
         birth: u64,
         open: Option<u64>,
         missed: &mut Vec<Missed>,
