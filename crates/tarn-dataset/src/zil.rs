@@ -61,15 +61,15 @@
 //! into files of a small `recordsize`) copied into the log would reach the
 //! disks twice, and written in place it reaches them once, in the few
 //! large writes its neighbouring rooms merge into. Small records stay
-//! copied: one log write is quicker than many scattered block writes. The blocks of one record are
-//! written together, prepared (compressed, sealed, checksummed) on the
-//! sync's workers at once, so an `fsync` after a large write waits for
-//! their preparation divided among the workers rather than for each in
-//! turn. Their slots stay locked until all of them are written: a
-//! transaction replacing one of them meanwhile waits for that (while it
-//! holds the dataset's lock). Replay reads it back through
-//! its checksum before using it, so a damaged block fails replay loudly
-//! rather than turning into wrong file contents.
+//! copied: one log write is quicker than many scattered block writes.
+//! The blocks of one record are written together, prepared (compressed,
+//! sealed, checksummed) on the sync's workers at once, so an `fsync`
+//! after a large write waits for their preparation divided among the
+//! workers rather than for each in turn. Their slots stay locked until
+//! all of them are written: a transaction replacing one of them meanwhile
+//! waits for that (while it holds the dataset's lock). Replay reads such
+//! a block back through its checksum before using it, so a damaged block
+//! fails replay loudly rather than turning into wrong file contents.
 //!
 //! **Encrypted datasets.** A record of an encrypted dataset is *sealed*
 //! with the dataset's key as a whole: what stays readable is the dataset

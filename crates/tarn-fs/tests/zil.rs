@@ -481,8 +481,9 @@ fn an_unreadable_log_refuses_import_unless_discarded() {
 
 /// On a raidz1 pool of four in `dir`, dataset `tank/a` of `recordsize`
 /// (compression off) gets file `name` holding `data`, written `chunk`
-/// bytes at a time, then fsynced, then a txg syncs: returns the pool, the
-/// dataset and the bytes its devices took for all that.
+/// bytes at a time, then fsynced (through the intent log, checked), then
+/// a txg syncs: returns the pool, the dataset and the bytes its devices
+/// took for all that.
 fn fsynced_file(
     dir: &Path,
     recordsize: &str,
@@ -503,7 +504,9 @@ fn fsynced_file(
     for (i, piece) in data.chunks(chunk).enumerate() {
         write(&fs, f, (i * chunk) as u64, piece);
     }
+    let txg = pool.txg();
     fs.fsync(f).expect("fsync");
+    assert_eq!(pool.txg(), txg, "fsync went through the log, not a txg");
     pool.sync().expect("sync");
     let bytes = written(&pool.status().vdevs) - before;
     (pool, fs, bytes)

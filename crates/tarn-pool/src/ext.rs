@@ -700,6 +700,7 @@ impl Pool {
         let mut slots: Vec<Option<DataBlock<'_>>> = blocks.into_iter().map(Some).collect();
         let sorted: Vec<DataBlock<'_>> = order.iter().filter_map(|&i| slots[i].take()).collect();
         let written = self.write_data_in_order(sorted, birth, open, missed)?;
+        debug_assert_eq!(written.len(), order.len(), "one answer per block");
         let mut out: Vec<Option<BlockPtr>> = vec![None; order.len()];
         for (&i, bp) in order.iter().zip(written) {
             out[i] = bp;
