@@ -585,7 +585,7 @@ pub(crate) fn commit(
         let whole: usize = ops
             .iter()
             .filter_map(|op| match op {
-                LogOp::Block(k, d) if staged.contains_key(&(txg, k.clone())) => Some(d.len()),
+                LogOp::Block(_, d) => Some(d.len()),
                 _ => None,
             })
             .sum();

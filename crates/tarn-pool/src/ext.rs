@@ -689,16 +689,13 @@ impl Pool {
         open: Option<u64>,
         missed: &mut Vec<Missed>,
     ) -> Result<Vec<Option<BlockPtr>>, PoolError> {
-        let mut order: Vec<usize> = (0..blocks.len()).collect();
-        order.sort_by_key(|&i| {
-            blocks[i]
-                .2
-                .as_ref()
+        let mut indexed: Vec<(usize, DataBlock<'_>)> = blocks.into_iter().enumerate().collect();
+        indexed.sort_by_key(|(_, b)| {
+            b.2.as_ref()
                 .and_then(|r| r.dvas.first())
                 .map(|d| (d.vdev, d.offset))
         });
-        let mut slots: Vec<Option<DataBlock<'_>>> = blocks.into_iter().map(Some).collect();
-        let sorted: Vec<DataBlock<'_>> = order.iter().filter_map(|&i| slots[i].take()).collect();
+        let (order, sorted): (Vec<usize>, Vec<DataBlock<'_>>) = indexed.into_iter().unzip();
         let written = self.write_data_in_order(sorted, birth, open, missed)?;
         debug_assert_eq!(written.len(), order.len(), "one answer per block");
         let mut out: Vec<Option<BlockPtr>> = vec![None; order.len()];
