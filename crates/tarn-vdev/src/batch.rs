@@ -49,7 +49,7 @@ use std::collections::BTreeMap;
 use crate::label::DATA_START;
 use crate::raidz::Layout;
 use crate::top::{Handle, TopVdev, WriteOutcome};
-use crate::VdevError;
+use crate::{VdevError, DIRECT_ALIGN};
 
 /// Largest write a run of merged pieces becomes.
 pub const MERGE_MAX: usize = 1 << 20;
@@ -350,7 +350,7 @@ fn plan_all<'a>(
 
 /// The runs one child read in a merged read: their indexes, and the bytes
 /// of each (none if its read failed).
-type ChildRuns = (Vec<usize>, Vec<Option<Vec<u8>>>);
+type ChildRuns = (Vec<usize>, Vec<Option<RunBuf>>);
 
 /// A job of [`crate::workers::run_all`] that borrows the batch it works on.
 type ChildJob<'a, T> = Box<dyn FnOnce() -> T + Send + 'a>;
@@ -399,35 +399,66 @@ const PARALLEL_READ_FROM: usize = 256 << 10;
 /// Most run buffers kept for the next merged read (see [`run_buffer`]).
 const SPARE_RUNS_MAX: usize = 8;
 
+/// Capacity of a kept run buffer: any run, wherever its aligned start
+/// falls.
+const RUN_CAPACITY: usize = MERGE_MAX + DIRECT_ALIGN;
+
 /// Run buffers a merged read is done with, kept for the next one: a
 /// fresh buffer of up to [`MERGE_MAX`] is fresh memory whose every page
 /// faults in (and is cleared) on first touch, which a streaming reader
 /// would pay on every read for bytes it copies out and drops at once.
 static SPARE_RUNS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
 
+/// The buffer of one merged read: `len` bytes from `start` of `bytes`,
+/// where `start` puts them on a [`DIRECT_ALIGN`] boundary, so the leaf
+/// can read them past the page cache ([`crate::Leaf::read_direct_at`]).
+struct RunBuf {
+    bytes: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl RunBuf {
+    fn get(&self) -> &[u8] {
+        &self.bytes[self.start..self.start + self.len]
+    }
+
+    fn get_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes[self.start..self.start + self.len]
+    }
+}
+
 /// A buffer of `len` bytes for one merged read: a spare one if there is
 /// one (its old bytes are all overwritten by the read, or the read failed
 /// and they are dropped unread), else a new one with room for any run.
-fn run_buffer(len: usize) -> Vec<u8> {
-    if len > MERGE_MAX {
+fn run_buffer(len: usize) -> RunBuf {
+    let mut bytes = if len > MERGE_MAX {
         // One large block's run: it would not be kept afterwards, so it
         // does not take a spare one either.
-        return vec![0u8; len];
-    }
-    let spare = SPARE_RUNS.lock().unwrap_or_else(|e| e.into_inner()).pop();
-    let mut b = spare.unwrap_or_else(|| Vec::with_capacity(MERGE_MAX));
-    b.resize(len, 0);
-    b
+        Vec::with_capacity(len + DIRECT_ALIGN)
+    } else {
+        let spare = SPARE_RUNS.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        spare.unwrap_or_else(|| Vec::with_capacity(RUN_CAPACITY))
+    };
+    // The capacity is allocated and never moves while it suffices, so an
+    // offset into it is aligned for good. (Were it ever not computable, the
+    // run starts unaligned and is read through the page cache.)
+    let start = match bytes.as_ptr().align_offset(DIRECT_ALIGN) {
+        s if s < DIRECT_ALIGN => s,
+        _ => 0,
+    };
+    bytes.resize(start + len, 0);
+    RunBuf { bytes, start, len }
 }
 
 /// Keeps `b` for [`run_buffer`], up to [`SPARE_RUNS_MAX`] of them.
-fn spare_run_buffer(b: Vec<u8>) {
-    if b.capacity() > MERGE_MAX {
+fn spare_run_buffer(b: RunBuf) {
+    if b.bytes.capacity() > RUN_CAPACITY {
         return;
     }
     let mut spare = SPARE_RUNS.lock().unwrap_or_else(|e| e.into_inner());
     if spare.len() < SPARE_RUNS_MAX {
-        spare.push(b);
+        spare.push(b.bytes);
     }
 }
 
@@ -562,10 +593,10 @@ impl TopVdev {
                 }
             }
         }
-        let read_run = |r: &Run| -> Option<Vec<u8>> {
+        let read_run = |r: &Run| -> Option<RunBuf> {
             let h = handles.get(&r.child)?;
             let mut buf = run_buffer(r.len);
-            if self.child_read_merged(h, &mut buf, r.at) {
+            if self.child_read_merged(h, buf.get_mut(), r.at) {
                 Some(buf)
             } else {
                 spare_run_buffer(buf);
@@ -574,7 +605,7 @@ impl TopVdev {
         };
         let total: usize = runs.iter().map(|r| r.len).sum();
         let children: std::collections::BTreeSet<usize> = runs.iter().map(|r| r.child).collect();
-        let data: Vec<Option<Vec<u8>>> = if children.len() > 1 && total >= PARALLEL_READ_FROM {
+        let data: Vec<Option<RunBuf>> = if children.len() > 1 && total >= PARALLEL_READ_FROM {
             // The children at once, each reading its runs in order.
             let (runs_ref, read_run) = (&runs, &read_run);
             let jobs: Vec<ChildJob<'_, ChildRuns>> = children
@@ -583,13 +614,13 @@ impl TopVdev {
                     let mine: Vec<usize> =
                         (0..runs.len()).filter(|&k| runs[k].child == c).collect();
                     Box::new(move || {
-                        let got: Vec<Option<Vec<u8>>> =
+                        let got: Vec<Option<RunBuf>> =
                             mine.iter().map(|&k| read_run(&runs_ref[k])).collect();
                         (mine, got)
                     }) as ChildJob<'_, _>
                 })
                 .collect();
-            let mut data: Vec<Option<Vec<u8>>> = (0..runs.len()).map(|_| None).collect();
+            let mut data: Vec<Option<RunBuf>> = (0..runs.len()).map(|_| None).collect();
             // A reader that panicked read nothing: its blocks are read
             // again alone.
             for (mine, got) in crate::workers::run_all(jobs).into_iter().flatten() {
@@ -603,7 +634,8 @@ impl TopVdev {
         };
         for (r, d) in runs.iter().zip(data) {
             match d {
-                Some(bytes) => {
+                Some(run) => {
+                    let bytes = run.get();
                     for (block, range, start) in &r.parts {
                         let n = range.len();
                         let w = &mut wants[*block];
@@ -617,7 +649,7 @@ impl TopVdev {
                             None => w.ok = false,
                         }
                     }
-                    spare_run_buffer(bytes);
+                    spare_run_buffer(run);
                 }
                 None => {
                     for (block, ..) in &r.parts {
@@ -657,24 +689,36 @@ mod tests {
     /// process), so what it gives back is what it takes next.
     #[test]
     fn run_buffers_are_reused_and_kept_bounded() {
+        let aligned = |b: &RunBuf| (b.get().as_ptr() as usize).is_multiple_of(DIRECT_ALIGN);
         let b = run_buffer(100);
-        assert_eq!(b.len(), 100);
-        let first = b.as_ptr();
+        assert_eq!(b.get().len(), 100);
+        assert!(aligned(&b));
+        let first = b.get().as_ptr();
         spare_run_buffer(b);
-        // The same memory again, at the length asked (longer or shorter).
+        // The same memory again, at the length asked (longer or shorter),
+        // still aligned.
         let c = run_buffer(MERGE_MAX);
-        assert_eq!((c.as_ptr(), c.len()), (first, MERGE_MAX));
+        assert_eq!((c.get().as_ptr(), c.get().len()), (first, MERGE_MAX));
         spare_run_buffer(c);
         let d = run_buffer(10);
-        assert_eq!((d.as_ptr(), d.len()), (first, 10));
+        assert_eq!((d.get().as_ptr(), d.get().len()), (first, 10));
         spare_run_buffer(d);
+        // A run larger than any kept buffer is aligned too, and not kept.
+        let big = run_buffer(MERGE_MAX + 8192);
+        assert!(aligned(&big) && big.get().len() == MERGE_MAX + 8192);
+        spare_run_buffer(big);
         // Never more than the bound kept, and nothing larger than a run.
+        let unaligned = |cap| RunBuf {
+            bytes: Vec::with_capacity(cap),
+            start: 0,
+            len: 0,
+        };
         for _ in 0..SPARE_RUNS_MAX + 4 {
-            spare_run_buffer(Vec::with_capacity(4096));
+            spare_run_buffer(unaligned(4096));
         }
-        spare_run_buffer(Vec::with_capacity(MERGE_MAX + 1));
+        spare_run_buffer(unaligned(RUN_CAPACITY + 1));
         let spare = SPARE_RUNS.lock().unwrap_or_else(|e| e.into_inner());
         assert_eq!(spare.len(), SPARE_RUNS_MAX);
-        assert!(spare.iter().all(|b| b.capacity() <= MERGE_MAX));
+        assert!(spare.iter().all(|b| b.capacity() <= RUN_CAPACITY));
     }
 }

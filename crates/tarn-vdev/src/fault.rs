@@ -556,6 +556,14 @@ impl FaultLeaf {
 }
 
 impl Leaf for FaultLeaf {
+    fn read_direct_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if self.idle() {
+            return self.inner.read_direct_at(buf, offset);
+        }
+        // Faults are injected on the one read path there is for them.
+        self.read_at(buf, offset)
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         if self.idle() {
             return self.inner.read_at(buf, offset);

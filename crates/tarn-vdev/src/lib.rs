@@ -32,7 +32,7 @@ pub use label::{
     LABEL_CONFIG_SIZE, LABEL_HEADER_LEN, LABEL_HEADER_VERSION, LABEL_MAGIC, LABEL_SIZE,
     LOG_TOP_BASE, MIN_LEAF_SIZE, UBERBLOCK_RING_SIZE, UBERBLOCK_SLOT_MIN,
 };
-pub use leaf::{FileLeaf, Leaf};
+pub use leaf::{FileLeaf, Leaf, DIRECT_ALIGN};
 pub use top::{
     ChildExtent, Counters, LeafInfo, LeafState, ScrubOutcome, TopHealth, TopVdev, WriteOutcome,
     FAULT_AFTER_ERRORS, MAX_COMBINATIONS,

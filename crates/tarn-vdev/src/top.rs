@@ -841,10 +841,12 @@ impl TopVdev {
     /// A merged read (see `read_many`): counted like [`TopVdev::child_read`]
     /// when it succeeds; a failure is not counted, because the blocks in
     /// it are read again alone and those reads count what fails (a bad
-    /// sector in a gap between pieces fails no block at all).
+    /// sector in a gap between pieces fails no block at all). It reads past
+    /// the page cache where the leaf can ([`Leaf::read_direct_at`]).
     pub(crate) fn child_read_merged(&self, h: &Handle, buf: &mut [u8], off: u64) -> bool {
         let start = std::time::Instant::now();
-        let ok = self.in_data_region(&*h.leaf, off, buf.len()) && h.leaf.read_at(buf, off).is_ok();
+        let ok = self.in_data_region(&*h.leaf, off, buf.len())
+            && h.leaf.read_direct_at(buf, off).is_ok();
         if ok {
             let c = &self.children[h.idx].counters;
             c.read_latency.since(start);
