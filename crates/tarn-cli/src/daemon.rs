@@ -161,8 +161,8 @@ pub struct DaemonArgs {
 
 /// `tarn daemon`'s connection limits and timeouts. Each is `None` unless
 /// given: the daemon then uses its own default (the one `--help` shows,
-/// taken from the code that enforces it). Their names are the keys of the
-/// future configuration file with `-` for `_`.
+/// taken from the code that enforces it). Their names, with `_` for `-`,
+/// are their keys under `[limits]` in the configuration file.
 #[derive(Args, Clone, Debug, Default, PartialEq, Eq)]
 #[command(next_help_heading = "Connection limits")]
 pub struct LimitArgs {
@@ -228,7 +228,8 @@ pub enum DaemonAction {
     /// Check that a daemon answers, and show its version and pid
     Ping,
     /// Show how often connection limits tripped: refused, evicted and
-    /// timed-out connections of the admin socket, NFS and WebDAV
+    /// timed-out connections of the admin socket, NFS, WebDAV, NBD and
+    /// iSCSI, and the state of smbd
     Stats,
 }
 
