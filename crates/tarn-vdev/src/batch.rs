@@ -451,9 +451,11 @@ fn run_buffer(len: usize) -> RunBuf {
     RunBuf { bytes, start, len }
 }
 
-/// Keeps `b` for [`run_buffer`], up to [`SPARE_RUNS_MAX`] of them.
+/// Keeps `b` for [`run_buffer`], up to [`SPARE_RUNS_MAX`] of them: only
+/// buffers of [`RUN_CAPACITY`], which hold any run at its aligned start
+/// without growing (growing would move them).
 fn spare_run_buffer(b: RunBuf) {
-    if b.bytes.capacity() > RUN_CAPACITY {
+    if b.bytes.capacity() != RUN_CAPACITY {
         return;
     }
     let mut spare = SPARE_RUNS.lock().unwrap_or_else(|e| e.into_inner());
@@ -707,18 +709,20 @@ mod tests {
         let big = run_buffer(MERGE_MAX + 8192);
         assert!(aligned(&big) && big.get().len() == MERGE_MAX + 8192);
         spare_run_buffer(big);
-        // Never more than the bound kept, and nothing larger than a run.
-        let unaligned = |cap| RunBuf {
+        // Never more than the bound kept, and only buffers of the one
+        // size that holds any run aligned.
+        let other = |cap| RunBuf {
             bytes: Vec::with_capacity(cap),
             start: 0,
             len: 0,
         };
+        spare_run_buffer(other(4096));
+        spare_run_buffer(other(RUN_CAPACITY + 1));
         for _ in 0..SPARE_RUNS_MAX + 4 {
-            spare_run_buffer(unaligned(4096));
+            spare_run_buffer(other(RUN_CAPACITY));
         }
-        spare_run_buffer(unaligned(RUN_CAPACITY + 1));
         let spare = SPARE_RUNS.lock().unwrap_or_else(|e| e.into_inner());
         assert_eq!(spare.len(), SPARE_RUNS_MAX);
-        assert!(spare.iter().all(|b| b.capacity() <= RUN_CAPACITY));
+        assert!(spare.iter().all(|b| b.capacity() == RUN_CAPACITY));
     }
 }

@@ -564,6 +564,10 @@ impl Leaf for FaultLeaf {
         self.read_at(buf, offset)
     }
 
+    fn direct_reads(&self) -> u64 {
+        self.inner.direct_reads()
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         if self.idle() {
             return self.inner.read_at(buf, offset);

@@ -27,6 +27,11 @@ pub trait Leaf: Send + Sync + std::fmt::Debug {
     fn read_direct_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.read_at(buf, offset)
     }
+    /// How many reads went past the page cache (none by default): for
+    /// tests, through any wrapper.
+    fn direct_reads(&self) -> u64 {
+        0
+    }
     /// Writes `bufs` one after the other from `offset`, as one write of
     /// their concatenation (what merged writes use). The default copies
     /// them into one buffer for [`Leaf::write_at`]; a file leaf hands the
@@ -53,8 +58,9 @@ pub struct FileLeaf {
     /// The same file opened again for reads past the page cache
     /// (`O_DIRECT`), where the file system allows it; see [`DIRECT_ALIGN`].
     direct: Option<File>,
-    /// Cleared for good when a direct read is refused as misaligned
-    /// (`EINVAL`): a file system that wants more than [`DIRECT_ALIGN`].
+    /// Cleared for good when a direct read fails where the same read
+    /// through the page cache works (a file system that wants more than
+    /// [`DIRECT_ALIGN`], or takes `O_DIRECT` at open but not in reads).
     direct_ok: AtomicBool,
     /// Reads that went past the page cache, for tests.
     direct_reads: AtomicU64,
@@ -91,7 +97,9 @@ impl FileLeaf {
             .seek(SeekFrom::End(0))
             .map_err(|e| io_err("size", e))?;
         Ok(FileLeaf {
-            direct: open_direct(path),
+            // After the read-write open, so that both name the same file
+            // (checked), and an overlay file system has copied it up first.
+            direct: open_direct(path, &file),
             direct_ok: AtomicBool::new(true),
             direct_reads: AtomicU64::new(0),
             shared: Arc::new(Shared {
@@ -113,11 +121,6 @@ impl FileLeaf {
     /// `O_DIRECT` at open and has not refused a read since.
     pub fn reads_direct(&self) -> bool {
         self.direct.is_some() && self.direct_ok.load(Ordering::Relaxed)
-    }
-
-    /// How many reads went past the page cache.
-    pub fn direct_reads(&self) -> u64 {
-        self.direct_reads.load(Ordering::Relaxed)
     }
 
     /// Counts `n` bytes written and, once [`KICK_BYTES`] have gathered
@@ -147,37 +150,63 @@ impl FileLeaf {
 /// cache. Read through the page cache, the kernel first reads the disk into
 /// its pages and then copies them into tarn's buffer: the copy was the
 /// largest single cost of a cold 1 MiB stream (a sixth of the daemon's CPU),
-/// and the same bytes sat in memory twice. Reads of one block (random reads,
-/// whose neighbours may be wanted soon) stay buffered, so the page cache
-/// still backs tarn's cache for them.
+/// and the same bytes sat in memory twice. A read of one block alone
+/// ([`crate::TopVdev::read`]: a random read of one block, a
+/// reconstruction) stays buffered, so the page cache still backs tarn's
+/// cache for those.
 ///
 /// Why it is safe: writes stay buffered, and the kernel writes back any
 /// dirty pages in a direct read's range before reading it, so a direct read
 /// returns what the last completed write put there, flushed or not (a test
-/// in `tests/files.rs` checks it). A write-back error met that way fails the
-/// read, and the block is read again alone; the error stays recorded for the
-/// write descriptor's next flush, which reports it (errors are tracked per
-/// open file, and the direct descriptor never flushes). Where the file
-/// system refuses `O_DIRECT` (tmpfs on older kernels) or a read's alignment,
-/// the leaf reads through the page cache as before.
+/// in `tests/files.rs` checks it). Every block of a merged read is verified
+/// against its checksum, and one that does not verify is read again alone,
+/// buffered. A write-back error met by a direct read fails it; the kernel
+/// keeps such errors per file with a cursor per open descriptor (since Linux
+/// 4.14), so the write descriptor's next flush still reports it. On older
+/// kernels a direct read could take that report away from the flush, so
+/// they get no direct reads at all. Where the file system refuses
+/// `O_DIRECT` (tmpfs before Linux 6.6), or a direct read fails where the
+/// same read through the page cache works, the leaf reads through the page
+/// cache from then on.
 pub const DIRECT_ALIGN: usize = 4096;
 
-/// Opens `path` again, read-only, for reads past the page cache; none where
-/// the file system or the platform has no such reads.
+/// Opens `path` again, read-only, for reads past the page cache: none where
+/// the platform, the kernel (see [`DIRECT_ALIGN`]) or the file system has no
+/// such reads, or where `path` no longer names the file `file` has open.
 #[cfg(target_os = "linux")]
-fn open_direct(path: &Path) -> Option<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    OpenOptions::new()
+fn open_direct(path: &Path, file: &File) -> Option<File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+    if !kernel_keeps_writeback_errors(&release) {
+        return None;
+    }
+    let direct = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
         .open(path)
-        .ok()
+        .ok()?;
+    let (a, b) = (file.metadata().ok()?, direct.metadata().ok()?);
+    (a.dev() == b.dev() && a.ino() == b.ino()).then_some(direct)
 }
 
 /// Elsewhere every read goes through the page cache.
 #[cfg(not(target_os = "linux"))]
-fn open_direct(_path: &Path) -> Option<File> {
+fn open_direct(_path: &Path, _file: &File) -> Option<File> {
     None
+}
+
+/// Whether a Linux kernel of this release (`uname -r`) keeps write-back
+/// errors for every open descriptor of a file (errseq, 4.14 and later), so
+/// that a direct read cannot take one away from a later flush.
+fn kernel_keeps_writeback_errors(release: &str) -> bool {
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor) >= (4, 14),
+        _ => false,
+    }
 }
 
 /// Bytes written to a file leaf between two starts of its writeback.
@@ -363,20 +392,24 @@ impl Leaf for FileLeaf {
             .as_ref()
             .filter(|_| aligned && self.reads_direct())
         {
-            match f.read_exact_at(buf, offset) {
-                Ok(()) => {
-                    self.direct_reads.fetch_add(1, Ordering::Relaxed);
-                    return Ok(());
-                }
-                // Misaligned for this file system after all: read through
-                // the page cache from now on (the whole buffer again).
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    self.direct_ok.store(false, Ordering::Relaxed);
-                }
-                Err(e) => return Err(e),
+            if f.read_exact_at(buf, offset).is_ok() {
+                self.direct_reads.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
             }
+            // The whole buffer again, through the page cache. If that
+            // works, the direct path is what failed (an alignment this file
+            // system refuses, a file system that takes `O_DIRECT` at open
+            // but not in reads): read buffered from now on. If it fails
+            // too, the device did, and that is the error.
+            self.file().read_exact_at(buf, offset)?;
+            self.direct_ok.store(false, Ordering::Relaxed);
+            return Ok(());
         }
         self.file().read_exact_at(buf, offset)
+    }
+
+    fn direct_reads(&self) -> u64 {
+        self.direct_reads.load(Ordering::Relaxed)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
@@ -411,6 +444,22 @@ impl Leaf for FileLeaf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_releases_with_writeback_errors_per_descriptor() {
+        for (release, ok) in [
+            ("6.12.57+deb13-amd64\n", true),
+            ("4.14.0", true),
+            ("5.4.0-150-generic", true),
+            ("4.13.16", false),
+            ("3.10.0-1160.el7.x86_64", false),
+            ("10.0", true),
+            ("", false),
+            ("garbage", false),
+        ] {
+            assert_eq!(kernel_keeps_writeback_errors(release), ok, "{release:?}");
+        }
+    }
 
     /// Aligned reads go past the page cache (where the file system takes
     /// `O_DIRECT`); misaligned ones go through it; both return the bytes
