@@ -118,7 +118,7 @@ impl FileLeaf {
     }
 
     /// Whether reads may go past the page cache: the file system took
-    /// `O_DIRECT` at open and has not refused a read since.
+    /// `O_DIRECT` at open and no direct read has failed since.
     pub fn reads_direct(&self) -> bool {
         self.direct.is_some() && self.direct_ok.load(Ordering::Relaxed)
     }
@@ -198,6 +198,7 @@ fn open_direct(_path: &Path, _file: &File) -> Option<File> {
 /// Whether a Linux kernel of this release (`uname -r`) keeps write-back
 /// errors for every open descriptor of a file (errseq, 4.14 and later), so
 /// that a direct read cannot take one away from a later flush.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 fn kernel_keeps_writeback_errors(release: &str) -> bool {
     let mut parts = release
         .trim()
@@ -481,13 +482,16 @@ mod tests {
         leaf.read_direct_at(buf, DIRECT_ALIGN as u64).unwrap();
         assert_eq!(buf, &data[..2 * DIRECT_ALIGN]);
         assert_eq!(leaf.direct_reads(), u64::from(direct));
-        // Misaligned memory, then a misaligned offset: buffered.
+        // Misaligned memory, offset or length: buffered.
         let buf = &mut mem[start + 1..start + 1 + DIRECT_ALIGN];
         leaf.read_direct_at(buf, DIRECT_ALIGN as u64).unwrap();
         assert_eq!(buf, &data[..DIRECT_ALIGN]);
         let buf = &mut mem[start..start + DIRECT_ALIGN];
         leaf.read_direct_at(buf, DIRECT_ALIGN as u64 + 512).unwrap();
         assert_eq!(buf, &data[512..512 + DIRECT_ALIGN]);
+        let buf = &mut mem[start..start + DIRECT_ALIGN + 512];
+        leaf.read_direct_at(buf, DIRECT_ALIGN as u64).unwrap();
+        assert_eq!(buf, &data[..DIRECT_ALIGN + 512]);
         assert_eq!(leaf.direct_reads(), u64::from(direct));
         // Past the end: an error, whichever way.
         let buf = &mut mem[start..start + 2 * DIRECT_ALIGN];
