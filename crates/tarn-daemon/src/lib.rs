@@ -67,6 +67,9 @@ pub use transport::{run_daemon, DaemonOptions, Node};
 /// Opens the state directory, imports the pools the daemon owned, and
 /// starts the NFS and WebDAV servers the options ask for.
 pub fn start_node(opts: &DaemonOptions) -> Result<Arc<Pools>> {
+    if let Err(e) = raise_open_file_limit() {
+        log::warn!("could not raise the limit of open files: {e}");
+    }
     let pools = Arc::new(Pools::open(&opts.state_dir, &opts.tuning)?);
     let _ = pools.admin_socket.set(opts.socket.clone());
     pools.start_servers(&opts.servers)?;
@@ -80,4 +83,59 @@ pub fn start_node(opts: &DaemonOptions) -> Result<Arc<Pools>> {
 pub fn run(opts: DaemonOptions) -> Result<()> {
     let node = start_node(&opts)?;
     run_daemon(opts, node)
+}
+
+/// Most open files the daemon asks for, whatever the hard limit says (the
+/// kernel refuses more than its `fs.nr_open`, 1,048,576 by default).
+const OPEN_FILES_MAX: libc::rlim_t = 1 << 20;
+
+/// Raises the soft limit of open files to the hard one (at most
+/// [`OPEN_FILES_MAX`]) and returns the soft limit now in force. A pool
+/// holds three descriptors per device (reads and writes, reads past the
+/// page cache, the device lock) and every client connection one more; a
+/// daemon started from a shell inherits its soft limit, often 1,024, far
+/// below the hard limit it may take. (The service unit sets its own.)
+pub fn raise_open_file_limit() -> std::io::Result<libc::rlim_t> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one `rlimit` into `lim`, which lives across
+    // the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let want = lim.rlim_max.min(OPEN_FILES_MAX);
+    if lim.rlim_cur >= want {
+        return Ok(lim.rlim_cur);
+    }
+    let raised = libc::rlimit {
+        rlim_cur: want,
+        rlim_max: lim.rlim_max,
+    };
+    // SAFETY: setrlimit reads one `rlimit` from `raised`, which lives
+    // across the call.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(want)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The soft limit ends at the hard one (or the cap), and a second call
+    /// changes nothing.
+    #[test]
+    fn the_open_file_limit_is_raised_to_the_hard_one() {
+        let soft = super::raise_open_file_limit().expect("raised");
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: as in `raise_open_file_limit`.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        assert_eq!(lim.rlim_cur, soft);
+        assert_eq!(soft, lim.rlim_max.min(super::OPEN_FILES_MAX));
+        assert_eq!(super::raise_open_file_limit().expect("again"), soft);
+    }
 }

@@ -337,3 +337,42 @@ fn cache_counters_in_status_and_iostat() {
     assert!(!io.contains("read-ahead"), "{io}");
     d.stop();
 }
+
+/// A daemon started with a shell's low soft limit of open files (each
+/// device of a pool holds three descriptors) raises it to the hard limit
+/// before it opens anything.
+#[test]
+fn the_daemon_raises_its_soft_limit_of_open_files() {
+    let limit = |pid: &str| -> (u64, u64) {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .expect("a line for open files");
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // "Max open files  SOFT  HARD  files"
+        (f[3].parse().unwrap(), f[4].parse().unwrap())
+    };
+    let (_, hard) = limit("self");
+    let low = 256.min(hard);
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("tarn.sock");
+    let child = std::process::Command::new("prlimit")
+        .arg(format!("--nofile={low}:{hard}"))
+        .arg(env!("CARGO_BIN_EXE_tarn"))
+        .args(["daemon", "--socket"])
+        .arg(&socket)
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run tarn daemon under prlimit (util-linux)");
+    let d = Daemon::adopt(child, socket);
+    // prlimit runs the daemon in its own process: the same pid.
+    let (soft, daemon_hard) = limit(&d.child.id().to_string());
+    assert_eq!(daemon_hard, hard);
+    assert_eq!(soft, hard.min(1 << 20), "soft limit {soft}, hard {hard}");
+    d.stop();
+}

@@ -73,6 +73,12 @@ impl Daemon {
             .stderr(stderr)
             .spawn()
             .expect("spawn tarn daemon");
+        Daemon::adopt(child, socket)
+    }
+
+    /// A daemon process started some other way (under a wrapper program),
+    /// once it answers on `socket`.
+    pub fn adopt(child: Child, socket: PathBuf) -> Daemon {
         let d = Daemon { child, socket };
         let t0 = Instant::now();
         while !d.tarn(&["daemon", "ping"]).status.success() {
