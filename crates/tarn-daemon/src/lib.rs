@@ -95,7 +95,7 @@ const OPEN_FILES_MAX: libc::rlim_t = 1 << 20;
 /// page cache, the device lock) and every client connection one more; a
 /// daemon started from a shell inherits its soft limit, often 1,024, far
 /// below the hard limit it may take. (The service unit sets its own.)
-pub fn raise_open_file_limit() -> std::io::Result<libc::rlim_t> {
+fn raise_open_file_limit() -> std::io::Result<libc::rlim_t> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

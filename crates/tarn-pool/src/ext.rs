@@ -684,7 +684,7 @@ impl Pool {
     /// pieces into a few large writes instead of one per column.
     pub(crate) fn write_data(
         &self,
-        blocks: Vec<(&[u8], BlockOpts, Option<Reservation>)>,
+        blocks: Vec<DataBlock<'_>>,
         birth: u64,
         open: Option<u64>,
         missed: &mut Vec<Missed>,

@@ -176,8 +176,13 @@ pub const DIRECT_ALIGN: usize = 4096;
 #[cfg(target_os = "linux")]
 fn open_direct(path: &Path, file: &File) -> Option<File> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
-    if !kernel_keeps_writeback_errors(&release) {
+    // The kernel is asked once per process, not once per device.
+    static KERNEL_OK: OnceLock<bool> = OnceLock::new();
+    let kernel_ok = *KERNEL_OK.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .is_ok_and(|r| kernel_keeps_writeback_errors(&r))
+    });
+    if !kernel_ok {
         return None;
     }
     let direct = OpenOptions::new()
@@ -483,15 +488,16 @@ mod tests {
         assert_eq!(buf, &data[..2 * DIRECT_ALIGN]);
         assert_eq!(leaf.direct_reads(), u64::from(direct));
         // Misaligned memory, offset or length: buffered.
-        let buf = &mut mem[start + 1..start + 1 + DIRECT_ALIGN];
-        leaf.read_direct_at(buf, DIRECT_ALIGN as u64).unwrap();
-        assert_eq!(buf, &data[..DIRECT_ALIGN]);
-        let buf = &mut mem[start..start + DIRECT_ALIGN];
-        leaf.read_direct_at(buf, DIRECT_ALIGN as u64 + 512).unwrap();
-        assert_eq!(buf, &data[512..512 + DIRECT_ALIGN]);
-        let buf = &mut mem[start..start + DIRECT_ALIGN + 512];
-        leaf.read_direct_at(buf, DIRECT_ALIGN as u64).unwrap();
-        assert_eq!(buf, &data[..DIRECT_ALIGN + 512]);
+        for (at, skip, len) in [
+            (start + 1, 0, DIRECT_ALIGN),
+            (start, 512, DIRECT_ALIGN),
+            (start, 0, DIRECT_ALIGN + 512),
+        ] {
+            let buf = &mut mem[at..at + len];
+            leaf.read_direct_at(buf, (DIRECT_ALIGN + skip) as u64)
+                .unwrap();
+            assert_eq!(buf, &data[skip..skip + len]);
+        }
         assert_eq!(leaf.direct_reads(), u64::from(direct));
         // Past the end: an error, whichever way.
         let buf = &mut mem[start..start + 2 * DIRECT_ALIGN];

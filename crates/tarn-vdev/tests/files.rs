@@ -13,6 +13,15 @@ use tarn_testkit::files::make as make_files;
 use tarn_vdev::*;
 
 fn open_top(kind: VdevKind, paths: &[PathBuf]) -> TopVdev {
+    let leaves = paths
+        .iter()
+        .map(|p| Arc::new(FileLeaf::open(p).unwrap()) as Arc<dyn Leaf>)
+        .collect::<Vec<_>>();
+    open_top_of(kind, paths, &leaves)
+}
+
+/// A top-level vdev of `leaves`, opened from `paths`.
+fn open_top_of(kind: VdevKind, paths: &[PathBuf], leaves: &[Arc<dyn Leaf>]) -> TopVdev {
     let config = TopConfig {
         kind,
         guid: 1,
@@ -26,11 +35,7 @@ fn open_top(kind: VdevKind, paths: &[PathBuf]) -> TopVdev {
             })
             .collect(),
     };
-    let leaves = paths
-        .iter()
-        .map(|p| Some(Arc::new(FileLeaf::open(p).unwrap()) as Arc<dyn Leaf>))
-        .collect();
-    TopVdev::open(&config, 12, leaves).unwrap()
+    TopVdev::open(&config, 12, leaves.iter().cloned().map(Some).collect()).unwrap()
 }
 
 fn pread(p: &Path, off: u64, len: usize) -> Vec<u8> {
@@ -128,30 +133,14 @@ fn mirror_and_labels_on_files() {
 fn merged_reads_past_the_page_cache_see_unflushed_writes() {
     let dir = tempfile::tempdir().unwrap();
     let paths = make_files(dir.path(), "disk", 4, MIN_LEAF_SIZE);
-    let leaves: Vec<Arc<FaultLeaf>> = paths.iter().map(|p| open_device(p).unwrap()).collect();
+    let leaves: Vec<Arc<dyn Leaf>> = paths
+        .iter()
+        .map(|p| open_device(p).unwrap() as Arc<dyn Leaf>)
+        .collect();
     // Whether this file system takes direct reads at all.
     let direct_here = FileLeaf::open(&paths[0]).unwrap().reads_direct();
-    let config = TopConfig {
-        kind: VdevKind::Raidz { parity: 1 },
-        guid: 1,
-        children: (0..4)
-            .map(|i| LeafConfig {
-                guid: i + 10,
-                path: paths[i as usize].clone(),
-                offline: false,
-            })
-            .collect(),
-    };
-    let v = TopVdev::open(
-        &config,
-        12,
-        leaves
-            .iter()
-            .map(|l| Some(l.clone() as Arc<dyn Leaf>))
-            .collect(),
-    )
-    .unwrap();
-    let direct = |ls: &[Arc<FaultLeaf>]| ls.iter().map(|l| l.direct_reads()).sum::<u64>();
+    let v = open_top_of(VdevKind::Raidz { parity: 1 }, &paths, &leaves);
+    let direct = |ls: &[Arc<dyn Leaf>]| ls.iter().map(|l| l.direct_reads()).sum::<u64>();
     let mut want = Vec::new();
     let mut at = 0;
     for _ in 0..64 {
