@@ -539,18 +539,24 @@ impl BlockCache {
     }
 }
 
+/// Physical memory in bytes (`MemTotal` of `/proc/meminfo`); `None` where
+/// it cannot be read (not Linux, no `/proc`). Memory-scaled defaults (the
+/// block cache, the daemon's dirty limit) start from it.
+pub fn physical_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb = text
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()?;
+    Some(kb.saturating_mul(1024))
+}
+
 /// An eighth of physical memory, at least 256 MiB (see [`BlockCache::global`]).
 pub fn default_cache_bytes() -> usize {
-    let total = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map(|kb| kb.saturating_mul(1024))
-        .unwrap_or(2 << 30);
+    let total = physical_memory().unwrap_or(2 << 30);
     let eighth = usize::try_from(total / 8).unwrap_or(usize::MAX);
     eighth.max(256 << 20)
 }

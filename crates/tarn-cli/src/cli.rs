@@ -519,6 +519,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn dirty_max_mib_is_zero_or_in_its_range() {
+        let parse = |v: &str| {
+            Cli::try_parse_from(["tarn", "daemon", "--dirty-max-mib", v]).map(|c| match c.command {
+                Command::Daemon(d) => d.dirty_max_mib,
+                _ => None,
+            })
+        };
+        assert_eq!(parse("0").unwrap(), Some(0));
+        assert_eq!(parse("16").unwrap(), Some(16));
+        assert_eq!(parse("65536").unwrap(), Some(65536));
+        for bad in ["1", "15", "65537", "-1", "lots"] {
+            assert!(parse(bad).is_err(), "{bad} was taken");
+        }
+    }
+
+    #[test]
     fn output_option_doubles_as_pool_property() {
         let cli = Cli::try_parse_checked([
             "tarn",

@@ -52,8 +52,9 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=300))]
     pub txg_interval: Option<u64>,
 
-    /// Dirty data a pool may hold before writers wait, in MiB
-    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(16..=65536))]
+    /// Dirty data a pool may hold before writers wait, in MiB (16 to
+    /// 65536); 0 means a tenth of the memory, 256 MiB to 4 GiB
+    #[arg(long, value_name = "MIB", value_parser = parse_dirty_max_mib)]
     pub dirty_max_mib: Option<u64>,
 
     /// Block cache (verified data and metadata, shared by all pools), in
@@ -246,8 +247,8 @@ pub struct DaemonRun {
     /// Seconds between transaction group commits while anything is
     /// dirty; `None`: the daemon's default.
     pub txg_interval_secs: Option<u64>,
-    /// Dirty data a pool may hold before writers wait, in MiB; `None`: the
-    /// daemon's default.
+    /// Dirty data a pool may hold before writers wait, in MiB (0: a tenth
+    /// of memory); `None`: the daemon's default.
     pub dirty_max_mib: Option<u64>,
     /// Block cache shared by all pools, in MiB (0: an eighth of memory);
     /// `None`: the daemon's default.
@@ -332,6 +333,17 @@ fn read_token(f: &std::path::Path) -> anyhow::Result<String> {
         );
     }
     Ok(t)
+}
+
+/// `--dirty-max-mib`: 0 (the memory-scaled default) or 16 to 65536.
+fn parse_dirty_max_mib(text: &str) -> Result<u64, String> {
+    match text.trim().parse::<u64>() {
+        Ok(n) if n == 0 || (16..=65536).contains(&n) => Ok(n),
+        Ok(n) => Err(format!(
+            "{n} is not 0 (a tenth of the memory) or in 16..=65536"
+        )),
+        Err(e) => Err(format!("not a number of MiB: {e}")),
+    }
 }
 
 fn euid() -> u32 {

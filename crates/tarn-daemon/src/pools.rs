@@ -45,7 +45,9 @@ use crate::servers::{
 pub struct Tuning {
     /// Seconds between txg syncs while anything is dirty.
     pub txg_interval_secs: u64,
-    /// Dirty data per pool before writers wait, in MiB.
+    /// Dirty data per pool before writers wait, in MiB; 0 for the default
+    /// ([`default_dirty_max_bytes`]: a tenth of the memory, 256 MiB to 4
+    /// GiB).
     pub dirty_max_mib: u64,
     /// Block cache shared by all pools, in MiB; 0 for the default (an
     /// eighth of the memory, at least 256 MiB).
@@ -59,11 +61,31 @@ impl Default for Tuning {
     fn default() -> Self {
         Tuning {
             txg_interval_secs: 5,
-            dirty_max_mib: 256,
+            dirty_max_mib: 0,
             cache_mib: 0,
             fuse_threads: tarn_fuse::DEFAULT_THREADS,
         }
     }
+}
+
+/// The least default dirty limit: what every machine got before the
+/// default scaled with memory.
+const DIRTY_MIN_DEFAULT: u64 = 256 << 20;
+/// The largest default dirty limit: a txg larger than this takes long to
+/// commit on a home server's disks, and writers wait for it at the limit.
+const DIRTY_MAX_DEFAULT: u64 = 4 << 30;
+
+/// The dirty limit per pool when none is configured, for `memory` bytes of
+/// physical memory (`None`: unknown, taken as 2 GiB): a tenth of it, at
+/// least 256 MiB and at most 4 GiB, as OpenZFS sizes its own.
+///
+/// Why it scales: a txg holds every write since the last one, so the
+/// larger it may grow, the more often rewrites of one block meet in it and
+/// are written once (4k random writes into 16K volume blocks: each block
+/// takes four), and the fewer, larger commits a stream of writes costs.
+/// The memory is held only while writes wait for their commit.
+pub fn default_dirty_max_bytes(memory: Option<u64>) -> u64 {
+    (memory.unwrap_or(2 << 30) / 10).clamp(DIRTY_MIN_DEFAULT, DIRTY_MAX_DEFAULT)
 }
 
 /// One pool the daemon imports at start.
@@ -234,7 +256,10 @@ impl Pools {
         };
         // After the state lock: the crash marker is this daemon's.
         let events = crate::events::Events::open(state_dir)?;
-        let dirty_max = tuning.dirty_max_mib << 20;
+        let dirty_max = match tuning.dirty_max_mib {
+            0 => default_dirty_max_bytes(tarn_block::cache::physical_memory()),
+            mib => mib << 20,
+        };
         // One block cache for every pool of the daemon.
         if tuning.cache_mib > 0 {
             tarn_block::BlockCache::global().set_max_bytes((tuning.cache_mib << 20) as usize);
@@ -761,6 +786,29 @@ fn node_id(state_dir: &Path) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_dirty_limit_is_a_tenth_of_memory_within_its_bounds() {
+        const GIB: u64 = 1 << 30;
+        // Unknown memory is taken as 2 GiB: the old fixed default.
+        assert_eq!(default_dirty_max_bytes(None), DIRTY_MIN_DEFAULT);
+        assert_eq!(default_dirty_max_bytes(Some(GIB)), DIRTY_MIN_DEFAULT);
+        assert_eq!(default_dirty_max_bytes(Some(10 * GIB)), GIB);
+        assert_eq!(default_dirty_max_bytes(Some(24 * GIB)), 24 * GIB / 10);
+        assert_eq!(default_dirty_max_bytes(Some(64 * GIB)), DIRTY_MAX_DEFAULT);
+        assert_eq!(default_dirty_max_bytes(Some(u64::MAX)), DIRTY_MAX_DEFAULT);
+        // Never shrinks as memory grows, and stays within its bounds.
+        let mut last = 0;
+        for mib in (0..=128 * 1024u64).step_by(97) {
+            let d = default_dirty_max_bytes(Some(mib << 20));
+            assert!(
+                (DIRTY_MIN_DEFAULT..=DIRTY_MAX_DEFAULT).contains(&d),
+                "{mib} MiB: {d}"
+            );
+            assert!(d >= last, "{mib} MiB: {d} after {last}");
+            last = d;
+        }
+    }
 
     #[test]
     fn a_damaged_pool_list_stops_the_start_and_is_kept() {
