@@ -785,7 +785,10 @@ pub(crate) fn park_records(dsl: &Dsl, cx: &mut SyncCx<'_>) -> Result<(), PoolErr
     for (i, (p, opts)) in todo.into_iter().enumerate() {
         let seq = (txg << 24) | i as u64;
         let chunks: Vec<&[u8]> = p.record.chunks(PARK_CHUNK).collect();
-        let written = cx.write_blocks(chunks.iter().map(|c| (*c, opts.clone(), None)).collect())?;
+        let written = cx.write_blocks(
+            chunks.iter().map(|c| (*c, opts.clone(), None)).collect(),
+            false,
+        )?;
         for (idx, (c, bp)) in chunks.iter().zip(written).enumerate() {
             let v = match bp {
                 Some(bp) => crate::record::block_value(&bp),

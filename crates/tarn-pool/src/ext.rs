@@ -67,6 +67,43 @@ type DataBlock<'a> = (&'a [u8], BlockOpts, Option<Reservation>);
 /// A window's blocks as prepared: None for a hole.
 type PreparedWindow<'a> = Vec<Option<Prepared<'a>>>;
 
+/// Hands the rooms of `blocks` out again so that, among blocks whose
+/// rooms have the same shape (the same devices and sizes, copy by copy),
+/// the first block gets the lowest room, the next the next one, and so
+/// on; blocks without a room, and rooms of other shapes, are left alone.
+///
+/// Why it is safe: it runs only in a txg's sync, on blocks not written yet
+/// ([`SyncCx::write_blocks`] with `in_block_order`), whose rooms were all allocated
+/// for that txg (admission is allocation) and are named by nothing else. The intent log writes early only blocks
+/// of the open txg, under their slots, and a txg being synced is no longer
+/// open, so none of these rooms is written, or named by a log record,
+/// before the sync writes it. Every block gets a room exactly as large as
+/// the one it had, so the txg's space, and each dataset's, is unchanged;
+/// the pointers the sync returns name the rooms the blocks went to.
+fn rooms_in_block_order(blocks: &mut [DataBlock<'_>]) {
+    type Shape = Vec<(u32, u32)>;
+    let mut groups: std::collections::HashMap<Shape, Vec<usize>> = std::collections::HashMap::new();
+    for (i, (_, _, res)) in blocks.iter().enumerate() {
+        if let Some(r) = res.as_ref().filter(|r| !r.dvas.is_empty()) {
+            let shape = r.dvas.iter().map(|d| (d.vdev, d.asize)).collect();
+            groups.entry(shape).or_default().push(i);
+        }
+    }
+    for members in groups.into_values() {
+        let mut rooms: Vec<Reservation> =
+            members.iter().filter_map(|&i| blocks[i].2.take()).collect();
+        rooms.sort_by_key(|r| {
+            r.dvas
+                .iter()
+                .map(|d| (d.vdev, d.offset))
+                .collect::<Vec<_>>()
+        });
+        for (&i, room) in members.iter().zip(rooms) {
+            blocks[i].2 = Some(room);
+        }
+    }
+}
+
 /// The guard of a lock taken without waiting, if it was free (a poisoned
 /// lock counts as free, as everywhere in this crate).
 fn free_now<G>(r: std::sync::TryLockResult<G>) -> Option<G> {
@@ -415,6 +452,7 @@ impl Cx<'_> {
                 .collect(),
             birth,
             Some(self.txg),
+            false,
             &mut missed,
         )?;
         if !missed.is_empty() {
@@ -608,15 +646,27 @@ impl SyncCx<'_> {
 
     /// Compresses, checksums and writes data blocks of this txg (in
     /// parallel) and returns their pointers; an all-zero block is a hole and
-    /// gets `None`. A block with a [`Reservation`] is written into it (the
+    /// gets `None`. A block with a [`Reservation`] is written into one (the
     /// unused tail, what compression saved, is freed); one without is
     /// allocated now.
+    ///
+    /// With `in_block_order` the rooms are first handed out again in the
+    /// order of the blocks ([`rooms_in_block_order`]), so that blocks given
+    /// in key order lie in key order on the devices; otherwise each block
+    /// goes into its own. Only for the staged blocks of the txg being
+    /// synced: every room must be one allocated for this txg and written by
+    /// nothing yet (not by the intent log, not by an import's replay, not
+    /// by a raw receive), since a room that holds a block, or that a log
+    /// record names, must keep its block.
     pub fn write_blocks(
         &mut self,
         blocks: Vec<(&[u8], BlockOpts, Option<Reservation>)>,
+        in_block_order: bool,
     ) -> Result<Vec<Option<BlockPtr>>, PoolError> {
         let txg = self.cx.txg;
-        self.cx.pool.write_data(blocks, txg, None, &mut self.missed)
+        self.cx
+            .pool
+            .write_data(blocks, txg, None, in_block_order, &mut self.missed)
     }
 
     /// Writes one tree node of this txg (metadata copies, lz4) and caches it.
@@ -677,18 +727,30 @@ impl Pool {
     /// error (the sync and the intent log do).
     ///
     /// In the order of the rooms the blocks hold (the answers in the order
-    /// asked): a txg's blocks come in key order, but their rooms were
-    /// allocated one after the other as the writes arrived, so random
-    /// writes give neighbouring keys rooms far apart. Taken in room order,
-    /// a window holds rooms that touch, and the device layer merges their
-    /// pieces into a few large writes instead of one per column.
+    /// asked): taken in room order, a window holds rooms that touch, and
+    /// the device layer merges their pieces into a few large writes
+    /// instead of one per column.
+    ///
+    /// With `reorder` (a txg's sync of blocks nothing has written yet,
+    /// see [`SyncCx::write_blocks`]) it first hands their rooms
+    /// out again in the order of the blocks ([`rooms_in_block_order`]): a
+    /// txg's blocks come in key order, but their rooms were allocated one
+    /// after the other as the writes arrived, so random writes gave
+    /// neighbouring keys rooms far apart, and a later sequential read of
+    /// those keys would read them one by one. Early writes (the intent
+    /// log's blocks written in place) keep their own rooms, which their
+    /// log records name.
     pub(crate) fn write_data(
         &self,
-        blocks: Vec<DataBlock<'_>>,
+        mut blocks: Vec<DataBlock<'_>>,
         birth: u64,
         open: Option<u64>,
+        reorder: bool,
         missed: &mut Vec<Missed>,
     ) -> Result<Vec<Option<BlockPtr>>, PoolError> {
+        if reorder {
+            rooms_in_block_order(&mut blocks);
+        }
         let mut indexed: Vec<(usize, DataBlock<'_>)> = blocks.into_iter().enumerate().collect();
         indexed.sort_by_key(|(_, b)| {
             b.2.as_ref()
@@ -997,5 +1059,92 @@ impl Pool {
 
     pub(crate) fn scan_fn(&self) -> Option<ScanFn> {
         *self.ext_scan.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn opts() -> BlockOpts {
+        BlockOpts {
+            compression: Compression::Off,
+            checksum: ChecksumAlg::default(),
+            copies: 1,
+            key: None,
+        }
+    }
+
+    fn room(copies: &[(u32, u32, u64)]) -> Reservation {
+        Reservation {
+            dvas: copies
+                .iter()
+                .map(|&(vdev, asize, offset)| Dva {
+                    vdev,
+                    asize,
+                    offset,
+                })
+                .collect(),
+        }
+    }
+
+    proptest! {
+        /// Rooms of one shape go to the blocks in the order given, lowest
+        /// first; every room is handed out exactly once, to a block whose
+        /// old room had the same shape; blocks without a room keep none.
+        #[test]
+        fn rooms_follow_the_blocks_within_each_shape(
+            spec in proptest::collection::vec(
+                (0u32..2, prop_oneof![Just(8192u32), Just(24576u32)], any::<bool>(), any::<bool>()),
+                0..64,
+            ),
+        ) {
+            let data = [0u8; 1];
+            let mut blocks: Vec<DataBlock<'_>> = Vec::new();
+            for (i, &(vdev, asize, two, some)) in spec.iter().enumerate() {
+                // Offsets distinct and in no particular order.
+                let off = ((i as u64 * 7919) % 1009) * 65536;
+                let res = some.then(|| {
+                    if two {
+                        room(&[(vdev, asize, off), (1 - vdev, asize, off + 4096)])
+                    } else {
+                        room(&[(vdev, asize, off)])
+                    }
+                });
+                blocks.push((&data[..], opts(), res));
+            }
+            let before: Vec<Option<Reservation>> = blocks.iter().map(|b| b.2.clone()).collect();
+            rooms_in_block_order(&mut blocks);
+            let shape = |r: &Reservation| -> Vec<(u32, u32)> {
+                r.dvas.iter().map(|d| (d.vdev, d.asize)).collect()
+            };
+            let place = |r: &Reservation| -> Vec<(u32, u64)> {
+                r.dvas.iter().map(|d| (d.vdev, d.offset)).collect()
+            };
+            // The same rooms, each once.
+            let mut old: Vec<Vec<(u32, u64)>> = before.iter().flatten().map(place).collect();
+            let mut new: Vec<Vec<(u32, u64)>> = blocks.iter().filter_map(|b| b.2.as_ref()).map(place).collect();
+            old.sort();
+            new.sort();
+            prop_assert_eq!(old, new);
+            for (b, a) in before.iter().zip(&blocks) {
+                match (b, &a.2) {
+                    (None, None) => {}
+                    (Some(b), Some(a)) => prop_assert_eq!(shape(b), shape(a)),
+                    (b, a) => prop_assert!(false, "room {:?} became {:?}", b, a),
+                }
+            }
+            // Within a shape, rooms rise with the block's position.
+            for i in 0..blocks.len() {
+                for j in i + 1..blocks.len() {
+                    if let (Some(x), Some(y)) = (&blocks[i].2, &blocks[j].2) {
+                        if shape(x) == shape(y) {
+                            prop_assert!(place(x) < place(y), "block {} got {:?}, block {} got {:?}", i, place(x), j, place(y));
+                        }
+                    }
+                }
+            }
+        }
     }
 }
