@@ -138,17 +138,26 @@ impl Shard {
     }
 
     /// Drops every queue slot but one per cached block, in its own queue:
-    /// slots of keys no longer cached, and the older slot of a key cached
+    /// slots of keys no longer cached, and the older slots of a key cached
     /// again after it was dropped (a block read again after its pool was
     /// exported and imported), which would otherwise count as a live
-    /// block's and keep the queues long for good.
+    /// block's and keep the queues long for good. The newest slot stays,
+    /// where the block's last insertion or move put it.
     fn compact(&mut self) {
         let Shard {
             map, small, main, ..
         } = self;
         let mut seen: HashSet<BlockId> = HashSet::with_capacity(map.len());
-        small.retain(|k| map.get(k).is_some_and(|e| e.queue == Queue::Small) && seen.insert(*k));
-        main.retain(|k| map.get(k).is_some_and(|e| e.queue == Queue::Main) && seen.insert(*k));
+        for (q, which) in [(small, Queue::Small), (main, Queue::Main)] {
+            let mut kept: VecDeque<BlockId> = q
+                .iter()
+                .rev()
+                .filter(|k| map.get(k).is_some_and(|e| e.queue == which) && seen.insert(**k))
+                .copied()
+                .collect();
+            kept.make_contiguous().reverse();
+            *q = kept;
+        }
     }
 
     fn remember_ghost(&mut self, k: BlockId) {
@@ -556,19 +565,74 @@ impl BlockCache {
     }
 }
 
-/// Physical memory in bytes (`MemTotal` of `/proc/meminfo`); `None` where
-/// it cannot be read (not Linux, no `/proc`). Memory-scaled defaults (the
-/// block cache, the daemon's dirty limit) start from it.
+/// The memory this process may use, in bytes: `MemTotal` of
+/// `/proc/meminfo`, or the memory limit of its control group (a
+/// container's, or a service's `MemoryMax=`) where that is lower; `None`
+/// where neither can be read (not Linux, no `/proc`). Memory-scaled
+/// defaults (the block cache, the daemon's dirty limit) start from it, so
+/// a daemon in a container of 2 GiB sizes them for 2 GiB, not for the
+/// host.
 pub fn physical_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb = text
-        .lines()
-        .find(|l| l.starts_with("MemTotal:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse::<u64>()
-        .ok()?;
-    Some(kb.saturating_mul(1024))
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("MemTotal:"))?
+                .split_whitespace()
+                .nth(1)?
+                .parse::<u64>()
+                .ok()
+        })
+        .map(|kb| kb.saturating_mul(1024));
+    let limit = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|groups| {
+            cgroup_limit_files(&groups)
+                .iter()
+                .filter_map(|f| std::fs::read_to_string(f).ok())
+                .filter_map(|t| parse_memory_limit(&t))
+                .min()
+        });
+    match (total, limit) {
+        (Some(t), Some(l)) => Some(t.min(l)),
+        (t, l) => t.or(l),
+    }
+}
+
+/// The files that may hold a memory limit of the control groups named in
+/// `/proc/self/cgroup` (`groups`): cgroup v2's `memory.max` and v1's
+/// `memory.limit_in_bytes`, of the group and of each group above it (a
+/// parent's limit binds its children too).
+fn cgroup_limit_files(groups: &str) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for line in groups.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let (root, file) = if controllers.is_empty() {
+            ("/sys/fs/cgroup", "memory.max")
+        } else if controllers.split(',').any(|c| c == "memory") {
+            ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")
+        } else {
+            continue;
+        };
+        let mut dir = std::path::PathBuf::from(root);
+        files.push(dir.join(file));
+        for part in path.split('/').filter(|p| !p.is_empty() && *p != "..") {
+            dir.push(part);
+            files.push(dir.join(file));
+        }
+    }
+    files
+}
+
+/// A memory limit file's value; `None` for no limit (`max`, or v1's
+/// largest value).
+fn parse_memory_limit(text: &str) -> Option<u64> {
+    let v = text.trim().parse::<u64>().ok()?;
+    (v < 1 << 60).then_some(v)
 }
 
 /// An eighth of physical memory, at least 256 MiB (see [`BlockCache::global`]).
@@ -605,6 +669,44 @@ mod tests {
 
     fn data(n: u64, len: usize) -> Arc<[u8]> {
         (0..len).map(|i| (n as usize + i) as u8).collect()
+    }
+
+    #[test]
+    fn memory_limits_of_control_groups_are_found_and_read() {
+        let files = |groups: &str| -> Vec<String> {
+            cgroup_limit_files(groups)
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect()
+        };
+        let v2 = [
+            "/sys/fs/cgroup/memory.max",
+            "/sys/fs/cgroup/system.slice/memory.max",
+            "/sys/fs/cgroup/system.slice/tarn.service/memory.max",
+        ];
+        assert_eq!(files("0::/system.slice/tarn.service\n"), v2);
+        let v1 = [
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/docker/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory.max",
+        ];
+        assert_eq!(files("5:cpu,cpuacct:/x\n4:memory:/docker/abc\n0::/\n"), v1);
+        assert!(cgroup_limit_files("garbage\n1:pids:/a\n").is_empty());
+        assert_eq!(parse_memory_limit("2147483648\n"), Some(2 << 30));
+        assert_eq!(parse_memory_limit("max\n"), None);
+        assert_eq!(parse_memory_limit("9223372036854771712\n"), None);
+        assert_eq!(parse_memory_limit(""), None);
+        // Never above what the machine has.
+        if let (Some(m), Ok(info)) = (physical_memory(), std::fs::read_to_string("/proc/meminfo")) {
+            let kb: u64 = info
+                .lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|n| n.parse().ok())
+                .expect("MemTotal");
+            assert!(m <= kb * 1024 && m > 0, "{m} of {kb} KiB");
+        }
     }
 
     /// Queue slots over every shard, and blocks held.
@@ -664,6 +766,12 @@ mod tests {
             (50, 50),
             "one slot per block (before: {before:?})"
         );
+        let mut keys: HashSet<BlockId> = HashSet::new();
+        for s in &c.shards {
+            let sh = lock(s);
+            keys.extend(sh.small.iter().chain(sh.main.iter()).copied());
+        }
+        assert_eq!(keys.len(), 50, "every block keeps a slot");
         for s in &c.shards {
             let sh = lock(s);
             assert!(sh.small.iter().all(|k| sh.map[k].queue == Queue::Small));

@@ -76,8 +76,10 @@ const DIRTY_MIN_DEFAULT: u64 = 256 << 20;
 const DIRTY_MAX_DEFAULT: u64 = 4 << 30;
 
 /// The dirty limit per pool when none is configured, for `memory` bytes of
-/// physical memory (`None`: unknown, taken as 2 GiB): a tenth of it, at
-/// least 256 MiB and at most 4 GiB, as OpenZFS sizes its own.
+/// memory (`None`: unknown, taken as 2 GiB): a tenth of it, at least 256
+/// MiB and at most 4 GiB, as OpenZFS sizes its own. OpenZFS's is one limit
+/// for all pools; here each pool has its own, so a daemon with several
+/// pools that all take writes at once may hold a tenth per pool.
 ///
 /// Why it scales: a txg holds every write since the last one, so the
 /// larger it may grow, the more often rewrites of one block meet in it and
@@ -260,6 +262,7 @@ impl Pools {
             0 => default_dirty_max_bytes(tarn_block::cache::physical_memory()),
             mib => mib << 20,
         };
+        log::info!("tarn: dirty data per pool: {} MiB", dirty_max >> 20);
         // One block cache for every pool of the daemon.
         if tuning.cache_mib > 0 {
             tarn_block::BlockCache::global().set_max_bytes((tuning.cache_mib << 20) as usize);
@@ -790,7 +793,8 @@ mod tests {
     #[test]
     fn the_default_dirty_limit_is_a_tenth_of_memory_within_its_bounds() {
         const GIB: u64 = 1 << 30;
-        // Unknown memory is taken as 2 GiB: the old fixed default.
+        // Unknown memory is taken as 2 GiB, whose tenth is below the floor:
+        // 256 MiB, the old fixed default.
         assert_eq!(default_dirty_max_bytes(None), DIRTY_MIN_DEFAULT);
         assert_eq!(default_dirty_max_bytes(Some(GIB)), DIRTY_MIN_DEFAULT);
         assert_eq!(default_dirty_max_bytes(Some(10 * GIB)), GIB);

@@ -216,11 +216,10 @@ fn lock_trees(dsl: &Dsl) -> std::sync::MutexGuard<'_, HashMap<u64, Tree>> {
 /// Sync step 1: writes every staged block of the overlays that is not
 /// written yet, compressed and checksummed in parallel, into the rooms the
 /// txg's blocks were given when they were accepted, handed out again in
-/// block order (by dataset, then key; see
-/// [`SyncCx::write_blocks`]). Blocks the intent log wrote early
-/// are skipped here, so they keep the rooms their log records name. Each
-/// block's slot then holds its pointer (or none, for a block that turned
-/// out to be all zeros).
+/// block order (by dataset, then key; see [`SyncCx::write_blocks`]).
+/// Blocks the intent log wrote early are skipped here, so they keep the
+/// rooms their log records name. Each block's slot then holds its pointer
+/// (or none, for a block that turned out to be all zeros).
 fn write_staged(
     dsl: &Dsl,
     cx: &mut SyncCx<'_>,

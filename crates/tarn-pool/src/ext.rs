@@ -73,11 +73,12 @@ type PreparedWindow<'a> = Vec<Option<Prepared<'a>>>;
 /// on; blocks without a room, and rooms of other shapes, are left alone.
 ///
 /// Why it is safe: it runs only in a txg's sync, on blocks not written yet
-/// ([`SyncCx::write_blocks`] with `in_block_order`), whose rooms were all allocated
-/// for that txg (admission is allocation) and are named by nothing else. The intent log writes early only blocks
-/// of the open txg, under their slots, and a txg being synced is no longer
-/// open, so none of these rooms is written, or named by a log record,
-/// before the sync writes it. Every block gets a room exactly as large as
+/// ([`SyncCx::write_blocks`] with `in_block_order`), whose rooms were all
+/// allocated for that txg (admission is allocation) and are named by
+/// nothing else. The intent log writes early only blocks of the open txg,
+/// under their slots, and a txg being synced is no longer open, so none of
+/// these rooms is written, or named by a log record, before the sync
+/// writes it. Every block gets a room exactly as large as
 /// the one it had, so the txg's space, and each dataset's, is unchanged;
 /// the pointers the sync returns name the rooms the blocks went to.
 fn rooms_in_block_order(blocks: &mut [DataBlock<'_>]) {
@@ -731,15 +732,14 @@ impl Pool {
     /// the device layer merges their pieces into a few large writes
     /// instead of one per column.
     ///
-    /// With `reorder` (a txg's sync of blocks nothing has written yet,
-    /// see [`SyncCx::write_blocks`]) it first hands their rooms
-    /// out again in the order of the blocks ([`rooms_in_block_order`]): a
-    /// txg's blocks come in key order, but their rooms were allocated one
-    /// after the other as the writes arrived, so random writes gave
-    /// neighbouring keys rooms far apart, and a later sequential read of
-    /// those keys would read them one by one. Early writes (the intent
-    /// log's blocks written in place) keep their own rooms, which their
-    /// log records name.
+    /// With `reorder` (a txg's sync of blocks nothing has written yet, see
+    /// [`SyncCx::write_blocks`]) it first hands their rooms out again in
+    /// the order of the blocks ([`rooms_in_block_order`]): a txg's blocks
+    /// come in key order, but their rooms were allocated one after the
+    /// other as the writes arrived, so random writes gave neighbouring keys
+    /// rooms far apart, and a later sequential read of those keys would
+    /// read them one by one. Early writes (the intent log's blocks written
+    /// in place) keep their own rooms, which their log records name.
     pub(crate) fn write_data(
         &self,
         mut blocks: Vec<DataBlock<'_>>,
