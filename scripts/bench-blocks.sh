@@ -39,16 +39,24 @@
 # Not a test: nothing here fails on a timing. Not part of CI. Needs root
 # and loop devices; installs fio, nbdkit, libnbd tools, tgt and qemu-utils
 # with apt-get when missing. Output: the table on stdout and in OUT.md (OUT defaults to
-# target/bench-blocks). Takes a few minutes with the defaults.
+# target/bench-blocks). Takes a few minutes per pass.
+#
+# Each figure is the median of PASSES passes (default 3), and the range
+# of the passes follows it: one pass on a shared or virtual machine can
+# move by a third with the host's load. Passes alternate which side goes
+# first. The random write job runs once per pass, so with more passes the
+# volume has taken more random writes before the second 1M read (it is
+# as scattered after one pass as after three: every block was rewritten).
 #
 # Usage: scripts/bench-blocks.sh
-# Environment: TARN_BIN (default target/release/tarn, built if absent),
+# Environment: TARN_BIN (default target/release/tarn, built if absent), PASSES,
 # SIZE (MiB, default 1024), OUT, WORK (a
 # folder on the disk to measure, default a temporary one under target/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SIZE=${SIZE:-1024}
+PASSES=${PASSES:-3}
 OUT=${OUT:-target/bench-blocks}
 WORK=${WORK:-$(mktemp -d "$PWD/target/bench-blocks.XXXXXX")}
 TARN_BIN=${TARN_BIN:-target/release/tarn}
@@ -211,27 +219,55 @@ row_name() { # label rw bs depth
     esac
 }
 
+# R[label,side] and I[label,side]: the passes' figures, space-separated.
 declare -A R I
 for w in "${WORKLOADS[@]}"; do
     set -- $w
-    for side in tarn nbdkit loop; do
-        drop "$side"
-        R[$1,$side]=$(job "$side" "$2" "$3" "$4" "$5")
-    done
-    for side in tarn tgt; do
-        drop "$side"
-        I[$1,$side]=$(ijob "$side" "$2" "$3" "$4" "$5")
+    for pass in $(seq "$PASSES"); do
+        nbd_sides="tarn nbdkit loop" iscsi_sides="tarn tgt"
+        if [ $((pass % 2)) -eq 0 ]; then
+            nbd_sides="loop nbdkit tarn" iscsi_sides="tgt tarn"
+        fi
+        for side in $nbd_sides; do
+            drop "$side"
+            R[$1,$side]+="$(job "$side" "$2" "$3" "$4" "$5") "
+        done
+        for side in $iscsi_sides; do
+            drop "$side"
+            I[$1,$side]+="$(ijob "$side" "$2" "$3" "$4" "$5") "
+        done
     done
 done
 
+# "median (min–max)" of the figures given, or the figure alone for one pass.
+cell() {
+    python3 -c '
+import statistics, sys
+v = sorted(int(x) for x in sys.argv[1:])
+m = round(statistics.median(v))
+print(m if len(v) == 1 else f"{m} ({v[0]}–{v[-1]})")
+' "$@"
+}
+# The ratio of two medians.
+ratio() { # "figures a" "figures b"
+    python3 -c '
+import statistics, sys
+a, b = (statistics.median(int(x) for x in s.split()) for s in sys.argv[1:3])
+print(f"{a / max(b, 1):.2f}")
+' "$1" "$2"
+}
+
 mkdir -p "$(dirname "$OUT")"
 {
+    echo "Medians of $PASSES passes (the range in brackets)."
+    echo
     echo "| workload | unit | tarn | nbdkit | loop | tarn/nbdkit | tarn/loop |"
     echo "|---|---|---|---|---|---|---|"
     for w in "${WORKLOADS[@]}"; do
         set -- $w
         t=${R[$1,tarn]} k=${R[$1,nbdkit]} l=${R[$1,loop]}
-        echo "| $(row_name "$@") | $5 | $t | $k | $l | $(python3 -c "print(f'{$t/max($k,1):.2f}')") | $(python3 -c "print(f'{$t/max($l,1):.2f}')") |"
+        # shellcheck disable=SC2086
+        echo "| $(row_name "$@") | $5 | $(cell $t) | $(cell $k) | $(cell $l) | $(ratio "$t" "$k") | $(ratio "$t" "$l") |"
     done
     echo
     echo "| iSCSI workload | unit | tarn | tgt | tarn/tgt |"
@@ -239,6 +275,7 @@ mkdir -p "$(dirname "$OUT")"
     for w in "${WORKLOADS[@]}"; do
         set -- $w
         t=${I[$1,tarn]} g=${I[$1,tgt]}
-        echo "| $(row_name "$@") | $5 | $t | $g | $(python3 -c "print(f'{$t/max($g,1):.2f}')") |"
+        # shellcheck disable=SC2086
+        echo "| $(row_name "$@") | $5 | $(cell $t) | $(cell $g) | $(ratio "$t" "$g") |"
     done
 } | tee "$OUT.md"
