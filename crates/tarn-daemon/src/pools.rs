@@ -814,6 +814,26 @@ mod tests {
         }
     }
 
+    /// The daemon's pools get the limit its tuning asks for: 0 is the
+    /// memory-scaled default, anything else that many MiB; a sync starts
+    /// at a quarter of it.
+    #[test]
+    fn the_pools_take_the_dirty_limit_of_the_tuning() {
+        let dir = tempfile::tempdir().unwrap();
+        let pools = Pools::open(dir.path(), &Tuning::default()).unwrap();
+        let want = default_dirty_max_bytes(tarn_block::cache::physical_memory());
+        assert_eq!(pools.opts.dirty_max_bytes, want);
+        assert_eq!(pools.opts.dirty_sync_bytes, want / 4);
+        drop(pools);
+        let tuning = Tuning {
+            dirty_max_mib: 64,
+            ..Tuning::default()
+        };
+        let pools = Pools::open(dir.path(), &tuning).unwrap();
+        assert_eq!(pools.opts.dirty_max_bytes, 64 << 20);
+        assert_eq!(pools.opts.dirty_sync_bytes, 16 << 20);
+    }
+
     #[test]
     fn a_damaged_pool_list_stops_the_start_and_is_kept() {
         let dir = tempfile::tempdir().unwrap();
