@@ -126,8 +126,14 @@ struct Shard {
     map: HashMap<BlockId, Entry>,
     small: VecDeque<BlockId>,
     main: VecDeque<BlockId>,
-    ghost: VecDeque<BlockId>,
-    ghost_set: HashSet<BlockId>,
+    /// Ghost keys in the order they were remembered, each with the number
+    /// it was remembered under: a key that came back and became a ghost
+    /// again has an older entry here that no longer counts.
+    ghost: VecDeque<(BlockId, u64)>,
+    /// The ghosts that count, each with its entry's number in `ghost`.
+    ghost_set: HashMap<BlockId, u64>,
+    /// The number the next ghost is remembered under.
+    ghost_seq: u64,
     small_bytes: usize,
     main_bytes: usize,
 }
@@ -161,16 +167,29 @@ impl Shard {
     }
 
     fn remember_ghost(&mut self, k: BlockId) {
-        if self.ghost_set.insert(k) {
-            self.ghost.push_back(k);
+        if !self.ghost_set.contains_key(&k) {
+            self.ghost_seq += 1;
+            self.ghost_set.insert(k, self.ghost_seq);
+            self.ghost.push_back((k, self.ghost_seq));
         }
-        // As many ghosts as main holds blocks (at least a few).
+        // As many ghosts as main holds blocks (at least a few), and at most
+        // as many entries again that no longer count.
         let cap = self.main.len().max(16);
-        while self.ghost.len() > cap {
-            if let Some(old) = self.ghost.pop_front() {
+        while self.ghost_set.len() > cap || self.ghost.len() > 2 * cap {
+            let Some((old, seq)) = self.ghost.pop_front() else {
+                break;
+            };
+            // An older entry of a key that is a ghost again does not end
+            // the newer ghost.
+            if self.ghost_set.get(&old) == Some(&seq) {
                 self.ghost_set.remove(&old);
             }
         }
+    }
+
+    /// Whether `k` was a ghost (it is not one any more: it is back).
+    fn take_ghost(&mut self, k: &BlockId) -> bool {
+        self.ghost_set.remove(k).is_some()
     }
 
     /// Evicts one block (or moves one from small to main); returns the
@@ -420,7 +439,7 @@ impl BlockCache {
         if sh.map.contains_key(&k) {
             return;
         }
-        let queue = if sh.ghost_set.remove(&k) {
+        let queue = if sh.take_ghost(&k) {
             Queue::Main
         } else {
             Queue::Small
@@ -519,8 +538,8 @@ impl BlockCache {
             let Shard {
                 ghost, ghost_set, ..
             } = &mut *sh;
-            ghost.retain(|k| k.pool != pool);
-            ghost_set.retain(|k| k.pool != pool);
+            ghost.retain(|(k, _)| k.pool != pool);
+            ghost_set.retain(|k, _| k.pool != pool);
         }
     }
 
@@ -575,15 +594,7 @@ impl BlockCache {
 pub fn physical_memory() -> Option<u64> {
     let total = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|text| {
-            text.lines()
-                .find(|l| l.starts_with("MemTotal:"))?
-                .split_whitespace()
-                .nth(1)?
-                .parse::<u64>()
-                .ok()
-        })
-        .map(|kb| kb.saturating_mul(1024));
+        .and_then(|text| mem_total(&text));
     let limit = std::fs::read_to_string("/proc/self/cgroup")
         .ok()
         .and_then(|groups| {
@@ -597,6 +608,18 @@ pub fn physical_memory() -> Option<u64> {
         (Some(t), Some(l)) => Some(t.min(l)),
         (t, l) => t.or(l),
     }
+}
+
+/// `MemTotal` of a `/proc/meminfo` text, in bytes.
+fn mem_total(meminfo: &str) -> Option<u64> {
+    meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()
+        .map(|kb| kb.saturating_mul(1024))
 }
 
 /// The files that may hold a memory limit of the control groups named in
@@ -697,15 +720,19 @@ mod tests {
         assert_eq!(parse_memory_limit("max\n"), None);
         assert_eq!(parse_memory_limit("9223372036854771712\n"), None);
         assert_eq!(parse_memory_limit(""), None);
+        assert_eq!(
+            mem_total("MemFree: 5 kB\nMemTotal:       24567 kB\n"),
+            Some(24567 * 1024)
+        );
+        assert_eq!(mem_total("MemTotal: lots\n"), None);
         // Never above what the machine has.
-        if let (Some(m), Ok(info)) = (physical_memory(), std::fs::read_to_string("/proc/meminfo")) {
-            let kb: u64 = info
-                .lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|n| n.parse().ok())
-                .expect("MemTotal");
-            assert!(m <= kb * 1024 && m > 0, "{m} of {kb} KiB");
+        if let (Some(m), Some(total)) = (
+            physical_memory(),
+            std::fs::read_to_string("/proc/meminfo")
+                .ok()
+                .and_then(|t| mem_total(&t)),
+        ) {
+            assert!(m <= total && m > 0, "{m} of {total}");
         }
     }
 
@@ -777,6 +804,72 @@ mod tests {
             assert!(sh.small.iter().all(|k| sh.map[k].queue == Queue::Small));
             assert!(sh.main.iter().all(|k| sh.map[k].queue == Queue::Main));
         }
+    }
+
+    /// A ghost that comes back and later becomes a ghost again leaves an
+    /// older entry in the ghost FIFO; when that entry leaves, the newer
+    /// ghost must stay (it used to end it, sending the block back through
+    /// the small queue).
+    #[test]
+    fn an_older_ghost_entry_does_not_end_a_newer_ghost_of_the_same_key() {
+        let id = |n: u64| BlockId::of(7, &bp(n, 1000)).expect("a block id");
+        let mut sh = Shard::default();
+        let a = id(0);
+        sh.remember_ghost(a);
+        assert!(sh.take_ghost(&a), "a was a ghost");
+        assert!(!sh.take_ghost(&a), "and is one no longer");
+        sh.remember_ghost(a);
+        // Keys that come back at once: their entries no longer count, and
+        // enough of them push a's older entry out of the FIFO.
+        for n in 1..32 {
+            sh.remember_ghost(id(n));
+            assert!(sh.take_ghost(&id(n)));
+        }
+        assert_eq!(
+            sh.ghost.iter().filter(|(k, _)| *k == a).count(),
+            1,
+            "a's older entry left the FIFO"
+        );
+        assert!(sh.take_ghost(&a), "a is still a ghost");
+        // Ghosts stay bounded however many keys come back.
+        for n in 100..10_000 {
+            sh.remember_ghost(id(n));
+            if n % 2 == 0 {
+                sh.take_ghost(&id(n));
+            }
+        }
+        assert!(
+            sh.ghost_set.len() <= 16 && sh.ghost.len() <= 32,
+            "{} {}",
+            sh.ghost_set.len(),
+            sh.ghost.len()
+        );
+    }
+
+    /// An export drops the pool's ghosts too: a ghost key of an exported
+    /// pool would send that pool's block straight to main after an import.
+    #[test]
+    fn an_export_drops_the_pools_ghosts() {
+        let c = BlockCache::new(MIN_CACHE_BYTES);
+        let len = c.shard_max() / 8;
+        for n in 0..(SHARDS as u64 * 64) {
+            c.insert(7, &bp(n, len as u32), data(n, len), BlockKind::Data);
+            c.insert(8, &bp(n, len as u32), data(n, len), BlockKind::Data);
+        }
+        let ghosts = |pool: u64| -> usize {
+            c.shards
+                .iter()
+                .map(|s| {
+                    let sh = lock(s);
+                    sh.ghost.iter().filter(|(k, _)| k.pool == pool).count()
+                        + sh.ghost_set.keys().filter(|k| k.pool == pool).count()
+                })
+                .sum()
+        };
+        assert!(ghosts(7) > 0 && ghosts(8) > 0, "evictions left ghosts");
+        c.evict_pool(7);
+        assert_eq!(ghosts(7), 0, "the exported pool's ghosts are gone");
+        assert!(ghosts(8) > 0, "another pool's ghosts stay");
     }
 
     #[test]
