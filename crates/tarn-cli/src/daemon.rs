@@ -335,12 +335,18 @@ fn read_token(f: &std::path::Path) -> anyhow::Result<String> {
     Ok(t)
 }
 
-/// `--dirty-max-mib`: 0 (the memory-scaled default) or 16 to 65536.
+/// The dirty limits per pool a user may set, in MiB (0 aside: the default).
+const DIRTY_MAX_MIB: std::ops::RangeInclusive<u64> = 16..=65536;
+
+/// `--dirty-max-mib`: 0 (the memory-scaled default) or within
+/// [`DIRTY_MAX_MIB`].
 fn parse_dirty_max_mib(text: &str) -> Result<u64, String> {
     match text.trim().parse::<u64>() {
-        Ok(n) if n == 0 || (16..=65536).contains(&n) => Ok(n),
+        Ok(n) if n == 0 || DIRTY_MAX_MIB.contains(&n) => Ok(n),
         Ok(n) => Err(format!(
-            "{n} is not 0 (a tenth of the memory) or in 16..=65536"
+            "{n} is not 0 (a tenth of the memory) or in {}..={}",
+            DIRTY_MAX_MIB.start(),
+            DIRTY_MAX_MIB.end()
         )),
         Err(e) => Err(format!("not a number of MiB: {e}")),
     }

@@ -253,7 +253,7 @@ fn write_staged(
         .iter()
         .map(|(b, o, r)| (b.data.as_slice(), o.clone(), Some(r.clone())))
         .collect();
-    let written = cx.write_blocks(blocks, true)?;
+    let written = cx.write_blocks(blocks, tarn_pool::Rooms::InBlockOrder)?;
     for ((b, _, _), bp) in todo.iter().zip(written) {
         let mut slot = b.slot();
         slot.written = bp;

@@ -787,7 +787,7 @@ pub(crate) fn park_records(dsl: &Dsl, cx: &mut SyncCx<'_>) -> Result<(), PoolErr
         let chunks: Vec<&[u8]> = p.record.chunks(PARK_CHUNK).collect();
         let written = cx.write_blocks(
             chunks.iter().map(|c| (*c, opts.clone(), None)).collect(),
-            false,
+            tarn_pool::Rooms::AsHeld,
         )?;
         for (idx, (c, bp)) in chunks.iter().zip(written).enumerate() {
             let v = match bp {

@@ -67,13 +67,25 @@ type DataBlock<'a> = (&'a [u8], BlockOpts, Option<Reservation>);
 /// A window's blocks as prepared: None for a hole.
 type PreparedWindow<'a> = Vec<Option<Prepared<'a>>>;
 
+/// Which rooms [`SyncCx::write_blocks`] writes its blocks into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rooms {
+    /// Each block into the room it holds (or one allocated now): for
+    /// blocks whose rooms something may already name (a log record).
+    AsHeld,
+    /// The rooms handed out again in the order of the blocks
+    /// ([`rooms_in_block_order`]): only for a txg's staged blocks that
+    /// nothing has written yet, so neighbouring keys lie side by side.
+    InBlockOrder,
+}
+
 /// Hands the rooms of `blocks` out again so that, among blocks whose
 /// rooms have the same shape (the same devices and sizes, copy by copy),
 /// the first block gets the lowest room, the next the next one, and so
 /// on; blocks without a room, and rooms of other shapes, are left alone.
 ///
 /// Why it is safe: it runs only in a txg's sync, on blocks not written yet
-/// ([`SyncCx::write_blocks`] with `in_block_order`), whose rooms were all
+/// ([`SyncCx::write_blocks`] with [`Rooms::InBlockOrder`]), whose rooms were all
 /// allocated for that txg (admission is allocation) and are named by
 /// nothing else. The intent log writes early only blocks of the open txg,
 /// under their slots, and a txg being synced is no longer open, so none of
@@ -453,7 +465,7 @@ impl Cx<'_> {
                 .collect(),
             birth,
             Some(self.txg),
-            false,
+            Rooms::AsHeld,
             &mut missed,
         )?;
         if !missed.is_empty() {
@@ -651,7 +663,7 @@ impl SyncCx<'_> {
     /// unused tail, what compression saved, is freed); one without is
     /// allocated now.
     ///
-    /// With `in_block_order` the rooms are first handed out again in the
+    /// With [`Rooms::InBlockOrder`] the rooms are first handed out again in the
     /// order of the blocks ([`rooms_in_block_order`]), so that blocks given
     /// in key order lie in key order on the devices; otherwise each block
     /// goes into its own. Only for the staged blocks of the txg being
@@ -662,12 +674,12 @@ impl SyncCx<'_> {
     pub fn write_blocks(
         &mut self,
         blocks: Vec<(&[u8], BlockOpts, Option<Reservation>)>,
-        in_block_order: bool,
+        rooms: Rooms,
     ) -> Result<Vec<Option<BlockPtr>>, PoolError> {
         let txg = self.cx.txg;
         self.cx
             .pool
-            .write_data(blocks, txg, None, in_block_order, &mut self.missed)
+            .write_data(blocks, txg, None, rooms, &mut self.missed)
     }
 
     /// Writes one tree node of this txg (metadata copies, lz4) and caches it.
@@ -732,8 +744,8 @@ impl Pool {
     /// the device layer merges their pieces into a few large writes
     /// instead of one per column.
     ///
-    /// With `reorder` (a txg's sync of blocks nothing has written yet, see
-    /// [`SyncCx::write_blocks`]) it first hands their rooms out again in
+    /// With [`Rooms::InBlockOrder`] (a txg's sync of blocks nothing has
+    /// written yet, see [`SyncCx::write_blocks`]) it first hands their rooms out again in
     /// the order of the blocks ([`rooms_in_block_order`]): a txg's blocks
     /// come in key order, but their rooms were allocated one after the
     /// other as the writes arrived, so random writes gave neighbouring keys
@@ -745,10 +757,10 @@ impl Pool {
         mut blocks: Vec<DataBlock<'_>>,
         birth: u64,
         open: Option<u64>,
-        reorder: bool,
+        rooms: Rooms,
         missed: &mut Vec<Missed>,
     ) -> Result<Vec<Option<BlockPtr>>, PoolError> {
-        if reorder {
+        if rooms == Rooms::InBlockOrder {
             rooms_in_block_order(&mut blocks);
         }
         let mut indexed: Vec<(usize, DataBlock<'_>)> = blocks.into_iter().enumerate().collect();

@@ -58,7 +58,7 @@ mod zil;
 mod golden;
 
 pub use config::{parse_size, PoolOptions, PoolProps, VdevSpec};
-pub use ext::{BlockOpts, Cx, ExtRef, Extension, RawStored, Reservation, ScanFn, SyncCx};
+pub use ext::{BlockOpts, Cx, ExtRef, Extension, RawStored, Reservation, Rooms, ScanFn, SyncCx};
 pub use import::discover;
 pub use pool::Pool;
 pub use scan::{LeakReport, ScanAction};
