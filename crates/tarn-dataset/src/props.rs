@@ -66,6 +66,13 @@ pub const SETTABLE: &[(&str, &str)] = &[
     ("mountpoint", "none"),
 ];
 
+/// Settable properties that apply to the dataset they are set on only,
+/// as in ZFS: a quota limits that dataset with everything below it (its
+/// `used` counts its children), and a reservation keeps room for that
+/// subtree once. Inherited, every child would claim a reservation of its
+/// own (and its parent would count each one again). `inherit` clears them.
+pub const NOT_INHERITED: &[&str] = &["quota", "reservation"];
+
 /// Read-only properties computed from the dataset's state.
 pub const COMPUTED: &[&str] = &[
     "type",
@@ -223,6 +230,9 @@ impl Dir {
                     return (v, src);
                 }
                 return (v.clone(), src);
+            }
+            if NOT_INHERITED.contains(&name) {
+                break;
             }
             first = false;
             let up = if r.is_snapshot() { r.head } else { r.parent };

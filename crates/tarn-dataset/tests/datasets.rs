@@ -77,6 +77,33 @@ fn properties_inherit_and_report_sources() {
     assert!(ds::set_prop(&pool, "tank/home", "used", "5").is_err());
     assert!(ds::set_prop(&pool, "tank/home", "sync", "sometimes").is_err());
 
+    // A quota or a reservation applies where it is set: children do not
+    // inherit it, so two children do not each reserve the parent's room.
+    ds::create(&pool, "tank/home/bob", &BTreeMap::new(), false).unwrap();
+    ds::set_prop(&pool, "tank/home", "quota", "32M").unwrap();
+    ds::set_prop(&pool, "tank/home", "reservation", "8M").unwrap();
+    for p in ["quota", "reservation"] {
+        for child in ["tank/home/alice", "tank/home/bob"] {
+            let v = get(child, p);
+            assert_eq!(
+                (v.value.as_str(), &v.source),
+                ("none", &Source::Default),
+                "{p} of {child}"
+            );
+        }
+        assert_eq!(get("tank/home", p).source, Source::Local);
+    }
+    let used = info(&pool, "tank").used;
+    assert!(
+        (8 << 20..12 << 20).contains(&used),
+        "the pool's root counts the reservation once: {used}"
+    );
+    ds::inherit(&pool, "tank/home", "reservation").unwrap();
+    ds::inherit(&pool, "tank/home", "quota").unwrap();
+    assert_eq!(get("tank/home", "reservation").value, "none");
+    assert!(info(&pool, "tank").used < 8 << 20);
+    ds::destroy(&pool, "tank/home/bob", false).unwrap();
+
     // Rename moves descendants; properties follow.
     ds::rename(&pool, "tank/home/alice", "tank/alice").unwrap();
     assert_eq!(get("tank/alice/docs", "compression").value, "lz4");
