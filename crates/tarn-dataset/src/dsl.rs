@@ -154,26 +154,72 @@ pub(crate) struct Dir {
     pub parked_new: Vec<crate::zil::Parked>,
     /// Parked records replayed or dropped: the sync deletes their entries.
     pub parked_gone: Vec<Vec<u8>>,
+    /// Space figures computed from the records, kept while nobody changes
+    /// the directory (see [`DirGuard`]).
+    pub memo: crate::accounting::SpaceMemo,
+}
+
+/// The directory, locked. It notes whether its holder changed the
+/// directory (took it mutably), and then drops the space figures computed
+/// from it ([`crate::accounting::SpaceMemo`]) and keeps new ones from being
+/// kept until it is released: every change to the directory goes through
+/// one of these, so no kept figure outlives the state it was computed
+/// from.
+pub(crate) struct DirGuard<'a> {
+    dir: MutexGuard<'a, Dir>,
+    changed: bool,
+}
+
+impl std::ops::Deref for DirGuard<'_> {
+    type Target = Dir;
+
+    fn deref(&self) -> &Dir {
+        &self.dir
+    }
+}
+
+impl std::ops::DerefMut for DirGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Dir {
+        if !self.changed {
+            self.changed = true;
+            self.dir.memo.suspend();
+        }
+        &mut self.dir
+    }
+}
+
+impl Drop for DirGuard<'_> {
+    fn drop(&mut self) {
+        if self.changed {
+            self.dir.memo.resume();
+        }
+    }
 }
 
 /// The dataset layer's state inside the pool (see the module docs).
 #[derive(Default)]
 pub(crate) struct Dsl {
-    pub dir: Mutex<Dir>,
+    dir: Mutex<Dir>,
     pub lives: Mutex<HashMap<u64, Arc<LiveDs>>>,
     pub sync_trees: Mutex<HashMap<u64, Tree>>,
 }
 
 impl Dsl {
     /// The directory, locked.
-    pub(crate) fn dir(&self) -> MutexGuard<'_, Dir> {
-        lock(&self.dir)
+    pub(crate) fn dir(&self) -> DirGuard<'_> {
+        DirGuard {
+            dir: lock(&self.dir),
+            changed: false,
+        }
     }
 
     /// The dataset directory if no one holds it (see
     /// [`crate::DatasetHandle::try_block_refs`]).
-    pub(crate) fn try_dir(&self) -> Option<MutexGuard<'_, Dir>> {
-        try_lock(&self.dir)
+    pub(crate) fn try_dir(&self) -> Option<DirGuard<'_>> {
+        Some(DirGuard {
+            dir: try_lock(&self.dir)?,
+            changed: false,
+        })
     }
 
     /// The open dataset `id` if it is open and its table is free; never

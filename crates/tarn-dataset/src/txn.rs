@@ -114,11 +114,15 @@ fn reserve(
     len: u64,
     held: u64,
 ) -> Result<Reservation, DsError> {
-    let copies = dsl.dir().copies(id);
-    let cost = cx.alloc_cost(len, copies);
-    if !replay {
-        dsl.dir().check_room(cx, id, cost.saturating_sub(held))?;
-    }
+    let copies = {
+        let dir = dsl.dir();
+        let copies = dir.copies(id);
+        if !replay {
+            let cost = cx.alloc_cost(len, copies);
+            dir.check_room(cx, id, cost.saturating_sub(held))?;
+        }
+        copies
+    };
     cx.reserve_block(len, copies).map_err(|e| match e {
         PoolError::NoSpace(m) => DsError::NoSpace(m),
         other => DsError::Pool(other),
