@@ -116,7 +116,8 @@ impl Dir {
     /// The inverse of [`Dsl::deflate`], rounded up.
     pub(crate) fn inflate(&self, user: u64) -> u64 {
         let per = self.alloc_per_block.max(1);
-        (user as u128 * per as u128).div_ceil(DEFLATE_BLOCK as u128) as u64
+        u64::try_from((user as u128 * per as u128).div_ceil(DEFLATE_BLOCK as u128))
+            .unwrap_or(u64::MAX)
     }
 
     /// `used(d).asize`, kept in the memo while the directory is unchanged.
@@ -139,7 +140,7 @@ impl Dir {
                 .values()
                 .filter(|r| !r.is_snapshot())
                 .map(|r| self.unused_reservation(r.id))
-                .sum()
+                .fold(0u64, u64::saturating_add)
         };
         let Some(v) = self.memo.unused_reserved.get() else {
             let v = compute();
@@ -184,7 +185,7 @@ impl Dir {
             .ancestors_and_self(id)
             .iter()
             .map(|d| self.unused_reservation(*d))
-            .sum();
+            .fold(0u64, u64::saturating_add);
         pool.saturating_sub(all.saturating_sub(own))
     }
 
@@ -194,7 +195,7 @@ impl Dir {
         let mut avail = self.pool_room(cx, id);
         for a in self.ancestors_and_self(id) {
             if let Some(q) = self.prop_u64(a, "quota") {
-                let used = self.deflate(self.used_asize(a) + self.pending(a));
+                let used = self.deflate(self.used_asize(a).saturating_add(self.pending(a)));
                 avail = avail.min(q.saturating_sub(used));
             }
         }
@@ -206,7 +207,7 @@ impl Dir {
         let user_cost = self.deflate(cost).max(1);
         for a in self.ancestors_and_self(id) {
             if let Some(q) = self.prop_u64(a, "quota") {
-                let used = self.deflate(self.used_asize(a) + self.pending(a));
+                let used = self.deflate(self.used_asize(a).saturating_add(self.pending(a)));
                 if used.saturating_add(user_cost) > q {
                     let an = self
                         .recs
@@ -299,7 +300,8 @@ pub(crate) struct SpaceMemo {
 
 impl SpaceMemo {
     /// Drops every kept figure and keeps none until [`SpaceMemo::resume`]:
-    /// the directory is about to change.
+    /// the directory is about to change. Only the directory's guard calls
+    /// this and `resume` (a holder of `&mut Dir` must not).
     pub(crate) fn suspend(&mut self) {
         self.off.set(true);
         self.used.get_mut().clear();

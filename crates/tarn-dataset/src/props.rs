@@ -4,7 +4,9 @@
 //! Settable properties are stored per dataset only where set ("local");
 //! a dataset without a local value takes its parent's, up to the pool's
 //! root dataset, then the default, exactly as `zfs get` reports with its
-//! SOURCE column. Snapshots inherit from their filesystem.
+//! SOURCE column. Snapshots inherit from their filesystem. `quota` and
+//! `reservation` are the exception ([`NOT_INHERITED`]): they hold where
+//! they are set, or are `none`.
 
 use serde::{Deserialize, Serialize};
 use tarn_block::{ChecksumAlg, Compression};
@@ -367,8 +369,22 @@ pub fn set_prop(pool: &Pool, name: &str, prop: &str, value: &str) -> Result<(), 
         _ => {}
     }
     let v = validate(prop, value)?;
-    with_dir_excl(pool, |dsl, _cx| {
+    with_dir_excl(pool, |dsl, cx| {
         let id = dsl.id_of(name)?;
+        // A reservation is room the dataset could still fill: no more than
+        // what it uses plus what it may still write.
+        if let ("reservation", Ok(want)) = (prop, v.parse::<u64>()) {
+            let used = dsl.deflate(dsl.used(id).asize);
+            let avail = dsl.available(cx, id);
+            if want.saturating_sub(used) > avail {
+                return Err(DsError::NoSpace(format!(
+                    "cannot reserve {} for '{name}': it uses {} and may write {} more",
+                    human_bytes(want),
+                    human_bytes(used),
+                    human_bytes(avail)
+                )));
+            }
+        }
         let r = dsl
             .recs
             .get_mut(&id)

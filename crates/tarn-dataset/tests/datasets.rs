@@ -82,6 +82,20 @@ fn properties_inherit_and_report_sources() {
     ds::create(&pool, "tank/home/bob", &BTreeMap::new(), false).unwrap();
     ds::set_prop(&pool, "tank/home", "quota", "32M").unwrap();
     ds::set_prop(&pool, "tank/home", "reservation", "8M").unwrap();
+    // No more than the dataset could still write (the pool has 64 MiB).
+    for big in ["1G", "16000000T"] {
+        assert!(
+            matches!(
+                ds::set_prop(&pool, "tank/home", "reservation", big),
+                Err(DsError::NoSpace(_))
+            ),
+            "reservation={big}"
+        );
+    }
+    assert_eq!(
+        get("tank/home", "reservation").value,
+        (8u64 << 20).to_string()
+    );
     for p in ["quota", "reservation"] {
         for child in ["tank/home/alice", "tank/home/bob"] {
             let v = get(child, p);
