@@ -44,10 +44,34 @@ pub fn create_with_key(
     let new_key = enc.new_key(key)?;
     with_dir_excl(pool, |dsl, cx| {
         enc.check(dsl, name)?;
+        let want = local.get("reservation").and_then(|r| r.parse::<u64>().ok());
+        if let (Some(want), Some(a)) = (want, nearest_ancestor(dsl, name)) {
+            let avail = dsl.available(cx, a);
+            if want > avail {
+                return Err(DsError::NoSpace(format!(
+                    "cannot reserve {} for '{name}': {} available",
+                    props::human_bytes(want),
+                    props::human_bytes(avail)
+                )));
+            }
+        }
         let id = create_recs(dsl, cx.txg(), name, local, parents, None)?;
         enc.apply(dsl, id, new_key);
         Ok(())
     })
+}
+
+/// The nearest existing ancestor of the new dataset `name` (with `-p`,
+/// its parents may not exist yet).
+fn nearest_ancestor(dsl: &Dir, name: &str) -> Option<u64> {
+    let mut above = parent_name(name);
+    while let Some(p) = above {
+        if let Some(id) = dsl.names.get(p) {
+            return Some(*id);
+        }
+        above = parent_name(p);
+    }
+    None
 }
 
 /// What a new dataset's properties ask of encryption.
@@ -324,18 +348,9 @@ pub fn create_volume_with_key(
     let new_key = enc.new_key(key)?;
     with_dir_excl(pool, |dsl, cx| {
         enc.check(dsl, name)?;
-        // The nearest existing ancestor: the new volume shares its room
-        // and inherits its properties.
-        let mut above = parent_name(name);
-        let anc = loop {
-            match above {
-                Some(p) => match dsl.names.get(p) {
-                    Some(id) => break Some(*id),
-                    None => above = parent_name(p),
-                },
-                None => break None,
-            }
-        };
+        // The new volume shares its nearest ancestor's room and inherits
+        // its properties.
+        let anc = nearest_ancestor(dsl, name);
         let want = match local.get("reservation") {
             Some(r) => r.parse::<u64>().ok(),
             None if sparse => None,

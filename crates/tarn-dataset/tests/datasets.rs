@@ -96,6 +96,10 @@ fn properties_inherit_and_report_sources() {
         get("tank/home", "reservation").value,
         (8u64 << 20).to_string()
     );
+    assert!(matches!(
+        ds::create(&pool, "tank/big", &props(&[("reservation", "1G")]), false),
+        Err(DsError::NoSpace(_))
+    ));
     for p in ["quota", "reservation"] {
         for child in ["tank/home/alice", "tank/home/bob"] {
             let v = get(child, p);
