@@ -144,7 +144,7 @@ impl Dir {
         };
         let Some(v) = self.memo.unused_reserved.get() else {
             let v = compute();
-            if !self.memo.off.get() {
+            if !self.memo.off {
                 self.memo.unused_reserved.set(Some(v));
             }
             return v;
@@ -293,7 +293,7 @@ impl Dir {
 #[derive(Debug, Default)]
 pub(crate) struct SpaceMemo {
     /// Set while a holder of the directory may change it: nothing is kept.
-    off: Cell<bool>,
+    off: bool,
     used: RefCell<HashMap<u64, u64>>,
     unused_reserved: Cell<Option<u64>>,
 }
@@ -303,7 +303,7 @@ impl SpaceMemo {
     /// the directory is about to change. Only the directory's guard calls
     /// this and `resume` (a holder of `&mut Dir` must not).
     pub(crate) fn suspend(&mut self) {
-        self.off.set(true);
+        self.off = true;
         self.used.get_mut().clear();
         self.unused_reserved.set(None);
     }
@@ -311,7 +311,7 @@ impl SpaceMemo {
     /// The change is over: figures computed from now on may be kept.
     pub(crate) fn resume(&mut self) {
         self.suspend();
-        self.off.set(false);
+        self.off = false;
     }
 
     fn get_used(&self, d: u64) -> Option<u64> {
@@ -319,7 +319,7 @@ impl SpaceMemo {
     }
 
     fn put_used(&self, d: u64, v: u64) {
-        if !self.off.get() {
+        if !self.off {
             self.used.borrow_mut().insert(d, v);
         }
     }

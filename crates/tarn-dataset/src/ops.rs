@@ -44,18 +44,7 @@ pub fn create_with_key(
     let new_key = enc.new_key(key)?;
     with_dir_excl(pool, |dsl, cx| {
         enc.check(dsl, name)?;
-        let want = local.get("reservation").and_then(|r| r.parse::<u64>().ok());
-        if let (Some(want), Some(a)) = (want, nearest_ancestor(dsl, name)) {
-            let avail = dsl.available(cx, a);
-            if want > avail {
-                return Err(DsError::NoSpace(format!(
-                    "cannot reserve {} for '{name}': {} available",
-                    props::human_bytes(want),
-                    props::human_bytes(avail)
-                )));
-            }
-        }
-        let id = create_recs(dsl, cx.txg(), name, local, parents, None)?;
+        let id = create_recs(dsl, cx, name, local, parents, None)?;
         enc.apply(dsl, id, new_key);
         Ok(())
     })
@@ -232,12 +221,13 @@ fn nearest_key(dsl: &Dir, name: &str) -> Option<u64> {
 /// new dataset's id.
 fn create_recs(
     dsl: &mut crate::dsl::Dir,
-    txg: u64,
+    cx: &SyncCx<'_>,
     name: &str,
     local: BTreeMap<String, String>,
     parents: bool,
     volume: Option<VolSpec>,
 ) -> Result<u64, DsError> {
+    let txg = cx.txg();
     if dsl.names.contains_key(name) {
         return Err(DsError::Exists(format!("dataset '{name}' already exists")));
     }
@@ -258,6 +248,24 @@ fn create_recs(
     }
     if let Some(p) = cur {
         no_children_of_volume(dsl, p)?;
+    }
+    // A reservation takes room from every other dataset: only what the
+    // nearest existing ancestor may still write.
+    let want = local.get("reservation").and_then(|r| r.parse::<u64>().ok());
+    if let (Some(want), Some(&a)) = (want, cur.and_then(|p| dsl.names.get(p))) {
+        let avail = dsl.available(cx, a);
+        if want > avail {
+            let hint = if volume.is_some() {
+                " (create it sparse with -s, or make room)"
+            } else {
+                ""
+            };
+            return Err(DsError::NoSpace(format!(
+                "cannot reserve {} for '{name}': {} available{hint}",
+                props::human_bytes(want),
+                props::human_bytes(avail)
+            )));
+        }
     }
     let key = nearest_key(dsl, name);
     let mut last = 0;
@@ -348,34 +356,20 @@ pub fn create_volume_with_key(
     let new_key = enc.new_key(key)?;
     with_dir_excl(pool, |dsl, cx| {
         enc.check(dsl, name)?;
-        // The new volume shares its nearest ancestor's room and inherits
-        // its properties.
-        let anc = nearest_ancestor(dsl, name);
-        let want = match local.get("reservation") {
-            Some(r) => r.parse::<u64>().ok(),
-            None if sparse => None,
-            None => {
-                let copies = match local.get("copies") {
-                    Some(c) => c.parse().unwrap_or(1),
-                    None => anc.and_then(|a| dsl.prop_u64(a, "copies")).unwrap_or(1) as u8,
-                };
-                let r = dsl.thick_reservation(cx, spec, copies);
-                local.insert("reservation".into(), r.to_string());
-                Some(r)
-            }
-        };
-        if let (Some(want), Some(a)) = (want, anc) {
-            let avail = dsl.available(cx, a);
-            if want > avail {
-                return Err(DsError::NoSpace(format!(
-                    "cannot reserve {} for '{name}': {} available (create it sparse with -s, \
-                     or make room)",
-                    props::human_bytes(want),
-                    props::human_bytes(avail)
-                )));
-            }
+        // A thick volume reserves what filling it costs, with the copies
+        // it inherits from its nearest ancestor; `create_recs` checks that
+        // the reservation fits.
+        if !sparse && !local.contains_key("reservation") {
+            let copies = match local.get("copies") {
+                Some(c) => c.parse().unwrap_or(1),
+                None => nearest_ancestor(dsl, name)
+                    .and_then(|a| dsl.prop_u64(a, "copies"))
+                    .unwrap_or(1) as u8,
+            };
+            let r = dsl.thick_reservation(cx, spec, copies);
+            local.insert("reservation".into(), r.to_string());
         }
-        let id = create_recs(dsl, cx.txg(), name, local, parents, Some(spec))?;
+        let id = create_recs(dsl, cx, name, local, parents, Some(spec))?;
         enc.apply(dsl, id, new_key);
         Ok(())
     })

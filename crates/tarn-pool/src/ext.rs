@@ -105,7 +105,7 @@ fn rooms_in_block_order(blocks: &mut [DataBlock<'_>]) {
     for members in groups.into_values() {
         let mut rooms: Vec<Reservation> =
             members.iter().filter_map(|&i| blocks[i].2.take()).collect();
-        rooms.sort_by_key(|r| {
+        rooms.sort_by_cached_key(|r| {
             r.dvas
                 .iter()
                 .map(|d| (d.vdev, d.offset))
