@@ -8,6 +8,21 @@
 #   nbdkit  nbdkit's file plugin over one plain file           fio --ioengine=nbd
 #   loop    a loop device of one plain file, O_DIRECT          fio --ioengine=libaio
 #           (the limit: no network, no parity, no checksum)
+#   bound   four plain files like tarn's members, and only     fio --ioengine=libaio
+#           the member I/O that raidz1 of 16K blocks cannot
+#           avoid for the workload (below); no daemon at all
+#
+# The bound is the best any raidz1 of four members on this disk could do
+# with 16K blocks (four data sectors of 4K and two of parity, in columns
+# of 8K, 4K, 4K and a parity column of 8K), each checksummed whole (as
+# ZFS stores them too): a 1M read or write moves 1.5 times its bytes; a
+# cold 4k read reads the three data columns of its block (8K, 4K, 4K:
+# the checksum covers the block); a 4k write into a cold block reads
+# those three columns once per block and writes the block and its
+# parity (24K) once. It is computed generously: every block is read at
+# most once per job, reads and writes overlap, nothing is checksummed.
+# Where bound/peer is below the target, no implementation of that layout
+# meets the target on this machine.
 #
 #   workload                                   unit   target tarn/nbdkit
 #   4k random read, queue depth 32             IOPS   >= 1.0
@@ -128,6 +143,14 @@ KIT_PID=$!
 # loop: a loop device of one plain file.
 truncate -s "${SIZE}M" "$WORK/loop.img"
 LOOP=$(losetup --show -f "$WORK/loop.img")
+
+# bound: four plain files holding what raidz1 of four keeps of SIZE
+# (1.5 times it), written whole like the members.
+BOUND_MIB=$((SIZE * 3 / 8))
+for i in 0 1 2 3; do
+    dd if=/dev/urandom of="$WORK/f$i" bs=1M count="$BOUND_MIB" status=none
+done
+BOUND_FILES="$WORK/f0:$WORK/f1:$WORK/f2:$WORK/f3"
 for _ in $(seq 50); do nbdinfo "nbd://127.0.0.1:$KIT_PORT" >/dev/null 2>&1 && break; sleep 0.1; done
 
 target() {
@@ -148,6 +171,60 @@ drop() { # side
     fi
     sync
     echo 3 >/proc/sys/vm/drop_caches
+}
+
+# The bound of one workload: the member I/O it needs, done by fio on the
+# four plain files (reads O_DIRECT as tarn reads runs, writes through the
+# page cache and flushed as tarn writes its members); prints the client's
+# IOPS or MiB/s that this I/O would allow. iSCSI's 4k jobs stride (see
+# ijob), so they touch fewer blocks per request than fio's random map.
+bound() { # rw unit requests blocks
+    local rw=$1 unit=$2 requests=$3 blocks=$4 args json
+    local common="--ioengine=libaio --filename=$BOUND_FILES --size=$((BOUND_MIB * 4))M"
+    case $rw in
+        read) args="--name=r $common --direct=1 --rw=read --bs=1M --iodepth=8" ;;
+        write) args="--name=w $common --rw=write --bs=1M --iodepth=8 --end_fsync=1" ;;
+        # Three column reads per block: 8K, 4K, 4K.
+        randread) args="--name=r $common --direct=1 --rw=randread --bssplit=8k/34:4k/66
+            --iodepth=32 --number_ios=$((blocks * 3))" ;;
+        # The same reads, and the blocks with their parity written (24K each).
+        randwrite) args="--name=r $common --direct=1 --rw=randread --bssplit=8k/34:4k/66
+            --iodepth=32 --number_ios=$((blocks * 3))
+            --name=w $common --rw=write --bs=1M --iodepth=8 --end_fsync=1
+            --io_size=$((blocks * 24))k" ;;
+    esac
+    # shellcheck disable=SC2086
+    json=$(fio $args --output-format=json 2>>"$WORK/fio.log") || {
+        tail -20 "$WORK/fio.log" >&2
+        exit 1
+    }
+    # The jobs start together; the longest one's time (the final flush
+    # included) is the workload's.
+    printf '%s' "$json" | python3 -c '
+import json, sys
+requests, size, unit = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+text = sys.stdin.read()  # with two jobs fio prints a line before the JSON
+secs = max(j["job_runtime"] for j in json.loads(text[text.index("{"):])["jobs"]) / 1000
+print(round(requests / secs) if unit == "IOPS" else round(size / secs))
+' "$requests" "$SIZE" "$unit"
+}
+# The bound of a job of the NBD table (fio: the 4k jobs touch every 4K
+# of the device once, so every block) or of the iSCSI table (qemu-img
+# bench: a quarter of the 4K slots, striding by 1009).
+bound_job() { # table rw unit
+    local slots=$((SIZE * 256)) n blocks
+    case $1 in
+        nbd) n=$slots blocks=$((slots / 4)) ;;
+        iscsi)
+            n=$((slots / 4))
+            blocks=$(python3 -c '
+import sys
+n, slots = int(sys.argv[1]), int(sys.argv[2])
+print(len({k * 1009 % slots // 4 for k in range(n)}))
+' "$n" "$slots")
+            ;;
+    esac
+    bound "$2" "$3" "$n" "$blocks"
 }
 
 # One fio job; prints IOPS or MiB/s.
@@ -236,6 +313,10 @@ for w in "${WORKLOADS[@]}"; do
             drop "$side"
             I[$1,$side]+="$(ijob "$side" "$2" "$3" "$4" "$5") "
         done
+        drop bound
+        R[$1,bound]+="$(bound_job nbd "$2" "$5") "
+        drop bound
+        I[$1,bound]+="$(bound_job iscsi "$2" "$5") "
     done
 done
 
@@ -261,21 +342,21 @@ mkdir -p "$(dirname "$OUT")"
 {
     echo "Medians of $PASSES passes (the range in brackets)."
     echo
-    echo "| workload | unit | tarn | nbdkit | loop | tarn/nbdkit | tarn/loop |"
+    echo "| workload | unit | tarn | nbdkit | loop | bound | tarn/nbdkit | tarn/loop | bound/nbdkit |"
+    echo "|---|---|---|---|---|---|---|---|---|"
+    for w in "${WORKLOADS[@]}"; do
+        set -- $w
+        t=${R[$1,tarn]} k=${R[$1,nbdkit]} l=${R[$1,loop]} f=${R[$1,bound]}
+        # shellcheck disable=SC2086
+        echo "| $(row_name "$@") | $5 | $(cell $t) | $(cell $k) | $(cell $l) | $(cell $f) | $(ratio "$t" "$k") | $(ratio "$t" "$l") | $(ratio "$f" "$k") |"
+    done
+    echo
+    echo "| iSCSI workload | unit | tarn | tgt | bound | tarn/tgt | bound/tgt |"
     echo "|---|---|---|---|---|---|---|"
     for w in "${WORKLOADS[@]}"; do
         set -- $w
-        t=${R[$1,tarn]} k=${R[$1,nbdkit]} l=${R[$1,loop]}
+        t=${I[$1,tarn]} g=${I[$1,tgt]} f=${I[$1,bound]}
         # shellcheck disable=SC2086
-        echo "| $(row_name "$@") | $5 | $(cell $t) | $(cell $k) | $(cell $l) | $(ratio "$t" "$k") | $(ratio "$t" "$l") |"
-    done
-    echo
-    echo "| iSCSI workload | unit | tarn | tgt | tarn/tgt |"
-    echo "|---|---|---|---|---|"
-    for w in "${WORKLOADS[@]}"; do
-        set -- $w
-        t=${I[$1,tarn]} g=${I[$1,tgt]}
-        # shellcheck disable=SC2086
-        echo "| $(row_name "$@") | $5 | $(cell $t) | $(cell $g) | $(ratio "$t" "$g") |"
+        echo "| $(row_name "$@") | $5 | $(cell $t) | $(cell $g) | $(cell $f) | $(ratio "$t" "$g") | $(ratio "$f" "$g") |"
     done
 } | tee "$OUT.md"
