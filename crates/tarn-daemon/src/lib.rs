@@ -24,6 +24,7 @@
 //!   and the thread that runs them.
 //! - [`transport`]: the admin socket, its limits and the stop sequence.
 //! - [`demo`]: what `tarn demo` runs.
+//! - [`heap`]: one malloc arena for the process, set first in `main`.
 //!
 //! Layering: this crate calls `tarn-api` and the engine and front-end crates
 //! (`tarn-pool`, `tarn-dataset`, `tarn-fs`, `tarn-fuse`, `tarn-nfs`,
@@ -41,6 +42,7 @@ pub mod error;
 pub mod events;
 pub mod filesystems;
 pub mod health;
+pub mod heap;
 pub mod history;
 mod keys;
 pub mod links;

@@ -63,6 +63,8 @@ impl log::Log for Logger {
 }
 
 fn main() -> ExitCode {
+    // Before any thread starts (see tarn_daemon::heap).
+    tarn_daemon::heap::share_one_heap();
     let cli = Cli::parse_args_with(&daemon_flag_defaults());
     Logger::install(log::LevelFilter::Info);
     let outcome = tarn_cli::run(cli).and_then(|run| match run {
