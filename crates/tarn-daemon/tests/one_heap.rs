@@ -1,26 +1,26 @@
 //! `heap::share_one_heap`: threads started after it allocate from the
-//! main arena, the one in the program's break-extended heap, where without
-//! it each new thread gets an arena of its own in mapped memory above it.
-//! No test harness (see Cargo.toml): the harness's own threads would have
-//! made arenas before the call.
+//! main arena, which lives in the process's `[heap]` mapping (the one the
+//! program break extends), where without it each new thread gets an arena
+//! of its own in mappings elsewhere. No test harness (see Cargo.toml): the
+//! harness's own threads would have made arenas before the call.
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn main() {
     use tarn_daemon::heap;
-    if std::env::var_os(heap::ARENA_ENV).is_some() {
-        // The environment chose; the function rightly leaves it alone.
-        assert!(
-            !heap::share_one_heap(),
-            "{} is set: nothing to do",
-            heap::ARENA_ENV
-        );
-        println!(
-            "one_heap: {} set, the environment's choice kept",
-            heap::ARENA_ENV
-        );
+    let var = |name: &str| std::env::var(name).ok();
+    // SAFETY: the first statement of this harness-less test's `main`: no
+    // other thread exists yet.
+    let limited = unsafe { heap::share_one_heap() };
+    if heap::arena_count_chosen(
+        var(heap::ARENA_ENV).as_deref(),
+        var(heap::TUNABLES_ENV).as_deref(),
+    ) {
+        // The environment chose; the function rightly left it alone.
+        assert!(!limited, "the environment chose an arena count");
+        println!("one_heap: the environment's arena count kept");
         return;
     }
-    assert!(heap::share_one_heap(), "mallopt refused M_ARENA_MAX");
+    assert!(limited, "mallopt refused M_ARENA_MAX");
     // Four threads at once, each holding its block while the others
     // allocate (so none can hand its memory to the next): 16 KiB is far
     // below the size malloc maps on its own.
@@ -31,28 +31,41 @@ fn main() {
             std::thread::spawn(move || {
                 let block = vec![7u8; 16 << 10];
                 barrier.wait();
-                // SAFETY: sbrk(0) moves nothing; it returns the current
-                // program break.
-                let brk = unsafe { libc::sbrk(0) } as usize;
+                let heap = heap_mapping();
                 let at = block.as_ptr() as usize;
                 barrier.wait();
-                (at, brk, block.iter().map(|&b| b as usize).sum::<usize>())
+                (at, heap, block.iter().map(|&b| b as usize).sum::<usize>())
             })
         })
         .collect();
     for t in threads {
-        let (at, brk, sum) = t.join().expect("an allocating thread panicked");
+        let (at, heap, sum) = t.join().expect("an allocating thread panicked");
         assert_eq!(sum, 7 << 14);
+        let (start, end) = heap.expect("the process has a [heap] mapping");
         assert!(
-            at < brk,
-            "a new thread's block at {at:#x} lies above the program break {brk:#x}: \
-             it came from an arena of its own, not the shared main arena"
+            (start..end).contains(&at),
+            "a new thread's block at {at:#x} lies outside the main arena's \
+             [heap] {start:#x}-{end:#x}: it came from an arena of its own"
         );
     }
     println!("one_heap: ok");
 }
 
+/// The `[heap]` mapping's range, from /proc/self/maps.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn heap_mapping() -> Option<(usize, usize)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let line = maps.lines().find(|l| l.trim_end().ends_with("[heap]"))?;
+    let range = line.split_whitespace().next()?;
+    let (a, b) = range.split_once('-')?;
+    Some((
+        usize::from_str_radix(a, 16).ok()?,
+        usize::from_str_radix(b, 16).ok()?,
+    ))
+}
+
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn main() {
-    assert!(!tarn_daemon::heap::share_one_heap());
+    // SAFETY: no other thread exists yet.
+    assert!(!unsafe { tarn_daemon::heap::share_one_heap() });
 }

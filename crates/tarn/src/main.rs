@@ -63,8 +63,9 @@ impl log::Log for Logger {
 }
 
 fn main() -> ExitCode {
-    // Before any thread starts (see tarn_daemon::heap).
-    tarn_daemon::heap::share_one_heap();
+    // SAFETY: the first statement of `main`; nothing in this program
+    // starts a thread before it (see tarn_daemon::heap).
+    unsafe { tarn_daemon::heap::share_one_heap() };
     let cli = Cli::parse_args_with(&daemon_flag_defaults());
     Logger::install(log::LevelFilter::Info);
     let outcome = tarn_cli::run(cli).and_then(|run| match run {
