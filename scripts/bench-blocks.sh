@@ -183,11 +183,11 @@ drop() { # side
 # ijob), so they touch fewer blocks per request than fio's random map.
 bound() { # rw unit requests blocks
     local rw=$1 unit=$2 requests=$3 blocks=$4 args json
-    local common="--ioengine=libaio --filename=$BOUND_FILES --size=$((BOUND_MIB * 4))M"
+    local files="--ioengine=libaio --filename=$BOUND_FILES"
+    local common="$files --size=$((BOUND_MIB * 4))M"
     case $rw in
         # The data only: SIZE over the four files.
-        read) args="--name=r --ioengine=libaio --filename=$BOUND_FILES --size=${SIZE}M
-            --direct=1 --rw=read --bs=1M --iodepth=8" ;;
+        read) args="--name=r $files --size=${SIZE}M --direct=1 --rw=read --bs=1M --iodepth=8" ;;
         write) args="--name=w $common --rw=write --bs=1M --iodepth=8 --end_fsync=1" ;;
         # Three column reads per block: 8K, 4K, 4K.
         randread) args="--name=r $common --direct=1 --rw=randread --bssplit=8k/34:4k/66

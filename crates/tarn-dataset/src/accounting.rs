@@ -122,35 +122,31 @@ impl Dir {
 
     /// `used(d).asize`, kept in the memo while the directory is unchanged.
     fn used_asize(&self, d: u64) -> u64 {
-        let compute = || self.used(d).asize;
-        let Some(v) = self.memo.get_used(d) else {
-            let v = compute();
-            self.memo.put_used(d, v);
-            return v;
-        };
-        debug_assert_eq!(v, compute(), "kept used of dataset {d}");
-        v
+        // Its own statement: the borrow ends before `keep` borrows mutably.
+        let got = self.memo.used.borrow().get(&d).copied();
+        kept_or(
+            got,
+            || self.used(d).asize,
+            |v| self.memo.keep(|| self.memo.used.borrow_mut().insert(d, v)),
+            || format!("kept used of dataset {d}"),
+        )
     }
 
     /// What every filesystem and volume holds reserved and has not used
     /// (user bytes), kept in the memo while the directory is unchanged.
     fn unused_reserved_total(&self) -> u64 {
-        let compute = || -> u64 {
-            self.recs
-                .values()
-                .filter(|r| !r.is_snapshot())
-                .map(|r| self.unused_reservation(r.id))
-                .fold(0u64, u64::saturating_add)
-        };
-        let Some(v) = self.memo.unused_reserved.get() else {
-            let v = compute();
-            if !self.memo.off {
-                self.memo.unused_reserved.set(Some(v));
-            }
-            return v;
-        };
-        debug_assert_eq!(v, compute(), "kept unused reservations");
-        v
+        kept_or(
+            self.memo.unused_reserved.get(),
+            || {
+                self.recs
+                    .values()
+                    .filter(|r| !r.is_snapshot())
+                    .map(|r| self.unused_reservation(r.id))
+                    .fold(0u64, u64::saturating_add)
+            },
+            |v| self.memo.keep(|| self.memo.unused_reserved.set(Some(v))),
+            || "kept unused reservations".to_string(),
+        )
     }
 
     /// The reservation (user bytes) that lets a volume of `spec` be
@@ -308,19 +304,38 @@ impl SpaceMemo {
         self.unused_reserved.set(None);
     }
 
-    /// The change is over: figures computed from now on may be kept.
+    /// The change is over: figures computed from now on may be kept
+    /// (none were kept since `suspend`).
     pub(crate) fn resume(&mut self) {
-        self.suspend();
         self.off = false;
     }
 
-    fn get_used(&self, d: u64) -> Option<u64> {
-        self.used.borrow().get(&d).copied()
-    }
-
-    fn put_used(&self, d: u64, v: u64) {
+    /// Runs `put` (which keeps a figure) unless the memo is suspended.
+    fn keep<R>(&self, put: impl FnOnce() -> R) {
         if !self.off {
-            self.used.borrow_mut().insert(d, v);
+            put();
+        }
+    }
+}
+
+/// `got` if the memo had it (checked against `compute` in debug builds:
+/// a kept figure that differs from the records is a missed suspension),
+/// else `compute()`, offered to `keep`.
+fn kept_or(
+    got: Option<u64>,
+    compute: impl Fn() -> u64,
+    keep: impl FnOnce(u64),
+    what: impl Fn() -> String,
+) -> u64 {
+    match got {
+        Some(v) => {
+            debug_assert_eq!(v, compute(), "{}", what());
+            v
+        }
+        None => {
+            let v = compute();
+            keep(v);
+            v
         }
     }
 }

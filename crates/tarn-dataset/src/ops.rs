@@ -205,14 +205,9 @@ impl EncProps {
 /// The key a new dataset `name` would inherit: that of its nearest
 /// existing ancestor.
 fn nearest_key(dsl: &Dir, name: &str) -> Option<u64> {
-    let mut cur = parent_name(name);
-    while let Some(p) = cur {
-        if let Some(id) = dsl.names.get(p) {
-            return dsl.recs.get(id).and_then(|r| r.key);
-        }
-        cur = parent_name(p);
-    }
-    None
+    nearest_ancestor(dsl, name)
+        .and_then(|id| dsl.recs.get(&id))
+        .and_then(|r| r.key)
 }
 
 /// The records of a new filesystem or volume `name` and its missing
