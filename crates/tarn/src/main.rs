@@ -42,7 +42,7 @@ impl log::Log for Logger {
     }
 
     fn log(&self, r: &log::Record) {
-        if !self.enabled(r.metadata()) {
+        if !self.enabled(r.metadata()) || redundant(r) {
             return;
         }
         let mut e = std::io::stderr().lock();
@@ -60,6 +60,16 @@ impl log::Log for Logger {
     }
 
     fn flush(&self) {}
+}
+
+/// A record that says nothing true: the FUSE library unmounts a
+/// filesystem again when its session ends, after tarn-fuse already did
+/// (it unmounts by itself to tell a busy mount from a gone one, and
+/// reports its own failures), so that second try fails with EINVAL and
+/// the library warns "Unmount failed" at every clean stop. That warning
+/// is the only one its mount module logs.
+fn redundant(r: &log::Record) -> bool {
+    r.level() == log::Level::Warn && r.target() == "fuser::mnt"
 }
 
 fn main() -> ExitCode {

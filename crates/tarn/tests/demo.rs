@@ -18,6 +18,8 @@ use tarn_testkit::require;
 /// A running demo and what its banner told us.
 struct Demo {
     child: Child,
+    /// Everything the demo writes to standard error, once it exits.
+    log: std::thread::JoinHandle<String>,
     socket: PathBuf,
     banner: String,
     webdav: String,
@@ -31,9 +33,15 @@ fn start(dir: &Path) -> Demo {
         .arg(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let err = child.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut BufReader::new(err), &mut s);
+        s
+    });
     // Read the banner as a user would, until its last line.
     let out = child.stdout.take().unwrap();
     let (tx, rx) = mpsc::channel();
@@ -72,6 +80,7 @@ fn start(dir: &Path) -> Demo {
     assert!(tarn(&socket, &["daemon", "ping"]).status.success());
     Demo {
         child,
+        log,
         socket,
         banner,
         webdav,
@@ -80,16 +89,19 @@ fn start(dir: &Path) -> Demo {
     }
 }
 
-fn interrupt(d: Demo) {
+/// Stops the demo as Ctrl-C does; returns what it logged.
+fn interrupt(d: Demo) -> String {
     // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
     let rc = unsafe { libc::kill(d.child.id() as libc::pid_t, libc::SIGINT) };
     assert_eq!(rc, 0);
     let out = d.child.wait_with_output().unwrap();
+    let log = d.log.join().unwrap();
     assert!(
         out.status.success(),
-        "demo did not exit cleanly on SIGINT: {:?}",
+        "demo did not exit cleanly on SIGINT: {:?}\n{log}",
         out.status
     );
+    log
 }
 
 /// What `nfs-cat` reads at `path` of the demo's NFS server.
@@ -131,10 +143,13 @@ fn demo_serves_and_survives_a_restart() {
         assert!(std::fs::read(files.join("photo.raw")).unwrap() == photo);
         std::fs::write(files.join("hello.txt"), b"hello, tarn").unwrap();
     }
-    interrupt(d);
+    let log = interrupt(d);
     if mounted {
         assert!(!require::is_mounted(&files), "Ctrl-C unmounts");
     }
+    // A clean stop says nothing failed (the FUSE library's second,
+    // redundant unmount used to warn "Unmount failed" here).
+    assert!(!log.contains("Unmount failed"), "{log}");
 
     // Again: same data, same password, both URLs.
     let d = start(&dir);
