@@ -49,6 +49,15 @@
 
 use crate::scsi::Sense;
 
+/// Most registrations one logical unit keeps. Registrations outlive the
+/// sessions that made them, and an initiator may log in with a new ISID
+/// (a new nexus) as often as it likes: without a bound, one admitted
+/// initiator could grow the unit's state, and the scan every command
+/// makes of it while a reservation is held, without end. A cluster
+/// registers a few nexuses per host; a REGISTER beyond this many is
+/// refused with INSUFFICIENT REGISTRATION RESOURCES, as SPC-4 provides.
+pub const MAX_REGISTRATIONS: usize = 1024;
+
 /// An I_T nexus (see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Nexus {
@@ -284,6 +293,9 @@ impl Reservations {
                 }
                 match (mine, p.sa_key) {
                     (None, 0) => return Ok(()),
+                    (None, _) if self.regs.len() >= MAX_REGISTRATIONS => {
+                        return Err(Sense::INSUFFICIENT_REGISTRATIONS.into())
+                    }
                     (None, k) => self.regs.push((n.clone(), k)),
                     (Some(_), 0) => self.unregister(n),
                     (Some(_), k) => {
@@ -612,6 +624,38 @@ mod tests {
             Nexus::new("IQN.X", [0; 6], "t"),
             Nexus::new("iqn.x", [0; 6], "t")
         );
+    }
+
+    #[test]
+    fn registrations_are_bounded() {
+        let mut r = Reservations::default();
+        let nexus = |i: usize| {
+            Nexus::new(
+                "iqn.x",
+                (i as u64).to_be_bytes()[2..].try_into().unwrap(),
+                "t",
+            )
+        };
+        for i in 0..MAX_REGISTRATIONS {
+            r.out(&nexus(i), action::REGISTER, 0, p(0, 1)).unwrap();
+        }
+        let gen = r.generation();
+        let extra = nexus(MAX_REGISTRATIONS);
+        for sa in [action::REGISTER, action::REGISTER_AND_IGNORE] {
+            assert_eq!(
+                r.out(&extra, sa, 0, p(0, 1)),
+                Err(PrError::Check(Sense::INSUFFICIENT_REGISTRATIONS))
+            );
+        }
+        assert_eq!(r.generation(), gen, "a refused REGISTER counts nothing");
+        assert_eq!(r.key_of(&extra), None);
+        // A registered nexus still changes or drops its key; a dropped
+        // one leaves room for another.
+        r.out(&nexus(0), action::REGISTER, 0, p(1, 2)).unwrap();
+        assert_eq!(r.key_of(&nexus(0)), Some(2));
+        r.out(&nexus(0), action::REGISTER, 0, p(2, 0)).unwrap();
+        r.out(&extra, action::REGISTER, 0, p(0, 1)).unwrap();
+        assert_eq!(r.key_of(&extra), Some(1));
     }
 
     fn check_invariants(r: &Reservations) {

@@ -117,6 +117,8 @@ impl Sense {
     pub const PROTOCOL_CRC: Sense = Sense::new(0x0b, 0x47, 0x05);
     /// ILLEGAL REQUEST, INVALID RELEASE OF PERSISTENT RESERVATION.
     pub const INVALID_RELEASE: Sense = Sense::new(0x05, 0x26, 0x04);
+    /// ILLEGAL REQUEST, INSUFFICIENT REGISTRATION RESOURCES.
+    pub const INSUFFICIENT_REGISTRATIONS: Sense = Sense::new(0x05, 0x55, 0x04);
     /// MISCOMPARE, MISCOMPARE DURING VERIFY OPERATION.
     pub const MISCOMPARE: Sense = Sense::new(0x0e, 0x1d, 0x00);
 

@@ -29,9 +29,13 @@
 //! ignores a MaxCmdSN lower than the one it has, so the window is never
 //! taken back). With `queue_depth` commands running, or with running
 //! commands' expected lengths and waiting writes' data together at
-//! [`IscsiConfig::max_pending_write_bytes`], no PDU is read at all: TCP
+//! [`IscsiConfig::max_pending_write_bytes`], no PDU is taken in: the
+//! connection's reader decodes at most five PDUs ahead (four in its
+//! channel, one waiting to go in) and then stops reading, so TCP
 //! backpressure holds an initiator that ignores the window, and a
-//! connection holds at most about that many bytes plus one command's.
+//! connection holds at most about that many bytes plus one command's
+//! plus those five PDUs (each within the target's
+//! MaxRecvDataSegmentLength).
 //!
 //! An ORDERED task must come after every older task and before every
 //! newer one, but a write waiting for its data cannot be waited for
@@ -648,7 +652,8 @@ impl Ffp {
         let depth = self.shared.cfg.queue_depth.max(1) as usize;
         // The reader decodes PDUs ahead into a small channel, so waiting
         // for a PDU and for a finished command can be one select (a PDU
-        // read half-way is never dropped).
+        // read half-way is never dropped). Its size bounds what a
+        // connection holds beyond its budget (see the module docs).
         let mut changed = self.shared.changed.subscribe();
         // A change between this session's login and the subscription
         // above would be missed: check once at the start, against the
