@@ -27,6 +27,9 @@ pub struct DemoArgs {
     /// WebDAV port on 127.0.0.1; 0 picks a free one
     #[arg(long, default_value_t = 8080, value_name = "PORT")]
     pub webdav_port: u16,
+    /// NBD port on 127.0.0.1 (the demo's volume); 0 picks a free one
+    #[arg(long, default_value_t = 10809, value_name = "PORT")]
+    pub nbd_port: u16,
 }
 
 /// `tarn daemon`.
@@ -298,6 +301,8 @@ pub struct DemoRun {
     pub nfs_port: u16,
     /// WebDAV port on 127.0.0.1; 0 picks a free one.
     pub webdav_port: u16,
+    /// NBD port on 127.0.0.1; 0 picks a free one.
+    pub nbd_port: u16,
 }
 
 impl From<DemoArgs> for DemoRun {
@@ -307,6 +312,7 @@ impl From<DemoArgs> for DemoRun {
             size_mib: a.size_mib,
             nfs_port: a.nfs_port,
             webdav_port: a.webdav_port,
+            nbd_port: a.nbd_port,
         }
     }
 }

@@ -1,12 +1,14 @@
 //! `tarn demo`: the README's first command. It makes (or reuses) a raidz1
-//! pool of four sparse files in one folder, prints what to try, and runs the
-//! daemon in the foreground on a socket in that folder; Ctrl-C exports the
-//! pool cleanly, and running it again brings the same data back.
+//! pool of four sparse files in one folder, with a filesystem shared over
+//! NFS and WebDAV and a volume served over NBD, prints what to try, and
+//! runs the daemon in the foreground on a socket in that folder; Ctrl-C
+//! exports the pool cleanly, and running it again brings the same data
+//! back.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use tarn_api::access::{Access, NfsShare, Share, WebdavShare};
+use tarn_api::access::{Access, NbdShare, NfsShare, Share, WebdavShare};
 use tarn_api::pool::{CreateRequest, ImportRequest, ImportResult, VdevKind, VdevSpec};
 use tarn_api::{Backend, ErrorCode};
 
@@ -22,6 +24,10 @@ pub const DEMO_FS: &str = "demo/files";
 pub const DEMO_USER: &str = "demo";
 /// The demo's share.
 pub const DEMO_SHARE: &str = "files";
+/// The demo's volume: a thin disk for a virtual machine.
+pub const DEMO_VOL: &str = "demo/disk";
+/// The share (NBD export name) of the demo's volume.
+pub const DEMO_VOL_SHARE: &str = "disk";
 
 /// What `tarn demo` was asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,6 +40,8 @@ pub struct DemoOptions {
     pub nfs_port: u16,
     /// WebDAV port on 127.0.0.1; 0 picks a free one.
     pub webdav_port: u16,
+    /// NBD port on 127.0.0.1; 0 picks a free one.
+    pub nbd_port: u16,
 }
 
 /// The demo user's password: made up at the first run and kept in the
@@ -98,10 +106,14 @@ pub fn run_demo(args: &DemoOptions) -> Result<()> {
     opts.servers = ServerOptions {
         nfs: Some((loopback, args.nfs_port).into()),
         webdav: Some((loopback, args.webdav_port).into()),
+        nbd: Some((loopback, args.nbd_port).into()),
         ..ServerOptions::default()
     };
     let backend = crate::start_node(&opts).map_err(|e| {
-        e.context("cannot start the demo's daemon (ports taken? try --nfs-port 0 --webdav-port 0)")
+        e.context(
+            "cannot start the demo's daemon (ports taken? try --nfs-port 0 --webdav-port 0 \
+             --nbd-port 0)",
+        )
     })?;
 
     let imported = backend.pool_list()?.iter().any(|p| p.name == DEMO_POOL);
@@ -197,6 +209,39 @@ pub fn run_demo(args: &DemoOptions) -> Result<()> {
         };
         backend.share_add(&share, Some(DEMO_USER))?;
     }
+    // A thin volume, one member file's size, served over NBD on loopback:
+    // a disk to try a virtual machine's view on (qemu, nbd-client).
+    let vol_mib = args.size_mib.max(64);
+    if !backend
+        .dataset_list(false)?
+        .iter()
+        .any(|d| d.name == DEMO_VOL)
+    {
+        backend.volume_create(&tarn_api::params::VolumeCreateParams {
+            name: DEMO_VOL.into(),
+            size: format!("{vol_mib}M"),
+            block_size: None,
+            sparse: true,
+            properties: BTreeMap::new(),
+            parents: false,
+            key: None,
+        })?;
+    }
+    if !shares.iter().any(|s| s.share.name == DEMO_VOL_SHARE) {
+        let share = Share {
+            name: DEMO_VOL_SHARE.to_string(),
+            dataset: DEMO_VOL.to_string(),
+            nfs: None,
+            webdav: None,
+            nbd: Some(NbdShare {
+                clients: vec!["127.0.0.1/32".to_string()],
+                read_only: false,
+            }),
+            iscsi: None,
+            smb: None,
+        };
+        backend.share_add(&share, None)?;
+    }
     let ep = backend.endpoints();
     let serve_hint = match (ep.webdav, ep.nfs) {
         (Some(w), Some(n)) => {
@@ -216,6 +261,22 @@ NFS      127.0.0.1:/{DEMO_SHARE}, port {np} (NFS and MOUNT), every client acts a
             )
         }
         _ => String::new(),
+    };
+    let nbd_hint = match ep.nbd {
+        Some(a) => {
+            let url = format!("nbd://127.0.0.1:{}/{DEMO_VOL_SHARE}", a.port());
+            format!(
+                "\
+NBD      {url}   a {vol_mib} MiB thin volume ({DEMO_VOL}), a virtual machine's disk
+  qemu-img info {url}
+  qemu-io -f raw -c 'write -P 7 0 1M' -c 'read -P 7 0 1M' {url}
+  sudo modprobe nbd && sudo nbd-client 127.0.0.1 {port} /dev/nbd0 -N {DEMO_VOL_SHARE}    # then mkfs, mount
+
+",
+                port = a.port(),
+            )
+        }
+        None => String::new(),
     };
     let mounted = backend
         .dataset_mounts()?
@@ -242,7 +303,7 @@ NFS      127.0.0.1:/{DEMO_SHARE}, port {np} (NFS and MOUNT), every client acts a
         "\
 tarn demo: pool '{DEMO_POOL}' {how} — raidz1 over four sparse files in {dir}
 
-{serve_hint}Try it from another terminal:
+{serve_hint}{nbd_hint}Try it from another terminal:
 
   alias tarn={exe}
   export TARN_SOCKET={socket}

@@ -220,6 +220,7 @@ fn demo_options(run: DemoRun) -> DemoOptions {
         size_mib: run.size_mib,
         nfs_port: run.nfs_port,
         webdav_port: run.webdav_port,
+        nbd_port: run.nbd_port,
     }
 }
 

@@ -1,7 +1,7 @@
 //! The README's main command as a user runs it: start `tarn demo`, use
-//! both URLs it prints (WebDAV with curl, NFS with libnfs's nfs-cat), the
-//! FUSE folder when running as root, stop it with SIGINT, start it again,
-//! and find the data still there.
+//! the URLs it prints (WebDAV with curl, NFS with libnfs's nfs-cat, the
+//! volume over NBD with qemu-io), the FUSE folder when running as root,
+//! stop it with SIGINT, start it again, and find the data still there.
 
 mod common;
 
@@ -25,11 +25,22 @@ struct Demo {
     webdav: String,
     password: String,
     nfs_port: u16,
+    /// The volume's NBD URL.
+    nbd: String,
 }
 
 fn start(dir: &Path) -> Demo {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tarn"))
-        .args(["demo", "--nfs-port", "0", "--webdav-port", "0", "--dir"])
+        .args([
+            "demo",
+            "--nfs-port",
+            "0",
+            "--webdav-port",
+            "0",
+            "--nbd-port",
+            "0",
+        ])
+        .arg("--dir")
         .arg(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -76,6 +87,12 @@ fn start(dir: &Path) -> Demo {
         .and_then(|p| p.split(' ').next())
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("no NFS port: {banner}"));
+    let nbd = banner
+        .lines()
+        .find(|l| l.starts_with("NBD"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or_else(|| panic!("no NBD URL: {banner}"))
+        .to_string();
     let socket = dir.join("tarn.sock");
     assert!(tarn(&socket, &["daemon", "ping"]).status.success());
     Demo {
@@ -86,6 +103,7 @@ fn start(dir: &Path) -> Demo {
         webdav,
         password,
         nfs_port,
+        nbd,
     }
 }
 
@@ -102,6 +120,24 @@ fn interrupt(d: Demo) -> String {
         out.status
     );
     log
+}
+
+/// Runs qemu-io's commands `cmds` on the raw device at `url`; true when
+/// every one succeeded (qemu-io says "Pattern verification failed" and
+/// still exits 0 on a wrong pattern, so its output is checked too).
+fn qemu_io(url: &str, cmds: &[&str]) -> bool {
+    let mut c = Command::new("qemu-io");
+    c.args(["-f", "raw"]);
+    for cmd in cmds {
+        c.args(["-c", cmd]);
+    }
+    let out = c.arg(url).output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.status.success() && !text.contains("failed") && !text.contains("error")
 }
 
 /// What `nfs-cat` reads at `path` of the demo's NFS server.
@@ -135,6 +171,20 @@ fn demo_serves_and_survives_a_restart() {
     let (code, _, _) = curl(&["-u", "demo:wrong", &url]);
     assert_eq!(code, 401);
 
+    // The volume over NBD, as the printed qemu-io line does it.
+    let qemu = require::program("qemu-io").is_some();
+    if qemu {
+        assert!(d.banner.contains(&format!("qemu-img info {}", d.nbd)));
+        assert!(qemu_io(
+            &d.nbd,
+            &["write -P 0x5a 1M 1M", "read -P 0x5a 1M 1M"]
+        ));
+        assert!(
+            !qemu_io(&d.nbd, &["read -P 0x5b 1M 1M"]),
+            "a wrong pattern must fail"
+        );
+    }
+
     // As root with FUSE, the filesystem is also a folder of the demo.
     let files = dir.join("files");
     let mounted = require::fuse();
@@ -160,6 +210,9 @@ fn demo_serves_and_survives_a_restart() {
     assert!(body == photo, "data changed across the restart");
     if mounted {
         assert_eq!(nfs_cat(d.nfs_port, "/files/hello.txt"), b"hello, tarn");
+    }
+    if qemu {
+        assert!(qemu_io(&d.nbd, &["read -P 0x5a 1M 1M", "read -P 0 0 1M"]));
     }
     interrupt(d);
 }
