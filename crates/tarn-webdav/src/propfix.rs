@@ -10,11 +10,49 @@
 //! for the requested properties it lacks. A response it cannot parse is
 //! passed on unchanged.
 
+use std::collections::HashSet;
 use std::io::Cursor;
 
 use xmltree::{Element, XMLNode};
 
 const DAV: &str = "DAV:";
+
+/// Deepest element nesting a request's XML body (PROPFIND, PROPPATCH,
+/// LOCK) may have. Their bodies are a few levels deep; the parsers that
+/// build them into trees (here and in the WebDAV library) recurse once
+/// per level, so a 64 KiB body of nothing but nested elements would
+/// overflow a worker's stack, which kills the process rather than
+/// failing the request.
+pub const MAX_XML_DEPTH: usize = 64;
+
+/// Most distinct properties one PROPFIND may name: every resource of the
+/// answer lists each of them, so a body of thousands of names would make
+/// the answer to a folder thousands of times its size. Clients name a
+/// few dozen at most.
+pub const MAX_REQUESTED: usize = 256;
+
+/// True when `body` nests elements at most `max` deep, found with a
+/// streaming reader (no recursion) that stops at the first element too
+/// deep. A body that does not parse is not judged here: the parser that
+/// reads it next reports that.
+pub fn nesting_within(body: &[u8], max: usize) -> bool {
+    use xml::reader::XmlEvent;
+    let mut depth = 0usize;
+    for ev in xml::EventReader::new(body) {
+        match ev {
+            Ok(XmlEvent::StartElement { .. }) => {
+                depth += 1;
+                if depth > max {
+                    return false;
+                }
+            }
+            Ok(XmlEvent::EndElement { .. }) => depth = depth.saturating_sub(1),
+            Ok(XmlEvent::EndDocument) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    true
+}
 
 /// A property name: namespace (None: no namespace) and local name.
 pub type PropName = (Option<String>, String);
@@ -32,12 +70,13 @@ pub fn requested(body: &[u8]) -> Option<Vec<PropName>> {
     }
     let prop = children(&root).find(|e| e.name == "prop" && is_dav(e))?;
     let mut out: Vec<PropName> = Vec::new();
+    let mut seen: HashSet<PropName> = HashSet::new();
     for e in children(prop) {
         let n = (
             e.namespace.clone().filter(|n| !n.is_empty()),
             e.name.clone(),
         );
-        if !out.contains(&n) {
+        if seen.insert(n.clone()) {
             out.push(n);
         }
     }
@@ -273,6 +312,44 @@ impl PropFix {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn nested(depth: usize, attr: &str) -> Vec<u8> {
+        let mut b = String::from("<?xml version=\"1.0\"?>");
+        for _ in 0..depth {
+            b.push_str(&format!("<a{attr}>"));
+        }
+        for _ in 0..depth {
+            b.push_str("</a>");
+        }
+        b.into_bytes()
+    }
+
+    #[test]
+    fn nesting_is_measured_by_elements_not_bytes() {
+        assert!(nesting_within(&nested(MAX_XML_DEPTH, ""), MAX_XML_DEPTH));
+        assert!(!nesting_within(
+            &nested(MAX_XML_DEPTH + 1, ""),
+            MAX_XML_DEPTH
+        ));
+        assert!(!nesting_within(&nested(30_000, ""), MAX_XML_DEPTH));
+        // Markup inside attribute values and comments nests nothing, and
+        // cannot hide nesting either.
+        assert!(!nesting_within(
+            &nested(100, r#" x="/>&lt;/a>""#),
+            MAX_XML_DEPTH
+        ));
+        let flat = b"<?xml version=\"1.0\"?><a><!-- <b><c><d> --><b x=\"&lt;b>&lt;b>\"/><b/></a>";
+        assert!(nesting_within(flat, 2));
+        assert!(!nesting_within(flat, 1));
+        // Siblings do not add up.
+        let wide: String = std::iter::once("<r>".to_string())
+            .chain((0..1000).map(|_| "<p><q/></p>".to_string()))
+            .chain(std::iter::once("</r>".to_string()))
+            .collect();
+        assert!(nesting_within(wide.as_bytes(), 3));
+        // Not XML at all: left to the parser that follows.
+        assert!(nesting_within(b"<<<>>>", 1));
+    }
 
     const REQ: &[u8] = br#"<?xml version="1.0"?><D:propfind xmlns:D="DAV:" xmlns:x="urn:x"><D:prop><x:gone/><D:getetag/><plain xmlns=""/></D:prop></D:propfind>"#;
 

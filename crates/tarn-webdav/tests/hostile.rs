@@ -157,6 +157,46 @@ fn propfind_depth_infinity_is_403_finite_depth() {
     assert_eq!(c.call("PROPFIND", "/s/", &["Depth: 1"], b"").status, 207);
 }
 
+/// XML bodies nested tens of thousands deep (within the 64 KiB limit)
+/// would overflow a worker's stack in any tree-building parser and kill
+/// the process; each is a 400, and the server goes on serving. So is a
+/// PROPFIND naming more properties than any client needs.
+#[test]
+fn deeply_nested_xml_and_huge_property_lists_are_400() {
+    let r = server_with(|_| {});
+    let mut c = Http::connect(r.local_addr());
+    assert_eq!(c.call("PUT", "/s/f", &[], b"data").status, 201);
+    // Only opening tags, as an attacker would send them: a recursive
+    // parser descends through all of them before it finds the body
+    // unfinished.
+    let deep = |root: &str| -> Vec<u8> {
+        let mut b = format!(r#"<?xml version="1.0"?><D:{root} xmlns:D="DAV:">"#);
+        b.push_str(&"<a>".repeat(21_000));
+        b.into_bytes()
+    };
+    for (method, root) in [
+        ("PROPFIND", "propfind"),
+        ("PROPPATCH", "propertyupdate"),
+        ("LOCK", "lockinfo"),
+    ] {
+        let body = deep(root);
+        assert!(body.len() < 64 << 10);
+        let resp = c.call(method, "/s/f", &["Depth: 0"], &body);
+        assert_eq!(resp.status, 400, "{method}: {}", resp.text());
+        assert!(resp.text().contains("nested too deeply"), "{}", resp.text());
+    }
+    let many: String = (0..1000).map(|i| format!("<x:p{i}/>")).collect();
+    let ask = format!(
+        r#"<?xml version="1.0"?><D:propfind xmlns:D="DAV:" xmlns:x="urn:x"><D:prop>{many}</D:prop></D:propfind>"#
+    );
+    let resp = c.call("PROPFIND", "/s/f", &["Depth: 0"], ask.as_bytes());
+    assert_eq!(resp.status, 400, "{}", resp.text());
+    // An ordinary PROPFIND still works, on the same connection.
+    let ask = br#"<?xml version="1.0"?><D:propfind xmlns:D="DAV:"><D:prop><D:getcontentlength/></D:prop></D:propfind>"#;
+    assert_eq!(c.call("PROPFIND", "/s/f", &["Depth: 0"], ask).status, 207);
+    assert_eq!(c.call("GET", "/s/f", &[], b"").body, b"data");
+}
+
 /// A removed dead property, and a live one the resource lacks, are
 /// reported in a 404 propstat, not left out.
 #[test]

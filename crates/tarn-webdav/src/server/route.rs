@@ -229,16 +229,38 @@ pub(super) async fn handle(
     };
     let (parts, body) = req.into_parts();
     let failed = Arc::new(AtomicBool::new(false));
-    // A PROPFIND body is small XML (dav-server reads it whole too): read
-    // it here to learn which properties the answer must list.
-    let (body, wanted) = if parts.method.as_str() == "PROPFIND" {
+    // The bodies of PROPFIND, PROPPATCH and LOCK are small XML (dav-server
+    // reads them whole too): read here, their nesting is checked before
+    // anything builds them into a tree (see `propfix::MAX_XML_DEPTH`), and
+    // a PROPFIND's tells which properties the answer must list.
+    let method = parts.method.as_str();
+    let (body, wanted) = if matches!(method, "PROPFIND" | "PROPPATCH" | "LOCK") {
         match http_body_util::Limited::new(body, MAX_XML_BODY)
             .collect()
             .await
         {
             Ok(c) => {
                 let b = c.to_bytes();
-                let wanted = propfix::requested(&b);
+                if !propfix::nesting_within(&b, propfix::MAX_XML_DEPTH) {
+                    return (
+                        simple(StatusCode::BAD_REQUEST, "XML body nested too deeply\n"),
+                        None,
+                    );
+                }
+                let wanted = if method == "PROPFIND" {
+                    propfix::requested(&b)
+                } else {
+                    None
+                };
+                if wanted
+                    .as_ref()
+                    .is_some_and(|w| w.len() > propfix::MAX_REQUESTED)
+                {
+                    return (
+                        simple(StatusCode::BAD_REQUEST, "too many properties requested\n"),
+                        None,
+                    );
+                }
                 (ReqBody::Read(Some(b)), wanted)
             }
             Err(e) if e.is::<http_body_util::LengthLimitError>() => {
