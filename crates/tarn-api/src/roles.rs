@@ -529,13 +529,34 @@ fn has_key(v: &serde_json::Value, want: &str) -> bool {
     }
 }
 
+/// Whether `path`, named as a pool's device over HTTPS, is one: under
+/// `/dev/` with no `.` or `..` component (`/dev/../etc/shadow` is not),
+/// and, for a device the call writes (`written`), if anything is there,
+/// a block device once its links are followed (not `/dev/fd/N`, an open
+/// file of the daemon's, nor a file in `/dev/shm`). A path with nothing
+/// there passes: the call fails on it anyway.
+fn dev_path_ok(path: &str, written: bool) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    let lexical = path.starts_with("/dev/") && !path.split('/').any(|c| c == "." || c == "..");
+    if !lexical || !written {
+        return lexical;
+    }
+    match std::fs::canonicalize(path) {
+        Ok(real) => {
+            real.starts_with("/dev/")
+                && std::fs::metadata(&real).is_ok_and(|m| m.file_type().is_block_device())
+        }
+        Err(_) => true,
+    }
+}
+
 /// Why an administrator's call is refused over HTTPS although the method
 /// is theirs: parameters that would make the daemon (root) read, run or
 /// write something of the server's own filesystem, which the `tarn`
 /// command on the machine may do and a web session may not. None: fine.
 ///
-/// - devices of pools outside `/dev/` (a file "device" would overwrite
-///   any file);
+/// - devices of pools that are not block devices under `/dev/` (a file
+///   "device" would overwrite any file; see `dev_path_ok`);
 /// - `mountpoint` and `file://` key locations (a mount over a system
 ///   folder; a key read from any file);
 /// - replication schedules (they name token and credential files the
@@ -544,11 +565,26 @@ pub fn https_refusal(method: &str, params: &serde_json::Value) -> Option<&'stati
     let mut all = Vec::new();
     strings(params, "", &mut all);
     match method {
-        m::POOL_CREATE | m::POOL_REPLACE | m::POOL_ADD_LOG | m::POOL_IMPORT => all
-            .iter()
-            .any(|(_, s)| s.contains('/') && !s.starts_with("/dev/"))
-            .then_some("over HTTPS a pool's devices are block devices under /dev/ (files: the tarn command)"),
-        m::DATASET_CREATE | m::VOLUME_CREATE | m::DATASET_SET | m::KEY_LOAD | m::KEY_CHANGE => {
+        m::POOL_CREATE | m::POOL_REPLACE | m::POOL_ADD_LOG | m::POOL_IMPORT => {
+            let written = method != m::POOL_IMPORT;
+            all.iter()
+                .any(|(k, s)| {
+                    *k == "mountpoint"
+                        || (*k == "keylocation" && s.starts_with("file:"))
+                        || (s.contains('/') && !dev_path_ok(s, written))
+                })
+                .then_some(
+                    "over HTTPS a pool's devices are block devices under /dev/ and mountpoints \
+                     and file:// key locations are refused (files and folders of the server: \
+                     the tarn command)",
+                )
+        }
+        m::DATASET_CREATE
+        | m::VOLUME_CREATE
+        | m::DATASET_CLONE
+        | m::DATASET_SET
+        | m::KEY_LOAD
+        | m::KEY_CHANGE => {
             let property = params.get("property").and_then(|p| p.as_str());
             let refused = all.iter().any(|(k, s)| {
                 *k == "mountpoint"
@@ -617,6 +653,29 @@ mod tests {
                 json!({"name": "t", "old": "/dev/sdb", "new": "/root/x"}),
             ),
             (m::POOL_IMPORT, json!({"dirs": ["/home"]})),
+            (m::POOL_IMPORT, json!({"dirs": ["/dev/../home"]})),
+            (
+                m::POOL_CREATE,
+                json!({"name": "t", "vdevs": [{"kind": "mirror", "devices": ["/dev/../etc/shadow", "/dev/./sdb"]}]}),
+            ),
+            // Under /dev/ but no block device: a character device, and
+            // (through its link) the daemon's own open file.
+            (
+                m::POOL_CREATE,
+                json!({"name": "t", "vdevs": [{"kind": "stripe", "devices": ["/dev/null"]}]}),
+            ),
+            (
+                m::POOL_ADD_LOG,
+                json!({"name": "t", "devices": ["/dev/fd/0"]}),
+            ),
+            (
+                m::POOL_CREATE,
+                json!({"name": "t", "vdevs": [{"kind": "stripe", "devices": ["/dev/sdb"]}], "properties": {"mountpoint": "/dev/shm"}}),
+            ),
+            (
+                m::DATASET_CLONE,
+                json!({"snapshot": "t/a@s", "name": "t/b", "properties": {"mountpoint": "/etc"}}),
+            ),
             (
                 m::DATASET_CREATE,
                 json!({"name": "t/a", "properties": {"mountpoint": "/etc"}}),
@@ -652,7 +711,12 @@ mod tests {
         let fine = [
             (
                 m::POOL_CREATE,
-                json!({"name": "t", "vdevs": [{"kind": "mirror", "devices": ["/dev/sdb", "/dev/disk/by-id/ata-x"]}]}),
+                json!({"name": "t", "vdevs": [{"kind": "mirror", "devices": ["/dev/sdzz", "/dev/disk/by-id/ata-x"]}]}),
+            ),
+            (m::POOL_IMPORT, json!({"dirs": ["/dev/disk/by-id"]})),
+            (
+                m::DATASET_CLONE,
+                json!({"snapshot": "t/a@s", "name": "t/b", "properties": {"compression": "zstd"}}),
             ),
             (
                 m::DATASET_CREATE,
@@ -678,6 +742,16 @@ mod tests {
         ];
         for (method, p) in fine {
             assert!(https_refusal(method, &p).is_none(), "{method} {p}");
+        }
+        // A block device that exists passes (most machines have one of
+        // these), also through a link to it.
+        use std::os::unix::fs::FileTypeExt;
+        let block = ["/dev/loop0", "/dev/vda", "/dev/sda", "/dev/nvme0n1"]
+            .into_iter()
+            .find(|d| std::fs::metadata(d).is_ok_and(|m| m.file_type().is_block_device()));
+        if let Some(d) = block {
+            let p = json!({"name": "t", "vdevs": [{"kind": "stripe", "devices": [d]}]});
+            assert!(https_refusal(m::POOL_CREATE, &p).is_none(), "{d}");
         }
     }
 
