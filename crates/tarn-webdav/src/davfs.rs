@@ -354,6 +354,27 @@ fn ts_to_system(t: Timestamp) -> SystemTime {
     }
 }
 
+/// Latest time an HTTP date can say: 9999-12-31T23:59:59Z.
+const HTTP_TIME_MAX: u64 = 253_402_300_799;
+
+/// A time as WebDAV shows it (`Last-Modified`, `getlastmodified`,
+/// `creationdate`): clamped to 1970-01-01 ..= 9999-12-31, the years an
+/// HTTP date can say. The WebDAV library panics formatting a time outside
+/// them, and SMB and FUSE clients set such times (Windows dates go back
+/// to 1601), so a file dated so would fail every GET and cut off its
+/// folder's listings. The file keeps its time; only the display is
+/// clamped.
+fn http_time(t: Timestamp) -> SystemTime {
+    let max = UNIX_EPOCH + Duration::from_secs(HTTP_TIME_MAX);
+    if t.sec < 0 {
+        UNIX_EPOCH
+    } else if t.sec as u64 >= HTTP_TIME_MAX {
+        max
+    } else {
+        ts_to_system(t).min(max)
+    }
+}
+
 fn system_to_ts(t: SystemTime) -> Timestamp {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => Timestamp::new(
@@ -386,7 +407,7 @@ impl DavMetaData for Meta {
         }
     }
     fn modified(&self) -> FsResult<SystemTime> {
-        Ok(ts_to_system(self.0.mtime))
+        Ok(http_time(self.0.mtime))
     }
     fn is_dir(&self) -> bool {
         self.0.kind == FileKind::Directory
@@ -407,13 +428,13 @@ impl DavMetaData for Meta {
         ))
     }
     fn accessed(&self) -> FsResult<SystemTime> {
-        Ok(ts_to_system(self.0.atime))
+        Ok(http_time(self.0.atime))
     }
     fn created(&self) -> FsResult<SystemTime> {
-        Ok(ts_to_system(self.0.crtime))
+        Ok(http_time(self.0.crtime))
     }
     fn status_changed(&self) -> FsResult<SystemTime> {
-        Ok(ts_to_system(self.0.ctime))
+        Ok(http_time(self.0.ctime))
     }
     fn executable(&self) -> FsResult<bool> {
         Ok(self.0.kind == FileKind::Regular && self.0.mode & 0o100 != 0)
@@ -781,6 +802,17 @@ impl GuardedFileSystem<Ctx> for TarnDavFs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn http_times_stay_within_what_http_dates_say() {
+        let max = UNIX_EPOCH + Duration::from_secs(HTTP_TIME_MAX);
+        assert_eq!(http_time(Timestamp::new(-11_644_473_600, 0)), UNIX_EPOCH);
+        assert_eq!(http_time(Timestamp::new(-1, 999_999_999)), UNIX_EPOCH);
+        assert_eq!(http_time(Timestamp::new(i64::MAX, 999_999_999)), max);
+        assert_eq!(http_time(Timestamp::new(HTTP_TIME_MAX as i64, 5)), max);
+        let t = Timestamp::new(1_700_000_000, 123);
+        assert_eq!(http_time(t), ts_to_system(t));
+    }
 
     #[test]
     fn times_round_trip() {

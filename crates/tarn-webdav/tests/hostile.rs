@@ -157,6 +157,50 @@ fn propfind_depth_infinity_is_403_finite_depth() {
     assert_eq!(c.call("PROPFIND", "/s/", &["Depth: 1"], b"").status, 207);
 }
 
+/// Files dated before 1970 or after 9999 (SMB and FUSE clients set such
+/// times) are listed and served with the nearest date HTTP can say,
+/// instead of failing (the library's date formatting panics outside
+/// those years).
+#[test]
+fn files_dated_outside_http_dates_are_served() {
+    let fs = mem_fs();
+    let r = serve(
+        WebdavConfig::new("127.0.0.1:0".parse().unwrap()),
+        vec![Share::new("s", fs.clone())],
+        users(),
+    )
+    .unwrap();
+    let mut c = Http::connect(r.local_addr());
+    let root = tarn_fs::Cred::root();
+    for (name, sec) in [("old", -11_644_473_600i64), ("far", 400_000_000_000)] {
+        assert_eq!(
+            c.call("PUT", &format!("/s/{name}"), &[], b"when").status,
+            201
+        );
+        let ino = fs
+            .lookup(tarn_fs::ROOT_INO, name.as_bytes(), &root)
+            .unwrap()
+            .ino;
+        let t = tarn_fs::TimeSet::At(tarn_fs::Timestamp::new(sec, 0));
+        let sa = tarn_fs::SetAttr {
+            mtime: Some(t),
+            atime: Some(t),
+            ..Default::default()
+        };
+        fs.setattr(ino, &sa, &root).unwrap();
+        let got = c.call("GET", &format!("/s/{name}"), &[], b"");
+        assert_eq!(got.status, 200, "{name}: {}", got.text());
+        assert_eq!(got.body, b"when");
+        let one = c.call("PROPFIND", &format!("/s/{name}"), &["Depth: 0"], b"");
+        assert_eq!(one.status, 207, "{name}: {}", one.text());
+    }
+    let all = c.call("PROPFIND", "/s/", &["Depth: 1"], b"");
+    assert_eq!(all.status, 207);
+    let text = all.text();
+    assert!(text.contains("/s/old") && text.contains("/s/far"), "{text}");
+    assert!(text.contains("1970") && text.contains("9999"), "{text}");
+}
+
 /// XML bodies nested tens of thousands deep (within the 64 KiB limit)
 /// would overflow a worker's stack in any tree-building parser and kill
 /// the process; each is a 400, and the server goes on serving. So is a
