@@ -31,7 +31,7 @@ mod host;
 mod net;
 
 pub use host::{keepalive, Host, HostConfig};
-pub use net::{IpNet, IpNetError};
+pub use net::{client_key, IpNet, IpNetError};
 
 use std::collections::HashMap;
 use std::net::IpAddr;

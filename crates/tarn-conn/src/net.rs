@@ -95,6 +95,25 @@ impl fmt::Display for IpNet {
     }
 }
 
+/// The client a per-client limit counts `ip` as (failed logins, for
+/// one): an IPv4 address as it is, also when mapped into IPv6, and an
+/// IPv6 address by its /64, because one host usually holds a whole /64
+/// and could otherwise rotate through it for a fresh count each time.
+pub fn client_key(ip: std::net::IpAddr) -> std::net::IpAddr {
+    use std::net::IpAddr;
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let mut seg = v6.segments();
+                seg[4..].fill(0);
+                IpAddr::V6(std::net::Ipv6Addr::from(seg))
+            }
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -177,20 +177,10 @@ const MAX_FAILURE_ADDRESSES: usize = 65_536;
 /// Time for a request body.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The bucket failed logins from `ip` count in: the address, or its /64
-/// for IPv6 (one host usually holds a whole /64).
+/// The bucket failed logins from `ip` count in (see
+/// [`tarn_conn::client_key`]).
 fn bucket(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let mut seg = v6.segments();
-                seg[4..].fill(0);
-                IpAddr::V6(std::net::Ipv6Addr::from(seg))
-            }
-        },
-    }
+    tarn_conn::client_key(ip)
 }
 
 /// The running server.
