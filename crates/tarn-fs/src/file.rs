@@ -210,7 +210,11 @@ pub(crate) fn patch_readers(
     if len == 0 || inode.size == 0 {
         return Ok(Vec::new());
     }
-    let end = off.saturating_add(len);
+    // A write past the largest file size reads nothing first: it fails
+    // (EFBIG), and the sums below stay far from overflowing.
+    let Some(end) = off.checked_add(len).filter(|&e| e <= MAX_FILE_SIZE) else {
+        return Ok(Vec::new());
+    };
     let rs = rs(inode);
     // The start of the record that holds the file's last byte: records
     // from there on hold nothing old to patch.

@@ -162,3 +162,37 @@ proptest! {
         }
     }
 }
+
+/// Writes that would end past the largest file size (a client's offset
+/// near 2^64) fail with EFBIG, with or without a record to patch before
+/// them and whatever the record size, and change nothing.
+#[test]
+fn writes_past_the_largest_file_size_are_efbig() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = tank(dir.path(), VdevKind::Single, 1, 64 << 20);
+    let c = Cred::root();
+    for (name, props) in [
+        ("tank/r4", vec![("recordsize", "4K")]),
+        ("tank/r128", vec![]),
+    ] {
+        let fs = filesystem(&pool, name, &props);
+        let a = fs
+            .create(ROOT_INO, b"f", 0o644, 0, libc::O_CREAT, &c)
+            .unwrap();
+        fs.write(a.ino, 0, b"kept", false, &c).unwrap();
+        for off in [
+            u64::MAX,
+            u64::MAX - 3,
+            u64::MAX - (128 << 10),
+            (i64::MAX as u64) - 2,
+        ] {
+            let e = fs.write(a.ino, off, b"xyz!", false, &c).unwrap_err();
+            assert_eq!(e.errno(), libc::EFBIG, "{name} at {off:#x}");
+            let e = fs
+                .write_iov(a.ino, off, &[b"xy", b"z!"], false, &c)
+                .unwrap_err();
+            assert_eq!(e.errno(), libc::EFBIG, "{name} at {off:#x}");
+        }
+        assert_eq!(fs.getattr(a.ino).unwrap().size, 4);
+    }
+}

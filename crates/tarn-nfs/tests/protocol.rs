@@ -119,6 +119,7 @@ fn read_only_export_refuses_changes() {
     let (st, fh) = c.lookup(&root, "f");
     assert_eq!(st, OK);
     assert_eq!(c.write(&fh, 0, b"x", 2).0, ROFS);
+    assert_eq!(c.commit(&fh).0, ROFS, "a reader cannot force syncs");
     assert_eq!(c.remove(&root, "f"), ROFS);
     let (st, data, _) = c.read(&fh, 0, 10);
     assert_eq!((st, &data[..]), (OK, &b"data"[..]));
@@ -307,6 +308,11 @@ fn write_stability_and_commit() {
     assert_eq!(mem.sync_count(), s0 + 2, "DATA_SYNC write syncs too");
     assert_eq!(c.commit(&fh), (OK, verf));
     assert_eq!(mem.sync_count(), s0 + 3, "COMMIT syncs");
+    // COMMIT needs the right to write the file, as WRITE does: another
+    // user of a 0644 file is refused, and nothing is synced for it.
+    let mut other = Client::connect(r.local_addrs().0, sys(1000, 1000));
+    assert_eq!(other.commit(&fh).0, ACCES);
+    assert_eq!(mem.sync_count(), s0 + 3);
     let (_, data, eof) = c.read(&fh, 4998, 100);
     assert_eq!(
         data,

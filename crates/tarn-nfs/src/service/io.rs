@@ -115,7 +115,18 @@ impl<'a> Cx<'a> {
             return Ok(());
         };
         // The whole dataset is committed: a range commit costs the same.
-        let res = o.fs().fsync(o.ino()).map_err(|e| stat_of(&e));
+        // Only for a client that may write the file, as for WRITE (a sync
+        // is a write's cost; a read-only export or reader must not be able
+        // to force them in a loop).
+        let res = (|| {
+            o.writable()?;
+            if o.cred.uid != o.attr.uid {
+                o.fs()
+                    .access(o.ino(), W_OK, &o.cred)
+                    .map_err(|e| stat_of(&e))?;
+            }
+            o.fs().fsync(o.ino()).map_err(|e| stat_of(&e))
+        })();
         let post = o.reattr();
         finish!(
             w,
