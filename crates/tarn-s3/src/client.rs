@@ -14,6 +14,14 @@ use crate::S3Error;
 const ATTEMPTS: u32 = 5;
 /// Most objects one listing returns.
 pub const MAX_LISTED: usize = 10_000_000;
+/// Longest key a listing may name: S3's own limit. A store (or anyone
+/// between it and us on plain HTTP) that lists longer keys is not one.
+pub const MAX_KEY: usize = 1024;
+/// Most pages one listing reads, and most of them that may list nothing
+/// while saying there is more: a store that pages on forever, with a new
+/// continuation token each time, is an error rather than a loop.
+const MAX_PAGES: usize = MAX_LISTED / 100;
+const MAX_EMPTY_PAGES: usize = 100;
 
 /// How to reach a store, usually from the environment ([`Config::from_env`]).
 #[derive(Clone, Debug)]
@@ -227,16 +235,25 @@ impl Bucket {
     }
 
     /// Every object whose key starts with `prefix`, in key order (at
-    /// most [`MAX_LISTED`]: a store that pages on forever is an error).
+    /// most [`MAX_LISTED`], keys of at most [`MAX_KEY`] bytes: a store
+    /// that pages on forever is an error).
     pub fn list(&mut self, prefix: &str) -> Result<Vec<Object>, S3Error> {
         let mut out = Vec::new();
         let mut token: Option<String> = None;
+        let (mut pages, mut empty) = (0usize, 0usize);
         loop {
             if out.len() > MAX_LISTED {
                 return Err(S3Error::Protocol(format!(
                     "more than {MAX_LISTED} objects under '{prefix}'"
                 )));
             }
+            if pages >= MAX_PAGES || empty > MAX_EMPTY_PAGES {
+                return Err(S3Error::Protocol(format!(
+                    "the listing of '{prefix}' goes on for {pages} pages ({empty} of them \
+                     empty): the store pages on forever"
+                )));
+            }
+            pages += 1;
             let mut q = vec![
                 ("list-type".to_string(), "2".to_string()),
                 ("prefix".to_string(), prefix.to_string()),
@@ -250,9 +267,19 @@ impl Bucket {
             }
             let xml = String::from_utf8(r.body)
                 .map_err(|_| S3Error::Protocol("a listing that is not UTF-8".into()))?;
-            for c in elements(&xml, "Contents") {
+            let listed = elements(&xml, "Contents");
+            if listed.is_empty() {
+                empty += 1;
+            }
+            for c in listed {
                 let key = element(c, "Key")
                     .ok_or_else(|| S3Error::Protocol("a listed object without a key".into()))?;
+                if key.len() > MAX_KEY {
+                    return Err(S3Error::Protocol(format!(
+                        "a listed key of {} bytes (S3 keys have at most {MAX_KEY})",
+                        key.len()
+                    )));
+                }
                 let size = element(c, "Size")
                     .and_then(|s| s.parse().ok())
                     .ok_or_else(|| S3Error::Protocol(format!("'{key}' listed without a size")))?;
@@ -349,10 +376,102 @@ pub(crate) fn unescape(s: &str) -> String {
     out
 }
 
+/// A fake store for tests: what a hostile or broken one may answer.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// A store on a local socket answering request n (of any kind) with
+    /// 200 and the body `page(n)`, over kept connections; returns its
+    /// port and the count of requests it answered.
+    pub(crate) fn fake_store(
+        page: impl Fn(usize) -> String + Send + 'static,
+    ) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{BufRead, BufReader, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = count.clone();
+        std::thread::spawn(move || {
+            while let Ok((s, _)) = l.accept() {
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                let mut w = s;
+                'conn: loop {
+                    loop {
+                        let mut line = String::new();
+                        match r.read_line(&mut line) {
+                            Ok(0) | Err(_) => break 'conn,
+                            Ok(_) if line == "\r\n" => break,
+                            Ok(_) => {}
+                        }
+                    }
+                    let n = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let body = page(n);
+                    // One write: head and body in two would wait on
+                    // delayed acknowledgements at every request.
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if w.write_all(answer.as_bytes()).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        (port, count)
+    }
+
+    /// How to reach the fake store on `port`.
+    pub(crate) fn config_at(port: u16) -> Config {
+        Config {
+            endpoint: Endpoint::parse(&format!("http://127.0.0.1:{port}")).unwrap(),
+            path_style: true,
+            signer: Signer::new("key", "secret", "us-east-1"),
+        }
+    }
+
+    /// Bucket `tarn-test` of the fake store on `port`.
+    pub(crate) fn bucket_at(port: u16) -> Bucket {
+        Bucket::new(config_at(port), "tarn-test").unwrap()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    use testing::{bucket_at, fake_store};
+
+    #[test]
+    fn a_store_that_pages_on_forever_is_an_error() {
+        // It gives up after 500 pages, so a client without the bound
+        // ends (and this test fails) instead of hanging.
+        let (port, count) = fake_store(|n| {
+            let more = n < 500;
+            format!("<ListBucketResult><IsTruncated>{more}</IsTruncated><NextContinuationToken>t{n}</NextContinuationToken></ListBucketResult>")
+        });
+        let e = bucket_at(port).list("p/").unwrap_err();
+        assert!(e.to_string().contains("pages on forever"), "{e}");
+        let asked = count.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(asked <= MAX_EMPTY_PAGES + 1, "{asked} requests");
+    }
+
+    #[test]
+    fn keys_longer_than_s3_allows_are_an_error() {
+        let long = "k".repeat(MAX_KEY + 1);
+        let (port, _) = fake_store(move |_| {
+            format!("<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>{long}</Key><Size>1</Size></Contents></ListBucketResult>")
+        });
+        let e = bucket_at(port).list("").unwrap_err();
+        assert!(e.to_string().contains("S3 keys have at most"), "{e}");
+        let ok = "k".repeat(MAX_KEY);
+        let (port, _) = fake_store(move |_| {
+            format!("<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>{ok}</Key><Size>1</Size></Contents></ListBucketResult>")
+        });
+        assert_eq!(bucket_at(port).list("").unwrap().len(), 1);
+    }
 
     #[test]
     fn listings_parse() {

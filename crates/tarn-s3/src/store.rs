@@ -220,6 +220,12 @@ impl Store {
                 .bucket
                 .get(&o.key)?
                 .ok_or_else(|| S3Error::Layout(format!("{} vanished while listed", o.key)))?;
+            // What came, not what the listing said: a store that lists
+            // small sizes and sends large objects meets the same bounds.
+            read = read.saturating_add((bytes.len() as u64).saturating_sub(o.size));
+            if bytes.len() > MAX_MANIFEST || read > MAX_MANIFESTS_BYTES {
+                return Err(S3Error::Layout(format!("{}: too large a manifest", o.key)));
+            }
             let m: Manifest = serde_json::from_slice(&bytes)
                 .map_err(|e| S3Error::Layout(format!("{}: {e}", o.key)))?;
             if m.format != FORMAT || m.version != VERSION {
@@ -490,6 +496,26 @@ pub fn chain<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A store that lists a small manifest and sends a huge one is held
+    /// to the same bound as one that lists its true size.
+    #[test]
+    fn manifests_are_bounded_by_what_comes_not_what_is_listed() {
+        let huge = "x".repeat(MAX_MANIFEST + 1);
+        let (port, _) = crate::client::testing::fake_store(move |n| {
+            if n == 0 {
+                "<ListBucketResult><IsTruncated>false</IsTruncated><Contents>\
+                 <Key>pre/s1/manifest.json</Key><Size>10</Size></Contents></ListBucketResult>"
+                    .to_string()
+            } else {
+                huge.clone()
+            }
+        });
+        let cfg = crate::client::testing::config_at(port);
+        let mut store = Store::open(cfg, "s3://tarn-test/pre").unwrap();
+        let e = store.manifests().unwrap_err();
+        assert!(e.to_string().contains("too large a manifest"), "{e}");
+    }
 
     fn m(guid: u64, from: Option<u64>) -> Manifest {
         Manifest {
