@@ -645,6 +645,16 @@ where
                 .block_on(async move { tokio::time::timeout(SEND_STALL, tx.send(Err(e))).await });
         }
     });
+    respond_streamed(status, headers, rx)
+}
+
+/// The response whose body is what arrives on `rx`, with `headers` and
+/// the headers every download carries.
+fn respond_streamed(
+    status: StatusCode,
+    headers: Vec<(&'static str, String)>,
+    rx: tokio::sync::mpsc::Receiver<Result<Bytes, io::Error>>,
+) -> Resp {
     let mut r = http::Response::new(ChanBody(rx).boxed_unsync());
     *r.status_mut() = status;
     let h = r.headers_mut();
@@ -731,20 +741,82 @@ pub(crate) fn download(
             format!("bytes {start}-{}/{}", end - 1, a.size),
         ));
     }
-    let fs = scope.share.fs.clone();
-    let ino = a.ino;
-    Ok(streamed(status, hs, move |tx| {
-        let mut w = ChanWriter {
-            tx: tx.clone(),
-            buf: Vec::new(),
+    Ok(streamed_file(
+        status,
+        hs,
+        scope.share.fs.clone(),
+        a.ino,
+        start..end,
+    ))
+}
+
+/// The response of a file download: `range` of open file `ino`, read a
+/// batch at a time on a blocking thread and sent from the runtime. A
+/// client that stops reading holds a task, not one of the few blocking
+/// threads every request needs (a handful of stalled downloads would
+/// otherwise hold up every page and login for [`SEND_STALL`]). The file
+/// is released when the download ends, however it ends.
+fn streamed_file(
+    status: StatusCode,
+    headers: Vec<(&'static str, String)>,
+    fs: Arc<dyn DynFs>,
+    ino: u64,
+    range: std::ops::Range<u64>,
+) -> Resp {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let read = |at: u64| {
+            let (fs, n) = (
+                fs.clone(),
+                (range.end - at).min(u64::from(READ_BATCH)) as u32,
+            );
+            async move {
+                let data = tokio::task::spawn_blocking(move || fs.read_data(ino, at, n))
+                    .await
+                    .map_err(|e| io::Error::other(e.to_string()))?
+                    .map_err(fs_io)?;
+                if data.is_empty() {
+                    return Err(io::Error::other(
+                        "the file became shorter while it was read",
+                    ));
+                }
+                Ok::<_, io::Error>(Bytes::from(data.to_vec()))
+            }
         };
-        let r = copy_out(&*fs, ino, start, end, &mut |b| {
-            w.send(Bytes::copy_from_slice(b))
-        })
-        .and_then(|()| w.flush());
-        let _ = fs.release(ino);
-        r
-    }))
+        let mut at = range.start;
+        let mut failed = None;
+        while at < range.end {
+            let b = match read(at).await {
+                Ok(b) => b,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            };
+            at += b.len() as u64;
+            match tokio::time::timeout(SEND_STALL, tx.send(Ok(b))).await {
+                Ok(Ok(())) => {}
+                // The client went away: nothing to tell it.
+                Ok(Err(_)) => break,
+                Err(_) => {
+                    failed = Some(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client stopped reading",
+                    ));
+                    break;
+                }
+            }
+        }
+        let f = fs.clone();
+        let _ = tokio::task::spawn_blocking(move || f.release(ino)).await;
+        if let Some(e) = failed {
+            log::warn!("tarn-web: a download was cut short: {e}");
+            // The error item makes hyper cut the connection rather than
+            // end the body cleanly.
+            let _ = tokio::time::timeout(SEND_STALL, tx.send(Err(e))).await;
+        }
+    });
+    respond_streamed(status, headers, rx)
 }
 
 /// Folder downloads streamed at once (each walks a tree and holds a

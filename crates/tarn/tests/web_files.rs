@@ -918,3 +918,72 @@ fn files_uploads_versions_and_share_links() {
     );
     d.stop();
 }
+
+/// Downloads whose clients stop reading hold no thread the page needs:
+/// with more of them stalled than the server has blocking threads, a
+/// listing and a login still answer at once, and a stalled download that
+/// goes away releases its file.
+#[test]
+fn stalled_downloads_do_not_hold_up_the_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let dav = free_port();
+    let d = Daemon::start_with(
+        dir.path(),
+        &[
+            "--web",
+            &format!("127.0.0.1:{port}"),
+            "--webdav",
+            &format!("127.0.0.1:{dav}"),
+        ],
+    );
+    let f = files(dir.path(), "m", 1, 256 << 20);
+    d.ok(&["pool", "create", "tank", &f[0]]);
+    d.ok(&["dataset", "create", "tank/a"]);
+    add_user(&d, "alice", "alice-password");
+    d.ok(&[
+        "share", "add", "a", "tank/a", "--webdav", "alice=rw", "--owner", "alice",
+    ]);
+    // 32 MiB: far more than the socket buffers and the server's queue
+    // take before a download that is not read has to wait.
+    let big: Vec<u8> = (0..32u32 << 20).map(|i| (i % 251) as u8).collect();
+    let auth = format!("Basic {}", base64(b"alice:alice-password"));
+    let put = http(dav, "PUT", "/a/big.bin", &[("Authorization", &auth)], &big);
+    assert!(matches!(put.status, 201 | 204), "{}", put.status);
+    let alice = Browser::login(port, "alice", "alice-password");
+    let stalled: Vec<TcpStream> = (0..12)
+        .map(|_| {
+            let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let req = format!(
+                "GET /api/files/a/big.bin HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nCookie: {}\r\n\r\n",
+                alice.cookie
+            );
+            s.write_all(req.as_bytes()).unwrap();
+            s
+        })
+        .collect();
+    // Let every download fill what it can and stall.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let probe = |path: &str| -> u16 {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(15)))
+            .unwrap();
+        let req = format!(
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nCookie: {}\r\nConnection: close\r\n\r\n",
+            alice.cookie
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head)
+            .unwrap_or_else(|e| panic!("{path} did not answer beside stalled downloads: {e}"));
+        String::from_utf8_lossy(&head[9..12]).parse().unwrap()
+    };
+    assert_eq!(probe("/api/files/a/?list"), 200);
+    assert_eq!(probe("/api/files"), 200);
+    let again = Browser::login(port, "alice", "alice-password");
+    assert_eq!(again.names("/api/files/a/?list"), ["big.bin"]);
+    // One download read to the end is whole.
+    assert_eq!(alice.get("/api/files/a/big.bin").body, big);
+    drop(stalled);
+    d.stop();
+}
