@@ -15,9 +15,8 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 
 use common::clients::{add_user, base64};
-use common::process::{files, Daemon};
+use common::process::Daemon;
 use serde_json::{json, Value};
-use tarn_testkit::net::free_port;
 
 struct Answer {
     status: u16,
@@ -261,19 +260,7 @@ fn webdav_get(port: u16, path: &str, user: &str, password: &str) -> Answer {
 #[test]
 fn files_uploads_versions_and_share_links() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let dav = free_port();
-    let d = Daemon::start_with(
-        dir.path(),
-        &[
-            "--web",
-            &format!("127.0.0.1:{port}"),
-            "--webdav",
-            &format!("127.0.0.1:{dav}"),
-        ],
-    );
-    let f = files(dir.path(), "m", 1, 256 << 20);
-    d.ok(&["pool", "create", "tank", &f[0]]);
+    let (d, port, dav) = Daemon::with_web_and_pool(dir.path());
     for ds in ["tank/a", "tank/b"] {
         d.ok(&["dataset", "create", ds]);
     }
@@ -926,19 +913,7 @@ fn files_uploads_versions_and_share_links() {
 #[test]
 fn stalled_downloads_do_not_hold_up_the_page() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let dav = free_port();
-    let d = Daemon::start_with(
-        dir.path(),
-        &[
-            "--web",
-            &format!("127.0.0.1:{port}"),
-            "--webdav",
-            &format!("127.0.0.1:{dav}"),
-        ],
-    );
-    let f = files(dir.path(), "m", 1, 256 << 20);
-    d.ok(&["pool", "create", "tank", &f[0]]);
+    let (d, port, dav) = Daemon::with_web_and_pool(dir.path());
     d.ok(&["dataset", "create", "tank/a"]);
     add_user(&d, "alice", "alice-password");
     d.ok(&[

@@ -370,19 +370,7 @@ fn files_in_a_real_browser() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let dav = free_port();
-    let d = Daemon::start_with(
-        dir.path(),
-        &[
-            "--web",
-            &format!("127.0.0.1:{port}"),
-            "--webdav",
-            &format!("127.0.0.1:{dav}"),
-        ],
-    );
-    let f = files(dir.path(), "disk", 1, 256 << 20);
-    d.ok(&["pool", "create", "tank", &f[0]]);
+    let (d, port, dav) = Daemon::with_web_and_pool(dir.path());
     d.ok(&["dataset", "create", "tank/family"]);
     add_user(&d, "alice", "alice-password");
     d.ok(&[

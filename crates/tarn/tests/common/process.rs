@@ -46,6 +46,28 @@ impl Daemon {
         Daemon::spawn(dir, extra, Stdio::null(), &[])
     }
 
+    /// A daemon serving the web page and WebDAV on free loopback ports
+    /// (returned, in that order), with a pool `tank` on one 256 MiB file.
+    #[allow(dead_code)]
+    pub fn with_web_and_pool(dir: &Path) -> (Daemon, u16, u16) {
+        let (web, dav) = (
+            tarn_testkit::net::free_port(),
+            tarn_testkit::net::free_port(),
+        );
+        let d = Daemon::start_with(
+            dir,
+            &[
+                "--web",
+                &format!("127.0.0.1:{web}"),
+                "--webdav",
+                &format!("127.0.0.1:{dav}"),
+            ],
+        );
+        let f = files(dir, "m", 1, 256 << 20);
+        d.ok(&["pool", "create", "tank", &f[0]]);
+        (d, web, dav)
+    }
+
     /// Like [`Daemon::start_with`], with environment variables (the
     /// schedules' test clock and tick).
     pub fn start_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
