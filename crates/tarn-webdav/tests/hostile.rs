@@ -157,6 +157,35 @@ fn propfind_depth_infinity_is_403_finite_depth() {
     assert_eq!(c.call("PROPFIND", "/s/", &["Depth: 1"], b"").status, 207);
 }
 
+/// COPY and MOVE to another share, or to a share whose name only starts
+/// with this one's, are 502 and change nothing; within the share they
+/// work, with a path or a full URL, encoded or not.
+#[test]
+fn copy_and_move_stay_in_their_share() {
+    let r = server_with(|_| {});
+    let mut c = Http::connect(r.local_addr());
+    assert_eq!(c.call("PUT", "/s/f", &[], b"data").status, 201);
+    assert_eq!(c.call("MKCOL", "/s/x", &[], b"").status, 201);
+    for dest in ["/sx/f2", "/other/f2", "http://h/sx/f2", "/%73x/f2"] {
+        let h = format!("Destination: {dest}");
+        for m in ["COPY", "MOVE"] {
+            let resp = c.call(m, "/s/f", &[&h], b"");
+            assert_eq!(resp.status, 502, "{m} to {dest}: {}", resp.text());
+        }
+    }
+    assert_eq!(c.call("GET", "/s/x/f2", &[], b"").status, 404);
+    assert_eq!(c.call("GET", "/s/f", &[], b"").body, b"data");
+    for (i, dest) in ["/s/x/f2", "http://h/s/x/f3", "/%73/x/f4"]
+        .iter()
+        .enumerate()
+    {
+        let h = format!("Destination: {dest}");
+        assert_eq!(c.call("COPY", "/s/f", &[&h], b"").status, 201, "{dest}");
+        let got = c.call("GET", &format!("/s/x/f{}", i + 2), &[], b"");
+        assert_eq!(got.body, b"data", "{dest}");
+    }
+}
+
 /// Files dated before 1970 or after 9999 (SMB and FUSE clients set such
 /// times) are listed and served with the nearest date HTTP can say,
 /// instead of failing (the library's date formatting panics outside

@@ -209,6 +209,22 @@ pub(super) async fn handle(
         None => return (simple(StatusCode::NOT_FOUND, "no such share\n"), None),
     };
     drop(shares);
+    // COPY and MOVE stay inside their share: a Destination in another
+    // (or one whose name merely starts with this one's, `/ab/x` from
+    // share `a`, which the library's byte-prefix strip would turn into
+    // `b/x` here) is another server's business (RFC 4918 §9.8.5: 502).
+    if matches!(req.method().as_str(), "COPY" | "MOVE") {
+        let dest = req.headers().get("destination").map(|d| d.as_bytes());
+        if dest.and_then(destination_share).is_some_and(|s| s != first) {
+            return (
+                simple(
+                    StatusCode::BAD_GATEWAY,
+                    "the destination is not in this share\n",
+                ),
+                None,
+            );
+        }
+    }
     let listed = match &share.share.users {
         None => Some(true),
         Some(users) => users.get(&principal.name).copied(),
@@ -297,6 +313,32 @@ pub(super) async fn handle(
         _ => None,
     };
     (resp, fix)
+}
+
+/// The share (first path segment, normalized as the request path is) a
+/// `Destination` header names; None when it names none or does not
+/// parse (the library answers those).
+fn destination_share(v: &[u8]) -> Option<Vec<u8>> {
+    let v = std::str::from_utf8(v).ok()?;
+    let path = if v.starts_with('/') {
+        v
+    } else {
+        let lower = v.to_ascii_lowercase();
+        let skip = if lower.starts_with("http://") {
+            7
+        } else if lower.starts_with("https://") {
+            8
+        } else {
+            return None;
+        };
+        let rest = &v[skip..];
+        &rest[rest.find('/')?..]
+    };
+    let p = DavPath::new(path).ok()?;
+    p.as_bytes()
+        .split(|&b| b == b'/')
+        .find(|s| !s.is_empty())
+        .map(<[u8]>::to_vec)
 }
 
 fn xml_escape(s: &str) -> String {
