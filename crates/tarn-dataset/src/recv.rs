@@ -115,6 +115,15 @@ impl Receiver {
     ) -> Result<Receiver, DsError> {
         check_fs_name(pool.name(), name)?;
         crate::record::check_snap_part(&format!("{name}@{}", info.name), &info.name)?;
+        // The source's name is only reported, but it is kept in the
+        // record until the receive ends: a name no dataset can have would
+        // make the record too large to store, which fails the sync.
+        if info.dataset.len() > 255 || info.dataset.chars().any(char::is_control) {
+            return Err(DsError::Invalid(format!(
+                "the stream's source dataset name ({} bytes) is not one a dataset can have",
+                info.dataset.len()
+            )));
+        }
         let mode = if info.raw {
             Mode::ReceiveRaw
         } else {
@@ -198,6 +207,16 @@ impl Receiver {
                         SendItem::Delete(k) => {
                             t.delete(&k)?;
                         }
+                        SendItem::Block(_, BlockPayload::Logical(_))
+                            if mode == Mode::ReceiveRaw =>
+                        {
+                            // A raw receive holds no key: plaintext staged
+                            // for a sealed dataset could not be written,
+                            // and that sync's failure would stop the pool.
+                            return Err(DsError::Invalid(
+                                "a plaintext block in a raw stream".into(),
+                            ));
+                        }
                         SendItem::Block(k, BlockPayload::Logical(d)) => {
                             if d.len() > crate::txn::MAX_BLOCK {
                                 return Err(DsError::Invalid(format!(
@@ -256,6 +275,16 @@ impl Receiver {
             let snap = format!("{}@{}", rec.name, info.name);
             if dir.names.contains_key(&snap) {
                 return Err(DsError::Exists(format!("snapshot '{snap}' already exists")));
+            }
+            // Checked at the start too; a snapshot made meanwhile.
+            if crate::dsl::snapshot_ids(dir, id)
+                .iter()
+                .any(|(_, s)| dir.recs.get(s).is_some_and(|r| r.guid == info.guid))
+            {
+                return Err(DsError::Exists(format!(
+                    "'{}' already has a snapshot of the stream's guid {}",
+                    rec.name, info.guid
+                )));
             }
             if let Some(r) = dir.recs.get_mut(&id) {
                 if r.kind == DatasetKind::Volume {
@@ -497,6 +526,26 @@ fn begin_incremental(
         }
         crate::ops::rollback_in(dir, cx, &base_name, true)?;
     }
+    // Refused before anything is applied, once a rollback (`force`) has
+    // removed what it removes (`finish` checks again, for a snapshot made
+    // meanwhile): snapshots are found by guid (an
+    // incremental's base, a mount's snapshot folder), so two of one
+    // dataset must not share one, nor a name.
+    if crate::dsl::snapshot_ids(dir, id)
+        .iter()
+        .any(|(_, s)| dir.recs.get(s).is_some_and(|r| r.guid == info.guid))
+    {
+        return Err(DsError::Exists(format!(
+            "'{name}' already has a snapshot of the stream's guid {}",
+            info.guid
+        )));
+    }
+    if dir.names.contains_key(&format!("{name}@{}", info.name)) {
+        return Err(DsError::Exists(format!(
+            "snapshot '{name}@{}' already exists",
+            info.name
+        )));
+    }
     if let Some(k) = &info.key {
         check_key_export(k)?;
     }
@@ -528,6 +577,23 @@ fn begin_incremental(
         return Err(DsError::Invalid(format!(
             "'{name}' and the stream are not of the same kind (filesystem, volume)"
         )));
+    }
+    // The geometry the volume takes at the end: checked as for a full
+    // stream, and the block size never changes (the blocks it has are of
+    // that size).
+    if rec.kind == DatasetKind::Volume {
+        let (Some(new), Some(old)) = (info.volume, rec.volume) else {
+            return Err(DsError::Invalid(format!(
+                "an incremental stream of volume '{name}' without its geometry"
+            )));
+        };
+        crate::check_volspec(new)?;
+        if new.block != old.block {
+            return Err(DsError::Invalid(format!(
+                "the stream's volblocksize {} differs from '{name}''s {}",
+                new.block, old.block
+            )));
+        }
     }
     Ok(id)
 }

@@ -899,3 +899,142 @@ fn a_raw_stream_cannot_change_a_parents_key() {
     }
     assert!(tarn_dataset::open(&backup, "backup/sec/worse").is_err());
 }
+
+/// `stream` with its header changed by `edit` and its entries changed by
+/// `items` (given the stream's own), the chained checksums made again:
+/// what a hostile sender (with a valid token) or store can send.
+fn rewritten(
+    stream: &[u8],
+    edit: impl FnOnce(&mut tarn_send::stream::Header),
+    items: impl FnOnce(Vec<tarn_dataset::send::SendItem>) -> Vec<tarn_dataset::send::SendItem>,
+) -> Vec<u8> {
+    use tarn_send::stream::{Record, StreamReader, StreamWriter};
+    let mut r = StreamReader::new(stream);
+    let Some(Record::Begin(mut h)) = r.next_record().unwrap() else {
+        panic!("a stream starts with BEGIN");
+    };
+    edit(&mut h);
+    let mut own = Vec::new();
+    while let Some(rec) = r.next_record().unwrap() {
+        match rec {
+            Record::Item(i) => own.push(i),
+            Record::End(_) => break,
+            Record::Begin(_) => panic!("one stream"),
+        }
+    }
+    let mut w = StreamWriter::begin(Vec::new(), &h).unwrap();
+    for i in items(own) {
+        w.item(&i).unwrap();
+    }
+    w.end().unwrap().0
+}
+
+/// Streams a receiver must refuse without harm to its pool: a plaintext
+/// block in a raw stream of an encrypted dataset (a raw receive holds no
+/// key to seal it, and the sync would fail), a source name no dataset
+/// can have (the record would be too large to store), an incremental
+/// volume stream that changes the block size or drops its geometry, and
+/// an incremental that carries its base's guid again. After each, the
+/// pool still takes changes and the honest streams.
+#[test]
+fn hostile_streams_are_refused_and_the_pool_goes_on() {
+    use tarn_dataset::send::{BlockPayload, SendItem};
+    let dir = tempfile::tempdir().unwrap();
+    let (tank, backup) = pools(dir.path());
+    let mut rng = Rng::new(0x5eed);
+    encrypted(&tank, "tank/s", PASS, &[]);
+    let fs = mount(&tank, "tank/s");
+    populate(&fs, &mut rng);
+    drop(fs);
+    tarn_dataset::snapshot(&tank, &["tank/s@1".into()], false).unwrap();
+    let raw = SendOptions {
+        raw: true,
+        ..Default::default()
+    };
+    let full_raw = to_vec(&tank, "tank/s@1", &raw);
+    let spec = tarn_dataset::VolSpec {
+        size: 4 << 20,
+        block: 16384,
+    };
+    tarn_dataset::create_volume(&tank, "tank/vol", spec, true, &props(&[]), false).unwrap();
+    let write = |blocks: &[u64]| {
+        let v = tarn_dataset::open(&tank, "tank/vol").unwrap();
+        v.txn(true, |t| {
+            for &b in blocks {
+                t.write_block(&b.to_be_bytes(), pattern(b, 16384))?;
+            }
+            Ok::<_, DsError>(())
+        })
+        .unwrap();
+    };
+    write(&[0, 7]);
+    tarn_dataset::snapshot(&tank, &["tank/vol@1".into()], false).unwrap();
+    write(&[3]);
+    tarn_dataset::snapshot(&tank, &["tank/vol@2".into()], false).unwrap();
+    let vol_full = to_vec(&tank, "tank/vol@1", &SendOptions::default());
+    let vol_incr = to_vec(&tank, "tank/vol@2", &incr("@1"));
+    recv(&backup, "backup/vol", &vol_full, false).unwrap();
+
+    let plaintext_in_raw = rewritten(
+        &full_raw,
+        |_| {},
+        |own| {
+            let (k, _) = own
+                .iter()
+                .find_map(|i| match i {
+                    SendItem::Block(k, b) => Some((k.clone(), b.clone())),
+                    _ => None,
+                })
+                .expect("a raw stream of files has blocks");
+            vec![SendItem::Block(k, BlockPayload::Logical(vec![0x42; 4096]))]
+        },
+    );
+    let long_source = rewritten(&vol_full, |h| h.info.dataset = "x".repeat(10_000), |o| o);
+    let other_block = rewritten(
+        &vol_incr,
+        |h| {
+            h.info.volume = Some(tarn_dataset::VolSpec {
+                size: 4 << 20,
+                block: 8192,
+            })
+        },
+        |o| o,
+    );
+    let no_geometry = rewritten(&vol_incr, |h| h.info.volume = None, |o| o);
+    let same_guid = rewritten(
+        &vol_incr,
+        |h| h.info.guid = h.info.from.as_ref().unwrap().guid,
+        |o| o,
+    );
+    let cases: [(&str, &[u8], &str); 5] = [
+        (
+            "backup/evil",
+            &plaintext_in_raw,
+            "plaintext in a raw stream",
+        ),
+        ("backup/long", &long_source, "a source name too long"),
+        ("backup/vol", &other_block, "another block size"),
+        ("backup/vol", &no_geometry, "no geometry"),
+        ("backup/vol", &same_guid, "the base's guid again"),
+    ];
+    for (i, (target, stream, what)) in cases.into_iter().enumerate() {
+        let r = recv(&backup, target, stream, false);
+        assert!(
+            matches!(
+                r,
+                Err(SendError::Dataset(DsError::Invalid(_) | DsError::Exists(_)))
+            ),
+            "{what}: {r:?}"
+        );
+        // The pool still commits changes.
+        tarn_dataset::create(&backup, &format!("backup/ok{i}"), &props(&[]), false)
+            .unwrap_or_else(|e| panic!("after {what}: {e}"));
+    }
+    assert!(tarn_dataset::open(&backup, "backup/evil").is_err());
+    assert!(tarn_dataset::open(&backup, "backup/long").is_err());
+    // The honest streams go in as before.
+    recv(&backup, "backup/s", &full_raw, false).unwrap();
+    recv(&backup, "backup/vol", &vol_incr, false).unwrap();
+    assert_eq!(tree(&backup, "backup/vol@2"), tree(&tank, "tank/vol@2"));
+    assert!(backup.leak_check().unwrap().is_clean());
+}
