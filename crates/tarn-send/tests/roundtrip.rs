@@ -809,21 +809,11 @@ fn a_cut_package_sent_again_finishes() {
 /// `stream` with its key's wrapping replaced by `wrapped` (hex), the
 /// chained checksums made again: what a hostile sender or store can send.
 fn with_wrapping(stream: &[u8], wrapped: &str) -> Vec<u8> {
-    use tarn_send::stream::{Record, StreamReader, StreamWriter};
-    let mut r = StreamReader::new(stream);
-    let Some(Record::Begin(mut h)) = r.next_record().unwrap() else {
-        panic!("a stream starts with BEGIN");
-    };
-    h.info.key.as_mut().expect("a raw stream's key").wrapped = wrapped.to_string();
-    let mut w = StreamWriter::begin(Vec::new(), &h).unwrap();
-    while let Some(rec) = r.next_record().unwrap() {
-        match rec {
-            Record::Item(i) => w.item(&i).unwrap(),
-            Record::End(_) => break,
-            Record::Begin(_) => panic!("one stream"),
-        }
-    }
-    w.end().unwrap().0
+    rewritten(
+        stream,
+        |h| h.info.key.as_mut().expect("a raw stream's key").wrapped = wrapped.to_string(),
+        |own| own,
+    )
 }
 
 /// A raw stream that names its parent's key but carries another wrapping
