@@ -550,6 +550,25 @@ fn dev_path_ok(path: &str, written: bool) -> bool {
     }
 }
 
+/// Whether `dir`, a folder an import over HTTPS searches for a pool's
+/// devices, is one: under `/dev/` as [`dev_path_ok`] says, and not a
+/// folder any local user can write into (`/dev/shm`, `/dev/mqueue`),
+/// where someone could leave a file that passes for a pool's device.
+fn dev_dir_ok(dir: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    if !dev_path_ok(dir, false) {
+        return false;
+    }
+    match std::fs::canonicalize(dir) {
+        Ok(real) => {
+            real.starts_with("/dev/")
+                && std::fs::metadata(&real)
+                    .is_ok_and(|m| m.is_dir() && m.permissions().mode() & 0o002 == 0)
+        }
+        Err(_) => true,
+    }
+}
+
 /// Why an administrator's call is refused over HTTPS although the method
 /// is theirs: parameters that would make the daemon (root) read, run or
 /// write something of the server's own filesystem, which the `tarn`
@@ -565,20 +584,19 @@ pub fn https_refusal(method: &str, params: &serde_json::Value) -> Option<&'stati
     let mut all = Vec::new();
     strings(params, "", &mut all);
     match method {
-        m::POOL_CREATE | m::POOL_REPLACE | m::POOL_ADD_LOG | m::POOL_IMPORT => {
-            let written = method != m::POOL_IMPORT;
-            all.iter()
-                .any(|(k, s)| {
-                    *k == "mountpoint"
-                        || (*k == "keylocation" && s.starts_with("file:"))
-                        || (s.contains('/') && !dev_path_ok(s, written))
-                })
-                .then_some(
-                    "over HTTPS a pool's devices are block devices under /dev/ and mountpoints \
-                     and file:// key locations are refused (files and folders of the server: \
-                     the tarn command)",
-                )
-        }
+        m::POOL_CREATE | m::POOL_REPLACE | m::POOL_ADD_LOG | m::POOL_IMPORT => all
+            .iter()
+            .any(|(k, s)| {
+                *k == "mountpoint"
+                    || (*k == "keylocation" && s.starts_with("file:"))
+                    || (*k == "dirs" && !dev_dir_ok(s))
+                    || (*k != "dirs" && s.contains('/') && !dev_path_ok(s, true))
+            })
+            .then_some(
+                "over HTTPS a pool's devices are block devices under /dev/ and mountpoints \
+                 and file:// key locations are refused (files and folders of the server: \
+                 the tarn command)",
+            ),
         m::DATASET_CREATE
         | m::VOLUME_CREATE
         | m::DATASET_CLONE
@@ -654,6 +672,7 @@ mod tests {
             ),
             (m::POOL_IMPORT, json!({"dirs": ["/home"]})),
             (m::POOL_IMPORT, json!({"dirs": ["/dev/../home"]})),
+            (m::POOL_IMPORT, json!({"devices": ["/dev/null"]})),
             (
                 m::POOL_CREATE,
                 json!({"name": "t", "vdevs": [{"kind": "mirror", "devices": ["/dev/../etc/shadow", "/dev/./sdb"]}]}),
@@ -742,6 +761,12 @@ mod tests {
         ];
         for (method, p) in fine {
             assert!(https_refusal(method, &p).is_none(), "{method} {p}");
+        }
+        // A folder any local user can write into (where it is one).
+        use std::os::unix::fs::PermissionsExt;
+        if std::fs::metadata("/dev/shm").is_ok_and(|m| m.permissions().mode() & 0o002 != 0) {
+            let p = json!({"dirs": ["/dev/shm"]});
+            assert!(https_refusal(m::POOL_IMPORT, &p).is_some());
         }
         // A block device that exists passes (most machines have one of
         // these), also through a link to it.

@@ -523,6 +523,17 @@ impl Pools {
                             "share '{}' is not served over SMB: Samba reserves the name",
                             share.name
                         ));
+                    } else if let Err(e) = smb_names_ok(&share) {
+                        // What `share add` checks, checked again: a pool's
+                        // records may have been written elsewhere (a pool
+                        // from another machine), and these names become a
+                        // folder path and lines of smb.conf.
+                        lists.smb_problems.push(format!(
+                            "share '{}' of pool '{}' is not served over SMB: {}",
+                            share.name,
+                            pool.name(),
+                            e.message
+                        ));
                     } else {
                         match self.fss.get(&pool, &share.dataset) {
                             Ok(fs) => lists.smb.push(crate::servers::SmbWant {
@@ -786,9 +797,48 @@ fn node_id(state_dir: &Path) -> Result<String> {
     Ok(id)
 }
 
+/// The names of `share` that SMB turns into a folder path and lines of
+/// smb.conf (its own, its users'), held to the rules `share add` and
+/// `user add` apply when they are made.
+fn smb_names_ok(share: &tarn_api::access::Share) -> std::result::Result<(), ApiError> {
+    tarn_api::access::check_share_name(&share.name)?;
+    if let Some(m) = &share.smb {
+        for u in m.users.keys() {
+            tarn_api::access::check_user_name(u)?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn smb_names_are_checked_again_where_shares_are_served_from() {
+        use tarn_api::access::{Access, Share, SmbShare};
+        let share = |name: &str, user: &str| Share {
+            name: name.into(),
+            dataset: "tank/a".into(),
+            nfs: None,
+            webdav: None,
+            nbd: None,
+            iscsi: None,
+            smb: Some(SmbShare {
+                users: [(user.to_string(), Access::Rw)].into_iter().collect(),
+                ..SmbShare::default()
+            }),
+        };
+        assert!(smb_names_ok(&share("photos", "alice")).is_ok());
+        for (name, user) in [
+            ("../../etc", "alice"),
+            ("/etc", "alice"),
+            ("photos", "eve\n  root preexec = /bin/sh"),
+            ("photos", "Eve"),
+        ] {
+            assert!(smb_names_ok(&share(name, user)).is_err(), "{name} {user:?}");
+        }
+    }
 
     #[test]
     fn the_default_dirty_limit_is_a_tenth_of_memory_within_its_bounds() {

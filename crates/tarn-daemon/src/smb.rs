@@ -264,15 +264,21 @@ pub fn render_conf(
             .map(|(u, _)| u.as_str())
             .collect();
         let all: Vec<&str> = e.share.users.keys().map(String::as_str).collect();
+        // User names are checked where shares are served from (and made);
+        // here too, as for every value that reaches this file.
+        let (rw, all) = (
+            conf_value("user names", &rw.join(" "))?,
+            conf_value("user names", &all.join(" "))?,
+        );
         s("read only", "yes");
         if !rw.is_empty() {
-            s("write list", &rw.join(" "));
+            s("write list", &rw);
         }
         if e.share.guest {
             s("guest ok", "yes");
         } else {
             s("guest ok", "no");
-            s("valid users", &all.join(" "));
+            s("valid users", &all);
         }
         // New files keep Samba's default modes (create mask 0744,
         // directory mask 0755): the owner's execute bit is what Windows
@@ -1104,6 +1110,13 @@ mod tests {
             root: PathBuf::from("/st;ate"),
         };
         assert!(render_conf(&bad, bind, &[], None).is_err());
+        // A user name from a pool's records written elsewhere: it would
+        // start a line of its own in `valid users`.
+        let mut e = entry("y");
+        e.share
+            .users
+            .insert("eve\n  root preexec = /bin/sh".into(), Access::Ro);
+        assert!(render_conf(&layout(), bind, &[e], None).is_err());
         let conf = render_conf(&layout(), bind, &[], None).unwrap();
         assert!(
             !conf.contains("interfaces ="),
