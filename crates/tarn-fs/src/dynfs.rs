@@ -60,7 +60,7 @@ pub trait DynFs: Send + Sync + 'static {
     fn write(&self, ino: u64, off: u64, data: &[u8], app: bool, c: &Cred) -> Result<usize> {
         self.write_iov(ino, off, &[data], app, c)
     }
-    fn fallocate(&self, ino: u64, offset: u64, length: u64, mode: u32) -> Result<()>;
+    fn fallocate(&self, ino: u64, offset: u64, length: u64, mode: u32, cred: &Cred) -> Result<()>;
     fn fsync(&self, ino: u64) -> Result<()>;
     fn readdir(&self, ino: u64, cookie: u64, limit: usize) -> Result<Vec<DirEntry>>;
     fn readdirplus(&self, ino: u64, cookie: u64, limit: usize) -> Result<Vec<(DirEntry, Attr)>>;
@@ -169,8 +169,8 @@ impl<B: Backend + 'static> DynFs for Fs<B> {
     fn write_iov(&self, ino: u64, off: u64, iov: &[&[u8]], app: bool, c: &Cred) -> Result<usize> {
         Fs::write_iov(self, ino, off, iov, app, c)
     }
-    fn fallocate(&self, ino: u64, offset: u64, length: u64, mode: u32) -> Result<()> {
-        Fs::fallocate(self, ino, offset, length, mode)
+    fn fallocate(&self, ino: u64, offset: u64, length: u64, mode: u32, cred: &Cred) -> Result<()> {
+        Fs::fallocate(self, ino, offset, length, mode, cred)
     }
     fn fsync(&self, ino: u64) -> Result<()> {
         Fs::fsync(self, ino)

@@ -337,7 +337,16 @@ impl<B: Backend> Fs<B> {
     /// cannot reserve blocks ahead of writing them, so nothing is
     /// preallocated); `KEEP_SIZE` alone is accepted and does nothing;
     /// `PUNCH_HOLE | KEEP_SIZE` frees the range. Other modes: EOPNOTSUPP.
-    pub fn fallocate(&self, ino: u64, offset: u64, length: u64, mode: u32) -> Result<()> {
+    /// A change by anyone but root clears the setuid and setgid bits, as a
+    /// write does (the kernel leaves that to the filesystem here).
+    pub fn fallocate(
+        &self,
+        ino: u64,
+        offset: u64,
+        length: u64,
+        mode: u32,
+        cred: &Cred,
+    ) -> Result<()> {
         let local = self.live_ino(ino)?;
         if length == 0 || offset > i64::MAX as u64 || length > i64::MAX as u64 {
             return err(libc::EINVAL, "bad fallocate range");
@@ -357,15 +366,18 @@ impl<B: Backend> Fs<B> {
                 FileKind::Directory => return err(libc::EISDIR, "is a directory"),
                 _ => return err(libc::ENODEV, "not a regular file"),
             }
+            let changes = mode == punch || (mode == 0 && end > i.size);
             if mode == punch {
                 file::punch(tx, &mut i, offset, length)?;
-                i.mtime = tx.now;
-                i.ctime = tx.now;
-                tx.put(i);
             } else if mode == 0 && end > i.size {
                 i.size = end;
+            }
+            if changes {
                 i.mtime = tx.now;
                 i.ctime = tx.now;
+                if !cred.is_root() {
+                    i.mode = perm::kill_setid(i.mode);
+                }
                 tx.put(i);
             }
             Ok(())

@@ -463,7 +463,8 @@ fn punch_hole_frees_records_and_zeroes_partials() {
     let f = mkfile(&fs, ROOT_INO, "f", &vec![3u8; 5 * 4096]);
     assert_eq!(data_keys(&b, f), 5);
     let mode = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
-    fs.fallocate(f, 4096 + 100, 2 * 4096, mode).unwrap();
+    fs.fallocate(f, 4096 + 100, 2 * 4096, mode, &root())
+        .unwrap();
     let data = read_all(&fs, f);
     assert_eq!(data.len(), 5 * 4096);
     for (i, &byte) in data.iter().enumerate() {
@@ -473,13 +474,14 @@ fn punch_hole_frees_records_and_zeroes_partials() {
     assert_eq!(data_keys(&b, f), 4); // record 2 freed entirely
     assert_eq!(fs.getattr(f).unwrap().blocks, 4 * 8);
     assert_eq!(
-        eno(fs.fallocate(f, 0, 10, FALLOC_FL_PUNCH_HOLE)),
+        eno(fs.fallocate(f, 0, 10, FALLOC_FL_PUNCH_HOLE, &root())),
         libc::EOPNOTSUPP
     );
-    assert_eq!(eno(fs.fallocate(f, 0, 10, 0x8)), libc::EOPNOTSUPP);
-    fs.fallocate(f, 0, 100_000, 0).unwrap();
+    assert_eq!(eno(fs.fallocate(f, 0, 10, 0x8, &root())), libc::EOPNOTSUPP);
+    fs.fallocate(f, 0, 100_000, 0, &root()).unwrap();
     assert_eq!(fs.getattr(f).unwrap().size, 100_000);
-    fs.fallocate(f, 0, 200_000, FALLOC_FL_KEEP_SIZE).unwrap();
+    fs.fallocate(f, 0, 200_000, FALLOC_FL_KEEP_SIZE, &root())
+        .unwrap();
     assert_eq!(fs.getattr(f).unwrap().size, 100_000);
 }
 
@@ -811,6 +813,22 @@ fn setid_bits_are_cleared_like_linux() {
         &alice,
     )
     .unwrap();
+    assert_eq!(fs.getattr(f).unwrap().perm(), 0o0755);
+    // fallocate that changes the file (a punch, growing it) is a write:
+    // root keeps the bits, anyone else clears them; one that changes
+    // nothing (KEEP_SIZE alone) keeps them.
+    let punch = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
+    fs.write(f, 0, &[1u8; 8192], false, &root()).unwrap();
+    fs.setattr(f, &mode(0o6755), &root()).unwrap();
+    fs.fallocate(f, 0, 100, punch, &root()).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().perm(), 0o6755);
+    fs.fallocate(f, 0, 100, FALLOC_FL_KEEP_SIZE, &alice)
+        .unwrap();
+    assert_eq!(fs.getattr(f).unwrap().perm(), 0o6755);
+    fs.fallocate(f, 0, 100, punch, &alice).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().perm(), 0o0755);
+    fs.setattr(f, &mode(0o6755), &root()).unwrap();
+    fs.fallocate(f, 0, 1 << 20, 0, &alice).unwrap();
     assert_eq!(fs.getattr(f).unwrap().perm(), 0o0755);
 }
 

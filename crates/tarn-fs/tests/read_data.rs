@@ -52,6 +52,7 @@ fn random_file(fs: &DsFs, name: &str, rng: &mut Rng) -> (u64, Vec<u8>) {
                 off,
                 len,
                 libc::FALLOC_FL_PUNCH_HOLE as u32 | libc::FALLOC_FL_KEEP_SIZE as u32,
+                &c,
             )
             .unwrap();
             let end = (off + len).min(model.len() as u64) as usize;

@@ -797,7 +797,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -806,7 +806,11 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         reply: ReplyEmpty,
     ) {
         guarded(self.origin, "fallocate", || {
-            empty(self.fs.fallocate(ino.0, offset, length, mode as u32), reply);
+            let cred = self.cred(req);
+            empty(
+                self.fs.fallocate(ino.0, offset, length, mode as u32, &cred),
+                reply,
+            );
         });
     }
 }

@@ -66,7 +66,7 @@ fn partial_puts_holes_and_ranges() {
                     let off = rng.below(model.len() as u64);
                     let len = rng.range(1, MIB + 1);
                     let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-                    fs.fallocate(ino, off, len, mode as u32).unwrap();
+                    fs.fallocate(ino, off, len, mode as u32, &cred).unwrap();
                     let end = (off + len).min(model.len() as u64) as usize;
                     model[off as usize..end].fill(0);
                 } else {
