@@ -733,3 +733,50 @@ fn readdir_paging() {
     Fattr::read(&mut rd);
     assert!(rd.u32().is_err(), "nothing after the attributes");
 }
+
+/// READDIRPLUS of a directory the caller may read but not search lists
+/// its names without attributes or handles (a handle would let the caller
+/// past the missing search permission), as Linux's nfsd answers; with
+/// search permission both come.
+#[test]
+fn readdirplus_needs_search_permission_for_handles() {
+    let fs = mem_fs();
+    let d = fs.mkdir(1, b"d", 0o754, 0, &Cred::root()).unwrap();
+    let f = fs
+        .create(d.ino, b"f", 0o666, 0, libc::O_CREAT, &Cred::root())
+        .unwrap();
+    fs.release(f.ino).unwrap();
+    let r = start(vec![open_export("/p", fs.clone())]);
+    let (_, root) = Client::connect(r.local_addrs().1, sys(0, 0)).mnt("/p");
+    let (st, dir) = root_client(&r).lookup(&root, "d");
+    assert_eq!(st, OK);
+    // (uid, whether attributes and handles come): others have r-- on d,
+    // the owner rwx.
+    for (uid, full) in [(1000, false), (0, true)] {
+        let mut c = Client::connect(r.local_addrs().0, sys(uid, uid));
+        let mut w = Writer::new();
+        w.opaque(&dir).u64(0).fixed(&[0u8; 8]).u32(4096).u32(8192);
+        let b = c.call(NFS_PROG, nfsproc::READDIRPLUS, &w.into_bytes());
+        let mut rd = Reader::new(&b);
+        assert_eq!(rd.u32().unwrap(), OK, "uid {uid}");
+        skip_post_op(&mut rd);
+        rd.fixed(8).unwrap();
+        let mut names = Vec::new();
+        while rd.bool().unwrap() {
+            rd.u64().unwrap();
+            names.push(String::from_utf8(rd.opaque(255).unwrap().to_vec()).unwrap());
+            rd.u64().unwrap();
+            let attrs = rd.bool().unwrap();
+            if attrs {
+                Fattr::read(&mut rd);
+            }
+            let handle = rd.bool().unwrap();
+            if handle {
+                rd.opaque(64).unwrap();
+            }
+            assert_eq!((attrs, handle), (full, full), "uid {uid}, {names:?}");
+        }
+        names.sort();
+        assert_eq!(names, [".", "..", "f"], "uid {uid}");
+    }
+}

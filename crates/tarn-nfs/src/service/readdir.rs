@@ -44,6 +44,10 @@ impl<'a> Cx<'a> {
             fail(w, stat_of(&e));
             return Ok(());
         }
+        // Reading a directory lists its names; its entries' attributes and
+        // handles are what a lookup gives, which needs search permission
+        // too (as Linux's nfsd answers): without it, names only.
+        let searchable = !plus || d.fs().access(d.ino(), X_OK, &d.cred).is_ok();
         // Reply overhead: status, dir attributes, verifier, list end, eof.
         let overhead = 4 + POST_OP_ATTR_LEN + 8 + 4 + 4;
         let per_entry_min = if plus {
@@ -105,6 +109,7 @@ impl<'a> Cx<'a> {
             let dir_bytes = w.len() - mark - 4;
             debug_assert_eq!(dir_bytes, entry_dir_len(e.name.len()));
             if plus {
+                let a = a.filter(|_| searchable);
                 post_op_attr(w, a);
                 match a {
                     Some(a) => {
