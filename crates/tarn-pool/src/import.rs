@@ -34,7 +34,9 @@ struct Found {
 }
 
 /// Lists the candidate device files of `dirs` (regular files and block
-/// devices, not recursing) plus the explicit `devices`.
+/// devices, not recursing; links followed, so `/dev/disk/by-id`, a folder
+/// of links, finds its disks) plus the explicit `devices`, each once
+/// however many names lead to it.
 fn candidates(dirs: &[PathBuf], devices: &[PathBuf]) -> Vec<PathBuf> {
     use std::os::unix::fs::FileTypeExt;
     let mut out: Vec<PathBuf> = devices.to_vec();
@@ -43,12 +45,18 @@ fn candidates(dirs: &[PathBuf], devices: &[PathBuf]) -> Vec<PathBuf> {
             continue;
         };
         for e in rd.flatten() {
-            let Ok(ft) = e.file_type() else { continue };
-            if ft.is_file() || ft.is_block_device() {
+            let Ok(md) = std::fs::metadata(e.path()) else {
+                continue;
+            };
+            if md.is_file() || md.file_type().is_block_device() {
                 out.push(e.path());
             }
         }
     }
+    let mut out: Vec<PathBuf> = out
+        .into_iter()
+        .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+        .collect();
     out.sort();
     out.dedup();
     out

@@ -326,6 +326,25 @@ fn import_after_rename_and_move() {
     for (i, d) in devs.iter().enumerate() {
         std::fs::rename(d, moved.path().join(format!("renamed-{i}"))).unwrap();
     }
+    // A folder of links to the members (as /dev/disk/by-id is), and the
+    // members' own folder besides: each member is found once.
+    let links = tempfile::tempdir().unwrap();
+    for i in 0..devs.len() {
+        std::os::unix::fs::symlink(
+            moved.path().join(format!("renamed-{i}")),
+            links.path().join(format!("link-{i}")),
+        )
+        .unwrap();
+    }
+    let by_link = tarn_pool::discover(&[links.path().to_path_buf()], &[]);
+    assert_eq!(by_link.len(), 1, "members found through links");
+    assert_eq!(by_link[0].health, Health::Online);
+    let both = tarn_pool::discover(
+        &[links.path().to_path_buf(), moved.path().to_path_buf()],
+        &[],
+    );
+    assert_eq!(both.len(), 1);
+    assert_eq!(both[0].health, Health::Online);
     let found = tarn_pool::discover(&[moved.path().to_path_buf()], &[]);
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].name, "tank");
