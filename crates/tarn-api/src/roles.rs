@@ -529,44 +529,62 @@ fn has_key(v: &serde_json::Value, want: &str) -> bool {
     }
 }
 
+/// True when nothing is at `path` (not even a dangling link): a call
+/// naming it fails on its own, so it needs no refusal. Any other error
+/// (a link to a pipe, no permission) is not "nothing there".
+fn absent(path: &str) -> bool {
+    matches!(std::fs::symlink_metadata(path), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+}
+
+/// Whether `path` is `/dev` or below it, with no `.` or `..` component.
+fn under_dev(path: &str) -> bool {
+    (path == "/dev" || path.starts_with("/dev/")) && !path.split('/').any(|c| c == "." || c == "..")
+}
+
 /// Whether `path`, named as a pool's device over HTTPS, is one: under
 /// `/dev/` with no `.` or `..` component (`/dev/../etc/shadow` is not),
-/// and, for a device the call writes (`written`), if anything is there,
-/// a block device once its links are followed (not `/dev/fd/N`, an open
-/// file of the daemon's, nor a file in `/dev/shm`). A path with nothing
-/// there passes: the call fails on it anyway.
-fn dev_path_ok(path: &str, written: bool) -> bool {
+/// and, if anything is there, a block device once its links are
+/// followed (not `/dev/null`, nor `/dev/fd/N`, an open file or pipe of
+/// the daemon's, nor a file in `/dev/shm`).
+fn dev_path_ok(path: &str) -> bool {
     use std::os::unix::fs::FileTypeExt;
-    let lexical = path.starts_with("/dev/") && !path.split('/').any(|c| c == "." || c == "..");
-    if !lexical || !written {
-        return lexical;
+    if !under_dev(path) || path == "/dev" {
+        return false;
     }
-    match std::fs::canonicalize(path) {
-        Ok(real) => {
-            real.starts_with("/dev/")
-                && std::fs::metadata(&real).is_ok_and(|m| m.file_type().is_block_device())
-        }
-        Err(_) => true,
+    if absent(path) {
+        return true;
     }
+    std::fs::canonicalize(path).is_ok_and(|real| {
+        real.starts_with("/dev/")
+            && std::fs::metadata(&real).is_ok_and(|m| m.file_type().is_block_device())
+    })
 }
 
 /// Whether `dir`, a folder an import over HTTPS searches for a pool's
-/// devices, is one: under `/dev/` as [`dev_path_ok`] says, and not a
-/// folder any local user can write into (`/dev/shm`, `/dev/mqueue`),
-/// where someone could leave a file that passes for a pool's device.
+/// devices, is one only root can fill: under `/dev` with no `.` or `..`,
+/// and it and every folder above it up to `/dev` owned by root and
+/// writable by nobody else (not `/dev/shm`, nor a folder a user made
+/// there), so no file in it passes for a pool's device that root did not
+/// put there.
 fn dev_dir_ok(dir: &str) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    if !dev_path_ok(dir, false) {
+    use std::os::unix::fs::MetadataExt;
+    if !under_dev(dir) {
         return false;
     }
-    match std::fs::canonicalize(dir) {
-        Ok(real) => {
-            real.starts_with("/dev/")
-                && std::fs::metadata(&real)
-                    .is_ok_and(|m| m.is_dir() && m.permissions().mode() & 0o002 == 0)
-        }
-        Err(_) => true,
+    if absent(dir) {
+        return true;
     }
+    let Ok(real) = std::fs::canonicalize(dir) else {
+        return false;
+    };
+    if !real.starts_with("/dev") {
+        return false;
+    }
+    real.ancestors()
+        .take_while(|p| p.starts_with("/dev"))
+        .all(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_dir() && m.uid() == 0 && m.mode() & 0o022 == 0)
+        })
 }
 
 /// Why an administrator's call is refused over HTTPS although the method
@@ -590,7 +608,7 @@ pub fn https_refusal(method: &str, params: &serde_json::Value) -> Option<&'stati
                 *k == "mountpoint"
                     || (*k == "keylocation" && s.starts_with("file:"))
                     || (*k == "dirs" && !dev_dir_ok(s))
-                    || (*k != "dirs" && s.contains('/') && !dev_path_ok(s, true))
+                    || (*k != "dirs" && s.contains('/') && !dev_path_ok(s))
             })
             .then_some(
                 "over HTTPS a pool's devices are block devices under /dev/ and mountpoints \
@@ -684,10 +702,6 @@ mod tests {
                 json!({"name": "t", "vdevs": [{"kind": "stripe", "devices": ["/dev/null"]}]}),
             ),
             (
-                m::POOL_ADD_LOG,
-                json!({"name": "t", "devices": ["/dev/fd/0"]}),
-            ),
-            (
                 m::POOL_CREATE,
                 json!({"name": "t", "vdevs": [{"kind": "stripe", "devices": ["/dev/sdb"]}], "properties": {"mountpoint": "/dev/shm"}}),
             ),
@@ -733,6 +747,7 @@ mod tests {
                 json!({"name": "t", "vdevs": [{"kind": "mirror", "devices": ["/dev/sdzz", "/dev/disk/by-id/ata-x"]}]}),
             ),
             (m::POOL_IMPORT, json!({"dirs": ["/dev/disk/by-id"]})),
+            (m::POOL_IMPORT, json!({"dirs": ["/dev"]})),
             (
                 m::DATASET_CLONE,
                 json!({"snapshot": "t/a@s", "name": "t/b", "properties": {"compression": "zstd"}}),
@@ -762,11 +777,21 @@ mod tests {
         for (method, p) in fine {
             assert!(https_refusal(method, &p).is_none(), "{method} {p}");
         }
-        // A folder any local user can write into (where it is one).
+        // The daemon's own open file, through /dev/fd: a link to a file.
+        let f = tempfile::tempfile().unwrap();
+        let fd = format!("/dev/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&f));
+        let p = json!({"name": "t", "devices": [fd]});
+        assert!(https_refusal(m::POOL_ADD_LOG, &p).is_some(), "{p}");
+        // A folder any local user can write into, and one made inside it
+        // (where /dev/shm is such a folder).
         use std::os::unix::fs::PermissionsExt;
         if std::fs::metadata("/dev/shm").is_ok_and(|m| m.permissions().mode() & 0o002 != 0) {
-            let p = json!({"dirs": ["/dev/shm"]});
-            assert!(https_refusal(m::POOL_IMPORT, &p).is_some());
+            let made = tempfile::tempdir_in("/dev/shm").unwrap();
+            std::fs::set_permissions(made.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+            for d in ["/dev/shm", made.path().to_str().unwrap()] {
+                let p = json!({"dirs": [d]});
+                assert!(https_refusal(m::POOL_IMPORT, &p).is_some(), "{d}");
+            }
         }
         // A block device that exists passes (most machines have one of
         // these), also through a link to it.
