@@ -159,9 +159,14 @@ pub fn parse_timeout(v: &[u8]) -> Result<(), Malformed> {
 
 /// `Destination` (RFC 4918 §10.3): an absolute `http(s)` URI or an
 /// absolute path, printable ASCII without spaces, and no fragment (a
-/// fragment would silently widen the target to the whole resource).
+/// fragment would silently widen the target to the whole resource) nor
+/// backslash (no URI has one, and URL parsers read it as `/`, so the
+/// path one reads would not be the path the other acts on).
 pub fn parse_destination(v: &[u8]) -> Result<(), Malformed> {
-    if v.is_empty() || v.iter().any(|&b| !b.is_ascii_graphic() || b == b'#') {
+    if v.is_empty()
+        || v.iter()
+            .any(|&b| !b.is_ascii_graphic() || b == b'#' || b == b'\\')
+    {
         return Err(Malformed);
     }
     if v.starts_with(b"/") {

@@ -25,11 +25,36 @@ const DAV: &str = "DAV:";
 /// failing the request.
 pub const MAX_XML_DEPTH: usize = 64;
 
-/// Most distinct properties one PROPFIND may name: every resource of the
+/// Most properties one PROPFIND may name (the children of its `prop` or
+/// `include`, in any namespace, repeats counted): every resource of the
 /// answer lists each of them, so a body of thousands of names would make
 /// the answer to a folder thousands of times its size. Clients name a
 /// few dozen at most.
 pub const MAX_REQUESTED: usize = 256;
+
+/// How many properties a PROPFIND body names: its elements three levels
+/// down (`propfind`, then `prop` or `include`, then the names), counted
+/// as the WebDAV library will answer them, whatever their namespace and
+/// however often one repeats. A body that does not parse counts what
+/// came before the error.
+pub fn requested_count(body: &[u8]) -> usize {
+    use xml::reader::XmlEvent;
+    let (mut depth, mut n) = (0usize, 0usize);
+    for ev in xml::EventReader::new(body) {
+        match ev {
+            Ok(XmlEvent::StartElement { .. }) => {
+                depth += 1;
+                if depth == 3 {
+                    n += 1;
+                }
+            }
+            Ok(XmlEvent::EndElement { .. }) => depth = depth.saturating_sub(1),
+            Ok(XmlEvent::EndDocument) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    n
+}
 
 /// True when `body` nests elements at most `max` deep, found with a
 /// streaming reader (no recursion) that stops at the first element too

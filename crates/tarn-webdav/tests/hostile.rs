@@ -42,6 +42,8 @@ fn truncated_and_malformed_headers_are_400() {
         ("GET", "If-Match: \"a\" junk"),
         ("MOVE", "Destination: /s/dir/#frag"),
         ("COPY", "Destination: ftp://elsewhere/x"),
+        ("COPY", r"Destination: http://h\s\x"),
+        ("MOVE", r"Destination: http://h/s/x\..\..\sx\f2"),
         ("PROPFIND", "Depth: 2"),
         ("LOCK", "Timeout: Second-"),
         ("COPY", "Overwrite: maybe"),
@@ -264,6 +266,20 @@ fn deeply_nested_xml_and_huge_property_lists_are_400() {
     );
     let resp = c.call("PROPFIND", "/s/f", &["Depth: 0"], ask.as_bytes());
     assert_eq!(resp.status, 400, "{}", resp.text());
+    // Repeats count, and so do names under a `prop` of another namespace.
+    let same = "<D:getetag/>".repeat(1000);
+    let foreign: String = (0..1000).map(|i| format!("<x:p{i}/>")).collect();
+    for body in [
+        format!(
+            r#"<?xml version="1.0"?><D:propfind xmlns:D="DAV:"><D:prop>{same}</D:prop></D:propfind>"#
+        ),
+        format!(
+            r#"<?xml version="1.0"?><D:propfind xmlns:D="DAV:" xmlns:x="urn:x"><x:prop>{foreign}</x:prop></D:propfind>"#
+        ),
+    ] {
+        let resp = c.call("PROPFIND", "/s/f", &["Depth: 0"], body.as_bytes());
+        assert_eq!(resp.status, 400, "{}", resp.text());
+    }
     // An ordinary PROPFIND still works, on the same connection.
     let ask = br#"<?xml version="1.0"?><D:propfind xmlns:D="DAV:"><D:prop><D:getcontentlength/></D:prop></D:propfind>"#;
     assert_eq!(c.call("PROPFIND", "/s/f", &["Depth: 0"], ask).status, 207);

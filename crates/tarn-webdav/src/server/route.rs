@@ -268,10 +268,7 @@ pub(super) async fn handle(
                 } else {
                     None
                 };
-                if wanted
-                    .as_ref()
-                    .is_some_and(|w| w.len() > propfix::MAX_REQUESTED)
-                {
+                if method == "PROPFIND" && propfix::requested_count(&b) > propfix::MAX_REQUESTED {
                     return (
                         simple(StatusCode::BAD_REQUEST, "too many properties requested\n"),
                         None,
