@@ -265,7 +265,9 @@ impl Receiver {
 
     /// Ends the receive: the snapshot the stream carries is taken, with
     /// its guid and time, and the dataset can be used again.
-    pub fn finish(self) -> Result<(), DsError> {
+    /// On an error nothing is undone here: the caller ends the receive
+    /// with [`Receiver::fail`], as for an error while applying.
+    pub fn finish(&self) -> Result<(), DsError> {
         let (id, info) = (self.id, &self.info);
         with_excl(&self.pool, |dsl, cx| {
             let mut dir = dsl.dir();
@@ -517,34 +519,36 @@ fn begin_incremental(
     };
     let newest = snaps.last().map(|(_, s)| *s);
     let changed = rec.root != dir.rec(base)?.root;
-    if newest != Some(base) || changed {
-        if !force {
-            return Err(DsError::Busy(format!(
-                "'{name}' changed since {base_name} (newer snapshots or changes): `tarn receive \
-                 -F` rolls it back first"
+    let roll_back = newest != Some(base) || changed;
+    if roll_back && !force {
+        return Err(DsError::Busy(format!(
+            "'{name}' changed since {base_name} (newer snapshots or changes): `tarn receive \
+             -F` rolls it back first"
+        )));
+    }
+    // Everything is checked before the rollback (`force`), so a stream
+    // refused for another reason destroys nothing. Snapshots are found by
+    // guid (an incremental's base, a mount's snapshot folder): the
+    // snapshots that stay (the rollback removes those after the base)
+    // must not share the stream's guid, nor its name. `finish` checks
+    // again, for a snapshot made meanwhile.
+    let stays = snaps
+        .iter()
+        .position(|(_, s)| *s == base)
+        .map_or(snaps.len(), |i| if roll_back { i + 1 } else { snaps.len() });
+    let snap_name = format!("{name}@{}", info.name);
+    for (n, s) in &snaps[..stays] {
+        if dir.recs.get(s).is_some_and(|r| r.guid == info.guid) {
+            return Err(DsError::Exists(format!(
+                "'{name}' already has a snapshot of the stream's guid {}",
+                info.guid
             )));
         }
-        crate::ops::rollback_in(dir, cx, &base_name, true)?;
-    }
-    // Refused before anything is applied, once a rollback (`force`) has
-    // removed what it removes (`finish` checks again, for a snapshot made
-    // meanwhile): snapshots are found by guid (an
-    // incremental's base, a mount's snapshot folder), so two of one
-    // dataset must not share one, nor a name.
-    if crate::dsl::snapshot_ids(dir, id)
-        .iter()
-        .any(|(_, s)| dir.recs.get(s).is_some_and(|r| r.guid == info.guid))
-    {
-        return Err(DsError::Exists(format!(
-            "'{name}' already has a snapshot of the stream's guid {}",
-            info.guid
-        )));
-    }
-    if dir.names.contains_key(&format!("{name}@{}", info.name)) {
-        return Err(DsError::Exists(format!(
-            "snapshot '{name}@{}' already exists",
-            info.name
-        )));
+        if *n == snap_name {
+            return Err(DsError::Exists(format!(
+                "snapshot '{snap_name}' already exists"
+            )));
+        }
     }
     if let Some(k) = &info.key {
         check_key_export(k)?;
@@ -594,6 +598,9 @@ fn begin_incremental(
                 new.block, old.block
             )));
         }
+    }
+    if roll_back {
+        crate::ops::rollback_in(dir, cx, &base_name, true)?;
     }
     Ok(id)
 }

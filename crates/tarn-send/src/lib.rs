@@ -431,9 +431,11 @@ fn receive_one<R: Read>(
             }
         }
     })();
+    // A stream refused at its end (a snapshot made meanwhile under its
+    // name) is undone like one refused on the way.
+    let r = r.and_then(|()| rx.finish().map_err(SendError::from));
     match r {
         Ok(()) => {
-            rx.finish()?;
             report
                 .snapshots
                 .push(format!("{name}@{}", header.info.name));

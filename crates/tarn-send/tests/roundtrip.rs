@@ -1026,5 +1026,29 @@ fn hostile_streams_are_refused_and_the_pool_goes_on() {
     recv(&backup, "backup/s", &full_raw, false).unwrap();
     recv(&backup, "backup/vol", &vol_incr, false).unwrap();
     assert_eq!(tree(&backup, "backup/vol@2"), tree(&tank, "tank/vol@2"));
+    // With -F a refused stream destroys nothing: the rollback to the base
+    // comes after every check.
+    tarn_dataset::snapshot(&backup, &["backup/vol@local".into()], false).unwrap();
+    let snaps = |p: &Arc<Pool>| -> Vec<String> {
+        let mut v: Vec<String> = tarn_dataset::list(p, true)
+            .unwrap()
+            .into_iter()
+            .map(|d| d.name)
+            .filter(|n| n.starts_with("backup/vol@"))
+            .collect();
+        v.sort();
+        v
+    };
+    let before = snaps(&backup);
+    assert_eq!(before, ["backup/vol@1", "backup/vol@2", "backup/vol@local"]);
+    for bad in [&other_block, &no_geometry] {
+        assert!(recv(&backup, "backup/vol", bad, true).is_err());
+        assert_eq!(snaps(&backup), before, "a refused -F stream rolled back");
+    }
+    // The honest stream with -F replaces the newer snapshots, its own
+    // (same guid, after the base) included.
+    recv(&backup, "backup/vol", &vol_incr, true).unwrap();
+    assert_eq!(snaps(&backup), ["backup/vol@1", "backup/vol@2"]);
+    assert_eq!(tree(&backup, "backup/vol@2"), tree(&tank, "tank/vol@2"));
     assert!(backup.leak_check().unwrap().is_clean());
 }
