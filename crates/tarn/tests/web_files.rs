@@ -908,8 +908,8 @@ fn files_uploads_versions_and_share_links() {
 
 /// Downloads whose clients stop reading hold no thread the page needs:
 /// with more of them stalled than the server has blocking threads, a
-/// listing and a login still answer at once, and a stalled download that
-/// goes away releases its file.
+/// listing and a login still answer at once, and a whole download beside
+/// them is whole.
 #[test]
 fn stalled_downloads_do_not_hold_up_the_page() {
     let dir = tempfile::tempdir().unwrap();
