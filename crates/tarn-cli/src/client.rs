@@ -35,6 +35,21 @@ impl std::fmt::Display for ClosedUnanswered {
 
 impl std::error::Error for ClosedUnanswered {}
 
+/// The daemon closed the connection before a request could be written
+/// on it: nothing of it was carried out (the daemon closes only a
+/// connection with no request in flight, and one it never read in full
+/// is not one), so any request may be sent again on a new connection.
+#[derive(Debug)]
+pub struct NotSent(String);
+
+impl std::fmt::Display for NotSent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NotSent {}
+
 /// A connection to a tarn daemon.
 pub struct Client {
     path: PathBuf,
@@ -115,6 +130,14 @@ impl Client {
             // reading: prefer its answer to the write error.
             return match self.read_response() {
                 Ok(response) => unwrap_response(response, id),
+                Err(_)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                    ) =>
+                {
+                    Err(anyhow::Error::from(NotSent(lost(e).to_string())))
+                }
                 Err(_) => Err(lost(e)),
             };
         }

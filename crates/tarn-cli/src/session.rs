@@ -46,7 +46,24 @@ impl Session {
             Some(client) if !client.closed_by_daemon() => client,
             _ => connect_checked(&self.path)?,
         };
-        self.client.insert(client).call(method, params)
+        let mut result = self.client.insert(client).call(method, params);
+        // A connection closed before the request could be written on it
+        // (a daemon at its connection limit closes the connection idle the
+        // longest, and under a flood of connections that can be this one,
+        // between two of its requests): nothing was done, so the request
+        // goes again on a fresh connection.
+        let mut tries = 0;
+        while tries < CONNECT_TRIES
+            && result
+                .as_ref()
+                .is_err_and(|e| e.is::<crate::client::NotSent>())
+        {
+            tries += 1;
+            std::thread::sleep(std::time::Duration::from_millis(20 << tries));
+            let client = connect_checked(&self.path)?;
+            result = self.client.insert(client).call(method, params);
+        }
+        result
     }
 
     /// Calls a method whose reply carries a streamed body into `out` (on a
@@ -105,7 +122,11 @@ fn connect_checked(path: &Path) -> anyhow::Result<Client> {
         let mut client = Client::connect(path)?;
         match client.check_api_version() {
             Ok(_) => return Ok(client),
-            Err(e) if tries < CONNECT_TRIES && e.is::<crate::client::ClosedUnanswered>() => {
+            Err(e)
+                if tries < CONNECT_TRIES
+                    && (e.is::<crate::client::ClosedUnanswered>()
+                        || e.is::<crate::client::NotSent>()) =>
+            {
                 tries += 1;
                 std::thread::sleep(std::time::Duration::from_millis(20 << tries));
             }
