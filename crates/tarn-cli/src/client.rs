@@ -25,30 +25,22 @@ pub const MAX_RESPONSE_BYTES: usize = 64 << 20;
 /// stopped, or closed the connection to make room for another (a fresh
 /// connection's first request, a ping, may be sent again).
 #[derive(Debug)]
-pub struct ClosedUnanswered(String);
+pub struct ClosedUnanswered {
+    message: String,
+    /// False when the connection was closed before the request could be
+    /// written: nothing of it was carried out (the daemon closes only a
+    /// connection with no request in flight, and one it never read in
+    /// full is not one), so any request may be sent again.
+    pub sent: bool,
+}
 
 impl std::fmt::Display for ClosedUnanswered {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
 impl std::error::Error for ClosedUnanswered {}
-
-/// The daemon closed the connection before a request could be written
-/// on it: nothing of it was carried out (the daemon closes only a
-/// connection with no request in flight, and one it never read in full
-/// is not one), so any request may be sent again on a new connection.
-#[derive(Debug)]
-pub struct NotSent(String);
-
-impl std::fmt::Display for NotSent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for NotSent {}
 
 /// A connection to a tarn daemon.
 pub struct Client {
@@ -120,24 +112,23 @@ impl Client {
         let (id, line) = self.request_line(method, params)?;
         let shown = self.path.display().to_string();
         let lost = |e: io::Error| {
-            anyhow::Error::from(ClosedUnanswered(format!(
-                "lost the connection to the tarn daemon on {shown} ({e}); \
-                 it may have stopped; see its log"
-            )))
+            let sent = !matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            );
+            anyhow::Error::from(ClosedUnanswered {
+                message: format!(
+                    "lost the connection to the tarn daemon on {shown} ({e}); \
+                     it may have stopped; see its log"
+                ),
+                sent,
+            })
         };
         if let Err(e) = self.writer.write_all(&line) {
             // The daemon may have answered (e.g. `busy`) and closed before
             // reading: prefer its answer to the write error.
             return match self.read_response() {
                 Ok(response) => unwrap_response(response, id),
-                Err(_)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
-                    ) =>
-                {
-                    Err(anyhow::Error::from(NotSent(lost(e).to_string())))
-                }
                 Err(_) => Err(lost(e)),
             };
         }
@@ -281,10 +272,13 @@ impl Client {
             Ok(LineRead::TooLong) => {
                 bail!("the daemon on {shown} sent an answer longer than {MAX_RESPONSE_BYTES} bytes")
             }
-            Ok(LineRead::Eof) => Err(ClosedUnanswered(format!(
-                "the tarn daemon on {shown} closed the connection without answering; \
-                 it may have stopped or crashed; see its log"
-            ))
+            Ok(LineRead::Eof) => Err(ClosedUnanswered {
+                message: format!(
+                    "the tarn daemon on {shown} closed the connection without answering; \
+                     it may have stopped or crashed; see its log"
+                ),
+                sent: true,
+            }
             .into()),
             Err(e) => bail!("lost the connection to the tarn daemon on {shown}: {e}"),
         }

@@ -54,9 +54,10 @@ impl Session {
         // goes again on a fresh connection.
         let mut tries = 0;
         while tries < CONNECT_TRIES
-            && result
-                .as_ref()
-                .is_err_and(|e| e.is::<crate::client::NotSent>())
+            && result.as_ref().is_err_and(|e| {
+                e.downcast_ref::<crate::client::ClosedUnanswered>()
+                    .is_some_and(|c| !c.sent)
+            })
         {
             tries += 1;
             std::thread::sleep(std::time::Duration::from_millis(20 << tries));
@@ -122,11 +123,7 @@ fn connect_checked(path: &Path) -> anyhow::Result<Client> {
         let mut client = Client::connect(path)?;
         match client.check_api_version() {
             Ok(_) => return Ok(client),
-            Err(e)
-                if tries < CONNECT_TRIES
-                    && (e.is::<crate::client::ClosedUnanswered>()
-                        || e.is::<crate::client::NotSent>()) =>
-            {
+            Err(e) if tries < CONNECT_TRIES && e.is::<crate::client::ClosedUnanswered>() => {
                 tries += 1;
                 std::thread::sleep(std::time::Duration::from_millis(20 << tries));
             }
