@@ -263,17 +263,17 @@ pub(super) async fn handle(
                         None,
                     );
                 }
-                let wanted = if method == "PROPFIND" {
-                    propfix::requested(&b)
-                } else {
-                    None
-                };
                 if method == "PROPFIND" && propfix::requested_count(&b) > propfix::MAX_REQUESTED {
                     return (
                         simple(StatusCode::BAD_REQUEST, "too many properties requested\n"),
                         None,
                     );
                 }
+                let wanted = if method == "PROPFIND" {
+                    propfix::requested(&b)
+                } else {
+                    None
+                };
                 (ReqBody::Read(Some(b)), wanted)
             }
             Err(e) if e.is::<http_body_util::LengthLimitError>() => {
