@@ -1,73 +1,58 @@
-//! `tarn bench` against fio on the same mount in the same run: its random
-//! read (4k, 32 and 1 in flight) and random write (4k, 32 in flight)
-//! figures must agree with fio's within a factor of 2.5 (both share this
-//! machine's two cores with the daemon, so single runs swing by tens of
-//! percent; 2.5 still catches a benchmark that measures the wrong thing:
-//! the page cache instead of the file, one request in flight instead of
-//! 32). They agreed within 0.76 to 1.09 in the runs made while writing
-//! this. Single sequential passes are not compared (see below).
+//! `tarn bench` in a FUSE mount of the daemon (the pool mode with a
+//! sweep, then `--dir`) and from a client machine over NFS (`--client
+//! nfs://…`, where no daemon is): every column a figure, scratch
+//! datasets and test files gone afterwards, clear errors for a wrong
+//! share or port, and the reads it claims to have made reached the pool
+//! (its devices' read counters; see [`reads_reached_the_pool`]). That
+//! last check is what catches a bench measuring the wrong thing: the
+//! client's page cache instead of the file, or a cache of its own.
 //!
-//! `tarn bench --client nfs://…` measures a share over the network with
-//! tarn's own NFS client, run where no daemon is: every column, the test
-//! file gone afterwards, clear errors for a wrong share or port, and its
-//! cat speed within a factor of 5 of libnfs's `nfs-cat` reading a file of
-//! the same size from the same share (the peer reads one request at a
-//! time, the bench four; ratios of 0.6 to 2.4 were seen while writing
-//! this; a bench that counted bytes it never read, or read a cache of its
-//! own, would be far off).
+//! Nothing here compares speeds: single runs on this machine's two
+//! shared cores swing by a factor of three, and CI never fails on a
+//! timing. The comparison with fio's figures for the same jobs on the
+//! same mount lives in `scripts/bench-sweep.sh`, reported as ratios (the
+//! NFS client's against libnfs: `docs/performance.md`).
 
 mod common;
 
 use std::process::Command;
 
 use common::process::{files, Daemon};
-use tarn_testkit::clients::{nfs_cp, nfs_url};
+use tarn_testkit::clients::nfs_url;
 use tarn_testkit::net::free_port;
 use tarn_testkit::require;
 
-/// fio's IOPS for `jobs` threads doing `rw` in `bs` requests on `file`
-/// for `runtime` seconds (psync, direct, as tarn bench issues them; a
-/// write job ends in an fsync, as tarn bench's does).
-fn fio_iops(file: &str, rw: &str, bs: &str, jobs: u32, runtime: u32) -> f64 {
-    let out = Command::new("fio")
-        .args([
-            "--name=cmp",
-            &format!("--filename={file}"),
-            "--size=64M",
-            &format!("--rw={rw}"),
-            &format!("--bs={bs}"),
-            &format!("--numjobs={jobs}"),
-            "--thread",
-            "--ioengine=psync",
-            "--direct=1",
-            "--end_fsync=1",
-            "--time_based",
-            &format!("--runtime={runtime}"),
-            "--group_reporting",
-            "--output-format=json",
-        ])
-        .output()
-        .expect("run fio");
-    assert!(
-        out.status.success(),
-        "fio: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("fio's JSON");
-    let side = if rw.contains("write") {
-        "write"
-    } else {
-        "read"
-    };
-    v["jobs"][0][side]["iops"].as_f64().unwrap_or(0.0)
+/// Read operations the pool's devices were asked for since import (the
+/// mirror's counters, summed over its members).
+fn device_reads(d: &Daemon) -> u64 {
+    let v: serde_json::Value =
+        serde_json::from_str(&d.ok(&["-o", "json", "pool", "status", "tank"])).unwrap();
+    v[0]["vdevs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["counters"]["read_ops"].as_u64().unwrap())
+        .sum()
 }
 
-fn close(what: &str, ours: f64, theirs: f64) {
-    let ratio = ours / theirs;
-    eprintln!("{what}: tarn bench {ours:.0}, fio {theirs:.0}, ratio {ratio:.2}");
+/// The random reads a row claims (both random-read workloads ran for
+/// `runtime` seconds at the reported rate) against the reads the pool's
+/// devices served meanwhile. The daemon runs with a 1 MiB block cache,
+/// which holds no 128 KiB block, and at most 16 MiB of dirty data, so
+/// most of the 64 MiB test file is on the devices when it is read (data
+/// not yet synced is answered from memory): each random read that
+/// reached tarn costs a device read, but for the unsynced tail and reads
+/// of one block in flight together, hence the half. A bench that read
+/// the client's page cache, or a cache of its own, claims far more reads
+/// than the devices saw (without O_DIRECT: 1.3 million against 28,000).
+fn reads_reached_the_pool(what: &str, row: &serde_json::Value, runtime: f64, served: u64) {
+    let claimed = (row["randread_iops_qd32"].as_f64().unwrap()
+        + row["read_iops_qd1"].as_f64().unwrap())
+        * runtime;
+    eprintln!("{what}: {claimed:.0} random reads claimed, {served} device reads");
     assert!(
-        (0.4..=2.5).contains(&ratio),
-        "{what}: tarn bench {ours:.0}, fio {theirs:.0} (ratio {ratio:.2})"
+        served as f64 >= claimed / 2.0,
+        "{what}: the bench claims {claimed:.0} random reads, the devices served {served}"
     );
 }
 
@@ -86,12 +71,12 @@ fn every_column(r: &serde_json::Value) {
 }
 
 #[test]
-fn bench_agrees_with_fio_and_reports_every_column() {
-    if !require::fuse() || !require::programs(&["fio"]) {
+fn bench_reports_every_column_and_its_reads_reach_the_pool() {
+    if !require::fuse() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let d = Daemon::start(dir.path());
+    let d = Daemon::start_with(dir.path(), &["--cache-mib", "1", "--dirty-max-mib", "16"]);
     let f = files(dir.path(), "m", 2, 512 << 20);
     d.ok(&["pool", "create", "tank", "mirror", &f[0], &f[1]]);
 
@@ -126,6 +111,7 @@ fn bench_agrees_with_fio_and_reports_every_column() {
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
     d.ok(&["mount", "tank/b", mnt.to_str().unwrap()]);
+    let before = device_reads(&d);
     let v: serde_json::Value = serde_json::from_str(&d.ok(&[
         "-o",
         "json",
@@ -138,34 +124,10 @@ fn bench_agrees_with_fio_and_reports_every_column() {
         "2",
     ]))
     .unwrap();
+    let served = device_reads(&d) - before;
     let ours = &v[0];
-    let file = mnt.join("fio.dat");
-    let file = file.to_str().unwrap();
-    // In tarn bench's order: a fresh file read once from start to end
-    // (fio lays it out first; no time limit, so it reads it once, as
-    // tarn bench's cat does), then the random reads for a time.
-    // fio lays the file out; its random reads then run for a time, as
-    // tarn bench's do. (Single sequential passes are not compared: how
-    // fast one pass reads depends on whether the pool had synced the
-    // freshly written blocks yet, which differs between the two runs.)
-    let iops = fio_iops(file, "randread", "4k", 32, 2);
-    close(
-        "random read 4k QD32",
-        ours["randread_iops_qd32"].as_f64().unwrap(),
-        iops,
-    );
-    let iops1 = fio_iops(file, "randread", "4k", 1, 2);
-    close(
-        "random read 4k QD1",
-        ours["read_iops_qd1"].as_f64().unwrap(),
-        iops1,
-    );
-    let wiops = fio_iops(file, "randwrite", "4k", 32, 2);
-    close(
-        "random write 4k QD32",
-        ours["write_iops_qd32"].as_f64().unwrap(),
-        wiops,
-    );
+    every_column(ours);
+    reads_reached_the_pool("in a FUSE mount", ours, 2.0, served);
     d.ok(&["unmount", "tank/b"]);
     d.stop();
 }
@@ -178,7 +140,17 @@ fn bench_measures_an_nfs_share_from_a_client() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
-    let d = Daemon::start_with(dir.path(), &["--nfs", &listen]);
+    let d = Daemon::start_with(
+        dir.path(),
+        &[
+            "--nfs",
+            &listen,
+            "--cache-mib",
+            "1",
+            "--dirty-max-mib",
+            "16",
+        ],
+    );
     let f = files(dir.path(), "m", 2, 512 << 20);
     d.ok(&["pool", "create", "tank", "mirror", &f[0], &f[1]]);
     d.ok(&["dataset", "create", "tank/b"]);
@@ -202,6 +174,7 @@ fn bench_measures_an_nfs_share_from_a_client() {
             .unwrap()
     };
     let url = format!("nfs://127.0.0.1:{port}/b");
+    let before = device_reads(&d);
     let out = client(&[
         "-o",
         "json",
@@ -221,39 +194,13 @@ fn bench_measures_an_nfs_share_from_a_client() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let ours = &v[0];
     every_column(ours);
+    reads_reached_the_pool("over NFS", ours, 1.0, device_reads(&d) - before);
     let (ok, listing, err) = tarn_testkit::clients::tool(&["nfs-ls", &nfs_url(port, port, "/b")]);
     assert!(ok, "{err}");
     assert!(
         !String::from_utf8_lossy(&listing).contains("tarn-bench"),
         "the test file is left: {}",
         String::from_utf8_lossy(&listing)
-    );
-
-    // The peer: libnfs reads a file of the same size from the same share.
-    let src = dir.path().join("peer.bin");
-    std::fs::write(&src, tarn_testkit::data::Rng::new(5).bytes(64 << 20)).unwrap();
-    let peer_url = nfs_url(port, port, "/b/peer.bin");
-    assert!(
-        nfs_cp(src.to_str().unwrap(), &peer_url),
-        "nfs-cp into the share"
-    );
-    let mut best = f64::MAX;
-    for _ in 0..3 {
-        let t0 = std::time::Instant::now();
-        let (ok, bytes, err) = tarn_testkit::clients::tool(&["nfs-cat", &peer_url]);
-        let secs = t0.elapsed().as_secs_f64();
-        assert!(ok && bytes.len() == 64 << 20, "{err}");
-        best = best.min(secs);
-    }
-    let peer = (64 << 20) as f64 / 1e6 / best;
-    let ratio = ours["cat_mb_s"].as_f64().unwrap() / peer;
-    eprintln!(
-        "cat over NFS: tarn bench {:.0}, nfs-cat {peer:.0} MB/s, ratio {ratio:.2}",
-        ours["cat_mb_s"].as_f64().unwrap_or(0.0)
-    );
-    assert!(
-        (0.2..=5.0).contains(&ratio),
-        "ratio {ratio:.2}: {ours} vs {peer:.0}"
     );
 
     // Clear errors: a share that does not exist, a port nobody serves.
