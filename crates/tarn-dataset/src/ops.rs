@@ -242,7 +242,7 @@ fn create_recs(
         )));
     }
     if let Some(p) = cur {
-        no_children_of_volume(dsl, p)?;
+        may_have_children(dsl, p)?;
     }
     // A reservation takes room from every other dataset: only what the
     // nearest existing ancestor may still write.
@@ -287,15 +287,34 @@ fn create_recs(
 
 /// Refuses a dataset under `parent` when `parent` is a volume: a volume is
 /// a block device, it has no directory to hold children.
-fn no_children_of_volume(dsl: &crate::dsl::Dir, parent: &str) -> Result<(), DsError> {
-    let is_volume = dsl
-        .names
-        .get(parent)
-        .and_then(|id| dsl.recs.get(id))
-        .is_some_and(|r| r.kind == DatasetKind::Volume);
-    if is_volume {
+/// Refuses a new child under `parent` (created, cloned, renamed or
+/// received there) when `parent` cannot have one: a volume never; a
+/// dataset being received not until the stream is complete, because a
+/// receive that fails destroys a dataset it created, which a child would
+/// prevent.
+fn may_have_children(dsl: &crate::dsl::Dir, parent: &str) -> Result<(), DsError> {
+    let Some(r) = dsl.names.get(parent).and_then(|id| dsl.recs.get(id)) else {
+        return Ok(());
+    };
+    if r.kind == DatasetKind::Volume {
         return Err(DsError::Invalid(format!(
             "'{parent}' is a volume: volumes cannot have children"
+        )));
+    }
+    not_being_received(r)
+}
+
+/// Busy while a stream is being received into `r`: until it is complete
+/// the dataset is not there for anything but the receive (it cannot be
+/// opened; see `txn`), so nothing may be made under it either. A
+/// snapshot or child made meanwhile would hold half a stream, and would
+/// stop a failed receive from destroying the dataset it created.
+pub(crate) fn not_being_received(r: &DsRec) -> Result<(), DsError> {
+    if r.recv.is_some() {
+        return Err(DsError::Busy(format!(
+            "'{}' is being received: it can be used once the stream is complete \
+             (or the receive is abandoned with receive -A)",
+            r.name
         )));
     }
     Ok(())
@@ -436,14 +455,19 @@ pub fn snapshot(pool: &Pool, names: &[String], recursive: bool) -> Result<(), Ds
             };
             check_snap_part(full, snap)?;
             let id = dsl.id_of(fs)?;
-            if dsl.recs.get(&id).is_some_and(|r| r.is_snapshot()) {
+            let rec = dsl.rec(id)?;
+            if rec.is_snapshot() {
                 return Err(DsError::Invalid(format!("'{fs}' is a snapshot")));
             }
+            not_being_received(rec)?;
             todo.push((id, full.clone()));
             if recursive {
+                // A descendant being received is skipped: it is not there
+                // yet (its snapshots come with its streams), and a nightly
+                // snapshot of the tree must not fail for it.
                 let prefix = format!("{fs}/");
                 for r in dsl.recs.values() {
-                    if !r.is_snapshot() && r.name.starts_with(&prefix) {
+                    if !r.is_snapshot() && r.recv.is_none() && r.name.starts_with(&prefix) {
                         todo.push((r.id, format!("{}@{snap}", r.name)));
                     }
                 }
@@ -783,7 +807,7 @@ pub fn clone(
         let parent = parent_name(name)
             .and_then(|p| dsl.names.get(p).copied())
             .ok_or_else(|| DsError::NotFound(format!("the parent of '{name}' does not exist")))?;
-        no_children_of_volume(dsl, parent_name(name).unwrap_or_default())?;
+        may_have_children(dsl, parent_name(name).unwrap_or_default())?;
         let mut rec = dsl.new_fs(name, Some(parent), cx.txg());
         if s.volume.is_some() {
             rec.kind = DatasetKind::Volume;
@@ -874,7 +898,7 @@ pub fn rename(pool: &Pool, old: &str, new: &str) -> Result<(), DsError> {
                 None
             } else {
                 let p = parent_name(new).unwrap_or("");
-                no_children_of_volume(dsl, p)?;
+                may_have_children(dsl, p)?;
                 Some(dsl.id_of(p).map_err(|_| {
                     DsError::NotFound(format!("the parent of '{new}' does not exist"))
                 })?)

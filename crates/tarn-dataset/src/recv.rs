@@ -31,7 +31,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tarn_pool::Pool;
+use tarn_pool::{Pool, SyncCx};
 
 use crate::crypt::KeyRec;
 use crate::dsl::{with_dsl, with_excl, Dir};
@@ -82,7 +82,6 @@ pub struct RecvOptions<'a> {
 pub struct Receiver {
     pool: Arc<Pool>,
     id: u64,
-    name: String,
     mode: Mode,
     info: SendInfo,
     /// Keys applied, with the txg of their transaction.
@@ -176,7 +175,6 @@ impl Receiver {
         Ok(Receiver {
             pool: pool.clone(),
             id,
-            name: name.to_string(),
             mode,
             info: info.clone(),
             pending: VecDeque::new(),
@@ -323,7 +321,8 @@ impl Receiver {
             let mut me = self;
             return me.save_progress(committed);
         }
-        abort(&self.pool, &self.name)
+        let id = self.id;
+        crate::dsl::with_dir_excl(&self.pool, |dir, cx| abort_in(dir, cx, id))
     }
 }
 
@@ -611,10 +610,30 @@ fn begin_incremental(
 pub fn abort(pool: &Pool, name: &str) -> Result<(), DsError> {
     crate::dsl::with_dir_excl(pool, |dir, cx| {
         let id = dir.id_of(name)?;
+        abort_in(dir, cx, id)
+    })
+}
+
+/// [`abort`] of dataset `id`, whatever it is called by now (a receive
+/// that fails undoes itself by id: its dataset, or an ancestor, may have
+/// been renamed while it ran).
+fn abort_in(dir: &mut Dir, cx: &mut SyncCx<'_>, id: u64) -> Result<(), DsError> {
+    {
+        let name = dir.rec(id)?.name.clone();
         let Some(state) = dir.rec(id)?.recv.clone() else {
             return Err(DsError::Invalid(format!("'{name}' is not being received")));
         };
         if state.from_guid.is_none() {
+            // Checked before the first change, so that it is an error and
+            // not a stopped pool. Nothing can be made under a dataset
+            // being received now; a pool from before that rule may hold
+            // such a snapshot or child.
+            if !dir.snapshots_of(id).is_empty() || !dir.children_of(id).is_empty() {
+                return Err(DsError::Busy(format!(
+                    "'{name}' has snapshots or children made while it was being received: \
+                     destroy it with -r"
+                )));
+            }
             let r = crate::zil::drop_parked(dir, cx, id).and_then(|()| dir.destroy_fs(cx, id));
             return crate::ops::applied(cx, "aborting a receive", r);
         }
@@ -629,7 +648,7 @@ pub fn abort(pool: &Pool, name: &str) -> Result<(), DsError> {
         }
         dir.dirty_recs.insert(id);
         Ok(())
-    })
+    }
 }
 
 /// The `receive_resume_token` of dataset `id`: what `tarn send -t` needs

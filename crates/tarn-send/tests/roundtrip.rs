@@ -3,7 +3,8 @@
 //! an encrypted dataset received without its key (scrubbed there, then
 //! opened with the same passphrase), `-F`, resuming after a cut at random
 //! places, replication packages (`-R`) of trees, plain and raw, cut and
-//! sent again, and bad streams refused with the target unchanged.
+//! sent again, bad streams refused with the target unchanged, and
+//! nothing made under a dataset while it is being received.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -1050,5 +1051,120 @@ fn hostile_streams_are_refused_and_the_pool_goes_on() {
     recv(&backup, "backup/vol", &vol_incr, true).unwrap();
     assert_eq!(snaps(&backup), ["backup/vol@1", "backup/vol@2"]);
     assert_eq!(tree(&backup, "backup/vol@2"), tree(&tank, "tank/vol@2"));
+    assert!(backup.leak_check().unwrap().is_clean());
+}
+
+/// A stream read through `Read`, cut at byte `at` (the end of input
+/// there), where `hook` runs first: what a user does while a receive
+/// waits for the network.
+struct CutWithHook<'a> {
+    data: &'a [u8],
+    pos: usize,
+    at: usize,
+    hook: Option<Box<dyn FnOnce() + 'a>>,
+}
+
+impl std::io::Read for CutWithHook<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.pos >= self.at {
+            if let Some(h) = self.hook.take() {
+                h();
+            }
+            return Ok(0);
+        }
+        let n = buf.len().min(self.at - self.pos);
+        buf[..n].copy_from_slice(&self.data[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// While a stream is being received into a new dataset, nothing can be
+/// made under it (a snapshot, a child, a clone) and a recursive snapshot
+/// of its parent skips it; when the stream then breaks off, the receive
+/// undoes itself, also after a rename, and the pool goes on. (A snapshot
+/// made meanwhile used to stop the failed receive from destroying its
+/// dataset, and the half-done undo stopped the pool.)
+#[test]
+fn nothing_is_made_under_a_receive_and_a_broken_one_undoes_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tank, backup) = pools(dir.path());
+    let mut rng = Rng::new(0xab07);
+    tarn_dataset::create(&tank, "tank/fs", &props(&[]), false).unwrap();
+    let fs = mount(&tank, "tank/fs");
+    populate(&fs, &mut rng);
+    drop(fs);
+    tarn_dataset::snapshot(&tank, &["tank/fs@a".into()], false).unwrap();
+    let stream = to_vec(&tank, "tank/fs@a", &SendOptions::default());
+    tarn_dataset::create(&backup, "backup/keep", &props(&[]), false).unwrap();
+    tarn_dataset::snapshot(&backup, &["backup/keep@k".into()], false).unwrap();
+    let names = |p: &Arc<Pool>| -> Vec<String> {
+        let mut v: Vec<String> = tarn_dataset::list(p, true)
+            .unwrap()
+            .into_iter()
+            .map(|d| d.name)
+            .collect();
+        v.sort();
+        v
+    };
+    for rename in [false, true] {
+        let seen: std::cell::RefCell<Vec<String>> = Default::default();
+        let hook = || {
+            let mut seen = seen.borrow_mut();
+            let r = tarn_dataset::snapshot(&backup, &["backup/r@mid".into()], false);
+            seen.push(format!("snapshot: {r:?}"));
+            let r = tarn_dataset::create(&backup, "backup/r/child", &props(&[]), false);
+            seen.push(format!("child: {r:?}"));
+            let r = tarn_dataset::clone(&backup, "backup/keep@k", "backup/r/c", &props(&[]));
+            seen.push(format!("clone: {r:?}"));
+            let r = tarn_dataset::snapshot(&backup, &["backup@nightly".into()], true);
+            seen.push(format!("recursive: {r:?}"));
+            let all = names(&backup);
+            seen.push(format!("names: {all:?}"));
+            if rename {
+                let r = tarn_dataset::rename(&backup, "backup/r", "backup/moved");
+                seen.push(format!("rename: {r:?}"));
+            }
+        };
+        let input = CutWithHook {
+            data: &stream,
+            pos: 0,
+            at: stream.len() / 2,
+            hook: Some(Box::new(hook)),
+        };
+        let opts = RecvOptions {
+            force: false,
+            resumable: false,
+            ..Default::default()
+        };
+        let r = receive(&backup, "backup/r", opts, input);
+        let seen = seen.into_inner();
+        assert!(matches!(r, Err(SendError::Stream(_))), "{r:?}; {seen:?}");
+        for (i, what) in ["snapshot", "child", "clone"].iter().enumerate() {
+            assert!(
+                seen[i].starts_with(&format!("{what}: Err(Busy(")),
+                "{seen:?}"
+            );
+        }
+        assert_eq!(seen[3], "recursive: Ok(())", "{seen:?}");
+        assert!(seen[4].contains("backup/keep@nightly"), "{seen:?}");
+        assert!(!seen[4].contains("backup/r@"), "{seen:?}");
+        if rename {
+            assert_eq!(seen[5], "rename: Ok(())", "{seen:?}");
+        }
+        // Undone: the partial dataset is gone, whatever its name now.
+        let all = names(&backup);
+        assert!(
+            !all.iter()
+                .any(|n| n.starts_with("backup/r") || n.starts_with("backup/moved")),
+            "{all:?}"
+        );
+        // The pool still commits changes and takes the whole stream.
+        tarn_dataset::destroy(&backup, "backup@nightly", false).unwrap();
+        tarn_dataset::destroy(&backup, "backup/keep@nightly", false).unwrap();
+        recv(&backup, "backup/r", &stream, false).unwrap();
+        assert_eq!(tree(&backup, "backup/r@a"), tree(&tank, "tank/fs@a"));
+        tarn_dataset::destroy(&backup, "backup/r", true).unwrap();
+    }
     assert!(backup.leak_check().unwrap().is_clean());
 }
