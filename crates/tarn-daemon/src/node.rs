@@ -480,6 +480,9 @@ impl Backend for Pools {
         if !name.contains('%') {
             tarn_dataset::open(&pool, name).map_err(ds_error)?;
         }
+        // A destroy that would be refused takes nothing down: its mounts'
+        // and volume's clients stay connected.
+        tarn_dataset::check_destroy(&pool, name, recursive).map_err(ds_error)?;
         // No volume resize may run between closing a volume and this.
         let _resizes = tarn_vol::resize_lock();
         // What goes away is unmounted first; a busy mount stops the destroy.
@@ -598,6 +601,7 @@ impl Backend for Pools {
                 "dataset '{new_name}' already exists"
             )));
         }
+        tarn_dataset::check_rename(&pool, name, new_name).map_err(ds_error)?;
         let _resizes = tarn_vol::resize_lock();
         let fs = name.split('@').next().unwrap_or(name);
         let down = if name.contains('@') {
@@ -663,6 +667,7 @@ impl Backend for Pools {
         {
             return Err(ApiError::invalid(format!("'{snapshot}' is not a snapshot")));
         }
+        tarn_dataset::check_rollback(&pool, snapshot, destroy_newer).map_err(ds_error)?;
         let _resizes = tarn_vol::resize_lock();
         let down = self.mounts.unmount_tree(fs)?;
         self.fss.forget_tree(fs);

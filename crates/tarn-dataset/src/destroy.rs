@@ -109,6 +109,17 @@ impl Dir {
     }
 }
 
+/// What a destroy removes, each part checked.
+enum DestroyPlan {
+    /// Snapshots of one filesystem.
+    Snapshots(Vec<u64>),
+    /// One filesystem without snapshots or children.
+    Fs(u64),
+    /// Filesystems (with their snapshots), each after its children and
+    /// the clones of its snapshots.
+    Tree(Vec<u64>),
+}
+
 /// Destroys a filesystem (with `recursive`: its descendants and all their
 /// snapshots first), a snapshot `fs@a`, or a range of snapshots `fs@a%c`
 /// (from a to c inclusive, by creation; either end may be empty).
@@ -116,6 +127,42 @@ pub fn destroy(pool: &Pool, name: &str, recursive: bool) -> Result<(), DsError> 
     with_dir_excl(pool, |dsl, cx| {
         // Everything a user can get wrong is checked before the first
         // change; what fails after that is I/O or damage, and faults.
+        match destroy_plan(dsl, name, recursive)? {
+            DestroyPlan::Snapshots(chosen) => {
+                let r = chosen
+                    .into_iter()
+                    .try_for_each(|id| dsl.destroy_snapshot(cx, id));
+                applied(cx, "destroy", r)
+            }
+            DestroyPlan::Fs(id) => {
+                let r = dsl.destroy_fs(cx, id);
+                applied(cx, "destroy", r)
+            }
+            DestroyPlan::Tree(order) => {
+                let r = order.into_iter().try_for_each(|d| {
+                    for s in dsl.snapshots_of(d).into_iter().rev() {
+                        dsl.destroy_snapshot(cx, s)?;
+                    }
+                    dsl.destroy_fs(cx, d)
+                });
+                applied(cx, "destroy", r)
+            }
+        }
+    })
+}
+
+/// The refusal [`destroy`] would give, if any, changing nothing: what
+/// the daemon asks before it takes mounts and volumes down for a destroy
+/// (a refused one must not disconnect their clients).
+pub fn check_destroy(pool: &Pool, name: &str, recursive: bool) -> Result<(), DsError> {
+    crate::dsl::with_dsl(pool, false, |dsl, _| {
+        destroy_plan(&dsl.dir(), name, recursive).map(|_| ())
+    })
+}
+
+/// Every check of destroying `name`, and what it destroys in which order.
+fn destroy_plan(dsl: &Dir, name: &str, recursive: bool) -> Result<DestroyPlan, DsError> {
+    {
         if let Some((fs, spec)) = name.split_once('@') {
             let head = dsl.id_of(fs)?;
             let snaps = dsl.snapshots_of(head);
@@ -153,10 +200,7 @@ pub fn destroy(pool: &Pool, name: &str, recursive: bool) -> Result<(), DsError> 
                     }
                 }
             }
-            let r = chosen
-                .into_iter()
-                .try_for_each(|id| dsl.destroy_snapshot(cx, id));
-            return applied(cx, "destroy", r);
+            return Ok(DestroyPlan::Snapshots(chosen));
         }
         let id = dsl.id_of(name)?;
         if dsl.rec(id)?.parent.is_none() {
@@ -165,13 +209,12 @@ pub fn destroy(pool: &Pool, name: &str, recursive: bool) -> Result<(), DsError> 
             )));
         }
         if !recursive {
-            // destroy_fs refuses (changing nothing) a dataset with
-            // snapshots or children.
-            let r = dsl.destroy_fs(cx, id);
-            return match r {
-                Err(e @ (DsError::Busy(_) | DsError::Invalid(_))) => Err(e),
-                other => applied(cx, "destroy", other),
-            };
+            if !dsl.snapshots_of(id).is_empty() || !dsl.children_of(id).is_empty() {
+                return Err(DsError::Busy(format!(
+                    "dataset '{name}' has children or snapshots; use -r"
+                )));
+            }
+            return Ok(DestroyPlan::Fs(id));
         }
         let prefix = format!("{name}/");
         let mut remaining: BTreeSet<u64> = dsl
@@ -214,12 +257,6 @@ pub fn destroy(pool: &Pool, name: &str, recursive: bool) -> Result<(), DsError> 
             order.push(d);
             remaining.remove(&d);
         }
-        let r = order.into_iter().try_for_each(|d| {
-            for s in dsl.snapshots_of(d).into_iter().rev() {
-                dsl.destroy_snapshot(cx, s)?;
-            }
-            dsl.destroy_fs(cx, d)
-        });
-        applied(cx, "destroy", r)
-    })
+        Ok(DestroyPlan::Tree(order))
+    }
 }

@@ -130,10 +130,11 @@ pub use crypt::{
     change_key, encryption_roots, key_location, load_key, load_key_with, unload_key, Encryption,
     KeyFormat, KeyInput, KeyStatus,
 };
-pub use destroy::destroy;
+pub use destroy::{check_destroy, destroy};
 pub use dsl::{attach, blocks, deflated, list, open};
 pub use ops::{
-    check_volspec, clone, create, create_volume, create_volume_with_key, create_with_key, hold,
-    holds, promote, release, rename, rollback, snapshot,
+    check_rename, check_rollback, check_volspec, clone, create, create_volume,
+    create_volume_with_key, create_with_key, hold, holds, promote, release, rename, rollback,
+    snapshot,
 };
 pub use props::{get_props, inherit, set_prop};

@@ -694,13 +694,22 @@ pub fn rollback(pool: &Pool, snap_name: &str, destroy_newer: bool) -> Result<(),
     })
 }
 
-/// [`rollback`] inside an exclusive operation.
-pub(crate) fn rollback_in(
-    dsl: &mut Dir,
-    cx: &mut SyncCx<'_>,
+/// The refusal [`rollback`] would give, if any, changing nothing: what
+/// the daemon asks before it takes the dataset's mounts and volume down
+/// for a rollback (a refused one must not disconnect their clients).
+pub fn check_rollback(pool: &Pool, snap_name: &str, destroy_newer: bool) -> Result<(), DsError> {
+    crate::dsl::with_dsl(pool, false, |dsl, _| {
+        rollback_plan(&dsl.dir(), snap_name, destroy_newer).map(|_| ())
+    })
+}
+
+/// Every check of a rollback to `snap_name`: (the snapshot, its dataset,
+/// the newer snapshots it destroys).
+fn rollback_plan(
+    dsl: &Dir,
     snap_name: &str,
     destroy_newer: bool,
-) -> Result<(), DsError> {
+) -> Result<(u64, u64, Vec<u64>), DsError> {
     {
         let snap = dsl.id_of(snap_name)?;
         let s = dsl.rec(snap)?.clone();
@@ -731,6 +740,20 @@ pub(crate) fn rollback_in(
                 )));
             }
         }
+        Ok((snap, head, newer))
+    }
+}
+
+/// [`rollback`] inside an exclusive operation.
+pub(crate) fn rollback_in(
+    dsl: &mut Dir,
+    cx: &mut SyncCx<'_>,
+    snap_name: &str,
+    destroy_newer: bool,
+) -> Result<(), DsError> {
+    {
+        let (snap, head, newer) = rollback_plan(dsl, snap_name, destroy_newer)?;
+        let s = dsl.rec(snap)?.clone();
         let r = (|| {
             for n in newer.into_iter().rev() {
                 dsl.destroy_snapshot(cx, n)?;
@@ -864,6 +887,37 @@ fn check_rename_keys(dsl: &Dir, id: u64, old: &str, new: &str) -> Result<(), DsE
 /// says so, with all its descendants and snapshots) or a snapshot.
 pub fn rename(pool: &Pool, old: &str, new: &str) -> Result<(), DsError> {
     with_dir_excl(pool, |dsl, _cx| {
+        let (id, new_parent, renames) = rename_plan(dsl, old, new)?;
+        for (rid, n) in renames {
+            if let Some(r) = dsl.recs.get_mut(&rid) {
+                dsl.names.remove(&r.name);
+                r.name = n.clone();
+                dsl.names.insert(n, rid);
+                dsl.dirty_recs.insert(rid);
+            }
+        }
+        if let (Some(np), Some(r)) = (new_parent, dsl.recs.get_mut(&id)) {
+            r.parent = Some(np);
+        }
+        Ok(())
+    })
+}
+
+/// The refusal [`rename`] would give, if any, changing nothing (see
+/// [`check_rollback`]).
+pub fn check_rename(pool: &Pool, old: &str, new: &str) -> Result<(), DsError> {
+    crate::dsl::with_dsl(pool, false, |dsl, _| {
+        rename_plan(&dsl.dir(), old, new).map(|_| ())
+    })
+}
+
+/// What renames the members of a rename's plan: the dataset, its new
+/// parent (a filesystem's), and every record's new name.
+type RenamePlan = (u64, Option<u64>, Vec<(u64, String)>);
+
+/// Every check of renaming `old` to `new`, and what it renames.
+fn rename_plan(dsl: &Dir, old: &str, new: &str) -> Result<RenamePlan, DsError> {
+    {
         let id = dsl.id_of(old)?;
         if dsl.names.contains_key(new) {
             return Err(DsError::Exists(format!("dataset '{new}' already exists")));
@@ -922,19 +976,8 @@ pub fn rename(pool: &Pool, old: &str, new: &str) -> Result<(), DsError> {
                 }
             })
             .collect();
-        for (rid, n) in renames {
-            if let Some(r) = dsl.recs.get_mut(&rid) {
-                dsl.names.remove(&r.name);
-                r.name = n.clone();
-                dsl.names.insert(n, rid);
-                dsl.dirty_recs.insert(rid);
-            }
-        }
-        if let (Some(np), Some(r)) = (new_parent, dsl.recs.get_mut(&id)) {
-            r.parent = Some(np);
-        }
-        Ok(())
-    })
+        Ok((id, new_parent, renames))
+    }
 }
 
 /// Puts a hold with `tag` on each snapshot (with `recursive`, on the

@@ -677,6 +677,21 @@ fn a_snapshot_under_write_load_holds_whole_writes_and_is_served_read_only() {
     live.write(0, b"kept", false).unwrap();
     let mut live = Nbd::open(&addr, "vm").unwrap();
     assert_eq!(live.size, 32 * MIB);
+    // A rollback, destroy or rename that is refused takes nothing down:
+    // the session goes on, its writes and flushes answered.
+    d.ok(&["snapshot", "tank/vm@later"]);
+    for refused in [
+        &["rollback", "tank/vm@busy"][..],
+        &["destroy", "tank/vm"],
+        &["dataset", "rename", "tank/vm", "tank/nowhere/vm"],
+    ] {
+        d.fails(refused);
+        live.write(0, b"kept", false)
+            .unwrap_or_else(|e| panic!("after a refused {refused:?}: {e}"));
+        live.flush()
+            .unwrap_or_else(|e| panic!("flush after a refused {refused:?}: {e}"));
+    }
+    d.ok(&["destroy", "tank/vm@later"]);
     d.ok(&["rollback", "tank/vm@busy"]);
     assert!(
         live.write(0, b"late", false).is_err(),
