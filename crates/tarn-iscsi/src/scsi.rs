@@ -968,14 +968,16 @@ fn medium(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<Vec<u8>, Sense> {
             Ok(Vec::new())
         }
         Cmd::GetLbaStatus { lba, alloc } => {
-            if lba >= u.blocks() {
+            // The size read once: a resize may change it meanwhile.
+            let total = u.blocks();
+            if lba >= total {
                 return Err(Sense::LBA_OUT_OF_RANGE);
             }
             if alloc < 24 {
                 return Ok(cut(vec![0, 0, 0, 4, 0, 0, 0, 0], alloc));
             }
             // One look at up to 1 GiB; the initiator asks again past it.
-            let len = ((u.blocks() - lba) * BLOCK).min(1 << 30);
+            let len = ((total - lba) * BLOCK).min(1 << 30);
             let ext = dev
                 .extents(lba * BLOCK, len)
                 .map_err(|e| map_err(e, false))?;

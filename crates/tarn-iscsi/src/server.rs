@@ -752,7 +752,9 @@ impl Ffp {
             && new.admits(&self.sess.initiator)
             && new.chap == old.chap
             && new.mutual_chap == old.mutual_chap
-            && new.is_read_only() == old.is_read_only()
+            // The share's own flag: the volume's (`readonly`) is read at
+            // each command, and may be turned off again later.
+            && new.read_only == old.read_only
     }
 
     fn log(&self, msg: &str) {

@@ -616,6 +616,30 @@ fn revoking_access_closes_the_sessions_already_in() {
     );
 }
 
+/// A share made read-only ends the sessions logged in while it was
+/// writable, also when its volume refuses writes of its own right now
+/// (`readonly=on`, which can be turned off later): the session must not
+/// keep the writable share it logged in to.
+#[test]
+fn a_share_made_read_only_ends_its_writable_sessions() {
+    let dev = std::sync::Arc::new(tarn_vol::testing::MemDevice::new(8 * MIB, 4096).read_only());
+    let target = |read_only: bool| {
+        let mut t = IscsiTarget::new(IQN, dev.clone());
+        t.read_only = read_only;
+        vec![t]
+    };
+    let r = start(target(false));
+    let mut s = Raw::login(r.local_addr(), IQN);
+    s.tur_good(1);
+    r.set_targets(target(false)).unwrap();
+    s.tur_good(2);
+    r.set_targets(target(true)).unwrap();
+    assert!(
+        s.closed(),
+        "a session of a writable share went on read-only"
+    );
+}
+
 /// A target removed the moment a login finishes still ends that session:
 /// the change can land between the login answer and the session's
 /// subscription to changes, and must not be missed there. Many rounds,
