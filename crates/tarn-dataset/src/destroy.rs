@@ -189,8 +189,18 @@ fn destroy_plan(dsl: &Dir, name: &str, recursive: bool) -> Result<DestroyPlan, D
                 }
                 None => vec![snaps[pos(spec)?]],
             };
+            // The base of a receive in progress stays: without it the
+            // part of the stream applied could not be undone.
+            let base = dsl.rec(head)?.recv.as_ref().and_then(|st| st.from_guid);
             for id in &chosen {
                 if let Some(r) = dsl.recs.get(id) {
+                    if base == Some(r.guid) {
+                        return Err(DsError::Busy(format!(
+                            "snapshot '{}' is the base of a receive in progress; \
+                             abandon it with receive -A first",
+                            r.name
+                        )));
+                    }
                     r.check_not_held()?;
                     if !r.clones.is_empty() {
                         return Err(DsError::Busy(format!(

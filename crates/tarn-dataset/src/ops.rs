@@ -690,8 +690,21 @@ pub fn promote(pool: &Pool, name: &str) -> Result<(), DsError> {
 /// destroyed first (`destroy_newer` does it).
 pub fn rollback(pool: &Pool, snap_name: &str, destroy_newer: bool) -> Result<(), DsError> {
     with_dir_excl(pool, |dsl, cx| {
+        not_received_into(dsl, snap_name)?;
         rollback_in(dsl, cx, snap_name, destroy_newer)
     })
+}
+
+/// Busy when the filesystem of snapshot `snap_name` is being received:
+/// a rollback under a receive would throw away part of the stream while
+/// the rest still arrives, and the snapshot it ends with would not hold
+/// what its sender's does (`receive -A` abandons a receive).
+fn not_received_into(dsl: &Dir, snap_name: &str) -> Result<(), DsError> {
+    let snap = dsl.id_of(snap_name)?;
+    match dsl.rec(snap)?.head {
+        Some(head) => not_being_received(dsl.rec(head)?),
+        None => Ok(()),
+    }
 }
 
 /// The refusal [`rollback`] would give, if any, changing nothing: what
@@ -699,7 +712,9 @@ pub fn rollback(pool: &Pool, snap_name: &str, destroy_newer: bool) -> Result<(),
 /// for a rollback (a refused one must not disconnect their clients).
 pub fn check_rollback(pool: &Pool, snap_name: &str, destroy_newer: bool) -> Result<(), DsError> {
     crate::dsl::with_dsl(pool, false, |dsl, _| {
-        rollback_plan(&dsl.dir(), snap_name, destroy_newer).map(|_| ())
+        let dir = dsl.dir();
+        not_received_into(&dir, snap_name)?;
+        rollback_plan(&dir, snap_name, destroy_newer).map(|_| ())
     })
 }
 

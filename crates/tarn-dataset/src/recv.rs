@@ -388,6 +388,7 @@ fn begin_full(
             "the parent of '{name}' is a volume: volumes cannot have children"
         )));
     }
+    crate::ops::not_being_received(dir.rec(parent)?)?;
     let parent_key = dir.rec(parent)?.key;
     let mut props = std::collections::BTreeMap::new();
     let wanted = |k: &String| !opts.exclude.contains(k) && opts.allow.is_none_or(|a| a.contains(k));
@@ -640,9 +641,16 @@ fn abort_in(dir: &mut Dir, cx: &mut SyncCx<'_>, id: u64) -> Result<(), DsError> 
         let base = crate::dsl::snapshot_ids(dir, id)
             .into_iter()
             .find(|(_, s)| dir.recs.get(s).map(|r| Some(r.guid)) == Some(state.from_guid));
-        if let Some((base_name, _)) = base {
-            crate::ops::rollback_in(dir, cx, &base_name, true)?;
-        }
+        // Without its base the part of the stream already applied cannot
+        // be taken back: the dataset stays marked as being received (not
+        // usable) rather than pass for a finished one.
+        let Some((base_name, _)) = base else {
+            return Err(DsError::Busy(format!(
+                "the base snapshot of the receive into '{name}' is gone, so the part of \
+                 the stream already applied cannot be undone: destroy '{name}' with -r"
+            )));
+        };
+        crate::ops::rollback_in(dir, cx, &base_name, true)?;
         if let Some(r) = dir.recs.get_mut(&id) {
             r.recv = None;
         }

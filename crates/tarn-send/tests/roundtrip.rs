@@ -1168,3 +1168,61 @@ fn nothing_is_made_under_a_receive_and_a_broken_one_undoes_itself() {
     }
     assert!(backup.leak_check().unwrap().is_clean());
 }
+
+/// While an incremental stream is being received, its dataset cannot be
+/// rolled back (that threw away part of the stream while the rest went
+/// on arriving, and the snapshot it ended with did not hold what its
+/// sender's did) and its base cannot be destroyed (without it the part
+/// applied could not be undone); when the stream breaks off, the dataset
+/// is back at the base.
+#[test]
+fn an_incremental_receive_keeps_its_base_and_cannot_be_rolled_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tank, backup) = pools(dir.path());
+    let mut rng = Rng::new(0xba5e);
+    tarn_dataset::create(&tank, "tank/fs", &props(&[]), false).unwrap();
+    let fs = mount(&tank, "tank/fs");
+    populate(&fs, &mut rng);
+    tarn_dataset::snapshot(&tank, &["tank/fs@a".into()], false).unwrap();
+    change(&fs, &mut rng, 0);
+    tarn_dataset::snapshot(&tank, &["tank/fs@b".into()], false).unwrap();
+    drop(fs);
+    recv(
+        &backup,
+        "backup/r",
+        &to_vec(&tank, "tank/fs@a", &SendOptions::default()),
+        false,
+    )
+    .unwrap();
+    let inc = to_vec(&tank, "tank/fs@b", &incr("@a"));
+    let seen: std::cell::RefCell<Vec<String>> = Default::default();
+    let hook = || {
+        let mut seen = seen.borrow_mut();
+        let r = tarn_dataset::rollback(&backup, "backup/r@a", true);
+        seen.push(format!("rollback: {r:?}"));
+        let r = tarn_dataset::check_rollback(&backup, "backup/r@a", true);
+        seen.push(format!("check: {r:?}"));
+        let r = tarn_dataset::destroy(&backup, "backup/r@a", false);
+        seen.push(format!("destroy: {r:?}"));
+    };
+    let input = CutWithHook {
+        data: &inc,
+        pos: 0,
+        at: inc.len() * 3 / 4,
+        hook: Some(Box::new(hook)),
+    };
+    let r = receive(&backup, "backup/r", RecvOptions::default(), input);
+    let seen = seen.into_inner();
+    assert!(matches!(r, Err(SendError::Stream(_))), "{r:?}; {seen:?}");
+    for (i, what) in ["rollback", "check", "destroy"].iter().enumerate() {
+        assert!(
+            seen[i].starts_with(&format!("{what}: Err(Busy(")),
+            "{seen:?}"
+        );
+    }
+    assert_eq!(tree(&backup, "backup/r"), tree(&tank, "tank/fs@a"));
+    assert_eq!(tree(&backup, "backup/r@a"), tree(&tank, "tank/fs@a"));
+    recv(&backup, "backup/r", &inc, false).unwrap();
+    assert_eq!(tree(&backup, "backup/r@b"), tree(&tank, "tank/fs@b"));
+    assert!(backup.leak_check().unwrap().is_clean());
+}
