@@ -81,6 +81,16 @@ fn recv(pool: &Arc<Pool>, name: &str, stream: &[u8], force: bool) -> Result<(), 
     receive(pool, name, opts, stream).map(|_| ())
 }
 
+/// `tank/fs` with files of every kind at `@a`, changed at `@b`.
+fn fs_at_a_and_b(tank: &Arc<Pool>, rng: &mut Rng) {
+    tarn_dataset::create(tank, "tank/fs", &props(&[]), false).unwrap();
+    let fs = mount(tank, "tank/fs");
+    populate(&fs, rng);
+    tarn_dataset::snapshot(tank, &["tank/fs@a".into()], false).unwrap();
+    change(&fs, rng, 0);
+    tarn_dataset::snapshot(tank, &["tank/fs@b".into()], false).unwrap();
+}
+
 fn incr(from: &str) -> SendOptions {
     SendOptions {
         from: Some(from.into()),
@@ -410,13 +420,7 @@ fn a_resumable_receive_continues_after_cuts_anywhere() {
     let dir = tempfile::tempdir().unwrap();
     let (tank, backup) = pools(dir.path());
     let mut rng = Rng::new(0xc075);
-    tarn_dataset::create(&tank, "tank/fs", &props(&[]), false).unwrap();
-    let fs = mount(&tank, "tank/fs");
-    populate(&fs, &mut rng);
-    tarn_dataset::snapshot(&tank, &["tank/fs@a".into()], false).unwrap();
-    change(&fs, &mut rng, 0);
-    tarn_dataset::snapshot(&tank, &["tank/fs@b".into()], false).unwrap();
-    drop(fs);
+    fs_at_a_and_b(&tank, &mut rng);
     let seeds = tarn_testkit::data::env_seed("TARN_SEND_SEED").map_or(6, |_| 1);
     let mut resumed_later = 0;
     for round in 0..seeds {
@@ -1180,13 +1184,7 @@ fn an_incremental_receive_keeps_its_base_and_cannot_be_rolled_back() {
     let dir = tempfile::tempdir().unwrap();
     let (tank, backup) = pools(dir.path());
     let mut rng = Rng::new(0xba5e);
-    tarn_dataset::create(&tank, "tank/fs", &props(&[]), false).unwrap();
-    let fs = mount(&tank, "tank/fs");
-    populate(&fs, &mut rng);
-    tarn_dataset::snapshot(&tank, &["tank/fs@a".into()], false).unwrap();
-    change(&fs, &mut rng, 0);
-    tarn_dataset::snapshot(&tank, &["tank/fs@b".into()], false).unwrap();
-    drop(fs);
+    fs_at_a_and_b(&tank, &mut rng);
     recv(
         &backup,
         "backup/r",
