@@ -92,7 +92,15 @@ pub fn check_keylocation(s: &str) -> Result<(), DsError> {
         return Ok(());
     }
     match s.strip_prefix("file://") {
-        Some(p) if p.starts_with('/') && !p.contains('\0') && p.len() < 4096 => Ok(()),
+        // Bounded as stored (JSON escapes quotes, backslashes and control
+        // characters), so the key record always fits a meta tree value.
+        Some(p)
+            if p.starts_with('/')
+                && !p.contains('\0')
+                && serde_json::to_vec(s).map_or(usize::MAX, |j| j.len()) < 4096 =>
+        {
+            Ok(())
+        }
         _ => Err(DsError::Invalid(format!(
             "keylocation={s}: expected prompt or file:///absolute/path"
         ))),

@@ -128,6 +128,9 @@ pub(crate) struct Dir {
     pub next_id: u64,
     pub dirty_recs: BTreeSet<u64>,
     pub deleted: BTreeSet<u64>,
+    /// Records whose deadlist summary is stored apart, with its piece
+    /// count (see `stored`).
+    pub summary_pieces: HashMap<u64, u16>,
     /// Snapshots the next sync takes: (head, snapshot).
     pub pending_snaps: Vec<(u64, u64)>,
     pub next_dirty: bool,
@@ -323,6 +326,7 @@ impl Dir {
             }
             start = Bound::Excluded(last);
         }
+        self.summary_pieces = crate::stored::load_summaries(cx, &mut self.recs)?;
         let lo = vec![crate::config::P_CONFIG];
         let hi = vec![crate::config::P_CONFIG + 1];
         let mut start = Bound::Included(lo);

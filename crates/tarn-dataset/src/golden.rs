@@ -214,6 +214,16 @@ fn key_record_json_is_pinned() {
 }
 
 #[test]
+fn summary_piece_keys_and_feature_are_pinned() {
+    assert_eq!(
+        crate::stored::piece_key(7, 2),
+        b"S\0\0\0\0\0\0\0\x07\0\x02".to_vec()
+    );
+    assert_eq!(crate::stored::LARGE_RECORDS, "large_records");
+    assert!(tarn_pool::FEATURES.contains(&crate::stored::LARGE_RECORDS));
+}
+
+#[test]
 fn sums_and_kinds_json_are_pinned() {
     assert_eq!(
         to_json(&sums(10)),

@@ -55,6 +55,7 @@ pub mod readahead;
 mod record;
 pub mod recv;
 pub mod send;
+mod stored;
 mod sync;
 mod txn;
 mod zil;

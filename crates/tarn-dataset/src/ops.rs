@@ -262,6 +262,7 @@ fn create_recs(
             )));
         }
     }
+    crate::stored::check_props_size(name, &local)?;
     let key = nearest_key(dsl, name);
     let mut last = 0;
     for n in missing
@@ -860,10 +861,12 @@ pub fn clone(
         // It shares the origin's blocks, so it shares their key.
         rec.key = s.key;
         let id = rec.id;
+        crate::stored::check_record_size(&rec)?;
+        let mut sr = dsl.rec(snap)?.clone();
+        sr.clones.push(id);
+        crate::stored::check_record_size(&sr)?;
         dsl.recs.insert(id, rec);
-        if let Some(sr) = dsl.recs.get_mut(&snap) {
-            sr.clones.push(id);
-        }
+        dsl.recs.insert(snap, sr);
         dsl.dirty_recs.insert(snap);
         Ok(())
     })
@@ -1009,6 +1012,9 @@ pub fn hold(pool: &Pool, tag: &str, snaps: &[String], recursive: bool) -> Result
                     dsl.rec(*id)?.name
                 )));
             }
+            let mut held = dsl.rec(*id)?.clone();
+            held.holds.insert(tag.to_string());
+            crate::stored::check_record_size(&held)?;
         }
         for id in ids {
             if let Some(r) = dsl.recs.get_mut(&id) {

@@ -394,7 +394,10 @@ pub fn set_prop(pool: &Pool, name: &str, prop: &str, value: &str) -> Result<(), 
                 "'{name}' is a snapshot: its properties come from its filesystem"
             )));
         }
-        r.props.insert(prop.to_string(), v);
+        let mut changed = r.clone();
+        changed.props.insert(prop.to_string(), v);
+        crate::stored::check_record_size(&changed)?;
+        *r = changed;
         dsl.dirty_recs.insert(id);
         Ok(())
     })

@@ -395,6 +395,7 @@ fn begin_full(
     for (k, v) in info.props.iter().filter(|(k, _)| wanted(k)) {
         props.insert(k.clone(), crate::props::validate(k, v)?);
     }
+    crate::stored::check_props_size(name, &props)?;
     if let Some(k) = &info.key {
         check_key_export(k)?;
     }

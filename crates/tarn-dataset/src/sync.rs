@@ -11,9 +11,7 @@ use tarn_tree::{NodeStore, Tree, TreeError};
 
 use crate::dsl::Dsl;
 use crate::overlay::{Change, Overlay, StagedBlock};
-use crate::record::{
-    block_value, ds_key, encode_ptr_hex, Sums, K_NEXT, TAG_BLOCK, TAG_PLAIN, TAG_SEALED,
-};
+use crate::record::{block_value, encode_ptr_hex, Sums, K_NEXT, TAG_BLOCK, TAG_PLAIN, TAG_SEALED};
 
 /// The node store of a dataset tree while it commits: records what it
 /// writes and frees so the accounting and the birth-time rule see nodes.
@@ -164,14 +162,17 @@ impl Extension for Dsl {
         }
         // 5. Records.
         for id in std::mem::take(&mut dir.deleted) {
-            cx.meta_delete(&ds_key(id))?;
+            let had = dir.summary_pieces.remove(&id).unwrap_or(0);
+            crate::stored::delete_record(cx, id, had)?;
             dir.dirty_recs.remove(&id);
         }
         for id in std::mem::take(&mut dir.dirty_recs) {
             if let Some(rec) = dir.recs.get(&id) {
-                let json =
-                    serde_json::to_vec(rec).map_err(|e| PoolError::Internal(e.to_string()))?;
-                cx.meta_put(&ds_key(id), &json)?;
+                let had = dir.summary_pieces.get(&id).copied().unwrap_or(0);
+                match crate::stored::put_record(cx, rec, had)? {
+                    0 => dir.summary_pieces.remove(&id),
+                    n => dir.summary_pieces.insert(id, n),
+                };
             }
         }
         if std::mem::take(&mut dir.next_dirty) {

@@ -868,3 +868,128 @@ fn compression_figures() {
     assert!(root.logicalused >= lz.logicalused + raw.logicalused);
     assert!(root.usedbychildren >= lz.used + raw.used);
 }
+
+/// Many snapshots, each after one block was written, then every block
+/// rewritten at once: the head's deadlist summary gets one entry per
+/// snapshot interval, more than a record stored whole can hold (the sync
+/// used to fail on it and stop the pool). It is stored apart, survives
+/// export and import with the space figures it gives, and goes back into
+/// the record when snapshots are destroyed.
+#[test]
+fn many_snapshot_intervals_of_dead_blocks_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path(), VdevKind::Single, 1, 256 << 20);
+    ds::create(&pool, "tank/vm", &BTreeMap::new(), false).unwrap();
+    let h = ds::open(&pool, "tank/vm").unwrap();
+    let n = 300u64;
+    for i in 0..n {
+        write(&h, &key(i), vec![i as u8; 4096]).unwrap();
+        pool.sync().unwrap();
+        ds::snapshot(&pool, &[format!("tank/vm@s{i}")], false).unwrap();
+    }
+    h.txn(true, |t| {
+        for i in 0..n {
+            t.write_block(&key(i), vec![0xee; 4096])?;
+        }
+        Ok::<_, DsError>(())
+    })
+    .unwrap();
+    pool.sync().unwrap();
+    assert!(
+        pool.props().features.iter().any(|f| f == "large_records"),
+        "{:?}",
+        pool.props().features
+    );
+    ds::snapshot(&pool, &["tank/vm@after".to_string()], false).unwrap();
+    pool.sync().unwrap();
+    ds::create(&pool, "tank/ok", &BTreeMap::new(), false).unwrap();
+    let figures = |p: &Pool| {
+        let mut v: Vec<_> = ds::list(p, true)
+            .unwrap()
+            .into_iter()
+            .map(|d| format!("{d:?}"))
+            .collect();
+        v.sort();
+        v
+    };
+    let before = figures(&pool);
+    check_accounting(&pool, "tank/vm");
+    pool.export(false).unwrap();
+    drop((h, pool));
+
+    let pool = import(dir.path(), "tank");
+    assert_eq!(figures(&pool), before, "the space figures after import");
+    check_accounting(&pool, "tank/vm");
+    let h = ds::open(&pool, "tank/vm").unwrap();
+    assert!(read(&h, &key(7)) == Some(vec![0xee; 4096]));
+    let s = ds::open(&pool, "tank/vm@s7").unwrap();
+    assert!(read(&s, &key(7)) == Some(vec![7; 4096]));
+    // Destroying most snapshots folds the intervals: the summaries fit
+    // their records again, and the pieces stored apart go.
+    ds::destroy(&pool, "tank/vm@s0%s289", false).unwrap();
+    pool.sync().unwrap();
+    check_accounting(&pool, "tank/vm");
+    let report = pool.leak_check().unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    let before = figures(&pool);
+    pool.export(false).unwrap();
+    drop((h, s, pool));
+    let pool = import(dir.path(), "tank");
+    assert_eq!(figures(&pool), before);
+    let s = ds::open(&pool, "tank/vm@s295").unwrap();
+    assert!(read(&s, &key(295)) == Some(vec![295u64 as u8; 4096]));
+    assert!(read(&s, &key(296)).is_none());
+}
+
+/// Commands that would make a record too large to store are refused
+/// before they change anything (a record the meta tree refuses failed the
+/// sync and stopped the pool): a long property value full of characters
+/// JSON escapes, set or given at creation; holds past what a record
+/// holds; a key location likewise. The pool goes on taking changes.
+#[test]
+fn records_are_kept_within_what_the_meta_tree_stores() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path(), VdevKind::Single, 1, 64 << 20);
+    ds::create(&pool, "tank/a", &BTreeMap::new(), false).unwrap();
+    let escaped = format!("/{}", "\\".repeat(4000));
+    assert!(matches!(
+        ds::set_prop(&pool, "tank/a", "mountpoint", &escaped),
+        Err(DsError::Invalid(_))
+    ));
+    assert!(matches!(
+        ds::create(&pool, "tank/b", &props(&[("mountpoint", &escaped)]), false),
+        Err(DsError::Invalid(_))
+    ));
+    assert!(ds::open(&pool, "tank/b").is_err());
+    assert!(matches!(
+        ds::crypt::check_keylocation(&format!("file://{escaped}")),
+        Err(DsError::Invalid(_))
+    ));
+    // A plain long value still goes in.
+    let plain = format!("/{}", "m".repeat(2000));
+    ds::set_prop(&pool, "tank/a", "mountpoint", &plain).unwrap();
+    ds::snapshot(&pool, &["tank/a@s".to_string()], false).unwrap();
+    let mut refused = None;
+    for i in 0..200 {
+        let tag = format!("{i:03}{}", "\"".repeat(120));
+        match ds::hold(&pool, &tag, &["tank/a@s".to_string()], false) {
+            Ok(()) => {}
+            Err(DsError::Invalid(_)) => {
+                refused = Some(i);
+                break;
+            }
+            Err(e) => panic!("hold {i}: {e}"),
+        }
+    }
+    let refused = refused.expect("200 holds of 123 characters fit a record");
+    assert!(refused >= 10, "refused at hold {refused}");
+    pool.sync().unwrap();
+    ds::create(&pool, "tank/c", &BTreeMap::new(), false).unwrap();
+    pool.sync().unwrap();
+    assert_eq!(
+        ds::holds(&pool, &["tank/a@s".to_string()], false)
+            .unwrap()
+            .len(),
+        refused
+    );
+}

@@ -43,7 +43,7 @@ pub struct PoolProps {
 }
 
 /// The features this tarn reads (see [`PoolProps::features`]).
-pub const FEATURES: &[&str] = &["encryption"];
+pub const FEATURES: &[&str] = &["encryption", "large_records"];
 
 impl Default for PoolProps {
     fn default() -> Self {

@@ -57,7 +57,7 @@ mod zil;
 #[cfg(test)]
 mod golden;
 
-pub use config::{parse_size, PoolOptions, PoolProps, VdevSpec};
+pub use config::{parse_size, PoolOptions, PoolProps, VdevSpec, FEATURES};
 pub use ext::{BlockOpts, Cx, ExtRef, Extension, RawStored, Reservation, Rooms, ScanFn, SyncCx};
 pub use import::discover;
 pub use pool::Pool;
