@@ -148,6 +148,10 @@ impl LogOp {
     }
 }
 
+/// Bytes a block may gain when sealed (nonce and tag, rounded up), added
+/// to each block's size when the room for a replay is checked.
+const SEAL_ROOM: u64 = 64;
+
 const OP_PUT: u8 = 1;
 const OP_DELETE: u8 = 2;
 const OP_RANGE: u8 = 3;
@@ -946,9 +950,11 @@ fn unpark(
 /// read fails the load with the records kept (as a failed replay at
 /// import keeps the log); with `discard`, that record and the ones after
 /// it in its dataset are dropped instead and reported as damage (what was
-/// before it is still a prefix of what was acknowledged). Then they are
-/// applied and deleted; a failure there faults the pool, so nothing
-/// half-replayed commits. Returns how many records were replayed.
+/// before it is still a prefix of what was acknowledged). Then room for
+/// the blocks they write is checked, so a pool filled meanwhile fails the
+/// load with nothing changed. Then they are applied and deleted; a
+/// failure there faults the pool, so nothing half-replayed commits.
+/// Returns how many records were replayed.
 pub(crate) fn replay_parked(
     dsl: &Dsl,
     cx: &mut SyncCx<'_>,
@@ -1032,7 +1038,48 @@ pub(crate) fn replay_parked(
             }
         }
     }
-    // 2. Applied and deleted, in order.
+    // 2. Room for every block the replay writes, taken and given back
+    // before anything changes (nothing else allocates during this
+    // exclusive operation): a pool filled while the key was unloaded
+    // fails the load here, the records kept, rather than fault in step 3.
+    // Each block is counted at its logical size and a little more for
+    // what sealing adds, so the estimate errs on the side of refusing.
+    {
+        let mut held = Vec::new();
+        let mut short = None;
+        'plans: for p in &plans {
+            let copies = dsl.dir().prop_u64(p.id, "copies").unwrap_or(1) as u8;
+            for op in &p.ops {
+                let len = match op {
+                    LogOp::Block(_, d) => d.len() as u64,
+                    LogOp::Patch { len, .. } => u64::from(*len),
+                    _ => continue,
+                };
+                match cx.reserve_block(len + SEAL_ROOM, copies) {
+                    Ok(r) => held.push(r),
+                    Err(e) => {
+                        short = Some(e);
+                        break 'plans;
+                    }
+                }
+            }
+        }
+        for r in held {
+            cx.release_block(r);
+        }
+        match short {
+            None => {}
+            Some(tarn_pool::PoolError::NoSpace(e)) => {
+                return Err(DsError::NoSpace(format!(
+                    "the pool has no room to replay the intent log parked while the key was \
+                     unloaded; nothing was changed and the key stays unloaded: make room and \
+                     load it again ({e})"
+                )))
+            }
+            Some(e) => return Err(e.into()),
+        }
+    }
+    // 3. Applied and deleted, in order.
     let replayed = plans.len();
     for p in plans {
         let r = crate::txn::run(dsl, cx, p.id, true, false, |t| {

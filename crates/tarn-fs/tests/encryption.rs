@@ -892,3 +892,60 @@ fn a_sync_failing_while_its_next_window_is_prepared_commits_nothing() {
     let leaks = pool.leak_check().unwrap();
     assert!(leaks.is_clean(), "{leaks:?}");
 }
+
+/// A key load whose parked intent log does not fit the pool any more
+/// (filled while the key was unloaded) is refused for lack of room,
+/// replaying nothing that does not fit, and the pool goes on: it used to
+/// stop the pool. With room made, the load replays the rest.
+#[test]
+fn a_parked_log_that_does_not_fit_fails_the_key_load_not_the_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = devices(dir.path(), 2);
+    let pool = attached(create("tank", VdevKind::Mirror, &devs, &[]).unwrap());
+    encrypted(&pool, "tank/s", PASS, &[("recordsize", "128K")]);
+    let fs = mount(&pool, "tank/s");
+    let c = Cred::root();
+    let mut files = Vec::new();
+    for i in 0..4 {
+        let f = new_file(&fs, &format!("f{i}"));
+        let data = tarn_testkit::data::pattern(i, 256 << 10);
+        fs.write(f, 0, &data, false, &c).unwrap();
+        fs.fsync(f).unwrap();
+        files.push(data);
+    }
+    drop(fs);
+    pool.abandon();
+    let pool = import(dir.path());
+    assert!(tarn_dataset::parked_records(&pool, "tank/s").unwrap() > 0);
+    // Fill the pool from another dataset while the key is unloaded.
+    tarn_dataset::create(&pool, "tank/fill", &Default::default(), false).unwrap();
+    let fill = mount(&pool, "tank/fill");
+    let f = new_file(&fill, "fill");
+    let chunk = Rng::new(9).bytes(1 << 20);
+    let mut at = 0u64;
+    while fill.write(f, at, &chunk, false, &c).is_ok() {
+        at += chunk.len() as u64;
+        if at.is_multiple_of(8 << 20) {
+            let _ = fill.fsync(f);
+        }
+    }
+    let _ = fill.fsync(f);
+    drop(fill);
+    let r = tarn_dataset::load_key(&pool, "tank/s", &passphrase(PASS));
+    assert!(matches!(r, Err(DsError::NoSpace(_))), "{r:?}");
+    // The pool still takes changes; the rest of the log stays parked.
+    tarn_dataset::destroy(&pool, "tank/fill", false).unwrap();
+    pool.sync().unwrap();
+    tarn_dataset::load_key(&pool, "tank/s", &passphrase(PASS)).unwrap();
+    assert_eq!(tarn_dataset::parked_records(&pool, "tank/s").unwrap(), 0);
+    let fs = mount(&pool, "tank/s");
+    for (i, data) in files.iter().enumerate() {
+        assert!(
+            content(&fs, ROOT_INO, &format!("f{i}")).as_ref() == Some(data),
+            "f{i}"
+        );
+    }
+    drop(fs);
+    pool.sync().unwrap();
+    assert!(pool.leak_check().unwrap().is_clean());
+}
