@@ -670,8 +670,15 @@ impl Backend for Pools {
         tarn_dataset::check_rollback(&pool, snapshot, destroy_newer).map_err(ds_error)?;
         let _resizes = tarn_vol::resize_lock();
         let down = self.mounts.unmount_tree(fs)?;
-        self.fss.forget_tree(fs);
-        let r = tarn_dataset::rollback(&pool, snapshot, destroy_newer).map_err(ds_error);
+        let r = {
+            // No refresh may open the volume again (for its clients to
+            // reconnect and write to) between closing it and the rollback:
+            // that one would not be closed after it, and would serve the
+            // rolled-back blocks to clients never told.
+            let _serving = self.serve_lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.fss.forget_tree(fs);
+            tarn_dataset::rollback(&pool, snapshot, destroy_newer).map_err(ds_error)
+        };
         self.mounts.remount(&self.fss, &pool, down, None);
         self.mounts.automount(&self.fss, &pool);
         self.refresh_servers();
