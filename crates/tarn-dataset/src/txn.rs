@@ -1072,10 +1072,21 @@ pub(crate) fn run_mode<R, E>(
     let replay = mode == Mode::Replay;
     // Locked (encrypted, key not loaded): refused before anything is read,
     // except by a raw receive, which never needs the key.
-    let key = if mode == Mode::ReceiveRaw {
-        None
-    } else {
-        dsl.dir().keyset(id)?
+    let key = {
+        let dir = dsl.dir();
+        // A dataset being received is the receive's alone: a handle
+        // opened before its stream began (a volume its share had open)
+        // must neither write into the stream nor read half of it.
+        if mode == Mode::Normal {
+            if let Some(r) = dir.recs.get(&id) {
+                crate::ops::not_being_received(r)?;
+            }
+        }
+        if mode == Mode::ReceiveRaw {
+            None
+        } else {
+            dir.keyset(id)?
+        }
     };
     let live = dsl.live(id)?;
     let mut st = live.lock();

@@ -1173,7 +1173,8 @@ fn nothing_is_made_under_a_receive_and_a_broken_one_undoes_itself() {
     assert!(backup.leak_check().unwrap().is_clean());
 }
 
-/// While an incremental stream is being received, its dataset cannot be
+/// While an incremental stream is being received, a handle of its dataset
+/// opened before can neither write nor read, its dataset cannot be
 /// rolled back (that threw away part of the stream while the rest went
 /// on arriving, and the snapshot it ended with did not hold what its
 /// sender's did) and its base cannot be destroyed (without it the part
@@ -1193,9 +1194,15 @@ fn an_incremental_receive_keeps_its_base_and_cannot_be_rolled_back() {
     )
     .unwrap();
     let inc = to_vec(&tank, "tank/fs@b", &incr("@a"));
+    // Opened before the stream begins, as a share keeps a volume open.
+    let early = tarn_dataset::open(&backup, "backup/r").unwrap();
     let seen: std::cell::RefCell<Vec<String>> = Default::default();
     let hook = || {
         let mut seen = seen.borrow_mut();
+        let w = early.txn::<_, DsError>(true, |t| t.put(b"stray", b"write"));
+        seen.push(format!("write: {w:?}"));
+        let r = early.txn::<_, DsError>(false, |t| t.get(b"stray"));
+        seen.push(format!("read: {:?}", r.map(|_| ())));
         let r = tarn_dataset::rollback(&backup, "backup/r@a", true);
         seen.push(format!("rollback: {r:?}"));
         let r = tarn_dataset::check_rollback(&backup, "backup/r@a", true);
@@ -1212,7 +1219,10 @@ fn an_incremental_receive_keeps_its_base_and_cannot_be_rolled_back() {
     let r = receive(&backup, "backup/r", RecvOptions::default(), input);
     let seen = seen.into_inner();
     assert!(matches!(r, Err(SendError::Stream(_))), "{r:?}; {seen:?}");
-    for (i, what) in ["rollback", "check", "destroy"].iter().enumerate() {
+    for (i, what) in ["write", "read", "rollback", "check", "destroy"]
+        .iter()
+        .enumerate()
+    {
         assert!(
             seen[i].starts_with(&format!("{what}: Err(Busy(")),
             "{seen:?}"
@@ -1222,5 +1232,9 @@ fn an_incremental_receive_keeps_its_base_and_cannot_be_rolled_back() {
     assert_eq!(tree(&backup, "backup/r@a"), tree(&tank, "tank/fs@a"));
     recv(&backup, "backup/r", &inc, false).unwrap();
     assert_eq!(tree(&backup, "backup/r@b"), tree(&tank, "tank/fs@b"));
+    // Once the stream is complete, the early handle works again.
+    early
+        .txn::<_, DsError>(true, |t| t.put(b"after", b"the receive"))
+        .unwrap();
     assert!(backup.leak_check().unwrap().is_clean());
 }
