@@ -460,8 +460,13 @@ pub fn snapshot(pool: &Pool, names: &[String], recursive: bool) -> Result<(), Ds
             if rec.is_snapshot() {
                 return Err(DsError::Invalid(format!("'{fs}' is a snapshot")));
             }
-            not_being_received(rec)?;
-            todo.push((id, full.clone()));
+            // A recursive snapshot skips a dataset being received, the
+            // top one too (a backup target's nightly schedule).
+            match (not_being_received(rec), recursive) {
+                (Ok(()), _) => todo.push((id, full.clone())),
+                (Err(_), true) => {}
+                (Err(e), false) => return Err(e),
+            }
             if recursive {
                 // A descendant being received is skipped: it is not there
                 // yet (its snapshots come with its streams), and a nightly
@@ -565,6 +570,11 @@ pub fn promote(pool: &Pool, name: &str) -> Result<(), DsError> {
             return Err(DsError::Invalid(format!("'{name}' is not a clone")));
         };
         let orec = dsl.rec(origin)?.clone();
+        // A receive's base must stay where the receive finds it.
+        not_being_received(&crec)?;
+        if let Some(h) = orec.head {
+            not_being_received(dsl.rec(h)?)?;
+        }
         let Some(h) = orec.head else {
             return Err(DsError::Corrupt(format!(
                 "origin of '{name}' has no filesystem"
@@ -847,6 +857,12 @@ pub fn clone(
             .and_then(|p| dsl.names.get(p).copied())
             .ok_or_else(|| DsError::NotFound(format!("the parent of '{name}' does not exist")))?;
         may_have_children(dsl, parent_name(name).unwrap_or_default())?;
+        // Sizes checked before `new_fs`, which takes the name: the origin
+        // gains a clone id (counted at its longest) in its list.
+        crate::stored::check_props_size(name, &local)?;
+        let mut sr = s.clone();
+        sr.clones.push(u64::MAX);
+        crate::stored::check_record_size(&sr)?;
         let mut rec = dsl.new_fs(name, Some(parent), cx.txg());
         if s.volume.is_some() {
             rec.kind = DatasetKind::Volume;
@@ -861,12 +877,10 @@ pub fn clone(
         // It shares the origin's blocks, so it shares their key.
         rec.key = s.key;
         let id = rec.id;
-        crate::stored::check_record_size(&rec)?;
-        let mut sr = dsl.rec(snap)?.clone();
-        sr.clones.push(id);
-        crate::stored::check_record_size(&sr)?;
         dsl.recs.insert(id, rec);
-        dsl.recs.insert(snap, sr);
+        if let Some(sr) = dsl.recs.get_mut(&snap) {
+            sr.clones.push(id);
+        }
         dsl.dirty_recs.insert(snap);
         Ok(())
     })

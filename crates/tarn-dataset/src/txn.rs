@@ -1252,7 +1252,8 @@ impl DatasetHandle {
         let found = self.pool.try_with_ext::<Dsl, _>(|dsl, cx| {
             let crypt = {
                 let dir = dsl.try_dir()?;
-                if !dir.loaded {
+                // A dataset being received: the transaction path says why.
+                if !dir.loaded || dir.recs.get(&id).is_none_or(|r| r.recv.is_some()) {
                     return None;
                 }
                 dir.keyset(id).ok()?

@@ -1045,22 +1045,32 @@ pub(crate) fn replay_parked(
     // Each block is counted at its logical size and a little more for
     // what sealing adds, so the estimate errs on the side of refusing.
     {
-        let mut held = Vec::new();
-        let mut short = None;
-        'plans: for p in &plans {
-            let copies = dsl.dir().prop_u64(p.id, "copies").unwrap_or(1) as u8;
+        // One block per key of each dataset, at the largest length the
+        // records give it: many patches of one block write it once.
+        let mut blocks: std::collections::BTreeMap<(u64, &[u8]), u64> = Default::default();
+        for p in &plans {
             for op in &p.ops {
-                let len = match op {
-                    LogOp::Block(_, d) => d.len() as u64,
-                    LogOp::Patch { len, .. } => u64::from(*len),
+                let (key, len) = match op {
+                    LogOp::Block(k, d) => (k, d.len() as u64),
+                    LogOp::Patch { key, len, .. } => (key, u64::from(*len)),
                     _ => continue,
                 };
-                match cx.reserve_block(len + SEAL_ROOM, copies) {
-                    Ok(r) => held.push(r),
-                    Err(e) => {
-                        short = Some(e);
-                        break 'plans;
-                    }
+                let e = blocks.entry((p.id, key.as_slice())).or_default();
+                *e = (*e).max(len);
+            }
+        }
+        let mut held = Vec::new();
+        let mut short = None;
+        let mut copies_of: HashMap<u64, u8> = HashMap::new();
+        for (&(id, _), &len) in &blocks {
+            let copies = *copies_of
+                .entry(id)
+                .or_insert_with(|| dsl.dir().prop_u64(id, "copies").unwrap_or(1) as u8);
+            match cx.reserve_block(len + SEAL_ROOM, copies) {
+                Ok(r) => held.push(r),
+                Err(e) => {
+                    short = Some(e);
+                    break;
                 }
             }
         }

@@ -969,6 +969,18 @@ fn records_are_kept_within_what_the_meta_tree_stores() {
     let plain = format!("/{}", "m".repeat(2000));
     ds::set_prop(&pool, "tank/a", "mountpoint", &plain).unwrap();
     ds::snapshot(&pool, &["tank/a@s".to_string()], false).unwrap();
+    // A clone refused for its properties leaves its name free.
+    assert!(matches!(
+        ds::clone(
+            &pool,
+            "tank/a@s",
+            "tank/cl",
+            &props(&[("mountpoint", &escaped)])
+        ),
+        Err(DsError::Invalid(_))
+    ));
+    ds::create(&pool, "tank/cl", &BTreeMap::new(), false).unwrap();
+    ds::create(&pool, "tank/cl/child", &BTreeMap::new(), false).unwrap();
     let mut refused = None;
     for i in 0..200 {
         let tag = format!("{i:03}{}", "\"".repeat(120));

@@ -1123,6 +1123,8 @@ fn nothing_is_made_under_a_receive_and_a_broken_one_undoes_itself() {
             seen.push(format!("clone: {r:?}"));
             let r = tarn_dataset::snapshot(&backup, &["backup@nightly".into()], true);
             seen.push(format!("recursive: {r:?}"));
+            let r = tarn_dataset::snapshot(&backup, &["backup/r@own".into()], true);
+            seen.push(format!("recursive from it: {r:?}"));
             let all = names(&backup);
             seen.push(format!("names: {all:?}"));
             if rename {
@@ -1151,10 +1153,11 @@ fn nothing_is_made_under_a_receive_and_a_broken_one_undoes_itself() {
             );
         }
         assert_eq!(seen[3], "recursive: Ok(())", "{seen:?}");
-        assert!(seen[4].contains("backup/keep@nightly"), "{seen:?}");
-        assert!(!seen[4].contains("backup/r@"), "{seen:?}");
+        assert_eq!(seen[4], "recursive from it: Ok(())", "{seen:?}");
+        assert!(seen[5].contains("backup/keep@nightly"), "{seen:?}");
+        assert!(!seen[5].contains("backup/r@"), "{seen:?}");
         if rename {
-            assert_eq!(seen[5], "rename: Ok(())", "{seen:?}");
+            assert_eq!(seen[6], "rename: Ok(())", "{seen:?}");
         }
         // Undone: the partial dataset is gone, whatever its name now.
         let all = names(&backup);
@@ -1196,6 +1199,7 @@ fn an_incremental_receive_keeps_its_base_and_cannot_be_rolled_back() {
     let inc = to_vec(&tank, "tank/fs@b", &incr("@a"));
     // Opened before the stream begins, as a share keeps a volume open.
     let early = tarn_dataset::open(&backup, "backup/r").unwrap();
+    tarn_dataset::clone(&backup, "backup/r@a", "backup/c", &props(&[])).unwrap();
     let seen: std::cell::RefCell<Vec<String>> = Default::default();
     let hook = || {
         let mut seen = seen.borrow_mut();
@@ -1203,6 +1207,11 @@ fn an_incremental_receive_keeps_its_base_and_cannot_be_rolled_back() {
         seen.push(format!("write: {w:?}"));
         let r = early.txn::<_, DsError>(false, |t| t.get(b"stray"));
         seen.push(format!("read: {:?}", r.map(|_| ())));
+        // The front ends' read from memory gives way to the refusal.
+        let cached = early.try_block_refs(&[b"stray"]).is_some();
+        seen.push(format!("cached: {cached}"));
+        let r = tarn_dataset::promote(&backup, "backup/c");
+        seen.push(format!("promote: {r:?}"));
         let r = tarn_dataset::rollback(&backup, "backup/r@a", true);
         seen.push(format!("rollback: {r:?}"));
         let r = tarn_dataset::check_rollback(&backup, "backup/r@a", true);
@@ -1219,10 +1228,16 @@ fn an_incremental_receive_keeps_its_base_and_cannot_be_rolled_back() {
     let r = receive(&backup, "backup/r", RecvOptions::default(), input);
     let seen = seen.into_inner();
     assert!(matches!(r, Err(SendError::Stream(_))), "{r:?}; {seen:?}");
-    for (i, what) in ["write", "read", "rollback", "check", "destroy"]
-        .iter()
-        .enumerate()
+    for (i, what) in [
+        "write", "read", "", "promote", "rollback", "check", "destroy",
+    ]
+    .iter()
+    .enumerate()
     {
+        if what.is_empty() {
+            assert_eq!(seen[i], "cached: false", "{seen:?}");
+            continue;
+        }
         assert!(
             seen[i].starts_with(&format!("{what}: Err(Busy(")),
             "{seen:?}"
