@@ -487,8 +487,14 @@ impl Backend for Pools {
         let _resizes = tarn_vol::resize_lock();
         // What goes away is unmounted first; a busy mount stops the destroy.
         let (fs, snap) = name.split_once('@').unwrap_or((name, ""));
+        // One snapshot takes down only what serves it (a prune must not
+        // cut the readers of the snapshots that stay); a range, every
+        // snapshot of the filesystem.
+        let one_snapshot = !snap.is_empty() && !snap.contains('%');
         let gone = if snap.is_empty() {
             self.mounts.unmount_tree(fs)?
+        } else if one_snapshot {
+            self.mounts.unmount_tree(name)?
         } else {
             let mut gone = Vec::new();
             for m in self.mounts.list() {
@@ -500,6 +506,8 @@ impl Backend for Pools {
         };
         if snap.is_empty() {
             self.fss.forget_tree(fs);
+        } else if one_snapshot {
+            self.fss.forget_one(name);
         } else {
             self.fss.forget_snapshots(fs);
         }

@@ -691,7 +691,13 @@ fn a_snapshot_under_write_load_holds_whole_writes_and_is_served_read_only() {
         live.flush()
             .unwrap_or_else(|e| panic!("flush after a refused {refused:?}: {e}"));
     }
+    // Destroying one snapshot leaves the readers of another connected.
+    let mut reader = Nbd::open(&addr, "busy").unwrap();
     d.ok(&["destroy", "tank/vm@later"]);
+    assert!(
+        reader.read(0, 4096).unwrap() == snap[..4096],
+        "the reader of another snapshot"
+    );
     d.ok(&["rollback", "tank/vm@busy"]);
     assert!(
         live.write(0, b"late", false).is_err(),
