@@ -75,6 +75,9 @@ pub mod status {
     pub const SESSION_TYPE: u16 = 0x0209;
     /// The request is invalid during login.
     pub const INVALID_DURING_LOGIN: u16 = 0x020b;
+    /// The target is temporarily unable to serve (its volume closed for a
+    /// moment): the initiator may try again later.
+    pub const SERVICE_UNAVAILABLE: u16 = 0x0301;
 }
 
 /// Stage numbers (CSG and NSG).
@@ -523,6 +526,15 @@ impl Login {
                 else {
                     return Err((status::NOT_FOUND, format!("no target {name:?}")));
                 };
+                // Its volume closed for a rollback, destroy or key unload:
+                // the initiator retries (Service Unavailable) rather than
+                // log in to an empty disk.
+                if !t.device.is_open() {
+                    return Err((
+                        status::SERVICE_UNAVAILABLE,
+                        format!("target {name:?} is being changed; try again"),
+                    ));
+                }
                 if !t.admits(init) {
                     return Err((
                         status::FORBIDDEN,

@@ -640,6 +640,27 @@ fn a_share_made_read_only_ends_its_writable_sessions() {
     );
 }
 
+/// A target whose volume is closed for a moment (rolled back, destroyed)
+/// answers a login with Service Unavailable, so the initiator retries,
+/// rather than letting it in to an empty disk.
+#[test]
+fn a_closed_volume_is_unavailable_at_login() {
+    let (r, dev) = server();
+    dev.close();
+    let mut s = Raw::connect(r.local_addr());
+    s.send(&Raw::login_pdu(
+        1,
+        Some(3),
+        &[
+            ("InitiatorName", "iqn.2024-01.org.tarn:test"),
+            ("TargetName", IQN),
+            ("SessionType", "Normal"),
+        ],
+    ));
+    let rsp = s.recv().expect("a login response");
+    assert_eq!(rsp.u16_at(36), 0x0301, "Service Unavailable");
+}
+
 /// A target removed the moment a login finishes still ends that session:
 /// the change can land between the login answer and the session's
 /// subscription to changes, and must not be missed there. Many rounds,

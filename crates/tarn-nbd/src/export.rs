@@ -135,7 +135,11 @@ impl Table {
             ("", None) => return None,
             (n, _) => n,
         };
-        self.exports.iter().find(|e| e.name == name)
+        // A closed device (its volume being rolled back or destroyed) is
+        // not offered: the client retries rather than see an empty disk.
+        self.exports
+            .iter()
+            .find(|e| e.name == name && e.device.is_open())
     }
 }
 

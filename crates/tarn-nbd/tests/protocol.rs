@@ -83,6 +83,17 @@ fn oversized_option_is_too_big_and_closes() {
     still_serves(r.local_addr());
 }
 
+/// An export whose device is closed (its volume being rolled back or
+/// destroyed) is not offered: a client negotiating meanwhile is told it
+/// is unknown, to try again, rather than get an empty disk.
+#[test]
+fn a_closed_device_is_not_offered() {
+    let (r, dev) = server();
+    let mut c = Raw::connect(r.local_addr());
+    dev.close();
+    assert_eq!(c.go("disk"), Err(rep::ERR_UNKNOWN));
+}
+
 #[test]
 fn unknown_malformed_and_misnamed_options_get_errors_and_negotiation_goes_on() {
     let (r, _) = server();

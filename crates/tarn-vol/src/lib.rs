@@ -65,6 +65,12 @@ pub trait Device: Send + Sync {
     fn block_size(&self) -> u32;
     /// True when every write fails with [`VolError::ReadOnly`].
     fn read_only(&self) -> bool;
+    /// False once the device is closed (a rollback, destroy or key unload
+    /// under way): every call fails, and a front end does not offer it to
+    /// a client connecting meanwhile, who would see an empty disk.
+    fn is_open(&self) -> bool {
+        true
+    }
     /// `len` bytes at `off`; holes read as zeros. The bytes come as
     /// ranges of the blocks that hold them (shared with the block cache,
     /// not copied) and runs of zeros, so a front end can send them with a

@@ -14,6 +14,8 @@ pub struct MemDevice {
     bytes: Mutex<Vec<u8>>,
     /// Flushes so far, so a test can check that a client sent one.
     flushes: std::sync::atomic::AtomicU64,
+    /// Set by [`MemDevice::close`]: what a closed volume reports.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl MemDevice {
@@ -24,7 +26,15 @@ impl MemDevice {
             read_only: false,
             bytes: Mutex::new(vec![0; size as usize]),
             flushes: Default::default(),
+            closed: Default::default(),
         }
+    }
+
+    /// Marks the device closed ([`Device::is_open`] false), as a volume
+    /// is while it is rolled back or destroyed; its bytes stay usable.
+    pub fn close(&self) {
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The same device, refusing writes.
@@ -66,6 +76,10 @@ impl Device for MemDevice {
 
     fn read_only(&self) -> bool {
         self.read_only
+    }
+
+    fn is_open(&self) -> bool {
+        !self.closed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn read_data(&self, off: u64, len: u32) -> Result<crate::ReadData, VolError> {

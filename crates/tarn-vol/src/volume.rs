@@ -469,6 +469,10 @@ impl Device for Volume {
         self.spec().map_or(512, |s| s.block)
     }
 
+    fn is_open(&self) -> bool {
+        self.spec().is_some()
+    }
+
     fn read_only(&self) -> bool {
         self.handle.is_snapshot()
             || self
