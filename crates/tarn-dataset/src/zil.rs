@@ -1045,32 +1045,46 @@ pub(crate) fn replay_parked(
     // Each block is counted at its logical size and a little more for
     // what sealing adds, so the estimate errs on the side of refusing.
     {
-        // One block per key of each dataset, at the largest length the
-        // records give it: many patches of one block write it once.
-        let mut blocks: std::collections::BTreeMap<(u64, &[u8]), u64> = Default::default();
+        // Per key of each dataset, the most one record needs at once: a
+        // record is one transaction, in which a block that grows takes a
+        // new room each time and gives the old ones back at its end, so
+        // its ops' lengths add up; records replayed one after the other
+        // reuse the room, so across them the largest counts.
+        type Rooms = Vec<u64>;
+        let mut blocks: std::collections::BTreeMap<(u64, &[u8]), Rooms> = Default::default();
         for p in &plans {
+            let mut mine: std::collections::BTreeMap<&[u8], Rooms> = Default::default();
             for op in &p.ops {
                 let (key, len) = match op {
                     LogOp::Block(k, d) => (k, d.len() as u64),
                     LogOp::Patch { key, len, .. } => (key, u64::from(*len)),
                     _ => continue,
                 };
-                let e = blocks.entry((p.id, key.as_slice())).or_default();
-                *e = (*e).max(len);
+                mine.entry(key.as_slice())
+                    .or_default()
+                    .push(len + SEAL_ROOM);
+            }
+            for (key, rooms) in mine {
+                let e = blocks.entry((p.id, key)).or_default();
+                if rooms.iter().sum::<u64>() > e.iter().sum::<u64>() {
+                    *e = rooms;
+                }
             }
         }
         let mut held = Vec::new();
         let mut short = None;
         let mut copies_of: HashMap<u64, u8> = HashMap::new();
-        for (&(id, _), &len) in &blocks {
+        'rooms: for (&(id, _), rooms) in &blocks {
             let copies = *copies_of
                 .entry(id)
                 .or_insert_with(|| dsl.dir().prop_u64(id, "copies").unwrap_or(1) as u8);
-            match cx.reserve_block(len + SEAL_ROOM, copies) {
-                Ok(r) => held.push(r),
-                Err(e) => {
-                    short = Some(e);
-                    break;
+            for &len in rooms {
+                match cx.reserve_block(len, copies) {
+                    Ok(r) => held.push(r),
+                    Err(e) => {
+                        short = Some(e);
+                        break 'rooms;
+                    }
                 }
             }
         }

@@ -526,19 +526,19 @@ impl Login {
                 else {
                     return Err((status::NOT_FOUND, format!("no target {name:?}")));
                 };
-                // Its volume closed for a rollback, destroy or key unload:
-                // the initiator retries (Service Unavailable) rather than
-                // log in to an empty disk.
-                if !t.device.is_open() {
-                    return Err((
-                        status::SERVICE_UNAVAILABLE,
-                        format!("target {name:?} is being changed; try again"),
-                    ));
-                }
                 if !t.admits(init) {
                     return Err((
                         status::FORBIDDEN,
                         format!("initiator {init:?} may not use {name:?}"),
+                    ));
+                }
+                // Its volume closed for a rollback, destroy or key unload:
+                // Service Unavailable (the initiator may retry) rather than
+                // a login to an empty disk. Told only to admitted initiators.
+                if !t.device.is_open() {
+                    return Err((
+                        status::SERVICE_UNAVAILABLE,
+                        format!("target {name:?} is being changed; try again"),
                     ));
                 }
                 self.required = t.chap.clone();

@@ -319,7 +319,7 @@ pub(crate) fn handle(
             if !data.is_empty() {
                 return err(out, rep::ERR_INVALID, "NBD_OPT_LIST takes no data");
             }
-            for e in &table.exports {
+            for e in table.exports.iter().filter(|e| e.device.is_open()) {
                 let mut d = Vec::with_capacity(4 + e.name.len());
                 d.extend_from_slice(&(e.name.len() as u32).to_be_bytes());
                 d.extend_from_slice(e.name.as_bytes());

@@ -92,6 +92,11 @@ fn a_closed_device_is_not_offered() {
     let mut c = Raw::connect(r.local_addr());
     dev.close();
     assert_eq!(c.go("disk"), Err(rep::ERR_UNKNOWN));
+    let listed = c.option(opt::LIST, &[]);
+    assert!(
+        listed.iter().all(|r| r.kind != rep::SERVER),
+        "a closed export was listed"
+    );
 }
 
 #[test]

@@ -470,7 +470,14 @@ impl Device for Volume {
     }
 
     fn is_open(&self) -> bool {
-        self.spec().is_some()
+        // Asked from the front ends' network threads: a resize holding the
+        // geometry for its exclusive operation must not stall them, and
+        // only `close` (final) makes a volume not open.
+        match self.spec.try_read() {
+            Ok(g) => g.is_some(),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().is_some(),
+            Err(std::sync::TryLockError::WouldBlock) => true,
+        }
     }
 
     fn read_only(&self) -> bool {
