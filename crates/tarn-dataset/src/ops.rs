@@ -448,6 +448,7 @@ pub(crate) fn set_volsize(pool: &Pool, id: u64, expected: u64, size: u64) -> Res
 pub fn snapshot(pool: &Pool, names: &[String], recursive: bool) -> Result<(), DsError> {
     with_dir_excl(pool, |dsl, cx| {
         let mut todo: Vec<(u64, String)> = Vec::new();
+        let mut skipped = None;
         for full in names {
             let Some((fs, snap)) = full.split_once('@') else {
                 return Err(DsError::Invalid(format!(
@@ -464,7 +465,9 @@ pub fn snapshot(pool: &Pool, names: &[String], recursive: bool) -> Result<(), Ds
             // top one too (a backup target's nightly schedule).
             match (not_being_received(rec), recursive) {
                 (Ok(()), _) => todo.push((id, full.clone())),
-                (Err(_), true) => {}
+                (Err(e), true) => {
+                    skipped.get_or_insert(e);
+                }
                 (Err(e), false) => return Err(e),
             }
             if recursive {
@@ -477,6 +480,13 @@ pub fn snapshot(pool: &Pool, names: &[String], recursive: bool) -> Result<(), Ds
                         todo.push((r.id, format!("{}@{snap}", r.name)));
                     }
                 }
+            }
+        }
+        // Everything asked for was skipped: say why rather than report a
+        // snapshot that was not taken.
+        if todo.is_empty() {
+            if let Some(e) = skipped {
+                return Err(e);
             }
         }
         let mut seen = BTreeSet::new();
