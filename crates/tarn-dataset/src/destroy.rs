@@ -79,6 +79,12 @@ impl Dir {
         Ok(())
     }
 
+    /// True when filesystem `id` has snapshots or children: what keeps
+    /// it from being destroyed alone.
+    pub(crate) fn has_dependents(&self, id: u64) -> bool {
+        !self.snapshots_of(id).is_empty() || !self.children_of(id).is_empty()
+    }
+
     /// Destroys a filesystem without snapshots or children.
     pub(crate) fn destroy_fs(&mut self, cx: &mut SyncCx<'_>, id: u64) -> Result<(), DsError> {
         let r = self.rec(id)?.clone();
@@ -88,7 +94,7 @@ impl Dir {
                 r.name
             )));
         }
-        if !self.snapshots_of(id).is_empty() || !self.children_of(id).is_empty() {
+        if self.has_dependents(id) {
             return Err(DsError::Busy(format!(
                 "dataset '{}' has children or snapshots; use -r",
                 r.name
@@ -162,111 +168,109 @@ pub fn check_destroy(pool: &Pool, name: &str, recursive: bool) -> Result<(), DsE
 
 /// Every check of destroying `name`, and what it destroys in which order.
 fn destroy_plan(dsl: &Dir, name: &str, recursive: bool) -> Result<DestroyPlan, DsError> {
-    {
-        if let Some((fs, spec)) = name.split_once('@') {
-            let head = dsl.id_of(fs)?;
-            let snaps = dsl.snapshots_of(head);
-            let pos = |s: &str| -> Result<usize, DsError> {
-                let full = format!("{fs}@{s}");
-                let id = dsl.id_of(&full)?;
-                snaps
-                    .iter()
-                    .position(|x| *x == id)
-                    .ok_or(DsError::NotFound(full))
-            };
-            let chosen: Vec<u64> = match spec.split_once('%') {
-                Some((a, c)) => {
-                    let lo = if a.is_empty() { 0 } else { pos(a)? };
-                    let hi = if c.is_empty() {
-                        snaps.len().saturating_sub(1)
-                    } else {
-                        pos(c)?
-                    };
-                    if snaps.is_empty() || lo > hi {
-                        return Err(DsError::Invalid(format!("empty snapshot range '{name}'")));
-                    }
-                    snaps[lo..=hi].to_vec()
+    if let Some((fs, spec)) = name.split_once('@') {
+        let head = dsl.id_of(fs)?;
+        let snaps = dsl.snapshots_of(head);
+        let pos = |s: &str| -> Result<usize, DsError> {
+            let full = format!("{fs}@{s}");
+            let id = dsl.id_of(&full)?;
+            snaps
+                .iter()
+                .position(|x| *x == id)
+                .ok_or(DsError::NotFound(full))
+        };
+        let chosen: Vec<u64> = match spec.split_once('%') {
+            Some((a, c)) => {
+                let lo = if a.is_empty() { 0 } else { pos(a)? };
+                let hi = if c.is_empty() {
+                    snaps.len().saturating_sub(1)
+                } else {
+                    pos(c)?
+                };
+                if snaps.is_empty() || lo > hi {
+                    return Err(DsError::Invalid(format!("empty snapshot range '{name}'")));
                 }
-                None => vec![snaps[pos(spec)?]],
-            };
-            // The base of a receive in progress stays: without it the
-            // part of the stream applied could not be undone.
-            let base = dsl.rec(head)?.recv.as_ref().and_then(|st| st.from_guid);
-            for id in &chosen {
-                if let Some(r) = dsl.recs.get(id) {
-                    if base == Some(r.guid) {
-                        return Err(DsError::Busy(format!(
-                            "snapshot '{}' is the base of a receive in progress; \
-                             abandon it with receive -A first",
-                            r.name
-                        )));
-                    }
-                    r.check_not_held()?;
-                    if !r.clones.is_empty() {
-                        return Err(DsError::Busy(format!(
-                            "snapshot '{}' has dependent clones; destroy them first",
-                            r.name
-                        )));
-                    }
+                snaps[lo..=hi].to_vec()
+            }
+            None => vec![snaps[pos(spec)?]],
+        };
+        // The base of a receive in progress stays: without it the
+        // part of the stream applied could not be undone.
+        let base = dsl.rec(head)?.recv.as_ref().and_then(|st| st.from_guid);
+        for id in &chosen {
+            if let Some(r) = dsl.recs.get(id) {
+                if base == Some(r.guid) {
+                    return Err(DsError::Busy(format!(
+                        "snapshot '{}' is the base of a receive in progress; \
+                         abandon it with receive -A first",
+                        r.name
+                    )));
+                }
+                r.check_not_held()?;
+                if !r.clones.is_empty() {
+                    return Err(DsError::Busy(format!(
+                        "snapshot '{}' has dependent clones; destroy them first",
+                        r.name
+                    )));
                 }
             }
-            return Ok(DestroyPlan::Snapshots(chosen));
         }
-        let id = dsl.id_of(name)?;
-        if dsl.rec(id)?.parent.is_none() {
-            return Err(DsError::Invalid(format!(
-                "'{name}' is the pool's root dataset; destroy the pool instead"
+        return Ok(DestroyPlan::Snapshots(chosen));
+    }
+    let id = dsl.id_of(name)?;
+    if dsl.rec(id)?.parent.is_none() {
+        return Err(DsError::Invalid(format!(
+            "'{name}' is the pool's root dataset; destroy the pool instead"
+        )));
+    }
+    if !recursive {
+        if dsl.has_dependents(id) {
+            return Err(DsError::Busy(format!(
+                "dataset '{name}' has children or snapshots; use -r"
             )));
         }
-        if !recursive {
-            if !dsl.snapshots_of(id).is_empty() || !dsl.children_of(id).is_empty() {
-                return Err(DsError::Busy(format!(
-                    "dataset '{name}' has children or snapshots; use -r"
-                )));
-            }
-            return Ok(DestroyPlan::Fs(id));
-        }
-        let prefix = format!("{name}/");
-        let mut remaining: BTreeSet<u64> = dsl
-            .recs
-            .values()
-            .filter(|r| !r.is_snapshot() && (r.id == id || r.name.starts_with(&prefix)))
-            .map(|r| r.id)
-            .collect();
-        for d in &remaining {
-            for s in dsl.snapshots_of(*d) {
-                if let Some(r) = dsl.recs.get(&s) {
-                    r.check_not_held()?;
-                    if r.clones.iter().any(|c| !remaining.contains(c)) {
-                        return Err(DsError::Busy(format!(
-                            "snapshot '{}' has clones outside '{name}'; destroy them first",
-                            r.name
-                        )));
-                    }
+        return Ok(DestroyPlan::Fs(id));
+    }
+    let prefix = format!("{name}/");
+    let mut remaining: BTreeSet<u64> = dsl
+        .recs
+        .values()
+        .filter(|r| !r.is_snapshot() && (r.id == id || r.name.starts_with(&prefix)))
+        .map(|r| r.id)
+        .collect();
+    for d in &remaining {
+        for s in dsl.snapshots_of(*d) {
+            if let Some(r) = dsl.recs.get(&s) {
+                r.check_not_held()?;
+                if r.clones.iter().any(|c| !remaining.contains(c)) {
+                    return Err(DsError::Busy(format!(
+                        "snapshot '{}' has clones outside '{name}'; destroy them first",
+                        r.name
+                    )));
                 }
             }
         }
-        // An order in which each dataset goes after its children and after
-        // the clones of its snapshots.
-        let mut order = Vec::new();
-        while !remaining.is_empty() {
-            let free = remaining.iter().copied().find(|d| {
-                let no_children = dsl.children_of(*d).iter().all(|c| !remaining.contains(c));
-                let no_clones = dsl.snapshots_of(*d).iter().all(|s| {
-                    dsl.recs
-                        .get(s)
-                        .is_none_or(|r| r.clones.iter().all(|c| !remaining.contains(c)))
-                });
-                no_children && no_clones
-            });
-            let Some(d) = free else {
-                return Err(DsError::Corrupt(format!(
-                    "datasets under '{name}' depend on each other in a cycle"
-                )));
-            };
-            order.push(d);
-            remaining.remove(&d);
-        }
-        Ok(DestroyPlan::Tree(order))
     }
+    // An order in which each dataset goes after its children and after
+    // the clones of its snapshots.
+    let mut order = Vec::new();
+    while !remaining.is_empty() {
+        let free = remaining.iter().copied().find(|d| {
+            let no_children = dsl.children_of(*d).iter().all(|c| !remaining.contains(c));
+            let no_clones = dsl.snapshots_of(*d).iter().all(|s| {
+                dsl.recs
+                    .get(s)
+                    .is_none_or(|r| r.clones.iter().all(|c| !remaining.contains(c)))
+            });
+            no_children && no_clones
+        });
+        let Some(d) = free else {
+            return Err(DsError::Corrupt(format!(
+                "datasets under '{name}' depend on each other in a cycle"
+            )));
+        };
+        order.push(d);
+        remaining.remove(&d);
+    }
+    Ok(DestroyPlan::Tree(order))
 }

@@ -580,16 +580,14 @@ pub fn promote(pool: &Pool, name: &str) -> Result<(), DsError> {
             return Err(DsError::Invalid(format!("'{name}' is not a clone")));
         };
         let orec = dsl.rec(origin)?.clone();
-        // A receive's base must stay where the receive finds it.
-        not_being_received(&crec)?;
-        if let Some(h) = orec.head {
-            not_being_received(dsl.rec(h)?)?;
-        }
         let Some(h) = orec.head else {
             return Err(DsError::Corrupt(format!(
                 "origin of '{name}' has no filesystem"
             )));
         };
+        // A receive's base must stay where the receive finds it.
+        not_being_received(&crec)?;
+        not_being_received(dsl.rec(h)?)?;
         let hname = dsl.rec(h)?.name.clone();
         // The snapshots that move: the origin and everything older.
         let moving: Vec<u64> = dsl
@@ -746,38 +744,36 @@ fn rollback_plan(
     snap_name: &str,
     destroy_newer: bool,
 ) -> Result<(u64, u64, Vec<u64>), DsError> {
-    {
-        let snap = dsl.id_of(snap_name)?;
-        let s = dsl.rec(snap)?.clone();
-        let Some(head) = s.head else {
-            return Err(DsError::Invalid(format!("'{snap_name}' is not a snapshot")));
-        };
-        let newer: Vec<u64> = dsl
-            .snapshots_of(head)
-            .into_iter()
-            .filter(|x| {
-                dsl.recs
-                    .get(x)
-                    .is_some_and(|r| r.created_txg > s.created_txg)
-            })
-            .collect();
-        if !newer.is_empty() && !destroy_newer {
+    let snap = dsl.id_of(snap_name)?;
+    let s = dsl.rec(snap)?.clone();
+    let Some(head) = s.head else {
+        return Err(DsError::Invalid(format!("'{snap_name}' is not a snapshot")));
+    };
+    let newer: Vec<u64> = dsl
+        .snapshots_of(head)
+        .into_iter()
+        .filter(|x| {
+            dsl.recs
+                .get(x)
+                .is_some_and(|r| r.created_txg > s.created_txg)
+        })
+        .collect();
+    if !newer.is_empty() && !destroy_newer {
+        return Err(DsError::Busy(format!(
+            "'{snap_name}' is not the most recent snapshot; use -r to destroy the newer ones"
+        )));
+    }
+    for n in &newer {
+        dsl.rec(*n)?.check_not_held()?;
+        if let Some(r) = dsl.recs.get(n).filter(|r| !r.clones.is_empty()) {
             return Err(DsError::Busy(format!(
-                "'{snap_name}' is not the most recent snapshot; use -r to destroy the newer ones"
+                "snapshot '{}' (newer than '{snap_name}') has dependent clones; \
+                 destroy or promote them first",
+                r.name
             )));
         }
-        for n in &newer {
-            dsl.rec(*n)?.check_not_held()?;
-            if let Some(r) = dsl.recs.get(n).filter(|r| !r.clones.is_empty()) {
-                return Err(DsError::Busy(format!(
-                    "snapshot '{}' (newer than '{snap_name}') has dependent clones; \
-                     destroy or promote them first",
-                    r.name
-                )));
-            }
-        }
-        Ok((snap, head, newer))
     }
+    Ok((snap, head, newer))
 }
 
 /// [`rollback`] inside an exclusive operation.
@@ -959,67 +955,65 @@ type RenamePlan = (u64, Option<u64>, Vec<(u64, String)>);
 
 /// Every check of renaming `old` to `new`, and what it renames.
 fn rename_plan(dsl: &Dir, old: &str, new: &str) -> Result<RenamePlan, DsError> {
-    {
-        let id = dsl.id_of(old)?;
-        if dsl.names.contains_key(new) {
-            return Err(DsError::Exists(format!("dataset '{new}' already exists")));
-        }
-        let is_snap = dsl.rec(id)?.is_snapshot();
-        if is_snap {
-            let (ofs, _) = old.split_once('@').unwrap_or((old, ""));
-            let Some((nfs, nsnap)) = new.split_once('@') else {
-                return Err(DsError::Invalid(format!("'{new}' is not a snapshot name")));
-            };
-            if nfs != ofs {
-                return Err(DsError::Invalid(
-                    "a snapshot can only be renamed within its filesystem".into(),
-                ));
-            }
-            check_snap_part(new, nsnap)?;
-        } else {
-            check_fs_name(&dsl.pool_name, new)?;
-            if dsl.rec(id)?.parent.is_none() {
-                return Err(DsError::Invalid(
-                    "the pool's root dataset cannot be renamed".into(),
-                ));
-            }
-            if new.starts_with(&format!("{old}/")) {
-                return Err(DsError::Invalid(format!(
-                    "cannot move '{old}' into its own descendant"
-                )));
-            }
-        }
-        let new_parent =
-            if is_snap {
-                None
-            } else {
-                let p = parent_name(new).unwrap_or("");
-                may_have_children(dsl, p)?;
-                Some(dsl.id_of(p).map_err(|_| {
-                    DsError::NotFound(format!("the parent of '{new}' does not exist"))
-                })?)
-            };
-        if !is_snap {
-            check_rename_keys(dsl, id, old, new)?;
-        }
-        let renames: Vec<(u64, String)> = dsl
-            .recs
-            .values()
-            .filter_map(|r| {
-                if r.name == old {
-                    Some((r.id, new.to_string()))
-                } else if !is_snap {
-                    r.name
-                        .strip_prefix(old)
-                        .filter(|rest| rest.starts_with('/') || rest.starts_with('@'))
-                        .map(|rest| (r.id, format!("{new}{rest}")))
-                } else {
-                    None
-                }
-            })
-            .collect();
-        Ok((id, new_parent, renames))
+    let id = dsl.id_of(old)?;
+    if dsl.names.contains_key(new) {
+        return Err(DsError::Exists(format!("dataset '{new}' already exists")));
     }
+    let is_snap = dsl.rec(id)?.is_snapshot();
+    if is_snap {
+        let (ofs, _) = old.split_once('@').unwrap_or((old, ""));
+        let Some((nfs, nsnap)) = new.split_once('@') else {
+            return Err(DsError::Invalid(format!("'{new}' is not a snapshot name")));
+        };
+        if nfs != ofs {
+            return Err(DsError::Invalid(
+                "a snapshot can only be renamed within its filesystem".into(),
+            ));
+        }
+        check_snap_part(new, nsnap)?;
+    } else {
+        check_fs_name(&dsl.pool_name, new)?;
+        if dsl.rec(id)?.parent.is_none() {
+            return Err(DsError::Invalid(
+                "the pool's root dataset cannot be renamed".into(),
+            ));
+        }
+        if new.starts_with(&format!("{old}/")) {
+            return Err(DsError::Invalid(format!(
+                "cannot move '{old}' into its own descendant"
+            )));
+        }
+    }
+    let new_parent = if is_snap {
+        None
+    } else {
+        let p = parent_name(new).unwrap_or("");
+        may_have_children(dsl, p)?;
+        Some(
+            dsl.id_of(p)
+                .map_err(|_| DsError::NotFound(format!("the parent of '{new}' does not exist")))?,
+        )
+    };
+    if !is_snap {
+        check_rename_keys(dsl, id, old, new)?;
+    }
+    let renames: Vec<(u64, String)> = dsl
+        .recs
+        .values()
+        .filter_map(|r| {
+            if r.name == old {
+                Some((r.id, new.to_string()))
+            } else if !is_snap {
+                r.name
+                    .strip_prefix(old)
+                    .filter(|rest| rest.starts_with('/') || rest.starts_with('@'))
+                    .map(|rest| (r.id, format!("{new}{rest}")))
+            } else {
+                None
+            }
+        })
+        .collect();
+    Ok((id, new_parent, renames))
 }
 
 /// Puts a hold with `tag` on each snapshot (with `recursive`, on the

@@ -620,44 +620,42 @@ pub fn abort(pool: &Pool, name: &str) -> Result<(), DsError> {
 /// that fails undoes itself by id: its dataset, or an ancestor, may have
 /// been renamed while it ran).
 fn abort_in(dir: &mut Dir, cx: &mut SyncCx<'_>, id: u64) -> Result<(), DsError> {
-    {
-        let name = dir.rec(id)?.name.clone();
-        let Some(state) = dir.rec(id)?.recv.clone() else {
-            return Err(DsError::Invalid(format!("'{name}' is not being received")));
-        };
-        if state.from_guid.is_none() {
-            // Checked before the first change, so that it is an error and
-            // not a stopped pool. Nothing can be made under a dataset
-            // being received now; a pool from before that rule may hold
-            // such a snapshot or child.
-            if !dir.snapshots_of(id).is_empty() || !dir.children_of(id).is_empty() {
-                return Err(DsError::Busy(format!(
-                    "'{name}' has snapshots or children made while it was being received: \
-                     destroy it with -r"
-                )));
-            }
-            let r = crate::zil::drop_parked(dir, cx, id).and_then(|()| dir.destroy_fs(cx, id));
-            return crate::ops::applied(cx, "aborting a receive", r);
-        }
-        let base = crate::dsl::snapshot_ids(dir, id)
-            .into_iter()
-            .find(|(_, s)| dir.recs.get(s).map(|r| Some(r.guid)) == Some(state.from_guid));
-        // Without its base the part of the stream already applied cannot
-        // be taken back: the dataset stays marked as being received (not
-        // usable) rather than pass for a finished one.
-        let Some((base_name, _)) = base else {
+    let name = dir.rec(id)?.name.clone();
+    let Some(state) = dir.rec(id)?.recv.clone() else {
+        return Err(DsError::Invalid(format!("'{name}' is not being received")));
+    };
+    if state.from_guid.is_none() {
+        // Checked before the first change, so that it is an error and
+        // not a stopped pool. Nothing can be made under a dataset
+        // being received now; a pool from before that rule may hold
+        // such a snapshot or child.
+        if dir.has_dependents(id) {
             return Err(DsError::Busy(format!(
-                "the base snapshot of the receive into '{name}' is gone, so the part of \
-                 the stream already applied cannot be undone: destroy '{name}' with -r"
+                "'{name}' has snapshots or children made while it was being received: \
+                 destroy it with -r"
             )));
-        };
-        crate::ops::rollback_in(dir, cx, &base_name, true)?;
-        if let Some(r) = dir.recs.get_mut(&id) {
-            r.recv = None;
         }
-        dir.dirty_recs.insert(id);
-        Ok(())
+        let r = crate::zil::drop_parked(dir, cx, id).and_then(|()| dir.destroy_fs(cx, id));
+        return crate::ops::applied(cx, "aborting a receive", r);
     }
+    let base = crate::dsl::snapshot_ids(dir, id)
+        .into_iter()
+        .find(|(_, s)| dir.recs.get(s).map(|r| Some(r.guid)) == Some(state.from_guid));
+    // Without its base the part of the stream already applied cannot
+    // be taken back: the dataset stays marked as being received (not
+    // usable) rather than pass for a finished one.
+    let Some((base_name, _)) = base else {
+        return Err(DsError::Busy(format!(
+            "the base snapshot of the receive into '{name}' is gone, so the part of \
+             the stream already applied cannot be undone: destroy '{name}' with -r"
+        )));
+    };
+    crate::ops::rollback_in(dir, cx, &base_name, true)?;
+    if let Some(r) = dir.recs.get_mut(&id) {
+        r.recv = None;
+    }
+    dir.dirty_recs.insert(id);
+    Ok(())
 }
 
 /// The `receive_resume_token` of dataset `id`: what `tarn send -t` needs

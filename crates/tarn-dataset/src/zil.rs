@@ -1038,71 +1038,8 @@ pub(crate) fn replay_parked(
             }
         }
     }
-    // 2. Room for every block the replay writes, taken and given back
-    // before anything changes (nothing else allocates during this
-    // exclusive operation): a pool filled while the key was unloaded
-    // fails the load here, the records kept, rather than fault in step 3.
-    // Each block is counted at its logical size and a little more for
-    // what sealing adds, so the estimate errs on the side of refusing.
-    {
-        // Per key of each dataset, the most one record needs at once: a
-        // record is one transaction, in which a block that grows takes a
-        // new room each time and gives the old ones back at its end, so
-        // its ops' lengths add up; records replayed one after the other
-        // reuse the room, so across them the largest counts.
-        type Rooms = Vec<u64>;
-        let mut blocks: std::collections::BTreeMap<(u64, &[u8]), Rooms> = Default::default();
-        for p in &plans {
-            let mut mine: std::collections::BTreeMap<&[u8], Rooms> = Default::default();
-            for op in &p.ops {
-                let (key, len) = match op {
-                    LogOp::Block(k, d) => (k, d.len() as u64),
-                    LogOp::Patch { key, len, .. } => (key, u64::from(*len)),
-                    _ => continue,
-                };
-                mine.entry(key.as_slice())
-                    .or_default()
-                    .push(len + SEAL_ROOM);
-            }
-            for (key, rooms) in mine {
-                let e = blocks.entry((p.id, key)).or_default();
-                if rooms.iter().sum::<u64>() > e.iter().sum::<u64>() {
-                    *e = rooms;
-                }
-            }
-        }
-        let mut held = Vec::new();
-        let mut short = None;
-        let mut copies_of: HashMap<u64, u8> = HashMap::new();
-        'rooms: for (&(id, _), rooms) in &blocks {
-            let copies = *copies_of
-                .entry(id)
-                .or_insert_with(|| dsl.dir().prop_u64(id, "copies").unwrap_or(1) as u8);
-            for &len in rooms {
-                match cx.reserve_block(len, copies) {
-                    Ok(r) => held.push(r),
-                    Err(e) => {
-                        short = Some(e);
-                        break 'rooms;
-                    }
-                }
-            }
-        }
-        for r in held {
-            cx.release_block(r);
-        }
-        match short {
-            None => {}
-            Some(tarn_pool::PoolError::NoSpace(e)) => {
-                return Err(DsError::NoSpace(format!(
-                    "the pool has no room to replay the intent log parked while the key was \
-                     unloaded; nothing was changed and the key stays unloaded: make room and \
-                     load it again ({e})"
-                )))
-            }
-            Some(e) => return Err(e.into()),
-        }
-    }
+    // 2. Room for every block the replay writes (see `room_for_replay`).
+    room_for_replay(dsl, cx, plans.iter().map(|p| (p.id, p.ops.as_slice())))?;
     // 3. Applied and deleted, in order.
     let replayed = plans.len();
     for p in plans {
@@ -1156,6 +1093,69 @@ pub fn parked_blocks(pool: &Pool, name: &str) -> Result<Vec<BlockPtr>, DsError> 
         }
         Ok(out)
     })
+}
+
+/// Room for every block a replay of parked records (`(dataset, ops)`,
+/// one record each) writes, taken and given back before anything changes
+/// (nothing else allocates during the exclusive operation): a pool filled
+/// while the key was unloaded fails the load here, the records kept,
+/// rather than fault the pool halfway through the replay. Each block is
+/// counted at its logical size and a little more for what sealing adds,
+/// so the estimate errs on the side of refusing. Per key of a dataset it
+/// counts the most one record needs at once: a record is one transaction,
+/// in which a block that grows takes a new room each time and gives the
+/// old ones back at its end, so its ops' lengths add up; records replayed
+/// one after the other reuse the room, so across them the largest counts.
+fn room_for_replay<'o>(
+    dsl: &Dsl,
+    cx: &mut SyncCx<'_>,
+    records: impl Iterator<Item = (u64, &'o [LogOp])>,
+) -> Result<(), DsError> {
+    let mut blocks: std::collections::BTreeMap<(u64, &[u8]), Vec<u64>> = Default::default();
+    for (id, ops) in records {
+        let mut mine: std::collections::BTreeMap<&[u8], Vec<u64>> = Default::default();
+        for op in ops {
+            let (key, len) = match op {
+                LogOp::Block(k, d) => (k, d.len() as u64),
+                LogOp::Patch { key, len, .. } => (key, u64::from(*len)),
+                _ => continue,
+            };
+            mine.entry(key.as_slice())
+                .or_default()
+                .push(len + SEAL_ROOM);
+        }
+        for (key, rooms) in mine {
+            let e = blocks.entry((id, key)).or_default();
+            if rooms.iter().sum::<u64>() > e.iter().sum::<u64>() {
+                *e = rooms;
+            }
+        }
+    }
+    let mut held = Vec::new();
+    let mut short = None;
+    'rooms: for (&(id, _), rooms) in &blocks {
+        let copies = dsl.dir().prop_u64(id, "copies").unwrap_or(1) as u8;
+        for &len in rooms {
+            match cx.reserve_block(len, copies) {
+                Ok(r) => held.push(r),
+                Err(e) => {
+                    short = Some(e);
+                    break 'rooms;
+                }
+            }
+        }
+    }
+    for r in held {
+        cx.release_block(r);
+    }
+    match short {
+        None => Ok(()),
+        Some(tarn_pool::PoolError::NoSpace(e)) => Err(DsError::NoSpace(format!(
+            "the pool has no room to replay the intent log parked while the key was unloaded; \
+             nothing was changed and the key stays unloaded: make room and load it again ({e})"
+        ))),
+        Some(e) => Err(e.into()),
+    }
 }
 
 #[cfg(test)]
