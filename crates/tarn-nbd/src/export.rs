@@ -136,7 +136,8 @@ impl Table {
             (n, _) => n,
         };
         // A closed device (its volume being rolled back or destroyed) is
-        // not offered: the client retries rather than see an empty disk.
+        // not offered: the client is turned away rather than shown an
+        // empty disk, and can connect once the command has returned.
         self.exports
             .iter()
             .find(|e| e.name == name && e.device.is_open())
