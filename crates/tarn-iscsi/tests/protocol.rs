@@ -661,6 +661,38 @@ fn a_closed_volume_is_unavailable_at_login() {
     assert_eq!(rsp.u16_at(36), 0x0301, "Service Unavailable");
 }
 
+/// The initiator list is checked before availability: an initiator the
+/// target does not admit is refused as such even while the volume is
+/// closed, and learns nothing of what is being done to it; an admitted
+/// one is told to retry.
+#[test]
+fn a_closed_volume_is_unavailable_only_to_admitted_initiators() {
+    let dev = mem(MIB, 4096);
+    let mut t = IscsiTarget::new(IQN, dev.clone());
+    t.initiators = vec!["iqn.2024-01.org.tarn:allowed".into()];
+    let r = start(vec![t]);
+    dev.close();
+    let status = |initiator: &str| {
+        let mut s = Raw::connect(r.local_addr());
+        s.send(&Raw::login_pdu(
+            1,
+            Some(3),
+            &[
+                ("InitiatorName", initiator),
+                ("TargetName", IQN),
+                ("SessionType", "Normal"),
+            ],
+        ));
+        s.recv().expect("a login response").u16_at(36)
+    };
+    assert_eq!(status("iqn.2024-01.org.tarn:other"), 0x0202, "Forbidden");
+    assert_eq!(
+        status("iqn.2024-01.org.tarn:allowed"),
+        0x0301,
+        "Service Unavailable"
+    );
+}
+
 /// A target removed the moment a login finishes still ends that session:
 /// the change can land between the login answer and the session's
 /// subscription to changes, and must not be missed there. Many rounds,
