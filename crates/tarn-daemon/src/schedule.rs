@@ -342,8 +342,10 @@ pub fn bucket(p: Period, t: u64) -> u64 {
         Period::Hour => t - t % 3600,
         Period::Day => days * DAY,
         // 1970-01-01 was a Thursday: Monday is 3 days before a multiple
-        // of 7 (days + 3) % 7 after it.
-        Period::Week => (days - (days + 3) % 7) * DAY,
+        // of 7 (days + 3) % 7 after it. The week that holds the epoch
+        // began before it, so its first four days count from the epoch
+        // (a clock not yet set on a board without one reads 1970).
+        Period::Week => days.saturating_sub((days + 3) % 7) * DAY,
         Period::Month => {
             let (y, m, _) = civil(days);
             days_from_civil(y, m, 1) * DAY
@@ -1347,20 +1349,50 @@ mod tests {
         assert_eq!(snapshot_name("a", 0), "a-1970-01-01-0000");
     }
 
+    const PERIODS: [Period; 5] = [
+        Period::Hour,
+        Period::Day,
+        Period::Week,
+        Period::Month,
+        Period::Year,
+    ];
+
+    /// Period `p` holds its own start, starts no later than `t`, and the
+    /// next one starts after `t` with nothing between the two.
+    fn check_bucket(p: Period, t: u64) {
+        let b = bucket(p, t);
+        assert!(b <= t, "{p:?} of {t} starts at {b}");
+        assert_eq!(bucket(p, b), b, "{p:?} of {t}");
+        let n = next_bucket(p, t);
+        assert!(n > t, "{p:?} after {t} starts at {n}");
+        assert_eq!(bucket(p, n), n, "{p:?} after {t}");
+        assert_eq!(
+            bucket(p, n - 1),
+            b,
+            "{p:?} of {t}: nothing between two periods"
+        );
+    }
+
     proptest! {
-        /// Every period holds its own start, starts no later than `t`, and
-        /// the next one starts after `t`.
         #[test]
         fn buckets_are_consistent(t in 0u64..4_102_444_800, p in 0usize..5) {
-            let p = [Period::Hour, Period::Day, Period::Week, Period::Month, Period::Year][p];
-            let b = bucket(p, t);
-            prop_assert!(b <= t);
-            prop_assert_eq!(bucket(p, b), b);
-            let n = next_bucket(p, t);
-            prop_assert!(n > t);
-            prop_assert_eq!(bucket(p, n), n);
-            prop_assert_eq!(bucket(p, n - 1), b, "nothing between two periods");
+            check_bucket(PERIODS[p], t);
         }
+    }
+
+    /// The first days after the epoch, a clock not yet set: the week that
+    /// holds them began before 1970 and must not wrap around (it counts
+    /// from the epoch, and the next starts on Monday 1970-01-05).
+    #[test]
+    fn periods_right_after_the_epoch() {
+        for t in (0..10 * DAY).step_by(1800) {
+            for p in PERIODS {
+                check_bucket(p, t);
+            }
+        }
+        assert_eq!(bucket(Period::Week, 3 * DAY + 5), 0);
+        assert_eq!(next_bucket(Period::Week, 0), 4 * DAY);
+        assert_eq!(bucket(Period::Week, 4 * DAY), 4 * DAY);
     }
 
     fn keep(h: u32, d: u32, w: u32, m: u32, y: u32) -> Retention {
