@@ -519,12 +519,21 @@ fn begin_incremental(
         )));
     };
     let newest = snaps.last().map(|(_, s)| *s);
-    let changed = rec.root != dir.rec(base)?.root;
+    // Intent log records parked for a key not loaded are changes too
+    // (fsynced writes its tree does not show yet): a load would replay
+    // them over the received state.
+    let parked = crate::zil::has_parked(dir, cx, id)?;
+    let changed = rec.root != dir.rec(base)?.root || parked;
     let roll_back = newest != Some(base) || changed;
     if roll_back && !force {
+        let what = if parked {
+            "writes in its intent log, waiting for its key"
+        } else {
+            "newer snapshots or changes"
+        };
         return Err(DsError::Busy(format!(
-            "'{name}' changed since {base_name} (newer snapshots or changes): `tarn receive \
-             -F` rolls it back first"
+            "'{name}' changed since {base_name} ({what}): `tarn receive -F` rolls it back \
+             first"
         )));
     }
     // Everything is checked before the rollback (`force`), so a stream

@@ -845,6 +845,22 @@ fn parked_of(cx: &mut SyncCx<'_>, id: u64) -> Result<ParkedEntries, DsError> {
     }
 }
 
+/// True when dataset `id` has intent log records parked (waiting for its
+/// key): changes made after its tree, which a load of the key replays.
+pub(crate) fn has_parked(
+    dir: &crate::dsl::Dir,
+    cx: &mut SyncCx<'_>,
+    id: u64,
+) -> Result<bool, DsError> {
+    if dir.parked_new.iter().any(|p| p.id == id) {
+        return Ok(true);
+    }
+    let (lo, hi) = park_prefix(id);
+    Ok(!cx
+        .meta_range(Bound::Included(&lo[..]), Bound::Excluded(&hi[..]), 1)?
+        .is_empty())
+}
+
 /// Drops dataset `id`'s parked records (its tree is replaced or gone):
 /// their blocks are freed.
 pub(crate) fn drop_parked(

@@ -1257,3 +1257,66 @@ fn an_incremental_receive_keeps_its_base_and_cannot_be_rolled_back() {
         .unwrap();
     assert!(backup.leak_check().unwrap().is_clean());
 }
+
+/// Writes an encrypted copy fsynced before a crash, parked at import for
+/// want of its key, are changes since its last snapshot: a raw
+/// incremental stream is refused without `-F` (a later key load would
+/// replay them over the received state), and with `-F` they go with the
+/// rollback, so the key then opens exactly the stream's snapshot.
+#[test]
+fn a_raw_incremental_over_a_parked_log_needs_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tank, backup) = pools(dir.path());
+    let mut rng = Rng::new(0x9a4c);
+    encrypted(&tank, "tank/s", PASS, &[]);
+    let fs = mount(&tank, "tank/s");
+    populate(&fs, &mut rng);
+    tarn_dataset::snapshot(&tank, &["tank/s@1".into()], false).unwrap();
+    change(&fs, &mut rng, 3);
+    tarn_dataset::snapshot(&tank, &["tank/s@2".into()], false).unwrap();
+    drop(fs);
+    let raw = SendOptions {
+        raw: true,
+        ..Default::default()
+    };
+    recv(&backup, "backup/s", &to_vec(&tank, "tank/s@1", &raw), false).unwrap();
+    // On the copy: the key loaded, a write fsynced (in the intent log
+    // only), then a crash, and an import without the key.
+    tarn_dataset::load_key(&backup, "backup/s", &passphrase(PASS)).unwrap();
+    let copy = mount(&backup, "backup/s");
+    let c = Cred::root();
+    let f = tarn_testkit::datasets::new_file(&copy, "written-after-1");
+    copy.write(f, 0, &pattern(5, 300 << 10), false, &c).unwrap();
+    copy.fsync(f).unwrap();
+    drop(copy);
+    backup.abandon();
+    drop(backup);
+    let backup = attached(
+        tarn_testkit::pools::try_import(&[dir.path()], "backup", true, tarn_testkit::pools::opts())
+            .expect("import"),
+    );
+    assert!(tarn_dataset::parked_records(&backup, "backup/s").unwrap() > 0);
+    let incremental = to_vec(
+        &tank,
+        "tank/s@2",
+        &SendOptions {
+            from: Some("@1".into()),
+            raw: true,
+            ..Default::default()
+        },
+    );
+    let r = recv(&backup, "backup/s", &incremental, false);
+    assert!(
+        matches!(r, Err(SendError::Dataset(DsError::Busy(_)))),
+        "{r:?}"
+    );
+    assert!(tarn_dataset::parked_records(&backup, "backup/s").unwrap() > 0);
+    recv(&backup, "backup/s", &incremental, true).unwrap();
+    assert_eq!(
+        tarn_dataset::parked_records(&backup, "backup/s").unwrap(),
+        0
+    );
+    tarn_dataset::load_key(&backup, "backup/s", &passphrase(PASS)).unwrap();
+    assert_eq!(tree(&backup, "backup/s"), tree(&tank, "tank/s@2"));
+    assert!(backup.leak_check().unwrap().is_clean());
+}
