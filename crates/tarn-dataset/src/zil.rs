@@ -1118,35 +1118,13 @@ pub fn parked_blocks(pool: &Pool, name: &str) -> Result<Vec<BlockPtr>, DsError> 
 /// rather than fault the pool halfway through the replay. Each block is
 /// counted at its logical size and a little more for what sealing adds,
 /// so the estimate errs on the side of refusing. Per key of a dataset it
-/// counts the most one record needs at once: a record is one transaction,
-/// in which a block that grows takes a new room each time and gives the
-/// old ones back at its end, so its ops' lengths add up; records replayed
-/// one after the other reuse the room, so across them the largest counts.
+/// counts the most it holds at once ([`replay_rooms`]).
 fn room_for_replay<'o>(
     dsl: &Dsl,
     cx: &mut SyncCx<'_>,
     records: impl Iterator<Item = (u64, &'o [LogOp])>,
 ) -> Result<(), DsError> {
-    let mut blocks: std::collections::BTreeMap<(u64, &[u8]), Vec<u64>> = Default::default();
-    for (id, ops) in records {
-        let mut mine: std::collections::BTreeMap<&[u8], Vec<u64>> = Default::default();
-        for op in ops {
-            let (key, len) = match op {
-                LogOp::Block(k, d) => (k, d.len() as u64),
-                LogOp::Patch { key, len, .. } => (key, u64::from(*len)),
-                _ => continue,
-            };
-            mine.entry(key.as_slice())
-                .or_default()
-                .push(len + SEAL_ROOM);
-        }
-        for (key, rooms) in mine {
-            let e = blocks.entry((id, key)).or_default();
-            if rooms.iter().sum::<u64>() > e.iter().sum::<u64>() {
-                *e = rooms;
-            }
-        }
-    }
+    let blocks = replay_rooms(records);
     let mut held = Vec::new();
     let mut short = None;
     'rooms: for (&(id, _), rooms) in &blocks {
@@ -1174,9 +1152,84 @@ fn room_for_replay<'o>(
     }
 }
 
+/// The rooms each block (dataset, key) of a replay of `records` holds at
+/// its worst moment, for [`room_for_replay`]. A record is one
+/// transaction: a block it writes or grows takes a new room each time and
+/// gives the old ones back at the transaction's end, so within a record
+/// its ops' rooms add up, and so does the room the block already had from
+/// an earlier record of the same replay (all of it is one txg, and that
+/// room too is given back only at the end of the record that replaces
+/// it). Records one after the other reuse what they gave back, so across
+/// them the worst record counts. What an earlier record left is counted
+/// as its largest room, so the estimate never falls short.
+fn replay_rooms<'o>(
+    records: impl Iterator<Item = (u64, &'o [LogOp])>,
+) -> std::collections::BTreeMap<(u64, &'o [u8]), Vec<u64>> {
+    // Per block: the largest room an earlier record left it, and the
+    // rooms of its worst moment so far.
+    let mut blocks: std::collections::BTreeMap<(u64, &[u8]), (u64, Vec<u64>)> = Default::default();
+    for (id, ops) in records {
+        let mut mine: std::collections::BTreeMap<&[u8], Vec<u64>> = Default::default();
+        for op in ops {
+            let (key, len) = match op {
+                LogOp::Block(k, d) => (k, d.len() as u64),
+                LogOp::Patch { key, len, .. } => (key, u64::from(*len)),
+                _ => continue,
+            };
+            mine.entry(key.as_slice())
+                .or_default()
+                .push(len + SEAL_ROOM);
+        }
+        for (key, rooms) in mine {
+            let (left, worst) = blocks.entry((id, key)).or_default();
+            let now: Vec<u64> = (*left > 0)
+                .then_some(*left)
+                .into_iter()
+                .chain(rooms.iter().copied())
+                .collect();
+            if now.iter().sum::<u64>() > worst.iter().sum::<u64>() {
+                *worst = now;
+            }
+            *left = rooms.into_iter().fold(*left, u64::max);
+        }
+    }
+    blocks
+        .into_iter()
+        .map(|(k, (_, worst))| (k, worst))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A block written by two records in turn holds both rooms while the
+    /// second runs; one grown by patches within a record holds a room per
+    /// growth; different blocks and datasets are counted apart.
+    #[test]
+    fn replay_rooms_count_what_is_held_at_once() {
+        let block = |k: &[u8], n: usize| LogOp::Block(k.to_vec(), Arc::new(vec![7; n]));
+        let patch = |k: &[u8], len: u32| LogOp::Patch {
+            key: k.to_vec(),
+            len,
+            off: 0,
+            bytes: vec![1; 16],
+        };
+        let r1 = vec![block(b"a", 4096), patch(b"b", 512), patch(b"b", 8192)];
+        let r2 = vec![block(b"a", 4096), LogOp::Delete(b"c".to_vec())];
+        let r3 = vec![block(b"a", 1024)];
+        let records = [(1, &r1[..]), (1, &r2[..]), (1, &r3[..]), (2, &r3[..])];
+        let rooms = replay_rooms(records.into_iter());
+        let s = SEAL_ROOM;
+        let want: std::collections::BTreeMap<(u64, &[u8]), Vec<u64>> = [
+            ((1, &b"a"[..]), vec![4096 + s, 4096 + s]),
+            ((1, &b"b"[..]), vec![512 + s, 8192 + s]),
+            ((2, &b"a"[..]), vec![1024 + s]),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(rooms, want);
+    }
 
     #[test]
     fn records_round_trip_and_refuse_damage() {
