@@ -1013,6 +1013,14 @@ fn rename_plan(dsl: &Dir, old: &str, new: &str) -> Result<RenamePlan, DsError> {
             }
         })
         .collect();
+    // A longer name makes every renamed record longer.
+    if new.len() > old.len() {
+        for (rid, name) in &renames {
+            let mut r = dsl.rec(*rid)?.clone();
+            r.name.clone_from(name);
+            crate::stored::check_record_size(&r)?;
+        }
+    }
     Ok((id, new_parent, renames))
 }
 

@@ -140,6 +140,7 @@ impl Receiver {
                 after: None,
                 source: info.dataset.clone(),
             };
+            crate::stored::check_recv_state_size(name, &state)?;
             if let Some(&id) = dir.names.get(name) {
                 if let Some(old) = dir.rec(id)?.recv.clone() {
                     let same = old.to_guid == state.to_guid

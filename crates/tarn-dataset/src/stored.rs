@@ -164,17 +164,45 @@ pub(crate) fn load_summaries(
 }
 
 /// Refuses a change that would make `rec` (as changed) too large to
-/// store, its deadlist summary aside: too many holds or clones, or
-/// property values too long. Checked before the change.
+/// store, its deadlist summary and its receive state aside (the latter has
+/// a budget of its own, [`check_recv_state_size`]): too many holds or
+/// clones, property values too long, a rename to a longer name. Checked
+/// before the change.
 pub(crate) fn check_record_size(rec: &DsRec) -> Result<(), DsError> {
     let mut core = rec.clone();
     core.dead.clear();
+    core.recv = None;
     let n = serde_json::to_vec(&core).map_or(usize::MAX, |v| v.len());
     if n > RECORD_MAX {
         return Err(DsError::Invalid(format!(
             "that would make the record of '{}' {n} bytes, more than the {RECORD_MAX} \
              a dataset record may hold (its holds, clones and property values together)",
             rec.name
+        )));
+    }
+    Ok(())
+}
+
+/// The most bytes a receive state may take in a record: what
+/// [`RECORD_MAX`] leaves of a stored record, less the field's own name.
+const RECV_STATE_MAX: usize = PIECE - RECORD_MAX - 64;
+
+/// Refuses a receive whose state (the stream's names, and the resume
+/// point it will hold, a key of up to [`tarn_tree::MAX_KEY`] bytes in hex)
+/// would not fit beside a record of [`RECORD_MAX`]. Checked before the
+/// receive changes anything.
+pub(crate) fn check_recv_state_size(
+    name: &str,
+    state: &crate::recv::RecvState,
+) -> Result<(), DsError> {
+    let mut worst = state.clone();
+    worst.after = Some("0".repeat(2 * tarn_tree::MAX_KEY));
+    let n = serde_json::to_vec(&worst).map_or(usize::MAX, |v| v.len());
+    if n > RECV_STATE_MAX {
+        return Err(DsError::Invalid(format!(
+            "the stream's snapshot and source names are too long to keep in the record \
+             of '{name}' while it is received ({n} bytes with the resume point, more than \
+             {RECV_STATE_MAX})"
         )));
     }
     Ok(())
@@ -198,4 +226,32 @@ pub(crate) fn check_props_size(
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Names of the longest a stream may carry fit beside the longest
+    /// resume point; names JSON must escape throughout do not, and are
+    /// refused rather than stored in a record too large to write.
+    #[test]
+    fn receive_states_fit_their_budget_or_are_refused() {
+        let state = |name: &str, source: &str| crate::recv::RecvState {
+            to_guid: u64::MAX,
+            to_name: name.into(),
+            from_guid: Some(u64::MAX),
+            raw: true,
+            resumable: true,
+            after: None,
+            source: source.into(),
+        };
+        let long = "n".repeat(255);
+        check_recv_state_size("tank/a", &state(&long, &long)).unwrap();
+        let quotes = "\"".repeat(255);
+        assert!(matches!(
+            check_recv_state_size("tank/a", &state(&quotes, &quotes)),
+            Err(DsError::Invalid(_))
+        ));
+    }
 }

@@ -1005,3 +1005,38 @@ fn records_are_kept_within_what_the_meta_tree_stores() {
         refused
     );
 }
+
+/// A rename to a longer name makes every renamed record longer (the
+/// dataset, its snapshots, its descendants): one that would take a record
+/// past what it may hold is refused before anything changes, as a hold
+/// would be; a rename that does not lengthen names is not.
+#[test]
+fn a_rename_that_would_overfill_a_record_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path(), VdevKind::Single, 1, 64 << 20);
+    ds::create(&pool, "tank/a", &BTreeMap::new(), false).unwrap();
+    ds::snapshot(&pool, &["tank/a@s".to_string()], false).unwrap();
+    // Holds of 37 bytes each (escaped) until the snapshot's record is
+    // full to within one of them.
+    let mut refused = false;
+    for i in 0..1000 {
+        let tag = format!("{i:03}{}", "\"".repeat(16));
+        match ds::hold(&pool, &tag, &["tank/a@s".to_string()], false) {
+            Ok(()) => {}
+            Err(DsError::Invalid(_)) => {
+                refused = true;
+                break;
+            }
+            Err(e) => panic!("hold {i}: {e}"),
+        }
+    }
+    assert!(refused, "1000 holds fit a record");
+    let long = format!("tank/{}", "r".repeat(100));
+    let r = ds::rename(&pool, "tank/a", &long);
+    assert!(matches!(r, Err(DsError::Invalid(_))), "{r:?}");
+    assert!(ds::open(&pool, "tank/a@s").is_ok());
+    assert!(ds::open(&pool, &format!("{long}@s")).is_err());
+    ds::rename(&pool, "tank/a", "tank/b").unwrap();
+    pool.sync().unwrap();
+    assert!(ds::open(&pool, "tank/b@s").is_ok());
+}
