@@ -40,9 +40,10 @@
 //! # What a snapshot policy keeps
 //!
 //! Snapshots are named `PREFIX-YYYY-MM-DD-HHMM` (UTC). Only snapshots of
-//! the policy's dataset (and, recursive, of the datasets below) whose
-//! names start with `PREFIX-` are ever pruned; snapshots taken by hand or
-//! by another policy with another prefix are not touched. For each period
+//! the policy's dataset (and, recursive, of the datasets below) named
+//! exactly so are ever pruned; snapshots taken by hand or by another
+//! policy with another prefix are not touched, even one whose prefix
+//! starts with this one's (`auto-daily` beside `auto`). For each period
 //! kind with a count `n` (say daily = 30), the policy keeps the *first*
 //! snapshot it has in each of the `n` most recent periods that have one;
 //! what no period kind keeps is destroyed, except:
@@ -383,6 +384,22 @@ pub fn snapshot_name(prefix: &str, t: u64) -> String {
         s / 3600,
         s / 60 % 60
     )
+}
+
+/// True when `short` (a snapshot's name after the `@`) is one a policy
+/// with `prefix` takes and prunes: the prefix, a dash and a time as
+/// [`snapshot_name`] writes it, nothing more. A policy `auto` must not
+/// prune the snapshots of a policy `auto-daily` on the same dataset.
+pub fn is_policy_snapshot(short: &str, prefix: &str) -> bool {
+    let Some(time) = short.strip_prefix(prefix).and_then(|r| r.strip_prefix('-')) else {
+        return false;
+    };
+    let b = time.as_bytes();
+    b.len() == "YYYY-MM-DD-HHMM".len()
+        && b.iter().enumerate().all(|(i, c)| match i {
+            4 | 7 | 10 => *c == b'-',
+            _ => c.is_ascii_digit(),
+        })
 }
 
 // ---------------------------------------------------------------------
@@ -925,12 +942,11 @@ fn run_snapshot(
     let all = pools.dataset_list(true).map_err(|e| e.to_string())?;
     let covered = |d: &str| d == dataset || (recursive && d.starts_with(&format!("{dataset}/")));
     let mut per_dataset: BTreeMap<String, Vec<Snap>> = BTreeMap::new();
-    let marker = format!("@{prefix}-");
     for d in &all {
-        let Some((fs, _)) = d.name.split_once('@') else {
+        let Some((fs, short)) = d.name.split_once('@') else {
             continue;
         };
-        if covered(fs) && d.name.contains(&marker) {
+        if covered(fs) && is_policy_snapshot(short, prefix) {
             per_dataset.entry(fs.to_string()).or_default().push(Snap {
                 name: d.name.clone(),
                 creation: d.creation_unix,
@@ -1377,6 +1393,33 @@ mod tests {
         #[test]
         fn buckets_are_consistent(t in 0u64..4_102_444_800, p in 0usize..5) {
             check_bucket(PERIODS[p], t);
+        }
+    }
+
+    /// A policy takes its own names and no others: not another policy's
+    /// whose prefix starts with its own, nor a name by hand.
+    #[test]
+    fn policies_know_their_own_snapshots() {
+        for t in (0..4_102_444_800u64).step_by(7_777_777) {
+            assert!(is_policy_snapshot(&snapshot_name("auto", t), "auto"));
+            assert!(is_policy_snapshot(
+                &snapshot_name("auto-daily", t),
+                "auto-daily"
+            ));
+            assert!(!is_policy_snapshot(&snapshot_name("auto-daily", t), "auto"));
+            assert!(!is_policy_snapshot(&snapshot_name("auto", t), "auto-daily"));
+            assert!(!is_policy_snapshot(&snapshot_name("autox", t), "auto"));
+        }
+        for hand in [
+            "auto",
+            "auto-",
+            "auto-manual",
+            "auto-2026-11-30-12000",
+            "auto-2026-11-30-120",
+            "auto-2026-11-30T1200",
+            "auto-2026-1a-30-1200",
+        ] {
+            assert!(!is_policy_snapshot(hand, "auto"), "{hand}");
         }
     }
 

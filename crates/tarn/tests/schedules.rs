@@ -56,12 +56,20 @@ fn snapshot_policies_take_prune_and_catch_up_once() {
     d.ok(&["pool", "create", "tank", "mirror", &f[0], &f[1]]);
     d.ok(&["dataset", "create", "tank/photos"]);
     d.ok(&["dataset", "create", "tank/photos/2026"]);
-    // Older snapshots of the policy (its prefix), and one of someone's.
-    for s in ["auto-a", "auto-b", "auto-c", "auto-d", "manual"] {
+    // Older snapshots of the policy (named as it names them), one of
+    // someone's, and one of a policy whose prefix starts with this one's.
+    let (a, b, c, dd) = (
+        "auto-2020-01-01-0000",
+        "auto-2020-01-01-0001",
+        "auto-2020-01-01-0002",
+        "auto-2020-01-01-0003",
+    );
+    let other = "auto-daily-2020-01-01-0000";
+    for s in [a, b, c, dd, "manual", other] {
         d.ok(&["snapshot", &format!("tank/photos@{s}")]);
     }
-    d.ok(&["hold", "keep-me", "tank/photos@auto-b"]);
-    d.ok(&["clone", "tank/photos@auto-c", "tank/c-clone"]);
+    d.ok(&["hold", "keep-me", &format!("tank/photos@{b}")]);
+    d.ok(&["clone", &format!("tank/photos@{c}"), "tank/c-clone"]);
 
     // Bad schedules are refused with a reason.
     let err = d.fails(&["schedule", "add", "x", "snapshot", "tank/photos"]);
@@ -103,7 +111,7 @@ fn snapshot_policies_take_prune_and_catch_up_once() {
     assert_eq!(first["ok"], true, "{first}");
     let detail = first["detail"].as_str().unwrap().to_string();
     assert!(detail.contains("took tank/photos@auto-"), "{detail}");
-    assert!(detail.ends_with("pruned 1"), "only auto-d may go: {detail}");
+    assert!(detail.ends_with("pruned 1"), "only {dd} may go: {detail}");
     // The run is in the event log too.
     let events = d.ok(&["events"]);
     assert!(
@@ -120,7 +128,7 @@ fn snapshot_policies_take_prune_and_catch_up_once() {
         .to_string();
     // Kept: the first of the hour (a), the held (b), the cloned (c), the
     // newest (the one taken), and what is not the policy's.
-    let mut want = vec!["auto-a", "auto-b", "auto-c", taken.as_str(), "manual"];
+    let mut want = vec![a, b, c, taken.as_str(), "manual", other];
     want.sort();
     assert_eq!(snapshots(&d, "tank/photos"), want);
     assert_eq!(
@@ -151,7 +159,7 @@ fn snapshot_policies_take_prune_and_catch_up_once() {
     );
     // The held and cloned snapshots are still there.
     let now = snapshots(&d, "tank/photos");
-    for s in ["auto-b", "auto-c", "manual"] {
+    for s in [b, c, "manual", other] {
         assert!(now.iter().any(|n| n == s), "{s} gone: {now:?}");
     }
 
