@@ -19,7 +19,7 @@
 //! failed latest self-test is critical; so is 90 % or more of an NVMe's
 //! rated endurance used; 60 °C (70 °C for NVMe) or more is a warning.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Mutex;
@@ -125,35 +125,71 @@ pub fn parse(device: &str, pool: &str, json: &Value) -> DiskHealth {
     h
 }
 
-/// Adds the warnings the thresholds give.
-fn judge(h: &mut DiskHealth) {
-    let mut warn = |critical: bool, msg: String| {
-        h.warnings.push(msg);
-        h.critical |= critical;
+/// One thing the thresholds say about a drive: what kind of warning it
+/// is, the count that makes it news again when it grows (bad sectors and
+/// errors; none for a warning that is news once, such as a temperature,
+/// whose degrees move from one look to the next), whether it is critical,
+/// and its sentence.
+struct Signal {
+    kind: &'static str,
+    count: Option<u64>,
+    critical: bool,
+    text: String,
+}
+
+/// What the thresholds say about `h`.
+fn signals(h: &DiskHealth) -> Vec<Signal> {
+    let mut out = Vec::new();
+    let mut warn = |kind, count, critical, text: String| {
+        out.push(Signal {
+            kind,
+            count,
+            critical,
+            text,
+        })
     };
     if h.smart_passed == Some(false) {
         warn(
+            "smart",
+            None,
             true,
             "the drive's own SMART check says FAILED: replace it".into(),
         );
     }
     if let Some(n) = h.pending.filter(|n| *n > 0) {
         warn(
+            "pending",
+            Some(n),
             false,
             format!("{n} sectors are pending reallocation (unreadable)"),
         );
     }
     if let Some(n) = h.reallocated.filter(|n| *n > 0) {
-        warn(false, format!("{n} sectors were reallocated"));
+        warn(
+            "reallocated",
+            Some(n),
+            false,
+            format!("{n} sectors were reallocated"),
+        );
     }
     if let Some(n) = h.uncorrectable.filter(|n| *n > 0) {
-        warn(false, format!("{n} uncorrectable errors"));
+        warn(
+            "uncorrectable",
+            Some(n),
+            false,
+            format!("{n} uncorrectable errors"),
+        );
     }
     if let Some(n) = h.media_errors.filter(|n| *n > 0) {
-        warn(false, format!("{n} media errors"));
+        warn("media", Some(n), false, format!("{n} media errors"));
     }
     if let Some(p) = h.percentage_used.filter(|p| *p >= 90) {
-        warn(true, format!("{p} % of the rated endurance is used"));
+        warn(
+            "endurance",
+            None,
+            true,
+            format!("{p} % of the rated endurance is used"),
+        );
     }
     let hot = if h.protocol.as_deref() == Some("NVMe") {
         70
@@ -161,16 +197,27 @@ fn judge(h: &mut DiskHealth) {
         60
     };
     if let Some(t) = h.temperature_c.filter(|t| *t >= hot) {
-        warn(false, format!("it runs at {t} °C"));
+        warn("hot", None, false, format!("it runs at {t} °C"));
     }
     if h.last_self_test_passed == Some(false) {
         warn(
+            "self-test",
+            None,
             true,
             format!(
                 "the latest self-test failed ({})",
                 h.last_self_test.as_deref().unwrap_or("?")
             ),
         );
+    }
+    out
+}
+
+/// Adds the warnings the thresholds give.
+fn judge(h: &mut DiskHealth) {
+    for s in signals(h) {
+        h.warnings.push(s.text);
+        h.critical |= s.critical;
     }
 }
 
@@ -256,8 +303,9 @@ pub fn self_test(device: &str, kind: &str) -> Result<String, String> {
     ))
 }
 
-/// Warnings per device.
-type Seen = BTreeMap<String, BTreeSet<String>>;
+/// The kinds of warning each device had at the last look, with their
+/// counts (see [`Signal`]).
+type Seen = BTreeMap<String, BTreeMap<&'static str, Option<u64>>>;
 
 /// What the last health look saw: warnings per device, and when it was.
 pub struct Watch {
@@ -299,20 +347,26 @@ impl Watch {
     }
 }
 
-/// The warnings of `reports` that `seen` (the previous look's warnings
-/// per device) did not have; `seen` becomes this look's.
+/// The warnings of `reports` that are news since `seen` (the previous
+/// look's): a kind of warning the device did not have, or a count that
+/// grew (more bad sectors). The same warning again is not, even in other
+/// words (a drive at 61 °C, then 62 °C); one that went away and came back
+/// is. `seen` becomes this look's.
 pub fn news(seen: &mut Seen, reports: Vec<DiskHealth>) -> Vec<(DiskHealth, Vec<String>)> {
     let mut out = Vec::new();
     let mut now = BTreeMap::new();
     for h in reports {
         let before = seen.get(&h.device).cloned().unwrap_or_default();
-        let new: Vec<String> = h
-            .warnings
-            .iter()
-            .filter(|w| !before.contains(*w))
-            .cloned()
-            .collect();
-        now.insert(h.device.clone(), h.warnings.iter().cloned().collect());
+        let mut mine = BTreeMap::new();
+        let mut new = Vec::new();
+        for s in signals(&h) {
+            let old = before.get(s.kind);
+            if old.is_none_or(|was| s.count > *was) {
+                new.push(s.text);
+            }
+            mine.insert(s.kind, s.count);
+        }
+        now.insert(h.device.clone(), mine);
         if !new.is_empty() {
             out.push((h, new));
         }
@@ -424,10 +478,31 @@ mod tests {
             news(&mut seen, vec![ata.clone()]).is_empty(),
             "the same again: nothing"
         );
-        let mut worse = ata.clone();
-        worse.warnings.push("it runs at 61 °C".into());
-        let again = news(&mut seen, vec![worse]);
+        let mut hot = ata.clone();
+        hot.temperature_c = Some(61);
+        let again = news(&mut seen, vec![hot.clone()]);
         assert_eq!(again[0].1, ["it runs at 61 °C"]);
+        // Still hot, a degree more: the same warning, not news.
+        hot.temperature_c = Some(62);
+        assert!(news(&mut seen, vec![hot.clone()]).is_empty());
+        // More bad sectors are news; fewer (a sector remapped) are not.
+        let pending = hot.pending.expect("the document has pending sectors");
+        hot.pending = Some(pending + 8);
+        let grew = news(&mut seen, vec![hot.clone()]);
+        assert_eq!(
+            grew[0].1,
+            [format!(
+                "{} sectors are pending reallocation (unreadable)",
+                pending + 8
+            )]
+        );
+        hot.pending = Some(pending + 4);
+        assert!(news(&mut seen, vec![hot.clone()]).is_empty());
+        // Cooled down and hot again: news again.
+        hot.temperature_c = Some(40);
+        assert!(news(&mut seen, vec![hot.clone()]).is_empty());
+        hot.temperature_c = Some(61);
+        assert_eq!(news(&mut seen, vec![hot])[0].1, ["it runs at 61 °C"]);
         // Gone and back: new again.
         assert!(news(&mut seen, vec![]).is_empty());
         assert_eq!(news(&mut seen, vec![ata])[0].1.len(), 3);
