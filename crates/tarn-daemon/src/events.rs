@@ -602,16 +602,9 @@ impl Events {
                 ),
             );
         }
-        // Fullness: up through 80 and 90; back below 75 rearms.
-        let level = if pct >= 90 {
-            90
-        } else if pct >= 80 {
-            80
-        } else {
-            0
-        };
-        if level > now.level {
-            let sev = if level >= 90 {
+        let (level, tell) = fullness(now.level, pct);
+        if let Some(mark) = tell {
+            let sev = if mark >= 90 {
                 Severity::Critical
             } else {
                 Severity::Warning
@@ -627,13 +620,36 @@ impl Events {
                     st.name
                 ),
             );
-            now.level = level;
-        } else if pct < 75 {
-            now.level = 0;
-        } else if level < now.level && level == 80 {
-            now.level = 80;
         }
+        now.level = level;
     }
+}
+
+/// The fullness alert after a look at `pct` % full, `level` being the
+/// mark last told (0, 80 or 90): the new level, and the mark to tell now
+/// if any. Each mark is told once on the way up, and told again only
+/// after the pool went five points below it (below 85 for 90, below 75
+/// for 80), so a pool hovering at a mark does not raise an event at
+/// every crossing.
+fn fullness(level: u8, pct: u64) -> (u8, Option<u8>) {
+    let mark = if pct >= 90 {
+        90
+    } else if pct >= 80 {
+        80
+    } else {
+        0
+    };
+    if mark > level {
+        return (mark, Some(mark));
+    }
+    let level = if pct < 75 {
+        0
+    } else if level == 90 && pct < 85 {
+        80
+    } else {
+        level
+    };
+    (level, None)
 }
 
 fn collect_leaves(v: &VdevStatus, out: &mut BTreeMap<String, (Health, u64, u64, u64)>) {
@@ -871,6 +887,23 @@ fn program(path: &str, ev: &Event, held: u64) -> std::result::Result<(), String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pool's fullness over a day of looks: each mark is told on the
+    /// way up, not again while the pool hovers at it, and again after it
+    /// went five points below.
+    #[test]
+    fn fullness_is_told_once_per_crossing() {
+        let mut level = 0;
+        let mut told = Vec::new();
+        for pct in [
+            10, 79, 80, 79, 80, 81, 89, 90, 89, 90, 91, 89, 86, 90, 84, 89, 90, 76, 80, 74, 80,
+        ] {
+            let (l, tell) = fullness(level, pct);
+            level = l;
+            told.extend(tell.map(|m| (pct, m)));
+        }
+        assert_eq!(told, [(80, 80), (90, 90), (90, 90), (80, 80)]);
+    }
 
     fn alert(url: &str) -> Alert {
         Alert {
