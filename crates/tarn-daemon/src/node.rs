@@ -965,6 +965,20 @@ impl Backend for Pools {
                     share.name
                 )));
             }
+            // Samba finds shares by name without case, across pools too.
+            if share.smb.is_some() {
+                if let Some(s) = theirs
+                    .iter()
+                    .find(|s| s.smb.is_some() && s.name.eq_ignore_ascii_case(&share.name))
+                {
+                    return Err(ApiError::exists(format!(
+                        "share '{}' of pool '{}' is served over SMB already, and SMB share \
+                         names do not differ by case",
+                        s.name,
+                        other.name()
+                    )));
+                }
+            }
             if let Some(i) = &share.iscsi {
                 if let Some(s) = theirs
                     .iter()

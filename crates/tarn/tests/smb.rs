@@ -160,6 +160,13 @@ fn smb_serves_users_the_same_files_as_every_other_front_end() {
     assert!(err.contains("meaning of its own"), "{err}");
     let err = d.fails(&["share", "add", "PHOTOS", "tank/media", "--smb", "--guest"]);
     assert!(err.contains("do not differ by case"), "{err}");
+    // Nor across pools: every pool's shares are served by one smbd.
+    let g = files(dir.path(), "g", 1, 256 << 20);
+    d.ok(&["pool", "create", "backup", &g[0]]);
+    d.ok(&["dataset", "create", "backup/pics"]);
+    let err = d.fails(&["share", "add", "PHOTOS", "backup/pics", "--smb", "--guest"]);
+    assert!(err.contains("do not differ by case"), "{err}");
+    d.ok(&["pool", "destroy", "backup"]);
     let users = d.ok(&["user", "list"]);
     assert!(
         users
