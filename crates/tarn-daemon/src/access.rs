@@ -868,6 +868,59 @@ fn check_iscsi(pool: &Pool, share: &Share, i: &IscsiShare) -> Result<(), ApiErro
     Ok(())
 }
 
+/// Points the shares of dataset `old`, and of what was under it (its
+/// descendants and their snapshots; for a snapshot, only its own), at
+/// their names after a rename to `new`, so that a renamed dataset stays
+/// shared on the same terms. Returns the shares changed.
+pub fn shares_follow_rename(pool: &Pool, old: &str, new: &str) -> Result<Vec<String>, ApiError> {
+    let whole_tree = !old.contains('@');
+    let mut changed = Vec::new();
+    for mut share in shares(pool)? {
+        let to = if share.dataset == old {
+            new.to_string()
+        } else if let Some(rest) = share
+            .dataset
+            .strip_prefix(old)
+            .filter(|r| whole_tree && (r.starts_with('/') || r.starts_with('@')))
+        {
+            format!("{new}{rest}")
+        } else {
+            continue;
+        };
+        share.dataset = to;
+        let record = ShareRecord::from(&share);
+        tarn_dataset::config_put(pool, KIND_SHARE, &share.name, &encode(&record)?)
+            .map_err(ds_error)?;
+        changed.push(share.name);
+    }
+    Ok(changed)
+}
+
+/// Removes the shares of datasets a destroy of `name` (a dataset, a
+/// snapshot or a range of snapshots) took away, so that a dataset made
+/// later under the same name is not served to the old share's clients on
+/// the old terms. Returns the shares removed.
+pub fn shares_of_destroyed(pool: &Pool, name: &str) -> Result<Vec<String>, ApiError> {
+    let fs = name.split('@').next().unwrap_or(name);
+    let mut gone = Vec::new();
+    for share in shares(pool)? {
+        let d = share.dataset.as_str();
+        let related =
+            d == fs || d.starts_with(&format!("{fs}/")) || d.starts_with(&format!("{fs}@"));
+        if !related
+            || !matches!(
+                tarn_dataset::get_props(pool, d, &["type".to_string()]),
+                Err(tarn_dataset::DsError::NotFound(_))
+            )
+        {
+            continue;
+        }
+        tarn_dataset::config_delete(pool, KIND_SHARE, &share.name).map_err(ds_error)?;
+        gone.push(share.name);
+    }
+    Ok(gone)
+}
+
 /// Removes a share.
 pub fn share_del(pool: &Pool, name: &str) -> Result<(), ApiError> {
     if !tarn_dataset::config_delete(pool, KIND_SHARE, name).map_err(ds_error)? {

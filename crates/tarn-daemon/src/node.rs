@@ -515,6 +515,19 @@ impl Backend for Pools {
         if r.is_err() {
             self.mounts.remount(&self.fss, &pool, gone, None);
             self.mounts.automount(&self.fss, &pool);
+        } else {
+            let _access = self.access_lock.lock().unwrap_or_else(|e| e.into_inner());
+            match access::shares_of_destroyed(&pool, name) {
+                Ok(shares) => {
+                    for s in shares {
+                        log::info!("tarn: removed share '{s}': its dataset was destroyed");
+                    }
+                }
+                Err(e) => log::warn!(
+                    "tarn: pool '{}': cannot remove the shares of '{name}', destroyed: {e}",
+                    pool.name()
+                ),
+            }
         }
         self.refresh_servers();
         r
@@ -623,6 +636,16 @@ impl Backend for Pools {
             self.fss.forget_tree(fs);
         }
         let r = tarn_dataset::rename(&pool, name, new_name).map_err(ds_error);
+        if r.is_ok() {
+            let _access = self.access_lock.lock().unwrap_or_else(|e| e.into_inner());
+            if let Err(e) = access::shares_follow_rename(&pool, name, new_name) {
+                log::warn!(
+                    "tarn: pool '{}': the shares of '{name}' still name it after its rename \
+                     to '{new_name}': {e}",
+                    pool.name()
+                );
+            }
+        }
         let renamed = r.is_ok().then_some((name, new_name));
         self.mounts.remount(&self.fss, &pool, down, renamed);
         self.mounts.automount(&self.fss, &pool);

@@ -86,3 +86,86 @@ fn users_and_shares_end_to_end() {
     assert!(tarn_daemon::access::authenticate(&pool, "alice", "s3cret-pX").is_none());
     assert!(tarn_daemon::access::authenticate(&pool, "nobody", "s3cret-pw").is_none());
 }
+
+/// The shares of each dataset, by share name, as the daemon lists them.
+fn shared(d: &Daemon) -> std::collections::BTreeMap<String, String> {
+    let v: serde_json::Value =
+        serde_json::from_str(&d.ok(&["-o", "json", "share", "list"])).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["share"]["name"].as_str().unwrap().to_string(),
+                s["share"]["dataset"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// A renamed dataset stays shared on the same terms: its shares, and
+/// those of its descendants and snapshots, follow the new names (they
+/// used to keep naming the old one and stop being served). A destroyed
+/// dataset's shares go with it, so one made later under the same name is
+/// not served on the old terms; the shares of what stays, stay.
+#[test]
+fn shares_follow_renames_and_go_with_destroys() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path());
+    let f = files(dir.path(), "m", 2, 64 << 20);
+    d.ok(&["pool", "create", "tank", "mirror", &f[0], &f[1]]);
+    for ds in ["tank/photos", "tank/photos/2026", "tank/photostudio"] {
+        d.ok(&["dataset", "create", ds]);
+    }
+    d.ok(&["volume", "create", "-s", "-V", "16M", "tank/photos/disk"]);
+    d.ok(&["snapshot", "tank/photos/disk@a"]);
+    d.ok(&["snapshot", "tank/photos/disk@b"]);
+    for (share, ds) in [
+        ("photos", "tank/photos"),
+        ("year", "tank/photos/2026"),
+        ("studio", "tank/photostudio"),
+    ] {
+        d.ok(&["share", "add", share, ds, "--nfs", "127.0.0.1/32"]);
+    }
+    d.ok(&[
+        "share",
+        "add",
+        "then",
+        "tank/photos/disk@a",
+        "--nbd",
+        "127.0.0.1/32",
+    ]);
+    d.ok(&["dataset", "create", "tank/media"]);
+    d.ok(&["dataset", "rename", "tank/photos", "tank/media/photos"]);
+    let want = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    assert_eq!(
+        shared(&d),
+        want(&[
+            ("photos", "tank/media/photos"),
+            ("year", "tank/media/photos/2026"),
+            ("then", "tank/media/photos/disk@a"),
+            ("studio", "tank/photostudio"),
+        ])
+    );
+    d.ok(&[
+        "dataset",
+        "rename",
+        "tank/media/photos/disk@a",
+        "tank/media/photos/disk@first",
+    ]);
+    assert_eq!(shared(&d)["then"], "tank/media/photos/disk@first");
+    // Another snapshot destroyed: the shared one stays shared.
+    d.ok(&["dataset", "destroy", "tank/media/photos/disk@b"]);
+    assert_eq!(shared(&d).len(), 4);
+    d.ok(&["dataset", "destroy", "-r", "tank/media/photos"]);
+    assert_eq!(shared(&d), want(&[("studio", "tank/photostudio")]));
+    // A dataset made under the old name is not shared.
+    d.ok(&["dataset", "create", "tank/media/photos"]);
+    assert_eq!(shared(&d).len(), 1);
+    d.stop();
+}
