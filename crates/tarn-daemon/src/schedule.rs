@@ -1267,26 +1267,56 @@ fn run_replicate(pools: &Pools, kind: &ScheduleKind) -> Result<String, String> {
     }
 }
 
+/// Config kind of the record that says a schedule paused the pool's
+/// scrub (name [`PAUSED_NAME`]): present from the pause to the resume.
+pub const KIND_PAUSED: &str = "schedpause";
+
+/// The name of the [`KIND_PAUSED`] record.
+const PAUSED_NAME: &str = "scrub";
+
 /// Pauses the scrub of `pool` in the pause hours of its scrub schedules,
-/// and resumes it after them.
-fn apply_pause(pools: &Pools, pool: &str, pause: Option<(u8, u8)>, now: u64) {
-    let Ok(status) = pools.pool_status(Some(pool)) else {
+/// and resumes it after them: only a scrub a schedule paused (a record in
+/// the pool says so, kept across restarts and schedule changes), never
+/// one paused by hand, which stays paused until resumed by hand.
+fn apply_pause(pools: &Pools, pool: &Pool, pause: Option<(u8, u8)>, now: u64) {
+    let name = pool.name();
+    let Ok(status) = pools.pool_status(Some(name)) else {
         return;
     };
     let Some(scan) = status.first().and_then(|s| s.scan.clone()) else {
         return;
     };
-    if scan.kind != tarn_api::pool::ScanKind::Scrub {
-        return;
-    }
     use tarn_api::pool::{ScanState, ScrubAction};
-    let action = match (scan.state, paused_at(pause, now)) {
-        (ScanState::Scanning, true) => ScrubAction::Pause,
-        (ScanState::Paused, false) => ScrubAction::Resume,
-        _ => return,
+    let by_schedule = || tarn_dataset::config_list(pool, KIND_PAUSED).is_ok_and(|l| !l.is_empty());
+    let mark = |paused: bool| {
+        let r = if paused {
+            tarn_dataset::config_put(pool, KIND_PAUSED, PAUSED_NAME, b"{}").map(|_| ())
+        } else {
+            tarn_dataset::config_delete(pool, KIND_PAUSED, PAUSED_NAME).map(|_| ())
+        };
+        if let Err(e) = r {
+            log::warn!("tarn: scrub schedule of '{name}': cannot record its pause: {e}");
+        }
     };
-    if let Err(e) = pools.pool_scrub(pool, action) {
-        log::warn!("tarn: scrub schedule of '{pool}': cannot {action:?} the scrub: {e}");
+    let scrub = scan.kind == tarn_api::pool::ScanKind::Scrub;
+    let action = match (scrub, scan.state, paused_at(pause, now)) {
+        (true, ScanState::Scanning, true) => ScrubAction::Pause,
+        (true, ScanState::Paused, false) if by_schedule() => ScrubAction::Resume,
+        // Not (or no longer) a scrub a schedule paused: resumed by hand,
+        // ended, or another scan.
+        (_, ScanState::Paused, _) if scrub => return,
+        _ => {
+            if by_schedule() {
+                mark(false);
+            }
+            return;
+        }
+    };
+    match pools.pool_scrub(name, action) {
+        Ok(_) => mark(action == ScrubAction::Pause),
+        Err(e) => {
+            log::warn!("tarn: scrub schedule of '{name}': cannot {action:?} the scrub: {e}")
+        }
     }
 }
 
@@ -1327,7 +1357,7 @@ fn look_at_schedules(pools: &Arc<Pools>, now: u64) {
                 }
             }
             if let ScheduleKind::Scrub { pause: Some(p), .. } = s.kind {
-                apply_pause(pools, pool.name(), Some(p), now);
+                apply_pause(pools, &pool, Some(p), now);
             }
         }
     }
