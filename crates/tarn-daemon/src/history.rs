@@ -140,7 +140,9 @@ impl Rings {
         if self
             .coarse
             .back()
-            .is_none_or(|last| s.t - last.t >= coarse_every)
+            // A clock set back: sample again from the new time, rather
+            // than wait for the clock to pass the old one.
+            .is_none_or(|last| s.t - last.t >= coarse_every || s.t < last.t)
         {
             self.coarse.push_back(s.clone());
             if self.coarse.len() > COARSE_KEEP {
@@ -318,5 +320,18 @@ mod tests {
             "{}",
             day.len()
         );
+        // The clock set back a year: the day ring goes on from the new
+        // time (the point across the jump is dropped as out of order).
+        let back = 1000.0 * 10.0 - 365.0 * 86_400.0;
+        for i in 0..100u64 {
+            let t = back + i as f64 * 10.0;
+            r.push(at(t, i, (i, 0.0), i, (i, 0)), 300.0);
+        }
+        let day = r.points(true);
+        assert!(
+            day.iter().filter(|p| p.secs == 300.0).count() >= day.len() - 1 && day.len() >= 3,
+            "{day:?}"
+        );
+        assert_eq!(r.coarse.back().map(|s| s.t), Some(back + 900.0));
     }
 }

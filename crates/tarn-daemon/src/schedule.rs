@@ -449,10 +449,13 @@ pub fn due(kind: &ScheduleKind, last: Option<u64>, now: u64) -> bool {
     match (kind, periodic(kind)) {
         (ScheduleKind::Snapshot { keep, .. }, _) => match finest(keep) {
             None => false,
-            Some(p) => last.is_none_or(|l| bucket(p, l) < bucket(p, now)),
+            // A last start in a later period than now's: the clock was
+            // far ahead once and was set back. Due, rather than idle
+            // until the clock catches up with it.
+            Some(p) => last.is_none_or(|l| bucket(p, l) != bucket(p, now)),
         },
         (_, Some((p, at_hour))) => {
-            hour_of(now) >= at_hour && last.is_none_or(|l| bucket(p, l) < bucket(p, now))
+            hour_of(now) >= at_hour && last.is_none_or(|l| bucket(p, l) != bucket(p, now))
         }
         (_, None) => false,
     }
@@ -1594,6 +1597,13 @@ mod tests {
         // Down all of March: one scrub in April.
         let april = T0 + 90 * DAY + 5 * 3600;
         assert!(due(&scrub, Some(next_month + 2 * 3600), april));
+        // A clock once far ahead (a board before its time was set), then
+        // set right: due now, not idle until 2096; once run, not again.
+        let ahead = 4_000_000_000;
+        for k in [&kind, &scrub] {
+            assert!(due(k, Some(ahead), april), "{k:?}");
+            assert!(!due(k, Some(april), april + 60), "{k:?}");
+        }
     }
 
     #[test]
