@@ -342,6 +342,36 @@ impl Mounts {
         Ok(done)
     }
 
+    /// [`Mounts::unmount_tree`], all or nothing: when one is busy, what was
+    /// already unmounted is mounted again (manual mounts where they were,
+    /// property mounts through `automount`) before the error is returned.
+    pub fn unmount_tree_or_none(
+        &self,
+        fss: &Filesystems,
+        pool: &Arc<Pool>,
+        dataset: &str,
+    ) -> Result<Vec<MountInfo>, ApiError> {
+        self.service_unmount_tree(dataset)?;
+        let names: Vec<String> = self
+            .lock()
+            .keys()
+            .filter(|k| covers(dataset, k))
+            .cloned()
+            .collect();
+        let mut done = Vec::new();
+        for n in names.iter().rev() {
+            match self.unmount(n) {
+                Ok(info) => done.push(info),
+                Err(e) => {
+                    self.remount(fss, pool, done, None);
+                    self.automount(fss, pool);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(done)
+    }
+
     /// Mounts again what [`Mounts::unmount_tree`] took down, where it was
     /// (best effort; failures are reported on stderr).
     pub fn remount(

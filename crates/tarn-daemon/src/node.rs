@@ -121,8 +121,9 @@ impl Backend for Pools {
         Ok(ImportResult::Imported(Box::new(status)))
     }
 
-    fn pool_export(&self, name: &str, _force: bool) -> Result<(), ApiError> {
+    fn pool_export(&self, name: &str, force: bool) -> Result<(), ApiError> {
         let pool = self.get(name)?;
+        self.unless_busy(&pool, force)?;
         self.mounts.unmount_pool(name);
         self.fss.forget_tree(name);
         let r = pool.export(false);
@@ -132,8 +133,9 @@ impl Backend for Pools {
         r.map_err(api_error)
     }
 
-    fn pool_destroy(&self, name: &str, _force: bool) -> Result<(), ApiError> {
+    fn pool_destroy(&self, name: &str, force: bool) -> Result<(), ApiError> {
         let pool = self.get(name)?;
+        self.unless_busy(&pool, force)?;
         self.mounts.unmount_pool(name);
         self.fss.forget_tree(name);
         let r = pool.export(true);
@@ -1351,6 +1353,26 @@ impl Drop for Receiving<'_> {
 }
 
 impl Pools {
+    /// Before an export or destroy without `force`: unmounts the pool's
+    /// filesystems unless one is in use, and then refuses with everything
+    /// mounted again, as `zpool export` does without -f. With `force`
+    /// nothing is checked: busy mounts are detached.
+    fn unless_busy(&self, pool: &Arc<Pool>, force: bool) -> Result<(), ApiError> {
+        if force {
+            return Ok(());
+        }
+        self.mounts
+            .unmount_tree_or_none(&self.fss, pool, pool.name())
+            .map(|_| ())
+            .map_err(|e| {
+                ApiError::busy(format!(
+                    "pool '{}' is in use: {} (-f detaches what is in use)",
+                    pool.name(),
+                    e.message
+                ))
+            })
+    }
+
     /// (device, pool) of a device of an imported pool, by its path (or
     /// the path it resolves to).
     fn pool_device(&self, device: &str) -> Result<(String, String), ApiError> {

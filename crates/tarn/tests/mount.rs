@@ -76,6 +76,20 @@ fn mounts_follow_properties_snapshots_and_pool_lifetime() {
     let err = d.fails(&["unmount", "tank/nothing"]);
     assert!(err.contains("not mounted"), "{err}");
 
+    // A filesystem in use stops an export without -f, and what was
+    // unmounted before it was found busy (its child) is mounted again.
+    d.ok(&["dataset", "create", "tank/photos/keep"]);
+    assert!(is_mounted(&photos.join("keep")));
+    let held = std::fs::File::open(photos.join("note.txt")).unwrap();
+    for verb in ["export", "destroy"] {
+        let err = d.fails(&["pool", verb, "tank"]);
+        assert!(err.contains("in use") && err.contains("-f"), "{err}");
+        assert!(is_mounted(&photos) && is_mounted(&photos.join("keep")));
+    }
+    assert_eq!(std::fs::read(photos.join("note.txt")).unwrap(), b"first");
+    drop(held);
+    d.ok(&["destroy", "tank/photos/keep"]);
+
     // Export unmounts; import mounts again; daemon stop unmounts.
     d.ok(&["pool", "export", "tank"]);
     assert!(!is_mounted(&photos));
