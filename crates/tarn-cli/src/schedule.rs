@@ -54,8 +54,8 @@ pub enum ScheduleCommand {
         every: Option<String>,
         /// scrub, selftest, replicate: not before this hour of the day (0
         /// to 23, UTC)
-        #[arg(long, value_name = "HOUR", default_value_t = 0)]
-        at: u8,
+        #[arg(long, value_name = "HOUR")]
+        at: Option<u8>,
         /// selftest: short or long
         #[arg(long, value_name = "TEST", default_value = "short")]
         test: String,
@@ -338,8 +338,10 @@ pub(crate) fn schedule_command(
             }
             let kind = match kind.as_str() {
                 "snapshot" => {
-                    if every.is_some() {
-                        bail!("a snapshot schedule's --keep says how often it runs, not --every");
+                    if every.is_some() || at.is_some() {
+                        bail!(
+                            "a snapshot schedule's --keep says when it runs, not --every or --at"
+                        );
                     }
                     let keep = keep.context(
                         "a snapshot schedule needs --keep, e.g. hourly=24,daily=30,weekly=8,monthly=12",
@@ -360,7 +362,7 @@ pub(crate) fn schedule_command(
                     }
                     ScheduleKind::Scrub {
                         every: parse_every(every.as_deref(), Every::Monthly)?,
-                        at_hour: at,
+                        at_hour: at.unwrap_or(0),
                         pause: pause.as_deref().map(parse_pause).transpose()?,
                     }
                 }
@@ -375,7 +377,7 @@ pub(crate) fn schedule_command(
                         test: SelfTest::parse(&test)
                             .with_context(|| format!("--test {test}: short or long"))?,
                         every: parse_every(every.as_deref(), Every::Weekly)?,
-                        at_hour: at,
+                        at_hour: at.unwrap_or(0),
                     }
                 }
                 "replicate" => {
@@ -390,7 +392,7 @@ pub(crate) fn schedule_command(
                         )?,
                         prefix: (!any_snapshot).then_some(prefix),
                         every: parse_every(every.as_deref(), Every::Daily)?,
-                        at_hour: at,
+                        at_hour: at.unwrap_or(0),
                         token_file: absolute("--token-file", token_file)?,
                         fingerprint,
                         env_file: absolute("--env-file", env_file)?,

@@ -94,6 +94,19 @@ fn snapshot_policies_take_prune_and_catch_up_once() {
         "minutely=3",
     ]);
     assert!(err.contains("minutely"), "{err}");
+    // An hour for a snapshot policy would be ignored: refused.
+    let err = d.fails(&[
+        "schedule",
+        "add",
+        "x",
+        "snapshot",
+        "tank/photos",
+        "--keep",
+        "daily=3",
+        "--at",
+        "2",
+    ]);
+    assert!(err.contains("--at"), "{err}");
 
     // Two hours and a day: the first run is at once.
     d.ok(&[
