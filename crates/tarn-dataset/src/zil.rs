@@ -1165,9 +1165,14 @@ fn room_for_replay<'o>(
 fn replay_rooms<'o>(
     records: impl Iterator<Item = (u64, &'o [LogOp])>,
 ) -> std::collections::BTreeMap<(u64, &'o [u8]), Vec<u64>> {
-    // Per block: the largest room an earlier record left it, and the
-    // rooms of its worst moment so far.
-    let mut blocks: std::collections::BTreeMap<(u64, &[u8]), (u64, Vec<u64>)> = Default::default();
+    /// A block's largest room an earlier record left it, and the rooms
+    /// of its worst moment so far.
+    #[derive(Default)]
+    struct Held {
+        left: u64,
+        worst: Vec<u64>,
+    }
+    let mut blocks: std::collections::BTreeMap<(u64, &[u8]), Held> = Default::default();
     for (id, ops) in records {
         let mut mine: std::collections::BTreeMap<&[u8], Vec<u64>> = Default::default();
         for op in ops {
@@ -1181,22 +1186,19 @@ fn replay_rooms<'o>(
                 .push(len + SEAL_ROOM);
         }
         for (key, rooms) in mine {
-            let (left, worst) = blocks.entry((id, key)).or_default();
-            let now: Vec<u64> = (*left > 0)
-                .then_some(*left)
+            let h = blocks.entry((id, key)).or_default();
+            let now: Vec<u64> = (h.left > 0)
+                .then_some(h.left)
                 .into_iter()
                 .chain(rooms.iter().copied())
                 .collect();
-            if now.iter().sum::<u64>() > worst.iter().sum::<u64>() {
-                *worst = now;
+            if now.iter().sum::<u64>() > h.worst.iter().sum::<u64>() {
+                h.worst = now;
             }
-            *left = rooms.into_iter().fold(*left, u64::max);
+            h.left = rooms.into_iter().fold(h.left, u64::max);
         }
     }
-    blocks
-        .into_iter()
-        .map(|(k, (_, worst))| (k, worst))
-        .collect()
+    blocks.into_iter().map(|(k, h)| (k, h.worst)).collect()
 }
 
 #[cfg(test)]
@@ -1215,9 +1217,9 @@ mod tests {
             off: 0,
             bytes: vec![1; 16],
         };
-        let r1 = vec![block(b"a", 4096), patch(b"b", 512), patch(b"b", 8192)];
-        let r2 = vec![block(b"a", 4096), LogOp::Delete(b"c".to_vec())];
-        let r3 = vec![block(b"a", 1024)];
+        let r1 = [block(b"a", 4096), patch(b"b", 512), patch(b"b", 8192)];
+        let r2 = [block(b"a", 4096), LogOp::Delete(b"c".to_vec())];
+        let r3 = [block(b"a", 1024)];
         let records = [(1, &r1[..]), (1, &r2[..]), (1, &r3[..]), (2, &r3[..])];
         let rooms = replay_rooms(records.into_iter());
         let s = SEAL_ROOM;
