@@ -45,8 +45,8 @@ pub enum Every {
 #[serde(rename_all = "lowercase", deny_unknown_fields)]
 pub enum ScheduleKind {
     /// Snapshots of a dataset, named `PREFIX-YYYY-MM-DD-HHMM` (UTC), pruned
-    /// by the retention. Only snapshots with the prefix are pruned; a
-    /// held snapshot, one with clones, and the newest are never.
+    /// by the retention. Only snapshots named so are pruned; a held
+    /// snapshot, one with clones, and the newest are never.
     Snapshot {
         /// The filesystem or volume.
         dataset: String,

@@ -647,6 +647,15 @@ impl Backend for Pools {
                     pool.name()
                 );
             }
+            drop(_access);
+            let _schedules = self.schedule_lock.lock().unwrap_or_else(|e| e.into_inner());
+            if let Err(e) = crate::schedule::follow_rename(&pool, name, new_name) {
+                log::warn!(
+                    "tarn: pool '{}': the schedules of '{name}' still name it after its \
+                     rename to '{new_name}': {e}",
+                    pool.name()
+                );
+            }
         }
         let renamed = r.is_ok().then_some((name, new_name));
         self.mounts.remount(&self.fss, &pool, down, renamed);

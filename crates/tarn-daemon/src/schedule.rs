@@ -555,6 +555,34 @@ fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, ApiError> {
     serde_json::to_vec(v).map_err(|e| ApiError::internal(e.to_string()))
 }
 
+/// Points the snapshot and replication schedules of dataset `old`, and of
+/// the datasets below it, at their names after a rename to `new` (a
+/// snapshot's rename changes none), so that a renamed dataset keeps its
+/// policies. Returns the schedules changed. The caller holds
+/// `Pools::schedule_lock`.
+pub fn follow_rename(pool: &Pool, old: &str, new: &str) -> Result<Vec<String>, ApiError> {
+    if old.contains('@') {
+        return Ok(Vec::new());
+    }
+    let moved = |d: &str| -> Option<String> {
+        let rest = d.strip_prefix(old)?;
+        (rest.is_empty() || rest.starts_with('/')).then(|| format!("{new}{rest}"))
+    };
+    let mut changed = Vec::new();
+    for (mut rec, _) in stored(pool)? {
+        let dataset = match &mut rec.kind {
+            KindRecord::Snapshot { dataset, .. } | KindRecord::Replicate { dataset, .. } => dataset,
+            KindRecord::Scrub { .. } | KindRecord::Selftest { .. } => continue,
+        };
+        let Some(to) = moved(dataset) else { continue };
+        *dataset = to;
+        tarn_dataset::config_put(pool, KIND_SCHEDULE, &rec.name, &encode(&rec)?)
+            .map_err(ds_error)?;
+        changed.push(rec.name);
+    }
+    Ok(changed)
+}
+
 /// The schedules stored in `pool`, each with its state; a record that
 /// cannot be read is reported and left out.
 pub fn stored(pool: &Pool) -> Result<Vec<(ScheduleRecord, StateRecord)>, ApiError> {

@@ -135,8 +135,31 @@ fn shares_follow_renames_and_go_with_destroys() {
         "--nbd",
         "127.0.0.1/32",
     ]);
+    // Snapshot policies too.
+    for (name, ds) in [
+        ("snaps", "tank/photos/2026"),
+        ("studio", "tank/photostudio"),
+    ] {
+        d.ok(&["schedule", "add", name, "snapshot", ds, "--keep", "daily=3"]);
+    }
     d.ok(&["dataset", "create", "tank/media"]);
     d.ok(&["dataset", "rename", "tank/photos", "tank/media/photos"]);
+    let v: serde_json::Value =
+        serde_json::from_str(&d.ok(&["-o", "json", "schedule", "list"])).unwrap();
+    let policies: std::collections::BTreeMap<String, String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let kind = &s["schedule"]["kind"]["snapshot"];
+            (
+                s["schedule"]["name"].as_str().unwrap().to_string(),
+                kind["dataset"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(policies["snaps"], "tank/media/photos/2026", "{v}");
+    assert_eq!(policies["studio"], "tank/photostudio", "{v}");
     let want = |pairs: &[(&str, &str)]| {
         pairs
             .iter()
