@@ -305,7 +305,7 @@ pub fn self_test(device: &str, kind: &str) -> Result<String, String> {
 
 /// The kinds of warning each device had at the last look, with their
 /// counts (see [`Signal`]).
-type Seen = BTreeMap<String, BTreeMap<&'static str, Option<u64>>>;
+type Seen = BTreeMap<String, BTreeMap<String, Option<u64>>>;
 
 /// What the last health look saw: warnings per device, and when it was.
 pub struct Watch {
@@ -359,12 +359,24 @@ pub fn news(seen: &mut Seen, reports: Vec<DiskHealth>) -> Vec<(DiskHealth, Vec<S
         let before = seen.get(&h.device).cloned().unwrap_or_default();
         let mut mine = BTreeMap::new();
         let mut new = Vec::new();
-        for s in signals(&h) {
-            let old = before.get(s.kind);
-            if old.is_none_or(|was| s.count > *was) {
-                new.push(s.text);
+        let signals = signals(&h);
+        // Warnings read straight from the drive's report (NVMe's critical
+        // warning bits) rather than judged here: each sentence its own
+        // kind, news once.
+        let read: Vec<(String, Option<u64>, String)> = h
+            .warnings
+            .iter()
+            .filter(|w| !signals.iter().any(|s| &s.text == *w))
+            .map(|w| (format!("said: {w}"), None, w.clone()))
+            .collect();
+        let judged = signals
+            .into_iter()
+            .map(|s| (s.kind.to_string(), s.count, s.text));
+        for (kind, count, text) in judged.chain(read) {
+            if before.get(&kind).is_none_or(|was| count > *was) {
+                new.push(text);
             }
-            mine.insert(s.kind, s.count);
+            mine.insert(kind, count);
         }
         now.insert(h.device.clone(), mine);
         if !new.is_empty() {
@@ -467,6 +479,13 @@ mod tests {
         assert!(self_test("/dev/null", "medium").is_err());
     }
 
+    /// The warnings of `h` judged again after a test changed its readings.
+    fn rejudge(h: &mut DiskHealth) {
+        h.warnings.clear();
+        h.critical = false;
+        judge(h);
+    }
+
     #[test]
     fn a_warning_is_new_once() {
         let mut seen = BTreeMap::new();
@@ -480,14 +499,17 @@ mod tests {
         );
         let mut hot = ata.clone();
         hot.temperature_c = Some(61);
+        rejudge(&mut hot);
         let again = news(&mut seen, vec![hot.clone()]);
         assert_eq!(again[0].1, ["it runs at 61 °C"]);
         // Still hot, a degree more: the same warning, not news.
         hot.temperature_c = Some(62);
+        rejudge(&mut hot);
         assert!(news(&mut seen, vec![hot.clone()]).is_empty());
         // More bad sectors are news; fewer (a sector remapped) are not.
         let pending = hot.pending.expect("the document has pending sectors");
         hot.pending = Some(pending + 8);
+        rejudge(&mut hot);
         let grew = news(&mut seen, vec![hot.clone()]);
         assert_eq!(
             grew[0].1,
@@ -497,14 +519,31 @@ mod tests {
             )]
         );
         hot.pending = Some(pending + 4);
+        rejudge(&mut hot);
         assert!(news(&mut seen, vec![hot.clone()]).is_empty());
         // Cooled down and hot again: news again.
         hot.temperature_c = Some(40);
+        rejudge(&mut hot);
         assert!(news(&mut seen, vec![hot.clone()]).is_empty());
         hot.temperature_c = Some(61);
+        rejudge(&mut hot);
         assert_eq!(news(&mut seen, vec![hot])[0].1, ["it runs at 61 °C"]);
         // Gone and back: new again.
         assert!(news(&mut seen, vec![]).is_empty());
         assert_eq!(news(&mut seen, vec![ata])[0].1.len(), 3);
+        // What the drive says of itself (NVMe's critical warning bits)
+        // is news too, once.
+        let mut doc = doc("nvme.json");
+        doc["nvme_smart_health_information_log"]["critical_warning"] = 4.into();
+        let nvme = parse("/dev/nvme0", "tank", &doc);
+        let first = news(&mut seen, vec![nvme.clone()]);
+        assert!(
+            first[0]
+                .1
+                .iter()
+                .any(|w| w.contains("critical warning bits")),
+            "{first:?}"
+        );
+        assert!(news(&mut seen, vec![nvme]).is_empty());
     }
 }
