@@ -351,7 +351,9 @@ impl Mounts {
         pool: &Arc<Pool>,
         dataset: &str,
     ) -> Result<Vec<MountInfo>, ApiError> {
-        self.service_unmount_tree(dataset)?;
+        // The mounts people use first, before anything is done to the
+        // file sharing servers' own mounts (taking those down disconnects
+        // their clients).
         let names: Vec<String> = self
             .lock()
             .keys()
@@ -368,6 +370,11 @@ impl Mounts {
                     return Err(e);
                 }
             }
+        }
+        if let Err(e) = self.service_unmount_tree(dataset) {
+            self.remount(fss, pool, done, None);
+            self.automount(fss, pool);
+            return Err(e);
         }
         Ok(done)
     }

@@ -1370,16 +1370,18 @@ impl Pools {
         if force {
             return Ok(());
         }
-        self.mounts
-            .unmount_tree_or_none(&self.fss, pool, pool.name())
-            .map(|_| ())
-            .map_err(|e| {
-                ApiError::busy(format!(
-                    "pool '{}' is in use: {} (-f detaches what is in use)",
-                    pool.name(),
-                    e.message
-                ))
-            })
+        let r = self
+            .mounts
+            .unmount_tree_or_none(&self.fss, pool, pool.name());
+        r.map(|_| ()).map_err(|e| {
+            // What the file sharing servers had taken down comes back.
+            self.refresh_servers();
+            ApiError::busy(format!(
+                "pool '{}' is in use: {} (-f detaches what is in use)",
+                pool.name(),
+                e.message
+            ))
+        })
     }
 
     /// (device, pool) of a device of an imported pool, by its path (or

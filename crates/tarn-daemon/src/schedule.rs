@@ -444,18 +444,25 @@ fn periodic(kind: &ScheduleKind) -> Option<(Period, u8)> {
     }
 }
 
+/// Whether a schedule that last started at `last` has not run in the
+/// period of kind `p` that holds `now`: it started in an earlier one, or
+/// more than a day after `now` (the clock was far ahead once, a board
+/// before its time was set, and was set back: due rather than idle until
+/// the clock catches up; a step back of seconds, as time synchronisation
+/// makes, is no new period).
+fn before_period(p: Period, last: u64, now: u64) -> bool {
+    bucket(p, last) < bucket(p, now) || last > now.saturating_add(DAY)
+}
+
 /// Whether a schedule last started at `last` is due at `now`.
 pub fn due(kind: &ScheduleKind, last: Option<u64>, now: u64) -> bool {
     match (kind, periodic(kind)) {
         (ScheduleKind::Snapshot { keep, .. }, _) => match finest(keep) {
             None => false,
-            // A last start in a later period than now's: the clock was
-            // far ahead once and was set back. Due, rather than idle
-            // until the clock catches up with it.
-            Some(p) => last.is_none_or(|l| bucket(p, l) != bucket(p, now)),
+            Some(p) => last.is_none_or(|l| before_period(p, l, now)),
         },
         (_, Some((p, at_hour))) => {
-            hour_of(now) >= at_hour && last.is_none_or(|l| bucket(p, l) != bucket(p, now))
+            hour_of(now) >= at_hour && last.is_none_or(|l| before_period(p, l, now))
         }
         (_, None) => false,
     }
@@ -1299,52 +1306,59 @@ fn run_replicate(pools: &Pools, kind: &ScheduleKind) -> Result<String, String> {
 }
 
 /// Config kind of the record that says a schedule paused the pool's
-/// scrub (name [`PAUSED_NAME`]): present from the pause to the resume.
+/// scrub (name [`PAUSED_NAME`]; value: that scrub's start, Unix seconds),
+/// present from the pause to the resume.
 pub const KIND_PAUSED: &str = "schedpause";
 
 /// The name of the [`KIND_PAUSED`] record.
 const PAUSED_NAME: &str = "scrub";
 
 /// Pauses the scrub of `pool` in the pause hours of its scrub schedules,
-/// and resumes it after them: only a scrub a schedule paused (a record in
-/// the pool says so, kept across restarts and schedule changes), never
-/// one paused by hand, which stays paused until resumed by hand.
+/// and resumes it after them: only the very scrub a schedule paused (a
+/// record in the pool names it by its start, across restarts and
+/// schedule changes), never one paused by hand, which stays paused until
+/// resumed by hand.
 fn apply_pause(pools: &Pools, pool: &Pool, pause: Option<(u8, u8)>, now: u64) {
+    use tarn_api::pool::{ScanKind, ScanState, ScrubAction};
     let name = pool.name();
     let Ok(status) = pools.pool_status(Some(name)) else {
         return;
     };
-    let Some(scan) = status.first().and_then(|s| s.scan.clone()) else {
-        return;
-    };
-    use tarn_api::pool::{ScanState, ScrubAction};
-    let by_schedule = || tarn_dataset::config_list(pool, KIND_PAUSED).is_ok_and(|l| !l.is_empty());
-    let mark = |paused: bool| {
-        let r = if paused {
-            tarn_dataset::config_put(pool, KIND_PAUSED, PAUSED_NAME, b"{}").map(|_| ())
-        } else {
-            tarn_dataset::config_delete(pool, KIND_PAUSED, PAUSED_NAME).map(|_| ())
+    let scan = status.first().and_then(|s| s.scan.clone());
+    let paused_by_schedule: Option<u64> = tarn_dataset::config_list(pool, KIND_PAUSED)
+        .ok()
+        .and_then(|l| l.into_iter().find(|(n, _)| n == PAUSED_NAME))
+        .and_then(|(_, v)| serde_json::from_slice(&v).ok());
+    let record = |started: Option<u64>| {
+        let r = match started {
+            Some(t) => {
+                tarn_dataset::config_put(pool, KIND_PAUSED, PAUSED_NAME, t.to_string().as_bytes())
+            }
+            None => tarn_dataset::config_delete(pool, KIND_PAUSED, PAUSED_NAME).map(|_| ()),
         };
         if let Err(e) = r {
             log::warn!("tarn: scrub schedule of '{name}': cannot record its pause: {e}");
         }
     };
-    let scrub = scan.kind == tarn_api::pool::ScanKind::Scrub;
-    let action = match (scrub, scan.state, paused_at(pause, now)) {
-        (true, ScanState::Scanning, true) => ScrubAction::Pause,
-        (true, ScanState::Paused, false) if by_schedule() => ScrubAction::Resume,
-        // Not (or no longer) a scrub a schedule paused: resumed by hand,
-        // ended, or another scan.
-        (_, ScanState::Paused, _) if scrub => return,
-        _ => {
-            if by_schedule() {
-                mark(false);
-            }
-            return;
+    let Some(scan) = scan.filter(|s| s.kind == ScanKind::Scrub) else {
+        if paused_by_schedule.is_some() {
+            record(None);
         }
+        return;
+    };
+    let ours = paused_by_schedule == Some(scan.started_unix);
+    // Resumed by hand, ended, or another scrub since: the record is done.
+    if paused_by_schedule.is_some() && !(ours && scan.state == ScanState::Paused) {
+        record(None);
+    }
+    let action = match (scan.state, paused_at(pause, now)) {
+        (ScanState::Scanning, true) => ScrubAction::Pause,
+        (ScanState::Paused, false) if ours => ScrubAction::Resume,
+        _ => return,
     };
     match pools.pool_scrub(name, action) {
-        Ok(_) => mark(action == ScrubAction::Pause),
+        Ok(_) if action == ScrubAction::Pause => record(Some(scan.started_unix)),
+        Ok(_) => record(None),
         Err(e) => {
             log::warn!("tarn: scrub schedule of '{name}': cannot {action:?} the scrub: {e}")
         }
@@ -1631,6 +1645,10 @@ mod tests {
         for k in [&kind, &scrub] {
             assert!(due(k, Some(ahead), april), "{k:?}");
             assert!(!due(k, Some(april), april + 60), "{k:?}");
+            // A step back of seconds across the start of a period (time
+            // synchronisation) is no new period: no second run.
+            let start = bucket(Period::Hour, april) + 3600;
+            assert!(!due(k, Some(start + 1), start - 5), "{k:?}");
         }
     }
 

@@ -256,9 +256,23 @@ fn scrub_schedules_scrub_and_resume_outside_pause_hours() {
         "schedule", "add", "daytime", "scrub", "tank", "--every", "daily", "--pause", &later,
     ]);
     wait_for("the scheduler to resume the scrub", || state() != "paused");
+    for dev in [&f[0], &f[1]] {
+        d.ok(&["pool", "inject", "tank", dev, "--clear"]);
+    }
     wait_for("the resumed scrub to finish", || state() == "finished");
     // A scrub paused by hand outside the pause hours stays paused: the
     // scheduler resumes only what it paused.
+    for dev in [&f[0], &f[1]] {
+        d.ok(&[
+            "pool",
+            "inject",
+            "tank",
+            dev,
+            "latency",
+            "--latency-ms",
+            "30",
+        ]);
+    }
     d.ok(&["pool", "scrub", "tank"]);
     d.ok(&["pool", "scrub", "-p", "tank"]);
     std::thread::sleep(Duration::from_millis(600));
