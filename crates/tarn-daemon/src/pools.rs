@@ -168,10 +168,17 @@ struct PoolUsers {
 
 impl Authenticator for PoolUsers {
     fn check(&self, user: &str, password: &str) -> Option<Principal> {
+        self.check_in(None, user, password)
+    }
+
+    /// Users are per pool: a share is used by the users of the pool that
+    /// stores it (its realm), never by a user of the same name in another.
+    fn check_in(&self, realm: Option<&str>, user: &str, password: &str) -> Option<Principal> {
         let pools = self.pools.upgrade()?;
         let rec = pools
             .all_pools()
             .iter()
+            .filter(|p| realm.is_none_or(|r| p.name() == r))
             .find_map(|p| access::authenticate(p, user, password))?;
         Some(Principal {
             name: rec.name,

@@ -551,6 +551,8 @@ pub fn share_entries(
     });
     let dav = share.webdav.as_ref().map(|w| {
         let mut s = tarn_webdav::Share::new(share.name.clone(), fs.clone());
+        // Its users are the users of the pool that stores it.
+        s.realm = share.dataset.split('/').next().map(str::to_string);
         s.users = Some(
             w.users
                 .iter()

@@ -41,6 +41,13 @@ impl Principal {
 pub trait Authenticator: Send + Sync + 'static {
     /// The principal for these credentials, or None if they are wrong.
     fn check(&self, user: &str, password: &str) -> Option<Principal>;
+    /// [`Authenticator::check`] for a request to a share of `realm`
+    /// ([`crate::Share::realm`]): only a user defined there. The default
+    /// ignores the realm.
+    fn check_in(&self, realm: Option<&str>, user: &str, password: &str) -> Option<Principal> {
+        let _ = realm;
+        self.check(user, password)
+    }
     /// The principal of a request without credentials; None (the default)
     /// answers such requests with 401.
     fn anonymous(&self) -> Option<Principal> {
@@ -156,26 +163,36 @@ impl AuthCache {
         }
     }
 
-    fn key(user: &str, password: &str) -> [u8; 32] {
+    fn key(realm: Option<&str>, user: &str, password: &str) -> [u8; 32] {
         let mut h = blake3::Hasher::new();
+        match realm {
+            Some(r) => {
+                h.update(&[1]);
+                h.update(&(r.len() as u64).to_le_bytes());
+                h.update(r.as_bytes());
+            }
+            None => {
+                h.update(&[0]);
+            }
+        }
         h.update(&(user.len() as u64).to_le_bytes());
         h.update(user.as_bytes());
         h.update(password.as_bytes());
         *h.finalize().as_bytes()
     }
 
-    pub(crate) fn get(&self, user: &str, password: &str) -> Option<Principal> {
+    pub(crate) fn get(&self, realm: Option<&str>, user: &str, password: &str) -> Option<Principal> {
         if self.ttl.is_zero() {
             return None;
         }
         let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        match map.get(&Self::key(user, password)) {
+        match map.get(&Self::key(realm, user, password)) {
             Some((p, t)) if t.elapsed() < self.ttl => Some(p.clone()),
             _ => None,
         }
     }
 
-    pub(crate) fn put(&self, user: &str, password: &str, p: &Principal) {
+    pub(crate) fn put(&self, realm: Option<&str>, user: &str, password: &str, p: &Principal) {
         if self.ttl.is_zero() {
             return;
         }
@@ -187,7 +204,10 @@ impl AuthCache {
                 map.clear();
             }
         }
-        map.insert(Self::key(user, password), (p.clone(), Instant::now()));
+        map.insert(
+            Self::key(realm, user, password),
+            (p.clone(), Instant::now()),
+        );
     }
 }
 

@@ -159,6 +159,11 @@ pub struct Share {
     /// Who may use the share, by principal name, with write access or
     /// not; None admits every authenticated principal.
     pub users: Option<std::collections::BTreeMap<String, bool>>,
+    /// Where the names in `users` are defined (tarn: the pool that stores
+    /// the share and its users): credentials for a request to this share
+    /// are checked there ([`crate::Authenticator::check_in`]), so a user of
+    /// the same name elsewhere is not taken for one of them.
+    pub realm: Option<String>,
 }
 
 impl Share {
@@ -171,6 +176,7 @@ impl Share {
             read_only: false,
             umask: 0o022,
             users: None,
+            realm: None,
         }
     }
 }

@@ -141,3 +141,55 @@ fn webdav_off_loopback_is_https() {
     assert_eq!(code, 401);
     d.stop();
 }
+
+/// Users are per pool: a share is used by the users of the pool that
+/// stores it, never by a user of the same name in another pool with that
+/// one's password (who is another person).
+#[test]
+fn webdav_shares_admit_only_the_users_of_their_pool() {
+    let Some(_) = require::program("curl") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let dav = free_port();
+    let dav_arg = format!("127.0.0.1:{dav}");
+    let d = Daemon::start_with(dir.path(), &["--webdav", dav_arg.as_str()]);
+    let a = files(dir.path(), "a", 1, 64 << 20);
+    let v = files(dir.path(), "v", 1, 64 << 20);
+    d.ok(&["pool", "create", "tank", &a[0]]);
+    d.ok(&["pool", "create", "vault", &v[0]]);
+    d.ok(&["dataset", "create", "vault/docs"]);
+    for (pool, pw) in [("tank", "tank-alice-pw"), ("vault", "vault-alice-pw")] {
+        let o = common::clients::tarn_with_stdin(
+            &d,
+            &["user", "add", "--pool", pool, "--password-stdin", "alice"],
+            &format!("{pw}\n"),
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    d.ok(&[
+        "share",
+        "add",
+        "docs",
+        "vault/docs",
+        "--webdav",
+        "alice=rw",
+        "--owner",
+        "alice",
+    ]);
+    let url = format!("http://127.0.0.1:{dav}/docs/note.txt");
+    let local = dir.path().join("note.txt");
+    std::fs::write(&local, b"vault's alice").unwrap();
+    let put = |who: &str| curl(&["-u", who, "-T", local.to_str().unwrap(), &url]).0;
+    assert_eq!(
+        put("alice:tank-alice-pw"),
+        401,
+        "tank's alice wrote to vault's share"
+    );
+    assert_eq!(put("alice:vault-alice-pw"), 201);
+    let (code, _, _) = curl(&["-u", "alice:tank-alice-pw", &url]);
+    assert_eq!(code, 401, "tank's alice read vault's share");
+    let (code, body, _) = curl(&["-u", "alice:vault-alice-pw", &url]);
+    assert_eq!((code, body.as_slice()), (200, &b"vault's alice"[..]));
+    d.stop();
+}

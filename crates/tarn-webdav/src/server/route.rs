@@ -79,26 +79,28 @@ async fn authenticate(
     req: &Request<Incoming>,
     ip: IpAddr,
     st: &Arc<State>,
+    realm: Option<String>,
 ) -> Result<Principal, Response<Body>> {
     let Some(value) = req.headers().get(header::AUTHORIZATION) else {
         return st.auth.anonymous().ok_or_else(unauthorized);
     };
     let parsed = value.to_str().ok().and_then(parse_basic);
     let checked = match &parsed {
-        Some((user, pass)) => match st.cache.get(user, pass) {
+        Some((user, pass)) => match st.cache.get(realm.as_deref(), user, pass) {
             Some(p) => Some(p),
             None => {
                 let (auth, u, p) = (st.auth.clone(), user.clone(), pass.clone());
+                let r = realm.clone();
                 let check = move || {
                     panics::catch(
                         "a password check",
-                        std::panic::AssertUnwindSafe(|| auth.check(&u, &p)),
+                        std::panic::AssertUnwindSafe(|| auth.check_in(r.as_deref(), &u, &p)),
                     )
                     .flatten()
                 };
                 let r = tokio::task::spawn_blocking(check).await.ok().flatten();
                 if let Some(p) = &r {
-                    st.cache.put(user, pass, p);
+                    st.cache.put(realm.as_deref(), user, pass, p);
                 }
                 r
             }
@@ -172,7 +174,16 @@ pub(super) async fn handle(
         *r.status_mut() = StatusCode::BAD_REQUEST;
         return (r, None);
     }
-    let principal = match authenticate(&req, ip, &st).await {
+    // Credentials are checked where the share's users are defined (its
+    // realm); a path that names no share is checked anywhere (and then
+    // answered as before).
+    let realm = DavPath::new(req.uri().path()).ok().and_then(|p| {
+        let first = p.as_bytes().split(|&b| b == b'/').find(|s| !s.is_empty())?;
+        let name = std::str::from_utf8(first).ok()?;
+        let shares = st.shares.read().unwrap_or_else(|e| e.into_inner());
+        shares.get(name).and_then(|s| s.share.realm.clone())
+    });
+    let principal = match authenticate(&req, ip, &st, realm).await {
         Ok(p) => p,
         Err(r) => return (r, None),
     };
