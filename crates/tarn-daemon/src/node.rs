@@ -406,6 +406,11 @@ impl Backend for Pools {
         };
         let r = tarn_send::receive(&pool, &p.name, opts, input).map_err(send_error);
         let _resizes = tarn_vol::resize_lock();
+        if p.force {
+            // Its rollback destroyed the snapshots after the base (even
+            // when the stream then failed).
+            self.forget_shares_of_destroyed(&pool, &p.name);
+        }
         self.mounts.remount(&self.fss, &pool, down, None);
         if !p.no_mount {
             self.mounts.automount(&self.fss, &pool);
@@ -518,18 +523,7 @@ impl Backend for Pools {
             self.mounts.remount(&self.fss, &pool, gone, None);
             self.mounts.automount(&self.fss, &pool);
         } else {
-            let _access = self.access_lock.lock().unwrap_or_else(|e| e.into_inner());
-            match access::shares_of_destroyed(&pool, name) {
-                Ok(shares) => {
-                    for s in shares {
-                        log::info!("tarn: removed share '{s}': its dataset was destroyed");
-                    }
-                }
-                Err(e) => log::warn!(
-                    "tarn: pool '{}': cannot remove the shares of '{name}', destroyed: {e}",
-                    pool.name()
-                ),
-            }
+            self.forget_shares_of_destroyed(&pool, name);
         }
         self.refresh_servers();
         r
@@ -721,6 +715,9 @@ impl Backend for Pools {
             self.fss.forget_tree(fs);
             tarn_dataset::rollback(&pool, snapshot, destroy_newer).map_err(ds_error)
         };
+        if r.is_ok() && destroy_newer {
+            self.forget_shares_of_destroyed(&pool, fs);
+        }
         self.mounts.remount(&self.fss, &pool, down, None);
         self.mounts.automount(&self.fss, &pool);
         self.refresh_servers();
@@ -1362,6 +1359,25 @@ impl Drop for Receiving<'_> {
 }
 
 impl Pools {
+    /// Removes the shares of what an operation on `name` destroyed (a
+    /// destroy, a rollback's newer snapshots, a forced receive's), so a
+    /// dataset made later under the same name is not served on the old
+    /// terms; logs what it removed.
+    fn forget_shares_of_destroyed(&self, pool: &Pool, name: &str) {
+        let _access = self.access_lock.lock().unwrap_or_else(|e| e.into_inner());
+        match access::shares_of_destroyed(pool, name) {
+            Ok(shares) => {
+                for s in shares {
+                    log::info!("tarn: removed share '{s}': its dataset was destroyed");
+                }
+            }
+            Err(e) => log::warn!(
+                "tarn: pool '{}': cannot remove the shares of what went with '{name}': {e}",
+                pool.name()
+            ),
+        }
+    }
+
     /// Before an export or destroy without `force`: unmounts the pool's
     /// filesystems unless one is in use, and then refuses with everything
     /// mounted again, as `zpool export` does without -f. With `force`

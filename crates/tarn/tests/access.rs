@@ -190,5 +190,13 @@ fn shares_follow_renames_and_go_with_destroys() {
     // A dataset made under the old name is not shared.
     d.ok(&["dataset", "create", "tank/media/photos"]);
     assert_eq!(shared(&d).len(), 1);
+    // Nor a snapshot made again after a rollback destroyed the shared one.
+    d.ok(&["volume", "create", "-s", "-V", "16M", "tank/vm"]);
+    d.ok(&["snapshot", "tank/vm@a"]);
+    d.ok(&["snapshot", "tank/vm@b"]);
+    d.ok(&["share", "add", "vm-b", "tank/vm@b", "--nbd", "127.0.0.1/32"]);
+    d.ok(&["rollback", "-r", "tank/vm@a"]);
+    d.ok(&["snapshot", "tank/vm@b"]);
+    assert_eq!(shared(&d), want(&[("studio", "tank/photostudio")]));
     d.stop();
 }
