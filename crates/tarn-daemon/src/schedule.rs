@@ -1145,8 +1145,9 @@ pub fn read_env_file(path: &str) -> Result<Vec<(String, String)>, String> {
     Ok(out)
 }
 
-/// The newest snapshot of `dataset` (by the txg that took it) whose name
-/// starts with `PREFIX-`, or of any name.
+/// The newest snapshot of `dataset` (by the txg that took it) named as a
+/// snapshot policy with `prefix` names them ([`is_policy_snapshot`]: not
+/// another policy's whose prefix starts with this one), or of any name.
 fn newest_snapshot<'a>(
     all: impl IntoIterator<Item = (&'a str, u64)>,
     dataset: &str,
@@ -1155,9 +1156,7 @@ fn newest_snapshot<'a>(
     all.into_iter()
         .filter(|(name, _)| {
             name.split_once('@').is_some_and(|(fs, short)| {
-                fs == dataset
-                    && prefix
-                        .is_none_or(|p| short.strip_prefix(p).is_some_and(|r| r.starts_with('-')))
+                fs == dataset && prefix.is_none_or(|p| is_policy_snapshot(short, p))
             })
         })
         .max_by_key(|(_, txg)| *txg)
@@ -1745,13 +1744,19 @@ mod tests {
             ("tank/a@manual", 9),
             ("tank/a@auto-2026-01-01-0100", 7),
             ("tank/a@autumn", 11),
+            ("tank/a@auto-daily-2026-01-02-0000", 10),
             ("tank/ab@auto-2026-01-02-0000", 12),
             ("tank/a/b@auto-2026-01-02-0000", 13),
         ];
         assert_eq!(
             newest_snapshot(all, "tank/a", Some("auto")).as_deref(),
             Some("tank/a@auto-2026-01-01-0100"),
-            "by txg, not by name; 'autumn' is not an auto- snapshot"
+            "by txg, not by name; 'autumn' is not an auto- snapshot, nor \
+             'auto-daily-…' (another policy's)"
+        );
+        assert_eq!(
+            newest_snapshot(all, "tank/a", Some("auto-daily")).as_deref(),
+            Some("tank/a@auto-daily-2026-01-02-0000")
         );
         assert_eq!(
             newest_snapshot(all, "tank/a", None).as_deref(),
