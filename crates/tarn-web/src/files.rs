@@ -490,7 +490,9 @@ fn disposition(kind: &str, name: &[u8]) -> String {
 }
 
 /// A single byte range of a `Range` header over `size` bytes: Ok(None)
-/// for no (or an unusable multi-) range, Err for one that cannot be met.
+/// for none to honour (absent, several ranges, or one that does not parse
+/// or runs backwards, which RFC 9110 says to ignore), Err for one that
+/// cannot be met (it starts at or past the end).
 fn range(headers: &HeaderMap, size: u64) -> Result<Option<(u64, u64)>, ()> {
     let Some(v) = headers.get(header::RANGE).and_then(|v| v.to_str().ok()) else {
         return Ok(None);
@@ -506,20 +508,24 @@ fn range(headers: &HeaderMap, size: u64) -> Result<Option<(u64, u64)>, ()> {
     };
     let (a, b) = (a.trim(), b.trim());
     let (start, end) = if a.is_empty() {
-        let n: u64 = b.parse().map_err(|_| ())?;
+        let Ok(n) = b.parse::<u64>() else {
+            return Ok(None);
+        };
         if n == 0 {
             return Err(());
         }
         (size.saturating_sub(n), size)
     } else {
-        let s: u64 = a.parse().map_err(|_| ())?;
+        let Ok(s) = a.parse::<u64>() else {
+            return Ok(None);
+        };
         let e = if b.is_empty() {
             size
         } else {
-            b.parse::<u64>()
-                .map_err(|_| ())?
-                .saturating_add(1)
-                .min(size)
+            match b.parse::<u64>() {
+                Ok(last) if last >= s => last.saturating_add(1).min(size),
+                _ => return Ok(None),
+            }
         };
         (s, e)
     };
@@ -527,6 +533,26 @@ fn range(headers: &HeaderMap, size: u64) -> Result<Option<(u64, u64)>, ()> {
         return Err(());
     }
     Ok(Some((start, end)))
+}
+
+/// The strong validator of a file's contents as served: its inode, its
+/// modification time to the nanosecond and its size.
+fn etag(a: &tarn_fs::Attr) -> String {
+    format!(
+        "\"{}-{}.{:09}-{}\"",
+        a.ino, a.mtime.sec, a.mtime.nsec, a.size
+    )
+}
+
+/// Whether a `Range` may be honoured: without `If-Range`, or with one
+/// naming the file's current `etag` (a resumed download of the same
+/// contents). A date, or another tag, means the file may have changed
+/// since the client's first part: the whole file is sent instead.
+fn if_range_holds(headers: &HeaderMap, etag: &str) -> bool {
+    match headers.get(header::IF_RANGE) {
+        None => true,
+        Some(v) => v.to_str().is_ok_and(|v| v.trim() == etag),
+    }
 }
 
 /// A response body fed from a blocking task through a channel; an error
@@ -706,7 +732,13 @@ pub(crate) fn download(
     }
     scope.fs().open(a.ino, libc::O_RDONLY, scope.cred())?;
     let (ctype, inline) = media_type(&name);
-    let (status, start, end) = match range(headers, a.size) {
+    let tag = etag(&a);
+    let ranged = if if_range_holds(headers, &tag) {
+        range(headers, a.size)
+    } else {
+        Ok(None)
+    };
+    let (status, start, end) = match ranged {
         Ok(None) => (StatusCode::OK, 0, a.size),
         Ok(Some((s, e))) => (StatusCode::PARTIAL_CONTENT, s, e),
         Err(()) => {
@@ -722,7 +754,7 @@ pub(crate) fn download(
         ("content-type", ctype.to_string()),
         ("content-length", (end - start).to_string()),
         ("accept-ranges", "bytes".to_string()),
-        ("etag", format!("\"{}-{}-{}\"", a.ino, a.mtime.sec, a.size)),
+        ("etag", tag),
         (
             "content-disposition",
             disposition(
@@ -1792,6 +1824,36 @@ mod tests {
         assert_eq!(range(&h, 10), Err(()));
         h.insert(header::RANGE, "bytes=1-2,4-5".parse().unwrap());
         assert_eq!(range(&h, 10), Ok(None));
+        // Ranges that do not parse or run backwards are ignored, not
+        // refused (RFC 9110, 14.2).
+        for ignored in [
+            "bytes=5-2",
+            "bytes=x-3",
+            "bytes=2-y",
+            "bytes=-z",
+            "items=1-2",
+        ] {
+            h.insert(header::RANGE, ignored.parse().unwrap());
+            assert_eq!(range(&h, 10), Ok(None), "{ignored}");
+        }
+        h.insert(header::RANGE, "bytes=-0".parse().unwrap());
+        assert_eq!(range(&h, 10), Err(()));
+    }
+
+    /// A resumed download is ranged only while the file is the one whose
+    /// tag the client holds.
+    #[test]
+    fn if_range_needs_the_current_tag() {
+        let mut h = HeaderMap::new();
+        assert!(if_range_holds(&h, "\"1-2.000000003-4\""));
+        h.insert(header::IF_RANGE, "\"1-2.000000003-4\"".parse().unwrap());
+        assert!(if_range_holds(&h, "\"1-2.000000003-4\""));
+        assert!(!if_range_holds(&h, "\"1-2.000000005-4\""));
+        h.insert(
+            header::IF_RANGE,
+            "Tue, 01 Dec 2026 10:00:00 GMT".parse().unwrap(),
+        );
+        assert!(!if_range_holds(&h, "\"1-2.000000003-4\""));
     }
 
     #[test]

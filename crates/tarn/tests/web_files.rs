@@ -441,6 +441,34 @@ fn files_uploads_versions_and_share_links() {
     );
     assert_eq!(r.status, 206);
     assert!(r.body == data[100..200]);
+    // A resumed download: ranged while the file is the one the client
+    // started (its tag), whole once it may have changed.
+    let tag = r
+        .head
+        .lines()
+        .find_map(|l| l.strip_prefix("etag: "))
+        .unwrap()
+        .trim()
+        .to_string();
+    let resume = |if_range: &str| {
+        http(
+            port,
+            "GET",
+            "/api/files/a/docs/big.bin",
+            &[
+                ("Cookie", &alice.cookie),
+                ("Range", "bytes=100-"),
+                ("If-Range", if_range),
+            ],
+            b"",
+        )
+    };
+    let same = resume(&tag);
+    assert_eq!(same.status, 206);
+    assert!(same.body == data[100..]);
+    let changed = resume("\"1-2.000000003-4\"");
+    assert_eq!(changed.status, 200, "another file's tag: the whole file");
+    assert!(changed.body == data);
     // Another user cannot continue or see alice's sessions.
     let s2 = alice.post(
         "/api/upload",
