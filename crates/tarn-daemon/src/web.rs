@@ -68,6 +68,16 @@ impl WebAuth for WebUsers {
         self.record(&id).map(|_| id)
     }
 
+    /// The stored password hash, hashed again: new at every password
+    /// change (a fresh salt) and for a user made again.
+    fn stamp(&self, user: &UserId) -> Option<u64> {
+        use std::hash::{Hash, Hasher};
+        let (rec, _) = self.record(user)?;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        rec.hash.hash(&mut h);
+        Some(h.finish())
+    }
+
     fn is_admin(&self, user: &UserId) -> Option<bool> {
         // An administrator of this daemon: a pool from another machine
         // brings none.

@@ -126,6 +126,15 @@ pub trait WebAuth: Send + Sync + 'static {
     /// Whether `user` is an administrator of this daemon now (None: no
     /// such user any more).
     fn is_admin(&self, user: &UserId) -> Option<bool>;
+    /// A value that changes whenever `user`'s password does, however it
+    /// is changed (here, with the `tarn` command, over another API), and
+    /// when the user is removed and made again (None: no such user). A
+    /// session opened under one value ends when it changes, so whoever
+    /// knew the old password is out. The default never changes.
+    fn stamp(&self, user: &UserId) -> Option<u64> {
+        let _ = user;
+        Some(0)
+    }
 }
 
 /// Why the server did not start.
@@ -142,6 +151,8 @@ struct Session {
     csrf: String,
     created: Instant,
     last: Instant,
+    /// The user's [`WebAuth::stamp`] at login.
+    stamp: u64,
 }
 
 struct State {
@@ -587,7 +598,18 @@ impl State {
             match live {
                 Some(s) => {
                     s.last = now;
-                    (s.user.clone(), Some(id))
+                    let (user, stamp) = (s.user.clone(), s.stamp);
+                    drop(sessions);
+                    // The password changed since the login (or the user
+                    // was made again): the session is over.
+                    if self.auth.stamp(&user) != Some(stamp) {
+                        self.sessions
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&id);
+                        return Err(unauthorized());
+                    }
+                    (user, Some(id))
                 }
                 None => {
                     sessions.remove(&id);
@@ -923,12 +945,13 @@ async fn login(st: &Arc<State>, ip: IpAddr, body: Value) -> Resp {
     let who = tokio::task::spawn_blocking(move || {
         let id = auth.login(&user, &password)?;
         let admin = auth.is_admin(&id).unwrap_or(false);
-        Some((id, admin))
+        let stamp = auth.stamp(&id)?;
+        Some((id, admin, stamp))
     })
     .await
     .ok()
     .flatten();
-    let Some((user, admin)) = who else {
+    let Some((user, admin, stamp)) = who else {
         return error(
             st,
             StatusCode::UNAUTHORIZED,
@@ -975,6 +998,7 @@ async fn login(st: &Arc<State>, ip: IpAddr, body: Value) -> Resp {
                 csrf: csrf.clone(),
                 created: now,
                 last: now,
+                stamp,
             },
         );
     }
@@ -1037,16 +1061,21 @@ async fn call(st: &Arc<State>, caller: Caller, method: String, params: Value) ->
             });
         }
     }
+    let auth = st.auth.clone();
     let outcome = tokio::task::spawn_blocking(move || {
-        if caller.admin {
+        let r = if caller.admin {
             tarn_api::dispatch::call(&*backend, &method, params)
         } else {
             as_user(&*backend, &caller.user, &method, params)
-        }
+        };
+        // After a password change, the stamp the changing session goes
+        // on with (its own password may be the one changed).
+        let stamp = auth.stamp(&caller.user);
+        (r, stamp)
     })
     .await;
     match outcome {
-        Ok(Ok(v)) => {
+        Ok((Ok(v), stamp)) => {
             if let Some((name, pool)) = target {
                 // A new password ends that user's other sessions (not the
                 // one that changed it): whoever knew the old one is out.
@@ -1056,10 +1085,15 @@ async fn call(st: &Arc<State>, caller: Caller, method: String, params: Value) ->
                         s.user.name == name && pool.as_ref().is_none_or(|p| *p == s.user.pool);
                     !theirs || Some(k) == current.as_ref()
                 });
+                if let (Some(s), Some(stamp)) =
+                    (current.as_ref().and_then(|k| sessions.get_mut(k)), stamp)
+                {
+                    s.stamp = stamp;
+                }
             }
             answer(st, StatusCode::OK, json!({ "result": v }), &[])
         }
-        Ok(Err(e)) => error(st, status_of(e.code), e.code.as_str(), &e.message),
+        Ok((Err(e), _)) => error(st, status_of(e.code), e.code.as_str(), &e.message),
         Err(_) => error(
             st,
             StatusCode::INTERNAL_SERVER_ERROR,

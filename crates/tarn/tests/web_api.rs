@@ -210,6 +210,23 @@ fn the_api_knows_who_calls_and_what_they_may_do() {
             assert_eq!(v["error"]["code"], code, "{h:?}");
         }
     }
+    // A password changed with the tarn command ends her web sessions too:
+    // whoever holds a cookie from before is out.
+    let out = common::clients::tarn_with_stdin(
+        &d,
+        &["user", "passwd", "--password-stdin", "alice"],
+        "alice-password-3\n",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (s, v) = call(port, &alice, "share.list", json!({}));
+    assert_eq!(s, 401, "a session outlived a password change: {v}");
+    let alice = login(port, "alice", "alice-password-3");
+    let (s, v) = call(port, &alice, "share.list", json!({}));
+    assert_eq!(s, 200, "{v}");
 
     // An administrator: everything but what is socket only.
     let ada = login(port, "ada", "ada-password-1");
