@@ -714,6 +714,21 @@ pub fn share_put(pool: &Pool, share: &Share) -> Result<(), ApiError> {
         for c in &n.clients {
             check_network(c)?;
         }
+        // An NFS file handle names a dataset, not the share it was
+        // mounted through: two exports of one dataset (one read-only, one
+        // not) would be told apart by nothing, and a client of both could
+        // write through the read-only one.
+        if let Some(other) = shares(pool)?
+            .into_iter()
+            .find(|o| o.nfs.is_some() && o.name != share.name && o.dataset == share.dataset)
+        {
+            return Err(ApiError::exists(format!(
+                "'{}' is exported over NFS already, by share '{}': one NFS export per \
+                 dataset (its file handles name the dataset); give that share these \
+                 networks instead",
+                share.dataset, other.name
+            )));
+        }
     }
     if let Some(w) = &share.webdav {
         let known = users(pool)?;

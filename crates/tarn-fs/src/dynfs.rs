@@ -8,6 +8,7 @@ use crate::{Attr, Backend, Cred, DirEntry, FileHandle, Fs, ReadData, Result, Set
 /// [`Fs`] behind a trait object (see the module docs).
 #[allow(missing_docs)]
 pub trait DynFs: Send + Sync + 'static {
+    fn epoch(&self) -> u64;
     fn lookup(&self, parent: u64, name: &[u8], cred: &Cred) -> Result<Attr>;
     fn getattr_handle(&self, h: &FileHandle) -> Result<Attr>;
     fn getattr(&self, ino: u64) -> Result<Attr>;
@@ -82,6 +83,9 @@ pub trait DynFs: Send + Sync + 'static {
 }
 
 impl<B: Backend + 'static> DynFs for Fs<B> {
+    fn epoch(&self) -> u64 {
+        Fs::epoch(self)
+    }
     fn lookup(&self, parent: u64, name: &[u8], cred: &Cred) -> Result<Attr> {
         Fs::lookup(self, parent, name, cred)
     }

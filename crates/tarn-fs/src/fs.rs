@@ -70,6 +70,9 @@ pub struct Fs<B: Backend> {
     name_key: Option<[u8; 32]>,
     /// Where the last write to each file ended (see `Fs::write_iov`).
     pub(crate) last_writes: Mutex<HashMap<u64, LastWrite>>,
+    /// This opening of the dataset, among all of this process (see
+    /// [`Fs::epoch`]).
+    epoch: u64,
 }
 
 /// The end of a file's last write, its record size, and the backend's
@@ -245,11 +248,24 @@ impl<B: Backend> Fs<B> {
             }),
             notify: Hub::default(),
             last_writes: Mutex::new(HashMap::new()),
+            epoch: {
+                static OPENED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+                OPENED.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            },
         };
         if !info.readonly {
             fs.reap_orphans()?;
         }
         Ok(fs)
+    }
+
+    /// A number that differs for each opening of a dataset in this
+    /// process: a filesystem opened again (after its pool was exported and
+    /// imported, say, once a failed sync stopped it) may have lost writes
+    /// that were answered but not committed, which an NFS client learns
+    /// from a changed write verifier made with this.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// The live dataset's backend.

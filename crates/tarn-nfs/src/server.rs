@@ -228,9 +228,11 @@ impl Running {
             .collect()
     }
 
-    /// The write verifier of this server instance (changes at each start).
-    pub fn write_verifier(&self) -> [u8; 8] {
-        self.svc.write_verf
+    /// The write verifier WRITE and COMMIT answer for files of `fs`: it
+    /// changes at each start of the server and each opening of the
+    /// filesystem.
+    pub fn write_verifier(&self, fs: &dyn crate::ExportFs) -> [u8; 8] {
+        self.svc.verifier(fs)
     }
 
     /// Stops the server: closes the listeners and every connection, waits

@@ -59,6 +59,18 @@ fn users_and_shares_end_to_end() {
     assert!(err.contains("--nfs"), "{err}");
     let err = d.fails(&["share", "add", "x", "tank/nothing", "--nfs", "10.0.0.0/8"]);
     assert!(err.contains("tank/nothing"), "{err}");
+    // One NFS export per dataset: a second, read-only one would not be
+    // told apart from the first by a client's file handles.
+    let err = d.fails(&[
+        "share",
+        "add",
+        "x",
+        "tank/photos",
+        "--nfs",
+        "10.0.0.0/8",
+        "--nfs-ro",
+    ]);
+    assert!(err.contains("exported over NFS already"), "{err}");
     let err = d.fails(&["user", "del", "bob"]);
     assert!(err.contains("photos"), "{err}");
     let o = tarn_with_stdin(&d, &["user", "passwd", "bob"], "new-pass\n");

@@ -97,7 +97,7 @@ impl<'a> Cx<'a> {
                 // DATA_SYNC and FILE_SYNC are both answered FILE_SYNC: a
                 // sync commits metadata and data together.
                 w.u32(n as u32).u32(if stable == 0 { 0 } else { 2 });
-                w.fixed(&self.svc.write_verf);
+                w.fixed(&self.svc.verifier(o.fs()));
             }
             Err(s) => {
                 w.u32(s.code());
@@ -133,7 +133,7 @@ impl<'a> Cx<'a> {
             res,
             |_v| {
                 wcc_data(w, Some(&o.attr), post.as_ref());
-                w.fixed(&self.svc.write_verf);
+                w.fixed(&self.svc.verifier(o.fs()));
             },
             || {
                 wcc_data(w, Some(&o.attr), post.as_ref());

@@ -142,6 +142,21 @@ pub(crate) fn new_stats() -> Vec<tarn_stats::RequestStats> {
 }
 
 impl Service {
+    /// The write verifier of WRITE and COMMIT replies for `fs`: this
+    /// server's, mixed with the opening of the filesystem. A client
+    /// resends the unstable writes it has not seen committed when the
+    /// verifier changes, which it must when they may be lost: at a restart
+    /// (the server's part) and when the dataset was opened again under a
+    /// running server (its pool stopped by a failed sync, exported and
+    /// imported, say: the filesystem's part).
+    pub(crate) fn verifier(&self, fs: &dyn crate::ExportFs) -> [u8; 8] {
+        let mut v = self.write_verf;
+        for (b, e) in v.iter_mut().zip(fs.epoch().to_be_bytes()) {
+            *b ^= e;
+        }
+        v
+    }
+
     /// True if at least one export admits a client at `ip`.
     pub(crate) fn any_export_allows(&self, ip: IpAddr) -> bool {
         let entries = match self.exports.read() {

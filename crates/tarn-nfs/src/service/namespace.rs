@@ -76,16 +76,26 @@ impl<'a> Cx<'a> {
                             Err(e) => return Err(stat_of(&e)),
                         }
                     }
-                    let a = fs
-                        .create(
-                            d.ino(),
-                            name,
-                            mode,
-                            0,
-                            libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
-                            &d.cred,
-                        )
-                        .map_err(|e| stat_of(&e))?;
+                    let made = fs.create(
+                        d.ino(),
+                        name,
+                        mode,
+                        0,
+                        libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
+                        &d.cred,
+                    );
+                    let a = match made {
+                        // Made by another client between the lookup and
+                        // here: UNCHECKED answers it as if found first.
+                        Err(e) if how == 0 && e.errno() == libc::EEXIST => {
+                            return match fs.lookup(d.ino(), name, &d.cred) {
+                                Ok(a) if a.kind == FileKind::Regular => Ok(Made { obj: a }),
+                                Ok(_) => Err(NfsStat::Exist),
+                                Err(e) => Err(stat_of(&e)),
+                            };
+                        }
+                        r => r.map_err(|e| stat_of(&e))?,
+                    };
                     let _ = fs.release(a.ino);
                     Ok(Made {
                         obj: Self::apply_rest(d, a, &sa),
