@@ -39,6 +39,7 @@ fn make_fh(seq: u32, flags: i32) -> FileHandle {
     FileHandle((u64::from(seq) << 32) | u64::from(flags as u32))
 }
 
+#[cfg(test)]
 fn fh_flags(fh: FileHandle) -> i32 {
     (fh.0 & 0xffff_ffff) as u32 as i32
 }
@@ -508,7 +509,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         &self,
         req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
@@ -518,10 +519,11 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
     ) {
         guarded(self.origin, "write", || {
             // Page-cache writeback (shared mmap) writes pages at their offset
-            // whatever the open flags; other writes append if the file was
-            // opened with O_APPEND or got it later through fcntl(F_SETFL).
+            // whatever the open flags; other writes append while the file
+            // has O_APPEND: the kernel sends its flags as they are now,
+            // given at open or later, or taken away, by fcntl(F_SETFL).
             let append = !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE)
-                && (fh_flags(fh) | flags.0) & libc::O_APPEND != 0;
+                && flags.0 & libc::O_APPEND != 0;
             // O_SYNC/O_DSYNC need nothing here: the kernel follows each such
             // write with an fsync request (tested).
             let written = self.fs.write(ino.0, offset, data, append, &self.cred(req));

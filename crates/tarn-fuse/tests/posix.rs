@@ -56,6 +56,18 @@ fn create_write_read_append() {
     a1.write_all(b" three").unwrap();
     drop((a1, a2));
     assert_eq!(fs::read(&p).unwrap(), b"Jello one two three");
+    // O_APPEND cleared with fcntl: writes go where they are asked again.
+    let a3 = OpenOptions::new().append(true).open(&p).unwrap();
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: F_SETFL on a descriptor this test owns and keeps open.
+        let rc = unsafe { libc::fcntl(a3.as_raw_fd(), libc::F_SETFL, 0) };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+    }
+    a3.write_all_at(b"H", 0).unwrap();
+    drop(a3);
+    assert_eq!(fs::read(&p).unwrap(), b"Hello one two three");
+    fs::write(&p, b"Jello one two three").unwrap();
 
     // O_EXCL on an existing name fails; on a new one it creates.
     let e = OpenOptions::new()
