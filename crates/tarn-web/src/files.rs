@@ -135,6 +135,7 @@ pub(crate) enum Who {
 }
 
 /// What one request may do, and where.
+#[derive(Clone)]
 pub(crate) struct Scope {
     pub share: FileShare,
     /// The starting folder below the share's root.
@@ -659,7 +660,14 @@ where
         + 'static,
 {
     let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tokio::task::spawn_blocking(move || {
+    // A thread of its own, not one of the runtime's few blocking threads:
+    // the producer waits for the client to read (up to SEND_STALL per
+    // piece), and a few slow clients must not hold up every other
+    // request (the callers bound how many run at once).
+    let rt = tokio::runtime::Handle::current();
+    let failed = tx.clone();
+    let work = move || {
+        let _rt = rt.enter();
         if let Err(e) = produce(&tx) {
             if e.kind() != io::ErrorKind::BrokenPipe {
                 log::warn!("tarn-web: a download was cut short: {e}");
@@ -670,7 +678,16 @@ where
             let _ = tokio::runtime::Handle::current()
                 .block_on(async move { tokio::time::timeout(SEND_STALL, tx.send(Err(e))).await });
         }
-    });
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("tarn-web-zip".into())
+        .spawn(work)
+    {
+        log::warn!("tarn-web: cannot start a download's thread: {e}");
+        // Cut the connection: an empty body ending cleanly would pass for
+        // a whole (empty) download.
+        let _ = failed.try_send(Err(e));
+    }
     respond_streamed(status, headers, rx)
 }
 
@@ -1734,27 +1751,43 @@ pub(crate) async fn serve_path(
     let q = |n| flag(query, n);
     let r = if q("thumb") {
         let (st2, immutable) = (st.clone(), q("v"));
-        blocking(move || crate::thumbs::thumbnail(&st2.thumbs, &scope, &comps))
-            .await
-            .map(|(jpeg, cached)| {
-                let mut r = http::Response::new(crate::full(jpeg));
-                let h = r.headers_mut();
-                let cache = if immutable {
-                    // The URL names the version: keep it for good.
-                    "private, max-age=31536000, immutable"
-                } else {
-                    "private, no-cache"
-                };
-                for (k, v) in [
-                    ("content-type", "image/jpeg"),
-                    ("cache-control", cache),
-                    ("x-content-type-options", "nosniff"),
-                    ("x-thumbnail", if cached { "cached" } else { "made" }),
-                ] {
-                    h.insert(k, http::HeaderValue::from_static(v));
+        let (s2, c2) = (scope.clone(), comps.clone());
+        let made = match blocking(move || crate::thumbs::cached(&st2.thumbs, &s2, &c2)).await {
+            Ok(Some(jpeg)) => Ok((jpeg, true)),
+            Err(e) => Err(e),
+            // Waits for a turn here, on the runtime, not on one of its few
+            // blocking threads (a grid of new photos asks for many).
+            Ok(None) => match st.thumbs.makers.acquire().await {
+                Ok(_turn) => {
+                    let st2 = st.clone();
+                    blocking(move || crate::thumbs::thumbnail(&st2.thumbs, &scope, &comps)).await
                 }
-                r
-            })
+                Err(_) => Err(FErr::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "stopping",
+                    "the server is stopping",
+                )),
+            },
+        };
+        made.map(|(jpeg, cached)| {
+            let mut r = http::Response::new(crate::full(jpeg));
+            let h = r.headers_mut();
+            let cache = if immutable {
+                // The URL names the version: keep it for good.
+                "private, max-age=31536000, immutable"
+            } else {
+                "private, no-cache"
+            };
+            for (k, v) in [
+                ("content-type", "image/jpeg"),
+                ("cache-control", cache),
+                ("x-content-type-options", "nosniff"),
+                ("x-thumbnail", if cached { "cached" } else { "made" }),
+            ] {
+                h.insert(k, http::HeaderValue::from_static(v));
+            }
+            r
+        })
     } else if q("list") {
         blocking(move || list(&scope, &comps))
             .await

@@ -17,7 +17,9 @@
 //! # Bounds
 //!
 //! At most [`MAKERS`] thumbnails are made at once (decoding is CPU and
-//! memory heavy; other requests keep being served); sources above
+//! memory heavy; other requests keep being served): the others wait for
+//! a turn on the runtime ([`Thumbs::makers`]), not on one of its few
+//! blocking threads, which every request needs; sources above
 //! [`MAX_SOURCE`] bytes, [`MAX_PIXELS_SIDE`] pixels a side or
 //! [`MAX_DECODE`] bytes decoded get none, so making thumbnails takes at
 //! most about `MAKERS × (MAX_SOURCE + MAX_DECODE)` beyond the cache. A
@@ -27,7 +29,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Cursor;
-use std::sync::{Condvar, Mutex};
+use std::sync::Mutex;
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -83,8 +85,9 @@ struct Lru {
 /// The thumbnail cache and the makers' gate.
 pub(crate) struct Thumbs {
     lru: Mutex<Lru>,
-    busy: Mutex<usize>,
-    free: Condvar,
+    /// Turns to make a thumbnail, [`MAKERS`] at once; taken before the
+    /// blocking thread that makes one.
+    pub makers: tokio::sync::Semaphore,
     budget: usize,
 }
 
@@ -98,8 +101,7 @@ impl Thumbs {
     pub fn new(budget: usize) -> Thumbs {
         Thumbs {
             lru: Mutex::new(Lru::default()),
-            busy: Mutex::new(0),
-            free: Condvar::new(),
+            makers: tokio::sync::Semaphore::new(MAKERS),
             budget,
         }
     }
@@ -145,26 +147,6 @@ impl Thumbs {
     /// Bytes of thumbnails held.
     pub fn bytes(&self) -> usize {
         self.lru.lock().unwrap_or_else(|e| e.into_inner()).bytes
-    }
-
-    /// Runs `f` as one of at most [`MAKERS`] (the slot is given back
-    /// however `f` ends, a panic included).
-    fn gated<T>(&self, f: impl FnOnce() -> T) -> T {
-        struct Slot<'a>(&'a Thumbs);
-        impl Drop for Slot<'_> {
-            fn drop(&mut self) {
-                *self.0.busy.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
-                self.0.free.notify_one();
-            }
-        }
-        let mut n = self.busy.lock().unwrap_or_else(|e| e.into_inner());
-        while *n >= MAKERS {
-            n = self.free.wait(n).unwrap_or_else(|e| e.into_inner());
-        }
-        *n += 1;
-        drop(n);
-        let _slot = Slot(self);
-        f()
     }
 }
 
@@ -260,13 +242,9 @@ fn make_any(data: &[u8]) -> Result<Vec<u8>, FErr> {
     encode(&img)
 }
 
-/// The thumbnail of the file at `comps`, and whether it came from the
-/// cache.
-pub(crate) fn thumbnail(
-    thumbs: &Thumbs,
-    scope: &Scope,
-    comps: &[Vec<u8>],
-) -> Result<(Bytes, bool), FErr> {
+/// The file at `comps` as a thumbnail's source: a regular file the
+/// caller may read, small enough.
+fn source(scope: &Scope, comps: &[Vec<u8>]) -> Result<Attr, FErr> {
     let a = scope.file_for_reading(comps)?;
     if a.kind != FileKind::Regular {
         return Err(unsupported("only files have thumbnails"));
@@ -277,17 +255,38 @@ pub(crate) fn thumbnail(
     if a.size > MAX_SOURCE {
         return Err(unsupported("the image is too large for a thumbnail"));
     }
+    Ok(a)
+}
+
+/// The thumbnail of the file at `comps` if the cache has it (None: it
+/// must be made, with [`thumbnail`], in a turn of [`Thumbs::makers`]).
+pub(crate) fn cached(
+    thumbs: &Thumbs,
+    scope: &Scope,
+    comps: &[Vec<u8>],
+) -> Result<Option<Bytes>, FErr> {
+    let a = source(scope, comps)?;
+    Ok(thumbs.get(&Key::of(&a)))
+}
+
+/// The thumbnail of the file at `comps`, and whether it came from the
+/// cache. The caller holds a turn of [`Thumbs::makers`].
+pub(crate) fn thumbnail(
+    thumbs: &Thumbs,
+    scope: &Scope,
+    comps: &[Vec<u8>],
+) -> Result<(Bytes, bool), FErr> {
+    let a = source(scope, comps)?;
     let key = Key::of(&a);
+    // Made by another request while this one waited for its turn.
     if let Some(b) = thumbs.get(&key) {
         return Ok((b, true));
     }
-    let made = thumbs.gated(|| -> Result<Bytes, FErr> {
-        let data = scope.read_all(&a)?;
-        // A decoder that panics on a hostile file costs that request only.
-        let made = std::panic::catch_unwind(|| make(&data))
-            .unwrap_or_else(|_| Err(unsupported("cannot read this image")))?;
-        Ok(Bytes::from(made))
-    })?;
+    let data = scope.read_all(&a)?;
+    // A decoder that panics on a hostile file costs that request only.
+    let made = std::panic::catch_unwind(|| make(&data))
+        .unwrap_or_else(|_| Err(unsupported("cannot read this image")))?;
+    let made = Bytes::from(made);
     thumbs.put(key, made.clone());
     Ok((made, false))
 }
