@@ -136,10 +136,15 @@
 //! * `FLUSH` (sent at every `close`) has nothing to do: writes are already
 //!   transactions and locks are the kernel's. It answers ENOSYS, which
 //!   tells the kernel to stop sending it, saving a round trip per close.
-//! * `O_TRUNC` is passed to `Fs::open` (`FUSE_ATOMIC_O_TRUNC`) so open and
-//!   truncate are one transaction; `Fs` clears set-id bits on write, chown
-//!   and truncate itself (`FUSE_HANDLE_KILLPRIV`), so an unprivileged
-//!   write to a set-id file does not turn into a chmod that `Fs` refuses.
+//! * `O_TRUNC` is left to the kernel (no `FUSE_ATOMIC_O_TRUNC`): it
+//!   truncates with a SETATTR after the open, once its own checks passed.
+//!   Given the flag, the kernel sends the truncation with the OPEN before
+//!   it checks that the file is not a program running (ETXTBSY): an
+//!   `open(O_RDONLY|O_TRUNC)` of a running program failed, yet emptied it
+//!   under the program, which then crashed while loading. `Fs` clears
+//!   set-id bits on write, chown and truncate itself
+//!   (`FUSE_HANDLE_KILLPRIV`), so an unprivileged write to a set-id file
+//!   does not turn into a chmod that `Fs` refuses.
 //! * `lseek(SEEK_DATA/SEEK_HOLE)`, `copy_file_range` and POSIX locks are not
 //!   implemented: the kernel then falls back to its generic versions (the
 //!   whole file counts as data; copies go through read and write; locks

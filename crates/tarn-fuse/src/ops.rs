@@ -266,7 +266,6 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
         want(config, InitFlags::FUSE_MAX_PAGES);
         want(config, InitFlags::FUSE_DO_READDIRPLUS);
         want(config, InitFlags::FUSE_READDIRPLUS_AUTO);
-        want(config, InitFlags::FUSE_ATOMIC_O_TRUNC);
         want(config, InitFlags::FUSE_HANDLE_KILLPRIV);
         want(config, InitFlags::FUSE_PARALLEL_DIROPS);
         want(config, InitFlags::FUSE_AUTO_INVAL_DATA);

@@ -104,6 +104,42 @@ fn create_write_read_append() {
     assert!(f.backend.sync_count() > before);
 }
 
+/// A program running from the mount cannot be emptied or opened for
+/// writing (ETXTBSY), and a refused `open(O_TRUNC)` leaves its bytes
+/// alone: given `FUSE_ATOMIC_O_TRUNC`, the kernel sent the truncation
+/// with the open before its own check, and every program so opened died
+/// while loading (its pages read back empty).
+#[test]
+fn a_running_program_is_neither_written_nor_emptied() {
+    use std::os::unix::fs::OpenOptionsExt;
+    if !require::fuse() {
+        return;
+    }
+    let f = mount_default();
+    let sleep = fs::read("/usr/bin/sleep").unwrap();
+    for round in 0..10 {
+        let p = f.path(&format!("prog{round}"));
+        fs::write(&p, &sleep).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        let mut child = Command::new(&p).arg("0.3").spawn().unwrap();
+        for (write, truncate) in [(true, false), (false, true)] {
+            let e = OpenOptions::new()
+                .read(!write)
+                .write(write)
+                .custom_flags(if truncate { libc::O_TRUNC } else { 0 })
+                .open(&p)
+                .unwrap_err();
+            assert_eq!(errno_of(&e), libc::ETXTBSY, "round {round}: {e}");
+        }
+        let st = child.wait().unwrap();
+        assert!(st.success(), "round {round}: the program ended with {st}");
+        assert!(
+            fs::read(&p).unwrap() == sleep,
+            "round {round}: its bytes changed"
+        );
+    }
+}
+
 #[test]
 fn rename_over_existing_and_flags() {
     if !require::fuse() {
