@@ -44,15 +44,8 @@ fn expected_failures() -> BTreeSet<String> {
         .collect()
 }
 
-/// The two suites run one after the other, each with the machine to
-/// itself: under the other's load pjdfstest's `open::etxtbsy` has been
-/// seen to open a running program for writing (the program's exec and
-/// the open racing in a way not yet understood: see the notes).
-static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 #[test]
 fn pjdfstest_passes() {
-    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
     if !require::fuse() {
         return;
     }
@@ -143,7 +136,6 @@ fn pjdfstest_passes() {
 
 #[test]
 fn fio_verify_jobs_pass() {
-    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
     if !require::fuse() {
         return;
     }
