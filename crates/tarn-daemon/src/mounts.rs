@@ -325,16 +325,20 @@ impl Mounts {
         }
     }
 
+    /// The datasets mounted at or below `dataset`, parents before children.
+    fn mounted_under(&self, dataset: &str) -> Vec<String> {
+        self.lock()
+            .keys()
+            .filter(|k| covers(dataset, k))
+            .cloned()
+            .collect()
+    }
+
     /// Unmounts `dataset` and everything below it; fails (leaving the rest
     /// mounted) if one of them is busy. Returns what was unmounted.
     pub fn unmount_tree(&self, dataset: &str) -> Result<Vec<MountInfo>, ApiError> {
         self.service_unmount_tree(dataset)?;
-        let names: Vec<String> = self
-            .lock()
-            .keys()
-            .filter(|k| covers(dataset, k))
-            .cloned()
-            .collect();
+        let names = self.mounted_under(dataset);
         let mut done = Vec::new();
         for n in names.iter().rev() {
             done.push(self.unmount(n)?);
@@ -354,12 +358,7 @@ impl Mounts {
         // The mounts people use first, before anything is done to the
         // file sharing servers' own mounts (taking those down disconnects
         // their clients).
-        let names: Vec<String> = self
-            .lock()
-            .keys()
-            .filter(|k| covers(dataset, k))
-            .cloned()
-            .collect();
+        let names = self.mounted_under(dataset);
         let mut done = Vec::new();
         for n in names.iter().rev() {
             match self.unmount(n) {

@@ -217,17 +217,24 @@ fn scrub_schedules_scrub_and_resume_outside_pause_hours() {
     d.ok(&["pool", "scrub", "--wait", "tank"]);
 
     // Slow disks, so a scrub lasts while the scheduler looks at it.
-    for dev in [&f[0], &f[1]] {
-        d.ok(&[
-            "pool",
-            "inject",
-            "tank",
-            dev,
-            "latency",
-            "--latency-ms",
-            "30",
-        ]);
-    }
+    let slow = |on: bool| {
+        for dev in [&f[0], &f[1]] {
+            if on {
+                d.ok(&[
+                    "pool",
+                    "inject",
+                    "tank",
+                    dev,
+                    "latency",
+                    "--latency-ms",
+                    "30",
+                ]);
+            } else {
+                d.ok(&["pool", "inject", "tank", dev, "--clear"]);
+            }
+        }
+    };
+    slow(true);
     let hour = (std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -256,31 +263,17 @@ fn scrub_schedules_scrub_and_resume_outside_pause_hours() {
         "schedule", "add", "daytime", "scrub", "tank", "--every", "daily", "--pause", &later,
     ]);
     wait_for("the scheduler to resume the scrub", || state() != "paused");
-    for dev in [&f[0], &f[1]] {
-        d.ok(&["pool", "inject", "tank", dev, "--clear"]);
-    }
+    slow(false);
     wait_for("the resumed scrub to finish", || state() == "finished");
     // A scrub paused by hand outside the pause hours stays paused: the
     // scheduler resumes only what it paused.
-    for dev in [&f[0], &f[1]] {
-        d.ok(&[
-            "pool",
-            "inject",
-            "tank",
-            dev,
-            "latency",
-            "--latency-ms",
-            "30",
-        ]);
-    }
+    slow(true);
     d.ok(&["pool", "scrub", "tank"]);
     d.ok(&["pool", "scrub", "-p", "tank"]);
     std::thread::sleep(Duration::from_millis(600));
     assert_eq!(state(), "paused", "a pause by hand was undone");
     d.ok(&["pool", "scrub", "--resume", "tank"]);
-    for dev in [&f[0], &f[1]] {
-        d.ok(&["pool", "inject", "tank", dev, "--clear"]);
-    }
+    slow(false);
     wait_for("the scrub to finish", || state() == "finished");
     d.stop();
 }
