@@ -52,6 +52,7 @@ impl Target {
                 mount_port: 2,
                 mounts: Mutex::new(Vec::new()),
                 stats: crate::service::new_stats(),
+                drc: Default::default(),
             },
         }
     }

@@ -104,6 +104,15 @@
 //! acknowledged-but-uncommitted write lost in a crash is rewritten, never
 //! silently dropped (contract point 3).
 //!
+//! # Retransmissions
+//!
+//! A client that got no reply sends the same call again, often on a new
+//! connection. The replies of non-idempotent calls (CREATE, MKDIR,
+//! REMOVE, RENAME, ...) are kept for a few minutes, keyed by client
+//! address, xid and the call's bytes, and a retransmission is answered
+//! with the first reply instead of running again and failing with ENOENT
+//! or EEXIST for work it did (see `drc.rs`).
+//!
 //! # Security model
 //!
 //! AUTH_SYS credentials are trusted as sent (that is what AUTH_SYS means);
@@ -130,6 +139,7 @@
 #![warn(missing_docs)]
 
 pub mod client;
+mod drc;
 mod export;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;

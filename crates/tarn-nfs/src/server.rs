@@ -113,6 +113,7 @@ impl NfsServer {
             mount_port: mount_addr.port(),
             mounts: Mutex::new(Vec::new()),
             stats: crate::service::new_stats(),
+            drc: Default::default(),
         });
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

@@ -847,3 +847,62 @@ fn readdirplus_needs_search_permission_for_handles() {
         assert_eq!(names, [".", "..", "f"], "uid {uid}");
     }
 }
+
+/// The status word of a successful RPC reply's result.
+fn status_of(reply: Reply, xid: u32) -> u32 {
+    match reply {
+        Reply::Success(x, body) => {
+            assert_eq!(x, xid, "the reply answers the call");
+            Reader::new(&body).u32().unwrap()
+        }
+        other => panic!("not a successful reply: {other:?}"),
+    }
+}
+
+#[test]
+fn a_retransmitted_call_gets_the_first_reply_instead_of_running_again() {
+    let fs = mem_fs();
+    let r = start(vec![open_export("/data", fs.clone())]);
+    let mut c = root_client(&r);
+    let (_, root) = Client::connect(r.local_addrs().1, sys(0, 0)).mnt("/data");
+    let mut mkdir = Writer::new();
+    mkdir.opaque(&root).opaque(b"made").bool(true).u32(0o755);
+    for _ in 0..5 {
+        mkdir.bool(false);
+    }
+    let mkdir = mkdir.into_bytes();
+    let xid = 0x5eed_0001;
+    c.send_as(xid, NFS_PROG, nfsproc::MKDIR, &mkdir);
+    assert_eq!(status_of(c.recv(), xid), OK);
+    // The client saw no reply and sends the call again, on the same
+    // connection and after reconnecting: the first reply, not EEXIST.
+    c.send_as(xid, NFS_PROG, nfsproc::MKDIR, &mkdir);
+    assert_eq!(status_of(c.recv(), xid), OK, "same connection");
+    let mut c2 = root_client(&r);
+    c2.send_as(xid, NFS_PROG, nfsproc::MKDIR, &mkdir);
+    assert_eq!(status_of(c2.recv(), xid), OK, "after a reconnect");
+    // A new call (new xid) runs and fails as it should.
+    let again = c2.next_xid() + 1000;
+    c2.send_as(again, NFS_PROG, nfsproc::MKDIR, &mkdir);
+    assert_eq!(status_of(c2.recv(), again), EXIST);
+
+    // REMOVE: the retransmission says OK, not NOENT, and removes nothing
+    // made since under the same name.
+    let mut rm = Writer::new();
+    rm.opaque(&root).opaque(b"f");
+    let rm = rm.into_bytes();
+    assert_eq!(c.create(&root, "f", 1, [0; 8]).0, OK);
+    let xid = 0x5eed_0002;
+    c.send_as(xid, NFS_PROG, nfsproc::REMOVE, &rm);
+    assert_eq!(status_of(c.recv(), xid), OK);
+    assert_eq!(c.create(&root, "f", 1, [0; 8]).0, OK, "made again");
+    c2.send_as(xid, NFS_PROG, nfsproc::REMOVE, &rm);
+    assert_eq!(status_of(c2.recv(), xid), OK);
+    assert_eq!(c.lookup(&root, "f").0, OK, "the new file is still there");
+    // The same xid with other arguments is another call.
+    let mut rm2 = Writer::new();
+    rm2.opaque(&root).opaque(b"never");
+    c2.send_as(xid, NFS_PROG, nfsproc::REMOVE, &rm2.into_bytes());
+    assert_eq!(status_of(c2.recv(), xid), 2, "NOENT");
+    r.stop();
+}

@@ -105,6 +105,8 @@ pub(crate) struct Service {
     pub mounts: Mutex<Vec<(String, String)>>,
     /// Per NFS procedure (by number): latencies and errors.
     pub stats: Vec<tarn_stats::RequestStats>,
+    /// Replies of non-idempotent calls, for their retransmissions.
+    pub drc: crate::drc::Drc,
 }
 
 /// NFSv3 procedure names by number (RFC 1813), as metrics label them.
@@ -333,6 +335,21 @@ impl Service {
         };
         let caller = Caller { peer, user };
         let xid = call.xid;
+        // A retransmission of a non-idempotent call is answered with the
+        // first call's reply (see `drc`).
+        let kept = call.prog == NFS_PROG && call.vers == 3 && crate::drc::is_kept(call.proc_);
+        let running = if kept {
+            let key = crate::drc::Key::new(peer, xid, call.proc_, record);
+            match self.drc.begin(key) {
+                crate::drc::Begin::Run(r) => Some(r),
+                crate::drc::Begin::Replay(body) => {
+                    return Some(Reply::plain(body.as_ref().clone()))
+                }
+                crate::drc::Begin::Drop => return None,
+            }
+        } else {
+            None
+        };
         let payload = Cell::new(None);
         let start = std::time::Instant::now();
         let result: Result<Writer, AcceptStat> = match (call.prog, call.vers) {
@@ -351,6 +368,9 @@ impl Service {
             },
             Err(stat) => Reply::plain(rpc::accepted(xid, stat).into_bytes()),
         };
+        if let Some(r) = running {
+            r.finish(&reply.body);
+        }
         if call.prog == NFS_PROG && call.vers == 3 {
             if let Some(s) = self.stats.get(call.proc_ as usize) {
                 // The accepted header is 24 bytes; an NFS result starts

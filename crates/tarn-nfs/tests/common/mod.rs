@@ -150,6 +150,13 @@ impl Client {
         xid
     }
 
+    /// Sends a call under a chosen xid (a retransmission), without waiting.
+    pub fn send_as(&mut self, xid: u32, prog: u32, proc_: u32, args: &[u8]) {
+        let mut w = encode_call(xid, prog, 3, proc_, &self.auth);
+        w.fixed(args);
+        self.s.write_all(&frame(&w.into_bytes())).unwrap();
+    }
+
     pub fn recv(&mut self) -> Reply {
         let rec = read_record(&mut self.s).expect("reply");
         parse_reply(&rec)
