@@ -544,6 +544,12 @@ impl<B: Backend> Fs<B> {
         let local = self.live_ino(ino)?;
         self.write_txn(|tx| {
             let mut i = tx.get(local)?;
+            if sa.if_ctime.is_some_and(|t| t != i.ctime) {
+                return err(
+                    crate::GUARD_ERRNO,
+                    "the file changed since the client looked",
+                );
+            }
             if let Some(size) = sa.size {
                 if i.is_dir() {
                     return err(libc::EISDIR, "cannot truncate a directory");

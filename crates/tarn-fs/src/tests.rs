@@ -1350,3 +1350,32 @@ fn inode_and_superblock_layouts_are_pinned() {
         assert_eq!(Superblock::decode(&e[..n]).unwrap_err().errno(), libc::EIO);
     }
 }
+
+#[test]
+fn a_guarded_setattr_changes_nothing_once_the_file_changed() {
+    let (b, fs) = setup();
+    let ino = mkfile(&fs, ROOT_INO, "g", b"data");
+    let seen = fs.getattr(ino).expect("getattr").ctime;
+    // Another change (ctime moves) between the client's look and its
+    // guarded SETATTR.
+    b.set_time(1_700_000_100, 5);
+    let chmod = SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    fs.setattr(ino, &chmod, &root()).expect("chmod");
+    let guarded = SetAttr {
+        size: Some(0),
+        if_ctime: Some(seen),
+        ..Default::default()
+    };
+    assert_eq!(eno(fs.setattr(ino, &guarded, &root())), crate::GUARD_ERRNO);
+    assert_eq!(fs.getattr(ino).expect("getattr").size, 4, "not truncated");
+    // With the current ctime it goes through.
+    let now = fs.getattr(ino).expect("getattr").ctime;
+    let guarded = SetAttr {
+        if_ctime: Some(now),
+        ..guarded
+    };
+    assert_eq!(fs.setattr(ino, &guarded, &root()).expect("setattr").size, 0);
+}

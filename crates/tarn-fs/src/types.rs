@@ -1,6 +1,11 @@
 //! The value types of the public API: attributes, credentials, directory
 //! entries and the flag constants front ends pass through.
 
+/// The errno of a [`SetAttr`] refused by its `if_ctime` guard. No other
+/// call of the filesystem returns it, so the NFS layer can answer its
+/// own "not in sync" status for it.
+pub const GUARD_ERRNO: i32 = libc::EBADE;
+
 /// `rename` flag: fail with EEXIST instead of replacing an existing target
 /// (Linux `RENAME_NOREPLACE`, same value).
 pub const RENAME_NOREPLACE: u32 = 1;
@@ -238,6 +243,11 @@ pub struct SetAttr {
     /// `futimens`): the write permission was checked at open time, so a
     /// size change is not checked again.
     pub from_open_file: bool,
+    /// Change nothing unless the inode's change time is still this one
+    /// (NFS's SETATTR guard): checked in the transaction that makes the
+    /// change, so no other change can slip in between; otherwise the call
+    /// fails with [`crate::GUARD_ERRNO`].
+    pub if_ctime: Option<Timestamp>,
 }
 
 /// The caller's identity, used for every permission check.

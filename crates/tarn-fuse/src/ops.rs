@@ -334,6 +334,7 @@ impl<B: Backend + 'static> Filesystem for TarnFuse<B> {
                 atime: atime.map(time_set),
                 mtime: mtime.map(time_set),
                 from_open_file: fh.is_some(),
+                if_ctime: None,
             };
             self.attr(self.fs.setattr(ino.0, &sa, &self.cred(req)), reply);
         });

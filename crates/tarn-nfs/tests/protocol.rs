@@ -906,3 +906,30 @@ fn a_retransmitted_call_gets_the_first_reply_instead_of_running_again() {
     assert_eq!(status_of(c2.recv(), xid), 2, "NOENT");
     r.stop();
 }
+
+#[test]
+fn a_guarded_setattr_applies_only_to_the_ctime_it_names() {
+    let fs = mem_fs();
+    let r = start(vec![open_export("/data", fs.clone())]);
+    let mut c = root_client(&r);
+    let (_, root) = Client::connect(r.local_addrs().1, sys(0, 0)).mnt("/data");
+    let (st, fh, _) = c.create(&root, "g", 1, [0; 8]);
+    assert_eq!(st, OK);
+    assert_eq!(c.write(&fh, 0, b"kept", 2).0, OK);
+    let ctime = c.getattr(&fh).1.unwrap().ctime;
+    let truncate = |guard: (u32, u32)| {
+        let mut w = Writer::new();
+        w.opaque(&fh).bool(false).bool(false).bool(false);
+        w.bool(true).u64(0).u32(0).u32(0);
+        w.bool(true).u32(guard.0).u32(guard.1);
+        w.into_bytes()
+    };
+    let stale = (ctime.0.wrapping_sub(1), ctime.1);
+    let b = c.call(NFS_PROG, nfsproc::SETATTR, &truncate(stale));
+    assert_eq!(Reader::new(&b).u32().unwrap(), 10002, "NOT_SYNC");
+    assert_eq!(c.getattr(&fh).1.unwrap().size, 4, "not truncated");
+    let b = c.call(NFS_PROG, nfsproc::SETATTR, &truncate(ctime));
+    assert_eq!(Reader::new(&b).u32().unwrap(), OK);
+    assert_eq!(c.getattr(&fh).1.unwrap().size, 0);
+    r.stop();
+}

@@ -109,6 +109,7 @@ impl Sattr {
             atime: self.atime,
             mtime: self.mtime,
             from_open_file: false,
+            if_ctime: None,
         }
     }
     pub(super) fn is_empty(&self) -> bool {

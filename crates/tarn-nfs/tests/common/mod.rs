@@ -327,6 +327,7 @@ pub struct Fattr {
     pub fileid: u64,
     pub atime: (u32, u32),
     pub mtime: (u32, u32),
+    pub ctime: (u32, u32),
 }
 
 impl Fattr {
@@ -343,7 +344,7 @@ impl Fattr {
         let fileid = r.u64().unwrap();
         let atime = (r.u32().unwrap(), r.u32().unwrap());
         let mtime = (r.u32().unwrap(), r.u32().unwrap());
-        let _ctime = (r.u32().unwrap(), r.u32().unwrap());
+        let ctime = (r.u32().unwrap(), r.u32().unwrap());
         Fattr {
             ftype,
             mode,
@@ -354,6 +355,7 @@ impl Fattr {
             fileid,
             atime,
             mtime,
+            ctime,
         }
     }
 }
