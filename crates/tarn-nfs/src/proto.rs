@@ -137,11 +137,42 @@ pub mod mountstat {
     pub const NAMETOOLONG: u32 = 63;
     pub const NOTSUPP: u32 = 10004;
     pub const SERVERFAULT: u32 = 10006;
+
+    /// The `mountstat3` for an `nfsstat3`: the same number where MOUNT
+    /// defines it, an I/O error for a stale or unreachable filesystem,
+    /// and a server fault for the rest (a client told a status MOUNT does
+    /// not define cannot make sense of it).
+    pub fn from_nfs(code: u32) -> u32 {
+        match code {
+            OK | PERM | NOENT | IO | ACCES | NOTDIR | INVAL | NAMETOOLONG | NOTSUPP
+            | SERVERFAULT => code,
+            // STALE, BADHANDLE, and the nfsstat3 I/O-like codes.
+            6 | 70 | 10001 => IO,
+            _ => SERVERFAULT,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mount_gets_only_mount_statuses() {
+        let defined = [0, 1, 2, 5, 13, 20, 22, 63, 10004, 10006];
+        for code in (0..200).chain(10000..10030) {
+            let m = mountstat::from_nfs(code);
+            assert!(defined.contains(&m), "{code} became {m}");
+            if defined.contains(&code) {
+                assert_eq!(m, code);
+            }
+        }
+        assert_eq!(mountstat::from_nfs(NfsStat::Stale.code()), mountstat::IO);
+        assert_eq!(
+            mountstat::from_nfs(NfsStat::Jukebox.code()),
+            mountstat::SERVERFAULT
+        );
+    }
 
     #[test]
     fn errno_mapping() {

@@ -68,7 +68,7 @@ impl Service {
                 match e.export.fs.getattr(ROOT_INO) {
                     Ok(_) => {}
                     Err(err) => {
-                        w.u32(stat_of(&err).code());
+                        w.u32(mountstat::from_nfs(stat_of(&err).code()));
                         return Ok(w);
                     }
                 };
