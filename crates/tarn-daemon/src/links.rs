@@ -188,6 +188,22 @@ impl Links {
         self.save(&f)
     }
 
+    /// Removes the links of user `owner` of `pool` (every user's when
+    /// None): a user deleted, or a pool destroyed, takes its links along,
+    /// so a user added later under the same name (on a new pool of the
+    /// same name) does not inherit links someone else made.
+    pub(crate) fn forget(&self, pool: &str, owner: Option<&str>) -> Result<(), ApiError> {
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = self.load()?;
+        let before = f.links.len();
+        f.links
+            .retain(|l| !(l.pool == pool && owner.is_none_or(|o| l.owner == o)));
+        if f.links.len() == before {
+            return Ok(());
+        }
+        self.save(&f)
+    }
+
     /// The live link whose token this is.
     pub(crate) fn find(&self, token: &str) -> Option<LinkRecord> {
         // Hashes are compared, not tokens (see replication::Tokens).
@@ -215,6 +231,22 @@ mod tests {
             expires_in_secs: None,
             owner: None,
         }
+    }
+
+    #[test]
+    fn a_deleted_user_or_destroyed_pool_takes_its_links_along() {
+        let dir = tempfile::tempdir().unwrap();
+        let links = Links::new(dir.path());
+        let alice = links.create("tank", "alice", &params("a")).unwrap();
+        let bob = links.create("tank", "bob", &params("b")).unwrap();
+        let other = links.create("backup", "alice", &params("c")).unwrap();
+        links.forget("tank", Some("alice")).unwrap();
+        assert!(links.find(&alice.token).is_none());
+        assert!(links.find(&bob.token).is_some(), "other users keep theirs");
+        assert!(links.find(&other.token).is_some(), "other pools too");
+        links.forget("tank", None).unwrap();
+        assert!(links.find(&bob.token).is_none());
+        assert!(links.find(&other.token).is_some());
     }
 
     #[test]

@@ -140,6 +140,19 @@ impl Backend for Pools {
         self.fss.forget_tree(name);
         let r = pool.export(true);
         self.forget(&pool);
+        // Its users' share links and API tokens go with them (a new pool
+        // of the same name, with users of the same names, must not
+        // inherit them).
+        let gone = self
+            .links
+            .forget(name, None)
+            .and_then(|()| self.api_tokens.del_scope(&format!("{name}/")));
+        if let Err(e) = gone {
+            log::warn!(
+                "tarn: pool {name}: its users' share links or API tokens could not be removed: {}",
+                e.message
+            );
+        }
         self.write_cache();
         self.refresh_servers();
         r.map_err(api_error)
@@ -804,8 +817,9 @@ impl Backend for Pools {
         let _access = self.access_lock.lock().unwrap_or_else(|e| e.into_inner());
         let p = self.pool_for_users(pool)?;
         access::user_del(&p, name)?;
-        // Its API tokens go with it.
+        // Its API tokens and share links go with it.
         self.api_tokens.del_scope(&format!("{}/{name}", p.name()))?;
+        self.links.forget(p.name(), Some(name))?;
         self.refresh_servers();
         Ok(())
     }

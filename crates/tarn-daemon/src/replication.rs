@@ -289,13 +289,20 @@ impl Tokens {
 
     /// Removes every token of `scope` (an API token's POOL/USER, when
     /// that user is removed: a user added again later under the name must
-    /// not inherit them).
+    /// not inherit them); a scope ending in `/` (POOL/, when the pool is
+    /// destroyed) removes every token under it.
     pub fn del_scope(&self, scope: &str) -> std::result::Result<(), ApiError> {
         let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut f = self.load()?;
         let before = f.tokens.len();
-        f.tokens
-            .retain(|t| (if self.api { &t.user } else { &t.dataset }) != scope);
+        f.tokens.retain(|t| {
+            let s = if self.api { &t.user } else { &t.dataset };
+            if scope.ends_with('/') {
+                !s.starts_with(scope)
+            } else {
+                s != scope
+            }
+        });
         if f.tokens.len() == before {
             return Ok(());
         }
@@ -832,5 +839,25 @@ mod tests {
         assert_eq!(t.check(&a.token), None, "a deleted token stops working");
         assert_eq!(t.check(&b.token).as_deref(), Some("vault/laptop"));
         assert!(t.del("nas").is_err());
+    }
+
+    #[test]
+    fn api_tokens_go_with_their_user_or_pool() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Tokens::api(dir.path());
+        let alice = t.add("a", "tank/alice").unwrap();
+        let alicia = t.add("b", "tank/alicia").unwrap();
+        let bob = t.add("c", "tank/bob").unwrap();
+        let other = t.add("d", "tankx/bob").unwrap();
+        t.del_scope("tank/alice").unwrap();
+        assert_eq!(t.check(&alice.token), None);
+        assert!(t.check(&alicia.token).is_some(), "whole names only");
+        t.del_scope("tank/").unwrap();
+        assert_eq!(t.check(&alicia.token), None);
+        assert_eq!(t.check(&bob.token), None);
+        assert!(
+            t.check(&other.token).is_some(),
+            "another pool keeps its own"
+        );
     }
 }

@@ -927,10 +927,23 @@ fn files_uploads_versions_and_share_links() {
     );
     // Taking the share from its owner closes their links.
     d.ok(&["share", "add", "a", "tank/a", "--webdav", "bob=ro"]);
-    assert_eq!(
-        http(port, "GET", &format!("/s/{token3}/info"), &[], b"").status,
-        404
-    );
+    let info3 = || http(port, "GET", &format!("/s/{token3}/info"), &[], b"").status;
+    assert_eq!(info3(), 404);
+    // Giving it back opens them again; deleting the user removes them: a
+    // user added later under the same name does not inherit them.
+    let give_back = || {
+        d.ok(&[
+            "share", "add", "a", "tank/a", "--webdav", "alice=rw", "--webdav", "bob=ro", "--owner",
+            "alice",
+        ])
+    };
+    give_back();
+    assert_eq!(info3(), 200);
+    d.ok(&["share", "add", "a", "tank/a", "--webdav", "bob=ro"]);
+    d.ok(&["user", "del", "alice"]);
+    add_user(&d, "alice", "another-alice");
+    give_back();
+    assert_eq!(info3(), 404, "the old alice's link stays closed");
     d.stop();
 }
 
