@@ -22,7 +22,10 @@
 //! and T + 1 is open may write two commits, T's pending operations first.
 //! The sync of T makes every commit of txgs up to T obsolete: it drops the
 //! blocks at the front of the chain that hold only such commits (freed,
-//! deferred so they stay intact until T is safely behind) and commits a
+//! deferred so they stay intact until T is safely behind; a block the
+//! open txg allocated, for a commit written while T synced, is freed by
+//! the open txg's sync instead: T's space map never showed it, and until
+//! T commits the committed header's chain runs through it) and commits a
 //! header naming the first block that may hold a later txg's commit (or
 //! the next block to be written). Commits of T that lie beyond that block
 //! stay in the chain, and import skips them. After a crash, import finds
@@ -167,6 +170,10 @@ pub(crate) struct ZilState {
     /// Leaves that missed an early write, with the txg of the block, for
     /// that txg's dirty time log.
     pub missed: Vec<(u64, Missed)>,
+    /// Blocks a sync no longer needed that a later txg allocated (a commit
+    /// written while an earlier txg synced), with that later txg: freed by
+    /// its sync, not at once (see `Pool::free_log_block`).
+    pub postponed: Vec<(u64, Dva)>,
     /// Size of the block the next commit starts with.
     pub size_hint: u32,
     /// Allocate no log blocks on log devices (one is being removed).
@@ -514,36 +521,50 @@ impl Pool {
         Ok(LogCommit::Logged)
     }
 
-    /// Frees one block the chain no longer needs, in the sync of `txg`: at
-    /// once when a later txg allocated it (its space map never showed it),
-    /// otherwise deferred like any free.
-    fn free_log_block(&self, st: &mut State, d: &Dva, txg: u64) -> Result<(), PoolError> {
+    /// Frees one block the chain no longer needs, in the sync of `txg`,
+    /// deferred like any free. A block a later txg allocated (a commit
+    /// written while `txg` synced: its chain block, or a block written in
+    /// place for it) cannot be freed in `txg`'s space map, which never
+    /// showed it allocated; nor can it be freed at once: until `txg`
+    /// commits, the committed header's chain still runs through it, and
+    /// the commit it holds is what import replays if `txg` never commits.
+    /// Such a block is returned with the txg that allocated it, whose sync
+    /// frees it (`txg` has committed by then).
+    fn free_log_block(
+        &self,
+        st: &mut State,
+        d: &Dva,
+        txg: u64,
+    ) -> Result<Option<(u64, Dva)>, PoolError> {
         if d.vdev >= crate::logdev::LOG_VDEV_BASE {
             let Some(m) = self.log_space(st, d.vdev) else {
-                return Ok(());
+                return Ok(None);
             };
             // A log device's space is rebuilt at import: a block there that
             // import could not claim (the device was missing) is not held.
             if !m.is_allocated(d.offset, d.asize as u64) {
-                return Ok(());
+                return Ok(None);
             }
             return m
                 .free_deferred(d.offset, d.asize as u64, txg)
+                .map(|()| None)
                 .map_err(|e| PoolError::Internal(format!("intent log space: {e}")));
         }
         let later = st
             .uncommitted
             .get(d.vdev as usize)
             .and_then(|m| m.range(..=d.offset).next_back())
-            .is_some_and(|(o, (l, t))| *o + *l > d.offset && *t > txg);
-        if later {
-            return self.free_range_now(st, d.vdev, d.offset, d.asize as u64);
+            .filter(|(o, (l, t))| **o + *l > d.offset && *t > txg)
+            .map(|(_, (_, t))| *t);
+        if let Some(t) = later {
+            return Ok(Some((t, *d)));
         }
         let m = st
             .space
             .get_mut(d.vdev as usize)
             .ok_or_else(|| PoolError::Internal(format!("intent log names vdev {}", d.vdev)))?;
         m.free_deferred(d.offset, d.asize as u64, txg)
+            .map(|()| None)
             .map_err(|e| PoolError::Internal(format!("intent log space: {e}")))
     }
 
@@ -570,6 +591,15 @@ impl Pool {
                 true
             }
         });
+        // Blocks an earlier sync left to this one (see `free_log_block`).
+        z.postponed.retain(|(t, d)| {
+            if *t <= txg {
+                free.push(*d);
+                false
+            } else {
+                true
+            }
+        });
         let mut dropped: Vec<Dva> = Vec::new();
         while let Some(b) = z.blocks.front().copied() {
             if b.txg == 0 || b.txg > txg {
@@ -587,11 +617,10 @@ impl Pool {
             dropped.extend(z.blocks.drain(..).map(|b| b.addr.dva()));
         }
         let mut st = self.lock();
-        for d in &dropped {
-            self.free_log_block(&mut st, d, txg)?;
-        }
-        for d in &free {
-            self.free_log_block(&mut st, d, txg)?;
+        for d in dropped.iter().chain(&free) {
+            if let Some(later) = self.free_log_block(&mut st, d, txg)? {
+                z.postponed.push(later);
+            }
         }
         if !free.is_empty() || !dropped.is_empty() {
             sync.last_free_txg = txg;
@@ -651,6 +680,7 @@ impl Pool {
             || !z.frees.is_empty()
             || !z.claimed.is_empty()
             || !z.missed.is_empty()
+            || !z.postponed.is_empty()
             || z.blocks.iter().any(|b| b.txg != 0)
     }
 
@@ -903,5 +933,139 @@ mod tests {
         // eight read as one.
         let c = decode_commit(VERSION_UNTAGGED, &s[8..]).expect("decodes");
         assert_eq!((c.txg, c.records), (None, recs));
+    }
+}
+
+#[cfg(test)]
+mod during_sync {
+    //! Commits written while a txg syncs, against a real pool.
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+    use crate::{Cx, Extension, LogCommit, Pool, PoolError, PoolOptions, SyncCx, VdevSpec};
+
+    /// A chain block: (vdev, offset, asize), and whether a txg after the
+    /// one it holds a commit of allocated it.
+    type Held = ((u32, u64, u64), bool);
+
+    /// An extension whose sync makes `commits` intent log commits of the
+    /// txg being synced, from another thread (as an `fsync` does while a
+    /// txg syncs), and notes the chain blocks that hold them.
+    #[derive(Default)]
+    struct Fsyncs {
+        pool: OnceLock<Weak<Pool>>,
+        commits: AtomicU32,
+        held: Mutex<Vec<Held>>,
+    }
+
+    fn commit(pool: &Pool, txg: u64) -> LogCommit {
+        pool.with_ext::<Fsyncs, _>(false, |_, cx: &mut Cx<'_>| {
+            cx.log_commit(txg, &[vec![7u8; 100]], &[])
+        })
+        .expect("commit")
+    }
+
+    impl Extension for Fsyncs {
+        fn has_changes(&self) -> bool {
+            self.commits.load(Ordering::Relaxed) > 0
+        }
+        fn sync(&self, cx: &mut SyncCx<'_>) -> Result<(), PoolError> {
+            let n = self.commits.swap(0, Ordering::Relaxed);
+            let txg = cx.txg();
+            let Some(pool) = self.pool.get().and_then(Weak::upgrade) else {
+                return Ok(());
+            };
+            let p = pool.clone();
+            let done: Vec<LogCommit> =
+                std::thread::spawn(move || (0..n).map(|_| commit(&p, txg)).collect())
+                    .join()
+                    .unwrap_or_default();
+            assert!(
+                done.len() == n as usize && done.iter().all(|c| *c == LogCommit::Logged),
+                "{done:?}"
+            );
+            let blocks: Vec<_> = pool
+                .zil_state()
+                .blocks
+                .iter()
+                .filter(|b| b.txg == txg)
+                .map(|b| b.addr.dva())
+                .collect();
+            let st = pool.lock();
+            let held = blocks.iter().map(|d| {
+                let later = st
+                    .uncommitted
+                    .get(d.vdev as usize)
+                    .and_then(|m| m.range(..=d.offset).next_back())
+                    .is_some_and(|(o, (l, t))| o + l > d.offset && *t > txg);
+                ((d.vdev, d.offset, d.asize as u64), later)
+            });
+            self.held.lock().expect("held").extend(held);
+            Ok(())
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    fn no_scan(_: u8, _: &[u8], _: &[u8], _: &mut Vec<crate::ExtRef>) {}
+
+    /// A commit written while txg T syncs goes into a block the open txg
+    /// (T + 1) allocated. T's sync no longer needs it, but until T commits
+    /// the committed header's chain runs through it (and the commit in it
+    /// is what import replays if T never commits): its space must stay
+    /// allocated through T's sync, which allocates blocks of its own, and
+    /// is freed by T + 1's.
+    #[test]
+    fn blocks_of_commits_made_during_a_sync_outlive_that_sync() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dev = dir.path().join("d0");
+        std::fs::File::create(&dev)
+            .and_then(|f| f.set_len(64 << 20))
+            .expect("device");
+        let spec = VdevSpec {
+            kind: tarn_vdev::VdevKind::Single,
+            devices: vec![dev],
+        };
+        let opts = PoolOptions {
+            sync_interval: std::time::Duration::from_secs(3600),
+            owner: "test".into(),
+            ..Default::default()
+        };
+        let pool =
+            Pool::create("tank", &[spec], 12, &Default::default(), false, opts).expect("pool");
+        let ext = Arc::new(Fsyncs::default());
+        let _ = ext.pool.set(Arc::downgrade(&pool));
+        pool.set_extension(ext.clone(), no_scan);
+        // A chain (a commit without one asks for one, a sync makes it).
+        let open = pool.open_txg.load(Ordering::Acquire);
+        if commit(&pool, open) == LogCommit::Unavailable {
+            pool.sync().expect("sync");
+        }
+        // Three commits while a txg syncs: all but the first are written
+        // into blocks the next txg allocated.
+        ext.commits.store(3, Ordering::Relaxed);
+        pool.sync().expect("sync");
+        let held = ext.held.lock().expect("held").clone();
+        assert!(
+            held.iter().any(|(_, later)| *later),
+            "no commit went into a later txg's block: {held:?}"
+        );
+        let still =
+            |at: &(u32, u64, u64)| pool.lock().space[at.0 as usize].is_allocated(at.1, at.2);
+        for (at, later) in &held {
+            assert!(
+                still(at),
+                "block {at:?} (of a later txg: {later}) was freed while the committed \
+                 chain still ran through it"
+            );
+        }
+        // The next sync frees them, deferred like any free.
+        assert!(!pool.zil_state().postponed.is_empty());
+        pool.sync().expect("sync");
+        assert!(pool.zil_state().postponed.is_empty());
+        for (at, _) in &held {
+            assert!(still(at), "deferred, not at once: {at:?}");
+        }
     }
 }
