@@ -29,7 +29,10 @@
 //! ignores a MaxCmdSN lower than the one it has, so the window is never
 //! taken back). With `queue_depth` commands running, or with running
 //! commands' expected lengths and waiting writes' data together at
-//! [`IscsiConfig::max_pending_write_bytes`], no PDU is taken in: the
+//! [`IscsiConfig::max_pending_write_bytes`] while a command runs, no PDU
+//! is taken in (with none running, the waiting writes' Data-Out must be,
+//! or they could wait for ever; a new write is then refused with TASK
+//! SET FULL if it does not fit the budget): the
 //! connection's reader decodes at most five PDUs ahead (four in its
 //! channel, one waiting to go in) and then stops reading, so TCP
 //! backpressure holds an initiator that ignores the window, and a
@@ -678,8 +681,14 @@ impl Ffp {
                 self.settle().await;
                 return;
             }
-            let room = self.running.len() < depth
-                && self.running_bytes + self.task_bytes < self.shared.cfg.max_pending_write_bytes;
+            // With nothing running, the PDUs are taken in whatever waits:
+            // the writes waiting for data may hold the whole budget, and
+            // only their Data-Out (behind this gate) can move them on;
+            // what a new command could add is bounded at its admission.
+            let room = self.running.is_empty()
+                || self.running.len() < depth
+                    && self.running_bytes + self.task_bytes
+                        < self.shared.cfg.max_pending_write_bytes;
             let busy = !self.running.is_empty();
             let ev = tokio::select! {
                 r = rx.recv(), if room => Event::Pdu(r),

@@ -770,3 +770,41 @@ fn abort_task_tells_a_dropped_task_from_a_finished_one() {
     assert_eq!(rsp.bhs[2], 1, "task does not exist");
     s.tur_good(33);
 }
+
+#[test]
+fn writes_waiting_for_data_that_fill_the_budget_still_get_their_data() {
+    // The budget is exactly one write of the largest size: admitted, it
+    // holds all of it while it waits for its Data-Out.
+    let cfg = tarn_iscsi::IscsiConfig {
+        max_transfer: 64 << 10,
+        max_pending_write_bytes: 64 << 10,
+        ..Default::default()
+    };
+    let dev = mem(8 * MIB, 4096);
+    let r = start_with(cfg, vec![IscsiTarget::new(IQN, dev.clone())]);
+    let mut s = Raw::login(r.local_addr(), IQN);
+    let data: Vec<u8> = (0..65536u32).map(|i| (i * 13 % 253) as u8).collect();
+    let c = s.scsi(1, &[0x2a, 0, 0, 0, 0, 0, 0, 0, 128, 0], 65536, false, true);
+    s.send(&c);
+    let mut at = 0usize;
+    let rsp = loop {
+        let p = s.recv().expect("an R2T or the status, not silence");
+        if p.opcode() != op::R2T {
+            break p;
+        }
+        let (off, len) = (p.u32_at(40) as usize, p.u32_at(44) as usize);
+        assert_eq!(off, at);
+        let mut d = Pdu::new(op::DATA_OUT);
+        d.set_flags(0x80);
+        d.set_itt(1);
+        d.set_u32(20, p.u32_at(20));
+        d.set_u32(40, off as u32);
+        d.data = data[off..off + len].to_vec();
+        s.send(&d);
+        at = off + len;
+    };
+    assert_eq!((rsp.opcode(), rsp.bhs[3]), (op::SCSI_RSP, 0), "GOOD");
+    assert_eq!(dev.read(0, 65536).unwrap(), data);
+    // The session goes on.
+    s.tur_good(2);
+}
