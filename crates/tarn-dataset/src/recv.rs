@@ -147,6 +147,9 @@ impl Receiver {
                         && old.from_guid == state.from_guid
                         && old.raw == state.raw;
                     if old.resumable && same {
+                        // The stream's header is checked as the first
+                        // one was: `finish` applies its geometry and key.
+                        check_resumed(dir, id, info)?;
                         let after = match &old.after {
                             Some(h) => Some(unhex(h).ok_or_else(|| {
                                 DsError::Corrupt(format!("'{name}': its resume point"))
@@ -181,6 +184,24 @@ impl Receiver {
             pending: VecDeque::new(),
             resume_after: after,
             resumable: opts.resumable,
+        })
+    }
+
+    /// True when `name` holds a resumable partial receive of the stream
+    /// `info` describes. Asked before [`Receiver::begin`] for a stream
+    /// that resumes a receive: without one to continue, it is refused
+    /// before anything is created or rolled back.
+    pub fn can_resume(pool: &Arc<Pool>, name: &str, info: &SendInfo) -> Result<bool, DsError> {
+        crate::dsl::with_dir(pool, |dir, _| {
+            let Some(&id) = dir.names.get(name) else {
+                return Ok(false);
+            };
+            Ok(dir.rec(id)?.recv.as_ref().is_some_and(|old| {
+                old.resumable
+                    && old.to_guid == info.guid
+                    && old.from_guid == info.from.as_ref().map(|f| f.guid)
+                    && old.raw == info.raw
+            }))
         })
     }
 
@@ -367,6 +388,47 @@ fn check_key_export(k: &crate::send::KeyExport) -> Result<(), DsError> {
 }
 
 /// A new dataset for a full stream.
+/// The header of a stream that resumes the receive into dataset `id`:
+/// of the dataset's kind, a volume's geometry valid and of its block size,
+/// a key valid and the dataset's own (what the first header of the
+/// receive was checked for, and what [`Receiver::finish`] applies).
+fn check_resumed(dir: &Dir, id: u64, info: &SendInfo) -> Result<(), DsError> {
+    let rec = dir.rec(id)?;
+    let name = &rec.name;
+    if (rec.kind == DatasetKind::Volume) != (info.kind == DatasetKind::Volume) {
+        return Err(DsError::Invalid(format!(
+            "'{name}' and the resumed stream are not of the same kind (filesystem, volume)"
+        )));
+    }
+    if rec.kind == DatasetKind::Volume {
+        let (Some(new), Some(old)) = (info.volume, rec.volume) else {
+            return Err(DsError::Invalid(format!(
+                "a resumed stream of volume '{name}' without its geometry"
+            )));
+        };
+        crate::check_volspec(new)?;
+        if new.block != old.block {
+            return Err(DsError::Invalid(format!(
+                "the resumed stream's volblocksize {} differs from '{name}''s {}",
+                new.block, old.block
+            )));
+        }
+    }
+    if let Some(k) = &info.key {
+        check_key_export(k)?;
+    }
+    let mine = rec.key.and_then(|kid| dir.keys.get(&kid)).map(|r| r.guid);
+    match (&info.key, mine) {
+        (Some(k), Some(g)) if k.guid != g => Err(DsError::Invalid(format!(
+            "the resumed stream is sealed with another key than '{name}'"
+        ))),
+        (Some(_), None) => Err(DsError::Invalid(format!(
+            "the resumed stream is encrypted and '{name}' is not"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 fn begin_full(
     dir: &mut Dir,
     cx: &tarn_pool::Cx<'_>,

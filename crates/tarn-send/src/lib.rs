@@ -379,6 +379,14 @@ fn receive_one<R: Read>(
     reader: &mut StreamReader<R>,
     report: &mut RecvReport,
 ) -> Result<(), SendError> {
+    // A stream that resumes a receive needs that receive: refused before
+    // `begin` would create the dataset or roll it back for nothing.
+    if header.resume_after.is_some() && !Receiver::can_resume(pool, name, &header.info)? {
+        return Err(SendError::Stream(format!(
+            "the stream resumes a receive that '{name}' does not hold (finished, aborted, \
+             or another dataset); send the snapshot again without -t"
+        )));
+    }
     let mut rx = Receiver::begin(pool, name, &header.info, opts)?;
     let want = rx.resume_after().map(hex);
     // The same stream sent again from its start continues a partial

@@ -481,6 +481,66 @@ fn a_resumable_receive_continues_after_cuts_anywhere() {
     assert!(backup.leak_check().unwrap().is_clean());
 }
 
+/// A stream that resumes a receive, given to a dataset that holds no such
+/// receive, is refused before anything is created or rolled back.
+#[test]
+fn a_resume_stream_without_its_receive_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tank, backup) = pools(dir.path());
+    let mut rng = Rng::new(0x7e5);
+    fs_at_a_and_b(&tank, &mut rng);
+    let resumable = RecvOptions {
+        force: false,
+        resumable: true,
+        ..Default::default()
+    };
+    let stream = to_vec(&tank, "tank/fs@a", &SendOptions::default());
+    let mut token = None;
+    for cut in [stream.len() / 2, stream.len() * 3 / 4, stream.len() - 16] {
+        assert!(receive(&backup, "backup/r", resumable, &stream[..cut]).is_err());
+        let t = tarn_dataset::get_props(&backup, "backup/r", &["receive_resume_token".into()])
+            .unwrap()[0]
+            .value
+            .clone();
+        if t != "-" {
+            token = Some(t);
+            break;
+        }
+    }
+    let token = token.expect("a cut stream left a resume token");
+    let resume = to_vec(
+        &tank,
+        "tank/fs@a",
+        &SendOptions {
+            token: Some(token),
+            ..Default::default()
+        },
+    );
+    let names = |p: &Arc<Pool>| -> Vec<String> {
+        let mut v: Vec<String> = tarn_dataset::list(p, true)
+            .unwrap()
+            .into_iter()
+            .map(|d| d.name)
+            .collect();
+        v.sort();
+        v
+    };
+    let before = names(&backup);
+    // Another target: no dataset made, nothing left being received.
+    let e = receive(&backup, "backup/other", resumable, &resume[..]).unwrap_err();
+    assert!(e.to_string().contains("does not hold"), "{e}");
+    assert_eq!(names(&backup), before);
+    // An existing copy with a newer snapshot, with -F: nothing destroyed.
+    recv(&backup, "backup/full", &stream, false).unwrap();
+    tarn_dataset::snapshot(&backup, &["backup/full@local".into()], false).unwrap();
+    let before = names(&backup);
+    assert!(recv(&backup, "backup/full", &resume, true).is_err());
+    assert_eq!(names(&backup), before);
+    // Its own receive takes it.
+    receive(&backup, "backup/r", resumable, &resume[..]).unwrap();
+    assert_eq!(tree(&backup, "backup/r@a"), tree(&tank, "tank/fs@a"));
+}
+
 /// A one-record change to a large file: the incremental stream holds
 /// about that record, and the send reads about that much.
 #[test]
@@ -1055,6 +1115,30 @@ fn hostile_streams_are_refused_and_the_pool_goes_on() {
     recv(&backup, "backup/vol", &vol_incr, true).unwrap();
     assert_eq!(snaps(&backup), ["backup/vol@1", "backup/vol@2"]);
     assert_eq!(tree(&backup, "backup/vol@2"), tree(&tank, "tank/vol@2"));
+    // A stream that continues a partial receive is checked as the first
+    // one was: its geometry is what the volume ends with.
+    recv(&backup, "backup/vol2", &vol_full, false).unwrap();
+    let resumable = RecvOptions {
+        force: false,
+        resumable: true,
+        ..Default::default()
+    };
+    let cut = &vol_incr[..vol_incr.len() - 8];
+    assert!(receive(&backup, "backup/vol2", resumable, cut).is_err());
+    for (bad, what) in [
+        (&other_block, "another block size"),
+        (&no_geometry, "no geometry"),
+    ] {
+        let r = receive(&backup, "backup/vol2", resumable, &bad[..]);
+        assert!(
+            matches!(r, Err(SendError::Dataset(DsError::Invalid(_)))),
+            "{what}: {r:?}"
+        );
+    }
+    receive(&backup, "backup/vol2", resumable, &vol_incr[..]).unwrap();
+    assert_eq!(tree(&backup, "backup/vol2@2"), tree(&tank, "tank/vol@2"));
+    let v = tarn_dataset::open(&backup, "backup/vol2").unwrap();
+    assert_eq!(v.volume().unwrap().map(|s| s.block), Some(16384));
     assert!(backup.leak_check().unwrap().is_clean());
 }
 
