@@ -387,7 +387,6 @@ fn check_key_export(k: &crate::send::KeyExport) -> Result<(), DsError> {
     Ok(())
 }
 
-/// A new dataset for a full stream.
 /// The header of a stream that resumes the receive into dataset `id`:
 /// of the dataset's kind, a volume's geometry valid and of its block size,
 /// a key valid and the dataset's own (what the first header of the
@@ -395,25 +394,7 @@ fn check_key_export(k: &crate::send::KeyExport) -> Result<(), DsError> {
 fn check_resumed(dir: &Dir, id: u64, info: &SendInfo) -> Result<(), DsError> {
     let rec = dir.rec(id)?;
     let name = &rec.name;
-    if (rec.kind == DatasetKind::Volume) != (info.kind == DatasetKind::Volume) {
-        return Err(DsError::Invalid(format!(
-            "'{name}' and the resumed stream are not of the same kind (filesystem, volume)"
-        )));
-    }
-    if rec.kind == DatasetKind::Volume {
-        let (Some(new), Some(old)) = (info.volume, rec.volume) else {
-            return Err(DsError::Invalid(format!(
-                "a resumed stream of volume '{name}' without its geometry"
-            )));
-        };
-        crate::check_volspec(new)?;
-        if new.block != old.block {
-            return Err(DsError::Invalid(format!(
-                "the resumed stream's volblocksize {} differs from '{name}''s {}",
-                new.block, old.block
-            )));
-        }
-    }
+    check_kind_and_geometry(rec, info)?;
     if let Some(k) = &info.key {
         check_key_export(k)?;
     }
@@ -429,6 +410,35 @@ fn check_resumed(dir: &Dir, id: u64, info: &SendInfo) -> Result<(), DsError> {
     }
 }
 
+/// A stream into existing dataset `rec` (an incremental, or one that
+/// resumes a receive): of its kind, and for a volume with the geometry it
+/// takes at the end, checked as for a full stream, whose block size never
+/// changes (the blocks it has are of that size).
+fn check_kind_and_geometry(rec: &crate::record::DsRec, info: &SendInfo) -> Result<(), DsError> {
+    let name = &rec.name;
+    if (rec.kind == DatasetKind::Volume) != (info.kind == DatasetKind::Volume) {
+        return Err(DsError::Invalid(format!(
+            "'{name}' and the stream are not of the same kind (filesystem, volume)"
+        )));
+    }
+    if rec.kind == DatasetKind::Volume {
+        let (Some(new), Some(old)) = (info.volume, rec.volume) else {
+            return Err(DsError::Invalid(format!(
+                "a stream of volume '{name}' without its geometry"
+            )));
+        };
+        crate::check_volspec(new)?;
+        if new.block != old.block {
+            return Err(DsError::Invalid(format!(
+                "the stream's volblocksize {} differs from '{name}''s {}",
+                new.block, old.block
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A new dataset for a full stream.
 fn begin_full(
     dir: &mut Dir,
     cx: &tarn_pool::Cx<'_>,
@@ -650,28 +660,7 @@ fn begin_incremental(
         }
         (None, None) => {}
     }
-    if (rec.kind == DatasetKind::Volume) != (info.kind == DatasetKind::Volume) {
-        return Err(DsError::Invalid(format!(
-            "'{name}' and the stream are not of the same kind (filesystem, volume)"
-        )));
-    }
-    // The geometry the volume takes at the end: checked as for a full
-    // stream, and the block size never changes (the blocks it has are of
-    // that size).
-    if rec.kind == DatasetKind::Volume {
-        let (Some(new), Some(old)) = (info.volume, rec.volume) else {
-            return Err(DsError::Invalid(format!(
-                "an incremental stream of volume '{name}' without its geometry"
-            )));
-        };
-        crate::check_volspec(new)?;
-        if new.block != old.block {
-            return Err(DsError::Invalid(format!(
-                "the stream's volblocksize {} differs from '{name}''s {}",
-                new.block, old.block
-            )));
-        }
-    }
+    check_kind_and_geometry(&rec, info)?;
     if roll_back {
         crate::ops::rollback_in(dir, cx, &base_name, true)?;
     }
