@@ -637,11 +637,14 @@ pub enum FaultKind {
     Latency,
     /// The device is gone: every I/O and flush fails.
     Vanish,
+    /// Flushes fail with an I/O error, as when a device's write-back
+    /// fails: what was written since the last flush may be lost.
+    FlushError,
 }
 
 impl FaultKind {
     /// Every kind, for help texts.
-    pub const ALL: [FaultKind; 7] = [
+    pub const ALL: [FaultKind; 8] = [
         FaultKind::ReadError,
         FaultKind::WriteError,
         FaultKind::Bitflip,
@@ -649,6 +652,7 @@ impl FaultKind {
         FaultKind::TornWrite,
         FaultKind::Latency,
         FaultKind::Vanish,
+        FaultKind::FlushError,
     ];
 
     /// The name used on the command line (`read-error`, ...).
@@ -661,6 +665,7 @@ impl FaultKind {
             FaultKind::TornWrite => "torn-write",
             FaultKind::Latency => "latency",
             FaultKind::Vanish => "vanish",
+            FaultKind::FlushError => "flush-error",
         }
     }
 

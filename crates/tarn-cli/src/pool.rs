@@ -185,7 +185,7 @@ pub enum PoolCommand {
         pool: String,
     },
     /// Drills: make a device misbehave (read-error, write-error, bitflip,
-    /// drop-write, torn-write, latency, vanish), or `--clear` it
+    /// drop-write, torn-write, latency, vanish, flush-error), or `--clear` it
     Inject {
         /// Pool name
         pool: String,

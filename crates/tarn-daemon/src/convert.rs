@@ -257,6 +257,7 @@ fn fault_kind_to_engine(k: api::FaultKind) -> tarn_vdev::FaultKind {
         api::FaultKind::TornWrite => tarn_vdev::FaultKind::TornWrite,
         api::FaultKind::Latency => tarn_vdev::FaultKind::Latency,
         api::FaultKind::Vanish => tarn_vdev::FaultKind::Vanish,
+        api::FaultKind::FlushError => tarn_vdev::FaultKind::FlushError,
     }
 }
 
@@ -269,6 +270,7 @@ fn fault_kind(k: tarn_vdev::FaultKind) -> api::FaultKind {
         tarn_vdev::FaultKind::TornWrite => api::FaultKind::TornWrite,
         tarn_vdev::FaultKind::Latency => api::FaultKind::Latency,
         tarn_vdev::FaultKind::Vanish => api::FaultKind::Vanish,
+        tarn_vdev::FaultKind::FlushError => api::FaultKind::FlushError,
     }
 }
 

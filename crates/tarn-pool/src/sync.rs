@@ -153,7 +153,7 @@ impl Pool {
         // leave out what later txgs allocated.
         let space_root = self.sync_space_maps(txg, &mut missed)?;
         // 5. Flush, the uberblock on every leaf that has the whole txg, flush.
-        self.write_uberblocks(txg, meta_root, space_root, &missed)?;
+        self.write_uberblocks(txg, meta_root, space_root, &mut missed)?;
         // 6. Committed: only now may anything rely on txg `txg`.
         self.sync_done(sync, txg, meta_root, space_root, missed);
         Ok(txg)
@@ -291,17 +291,18 @@ impl Pool {
     }
 
     /// Step 5: flush, uberblock `txg` into every leaf that received every
-    /// write of the txg (see docs/format.md), flush.
+    /// write of the txg (see docs/format.md), flush. A leaf whose flush
+    /// failed (within the redundancy) may have lost the txg's writes: it
+    /// joins `missed`, so it gets no uberblock of `txg` and its dirty time
+    /// log names `txg`.
     fn write_uberblocks(
         &self,
         txg: u64,
         meta_root: BlockPtr,
         space_root: BlockPtr,
-        missed: &[Missed],
+        missed: &mut Vec<Missed>,
     ) -> Result<(), PoolError> {
-        for t in &self.tops {
-            t.flush()?;
-        }
+        self.flush_all(missed)?;
         // Every leaf that missed a write is named in the uberblock too, for
         // the case where it gets the uberblock anyway (below).
         let mut missed_guids: Vec<u64> = missed
@@ -361,8 +362,27 @@ impl Pool {
                 "txg {txg}: no device accepted the uberblock"
             )));
         }
-        for t in &self.tops {
-            t.flush()?;
+        // A leaf whose second flush fails has the txg's blocks (the first
+        // one made them durable) but perhaps not its uberblock; its dirty
+        // time log names the txg all the same (a resilver of it costs
+        // little, and import's check of its newest uberblock agrees).
+        self.flush_all(missed)?;
+        Ok(())
+    }
+
+    /// Flushes every top-level vdev; the leaves whose flush failed (within
+    /// the redundancy) are added to `missed`.
+    fn flush_all(&self, missed: &mut Vec<Missed>) -> Result<(), PoolError> {
+        for (v, t) in self.tops.iter().enumerate() {
+            for child in t.flush()? {
+                let m = Missed {
+                    vdev: v as u32,
+                    child,
+                };
+                if !missed.contains(&m) {
+                    missed.push(m);
+                }
+            }
         }
         Ok(())
     }

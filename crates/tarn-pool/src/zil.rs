@@ -508,8 +508,16 @@ impl Pool {
         if !failed {
             for v in &touched {
                 let top = self.log_top(&self.lock(), *v);
-                if top.is_none_or(|t| t.flush().is_err()) {
-                    failed = true;
+                match top.map(|t| t.flush()) {
+                    // A leaf whose flush failed may have lost this commit's
+                    // blocks written in place: it missed them (for the
+                    // dirty time log of their txg), as a leaf that missed
+                    // the write itself.
+                    Some(Ok(lost)) => z.missed.extend(
+                        lost.into_iter()
+                            .map(|child| (txg, Missed { vdev: *v, child })),
+                    ),
+                    _ => failed = true,
                 }
             }
         }

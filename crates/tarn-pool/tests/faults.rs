@@ -94,3 +94,46 @@ fn injected_faults_are_survived_and_repaired() {
     assert!(pool.inject("/nonexistent", None).is_err());
     pool.export(false).unwrap();
 }
+
+/// A member whose cache flush fails lost what the txg wrote to it (a disk
+/// drops the pages whose write-back failed): the pool notes that it lacks
+/// that txg, so bringing it back resilvers it, and it can then stand alone.
+#[test]
+fn a_member_whose_flush_failed_is_resilvered_for_what_it_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = files(dir.path(), 2);
+    let spec = VdevSpec {
+        kind: VdevKind::Mirror,
+        devices: devs.clone(),
+    };
+    let mut props = BTreeMap::new();
+    props.insert("compression".to_string(), "off".to_string());
+    let pool = Pool::create("tank", &[spec], 12, &props, false, opts()).unwrap();
+    let (dev0, dev1) = (devs[0].to_str().unwrap(), devs[1].to_str().unwrap());
+    let mut objs = BTreeMap::new();
+    for i in 0..3u64 {
+        let d = data(i, 200_000);
+        pool.object_write(&format!("o{i}"), 0, &d, false).unwrap();
+        objs.insert(format!("o{i}"), d);
+    }
+    pool.sync().unwrap();
+    let leaf = tarn_vdev::find_device(&devs[1]).unwrap();
+    leaf.track_unflushed(true);
+    pool.inject(dev1, Some(Fault::always(FaultKind::FlushError)))
+        .unwrap();
+    let d = data(7, 300_000);
+    pool.object_write("late", 0, &d, false).unwrap();
+    objs.insert("late".into(), d);
+    pool.sync().expect("one member flushed: the txg commits");
+    assert!(leaf.injected() > 0, "the fault was hit");
+    pool.inject(dev1, None).unwrap();
+    leaf.track_unflushed(false);
+    check_all(&pool, &objs);
+    // Back in service: the resilver covers the txg it lost.
+    pool.clear(Some(dev1)).unwrap();
+    let s = tarn_testkit::pools::wait_scan(&pool);
+    assert_eq!(s.errors, 0, "{s:?}");
+    pool.offline(dev0).unwrap();
+    check_all(&pool, &objs);
+    pool.export(false).unwrap();
+}

@@ -7,8 +7,9 @@
 //! way real devices do (the assumptions about media in docs/design.md,
 //! "The contract"): reads or writes that fail, reads that return flipped
 //! bits, writes that are acknowledged but never land (dropped), writes of
-//! which only a prefix of the sectors lands (torn), slow I/O, and a device
-//! that vanishes. Each fault applies to a share of the I/Os, decided by a
+//! which only a prefix of the sectors lands (torn), slow I/O, flushes that
+//! fail (losing what they should have made durable, when unflushed writes
+//! are tracked), and a device that vanishes. Each fault applies to a share of the I/Os, decided by a
 //! seeded xorshift generator so a failing run can be replayed exactly,
 //! optionally limited to a byte range of the device.
 //!
@@ -60,11 +61,14 @@ pub enum FaultKind {
     Latency,
     /// The device is gone: every I/O and flush fails.
     Vanish,
+    /// Flushes fail with an I/O error, as when a device's write-back
+    /// fails: what was written since the last flush may be lost.
+    FlushError,
 }
 
 impl FaultKind {
     /// Every kind, for help texts.
-    pub const ALL: [FaultKind; 7] = [
+    pub const ALL: [FaultKind; 8] = [
         FaultKind::ReadError,
         FaultKind::WriteError,
         FaultKind::Bitflip,
@@ -72,6 +76,7 @@ impl FaultKind {
         FaultKind::TornWrite,
         FaultKind::Latency,
         FaultKind::Vanish,
+        FaultKind::FlushError,
     ];
 
     /// The name used on the command line (`read-error`, ...).
@@ -84,6 +89,7 @@ impl FaultKind {
             FaultKind::TornWrite => "torn-write",
             FaultKind::Latency => "latency",
             FaultKind::Vanish => "vanish",
+            FaultKind::FlushError => "flush-error",
         }
     }
 
@@ -677,11 +683,12 @@ impl Leaf for FaultLeaf {
         if let Some(g) = gate {
             g.pass();
         }
-        let (vanish, power) = {
+        let (vanish, power, failed) = {
             let mut st = self.lock();
             (
                 st.hit(FaultKind::Vanish, 0, u64::MAX).is_some(),
                 st.switch.as_ref().is_none_or(|s| !s.is_off()),
+                st.hit(FaultKind::FlushError, 0, u64::MAX).is_some(),
             )
         };
         if !power {
@@ -689,6 +696,12 @@ impl Leaf for FaultLeaf {
         }
         if vanish {
             return Err(injected("device vanished"));
+        }
+        if failed {
+            // The kernel drops the pages whose write-back failed: with
+            // unflushed writes tracked, they are lost here too.
+            self.power_cut(1.0)?;
+            return Err(injected("flush error"));
         }
         self.inner.flush()?;
         if let Some(u) = self.lock().undo.as_mut() {

@@ -561,8 +561,11 @@ impl TopVdev {
 
     /// Makes every usable child durable (in parallel). Failures are counted
     /// and fault the child; errs only if more children than the redundancy
-    /// are now not durable.
-    pub fn flush(&self) -> Result<(), VdevError> {
+    /// are now not durable. Returns the children whose flush failed: what
+    /// they were written since their last flush may be lost (a device
+    /// drops the pages whose write-back failed), so the caller records
+    /// them as having missed those writes.
+    pub fn flush(&self) -> Result<Vec<usize>, VdevError> {
         let handles: Vec<Handle> = (0..self.width()).filter_map(|i| self.handle(i)).collect();
         let results: Vec<bool> = if handles.len() <= 1 {
             handles.iter().map(|h| h.leaf.flush().is_ok()).collect()
@@ -577,12 +580,14 @@ impl TopVdev {
                 .collect()
         };
         let mut durable = Vec::new();
+        let mut failed_now = Vec::new();
         for (h, ok) in handles.iter().zip(results) {
             if ok {
                 durable.push(h.idx);
             } else {
                 bump(&self.children[h.idx].counters.write_errors, 1);
                 self.try_fault(h.idx);
+                failed_now.push(h.idx);
             }
         }
         let failed = self.width() - durable.len();
@@ -596,7 +601,7 @@ impl TopVdev {
                 devices: self.child_paths(&not_durable),
             });
         }
-        Ok(())
+        Ok(failed_now)
     }
 
     /// State and statistics of every child, in order.
