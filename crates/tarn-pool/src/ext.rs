@@ -439,7 +439,7 @@ impl Cx<'_> {
     /// Takes the records of the intent log found at import, to replay them
     /// in the open txg (once; `None` when there is nothing to replay).
     pub fn log_take_replay(&self) -> Option<Vec<Vec<u8>>> {
-        self.pool.zil_state().replay.take()
+        self.pool.log_take_replay(self.txg)
     }
 
     /// Writes data blocks now, into the rooms their reservations hold, so

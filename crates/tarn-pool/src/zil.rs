@@ -66,8 +66,10 @@
 //! is durable on its own; the next sync starts a new chain.
 //!
 //! **Replay** happens when the dataset layer attaches: it takes the records,
-//! redoes them in the open txg, and the next sync commits the result and
-//! retires the whole imported chain (a new one starts). Until the records
+//! redoes them in the open txg, and the sync of that txg commits the
+//! result and retires the whole imported chain (a new one starts); taking
+//! the records tags the chain with that txg, so the sync of an earlier txg
+//! that was already closing keeps it. Until the records
 //! are taken the chain is kept as it is (a sync in between must not retire
 //! it), and no commits are accepted on the imported chain. Replaying twice
 //! is harmless: the records redo operations on top of the committed txg
@@ -665,6 +667,21 @@ impl Pool {
         Ok(())
     }
 
+    /// Takes the records found at import for a replay into txg `txg` (the
+    /// open one). The imported chain then holds commits of `txg`: it is
+    /// retired by the sync that commits the replay, not by the sync of an
+    /// earlier txg that quiesced before the replay began (which would
+    /// commit a header without the chain while the replayed operations
+    /// are not yet committed).
+    pub(crate) fn log_take_replay(&self, txg: u64) -> Option<Vec<Vec<u8>>> {
+        let mut z = self.zil_state();
+        let records = z.replay.take()?;
+        for b in z.blocks.iter_mut().filter(|b| b.txg == IMPORTED) {
+            b.txg = txg;
+        }
+        Some(records)
+    }
+
     /// The leaves that missed early writes of blocks of txgs up to `txg`.
     pub(crate) fn take_missed(&self, txg: u64) -> Vec<Missed> {
         let mut z = self.zil_state();
@@ -1018,16 +1035,8 @@ mod during_sync {
 
     fn no_scan(_: u8, _: &[u8], _: &[u8], _: &mut Vec<crate::ExtRef>) {}
 
-    /// A commit written while txg T syncs goes into a block the open txg
-    /// (T + 1) allocated. T's sync no longer needs it, but until T commits
-    /// the committed header's chain runs through it (and the commit in it
-    /// is what import replays if T never commits): its space must stay
-    /// allocated through T's sync, which allocates blocks of its own, and
-    /// is freed by T + 1's.
-    #[test]
-    fn blocks_of_commits_made_during_a_sync_outlive_that_sync() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let dev = dir.path().join("d0");
+    fn pool_in(dir: &std::path::Path) -> Arc<Pool> {
+        let dev = dir.join("d0");
         std::fs::File::create(&dev)
             .and_then(|f| f.set_len(64 << 20))
             .expect("device");
@@ -1040,8 +1049,56 @@ mod during_sync {
             owner: "test".into(),
             ..Default::default()
         };
-        let pool =
-            Pool::create("tank", &[spec], 12, &Default::default(), false, opts).expect("pool");
+        Pool::create("tank", &[spec], 12, &Default::default(), false, opts).expect("pool")
+    }
+
+    /// The replay runs in the open txg X; the sync of X - 1 may come after
+    /// it took the records (it was closing). That sync must keep the
+    /// imported chain: its commit holds none of the replayed operations,
+    /// and a crash after it would otherwise find no log to replay.
+    #[test]
+    fn the_imported_chain_outlives_syncs_of_txgs_before_the_replay() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pool = pool_in(dir.path());
+        let header = |p: &Pool| p.lock().ms.log.map(|h| h.guid);
+        // As import leaves it: the chain found, records to replay, no
+        // commits on it.
+        {
+            let mut z = pool.zil_state();
+            for b in z.blocks.iter_mut() {
+                b.txg = super::IMPORTED;
+            }
+            z.replay = Some(vec![b"a record".to_vec()]);
+            z.broken = true;
+        }
+        let before = header(&pool);
+        assert!(before.is_some(), "a new pool has a chain");
+        let open = pool.open_txg.load(Ordering::Acquire);
+        assert!(pool.log_take_replay(open).is_some());
+        {
+            let mut sync = pool.sync_state();
+            pool.log_sync(&mut sync, open - 1).expect("log sync");
+        }
+        assert_eq!(
+            header(&pool),
+            before,
+            "the sync before the replay kept the chain"
+        );
+        // The sync of the replay's txg retires it.
+        pool.sync().expect("sync");
+        assert_ne!(header(&pool), before, "a new chain once the replay commits");
+    }
+
+    /// A commit written while txg T syncs goes into a block the open txg
+    /// (T + 1) allocated. T's sync no longer needs it, but until T commits
+    /// the committed header's chain runs through it (and the commit in it
+    /// is what import replays if T never commits): its space must stay
+    /// allocated through T's sync, which allocates blocks of its own, and
+    /// is freed by T + 1's.
+    #[test]
+    fn blocks_of_commits_made_during_a_sync_outlive_that_sync() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pool = pool_in(dir.path());
         let ext = Arc::new(Fsyncs::default());
         let _ = ext.pool.set(Arc::downgrade(&pool));
         pool.set_extension(ext.clone(), no_scan);
