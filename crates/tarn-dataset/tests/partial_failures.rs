@@ -228,3 +228,109 @@ fn panic_in_txn_faults_the_pool_and_commits_nothing() {
     let leak = pool.leak_check().unwrap();
     assert!(leak.is_clean(), "{leak:?}");
 }
+
+/// A resilver target taken out while the resilver runs misses the blocks
+/// the resilver visits meanwhile (each dataset's tree is visited once, in
+/// order). Brought back before that resilver ends, it must not end the
+/// target's dirty time log: another resilver covers it, and only then may
+/// the target stand alone.
+#[test]
+fn a_target_out_during_its_resilver_is_resilvered_again() {
+    use std::time::{Duration, Instant};
+    use tarn_pool::status::{Health, ScanState};
+    use tarn_pool::{PoolOptions, ScanAction};
+    let dir = tempfile::tempdir().unwrap();
+    let options = PoolOptions {
+        scan_batch_blocks: 1,
+        sync_interval: Duration::from_millis(20),
+        ..opts()
+    };
+    let pool = tarn_testkit::pools::tank_with(dir.path(), VdevKind::Mirror, 2, 96 << 20, options);
+    let dev = |i: usize| {
+        dir.path()
+            .join(format!("d{i}"))
+            .to_string_lossy()
+            .to_string()
+    };
+    let (d0, d1) = (dev(0), dev(1));
+    let mut off = BTreeMap::new();
+    off.insert("compression".to_string(), "off".to_string());
+    let sets: Vec<String> = (0..12).map(|i| format!("tank/s{i:02}")).collect();
+    for s in &sets {
+        ds::create(&pool, s, &off, false).unwrap();
+    }
+    pool.sync().unwrap();
+    pool.offline(&d1).unwrap();
+    let mut rng = tarn_testkit::data::Rng::new(61);
+    let mut want = Vec::new();
+    for s in &sets {
+        let h = ds::open(&pool, s).unwrap();
+        let blocks: Vec<Vec<u8>> = (0..8).map(|_| rng.bytes(64 << 10)).collect();
+        h.txn::<_, DsError>(true, |t| {
+            for (i, b) in blocks.iter().enumerate() {
+                t.write_block(&key(i as u64), b.clone())?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        want.push((s.clone(), blocks));
+    }
+    pool.sync().unwrap();
+    pool.online(&d1).unwrap();
+    let first = pool.scrub(ScanAction::Pause).unwrap().unwrap();
+    // Out again while the resilver goes on (slowly: d0's reads wait), so
+    // that what it visits now is not written to d1.
+    pool.offline(&d1).unwrap();
+    let slow = tarn_vdev::Fault {
+        latency_ms: 5,
+        ..tarn_vdev::Fault::always(tarn_vdev::FaultKind::Latency)
+    };
+    pool.inject(&d0, Some(slow)).unwrap();
+    pool.scrub(ScanAction::Resume).unwrap();
+    let t0 = Instant::now();
+    let half = first.examined_bytes + (2 << 20);
+    while pool.status().scan.unwrap().examined_bytes < half {
+        let s = pool.status().scan.unwrap();
+        assert!(
+            s.state == ScanState::Scanning,
+            "ended while d1 was out: {s:?}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(60), "no progress");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    pool.scrub(ScanAction::Pause).unwrap();
+    pool.inject(&d0, None).unwrap();
+    pool.online(&d1).unwrap();
+    let _ = pool.scrub(ScanAction::Resume);
+    // Until d1 has everything, the pool is not healthy.
+    let t0 = Instant::now();
+    loop {
+        let s = pool.status().scan.unwrap();
+        if s.state == ScanState::Finished && pool.health() == Health::Online {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "{s:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Read from d1 alone, past every cache.
+    pool.export(false).unwrap();
+    drop(pool);
+    let pool =
+        tarn_testkit::pools::attached(try_import(&[dir.path()], "tank", false, opts()).unwrap());
+    pool.offline(&d0).unwrap();
+    for (s, blocks) in &want {
+        let h = ds::open(&pool, s).unwrap();
+        for (i, b) in blocks.iter().enumerate() {
+            let found = h
+                .txn(false, |t| t.block_ref(&key(i as u64)))
+                .unwrap_or_else(|e| panic!("{s}: block {i}: {e}"))
+                .unwrap_or_else(|| panic!("{s}: block {i} is gone"));
+            let got = found.read(&pool);
+            assert!(
+                got.as_ref().is_ok_and(|g| g[..] == b[..]),
+                "{s}: block {i} is not on d1 alone"
+            );
+        }
+    }
+    pool.export(false).unwrap();
+}

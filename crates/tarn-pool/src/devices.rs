@@ -159,6 +159,9 @@ impl Pool {
                 if let Some(e) = st.ms.dtl.get_mut(&info.guid) {
                     e.1 = now.max(e.0);
                 }
+                if !matches!(info.state, LeafState::Online) {
+                    self.drop_resilver_target(&mut st, info.guid);
+                }
             }
             self.commit_config(sync)
         })?;
@@ -258,10 +261,19 @@ impl Pool {
         self.check_usable(&self.lock())?;
         let only = dev.map(|d| self.find_leaf(d)).transpose()?;
         let mut reopened = false;
+        let mut back = Vec::new();
         for (ti, t) in self.tops.iter().enumerate() {
             if only.is_some_and(|(x, _)| x != ti) {
                 continue;
             }
+            // A resilver target whose write errors are cleared could no
+            // longer be told to have failed a write of the resilver.
+            back.extend(
+                t.leaves()
+                    .into_iter()
+                    .filter(|l| l.counters.write_errors > 0)
+                    .map(|l| l.guid),
+            );
             t.clear_counters();
             for (ci, l) in t.leaves().into_iter().enumerate() {
                 if only.is_some_and(|(_, y)| y != ci) {
@@ -271,11 +283,13 @@ impl Pool {
                     LeafState::Faulted => {
                         t.clear_fault(ci)?;
                         reopened = true;
+                        back.push(l.guid);
                     }
                     LeafState::Missing => {
                         if let Ok(leaf) = self.reopen(ti, ci) {
                             t.replace_leaf(ci, leaf, l.guid)?;
                             reopened = true;
+                            back.push(l.guid);
                         }
                     }
                     _ => {}
@@ -296,9 +310,17 @@ impl Pool {
                             }
                         }
                     }
+                    for g in &back {
+                        self.drop_resilver_target(&mut st, *g);
+                    }
                 }
                 self.commit_config(sync)
             })?;
+        } else if !back.is_empty() {
+            let mut st = self.lock();
+            for g in &back {
+                self.drop_resilver_target(&mut st, *g);
+            }
         }
         // Also the retry after a resilver that failed: the syncer does not
         // restart those on its own.

@@ -394,6 +394,28 @@ impl Pool {
         })
     }
 
+    /// Takes leaf `guid`, back in service after an outage, out of the
+    /// targets of a resilver that runs or is paused: the blocks that
+    /// resilver visited while the leaf was out were not written to it, so
+    /// it must not end the leaf's dirty time log. It keeps the whole log,
+    /// stays resilvering, and the next resilver (started when this one
+    /// ends) covers it.
+    pub(crate) fn drop_resilver_target(&self, st: &mut State, guid: u64) {
+        let Some(s) = st.ms.scan.as_mut() else {
+            return;
+        };
+        if s.kind != ScanKind::Resilver || !(s.is_running() || s.state == ScanState::Paused) {
+            return;
+        }
+        if let Some(i) = s.targets.iter().position(|g| *g == guid) {
+            s.targets.remove(i);
+            if i < s.target_write_errors.len() {
+                s.target_write_errors.remove(i);
+            }
+            st.ms_dirty = true;
+        }
+    }
+
     /// Marks every online leaf with missed writes as resilvering (reads do
     /// not trust it, offline/replace count it as weak), whether a resilver
     /// for it runs, is paused, or is yet to start.
