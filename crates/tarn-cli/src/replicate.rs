@@ -399,6 +399,35 @@ fn replicate_to_tarn(
         None => None,
     };
     drop(remote);
+    // What the receiver has, by guid.
+    let theirs_now = || -> anyhow::Result<HashSet<u64>> {
+        let mut remote = Remote::connect(&target, &fp, &token)?;
+        let listed = remote.call(method::DATASET_LIST, &DatasetListParams { snapshots: true })?;
+        let theirs: Vec<DatasetInfo> = decode(method::DATASET_LIST, listed)?;
+        Ok(theirs
+            .iter()
+            .filter(|d| d.name.split_once('@').is_some_and(|(f, _)| f == name))
+            .map(|d| d.guid)
+            .collect())
+    };
+    // A transfer that broke part way may have left the receiver with
+    // newer snapshots than the held base: the hold moves to the newest of
+    // them, so pruning here never takes what the next incremental needs.
+    let broke = |client: &mut Session, e: anyhow::Error| -> anyhow::Error {
+        let moved = theirs_now().and_then(|have| {
+            let snaps = snapshots_of(client, fs)?;
+            match snaps.iter().rposition(|s| have.contains(&s.guid)) {
+                Some(b) => hold_base(client, fs, &snaps[b].short, &a.to),
+                None => Ok(()),
+            }
+        });
+        match moved {
+            Ok(()) => e,
+            Err(h) => e.context(format!(
+                "and the hold on the base could not be moved: {h:#}"
+            )),
+        }
+    };
     if let Some(t) = resume_token {
         let r = transfer(
             client,
@@ -408,7 +437,8 @@ fn replicate_to_tarn(
                 ..Default::default()
             },
         )
-        .context("finishing the partial receive")?;
+        .context("finishing the partial receive")
+        .map_err(|e| broke(client, e))?;
         lines.extend(
             r.snapshots
                 .iter()
@@ -416,16 +446,7 @@ fn replicate_to_tarn(
         );
         results.extend(r.snapshots.clone());
     }
-    // What the receiver has now, by guid.
-    let mut remote = Remote::connect(&target, &fp, &token)?;
-    let listed = remote.call(method::DATASET_LIST, &DatasetListParams { snapshots: true })?;
-    drop(remote);
-    let theirs: Vec<DatasetInfo> = decode(method::DATASET_LIST, listed)?;
-    let have: HashSet<u64> = theirs
-        .iter()
-        .filter(|d| d.name.split_once('@').is_some_and(|(f, _)| f == name))
-        .map(|d| d.guid)
-        .collect();
+    let have = theirs_now()?;
     let snaps = snapshots_of(client, fs)?;
     let Some(end) = snaps.iter().position(|s| s.short == short) else {
         bail!("'{fs}@{short}' does not exist");
@@ -449,7 +470,7 @@ fn replicate_to_tarn(
             props: true,
             ..Default::default()
         };
-        let r = transfer(client, send)?;
+        let r = transfer(client, send).map_err(|e| broke(client, e))?;
         lines.extend(r.snapshots.iter().map(|s| format!("received {s}")));
         results.extend(r.snapshots);
     }

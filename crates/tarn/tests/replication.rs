@@ -334,6 +334,44 @@ fn replicate_to_another_tarn_over_tls() {
     let out = ok(replicate("tank/docs@night-11", &url, &fp), "again");
     assert!(out.contains("already has"), "{out}");
 
+    // A series that breaks part way: the held base moves to the newest
+    // snapshot the receiver got, so pruning here keeps what the next
+    // incremental needs.
+    let holds = |snap: &str| a.ok(&["holds", snap]);
+    assert!(holds("tank/docs@night-11").contains("replicate"));
+    std::fs::write(mnt.join("note.txt"), b"small").unwrap();
+    a.ok(&["snapshot", "tank/docs@night-12"]);
+    std::fs::write(
+        mnt.join("large.bin"),
+        tarn_testkit::data::Rng::new(12).bytes(24 << 20),
+    )
+    .unwrap();
+    a.ok(&["snapshot", "tank/docs@night-13"]);
+    let used: u64 = b.prop("vault/backups/docs", "used").parse().unwrap();
+    let quota = format!("quota={}", used + (8 << 20));
+    b.ok(&["dataset", "set", &quota, "vault/backups/docs"]);
+    let o = replicate("tank/docs@night-13", &url, &fp);
+    assert!(!o.status.success(), "the quota stops the second stream");
+    assert!(b
+        .ok(&["dataset", "list", "-t", "snapshot"])
+        .contains("vault/backups/docs@night-12"));
+    assert!(
+        holds("tank/docs@night-12").contains("replicate"),
+        "{}",
+        holds("tank/docs@night-12")
+    );
+    assert!(!holds("tank/docs@night-11").contains("replicate"));
+    b.ok(&["dataset", "set", "quota=none", "vault/backups/docs"]);
+    let out = ok(
+        replicate("tank/docs@night-13", &url, &fp),
+        "after the quota",
+    );
+    assert!(
+        out.contains("received vault/backups/docs@night-13"),
+        "{out}"
+    );
+    assert!(holds("tank/docs@night-13").contains("replicate"));
+
     // What the token may not do, and who may not use it.
     let other = format!("tarn://127.0.0.1:{port}/vault/elsewhere");
     let err =
