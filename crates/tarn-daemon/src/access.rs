@@ -880,6 +880,29 @@ fn check_iscsi(pool: &Pool, share: &Share, i: &IscsiShare) -> Result<(), ApiErro
              proves nothing",
         ));
     }
+    // Across shares too: a target's mutual secret must not be a secret an
+    // initiator logs in with anywhere, or a login to one target could be
+    // made to answer for the other (RFC 7143, 12.1.3).
+    let secret_of = |u: &Option<String>| {
+        u.as_ref()
+            .and_then(|u| known.iter().find(|k| &k.name == u))
+            .and_then(|k| k.chap_secret.clone())
+    };
+    let mine_in = secret_of(&i.chap);
+    let mine_mutual = secret_of(&i.mutual_chap);
+    for other in shares(pool)?.iter().filter(|s| s.name != share.name) {
+        let Some(o) = &other.iscsi else { continue };
+        let clash = (mine_mutual.is_some() && mine_mutual == secret_of(&o.chap))
+            || (mine_in.is_some() && mine_in == secret_of(&o.mutual_chap));
+        if clash {
+            return Err(ApiError::invalid(format!(
+                "share '{}' uses the same CHAP secret the other way round (an initiator's \
+                 secret there is a target's here, or the reverse): give the target's mutual \
+                 CHAP user a secret of its own",
+                other.name
+            )));
+        }
+    }
     Ok(())
 }
 

@@ -445,6 +445,23 @@ impl Pools {
     /// The NFS exports, WebDAV shares, NBD exports and iSCSI targets of
     /// every pool's stored shares.
     pub fn share_lists(&self) -> ShareLists {
+        let mut lists = self.share_lists_unchecked();
+        // A target whose mutual CHAP secret another target takes from
+        // initiators is left out (the iSCSI server would refuse the list).
+        let bad = tarn_iscsi::reflected(&lists.iscsi);
+        for i in bad.into_iter().rev() {
+            let t = lists.iscsi.remove(i);
+            log::warn!(
+                "tarn: target {} is not served over iSCSI: its mutual CHAP user's secret is \
+                 also the CHAP secret of an initiator user of some iSCSI share; give the \
+                 mutual user a secret of its own (`tarn user chap USER`)",
+                t.name
+            );
+        }
+        lists
+    }
+
+    fn share_lists_unchecked(&self) -> ShareLists {
         let mut lists = ShareLists::default();
         let smb_on = self.servers.smb_layout().is_some();
         for pool in self.all_pools() {

@@ -42,7 +42,7 @@ mod target;
 pub mod text;
 
 pub use server::{ConnStats, IscsiConfig, IscsiServer, Running};
-pub use target::{valid_name, Chap, IscsiTarget};
+pub use target::{reflected, valid_name, Chap, IscsiTarget};
 
 /// Errors starting or reconfiguring the server.
 #[derive(Debug, thiserror::Error)]

@@ -186,6 +186,29 @@ pub fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b".-:".contains(&b))
 }
 
+/// The targets among `targets` (by index) whose mutual CHAP secret is a
+/// secret some target of the list takes from initiators. RFC 7143
+/// (section 12.1.3) forbids it: an initiator that knows only its own
+/// secret could log in to the one target, present the other's challenge
+/// as its mutual challenge, and hand the answer to the other target.
+/// [`IscsiTarget::check`] refuses it within one target; this looks
+/// across them. Callers leave these targets out (or refuse the list).
+pub fn reflected(targets: &[IscsiTarget]) -> Vec<usize> {
+    let taken: HashSet<&str> = targets
+        .iter()
+        .filter_map(|t| t.chap.as_ref())
+        .map(|c| c.secret.as_str())
+        .collect();
+    (0..targets.len())
+        .filter(|&i| {
+            targets[i]
+                .mutual_chap
+                .as_ref()
+                .is_some_and(|m| taken.contains(m.secret.as_str()))
+        })
+        .collect()
+}
+
 /// The target list as connections see it, swapped whole by
 /// `set_targets`.
 pub(crate) struct Table {
@@ -207,6 +230,14 @@ impl Table {
                     t.name
                 )));
             }
+        }
+        if let Some(&i) = reflected(&targets).first() {
+            return Err(Error::Config(format!(
+                "target {:?}: its mutual CHAP secret is also a secret an initiator logs in \
+                 with (to this or another target), which would let a login to one answer \
+                 for the other",
+                targets[i].name
+            )));
         }
         Ok(Table {
             _units: targets.iter().map(|t| LuState::of(&t.device)).collect(),
@@ -260,6 +291,22 @@ mod tests {
         t.chap = None;
         assert!(Table::new(vec![t]).is_err(), "mutual without one-way");
         assert!(!format!("{:?}", Chap::new("u", "secret")).contains("secret\""));
+    }
+
+    #[test]
+    fn a_mutual_secret_is_never_an_initiators_secret_anywhere() {
+        let mut a = IscsiTarget::new("iqn.2024-01.x:a", dev());
+        a.chap = Some(Chap::new("alice", "alice's long secret"));
+        a.mutual_chap = Some(Chap::new("nas", "the target's secret"));
+        let mut b = IscsiTarget::new("iqn.2024-01.x:b", dev());
+        b.chap = Some(Chap::new("nas", "the target's secret"));
+        let c = IscsiTarget::new("iqn.2024-01.x:c", dev());
+        assert_eq!(reflected(&[a.clone(), b.clone(), c.clone()]), [0]);
+        assert!(Table::new(vec![a.clone(), b.clone(), c.clone()]).is_err());
+        assert!(Table::new(vec![a.clone(), c.clone()]).is_ok());
+        b.chap = Some(Chap::new("nas", "some other secret"));
+        assert!(reflected(&[a.clone(), b.clone()]).is_empty());
+        assert!(Table::new(vec![a, b, c]).is_ok());
     }
 
     #[test]

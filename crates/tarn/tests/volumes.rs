@@ -381,6 +381,19 @@ fn iscsi_shares_with_chap_users_through_the_daemon() {
         &format!("{lab_iqn},client=127.0.0.1/32"),
         "--iscsi-ro",
     ]);
+    // alice logs in to vm with her secret: it may not be a target's
+    // mutual secret anywhere (a login to one could answer for the other).
+    refuse(
+        &[
+            "share",
+            "add",
+            "vm2",
+            "tank/lab",
+            "--iscsi",
+            "auto,chap=nas,mutual=alice",
+        ],
+        "the other way round",
+    );
     refuse(
         &[
             "share",
