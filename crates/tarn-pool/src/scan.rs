@@ -972,9 +972,16 @@ impl Pool {
                     }
                 }
             }
+            // A target whose dirty time log is not empty yet (it missed
+            // blocks born after this resilver began) stays untrusted until
+            // the resilver that covers them.
             for t in &self.tops {
                 for (ci, l) in t.leaves().into_iter().enumerate() {
-                    if targets.contains(&l.guid) && !failed.contains(&l.guid) && !unverified {
+                    if targets.contains(&l.guid)
+                        && !failed.contains(&l.guid)
+                        && !unverified
+                        && !st.ms.dtl.contains_key(&l.guid)
+                    {
                         t.set_resilvering(ci, false);
                     }
                 }
