@@ -245,12 +245,19 @@ impl Pool {
                 .unwrap_or_else(|e| e.into_inner())
                 .push(lock);
             {
+                // The old device's record of missed txgs stays until the
+                // labels name the new device: a crash before they do
+                // brings the old one back at import, still owing them.
                 let mut st = self.lock();
-                st.ms.dtl.remove(&old_guid);
                 let now = st.txg;
                 st.ms.dtl.insert(guid, (1, now));
             }
-            self.commit_config(sync)
+            self.commit_config(sync)?;
+            let mut st = self.lock();
+            if st.ms.dtl.remove(&old_guid).is_some() {
+                st.ms_dirty = true;
+            }
+            Ok(())
         })?;
         self.start_resilver_if_needed();
         Ok(())
