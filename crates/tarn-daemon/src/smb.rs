@@ -242,7 +242,15 @@ pub fn render_conf(
     g("ea support", "yes");
     g("store dos attributes", "yes");
     g("strict sync", "yes");
-    g("server signing", "default");
+    // Samba takes signing for the whole server only (in a share's
+    // section it is ignored): a share that requires it makes the server
+    // require it, for every share, rather than let it be ignored.
+    let signing = if entries.iter().any(|e| e.share.signing_required) {
+        "mandatory"
+    } else {
+        "default"
+    };
+    g("server signing", signing);
     g("multicast dns register", "yes");
     for e in entries {
         let _ = writeln!(c);
@@ -292,9 +300,6 @@ pub fn render_conf(
                 SmbEncrypt::Required => "required",
             },
         );
-        if e.share.signing_required {
-            s("server signing", "mandatory");
-        }
         if e.share.timemachine {
             s("fruit:time machine", "yes");
             if e.share.tm_quota > 0 {
@@ -1067,6 +1072,7 @@ mod tests {
         assert!(conf.contains("map to guest = Never"));
         assert!(conf.contains("smb ports = 4450"));
         assert!(conf.contains("interfaces = 127.0.0.1"));
+        assert!(section(&conf, "global").contains(&"server signing = default"));
         assert!(!s.iter().any(|l| l.starts_with("fruit:time machine")));
 
         let mut g = entry("media");
@@ -1092,7 +1098,9 @@ mod tests {
             "rounded up"
         );
         assert!(s.contains(&"server smb encrypt = required"));
-        assert!(s.contains(&"server signing = mandatory"));
+        // Signing is a server-wide setting in Samba (ignored in a share).
+        assert!(!s.iter().any(|l| l.starts_with("server signing")));
+        assert!(section(&conf, "global").contains(&"server signing = mandatory"));
         assert_eq!(
             conf.lines().last(),
             Some("include = /etc/tarn/smb-extra.conf"),
