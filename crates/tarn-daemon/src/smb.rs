@@ -517,6 +517,42 @@ pub struct Samba {
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// What was last written, so an unchanged update sends no reload.
     written: Mutex<Option<(String, String, String, String)>>,
+    /// The shares and users served since the last update, to tell which
+    /// shares' connected clients must reconnect under the new terms.
+    served: Mutex<Served>,
+}
+
+/// The shares (by name) and the users one smb.conf serves.
+pub(crate) type Served = (Vec<(String, SmbShare)>, Vec<SmbUser>);
+
+/// The shares whose connected clients must be disconnected when the
+/// served shares and users change from `old` to `new`: Samba decides a
+/// client's access to a share when it connects to it and keeps that
+/// decision for the connection, so a share removed, served on other
+/// terms (users, guest, encryption), or naming a user whose account
+/// changed or went away must be closed for the new terms to apply to
+/// clients already in. They reconnect at once, under the new terms.
+pub(crate) fn shares_to_close(old: &Served, new: &Served) -> Vec<String> {
+    let (old_shares, old_users) = old;
+    let (new_shares, new_users) = new;
+    let changed_users: Vec<&str> = old_users
+        .iter()
+        .filter(|u| !new_users.iter().any(|n| n == *u))
+        .map(|u| u.name.as_str())
+        .collect();
+    let mut out = Vec::new();
+    for (name, share) in old_shares {
+        let now = new_shares.iter().find(|(n, _)| n == name).map(|(_, s)| s);
+        let close = match now {
+            None => true,
+            Some(s) if s != share => true,
+            Some(s) => s.users.keys().any(|u| changed_users.contains(&u.as_str())),
+        };
+        if close {
+            out.push(name.clone());
+        }
+    }
+    out
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -684,6 +720,7 @@ impl Samba {
             stop: Arc::new((Mutex::new(false), std::sync::Condvar::new())),
             thread: Mutex::new(None),
             written: Mutex::new(None),
+            served: Mutex::new((Vec::new(), Vec::new())),
         };
         samba.write(&[], &[], Vec::new())?;
         let mut child = samba.spawn(&smbd)?;
@@ -804,7 +841,27 @@ impl Samba {
     /// smbd reload them (connections stay).
     pub fn update(&self, entries: &[SmbEntry], users: &[SmbUser], problems: Vec<String>) {
         match self.write(entries, users, problems) {
-            Ok(true) => self.signal(nix::sys::signal::Signal::SIGHUP),
+            Ok(true) => {
+                self.signal(nix::sys::signal::Signal::SIGHUP);
+                let now = (
+                    entries
+                        .iter()
+                        .map(|e| (e.name.clone(), e.share.clone()))
+                        .collect::<Vec<_>>(),
+                    users.to_vec(),
+                );
+                let before = std::mem::replace(&mut *lock(&self.served), now.clone());
+                let close = shares_to_close(&before, &now);
+                if !close.is_empty() {
+                    // Every smbd process reads the new files before its
+                    // clients of those shares reconnect (messages to a
+                    // process are handled in order).
+                    self.smbcontrol_all(&["reload-config"]);
+                    for share in &close {
+                        self.smbcontrol_all(&["close-share", share]);
+                    }
+                }
+            }
             Ok(false) => {}
             Err(e) => {
                 log::warn!("tarn: cannot update the SMB configuration: {e}");
@@ -822,6 +879,15 @@ impl Samba {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
             }
         }
+    }
+
+    fn smbcontrol_all(&self, message: &[&str]) {
+        smbcontrol_smbd(
+            self.smbcontrol.as_deref(),
+            &self.layout,
+            &self.env(),
+            message,
+        );
     }
 
     /// A closer for `Mounts::set_closer`.
@@ -903,6 +969,17 @@ fn spawn_smbd(smbd: &Path, layout: &Layout, env: &[(String, String)]) -> Result<
 }
 
 fn close_share(smbcontrol: Option<&Path>, layout: &Layout, env: &[(String, String)], share: &str) {
+    smbcontrol_smbd(smbcontrol, layout, env, &["close-share", share]);
+}
+
+/// Sends `message` to every smbd process with `smbcontrol` (when there is
+/// one), and waits for the command (not for smbd to act on it).
+fn smbcontrol_smbd(
+    smbcontrol: Option<&Path>,
+    layout: &Layout,
+    env: &[(String, String)],
+    message: &[&str],
+) {
     let Some(prog) = smbcontrol else {
         return;
     };
@@ -910,8 +987,7 @@ fn close_share(smbcontrol: Option<&Path>, layout: &Layout, env: &[(String, Strin
     cmd.arg("-s")
         .arg(layout.conf())
         .arg("smbd")
-        .arg("close-share")
-        .arg(share)
+        .args(message)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -1024,6 +1100,53 @@ fn supervise(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clients_reconnect_to_shares_whose_terms_changed() {
+        let user = |n: &str, h: &str| SmbUser {
+            name: n.into(),
+            uid: 1000,
+            gid: 1000,
+            nt_hash: h.into(),
+        };
+        let served = |shares: &[SmbEntry], users: &[SmbUser]| {
+            (
+                shares
+                    .iter()
+                    .map(|e| (e.name.clone(), e.share.clone()))
+                    .collect::<Vec<_>>(),
+                users.to_vec(),
+            )
+        };
+        let (photos, docs, media) = (entry("photos"), entry("docs"), entry("media"));
+        let mut guest = entry("public");
+        guest.share.users.clear();
+        guest.share.guest = true;
+        let users = [user("alice", "AA"), user("bob", "BB")];
+        let before = served(
+            &[photos.clone(), docs.clone(), media.clone(), guest.clone()],
+            &users,
+        );
+        assert!(
+            shares_to_close(&before, &before).is_empty(),
+            "nothing changed"
+        );
+        // bob loses docs; media is no longer served; photos stays as it was.
+        let mut narrowed = docs.clone();
+        narrowed.share.users.remove("bob");
+        let after = served(&[photos.clone(), narrowed, guest.clone()], &users);
+        assert_eq!(shares_to_close(&before, &after), ["docs", "media"]);
+        // bob's password changes (or his SMB login ends): every share that
+        // names him, not the guest share.
+        let after = served(
+            &[photos, docs, media, guest],
+            &[user("alice", "AA"), user("bob", "CC")],
+        );
+        assert_eq!(
+            shares_to_close(&before, &after),
+            ["photos", "docs", "media"]
+        );
+    }
 
     fn entry(name: &str) -> SmbEntry {
         SmbEntry {

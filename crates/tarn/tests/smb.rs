@@ -339,7 +339,19 @@ fn smb_serves_users_the_same_files_as_every_other_front_end() {
     assert!(same_file(&big, &big_back), "1 GiB read back differs");
 
     // Users change live: bob's SMB login goes, alice's password changes.
+    // A session bob already has loses the share at once, not when it
+    // next connects.
+    let mut bob = Session::open(smb, "photos", "bob%build-it");
+    let listed = bob.ls();
+    assert!(listed.contains("mib1"), "{listed}");
     d.ok(&["share", "add", "photos", "tank/photos", "--smb", "alice=rw"]);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let after = bob.ls();
+    assert!(
+        after.contains("NT_STATUS_") && !after.contains("mib1"),
+        "bob's open session still lists the share: {after}"
+    );
+    drop(bob);
     let out = tarn_with_stdin(
         &d,
         &["user", "passwd", "--no-smb", "--password-stdin", "bob"],
@@ -377,6 +389,86 @@ fn smb_serves_users_the_same_files_as_every_other_front_end() {
     );
     smb_ok(smb, "photos", Some("alice%new-land"), "ls");
     d.stop();
+}
+
+/// An smbclient session kept open across commands, as a client that
+/// stays connected to a share.
+struct Session {
+    child: std::process::Child,
+    out: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Session {
+    fn open(port: u16, share: &str, user: &str) -> Session {
+        use std::io::Read;
+        // stdbuf: smbclient's output line by line although it is a pipe.
+        let mut child = Command::new("stdbuf")
+            .args(["-oL", "-eL", "smbclient"])
+            .arg(format!("//127.0.0.1/{share}"))
+            .args(["-p", &port.to_string(), "-m", "SMB3", "-U", user])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run smbclient");
+        let out = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let pipes: [Box<dyn Read + Send>; 2] = [
+            Box::new(child.stdout.take().expect("stdout")),
+            Box::new(child.stderr.take().expect("stderr")),
+        ];
+        for mut pipe in pipes {
+            let o = out.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = pipe.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    o.lock()
+                        .unwrap()
+                        .push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+            });
+        }
+        Session { child, out }
+    }
+
+    /// Runs `ls` in the session; what it printed: the listing (which ends
+    /// with the share's size in blocks) or an error.
+    fn ls(&mut self) -> String {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        stdin.write_all(b"ls\n").expect("smbclient takes commands");
+        let t0 = std::time::Instant::now();
+        loop {
+            {
+                let mut o = self.out.lock().unwrap();
+                let end = ["blocks of size", "NT_STATUS_"]
+                    .iter()
+                    .filter_map(|m| o.find(m).map(|at| at + m.len()))
+                    .min();
+                if let Some(end) = end {
+                    let line_end = o[end..].find('\n').map_or(o.len(), |n| end + n);
+                    let said = o[..line_end].to_string();
+                    o.replace_range(..line_end, "");
+                    return said;
+                }
+            }
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(30),
+                "smbclient said: {}",
+                self.out.lock().unwrap()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {
