@@ -540,10 +540,15 @@ pub(crate) fn shares_to_close(old: &Served, new: &Served) -> Vec<String> {
         .filter(|u| !new_users.iter().any(|n| n == *u))
         .map(|u| u.name.as_str())
         .collect();
+    // Signing is the server's (see `render_conf`): when it changes, every
+    // share's clients reconnect under it.
+    let signs = |v: &Vec<(String, SmbShare)>| v.iter().any(|(_, s)| s.signing_required);
+    let everyone = signs(old_shares) != signs(new_shares);
     let mut out = Vec::new();
     for (name, share) in old_shares {
         let now = new_shares.iter().find(|(n, _)| n == name).map(|(_, s)| s);
         let close = match now {
+            _ if everyone => true,
             None => true,
             Some(s) if s != share => true,
             Some(s) => s.users.keys().any(|u| changed_users.contains(&u.as_str())),
@@ -1146,6 +1151,13 @@ mod tests {
             shares_to_close(&before, &after),
             ["photos", "docs", "media"]
         );
+        // Signing is the server's: when one share starts requiring it,
+        // every share's clients reconnect.
+        let (mut p2, d2) = (entry("photos"), entry("docs"));
+        p2.share.signing_required = true;
+        let two = served(&[entry("photos"), d2.clone()], &users);
+        let signed = served(&[p2, d2], &users);
+        assert_eq!(shares_to_close(&two, &signed), ["photos", "docs"]);
     }
 
     fn entry(name: &str) -> SmbEntry {
