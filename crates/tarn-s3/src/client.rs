@@ -66,7 +66,7 @@ impl Config {
             ),
             None => (
                 Endpoint::parse(&format!("https://s3.{region}.amazonaws.com"))?,
-                false,
+                var(&["TARN_S3_PATH_STYLE"]).is_some_and(|v| v != "0"),
             ),
         };
         Ok(Config {
@@ -97,7 +97,7 @@ pub struct Bucket {
 
 impl Bucket {
     /// A client of `bucket` (nothing is sent yet).
-    pub fn new(cfg: Config, bucket: &str) -> Result<Bucket, S3Error> {
+    pub fn new(mut cfg: Config, bucket: &str) -> Result<Bucket, S3Error> {
         let ok = (3..=63).contains(&bucket.len())
             && bucket
                 .bytes()
@@ -106,6 +106,12 @@ impl Bucket {
             return Err(S3Error::Config(format!(
                 "bucket name '{bucket}': 3 to 63 lowercase letters, digits, '-' and '.'"
             )));
+        }
+        // A bucket name with a dot, as a host name over HTTPS, is more
+        // labels than a store's wildcard certificate covers: it goes in
+        // the path.
+        if bucket.contains('.') && cfg.endpoint.tls {
+            cfg.path_style = true;
         }
         let endpoint = if cfg.path_style {
             cfg.endpoint.clone()
@@ -443,6 +449,23 @@ mod tests {
     use proptest::prelude::*;
 
     use testing::{bucket_at, fake_store};
+
+    /// AWS's certificate covers `*.s3.REGION.amazonaws.com`, one label:
+    /// a dotted bucket name goes in the path over HTTPS.
+    #[test]
+    fn dotted_buckets_go_in_the_path_over_https() {
+        let aws = || Config {
+            endpoint: Endpoint::parse("https://s3.eu-west-1.amazonaws.com").unwrap(),
+            path_style: false,
+            signer: crate::sigv4::Signer::new("AKIDEXAMPLE", "secret", "eu-west-1"),
+        };
+        let b = Bucket::new(aws(), "my.backups").unwrap();
+        assert_eq!(b.host(), "s3.eu-west-1.amazonaws.com");
+        assert_eq!(b.path("a b"), "/my.backups/a%20b");
+        let b = Bucket::new(aws(), "my-backups").unwrap();
+        assert_eq!(b.host(), "my-backups.s3.eu-west-1.amazonaws.com");
+        assert_eq!(b.path("a"), "/a");
+    }
 
     #[test]
     fn a_store_that_pages_on_forever_is_an_error() {

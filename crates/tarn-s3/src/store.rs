@@ -49,6 +49,14 @@ const MAX_MANIFEST: usize = 128 << 20;
 const MAX_MANIFEST: usize = 100 << 10;
 /// Most bytes of manifests read from one prefix.
 const MAX_MANIFESTS_BYTES: u64 = 1 << 30;
+/// Room a manifest keeps for what is not its parts (its format, version,
+/// byte count and the stream's description).
+const MANIFEST_HEAD: usize = 64 << 10;
+
+/// Bytes one part takes in a manifest (compact JSON and its comma).
+fn part_bytes(p: &Part) -> usize {
+    serde_json::to_vec(p).map_or(usize::MAX, |v| v.len() + 1)
+}
 
 /// One part as a manifest lists it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -279,6 +287,7 @@ impl Store {
             buf: Vec::with_capacity(PART),
             parts: Vec::new(),
             report: UploadReport::default(),
+            manifest_bytes: MANIFEST_HEAD,
         })
     }
 
@@ -312,12 +321,30 @@ pub struct Upload<'a> {
     buf: Vec<u8>,
     parts: Vec<Part>,
     report: UploadReport,
+    /// What the manifest will take, at most: a stream whose manifest the
+    /// reader would refuse is refused here, before more is uploaded.
+    manifest_bytes: usize,
 }
 
 impl Upload<'_> {
     fn flush_part(&mut self) -> Result<(), S3Error> {
         let hash = hex(blake3::hash(&self.buf).as_bytes());
         let name = format!("part-{:08}-{}", self.parts.len(), &hash[..16]);
+        let part = Part {
+            name: name.clone(),
+            size: self.buf.len() as u64,
+            blake3: hash.clone(),
+        };
+        self.manifest_bytes = self.manifest_bytes.saturating_add(part_bytes(&part));
+        if self.manifest_bytes > MAX_MANIFEST {
+            return Err(S3Error::Layout(format!(
+                "the stream is larger than one stored stream may be ({} parts of {} MiB; its \
+                 manifest would be too large to read back): send a dataset this large to \
+                 another tarn, or in parts (child datasets)",
+                self.parts.len(),
+                PART >> 20
+            )));
+        }
         // Kept only if it is the very part (same hash, same size); the
         // download checks it again against the manifest.
         if self.existing.get(&name) == Some(&(self.buf.len() as u64)) {
@@ -329,11 +356,7 @@ impl Upload<'_> {
         }
         self.report.parts += 1;
         self.report.bytes += self.buf.len() as u64;
-        self.parts.push(Part {
-            name,
-            size: self.buf.len() as u64,
-            blake3: hash,
-        });
+        self.parts.push(part);
         self.buf.clear();
         Ok(())
     }
@@ -351,8 +374,14 @@ impl Upload<'_> {
             bytes: self.report.bytes,
             parts: std::mem::take(&mut self.parts),
         };
-        let json =
-            serde_json::to_vec_pretty(&m).map_err(|e| S3Error::Layout(format!("manifest: {e}")))?;
+        let json = serde_json::to_vec(&m).map_err(|e| S3Error::Layout(format!("manifest: {e}")))?;
+        // Never stored when the reader would refuse it.
+        if json.len() > MAX_MANIFEST {
+            return Err(S3Error::Layout(format!(
+                "the stream's manifest would be {} bytes, more than a reader takes ({MAX_MANIFEST})",
+                json.len()
+            )));
+        }
         let key = format!("{}/manifest.json", self.dir);
         self.store.bucket.put(&key, &json)?;
         let named: HashSet<&str> = m.parts.iter().map(|p| p.name.as_str()).collect();
@@ -519,6 +548,28 @@ mod tests {
         let mut store = Store::open(cfg, "s3://tarn-test/pre").unwrap();
         let e = store.manifests().unwrap_err();
         assert!(e.to_string().contains("too large a manifest"), "{e}");
+    }
+
+    /// What an upload counts for its manifest is never less than what
+    /// the manifest takes: a stream the writer lets through is one the
+    /// reader takes.
+    #[test]
+    fn the_writers_count_bounds_the_manifest() {
+        for n in [1usize, 7, 300] {
+            let mut manifest = m(1, Some(2));
+            manifest.info.dataset = "x".repeat(255);
+            manifest.info.snapshot = "y".repeat(255);
+            manifest.parts = (0..n)
+                .map(|i| Part {
+                    name: format!("part-{i:08}-{}", "f".repeat(16)),
+                    size: PART as u64,
+                    blake3: "a".repeat(64),
+                })
+                .collect();
+            let counted = MANIFEST_HEAD + manifest.parts.iter().map(part_bytes).sum::<usize>();
+            let written = serde_json::to_vec(&manifest).unwrap().len();
+            assert!(written <= counted, "{n} parts: {written} > {counted}");
+        }
     }
 
     fn m(guid: u64, from: Option<u64>) -> Manifest {
