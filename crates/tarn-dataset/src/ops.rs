@@ -495,6 +495,18 @@ pub fn snapshot(pool: &Pool, names: &[String], recursive: bool) -> Result<(), Ds
                 return Err(DsError::Exists(format!("snapshot '{n}' already exists")));
             }
         }
+        // One snapshot of a dataset per txg: two would be the same tree
+        // (a snapshot is what the txg commits) at one place in the chain,
+        // which the chain's order (by txg) cannot tell apart.
+        let mut heads: BTreeMap<u64, &str> = BTreeMap::new();
+        for (head, n) in &todo {
+            if let Some(other) = heads.insert(*head, n) {
+                return Err(DsError::Invalid(format!(
+                    "'{other}' and '{n}' are two snapshots of one dataset in one command: \
+                     take them one after the other"
+                )));
+            }
+        }
         let txg = cx.txg();
         for (head, n) in todo {
             dsl.new_snapshot(head, n, txg, None)?;

@@ -334,3 +334,32 @@ fn a_target_out_during_its_resilver_is_resilvered_again() {
     }
     pool.export(false).unwrap();
 }
+
+/// Two snapshots of one dataset in one command would be one txg's tree
+/// twice at one place in the snapshot chain; a promote of a clone of the
+/// first then split the chain, and destroying the second faulted the
+/// pool. Refused, nothing taken; one after the other they work.
+#[test]
+fn two_snapshots_of_one_dataset_in_one_command_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path());
+    ds::create(&pool, "tank/a", &none(), false).unwrap();
+    let h = ds::open(&pool, "tank/a").unwrap();
+    write(&h, 1, 1);
+    let before = names(&pool);
+    let e = ds::snapshot(&pool, &["tank/a@x".into(), "tank/a@y".into()], false).unwrap_err();
+    assert!(matches!(e, DsError::Invalid(_)), "{e}");
+    let e = ds::snapshot(&pool, &["tank@x".into(), "tank/a@y".into()], true).unwrap_err();
+    assert!(matches!(e, DsError::Invalid(_)), "{e}");
+    assert_eq!(names(&pool), before, "nothing taken");
+    snap(&pool, "tank/a@x");
+    snap(&pool, "tank/a@y");
+    write(&h, 2, 2);
+    snap(&pool, "tank/a@z");
+    ds::clone(&pool, "tank/a@x", "tank/c", &none()).unwrap();
+    ds::promote(&pool, "tank/c").unwrap();
+    ds::destroy(&pool, "tank/a@y", false).unwrap();
+    assert_eq!(pool.health(), tarn_pool::status::Health::Online);
+    let s = tarn_testkit::pools::scrub(&pool);
+    assert_eq!(s.errors, 0, "{s:?}");
+}
