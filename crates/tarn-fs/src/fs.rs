@@ -434,6 +434,18 @@ impl<B: Backend> Fs<B> {
         *lock(&self.open).entry(ino).or_insert(0) += 1;
     }
 
+    /// Takes back one [`Fs::inc_open`] of a transaction that is run again
+    /// (nothing else: the inode is the transaction's to keep or free).
+    pub(crate) fn uncount_open(&self, ino: u64) {
+        let mut open = lock(&self.open);
+        if let Some(n) = open.get_mut(&ino) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&ino);
+            }
+        }
+    }
+
     /// Drops one link's worth from a victim whose link count reached 0:
     /// free it now, or keep it as an orphan while it is open.
     pub(crate) fn dispose(&self, tx: &mut Tx, victim: Inode) -> Result<()> {

@@ -188,7 +188,18 @@ impl<B: Backend> Fs<B> {
     ) -> Result<Attr> {
         check_name(name)?;
         let p = self.live_ino(parent)?;
-        let a = self.write_txn(|tx| {
+        // The open is counted inside the transaction, before it commits:
+        // an unlink that follows it on another thread must find the file
+        // open and keep it as an orphan, not free it under the caller (a
+        // transaction run again first takes back its earlier count).
+        let counted = std::cell::Cell::new(None::<u64>);
+        let count = |ino: u64| {
+            if let Some(old) = counted.replace(Some(ino)) {
+                self.uncount_open(old);
+            }
+            self.inc_open(ino);
+        };
+        let r = self.write_txn(|tx| {
             let existing = if is_dot(name) || (p == ROOT_INO && name == b".snapshot") {
                 return err(libc::EEXIST, "name exists");
             } else {
@@ -209,6 +220,7 @@ impl<B: Backend> Fs<B> {
                     if flags & libc::O_TRUNC != 0 && i.kind == FileKind::Regular {
                         Self::open_truncate(tx, &mut i, cred)?;
                     }
+                    count(i.ino);
                     Ok(attr_of(0, tx.info.guid, &i))
                 }
                 None => {
@@ -222,12 +234,19 @@ impl<B: Backend> Fs<B> {
                         &[],
                         cred,
                     )?;
+                    count(i.ino);
                     Ok(attr_of(0, tx.info.guid, &i))
                 }
             }
-        })?;
-        self.inc_open(a.ino);
-        Ok(a)
+        });
+        if r.is_err() {
+            // Nothing opened: the count goes (with the inode, should it
+            // have become an orphan meanwhile).
+            if let Some(ino) = counted.take() {
+                let _ = self.release(ino);
+            }
+        }
+        r
     }
 
     pub(crate) fn open_truncate(tx: &mut Tx, i: &mut Inode, cred: &Cred) -> Result<()> {
