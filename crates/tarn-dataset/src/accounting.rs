@@ -198,24 +198,54 @@ impl Dir {
         avail
     }
 
+    /// The first of `datasets` whose quota `more` user bytes would pass:
+    /// its name, quota and use.
+    fn past_quota(
+        &self,
+        datasets: impl IntoIterator<Item = u64>,
+        more: u64,
+    ) -> Option<(String, u64, u64)> {
+        datasets.into_iter().find_map(|a| {
+            let q = self.prop_u64(a, "quota")?;
+            let used = self.deflate(self.used_asize(a).saturating_add(self.pending(a)));
+            (used.saturating_add(more) > q).then(|| {
+                let name = self.recs.get(&a).map(|r| r.name.clone());
+                (name.unwrap_or_default(), q, used)
+            })
+        })
+    }
+
+    /// Checks that `id`, with what is under it, fits the quotas of its new
+    /// ancestors once moved below `new_parent` (a move must not leave a
+    /// dataset over its quota, as ZFS refuses too). Quotas it was already
+    /// under count it already.
+    pub(crate) fn check_move_quota(&self, id: u64, new_parent: u64) -> Result<(), DsError> {
+        let before = self.ancestors_and_self(id);
+        let moved = self.deflate(self.used_asize(id).saturating_add(self.pending(id)));
+        let new_ones = self
+            .ancestors_and_self(new_parent)
+            .into_iter()
+            .filter(|a| !before.contains(a));
+        match self.past_quota(new_ones, moved) {
+            Some((an, q, used)) => Err(DsError::Quota(format!(
+                "moving it under '{an}' would take that dataset past its quota of {} ({} used, \
+                 {} to move)",
+                props::human_bytes(q),
+                props::human_bytes(used),
+                props::human_bytes(moved)
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Checks that `cost` more allocated bytes may be written to `id`.
     pub(crate) fn check_room(&self, cx: &Cx<'_>, id: u64, cost: u64) -> Result<(), DsError> {
         let user_cost = self.deflate(cost).max(1);
-        for a in self.ancestors_and_self(id) {
-            if let Some(q) = self.prop_u64(a, "quota") {
-                let used = self.deflate(self.used_asize(a).saturating_add(self.pending(a)));
-                if used.saturating_add(user_cost) > q {
-                    let an = self
-                        .recs
-                        .get(&a)
-                        .map(|r| r.name.clone())
-                        .unwrap_or_default();
-                    return Err(DsError::Quota(format!(
-                        "dataset '{an}' is at its quota of {}",
-                        props::human_bytes(q)
-                    )));
-                }
-            }
+        if let Some((an, q, _)) = self.past_quota(self.ancestors_and_self(id), user_cost) {
+            return Err(DsError::Quota(format!(
+                "dataset '{an}' is at its quota of {}",
+                props::human_bytes(q)
+            )));
         }
         if self.pool_room(cx, id) < user_cost {
             let name = self.recs.get(&id).map_or("", |r| r.name.as_str());

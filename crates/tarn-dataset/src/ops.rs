@@ -875,6 +875,18 @@ pub fn clone(
             .and_then(|p| dsl.names.get(p).copied())
             .ok_or_else(|| DsError::NotFound(format!("the parent of '{name}' does not exist")))?;
         may_have_children(dsl, parent_name(name).unwrap_or_default())?;
+        // A reservation takes room from every other dataset: only what the
+        // parent may still write (as `create` checks).
+        if let Some(want) = local.get("reservation").and_then(|r| r.parse::<u64>().ok()) {
+            let avail = dsl.available(cx, parent);
+            if want > avail {
+                return Err(DsError::NoSpace(format!(
+                    "cannot reserve {} for '{name}': {} available",
+                    props::human_bytes(want),
+                    props::human_bytes(avail)
+                )));
+            }
+        }
         // Sizes checked before `new_fs`, which takes the name: the origin
         // gains a clone id (counted at its longest) in its list.
         crate::stored::check_props_size(name, &local)?;
@@ -1008,6 +1020,9 @@ fn rename_plan(dsl: &Dir, old: &str, new: &str) -> Result<RenamePlan, DsError> {
     };
     if !is_snap {
         check_rename_keys(dsl, id, old, new)?;
+        if let Some(np) = new_parent {
+            dsl.check_move_quota(id, np)?;
+        }
     }
     let renames: Vec<(u64, String)> = dsl
         .recs

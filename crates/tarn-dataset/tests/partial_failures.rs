@@ -363,3 +363,51 @@ fn two_snapshots_of_one_dataset_in_one_command_are_refused() {
     let s = tarn_testkit::pools::scrub(&pool);
     assert_eq!(s.errors, 0, "{s:?}");
 }
+
+/// A clone's reservation is checked against what its parent may still
+/// write, as a new dataset's is: one larger than the pool would leave
+/// every other dataset without room.
+#[test]
+fn a_clone_cannot_reserve_more_than_there_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path());
+    ds::create(&pool, "tank/a", &none(), false).unwrap();
+    write(&ds::open(&pool, "tank/a").unwrap(), 1, 1);
+    snap(&pool, "tank/a@s");
+    let mut huge = BTreeMap::new();
+    huge.insert("reservation".to_string(), "10T".to_string());
+    let e = ds::clone(&pool, "tank/a@s", "tank/c", &huge).unwrap_err();
+    assert!(matches!(e, DsError::NoSpace(_)), "{e}");
+    assert!(!names(&pool).contains(&"tank/c".to_string()));
+    let mut small = BTreeMap::new();
+    small.insert("reservation".to_string(), "1M".to_string());
+    ds::clone(&pool, "tank/a@s", "tank/c", &small).unwrap();
+}
+
+/// A dataset moved under a parent with a quota must fit it: the move is
+/// refused rather than leave the parent over its quota.
+#[test]
+fn a_move_under_a_quota_must_fit_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path());
+    for n in ["tank/a", "tank/b"] {
+        ds::create(&pool, n, &none(), false).unwrap();
+    }
+    let b = ds::open(&pool, "tank/b").unwrap();
+    let mut rng = tarn_testkit::data::Rng::new(5);
+    for i in 0..40 {
+        let data = rng.bytes(50_000);
+        b.txn::<_, DsError>(true, |t| t.write_block(&key(i), data.clone()))
+            .unwrap();
+    }
+    pool.sync().unwrap();
+    ds::set_prop(&pool, "tank/a", "quota", "1M").unwrap();
+    let e = ds::rename(&pool, "tank/b", "tank/a/b").unwrap_err();
+    assert!(matches!(e, DsError::Quota(_)), "{e}");
+    assert!(ds::check_rename(&pool, "tank/b", "tank/a/b").is_err());
+    assert!(names(&pool).contains(&"tank/b".to_string()), "not moved");
+    ds::set_prop(&pool, "tank/a", "quota", "10M").unwrap();
+    ds::rename(&pool, "tank/b", "tank/a/b").unwrap();
+    // Within the same parent, nothing to check.
+    ds::rename(&pool, "tank/a/b", "tank/a/c").unwrap();
+}
