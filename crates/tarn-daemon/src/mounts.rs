@@ -123,12 +123,24 @@ impl Mounts {
             })
             .map(|(k, _)| k.clone())
             .collect();
+        let mut problems = Vec::new();
         for share in stale {
             if let Err(e) = self.service_unmount(&share) {
                 log::warn!("tarn: cannot unmount the SMB mount of share '{share}': {e}");
+                // Still mounted on what it served before (another dataset,
+                // or a tree since rolled back or renamed): not served at
+                // all rather than served from that, until it comes down.
+                if wanted.iter().any(|w| w.share == share) {
+                    problems.push((
+                        share,
+                        format!(
+                            "its previous mount is still in use ({}); retried at the next change",
+                            e.message
+                        ),
+                    ));
+                }
             }
         }
-        let mut problems = Vec::new();
         for w in wanted {
             if self.service_lock().contains_key(&w.share) {
                 continue;

@@ -388,6 +388,34 @@ fn smb_serves_users_the_same_files_as_every_other_front_end() {
         "NT_STATUS_LOGON_FAILURE",
     );
     smb_ok(smb, "photos", Some("alice%new-land"), "ls");
+
+    // A share moved to another dataset while its old mount is busy is not
+    // served from the old dataset meanwhile: it is left out, and said so.
+    d.ok(&["dataset", "create", "tank/photos2"]);
+    let mut held = Command::new("sleep")
+        .arg("120")
+        .current_dir(dir.path().join("state/smb/mnt/photos"))
+        .spawn()
+        .unwrap();
+    d.ok(&[
+        "share",
+        "add",
+        "photos",
+        "tank/photos2",
+        "--smb",
+        "alice=rw",
+    ]);
+    smb_refused(
+        smb,
+        "photos",
+        Some("alice%new-land"),
+        "ls",
+        "NT_STATUS_BAD_NETWORK_NAME",
+    );
+    let st = smb_stats(&d);
+    assert!(st["problems"].to_string().contains("photos"), "{st}");
+    let _ = held.kill();
+    let _ = held.wait();
     d.stop();
 }
 
