@@ -384,11 +384,19 @@ fn open_in_place(
     stored: &mut [u8],
     key: Option<&KeySet>,
 ) -> Result<Option<Vec<u8>>, BlockError> {
-    if bp.is_encrypted() {
-        let Some(k) = key else {
-            return Err(BlockError::KeyUnavailable(describe(bp)));
-        };
-        k.open_block(bp, stored)?;
+    match (bp.is_encrypted(), key) {
+        (true, Some(k)) => k.open_block(bp, stored)?,
+        (true, None) => return Err(BlockError::KeyUnavailable(describe(bp))),
+        // Every data block of an encrypted dataset is sealed: one whose
+        // pointer says it is not (a pointer changed on disk, a tampered
+        // raw stream) would be taken as the file's bytes unauthenticated.
+        (false, Some(_)) => {
+            return Err(BlockError::Crypto(format!(
+                "{} belongs to an encrypted dataset but is not sealed",
+                describe(bp)
+            )))
+        }
+        (false, None) => {}
     }
     if bp.compress == CompressAlg::Off && stored.len() == bp.lsize as usize {
         return Ok(None);

@@ -657,6 +657,20 @@ impl Txn<'_, '_> {
         if self.mode != Mode::ReceiveRaw {
             return Err(DsError::Invalid("raw blocks outside a raw receive".into()));
         }
+        // An encrypted dataset's blocks are all sealed: an unsealed one in
+        // a raw stream is plaintext put there by someone without the key.
+        let encrypted = self.dsl.dir().rec(self.id)?.key.is_some();
+        if let Some((k, _)) = blocks.iter().find(|(_, b)| (b.seal.is_some()) != encrypted) {
+            return Err(DsError::Invalid(format!(
+                "the raw stream holds a{} block under key {k:02x?} in a{} dataset",
+                if encrypted { "n unsealed" } else { " sealed" },
+                if encrypted {
+                    "n encrypted"
+                } else {
+                    "n unencrypted"
+                }
+            )));
+        }
         let mut rooms = Vec::with_capacity(blocks.len());
         for (_, b) in blocks {
             let res = reserve(self.dsl, self.cx, self.id, false, b.lsize as u64, 0)?;

@@ -1044,6 +1044,27 @@ fn hostile_streams_are_refused_and_the_pool_goes_on() {
             vec![SendItem::Block(k, BlockPayload::Logical(vec![0x42; 4096]))]
         },
     );
+    // A raw block of the encrypted dataset with its seal taken off and
+    // plaintext put in: a downgrade the receiver must refuse (a reader
+    // would otherwise take the bytes unauthenticated).
+    let unsealed_in_raw = rewritten(
+        &full_raw,
+        |_| {},
+        |own| {
+            own.into_iter()
+                .map(|i| match i {
+                    SendItem::Block(k, BlockPayload::Raw(mut b)) => {
+                        b.stored = vec![0x42; 4096];
+                        b.lsize = 4096;
+                        b.compress = 0;
+                        b.seal = None;
+                        SendItem::Block(k, BlockPayload::Raw(b))
+                    }
+                    other => other,
+                })
+                .collect()
+        },
+    );
     let long_source = rewritten(&vol_full, |h| h.info.dataset = "x".repeat(10_000), |o| o);
     let other_block = rewritten(
         &vol_incr,
@@ -1061,11 +1082,16 @@ fn hostile_streams_are_refused_and_the_pool_goes_on() {
         |h| h.info.guid = h.info.from.as_ref().unwrap().guid,
         |o| o,
     );
-    let cases: [(&str, &[u8], &str); 5] = [
+    let cases: [(&str, &[u8], &str); 6] = [
         (
             "backup/evil",
             &plaintext_in_raw,
             "plaintext in a raw stream",
+        ),
+        (
+            "backup/evil",
+            &unsealed_in_raw,
+            "an unsealed block in an encrypted raw stream",
         ),
         ("backup/long", &long_source, "a source name too long"),
         ("backup/vol", &other_block, "another block size"),
