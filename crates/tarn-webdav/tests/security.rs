@@ -602,3 +602,58 @@ fn snapshots_are_browsable_read_only() {
     assert_eq!(status(&["-u", A, "-X", "DELETE", &snap]), 403);
     server.stop();
 }
+
+/// A MOVE or COPY onto an existing destination deletes it first (in the
+/// library): what would fail after that is refused before it, and nothing
+/// is lost. A destination holding the source, the share itself, and a
+/// MOVE out of a snapshot (a restore by drag and drop) are refused; a COPY
+/// from a snapshot restores.
+#[test]
+fn copy_and_move_never_delete_what_they_cannot_replace() {
+    if !require::programs(&["curl"]) {
+        return;
+    }
+    let b = MemBackend::new();
+    let fs = Arc::new(Fs::mount(b.clone()).unwrap());
+    chown_root(fs.as_ref());
+    let me = Cred::user(UID, UID);
+    let a = fs.mkdir(ROOT_INO, b"a", 0o755, 0, &me).unwrap();
+    let ab = fs.mkdir(a.ino, b"b", 0o755, 0, &me).unwrap();
+    put_bytes(fs.as_ref(), ab.ino, "deep.txt", b"deep", &me);
+    put_bytes(fs.as_ref(), ROOT_INO, "report.txt", b"version-1", &me);
+    b.snapshot("daily").unwrap();
+    let live = put_bytes(fs.as_ref(), ROOT_INO, "report.txt", b"version-2", &me);
+    let server = start(vec![Share::new("s", fs.clone())]);
+    let addr = server.local_addr();
+    let go = |m: &str, from: &str, to: &str| {
+        status(&[
+            "-u",
+            A,
+            "-X",
+            m,
+            "-H",
+            &format!("Destination: {}", url(addr, to)),
+            &url(addr, from),
+        ])
+    };
+    for m in ["MOVE", "COPY"] {
+        assert_eq!(go(m, "/s/a/b", "/s/a"), 403, "{m} onto its own parent");
+        assert_eq!(go(m, "/s/a/b/deep.txt", "/s/a"), 403);
+        assert_eq!(go(m, "/s/report.txt", "/s/"), 403, "{m} onto the share");
+    }
+    assert_eq!(
+        go("MOVE", "/s/.snapshot/daily/report.txt", "/s/report.txt"),
+        403
+    );
+    let deep = fs.lookup(ab.ino, b"deep.txt", &Cred::root()).unwrap();
+    assert_eq!(fs.read(deep.ino, 0, 100).unwrap(), b"deep");
+    assert_eq!(fs.read(live, 0, 100).unwrap(), b"version-2");
+    // A COPY out of the snapshot restores it.
+    assert_eq!(
+        go("COPY", "/s/.snapshot/daily/report.txt", "/s/report.txt"),
+        204
+    );
+    let (code, body, _) = curl(&["-u", A, &url(addr, "/s/report.txt")]);
+    assert_eq!((code, body.as_slice()), (200, &b"version-1"[..]));
+    server.stop();
+}

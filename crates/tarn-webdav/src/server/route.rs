@@ -225,8 +225,15 @@ pub(super) async fn handle(
     // share `a`, which the library's byte-prefix strip would turn into
     // `b/x` here) is another server's business (RFC 4918 §9.8.5: 502).
     if matches!(req.method().as_str(), "COPY" | "MOVE") {
-        let dest = req.headers().get("destination").map(|d| d.as_bytes());
-        if dest.and_then(destination_share).is_some_and(|s| s != first) {
+        let dest = req
+            .headers()
+            .get("destination")
+            .and_then(|d| destination_segments(d.as_bytes()));
+        if dest
+            .as_ref()
+            .and_then(|d| d.first())
+            .is_some_and(|s| *s != first)
+        {
             return (
                 simple(
                     StatusCode::BAD_GATEWAY,
@@ -234,6 +241,15 @@ pub(super) async fn handle(
                 ),
                 None,
             );
+        }
+        // The library deletes an existing destination before it moves or
+        // copies onto it: what would make the move or copy fail after
+        // that is refused first, with nothing deleted.
+        if let Some(dest) = &dest {
+            let src = segments(path.as_bytes());
+            if let Some(why) = copy_move_refusal(req.method().as_str(), &src, dest) {
+                return (simple(StatusCode::FORBIDDEN, why), None);
+            }
         }
     }
     let listed = match &share.share.users {
@@ -323,10 +339,37 @@ pub(super) async fn handle(
     (resp, fix)
 }
 
-/// The share (first path segment, normalized as the request path is) a
-/// `Destination` header names; None when it names none or does not
+/// The non-empty segments of a normalized path.
+fn segments(path: &[u8]) -> Vec<Vec<u8>> {
+    path.split(|&b| b == b'/')
+        .filter(|s| !s.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+/// Why a COPY or MOVE from `src` to `dest` (segments, the share first)
+/// must be refused before the library deletes the destination: the share
+/// itself as the destination, a destination that holds the source (it
+/// would be deleted with the source in it), and a MOVE out of a snapshot
+/// (read-only: the rename would fail once the destination is gone; a
+/// COPY restores from a snapshot).
+fn copy_move_refusal(method: &str, src: &[Vec<u8>], dest: &[Vec<u8>]) -> Option<&'static str> {
+    if dest.len() <= 1 {
+        return Some("the share itself cannot be replaced\n");
+    }
+    if src.len() > dest.len() && src.starts_with(dest) {
+        return Some("the destination holds the source\n");
+    }
+    if method == "MOVE" && src.get(1).is_some_and(|s| s == b".snapshot") {
+        return Some("snapshots are read-only: COPY from a snapshot to restore\n");
+    }
+    None
+}
+
+/// The segments (normalized as the request path is) of the path a
+/// `Destination` header names, the share first; None when it does not
 /// parse (the library answers those).
-fn destination_share(v: &[u8]) -> Option<Vec<u8>> {
+fn destination_segments(v: &[u8]) -> Option<Vec<Vec<u8>>> {
     let v = std::str::from_utf8(v).ok()?;
     let path = if v.starts_with('/') {
         v
@@ -343,10 +386,7 @@ fn destination_share(v: &[u8]) -> Option<Vec<u8>> {
         &rest[rest.find('/')?..]
     };
     let p = DavPath::new(path).ok()?;
-    p.as_bytes()
-        .split(|&b| b == b'/')
-        .find(|s| !s.is_empty())
-        .map(<[u8]>::to_vec)
+    Some(segments(p.as_bytes()))
 }
 
 fn xml_escape(s: &str) -> String {
