@@ -80,6 +80,7 @@ mod api;
 mod auth;
 mod davfs;
 pub mod headers;
+mod locks;
 mod panics;
 pub mod propfix;
 mod props;

@@ -268,7 +268,7 @@ fn build_shares(
         }
         let ls: Box<dyn DavLockSystem> = match old.get(&share.name) {
             Some(o) if same_fs(&o.share, &share) => o.ls.clone(),
-            _ => MemLs::new(),
+            _ => crate::locks::ExpiringLs::new(MemLs::new()),
         };
         let handler = DavHandler::builder()
             .filesystem(Box::new(TarnDavFs::new(

@@ -657,3 +657,52 @@ fn copy_and_move_never_delete_what_they_cannot_replace() {
     assert_eq!((code, body.as_slice()), (200, &b"version-1"[..]));
     server.stop();
 }
+
+/// A lock's token is no secret (PROPFIND lists it): UNLOCK ends only the
+/// caller's own lock.
+#[test]
+fn only_the_lock_holder_unlocks() {
+    if !require::programs(&["curl"]) {
+        return;
+    }
+    let users = Arc::new(
+        tarn_webdav::StaticUsers::new()
+            .with_user("alice", "secret", principal(true))
+            .with_user("bob", "builder", principal(true)),
+    );
+    let cfg = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
+    let server = serve(cfg, vec![Share::new("s", mem_fs())], users).unwrap();
+    let addr = server.local_addr();
+    let f = url(addr, "/s/plan.txt");
+    assert_eq!(status(&["-u", A, "-T", "/dev/null", &f]), 201);
+    let lock = "<?xml version=\"1.0\"?><D:lockinfo xmlns:D=\"DAV:\"><D:lockscope><D:exclusive/>\
+                </D:lockscope><D:locktype><D:write/></D:locktype></D:lockinfo>";
+    // -D -: the answer's header lines come first in what curl prints.
+    let (code, head, _) = curl(&["-u", A, "-D", "-", "-X", "LOCK", "-d", lock, &f]);
+    assert_eq!(code, 200);
+    let head = String::from_utf8_lossy(&head).to_string();
+    let token = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("lock-token")
+                .then(|| v.trim().to_string())
+        })
+        .expect("a Lock-Token header");
+    let unlock = |who: &str| {
+        status(&[
+            "-u",
+            who,
+            "-X",
+            "UNLOCK",
+            "-H",
+            &format!("Lock-Token: {token}"),
+            &f,
+        ])
+    };
+    assert_eq!(unlock("bob:builder"), 403, "bob may not end alice's lock");
+    assert_eq!(status(&["-u", "bob:builder", "-T", "/dev/null", &f]), 423);
+    assert_eq!(unlock(A), 204);
+    assert_eq!(status(&["-u", "bob:builder", "-T", "/dev/null", &f]), 204);
+    server.stop();
+}

@@ -266,6 +266,14 @@ pub(super) async fn handle(
     if !can_write && !is_read_only_method(req.method()) {
         return (simple(StatusCode::FORBIDDEN, "read-only\n"), None);
     }
+    // UNLOCK ends only the caller's own lock: tokens are not secret (a
+    // PROPFIND lists them to anyone who may read), and the library lets
+    // any token holder unlock.
+    if req.method().as_str() == "UNLOCK" {
+        if let Some(why) = others_lock(&share, &path, &req, &principal.name).await {
+            return (simple(StatusCode::FORBIDDEN, why), None);
+        }
+    }
     let ctx = Ctx {
         cred: principal.cred(),
         can_write,
@@ -337,6 +345,23 @@ pub(super) async fn handle(
         _ => None,
     };
     (resp, fix)
+}
+
+/// Why an UNLOCK must be refused: its token names a lock on the path that
+/// another user holds.
+async fn others_lock<B>(
+    share: &super::ShareState,
+    path: &DavPath,
+    req: &Request<B>,
+    user: &str,
+) -> Option<&'static str> {
+    let token = req.headers().get("lock-token")?.to_str().ok()?.trim();
+    let token = token.strip_prefix('<')?.strip_suffix('>')?;
+    let mut rel = path.clone();
+    rel.set_prefix(&format!("/{}", share.share.name)).ok()?;
+    let locks = share.ls.discover(&rel).await;
+    let lock = locks.iter().find(|l| l.token == token)?;
+    (lock.principal.as_deref() != Some(user)).then_some("the lock is another user's\n")
 }
 
 /// The non-empty segments of a normalized path.
