@@ -32,7 +32,10 @@
 //! device must not send a thousand mails: per alert, events of one kind
 //! about one pool and device are sent at most once per throttle window
 //! (10 minutes); the ones held back are counted, and the next one sent
-//! says how many there were.
+//! says how many there were. A more severe event than the one last sent
+//! goes at once (a pool at 90 % after the 80 % warning), and the newest
+//! event held back is sent when the window ends if nothing else of its
+//! kind came, so an alert is delayed, never lost.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Write;
@@ -61,10 +64,27 @@ struct Stats {
 
 /// Held back per (alert, kind, pool, device): when one was last sent and
 /// how many were held back since.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Throttle {
     last_sent: Instant,
+    /// The severity of the event last sent: a more severe one is sent at
+    /// once (an 80 % warning does not hold back the 90 % critical).
+    severity: Severity,
     held: u64,
+    /// The newest event held back, sent when the window ends if no other
+    /// event of the key came (so the last word is never lost).
+    pending: Option<Event>,
+}
+
+impl Throttle {
+    fn sent(severity: Severity) -> Throttle {
+        Throttle {
+            last_sent: Instant::now(),
+            severity,
+            held: 0,
+            pending: None,
+        }
+    }
 }
 
 struct AlertState {
@@ -391,36 +411,57 @@ impl Events {
                     event.device.clone(),
                 );
                 let held = match st.throttle.get_mut(&key) {
-                    Some(t) if t.last_sent.elapsed() < window => {
+                    Some(t) if t.last_sent.elapsed() < window && event.severity <= t.severity => {
                         t.held += 1;
+                        t.pending = Some(event.clone());
                         st.stats.entry(a.name.clone()).or_default().suppressed += 1;
                         continue;
                     }
                     Some(t) => {
                         let held = t.held;
-                        *t = Throttle {
-                            last_sent: Instant::now(),
-                            held: 0,
-                        };
+                        *t = Throttle::sent(event.severity);
                         held
                     }
                     None => {
-                        st.throttle.insert(
-                            key,
-                            Throttle {
-                                last_sent: Instant::now(),
-                                held: 0,
-                            },
-                        );
+                        st.throttle.insert(key, Throttle::sent(event.severity));
                         0
                     }
                 };
-                jobs.push((a, held));
+                jobs.push((a, event.clone(), held));
             }
         }
-        for (a, held) in jobs {
+        self.deliver_all(jobs);
+    }
+
+    /// Sends the newest event held back under each key whose window has
+    /// ended without another event of the key (called periodically): an
+    /// event held back is late, never lost.
+    pub fn flush_held(&self) {
+        let window = throttle_window();
+        let mut jobs = Vec::new();
+        {
+            let mut st = lock(&self.alerts);
+            let list = st.list.clone();
+            for (key, t) in st.throttle.iter_mut() {
+                if t.pending.is_none() || t.last_sent.elapsed() < window {
+                    continue;
+                }
+                let Some(ev) = t.pending.take() else { continue };
+                let others = t.held.saturating_sub(1);
+                *t = Throttle::sent(ev.severity);
+                if let Some(a) = list.iter().find(|a| a.name == key.0) {
+                    jobs.push((a.clone(), ev, others));
+                }
+            }
+        }
+        self.deliver_all(jobs);
+    }
+
+    /// Delivers each (alert, event, held-back count) on a thread of its own.
+    fn deliver_all(&self, jobs: Vec<(Alert, Event, u64)>) {
+        for (a, event, held) in jobs {
             let name = a.name.clone();
-            let ev = event.clone();
+            let ev = event;
             let alerts = self.alerts.clone();
             let spawned = std::thread::Builder::new()
                 .name("tarn-alert".into())
@@ -445,8 +486,10 @@ impl Events {
         }
     }
 
-    /// Looks at every pool and records what changed since the last look.
+    /// Looks at every pool and records what changed since the last look
+    /// (and sends what throttling held back once its window has passed).
     pub fn observe(&self, pools: &crate::pools::Pools) {
+        self.flush_held();
         let Ok(statuses) = pools.pool_status(None) else {
             return;
         };
@@ -756,8 +799,27 @@ fn split_url(url: &str) -> std::result::Result<(tarn_s3::http::Endpoint, String)
     Ok((endpoint, target))
 }
 
-fn webhook(url: &str, ev: &Event, held: u64) -> std::result::Result<(), String> {
-    let (endpoint, target) = split_url(url).map_err(|e| format!("webhook {url}: {e}"))?;
+/// A webhook's URL as errors and logs show it: scheme and host only. Its
+/// path and query often are the secret (Slack's, Discord's, a bot
+/// token), and logs are read by more people than the alert's owner.
+fn shown_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return "(a webhook)".into();
+    };
+    let rest = &url[scheme_end..];
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let more = if authority.len() < rest.len() {
+        "/…"
+    } else {
+        ""
+    };
+    format!("{}{host}{more}", &url[..scheme_end])
+}
+
+fn webhook(full_url: &str, ev: &Event, held: u64) -> std::result::Result<(), String> {
+    let url = shown_url(full_url);
+    let (endpoint, target) = split_url(full_url).map_err(|e| format!("webhook {url}: {e}"))?;
     let body = payload(ev, held);
     let mut wait = Duration::from_secs(1);
     let mut last = String::new();
@@ -994,6 +1056,80 @@ mod tests {
             2,
             "another device is another key; info is below"
         );
+    }
+
+    #[test]
+    fn an_escalation_is_not_held_back_and_what_is_held_is_sent_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let ev = Events::open(dir.path()).unwrap();
+        ev.alert_add(&alert("http://127.0.0.1:9/x")).unwrap();
+        let emit = |sev: Severity| {
+            ev.emit(sev, "pool.capacity", Some("tank"), None, "x".into());
+        };
+        emit(Severity::Warning);
+        emit(Severity::Critical);
+        assert_eq!(
+            ev.alert_list()[0].suppressed,
+            0,
+            "90 % after 80 % goes at once"
+        );
+        emit(Severity::Critical);
+        emit(Severity::Warning);
+        assert_eq!(ev.alert_list()[0].suppressed, 2);
+        // The window ends with nothing more of the kind: the newest held
+        // event goes then.
+        {
+            let mut st = lock(&ev.alerts);
+            for t in st.throttle.values_mut() {
+                t.last_sent = Instant::now()
+                    .checked_sub(throttle_window() + Duration::from_secs(1))
+                    .unwrap_or(t.last_sent);
+            }
+        }
+        ev.flush_held();
+        let st = lock(&ev.alerts);
+        let t = st.throttle.values().next().unwrap();
+        assert!(t.pending.is_none() && t.held == 0, "sent, not held");
+        assert!(t.last_sent.elapsed() < Duration::from_secs(60));
+    }
+
+    #[test]
+    fn webhook_secrets_stay_out_of_errors() {
+        assert_eq!(
+            shown_url("https://hooks.slack.com/services/T000/B000/XXXXSECRET"),
+            "https://hooks.slack.com/…"
+        );
+        assert_eq!(
+            shown_url("https://bob:pw@ntfy.example.org:8443?auth=SECRET"),
+            "https://ntfy.example.org:8443/…"
+        );
+        assert_eq!(shown_url("http://10.0.0.5:9000"), "http://10.0.0.5:9000");
+        // A hook that refuses: the error names the host, not the path.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            if let Ok((mut s, _)) = l.accept() {
+                let mut buf = [0u8; 4096];
+                let _ = std::io::Read::read(&mut s, &mut buf);
+                let _ = s.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
+            }
+        });
+        let e = webhook(
+            &format!("http://127.0.0.1:{port}/bot123456:SECRET-TOKEN/send"),
+            &Event {
+                id: 0,
+                time_unix: 0,
+                severity: Severity::Info,
+                kind: "test".into(),
+                pool: None,
+                device: None,
+                message: "x".into(),
+            },
+            0,
+        );
+        let e = e.unwrap_err();
+        assert!(!e.contains("SECRET"), "{e}");
+        assert!(e.contains("HTTP 404") && e.contains("127.0.0.1"), "{e}");
     }
 
     #[test]
