@@ -227,6 +227,44 @@ pub(crate) fn is_block_device(path: &str) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device())
 }
 
+/// How long one `smartctl` may take: the disk whose health matters most
+/// (a failing one) is the one most likely to hang it, and the schedules
+/// and alerts wait for it meanwhile.
+const SMARTCTL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Runs `cmd` and returns what it printed on stdout, or None (and the
+/// program killed) when it did not end within `limit`.
+fn run_bounded(cmd: &mut Command, limit: std::time::Duration) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let mut stdout = child.stdout.take();
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(o) = stdout.as_mut() {
+            let _ = o.take(64 << 20).read_to_end(&mut buf);
+        }
+        buf
+    });
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if child.try_wait()?.is_some() {
+            return Ok(Some(reader.join().unwrap_or_default()));
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            // The pipe closes with the program: the reader ends.
+            let _ = reader.join();
+            return Ok(None);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Reads the health of `device` (of `pool`) now.
 pub fn read(device: &str, pool: &str) -> DiskHealth {
     let none = |note: String| DiskHealth {
@@ -238,11 +276,18 @@ pub fn read(device: &str, pool: &str) -> DiskHealth {
     if !is_block_device(device) {
         return none("no health data: a file, not a disk".into());
     }
-    let out = match Command::new("smartctl")
-        .args(["--json", "-a", device])
-        .output()
-    {
-        Ok(o) => o,
+    let stdout = match run_bounded(
+        Command::new("smartctl").args(["--json", "-a", device]),
+        SMARTCTL_TIMEOUT,
+    ) {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            return none(format!(
+                "no health data: smartctl did not answer within {} s (a failing disk, or its \
+                 bridge, can hang it); it was stopped",
+                SMARTCTL_TIMEOUT.as_secs()
+            ))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return none(
                 "no health data: smartctl is not installed (apt-get install smartmontools)".into(),
@@ -252,7 +297,7 @@ pub fn read(device: &str, pool: &str) -> DiskHealth {
     };
     // smartctl's exit status is a bit mask that is often non-zero for a
     // readable report (e.g. old errors in a log): the JSON decides.
-    match serde_json::from_slice::<Value>(&out.stdout) {
+    match serde_json::from_slice::<Value>(&stdout) {
         Ok(v) => parse(device, pool, &v),
         Err(e) => none(format!(
             "no health data: smartctl's answer cannot be read: {e}"
@@ -390,6 +435,24 @@ pub fn news(seen: &mut Seen, reports: Vec<DiskHealth>) -> Vec<(DiskHealth, Vec<S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hanging_program_is_stopped_at_its_limit() {
+        let t0 = std::time::Instant::now();
+        let got = run_bounded(
+            Command::new("sleep").arg("30"),
+            std::time::Duration::from_millis(200),
+        )
+        .unwrap();
+        assert_eq!(got, None);
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10));
+        let got = run_bounded(
+            Command::new("echo").arg("answer"),
+            std::time::Duration::from_secs(30),
+        )
+        .unwrap();
+        assert_eq!(got.as_deref(), Some(&b"answer\n"[..]));
+    }
 
     fn doc(name: &str) -> Value {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -4,7 +4,8 @@
 //! Between runs it sleeps on a condition variable, not in a polling
 //! loop: an idle daemon wakes once per period, and a stop wakes it at
 //! once. It holds the pools weakly, so it never keeps a stopping daemon
-//! alive; when they are gone it ends.
+//! alive; when they are gone it ends. A run that panics is logged and
+//! the thread goes on with the next one.
 
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
@@ -31,7 +32,19 @@ impl Periodic {
             .name(name.to_string())
             .spawn(move || loop {
                 match pools.upgrade() {
-                    Some(p) => work(&p),
+                    Some(p) => {
+                        // A bug in one run must not end the schedules and
+                        // alerts for good: it is logged, and the next run
+                        // comes as usual.
+                        let run =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&p)));
+                        if run.is_err() {
+                            log::error!(
+                                "tarn: a run of the {} thread panicked; it goes on",
+                                thread_name()
+                            );
+                        }
+                    }
                     None => return,
                 }
                 let (lock, cv) = &*flag;
@@ -58,6 +71,13 @@ impl Periodic {
             let _ = t.join();
         }
     }
+}
+
+fn thread_name() -> String {
+    std::thread::current()
+        .name()
+        .unwrap_or("periodic")
+        .to_string()
 }
 
 /// A period from the environment variable `var` in milliseconds (a test
