@@ -652,6 +652,14 @@ pub fn user_del(pool: &Pool, name: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// A hash no password opens, checked for names that do not exist so a
+/// failed login costs the same whether or not the name is a user's (the
+/// time would otherwise tell which names are).
+pub(crate) fn decoy_hash() -> &'static str {
+    static DECOY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    DECOY.get_or_init(|| hash_password("tarn decoy password").unwrap_or_default())
+}
+
 /// Checks a login against the users of `pool`.
 pub fn authenticate(pool: &Pool, name: &str, password: &str) -> Option<UserRecord> {
     users(pool)

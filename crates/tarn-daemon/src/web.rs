@@ -8,7 +8,7 @@
 //! as their user with that user's role at the time of each request, so
 //! removing a user or their flag takes effect at once.
 
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Weak};
 
 use tarn_web::{FileShare, LinkGrant, UserId, WebAuth, WebFiles};
 
@@ -19,14 +19,6 @@ use crate::pools::Pools;
 pub struct WebUsers {
     /// The daemon's pools (weak: the server must not keep them alive).
     pub pools: Weak<Pools>,
-}
-
-/// A hash no password opens, checked for names that do not exist so a
-/// failed login costs the same whether or not the name is a user's (the
-/// time would otherwise tell which names are).
-fn decoy_hash() -> &'static str {
-    static DECOY: OnceLock<String> = OnceLock::new();
-    DECOY.get_or_init(|| access::hash_password("tarn decoy password").unwrap_or_default())
 }
 
 impl WebUsers {
@@ -51,7 +43,7 @@ impl WebAuth for WebUsers {
             })
         });
         if found.is_none() && !all.iter().any(|p| access::user(p, user).is_ok()) {
-            let _ = access::verify_password(decoy_hash(), password);
+            let _ = access::verify_password(access::decoy_hash(), password);
         }
         found
     }
