@@ -829,6 +829,11 @@ fn node_id(state_dir: &Path) -> Result<String> {
 /// `user add` apply when they are made.
 fn smb_names_ok(share: &tarn_api::access::Share) -> std::result::Result<(), ApiError> {
     tarn_api::access::check_share_name(&share.name)?;
+    // The dataset's name becomes the share's comment: a value smb.conf
+    // cannot hold would stop the whole file from being written (and every
+    // later change, a removed user included, from reaching Samba).
+    crate::smb::conf_value("dataset name", &share.dataset)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
     if let Some(m) = &share.smb {
         for u in m.users.keys() {
             tarn_api::access::check_user_name(u)?;
@@ -857,6 +862,12 @@ mod tests {
             }),
         };
         assert!(smb_names_ok(&share("photos", "alice")).is_ok());
+        let mut odd = share("photos", "alice");
+        odd.dataset = "tank/a\n[global]".into();
+        assert!(
+            smb_names_ok(&odd).is_err(),
+            "a dataset name smb.conf cannot hold"
+        );
         for (name, user) in [
             ("../../etc", "alice"),
             ("/etc", "alice"),

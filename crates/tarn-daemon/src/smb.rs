@@ -141,7 +141,7 @@ impl Layout {
 
 /// A value for smb.conf: one line, no characters Samba's parser treats
 /// specially (it has no quoting).
-fn conf_value(what: &str, v: &str) -> Result<String> {
+pub(crate) fn conf_value(what: &str, v: &str) -> Result<String> {
     // No quoting exists: a newline or bracket would start a section, ';'
     // and '#' a comment, '%' a macro Samba expands, a backslash a
     // continued line.
