@@ -640,6 +640,7 @@ fn copy_and_move_never_delete_what_they_cannot_replace() {
         assert_eq!(go(m, "/s/a/b", "/s/a"), 403, "{m} onto its own parent");
         assert_eq!(go(m, "/s/a/b/deep.txt", "/s/a"), 403);
         assert_eq!(go(m, "/s/report.txt", "/s/"), 403, "{m} onto the share");
+        assert_eq!(go(m, "/s/a", "/s/a/b"), 403, "{m} into itself");
     }
     assert_eq!(
         go("MOVE", "/s/.snapshot/daily/report.txt", "/s/report.txt"),

@@ -375,7 +375,9 @@ fn segments(path: &[u8]) -> Vec<Vec<u8>> {
 /// Why a COPY or MOVE from `src` to `dest` (segments, the share first)
 /// must be refused before the library deletes the destination: the share
 /// itself as the destination, a destination that holds the source (it
-/// would be deleted with the source in it), and a MOVE out of a snapshot
+/// would be deleted with the source in it), a destination inside the
+/// source (deleted, and then the move or copy into it fails), and a MOVE
+/// out of a snapshot
 /// (read-only: the rename would fail once the destination is gone; a
 /// COPY restores from a snapshot).
 fn copy_move_refusal(method: &str, src: &[Vec<u8>], dest: &[Vec<u8>]) -> Option<&'static str> {
@@ -384,6 +386,9 @@ fn copy_move_refusal(method: &str, src: &[Vec<u8>], dest: &[Vec<u8>]) -> Option<
     }
     if src.len() > dest.len() && src.starts_with(dest) {
         return Some("the destination holds the source\n");
+    }
+    if dest.len() > src.len() && dest.starts_with(src) {
+        return Some("the destination is inside the source\n");
     }
     if method == "MOVE" && src.get(1).is_some_and(|s| s == b".snapshot") {
         return Some("snapshots are read-only: COPY from a snapshot to restore\n");
