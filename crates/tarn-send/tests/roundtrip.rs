@@ -66,6 +66,17 @@ fn tree(pool: &Arc<Pool>, name: &str) -> BTreeMap<Vec<u8>, Vec<u8>> {
     }
 }
 
+/// Every dataset and snapshot of `p`, by name, sorted.
+fn names(p: &Arc<Pool>) -> Vec<String> {
+    let mut v: Vec<String> = tarn_dataset::list(p, true)
+        .unwrap()
+        .into_iter()
+        .map(|d| d.name)
+        .collect();
+    v.sort();
+    v
+}
+
 fn to_vec(pool: &Arc<Pool>, snap: &str, opts: &SendOptions) -> Vec<u8> {
     let mut out = Vec::new();
     send(pool, snap, opts, &mut out).unwrap_or_else(|e| panic!("send {snap}: {e}"));
@@ -516,15 +527,6 @@ fn a_resume_stream_without_its_receive_changes_nothing() {
             ..Default::default()
         },
     );
-    let names = |p: &Arc<Pool>| -> Vec<String> {
-        let mut v: Vec<String> = tarn_dataset::list(p, true)
-            .unwrap()
-            .into_iter()
-            .map(|d| d.name)
-            .collect();
-        v.sort();
-        v
-    };
     let before = names(&backup);
     // Another target: no dataset made, nothing left being received.
     let e = receive(&backup, "backup/other", resumable, &resume[..]).unwrap_err();
@@ -1121,14 +1123,10 @@ fn hostile_streams_are_refused_and_the_pool_goes_on() {
     // comes after every check.
     tarn_dataset::snapshot(&backup, &["backup/vol@local".into()], false).unwrap();
     let snaps = |p: &Arc<Pool>| -> Vec<String> {
-        let mut v: Vec<String> = tarn_dataset::list(p, true)
-            .unwrap()
+        names(p)
             .into_iter()
-            .map(|d| d.name)
             .filter(|n| n.starts_with("backup/vol@"))
-            .collect();
-        v.sort();
-        v
+            .collect()
     };
     let before = snaps(&backup);
     assert_eq!(before, ["backup/vol@1", "backup/vol@2", "backup/vol@local"]);
@@ -1212,15 +1210,6 @@ fn nothing_is_made_under_a_receive_and_a_broken_one_undoes_itself() {
     let stream = to_vec(&tank, "tank/fs@a", &SendOptions::default());
     tarn_dataset::create(&backup, "backup/keep", &props(&[]), false).unwrap();
     tarn_dataset::snapshot(&backup, &["backup/keep@k".into()], false).unwrap();
-    let names = |p: &Arc<Pool>| -> Vec<String> {
-        let mut v: Vec<String> = tarn_dataset::list(p, true)
-            .unwrap()
-            .into_iter()
-            .map(|d| d.name)
-            .collect();
-        v.sort();
-        v
-    };
     for rename in [false, true] {
         let seen: std::cell::RefCell<Vec<String>> = Default::default();
         let hook = || {

@@ -43,6 +43,27 @@ fn expired(l: &DavLock, now: SystemTime) -> bool {
     l.timeout_at.is_some_and(|t| t <= now)
 }
 
+impl ExpiringLs {
+    /// Runs `attempt` (a lock or a check) until the lock in its way, if
+    /// any, is one that has not expired: an expired one is removed and
+    /// the attempt made again.
+    async fn sweeping<'a, T>(
+        &'a self,
+        attempt: impl Fn() -> LsFuture<'a, Result<T, DavLock>>,
+    ) -> Result<T, DavLock> {
+        let mut swept = 0;
+        loop {
+            match attempt().await {
+                Err(other) if swept < MAX_SWEEP && expired(&other, SystemTime::now()) => {
+                    swept += 1;
+                    let _ = self.inner.unlock(&other.path, &other.token).await;
+                }
+                r => return r,
+            }
+        }
+    }
+}
+
 impl DavLockSystem for ExpiringLs {
     fn lock(
         &'_ self,
@@ -57,27 +78,8 @@ impl DavLockSystem for ExpiringLs {
             (path.clone(), principal.map(str::to_string), owner.cloned());
         Box::pin(async move {
             let timeout = Some(timeout.unwrap_or(DEFAULT_TIMEOUT));
-            for _ in 0..MAX_SWEEP {
-                let got = self
-                    .inner
-                    .lock(
-                        &path,
-                        principal.as_deref(),
-                        owner.as_ref(),
-                        timeout,
-                        shared,
-                        deep,
-                    )
-                    .await;
-                match got {
-                    Err(other) if expired(&other, SystemTime::now()) => {
-                        let _ = self.inner.unlock(&other.path, &other.token).await;
-                    }
-                    r => return r,
-                }
-            }
-            self.inner
-                .lock(
+            self.sweeping(|| {
+                self.inner.lock(
                     &path,
                     principal.as_deref(),
                     owner.as_ref(),
@@ -85,7 +87,8 @@ impl DavLockSystem for ExpiringLs {
                     shared,
                     deep,
                 )
-                .await
+            })
+            .await
         })
     }
 
@@ -127,20 +130,11 @@ impl DavLockSystem for ExpiringLs {
             submitted_tokens.to_vec(),
         );
         Box::pin(async move {
-            let mut last = Ok(());
-            for _ in 0..MAX_SWEEP {
-                last = self
-                    .inner
+            self.sweeping(|| {
+                self.inner
                     .check(&path, principal.as_deref(), ignore_principal, deep, &tokens)
-                    .await;
-                match &last {
-                    Err(other) if expired(other, SystemTime::now()) => {
-                        let _ = self.inner.unlock(&other.path, &other.token).await;
-                    }
-                    _ => return last,
-                }
-            }
-            last
+            })
+            .await
         })
     }
 
@@ -178,6 +172,20 @@ mod tests {
             .block_on(f)
     }
 
+    /// Alice's exclusive, shallow lock of `p` for `ms` milliseconds.
+    async fn alices(ls: &ExpiringLs, p: &DavPath, ms: u64) -> DavLock {
+        ls.lock(
+            p,
+            Some("alice"),
+            None,
+            Some(Duration::from_millis(ms)),
+            false,
+            false,
+        )
+        .await
+        .unwrap()
+    }
+
     #[test]
     fn locks_end_at_their_timeout() {
         let ls = ExpiringLs::new(MemLs::new());
@@ -191,17 +199,7 @@ mod tests {
             assert_eq!(l.timeout, Some(DEFAULT_TIMEOUT));
             ls.unlock(&p, &l.token).await.unwrap();
             // A short one: held, then gone for everyone.
-            let l = ls
-                .lock(
-                    &p,
-                    Some("alice"),
-                    None,
-                    Some(Duration::from_millis(50)),
-                    false,
-                    false,
-                )
-                .await
-                .unwrap();
+            let l = alices(&ls, &p, 50).await;
             assert!(ls.check(&p, Some("bob"), false, false, &[]).await.is_err());
             assert!(ls
                 .lock(&p, Some("bob"), None, None, false, false)
@@ -228,16 +226,7 @@ mod tests {
         let dir = DavPath::new("/dir/").unwrap();
         let file = DavPath::new("/dir/f.txt").unwrap();
         block_on(async {
-            ls.lock(
-                &file,
-                Some("alice"),
-                None,
-                Some(Duration::from_millis(30)),
-                false,
-                false,
-            )
-            .await
-            .unwrap();
+            alices(&ls, &file, 30).await;
             std::thread::sleep(Duration::from_millis(60));
             assert!(ls
                 .lock(&dir, Some("bob"), None, None, false, true)
