@@ -101,7 +101,11 @@ impl Dir {
         self.pending
             .iter()
             .filter(|(l, _)| self.ancestors_and_self(**l).contains(&id))
-            .map(|(_, p)| p.load(std::sync::atomic::Ordering::Relaxed))
+            .map(|(l, p)| {
+                let applied = self.applied.get(l).copied().unwrap_or(0);
+                p.load(std::sync::atomic::Ordering::Relaxed)
+                    .saturating_sub(applied)
+            })
             .sum()
     }
 
@@ -189,26 +193,38 @@ impl Dir {
     /// by every quota above it.
     pub(crate) fn available(&self, cx: &Cx<'_>, id: u64) -> u64 {
         let mut avail = self.pool_room(cx, id);
+        // An ancestor counts `id`'s whole reservation already (a child
+        // counts as the larger of its use and its reservation): writes
+        // into the unused part do not grow the ancestor's use.
+        let own = self.unused_reservation(id);
         for a in self.ancestors_and_self(id) {
             if let Some(q) = self.prop_u64(a, "quota") {
                 let used = self.deflate(self.used_asize(a).saturating_add(self.pending(a)));
-                avail = avail.min(q.saturating_sub(used));
+                let relief = if a == id { 0 } else { own };
+                avail = avail.min(q.saturating_add(relief).saturating_sub(used));
             }
         }
         avail
     }
 
     /// The first of `datasets` whose quota `more` user bytes would pass:
-    /// its name, quota and use.
+    /// its name, quota and use. `relief`: a dataset and the part of `more`
+    /// that its unused reservation absorbs, which every dataset but that
+    /// one counts already (see [`Dir::available`]).
     fn past_quota(
         &self,
         datasets: impl IntoIterator<Item = u64>,
         more: u64,
+        relief: Option<(u64, u64)>,
     ) -> Option<(String, u64, u64)> {
         datasets.into_iter().find_map(|a| {
             let q = self.prop_u64(a, "quota")?;
             let used = self.deflate(self.used_asize(a).saturating_add(self.pending(a)));
-            (used.saturating_add(more) > q).then(|| {
+            let absorbed = match relief {
+                Some((d, r)) if d != a => r,
+                _ => 0,
+            };
+            (used.saturating_add(more).saturating_sub(absorbed) > q).then(|| {
                 let name = self.recs.get(&a).map(|r| r.name.clone());
                 (name.unwrap_or_default(), q, used)
             })
@@ -221,12 +237,19 @@ impl Dir {
     /// under count it already.
     pub(crate) fn check_move_quota(&self, id: u64, new_parent: u64) -> Result<(), DsError> {
         let before = self.ancestors_and_self(id);
-        let moved = self.deflate(self.used_asize(id).saturating_add(self.pending(id)));
+        // A parent counts a child's reservation where it exceeds its use
+        // (`used_parts`), so the reservation moves with it.
+        let reserved = self.inflate(self.prop_u64(id, "reservation").unwrap_or(0));
+        let moved = self.deflate(
+            self.used_asize(id)
+                .max(reserved)
+                .saturating_add(self.pending(id)),
+        );
         let new_ones = self
             .ancestors_and_self(new_parent)
             .into_iter()
             .filter(|a| !before.contains(a));
-        match self.past_quota(new_ones, moved) {
+        match self.past_quota(new_ones, moved, None) {
             Some((an, q, used)) => Err(DsError::Quota(format!(
                 "moving it under '{an}' would take that dataset past its quota of {} ({} used, \
                  {} to move)",
@@ -238,10 +261,29 @@ impl Dir {
         }
     }
 
-    /// Checks that `cost` more allocated bytes may be written to `id`.
-    pub(crate) fn check_room(&self, cx: &Cx<'_>, id: u64, cost: u64) -> Result<(), DsError> {
+    /// Checks that `cost` more allocated bytes may be written to `id`;
+    /// `unpublished`: room the calling transaction took before, which the
+    /// pending figures do not count yet (quotas only: the pool's free
+    /// space has it out already).
+    pub(crate) fn check_room(
+        &self,
+        cx: &Cx<'_>,
+        id: u64,
+        cost: u64,
+        unpublished: u64,
+    ) -> Result<(), DsError> {
         let user_cost = self.deflate(cost).max(1);
-        if let Some((an, q, _)) = self.past_quota(self.ancestors_and_self(id), user_cost) {
+        let quota_cost = self.deflate(cost.saturating_add(unpublished)).max(1);
+        // Of what `id` will then hold beyond its committed use (pending
+        // and this write), its unused reservation covers the first part.
+        let absorbed = self
+            .unused_reservation(id)
+            .min(self.deflate(self.pending(id)).saturating_add(quota_cost));
+        if let Some((an, q, _)) = self.past_quota(
+            self.ancestors_and_self(id),
+            quota_cost,
+            Some((id, absorbed)),
+        ) {
             return Err(DsError::Quota(format!(
                 "dataset '{an}' is at its quota of {}",
                 props::human_bytes(q)

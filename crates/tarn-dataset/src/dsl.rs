@@ -138,6 +138,10 @@ pub(crate) struct Dir {
     pub alloc_per_block: u64,
     /// Each open dataset's uncommitted staged bytes (see `LiveDs::pending`).
     pub pending: HashMap<u64, Arc<AtomicU64>>,
+    /// Of those, what the txg being synced staged and its sync has already
+    /// added to the records (`used` counts it from then on); taken off
+    /// `pending` until the txg commits, so no block counts twice.
+    pub applied: HashMap<u64, u64>,
     /// Datasets an exclusive operation removed or whose tree it replaced:
     /// their open state is forgotten when it ends.
     pub forgotten: Vec<u64>,

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 
 use tarn_block::BlockPtr;
-use tarn_pool::{Pool, SyncCx};
+use tarn_pool::{Cx, Pool, SyncCx};
 
 use crate::crypt::{KeyFormat, KeyInput, KeyRec};
 use crate::dsl::{with_dir_excl, Dir};
@@ -742,10 +742,10 @@ fn not_received_into(dsl: &Dir, snap_name: &str) -> Result<(), DsError> {
 /// the daemon asks before it takes the dataset's mounts and volume down
 /// for a rollback (a refused one must not disconnect their clients).
 pub fn check_rollback(pool: &Pool, snap_name: &str, destroy_newer: bool) -> Result<(), DsError> {
-    crate::dsl::with_dsl(pool, false, |dsl, _| {
+    crate::dsl::with_dsl(pool, false, |dsl, cx| {
         let dir = dsl.dir();
         not_received_into(&dir, snap_name)?;
-        rollback_plan(&dir, snap_name, destroy_newer).map(|_| ())
+        rollback_plan(&dir, cx, snap_name, destroy_newer).map(|_| ())
     })
 }
 
@@ -753,6 +753,7 @@ pub fn check_rollback(pool: &Pool, snap_name: &str, destroy_newer: bool) -> Resu
 /// the newer snapshots it destroys).
 fn rollback_plan(
     dsl: &Dir,
+    cx: &Cx<'_>,
     snap_name: &str,
     destroy_newer: bool,
 ) -> Result<(u64, u64, Vec<u64>), DsError> {
@@ -785,6 +786,31 @@ fn rollback_plan(
             )));
         }
     }
+    // A volume rolled back to a larger size takes back the reservation
+    // that followed its size: only if the pool and the quotas above it can
+    // give it, as when it grows (`set_volsize`).
+    if let (Some(now), Some(then)) = (dsl.rec(head)?.volume, s.volume) {
+        let copies = dsl.prop_u64(head, "copies").unwrap_or(1) as u8;
+        let (old, new) = (
+            dsl.thick_reservation(cx, now, copies),
+            dsl.thick_reservation(cx, then, copies),
+        );
+        if dsl.prop_u64(head, "reservation") == Some(old) && new > old {
+            let room = dsl
+                .available(cx, head)
+                .saturating_sub(dsl.unused_reservation(head));
+            if new - old > room {
+                return Err(DsError::NoSpace(format!(
+                    "rolling back to '{snap_name}' gives the volume back its size of {}, whose \
+                     reservation needs {} more; {} available (lower its reservation first, or \
+                     make room)",
+                    props::human_bytes(then.size),
+                    props::human_bytes(new - old),
+                    props::human_bytes(room)
+                )));
+            }
+        }
+    }
     Ok((snap, head, newer))
 }
 
@@ -796,7 +822,7 @@ pub(crate) fn rollback_in(
     destroy_newer: bool,
 ) -> Result<(), DsError> {
     {
-        let (snap, head, newer) = rollback_plan(dsl, snap_name, destroy_newer)?;
+        let (snap, head, newer) = rollback_plan(dsl, cx, snap_name, destroy_newer)?;
         let s = dsl.rec(snap)?.clone();
         let r = (|| {
             for n in newer.into_iter().rev() {

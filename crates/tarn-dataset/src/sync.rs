@@ -202,7 +202,12 @@ impl Extension for Dsl {
             st.log.retain(|(t, _, _)| *t > txg);
             l.pending
                 .store(st.staged_asize(), std::sync::atomic::Ordering::Relaxed);
+            // With the syncing overlay gone from `pending`, nothing of it is
+            // to be taken off any more (the dataset's lock, then the
+            // directory's: a transaction's order).
+            self.dir().applied.remove(&l.id);
         }
+        self.dir().applied.clear();
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
@@ -315,6 +320,9 @@ impl Dsl {
             rec.referenced.add(Sums::of(bp));
             rec.unique.add(Sums::of(bp));
         }
+        // The records count this txg's blocks now: its staged bytes leave
+        // the dataset's pending figure (until `committed` drops them).
+        *dir.applied.entry(id).or_insert(0) += o.staged_asize();
         dir.dirty_recs.insert(id);
         for bp in killed {
             dir.kill(cx, id, &bp, bounds)?;

@@ -103,9 +103,24 @@ fn patch_checked(data: &mut Vec<u8>, need: usize, off: usize, bytes: &[u8]) {
     data[off..off + bytes.len()].copy_from_slice(bytes);
 }
 
+/// Refuses a key the tree cannot hold: accepted here, it would fail the
+/// txg's sync (and, logged, every replay of it), not the caller.
+fn check_key(key: &[u8]) -> Result<(), DsError> {
+    if key.len() > tarn_tree::MAX_KEY {
+        return Err(DsError::Invalid(format!(
+            "key of {} bytes exceeds {}",
+            key.len(),
+            tarn_tree::MAX_KEY
+        )));
+    }
+    Ok(())
+}
+
 /// Room for a block of `len` bytes in dataset `id`, after its quota and
 /// reservation allow it (`held`: what the block's old room already
-/// counts, when it grows; not checked when replaying the log).
+/// counts, when it grows; `unpublished`: room this transaction took
+/// before, which the dataset's pending figure does not count until the
+/// transaction ends; not checked when replaying the log).
 fn reserve(
     dsl: &Dsl,
     cx: &mut Cx<'_>,
@@ -113,13 +128,14 @@ fn reserve(
     replay: bool,
     len: u64,
     held: u64,
+    unpublished: u64,
 ) -> Result<Reservation, DsError> {
     let copies = {
         let dir = dsl.dir();
         let copies = dir.copies(id);
         if !replay {
             let cost = cx.alloc_cost(len, copies);
-            dir.check_room(cx, id, cost.saturating_sub(held))?;
+            dir.check_room(cx, id, cost.saturating_sub(held), unpublished)?;
         }
         copies
     };
@@ -546,13 +562,7 @@ impl Txn<'_, '_> {
                 value.len()
             )));
         }
-        if key.len() > tarn_tree::MAX_KEY {
-            return Err(DsError::Invalid(format!(
-                "key of {} bytes exceeds {}",
-                key.len(),
-                tarn_tree::MAX_KEY
-            )));
-        }
+        check_key(key)?;
         let stored = match &self.key {
             // A raw receive stores sealed values as the sender had them.
             None if self.mode == Mode::ReceiveRaw => value.to_vec(),
@@ -599,6 +609,9 @@ impl Txn<'_, '_> {
         end: Bound<&[u8]>,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Value)>, DsError> {
+        if tarn_tree::range_is_empty(start, end) {
+            return Ok(Vec::new());
+        }
         let page = {
             let store = self.cx.store();
             self.st.view().range(&store, start, end, limit)?
@@ -615,6 +628,14 @@ impl Txn<'_, '_> {
     /// txg syncs. Costs the same whatever the range holds.
     pub fn delete_range(&mut self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Result<(), DsError> {
         self.ro_check()?;
+        if tarn_tree::range_is_empty(start, end) {
+            return Ok(());
+        }
+        for b in [start, end] {
+            if let Bound::Included(k) | Bound::Excluded(k) = b {
+                check_key(k)?;
+            }
+        }
         let removed = self.st.open.delete_range(start, end);
         for (_, c) in &removed.removed {
             if let Change::Block(b) = c {
@@ -631,6 +652,7 @@ impl Txn<'_, '_> {
     /// zeros deletes the key instead (a hole takes no space).
     pub fn write_block(&mut self, key: &[u8], data: Vec<u8>) -> Result<(), DsError> {
         self.ro_check()?;
+        check_key(key)?;
         if data.len() > MAX_BLOCK {
             return Err(DsError::Invalid(format!(
                 "block of {} bytes exceeds {MAX_BLOCK}",
@@ -672,8 +694,18 @@ impl Txn<'_, '_> {
             )));
         }
         let mut rooms = Vec::with_capacity(blocks.len());
+        let mut unpublished = self.unpublished();
         for (_, b) in blocks {
-            let res = reserve(self.dsl, self.cx, self.id, false, b.lsize as u64, 0)?;
+            let res = reserve(
+                self.dsl,
+                self.cx,
+                self.id,
+                false,
+                b.lsize as u64,
+                0,
+                unpublished,
+            )?;
+            unpublished += res.asize();
             self.reserved.push(res.clone());
             rooms.push(res);
         }
@@ -714,6 +746,16 @@ impl Txn<'_, '_> {
         Ok(())
     }
 
+    /// Room this transaction's staged blocks took that the dataset's
+    /// pending figure does not count yet (it is published when the
+    /// transaction ends): the quota check of each further block counts
+    /// it, so one large request cannot pass a quota whole.
+    fn unpublished(&self) -> u64 {
+        self.st
+            .staged_asize()
+            .saturating_sub(self.live.pending.load(Ordering::Relaxed))
+    }
+
     /// Stages `data` under `key`; all zeros deletes the key instead.
     fn stage(&mut self, key: &[u8], data: Vec<u8>) -> Result<Staged, DsError> {
         if data.iter().all(|&b| b == 0) {
@@ -726,7 +768,8 @@ impl Txn<'_, '_> {
         let len = data.len() as u64;
         // Quotas and reservations first, then the room itself: allocated
         // now, so the sync that writes the block cannot run out of space.
-        let res = reserve(self.dsl, self.cx, self.id, self.replay, len, 0)?;
+        let unpublished = self.unpublished();
+        let res = reserve(self.dsl, self.cx, self.id, self.replay, len, 0, unpublished)?;
         self.reserved.push(res.clone());
         self.cx.charge(len);
         self.charged_dirty += len;
@@ -754,6 +797,7 @@ impl Txn<'_, '_> {
         bytes: Vec<u8>,
     ) -> Result<(usize, usize), DsError> {
         self.ro_check()?;
+        check_key(key)?;
         let need = len.max(patch_end(len, off, bytes.len())?);
         let zeros = bytes.iter().all(|&b| b == 0);
         let lens = match self.patch_in_place(key, need, off, &bytes, zeros)? {
@@ -804,6 +848,7 @@ impl Txn<'_, '_> {
     ) -> Result<Option<(usize, usize)>, DsError> {
         let (dsl, id, replay) = (self.dsl, self.id, self.replay);
         let copies = dsl.dir().copies(id);
+        let unpublished = self.unpublished();
         let cx = &mut *self.cx;
         let Some(done) = self.st.open.in_place(key, |m| {
             let cur = m.data.len();
@@ -814,7 +859,15 @@ impl Txn<'_, '_> {
             let room = if cx.room_fits(m.res, new_len as u64, copies) {
                 None
             } else {
-                let res = reserve(dsl, cx, id, replay, new_len as u64, m.res.asize())?;
+                let res = reserve(
+                    dsl,
+                    cx,
+                    id,
+                    replay,
+                    new_len as u64,
+                    m.res.asize(),
+                    unpublished,
+                )?;
                 let charged = std::mem::replace(m.charged, res.asize());
                 Some((std::mem::replace(m.res, res), charged))
             };

@@ -34,6 +34,16 @@ fn write(h: &ds::DatasetHandle, i: u64, b: u8) {
         .unwrap();
 }
 
+/// A dataset's `used`, as `list` shows it.
+fn used_of(pool: &Pool, name: &str) -> u64 {
+    ds::list(pool, false)
+        .unwrap()
+        .into_iter()
+        .find(|i| i.name == name)
+        .map(|i| i.used)
+        .unwrap()
+}
+
 fn none() -> BTreeMap<String, String> {
     BTreeMap::new()
 }
@@ -410,4 +420,172 @@ fn a_move_under_a_quota_must_fit_it() {
     ds::rename(&pool, "tank/b", "tank/a/b").unwrap();
     // Within the same parent, nothing to check.
     ds::rename(&pool, "tank/a/b", "tank/a/c").unwrap();
+}
+
+/// An empty dataset with a reservation counts as its reservation in its
+/// parent's use, so it may not be moved under a quota that reservation
+/// would pass.
+#[test]
+fn a_reservation_moves_under_a_quota_only_if_it_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path());
+    for n in ["tank/a", "tank/b"] {
+        ds::create(&pool, n, &none(), false).unwrap();
+    }
+    ds::set_prop(&pool, "tank/a", "quota", "4M").unwrap();
+    ds::set_prop(&pool, "tank/b", "reservation", "8M").unwrap();
+    let e = ds::rename(&pool, "tank/b", "tank/a/b").unwrap_err();
+    assert!(matches!(e, DsError::Quota(_)), "{e}");
+    assert!(names(&pool).contains(&"tank/b".to_string()), "not moved");
+    ds::set_prop(&pool, "tank/b", "reservation", "2M").unwrap();
+    ds::rename(&pool, "tank/b", "tank/a/b").unwrap();
+}
+
+/// Each block of one transaction counts the blocks the transaction staged
+/// before it: one large request cannot pass a quota whole, and what is
+/// refused leaves nothing behind.
+#[test]
+fn one_large_transaction_cannot_pass_a_quota() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path());
+    ds::create(&pool, "tank/q", &none(), false).unwrap();
+    ds::set_prop(&pool, "tank/q", "quota", "1M").unwrap();
+    let q = ds::open(&pool, "tank/q").unwrap();
+    let mut rng = tarn_testkit::data::Rng::new(8);
+    let blocks: Vec<Vec<u8>> = (0..16).map(|_| rng.bytes(128 << 10)).collect();
+    let e = q
+        .txn::<_, DsError>(true, |t| {
+            for (i, b) in blocks.iter().enumerate() {
+                t.write_block(&key(i as u64), b.clone())?;
+            }
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(matches!(e, DsError::Quota(_)), "{e}");
+    pool.sync().unwrap();
+    let used = used_of(&pool, "tank/q");
+    assert!(used < 1 << 20, "used {used} after a refused transaction");
+    // Blocks that fit still go in, one transaction each.
+    for (i, b) in blocks.iter().take(4).enumerate() {
+        q.txn::<_, DsError>(true, |t| t.write_block(&key(i as u64), b.clone()))
+            .unwrap();
+    }
+}
+
+/// What a txg staged counts once while it is written: its sync adds the
+/// blocks to the records' use before the txg commits, and until then they
+/// must not also count as pending, or a write that fits the quota beside
+/// them is refused.
+#[test]
+fn a_write_beside_a_syncing_txg_is_not_refused_by_the_quota() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path());
+    let mut off = none();
+    off.insert("compression".to_string(), "off".to_string());
+    ds::create(&pool, "tank/q", &off, false).unwrap();
+    ds::set_prop(&pool, "tank/q", "quota", "4M").unwrap();
+    pool.sync().unwrap();
+    let q = ds::open(&pool, "tank/q").unwrap();
+    let mut rng = tarn_testkit::data::Rng::new(12);
+    for i in 0..40 {
+        let data = rng.bytes(64 << 10);
+        q.txn::<_, DsError>(true, |t| t.write_block(&key(i), data.clone()))
+            .unwrap();
+    }
+    // A slow device keeps the sync's later steps (trees, records, the
+    // uberblock) long enough to write beside them many times.
+    let dev = dir.path().join("d0").to_string_lossy().to_string();
+    let slow = tarn_vdev::Fault {
+        latency_ms: 10,
+        ..tarn_vdev::Fault::always(tarn_vdev::FaultKind::Latency)
+    };
+    pool.inject(&dev, Some(slow)).unwrap();
+    let syncer = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.sync())
+    };
+    let small = rng.bytes(4 << 10);
+    let mut tries = 0;
+    while !syncer.is_finished() {
+        let r = q.txn::<_, DsError>(true, |t| t.write_block(&key(1000), small.clone()));
+        assert!(r.is_ok(), "refused beside a sync: {r:?}");
+        tries += 1;
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    syncer.join().unwrap().unwrap();
+    pool.inject(&dev, None).unwrap();
+    assert!(tries > 10, "the sync was too quick to write beside it");
+    pool.sync().unwrap();
+}
+
+/// A child's unused reservation counts once under its parent's quota: it
+/// may be lowered (or raised within the quota), and writes into it that
+/// the reservation covers are not refused by the parent's quota.
+#[test]
+fn a_reservation_under_a_quota_counts_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path());
+    let mut off = none();
+    off.insert("compression".to_string(), "off".to_string());
+    ds::create(&pool, "tank/p", &off, false).unwrap();
+    ds::set_prop(&pool, "tank/p", "quota", "10M").unwrap();
+    ds::create(&pool, "tank/p/c", &off, false).unwrap();
+    ds::set_prop(&pool, "tank/p/c", "reservation", "6M").unwrap();
+    ds::set_prop(&pool, "tank/p/c", "reservation", "5M").unwrap();
+    ds::set_prop(&pool, "tank/p/c", "reservation", "9M").unwrap();
+    let e = ds::set_prop(&pool, "tank/p/c", "reservation", "11M").unwrap_err();
+    assert!(matches!(e, DsError::NoSpace(_)), "{e}");
+    ds::set_prop(&pool, "tank/p/c", "reservation", "6M").unwrap();
+    // 8 MiB into the child: past its reservation, within the quota.
+    let c = ds::open(&pool, "tank/p/c").unwrap();
+    let mut rng = tarn_testkit::data::Rng::new(21);
+    for i in 0..64 {
+        let data = rng.bytes(128 << 10);
+        c.txn::<_, DsError>(true, |t| t.write_block(&key(i), data.clone()))
+            .unwrap_or_else(|e| panic!("block {i}: {e}"));
+    }
+    pool.sync().unwrap();
+    let used = used_of(&pool, "tank/p");
+    assert!(used <= 10 << 20, "{used}");
+}
+
+/// Bad ranges and keys from a caller are answered, never a panic or a
+/// failed sync: an empty or inverted range reads and deletes nothing, and
+/// a key too long for the tree is refused when it is written.
+#[test]
+fn bad_ranges_and_keys_are_refused_not_fatal() {
+    use std::ops::Bound::{Excluded, Included};
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path());
+    ds::create(&pool, "tank/a", &none(), false).unwrap();
+    let a = ds::open(&pool, "tank/a").unwrap();
+    write(&a, 1, 7);
+    let k: &[u8] = b"k";
+    let (lo, hi): (&[u8], &[u8]) = (b"b", b"a");
+    let got = a
+        .txn::<_, DsError>(false, |t| t.range(Excluded(k), Excluded(k), 10))
+        .unwrap();
+    assert!(got.is_empty());
+    let got = a
+        .txn::<_, DsError>(false, |t| t.range(Included(lo), Excluded(hi), 10))
+        .unwrap();
+    assert!(got.is_empty());
+    a.txn::<_, DsError>(true, |t| t.delete_range(Included(lo), Excluded(hi)))
+        .unwrap();
+    let long = vec![1u8; 1025];
+    let e = a
+        .txn::<_, DsError>(true, |t| t.write_block(&long, vec![1; 100]))
+        .unwrap_err();
+    assert!(matches!(e, DsError::Invalid(_)), "{e}");
+    let e = a
+        .txn::<_, DsError>(true, |t| {
+            t.patch_block(&long, 100, 0, vec![1; 10]).map(|_| ())
+        })
+        .unwrap_err();
+    assert!(matches!(e, DsError::Invalid(_)), "{e}");
+    pool.sync().unwrap();
+    assert!(a
+        .txn::<_, DsError>(false, |t| t.get(&key(1)))
+        .unwrap()
+        .is_some());
 }

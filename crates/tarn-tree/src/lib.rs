@@ -686,8 +686,10 @@ fn rebalance(ctx: &mut Ctx, store: &dyn NodeStore, kids: &mut Vec<Kid>, i: usize
     true
 }
 
-/// True when no key can lie inside `start`..`end`.
-fn range_is_empty(start: Bound<&[u8]>, end: Bound<&[u8]>) -> bool {
+/// Whether no key can lie in `start..end` (start past the end, or both
+/// bounds at one key with one excluded): such a range reads and deletes
+/// nothing, where a `BTreeMap` range over it would panic.
+pub fn range_is_empty(start: Bound<&[u8]>, end: Bound<&[u8]>) -> bool {
     use Bound::*;
     match (start, end) {
         (Included(s), Included(e)) => s > e,

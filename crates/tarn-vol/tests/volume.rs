@@ -843,3 +843,37 @@ fn random_writes_are_laid_out_in_block_order() {
         "{reads} device reads for {BLOCKS} blocks read in order"
     );
 }
+
+/// A thick volume rolled back to a larger size takes back the reservation
+/// that followed its size only if the pool can give it: otherwise the
+/// rollback is refused and changes nothing, as a grow would be.
+#[test]
+fn a_rollback_that_needs_more_reserved_than_the_pool_has_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool(dir.path());
+    let v = volume(&pool, "tank/v", 32 << 20, 16384, false);
+    tarn_dataset::snapshot(&pool, &["tank/v@big".into()], false).expect("snapshot");
+    v.resize(4 << 20, true).expect("shrink");
+    let get = |name: &str, prop: &str| -> u64 {
+        let p = tarn_dataset::get_props(&pool, name, &[prop.into()]).expect("get");
+        p[0].value.parse().expect("a number")
+    };
+    let small = get("tank/v", "reservation");
+    // Another dataset reserves what is left.
+    let left = get("tank", "available");
+    tarn_dataset::create(
+        &pool,
+        "tank/hog",
+        &props(&[("reservation", &(left - (1 << 20)).to_string())]),
+        false,
+    )
+    .expect("reserve the rest");
+    let r = tarn_dataset::rollback(&pool, "tank/v@big", false);
+    assert!(matches!(r, Err(DsError::NoSpace(_))), "{r:?}");
+    assert_eq!(get("tank/v", "volsize"), 4 << 20, "nothing changed");
+    assert_eq!(get("tank/v", "reservation"), small);
+    tarn_dataset::destroy(&pool, "tank/hog", false).expect("destroy");
+    tarn_dataset::rollback(&pool, "tank/v@big", false).expect("rollback");
+    assert_eq!(get("tank/v", "volsize"), 32 << 20);
+    assert!(get("tank/v", "reservation") > 32 << 20);
+}
