@@ -21,6 +21,7 @@ pub(crate) fn store_err(e: DsError) -> StoreError {
         DsError::Damaged(m) => StoreError::Damaged(m),
         DsError::Invalid(m) => StoreError::Invalid(m),
         DsError::Locked(m) => StoreError::Locked(m),
+        DsError::NotFound(m) => StoreError::Gone(m),
         other => StoreError::Other(other.to_string()),
     }
 }

@@ -167,6 +167,7 @@ impl From<StoreError> for FsError {
             StoreError::Damaged(_) | StoreError::Other(_) => libc::EIO,
             StoreError::Invalid(_) => libc::EINVAL,
             StoreError::Locked(_) => libc::EACCES,
+            StoreError::Gone(_) => libc::ESTALE,
         };
         FsError::new(errno, e.to_string())
     }

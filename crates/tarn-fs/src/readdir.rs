@@ -133,15 +133,19 @@ impl<B: Backend> Fs<B> {
                     kind: FileKind::Directory,
                     name: name.into_bytes(),
                 };
+                // A snapshot taken before the filesystem was first made on
+                // its dataset (created, snapshotted, never mounted) holds
+                // no root: it is left out, as its lookup fails, rather
+                // than failing the listing of every snapshot.
+                let a = match self.snap_root_attr(slot) {
+                    Ok(a) => a,
+                    Err(err) if err.errno() == libc::ENOENT => continue,
+                    Err(err) => return Err(err),
+                };
                 if !page.admit(&e) {
                     break;
                 }
-                let a = if plus {
-                    Some(self.snap_root_attr(slot)?)
-                } else {
-                    None
-                };
-                out.push((e, a));
+                out.push((e, plus.then_some(a)));
             }
             return Ok(out);
         }

@@ -66,6 +66,11 @@ pub enum StoreError {
     /// The dataset is encrypted and its key is not loaded: EACCES.
     #[error("{0}")]
     Locked(String),
+    /// The dataset (a snapshot reached through `.snapshot`, a destroyed
+    /// filesystem) no longer exists: ESTALE, what a client holding a
+    /// handle into it should see, not an I/O error.
+    #[error("{0}")]
+    Gone(String),
 }
 
 /// Maximum key length in bytes the tree accepts.

@@ -935,6 +935,32 @@ fn rmdir_non_empty_fails() {
     assert_eq!(fs.getattr(ROOT_INO).unwrap().nlink, 2);
 }
 
+/// A snapshot taken before the filesystem was made on its dataset (a
+/// dataset created and snapshotted, never mounted) holds no root: the
+/// `.snapshot` listing leaves it out instead of failing for every
+/// snapshot, and looking it up says it does not exist.
+#[test]
+fn a_snapshot_without_a_root_does_not_break_the_listing() {
+    let b = MemBackend::new();
+    b.snapshot("early").unwrap();
+    let fs = Fs::mount(b.clone()).unwrap();
+    mkfile(&fs, ROOT_INO, "f", b"data");
+    b.snapshot("late").unwrap();
+    let plus: Vec<String> = fs
+        .readdirplus(SNAPDIR_INO, 0, 32)
+        .unwrap()
+        .into_iter()
+        .map(|(e, _)| String::from_utf8(e.name).unwrap())
+        .filter(|n| n != "." && n != "..")
+        .collect();
+    assert_eq!(plus, vec!["late"]);
+    assert_eq!(names(&fs, SNAPDIR_INO), vec!["late"]);
+    let e = lookup(&fs, SNAPDIR_INO, "early").unwrap_err();
+    assert_eq!(e.errno(), libc::ENOENT);
+    let late = lookup(&fs, SNAPDIR_INO, "late").unwrap();
+    assert_eq!(names(&fs, late.ino), vec!["f"]);
+}
+
 #[test]
 fn snapshot_dir_lists_and_reads_read_only() {
     let (b, fs) = setup();

@@ -420,3 +420,31 @@ fn a_writer_that_deletes_as_it_goes_never_sees_a_full_pool() {
         }
     }
 }
+
+/// A snapshot destroyed while something is open in it through
+/// `.snapshot`: what still refers to it gets ESTALE (a stale handle, as
+/// NFS and FUSE clients expect), not EIO, which reads as damage.
+#[test]
+fn a_destroyed_snapshot_is_stale_not_an_io_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path(), VdevKind::Single, 1, 64 << 20);
+    let fs = mount(&pool, "tank/fs", &[]);
+    let f = create(&fs, "f");
+    fs.write(f, 0, b"kept in the snapshot", false, &c())
+        .unwrap();
+    tarn_dataset::snapshot(&pool, &["tank/fs@s1".into()], false).unwrap();
+    let sd = fs.lookup(ROOT_INO, b".snapshot", &c()).unwrap();
+    let s1 = fs.lookup(sd.ino, b"s1", &c()).unwrap();
+    let in_snap = fs.lookup(s1.ino, b"f", &c()).unwrap();
+    assert_eq!(
+        fs.read(in_snap.ino, 0, 100).unwrap(),
+        b"kept in the snapshot"
+    );
+    tarn_dataset::destroy(&pool, "tank/fs@s1", false).unwrap();
+    let e = fs.getattr(in_snap.ino).unwrap_err();
+    assert_eq!(e.errno(), libc::ESTALE, "{e}");
+    let e = fs.read(in_snap.ino, 0, 100).unwrap_err();
+    assert_eq!(e.errno(), libc::ESTALE, "{e}");
+    // The live filesystem goes on.
+    assert_eq!(fs.read(f, 0, 100).unwrap(), b"kept in the snapshot");
+}
