@@ -46,6 +46,110 @@ pub(crate) struct Ctx {
     pub cred: Cred,
     /// False for read-only principals and read-only shares.
     pub can_write: bool,
+    /// A COPY or MOVE that may overwrite a file: its destination is set
+    /// aside instead of deleted (see [`Replace`]).
+    pub replace: Option<Arc<Replace>>,
+}
+
+/// A COPY or MOVE of a file onto an existing file. The library deletes
+/// the destination before it copies or moves onto it, so a copy that
+/// fails part way (the pool or a quota full) would lose the old file for
+/// nothing. Instead, the delete renames the destination to a hidden name
+/// beside it (`.tarn-overwritten-…`); when the request is answered,
+/// [`Replace::finish`] removes it if the copy or move succeeded and puts
+/// it back otherwise. A crash in between leaves the old file under the
+/// hidden name: kept, never lost. Directories are deleted as before
+/// (setting a tree aside would need only the right to rename it, not to
+/// delete what is in it).
+#[derive(Debug)]
+pub(crate) struct Replace {
+    /// The source and the destination, by components under the share.
+    src: Vec<Vec<u8>>,
+    dest: Vec<Vec<u8>>,
+    aside: std::sync::Mutex<Option<Aside>>,
+}
+
+/// Where a destination was set aside: its directory, hidden name and name.
+#[derive(Debug)]
+struct Aside {
+    dir: u64,
+    hidden: Vec<u8>,
+    name: Vec<u8>,
+}
+
+impl Replace {
+    /// For a COPY or MOVE from `src` to `dest` (components under the share).
+    pub(crate) fn new(src: Vec<Vec<u8>>, dest: Vec<Vec<u8>>) -> Arc<Replace> {
+        Arc::new(Replace {
+            src,
+            dest,
+            aside: std::sync::Mutex::new(None),
+        })
+    }
+
+    fn aside(&self) -> std::sync::MutexGuard<'_, Option<Aside>> {
+        self.aside.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets the destination file `path` aside instead of deleting it, when
+    /// `path` is this request's destination and the source is a file too;
+    /// false when it is not (the caller deletes as usual).
+    fn set_aside(&self, inner: &Inner, path: &DavPath, cred: &Cred) -> FsResult<bool> {
+        if components(path)? != self.dest || self.aside().is_some() {
+            return Ok(false);
+        }
+        if inner.walk(&self.src, cred)?.kind != FileKind::Regular {
+            return Ok(false);
+        }
+        let (dir, name) = inner.parent(path, cred)?;
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let hidden = format!(".tarn-overwritten-{:x}-{t:x}-{n:x}", std::process::id()).into_bytes();
+        inner
+            .fs
+            .rename(dir, &name, dir, &hidden, tarn_fs::RENAME_NOREPLACE, cred)
+            .map_err(map_err)?;
+        *self.aside() = Some(Aside { dir, hidden, name });
+        Ok(true)
+    }
+
+    /// Ends the request: the destination set aside is removed if the copy
+    /// or move succeeded (`ok`), and put back otherwise, over whatever
+    /// part of a copy was made. Whatever fails here leaves the old file
+    /// under its hidden name, and says so in the log.
+    pub(crate) fn finish(&self, fs: &dyn FsApi, cred: &Cred, ok: bool) {
+        let Some(a) = self.aside().take() else {
+            return;
+        };
+        let shown = String::from_utf8_lossy(&a.hidden).into_owned();
+        if ok {
+            if let Err(e) = fs.unlink(a.dir, &a.hidden, cred) {
+                log::warn!("tarn-webdav: cannot remove the replaced file {shown}: {e}");
+            }
+            return;
+        }
+        if fs.lookup(a.dir, &a.name, cred).is_ok() {
+            if let Err(e) = fs.unlink(a.dir, &a.name, cred) {
+                log::warn!(
+                    "tarn-webdav: a failed copy left its part in place; the old file is kept as {shown}: {e}"
+                );
+                return;
+            }
+        }
+        if let Err(e) = fs.rename(
+            a.dir,
+            &a.hidden,
+            a.dir,
+            &a.name,
+            tarn_fs::RENAME_NOREPLACE,
+            cred,
+        ) {
+            log::warn!("tarn-webdav: cannot put the old file back; it is kept as {shown}: {e}");
+        }
+    }
 }
 
 /// Maps an errno from tarn-fs to the dav-server error (and so to the HTTP
@@ -649,7 +753,13 @@ impl GuardedFileSystem<Ctx> for TarnDavFs {
             need_write(ctx)?;
             let inner = self.inner.clone();
             let (p, cred) = (path.clone(), ctx.cred.clone());
+            let replace = ctx.replace.clone();
             blocking(move || {
+                if let Some(r) = replace {
+                    if r.set_aside(&inner, &p, &cred)? {
+                        return Ok(());
+                    }
+                }
                 let (parent, name) = inner.parent(&p, &cred)?;
                 inner.fs.unlink(parent, &name, &cred).map_err(map_err)
             })

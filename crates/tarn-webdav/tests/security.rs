@@ -603,6 +603,28 @@ fn snapshots_are_browsable_read_only() {
     server.stop();
 }
 
+/// A memory filesystem whose root the test user may write, its backend,
+/// and that user.
+fn users_fs() -> (Arc<MemBackend>, Arc<Fs<MemBackend>>, Cred) {
+    let b = MemBackend::new();
+    let fs = Arc::new(Fs::mount(b.clone()).unwrap());
+    chown_root(fs.as_ref());
+    (b, fs, Cred::user(UID, UID))
+}
+
+/// The status of a COPY or MOVE (`m`) from `from` to `to`, as alice.
+fn copy_or_move(addr: std::net::SocketAddr, m: &str, from: &str, to: &str) -> u16 {
+    status(&[
+        "-u",
+        A,
+        "-X",
+        m,
+        "-H",
+        &format!("Destination: {}", url(addr, to)),
+        &url(addr, from),
+    ])
+}
+
 /// A MOVE or COPY onto an existing destination deletes it first (in the
 /// library): what would fail after that is refused before it, and nothing
 /// is lost. A destination holding the source, the share itself, and a
@@ -613,10 +635,7 @@ fn copy_and_move_never_delete_what_they_cannot_replace() {
     if !require::programs(&["curl"]) {
         return;
     }
-    let b = MemBackend::new();
-    let fs = Arc::new(Fs::mount(b.clone()).unwrap());
-    chown_root(fs.as_ref());
-    let me = Cred::user(UID, UID);
+    let (b, fs, me) = users_fs();
     let a = fs.mkdir(ROOT_INO, b"a", 0o755, 0, &me).unwrap();
     let ab = fs.mkdir(a.ino, b"b", 0o755, 0, &me).unwrap();
     put_bytes(fs.as_ref(), ab.ino, "deep.txt", b"deep", &me);
@@ -625,17 +644,7 @@ fn copy_and_move_never_delete_what_they_cannot_replace() {
     let live = put_bytes(fs.as_ref(), ROOT_INO, "report.txt", b"version-2", &me);
     let server = start(vec![Share::new("s", fs.clone())]);
     let addr = server.local_addr();
-    let go = |m: &str, from: &str, to: &str| {
-        status(&[
-            "-u",
-            A,
-            "-X",
-            m,
-            "-H",
-            &format!("Destination: {}", url(addr, to)),
-            &url(addr, from),
-        ])
-    };
+    let go = |m: &str, from: &str, to: &str| copy_or_move(addr, m, from, to);
     for m in ["MOVE", "COPY"] {
         assert_eq!(go(m, "/s/a/b", "/s/a"), 403, "{m} onto its own parent");
         assert_eq!(go(m, "/s/a/b/deep.txt", "/s/a"), 403);
@@ -705,5 +714,52 @@ fn only_the_lock_holder_unlocks() {
     assert_eq!(status(&["-u", "bob:builder", "-T", "/dev/null", &f]), 423);
     assert_eq!(unlock(A), 204);
     assert_eq!(status(&["-u", "bob:builder", "-T", "/dev/null", &f]), 204);
+    server.stop();
+}
+
+/// A COPY or MOVE onto an existing file keeps the old file until the new
+/// one is in place: a copy that runs out of room part way leaves the old
+/// file as it was (and no part of the copy, nothing hidden beside it); one
+/// that succeeds, or a move, leaves nothing of the old file behind.
+#[test]
+fn an_overwriting_copy_that_fails_keeps_the_old_file() {
+    if !require::programs(&["curl"]) {
+        return;
+    }
+    let (b, fs, me) = users_fs();
+    let big: Vec<u8> = (0..(3u32 << 20)).map(|i| (i * 7 % 251) as u8).collect();
+    put_bytes(fs.as_ref(), ROOT_INO, "big.bin", &big, &me);
+    put_bytes(fs.as_ref(), ROOT_INO, "keep.txt", b"the old contents", &me);
+    put_bytes(fs.as_ref(), ROOT_INO, "moved.txt", b"moved in", &me);
+    let server = start(vec![Share::new("s", fs.clone())]);
+    let addr = server.local_addr();
+    let go = |m: &str, from: &str, to: &str| copy_or_move(addr, m, from, to);
+    let listing = || -> Vec<String> {
+        fs.readdir(ROOT_INO, 0, 100)
+            .unwrap()
+            .into_iter()
+            .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+            .filter(|n| n != "." && n != "..")
+            .collect()
+    };
+    let read = |name: &str| -> Vec<u8> {
+        let a = fs.lookup(ROOT_INO, name.as_bytes(), &Cred::root()).unwrap();
+        fs.read(a.ino, 0, 8 << 20).unwrap()
+    };
+    // Room for about half of the copy.
+    b.set_budget(Some(b.used() + (3 << 19)), false);
+    assert_eq!(go("COPY", "/s/big.bin", "/s/keep.txt"), 507);
+    assert_eq!(read("keep.txt"), b"the old contents");
+    let mut names = listing();
+    names.sort();
+    assert_eq!(names, vec!["big.bin", "keep.txt", "moved.txt"]);
+    b.set_budget(None, false);
+    assert_eq!(go("COPY", "/s/big.bin", "/s/keep.txt"), 204);
+    assert!(read("keep.txt") == big);
+    assert_eq!(go("MOVE", "/s/moved.txt", "/s/keep.txt"), 204);
+    assert_eq!(read("keep.txt"), b"moved in");
+    let mut names = listing();
+    names.sort();
+    assert_eq!(names, vec!["big.bin", "keep.txt"]);
     server.stop();
 }

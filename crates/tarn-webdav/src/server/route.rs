@@ -35,7 +35,7 @@ use hyper::body::Incoming;
 use super::conn::ReqBody;
 use super::State;
 use crate::auth::{parse_basic, Principal};
-use crate::davfs::Ctx;
+use crate::davfs::{Ctx, Replace};
 use crate::headers::{self, Depth};
 use crate::panics;
 use crate::propfix::{self, PropFix};
@@ -274,9 +274,24 @@ pub(super) async fn handle(
             return (simple(StatusCode::FORBIDDEN, why), None);
         }
     }
+    // An overwriting COPY or MOVE sets the destination file aside rather
+    // than deleting it, and puts it back if the request fails.
+    let replace = if matches!(req.method().as_str(), "COPY" | "MOVE") {
+        req.headers()
+            .get("destination")
+            .and_then(|d| destination_segments(d.as_bytes()))
+            .map(|dest| {
+                let under = |v: Vec<Vec<u8>>| v.into_iter().skip(1).collect::<Vec<_>>();
+                Replace::new(under(segments(path.as_bytes())), under(dest))
+            })
+    } else {
+        None
+    };
+    let cred = principal.cred();
     let ctx = Ctx {
-        cred: principal.cred(),
+        cred: cred.clone(),
         can_write,
+        replace: replace.clone(),
     };
     let (parts, body) = req.into_parts();
     let failed = Arc::new(AtomicBool::new(false));
@@ -332,6 +347,11 @@ pub(super) async fn handle(
         .handler
         .handle_guarded(req, principal.name.clone(), ctx)
         .await;
+    if let Some(r) = replace {
+        let ok = matches!(resp.status(), StatusCode::CREATED | StatusCode::NO_CONTENT);
+        let fs = share.share.fs.clone();
+        let _ = tokio::task::spawn_blocking(move || r.finish(fs.as_ref(), &cred, ok)).await;
+    }
     if failed.load(Ordering::Relaxed) {
         // The body could not be decoded (e.g. broken chunked encoding):
         // the client's fault, not a gateway's.
