@@ -321,6 +321,10 @@ pub struct Mount {
     /// `None` once unmounted.
     subscription: Option<Subscription>,
     invalidator: Arc<Invalidator>,
+    /// The device number of this mount's superblock, read once it was
+    /// served: unmounting checks that the mount at the path is still this
+    /// one, and never unmounts another filesystem mounted there since.
+    dev: Option<u64>,
 }
 
 impl std::fmt::Debug for Mount {
@@ -431,6 +435,10 @@ pub fn mount<B: Backend + 'static>(
     let subscription = fs.subscribe(invalidator.clone());
     // If spawning fails, the session is dropped inside `spawn`.
     let bg = session.spawn().map_err(mount_err)?;
+    let dev = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&canonical).ok().map(|m| m.dev())
+    };
     let mount = Mount {
         mountpoint: canonical,
         session: Some(bg),
@@ -439,6 +447,7 @@ pub fn mount<B: Backend + 'static>(
         known,
         subscription: Some(subscription),
         invalidator,
+        dev,
     };
     if opts.read_ahead > 0 {
         if let Err(e) = set_read_ahead(&mount.mountpoint, opts.read_ahead / 1024) {
@@ -512,7 +521,34 @@ impl Mount {
         };
         let path = self.mountpoint.clone();
         let subscription = self.subscription.take();
-        if connection_alive(&self.device) {
+        let alive = connection_alive(&self.device);
+        if let Some(ours) = self.dev.filter(|_| alive) {
+            use std::os::unix::fs::MetadataExt;
+            let top = std::fs::metadata(&path).map(|m| m.dev());
+            if top.as_ref().is_ok_and(|d| *d != ours) {
+                // Another filesystem is mounted at the path now: never
+                // unmount it. Under it, this mount cannot be unmounted
+                // without it; detached (`umount -l`), it ends when its
+                // last file closes.
+                if mounted_at(ours, &path) && !lazy_if_busy {
+                    self.session = Some(bg);
+                    self.subscription = subscription;
+                    return Err(FuseError::Unmount {
+                        path,
+                        source: io::Error::other(
+                            "another filesystem is mounted over it; unmount that first",
+                        ),
+                    });
+                }
+                log::warn!(
+                    "tarn-fuse: {} holds another filesystem now; left it mounted",
+                    path.display()
+                );
+                reap_later(bg);
+                return Ok(());
+            }
+        }
+        if alive {
             match nix::mount::umount2(&path, MntFlags::empty()) {
                 Ok(()) => {}
                 // Not mounted at the path any more (detached by someone
@@ -613,6 +649,49 @@ impl Mount {
 /// Joins a session in the background: used when the filesystem was
 /// detached while busy, so the workers keep serving open files until the
 /// last one is closed.
+/// Whether the superblock of device `dev` is mounted at `path`, also
+/// under another mount (`/proc/self/mountinfo`: the third field is the
+/// device, the fifth the mount point with spaces and the like escaped in
+/// octal).
+fn mounted_at(dev: u64, path: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = format!("{}:{}", libc::major(dev), libc::minor(dev));
+    let path = path.as_os_str().as_encoded_bytes();
+    info.lines().any(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        f.len() > 4 && f[2] == want && unescape_octal(f[4]) == path
+    })
+}
+
+/// Undoes mountinfo's escapes (`\040` for a space, and so on).
+fn unescape_octal(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let code = b
+            .get(i + 1..i + 4)
+            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .and_then(|d| {
+                let v = d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'));
+                u8::try_from(v).ok()
+            });
+        match code {
+            Some(c) => {
+                out.push(c);
+                i += 4;
+            }
+            _ => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 fn reap_later(bg: BackgroundSession) {
     let spawned = std::thread::Builder::new()
         .name("tarn-fuse-reap".to_string())
@@ -635,6 +714,16 @@ impl Drop for Mount {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_undone_and_bad_ones_kept() {
+        assert_eq!(unescape_octal(r"/mnt/a\040b"), b"/mnt/a b");
+        assert_eq!(unescape_octal(r"/x\011\134y"), b"/x\t\\y");
+        // Not three octal digits, or past a byte: taken as they are.
+        assert_eq!(unescape_octal(r"/a\9zz"), br"/a\9zz");
+        assert_eq!(unescape_octal(r"/a\777"), br"/a\777");
+        assert_eq!(unescape_octal(r"/end\04"), br"/end\04");
+    }
 
     #[test]
     fn handle_can_move_between_threads() {

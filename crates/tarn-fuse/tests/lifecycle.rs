@@ -547,3 +547,42 @@ fn snapshots_by_time_for_samba() {
         "{names:?}"
     );
 }
+
+/// Another filesystem mounted over a tarn mount is never unmounted in its
+/// place: unmounting says why it cannot, leaves both as they are and
+/// does not hang; once the other one is gone, it unmounts.
+#[test]
+fn a_filesystem_mounted_over_it_is_left_alone() {
+    if !require::fuse() {
+        return;
+    }
+    let mut f = mount_default();
+    let mp = f.root();
+    fs::write(f.path("file"), b"x").unwrap();
+    let over = Command::new("mount")
+        .args(["-t", "tmpfs", "over", mp.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(over.success());
+    fs::write(mp.join("theirs"), b"y").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut mount = f.mount;
+    std::thread::spawn(move || {
+        let r = mount.unmount();
+        let _ = tx.send((r.map_err(|e| e.to_string()), mount));
+    });
+    let (r, mount) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("unmount hung");
+    assert!(
+        r.is_err(),
+        "unmounted although another filesystem is on top"
+    );
+    assert_eq!(fs::read(mp.join("theirs")).unwrap(), b"y", "theirs is gone");
+    let off = Command::new("umount").arg(&mp).status().unwrap();
+    assert!(off.success());
+    assert_eq!(fs::read(mp.join("file")).unwrap(), b"x");
+    f.mount = mount;
+    f.mount.unmount().unwrap();
+    assert_plain_empty_dir(&mp);
+}
