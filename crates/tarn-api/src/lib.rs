@@ -30,6 +30,7 @@ pub mod events;
 pub mod health;
 pub mod method;
 pub mod params;
+pub mod peer;
 pub mod pool;
 pub mod roles;
 pub mod schedule;

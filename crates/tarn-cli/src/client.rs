@@ -66,6 +66,20 @@ impl Client {
             ),
             _ => anyhow!("cannot connect to the tarn daemon on {shown}: {e}"),
         })?;
+        // Only a daemon run by this user or root hears our requests (and
+        // the passwords some carry): another local user may have put a
+        // socket where we look.
+        let own = tarn_api::peer::own_uid();
+        match tarn_api::peer::peer_uid(&stream) {
+            Ok(uid) if tarn_api::peer::allowed(uid, own) => {}
+            Ok(uid) => bail!(
+                "the tarn daemon on {shown} runs as uid {uid}, not as this user (uid {own}) or root; \
+                 not talking to it\n\
+                 hint: another user may have put that socket there; use --socket or TARN_SOCKET \
+                 to name your daemon's"
+            ),
+            Err(e) => bail!("cannot check who listens on {shown}: {e}"),
+        }
         let reader = BufReader::new(
             stream
                 .try_clone()

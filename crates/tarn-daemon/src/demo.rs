@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use tarn_api::access::{Access, NbdShare, NfsShare, Share, WebdavShare};
-use tarn_api::pool::{CreateRequest, ImportRequest, ImportResult, VdevKind, VdevSpec};
+use tarn_api::pool::{CreateRequest, Health, ImportRequest, ImportResult, VdevKind, VdevSpec};
 use tarn_api::{Backend, ErrorCode};
 
 use crate::error::{DaemonError, IoContext, Result};
@@ -116,7 +116,13 @@ pub fn run_demo(args: &DemoOptions) -> Result<()> {
         )
     })?;
 
-    let imported = backend.pool_list()?.iter().any(|p| p.name == DEMO_POOL);
+    // A pool the daemon could not bring back at start (the folder was
+    // moved, so the paths it recorded lead nowhere) is listed UNAVAIL: it
+    // is imported again from this folder below.
+    let imported = backend
+        .pool_list()?
+        .iter()
+        .any(|p| p.name == DEMO_POOL && p.health != Health::Unavail);
     let how = if imported {
         "reused"
     } else {
@@ -161,10 +167,20 @@ pub fn run_demo(args: &DemoOptions) -> Result<()> {
     let files = dir.join("files");
     // SAFETY: geteuid has no preconditions and cannot fail.
     let can_mount = unsafe { libc::geteuid() } == 0 && Path::new("/dev/fuse").exists();
-    let has_fs = backend
+    let fs_info = backend
         .dataset_list(false)?
-        .iter()
-        .any(|d| d.name == DEMO_FS);
+        .into_iter()
+        .find(|d| d.name == DEMO_FS);
+    let has_fs = fs_info.is_some();
+    // Mounted where the demo folder is now, also after it was moved.
+    let here = files.display().to_string();
+    if let Some(mp) = fs_info.and_then(|d| d.mountpoint) {
+        if can_mount && mp != here && mp != "none" {
+            std::fs::create_dir_all(&files)
+                .io_context(|| format!("cannot create {}", files.display()))?;
+            backend.dataset_set(DEMO_FS, "mountpoint", &here)?;
+        }
+    }
     if !has_fs {
         let mut props = BTreeMap::new();
         props.insert("compression".to_string(), "lz4".to_string());

@@ -1271,7 +1271,7 @@ impl Backend for Pools {
 }
 
 impl Node for Pools {
-    fn shutdown(&self) {
+    fn shutdown(&self) -> Vec<String> {
         if let Some(m) = self
             .metrics
             .lock()
@@ -1310,13 +1310,20 @@ impl Node for Pools {
         self.servers.stop();
         self.mounts.unmount_all();
         let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
+        let mut failures = Vec::new();
         for p in pools {
             if let Err(e) = p.export(false) {
                 log::warn!("tarn: exporting pool '{}': {e}", p.name());
+                failures.push(format!("pool '{}' was not exported: {e}", p.name()));
             }
         }
         // The cache keeps listing them: they come back at the next start.
-        self.events.close();
+        // A stop that failed to export a pool is not clean: the next start
+        // says so (`daemon.crashed`), as it would after a crash.
+        if failures.is_empty() {
+            self.events.close();
+        }
+        failures
     }
 }
 

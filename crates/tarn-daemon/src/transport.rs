@@ -133,7 +133,9 @@ impl DaemonOptions {
 pub trait Node: Backend {
     /// Exports every pool cleanly; called once when the daemon stops, after
     /// the last running request has finished (or the drain timed out).
-    fn shutdown(&self);
+    /// Returns what could not be done (a pool whose export failed), which
+    /// `tarn daemon stop` reports instead of success.
+    fn shutdown(&self) -> Vec<String>;
 }
 
 // ---------------------------------------------------------------------------
@@ -297,6 +299,17 @@ fn bind_socket(path: &Path) -> Result<Bound> {
         // Another user who can write the directory could swap our socket
         // for theirs; a sticky directory such as /tmp protects its entries.
         let md = fs::metadata(dir).io_context(|| format!("cannot examine {}", dir.display()))?;
+        // Whoever owns the directory can delete our socket and put theirs
+        // in its place, sticky bit or not.
+        let own = tarn_api::peer::own_uid();
+        if !tarn_api::peer::allowed(md.uid(), own) {
+            bail!(
+                "the socket directory {} belongs to uid {}, not to this user (uid {own}) or root; \
+                 choose another --socket",
+                dir.display(),
+                md.uid()
+            );
+        }
         if md.mode() & 0o022 != 0 && md.mode() & 0o1000 == 0 {
             bail!(
                 "the socket directory {} is writable by other users; \
@@ -438,6 +451,9 @@ struct Conns {
     waiting_for_stop: usize,
     /// The backend has been shut down.
     stopped: bool,
+    /// What the stop could not do ([`Node::shutdown`]), for the requests
+    /// that asked for it.
+    stop_failures: Vec<String>,
 }
 
 fn lock_activity(a: &Mutex<Activity>) -> MutexGuard<'_, Activity> {
@@ -468,7 +484,7 @@ impl Shared {
     }
 
     /// Asks the accept loop to stop and waits until the backend is shut down.
-    fn stop_and_wait(&self) {
+    fn stop_and_wait(&self) -> Vec<String> {
         let mut conns = self.lock();
         conns.waiting_for_stop += 1;
         self.stop.store(true, Ordering::SeqCst);
@@ -479,6 +495,7 @@ impl Shared {
         }
         conns.waiting_for_stop -= 1;
         self.changed.notify_all();
+        conns.stop_failures.clone()
     }
 
     /// The counters, for `daemon.stats`.
@@ -596,43 +613,11 @@ fn refuse(mut stream: UnixStream, error: ApiError) {
     let _ = stream.write_all(&Response::new(None, Err(error)).to_line());
 }
 
-/// The uid of the process at the other end of `stream`.
-fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid for writes of the sizes given, and
-    // the descriptor is open for the duration of the call.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(cred.uid)
-}
-
-/// Whether a peer of uid `peer` may use the daemon run by uid `own`: the
-/// same user, or root.
-fn peer_allowed(peer: u32, own: u32) -> bool {
-    peer == own || peer == 0
-}
-
 fn admit(stream: UnixStream, shared: &Arc<Shared>, backend: &Arc<dyn Node>) {
     let _ = stream.set_nonblocking(false);
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let own = unsafe { libc::geteuid() };
-    match peer_uid(&stream) {
-        Ok(uid) if peer_allowed(uid, own) => {}
+    let own = tarn_api::peer::own_uid();
+    match tarn_api::peer::peer_uid(&stream) {
+        Ok(uid) if tarn_api::peer::allowed(uid, own) => {}
         Ok(uid) => {
             shared.counters.refused_user.fetch_add(1, Ordering::Relaxed);
             shared.log.log(
@@ -942,7 +927,16 @@ fn answer(line: &[u8], shared: &Shared, backend: &dyn Backend) -> Response {
         Err((id, error)) => return Response::new(id, Err(error)),
     };
     if request.method == method::DAEMON_STOP {
-        shared.stop_and_wait();
+        let failures = shared.stop_and_wait();
+        if !failures.is_empty() {
+            return Response::new(
+                request.id,
+                Err(ApiError::io(format!(
+                    "the daemon stopped, but not cleanly: {}",
+                    failures.join("; ")
+                ))),
+            );
+        }
         return Response::new(request.id, Ok(serde_json::Value::Null));
     }
     let (id, called) = (request.id, request.method.clone());
@@ -1067,9 +1061,13 @@ pub fn run_daemon(opts: DaemonOptions, backend: Arc<dyn Node>) -> Result<()> {
     if !drained {
         log("requests still running after the drain timeout; exporting anyway");
     }
-    backend.shutdown();
+    let failures = backend.shutdown();
+    for f in &failures {
+        log(&format!("stopping: {f}"));
+    }
     {
         let mut conns = shared.lock();
+        conns.stop_failures = failures;
         conns.stopped = true;
         shared.changed.notify_all();
     }

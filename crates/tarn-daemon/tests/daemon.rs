@@ -309,6 +309,24 @@ fn a_live_daemon_is_not_replaced_but_a_stale_socket_is() {
         format!("{err:#}").contains("writable by other users"),
         "{err:#}"
     );
+
+    // A directory another user owns is refused, sticky or not: its owner
+    // could swap the socket for theirs (checkable only as root).
+    if tarn_api::peer::own_uid() == 0 {
+        let theirs = daemon.dir.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let err = run_daemon(
+            DaemonOptions::new(theirs.join("tarn.sock"), daemon.dir.path().join("state5")),
+            std::sync::Arc::new(FakeBackend::default()),
+        )
+        .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("belongs to uid 65534"),
+            "{err:#}"
+        );
+    }
 }
 
 #[test]
@@ -351,4 +369,25 @@ fn dispatch_refuses_bad_params_before_the_backend() {
         call(&backend, method::POOL_IMPORT, Value::Null).unwrap(),
         json!({"candidates": []})
     );
+}
+
+/// A stop that could not export a pool says so to whoever asked for it,
+/// instead of reporting success (a script's `tarn daemon stop && poweroff`
+/// must not take it for a clean stop).
+#[test]
+fn a_stop_that_failed_to_export_a_pool_is_reported() {
+    let mut daemon = TestDaemon::start(|_| {});
+    daemon
+        .backend
+        .shutdown_failures
+        .lock()
+        .unwrap()
+        .push("pool 'tank' was not exported: a device failed".into());
+    let mut client = Client::connect(&daemon.socket).unwrap();
+    let err = client.call(method::DAEMON_STOP, &Value::Null).unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(msg.contains("not cleanly"), "{msg}");
+    assert!(msg.contains("a device failed"), "{msg}");
+    daemon.join().unwrap();
+    assert_eq!(daemon.backend.shutdowns.load(Ordering::SeqCst), 1);
 }

@@ -97,13 +97,22 @@ fn group(found: Vec<Found>) -> BTreeMap<u64, Vec<Found>> {
 fn match_leaves(cfg: &LabelConfig, found: &[Found]) -> Vec<Vec<Option<usize>>> {
     cfg.tree
         .iter()
-        .map(|t| {
-            t.children
-                .iter()
-                .map(|c| found.iter().position(|f| f.config.device_guid == c.guid))
-                .collect()
-        })
+        .map(|t| t.children.iter().map(|c| newest(found, c.guid)).collect())
         .collect()
+}
+
+/// The found device that is member `guid`: of several (a copy of a member
+/// file beside it, an old disk image), the one with the newest label, so
+/// a copy taken before the pool's configuration last changed never stands
+/// in for the member; of equals, the first found.
+fn newest(found: &[Found], guid: u64) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    for (i, f) in found.iter().enumerate() {
+        if f.config.device_guid == guid && best.is_none_or(|b| f.config.txg > found[b].config.txg) {
+            best = Some(i);
+        }
+    }
+    best
 }
 
 /// Lists importable pools on the given directories and devices.
@@ -298,7 +307,7 @@ impl Pool {
             let mut tc = t.clone();
             let mut leaves = Vec::new();
             for c in tc.children.iter_mut() {
-                match found.iter().position(|f| f.config.device_guid == c.guid) {
+                match newest(found.as_slice(), c.guid) {
                     Some(i) => {
                         locks.push(lock_device(&found[i].path)?);
                         c.path = found[i].path.clone();

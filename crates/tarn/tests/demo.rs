@@ -215,4 +215,16 @@ fn demo_serves_and_survives_a_restart() {
         assert!(qemu_io(&d.nbd, &["read -P 0x5a 1M 1M", "read -P 0 0 1M"]));
     }
     interrupt(d);
+
+    // The folder moved: the paths the daemon recorded lead nowhere, and
+    // the demo imports its pool from where the folder is now.
+    let moved = tmp.path().join("moved-demo");
+    std::fs::rename(&dir, &moved).unwrap();
+    let d = start(&moved);
+    assert!(d.banner.contains("imported"), "{}", d.banner);
+    let url = format!("{}photo.raw", d.webdav);
+    let (code, body, _) = curl(&["-u", &format!("demo:{}", d.password), &url]);
+    assert_eq!(code, 200);
+    assert!(body == photo, "data changed across the move");
+    interrupt(d);
 }

@@ -83,16 +83,11 @@ fn bad_input_leaves_other_pools_serving() {
     d.stop();
 }
 
-#[test]
-fn degraded_replace_through_the_cli() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = Daemon::start(dir.path());
-    let m = files(dir.path(), "m", 4, 96 << 20);
-    d.ok(&[
-        "pool", "create", "tank", "raidz1", &m[0], &m[1], &m[2], &m[3],
-    ]);
-    let payload = dir.path().join("payload");
-    std::fs::write(&payload, pattern(9, 20 << 20)).unwrap();
+/// Stores `data` as object `big` of pool `tank`, durably; returns the
+/// file it came from, to compare with what is read back.
+fn put_big(d: &Daemon, dir: &std::path::Path, data: Vec<u8>) -> std::path::PathBuf {
+    let payload = dir.join("payload");
+    std::fs::write(&payload, data).unwrap();
     d.ok(&[
         "object",
         "put",
@@ -101,6 +96,18 @@ fn degraded_replace_through_the_cli() {
         payload.to_str().unwrap(),
         "--sync",
     ]);
+    payload
+}
+
+#[test]
+fn degraded_replace_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path());
+    let m = files(dir.path(), "m", 4, 96 << 20);
+    d.ok(&[
+        "pool", "create", "tank", "raidz1", &m[0], &m[1], &m[2], &m[3],
+    ]);
+    let payload = put_big(&d, dir.path(), pattern(9, 20 << 20));
     d.ok(&["pool", "export", "tank"]);
     std::fs::remove_file(&m[3]).unwrap();
     d.ok(&["pool", "import", "-d", dir.path().to_str().unwrap(), "tank"]);
@@ -375,4 +382,98 @@ fn the_daemon_raises_its_soft_limit_of_open_files() {
     assert_eq!(daemon_hard, hard);
     assert_eq!(soft, hard.min(1 << 20), "soft limit {soft}, hard {hard}");
     d.stop();
+}
+
+/// Members imported through a folder of links (as from `/dev/disk/by-id`)
+/// are found again at the next start when one of them is no longer where
+/// the pool recorded it (a disk renumbered at boot, a member file
+/// renamed): the daemon searches the members' folders, and the pool comes
+/// back whole, not degraded.
+#[test]
+fn a_restarted_daemon_finds_members_that_moved() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real");
+    let byid = dir.path().join("by-id");
+    std::fs::create_dir_all(&byid).unwrap();
+    std::fs::create_dir_all(&real).unwrap();
+    let m = files(&real, "d", 4, 96 << 20);
+    let links: Vec<String> = m
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let l = byid.join(format!("disk-{i}"));
+            std::os::unix::fs::symlink(f, &l).unwrap();
+            l.to_str().unwrap().to_string()
+        })
+        .collect();
+    let d = Daemon::start(dir.path());
+    d.ok(&[
+        "pool", "create", "tank", "raidz1", &links[0], &links[1], &links[2], &links[3],
+    ]);
+    let payload = put_big(&d, dir.path(), pattern(3, 4 << 20));
+    // Imported from the folder of links, as `-d /dev/disk/by-id` is: the
+    // pool records the members the links led to.
+    d.ok(&["pool", "export", "tank"]);
+    d.ok(&["pool", "import", "-d", byid.to_str().unwrap(), "tank"]);
+    d.stop();
+    // The first member moves; its link follows it, as by-id names do.
+    let moved = real.join("e0");
+    std::fs::rename(&m[0], &moved).unwrap();
+    std::fs::remove_file(&links[0]).unwrap();
+    std::os::unix::fs::symlink(&moved, &links[0]).unwrap();
+    let d = Daemon::start(dir.path());
+    let st = d.ok(&["-o", "json", "pool", "status", "tank"]);
+    let v: serde_json::Value = serde_json::from_str(&st).unwrap();
+    assert_eq!(v[0]["health"], "ONLINE", "{st}");
+    let out = dir.path().join("out");
+    d.ok(&["object", "get", "tank", "big", out.to_str().unwrap()]);
+    assert!(std::fs::read(&out).unwrap() == std::fs::read(&payload).unwrap());
+    d.stop();
+}
+
+/// The `tarn` command talks only to a daemon run by its own user or root:
+/// a daemon another user runs on a socket the command is pointed at (one
+/// put where it looks) hears nothing of what it would send, passwords
+/// included. Needs root, to run that other daemon as `nobody`.
+#[test]
+fn the_command_talks_only_to_a_daemon_of_its_own_user_or_root() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to run a daemon as another user");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let theirs = dir.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let socket = theirs.join("tarn.sock");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .arg("daemon")
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--state-dir")
+        .arg(theirs.join("state"))
+        .uid(65534)
+        .gid(65534)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !socket.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the other user's daemon did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = common::process::tarn_at(&socket, &["daemon", "ping"]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("runs as uid 65534"), "{err}");
 }

@@ -32,6 +32,8 @@ pub struct FakeBackend {
     pub scrub_polls: AtomicUsize,
     /// `pool.iostat` calls so far; each adds 100 read ops.
     pub iostat_calls: AtomicUsize,
+    /// What `shutdown` reports it could not do.
+    pub shutdown_failures: Mutex<Vec<String>>,
 }
 
 impl FakeBackend {
@@ -207,9 +209,10 @@ impl Backend for FakeBackend {
 }
 
 impl Node for FakeBackend {
-    fn shutdown(&self) {
+    fn shutdown(&self) -> Vec<String> {
         self.event("shutdown");
         self.shutdowns.fetch_add(1, Ordering::SeqCst);
+        self.shutdown_failures.lock().unwrap().clone()
     }
 }
 
