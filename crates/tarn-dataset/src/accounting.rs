@@ -23,6 +23,16 @@
 //! mutable borrow (`DirGuard` in `dsl`), and while a holder may change
 //! it nothing is kept. The open txg's own bytes (`pending`) are read
 //! fresh each time.
+//!
+//! **Counting each byte once.** `pending` is what a dataset's open and
+//! syncing txgs staged; a transaction publishes it when it ends, so each
+//! block's check also adds what its own transaction staged before it
+//! (`unpublished`). The sync adds a txg's blocks to the records' use
+//! before the txg commits: from then on they leave `pending`
+//! (`Dir::applied`) until `committed` drops the syncing overlay. A parent
+//! counts a child as the larger of its use and its reservation, so the
+//! part of a write that a dataset's own unused reservation absorbs is not
+//! counted again against the quotas above it (it is against its own).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
