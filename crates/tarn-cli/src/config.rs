@@ -253,6 +253,20 @@ pub fn parse(text: &str, file: &str, daemon: &clap::Command) -> Result<Loaded, S
             return Err(format!("{file}: {why}"));
         }
     }
+    // The daemon refuses metrics open to the network without a token, but
+    // only after it has imported its pools: said here, before any start.
+    let value = |id: &str| out.defaults.iter().find(|(i, _)| *i == id).map(|(_, v)| v);
+    if let Some(addr) = value("metrics") {
+        let open = addr
+            .parse::<std::net::SocketAddr>()
+            .is_ok_and(|a| !a.ip().is_loopback());
+        if open && !has("metrics_token_file") {
+            return Err(format!(
+                "{file}: listen.metrics on {addr} would be open to the network: give \
+                 metrics.token_file, or listen on 127.0.0.1"
+            ));
+        }
+    }
     if has("webdav_plain_http") && has("tls_cert") {
         return Err(format!(
             "{file}: tls.webdav_plain_http and a certificate (tls.cert) contradict each other"
@@ -439,11 +453,18 @@ mod tests {
             ("log_level = \"loud\"\n", "t.toml:1: `log_level`"),
             ("a = \n", "t.toml:1:"),
             ("[listen]\nnfs = \"a\"\nnfs = \"b\"\n", "t.toml:3:"),
+            (
+                "[listen]\nmetrics = \"0.0.0.0:9470\"\n",
+                "t.toml: listen.metrics on 0.0.0.0:9470 would be open to the network",
+            ),
         ];
         for (text, want) in cases {
             let e = parse_err(text);
             assert!(e.contains(want), "{text:?}: {e}");
         }
+        // Metrics on loopback, or with a token, are fine.
+        parse_ok("[listen]\nmetrics = \"127.0.0.1:9470\"\n");
+        parse_ok("[listen]\nmetrics = \"0.0.0.0:9470\"\n[metrics]\ntoken_file = \"/t\"\n");
         let e = parse_err("[engine]\ntxg_interval = 0\n");
         assert!(e.contains("1..=300"), "the flag's range is the hint: {e}");
     }

@@ -76,6 +76,10 @@ fn demo_password(dir: &Path) -> Result<String> {
     Ok(p)
 }
 
+/// The longest path a Unix socket can be bound to (`sun_path` less its
+/// terminating NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
 fn absolute(p: &Path) -> Result<PathBuf> {
     Ok(if p.is_absolute() {
         p.to_path_buf()
@@ -87,6 +91,18 @@ fn absolute(p: &Path) -> Result<PathBuf> {
 /// Runs the demo until the daemon stops.
 pub fn run_demo(args: &DemoOptions) -> Result<()> {
     let dir = absolute(&args.dir)?;
+    // The socket lives in the folder: a path the kernel cannot bind (a
+    // Unix socket's path holds at most 107 bytes) is refused before
+    // anything is made, with the option that helps.
+    let socket = dir.join("tarn.sock");
+    if socket.as_os_str().len() > MAX_SOCKET_PATH {
+        return Err(DaemonError::msg(format!(
+            "the demo folder's path is too long for its socket ({} holds {} bytes, at most \
+             {MAX_SOCKET_PATH}); choose a shorter one with --dir, such as --dir /tmp/tarn-demo",
+            socket.display(),
+            socket.as_os_str().len()
+        )));
+    }
     std::fs::create_dir_all(&dir).io_context(|| format!("cannot create {}", dir.display()))?;
     let size = args.size_mib.max(64) << 20;
     let mut devices = Vec::new();
@@ -99,7 +115,6 @@ pub fn run_demo(args: &DemoOptions) -> Result<()> {
         }
         devices.push(p.to_string_lossy().into_owned());
     }
-    let socket = dir.join("tarn.sock");
     let mut opts = DaemonOptions::new(socket.clone(), dir.join("state"));
     opts.handle_signals = true;
     let loopback = std::net::Ipv4Addr::LOCALHOST;

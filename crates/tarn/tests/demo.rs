@@ -29,20 +29,26 @@ struct Demo {
     nbd: String,
 }
 
+/// `tarn demo --dir DIR` on ports of its choosing, its input closed.
+fn demo_command(dir: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tarn"));
+    c.args([
+        "demo",
+        "--nfs-port",
+        "0",
+        "--webdav-port",
+        "0",
+        "--nbd-port",
+        "0",
+    ])
+    .arg("--dir")
+    .arg(dir)
+    .stdin(Stdio::null());
+    c
+}
+
 fn start(dir: &Path) -> Demo {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tarn"))
-        .args([
-            "demo",
-            "--nfs-port",
-            "0",
-            "--webdav-port",
-            "0",
-            "--nbd-port",
-            "0",
-        ])
-        .arg("--dir")
-        .arg(dir)
-        .stdin(Stdio::null())
+    let mut child = demo_command(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -227,4 +233,17 @@ fn demo_serves_and_survives_a_restart() {
     assert_eq!(code, 200);
     assert!(body == photo, "data changed across the move");
     interrupt(d);
+}
+
+/// A demo folder too deep for its socket is refused before anything is
+/// made in it, naming the option that helps.
+#[test]
+fn a_demo_folder_too_deep_for_its_socket_is_refused_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let deep = tmp.path().join("d".repeat(100));
+    let out = demo_command(&deep).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--dir"), "{err}");
+    assert!(!deep.exists(), "nothing is made");
 }
