@@ -286,9 +286,12 @@ impl Dir {
         let quota_cost = self.deflate(cost.saturating_add(unpublished)).max(1);
         // Of what `id` will then hold beyond its committed use (pending
         // and this write), its unused reservation covers the first part.
-        let absorbed = self
-            .unused_reservation(id)
-            .min(self.deflate(self.pending(id)).saturating_add(quota_cost));
+        let own = self.unused_reservation(id);
+        let absorbed = if own == 0 {
+            0
+        } else {
+            own.min(self.deflate(self.pending(id)).saturating_add(quota_cost))
+        };
         if let Some((an, q, _)) = self.past_quota(
             self.ancestors_and_self(id),
             quota_cost,
