@@ -98,34 +98,6 @@ pub(crate) struct CacheEntry {
     devices: Vec<PathBuf>,
 }
 
-impl CacheEntry {
-    /// Folders to search at start when the recorded paths no longer lead
-    /// to every member: disks renumbered at boot (`/dev/sdb` is another
-    /// disk now: `/dev/disk/by-id` finds each by its label), or member
-    /// files renamed beside the others (their folders). Empty when the
-    /// recorded paths find them all, so a stray copy of a member file
-    /// elsewhere is never even looked at then; when several copies of one
-    /// member are found, the import takes the newest (see `tarn-pool`).
-    pub(crate) fn search_dirs(&self) -> Vec<PathBuf> {
-        let found = tarn_pool::discover(&[], &self.devices)
-            .into_iter()
-            .find(|c| c.guid.eq_ignore_ascii_case(&self.guid))
-            .map_or(0, |c| c.devices.len());
-        if found >= self.devices.len() {
-            return Vec::new();
-        }
-        let mut dirs = BTreeSet::new();
-        for d in &self.devices {
-            if d.starts_with("/dev") {
-                dirs.insert(PathBuf::from("/dev/disk/by-id"));
-            } else if let Some(parent) = d.parent().filter(|p| !p.as_os_str().is_empty()) {
-                dirs.insert(parent.to_path_buf());
-            }
-        }
-        dirs.into_iter().filter(|d| d.is_dir()).collect()
-    }
-}
-
 /// Every imported pool of this daemon.
 pub struct Pools {
     state_dir: PathBuf,
@@ -343,8 +315,7 @@ impl Pools {
             scheduler: Mutex::new(None),
         };
         for entry in me.read_cache()? {
-            match Pool::import(
-                &entry.search_dirs(),
+            match Pool::import_recorded(
                 &entry.devices,
                 &entry.guid,
                 Some(&entry.name),

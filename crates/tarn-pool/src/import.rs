@@ -81,6 +81,64 @@ fn scan_labels(dirs: &[PathBuf], devices: &[PathBuf]) -> Vec<Found> {
     out
 }
 
+/// The devices of the one pool named `which` (a name or a hex GUID) among
+/// `groups`.
+fn pick(groups: BTreeMap<u64, Vec<Found>>, which: &str) -> Result<Vec<Found>, PoolError> {
+    let matching: Vec<u64> = groups
+        .iter()
+        .filter(|(g, f)| {
+            let c = &f[0].config;
+            c.state != PoolState::Destroyed
+                && (c.pool_name == which || format!("{g:016x}") == which.to_ascii_lowercase())
+        })
+        .map(|(g, _)| *g)
+        .collect();
+    let guid = match matching.as_slice() {
+            [] => {
+                return Err(PoolError::NotFound(format!(
+                    "no pool '{which}' found on the searched devices; run `tarn pool import -d DIR` to list what is there"
+                )))
+            }
+            [g] => *g,
+            _ => {
+                return Err(PoolError::Invalid(format!(
+                    "several pools are named '{which}'; import one by its GUID (see `tarn pool import -d DIR`)"
+                )))
+            }
+        };
+    groups
+        .into_iter()
+        .find(|(g, _)| *g == guid)
+        .map(|(_, f)| f)
+        .ok_or_else(|| PoolError::Internal("pool group vanished".into()))
+}
+
+/// Whether `found` holds every member its newest config names, log
+/// devices included.
+fn complete(found: &[Found]) -> bool {
+    let cfg = &found[0].config;
+    cfg.tree
+        .iter()
+        .chain(&cfg.logs)
+        .flat_map(|t| &t.children)
+        .all(|c| newest(found, c.guid).is_some())
+}
+
+/// Folders where members recorded at `devices` may be now: the links of
+/// `/dev/disk/by-id` for members under `/dev`, each member file's folder
+/// otherwise.
+fn search_dirs(devices: &[PathBuf]) -> Vec<PathBuf> {
+    let mut dirs = std::collections::BTreeSet::new();
+    for d in devices {
+        if d.starts_with("/dev") {
+            dirs.insert(PathBuf::from("/dev/disk/by-id"));
+        } else if let Some(parent) = d.parent().filter(|p| !p.as_os_str().is_empty()) {
+            dirs.insert(parent.to_path_buf());
+        }
+    }
+    dirs.into_iter().filter(|d| d.is_dir()).collect()
+}
+
 /// Groups found devices by pool GUID; the newest config of each group leads.
 fn group(found: Vec<Found>) -> BTreeMap<u64, Vec<Found>> {
     let mut g: BTreeMap<u64, Vec<Found>> = BTreeMap::new();
@@ -222,33 +280,44 @@ impl Pool {
         force: bool,
         opts: PoolOptions,
     ) -> Result<Arc<Pool>, PoolError> {
-        let groups = group(scan_labels(dirs, devices));
-        let matching: Vec<u64> = groups
-            .iter()
-            .filter(|(g, f)| {
-                let c = &f[0].config;
-                c.state != PoolState::Destroyed
-                    && (c.pool_name == which || format!("{g:016x}") == which.to_ascii_lowercase())
-            })
-            .map(|(g, _)| *g)
-            .collect();
-        let guid = match matching.as_slice() {
-            [] => {
-                return Err(PoolError::NotFound(format!(
-                    "no pool '{which}' found on the searched devices; run `tarn pool import -d DIR` to list what is there"
-                )))
-            }
-            [g] => *g,
-            _ => {
-                return Err(PoolError::Invalid(format!(
-                    "several pools are named '{which}'; import one by its GUID (see `tarn pool import -d DIR`)"
-                )))
-            }
+        let found = pick(group(scan_labels(dirs, devices)), which)?;
+        Self::import_found(found, new_name, force, opts)
+    }
+
+    /// Imports pool `which` from the paths recorded for its members (a
+    /// daemon's start). When they no longer lead to every member (disks
+    /// renumbered at boot, so that `/dev/sdb` is another disk now; member
+    /// files renamed beside the others), it also searches
+    /// `/dev/disk/by-id` (for members under `/dev`) and the members' own
+    /// folders; only then, so a stray copy of a member elsewhere is never
+    /// even looked at while the recorded paths do. Of several copies of
+    /// one member, the newest is taken (see `newest`).
+    pub fn import_recorded(
+        devices: &[PathBuf],
+        which: &str,
+        new_name: Option<&str>,
+        force: bool,
+        opts: PoolOptions,
+    ) -> Result<Arc<Pool>, PoolError> {
+        let first = pick(group(scan_labels(&[], devices)), which);
+        let dirs = search_dirs(devices);
+        let found = match first {
+            Ok(found) if complete(&found) || dirs.is_empty() => found,
+            Err(e) if dirs.is_empty() => return Err(e),
+            _ => pick(group(scan_labels(&dirs, devices)), which)?,
         };
-        let Some(found) = groups.into_iter().find(|(g, _)| *g == guid).map(|(_, f)| f) else {
-            return Err(PoolError::Internal("pool group vanished".into()));
-        };
+        Self::import_found(found, new_name, force, opts)
+    }
+
+    /// Imports the pool whose devices `found` are (its newest config first).
+    fn import_found(
+        found: Vec<Found>,
+        new_name: Option<&str>,
+        force: bool,
+        opts: PoolOptions,
+    ) -> Result<Arc<Pool>, PoolError> {
         let cfg = found[0].config.clone();
+        let guid = cfg.pool_guid;
         if cfg.state == PoolState::Active
             && !force
             && cfg.owner.as_deref() != Some(opts.owner.as_str())
