@@ -617,7 +617,11 @@ fn detach_stale(dir: &Path) {
         let Some(point) = line.split(' ').nth(1) else {
             continue;
         };
-        let point = PathBuf::from(unescape_mount_path(point));
+        let point = PathBuf::from(
+            <std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(
+                tarn_fuse::unescape_mount_path(point),
+            ),
+        );
         if point.starts_with(dir) && point != dir {
             match nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH) {
                 Ok(()) => log::warn!(
@@ -628,29 +632,6 @@ fn detach_stale(dir: &Path) {
             }
         }
     }
-}
-
-/// Undoes the octal escapes of `/proc/self/mounts` (`\\040` for a space).
-fn unescape_mount_path(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b[i] == b'\\'
-            && b.len() >= i + 4
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c));
-        if octal {
-            let v = u32::from(b[i + 1] - b'0') * 64
-                + u32::from(b[i + 2] - b'0') * 8
-                + u32::from(b[i + 3] - b'0');
-            out.push(u8::try_from(v).unwrap_or(b'?'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 impl Samba {
@@ -1292,18 +1273,6 @@ mod tests {
         assert_eq!(first[1], "1001");
         assert_eq!(first[3], crate::access::nt_hash("pw"));
         assert_eq!(first[3].len(), 32);
-    }
-
-    #[test]
-    fn mount_paths_are_unescaped() {
-        assert_eq!(unescape_mount_path("/a\\040b/c"), "/a b/c");
-        assert_eq!(unescape_mount_path("/a\\134b"), "/a\\b");
-        assert_eq!(unescape_mount_path("/plain"), "/plain");
-        assert_eq!(
-            unescape_mount_path("/end\\04"),
-            "/end\\04",
-            "a cut escape stays"
-        );
     }
 
     #[test]

@@ -661,12 +661,14 @@ fn mounted_at(dev: u64, path: &Path) -> bool {
     let path = path.as_os_str().as_encoded_bytes();
     info.lines().any(|l| {
         let f: Vec<&str> = l.split(' ').collect();
-        f.len() > 4 && f[2] == want && unescape_octal(f[4]) == path
+        f.len() > 4 && f[2] == want && unescape_mount_path(f[4]) == path
     })
 }
 
-/// Undoes mountinfo's escapes (`\040` for a space, and so on).
-fn unescape_octal(s: &str) -> Vec<u8> {
+/// Undoes the octal escapes of a path in `/proc/self/mountinfo` or
+/// `/proc/self/mounts` (`\040` for a space, and so on); an escape cut
+/// short or past a byte is kept as it is.
+pub fn unescape_mount_path(s: &str) -> Vec<u8> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -717,12 +719,15 @@ mod tests {
 
     #[test]
     fn mountinfo_escapes_are_undone_and_bad_ones_kept() {
-        assert_eq!(unescape_octal(r"/mnt/a\040b"), b"/mnt/a b");
-        assert_eq!(unescape_octal(r"/x\011\134y"), b"/x\t\\y");
+        assert_eq!(unescape_mount_path(r"/mnt/a\040b"), b"/mnt/a b");
+        assert_eq!(unescape_mount_path(r"/x\011\134y"), b"/x\t\\y");
         // Not three octal digits, or past a byte: taken as they are.
-        assert_eq!(unescape_octal(r"/a\9zz"), br"/a\9zz");
-        assert_eq!(unescape_octal(r"/a\777"), br"/a\777");
-        assert_eq!(unescape_octal(r"/end\04"), br"/end\04");
+        assert_eq!(unescape_mount_path(r"/a\9zz"), br"/a\9zz");
+        assert_eq!(unescape_mount_path(r"/a\777"), br"/a\777");
+        assert_eq!(unescape_mount_path(r"/end\04"), br"/end\04");
+        assert_eq!(unescape_mount_path(r"/a\040b/c"), b"/a b/c");
+        assert_eq!(unescape_mount_path(r"/a\134b"), br"/a\b");
+        assert_eq!(unescape_mount_path("/plain"), b"/plain");
     }
 
     #[test]
