@@ -14,7 +14,7 @@ use tarn_api::{Backend, ErrorCode};
 
 use crate::error::{DaemonError, IoContext, Result};
 use crate::servers::ServerOptions;
-use crate::transport::{run_daemon, DaemonOptions};
+use crate::transport::{serve, DaemonOptions, Prepared};
 
 /// Name of the demo pool.
 pub const DEMO_POOL: &str = "demo";
@@ -124,13 +124,37 @@ pub fn run_demo(args: &DemoOptions) -> Result<()> {
         nbd: Some((loopback, args.nbd_port).into()),
         ..ServerOptions::default()
     };
-    let backend = crate::start_node(&opts).map_err(|e| {
-        e.context(
-            "cannot start the demo's daemon (ports taken? try --nfs-port 0 --webdav-port 0 \
-             --nbd-port 0)",
-        )
-    })?;
+    // The socket and the stop signals first, as `tarn daemon` takes them.
+    let prepared = Prepared::take(&opts)?;
+    let backend = match crate::start_node(&opts) {
+        Ok(b) => b,
+        Err(e) => {
+            prepared.abandon();
+            return Err(e.context(
+                "cannot start the demo's daemon (ports taken? try --nfs-port 0 --webdav-port 0 \
+                 --nbd-port 0)",
+            ));
+        }
+    };
+    // A demo that cannot set itself up stops its node as a stop would
+    // (its filesystem unmounted, its pool exported) before it exits.
+    if let Err(e) = set_up(args, &dir, &devices, &socket, &backend) {
+        crate::stop_node(&backend);
+        prepared.abandon();
+        return Err(e);
+    }
+    serve(opts, backend, prepared)
+}
 
+/// Brings the demo's pool, filesystem, user, shares and volume into being
+/// (or back), and prints where they are served.
+fn set_up(
+    args: &DemoOptions,
+    dir: &Path,
+    devices: &[String],
+    socket: &Path,
+    backend: &crate::Pools,
+) -> Result<()> {
     // A pool the daemon could not bring back at start (the folder was
     // moved, so the paths it recorded lead nowhere) is listed UNAVAIL: it
     // is imported again from this folder below.
@@ -167,7 +191,7 @@ pub fn run_demo(args: &DemoOptions) -> Result<()> {
                     name: DEMO_POOL.into(),
                     vdevs: vec![VdevSpec {
                         kind: VdevKind::Raidz1,
-                        devices: devices.clone(),
+                        devices: devices.to_vec(),
                     }],
                     ashift: None,
                     properties,
@@ -212,7 +236,7 @@ pub fn run_demo(args: &DemoOptions) -> Result<()> {
         })?;
     }
     // A demo user and a share of the filesystem over NFS and WebDAV.
-    let password = demo_password(&dir)?;
+    let password = demo_password(dir)?;
     let users = backend.user_list()?;
     let user = match users.iter().find(|u| u.name == DEMO_USER) {
         Some(u) => u.clone(),
@@ -353,5 +377,5 @@ Ctrl-C stops the servers, unmounts and exports the pool cleanly; run
         socket = socket.display(),
         d1 = devices[1],
     );
-    run_daemon(opts, backend)
+    Ok(())
 }

@@ -64,7 +64,7 @@ use std::sync::Arc;
 pub use error::{DaemonError, Result};
 pub use pools::{Pools, Tuning};
 pub use servers::{NfsLimits, ServerOptions, WebdavLimits};
-pub use transport::{run_daemon, DaemonOptions, Node};
+pub use transport::{run_daemon, serve, DaemonOptions, Node, Prepared};
 
 /// Opens the state directory, imports the pools the daemon owned, and
 /// starts the NFS and WebDAV servers the options ask for.
@@ -74,17 +74,41 @@ pub fn start_node(opts: &DaemonOptions) -> Result<Arc<Pools>> {
     }
     let pools = Arc::new(Pools::open(&opts.state_dir, &opts.tuning)?);
     let _ = pools.admin_socket.set(opts.socket.clone());
-    pools.start_servers(&opts.servers)?;
-    pools.start_scheduler()?;
-    pools.start_history()?;
+    let started = pools
+        .start_servers(&opts.servers)
+        .and_then(|()| pools.start_scheduler())
+        .and_then(|()| pools.start_history());
+    if let Err(e) = started {
+        stop_node(&pools);
+        return Err(e);
+    }
     Ok(pools)
 }
 
-/// Runs the daemon in the foreground: starts the node, then serves the admin
-/// socket until a stop (signal or `daemon.stop`) and exports every pool.
+/// Takes a node whose start failed after its pools were imported (a port
+/// taken, a certificate missing) down as a stop would: servers stopped,
+/// filesystems unmounted (the process is about to exit, and a FUSE mount
+/// whose daemon is gone answers only "transport endpoint is not
+/// connected" until someone unmounts it by hand), pools exported.
+pub fn stop_node(node: &Pools) {
+    for failure in Node::shutdown(node) {
+        log::warn!("tarn: stopping after a failed start: {failure}");
+    }
+}
+
+/// Runs the daemon in the foreground: takes its socket and the stop
+/// signals, starts the node, then serves the admin socket until a stop
+/// (signal or `daemon.stop`) and exports every pool.
 pub fn run(opts: DaemonOptions) -> Result<()> {
-    let node = start_node(&opts)?;
-    run_daemon(opts, node)
+    let prepared = transport::Prepared::take(&opts)?;
+    let node = match start_node(&opts) {
+        Ok(node) => node,
+        Err(e) => {
+            prepared.abandon();
+            return Err(e);
+        }
+    };
+    transport::serve(opts, node, prepared)
 }
 
 /// Most open files the daemon asks for, whatever the hard limit says (the

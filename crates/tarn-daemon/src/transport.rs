@@ -965,16 +965,57 @@ fn answer(line: &[u8], shared: &Shared, backend: &dyn Backend) -> Response {
 // ---------------------------------------------------------------------------
 // The daemon
 
+/// What the daemon takes before it opens any pool: its admin socket and
+/// the stop signals. Taken first so that a start that cannot serve (another
+/// daemon on the socket, a folder that is not private) fails before it
+/// imports and mounts anything, and so that SIGINT/SIGTERM during a long
+/// start (pools importing, intent logs replaying) asks for a clean stop
+/// once the start is over instead of killing the process with its pools
+/// imported and its filesystems mounted. Connections that come meanwhile
+/// wait in the socket's backlog.
+pub struct Prepared {
+    bound: Bound,
+    signals: Option<SignalGuard>,
+}
+
+impl Prepared {
+    /// Binds `opts.socket` and installs the signal handlers (when
+    /// `opts.handle_signals`).
+    pub fn take(opts: &DaemonOptions) -> Result<Prepared> {
+        let bound = bind_socket(&opts.socket)?;
+        let signals = if opts.handle_signals {
+            match SignalGuard::install() {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    bound.remove_socket();
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        Ok(Prepared { bound, signals })
+    }
+
+    /// The start failed: removes the socket and gives the signals back.
+    pub fn abandon(self) {
+        self.bound.remove_socket();
+    }
+}
+
 /// Serves the admin API on `opts.socket` until SIGINT/SIGTERM (when
 /// `opts.handle_signals`) or a `daemon.stop` request, then shuts the backend
 /// down and removes the socket. Returns an error only if it cannot start.
 pub fn run_daemon(opts: DaemonOptions, backend: Arc<dyn Node>) -> Result<()> {
-    let bound = bind_socket(&opts.socket)?;
-    let mut signals = if opts.handle_signals {
-        Some(SignalGuard::install()?)
-    } else {
-        None
-    };
+    let prepared = Prepared::take(&opts)?;
+    serve(opts, backend, prepared)
+}
+
+/// [`run_daemon`] with the socket and signals taken before the backend
+/// was started (see [`Prepared`]). A stop signal that came during the
+/// start stops the daemon at once, cleanly.
+pub fn serve(opts: DaemonOptions, backend: Arc<dyn Node>, prepared: Prepared) -> Result<()> {
+    let Prepared { bound, mut signals } = prepared;
     log(&format!(
         "version {}, pid {}, listening on {}",
         env!("CARGO_PKG_VERSION"),

@@ -147,3 +147,124 @@ fn fuse_threads_flag_sets_the_workers_of_each_mount() {
         assert_eq!(workers(&d) - before, n, "threads serving one mount");
     }
 }
+
+/// Runs `tarn daemon` with state and socket under `dir` (socket `sock`)
+/// and `extra` arguments, expecting it to fail its start: the exit status
+/// and what it said. A daemon still running after 60 s fails the test.
+fn failed_start(dir: &std::path::Path, sock: &str, extra: &[&str]) -> (bool, String) {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .args(["daemon", "--socket"])
+        .arg(dir.join(sock))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed().as_secs() > 60 {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the daemon kept running where its start should have failed");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A pool `tank` on one file under `dir`, with `tank/fs` mounted at
+/// `dir/mnt` holding one file, left by a daemon stopped cleanly.
+fn pool_with_a_mount(dir: &std::path::Path) -> std::path::PathBuf {
+    let d = Daemon::start(dir);
+    let f = files(dir, "s", 1, 128 << 20);
+    d.ok(&["pool", "create", "tank", &f[0]]);
+    let mnt = dir.join("mnt");
+    let mp = format!("mountpoint={}", mnt.display());
+    d.ok(&["dataset", "create", "-o", &mp, "tank/fs"]);
+    std::fs::write(mnt.join("kept"), b"before the failed start").unwrap();
+    d.stop();
+    assert!(!is_mounted(&mnt));
+    mnt
+}
+
+/// Takes a mount a failed test left behind down.
+fn unmount_leftover(mnt: &std::path::Path) {
+    if is_mounted(mnt) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(mnt)
+            .status();
+    }
+}
+
+/// A start that fails after the pools were imported and their
+/// filesystems mounted (a server's port is taken) stops as a stop would:
+/// the mount goes (a FUSE mount whose daemon exited answers only
+/// "transport endpoint is not connected"), the pool is exported, and the
+/// next start is not taken for a crash.
+#[test]
+fn a_start_that_fails_late_unmounts_and_exports() {
+    if !require::fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = pool_with_a_mount(dir.path());
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (ok, said) = failed_start(dir.path(), "tarn.sock", &["--webdav", &addr]);
+    let left = is_mounted(&mnt);
+    unmount_leftover(&mnt);
+    assert!(!ok, "the start should fail: {said}");
+    assert!(!left, "the failed start left its mount behind: {said}");
+    assert!(
+        !dir.path().join("state/running").exists(),
+        "the failed start did not stop cleanly: {said}"
+    );
+    assert!(
+        !dir.path().join("tarn.sock").exists(),
+        "socket left: {said}"
+    );
+    drop(taken);
+    let d = Daemon::start(dir.path());
+    assert!(is_mounted(&mnt));
+    assert_eq!(
+        std::fs::read(mnt.join("kept")).unwrap(),
+        b"before the failed start"
+    );
+    let events = d.ok(&["events"]);
+    assert!(!events.contains("daemon.crashed"), "{events}");
+    d.stop();
+}
+
+/// A daemon whose admin socket is another daemon's fails before it
+/// imports or mounts anything of its own.
+#[test]
+fn a_daemon_that_cannot_have_its_socket_touches_nothing() {
+    if !require::fuse() {
+        return;
+    }
+    let other = tempfile::tempdir().unwrap();
+    let running = Daemon::start(other.path());
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = pool_with_a_mount(dir.path());
+    let sock = running.socket.to_str().unwrap().to_string();
+    let (ok, said) = failed_start(dir.path(), &sock, &[]);
+    let left = is_mounted(&mnt);
+    unmount_leftover(&mnt);
+    assert!(!ok, "the start should fail: {said}");
+    assert!(said.contains("already listening"), "{said}");
+    assert!(!left, "the failed start mounted its filesystem: {said}");
+    assert!(
+        !dir.path().join("state/running").exists(),
+        "the failed start opened its pools: {said}"
+    );
+    running.stop();
+}
