@@ -13,8 +13,9 @@
 //! **Checks per write.** Every block a transaction stages asks whether
 //! its dataset may grow ([`Dir::check_room`]): the quotas above it, and
 //! the pool's room less what other datasets hold reserved and have not
-//! used. A dataset's `used` is computed from the records (its own unique
-//! bytes, its snapshots' deadlists, its children's `used`), which walks
+//! used. A dataset's `used` is computed from the records (what its tree
+//! reaches but shares with no origin, its snapshots' deadlists, its
+//! children's `used`), which walks
 //! every record; asked per write, a pool with a thousand snapshots ran
 //! 4k writes at a twentieth of their rate. `used` changes only when the
 //! directory does (a sync, an administrative operation), so the figures
@@ -70,9 +71,11 @@ impl Dir {
         };
         let from = self.origin_txg(id);
         let mut snaps = self.dead_from(id, from);
-        for s in self.snapshots_of(id) {
-            snaps.add(self.dead_from(s, from));
+        let chain = self.snapshots_of(id);
+        for s in &chain {
+            snaps.add(self.dead_from(*s, from));
         }
+        let by_ds = self.head_used(r, &chain);
         let mut children = Sums::default();
         for c in self.children_of(id) {
             let u = self.used(c);
@@ -82,7 +85,35 @@ impl Dir {
                 ..u
             });
         }
-        (r.unique, snaps, children)
+        (by_ds, snaps, children)
+    }
+
+    /// What a head holds that was born in it: every block its tree
+    /// reaches (`referenced`) but those it still shares with its origin
+    /// snapshot (ZFS's `usedbydataset`). Blocks it shares with its own
+    /// snapshots count here, not in `unique` (which is what was born
+    /// since the last snapshot, `written`): a snapshot moves nothing out
+    /// of a dataset's use until the head lets go of a block. The shared
+    /// part of a clone is its origin's `referenced` less the origin's
+    /// blocks the clone has let go of since, which its deadlists (the
+    /// head's and its snapshots') hold in the buckets below the origin's
+    /// txg (a block born at or before it sorts below it).
+    fn head_used(&self, r: &DsRec, chain: &[u64]) -> Sums {
+        let Some(o) = r.origin.and_then(|o| self.recs.get(&o)) else {
+            return r.referenced;
+        };
+        let below = o.created_txg;
+        let mut shared = o.referenced;
+        for m in chain.iter().copied().chain([r.id]) {
+            if let Some(m) = self.recs.get(&m) {
+                for s in m.dead.range(..below).map(|(_, s)| *s) {
+                    shared.sub(s);
+                }
+            }
+        }
+        let mut own = r.referenced;
+        own.sub(shared);
+        own
     }
 
     pub(crate) fn used(&self, id: u64) -> Sums {
@@ -135,6 +166,12 @@ impl Dir {
     }
 
     /// `used(d).asize`, kept in the memo while the directory is unchanged.
+    /// What a quota of `id` counts: its use with everything under it and
+    /// what is staged for it, in user bytes.
+    pub(crate) fn user_used(&self, id: u64) -> u64 {
+        self.deflate(self.used_asize(id).saturating_add(self.pending(id)))
+    }
+
     fn used_asize(&self, d: u64) -> u64 {
         // Its own statement: the borrow ends before `keep` borrows mutably.
         let got = self.memo.used.borrow().get(&d).copied();
@@ -229,7 +266,7 @@ impl Dir {
     ) -> Option<(String, u64, u64)> {
         datasets.into_iter().find_map(|a| {
             let q = self.prop_u64(a, "quota")?;
-            let used = self.deflate(self.used_asize(a).saturating_add(self.pending(a)));
+            let used = self.user_used(a);
             let absorbed = match relief {
                 Some((d, r)) if d != a => r,
                 _ => 0,

@@ -638,75 +638,71 @@ pub fn promote(pool: &Pool, name: &str) -> Result<(), DsError> {
         }
         new_bounds.sort_unstable();
         new_bounds.dedup();
-        let r = (|| -> Result<(), DsError> {
-            for m in chain {
-                let (dl, below) = {
-                    let r = dsl.rec(m)?;
-                    (r.deadlist, orec.created_txg)
+        // Read first: each deadlist entry of the chain born before the
+        // origin, and the sums of the buckets it goes to.
+        let below = orec.created_txg;
+        let mut plans: Vec<DeadMove> = Vec::with_capacity(chain.len());
+        for m in chain {
+            let dl = dsl.rec(m)?.deadlist;
+            let lo = dead_prefix(dl, None);
+            let hi = dead_prefix(dl, Some(below));
+            let mut moved: Vec<(Vec<u8>, BlockPtr, u64)> = Vec::new();
+            let mut sums: BTreeMap<u64, Sums> = BTreeMap::new();
+            let mut start = Bound::Included(lo);
+            loop {
+                let page =
+                    cx.meta_range(start.as_ref().map(Vec::as_slice), Bound::Excluded(&hi), 512)?;
+                let Some(last) = page.last().map(|(k, _)| k.clone()) else {
+                    break;
                 };
-                let lo = dead_prefix(dl, None);
-                let hi = dead_prefix(dl, Some(below));
-                let mut moved: Vec<(Vec<u8>, BlockPtr)> = Vec::new();
-                let mut start = Bound::Included(lo);
-                loop {
-                    let page = cx.meta_range(
-                        start.as_ref().map(Vec::as_slice),
-                        Bound::Excluded(&hi),
-                        512,
-                    )?;
-                    let Some(last) = page.last().map(|(k, _)| k.clone()) else {
-                        break;
-                    };
-                    for (k, v) in page {
-                        moved.push((k, BlockPtr::decode(&v)?));
-                    }
-                    start = Bound::Excluded(last);
-                }
-                let mut sums: BTreeMap<u64, Sums> = BTreeMap::new();
-                for (k, bp) in &moved {
-                    cx.meta_delete(k)?;
+                for (k, v) in page {
+                    let bp = BlockPtr::decode(&v)?;
                     let bucket = new_bounds
                         .iter()
                         .copied()
                         .filter(|t| *t < bp.birth)
                         .max()
                         .unwrap_or(0);
-                    cx.meta_put(&dead_key(dl, bucket, bp), &bp.encode())?;
-                    sums.entry(bucket).or_default().add(Sums::of(bp));
+                    sums.entry(bucket).or_default().add(Sums::of(&bp));
+                    moved.push((k, bp, bucket));
                 }
-                if let Some(r) = dsl.recs.get_mut(&m) {
-                    r.dead.retain(|b, _| *b >= below);
-                    for (b, s) in sums {
-                        r.dead.entry(b).or_default().add(s);
-                    }
-                }
-                dsl.dirty_recs.insert(m);
+                start = Bound::Excluded(last);
             }
+            plans.push(DeadMove {
+                id: m,
+                dl,
+                moved,
+                sums,
+            });
+        }
+        let shape = PromoteShape {
+            clone: c,
+            head: h,
+            origin,
+            grand,
+            below,
+            moving: moving.clone(),
+        };
+        check_promote_quota(dsl, &shape, &plans, name)?;
+        let r = (|| -> Result<(), DsError> {
+            for p in &plans {
+                for (k, bp, bucket) in &p.moved {
+                    cx.meta_delete(k)?;
+                    cx.meta_put(&dead_key(p.dl, *bucket, bp), &bp.encode())?;
+                }
+                dsl.dirty_recs.insert(p.id);
+            }
+            shape.apply(&mut dsl.recs, &plans);
             for (s, new) in renames {
                 if let Some(r) = dsl.recs.get_mut(&s) {
                     dsl.names.remove(&r.name);
                     r.name = new.clone();
-                    r.head = Some(c);
                     dsl.names.insert(new, s);
                 }
                 dsl.dirty_recs.insert(s);
             }
-            if let Some(r) = dsl.recs.get_mut(&origin) {
-                r.clones.retain(|x| *x != c);
-                r.clones.push(h);
-            }
             if let Some(g) = grand {
-                if let Some(r) = dsl.recs.get_mut(&g) {
-                    r.clones.retain(|x| *x != h);
-                    r.clones.push(c);
-                }
                 dsl.dirty_recs.insert(g);
-            }
-            if let Some(r) = dsl.recs.get_mut(&c) {
-                r.origin = grand;
-            }
-            if let Some(r) = dsl.recs.get_mut(&h) {
-                r.origin = Some(origin);
             }
             dsl.dirty_recs.insert(c);
             dsl.dirty_recs.insert(h);
@@ -715,6 +711,116 @@ pub fn promote(pool: &Pool, name: &str) -> Result<(), DsError> {
         })();
         applied(cx, "promote", r)
     })
+}
+
+/// One deadlist of a promoted clone's chain: its entries born before the
+/// origin, each with the bucket it moves to, and those buckets' sums.
+struct DeadMove {
+    id: u64,
+    dl: u64,
+    moved: Vec<(Vec<u8>, BlockPtr, u64)>,
+    sums: BTreeMap<u64, Sums>,
+}
+
+/// Who a promote moves what between: the clone, the origin's filesystem,
+/// the origin snapshot, that filesystem's own origin, and the snapshots
+/// that change hands (the origin and every older one).
+struct PromoteShape {
+    clone: u64,
+    head: u64,
+    origin: u64,
+    grand: Option<u64>,
+    below: u64,
+    moving: Vec<u64>,
+}
+
+impl PromoteShape {
+    /// The records' side of a promote (not the names, not the deadlist
+    /// entries): done to the directory's records, and to a copy of them
+    /// to see the space figures after it before anything changes.
+    fn apply(&self, recs: &mut BTreeMap<u64, DsRec>, plans: &[DeadMove]) {
+        for p in plans {
+            if let Some(r) = recs.get_mut(&p.id) {
+                r.dead.retain(|b, _| *b >= self.below);
+                for (b, s) in &p.sums {
+                    r.dead.entry(*b).or_default().add(*s);
+                }
+            }
+        }
+        for s in &self.moving {
+            if let Some(r) = recs.get_mut(s) {
+                r.head = Some(self.clone);
+            }
+        }
+        if let Some(r) = recs.get_mut(&self.origin) {
+            r.clones.retain(|x| *x != self.clone);
+            r.clones.push(self.head);
+        }
+        if let Some(g) = self.grand {
+            if let Some(r) = recs.get_mut(&g) {
+                r.clones.retain(|x| *x != self.head);
+                r.clones.push(self.clone);
+            }
+        }
+        if let Some(r) = recs.get_mut(&self.clone) {
+            r.origin = self.grand;
+        }
+        if let Some(r) = recs.get_mut(&self.head) {
+            r.origin = Some(self.origin);
+        }
+    }
+}
+
+/// Refuses a promote that would take a dataset past its quota: the
+/// clone takes over the origin's snapshots and the space only they hold,
+/// which its own ancestors (those not above the origin's filesystem too)
+/// count from then on, as ZFS refuses. A quota already exceeded refuses
+/// only a promote that adds to it.
+fn check_promote_quota(
+    dsl: &mut Dir,
+    shape: &PromoteShape,
+    plans: &[DeadMove],
+    name: &str,
+) -> Result<(), DsError> {
+    let shared = dsl.ancestors_and_self(shape.head);
+    let gaining: Vec<u64> = dsl
+        .ancestors_and_self(shape.clone)
+        .into_iter()
+        .filter(|a| !shared.contains(a))
+        .filter(|a| dsl.prop_u64(*a, "quota").is_some())
+        .collect();
+    if gaining.is_empty() {
+        return Ok(());
+    }
+    let figures = |dsl: &Dir| -> Vec<u64> {
+        gaining
+            .iter()
+            .map(|a| dsl.user_used(*a))
+            .collect::<Vec<u64>>()
+    };
+    let before = figures(dsl);
+    // The directory is held exclusively and its kept figures are off
+    // while it is (`DirGuard`): the copy's figures are computed, not kept.
+    let mut after_recs = dsl.recs.clone();
+    shape.apply(&mut after_recs, plans);
+    std::mem::swap(&mut dsl.recs, &mut after_recs);
+    let after = figures(dsl);
+    std::mem::swap(&mut dsl.recs, &mut after_recs);
+    for ((a, was), now) in gaining.iter().zip(before).zip(after) {
+        let Some(q) = dsl.prop_u64(*a, "quota") else {
+            continue;
+        };
+        if now > q && now > was {
+            let an = dsl.rec(*a)?.name.clone();
+            return Err(DsError::Quota(format!(
+                "promoting '{name}' would take '{an}' past its quota of {} ({} used after it): \
+                 the clone takes over the origin's older snapshots and the space they hold",
+                props::human_bytes(q),
+                props::human_bytes(now)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Returns filesystem `fs` to snapshot `fs@snap`. Newer snapshots must be

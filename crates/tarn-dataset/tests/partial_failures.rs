@@ -589,3 +589,97 @@ fn bad_ranges_and_keys_are_refused_not_fatal() {
         .unwrap()
         .is_some());
 }
+
+/// A promoted clone takes over the origin's older snapshots and the space
+/// only they hold; a promote that would take one of the clone's own
+/// ancestors past its quota is refused before anything changes, as ZFS
+/// refuses it, and goes through once the quota allows it.
+#[test]
+fn a_promote_that_would_pass_a_quota_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path());
+    for n in ["tank/a", "tank/b"] {
+        ds::create(&pool, n, &none(), false).unwrap();
+    }
+    let a = ds::open(&pool, "tank/a").unwrap();
+    let mut rng = tarn_testkit::data::Rng::new(9);
+    for i in 0..40 {
+        let data = rng.bytes(50_000);
+        a.txn::<_, DsError>(true, |t| t.write_block(&key(i), data.clone()))
+            .unwrap();
+    }
+    pool.sync().unwrap();
+    snap(&pool, "tank/a@s");
+    ds::clone(&pool, "tank/a@s", "tank/b/c", &none()).unwrap();
+    // The origin's filesystem lets go of its data: the snapshot, and the
+    // clone, hold it now.
+    for i in 0..40 {
+        a.txn::<_, DsError>(true, |t| t.delete(&key(i)).map(|_| ()))
+            .unwrap();
+    }
+    pool.sync().unwrap();
+    ds::set_prop(&pool, "tank/b", "quota", "1M").unwrap();
+    let before = (
+        names(&pool),
+        used_of(&pool, "tank/a"),
+        used_of(&pool, "tank/b"),
+    );
+    assert!(before.2 < 1 << 20, "{before:?}");
+    let e = ds::promote(&pool, "tank/b/c").unwrap_err();
+    assert!(
+        matches!(&e, DsError::Quota(m) if m.contains("tank/b")),
+        "{e}"
+    );
+    let after = (
+        names(&pool),
+        used_of(&pool, "tank/a"),
+        used_of(&pool, "tank/b"),
+    );
+    assert_eq!(after, before, "nothing changed");
+    assert_eq!(pool.health(), tarn_pool::status::Health::Online);
+    ds::set_prop(&pool, "tank/b", "quota", "10M").unwrap();
+    ds::promote(&pool, "tank/b/c").unwrap();
+    let moved = used_of(&pool, "tank/b");
+    assert!(
+        moved > 1 << 20,
+        "the snapshot's space moved to tank/b: {moved}"
+    );
+    assert!(names(&pool).contains(&"tank/b/c@s".to_string()));
+    pool.sync().unwrap();
+    let s = tarn_testkit::pools::scrub(&pool);
+    assert_eq!(s.errors, 0, "{s:?}");
+}
+
+/// A snapshot takes nothing out of its dataset's use: the blocks the head
+/// shares with it are the dataset's until the head lets go of them, so a
+/// quota cannot be passed by taking snapshots between writes, and `used`
+/// is what destroying the dataset with its snapshots would free.
+#[test]
+fn a_snapshot_does_not_take_data_out_of_a_quota() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path());
+    ds::create(&pool, "tank/q", &none(), false).unwrap();
+    ds::set_prop(&pool, "tank/q", "quota", "1M").unwrap();
+    let q = ds::open(&pool, "tank/q").unwrap();
+    let mut rng = tarn_testkit::data::Rng::new(10);
+    let mut refused = None;
+    for round in 0..6u64 {
+        let r = (0..5u64).try_for_each(|i| {
+            let data = rng.bytes(50_000);
+            q.txn::<_, DsError>(true, |t| t.write_block(&key(round * 5 + i), data.clone()))
+        });
+        if let Err(e) = r {
+            refused = Some((round, e));
+            break;
+        }
+        pool.sync().unwrap();
+        let used = used_of(&pool, "tank/q");
+        snap(&pool, &format!("tank/q@r{round}"));
+        pool.sync().unwrap();
+        assert_eq!(used_of(&pool, "tank/q"), used, "a snapshot changed used");
+    }
+    let (round, e) = refused.expect("snapshots let the writes pass the quota");
+    assert!(matches!(e, DsError::Quota(_)), "{e}");
+    assert!(round < 5, "{round}");
+    assert!(used_of(&pool, "tank/q") <= 1 << 20);
+}
