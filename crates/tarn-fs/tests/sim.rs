@@ -547,6 +547,9 @@ fn options(plan: &Plan, owner: &str) -> PoolOptions {
         owner: owner.to_string(),
         sync_threads: 1,
         discard_log: false,
+        // Small chunks: the crashes and imports here go through space
+        // maps written in several blocks too.
+        space_chunk_bytes: 16 << 10,
     }
 }
 

@@ -171,6 +171,11 @@ pub struct PoolOptions {
     /// (a missing log device, device errors, a damaged referenced block),
     /// keeping the part before the damage.
     pub discard_log: bool,
+    /// Largest block the space maps are written in (at most, and by
+    /// default, [`crate::SPACE_CHUNK_MAX`]); a larger encoding is cut into
+    /// chunks of this size (docs/format.md). Smaller only in tests, which
+    /// go through the chunks with a small pool.
+    pub space_chunk_bytes: usize,
 }
 
 impl PoolOptions {
@@ -194,6 +199,7 @@ impl Default for PoolOptions {
                 .unwrap_or(2)
                 .min(8),
             discard_log: false,
+            space_chunk_bytes: crate::SPACE_CHUNK_MAX,
         }
     }
 }

@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tarn_block::pipeline;
 use tarn_space::SpaceMap;
 use tarn_tree::Tree;
 use tarn_vdev::{LabelConfig, Leaf, LeafState, PoolState, TopHealth, TopVdev};
@@ -21,7 +20,7 @@ use crate::config::{PoolOptions, PoolProps};
 use crate::pool::{MetaState, Pool, K_PROPS, K_STATE};
 use crate::status::{Health, ImportCandidate};
 use crate::store::ReadStore;
-use crate::sync::decode_space_root;
+use crate::sync::{decode_space_root, read_space_root, SpaceBlocks};
 use crate::uberblock::Uberblock;
 use crate::vdevs::lock_device;
 use crate::PoolError;
@@ -219,7 +218,7 @@ fn load_txg(
     tops: &[Arc<TopVdev>],
     cache: &tarn_block::BlockCache,
     ub: &Uberblock,
-) -> Result<(Tree, Vec<SpaceMap>, PoolProps, MetaState), PoolError> {
+) -> Result<(Tree, Vec<SpaceMap>, SpaceBlocks, PoolProps, MetaState), PoolError> {
     let rs = ReadStore {
         tops,
         cache,
@@ -228,8 +227,12 @@ fn load_txg(
     if !ub.meta_root.is_hole() {
         tarn_tree::walk(&rs, &ub.meta_root, 0, &mut |_| Ok(()), &mut |_, _| Ok(()))?;
     }
-    let space_bytes = pipeline::read_block(tops, &ub.space_root, None)?;
+    let (space_bytes, chunks) = read_space_root(tops, &ub.space_root)?;
     let space = decode_space_root(&space_bytes, tops.len())?;
+    let space_blocks = SpaceBlocks {
+        root: ub.space_root,
+        chunks,
+    };
     for (m, t) in space.iter().zip(tops) {
         // With a member missing, the vdev cannot know its recorded size from
         // the devices alone: adopt the one the space map was built for.
@@ -265,7 +268,7 @@ fn load_txg(
             .map_err(|e| PoolError::Corrupt(format!("pool state: {e}")))?,
         None => MetaState::default(),
     };
-    Ok((meta, space, props, ms))
+    Ok((meta, space, space_blocks, props, ms))
 }
 
 impl Pool {
@@ -439,7 +442,7 @@ impl Pool {
         for t in &tops {
             t.set_self_heal(true);
         }
-        let Some((ub, (meta, space, props, mut ms))) = loaded else {
+        let Some((ub, (meta, space, space_blocks, props, mut ms))) = loaded else {
             return Err(PoolError::Corrupt(format!(
                 "pool '{}': no uberblock with a verifiable tree ({})",
                 cfg.pool_name,
@@ -503,7 +506,7 @@ impl Pool {
             newest_seen,
             meta,
             space,
-            ub.space_root,
+            space_blocks,
             props,
             ms,
             locks,

@@ -63,6 +63,7 @@ pub use import::discover;
 pub use pool::Pool;
 pub use scan::{LeakReport, ScanAction};
 pub use store::{OwnedHold, ReadStore};
+pub use sync::SPACE_CHUNK_MAX;
 pub use zil::LogCommit;
 
 use tarn_block::BlockError;

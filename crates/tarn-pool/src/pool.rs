@@ -83,7 +83,8 @@ pub(crate) struct State {
     /// vdev: offset → (length, txg). The sync of txg T leaves those of
     /// later txgs out of the space maps it writes (see `space`).
     pub uncommitted: Vec<BTreeMap<u64, (u64, u64)>>,
-    pub space_root: BlockPtr,
+    /// The blocks of the committed space maps (the uberblock's root).
+    pub space_root: crate::sync::SpaceBlocks,
     /// Root of the committed meta tree (what scans walk).
     pub meta_root: BlockPtr,
     pub props: PoolProps,
@@ -237,7 +238,7 @@ impl Pool {
             0,
             Tree::new(),
             space,
-            BlockPtr::default(),
+            crate::sync::SpaceBlocks::default(),
             pprops,
             ms,
             locks,
@@ -271,7 +272,7 @@ impl Pool {
         txg: u64,
         meta: Tree,
         space: Vec<SpaceMap>,
-        space_root: BlockPtr,
+        space_root: crate::sync::SpaceBlocks,
         props: PoolProps,
         ms: MetaState,
         locks: Vec<File>,

@@ -18,6 +18,12 @@ impl Pool {
         (size, alloc, free)
     }
 
+    /// How many blocks the committed space maps are written in: one, or
+    /// their chunks and the index that lists them (see docs/format.md).
+    pub fn space_map_blocks(&self) -> usize {
+        self.lock().space_root.all().count()
+    }
+
     /// Overall health.
     pub fn health(&self) -> Health {
         if self.fault.lock().map(|f| f.is_some()).unwrap_or(true) {

@@ -573,7 +573,7 @@ impl Pool {
         let (space_root, meta_root, allocated, deferred) = {
             let st = self.lock();
             (
-                st.space_root,
+                st.space_root.clone(),
                 st.meta_root,
                 st.space.iter().map(|m| m.allocated()).sum(),
                 st.space.iter().map(|m| m.deferred()).sum(),
@@ -596,7 +596,9 @@ impl Pool {
                 }
             }
         };
-        add(&space_root);
+        for bp in space_root.all() {
+            add(bp);
+        }
         for d in self.log_allocated() {
             seen.borrow_mut()
                 .entry((d.vdev, d.offset))
@@ -829,14 +831,16 @@ impl Pool {
         if phase == 0 {
             let st = self.lock();
             let root = st.meta_root;
-            let space_root = st.space_root;
+            let space_root = st.space_root.clone();
             let hold = self.holds.hold(st.txg);
             drop(st);
             let rs = self.read_store();
             let mut batch: Batch = Vec::new();
             let ext_scan = self.scan_fn();
-            if !space_root.is_hole() && in_window(&space_root) {
-                batch.push((space_root, Who::Meta));
+            for bp in space_root.all() {
+                if !bp.is_hole() && in_window(bp) {
+                    batch.push((*bp, Who::Meta));
+                }
             }
             let ext_blocks = std::cell::RefCell::new(Vec::new());
             if !root.is_hole() {

@@ -10,7 +10,7 @@
 //! txg stays intact.
 
 use tarn_block::pipeline::{self, Missed, Prepared};
-use tarn_block::{BlockPtr, BlockType, CompressAlg};
+use tarn_block::{BlockPtr, BlockType, CompressAlg, BLOCK_PTR_SIZE};
 use tarn_space::{SpaceMap, DEFER_TXGS};
 
 use tarn_vdev::LeafState;
@@ -23,12 +23,80 @@ use crate::PoolError;
 /// Magic of the space-root block.
 const SPACE_ROOT_MAGIC: &[u8; 4] = b"TSPR";
 
+/// The space root's encoding as one block (version 1 of the root).
+const SPACE_ROOT_VERSION: u32 = 1;
+
+/// The space root as an index of chunks holding that encoding (version 2).
+const SPACE_INDEX_VERSION: u32 = 2;
+
+/// Largest block an encoding of the space maps is written in. A block holds
+/// at most 16 MiB, and the maps of a large, fragmented pool (16 bytes per
+/// allocated extent, 24 per deferred free: a delete of 100 GiB of 128 KiB
+/// records defers 800,000) need more: such an encoding is cut into chunks
+/// of this size, listed by a small index block (see docs/format.md).
+pub const SPACE_CHUNK_MAX: usize = 8 << 20;
+
+/// The blocks the committed space maps are written in: the root the
+/// uberblock points at, and the chunks it lists (none when the root holds
+/// the maps itself).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SpaceBlocks {
+    pub root: BlockPtr,
+    pub chunks: Vec<BlockPtr>,
+}
+
+impl SpaceBlocks {
+    /// Every block, the root first.
+    pub(crate) fn all(&self) -> impl Iterator<Item = &BlockPtr> {
+        std::iter::once(&self.root).chain(&self.chunks)
+    }
+}
+
+/// Reads the space root `root` (one block, or an index of chunks) and
+/// returns the maps' encoding with the chunks it was read from; every
+/// length is checked.
+pub(crate) fn read_space_root(
+    tops: &[std::sync::Arc<tarn_vdev::TopVdev>],
+    root: &BlockPtr,
+) -> Result<(Vec<u8>, Vec<BlockPtr>), PoolError> {
+    let b = pipeline::read_block(tops, root, None)?;
+    let version = b
+        .get(4..8)
+        .map(|v| u32::from_le_bytes([v[0], v[1], v[2], v[3]]));
+    if b.get(..4) != Some(&SPACE_ROOT_MAGIC[..]) || version != Some(SPACE_INDEX_VERSION) {
+        return Ok((b, Vec::new()));
+    }
+    let bad = |w: &str| PoolError::Corrupt(format!("space root index: {w}"));
+    let head = b.get(8..20).ok_or_else(|| bad("truncated"))?;
+    let n = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    let total = u64::from_le_bytes(head[4..12].try_into().map_err(|_| bad("truncated"))?);
+    let ptrs = b
+        .get(20..20 + n.saturating_mul(BLOCK_PTR_SIZE))
+        .ok_or_else(|| bad(&format!("{n} chunks do not fit the block")))?;
+    if n == 0 || total > (n as u64).saturating_mul(tarn_block::bp::MAX_LSIZE as u64) {
+        return Err(bad(&format!("{n} chunks for {total} bytes")));
+    }
+    let chunks = ptrs
+        .chunks_exact(BLOCK_PTR_SIZE)
+        .map(BlockPtr::decode)
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut body = Vec::with_capacity(total as usize);
+    for c in &chunks {
+        body.extend_from_slice(&pipeline::read_block(tops, c, None)?);
+    }
+    if (body.len() as u64) < total {
+        return Err(bad(&format!("{} bytes in chunks for {total}", body.len())));
+    }
+    body.truncate(total as usize);
+    Ok((body, chunks))
+}
+
 /// Encodes every space map into one block (see docs/format.md), leaving
 /// out each vdev's `later` allocations (see `space`).
 fn encode_space_root(space: &[SpaceMap], later: &[Vec<(u64, u64)>], len: usize) -> Vec<u8> {
     let mut b = Vec::with_capacity(len);
     b.extend_from_slice(SPACE_ROOT_MAGIC);
-    b.extend_from_slice(&1u32.to_le_bytes());
+    b.extend_from_slice(&SPACE_ROOT_VERSION.to_le_bytes());
     b.extend_from_slice(&(space.len() as u32).to_le_bytes());
     for (i, m) in space.iter().enumerate() {
         let e = m.encode_excluding(later.get(i).map_or(&[][..], Vec::as_slice));
@@ -152,8 +220,9 @@ impl Pool {
         // 4. The space maps, which must include their own new block and
         // leave out what later txgs allocated.
         let space_root = self.sync_space_maps(txg, &mut missed)?;
+        let space_root_ptr = space_root.root;
         // 5. Flush, the uberblock on every leaf that has the whole txg, flush.
-        self.write_uberblocks(txg, meta_root, space_root, &mut missed)?;
+        self.write_uberblocks(txg, meta_root, space_root_ptr, &mut missed)?;
         // 6. Committed: only now may anything rely on txg `txg`.
         self.sync_done(sync, txg, meta_root, space_root, missed);
         Ok(txg)
@@ -224,8 +293,8 @@ impl Pool {
             self.cache.forget(self.guid, bp);
         }
         let mut st = self.lock();
-        if !st.space_root.is_hole() {
-            all_frees.push(st.space_root);
+        if !st.space_root.root.is_hole() {
+            all_frees.extend(st.space_root.all().copied());
         }
         for bp in &all_frees {
             if bp.birth >= txg {
@@ -256,38 +325,94 @@ impl Pool {
         Ok(meta_root)
     }
 
-    /// Step 4: allocates the space-root block first, then encodes every map
-    /// (so the encoding includes its own allocation, and leaves out the
+    /// Step 4: allocates the space-root block first (or, for a large
+    /// encoding, its chunks and their index), then encodes every map (so
+    /// the encoding includes its own allocations, and leaves out the
     /// allocations of later txgs: see `space`), then writes it.
-    fn sync_space_maps(&self, txg: u64, missed: &mut Vec<Missed>) -> Result<BlockPtr, PoolError> {
-        let (alg, body, dvas) = {
+    fn sync_space_maps(
+        &self,
+        txg: u64,
+        missed: &mut Vec<Missed>,
+    ) -> Result<SpaceBlocks, PoolError> {
+        let (alg, body, chunk, chunk_dvas, index_dvas) = {
             let mut st = self.lock();
             let alg = st.props.checksum_alg();
             let meta_copies = st.props.metadata_copies();
             let later: Vec<Vec<(u64, u64)>> = (0..st.space.len())
                 .map(|v| Self::later_allocations(&st, v, txg))
                 .collect();
-            let bound = 12
-                + st.space
-                    .iter()
-                    .zip(&later)
-                    .map(|(m, l)| 4 + m.encoded_len_bound(meta_copies + 1 + l.len()))
-                    .sum::<usize>();
-            let bound = bound.next_multiple_of(512);
-            let dvas = self.allocate(&mut st, bound as u64, meta_copies, false, None)?;
+            // The size after `allocs` more allocations of `meta_copies`
+            // copies each (one allocation adds at most one extent).
+            let bound_for = |allocs: usize| {
+                let extra = meta_copies * allocs + 1;
+                let b = 12
+                    + st.space
+                        .iter()
+                        .zip(&later)
+                        .map(|(m, l)| 4 + m.encoded_len_bound(extra + l.len()))
+                        .sum::<usize>();
+                b.next_multiple_of(512)
+            };
+            // One block, or as many chunks as the bound needs plus their
+            // index, which are allocations the bound must count too.
+            let chunk = (self.opts.space_chunk_bytes.clamp(4096, SPACE_CHUNK_MAX) / 512) * 512;
+            let mut chunks = 1usize;
+            let bound = loop {
+                let b = bound_for(if chunks == 1 { 1 } else { chunks + 1 });
+                let need = b.div_ceil(chunk).max(1);
+                if need <= chunks {
+                    break b;
+                }
+                chunks = need;
+            };
+            let mut chunk_dvas = Vec::with_capacity(chunks);
+            for i in 0..chunks {
+                let len = (bound - i * chunk).min(chunk);
+                chunk_dvas.push(self.allocate(&mut st, len as u64, meta_copies, false, None)?);
+            }
+            let index_dvas = if chunks > 1 {
+                let len = (20 + chunks * BLOCK_PTR_SIZE).next_multiple_of(512);
+                Some(self.allocate(&mut st, len as u64, meta_copies, false, None)?)
+            } else {
+                None
+            };
             let body = encode_space_root(&st.space, &later, bound);
-            (alg, body, dvas)
+            (alg, body, chunk, chunk_dvas, index_dvas)
         };
-        let p = Prepared {
-            checksum: tarn_block::checksum(alg, &body),
-            lsize: body.len() as u32,
-            compress: CompressAlg::Off,
-            checksum_alg: alg,
-            stored: body.into(),
-            seal: None,
+        let write = |bytes: Vec<u8>, dvas: &[tarn_block::Dva], missed: &mut Vec<Missed>| {
+            let p = Prepared {
+                checksum: tarn_block::checksum(alg, &bytes),
+                lsize: bytes.len() as u32,
+                compress: CompressAlg::Off,
+                checksum_alg: alg,
+                stored: bytes.into(),
+                seal: None,
+            };
+            missed.extend(pipeline::write_copies(&self.tops, dvas, &p.stored)?);
+            Ok::<_, PoolError>(pipeline::make_ptr(&p, dvas, txg, BlockType::SpaceMap, 0))
         };
-        missed.extend(pipeline::write_copies(&self.tops, &dvas, &p.stored)?);
-        Ok(pipeline::make_ptr(&p, &dvas, txg, BlockType::SpaceMap, 0))
+        let Some(index_dvas) = index_dvas else {
+            let root = write(body, &chunk_dvas[0], missed)?;
+            return Ok(SpaceBlocks {
+                root,
+                chunks: Vec::new(),
+            });
+        };
+        let mut chunks = Vec::with_capacity(chunk_dvas.len());
+        for (piece, dvas) in body.chunks(chunk).zip(&chunk_dvas) {
+            chunks.push(write(piece.to_vec(), dvas, missed)?);
+        }
+        let mut index = Vec::with_capacity(20 + chunks.len() * BLOCK_PTR_SIZE);
+        index.extend_from_slice(SPACE_ROOT_MAGIC);
+        index.extend_from_slice(&SPACE_INDEX_VERSION.to_le_bytes());
+        index.extend_from_slice(&(chunks.len() as u32).to_le_bytes());
+        index.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        for c in &chunks {
+            index.extend_from_slice(&c.encode());
+        }
+        index.resize(index.len().next_multiple_of(512), 0);
+        let root = write(index, &index_dvas, missed)?;
+        Ok(SpaceBlocks { root, chunks })
     }
 
     /// Step 5: flush, uberblock `txg` into every leaf that received every
@@ -398,7 +523,7 @@ impl Pool {
         sync: &mut SyncState,
         txg: u64,
         meta_root: BlockPtr,
-        space_root: BlockPtr,
+        space_root: SpaceBlocks,
         missed: Vec<Missed>,
     ) {
         self.ext_committed(txg);

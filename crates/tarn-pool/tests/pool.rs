@@ -1169,3 +1169,80 @@ fn resilver_with_undecodable_entries_keeps_the_dirty_time_log() {
         "{side:?}"
     );
 }
+
+/// Space maps too large for one block (the deferred frees of a large
+/// delete, the extents of a fragmented pool) are written in chunks that
+/// an index block lists: the txg commits, the next one frees the old
+/// chunks, the pool imports with the same maps, a scrub reads every chunk
+/// and nothing leaks. The chunks are made small here, so that a small
+/// pool needs many; the default is 8 MiB, and a block holds at most 16.
+#[test]
+fn space_maps_larger_than_a_block_are_written_in_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = make_files(dir.path(), "d", 1, 128 * MIB);
+    let small = || PoolOptions {
+        space_chunk_bytes: 4096,
+        ..opts()
+    };
+    let pool = tarn_testkit::pools::create_with(
+        "tank",
+        VdevKind::Single,
+        &devs,
+        &[("compression", "off")],
+        small(),
+    )
+    .unwrap();
+    let mut rng = Rng::new(21);
+    let mut objs = BTreeMap::new();
+    for i in 0..3000 {
+        let len = 600 + rng.below(1500) as usize;
+        let data = rng.bytes(len);
+        pool.object_write(&format!("o{i}"), 0, &data, false)
+            .unwrap();
+        objs.insert(format!("o{i}"), data);
+    }
+    pool.sync().unwrap();
+    // Every other one goes: holes between the rest, and deferred frees.
+    for i in (0..3000).step_by(2) {
+        pool.object_delete(&format!("o{i}")).unwrap();
+        objs.remove(&format!("o{i}"));
+    }
+    pool.sync().unwrap();
+    let blocks = pool.space_map_blocks();
+    assert!(blocks > 3, "the maps took {blocks} block(s)");
+    let space = pool.space();
+    // The next txgs free the old chunks and write new ones.
+    pool.object_write("late", 0, &rng.bytes(5000), false)
+        .unwrap();
+    for _ in 0..3 {
+        pool.sync().unwrap();
+    }
+    let leak = pool.leak_check().unwrap();
+    assert!(leak.is_clean(), "{leak:?}");
+    pool.export(false).unwrap();
+    drop(pool);
+    let pool = tarn_testkit::pools::try_import(&[dir.path()], "tank", false, small()).unwrap();
+    assert!(pool.space_map_blocks() > 3);
+    assert!(
+        pool.space().1 >= space.1 / 2,
+        "{:?} after {space:?}",
+        pool.space()
+    );
+    verify_all(&pool, &objs);
+    let s = scrub(&pool);
+    assert_eq!(s.errors, 0, "{s:?}");
+    let leak = pool.leak_check().unwrap();
+    assert!(leak.is_clean(), "{leak:?}");
+    // The same pool imported with the default size writes one block again.
+    pool.export(false).unwrap();
+    drop(pool);
+    let pool = tarn_testkit::pools::try_import(&[dir.path()], "tank", false, opts()).unwrap();
+    pool.object_write("later", 0, &rng.bytes(5000), false)
+        .unwrap();
+    pool.sync().unwrap();
+    assert_eq!(pool.space_map_blocks(), 1);
+    verify_all(&pool, &objs);
+    pool.sync().unwrap();
+    let leak = pool.leak_check().unwrap();
+    assert!(leak.is_clean(), "{leak:?}");
+}
