@@ -924,7 +924,13 @@ impl Pool {
                 }
             }
         }
-        // Finished.
+        // Finished. The repairs are written, not yet durable: flushed
+        // before a resilver's targets are judged, so a target whose flush
+        // fails (a failure counts as a write error) keeps its dirty time
+        // log rather than being trusted with columns it may have dropped.
+        for t in &self.tops {
+            let _ = t.flush();
+        }
         let mut st = self.lock();
         let Some(s) = st.ms.scan.as_mut() else {
             return Ok(());

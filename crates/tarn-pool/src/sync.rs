@@ -13,7 +13,7 @@ use tarn_block::pipeline::{self, Missed, Prepared};
 use tarn_block::{BlockPtr, BlockType, CompressAlg, BLOCK_PTR_SIZE};
 use tarn_space::{SpaceMap, DEFER_TXGS};
 
-use tarn_vdev::LeafState;
+use tarn_vdev::{FlushMark, LeafState};
 
 use crate::pool::{now_unix, Pool, State, SyncState, K_STATE};
 use crate::store::TxStore;
@@ -207,6 +207,9 @@ impl Pool {
         // Leaves that missed writes made early for the intent log, for
         // blocks of this txg or before.
         let mut missed: Vec<Missed> = self.take_missed(txg);
+        // Before any write of the txg: a flush failure from now on, met by
+        // whichever flush (an intent log commit's), may have dropped them.
+        let marks: Vec<FlushMark> = self.tops.iter().map(|t| t.flush_mark()).collect();
         // 1. The dataset layer: its data blocks and tree nodes, and its
         // entries of the meta tree, which commits below.
         self.sync_ext(sync, txg, &mut missed)?;
@@ -222,7 +225,7 @@ impl Pool {
         let space_root = self.sync_space_maps(txg, &mut missed)?;
         let space_root_ptr = space_root.root;
         // 5. Flush, the uberblock on every leaf that has the whole txg, flush.
-        self.write_uberblocks(txg, meta_root, space_root_ptr, &mut missed)?;
+        self.write_uberblocks(txg, meta_root, space_root_ptr, &marks, &mut missed)?;
         // 6. Committed: only now may anything rely on txg `txg`.
         self.sync_done(sync, txg, meta_root, space_root, missed);
         Ok(txg)
@@ -425,9 +428,10 @@ impl Pool {
         txg: u64,
         meta_root: BlockPtr,
         space_root: BlockPtr,
+        marks: &[FlushMark],
         missed: &mut Vec<Missed>,
     ) -> Result<(), PoolError> {
-        self.flush_all(missed)?;
+        self.flush_all(marks, missed)?;
         // Every leaf that missed a write is named in the uberblock too, for
         // the case where it gets the uberblock anyway (below).
         let mut missed_guids: Vec<u64> = missed
@@ -491,15 +495,20 @@ impl Pool {
         // one made them durable) but perhaps not its uberblock; its dirty
         // time log names the txg all the same (a resilver of it costs
         // little, and import's check of its newest uberblock agrees).
-        self.flush_all(missed)?;
+        self.flush_all(marks, missed)?;
         Ok(())
     }
 
-    /// Flushes every top-level vdev; the leaves whose flush failed (within
-    /// the redundancy) are added to `missed`.
-    fn flush_all(&self, missed: &mut Vec<Missed>) -> Result<(), PoolError> {
+    /// Flushes every top-level vdev; the leaves whose flush failed since
+    /// `marks` (within the redundancy) are added to `missed`. The leaves
+    /// that missed a write of the txg and those whose flush failed must
+    /// together stay within what the vdev tolerates: a block that missed
+    /// one side of a mirror and whose other side's flush failed is on
+    /// neither (counted over the whole txg, which errs on the safe side).
+    fn flush_all(&self, marks: &[FlushMark], missed: &mut Vec<Missed>) -> Result<(), PoolError> {
         for (v, t) in self.tops.iter().enumerate() {
-            for child in t.flush()? {
+            let mark = marks.get(v).cloned().unwrap_or_default();
+            for child in t.flush_since(&mark)? {
                 let m = Missed {
                     vdev: v as u32,
                     child,
@@ -507,6 +516,26 @@ impl Pool {
                 if !missed.contains(&m) {
                     missed.push(m);
                 }
+            }
+            let mut gone: Vec<usize> = missed
+                .iter()
+                .filter(|m| m.vdev as usize == v)
+                .map(|m| m.child)
+                .collect();
+            gone.sort_unstable();
+            gone.dedup();
+            if gone.len() > t.redundancy() {
+                let leaves = t.leaves();
+                return Err(tarn_vdev::VdevError::InsufficientReplicas {
+                    op: "flush",
+                    failed: gone.len(),
+                    tolerated: t.redundancy(),
+                    devices: gone
+                        .iter()
+                        .filter_map(|c| leaves.get(*c).map(|l| l.path.display().to_string()))
+                        .collect(),
+                }
+                .into());
             }
         }
         Ok(())

@@ -180,6 +180,11 @@ pub(crate) struct ZilState {
     pub size_hint: u32,
     /// Allocate no log blocks on log devices (one is being removed).
     pub no_log_dev: bool,
+    /// Per vdev, its children's failed flushes as of the last commit's
+    /// flush there: a failure since then (met by a sync's flush, say) may
+    /// have dropped this commit's blocks, written since, though this
+    /// commit's own flush succeeds (see `TopVdev::flush_since`).
+    pub flush_marks: std::collections::BTreeMap<u32, tarn_vdev::FlushMark>,
 }
 
 /// What a commit did.
@@ -506,20 +511,46 @@ impl Pool {
                 touched.push(a.vdev);
             }
         }
+        let missed_now: Vec<Missed> = missed.iter().map(|(_, m)| *m).collect();
         z.missed.append(&mut missed);
         if !failed {
             for v in &touched {
-                let top = self.log_top(&self.lock(), *v);
-                match top.map(|t| t.flush()) {
+                let Some(top) = self.log_top(&self.lock(), *v) else {
+                    failed = true;
+                    continue;
+                };
+                let mark = z
+                    .flush_marks
+                    .get(v)
+                    .cloned()
+                    .unwrap_or_else(|| top.flush_mark());
+                let flushed = top.flush_since(&mark);
+                z.flush_marks.insert(*v, top.flush_mark());
+                match flushed {
                     // A leaf whose flush failed may have lost this commit's
                     // blocks written in place: it missed them (for the
                     // dirty time log of their txg), as a leaf that missed
-                    // the write itself.
-                    Some(Ok(lost)) => z.missed.extend(
-                        lost.into_iter()
-                            .map(|child| (txg, Missed { vdev: *v, child })),
-                    ),
-                    _ => failed = true,
+                    // the write itself. Those with the leaves that missed
+                    // this commit's writes must stay within what the vdev
+                    // tolerates, or a block may be on none of them.
+                    Ok(lost) => {
+                        let mut gone: Vec<usize> = missed_now
+                            .iter()
+                            .filter(|m| m.vdev == *v)
+                            .map(|m| m.child)
+                            .chain(lost.iter().copied())
+                            .collect();
+                        gone.sort_unstable();
+                        gone.dedup();
+                        if gone.len() > top.redundancy() {
+                            failed = true;
+                        }
+                        z.missed.extend(
+                            lost.into_iter()
+                                .map(|child| (txg, Missed { vdev: *v, child })),
+                        );
+                    }
+                    Err(_) => failed = true,
                 }
             }
         }

@@ -18,6 +18,19 @@ fn files(dir: &Path, n: usize) -> Vec<PathBuf> {
     make_files(dir, "d", n, 64 << 20)
 }
 
+/// A pool `tank` on a mirror of two files in `dir`, uncompressed.
+fn mirror(dir: &Path) -> (Arc<Pool>, Vec<PathBuf>) {
+    let devs = files(dir, 2);
+    let spec = VdevSpec {
+        kind: VdevKind::Mirror,
+        devices: devs.clone(),
+    };
+    let mut props = BTreeMap::new();
+    props.insert("compression".to_string(), "off".to_string());
+    let pool = Pool::create("tank", &[spec], 12, &props, false, opts()).unwrap();
+    (pool, devs)
+}
+
 fn check_all(pool: &Arc<Pool>, objs: &BTreeMap<String, Vec<u8>>) {
     for (name, want) in objs {
         let got = pool.object_read(name, 0, want.len() + 1).unwrap();
@@ -101,14 +114,7 @@ fn injected_faults_are_survived_and_repaired() {
 #[test]
 fn a_member_whose_flush_failed_is_resilvered_for_what_it_lost() {
     let dir = tempfile::tempdir().unwrap();
-    let devs = files(dir.path(), 2);
-    let spec = VdevSpec {
-        kind: VdevKind::Mirror,
-        devices: devs.clone(),
-    };
-    let mut props = BTreeMap::new();
-    props.insert("compression".to_string(), "off".to_string());
-    let pool = Pool::create("tank", &[spec], 12, &props, false, opts()).unwrap();
+    let (pool, devs) = mirror(dir.path());
     let (dev0, dev1) = (devs[0].to_str().unwrap(), devs[1].to_str().unwrap());
     let mut objs = BTreeMap::new();
     for i in 0..3u64 {
@@ -136,4 +142,83 @@ fn a_member_whose_flush_failed_is_resilvered_for_what_it_lost() {
     pool.offline(dev0).unwrap();
     check_all(&pool, &objs);
     pool.export(false).unwrap();
+}
+
+/// A txg whose blocks missed one side of a mirror (a failed write) while
+/// the other side's flush failed is on neither side: the sync fails (the
+/// pool stops at the txg before) instead of committing it as durable.
+#[test]
+fn a_txg_on_no_side_of_a_mirror_is_not_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pool, devs) = mirror(dir.path());
+    let (dev0, dev1) = (devs[0].to_str().unwrap(), devs[1].to_str().unwrap());
+    let mut objs = BTreeMap::new();
+    let d = data(1, 50_000);
+    pool.object_write("o1", 0, &d, false).unwrap();
+    objs.insert("o1".to_string(), d);
+    pool.sync().unwrap();
+    // The data region only: the labels, and the uberblocks in them, are
+    // written as before.
+    let data_region = Fault {
+        range: Some((tarn_vdev::DATA_START, 48 << 20)),
+        ..Fault::always(FaultKind::WriteError)
+    };
+    pool.inject(dev0, Some(data_region)).unwrap();
+    pool.inject(dev1, Some(Fault::always(FaultKind::FlushError)))
+        .unwrap();
+    pool.object_write("o2", 0, &data(2, 5_000), false).unwrap();
+    let r = pool.sync();
+    let leaf0 = tarn_vdev::find_device(&devs[0]).unwrap();
+    assert!(leaf0.injected() > 0, "the write fault was hit");
+    assert!(r.is_err(), "a txg on neither side was committed");
+    pool.inject(dev0, None).unwrap();
+    pool.inject(dev1, None).unwrap();
+    let _ = pool.export(false);
+    drop(pool);
+    // What was committed before is all there.
+    let pool = tarn_testkit::pools::import(dir.path(), "tank");
+    check_all(&pool, &objs);
+    pool.export(false).unwrap();
+}
+
+/// A resilver's repairs are flushed before its target is trusted again: a
+/// target whose flush fails at the end (its rebuilt columns may be gone)
+/// keeps what it missed on record instead of being declared complete.
+#[test]
+fn a_resilver_target_whose_last_flush_fails_is_not_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pool, devs) = mirror(dir.path());
+    let dev1 = devs[1].to_str().unwrap();
+    pool.offline(dev1).unwrap();
+    let mut objs = BTreeMap::new();
+    for i in 0..4u64 {
+        let d = data(i, 100_000);
+        pool.object_write(&format!("o{i}"), 0, &d, false).unwrap();
+        objs.insert(format!("o{i}"), d);
+    }
+    pool.sync().unwrap();
+    // The resilver reads slowly from the other side, so that the fault
+    // below is in place before it writes its repairs, which the flush at
+    // its end then drops.
+    let dev0 = devs[0].to_str().unwrap();
+    let slow = Fault {
+        latency_ms: 100,
+        ..Fault::always(FaultKind::Latency)
+    };
+    pool.inject(dev0, Some(slow)).unwrap();
+    pool.online(dev1).unwrap();
+    let leaf = tarn_vdev::find_device(&devs[1]).unwrap();
+    leaf.track_unflushed(true);
+    pool.inject(dev1, Some(Fault::always(FaultKind::FlushError)))
+        .unwrap();
+    let s = tarn_testkit::pools::wait_scan(&pool);
+    pool.inject(dev0, None).unwrap();
+    assert!(
+        s.errors > 0,
+        "the resilver trusted a target that lost its repairs: {s:?}"
+    );
+    assert!(leaf.injected() > 0, "the flush fault was hit");
+    pool.inject(dev1, None).unwrap();
+    leaf.track_unflushed(false);
+    check_all(&pool, &objs);
 }

@@ -34,8 +34,8 @@ pub use label::{
 };
 pub use leaf::{FileLeaf, Leaf, DIRECT_ALIGN};
 pub use top::{
-    ChildExtent, Counters, LeafInfo, LeafState, ScrubOutcome, TopHealth, TopVdev, WriteOutcome,
-    FAULT_AFTER_ERRORS, MAX_COMBINATIONS,
+    ChildExtent, Counters, FlushMark, LeafInfo, LeafState, ScrubOutcome, TopHealth, TopVdev,
+    WriteOutcome, FAULT_AFTER_ERRORS, MAX_COMBINATIONS,
 };
 
 /// Smallest supported sector shift (512-byte sectors).

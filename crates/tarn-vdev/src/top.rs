@@ -204,12 +204,19 @@ impl Slot {
     }
 }
 
+/// How many flushes of each child of a vdev had failed when it was taken
+/// ([`TopVdev::flush_mark`]).
+#[derive(Clone, Debug, Default)]
+pub struct FlushMark(Vec<u64>);
+
 struct Child {
     slot: Mutex<Slot>,
     counters: AtomicCounters,
     /// Failed reads and failed writes since the last success of the same
     /// kind: a disk that cannot read is useless even if repairs write fine.
     streaks: [AtomicU32; 2],
+    /// Flushes of this child that failed, ever (see [`FlushMark`]).
+    flush_failures: AtomicU64,
 }
 
 const READ: usize = 0;
@@ -357,6 +364,7 @@ impl TopVdev {
                 }),
                 counters: AtomicCounters::default(),
                 streaks: Default::default(),
+                flush_failures: AtomicU64::new(0),
             })
             .collect();
         Ok(TopVdev {
@@ -559,13 +567,39 @@ impl TopVdev {
         }
     }
 
+    /// How many flushes of each child had failed until now: a caller takes
+    /// it before it writes, and flushes with [`TopVdev::flush_since`].
+    pub fn flush_mark(&self) -> FlushMark {
+        FlushMark(
+            self.children
+                .iter()
+                .map(|c| c.flush_failures.load(Ordering::Acquire))
+                .collect(),
+        )
+    }
+
+    /// [`TopVdev::flush_since`] a mark taken now: what this flush itself
+    /// reports.
+    pub fn flush(&self) -> Result<Vec<usize>, VdevError> {
+        self.flush_since(&self.flush_mark())
+    }
+
     /// Makes every usable child durable (in parallel). Failures are counted
     /// and fault the child; errs only if more children than the redundancy
-    /// are now not durable. Returns the children whose flush failed: what
-    /// they were written since their last flush may be lost (a device
-    /// drops the pages whose write-back failed), so the caller records
-    /// them as having missed those writes.
-    pub fn flush(&self) -> Result<Vec<usize>, VdevError> {
+    /// are now not durable. Returns the children not durable: those whose
+    /// flush failed, since what they were written since their last flush
+    /// may be lost (a device drops the pages whose write-back failed), and
+    /// those out of service; the caller records them as having missed
+    /// those writes.
+    ///
+    /// A child whose flush failed since `mark` counts as failed here too,
+    /// even if its flush now succeeds: the kernel reports a failed
+    /// write-back once, to the flush that meets it, and drops the pages,
+    /// so a later flush of the same file returns success for writes that
+    /// were lost (a sync's flush after an intent log commit's flush failed
+    /// on the same disk, or the other way round). Each writer takes its
+    /// mark before its writes, so it learns of every failure after them.
+    pub fn flush_since(&self, mark: &FlushMark) -> Result<Vec<usize>, VdevError> {
         let handles: Vec<Handle> = (0..self.width()).filter_map(|i| self.handle(i)).collect();
         let results: Vec<bool> = if handles.len() <= 1 {
             handles.iter().map(|h| h.leaf.flush().is_ok()).collect()
@@ -582,12 +616,25 @@ impl TopVdev {
         let mut durable = Vec::new();
         let mut failed_now = Vec::new();
         for (h, ok) in handles.iter().zip(results) {
-            if ok {
-                durable.push(h.idx);
-            } else {
-                bump(&self.children[h.idx].counters.write_errors, 1);
+            let child = &self.children[h.idx];
+            if !ok {
+                child.flush_failures.fetch_add(1, Ordering::AcqRel);
+                bump(&child.counters.write_errors, 1);
                 self.try_fault(h.idx);
+            }
+            let before = mark.0.get(h.idx).copied().unwrap_or(0);
+            if child.flush_failures.load(Ordering::Acquire) > before {
                 failed_now.push(h.idx);
+            } else {
+                durable.push(h.idx);
+            }
+        }
+        // A child taken out of service since it was written (faulted by
+        // another caller's failed flush, or offlined) was not flushed by
+        // this one: it is not known to hold the writes either.
+        for i in 0..self.width() {
+            if !durable.contains(&i) && !failed_now.contains(&i) {
+                failed_now.push(i);
             }
         }
         let failed = self.width() - durable.len();

@@ -139,3 +139,55 @@ fn self_heal_can_be_switched_off() {
         );
     }
 }
+
+/// A failed write-back is reported once, to the flush that meets it, and
+/// the pages are gone: a writer that flushes after another caller's flush
+/// failed hears of it through the mark it took before writing, on one
+/// device (an error) and on a mirror (that side is named as not durable),
+/// though its own flush succeeds.
+#[test]
+fn a_flush_failure_met_by_another_caller_is_reported_to_every_writer_before_it() {
+    use std::sync::Arc;
+    use tarn_vdev::{Fault, FaultKind, FaultLeaf, Leaf};
+    for (kind, n) in [(VdevKind::Single, 1), (VdevKind::Mirror, 2)] {
+        let mem = mem_leaves(n);
+        let faulty: Vec<Arc<FaultLeaf>> = mem
+            .iter()
+            .map(|m| Arc::new(FaultLeaf::new(m.clone(), 4096)))
+            .collect();
+        faulty[n - 1].track_unflushed(true);
+        let v = tarn_vdev::TopVdev::open(
+            &common::config(kind, n),
+            12,
+            faulty
+                .iter()
+                .map(|l| Some(l.clone() as Arc<dyn Leaf>))
+                .collect(),
+        )
+        .unwrap();
+        let mark = v.flush_mark();
+        let data = pattern(9, 8192);
+        v.write(0, &data).unwrap();
+        // Another caller's flush meets the failure.
+        faulty[n - 1].inject(Fault::always(FaultKind::FlushError));
+        let other = v.flush();
+        faulty[n - 1].clear();
+        // A flush of its own writes now succeeds; the mark says otherwise.
+        assert!(v.flush().is_ok());
+        let mine = v.flush_since(&mark);
+        match kind {
+            VdevKind::Single => {
+                assert!(other.is_err());
+                assert!(mine.is_err(), "{mine:?}");
+                let e = v.read(0, 8192, &verifier(&data)).unwrap_err();
+                assert!(matches!(e, VdevError::Unrecoverable { .. }), "{e}");
+            }
+            _ => {
+                assert_eq!(other.unwrap(), vec![1]);
+                assert_eq!(mine.unwrap(), vec![1]);
+            }
+        }
+        // A mark taken after the failure does not see it again.
+        assert!(v.flush_since(&v.flush_mark()).is_ok());
+    }
+}
