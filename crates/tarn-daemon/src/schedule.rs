@@ -521,7 +521,11 @@ pub fn kept(keep: &Retention, snaps: &[Snap]) -> BTreeSet<String> {
     let mut sorted: Vec<&Snap> = snaps.iter().collect();
     sorted.sort_by_key(|s| (s.creation, s.txg));
     let mut out = BTreeSet::new();
-    if let Some(newest) = sorted.last() {
+    // The newest is the last one taken (by txg), whatever the clock said
+    // when each was taken: after the clock was far ahead and set back,
+    // the snapshot just taken is the next incremental's base, not one
+    // dated in the future.
+    if let Some(newest) = snaps.iter().max_by_key(|s| (s.txg, s.creation)) {
         out.insert(newest.name.clone());
     }
     for (p, n) in periods(keep) {
@@ -617,8 +621,14 @@ pub fn stored(pool: &Pool) -> Result<Vec<(ScheduleRecord, StateRecord)>, ApiErro
 /// counting now); a replication is marked as this daemon's (`node`).
 pub fn put(pool: &Pool, s: &Schedule, now: u64, node: &str) -> Result<(), ApiError> {
     match &s.kind {
-        ScheduleKind::Snapshot { dataset, .. } => {
+        ScheduleKind::Snapshot {
+            dataset,
+            recursive,
+            prefix,
+            ..
+        } => {
             tarn_dataset::get_props(pool, dataset, &["type".to_string()]).map_err(ds_error)?;
+            refuse_shared_snapshots(pool, &s.name, dataset, *recursive, prefix)?;
         }
         ScheduleKind::Replicate {
             dataset,
@@ -657,6 +667,47 @@ pub fn put(pool: &Pool, s: &Schedule, now: u64, node: &str) -> Result<(), ApiErr
             runs: Vec::new(),
         };
         tarn_dataset::config_put(pool, KIND_STATE, &s.name, &encode(&state)?).map_err(ds_error)?;
+    }
+    Ok(())
+}
+
+/// Refuses a snapshot policy whose snapshots another policy of the pool
+/// would count as its own: which snapshots a policy prunes is decided by
+/// their dataset and name (its prefix), so two policies with one prefix
+/// on datasets one of them covers would each destroy what the other's
+/// retention keeps (an hourly policy, the other's dailies).
+fn refuse_shared_snapshots(
+    pool: &Pool,
+    name: &str,
+    dataset: &str,
+    recursive: bool,
+    prefix: &str,
+) -> Result<(), ApiError> {
+    let covers = |a: &str, rec: bool, b: &str| a == b || (rec && b.starts_with(&format!("{a}/")));
+    for (other, _) in stored(pool)? {
+        if other.name == name {
+            continue;
+        }
+        let Ok(o) = other.to_api(pool.name()) else {
+            continue;
+        };
+        if let ScheduleKind::Snapshot {
+            dataset: od,
+            recursive: orec,
+            prefix: op,
+            ..
+        } = &o.kind
+        {
+            if op == prefix && (covers(dataset, recursive, od) || covers(od, *orec, dataset)) {
+                return Err(ApiError::invalid(format!(
+                    "schedule '{}' takes snapshots named '{prefix}-…' of {} too, and each \
+                     policy prunes every such snapshot by its own retention: give this one \
+                     another prefix (--prefix)",
+                    other.name,
+                    if od == dataset { dataset } else { od },
+                )));
+            }
+        }
     }
     Ok(())
 }
@@ -971,14 +1022,38 @@ fn run_snapshot(
 ) -> Result<String, String> {
     let name = snapshot_name(prefix, now);
     let full = format!("{dataset}@{name}");
+    let covered = |d: &str| d == dataset || (recursive && d.starts_with(&format!("{dataset}/")));
     let taken = match pools.dataset_snapshot(std::slice::from_ref(&full), recursive) {
         Ok(()) => format!("took {full}{}", if recursive { " (recursive)" } else { "" }),
-        // Run twice within a minute (by hand): the snapshot exists.
-        Err(e) if e.code == tarn_api::ErrorCode::Exists => format!("{full} exists already"),
+        Err(e) if e.code == tarn_api::ErrorCode::Exists => {
+            // Run twice within a minute (by hand): the snapshot exists, of
+            // every dataset the policy covers. A recursive snapshot is
+            // refused whole when one dataset below has the name already
+            // (taken by hand): then nothing was taken, which must show.
+            let have: BTreeSet<String> = pools
+                .dataset_list(true)
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .map(|d| d.name)
+                .collect();
+            let missing: Vec<String> = pools
+                .dataset_list(false)
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .filter(|d| covered(&d.name) && !have.contains(&format!("{}@{name}", d.name)))
+                .map(|d| d.name)
+                .collect();
+            if !missing.is_empty() {
+                return Err(format!(
+                    "cannot take {full}: {e} (so none was taken of {})",
+                    missing.join(", ")
+                ));
+            }
+            format!("{full} exists already")
+        }
         Err(e) => return Err(format!("cannot take {full}: {e}")),
     };
     let all = pools.dataset_list(true).map_err(|e| e.to_string())?;
-    let covered = |d: &str| d == dataset || (recursive && d.starts_with(&format!("{dataset}/")));
     let mut per_dataset: BTreeMap<String, Vec<Snap>> = BTreeMap::new();
     for d in &all {
         let Some((fs, short)) = d.name.split_once('@') else {
@@ -1529,6 +1604,29 @@ mod tests {
             keep: k,
             prefix: "auto".into(),
         }
+    }
+
+    /// After the clock ran two days ahead and was set back, the snapshot
+    /// just taken (the newest by txg, dated before the others) is kept:
+    /// it is the next incremental's base.
+    #[test]
+    fn the_newest_snapshot_is_the_last_taken_whatever_its_date() {
+        let ahead = T0 + 70 * 365 * DAY;
+        let mut snaps: Vec<Snap> = (0..48u64)
+            .map(|i| Snap {
+                name: snapshot_name("auto", ahead + i * 3600),
+                creation: ahead + i * 3600,
+                txg: i + 1,
+            })
+            .collect();
+        snaps.push(Snap {
+            name: snapshot_name("auto", T0),
+            creation: T0,
+            txg: 49,
+        });
+        let gone = prune(&keep(24, 0, 0, 0, 0), &snaps, |_| false);
+        assert!(!gone.contains(&snapshot_name("auto", T0)), "{gone:?}");
+        assert_eq!(gone.len(), 24, "{gone:?}");
     }
 
     /// A year of an hourly policy, the scheduler looking every 10 minutes:

@@ -446,3 +446,71 @@ fn replication_schedules_send_hold_and_report_failures() {
     assert!(err.contains("added on another machine"), "{err}");
     d.stop();
 }
+
+/// Two snapshot policies with one prefix on datasets one of them covers
+/// would each prune the other's snapshots: the second is refused, and
+/// with its own prefix accepted. A recursive policy whose snapshot is
+/// refused because a dataset below has its name already (taken by hand)
+/// records a failed run, not "exists already" with nothing taken.
+#[test]
+fn policies_that_would_prune_each_other_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start_env(dir.path(), &[], &[TICK]);
+    let f = files(dir.path(), "m", 1, 128 << 20);
+    d.ok(&["pool", "create", "tank", &f[0]]);
+    d.ok(&["dataset", "create", "tank/photos"]);
+    d.ok(&["dataset", "create", "tank/photos/kid"]);
+    d.ok(&[
+        "schedule", "add", "all", "snapshot", "tank", "-r", "--keep", "daily=7",
+    ]);
+    let err = d.fails(&[
+        "schedule",
+        "add",
+        "kid",
+        "snapshot",
+        "tank/photos/kid",
+        "--keep",
+        "monthly=12",
+    ]);
+    assert!(err.contains("'all'") && err.contains("--prefix"), "{err}");
+    d.ok(&[
+        "schedule",
+        "add",
+        "kid",
+        "snapshot",
+        "tank/photos/kid",
+        "--keep",
+        "monthly=12",
+        "--prefix",
+        "monthly",
+    ]);
+    // The names a policy with prefix `p` takes this minute and the next,
+    // taken by hand below it first.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    for t in [now, now + 60] {
+        let short = tarn_daemon::schedule::snapshot_name("p", t);
+        d.ok(&["snapshot", &format!("tank/photos/kid@{short}")]);
+    }
+    d.ok(&[
+        "schedule",
+        "add",
+        "p",
+        "snapshot",
+        "tank/photos",
+        "-r",
+        "--keep",
+        "daily=1",
+        "--prefix",
+        "p",
+    ]);
+    wait_for("the run of p", || !runs(&d, "p").is_empty());
+    let r = &runs(&d, "p")[0];
+    assert_eq!(r["ok"], false, "{r}");
+    assert!(r["detail"].as_str().unwrap().contains("tank/photos"), "{r}");
+    let taken = snapshots(&d, "tank/photos");
+    assert!(!taken.iter().any(|s| s.starts_with("p-")), "{taken:?}");
+    d.stop();
+}
