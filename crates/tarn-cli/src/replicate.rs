@@ -446,6 +446,7 @@ fn replicate_to_tarn(
         );
         results.extend(r.snapshots.clone());
     }
+    let mut inflight = InFlight::new(client, fs, &a.to)?;
     let have = theirs_now()?;
     let snaps = snapshots_of(client, fs)?;
     let Some(end) = snaps.iter().position(|s| s.short == short) else {
@@ -470,11 +471,24 @@ fn replicate_to_tarn(
             props: true,
             ..Default::default()
         };
-        let r = transfer(client, send).map_err(|e| broke(client, e))?;
+        // The base (held already) and every snapshot the series sends.
+        let sending: Vec<&str> = snaps[base.unwrap_or(end)..=end]
+            .iter()
+            .map(|s| s.short.as_str())
+            .collect();
+        inflight.hold(client, &sending)?;
+        let r = transfer(client, send).map_err(|e| {
+            let e = broke(client, e);
+            match inflight.release(client) {
+                Ok(()) => e,
+                Err(h) => e.context(format!("and the snapshots sent stay held: {h:#}")),
+            }
+        })?;
         lines.extend(r.snapshots.iter().map(|s| format!("received {s}")));
         results.extend(r.snapshots);
     }
     hold_base(client, fs, short, &a.to)?;
+    inflight.release(client)?;
     out.raw_or(&serde_json::json!({ "received": results }), || {
         lines.iter().map(|l| format!("{l}\n")).collect()
     })
@@ -483,7 +497,12 @@ fn replicate_to_tarn(
 /// The tag of the hold on the base of the next incremental to `to`:
 /// `replicate URL`, or a digest of a URL too long for a tag.
 pub(crate) fn hold_tag(to: &str) -> String {
-    let tag = format!("replicate {to}");
+    tag_for("replicate", to)
+}
+
+/// `WHAT URL`, or `WHAT sha256:…` for a URL too long for a tag.
+fn tag_for(what: &str, to: &str) -> String {
+    let tag = format!("{what} {to}");
     if tag.len() <= 128 {
         return tag;
     }
@@ -492,7 +511,95 @@ pub(crate) fn hold_tag(to: &str) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    format!("replicate sha256:{hex}")
+    format!("{what} sha256:{hex}")
+}
+
+/// The holds on the snapshots a transfer to `to` is sending, so that a
+/// snapshot policy's pruning cannot destroy one while it travels (the
+/// send itself would finish, but the hold on the new base, and the next
+/// part of a series, would find it gone, and every later run would find
+/// no common snapshot). Tag `sending URL`; a run that died with them in
+/// place leaves them to the next run to the same target, which releases
+/// them first.
+struct InFlight {
+    tag: String,
+    fs: String,
+    held: Vec<String>,
+}
+
+impl InFlight {
+    /// Releases what an earlier run to `to` left held.
+    fn new(client: &mut Session, fs: &str, to: &str) -> anyhow::Result<InFlight> {
+        use tarn_api::dataset::HoldInfo;
+        use tarn_api::params::{HoldParams, HoldsParams};
+        let tag = tag_for("sending", to);
+        let names: Vec<String> = snapshots_of(client, fs)?
+            .iter()
+            .map(|s| format!("{fs}@{}", s.short))
+            .collect();
+        let v = client.call(
+            method::DATASET_HOLDS,
+            &HoldsParams {
+                snapshots: names,
+                recursive: false,
+            },
+        )?;
+        let holds: Vec<HoldInfo> = decode(method::DATASET_HOLDS, v)?;
+        let stale: Vec<String> = holds
+            .into_iter()
+            .filter(|h| h.tag == tag)
+            .map(|h| h.snapshot)
+            .collect();
+        if !stale.is_empty() {
+            client.call(
+                method::DATASET_RELEASE,
+                &HoldParams {
+                    tag: tag.clone(),
+                    snapshots: stale,
+                    recursive: false,
+                },
+            )?;
+        }
+        Ok(InFlight {
+            tag,
+            fs: fs.to_string(),
+            held: Vec::new(),
+        })
+    }
+
+    /// Holds `shorts` of the dataset for the transfer; refused (nothing
+    /// held) if one was destroyed since it was listed.
+    fn hold(&mut self, client: &mut Session, shorts: &[&str]) -> anyhow::Result<()> {
+        let names: Vec<String> = shorts.iter().map(|s| format!("{}@{s}", self.fs)).collect();
+        client
+            .call(
+                method::DATASET_HOLD,
+                &tarn_api::params::HoldParams {
+                    tag: self.tag.clone(),
+                    snapshots: names.clone(),
+                    recursive: false,
+                },
+            )
+            .with_context(|| format!("holding {} while it is sent", names.join(", ")))?;
+        self.held = names;
+        Ok(())
+    }
+
+    /// The transfer is over: its snapshots may be pruned again.
+    fn release(&mut self, client: &mut Session) -> anyhow::Result<()> {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        client.call(
+            method::DATASET_RELEASE,
+            &tarn_api::params::HoldParams {
+                tag: self.tag.clone(),
+                snapshots: std::mem::take(&mut self.held),
+                recursive: false,
+            },
+        )?;
+        Ok(())
+    }
 }
 
 /// Moves the hold of target `to` onto its new base: `fs@short` (which the

@@ -371,6 +371,61 @@ fn replicate_to_another_tarn_over_tls() {
         "{out}"
     );
     assert!(holds("tank/docs@night-13").contains("replicate"));
+    assert!(
+        !holds("tank/docs@night-12").contains("sending"),
+        "released after the failure"
+    );
+
+    // While a snapshot travels it is held, so that pruning cannot take it
+    // (the receiver's disk made slow so that the transfer lasts); the
+    // hold goes when it has arrived.
+    std::fs::write(
+        mnt.join("large2.bin"),
+        tarn_testkit::data::Rng::new(14).bytes(24 << 20),
+    )
+    .unwrap();
+    a.ok(&["snapshot", "tank/docs@night-14"]);
+    b.ok(&[
+        "pool",
+        "inject",
+        "vault",
+        &fb[0],
+        "latency",
+        "--latency-ms",
+        "20",
+    ]);
+    let mut slow = std::process::Command::new(env!("CARGO_BIN_EXE_tarn"))
+        .args(["--socket"])
+        .arg(&a.socket)
+        .args([
+            "replicate",
+            "tank/docs@night-14",
+            "--to",
+            &url,
+            "--token-file",
+            tf,
+            "--fingerprint",
+            &fp,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !holds("tank/docs@night-14").contains("sending") {
+        assert!(
+            slow.try_wait().unwrap().is_none(),
+            "the transfer ended and its snapshot was never held"
+        );
+        assert!(t0.elapsed().as_secs() < 60, "no hold while sending");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let err = a.fails(&["destroy", "tank/docs@night-14"]);
+    assert!(err.contains("held"), "{err}");
+    assert!(slow.wait().unwrap().success(), "the slow transfer");
+    b.ok(&["pool", "inject", "vault", &fb[0], "--clear"]);
+    let h = holds("tank/docs@night-14");
+    assert!(h.contains("replicate") && !h.contains("sending"), "{h}");
 
     // What the token may not do, and who may not use it.
     let other = format!("tarn://127.0.0.1:{port}/vault/elsewhere");
