@@ -232,7 +232,16 @@ fn package(pool: &Arc<Pool>, snap: &str, opts: &SendOptions) -> Result<Vec<Part>
             })
         };
         match start {
-            Some(s) if s >= end => {}
+            // A dataset below whose `@from` was taken after its `@want`
+            // (destroyed and taken again): its stream cannot be made, and
+            // leaving it out would let the receiver end without it.
+            Some(s) if s >= end => {
+                return Err(DsError::Invalid(format!(
+                    "'{fs}@{}' is not older than '{fs}@{want}': send {fs} on its own",
+                    from.unwrap_or_default()
+                ))
+                .into());
+            }
             Some(s) if !opts.intermediates => add(Some(&all[s]), &all[end]),
             Some(s) => {
                 for w in all[s..=end].windows(2) {

@@ -1419,3 +1419,28 @@ fn a_raw_incremental_over_a_parked_log_needs_force() {
     assert_eq!(tree(&backup, "backup/s"), tree(&tank, "tank/s@2"));
     assert!(backup.leak_check().unwrap().is_clean());
 }
+
+/// A dataset below whose `@from` was taken after its `@want` (destroyed
+/// and taken again) cannot be sent incrementally: the package is refused
+/// rather than sent without it, which would leave the receiver without
+/// that dataset's `@want` and call the replica complete.
+#[test]
+fn a_package_whose_child_base_is_newer_than_its_target_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tank, _backup) = pools(dir.path());
+    for n in ["tank/home", "tank/home/kids"] {
+        tarn_dataset::create(&tank, n, &props(&[]), false).unwrap();
+    }
+    tarn_dataset::snapshot(&tank, &["tank/home@mon".into()], true).unwrap();
+    tarn_dataset::snapshot(&tank, &["tank/home@tue".into()], true).unwrap();
+    tarn_dataset::destroy(&tank, "tank/home/kids@mon", false).unwrap();
+    tarn_dataset::snapshot(&tank, &["tank/home/kids@mon".into()], false).unwrap();
+    let e = send(
+        &tank,
+        "tank/home@tue",
+        &replicate(Some("mon"), false, false),
+        &mut Vec::new(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("tank/home/kids"), "{e}");
+}
