@@ -83,6 +83,8 @@ pub(crate) struct Session {
     pub export: Arc<NbdExport>,
     /// What requests are judged against.
     pub view: SessionView,
+    /// The device's block size, read once in the handshake.
+    pub block: u32,
 }
 
 /// How the handshake ended.
@@ -167,7 +169,12 @@ pub(crate) fn session(export: Arc<NbdExport>, st: &HsState, policy: &Policy) -> 
         block_status: st.meta.as_deref() == Some(export.name.as_str()),
         max_payload: policy.max_payload,
     };
-    Session { export, view }
+    let block = export.device.block_size();
+    Session {
+        export,
+        view,
+        block,
+    }
 }
 
 /// Sends the greeting and reads the client's flags; returns whether the
@@ -233,11 +240,31 @@ where
         }
         let mut data = vec![0u8; h.len as usize];
         s.read_exact(&mut data).await?;
-        let mut out = Vec::new();
-        let step = handle(h.option, &data, st, policy, &table(), &mut out);
+        // Answered on a blocking thread: an option asks the devices for
+        // their size and state, which waits while a volume is resized,
+        // closed for a rollback, or its pool commits a txg, and the
+        // network threads serve every other connection meanwhile.
+        let (table, pol, mut state) = (table(), *policy, std::mem::take(st));
+        let answered = tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            let step = handle(h.option, &data, &mut state, &pol, &table, &mut out);
+            let entered = match step {
+                Step::Go(export) => Ok(session(export, &state, &pol)),
+                other => Err(other),
+            };
+            (state, out, entered)
+        })
+        .await
+        .map_err(|e| HsError::Protocol(format!("an option's handler failed: {e}")))?;
+        let (state, out, entered) = answered;
+        *st = state;
         if !out.is_empty() {
             send(s, &out).await?;
         }
+        let step = match entered {
+            Ok(sess) => return Ok(Outcome::Go(sess)),
+            Err(step) => step,
+        };
         match step {
             Step::Next => continue,
             Step::Go(export) => return Ok(Outcome::Go(session(export, st, policy))),
@@ -294,7 +321,8 @@ pub(crate) fn handle(
         opt::EXPORT_NAME => {
             let found = option::decode_export_name(data)
                 .ok()
-                .and_then(|n| table.find(&n).cloned());
+                .and_then(|n| table.find(&n).cloned())
+                .filter(|e| e.device.size() > 0);
             let Some(export) = found else {
                 // Cannot be answered with an error either.
                 return Step::Close(format!(
@@ -348,7 +376,13 @@ pub(crate) fn handle(
                 Ok(r) => r,
                 Err(e) => return invalid(out, e),
             };
-            let Some(export) = table.find(&req.name).cloned() else {
+            // A device closed while it was found (its volume closing for
+            // a rollback) has no size: turned away, not shown empty.
+            let Some(export) = table
+                .find(&req.name)
+                .cloned()
+                .filter(|e| e.device.size() > 0)
+            else {
                 return unknown(out, &req.name);
             };
             info_replies(out, option, &req.items, &export, st, policy);

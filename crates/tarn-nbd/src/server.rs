@@ -412,7 +412,7 @@ async fn transmit<R, W>(
     changed.mark_changed();
     let mut writes = Writes::default();
     // Fixed for a volume's life (a closed one fails every write anyway).
-    let block = u64::from(sess.export.device.block_size()).max(1);
+    let block = u64::from(sess.block).max(1);
     loop {
         // The request being read survives a change of the exports (it is
         // polled again, never dropped half-read) unless the connection

@@ -892,3 +892,44 @@ fn an_export_removed_right_after_go_ends_that_session() {
             .unwrap();
     }
 }
+
+/// Negotiating clients never hold up the network threads: while their
+/// options wait for the device (a volume asks its dataset whether it is
+/// read-only, which waits while its pool commits a txg), a session
+/// already in transmission keeps getting its reads answered from memory.
+#[test]
+fn slow_handshakes_do_not_stall_other_connections() {
+    let dev = Probe::new(MIB, 4096);
+    dev.from_memory
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let r = start(vec![NbdExport::new("disk", dev.clone())]);
+    let addr = r.local_addr();
+    let mut c = Raw::open(addr, "disk");
+    assert_eq!(c.read(0, 4096).map(|b| b.len()), Ok(4096));
+    *dev.read_only_delay.lock().unwrap() = Duration::from_secs(2);
+    let joining: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut j = Raw::connect(addr);
+                j.go("disk").map(|(size, _)| size)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut slowest = Duration::ZERO;
+    for i in 0..20u64 {
+        let t0 = Instant::now();
+        assert_eq!(c.read(i * 4096, 4096).map(|b| b.len()), Ok(4096));
+        slowest = slowest.max(t0.elapsed());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        slowest < Duration::from_millis(700),
+        "a read waited {slowest:?} behind handshakes"
+    );
+    for j in joining {
+        assert_eq!(j.join().unwrap(), Ok(MIB));
+    }
+    *dev.read_only_delay.lock().unwrap() = Duration::ZERO;
+    still_serves(addr);
+}

@@ -54,6 +54,9 @@ pub struct Probe {
     pub write_threads: Mutex<Vec<(u64, Option<String>)>>,
     /// A write at this offset panics (a device bug, injected).
     pub panic_at: Mutex<Option<u64>>,
+    /// How long asking whether it is read-only takes (a volume asks its
+    /// dataset, which waits while its pool commits a txg).
+    pub read_only_delay: Mutex<Duration>,
 }
 
 impl Probe {
@@ -69,6 +72,7 @@ impl Probe {
             cached_reads: AtomicU64::new(0),
             write_threads: Mutex::new(Vec::new()),
             panic_at: Mutex::new(None),
+            read_only_delay: Mutex::new(Duration::ZERO),
         })
     }
 
@@ -85,6 +89,10 @@ impl Device for Probe {
         self.mem.block_size()
     }
     fn read_only(&self) -> bool {
+        let d = *self.read_only_delay.lock().unwrap();
+        if !d.is_zero() {
+            std::thread::sleep(d);
+        }
         Device::read_only(&self.mem)
     }
     fn read_data(&self, off: u64, len: u32) -> Result<ReadData, VolError> {
