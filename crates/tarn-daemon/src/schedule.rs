@@ -798,7 +798,16 @@ fn execute(
                 recursive,
                 keep,
                 prefix,
-            } => run_snapshot(pools, dataset, *recursive, keep, prefix, now),
+            } => {
+                // Checked again at each run: a rename can bring two
+                // policies of one prefix onto the same datasets after
+                // both were added. Their snapshots are taken, but neither
+                // prunes until one gets another prefix.
+                let shared = refuse_shared_snapshots(pool, &rec.name, dataset, *recursive, prefix)
+                    .err()
+                    .map(|e| e.message);
+                run_snapshot(pools, dataset, *recursive, keep, prefix, now, shared)
+            }
             ScheduleKind::Scrub { .. } => run_scrub(pools, pool.name()),
             ScheduleKind::Selftest { test, .. } => run_selftest(pools, pool.name(), *test),
             ScheduleKind::Replicate { .. } => run_replicate(pools, &s.kind),
@@ -1019,6 +1028,7 @@ fn run_snapshot(
     keep: &Retention,
     prefix: &str,
     now: u64,
+    shared: Option<String>,
 ) -> Result<String, String> {
     let name = snapshot_name(prefix, now);
     let full = format!("{dataset}@{name}");
@@ -1053,6 +1063,9 @@ fn run_snapshot(
         }
         Err(e) => return Err(format!("cannot take {full}: {e}")),
     };
+    if let Some(why) = shared {
+        return Err(format!("{taken}; pruned nothing: {why}"));
+    }
     let all = pools.dataset_list(true).map_err(|e| e.to_string())?;
     let mut per_dataset: BTreeMap<String, Vec<Snap>> = BTreeMap::new();
     for d in &all {

@@ -1022,9 +1022,20 @@ pub fn serve(opts: DaemonOptions, backend: Arc<dyn Node>, prepared: Prepared) ->
         std::process::id(),
         opts.socket.display()
     ));
+    // The node is up: a failure from here on takes it down first.
+    let wake = match WakePipe::new() {
+        Ok(w) => w,
+        Err(e) => {
+            for f in backend.shutdown() {
+                log(&format!("stopping: {f}"));
+            }
+            bound.remove_socket();
+            return Err(e);
+        }
+    };
     let shared = Arc::new(Shared {
         stop: AtomicBool::new(false),
-        wake: WakePipe::new()?,
+        wake,
         conns: Mutex::new(Conns::default()),
         changed: Condvar::new(),
         max_request_bytes: opts.max_request_bytes,

@@ -80,7 +80,8 @@ pub(crate) fn read_space_root(
         .chunks_exact(BLOCK_PTR_SIZE)
         .map(BlockPtr::decode)
         .collect::<Result<Vec<_>, _>>()?;
-    let mut body = Vec::with_capacity(total as usize);
+    let stored: u64 = chunks.iter().map(|c| u64::from(c.lsize)).sum();
+    let mut body = Vec::with_capacity(total.min(stored) as usize);
     for c in &chunks {
         body.extend_from_slice(&pipeline::read_block(tops, c, None)?);
     }
@@ -499,12 +500,15 @@ impl Pool {
         Ok(())
     }
 
-    /// Flushes every top-level vdev; the leaves whose flush failed since
-    /// `marks` (within the redundancy) are added to `missed`. The leaves
-    /// that missed a write of the txg and those whose flush failed must
-    /// together stay within what the vdev tolerates: a block that missed
-    /// one side of a mirror and whose other side's flush failed is on
-    /// neither (counted over the whole txg, which errs on the safe side).
+    /// Flushes every top-level vdev; the leaves not durable since `marks`
+    /// (within the redundancy) are added to `missed`. A leaf that got into
+    /// trouble since (a failed flush, out of service) may have lost what
+    /// the txg wrote to it: with the leaves that missed a write of the
+    /// txg, it must stay within what the vdev tolerates, or a block that
+    /// missed one side of a mirror while the other side's flush failed is
+    /// on neither (counted over the whole txg, on the safe side). Without
+    /// such trouble each block's own misses are within the redundancy
+    /// already (its write said so), whatever the misses of others.
     fn flush_all(&self, marks: &[FlushMark], missed: &mut Vec<Missed>) -> Result<(), PoolError> {
         for (v, t) in self.tops.iter().enumerate() {
             let mark = marks.get(v).cloned().unwrap_or_default();
@@ -517,10 +521,15 @@ impl Pool {
                     missed.push(m);
                 }
             }
+            let troubled = t.troubled_since(&mark);
+            if troubled.is_empty() {
+                continue;
+            }
             let mut gone: Vec<usize> = missed
                 .iter()
                 .filter(|m| m.vdev as usize == v)
                 .map(|m| m.child)
+                .chain(troubled)
                 .collect();
             gone.sort_unstable();
             gone.dedup();

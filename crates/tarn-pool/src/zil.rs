@@ -180,11 +180,11 @@ pub(crate) struct ZilState {
     pub size_hint: u32,
     /// Allocate no log blocks on log devices (one is being removed).
     pub no_log_dev: bool,
-    /// Per vdev, its children's failed flushes as of the last commit's
-    /// flush there: a failure since then (met by a sync's flush, say) may
-    /// have dropped this commit's blocks, written since, though this
-    /// commit's own flush succeeds (see `TopVdev::flush_since`).
-    pub flush_marks: std::collections::BTreeMap<u32, tarn_vdev::FlushMark>,
+    /// Per vdev (by guid), its children's failed flushes as of the last
+    /// commit's flush there: a failure since then (met by a sync's flush,
+    /// say) may have dropped this commit's blocks, written since, though
+    /// this commit's own flush succeeds (see `TopVdev::flush_since`).
+    pub flush_marks: std::collections::BTreeMap<u64, tarn_vdev::FlushMark>,
 }
 
 /// What a commit did.
@@ -519,30 +519,32 @@ impl Pool {
                     failed = true;
                     continue;
                 };
-                let mark = z
-                    .flush_marks
-                    .get(v)
-                    .cloned()
-                    .unwrap_or_else(|| top.flush_mark());
+                // Marks go by the vdev's guid: a log device removed or
+                // added renumbers the others. Without one (the first
+                // commit on it since import), every failure since it was
+                // opened counts: at worst one commit falls back to a sync.
+                let mark = z.flush_marks.get(&top.guid()).cloned().unwrap_or_default();
                 let flushed = top.flush_since(&mark);
-                z.flush_marks.insert(*v, top.flush_mark());
+                let troubled = top.troubled_since(&mark);
+                z.flush_marks.insert(top.guid(), top.flush_mark());
                 match flushed {
                     // A leaf whose flush failed may have lost this commit's
                     // blocks written in place: it missed them (for the
                     // dirty time log of their txg), as a leaf that missed
-                    // the write itself. Those with the leaves that missed
-                    // this commit's writes must stay within what the vdev
-                    // tolerates, or a block may be on none of them.
+                    // the write itself. One in trouble since the mark, with
+                    // the leaves that missed this commit's writes, must
+                    // stay within what the vdev tolerates, or a block may
+                    // be on none of them.
                     Ok(lost) => {
                         let mut gone: Vec<usize> = missed_now
                             .iter()
                             .filter(|m| m.vdev == *v)
                             .map(|m| m.child)
-                            .chain(lost.iter().copied())
+                            .chain(troubled.iter().copied())
                             .collect();
                         gone.sort_unstable();
                         gone.dedup();
-                        if gone.len() > top.redundancy() {
+                        if !troubled.is_empty() && gone.len() > top.redundancy() {
                             failed = true;
                         }
                         z.missed.extend(

@@ -204,10 +204,14 @@ impl Slot {
     }
 }
 
-/// How many flushes of each child of a vdev had failed when it was taken
-/// ([`TopVdev::flush_mark`]).
+/// How many flushes of each child of a vdev had failed when it was taken,
+/// and which children were in service then ([`TopVdev::flush_mark`]). The
+/// default mark (none taken) counts every failure since the vdev opened.
 #[derive(Clone, Debug, Default)]
-pub struct FlushMark(Vec<u64>);
+pub struct FlushMark {
+    failures: Vec<u64>,
+    usable: Vec<bool>,
+}
 
 struct Child {
     slot: Mutex<Slot>,
@@ -570,12 +574,30 @@ impl TopVdev {
     /// How many flushes of each child had failed until now: a caller takes
     /// it before it writes, and flushes with [`TopVdev::flush_since`].
     pub fn flush_mark(&self) -> FlushMark {
-        FlushMark(
-            self.children
+        FlushMark {
+            failures: self
+                .children
                 .iter()
                 .map(|c| c.flush_failures.load(Ordering::Acquire))
                 .collect(),
-        )
+            usable: (0..self.width())
+                .map(|i| self.handle(i).is_some())
+                .collect(),
+        }
+    }
+
+    /// The children that got into trouble since `mark`: a flush of theirs
+    /// failed, or they were in service then and are not now. What was
+    /// written to them since may be gone although each write succeeded.
+    pub fn troubled_since(&self, mark: &FlushMark) -> Vec<usize> {
+        (0..self.width())
+            .filter(|&i| {
+                let failed = self.children[i].flush_failures.load(Ordering::Acquire)
+                    > mark.failures.get(i).copied().unwrap_or(0);
+                let left = mark.usable.get(i).copied().unwrap_or(false) && self.handle(i).is_none();
+                failed || left
+            })
+            .collect()
     }
 
     /// [`TopVdev::flush_since`] a mark taken now: what this flush itself
@@ -622,7 +644,7 @@ impl TopVdev {
                 bump(&child.counters.write_errors, 1);
                 self.try_fault(h.idx);
             }
-            let before = mark.0.get(h.idx).copied().unwrap_or(0);
+            let before = mark.failures.get(h.idx).copied().unwrap_or(0);
             if child.flush_failures.load(Ordering::Acquire) > before {
                 failed_now.push(h.idx);
             } else {

@@ -512,5 +512,36 @@ fn policies_that_would_prune_each_other_are_refused() {
     assert!(r["detail"].as_str().unwrap().contains("tank/photos"), "{r}");
     let taken = snapshots(&d, "tank/photos");
     assert!(!taken.iter().any(|s| s.starts_with("p-")), "{taken:?}");
+
+    // Two policies of one prefix on datasets apart, brought together by
+    // a rename: both are checked again at each run and neither prunes.
+    d.ok(&["dataset", "create", "tank/r1"]);
+    d.ok(&["dataset", "create", "tank/r2"]);
+    d.ok(&[
+        "schedule", "add", "ra", "snapshot", "tank/r1", "-r", "--keep", "daily=1", "--prefix", "rn",
+    ]);
+    d.ok(&[
+        "schedule", "add", "rb", "snapshot", "tank/r2", "--keep", "daily=1", "--prefix", "rn",
+    ]);
+    wait_for("the first runs", || {
+        !runs(&d, "ra").is_empty() && !runs(&d, "rb").is_empty()
+    });
+    // Older snapshots of rb, which its retention would let go.
+    let old = ["rn-2020-01-01-0000", "rn-2020-01-02-0000"];
+    for s in old {
+        d.ok(&["snapshot", &format!("tank/r2@{s}")]);
+    }
+    d.ok(&["dataset", "rename", "tank/r2", "tank/r1/r2"]);
+    // The run fails, so the command does too.
+    let _ = d.tarn(&["schedule", "run-now", "rb"]);
+    wait_for("the second run of rb", || runs(&d, "rb").len() >= 2);
+    let r = runs(&d, "rb").last().cloned().unwrap();
+    assert_eq!(r["ok"], false, "{r}");
+    assert!(
+        r["detail"].as_str().unwrap().contains("pruned nothing"),
+        "{r}"
+    );
+    let left = snapshots(&d, "tank/r1/r2");
+    assert!(old.iter().all(|o| left.iter().any(|l| l == o)), "{left:?}");
     d.stop();
 }
