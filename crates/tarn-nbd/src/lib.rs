@@ -70,8 +70,9 @@
 //! `NO_HOLE` on write-zeroes is accepted and has no effect: a volume
 //! stores zeros as holes whatever the client asks, and space is
 //! reserved per volume, not per block, so a hole does not make a later
-//! write more likely to fail. `FAST_ZERO` always succeeds, since zeroing
-//! frees blocks rather than writing them.
+//! write more likely to fail. `FAST_ZERO` succeeds over whole blocks
+//! (zeroing frees them rather than writing them) and is refused with
+//! `ENOTSUP` over part of a block, which a volume reads and writes again.
 //!
 //! # Replies
 //!

@@ -125,6 +125,9 @@ pub enum Command {
         len: u32,
         /// Durable before the reply.
         fua: bool,
+        /// `FAST_ZERO`: refuse at once (`ENOTSUP`) rather than be slower
+        /// than a write of zeros.
+        fast: bool,
     },
     /// Allocation status of a range (`base:allocation`).
     BlockStatus {
@@ -281,6 +284,7 @@ pub fn classify(h: &RequestHeader, s: &SessionView) -> Decision {
                     offset: h.offset,
                     len: h.len,
                     fua,
+                    fast: h.flags & cmd_flag::FAST_ZERO != 0,
                 })
             }
         }
@@ -395,7 +399,8 @@ mod tests {
             Decision::Run(Command::WriteZeroes {
                 offset: 0,
                 len: u32::MAX,
-                fua: false
+                fua: false,
+                fast: true
             }),
             "no payload: any length inside the export"
         );

@@ -933,3 +933,28 @@ fn slow_handshakes_do_not_stall_other_connections() {
     *dev.read_only_delay.lock().unwrap() = Duration::ZERO;
     still_serves(addr);
 }
+
+/// `FAST_ZERO` over whole blocks zeroes them; over part of a block (which
+/// a volume must read and write again) it is refused at once with
+/// `ENOTSUP`, and nothing changes.
+#[test]
+fn fast_zero_over_part_of_a_block_is_refused_at_once() {
+    let (r, dev) = server();
+    let mut c = Raw::open(r.local_addr(), "disk");
+    let data = pattern(5, 3 * 4096);
+    assert_eq!(c.write(0, &data), 0);
+    let zeroes = |c: &mut Raw, off: u64, len: u32| {
+        c.command(cmd::WRITE_ZEROES, cmd_flag::FAST_ZERO, off, len)
+    };
+    assert_eq!(zeroes(&mut c, 100, 512), errno::ENOTSUP);
+    assert_eq!(zeroes(&mut c, 4096, 4096 + 512), errno::ENOTSUP);
+    assert_eq!(c.read(0, 3 * 4096), Ok(data.clone()), "nothing changed");
+    assert_eq!(zeroes(&mut c, 4096, 4096), 0);
+    let mut want = data;
+    want[4096..8192].fill(0);
+    assert_eq!(c.read(0, 3 * 4096), Ok(want));
+    // Without the flag, part of a block is zeroed as asked.
+    assert_eq!(c.command(cmd::WRITE_ZEROES, 0, 100, 512), 0);
+    assert_eq!(dev.contents()[100..612], [0u8; 512]);
+    still_serves(r.local_addr());
+}
