@@ -29,9 +29,11 @@
 
 mod host;
 mod net;
+mod progress;
 
 pub use host::{keepalive, Host, HostConfig};
 pub use net::{client_key, IpNet, IpNetError};
+pub use progress::{Progress, ProgressClock};
 
 use std::collections::HashMap;
 use std::net::IpAddr;

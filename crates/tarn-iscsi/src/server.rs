@@ -139,8 +139,9 @@ pub struct IscsiConfig {
     /// `Duration::ZERO` (the default): never (initiators keep idle
     /// sessions and send NOP-Outs; dead peers are found by TCP keepalive).
     pub idle_timeout: Duration,
-    /// Time a batch of responses may take to be written before the
-    /// connection is given up. Default 2 minutes.
+    /// Time an initiator may take no byte of its responses before the
+    /// connection is given up (one reading slowly but steadily is kept).
+    /// Default 2 minutes.
     pub reply_timeout: Duration,
     /// The target's `MaxRecvDataSegmentLength`: largest data segment an
     /// initiator may send. Default 256 KiB; 512 ..= 16 MiB - 1.
@@ -364,6 +365,7 @@ async fn connection(
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let (r, w) = stream.into_split();
     let mut rd = BufReader::with_capacity(IO_BUFFER, r);
+    let (w, clock) = tarn_conn::Progress::new(w);
     let mut wr = BufWriter::with_capacity(IO_BUFFER, w);
     let cfg = &shared.cfg;
     let offer = Offer {
@@ -434,7 +436,7 @@ async fn connection(
         next_ttt: 1,
         text_rest: None,
     };
-    ffp.run(rd, wr, &conn, stop).await;
+    ffp.run(rd, wr, &clock, &conn, stop).await;
 }
 
 /// Reads login requests until the full feature phase; Err(Some(why)) on a
@@ -643,6 +645,7 @@ impl Ffp {
         &mut self,
         rd: BufReader<R>,
         mut wr: BufWriter<W>,
+        clock: &tarn_conn::ProgressClock,
         conn: &Conn,
         mut stop: watch::Receiver<bool>,
     ) where
@@ -675,7 +678,7 @@ impl Ffp {
             }
         });
         loop {
-            if !self.out.is_empty() && !flush(&mut wr, &mut self.out, reply_timeout).await {
+            if !self.out.is_empty() && !flush(&mut wr, &mut self.out, reply_timeout, clock).await {
                 conn.state().close();
                 reader.abort();
                 self.settle().await;
@@ -728,7 +731,7 @@ impl Ffp {
         // on the device); their answers go out if the peer still reads.
         self.settle().await;
         if !self.out.is_empty() {
-            let _ = flush(&mut wr, &mut self.out, reply_timeout).await;
+            let _ = flush(&mut wr, &mut self.out, reply_timeout, clock).await;
         }
         let _ = wr.shutdown().await;
     }
@@ -1512,20 +1515,21 @@ impl Ffp {
     }
 }
 
-/// Writes everything queued (within `timeout`); false if that failed.
+/// Writes everything queued; false if that failed or the initiator took no
+/// byte of it for `timeout`.
 async fn flush<W: AsyncWrite + Unpin>(
     w: &mut BufWriter<W>,
     out: &mut Vec<u8>,
     timeout: Option<Duration>,
+    clock: &tarn_conn::ProgressClock,
 ) -> bool {
     let write = async {
         w.write_all(out).await?;
         w.flush().await
     };
-    let ok = match timeout {
-        Some(t) => matches!(tokio::time::timeout(t, write).await, Ok(Ok(()))),
-        None => write.await.is_ok(),
-    };
+    // Given up when the initiator takes no byte for `timeout`, not when
+    // a large batch of Data-In takes longer to read.
+    let ok = clock.finish(write, timeout).await;
     out.clear();
     ok
 }

@@ -8,7 +8,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, B
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
-use tarn_conn::{Busy, Conn, ConnState, Host, HostConfig, Limits, RateLog};
+use tarn_conn::{Busy, Conn, ConnState, Host, HostConfig, Limits, Progress, RateLog};
 
 use crate::exec::{self, Reply};
 use crate::export::{NbdExport, Table};
@@ -56,9 +56,10 @@ pub struct NbdConfig {
     /// reconnect on their own (a kernel `/dev/nbd` device or a qemu disk
     /// would see I/O errors); dead peers are found by TCP keepalive.
     pub idle_timeout: Duration,
-    /// Time a batch of replies may take to be written before the
+    /// Time a client may take no byte of its replies before the
     /// connection is given up (a client that stops reading its replies
-    /// would otherwise hold its requests' memory). Default 2 minutes.
+    /// would otherwise hold its requests' memory; one that reads slowly
+    /// but steadily is kept). Default 2 minutes.
     pub reply_timeout: Duration,
     /// Export that an empty name (`nbd://host:10809` without a path)
     /// stands for; None: an empty name is unknown.
@@ -740,15 +741,18 @@ async fn write_data<W: AsyncWrite + Unpin>(
 }
 
 /// Writes replies as they come, several at once when they queue up, and
-/// flushes when the queue is empty. A batch that cannot be written within
-/// `timeout` gives the connection up. Ends when every sender is gone,
-/// shutting the stream down (TLS `close_notify`, then TCP FIN).
+/// flushes when the queue is empty. A client that takes no byte of its
+/// replies for `timeout` is given up (one that reads slowly but steadily
+/// is not, however large the replies it asked for). Ends when every
+/// sender is gone, shutting the stream down (TLS `close_notify`, then TCP
+/// FIN).
 async fn write_replies<W: AsyncWrite + Unpin>(
     wr: W,
     mut rx: mpsc::Receiver<Outgoing>,
     state: Arc<ConnState>,
     timeout: Option<Duration>,
 ) {
+    let (wr, clock) = Progress::new(wr);
     let mut w = BufWriter::with_capacity(IO_BUFFER, wr);
     let mut batch: Vec<Outgoing> = Vec::with_capacity(REPLY_BATCH);
     while let Some(first) = rx.recv().await {
@@ -768,10 +772,7 @@ async fn write_replies<W: AsyncWrite + Unpin>(
             }
             w.flush().await
         };
-        let ok = match timeout {
-            Some(t) => matches!(tokio::time::timeout(t, write).await, Ok(Ok(()))),
-            None => write.await.is_ok(),
-        };
+        let ok = clock.finish(write, timeout).await;
         // The requests are done once their replies are written.
         batch.clear();
         if !ok {

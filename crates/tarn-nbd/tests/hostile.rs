@@ -161,3 +161,54 @@ fn a_client_that_never_reads_replies_is_given_up() {
     let mut ok = Raw::open(r.local_addr(), "disk");
     assert_eq!(ok.read(0, 2), Ok(vec![0x42, 0x42]));
 }
+
+/// A client that reads a large reply slowly but steadily is not given up
+/// as one that stopped reading: the reply timeout judges progress, not
+/// the time a whole batch of replies takes.
+#[test]
+fn a_client_that_reads_slowly_but_steadily_keeps_its_connection() {
+    use std::io::Read;
+    let dev = Arc::new(MemDevice::new(64 * MIB, 4096));
+    dev.write(0, &vec![0x37; 32 * MIB as usize], false).unwrap();
+    let r = start_with(
+        NbdConfig {
+            reply_timeout: Duration::from_millis(500),
+            ..NbdConfig::default()
+        },
+        vec![NbdExport::new("disk", dev)],
+    );
+    let mut c = Raw::open(r.local_addr(), "disk");
+    let len = 32 * MIB as u32;
+    let mut req = Vec::new();
+    req.extend_from_slice(&proto::REQUEST_MAGIC.to_be_bytes());
+    req.extend_from_slice(&[0, 0, 0, cmd::READ as u8]);
+    req.extend_from_slice(&7u64.to_be_bytes());
+    req.extend_from_slice(&0u64.to_be_bytes());
+    req.extend_from_slice(&len.to_be_bytes());
+    c.s.write_all(&req).unwrap();
+    // About 8 MB/s: the whole reply takes about four seconds, each piece
+    // a few milliseconds.
+    let mut got = Vec::with_capacity(16 + len as usize);
+    let mut buf = vec![0u8; 64 << 10];
+    let t0 = Instant::now();
+    while got.len() < 16 + len as usize {
+        let n = c.s.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "the server closed the connection after {:?}",
+            t0.elapsed()
+        );
+        got.extend_from_slice(&buf[..n]);
+        std::thread::sleep(Duration::from_millis(8));
+    }
+    assert!(
+        t0.elapsed() > Duration::from_secs(1),
+        "the reply came too fast to test"
+    );
+    assert!(got[16..].iter().all(|b| *b == 0x37));
+    assert_eq!(
+        c.read(0, 2),
+        Ok(vec![0x37, 0x37]),
+        "the connection still serves"
+    );
+}
