@@ -145,7 +145,11 @@ mod tests {
             w.flush().await
         };
         assert!(clock.finish(write, Some(Duration::from_millis(100))).await);
-        assert!(t0.elapsed() > Duration::from_millis(300), "{:?}", t0.elapsed());
+        assert!(
+            t0.elapsed() > Duration::from_millis(300),
+            "{:?}",
+            t0.elapsed()
+        );
         drop(w);
         assert_eq!(reader.await.unwrap(), data.len());
 

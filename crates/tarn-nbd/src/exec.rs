@@ -159,7 +159,8 @@ pub fn run(dev: &dyn Device, cmd: Command, payload: Option<Vec<u8>>) -> Result<D
             offset,
             len,
             req_one,
-        } => block_status(dev, offset, len, req_one),
+            max_extents,
+        } => block_status(dev, offset, len, req_one, max_extents as usize),
     }
 }
 
@@ -167,7 +168,14 @@ pub fn run(dev: &dyn Device, cmd: Command, payload: Option<Vec<u8>>) -> Result<D
 /// query covers at most [`MAX_STATUS_EXTENTS`] blocks, so neither the
 /// device's answer nor the reply can grow with the length asked. Holes
 /// are `HOLE | ZERO`, data is 0.
-fn block_status(dev: &dyn Device, offset: u64, len: u32, req_one: bool) -> Result<Done, Failure> {
+fn block_status(
+    dev: &dyn Device,
+    offset: u64,
+    len: u32,
+    req_one: bool,
+    max_extents: usize,
+) -> Result<Done, Failure> {
+    let max_extents = max_extents.clamp(1, MAX_STATUS_EXTENTS);
     let block = dev.block_size().max(512) as u64;
     let span = (len as u64).min(block * MAX_STATUS_EXTENTS as u64);
     let extents = dev.extents(offset, span).map_err(|e| fail(e, false))?;
@@ -185,7 +193,7 @@ fn block_status(dev: &dyn Device, offset: u64, len: u32, req_one: bool) -> Resul
         } else {
             0
         };
-        let full = out.len() == MAX_STATUS_EXTENTS;
+        let full = out.len() == max_extents;
         match out.last_mut() {
             Some((l, f)) if *f == flags => *l += n as u32,
             _ if full => break,
@@ -311,6 +319,37 @@ mod tests {
         MemDevice::new(1 << 20, 4096)
     }
 
+    /// A reply never holds more descriptors than the maximum payload
+    /// allows (4 bytes of context id and 8 per descriptor), however many
+    /// extents the range has; it is then a prefix of the range.
+    #[test]
+    fn block_status_stays_within_the_maximum_payload() {
+        let d = dev();
+        for i in (0..256u64).step_by(2) {
+            d.write(i * 4096, &[1], false).unwrap();
+        }
+        let q = |max_extents| {
+            run(
+                &d,
+                Command::BlockStatus {
+                    offset: 0,
+                    len: 1 << 20,
+                    req_one: false,
+                    max_extents,
+                },
+                None,
+            )
+        };
+        let Ok(Done::Status(all)) = q(u32::MAX) else {
+            panic!("no status");
+        };
+        assert_eq!(all.len(), 256);
+        let Ok(Done::Status(few)) = q(5) else {
+            panic!("no status");
+        };
+        assert_eq!(few, all[..5]);
+    }
+
     #[test]
     fn errno_mapping() {
         let e = |x: VolError, w| errno_of(&x, w);
@@ -403,6 +442,7 @@ mod tests {
                     offset,
                     len,
                     req_one,
+                    max_extents: u32::MAX,
                 },
                 None,
             )
@@ -442,6 +482,7 @@ mod tests {
                 offset: 0,
                 len: 512 << 17,
                 req_one: false,
+                max_extents: u32::MAX,
             },
             None,
         ) else {

@@ -137,6 +137,9 @@ pub enum Command {
         len: u32,
         /// Exactly one extent, no longer than `len`.
         req_one: bool,
+        /// Most descriptors the reply may hold: its payload stays within
+        /// the maximum payload advertised, as the protocol asks.
+        max_extents: u32,
     },
 }
 
@@ -302,6 +305,7 @@ pub fn classify(h: &RequestHeader, s: &SessionView) -> Decision {
                     offset: h.offset,
                     len: h.len,
                     req_one: h.flags & cmd_flag::REQ_ONE != 0,
+                    max_extents: (s.max_payload.saturating_sub(4) / 8).max(1),
                 })
             }
         }
@@ -409,7 +413,8 @@ mod tests {
             Decision::Run(Command::BlockStatus {
                 offset: 0,
                 len: 10,
-                req_one: true
+                req_one: true,
+                max_extents: (32 * MIB - 4) / 8
             })
         );
         // The whole export, ending exactly at its end.
