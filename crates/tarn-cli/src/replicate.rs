@@ -204,8 +204,60 @@ pub(crate) fn replicate(client: &mut Session, out: &Out, a: ReplicateArgs) -> an
                 .collect(),
         }
     };
+    // What the steps send is held while they upload, so pruning cannot
+    // destroy it, nor a snapshot of the same name take its place between
+    // the listing above (whose guids the manifests record) and its send.
+    let mut inflight = InFlight::new(client, fs, &a.to)?;
+    let mut sending: Vec<&Snap> = Vec::new();
+    for (from, to) in &steps {
+        sending.extend(from.iter().copied().chain([*to]));
+    }
+    sending.dedup_by(|x, y| x.short == y.short);
+    if !sending.is_empty() {
+        let shorts: Vec<&str> = sending.iter().map(|s| s.short.as_str()).collect();
+        inflight.hold(client, &shorts)?;
+        let now = snapshots_of(client, fs)?;
+        if let Some(changed) = sending
+            .iter()
+            .find(|s| !now.iter().any(|n| n.short == s.short && n.guid == s.guid))
+        {
+            let _ = inflight.release(client);
+            bail!(
+                "{fs}@{} changed while the replication was planned (destroyed, or taken \
+                 again); run it again",
+                changed.short
+            );
+        }
+    }
+    let uploaded = upload_steps(client, &mut store, &steps, fs, &a.to);
+    let released = inflight.release(client);
+    let (mut done, results) = uploaded?;
+    lines.append(&mut done);
+    released?;
+    if store.bucket().retries > 0 {
+        lines.push(format!(
+            "({} requests were retried)",
+            store.bucket().retries
+        ));
+    }
+    hold_base(client, fs, short, &a.to)?;
+    out.raw_or(&serde_json::Value::Array(results), || {
+        lines.iter().map(|l| format!("{l}\n")).collect()
+    })
+}
+
+/// Uploads each step's stream with its manifest: the lines to say and the
+/// results to print.
+fn upload_steps(
+    client: &mut Session,
+    store: &mut Store,
+    steps: &[(Option<&Snap>, &Snap)],
+    fs: &str,
+    to_url: &str,
+) -> anyhow::Result<(Vec<String>, Vec<serde_json::Value>)> {
+    let mut lines = Vec::new();
     let mut results = Vec::new();
-    for (from, to) in steps {
+    for &(from, to) in steps {
         let info = StreamInfo {
             dataset: fs.to_string(),
             snapshot: to.short.clone(),
@@ -223,7 +275,7 @@ pub(crate) fn replicate(client: &mut Session, out: &Out, a: ReplicateArgs) -> an
         };
         client
             .call_body_out(method::DATASET_SEND, &params, &mut up)
-            .with_context(|| format!("sending {fs}@{} to {}", to.short, a.to))?;
+            .with_context(|| format!("sending {fs}@{} to {to_url}", to.short))?;
         let r = up.finish()?;
         lines.push(format!(
             "stored {fs}@{}{} ({}, {} of {} parts sent, {} already there)",
@@ -243,16 +295,7 @@ pub(crate) fn replicate(client: &mut Session, out: &Out, a: ReplicateArgs) -> an
             "reused": r.reused,
         }));
     }
-    if store.bucket().retries > 0 {
-        lines.push(format!(
-            "({} requests were retried)",
-            store.bucket().retries
-        ));
-    }
-    hold_base(client, fs, short, &a.to)?;
-    out.raw_or(&serde_json::Value::Array(results), || {
-        lines.iter().map(|l| format!("{l}\n")).collect()
-    })
+    Ok((lines, results))
 }
 
 /// `tarn receive --from s3://... [--snapshot NAME] NAME`: the chain of

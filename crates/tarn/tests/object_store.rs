@@ -73,6 +73,9 @@ fn snapshots_go_to_an_object_store_and_come_back_without_the_key() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+    // While it uploads, the snapshot is held: pruning cannot take it.
+    let holds = a.ok(&["holds", "tank/docs@night-9"]);
+    assert!(holds.contains(&format!("sending {url}")), "{holds}");
     up.kill().unwrap();
     up.wait().unwrap();
     let listed = b.list("nas/docs/").unwrap();
@@ -98,6 +101,9 @@ fn snapshots_go_to_an_object_store_and_come_back_without_the_key() {
     assert!(r["parts"].as_u64().unwrap() >= 16, "{out}");
     let again = s3.ok(&a, &["replicate", "tank/docs@night-9", "--to", &url]);
     assert!(again.contains("already stored"), "{again}");
+    // The killed run's hold was released by the next one.
+    let holds = a.ok(&["holds", "tank/docs@night-9"]);
+    assert!(!holds.contains("sending"), "{holds}");
 
     // An incremental run sends what changed, as its own stream.
     std::fs::write(mnt.join("letter.txt"), b"rewritten").unwrap();
