@@ -207,7 +207,10 @@ impl Pool {
     pub(crate) fn sync_body(&self, sync: &mut SyncState, txg: u64) -> Result<u64, PoolError> {
         // Leaves that missed writes made early for the intent log, for
         // blocks of this txg or before.
-        let mut missed: Vec<Missed> = self.take_missed(txg);
+        // Leaves whose flush failed in an intent log commit of this txg
+        // (or before) may have dropped some of those early blocks: trouble
+        // for this txg's sync however its own flushes go (`flush_all`).
+        let (mut missed, lost) = self.take_missed(txg);
         // Before any write of the txg: a flush failure from now on, met by
         // whichever flush (an intent log commit's), may have dropped them.
         let marks: Vec<FlushMark> = self.tops.iter().map(|t| t.flush_mark()).collect();
@@ -226,7 +229,7 @@ impl Pool {
         let space_root = self.sync_space_maps(txg, &mut missed)?;
         let space_root_ptr = space_root.root;
         // 5. Flush, the uberblock on every leaf that has the whole txg, flush.
-        self.write_uberblocks(txg, meta_root, space_root_ptr, &marks, &mut missed)?;
+        self.write_uberblocks(txg, meta_root, space_root_ptr, (&marks, &lost), &mut missed)?;
         // 6. Committed: only now may anything rely on txg `txg`.
         self.sync_done(sync, txg, meta_root, space_root, missed);
         Ok(txg)
@@ -429,10 +432,10 @@ impl Pool {
         txg: u64,
         meta_root: BlockPtr,
         space_root: BlockPtr,
-        marks: &[FlushMark],
+        trouble: (&[FlushMark], &[Missed]),
         missed: &mut Vec<Missed>,
     ) -> Result<(), PoolError> {
-        self.flush_all(marks, missed)?;
+        self.flush_all(trouble, missed)?;
         // Every leaf that missed a write is named in the uberblock too, for
         // the case where it gets the uberblock anyway (below).
         let mut missed_guids: Vec<u64> = missed
@@ -496,20 +499,25 @@ impl Pool {
         // one made them durable) but perhaps not its uberblock; its dirty
         // time log names the txg all the same (a resilver of it costs
         // little, and import's check of its newest uberblock agrees).
-        self.flush_all(marks, missed)?;
+        self.flush_all(trouble, missed)?;
         Ok(())
     }
 
     /// Flushes every top-level vdev; the leaves not durable since `marks`
     /// (within the redundancy) are added to `missed`. A leaf that got into
-    /// trouble since (a failed flush, out of service) may have lost what
+    /// trouble since (a failed flush, out of service), or whose flush
+    /// failed in an intent log commit of the txg (`lost`), may have lost what
     /// the txg wrote to it: with the leaves that missed a write of the
     /// txg, it must stay within what the vdev tolerates, or a block that
     /// missed one side of a mirror while the other side's flush failed is
     /// on neither (counted over the whole txg, on the safe side). Without
     /// such trouble each block's own misses are within the redundancy
     /// already (its write said so), whatever the misses of others.
-    fn flush_all(&self, marks: &[FlushMark], missed: &mut Vec<Missed>) -> Result<(), PoolError> {
+    fn flush_all(
+        &self,
+        (marks, lost): (&[FlushMark], &[Missed]),
+        missed: &mut Vec<Missed>,
+    ) -> Result<(), PoolError> {
         for (v, t) in self.tops.iter().enumerate() {
             let mark = marks.get(v).cloned().unwrap_or_default();
             for child in t.flush_since(&mark)? {
@@ -521,7 +529,12 @@ impl Pool {
                     missed.push(m);
                 }
             }
-            let troubled = t.troubled_since(&mark);
+            let mut troubled = t.troubled_since(&mark);
+            troubled.extend(
+                lost.iter()
+                    .filter(|m| m.vdev as usize == v)
+                    .map(|m| m.child),
+            );
             if troubled.is_empty() {
                 continue;
             }

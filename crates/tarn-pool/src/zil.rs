@@ -172,6 +172,10 @@ pub(crate) struct ZilState {
     /// Leaves that missed an early write, with the txg of the block, for
     /// that txg's dirty time log.
     pub missed: Vec<(u64, Missed)>,
+    /// Of those, the leaves whose flush failed in a commit (not a write):
+    /// they may have dropped blocks of that txg that other leaves missed,
+    /// which the txg's sync must count as trouble (see `flush_all`).
+    pub lost: Vec<(u64, Missed)>,
     /// Blocks a sync no longer needed that a later txg allocated (a commit
     /// written while an earlier txg synced), with that later txg: freed by
     /// its sync, not at once (see `Pool::free_log_block`).
@@ -536,8 +540,12 @@ impl Pool {
                     // stay within what the vdev tolerates, or a block may
                     // be on none of them.
                     Ok(lost) => {
+                        // This commit's writes and every early write of
+                        // its txg (the blocks it references were written
+                        // in place before it): on the safe side.
                         let mut gone: Vec<usize> = missed_now
                             .iter()
+                            .chain(z.missed.iter().filter(|(t, _)| *t == txg).map(|(_, m)| m))
                             .filter(|m| m.vdev == *v)
                             .map(|m| m.child)
                             .chain(troubled.iter().copied())
@@ -547,10 +555,12 @@ impl Pool {
                         if !troubled.is_empty() && gone.len() > top.redundancy() {
                             failed = true;
                         }
-                        z.missed.extend(
-                            lost.into_iter()
-                                .map(|child| (txg, Missed { vdev: *v, child })),
-                        );
+                        let lost: Vec<(u64, Missed)> = lost
+                            .into_iter()
+                            .map(|child| (txg, Missed { vdev: *v, child }))
+                            .collect();
+                        z.missed.extend(lost.iter().copied());
+                        z.lost.extend(lost);
                     }
                     Err(_) => failed = true,
                 }
@@ -715,19 +725,25 @@ impl Pool {
         Some(records)
     }
 
-    /// The leaves that missed early writes of blocks of txgs up to `txg`.
-    pub(crate) fn take_missed(&self, txg: u64) -> Vec<Missed> {
+    /// The leaves that missed early writes of blocks of txgs up to `txg`,
+    /// and of those the ones whose flush failed in a commit.
+    pub(crate) fn take_missed(&self, txg: u64) -> (Vec<Missed>, Vec<Missed>) {
+        let take = |v: &mut Vec<(u64, Missed)>| {
+            let mut out = Vec::new();
+            v.retain(|(t, m)| {
+                if *t <= txg {
+                    out.push(*m);
+                    false
+                } else {
+                    true
+                }
+            });
+            out
+        };
         let mut z = self.zil_state();
-        let mut out = Vec::new();
-        z.missed.retain(|(t, m)| {
-            if *t <= txg {
-                out.push(*m);
-                false
-            } else {
-                true
-            }
-        });
-        out
+        let missed = take(&mut z.missed);
+        let lost = take(&mut z.lost);
+        (missed, lost)
     }
 
     /// True when a sync has intent log work to do.
