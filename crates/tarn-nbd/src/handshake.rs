@@ -247,30 +247,24 @@ where
         let (table, pol, mut state) = (table(), *policy, std::mem::take(st));
         let answered = tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
-            let step = handle(h.option, &data, &mut state, &pol, &table, &mut out);
-            let entered = match step {
-                Step::Go(export) => Ok(session(export, &state, &pol)),
-                other => Err(other),
+            let ended = match handle(h.option, &data, &mut state, &pol, &table, &mut out) {
+                Step::Next => None,
+                Step::Go(export) => Some(Ok(Outcome::Go(session(export, &state, &pol)))),
+                Step::StartTls => Some(Ok(Outcome::StartTls)),
+                Step::Abort => Some(Ok(Outcome::Abort)),
+                Step::Close(why) => Some(Err(HsError::Protocol(why))),
             };
-            (state, out, entered)
+            (state, out, ended)
         })
         .await
         .map_err(|e| HsError::Protocol(format!("an option's handler failed: {e}")))?;
-        let (state, out, entered) = answered;
+        let (state, out, ended) = answered;
         *st = state;
         if !out.is_empty() {
             send(s, &out).await?;
         }
-        let step = match entered {
-            Ok(sess) => return Ok(Outcome::Go(sess)),
-            Err(step) => step,
-        };
-        match step {
-            Step::Next => continue,
-            Step::Go(export) => return Ok(Outcome::Go(session(export, st, policy))),
-            Step::StartTls => return Ok(Outcome::StartTls),
-            Step::Abort => return Ok(Outcome::Abort),
-            Step::Close(why) => return Err(HsError::Protocol(why)),
+        if let Some(ended) = ended {
+            return ended;
         }
     }
 }

@@ -179,13 +179,7 @@ fn a_client_that_reads_slowly_but_steadily_keeps_its_connection() {
     );
     let mut c = Raw::open(r.local_addr(), "disk");
     let len = 32 * MIB as u32;
-    let mut req = Vec::new();
-    req.extend_from_slice(&proto::REQUEST_MAGIC.to_be_bytes());
-    req.extend_from_slice(&[0, 0, 0, cmd::READ as u8]);
-    req.extend_from_slice(&7u64.to_be_bytes());
-    req.extend_from_slice(&0u64.to_be_bytes());
-    req.extend_from_slice(&len.to_be_bytes());
-    c.s.write_all(&req).unwrap();
+    c.request(cmd::READ, 0, 7, 0, len, &[]);
     // About 8 MB/s: the whole reply takes about four seconds, each piece
     // a few milliseconds.
     let mut got = Vec::with_capacity(16 + len as usize);
