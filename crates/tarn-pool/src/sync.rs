@@ -133,6 +133,26 @@ pub(crate) fn decode_space_root(b: &[u8], tops: usize) -> Result<Vec<SpaceMap>, 
     Ok(out)
 }
 
+/// The children of `t` a block of a txg may be missing from, when that
+/// is more than `t` tolerates: those that missed writes (`missed`) with
+/// those in trouble since the writers' mark (a failed flush, out of
+/// service), counted over the whole txg on the safe side. `None` without
+/// trouble: each block's own misses were within the redundancy when it
+/// was written. Used by the sync (`flush_all`) and the intent log.
+pub(crate) fn beyond_redundancy(
+    t: &tarn_vdev::TopVdev,
+    missed: impl IntoIterator<Item = usize>,
+    troubled: &[usize],
+) -> Option<Vec<usize>> {
+    if troubled.is_empty() {
+        return None;
+    }
+    let mut gone: Vec<usize> = missed.into_iter().chain(troubled.iter().copied()).collect();
+    gone.sort_unstable();
+    gone.dedup();
+    (gone.len() > t.redundancy()).then_some(gone)
+}
+
 /// Runs `f` over `items` on up to `threads` scoped threads, keeping order.
 pub(crate) fn parallel_map<T: Sync, R: Send>(
     items: &[T],
@@ -535,18 +555,11 @@ impl Pool {
                     .filter(|m| m.vdev as usize == v)
                     .map(|m| m.child),
             );
-            if troubled.is_empty() {
-                continue;
-            }
-            let mut gone: Vec<usize> = missed
+            let missed_here = missed
                 .iter()
                 .filter(|m| m.vdev as usize == v)
-                .map(|m| m.child)
-                .chain(troubled)
-                .collect();
-            gone.sort_unstable();
-            gone.dedup();
-            if gone.len() > t.redundancy() {
+                .map(|m| m.child);
+            if let Some(gone) = beyond_redundancy(t, missed_here, &troubled) {
                 let leaves = t.leaves();
                 return Err(tarn_vdev::VdevError::InsufficientReplicas {
                     op: "flush",

@@ -543,16 +543,12 @@ impl Pool {
                         // This commit's writes and every early write of
                         // its txg (the blocks it references were written
                         // in place before it): on the safe side.
-                        let mut gone: Vec<usize> = missed_now
+                        let missed_here = missed_now
                             .iter()
                             .chain(z.missed.iter().filter(|(t, _)| *t == txg).map(|(_, m)| m))
                             .filter(|m| m.vdev == *v)
-                            .map(|m| m.child)
-                            .chain(troubled.iter().copied())
-                            .collect();
-                        gone.sort_unstable();
-                        gone.dedup();
-                        if !troubled.is_empty() && gone.len() > top.redundancy() {
+                            .map(|m| m.child);
+                        if crate::sync::beyond_redundancy(&top, missed_here, &troubled).is_some() {
                             failed = true;
                         }
                         let lost: Vec<(u64, Missed)> = lost
