@@ -246,7 +246,7 @@ impl Dir {
         let own = self.unused_reservation(id);
         for a in self.ancestors_and_self(id) {
             if let Some(q) = self.prop_u64(a, "quota") {
-                let used = self.deflate(self.used_asize(a).saturating_add(self.pending(a)));
+                let used = self.user_used(a);
                 let relief = if a == id { 0 } else { own };
                 avail = avail.min(q.saturating_add(relief).saturating_sub(used));
             }

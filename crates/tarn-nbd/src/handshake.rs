@@ -274,6 +274,14 @@ async fn send<S: AsyncWrite + Unpin>(s: &mut S, b: &[u8]) -> std::io::Result<()>
     s.flush().await
 }
 
+/// The export a client may enter by `name`: offered, and with a size. A
+/// device closed while it was found (its volume closing for a rollback)
+/// has none: turned away, not shown empty. Asks the device, so only on a
+/// blocking thread.
+fn entered(table: &Table, name: &str) -> Option<Arc<NbdExport>> {
+    table.find(name).cloned().filter(|e| e.device.size() > 0)
+}
+
 /// Handles one option: writes its replies to `out`, updates `st`, and
 /// says what comes next. No I/O, so every branch is unit-tested.
 pub(crate) fn handle(
@@ -315,8 +323,7 @@ pub(crate) fn handle(
         opt::EXPORT_NAME => {
             let found = option::decode_export_name(data)
                 .ok()
-                .and_then(|n| table.find(&n).cloned())
-                .filter(|e| e.device.size() > 0);
+                .and_then(|n| entered(table, &n));
             let Some(export) = found else {
                 // Cannot be answered with an error either.
                 return Step::Close(format!(
@@ -370,13 +377,7 @@ pub(crate) fn handle(
                 Ok(r) => r,
                 Err(e) => return invalid(out, e),
             };
-            // A device closed while it was found (its volume closing for
-            // a rollback) has no size: turned away, not shown empty.
-            let Some(export) = table
-                .find(&req.name)
-                .cloned()
-                .filter(|e| e.device.size() > 0)
-            else {
+            let Some(export) = entered(table, &req.name) else {
                 return unknown(out, &req.name);
             };
             info_replies(out, option, &req.items, &export, st, policy);
