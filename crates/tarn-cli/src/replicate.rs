@@ -207,7 +207,7 @@ pub(crate) fn replicate(client: &mut Session, out: &Out, a: ReplicateArgs) -> an
     // What the steps send is held while they upload, so pruning cannot
     // destroy it, nor a snapshot of the same name take its place between
     // the listing above (whose guids the manifests record) and its send.
-    let mut inflight = InFlight::new(client, fs, &a.to)?;
+    let mut inflight = InFlight::new(client, fs, &snaps, &a.to)?;
     let mut sending: Vec<&Snap> = Vec::new();
     for (from, to) in &steps {
         sending.extend(from.iter().copied().chain([*to]));
@@ -489,9 +489,9 @@ fn replicate_to_tarn(
         );
         results.extend(r.snapshots.clone());
     }
-    let mut inflight = InFlight::new(client, fs, &a.to)?;
     let have = theirs_now()?;
     let snaps = snapshots_of(client, fs)?;
+    let mut inflight = InFlight::new(client, fs, &snaps, &a.to)?;
     let Some(end) = snaps.iter().position(|s| s.short == short) else {
         bail!("'{fs}@{short}' does not exist");
     };
@@ -571,15 +571,13 @@ struct InFlight {
 }
 
 impl InFlight {
-    /// Releases what an earlier run to `to` left held.
-    fn new(client: &mut Session, fs: &str, to: &str) -> anyhow::Result<InFlight> {
+    /// Releases what an earlier run to `to` left held on `snaps`, the
+    /// dataset's snapshots as just listed.
+    fn new(client: &mut Session, fs: &str, snaps: &[Snap], to: &str) -> anyhow::Result<InFlight> {
         use tarn_api::dataset::HoldInfo;
         use tarn_api::params::{HoldParams, HoldsParams};
         let tag = tag_for("sending", to);
-        let names: Vec<String> = snapshots_of(client, fs)?
-            .iter()
-            .map(|s| format!("{fs}@{}", s.short))
-            .collect();
+        let names: Vec<String> = snaps.iter().map(|s| format!("{fs}@{}", s.short)).collect();
         let v = client.call(
             method::DATASET_HOLDS,
             &HoldsParams {
