@@ -56,12 +56,7 @@ impl Dir {
             rec.unique.sub(s);
             cx.free(*bp);
         } else {
-            let bucket = boundaries
-                .iter()
-                .copied()
-                .filter(|t| *t < bp.birth)
-                .max()
-                .unwrap_or(0);
+            let bucket = bucket_of(&boundaries, bp.birth);
             rec.dead.entry(bucket).or_default().add(s);
             cx.meta_put(&dead_key(rec.deadlist, bucket, bp), &bp.encode())?;
         }
@@ -195,4 +190,15 @@ impl Dir {
             }
         }
     }
+}
+
+/// The deadlist bucket of a block born at `birth`, given the snapshot
+/// boundaries of its chain: the last boundary before the birth (0 if none).
+pub(crate) fn bucket_of(boundaries: &[u64], birth: u64) -> u64 {
+    boundaries
+        .iter()
+        .copied()
+        .filter(|t| *t < birth)
+        .max()
+        .unwrap_or(0)
 }

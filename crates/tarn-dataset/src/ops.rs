@@ -657,12 +657,7 @@ pub fn promote(pool: &Pool, name: &str) -> Result<(), DsError> {
                 };
                 for (k, v) in page {
                     let bp = BlockPtr::decode(&v)?;
-                    let bucket = new_bounds
-                        .iter()
-                        .copied()
-                        .filter(|t| *t < bp.birth)
-                        .max()
-                        .unwrap_or(0);
+                    let bucket = crate::deadlist::bucket_of(&new_bounds, bp.birth);
                     sums.entry(bucket).or_default().add(Sums::of(&bp));
                     moved.push((k, bp, bucket));
                 }
