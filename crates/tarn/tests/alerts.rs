@@ -307,6 +307,13 @@ fn a_faulted_device_is_mailed_and_the_daemon_reports_what_happened() {
     // A scrub's end, and a schedule that fails, are events.
     d.ok(&["pool", "inject", "tank", &f[1], "--clear"]);
     d.ok(&["pool", "clear", "tank"]);
+    // The device missed the object's writes, so the clear starts a
+    // resilver, and a scrub is refused while it runs: wait for its end.
+    wait_for("the resilver after the clear", || {
+        let v: serde_json::Value =
+            serde_json::from_str(&d.ok(&["-o", "json", "pool", "status", "tank"])).unwrap();
+        v[0]["scan"]["kind"] == "resilver" && v[0]["scan"]["state"] == "finished"
+    });
     d.ok(&["pool", "scrub", "--wait", "tank"]);
     wait_for("the scrub's event", || has_event(&d, "scan.finished", None));
     d.ok(&["dataset", "create", "tank/gone"]);
