@@ -430,6 +430,7 @@ struct Open {
 
 /// Whether a connection is running a request, and since when it is idle.
 struct Activity {
+    /// Running a request, or writing its answer: not to be evicted.
     busy: bool,
     /// End of the last request (or the accept).
     idle_since: Instant,
@@ -835,14 +836,18 @@ fn serve_connection(
                     lock_activity(activity).busy = false;
                     return;
                 }
-                let response = answer(text, shared, backend);
-                lock_activity(activity).busy = false;
-                response
+                // Busy until the answer is written: a connection whose
+                // request ran must not be evicted before its answer is out
+                // (the client would be told nothing of a change made), nor
+                // look, between the two, like a newcomer that was never
+                // served.
+                answer(text, shared, backend)
             }
         };
         let written = writer.write_all(&response.to_line());
         {
             let mut a = lock_activity(activity);
+            a.busy = false;
             a.idle_since = Instant::now();
             a.served = true;
             a.arriving = !reader.buffer().is_empty();

@@ -228,6 +228,37 @@ fn a_request_arriving_is_not_evicted_before_silent_connections() {
     daemon.stop();
 }
 
+/// A connection whose request has run is not evicted while its answer is
+/// being written (here: a client slow to read a long answer), even when it
+/// is the oldest connection that was never answered before: its client
+/// would be told nothing of a request that ran.
+#[test]
+fn an_answer_being_written_is_not_cut_by_an_eviction() {
+    let daemon = TestDaemon::start(|o| o.max_connections = 2);
+    // An answer far larger than a socket's buffer: the error repeats the
+    // unknown pool's name.
+    let name = "n".repeat(600 << 10);
+    let mut reading_late = Raw::connect(&daemon.socket);
+    reading_late.send(
+        format!(r#"{{"id":1,"method":"pool.export","params":{{"name":"{name}"}}}}"#).as_bytes(),
+    );
+    reading_late.send(b"\n");
+    // The request is read and answered; its answer fills the socket.
+    thread::sleep(Duration::from_millis(200));
+    let mut talking = Raw::connect(&daemon.socket);
+    talking.send(b"{");
+    thread::sleep(Duration::from_millis(50));
+
+    // The newcomer needs room: the connection whose request is arriving
+    // makes it, not the one whose answer is half written.
+    let mut newcomer = Raw::connect(&daemon.socket);
+    assert!(newcomer.call(r#"{"id":2,"method":"daemon.ping"}"#)["result"].is_object());
+    let answer = reading_late.recv().expect("the whole answer");
+    assert_eq!(code(&answer), "not_found", "{}", &answer.to_string()[..200]);
+    assert!(talking.recv().is_none(), "the arriving request made room");
+    daemon.stop();
+}
+
 #[test]
 fn stop_lets_running_requests_finish_before_shutdown() {
     let mut daemon = TestDaemon::start(|_| {});
