@@ -608,6 +608,25 @@ pub fn user_chap(pool: &Pool, name: &str, secret: Option<&str>) -> Result<(), Ap
                     )));
                 }
             }
+            // Across shares too, as `share add` checks: a secret an
+            // initiator logs in with anywhere must not be a target's
+            // mutual secret anywhere (a target found so is not served).
+            let all_shares = shares(pool)?;
+            let iscsi = || all_shares.iter().filter_map(|sh| sh.iscsi.as_ref());
+            let used_in = iscsi().any(|i| i.chap.as_deref() == Some(name));
+            let used_mutual = iscsi().any(|i| i.mutual_chap.as_deref() == Some(name));
+            let has_s = |u: Option<&str>| {
+                u.is_some_and(|u| u != name && secret_of(u).as_deref() == Some(s))
+            };
+            let clash = (used_in && iscsi().any(|i| has_s(i.mutual_chap.as_deref())))
+                || (used_mutual && iscsi().any(|i| has_s(i.chap.as_deref())));
+            if clash {
+                return Err(ApiError::invalid(format!(
+                    "another iSCSI share uses this secret the other way round (an initiator's \
+                     secret there would be a target's mutual secret here, or the reverse): \
+                     give '{name}' a secret of its own"
+                )));
+            }
         }
         None => {
             if let Some(s) = shares(pool)?

@@ -521,17 +521,33 @@ pub fn iscsi_entry(
             .map(|secret| Some(tarn_iscsi::Chap::new(u.clone(), secret)))
             .ok_or_else(|| format!("user '{u}' or their CHAP secret is gone"))
     };
+    not_open_to_all(i)?;
     let mut t = tarn_iscsi::IscsiTarget::new(i.iqn.clone(), vol);
     t.alias = Some(share.name.clone());
     t.read_only = i.read_only;
     t.chap = chap(&i.chap)?;
     t.mutual_chap = chap(&i.mutual_chap)?;
     t.initiators = i.initiators.clone();
+    // No client networks (CHAP required, above): any address may try.
     if !i.clients.is_empty() {
         t.clients = networks(&share.name, &i.clients);
     }
     t.check().map_err(|e| e.to_string())?;
     Ok(t)
+}
+
+/// Refuses a stored iSCSI share with neither client networks nor CHAP:
+/// checked when a share is added, and again when it is served, because
+/// a pool's records may have been written elsewhere (another machine, by
+/// hand), and such a target would be open to every network, without a
+/// login.
+fn not_open_to_all(i: &tarn_api::access::IscsiShare) -> std::result::Result<(), String> {
+    if i.clients.is_empty() && i.chap.is_none() {
+        return Err(
+            "it has neither client networks nor CHAP, and would be open to every network".into(),
+        );
+    }
+    Ok(())
 }
 
 /// The NFS export and the WebDAV share of one stored share.
@@ -566,8 +582,23 @@ pub fn share_entries(
 
 #[cfg(test)]
 mod tests {
-    use super::handle_key;
+    use super::{handle_key, not_open_to_all};
     use std::os::unix::fs::PermissionsExt;
+
+    /// A stored iSCSI share is served only with client networks or CHAP.
+    #[test]
+    fn a_stored_iscsi_share_open_to_every_network_is_not_served() {
+        let json = |extra: &str| {
+            serde_json::from_str::<tarn_api::access::IscsiShare>(&format!(
+                r#"{{"iqn": "iqn.2024-01.org.tarn:vm"{extra}}}"#
+            ))
+            .unwrap()
+        };
+        assert!(not_open_to_all(&json("")).is_err());
+        assert!(not_open_to_all(&json(r#", "initiators": ["iqn.x:y"]"#)).is_err());
+        assert!(not_open_to_all(&json(r#", "clients": ["10.0.0.0/8"]"#)).is_ok());
+        assert!(not_open_to_all(&json(r#", "chap": "alice""#)).is_ok());
+    }
 
     #[test]
     fn the_handle_key_is_made_once_and_kept_private() {

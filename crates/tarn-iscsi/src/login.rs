@@ -657,12 +657,18 @@ impl Login {
                 Some(self.offer.max_recv_data_segment.to_string())
             }
             "MaxBurstLength" => {
-                let n = parse_num(v, 512, MAX_LEN)?.min(self.offer.max_burst);
+                let Some(n) = parse_num(v, 512, MAX_LEN) else {
+                    return reject();
+                };
+                let n = n.min(self.offer.max_burst);
                 p.max_burst = n;
                 Some(n.to_string())
             }
             "FirstBurstLength" => {
-                let n = parse_num(v, 512, MAX_LEN)?.min(self.offer.first_burst);
+                let Some(n) = parse_num(v, 512, MAX_LEN) else {
+                    return reject();
+                };
+                let n = n.min(self.offer.first_burst);
                 p.first_burst = n;
                 Some(n.to_string())
             }
@@ -811,6 +817,36 @@ mod tests {
         assert!(!s.params.initial_r2t && s.params.immediate_data);
         assert_eq!(s.exp_cmd_sn, 100);
         assert!(matches!(s.kind, SessionKind::Normal(_)));
+    }
+
+    /// Every key offered gets an answer: a burst length out of range or
+    /// not a number is answered `Reject` (and the setting stays at its
+    /// default), not left unanswered for the initiator to wait on.
+    #[test]
+    fn bad_burst_lengths_are_rejected_not_ignored() {
+        let mut l = Login::new(offer(), vec![target(None, None)], None, 7);
+        let first = l.step(&req(
+            SECURITY,
+            Some(OPERATIONAL),
+            &[
+                ("InitiatorName", "iqn.x:init"),
+                ("TargetName", NAME),
+                ("SessionType", "Normal"),
+                ("AuthMethod", "None"),
+            ],
+        ));
+        assert!(matches!(first, Step::Continue(_)), "{first:?}");
+        let step = l.step(&req(
+            OPERATIONAL,
+            Some(FULL_FEATURE),
+            &[("MaxBurstLength", "0"), ("FirstBurstLength", "lots")],
+        ));
+        let r = match step {
+            Step::Done(r, _) | Step::Continue(r) => r,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(get(&r, "MaxBurstLength").as_deref(), Some("Reject"));
+        assert_eq!(get(&r, "FirstBurstLength").as_deref(), Some("Reject"));
     }
 
     #[test]

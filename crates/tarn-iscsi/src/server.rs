@@ -29,15 +29,19 @@
 //! ignores a MaxCmdSN lower than the one it has, so the window is never
 //! taken back). With `queue_depth` commands running, or with running
 //! commands' expected lengths and waiting writes' data together at
-//! [`IscsiConfig::max_pending_write_bytes`] while a command runs, no PDU
-//! is taken in (with none running, the waiting writes' Data-Out must be,
-//! or they could wait for ever; a new write is then refused with TASK
-//! SET FULL if it does not fit the budget): the
-//! connection's reader decodes at most five PDUs ahead (four in its
-//! channel, one waiting to go in) and then stops reading, so TCP
+//! [`IscsiConfig::max_pending_write_bytes`] while a command runs, one
+//! more PDU is taken in: a ping (NOP-Out) or task management is handled
+//! at once, so an initiator's pings are answered while its commands run
+//! long; anything else is held, unhandled, and nothing more is read until
+//! there is room (with none running, the waiting writes' Data-Out must be
+//! taken in, or they could wait for ever; a new write is then refused
+//! with TASK SET FULL if it does not fit the budget). PDUs are still
+//! handled in the order they came: a ping overtakes only PDUs not yet
+//! read. The connection's reader decodes at most five PDUs ahead (four
+//! in its channel, one waiting to go in) and then stops reading, so TCP
 //! backpressure holds an initiator that ignores the window, and a
 //! connection holds at most about that many bytes plus one command's
-//! plus those five PDUs (each within the target's
+//! plus those five PDUs and the held one (each within the target's
 //! MaxRecvDataSegmentLength).
 //!
 //! An ORDERED task must come after every older task and before every
@@ -661,9 +665,12 @@ impl Ffp {
         // read half-way is never dropped). Its size bounds what a
         // connection holds beyond its budget (see the module docs).
         let mut changed = self.shared.changed.subscribe();
-        // A change between this session's login and the subscription
-        // above would be missed: check once at the start, against the
-        // table as it is now.
+        // A change between this session's login (judged against the
+        // table as it was when the connection came, up to the login
+        // timeout before) and the subscription above would be missed:
+        // check at the start, against the table as it is now. Every PDU
+        // is handled only after the last change was checked (a command
+        // sent with the last login request must not slip in first).
         changed.mark_changed();
         let (tx, mut rx) = tokio::sync::mpsc::channel(4);
         let digests = self.digests;
@@ -677,6 +684,10 @@ impl Ffp {
                 }
             }
         });
+        // A PDU read while the gate below was shut that is not a ping or
+        // task management: it waits here, and nothing more is read, until
+        // there is room again.
+        let mut held: Option<Pdu> = None;
         loop {
             if !self.out.is_empty() && !flush(&mut wr, &mut self.out, reply_timeout, clock).await {
                 conn.state().close();
@@ -692,9 +703,23 @@ impl Ffp {
                 || self.running.len() < depth
                     && self.running_bytes + self.task_bytes
                         < self.shared.cfg.max_pending_write_bytes;
+            if room {
+                if let Some(p) = held.take() {
+                    if self.access_revoked(&mut changed)
+                        || self.handle(p, conn).await == Flow::Close
+                    {
+                        break;
+                    }
+                    continue;
+                }
+            }
             let busy = !self.running.is_empty();
+            // With the gate shut one more PDU is read, so that a ping
+            // (NOP-Out) or task management sent while the window is full
+            // is answered without waiting for a command to end: an
+            // initiator whose pings go unanswered drops the connection.
             let ev = tokio::select! {
-                r = rx.recv(), if room => Event::Pdu(r),
+                r = rx.recv(), if held.is_none() => Event::Pdu(r),
                 Some(d) = self.running.join_next_with_id(), if busy => {
                     Event::Done(d.map(|(_, d)| d).map_err(|e| e.id()))
                 }
@@ -703,8 +728,15 @@ impl Ffp {
                 Ok(()) = changed.changed() => Event::Recheck,
             };
             match ev {
+                Event::Pdu(Some(Ok(p)))
+                    if !room && !matches!(p.opcode(), op::NOP_OUT | op::TASK_MGMT) =>
+                {
+                    held = Some(p);
+                }
                 Event::Pdu(Some(Ok(p))) => {
-                    if self.handle(p, conn).await == Flow::Close {
+                    if self.access_revoked(&mut changed)
+                        || self.handle(p, conn).await == Flow::Close
+                    {
                         break;
                     }
                 }
@@ -715,12 +747,8 @@ impl Ffp {
                 Event::Pdu(_) | Event::Close => break,
                 Event::Done(d) => self.finish(d),
                 Event::Recheck => {
-                    if !self.still_admitted() {
-                        self.log(&format!(
-                            "closed the session of {} ({}): its target was removed or its \
-                             access changed",
-                            self.peer, self.sess.initiator
-                        ));
+                    changed.mark_changed();
+                    if self.access_revoked(&mut changed) {
                         break;
                     }
                 }
@@ -751,6 +779,23 @@ impl Ffp {
     /// revoking access (removing a share, narrowing its networks, a new
     /// secret) takes effect on the sessions already in, not only on new
     /// logins. Discovery sessions hold no device and go on.
+    /// Whether the target table changed since `changed` was last looked
+    /// at and this session may no longer use its target (logged).
+    fn access_revoked<T>(&self, changed: &mut watch::Receiver<T>) -> bool {
+        if !changed.has_changed().unwrap_or(false) {
+            return false;
+        }
+        changed.borrow_and_update();
+        if self.still_admitted() {
+            return false;
+        }
+        self.log(&format!(
+            "closed the session of {} ({}): its target was removed or its access changed",
+            self.peer, self.sess.initiator
+        ));
+        true
+    }
+
     fn still_admitted(&self) -> bool {
         let SessionKind::Normal(old) = &self.sess.kind else {
             return true;

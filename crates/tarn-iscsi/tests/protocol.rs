@@ -427,6 +427,15 @@ struct Gate {
 }
 
 impl Gate {
+    /// An 8 MiB device whose first block's reads wait for the gate.
+    fn closed() -> std::sync::Arc<Gate> {
+        std::sync::Arc::new(Gate {
+            inner: mem(8 * MIB, 4096),
+            opened: std::sync::Mutex::new(false),
+            cv: std::sync::Condvar::new(),
+        })
+    }
+
     fn set(&self, open: bool) {
         *self.opened.lock().unwrap() = open;
         self.cv.notify_all();
@@ -510,11 +519,7 @@ fn finished(s: &mut Raw, n: usize, mut after_first: impl FnMut()) -> (Vec<u32>, 
 
 #[test]
 fn one_session_runs_simple_commands_at_once_and_ordered_ones_alone() {
-    let dev = std::sync::Arc::new(Gate {
-        inner: mem(8 * MIB, 4096),
-        opened: std::sync::Mutex::new(false),
-        cv: std::sync::Condvar::new(),
-    });
+    let dev = Gate::closed();
     let r = start(vec![IscsiTarget::new(IQN, dev.clone())]);
     let mut s = Raw::login(r.local_addr(), IQN);
     // SIMPLE: the gated read waits until the second read is answered,
@@ -544,6 +549,43 @@ fn one_session_runs_simple_commands_at_once_and_ordered_ones_alone() {
     let (order, _) = finished(&mut s, 2, || ());
     assert_eq!(order, [3, 4], "an ORDERED task ran beside another");
     s.tur_good(5);
+}
+
+/// With the window full of running commands, a ping (an immediate
+/// NOP-Out) is still read and answered at once: an initiator whose pings
+/// go unanswered while its commands run long drops the connection.
+#[test]
+fn a_ping_is_answered_while_the_window_is_full_of_running_commands() {
+    let dev = Gate::closed();
+    let cfg = tarn_iscsi::IscsiConfig {
+        queue_depth: 2,
+        ..Default::default()
+    };
+    let r = start_with(cfg, vec![IscsiTarget::new(IQN, dev.clone())]);
+    let mut s = Raw::login(r.local_addr(), IQN);
+    let a = read10(&mut s, 1, 0, 1);
+    let b = read10(&mut s, 2, 0, 1);
+    s.send(&a);
+    s.send(&b);
+    let mut nop = Pdu::new(op::NOP_OUT);
+    nop.set_immediate(true);
+    nop.set_flags(0x80);
+    nop.set_itt(9);
+    nop.set_u32(20, 0xffff_ffff);
+    nop.set_u32(24, s.cmd_sn);
+    nop.data = b"still there?".to_vec();
+    s.send(&nop);
+    // The gated reads run until the gate opens (or 3 s pass): the answer
+    // to the ping must come first.
+    let pong = s.recv().expect("an answer");
+    assert_eq!(pong.opcode(), op::NOP_IN, "the ping waited for a command");
+    assert_eq!(pong.itt(), 9);
+    assert_eq!(pong.data, b"still there?");
+    dev.set(true);
+    let (mut order, _) = finished(&mut s, 2, || ());
+    order.sort_unstable();
+    assert_eq!(order, [1, 2]);
+    s.tur_good(3);
 }
 
 #[test]
@@ -708,6 +750,56 @@ fn a_target_removed_right_after_login_ends_that_session() {
         r.set_targets(vec![IscsiTarget::new(IQN, a.clone())])
             .unwrap();
     }
+}
+
+/// Access revoked while commands wait to be handled (queued behind a
+/// task management request that waits for a running command): none of
+/// them runs after the change. Each PDU is handled only once the last
+/// change of the targets was checked, the way a login judged against the
+/// table of its connection's start is checked before its session's first
+/// command. Several rounds: without the check, which of the two comes
+/// first is a coin toss.
+#[test]
+fn commands_waiting_when_access_is_revoked_do_not_run() {
+    let dev = Gate::closed();
+    let target = || IscsiTarget::new(IQN, dev.clone());
+    let r = start(vec![target()]);
+    for round in 0..8 {
+        dev.set(false);
+        let mut s = Raw::login(r.local_addr(), IQN);
+        let gated = read10(&mut s, 1, 0, 1);
+        s.send(&gated);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // The abort waits for the running read; what comes after it
+        // waits to be handled.
+        let abort = abort_task(&mut s, 9, 1);
+        s.send(&abort);
+        for (i, lba) in (8u8..12).enumerate() {
+            let mut w = s.scsi(
+                2 + i as u32,
+                &[0x2a, 0, 0, 0, 0, lba, 0, 0, 1, 0],
+                4096,
+                false,
+                true,
+            );
+            w.data = vec![0xee; 4096];
+            s.send(&w);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        r.set_targets(Vec::new()).unwrap();
+        dev.set(true);
+        while let Some(p) = s.recv() {
+            assert!(
+                !(2..6).contains(&p.itt()),
+                "round {round}: answered {:#x} for task {} after the revocation",
+                p.opcode(),
+                p.itt()
+            );
+        }
+        r.set_targets(vec![target()]).unwrap();
+    }
+    let written = dev.inner.read_data(8 * 4096, 4 * 4096).unwrap().to_vec();
+    assert!(written.iter().all(|&b| b == 0), "a revoked session wrote");
 }
 
 /// An ABORT TASK request for `itt` (immediate).

@@ -394,6 +394,25 @@ fn iscsi_shares_with_chap_users_through_the_daemon() {
         ],
         "the other way round",
     );
+    // Nor can a secret changed later make that clash: nas is the mutual
+    // user of vm3, and may not take the secret alice logs in to vm with.
+    add_user(&d, "bob", "bob-login-pw");
+    assert!(set_chap(&d, "bob", "bob-chap-secret-1").status.success());
+    d.ok(&["volume", "create", "-V", "8M", "tank/vm3"]);
+    d.ok(&[
+        "share",
+        "add",
+        "vm3",
+        "tank/vm3",
+        "--iscsi",
+        "iqn.2026-11.org.example:vm3,chap=bob,mutual=nas,client=127.0.0.1/32",
+    ]);
+    let o = set_chap(&d, "nas", "alice-chap-secret-1");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("the other way round"),
+        "{o:?}"
+    );
+    d.ok(&["share", "del", "vm3"]);
     refuse(
         &[
             "share",
