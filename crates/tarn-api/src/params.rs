@@ -1007,6 +1007,12 @@ pub struct ReceiveParams {
     /// replication port sets this; a sender there chooses nothing else).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub props_allowed: Option<Vec<String>>,
+    /// Keep the key wrapping the target has when a raw stream carries
+    /// another (a sender that is not trusted with the machine must not be
+    /// able to make its copies unopenable with the passphrase that opens
+    /// them; the replication port sets this).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_wrapping: bool,
 }
 
 /// What `dataset.receive` reports.

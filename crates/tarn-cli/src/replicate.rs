@@ -389,6 +389,7 @@ fn replicate_to_tarn(
         no_mount: true,
         exclude: vec!["mountpoint".into()],
         props_allowed: None,
+        keep_wrapping: false,
     };
     // One stream (or series) from the local daemon into the receiver.
     let transfer = |client: &mut Session, send: SendParams| -> anyhow::Result<ReceiveResult> {

@@ -143,6 +143,7 @@ pub(crate) fn receive(client: &mut Session, out: &Out, a: ReceiveArgs) -> anyhow
         no_mount: a.no_mount,
         exclude: a.exclude,
         props_allowed: None,
+        keep_wrapping: false,
     };
     if let Some(url) = a
         .from

@@ -416,6 +416,7 @@ impl Backend for Pools {
             resumable: p.resumable,
             exclude: &p.exclude,
             allow: p.props_allowed.as_deref(),
+            keep_wrapping: p.keep_wrapping,
         };
         let r = tarn_send::receive(&pool, &p.name, opts, input).map_err(send_error);
         let _resizes = tarn_vol::resize_lock();

@@ -29,7 +29,10 @@
 //! and of the properties a stream carries only those of how data is
 //! stored ([`PROPS_ALLOWED`]): a mountpoint would mount the sender's
 //! files anywhere on this machine, a reservation would take the pool's
-//! room.
+//! room. Nor does a raw stream's key wrapping replace the one a copy
+//! has: a changed passphrase does not travel through the port, so a
+//! sender (or whoever stole its token) cannot make the copies here
+//! unopenable with the passphrase that opens them.
 //!
 //! **Limits.** At most [`MAX_SESSIONS`] sessions; when full, the oldest
 //! that has not said hello is closed for a newcomer. The TLS handshake
@@ -770,6 +773,7 @@ fn serve(
                         no_mount: true,
                         exclude: Vec::new(),
                         props_allowed: Some(PROPS_ALLOWED.iter().map(|s| s.to_string()).collect()),
+                        keep_wrapping: true,
                     };
                     let s = r.get_mut();
                     s.sock.deadline = None;

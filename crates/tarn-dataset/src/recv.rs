@@ -76,6 +76,12 @@ pub struct RecvOptions<'a> {
     /// When given, the only properties a stream may set (what a sender
     /// that is not trusted with the machine may choose).
     pub allow: Option<&'a [String]>,
+    /// Keep the key wrapping an existing encryption root has when a raw
+    /// stream carries another: the receiver cannot tell whether the new
+    /// one opens the same key (it has no key), and the old one is the
+    /// only copy of it here. Set for senders that are not trusted with
+    /// the machine.
+    pub keep_wrapping: bool,
 }
 
 /// A receive in progress (see the module docs).
@@ -89,6 +95,8 @@ pub struct Receiver {
     /// The resume point a resumed stream starts after.
     resume_after: Option<Vec<u8>>,
     resumable: bool,
+    /// [`RecvOptions::keep_wrapping`].
+    keep_wrapping: bool,
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
@@ -184,6 +192,7 @@ impl Receiver {
             pending: VecDeque::new(),
             resume_after: after,
             resumable: opts.resumable,
+            keep_wrapping: opts.keep_wrapping,
         })
     }
 
@@ -316,8 +325,9 @@ impl Receiver {
             }
             // A raw stream carries its key's wrapping as the sender has it
             // now (a changed passphrase travels with it): applied to the
-            // record only when this dataset is its encryption root.
-            if let (Some(kid), Some(k)) = (rec.key, &info.key) {
+            // record only when this dataset is its encryption root, and
+            // the receiver trusts the sender with it.
+            if let (Some(kid), Some(k), false) = (rec.key, &info.key, self.keep_wrapping) {
                 if let Some(kr) = dir.keys.get_mut(&kid) {
                     if kr.root == id && kr.guid == k.guid && kr.wrapped != k.wrapped {
                         kr.keyformat = k.keyformat;

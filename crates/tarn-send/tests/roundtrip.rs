@@ -102,6 +102,20 @@ fn fs_at_a_and_b(tank: &Arc<Pool>, rng: &mut Rng) {
     tarn_dataset::snapshot(tank, &["tank/fs@b".into()], false).unwrap();
 }
 
+/// `name` encrypted with [`PASS`], holding files of every kind.
+fn encrypted_with_files(tank: &Arc<Pool>, name: &str, rng: &mut Rng) {
+    encrypted(tank, name, PASS, &[]);
+    populate(&mount(tank, name), rng);
+}
+
+/// A raw stream, whole.
+fn raw_stream() -> SendOptions {
+    SendOptions {
+        raw: true,
+        ..Default::default()
+    }
+}
+
 fn incr(from: &str) -> SendOptions {
     SendOptions {
         from: Some(from.into()),
@@ -909,14 +923,7 @@ fn a_raw_stream_cannot_change_a_parents_key() {
     .unwrap();
     let bogus = "ab".repeat(tarn_block::crypt::WRAPPED_LEN);
     // A full stream below the root with the root's key guid.
-    let full = to_vec(
-        &tank,
-        "tank/sec/a@1",
-        &SendOptions {
-            raw: true,
-            ..Default::default()
-        },
-    );
+    let full = to_vec(&tank, "tank/sec/a@1", &raw_stream());
     recv(
         &backup,
         "backup/sec/evil",
@@ -955,6 +962,73 @@ fn a_raw_stream_cannot_change_a_parents_key() {
         );
     }
     assert!(tarn_dataset::open(&backup, "backup/sec/worse").is_err());
+}
+
+/// A raw incremental carries the sender's key wrapping: a changed
+/// passphrase travels with it, unless the receiver keeps the wrapping it
+/// has (the replication port does), and then neither a real change nor a
+/// hostile sender's made-up wrapping takes away the passphrase that opens
+/// the copy.
+#[test]
+fn a_receiver_that_keeps_its_wrapping_still_opens_with_its_passphrase() {
+    const NEW: &str = "the passphrase after the change";
+    let dir = tempfile::tempdir().unwrap();
+    let (tank, backup) = pools(dir.path());
+    let mut rng = Rng::new(0x4e1);
+    encrypted_with_files(&tank, "tank/sec", &mut rng);
+    let snap = |n: u32| {
+        tarn_dataset::snapshot(&tank, &[format!("tank/sec@{n}")], false).unwrap();
+    };
+    let raw_from = |from: u32, to: u32| {
+        to_vec(
+            &tank,
+            &format!("tank/sec@{to}"),
+            &SendOptions {
+                from: Some(format!("@{from}")),
+                raw: true,
+                ..Default::default()
+            },
+        )
+    };
+    let recv_keeping = |stream: &[u8], keep_wrapping: bool| {
+        let opts = RecvOptions {
+            keep_wrapping,
+            ..Default::default()
+        };
+        receive(&backup, "backup/sec", opts, stream).map(|_| ())
+    };
+    let opens_with = |pass: &str| {
+        let ok = tarn_dataset::load_key(&backup, "backup/sec", &passphrase(pass)).is_ok();
+        if ok {
+            tarn_dataset::unload_key(&backup, "backup/sec").unwrap();
+        }
+        ok
+    };
+    snap(1);
+    let full = to_vec(&tank, "tank/sec@1", &raw_stream());
+    recv(&backup, "backup/sec", &full, false).unwrap();
+    assert!(opens_with(PASS));
+
+    // The passphrase changes on the sender; the copy keeps its own.
+    tarn_dataset::change_key(&tank, "tank/sec", &passphrase(NEW)).unwrap();
+    snap(2);
+    recv_keeping(&raw_from(1, 2), true).unwrap();
+    assert!(opens_with(PASS), "the kept wrapping");
+    assert!(!opens_with(NEW));
+
+    // A made-up wrapping from a hostile sender changes nothing either.
+    snap(3);
+    let bogus = "cd".repeat(tarn_block::crypt::WRAPPED_LEN);
+    recv_keeping(&with_wrapping(&raw_from(2, 3), &bogus), true).unwrap();
+    assert!(opens_with(PASS), "a hostile wrapping was applied");
+
+    // A receiver that trusts its sender takes the change.
+    snap(4);
+    recv_keeping(&raw_from(3, 4), false).unwrap();
+    assert!(opens_with(NEW), "the change did not travel");
+    assert!(!opens_with(PASS));
+    tarn_dataset::load_key(&backup, "backup/sec", &passphrase(NEW)).unwrap();
+    assert_eq!(tree(&backup, "backup/sec@4"), tree(&tank, "tank/sec@4"));
 }
 
 /// `stream` with its header changed by `edit` and its entries changed by
@@ -999,10 +1073,7 @@ fn hostile_streams_are_refused_and_the_pool_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let (tank, backup) = pools(dir.path());
     let mut rng = Rng::new(0x5eed);
-    encrypted(&tank, "tank/s", PASS, &[]);
-    let fs = mount(&tank, "tank/s");
-    populate(&fs, &mut rng);
-    drop(fs);
+    encrypted_with_files(&tank, "tank/s", &mut rng);
     tarn_dataset::snapshot(&tank, &["tank/s@1".into()], false).unwrap();
     let raw = SendOptions {
         raw: true,
