@@ -33,7 +33,7 @@ mod progress;
 
 pub use host::{keepalive, Host, HostConfig};
 pub use net::{client_key, IpNet, IpNetError};
-pub use progress::{Progress, ProgressClock};
+pub use progress::{Progress, ProgressClock, STALL_IDLE};
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -206,6 +206,7 @@ impl Admission {
         t.next_id += 1;
         let state = Arc::new(ConnState {
             busy: AtomicUsize::new(0),
+            stalled_since: AtomicU64::new(0),
             last: AtomicU64::new(0),
             closing: AtomicBool::new(false),
             notify: Notify::new(),
@@ -327,6 +328,10 @@ impl Drop for Conn {
 /// What the server knows of a connection's activity.
 pub struct ConnState {
     busy: AtomicUsize,
+    /// Milliseconds since the epoch, plus one, when a busy connection's
+    /// client stopped taking its answer ([`ConnState::set_stalled`]); 0
+    /// while it takes it.
+    stalled_since: AtomicU64,
     /// Milliseconds since the admission table's epoch at the end of the
     /// last request (or at admission).
     last: AtomicU64,
@@ -352,15 +357,53 @@ impl ConnState {
         Busy(self.clone())
     }
 
-    /// Milliseconds since the last request ended; None while busy.
+    /// Milliseconds since the last request ended; None while busy. A
+    /// busy connection whose client has stopped taking its answer
+    /// ([`ConnState::set_stalled`]) counts as idle since it stopped: it
+    /// serves nobody, so it may be evicted or closed for idleness.
     pub fn idle_ms(&self) -> Option<u64> {
         if self.busy.load(Ordering::Acquire) > 0 {
-            return None;
+            let since = self.stalled_since.load(Ordering::Acquire);
+            return (since > 0).then(|| self.now_ms().saturating_sub(since - 1));
         }
         Some(
             self.now_ms()
                 .saturating_sub(self.last.load(Ordering::Relaxed)),
         )
+    }
+
+    /// Notes whether the client has stopped taking what the connection
+    /// sends it (a download it no longer reads): from then on the
+    /// connection counts as idle though a request is running.
+    pub fn set_stalled(&self, stalled: bool) {
+        let now = self.now_ms() + 1;
+        if stalled {
+            let _ =
+                self.stalled_since
+                    .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire);
+        } else {
+            self.stalled_since.store(0, Ordering::Release);
+        }
+    }
+
+    /// Counts the connection idle while `work` runs, though a request is
+    /// running (a [`Busy`] guard is held): for a request whose small body
+    /// a client may trickle (a login), so that holding a connection with
+    /// a slow body does not make it one that cannot be evicted.
+    pub async fn idle_during<F: std::future::Future>(self: &Arc<Self>, work: F) -> F::Output {
+        struct Again<'a>(&'a ConnState);
+        impl Drop for Again<'_> {
+            fn drop(&mut self) {
+                self.0.busy.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        if self.busy.load(Ordering::Acquire) == 0 {
+            return work.await;
+        }
+        self.touch();
+        self.busy.fetch_sub(1, Ordering::AcqRel);
+        let _again = Again(self);
+        work.await
     }
 
     /// Asks the connection to close ([`Conn::closed`] resolves).
@@ -542,6 +585,43 @@ mod tests {
             c2.state().close();
             c2.closed(None).await;
         });
+    }
+
+    /// A busy connection is never evicted, except while it waits for a
+    /// small body (`idle_during`) or its client has stopped taking its
+    /// answer (`set_stalled`): then it is as idle as any other.
+    #[test]
+    fn a_stalled_or_waiting_busy_connection_may_be_evicted() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let limits = Limits {
+            max_connections: 1,
+            max_per_address: 1,
+        };
+        let a = Admission::new("test", limits);
+        let c = a.admit(ip(2)).unwrap();
+        let _busy = c.state().begin();
+        assert_eq!(a.admit(ip(3)).err(), Some(Refused::Full));
+        c.state().set_stalled(true);
+        assert!(c.state().idle_ms().is_some());
+        c.state().set_stalled(false);
+        assert_eq!(c.state().idle_ms(), None, "taking its answer again");
+        c.state().set_stalled(true);
+        let _new = a.admit(ip(3)).expect("the stalled connection made room");
+        assert!(c.state().is_closing());
+
+        let a = Admission::new("test", limits);
+        let c = Arc::new(a.admit(ip(2)).unwrap());
+        let _busy = c.state().begin();
+        let (a2, c2) = (a.clone(), c.clone());
+        let evicted = rt.block_on(c.state().idle_during(async move {
+            let newcomer = a2.admit(ip(3));
+            (newcomer.is_ok(), c2.state().is_closing())
+        }));
+        assert_eq!(evicted, (true, true), "waiting for its body, it was idle");
+        assert_eq!(c.state().idle_ms(), None, "busy again after the body");
     }
 
     #[test]

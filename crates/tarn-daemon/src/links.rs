@@ -22,6 +22,9 @@ use crate::replication::{load_json, random_hex, save_private, sha256_hex};
 pub const LINKS_FILE: &str = "share-links.json";
 /// Links kept at once.
 pub const MAX_LINKS: usize = 10_000;
+/// Links one user may keep at once: a user cannot take every link of
+/// the server (nor make the server hash a password per link without end).
+pub const MAX_LINKS_PER_USER: usize = 256;
 
 /// One link as stored.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -124,6 +127,16 @@ impl Links {
         if f.links.len() >= MAX_LINKS {
             return Err(ApiError::invalid(format!(
                 "{MAX_LINKS} links exist; revoke some first"
+            )));
+        }
+        if f.links
+            .iter()
+            .filter(|l| l.pool == pool && l.owner == owner)
+            .count()
+            >= MAX_LINKS_PER_USER
+        {
+            return Err(ApiError::invalid(format!(
+                "'{owner}' has {MAX_LINKS_PER_USER} links; revoke some first"
             )));
         }
         let password_hash = match p.password.as_deref() {

@@ -179,6 +179,7 @@ impl WebFiles for WebUsers {
             path: rec.path,
             upload: rec.upload,
             password: rec.password_hash.is_some(),
+            owner,
         })
     }
 

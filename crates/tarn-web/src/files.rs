@@ -87,6 +87,9 @@ pub struct LinkGrant {
     pub upload: bool,
     /// Whether visitors must give the link's password first.
     pub password: bool,
+    /// The user who made the link: its visitors' uploads count in that
+    /// user's share of the server's limits.
+    pub owner: UserId,
 }
 
 /// The daemon's side of the file pages.
@@ -105,7 +108,8 @@ pub trait WebFiles: Send + Sync + 'static {
 
 /// An upload session without a chunk for this long is ended.
 pub const UPLOAD_IDLE: Duration = Duration::from_secs(24 * 3600);
-/// Upload sessions one user (or link) may have open.
+/// Upload sessions one user may have open, counting those of the
+/// visitors of the links the user made.
 pub const UPLOADS_PER_OWNER: usize = 64;
 /// Upload sessions open in all.
 pub const MAX_UPLOADS: usize = 1024;
@@ -127,11 +131,23 @@ const MAX_DEPTH: usize = 128;
 const UPLOAD_PREFIX: &str = ".tarn-upload-";
 const RESTORE_PREFIX: &str = ".tarn-restore-";
 
-/// Who acts: a logged-in user, or a visitor through a link (its id).
+/// Who acts: a logged-in user, or a visitor through a link (its id, and
+/// the user who made it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Who {
     User(UserId),
-    Link(String),
+    Link { id: String, owner: UserId },
+}
+
+impl Who {
+    /// The user whose share of the server's limits an act counts in: a
+    /// link's visitors count in its maker's, so that making links does
+    /// not multiply what one user may hold.
+    fn account(&self) -> &UserId {
+        match self {
+            Who::User(u) | Who::Link { owner: u, .. } => u,
+        }
+    }
 }
 
 /// What one request may do, and where.
@@ -1345,7 +1361,10 @@ pub(crate) fn upload_start(st: &State, scope: &Scope, body: &Value) -> FResult<V
     {
         let u = st.uploads.lock().unwrap_or_else(|e| e.into_inner());
         if u.len() >= MAX_UPLOADS
-            || u.values().filter(|x| x.who == scope.who).count() >= UPLOADS_PER_OWNER
+            || u.values()
+                .filter(|x| x.who.account() == scope.who.account())
+                .count()
+                >= UPLOADS_PER_OWNER
         {
             return Err(FErr::new(
                 StatusCode::TOO_MANY_REQUESTS,

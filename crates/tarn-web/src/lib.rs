@@ -362,14 +362,18 @@ async fn serve_conn<I>(
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let activity = conn.state().clone();
+    // A client that stops reading its answer counts as idle after a
+    // while, and is closed by the idle timeout (see `watch`).
+    let (io, clock) = tarn_conn::Progress::new(io);
     let svc = service_fn(move |req: Request<Incoming>| {
         let st = state.clone();
         // Busy while a request runs and its answer is sent (a download
         // streams long after the handler returned): only idle
         // connections are evicted or closed for idleness.
         let busy = activity.begin();
+        let activity = activity.clone();
         async move {
-            let r = handle(req, peer.ip(), st).await;
+            let r = CONN.scope(activity, handle(req, peer.ip(), st)).await;
             Ok::<_, Infallible>(r.map(|b| {
                 BusyBody {
                     inner: b,
@@ -388,6 +392,7 @@ async fn serve_conn<I>(
         _ = http.as_mut() => {}
         // Idle too long, or evicted for a newcomer.
         _ = conn.closed(Some(IDLE_TIMEOUT)) => {}
+        _ = clock.watch(conn.state(), IDLE_TIMEOUT) => {}
         _ = stop.changed() => {
             http.as_mut().graceful_shutdown();
             let _ = tokio::time::timeout(Duration::from_secs(5), http).await;
@@ -772,9 +777,23 @@ fn is_json(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"))
 }
 
+tokio::task_local! {
+    /// The activity record of the connection a request came on, for the
+    /// readers of small bodies ([`body_json`]).
+    static CONN: Arc<tarn_conn::ConnState>;
+}
+
+/// A small JSON body, within [`MAX_BODY`] and [`BODY_TIMEOUT`]. While it
+/// arrives the connection counts as idle: a login (read before anyone
+/// is known) that trickles its body must not make its connection one
+/// that cannot be evicted for a newcomer.
 async fn body_json(body: Incoming) -> Result<Value, &'static str> {
-    let bytes = tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, MAX_BODY).collect())
-        .await
+    let read = tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, MAX_BODY).collect());
+    let read = match CONN.try_with(Arc::clone) {
+        Ok(conn) => conn.idle_during(read).await,
+        Err(_) => read.await,
+    };
+    let bytes = read
         .map_err(|_| "the body did not arrive in time")?
         .map_err(|_| "the body is too large or cut short")?
         .to_bytes();

@@ -316,7 +316,10 @@ pub(crate) async fn link(
                     read: !grant.upload,
                     modify: false,
                     add: grant.upload,
-                    who: Who::Link(grant.id.clone()),
+                    who: Who::Link {
+                        id: grant.id.clone(),
+                        owner: grant.owner.clone(),
+                    },
                     share: grant.share.clone(),
                 };
                 if (*m == Method::GET || *m == Method::HEAD) && (p == "f" || p.starts_with("f/")) {

@@ -21,7 +21,10 @@
 //! a turn on the runtime ([`Thumbs::makers`]), not on one of its few
 //! blocking threads, which every request needs; sources above
 //! [`MAX_SOURCE`] bytes, [`MAX_PIXELS_SIDE`] pixels a side or
-//! [`MAX_DECODE`] bytes decoded get none, so making thumbnails takes at
+//! [`MAX_DECODE`] bytes decoded get none (for a progressive JPEG, whose
+//! decoders hold every coefficient of the whole image however small the
+//! file, counted from its header before decoding: such a JPEG above
+//! about 32 megapixels gets a plain tile), so making thumbnails takes at
 //! most about `MAKERS × (MAX_SOURCE + MAX_DECODE)` beyond the cache. A
 //! decoder that panics on a hostile file fails that request only.
 //! HEIC has no maintained decoder we could build in, so HEIC files get
@@ -179,6 +182,9 @@ fn make_from_jpeg(data: &[u8]) -> Result<Option<Vec<u8>>, FErr> {
     if u32::from(info.width) > MAX_PIXELS_SIDE || u32::from(info.height) > MAX_PIXELS_SIDE {
         return Err(unsupported("the image is too large for a thumbnail"));
     }
+    if progressive_coefficients(&info) > MAX_DECODE {
+        return Err(unsupported("the image is too large for a thumbnail"));
+    }
     let side = THUMB_SIZE as u16;
     d.scale(side.min(info.width), side.min(info.height))
         .map_err(bad)?;
@@ -204,6 +210,27 @@ fn make_from_jpeg(data: &[u8]) -> Result<Option<Vec<u8>>, FErr> {
         img.apply_orientation(o);
     }
     encode(&img).map(Some)
+}
+
+/// The memory a decoder holds for a progressive JPEG's coefficients
+/// before it makes a pixel: two bytes for each of the 64 coefficients of
+/// every 8×8 block of every component, at the full size whatever the
+/// scale asked (the later scans refine them), counted as if no component
+/// were subsampled. Neither decoder bounds it: a file of a few hundred
+/// bytes announcing 12,000 pixels a side makes them allocate (and touch)
+/// most of a gigabyte, so such files are refused before decoding. Zero
+/// for sequential JPEGs, whose decoders work a row of blocks at a time.
+fn progressive_coefficients(info: &jpeg_decoder::ImageInfo) -> u64 {
+    if info.coding_process != jpeg_decoder::CodingProcess::DctProgressive {
+        return 0;
+    }
+    let components: u64 = match info.pixel_format {
+        jpeg_decoder::PixelFormat::L8 | jpeg_decoder::PixelFormat::L16 => 1,
+        jpeg_decoder::PixelFormat::RGB24 => 3,
+        jpeg_decoder::PixelFormat::CMYK32 => 4,
+    };
+    let blocks = |side: u16| u64::from(side).div_ceil(8);
+    components * blocks(info.width) * blocks(info.height) * 64 * 2
 }
 
 fn encode(img: &image::DynamicImage) -> Result<Vec<u8>, FErr> {
@@ -348,6 +375,70 @@ mod tests {
         let img = image::load_from_memory(&make(&g).unwrap()).unwrap();
         assert_eq!((img.width(), img.height()), (256, 256));
         assert!(make(b"GIF89a....").is_err());
+    }
+
+    /// A progressive JPEG of `w`×`h` pixels and `components` components
+    /// (no subsampling) holding only its first scan (the DC coefficients,
+    /// every difference zero): a few dozen bytes whatever the size.
+    fn progressive(w: u16, h: u16, components: u8) -> Vec<u8> {
+        let mut j = vec![0xFF, 0xD8];
+        // One quantisation table, all ones.
+        j.extend([0xFF, 0xDB, 0, 67, 0]);
+        j.extend([1u8; 64]);
+        // SOF2: progressive DCT.
+        let n = components;
+        j.extend([0xFF, 0xC2, 0, 8 + 3 * n, 8]);
+        j.extend(h.to_be_bytes());
+        j.extend(w.to_be_bytes());
+        j.push(n);
+        for c in 1..=n {
+            j.extend([c, 0x11, 0]);
+        }
+        // A DC table with one code, `0`, for category 0 (no difference).
+        j.extend([0xFF, 0xC4, 0, 20, 0x00, 1]);
+        j.extend([0u8; 15]);
+        j.push(0);
+        // The DC scan of every component, then the end.
+        j.extend([0xFF, 0xDA, 0, 6 + 2 * n, n]);
+        for c in 1..=n {
+            j.extend([c, 0x00]);
+        }
+        j.extend([0, 0, 0]);
+        j.extend([0u8; 64]);
+        j.extend([0xFF, 0xD9]);
+        j
+    }
+
+    /// A progressive JPEG's decoders hold every coefficient of the whole
+    /// image before making a pixel, whatever the scale: a tiny file
+    /// announcing 12,000 pixels a side is refused from its header, not
+    /// decoded into most of a gigabyte. Small ones still get thumbnails.
+    #[test]
+    fn a_tiny_progressive_jpeg_of_a_huge_image_is_refused_before_decoding() {
+        let small = progressive(640, 480, 3);
+        let t = make(&small).expect("a small progressive JPEG");
+        let img = image::load_from_memory(&t).unwrap();
+        assert_eq!((img.width(), img.height()), (256, 192));
+        for components in [1, 3] {
+            let huge = progressive(12_000, 12_000, components);
+            assert!(huge.len() < 300);
+            let Err(e) = make(&huge) else {
+                panic!("a huge progressive JPEG of {components} components was decoded");
+            };
+            assert_eq!(
+                e.msg, "the image is too large for a thumbnail",
+                "{components} components"
+            );
+        }
+        // 30 megapixels in three components (about 170 MiB of
+        // coefficients) are within the bound.
+        let info = jpeg_decoder::ImageInfo {
+            width: 6_400,
+            height: 4_700,
+            pixel_format: jpeg_decoder::PixelFormat::RGB24,
+            coding_process: jpeg_decoder::CodingProcess::DctProgressive,
+        };
+        assert!(progressive_coefficients(&info) <= MAX_DECODE);
     }
 
     #[test]

@@ -535,3 +535,43 @@ fn connection_limits_and_idle_keep_alive() {
     assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
     drop(a1.stream().flush());
 }
+
+/// A client that stops reading a download holds a request that never
+/// ends: while it takes the answer it keeps its slot, but once it has
+/// taken nothing for a while it counts as idle and a newcomer evicts it,
+/// instead of being turned away for as long as the client likes.
+#[test]
+fn a_client_that_stops_reading_a_download_can_be_evicted() {
+    let r = server_with(|c| {
+        c.max_connections = 1;
+        c.max_connections_per_address = 1;
+    });
+    let addr = r.local_addr();
+    let big = vec![7u8; 48 << 20];
+    let mut up = Http::new(connect_from([127, 0, 0, 2], addr).unwrap());
+    let put = up.call("PUT", "/s/big", &[], &big);
+    assert!(matches!(put.status, 201 | 204), "{}", put.status);
+    drop(up);
+
+    let mut stalled = Http::new(connect_from([127, 0, 0, 3], addr).unwrap());
+    stalled.send("GET", "/s/big", &[], b"");
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let mut refused = 0;
+    loop {
+        let mut c = Http::new(connect_from([127, 0, 0, 4], addr).unwrap());
+        c.send("GET", "/s/", &[], b"");
+        match c.read(false) {
+            Ok(resp) if resp.status == 200 => break,
+            _ => refused += 1,
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(40),
+            "the stalled download kept its slot"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(refused > 0, "the download was busy at first");
+    assert!(stalled.closed_within(Duration::from_secs(10)));
+    assert_eq!(r.stats().evicted, 1);
+}

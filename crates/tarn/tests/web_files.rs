@@ -242,6 +242,18 @@ fn settled(b: &Browser, id: &str) -> u64 {
 }
 
 /// A JSON POST without credentials (a visitor of a share link).
+/// A daemon with the web page, WebDAV and a pool, where alice owns share
+/// `a` (dataset `tank/a`, read-write): the daemon, the web and WebDAV ports.
+fn alice_sharing_a(dir: &std::path::Path) -> (Daemon, u16, u16) {
+    let (d, port, dav) = Daemon::with_web_and_pool(dir);
+    d.ok(&["dataset", "create", "tank/a"]);
+    add_user(&d, "alice", "alice-password");
+    d.ok(&[
+        "share", "add", "a", "tank/a", "--webdav", "alice=rw", "--owner", "alice",
+    ]);
+    (d, port, dav)
+}
+
 fn post_json(port: u16, path: &str, v: Value) -> Answer {
     http(
         port,
@@ -951,15 +963,65 @@ fn files_uploads_versions_and_share_links() {
 /// with more of them stalled than the server has blocking threads, a
 /// listing and a login still answer at once, and a whole download beside
 /// them is whole.
+/// A user's links share the user's limits: the unfinished uploads of
+/// every visitor of every link count in the user's 64, so making links
+/// does not let one user take the server's table of uploads; and a user
+/// keeps at most 256 links.
+#[test]
+fn links_do_not_multiply_what_a_user_may_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_d, port, _dav) = alice_sharing_a(dir.path());
+    let alice = Browser::login(port, "alice", "alice-password");
+    let link = || {
+        let made = alice.call(
+            "link.create",
+            json!({"share": "a", "path": "", "upload": true}),
+        );
+        assert_eq!(made.status, 200, "{:?}", made.json());
+        made.json()["result"]["token"].as_str().unwrap().to_string()
+    };
+    let (one, two) = (link(), link());
+    let start = |token: &str, i: usize| {
+        post_json(
+            port,
+            &format!("/s/{token}/upload"),
+            json!({"path": "", "name": format!("f{i}"), "size": 1}),
+        )
+    };
+    for i in 0..40 {
+        assert_eq!(start(&one, i).status, 200, "upload {i}");
+    }
+    for i in 40..64 {
+        assert_eq!(start(&two, i).status, 200, "upload {i}");
+    }
+    let over = start(&two, 64);
+    assert_eq!(
+        (over.status, over.code().as_str()),
+        (429, "too_many_uploads"),
+        "a second link gave more room"
+    );
+    let own = alice.post(
+        "/api/upload",
+        json!({"share": "a", "path": "", "name": "mine", "size": 1}),
+    );
+    assert_eq!(own.status, 429, "{:?}", own.json());
+
+    for _ in 2..256 {
+        link();
+    }
+    let made = alice.call("link.create", json!({"share": "a", "path": ""}));
+    assert_ne!(made.status, 200, "a 257th link");
+    assert!(
+        made.json().to_string().contains("256 links"),
+        "{:?}",
+        made.json()
+    );
+}
+
 #[test]
 fn stalled_downloads_do_not_hold_up_the_page() {
     let dir = tempfile::tempdir().unwrap();
-    let (d, port, dav) = Daemon::with_web_and_pool(dir.path());
-    d.ok(&["dataset", "create", "tank/a"]);
-    add_user(&d, "alice", "alice-password");
-    d.ok(&[
-        "share", "add", "a", "tank/a", "--webdav", "alice=rw", "--owner", "alice",
-    ]);
+    let (d, port, dav) = alice_sharing_a(dir.path());
     // 32 MiB: far more than the socket buffers and the server's queue
     // take before a download that is not read has to wait.
     let big: Vec<u8> = (0..32u32 << 20).map(|i| (i % 251) as u8).collect();

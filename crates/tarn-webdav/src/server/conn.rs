@@ -128,6 +128,9 @@ async fn serve_conn<I>(
 {
     let timeout = state.header_timeout;
     let heads = Heads::default();
+    // A client that stops reading its answer counts as idle after a
+    // while (it may be evicted), and is closed after [`STALL_CLOSE`].
+    let (io, clock) = tarn_conn::Progress::new(io);
     let io = Watched::new(io, heads.clone());
     let activity = conn.state().clone();
     let svc = service_fn(move |req: Request<Incoming>| {
@@ -153,6 +156,7 @@ async fn serve_conn<I>(
         _ = Pin::new(&mut http) => false,
         // Evicted for a newcomer while idle: just close.
         _ = conn.closed(None) => return,
+        _ = clock.watch(conn.state(), STALL_CLOSE) => return,
         _ = shutdown.changed() => {
             Pin::new(&mut http).graceful_shutdown();
             let _ = Pin::new(&mut http).await;
@@ -162,13 +166,17 @@ async fn serve_conn<I>(
     if stopping || *shutdown.borrow() {
         return;
     }
-    let io = http.into_parts().io.into_inner().into_inner();
+    let io = http.into_parts().io.into_inner().into_inner().into_inner();
     tokio::select! {
         _ = linger(io) => {}
         _ = conn.closed(None) => {}
         _ = shutdown.changed() => {}
     }
 }
+
+/// How long a client may take none of an answer before its connection is
+/// closed (a download it stopped reading).
+const STALL_CLOSE: Duration = Duration::from_secs(120);
 
 /// How long a closing connection keeps reading what its client still sends.
 const LINGER: Duration = Duration::from_secs(2);
