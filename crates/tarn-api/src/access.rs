@@ -215,6 +215,17 @@ pub fn check_user_name(name: &str) -> Result<(), ApiError> {
         && name
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+    // Samba reads a name such as `s-1-5-11` in a list of users as a
+    // Windows security identifier (here: every authenticated user).
+    let sid = name
+        .strip_prefix("s-")
+        .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()));
+    if sid {
+        return Err(ApiError::invalid(format!(
+            "invalid user name '{name}': SMB would read it as a Windows security identifier \
+             (a group of users); choose another"
+        )));
+    }
     if ok {
         Ok(())
     } else {
@@ -256,10 +267,13 @@ mod tests {
 
     #[test]
     fn names() {
-        for ok in ["alice", "_svc", "bob-2"] {
+        for ok in ["alice", "_svc", "bob-2", "s-alice", "s-"] {
             check_user_name(ok).unwrap();
         }
-        for bad in ["", "Alice", "1bob", "a b", "a/b", &"x".repeat(33)] {
+        let long = "x".repeat(33);
+        for bad in [
+            "", "Alice", "1bob", "a b", "a/b", &long, "s-1-5-11", "s-1-1-0",
+        ] {
             assert!(check_user_name(bad).is_err(), "{bad}");
         }
         check_share_name("photos.2026").unwrap();

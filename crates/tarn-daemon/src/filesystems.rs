@@ -43,6 +43,21 @@ pub fn covers(dataset: &str, name: &str) -> bool {
             .is_some_and(|r| r.starts_with('/') || r.starts_with('@'))
 }
 
+/// Refuses `dataset` unless it is in `pool`. The maps are keyed by
+/// dataset name, and a share record read from one pool names its
+/// dataset: a record written elsewhere (an imported pool) that names
+/// another pool's dataset must not be handed that dataset, already open
+/// under its name, with the record's users and rights.
+fn in_pool(pool: &Pool, dataset: &str) -> Result<(), ApiError> {
+    if crate::pools::pool_of(dataset) != pool.name() {
+        return Err(ApiError::invalid(format!(
+            "'{dataset}' is not in pool '{}': a pool's shares serve its own datasets only",
+            pool.name()
+        )));
+    }
+    Ok(())
+}
+
 impl Filesystems {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<DatasetFs>>> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
@@ -51,6 +66,7 @@ impl Filesystems {
     /// The filesystem of `dataset`, opened on first use (which creates the
     /// root directory of a new dataset and frees orphans a crash left).
     pub fn get(&self, pool: &Arc<Pool>, dataset: &str) -> Result<Arc<DatasetFs>, ApiError> {
+        in_pool(pool, dataset)?;
         let mut map = self.lock();
         if let Some(fs) = map.get(dataset) {
             return Ok(fs.clone());
@@ -72,6 +88,7 @@ impl Filesystems {
     /// The block device of volume (or volume snapshot) `dataset`, opened
     /// on first use.
     pub fn volume(&self, pool: &Arc<Pool>, dataset: &str) -> Result<Arc<Volume>, ApiError> {
+        in_pool(pool, dataset)?;
         let mut map = self.volumes.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(v) = map.get(dataset) {
             // Opened before a rollback, rename or destroy that raced with
@@ -123,7 +140,33 @@ impl Filesystems {
 
 #[cfg(test)]
 mod tests {
-    use super::covers;
+    use super::{covers, Filesystems};
+    use tarn_vdev::VdevKind;
+
+    /// A pool's share records name datasets: one naming another pool's
+    /// dataset gets nothing, not even when that dataset is open already.
+    #[test]
+    fn a_dataset_is_handed_out_for_its_own_pool_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let tank = tarn_testkit::pools::tank(dir.path(), VdevKind::Mirror, 2, 64 << 20);
+        let other = dir.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        let evil = tarn_testkit::pools::attached(
+            tarn_testkit::pools::create(
+                "evil",
+                VdevKind::Mirror,
+                &tarn_testkit::files::make(&other, "e", 2, 64 << 20),
+                &[],
+            )
+            .unwrap(),
+        );
+        tarn_dataset::create(&tank, "tank/private", &Default::default(), false).unwrap();
+        let fss = Filesystems::default();
+        fss.get(&tank, "tank/private").expect("its own pool");
+        let e = fss.get(&evil, "tank/private").err().expect("refused");
+        assert!(e.message.contains("not in pool 'evil'"), "{}", e.message);
+        assert!(fss.volume(&evil, "tank/private").is_err());
+    }
 
     #[test]
     fn coverage() {

@@ -495,12 +495,7 @@ impl Pools {
                     if lists.nbd.iter().any(|e| e.name == share.name) {
                         // Two pools imported with a share of one name: the
                         // first keeps it, so the rest are still served.
-                        log::warn!(
-                            "tarn: share '{}' of pool '{}' is not served over NBD: another \
-                             pool has a share of that name",
-                            share.name,
-                            pool.name()
-                        );
+                        name_taken("NBD", &share.name, pool.name());
                     } else {
                         match self.fss.volume(&pool, &share.dataset) {
                             Ok(v) => lists.nbd.extend(nbd_entry(v, &share)),
@@ -585,9 +580,35 @@ impl Pools {
                         continue;
                     }
                 };
+                // The servers take their lists whole or not at all: one
+                // bad entry (two pools imported with a share of one name,
+                // a dataset whose root cannot be read) must cost that
+                // entry, not keep every later change (a share removed, its
+                // networks narrowed) from reaching them.
+                if let Err(e) = fs.getattr(tarn_fs::ROOT_INO) {
+                    log::warn!(
+                        "tarn: share '{}' of pool '{}' is not served over NFS or WebDAV: its \
+                         root cannot be read: {e}",
+                        share.name,
+                        pool.name()
+                    );
+                    continue;
+                }
                 let (export, dav) = share_entries(fs, &share);
-                lists.nfs.extend(export);
-                lists.webdav.extend(dav);
+                if let Some(e) = export {
+                    if lists.nfs.iter().any(|o| o.path == e.path) {
+                        name_taken("NFS", &share.name, pool.name());
+                    } else {
+                        lists.nfs.push(e);
+                    }
+                }
+                if let Some(w) = dav {
+                    if lists.webdav.iter().any(|o| o.name == w.name) {
+                        name_taken("WebDAV", &share.name, pool.name());
+                    } else {
+                        lists.webdav.push(w);
+                    }
+                }
             }
         }
         lists
@@ -826,6 +847,15 @@ fn node_id(state_dir: &Path) -> Result<String> {
 /// The names of `share` that SMB turns into a folder path and lines of
 /// smb.conf (its own, its users'), held to the rules `share add` and
 /// `user add` apply when they are made.
+/// Logs that share `share` of `pool` is not served over `what`: two
+/// pools imported with a share of one name, the first keeps it.
+fn name_taken(what: &str, share: &str, pool: &str) {
+    log::warn!(
+        "tarn: share '{share}' of pool '{pool}' is not served over {what}: another pool has a \
+         share of that name"
+    );
+}
+
 fn smb_names_ok(share: &tarn_api::access::Share) -> std::result::Result<(), ApiError> {
     tarn_api::access::check_share_name(&share.name)?;
     // The dataset's name becomes the share's comment: a value smb.conf
@@ -836,6 +866,12 @@ fn smb_names_ok(share: &tarn_api::access::Share) -> std::result::Result<(), ApiE
     if let Some(m) = &share.smb {
         for u in m.users.keys() {
             tarn_api::access::check_user_name(u)?;
+        }
+        // Samba reads an empty list of valid users as "anyone".
+        if m.users.is_empty() && !m.guest {
+            return Err(ApiError::invalid(
+                "it names no users and is not open to guests (Samba would let anyone in)",
+            ));
         }
     }
     Ok(())
@@ -872,9 +908,21 @@ mod tests {
             ("/etc", "alice"),
             ("photos", "eve\n  root preexec = /bin/sh"),
             ("photos", "Eve"),
+            // Read by Samba as "every authenticated user".
+            ("photos", "s-1-5-11"),
         ] {
             assert!(smb_names_ok(&share(name, user)).is_err(), "{name} {user:?}");
         }
+        // No users and no guests: Samba would let anyone in.
+        let mut nobody = share("photos", "alice");
+        if let Some(m) = nobody.smb.as_mut() {
+            m.users.clear();
+        }
+        assert!(smb_names_ok(&nobody).is_err(), "an empty list of users");
+        if let Some(m) = nobody.smb.as_mut() {
+            m.guest = true;
+        }
+        assert!(smb_names_ok(&nobody).is_ok(), "a guest share");
     }
 
     #[test]
