@@ -400,13 +400,16 @@ async fn read_records(
 /// Writes replies as they come, several at once when they queue up: their
 /// record headers, bodies and READ data (as ranges of cached blocks) go
 /// out in one vectored write, copied by nobody but the kernel. A client
-/// that does not read its replies within `idle` is given up.
+/// that takes none of its replies for 10 s counts as idle (it may be
+/// evicted for a newcomer), and one that takes none for `idle` is given
+/// up; one that reads slowly but steadily is not.
 async fn write_replies(
-    mut wr: OwnedWriteHalf,
+    wr: OwnedWriteHalf,
     mut rx: mpsc::Receiver<(Reply, Busy)>,
     state: Arc<ConnState>,
     idle: Option<Duration>,
 ) {
+    let (mut wr, clock) = tarn_conn::Progress::new(wr);
     let mut batch: Vec<(Reply, Busy)> = Vec::new();
     while let Some(first) = rx.recv().await {
         batch.push(first);
@@ -427,10 +430,11 @@ async fn write_replies(
             }
         }
         let write = write_all_vectored(&mut wr, &mut slices);
-        let ok = match idle {
-            Some(t) => matches!(tokio::time::timeout(t, write).await, Ok(Ok(()))),
-            None => write.await.is_ok(),
+        let ok = tokio::select! {
+            r = write => r.is_ok(),
+            _ = clock.watch(&state, idle.unwrap_or(Duration::MAX)) => false,
         };
+        state.set_stalled(false);
         drop(slices);
         // The requests are done once their replies are written.
         batch.clear();
@@ -444,8 +448,8 @@ async fn write_replies(
 
 /// Writes every byte of `slices` (which it consumes), in as few system
 /// calls as the socket allows.
-async fn write_all_vectored(
-    wr: &mut OwnedWriteHalf,
+async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
+    wr: &mut W,
     mut slices: &mut [IoSlice<'_>],
 ) -> std::io::Result<()> {
     IoSlice::advance_slices(&mut slices, 0);

@@ -606,6 +606,53 @@ fn connection_limit_evicts_the_longest_idle_connection() {
     assert_eq!((st.evicted, st.open, st.refused_full), (1, 2, 0));
 }
 
+/// A client that sends READs and never reads the replies holds requests
+/// that cannot end: while its replies go out it keeps its slot, but once
+/// it has taken nothing for a while its connection counts as idle, and a
+/// newcomer evicts it instead of being turned away for as long as the
+/// client likes.
+#[test]
+fn a_client_that_stops_reading_replies_can_be_evicted() {
+    let cfg = NfsConfig {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        mount_bind: None,
+        max_connections: 1,
+        ..NfsConfig::default()
+    };
+    let r = tarn_nfs::NfsServer::start(cfg, vec![open_export("/l", mem_fs())]).unwrap();
+    let nfs = r.local_addrs().0;
+    let mut a = Client::connect(nfs, sys(0, 0));
+    let (_, root) = a.mnt("/l");
+    let (st, fh, _) = a.create(&root, "big", 1, [0; 8]);
+    assert_eq!(st, OK);
+    assert_eq!(a.write(&fh, 0, &pattern(1, 1 << 20), 2).0, OK);
+    for _ in 0..32 {
+        let mut w = Writer::new();
+        w.opaque(&fh).u64(0).u32(1 << 20);
+        a.send(NFS_PROG, nfsproc::READ, &w.into_bytes());
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let mut refused = 0;
+    loop {
+        let mut c = Client::connect(nfs, sys(0, 0));
+        let mut w = Writer::new();
+        w.opaque(&root);
+        let sent = c.try_send(NFS_PROG, nfsproc::GETATTR, &w.into_bytes());
+        if sent.is_ok() && read_record(&mut c.s).is_ok() {
+            break;
+        }
+        refused += 1;
+        assert!(
+            t0.elapsed() < Duration::from_secs(40),
+            "the stalled reader kept its slot"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(refused > 0, "the reader was busy at first");
+    assert_eq!(r.stats().evicted, 1);
+}
+
 /// READDIRPLUS pages of names of every length under random `dircount` and
 /// `maxcount`: every entry exactly once, each reply within both limits,
 /// and every page but the last full (its next entry would not have fit),

@@ -150,6 +150,16 @@ impl Client {
         xid
     }
 
+    /// Sends a call without waiting, or says why it could not (the
+    /// server closed the connection).
+    pub fn try_send(&mut self, prog: u32, proc_: u32, args: &[u8]) -> std::io::Result<u32> {
+        let xid = self.next_xid();
+        let mut w = encode_call(xid, prog, 3, proc_, &self.auth);
+        w.fixed(args);
+        self.s.write_all(&frame(&w.into_bytes()))?;
+        Ok(xid)
+    }
+
     /// Sends a call under a chosen xid (a retransmission), without waiting.
     pub fn send_as(&mut self, xid: u32, prog: u32, proc_: u32, args: &[u8]) {
         let mut w = encode_call(xid, prog, 3, proc_, &self.auth);
