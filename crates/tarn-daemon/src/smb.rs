@@ -511,6 +511,8 @@ pub struct Samba {
     bind: SocketAddr,
     include: Option<PathBuf>,
     smbcontrol: Option<PathBuf>,
+    /// Lists the sessions, to end those of a user whose account changed.
+    smbstatus: Option<PathBuf>,
     nss_wrapper: PathBuf,
     shared: Arc<Mutex<Shared>>,
     stop: StopFlag,
@@ -533,13 +535,60 @@ pub(crate) type Served = (Vec<(String, SmbShare)>, Vec<SmbUser>);
 /// changed or went away must be closed for the new terms to apply to
 /// clients already in. They reconnect at once, under the new terms.
 pub(crate) fn shares_to_close(old: &Served, new: &Served) -> Vec<String> {
-    let (old_shares, old_users) = old;
-    let (new_shares, new_users) = new;
-    let changed_users: Vec<&str> = old_users
+    let changed_users = users_changed(old, new);
+    shares_to_close_for(old, new, &changed_users)
+}
+
+/// The users of `old` whose account changed or went away in `new` (a new
+/// password, uid or gid, SMB taken away).
+fn users_changed<'a>(old: &'a Served, new: &Served) -> Vec<&'a SmbUser> {
+    old.1
         .iter()
-        .filter(|u| !new_users.iter().any(|n| n == *u))
-        .map(|u| u.name.as_str())
+        .filter(|u| !new.1.iter().any(|n| n == *u))
+        .collect()
+}
+
+/// The uids whose SMB sessions must end when the served users change
+/// from `old` to `new`. Closing a share's connections is not enough: the
+/// session, authenticated with the old password, stays, and the client
+/// connects to the share again on it without being asked for the
+/// password (nor is a session whose user lost SMB kept from guest
+/// shares). Ending the session's smbd makes the client log in anew.
+pub(crate) fn uids_to_end(old: &Served, new: &Served) -> Vec<u32> {
+    let mut uids: Vec<u32> = users_changed(old, new).iter().map(|u| u.uid).collect();
+    uids.sort_unstable();
+    uids.dedup();
+    uids
+}
+
+/// The smbd processes (pids) serving a session of one of `uids`, from
+/// `smbstatus --json`.
+pub(crate) fn session_pids(status_json: &str, uids: &[u32]) -> Vec<i32> {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(status_json) else {
+        return Vec::new();
+    };
+    let Some(sessions) = v["sessions"].as_object() else {
+        return Vec::new();
+    };
+    let mut pids: Vec<i32> = sessions
+        .values()
+        .filter(|s| {
+            s["uid"]
+                .as_u64()
+                .is_some_and(|u| uids.iter().any(|x| u64::from(*x) == u))
+        })
+        .filter_map(|s| s["server_id"]["pid"].as_str()?.parse().ok())
+        .filter(|p| *p > 1)
         .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+fn shares_to_close_for(old: &Served, new: &Served, changed: &[&SmbUser]) -> Vec<String> {
+    let (old_shares, _) = old;
+    let (new_shares, _) = new;
+    let changed_users: Vec<&str> = changed.iter().map(|u| u.name.as_str()).collect();
     // Signing is the server's (see `render_conf`): when it changes, every
     // share's clients reconnect under it.
     let signs = |v: &Vec<(String, SmbShare)>| v.iter().any(|(_, s)| s.signing_required);
@@ -653,6 +702,16 @@ impl Samba {
                 "SMB needs Samba's smbd, which is not installed (Debian: apt-get install samba)",
             )
         })?;
+        // Without them a revoked user's connections and sessions would go
+        // on: refused, as smbd is.
+        for tool in ["smbcontrol", "smbstatus"] {
+            if find_program(tool).is_none() {
+                return Err(DaemonError::msg(format!(
+                    "SMB needs Samba's {tool}, which is not installed (Debian: apt-get install \
+                     samba)"
+                )));
+            }
+        }
         let layout = Layout {
             root: state_dir.join("smb"),
         };
@@ -696,6 +755,7 @@ impl Samba {
             bind,
             include,
             smbcontrol: find_program("smbcontrol"),
+            smbstatus: find_program("smbstatus"),
             nss_wrapper,
             shared: Arc::new(Mutex::new(Shared {
                 status: SmbStatus {
@@ -847,6 +907,7 @@ impl Samba {
                         self.smbcontrol_all(&["close-share", share]);
                     }
                 }
+                self.end_sessions(&uids_to_end(&before, &now));
             }
             Ok(false) => {}
             Err(e) => {
@@ -864,6 +925,43 @@ impl Samba {
             if let Ok(pid) = i32::try_from(pid) {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
             }
+        }
+    }
+
+    /// Ends the SMB sessions of `uids` (see [`uids_to_end`]): their smbd
+    /// processes are stopped, and their clients log in again.
+    fn end_sessions(&self, uids: &[u32]) {
+        let (Some(prog), false) = (self.smbstatus.as_deref(), uids.is_empty()) else {
+            return;
+        };
+        let mut cmd = Command::new(prog);
+        cmd.arg("-s")
+            .arg(self.layout.conf())
+            .arg("--json")
+            .stdin(Stdio::null())
+            .stderr(Stdio::null());
+        for (k, v) in self.env() {
+            cmd.env(k, v);
+        }
+        let Ok(out) = cmd.output() else {
+            return;
+        };
+        let parent = lock(&self.shared)
+            .status
+            .pid
+            .and_then(|p| i32::try_from(p).ok());
+        for pid in session_pids(&String::from_utf8_lossy(&out.stdout), uids) {
+            // Only a child smbd (a stale listing could name a pid the
+            // system gave to something else since).
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if Some(pid) == parent || !String::from_utf8_lossy(&cmdline).contains("smbd") {
+                continue;
+            }
+            log::info!("tarn: ending SMB session process {pid}: its user's account changed");
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
         }
     }
 
@@ -1139,6 +1237,37 @@ mod tests {
         let two = served(&[entry("photos"), d2.clone()], &users);
         let signed = served(&[p2, d2], &users);
         assert_eq!(shares_to_close(&two, &signed), ["photos", "docs"]);
+    }
+
+    /// A user whose password changed, or who lost SMB, has their sessions
+    /// ended (not only their shares closed); the smbd processes are found
+    /// in `smbstatus --json` by the sessions' uids.
+    #[test]
+    fn sessions_of_changed_users_are_ended() {
+        let user = |n: &str, uid: u32, h: &str| SmbUser {
+            name: n.into(),
+            uid,
+            gid: uid,
+            nt_hash: h.into(),
+        };
+        let (alice, bob) = (user("alice", 1000, "AA"), user("bob", 1001, "BB"));
+        let before: Served = (Vec::new(), vec![alice.clone(), bob.clone()]);
+        assert!(uids_to_end(&before, &before).is_empty());
+        let new_pw: Served = (Vec::new(), vec![alice.clone(), user("bob", 1001, "CC")]);
+        assert_eq!(uids_to_end(&before, &new_pw), [1001]);
+        let gone: Served = (Vec::new(), vec![bob]);
+        assert_eq!(uids_to_end(&before, &gone), [1000]);
+
+        let status = r#"{"sessions": {
+            "1": {"server_id": {"pid": "28325"}, "uid": 1001},
+            "2": {"server_id": {"pid": "28400"}, "uid": 1000},
+            "3": {"server_id": {"pid": "28325"}, "uid": 1001},
+            "4": {"server_id": {"pid": "1"}, "uid": 1001}}}"#;
+        assert_eq!(session_pids(status, &[1001]), [28325]);
+        assert_eq!(session_pids(status, &[1000, 1001]), [28325, 28400]);
+        assert!(session_pids(status, &[7]).is_empty());
+        assert!(session_pids("not json", &[1001]).is_empty());
+        assert!(session_pids(r#"{"sessions": 5}"#, &[1001]).is_empty());
     }
 
     fn entry(name: &str) -> SmbEntry {

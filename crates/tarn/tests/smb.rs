@@ -69,6 +69,16 @@ fn open_tempdir() -> tempfile::TempDir {
     dir
 }
 
+/// Runs `tarn ARGS` with `input` on its stdin; panics unless it succeeds.
+fn ok_with_stdin(d: &Daemon, args: &[&str], input: &str) {
+    let out = tarn_with_stdin(d, args, input);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn add_user(d: &Daemon, args: &[&str], password: &str) {
     let mut all = vec!["user", "add", "--password-stdin"];
     all.extend_from_slice(args);
@@ -352,25 +362,15 @@ fn smb_serves_users_the_same_files_as_every_other_front_end() {
         "bob's open session still lists the share: {after}"
     );
     drop(bob);
-    let out = tarn_with_stdin(
+    ok_with_stdin(
         &d,
         &["user", "passwd", "--no-smb", "--password-stdin", "bob"],
         "build-it\n",
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = tarn_with_stdin(
+    ok_with_stdin(
         &d,
         &["user", "passwd", "--password-stdin", "alice"],
         "new-land\n",
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
     );
     // bob is a guest now (there is a guest share), and not on this share.
     smb_refused(
@@ -1008,20 +1008,29 @@ fn smb_python() -> Option<String> {
     }
 }
 
-#[test]
-fn time_machine_bands_flushed_over_smb_survive_a_daemon_kill() {
+/// For a test driving smbprotocol: its Python, and a daemon serving SMB
+/// on a port of its own with pool `tank` (a mirror of two files of
+/// `size` bytes) in a folder smbd can walk through; None (skipped) when
+/// SMB or the module is missing.
+fn smb_with_python(size: u64) -> Option<(String, tempfile::TempDir, u16, Daemon)> {
     if !smb_ready() {
-        return;
+        return None;
     }
-    let Some(python) = smb_python() else {
-        return;
-    };
+    let python = smb_python()?;
     let dir = open_tempdir();
     let smb = free_port();
     let smb_arg = format!("127.0.0.1:{smb}");
-    let mut d = Daemon::start_with(dir.path(), &["--smb", &smb_arg]);
-    let f = files(dir.path(), "m", 2, 1 << 30);
+    let d = Daemon::start_with(dir.path(), &["--smb", &smb_arg]);
+    let f = files(dir.path(), "m", 2, size);
     d.ok(&["pool", "create", "tank", "mirror", &f[0], &f[1]]);
+    Some((python, dir, smb, d))
+}
+
+#[test]
+fn time_machine_bands_flushed_over_smb_survive_a_daemon_kill() {
+    let Some((python, dir, smb, mut d)) = smb_with_python(1 << 30) else {
+        return;
+    };
     d.ok(&["dataset", "create", "tank/tm"]);
     add_user(&d, &["--smb", "--uid", "1001", "alice"], "wonder-land");
     d.ok(&[
@@ -1079,7 +1088,7 @@ fn time_machine_bands_flushed_over_smb_survive_a_daemon_kill() {
     // killed one left running and detaches its dead mounts (`killed` is
     // dropped only at the end, as its drop would detach them itself).
     let killed = d;
-    let d = Daemon::start_with(dir.path(), &["--smb", &smb_arg]);
+    let d = Daemon::start_with(dir.path(), &["--smb", &format!("127.0.0.1:{smb}")]);
     let t0 = Instant::now();
     while !smbclient(smb, "mac", Some("alice%wonder-land"), "ls bands\\*").0 {
         assert!(
@@ -1113,4 +1122,54 @@ fn time_machine_bands_flushed_over_smb_survive_a_daemon_kill() {
     d.ok(&["unmount", "tank/tm"]);
     d.stop();
     drop(killed);
+}
+
+/// A session logged in with a password that has since changed (or whose
+/// user lost SMB) ends: its client must log in again, with the new
+/// password. Closing the share's connections alone left the session, on
+/// which a client connects to the share again without being asked.
+#[test]
+fn a_changed_password_ends_the_sessions_made_with_the_old_one() {
+    let Some((python, _dir, smb, d)) = smb_with_python(256 << 20) else {
+        return;
+    };
+    d.ok(&["dataset", "create", "tank/docs"]);
+    add_user(&d, &["--smb", "alice"], "old-password");
+    add_user(&d, &["--smb", "bob"], "bobs-password");
+    let share = "share add docs tank/docs --owner alice --smb alice=rw --smb bob=ro";
+    d.ok(&share.split(' ').collect::<Vec<_>>());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/smb_session.py");
+    let hold = |user: &str, password: &str| {
+        let mut c = Command::new(&python)
+            .arg(&script)
+            .args(["127.0.0.1", &smb.to_string(), "docs", user, password])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the SMB client");
+        let mut out = std::io::BufReader::new(c.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "{user} logs in");
+        (c, out)
+    };
+    let again = |(mut c, mut out): (std::process::Child, std::io::BufReader<_>)| {
+        c.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        let _ = c.wait();
+        line.trim().to_string()
+    };
+    let alice = hold("alice", "old-password");
+    let bob = hold("bob", "bobs-password");
+    ok_with_stdin(
+        &d,
+        &["user", "passwd", "--smb", "--password-stdin", "alice"],
+        "new-password\n",
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let said = again(alice);
+    assert!(said.starts_with("refused"), "alice's old session: {said}");
+    assert_eq!(again(bob), "connected", "bob's account did not change");
 }
