@@ -1124,6 +1124,47 @@ fn time_machine_bands_flushed_over_smb_survive_a_daemon_kill() {
     drop(killed);
 }
 
+/// An SMB session held open by `tests/tools/smb_session.py`, logged in
+/// and connected to a share, waiting to connect to it again.
+struct Held {
+    child: std::process::Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Held {
+    fn open(python: &str, port: u16, share: &str, user: &str, password: &str) -> Held {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/smb_session.py");
+        let mut child = Command::new(python)
+            .arg(&script)
+            .args(["127.0.0.1", &port.to_string(), share, user, password])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the SMB client");
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "{user} logs in");
+        Held { child, out }
+    }
+
+    /// Connects to the share again on the same session: "connected", or
+    /// "refused: WHY".
+    fn again(mut self) -> String {
+        self.child
+            .stdin
+            .as_mut()
+            .unwrap()
+            .write_all(b"go\n")
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut self.out, &mut line).unwrap();
+        let _ = self.child.wait();
+        line.trim().to_string()
+    }
+}
+
 /// A session logged in with a password that has since changed (or whose
 /// user lost SMB) ends: its client must log in again, with the new
 /// password. Closing the share's connections alone left the session, on
@@ -1138,29 +1179,7 @@ fn a_changed_password_ends_the_sessions_made_with_the_old_one() {
     add_user(&d, &["--smb", "bob"], "bobs-password");
     let share = "share add docs tank/docs --owner alice --smb alice=rw --smb bob=ro";
     d.ok(&share.split(' ').collect::<Vec<_>>());
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/smb_session.py");
-    let hold = |user: &str, password: &str| {
-        let mut c = Command::new(&python)
-            .arg(&script)
-            .args(["127.0.0.1", &smb.to_string(), "docs", user, password])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start the SMB client");
-        let mut out = std::io::BufReader::new(c.stdout.take().unwrap());
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-        assert_eq!(line.trim(), "ready", "{user} logs in");
-        (c, out)
-    };
-    let again = |(mut c, mut out): (std::process::Child, std::io::BufReader<_>)| {
-        c.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-        let _ = c.wait();
-        line.trim().to_string()
-    };
+    let hold = |user: &str, password: &str| Held::open(&python, smb, "docs", user, password);
     let alice = hold("alice", "old-password");
     let bob = hold("bob", "bobs-password");
     ok_with_stdin(
@@ -1169,7 +1188,7 @@ fn a_changed_password_ends_the_sessions_made_with_the_old_one() {
         "new-password\n",
     );
     std::thread::sleep(Duration::from_millis(500));
-    let said = again(alice);
+    let said = alice.again();
     assert!(said.starts_with("refused"), "alice's old session: {said}");
-    assert_eq!(again(bob), "connected", "bob's account did not change");
+    assert_eq!(bob.again(), "connected", "bob's account did not change");
 }
