@@ -144,6 +144,15 @@ pub fn check_alert(a: &Alert) -> Result<(), ApiError> {
                     "'{url}' is not an http:// or https:// URL"
                 )));
             }
+            // The URL is stored and shown whole; a password in it is not
+            // sent anyway (webhooks carry their token in the path or query).
+            let rest = &url[url.find("://").map_or(0, |i| i + 3)..];
+            if rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())].contains('@') {
+                return Err(ApiError::invalid(
+                    "a user and password in a webhook URL are not supported: put the token \
+                     in its path or query",
+                ));
+            }
         }
         AlertTarget::Email { smtp, from, to, .. } => {
             let port_ok = smtp
@@ -208,6 +217,19 @@ mod tests {
             url: "ftp://x".into()
         }))
         .is_err());
+        for with_user in ["https://bob:pw@host/x", "https://TOKEN@host?q=1"] {
+            assert!(
+                check_alert(&alert(AlertTarget::Webhook {
+                    url: with_user.into()
+                }))
+                .is_err(),
+                "{with_user}"
+            );
+        }
+        check_alert(&alert(AlertTarget::Webhook {
+            url: "https://host/a@b".into(),
+        }))
+        .expect("an @ in the path is not a user");
         let email = |smtp: &str, from: &str, to: &[&str]| {
             alert(AlertTarget::Email {
                 smtp: smtp.into(),

@@ -786,13 +786,27 @@ fn payload(ev: &Event, held: u64) -> Vec<u8> {
     serde_json::to_vec(&v).unwrap_or_default()
 }
 
-/// Splits `http(s)://host[:port]/path?q` into the endpoint and the target.
+/// Splits `http(s)://host[:port]/path?q` into the endpoint and the target
+/// (a query straight after the host, `https://host?token=…`, is the
+/// target's; a fragment is not sent). Errors never repeat the URL's
+/// secret parts: a user and password in it are refused, not echoed.
 fn split_url(url: &str) -> std::result::Result<(tarn_s3::http::Endpoint, String), String> {
     let scheme_end = url.find("://").ok_or("no scheme")? + 3;
     let rest = &url[scheme_end..];
-    let (authority, target) = match rest.find('/') {
-        Some(i) => (&rest[..i], rest[i..].to_string()),
-        None => (rest, "/".to_string()),
+    let rest = &rest[..rest.find('#').unwrap_or(rest.len())];
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, target) = (&rest[..end], &rest[end..]);
+    if authority.contains('@') {
+        return Err(
+            "a user and password in the URL are not supported: put the token in \
+                    its path or query"
+                .into(),
+        );
+    }
+    let target = match target.strip_prefix('?') {
+        Some(q) => format!("/?{q}"),
+        None if target.is_empty() => "/".to_string(),
+        None => target.to_string(),
     };
     let endpoint = tarn_s3::http::Endpoint::parse(&format!("{}{authority}", &url[..scheme_end]))
         .map_err(|e| e.to_string())?;
@@ -1130,6 +1144,18 @@ mod tests {
         let e = e.unwrap_err();
         assert!(!e.contains("SECRET"), "{e}");
         assert!(e.contains("HTTP 404") && e.contains("127.0.0.1"), "{e}");
+        // A query straight after the host, and a user and password (which
+        // are refused), never reach an error either.
+        let (ep, target) = split_url("https://ntfy.example.org:8443?auth=SECRET").unwrap();
+        assert_eq!(target, "/?auth=SECRET");
+        assert!(!format!("{ep:?}").contains("SECRET"), "{ep:?}");
+        for url in [
+            "https://bob:pw-SECRET@ntfy.example.org:8443?auth=SECRET",
+            "https://TOKEN-SECRET@hooks.example.org/x",
+        ] {
+            let e = split_url(url).expect_err("refused");
+            assert!(!e.contains("SECRET"), "{e}");
+        }
     }
 
     #[test]

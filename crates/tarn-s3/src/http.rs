@@ -316,9 +316,7 @@ fn exchange(
             if size > MAX_BODY - resp.body.len() {
                 return Err(S3Error::Protocol("response body too large".into()));
             }
-            let at = resp.body.len();
-            resp.body.resize(at + size, 0);
-            conn.read_exact(&mut resp.body[at..]).map_err(io)?;
+            read_exactly(conn, &mut resp.body, size)?;
             let mut crlf = [0u8; 2];
             conn.read_exact(&mut crlf).map_err(io)?;
             if &crlf != b"\r\n" {
@@ -335,8 +333,7 @@ fn exchange(
             if n > MAX_BODY {
                 return Err(S3Error::Protocol("response body too large".into()));
             }
-            resp.body.resize(n, 0);
-            conn.read_exact(&mut resp.body).map_err(io)?;
+            read_exactly(conn, &mut resp.body, n)?;
             Ok((resp, !close))
         }
         None => {
@@ -379,6 +376,20 @@ fn read_head(
         headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
     }
     Ok((version, status, headers))
+}
+
+/// Appends `n` bytes read from `conn` to `body`, growing it as they come:
+/// a length a server announces is not allocated before the bytes are
+/// there (a hostile server could announce the limit and trickle).
+fn read_exactly(conn: &mut impl Read, body: &mut Vec<u8>, n: usize) -> Result<(), S3Error> {
+    let want = body.len() + n;
+    conn.take(n as u64).read_to_end(body).map_err(io)?;
+    if body.len() != want {
+        return Err(S3Error::Io(
+            "the connection ended inside a response body".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// One CRLF-terminated line, without it.
@@ -470,6 +481,24 @@ mod tests {
         assert!(c.conn.is_none(), "a closed connection is not kept");
     }
 
+    /// A GET answered with `answer` by a server that takes one request,
+    /// and that server's thread.
+    fn one_answer(answer: &[u8]) -> (Result<Response, S3Error>, std::thread::JoinHandle<()>) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let a = answer.to_vec();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(&a);
+        });
+        let mut c =
+            Client::new(Endpoint::parse(&format!("http://127.0.0.1:{port}")).unwrap()).unwrap();
+        let h = vec![("host".to_string(), "x".to_string())];
+        (c.request("GET", "/", &h, b""), server)
+    }
+
     /// A server that promises an absurd body or sends garbage gets an
     /// error, not an allocation or a panic.
     #[test]
@@ -482,21 +511,36 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\nffffffffffffffff\r\n",
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\naXY",
         ] {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let port = l.local_addr().unwrap().port();
-            let a = answer.to_vec();
-            let server = std::thread::spawn(move || {
-                let (mut s, _) = l.accept().unwrap();
-                let mut buf = [0u8; 4096];
-                let _ = s.read(&mut buf);
-                let _ = s.write_all(&a);
-            });
-            let mut c =
-                Client::new(Endpoint::parse(&format!("http://127.0.0.1:{port}")).unwrap()).unwrap();
-            let h = vec![("host".to_string(), "x".to_string())];
-            let r = c.request("GET", "/", &h, b"");
+            let (r, server) = one_answer(answer);
             assert!(r.is_err(), "{answer:?}: {r:?}");
             server.join().unwrap();
         }
+    }
+
+    fn peak_rss_kib() -> u64 {
+        std::fs::read_to_string("/proc/self/status")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// A length a server announces (here 200 MiB, in one body and in one
+    /// chunk) is not allocated before the bytes come: a server that
+    /// announces the limit and sends a few bytes costs a few bytes.
+    #[test]
+    fn an_announced_length_is_not_allocated_before_the_bytes_come() {
+        let before = peak_rss_kib();
+        for answer in [
+            &b"HTTP/1.1 200 OK\r\nContent-Length: 209715200\r\n\r\nonly this"[..],
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nc800000\r\nonly this",
+        ] {
+            let (r, server) = one_answer(answer);
+            assert!(r.is_err(), "a cut body: {r:?}");
+            server.join().unwrap();
+        }
+        let grew = peak_rss_kib().saturating_sub(before);
+        assert!(grew < 100 << 10, "peak memory grew by {grew} KiB");
     }
 }
