@@ -475,6 +475,12 @@ pub fn user_add(
             pool.name()
         )));
     }
+    if uid == Some(0) || gid == Some(0) {
+        return Err(ApiError::invalid(
+            "uid and gid 0 are root's: a tarn user with them would pass every permission \
+             check on the files it reaches (SMB refuses them too); choose other ids",
+        ));
+    }
     let uid = uid.unwrap_or_else(|| {
         (10000..)
             .find(|u| !existing.iter().any(|x| x.uid == *u))
@@ -685,7 +691,16 @@ pub fn authenticate(pool: &Pool, name: &str, password: &str) -> Option<UserRecor
         .ok()?
         .into_iter()
         .find(|u| u.name == name)
+        .filter(|u| !is_root(u))
         .filter(|u| verify_password(&u.hash, password))
+}
+
+/// Whether a user record has root's uid or gid: `user add` refuses them,
+/// but a pool's records may have been written elsewhere, and such a user
+/// would pass every permission check on the files it reaches. Never
+/// logged in, nor handed files.
+pub fn is_root(u: &UserRecord) -> bool {
+    u.uid == 0 || u.gid == 0
 }
 
 /// Adds or replaces a share after checking it.
@@ -1000,6 +1015,28 @@ pub fn share_del(pool: &Pool, name: &str) -> Result<(), ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Root's ids are refused when a user is added, and a record with them
+    /// written elsewhere never logs in.
+    #[test]
+    fn users_with_roots_ids_are_refused_and_never_log_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = tarn_testkit::pools::tank(dir.path(), tarn_vdev::VdevKind::Mirror, 2, 64 << 20);
+        for (uid, gid) in [(Some(0), None), (None, Some(0))] {
+            let e =
+                user_add(&pool, "eve", "a-long-password", uid, gid, false).expect_err("refused");
+            assert!(e.message.contains("root's"), "{}", e.message);
+        }
+        user_add(&pool, "alice", "a-long-password", None, None, false).unwrap();
+        assert!(authenticate(&pool, "alice", "a-long-password").is_some());
+        let mut rec = user(&pool, "alice").unwrap();
+        rec.uid = 0;
+        tarn_dataset::config_put(&pool, KIND_USER, "alice", &encode(&rec).unwrap()).unwrap();
+        assert!(
+            authenticate(&pool, "alice", "a-long-password").is_none(),
+            "a stored record with uid 0 logged in"
+        );
+    }
 
     #[test]
     fn networks_are_checked_before_they_are_stored() {

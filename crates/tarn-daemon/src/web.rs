@@ -90,6 +90,9 @@ pub(crate) fn file_shares(pools: &Pools, user: &UserId) -> Vec<FileShare> {
     let Ok(rec) = access::user(&pool, &user.name) else {
         return Vec::new();
     };
+    if access::is_root(&rec) {
+        return Vec::new();
+    }
     let Ok(list) = pools.share_list() else {
         return Vec::new();
     };
