@@ -556,6 +556,8 @@ fn a_client_that_stops_reading_a_download_can_be_evicted() {
     let mut stalled = Http::new(connect_from([127, 0, 0, 3], addr).unwrap());
     stalled.send("GET", "/s/big", &[], b"");
     std::thread::sleep(Duration::from_millis(300));
+    // (The upload's connection, if still closing, made room for it.)
+    let evicted = r.stats().evicted;
     let t0 = Instant::now();
     let mut refused = 0;
     loop {
@@ -573,5 +575,9 @@ fn a_client_that_stops_reading_a_download_can_be_evicted() {
     }
     assert!(refused > 0, "the download was busy at first");
     assert!(stalled.closed_within(Duration::from_secs(10)));
-    assert_eq!(r.stats().evicted, 1);
+    assert_eq!(
+        r.stats().evicted,
+        evicted + 1,
+        "the stalled download made room"
+    );
 }
