@@ -243,8 +243,10 @@ fn an_answer_being_written_is_not_cut_by_an_eviction() {
         format!(r#"{{"id":1,"method":"pool.export","params":{{"name":"{name}"}}}}"#).as_bytes(),
     );
     reading_late.send(b"\n");
-    // The request is read and answered; its answer fills the socket.
-    thread::sleep(Duration::from_millis(200));
+    // The request is read and answered; its answer fills the socket
+    // (waits for its first bytes, which stay buffered for `recv`).
+    std::io::BufRead::fill_buf(&mut reading_late.reader).unwrap();
+    thread::sleep(Duration::from_millis(50));
     let mut talking = Raw::connect(&daemon.socket);
     talking.send(b"{");
     thread::sleep(Duration::from_millis(50));
