@@ -757,10 +757,10 @@ mod tests {
         keys(p).into_iter().find(|(a, _)| a == k).map(|(_, v)| v)
     }
 
-    #[test]
-    fn plain_login_negotiates_and_enters_full_feature() {
-        let mut l = Login::new(offer(), vec![target(None, None)], None, 7);
-        let r = match l.step(&req(
+    /// A normal session's security stage without CHAP, moving on to the
+    /// operational stage.
+    fn plain_security() -> Pdu {
+        req(
             SECURITY,
             Some(OPERATIONAL),
             &[
@@ -769,7 +769,13 @@ mod tests {
                 ("SessionType", "Normal"),
                 ("AuthMethod", "None"),
             ],
-        )) {
+        )
+    }
+
+    #[test]
+    fn plain_login_negotiates_and_enters_full_feature() {
+        let mut l = Login::new(offer(), vec![target(None, None)], None, 7);
+        let r = match l.step(&plain_security()) {
             Step::Continue(r) => r,
             other => panic!("{other:?}"),
         };
@@ -825,16 +831,7 @@ mod tests {
     #[test]
     fn bad_burst_lengths_are_rejected_not_ignored() {
         let mut l = Login::new(offer(), vec![target(None, None)], None, 7);
-        let first = l.step(&req(
-            SECURITY,
-            Some(OPERATIONAL),
-            &[
-                ("InitiatorName", "iqn.x:init"),
-                ("TargetName", NAME),
-                ("SessionType", "Normal"),
-                ("AuthMethod", "None"),
-            ],
-        ));
+        let first = l.step(&plain_security());
         assert!(matches!(first, Step::Continue(_)), "{first:?}");
         let step = l.step(&req(
             OPERATIONAL,

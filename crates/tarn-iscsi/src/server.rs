@@ -747,8 +747,7 @@ impl Ffp {
                 Event::Pdu(_) | Event::Close => break,
                 Event::Done(d) => self.finish(d),
                 Event::Recheck => {
-                    changed.mark_changed();
-                    if self.access_revoked(&mut changed) {
+                    if self.revoked() {
                         break;
                     }
                 }
@@ -786,6 +785,11 @@ impl Ffp {
             return false;
         }
         changed.borrow_and_update();
+        self.revoked()
+    }
+
+    /// Whether this session may no longer use its target (logged).
+    fn revoked(&self) -> bool {
         if self.still_admitted() {
             return false;
         }

@@ -131,19 +131,25 @@ fn idle_timeout_spares_requests_in_flight() {
     assert!(r.stats().idle_closed >= 3, "{:?}", r.stats());
 }
 
+/// A server of `dev` as export "disk" that gives up a client taking no
+/// reply byte for 500 ms.
+fn with_short_reply_timeout(dev: Arc<MemDevice>) -> tarn_nbd::Running {
+    start_with(
+        NbdConfig {
+            reply_timeout: Duration::from_millis(500),
+            ..NbdConfig::default()
+        },
+        vec![NbdExport::new("disk", dev)],
+    )
+}
+
 /// A client that sends reads and never reads the replies is given up
 /// after the reply timeout; the server does not wait on it forever.
 #[test]
 fn a_client_that_never_reads_replies_is_given_up() {
     let dev = Arc::new(MemDevice::new(64 * MIB, 4096));
     dev.write(0, &vec![0x42; 64 * MIB as usize], false).unwrap();
-    let r = start_with(
-        NbdConfig {
-            reply_timeout: Duration::from_millis(500),
-            ..NbdConfig::default()
-        },
-        vec![NbdExport::new("disk", dev)],
-    );
+    let r = with_short_reply_timeout(dev);
     let mut c = Raw::open(r.local_addr(), "disk");
     let mut batch = Vec::new();
     for i in 0..64u64 {
@@ -170,13 +176,7 @@ fn a_client_that_reads_slowly_but_steadily_keeps_its_connection() {
     use std::io::Read;
     let dev = Arc::new(MemDevice::new(64 * MIB, 4096));
     dev.write(0, &vec![0x37; 32 * MIB as usize], false).unwrap();
-    let r = start_with(
-        NbdConfig {
-            reply_timeout: Duration::from_millis(500),
-            ..NbdConfig::default()
-        },
-        vec![NbdExport::new("disk", dev)],
-    );
+    let r = with_short_reply_timeout(dev);
     let mut c = Raw::open(r.local_addr(), "disk");
     let len = 32 * MIB as u32;
     c.request(cmd::READ, 0, 7, 0, len, &[]);
