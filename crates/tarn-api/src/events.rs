@@ -154,13 +154,27 @@ pub fn check_alert(a: &Alert) -> Result<(), ApiError> {
                 ));
             }
         }
-        AlertTarget::Email { smtp, from, to, .. } => {
+        AlertTarget::Email {
+            smtp,
+            from,
+            to,
+            password,
+            security,
+            ..
+        } => {
             let port_ok = smtp
                 .rsplit_once(':')
                 .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
             if !port_ok {
                 return Err(ApiError::invalid(format!(
                     "--smtp {smtp}: use HOST:PORT, e.g. smtp.example.org:587"
+                )));
+            }
+            if password.is_some() && *security == SmtpSecurity::None && !smtp_is_local(smtp) {
+                return Err(ApiError::invalid(format!(
+                    "--smtp {smtp} with --security none would send the password unencrypted \
+                     over the network: use starttls or tls (none with a password is for a \
+                     relay on this machine only)"
                 )));
             }
             let addr_ok = |s: &str| {
@@ -193,6 +207,20 @@ pub fn check_alert(a: &Alert) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+/// Whether an SMTP `host:port` names this machine (a loopback address or
+/// `localhost`), the only place a password may go without encryption.
+pub fn smtp_is_local(smtp: &str) -> bool {
+    let host = smtp.rsplit_once(':').map_or(smtp, |(h, _)| h);
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]
@@ -252,6 +280,32 @@ mod tests {
         assert!(check_alert(&email("h:25", "nas@x.org", &[])).is_err());
         assert!(check_alert(&email("h:25", "@localhost", &["a@b.c"])).is_err());
         assert!(check_alert(&email("h:25", "nas@x.org", &["a@b.c>\r\nRCPT"])).is_err());
+        // A password goes unencrypted only to this machine.
+        let with_password = |smtp: &str, security| {
+            alert(AlertTarget::Email {
+                smtp: smtp.into(),
+                from: "nas@example.org".into(),
+                to: vec!["me@example.org".into()],
+                user: Some("nas".into()),
+                password: Some("pw".into()),
+                security,
+            })
+        };
+        for smtp in [
+            "smtp.example.org:25",
+            "10.0.0.2:25",
+            "[fe80::1]:25",
+            "localhost.evil.org:25",
+        ] {
+            let e = check_alert(&with_password(smtp, SmtpSecurity::None))
+                .expect_err(smtp)
+                .to_string();
+            assert!(e.contains("unencrypted"), "{smtp}: {e}");
+            check_alert(&with_password(smtp, SmtpSecurity::Starttls)).expect(smtp);
+        }
+        for smtp in ["127.0.0.1:2525", "localhost:25", "[::1]:25", "LOCALHOST:25"] {
+            check_alert(&with_password(smtp, SmtpSecurity::None)).expect(smtp);
+        }
         assert!(check_alert(&alert(AlertTarget::Program {
             path: "notify.sh".into()
         }))

@@ -899,6 +899,15 @@ fn email(
     let message = m
         .body(body(ev, held))
         .map_err(|e| format!("cannot build the mail: {e}"))?;
+    // An alert stored before `check_alert` refused this is held to it too.
+    if password.is_some()
+        && security == SmtpSecurity::None
+        && !tarn_api::events::smtp_is_local(smtp)
+    {
+        return Err(format!(
+            "mail through {smtp}: not sending the password unencrypted; use --security starttls or tls"
+        ));
+    }
     let tls = match security {
         SmtpSecurity::None => Tls::None,
         SmtpSecurity::Starttls | SmtpSecurity::Tls => {
@@ -1183,6 +1192,36 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_stored_password_is_not_mailed_unencrypted_off_the_machine() {
+        // As an alerts.json from before `check_alert` refused it could
+        // hold it: the address is one nothing answers on (TEST-NET-1), so
+        // without the refusal this would fail differently, after trying.
+        let mail = Alert {
+            name: "mail".into(),
+            target: AlertTarget::Email {
+                smtp: "192.0.2.1:25".into(),
+                from: "nas@example.org".into(),
+                to: vec!["me@example.org".into()],
+                user: Some("nas".into()),
+                password: Some("s3cret-pass".into()),
+                security: SmtpSecurity::None,
+            },
+            min_severity: Severity::Warning,
+        };
+        let ev = Event {
+            id: 1,
+            time_unix: 0,
+            severity: Severity::Critical,
+            kind: "alert.test".into(),
+            pool: None,
+            device: None,
+            message: "test".into(),
+        };
+        let e = deliver(&mail, &ev, 0).expect_err("refused");
+        assert!(e.contains("unencrypted"), "{e}");
     }
 
     #[test]
