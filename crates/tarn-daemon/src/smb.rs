@@ -510,9 +510,9 @@ pub struct Samba {
     layout: Layout,
     bind: SocketAddr,
     include: Option<PathBuf>,
-    smbcontrol: Option<PathBuf>,
+    smbcontrol: PathBuf,
     /// Lists the sessions, to end those of a user whose account changed.
-    smbstatus: Option<PathBuf>,
+    smbstatus: PathBuf,
     nss_wrapper: PathBuf,
     shared: Arc<Mutex<Shared>>,
     stop: StopFlag,
@@ -704,14 +704,16 @@ impl Samba {
         })?;
         // Without them a revoked user's connections and sessions would go
         // on: refused, as smbd is.
-        for tool in ["smbcontrol", "smbstatus"] {
-            if find_program(tool).is_none() {
-                return Err(DaemonError::msg(format!(
+        let needed = |tool: &str| {
+            find_program(tool).ok_or_else(|| {
+                DaemonError::msg(format!(
                     "SMB needs Samba's {tool}, which is not installed (Debian: apt-get install \
                      samba)"
-                )));
-            }
-        }
+                ))
+            })
+        };
+        let smbcontrol = needed("smbcontrol")?;
+        let smbstatus = needed("smbstatus")?;
         let layout = Layout {
             root: state_dir.join("smb"),
         };
@@ -754,8 +756,8 @@ impl Samba {
             layout,
             bind,
             include,
-            smbcontrol: find_program("smbcontrol"),
-            smbstatus: find_program("smbstatus"),
+            smbcontrol,
+            smbstatus,
             nss_wrapper,
             shared: Arc::new(Mutex::new(Shared {
                 status: SmbStatus {
@@ -931,10 +933,10 @@ impl Samba {
     /// Ends the SMB sessions of `uids` (see [`uids_to_end`]): their smbd
     /// processes are stopped, and their clients log in again.
     fn end_sessions(&self, uids: &[u32]) {
-        let (Some(prog), false) = (self.smbstatus.as_deref(), uids.is_empty()) else {
+        if uids.is_empty() {
             return;
-        };
-        let mut cmd = Command::new(prog);
+        }
+        let mut cmd = Command::new(&self.smbstatus);
         cmd.arg("-s")
             .arg(self.layout.conf())
             .arg("--json")
@@ -966,12 +968,7 @@ impl Samba {
     }
 
     fn smbcontrol_all(&self, message: &[&str]) {
-        smbcontrol_smbd(
-            self.smbcontrol.as_deref(),
-            &self.layout,
-            &self.env(),
-            message,
-        );
+        smbcontrol_smbd(&self.smbcontrol, &self.layout, &self.env(), message);
     }
 
     /// A closer for `Mounts::set_closer`.
@@ -979,7 +976,7 @@ impl Samba {
         let smbcontrol = self.smbcontrol.clone();
         let layout = self.layout.clone();
         let env = self.env();
-        Box::new(move |share| close_share(smbcontrol.as_deref(), &layout, &env, share))
+        Box::new(move |share| smbcontrol_smbd(&smbcontrol, &layout, &env, &["close-share", share]))
     }
 
     /// How smbd is doing.
@@ -1052,22 +1049,10 @@ fn spawn_smbd(smbd: &Path, layout: &Layout, env: &[(String, String)]) -> Result<
         .map_err(|e| DaemonError::msg(format!("cannot start {}: {e}", smbd.display())))
 }
 
-fn close_share(smbcontrol: Option<&Path>, layout: &Layout, env: &[(String, String)], share: &str) {
-    smbcontrol_smbd(smbcontrol, layout, env, &["close-share", share]);
-}
-
-/// Sends `message` to every smbd process with `smbcontrol` (when there is
-/// one), and waits for the command (not for smbd to act on it).
-fn smbcontrol_smbd(
-    smbcontrol: Option<&Path>,
-    layout: &Layout,
-    env: &[(String, String)],
-    message: &[&str],
-) {
-    let Some(prog) = smbcontrol else {
-        return;
-    };
-    let mut cmd = Command::new(prog);
+/// Sends `message` to every smbd process with `smbcontrol`, and waits for
+/// the command (not for smbd to act on it).
+fn smbcontrol_smbd(smbcontrol: &Path, layout: &Layout, env: &[(String, String)], message: &[&str]) {
+    let mut cmd = Command::new(smbcontrol);
     cmd.arg("-s")
         .arg(layout.conf())
         .arg("smbd")
