@@ -430,7 +430,10 @@ pub fn stored_shares(pool: &Pool) -> Result<StoredShares, ApiError> {
     let mut out = StoredShares::default();
     for (name, bytes) in tarn_dataset::config_list(pool, KIND_SHARE).map_err(ds_error)? {
         match serde_json::from_slice::<ShareRecord>(&bytes) {
-            Ok(record) => out.shares.push(record.into()),
+            Ok(mut record) => {
+                record.dataset = crate::pools::named_in(pool.name(), &record.dataset);
+                out.shares.push(record.into())
+            }
             Err(e) => out.damaged.push(DamagedShare {
                 name,
                 error: e.to_string(),

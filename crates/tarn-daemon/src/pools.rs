@@ -229,6 +229,17 @@ pub(crate) fn pool_of(name: &str) -> &str {
     name.split(['/', '@']).next().unwrap_or(name)
 }
 
+/// `dataset`, as a record stored in `pool` names it, under the pool's
+/// current name. Records (shares, schedules) name their datasets with the
+/// pool's name first, and a pool imported under a new name (`tarn pool
+/// import tank vault`) keeps records that still say the old one. A record
+/// stored in a pool only ever means that pool's own datasets, so its
+/// first component is read as the pool's name: the shares and schedules
+/// move with the disks whatever the pool is called.
+pub(crate) fn named_in(pool: &str, dataset: &str) -> String {
+    format!("{pool}{}", &dataset[pool_of(dataset).len()..])
+}
+
 impl Pools {
     /// Opens (creating) the state directory and imports the pools the
     /// daemon owned when it last ran. A pool that cannot be imported is

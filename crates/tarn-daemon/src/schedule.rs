@@ -604,7 +604,12 @@ pub fn stored(pool: &Pool) -> Result<Vec<(ScheduleRecord, StateRecord)>, ApiErro
     let mut out = Vec::new();
     for (name, v) in tarn_dataset::config_list(pool, KIND_SCHEDULE).map_err(ds_error)? {
         match decode::<ScheduleRecord>(KIND_SCHEDULE, &name, &v) {
-            Ok(rec) => {
+            Ok(mut rec) => {
+                if let KindRecord::Snapshot { dataset, .. }
+                | KindRecord::Replicate { dataset, .. } = &mut rec.kind
+                {
+                    *dataset = crate::pools::named_in(pool.name(), dataset);
+                }
                 let state = states
                     .get(&name)
                     .and_then(|v| decode::<StateRecord>(KIND_STATE, &name, v).ok())

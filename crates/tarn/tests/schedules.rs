@@ -545,3 +545,59 @@ fn policies_that_would_prune_each_other_are_refused() {
     assert!(old.iter().all(|o| left.iter().any(|l| l == o)), "{left:?}");
     d.stop();
 }
+
+/// A pool imported under a new name (`tarn pool import -d DIR tank
+/// vault`) keeps its schedules and shares: their records, stored in the
+/// pool, still name the old pool's datasets, and are read as the new
+/// one's. The scheduler runs the policy when it is due (a record it could
+/// not check used to be skipped without a word), and the share is served.
+#[test]
+fn a_pool_imported_under_a_new_name_keeps_its_schedules_and_shares() {
+    if !require::programs(&["nfs-ls"]) {
+        return;
+    }
+    use tarn_testkit::clients::{nfs_url, tool};
+    let dir = tempfile::tempdir().unwrap();
+    let nfs = tarn_testkit::net::free_port();
+    let bind = format!("127.0.0.1:{nfs}");
+    let d = Daemon::start_env(dir.path(), &["--nfs", &bind], &[TICK]);
+    let f = files(dir.path(), "m", 2, 64 << 20);
+    d.ok(&["pool", "create", "tank", "mirror", &f[0], &f[1]]);
+    d.ok(&["dataset", "create", "tank/a"]);
+    d.ok(&["share", "add", "media", "tank/a", "--nfs", "127.0.0.1/32"]);
+    d.ok(&[
+        "schedule", "add", "often", "snapshot", "tank/a", "--keep", "hourly=5",
+    ]);
+    wait_for("the first run", || runs(&d, "often").len() == 1);
+    d.ok(&["pool", "export", "tank"]);
+    let pool_dir = dir.path().to_str().unwrap();
+    d.ok(&["pool", "import", "-d", pool_dir, "tank", "vault"]);
+
+    let list = d.ok(&["schedule", "list"]);
+    assert!(
+        list.contains("vault/a") && !list.contains("tank/"),
+        "{list}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&d.ok(&["-o", "json", "share", "list"])).unwrap();
+    assert_eq!(v[0]["share"]["dataset"], "vault/a", "{v}");
+    assert!(
+        tool(&["nfs-ls", &nfs_url(nfs, nfs, "/media")]).0,
+        "the share is not served"
+    );
+
+    // Three hours on, the scheduler itself runs it.
+    d.stop();
+    let d = Daemon::start_env(
+        dir.path(),
+        &["--nfs", &bind],
+        &[TICK, ("TARN_TEST_CLOCK_OFFSET", "10800")],
+    );
+    wait_for("the run when due", || runs(&d, "often").len() == 2);
+    let r = runs(&d, "often");
+    assert_eq!(r[1]["ok"], true, "{:?}", r[1]);
+    let detail = r[1]["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("took vault/a@auto-"), "{detail}");
+    assert_eq!(snapshots(&d, "vault/a").len(), 2);
+    d.stop();
+}
