@@ -422,9 +422,11 @@ async fn transmit<R, W>(
         tokio::pin!(reading);
         let next = loop {
             tokio::select! {
-                n = &mut reading => break Some(n),
-                _ = conn.closed(idle) => break None,
-                _ = stop.wait_for(|&s| s) => break None,
+                // In this order: a change, a stop or an eviction is looked
+                // at before a request that came with it (a request read
+                // after its export was revoked must not run), and a
+                // client that keeps sending cannot starve them.
+                biased;
                 Ok(()) = changed.changed() => {
                     if !still_admitted(shared, &sess, peer) {
                         shared.log.log(
@@ -438,6 +440,9 @@ async fn transmit<R, W>(
                         break None;
                     }
                 }
+                _ = stop.wait_for(|&s| s) => break None,
+                _ = conn.closed(idle) => break None,
+                n = &mut reading => break Some(n),
             }
         };
         let Some(next) = next else { break };
@@ -472,7 +477,17 @@ async fn transmit<R, W>(
                 let sh = shared.clone();
                 let name = sess.export.name.clone();
                 let work = move || {
-                    let out = exec::run(&*dev, cmd, payload);
+                    // A device that panics fails this request with EIO:
+                    // its client is answered, not left waiting forever.
+                    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        exec::run(&*dev, cmd, payload)
+                    }))
+                    .unwrap_or_else(|_| {
+                        Err(exec::Failure {
+                            errno: errno::EIO,
+                            message: "the device failed (a bug: see the log)".into(),
+                        })
+                    });
                     log_io_error(&sh, &name, &out);
                     let read = matches!(cmd, Command::Read { .. });
                     let reply = exec::encode(header.cookie, header.offset, read, structured, out);
@@ -571,8 +586,8 @@ impl Writes {
                 .name("tarn-nbd-writes".into())
                 .spawn(move || {
                     while let Ok(job) = rx.recv() {
-                        // A panic is the job's own (its reply is lost, as
-                        // on the pool); the thread goes on.
+                        // A job answers its own device panic with EIO;
+                        // this only keeps the thread for the next one.
                         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
                     }
                 });
