@@ -1037,9 +1037,58 @@ fn run_snapshot(
 ) -> Result<String, String> {
     let name = snapshot_name(prefix, now);
     let full = format!("{dataset}@{name}");
-    let covered = |d: &str| d == dataset || (recursive && d.starts_with(&format!("{dataset}/")));
-    let taken = match pools.dataset_snapshot(std::slice::from_ref(&full), recursive) {
-        Ok(()) => format!("took {full}{}", if recursive { " (recursive)" } else { "" }),
+    // What the replication port receives into (a token's dataset and what
+    // is below it) is the sender's to snapshot and prune: the port never
+    // rolls back, so a snapshot taken here would make it refuse the next
+    // incremental, and pruning here would take the sender's snapshots.
+    let targets: Vec<String> = pools
+        .tokens
+        .list()
+        .map_err(|e| format!("cannot read the replication tokens: {e}"))?
+        .into_iter()
+        .map(|t| t.dataset)
+        .collect();
+    let received_by = |d: &str| {
+        targets
+            .iter()
+            .find(|t| d == t.as_str() || d.starts_with(&format!("{t}/")))
+    };
+    let under = |d: &str| d == dataset || (recursive && d.starts_with(&format!("{dataset}/")));
+    let covered = |d: &str| under(d) && received_by(d).is_none();
+    if let Some(t) = received_by(dataset) {
+        return Err(format!(
+            "{dataset} receives replication (token for {t}): its snapshots come from the \
+             sender, and one taken here would stop the next incremental; nothing taken"
+        ));
+    }
+    let datasets = pools.dataset_list(false).map_err(|e| e.to_string())?;
+    let skipped: Vec<&str> = datasets
+        .iter()
+        .map(|d| d.name.as_str())
+        .filter(|d| under(d) && !covered(d))
+        .collect();
+    let result = if skipped.is_empty() {
+        pools.dataset_snapshot(std::slice::from_ref(&full), recursive)
+    } else {
+        // One snapshot of each covered dataset, at once, as the
+        // recursive snapshot would have been.
+        let each: Vec<String> = datasets
+            .iter()
+            .filter(|d| covered(&d.name))
+            .map(|d| format!("{}@{name}", d.name))
+            .collect();
+        pools.dataset_snapshot(&each, false)
+    };
+    let skipped_note = if skipped.is_empty() {
+        String::new()
+    } else {
+        format!(", not of {} (receiving replication)", skipped.join(", "))
+    };
+    let taken = match result {
+        Ok(()) => format!(
+            "took {full}{}{skipped_note}",
+            if recursive { " (recursive)" } else { "" }
+        ),
         Err(e) if e.code == tarn_api::ErrorCode::Exists => {
             // Run twice within a minute (by hand): the snapshot exists, of
             // every dataset the policy covers. A recursive snapshot is

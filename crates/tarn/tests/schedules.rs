@@ -601,3 +601,54 @@ fn a_pool_imported_under_a_new_name_keeps_its_schedules_and_shares() {
     assert_eq!(snapshots(&d, "vault/a").len(), 2);
     d.stop();
 }
+
+/// A snapshot policy leaves what the replication port receives into to
+/// the sender: the port never rolls back, so a snapshot taken here of a
+/// received dataset would make it refuse the next incremental. A
+/// recursive policy above such a dataset snapshots the rest at once and
+/// says what it left out; a policy on one fails, saying why.
+#[test]
+fn snapshot_policies_leave_replication_targets_to_their_sender() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start_env(dir.path(), &[], &[TICK]);
+    let f = files(dir.path(), "m", 1, 128 << 20);
+    d.ok(&["pool", "create", "tank", &f[0]]);
+    for ds in ["tank/docs", "tank/backup", "tank/backup/photos"] {
+        d.ok(&["dataset", "create", ds]);
+    }
+    d.ok(&["replication", "token", "add", "offsite", "tank/backup"]);
+    d.ok(&[
+        "schedule", "add", "all", "snapshot", "tank", "-r", "--keep", "hourly=3",
+    ]);
+    wait_for("the first run", || runs(&d, "all").len() == 1);
+    let r = runs(&d, "all");
+    assert_eq!(r[0]["ok"], true, "{:?}", r[0]);
+    let detail = r[0]["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("not of tank/backup, tank/backup/photos (receiving replication)"),
+        "{detail}"
+    );
+    assert_eq!(snapshots(&d, "tank").len(), 1);
+    assert_eq!(snapshots(&d, "tank/docs").len(), 1);
+    assert!(snapshots(&d, "tank/backup").is_empty());
+    assert!(snapshots(&d, "tank/backup/photos").is_empty());
+
+    d.ok(&[
+        "schedule",
+        "add",
+        "photos",
+        "snapshot",
+        "tank/backup/photos",
+        "--keep",
+        "daily=3",
+        "--prefix",
+        "mine",
+    ]);
+    wait_for("the photos policy's run", || runs(&d, "photos").len() == 1);
+    let r = runs(&d, "photos");
+    assert_eq!(r[0]["ok"], false, "{:?}", r[0]);
+    let detail = r[0]["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("receives replication"), "{detail}");
+    assert!(snapshots(&d, "tank/backup/photos").is_empty());
+    d.stop();
+}
