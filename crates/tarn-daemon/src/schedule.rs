@@ -446,12 +446,15 @@ fn periodic(kind: &ScheduleKind) -> Option<(Period, u8)> {
 
 /// Whether a schedule that last started at `last` has not run in the
 /// period of kind `p` that holds `now`: it started in an earlier one, or
-/// more than a day after `now` (the clock was far ahead once, a board
-/// before its time was set, and was set back: due rather than idle until
-/// the clock catches up; a step back of seconds, as time synchronisation
-/// makes, is no new period).
+/// more than an hour after `now` for an hourly one, a day for the others
+/// (the clock was ahead, a board before its time was set or a clock kept
+/// in local time, and was set back: due rather than idle until the clock
+/// catches up, which for hourly snapshots would be hours without one; a
+/// step back of seconds, as time synchronisation makes, is no new period,
+/// nor is a step of hours a new day's scrub).
 fn before_period(p: Period, last: u64, now: u64) -> bool {
-    bucket(p, last) < bucket(p, now) || last > now.saturating_add(DAY)
+    let ahead = if p == Period::Hour { 3600 } else { DAY };
+    bucket(p, last) < bucket(p, now) || last > now.saturating_add(ahead)
 }
 
 /// Whether a schedule last started at `last` is due at `now`.
@@ -1814,6 +1817,13 @@ mod tests {
             let start = bucket(Period::Hour, april) + 3600;
             assert!(!due(k, Some(start + 1), start - 5), "{k:?}");
         }
+        // A clock three hours ahead at boot (kept in local time), then set
+        // right: hourly snapshots go on at once; a monthly scrub that ran
+        // waits (it is no new month), as does an hourly policy after a step
+        // back of half an hour.
+        assert!(due(&kind, Some(april + 3 * 3600), april));
+        assert!(!due(&kind, Some(april + 1800), april));
+        assert!(!due(&scrub, Some(april + 3 * 3600), april));
     }
 
     #[test]
