@@ -386,6 +386,17 @@ pub fn snapshot_name(prefix: &str, t: u64) -> String {
     )
 }
 
+/// `YYYY-MM-DD HH:MM UTC` of `t`, for a run's detail.
+fn iso_minute(t: u64) -> String {
+    let (y, m, d) = civil(t / DAY);
+    let s = t % DAY;
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
+        s / 3600,
+        s / 60 % 60
+    )
+}
+
 /// True when `short` (a snapshot's name after the `@`) is one a policy
 /// with `prefix` takes and prunes: the prefix, a dash and a time as
 /// [`snapshot_name`] writes it, nothing more. A policy `auto` must not
@@ -816,7 +827,7 @@ fn execute(
                     .map(|e| e.message);
                 run_snapshot(pools, dataset, *recursive, keep, prefix, now, shared)
             }
-            ScheduleKind::Scrub { .. } => run_scrub(pools, pool.name()),
+            ScheduleKind::Scrub { .. } => run_scrub(pools, pool),
             ScheduleKind::Selftest { test, .. } => run_selftest(pools, pool.name(), *test),
             ScheduleKind::Replicate { .. } => run_replicate(pools, &s.kind),
         },
@@ -1165,11 +1176,47 @@ fn run_snapshot(
     }
 }
 
-fn run_scrub(pools: &Pools, pool: &str) -> Result<String, String> {
-    match pools.pool_scrub(pool, tarn_api::pool::ScrubAction::Start) {
-        Ok(_) => Ok(format!("started a scrub of '{pool}'")),
-        Err(e) => Err(format!("cannot start a scrub of '{pool}': {e}")),
+fn run_scrub(pools: &Pools, pool: &Pool) -> Result<String, String> {
+    use tarn_api::pool::{ScanKind, ScanState};
+    let name = pool.name();
+    let scan = pools
+        .pool_status(Some(name))
+        .map_err(|e| format!("cannot read the state of '{name}': {e}"))?
+        .first()
+        .and_then(|s| s.scan.clone());
+    if let Some(scan) = scan.filter(|s| s.kind == ScanKind::Scrub) {
+        match scan.state {
+            // A scrub that takes longer than the period is not a failure
+            // (nor an alert each period).
+            ScanState::Scanning => {
+                return Ok(format!(
+                    "the scrub of '{name}' started at {} is still running",
+                    iso_minute(scan.started_unix)
+                ))
+            }
+            // Starting would resume it.
+            ScanState::Paused if paused_by_schedule(pool) != Some(scan.started_unix) => {
+                return Ok(format!(
+                    "the scrub of '{name}' paused by hand stays paused (`tarn pool scrub \
+                     {name}` resumes it)"
+                ))
+            }
+            _ => {}
+        }
     }
+    match pools.pool_scrub(name, tarn_api::pool::ScrubAction::Start) {
+        Ok(_) => Ok(format!("started a scrub of '{name}'")),
+        Err(e) => Err(format!("cannot start a scrub of '{name}': {e}")),
+    }
+}
+
+/// The start of the scrub a schedule paused in its pause hours, as the
+/// [`KIND_PAUSED`] record of `pool` names it; none: no such scrub.
+fn paused_by_schedule(pool: &Pool) -> Option<u64> {
+    tarn_dataset::config_list(pool, KIND_PAUSED)
+        .ok()
+        .and_then(|l| l.into_iter().find(|(n, _)| n == PAUSED_NAME))
+        .and_then(|(_, v)| serde_json::from_slice(&v).ok())
 }
 
 /// Starts a self-test on every disk of the pool; file devices are
@@ -1469,10 +1516,7 @@ fn apply_pause(pools: &Pools, pool: &Pool, pause: Option<(u8, u8)>, now: u64) {
         return;
     };
     let scan = status.first().and_then(|s| s.scan.clone());
-    let paused_by_schedule: Option<u64> = tarn_dataset::config_list(pool, KIND_PAUSED)
-        .ok()
-        .and_then(|l| l.into_iter().find(|(n, _)| n == PAUSED_NAME))
-        .and_then(|(_, v)| serde_json::from_slice(&v).ok());
+    let paused_by_schedule = paused_by_schedule(pool);
     let record = |started: Option<u64>| {
         let r = match started {
             Some(t) => {

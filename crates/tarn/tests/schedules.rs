@@ -272,7 +272,20 @@ fn scrub_schedules_scrub_and_resume_outside_pause_hours() {
     d.ok(&["pool", "scrub", "-p", "tank"]);
     std::thread::sleep(Duration::from_millis(600));
     assert_eq!(state(), "paused", "a pause by hand was undone");
+    // Nor does a period's run start it (starting would resume it).
+    let out = d.ok(&["schedule", "run-now", "monthly"]);
+    assert!(
+        out.starts_with("ok: ") && out.contains("stays paused"),
+        "{out}"
+    );
+    assert_eq!(state(), "paused", "a period's run resumed a pause by hand");
     d.ok(&["pool", "scrub", "--resume", "tank"]);
+    // A scrub still running at a period's run is no failure.
+    let out = d.ok(&["schedule", "run-now", "monthly"]);
+    assert!(
+        out.starts_with("ok: ") && out.contains("still running"),
+        "{out}"
+    );
     slow(false);
     wait_for("the scrub to finish", || state() == "finished");
     d.stop();
