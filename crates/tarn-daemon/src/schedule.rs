@@ -377,24 +377,21 @@ fn hour_of(t: u64) -> u8 {
 
 /// `PREFIX-YYYY-MM-DD-HHMM` of `t` (UTC).
 pub fn snapshot_name(prefix: &str, t: u64) -> String {
-    let (y, m, d) = civil(t / DAY);
-    let s = t % DAY;
-    format!(
-        "{prefix}-{y:04}-{m:02}-{d:02}-{:02}{:02}",
-        s / 3600,
-        s / 60 % 60
-    )
+    let (date, h, min) = date_hour_minute(t);
+    format!("{prefix}-{date}-{h:02}{min:02}")
 }
 
 /// `YYYY-MM-DD HH:MM UTC` of `t`, for a run's detail.
 fn iso_minute(t: u64) -> String {
+    let (date, h, min) = date_hour_minute(t);
+    format!("{date} {h:02}:{min:02} UTC")
+}
+
+/// `YYYY-MM-DD`, the hour and the minute of `t` (UTC).
+fn date_hour_minute(t: u64) -> (String, u64, u64) {
     let (y, m, d) = civil(t / DAY);
     let s = t % DAY;
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
-        s / 3600,
-        s / 60 % 60
-    )
+    (format!("{y:04}-{m:02}-{d:02}"), s / 3600, s / 60 % 60)
 }
 
 /// True when `short` (a snapshot's name after the `@`) is one a policy
