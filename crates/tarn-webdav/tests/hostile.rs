@@ -581,3 +581,35 @@ fn a_client_that_stops_reading_a_download_can_be_evicted() {
         "the stalled download made room"
     );
 }
+
+/// A file someone put on a share (`.html`, `.svg`, or HTML under another
+/// name) cannot run script on the server's origin when a browser opens
+/// it: every GET or HEAD of a share's file or folder comes with a
+/// sandboxing Content-Security-Policy and `nosniff`.
+#[test]
+fn files_opened_in_a_browser_cannot_run_script() {
+    let r = server_with(|_| {});
+    let mut c = Http::connect(r.local_addr());
+    let page = b"<html><script>fetch('/s/', {method: 'DELETE'})</script></html>";
+    for name in ["x.html", "x.svg", "x.bin"] {
+        let put = c.call("PUT", &format!("/s/{name}"), &[], page);
+        assert_eq!(put.status, 201, "{name}");
+        for method in ["GET", "HEAD"] {
+            let got = c.call(method, &format!("/s/{name}"), &[], b"");
+            assert_eq!(got.status, 200, "{method} {name}");
+            let csp = got.header("content-security-policy").unwrap_or_default();
+            assert!(
+                csp.contains("sandbox") && csp.contains("default-src 'none'"),
+                "{method} {name}: {csp:?}"
+            );
+            assert_eq!(got.header("x-content-type-options"), Some("nosniff"));
+        }
+    }
+    let listing = c.call("GET", "/s/", &[], b"");
+    assert_eq!(listing.status, 200);
+    assert!(listing.text().contains("x.html"), "{}", listing.text());
+    let csp = listing
+        .header("content-security-policy")
+        .unwrap_or_default();
+    assert!(csp.contains("sandbox"), "{csp:?}");
+}

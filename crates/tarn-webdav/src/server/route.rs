@@ -293,6 +293,7 @@ pub(super) async fn handle(
         can_write,
         replace: replace.clone(),
     };
+    let is_get = matches!(*req.method(), Method::GET | Method::HEAD);
     let (parts, body) = req.into_parts();
     let failed = Arc::new(AtomicBool::new(false));
     // The bodies of PROPFIND, PROPPATCH and LOCK are small XML (dav-server
@@ -343,10 +344,13 @@ pub(super) async fn handle(
         (ReqBody::Stream(body, failed.clone()), None)
     };
     let req = Request::from_parts(parts, body);
-    let resp = share
+    let mut resp = share
         .handler
         .handle_guarded(req, principal.name.clone(), ctx)
         .await;
+    if is_get {
+        confine(resp.headers_mut());
+    }
     if let Some(r) = replace {
         let ok = matches!(resp.status(), StatusCode::CREATED | StatusCode::NO_CONTENT);
         let fs = share.share.fs.clone();
@@ -365,6 +369,24 @@ pub(super) async fn handle(
         _ => None,
     };
     (resp, fix)
+}
+
+/// Headers for what a GET of a share returns (a file, or the listing of a
+/// folder): a file anyone with write access put there (`.html`, `.svg`)
+/// must not run script on this origin in a browser that opens it, where
+/// the browser holds the viewer's credentials. `sandbox` gives the
+/// document no scripts and an origin of its own; `nosniff` keeps a file
+/// of another name from being taken for HTML. The folder listing needs
+/// only its inline style.
+fn confine(h: &mut http::HeaderMap) {
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        http::HeaderValue::from_static("default-src 'none'; style-src 'unsafe-inline'; sandbox"),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        http::HeaderValue::from_static("nosniff"),
+    );
 }
 
 /// Why an UNLOCK must be refused: its token names a lock on the path that
