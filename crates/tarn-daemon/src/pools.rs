@@ -893,6 +893,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_record_names_its_own_pool_whatever_it_says() {
+        for (stored, read) in [
+            ("tank", "vault"),
+            ("tank/a", "vault/a"),
+            ("tank/a/b@snap", "vault/a/b@snap"),
+            ("tank@snap", "vault@snap"),
+            ("vault/a", "vault/a"),
+            ("tank2/tank/a", "vault/tank/a"),
+        ] {
+            assert_eq!(named_in("vault", stored), read, "{stored}");
+        }
+    }
+
+    #[test]
     fn smb_names_are_checked_again_where_shares_are_served_from() {
         use tarn_api::access::{Access, Share, SmbShare};
         let share = |name: &str, user: &str| Share {
