@@ -661,6 +661,25 @@ pub fn put(pool: &Pool, s: &Schedule, now: u64, node: &str) -> Result<(), ApiErr
                 read_env_file(f).map_err(ApiError::invalid)?;
             }
         }
+        ScheduleKind::Scrub { pause: Some(p), .. } => {
+            // Each look pauses or resumes the pool's one scrub by each
+            // schedule's hours: two different windows would take turns.
+            for (other, _) in stored(pool)? {
+                if let KindRecord::Scrub { pause: Some(q), .. } = other.kind {
+                    if other.name != s.name && q != *p {
+                        return Err(ApiError::invalid(format!(
+                            "scrub schedule '{}' pauses the scrub of '{}' in hours {}-{}: \
+                             two pause windows would pause and resume one scrub in turn; \
+                             give this one the same --pause, or none",
+                            other.name,
+                            pool.name(),
+                            q.0,
+                            q.1
+                        )));
+                    }
+                }
+            }
+        }
         ScheduleKind::Scrub { .. } | ScheduleKind::Selftest { .. } => {}
     }
     let mut rec = ScheduleRecord::from(s);
@@ -1195,7 +1214,7 @@ fn run_scrub(pools: &Pools, pool: &Pool) -> Result<String, String> {
             ScanState::Paused if paused_by_schedule(pool) != Some(scan.started_unix) => {
                 return Ok(format!(
                     "the scrub of '{name}' paused by hand stays paused (`tarn pool scrub \
-                     {name}` resumes it)"
+                     --resume {name}` resumes it)"
                 ))
             }
             _ => {}

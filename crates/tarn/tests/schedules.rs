@@ -252,6 +252,15 @@ fn scrub_schedules_scrub_and_resume_outside_pause_hours() {
     d.ok(&[
         "schedule", "add", "nightly", "scrub", "tank", "--every", "daily", "--pause", &now_hours,
     ]);
+    // Another pause window for the pool's scrub would take turns with it.
+    let elsewhen = format!("{}-{}", (hour + 5) % 24, (hour + 6) % 24);
+    let err = d.fails(&[
+        "schedule", "add", "weekly", "scrub", "tank", "--every", "weekly", "--pause", &elsewhen,
+    ]);
+    assert!(
+        err.contains("'nightly'") && err.contains("--pause"),
+        "{err}"
+    );
     d.ok(&["pool", "scrub", "tank"]);
     wait_for("the scheduler to pause the scrub", || state() == "paused");
     std::thread::sleep(Duration::from_millis(400));
