@@ -170,7 +170,7 @@ pub fn check_alert(a: &Alert) -> Result<(), ApiError> {
                     "--smtp {smtp}: use HOST:PORT, e.g. smtp.example.org:587"
                 )));
             }
-            if password.is_some() && *security == SmtpSecurity::None && !smtp_is_local(smtp) {
+            if password_in_clear(smtp, password.is_some(), *security) {
                 return Err(ApiError::invalid(format!(
                     "--smtp {smtp} with --security none would send the password unencrypted \
                      over the network: use starttls or tls (none with a password is for a \
@@ -209,9 +209,17 @@ pub fn check_alert(a: &Alert) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Whether an email alert would send its password unencrypted off this
+/// machine: a password with `--security none` to a server that is not on
+/// a loopback address or `localhost`. Refused when an alert is added, and
+/// again at delivery (for an alert stored before that check).
+pub fn password_in_clear(smtp: &str, has_password: bool, security: SmtpSecurity) -> bool {
+    has_password && security == SmtpSecurity::None && !smtp_is_local(smtp)
+}
+
 /// Whether an SMTP `host:port` names this machine (a loopback address or
-/// `localhost`), the only place a password may go without encryption.
-pub fn smtp_is_local(smtp: &str) -> bool {
+/// `localhost`).
+fn smtp_is_local(smtp: &str) -> bool {
     let host = smtp.rsplit_once(':').map_or(smtp, |(h, _)| h);
     let host = host
         .strip_prefix('[')

@@ -900,10 +900,7 @@ fn email(
         .body(body(ev, held))
         .map_err(|e| format!("cannot build the mail: {e}"))?;
     // An alert stored before `check_alert` refused this is held to it too.
-    if password.is_some()
-        && security == SmtpSecurity::None
-        && !tarn_api::events::smtp_is_local(smtp)
-    {
+    if tarn_api::events::password_in_clear(smtp, password.is_some(), security) {
         return Err(format!(
             "mail through {smtp}: not sending the password unencrypted; use --security starttls or tls"
         ));
@@ -1167,22 +1164,30 @@ mod tests {
         }
     }
 
-    #[test]
-    fn passwords_are_not_shown() {
-        let dir = tempfile::tempdir().unwrap();
-        let ev = Events::open(dir.path()).unwrap();
-        ev.alert_add(&Alert {
+    /// An email alert through `smtp` with a login.
+    fn mail_with_password(smtp: &str, security: SmtpSecurity) -> Alert {
+        Alert {
             name: "mail".into(),
             target: AlertTarget::Email {
-                smtp: "mail.example.org:587".into(),
+                smtp: smtp.into(),
                 from: "nas@example.org".into(),
                 to: vec!["me@example.org".into()],
                 user: Some("nas".into()),
                 password: Some("s3cret-pass".into()),
-                security: SmtpSecurity::Starttls,
+                security,
             },
             min_severity: Severity::Warning,
-        })
+        }
+    }
+
+    #[test]
+    fn passwords_are_not_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let ev = Events::open(dir.path()).unwrap();
+        ev.alert_add(&mail_with_password(
+            "mail.example.org:587",
+            SmtpSecurity::Starttls,
+        ))
         .unwrap();
         let shown = serde_json::to_string(&ev.alert_list()).unwrap();
         assert!(!shown.contains("s3cret-pass"), "{shown}");
@@ -1199,18 +1204,7 @@ mod tests {
         // As an alerts.json from before `check_alert` refused it could
         // hold it: the address is one nothing answers on (TEST-NET-1), so
         // without the refusal this would fail differently, after trying.
-        let mail = Alert {
-            name: "mail".into(),
-            target: AlertTarget::Email {
-                smtp: "192.0.2.1:25".into(),
-                from: "nas@example.org".into(),
-                to: vec!["me@example.org".into()],
-                user: Some("nas".into()),
-                password: Some("s3cret-pass".into()),
-                security: SmtpSecurity::None,
-            },
-            min_severity: Severity::Warning,
-        };
+        let mail = mail_with_password("192.0.2.1:25", SmtpSecurity::None);
         let ev = Event {
             id: 1,
             time_unix: 0,

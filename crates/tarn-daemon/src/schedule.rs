@@ -636,6 +636,7 @@ pub fn stored(pool: &Pool) -> Result<Vec<(ScheduleRecord, StateRecord)>, ApiErro
 /// Stores a schedule (and, for a new scrub schedule, a state that starts
 /// counting now); a replication is marked as this daemon's (`node`).
 pub fn put(pool: &Pool, s: &Schedule, now: u64, node: &str) -> Result<(), ApiError> {
+    let all = stored(pool)?;
     match &s.kind {
         ScheduleKind::Snapshot {
             dataset,
@@ -664,20 +665,19 @@ pub fn put(pool: &Pool, s: &Schedule, now: u64, node: &str) -> Result<(), ApiErr
         ScheduleKind::Scrub { pause: Some(p), .. } => {
             // Each look pauses or resumes the pool's one scrub by each
             // schedule's hours: two different windows would take turns.
-            for (other, _) in stored(pool)? {
-                if let KindRecord::Scrub { pause: Some(q), .. } = other.kind {
-                    if other.name != s.name && q != *p {
-                        return Err(ApiError::invalid(format!(
-                            "scrub schedule '{}' pauses the scrub of '{}' in hours {}-{}: \
-                             two pause windows would pause and resume one scrub in turn; \
-                             give this one the same --pause, or none",
-                            other.name,
-                            pool.name(),
-                            q.0,
-                            q.1
-                        )));
-                    }
+            let clash = all.iter().find_map(|(other, _)| match other.kind {
+                KindRecord::Scrub { pause: Some(q), .. } if other.name != s.name && q != *p => {
+                    Some((other.name.as_str(), q))
                 }
+                _ => None,
+            });
+            if let Some((other, (from, to))) = clash {
+                return Err(ApiError::invalid(format!(
+                    "scrub schedule '{other}' pauses the scrub of '{}' in hours {from}-{to}: \
+                     two pause windows would pause and resume one scrub in turn; give this \
+                     one the same --pause, or none",
+                    pool.name()
+                )));
             }
         }
         ScheduleKind::Scrub { .. } | ScheduleKind::Selftest { .. } => {}
@@ -686,7 +686,7 @@ pub fn put(pool: &Pool, s: &Schedule, now: u64, node: &str) -> Result<(), ApiErr
     if let KindRecord::Replicate { node: n, .. } = &mut rec.kind {
         *n = node.to_string();
     }
-    let existing = stored(pool)?.into_iter().find(|(r, _)| r.name == s.name);
+    let existing = all.into_iter().find(|(r, _)| r.name == s.name);
     tarn_dataset::config_put(pool, KIND_SCHEDULE, &s.name, &encode(&rec)?).map_err(ds_error)?;
     let fresh = existing.is_none_or(|(old, _)| old.kind != rec.kind);
     if fresh {
@@ -1091,7 +1091,12 @@ fn run_snapshot(
              sender, and one taken here would stop the next incremental; nothing taken"
         ));
     }
-    let datasets = pools.dataset_list(false).map_err(|e| e.to_string())?;
+    // The datasets are listed only when a target lies under the policy.
+    let datasets = if targets.iter().any(|t| under(t)) {
+        pools.dataset_list(false).map_err(|e| e.to_string())?
+    } else {
+        Vec::new()
+    };
     let skipped: Vec<&str> = datasets
         .iter()
         .map(|d| d.name.as_str())
