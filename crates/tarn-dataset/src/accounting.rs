@@ -34,8 +34,13 @@
 //! counts a child as the larger of its use and its reservation, so the
 //! part of a write that a dataset's own unused reservation absorbs is not
 //! counted again against the quotas above it (it is against its own).
+//! The same absorption applies to the pool's room for other datasets:
+//! staged blocks already have their rooms (the pool's free space is
+//! short of them), so a reservation's unused part is less what its
+//! dataset has staged into it, or a thick volume's writes would count
+//! twice against everyone else until their txg commits.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 use tarn_pool::Cx;
@@ -183,21 +188,62 @@ impl Dir {
         )
     }
 
-    /// What every filesystem and volume holds reserved and has not used
-    /// (user bytes), kept in the memo while the directory is unchanged.
-    fn unused_reserved_total(&self) -> u64 {
-        kept_or(
-            self.memo.unused_reserved.get(),
-            || {
-                self.recs
-                    .values()
-                    .filter(|r| !r.is_snapshot())
-                    .map(|r| self.unused_reservation(r.id))
-                    .fold(0u64, u64::saturating_add)
-            },
-            |v| self.memo.keep(|| self.memo.unused_reserved.set(Some(v))),
-            || "kept unused reservations".to_string(),
-        )
+    /// The filesystems and volumes with a reservation, kept in the memo
+    /// while the directory is unchanged (most pools have few or none).
+    fn reserved_ids(&self) -> Vec<u64> {
+        let compute = || {
+            let mut v: Vec<u64> = self
+                .recs
+                .values()
+                .filter(|r| !r.is_snapshot() && self.prop_u64(r.id, "reservation").unwrap_or(0) > 0)
+                .map(|r| r.id)
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        // Its own statement: the borrow ends before `keep` borrows mutably.
+        let got = self.memo.reserved.borrow().clone();
+        if let Some(v) = got {
+            debug_assert_eq!(v, compute(), "kept reserved datasets");
+            return v;
+        }
+        let v = compute();
+        self.memo
+            .keep(|| *self.memo.reserved.borrow_mut() = Some(v.clone()));
+        v
+    }
+
+    /// What each dataset of `reserved` holds reserved and has not used
+    /// (user bytes), the open and syncing txgs' staged bytes included.
+    /// Those bytes have their rooms already, so the pool's free space is
+    /// short of them; counting them again as unused reservation would
+    /// charge a thick volume's writes twice against every other dataset
+    /// until they commit. A write flows up from its dataset: each
+    /// reservation on the way absorbs what it has left, and only the rest
+    /// grows the next one up (a parent counts a child as the larger of
+    /// its use and its reservation).
+    fn unused_reserved_now(&self, reserved: &[u64]) -> HashMap<u64, u64> {
+        let mut left: HashMap<u64, u64> = reserved
+            .iter()
+            .map(|d| (*d, self.unused_reservation(*d)))
+            .collect();
+        for (l, p) in &self.pending {
+            let applied = self.applied.get(l).copied().unwrap_or(0);
+            let staged = p
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .saturating_sub(applied);
+            let mut v = self.deflate(staged);
+            let mut cur = Some(*l);
+            while let (Some(c), true) = (cur, v > 0) {
+                if let Some(u) = left.get_mut(&c) {
+                    let take = v.min(*u);
+                    *u -= take;
+                    v -= take;
+                }
+                cur = self.recs.get(&c).and_then(|r| r.parent);
+            }
+        }
+        left
     }
 
     /// The reservation (user bytes) that lets a volume of `spec` be
@@ -227,13 +273,18 @@ impl Dir {
     pub(crate) fn pool_room(&self, cx: &Cx<'_>, id: u64) -> u64 {
         let rs = self.prop_u64(id, "recordsize").unwrap_or(128 * 1024);
         let pool = self.deflate(cx.writable(rs));
-        let all = self.unused_reserved_total();
-        let own: u64 = self
-            .ancestors_and_self(id)
-            .iter()
-            .map(|d| self.unused_reservation(*d))
+        let reserved = self.reserved_ids();
+        if reserved.is_empty() {
+            return pool;
+        }
+        let own = self.ancestors_and_self(id);
+        let others: u64 = self
+            .unused_reserved_now(&reserved)
+            .into_iter()
+            .filter(|(d, _)| !own.contains(d))
+            .map(|(_, u)| u)
             .fold(0u64, u64::saturating_add);
-        pool.saturating_sub(all.saturating_sub(own))
+        pool.saturating_sub(others)
     }
 
     /// What `id` may still write (user bytes): its room in the pool, capped
@@ -407,13 +458,13 @@ impl Dir {
 
 /// Space figures of a directory computed from its records, kept until the
 /// directory changes (see the module docs): each dataset's `used`
-/// (allocated bytes) and the sum of unused reservations.
+/// (allocated bytes) and which datasets have a reservation.
 #[derive(Debug, Default)]
 pub(crate) struct SpaceMemo {
     /// Set while a holder of the directory may change it: nothing is kept.
     off: bool,
     used: RefCell<HashMap<u64, u64>>,
-    unused_reserved: Cell<Option<u64>>,
+    reserved: RefCell<Option<Vec<u64>>>,
 }
 
 impl SpaceMemo {
@@ -423,7 +474,7 @@ impl SpaceMemo {
     pub(crate) fn suspend(&mut self) {
         self.off = true;
         self.used.get_mut().clear();
-        self.unused_reserved.set(None);
+        *self.reserved.get_mut() = None;
     }
 
     /// The change is over: figures computed from now on may be kept

@@ -877,3 +877,58 @@ fn a_rollback_that_needs_more_reserved_than_the_pool_has_is_refused() {
     assert_eq!(get("tank/v", "volsize"), 32 << 20);
     assert!(get("tank/v", "reservation") > 32 << 20);
 }
+
+/// A thick volume's writes that have not committed yet do not take room
+/// from other datasets: their blocks fall inside its reservation, and
+/// the pool's free space is already short of them. Counted a second time
+/// as unused reservation, they left a filesystem beside a volume being
+/// written with less room than it had, and near a full pool its writes
+/// failed for want of space until the volume's txg committed.
+#[test]
+fn a_thick_volume_being_written_takes_no_room_from_other_datasets() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pool = pool(dir.path());
+    let v = volume(&pool, "tank/v", 48 << 20, 16384, false);
+    tarn_dataset::create(&pool, "tank/fs", &props(&[]), false).expect("fs");
+    let fs = tarn_dataset::open(&pool, "tank/fs").expect("open fs");
+    let available = |pool: &Pool| -> u64 {
+        let p = tarn_dataset::get_props(pool, "tank/fs", &["available".into()]).expect("get");
+        p[0].value.parse().expect("a number")
+    };
+    // Fill the filesystem until about 12 MiB are left for it.
+    let mut n = 0u64;
+    while available(&pool) > 20 << 20 {
+        for _ in 0..32 {
+            let key = n.to_be_bytes();
+            fs.txn(true, |t| t.write_block(&key, pattern(n, 128 << 10)))
+                .expect("fill");
+            n += 1;
+        }
+        pool.sync().expect("commit");
+    }
+    let before = available(&pool);
+    assert!(before > 12 << 20, "{before}");
+    // The volume writes 24 MiB into its reservation, not committed yet.
+    for i in 0..24u64 {
+        v.write(i << 20, &pattern(1000 + i, 1 << 20), false)
+            .expect("volume write");
+    }
+    let during = available(&pool);
+    assert!(
+        during + (1 << 20) >= before,
+        "the filesystem's room fell from {before} to {during} while the volume wrote"
+    );
+    // And the filesystem can write what it had room for before.
+    for i in 0..(before - (4 << 20)) / (128 << 10) {
+        let key = (n + i).to_be_bytes();
+        fs.txn(true, |t| t.write_block(&key, pattern(n + i, 128 << 10)))
+            .expect("a write within the room the filesystem had");
+    }
+    pool.sync().expect("commit");
+    for i in 0..24u64 {
+        assert_eq!(
+            v.read(i << 20, 1 << 20).expect("read"),
+            pattern(1000 + i, 1 << 20)
+        );
+    }
+}
