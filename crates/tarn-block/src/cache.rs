@@ -48,6 +48,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::bp::{BlockPtr, CompressAlg};
+use crate::crypt::KeySet;
 
 /// Number of independently locked shards.
 const SHARDS: usize = 16;
@@ -407,6 +408,26 @@ impl BlockCache {
         self.insert_inner(pool, bp, data, kind, false);
     }
 
+    /// Like [`BlockCache::insert`] (or [`BlockCache::insert_prefetched`])
+    /// for plaintext read with `key`: refused, and false returned, once
+    /// the key is revoked. The check is made under the lock of the
+    /// block's shard, which [`BlockCache::evict_pool`] takes after an
+    /// unload revokes the key, so plaintext read before the unload either
+    /// enters before the eviction (and goes with it) or not at all.
+    pub fn insert_unless_revoked(
+        &self,
+        pool: u64,
+        bp: &BlockPtr,
+        data: Arc<[u8]>,
+        kind: BlockKind,
+        key: Option<&KeySet>,
+        prefetched: bool,
+    ) -> bool {
+        self.insert_checked(pool, bp, data, kind, prefetched, || {
+            key.is_some_and(KeySet::is_revoked)
+        })
+    }
+
     /// Whether a block of `len` logical bytes would be kept: blocks above a
     /// quarter of a shard's budget are not, so reading them ahead is waste.
     pub fn would_keep(&self, len: usize) -> bool {
@@ -427,17 +448,34 @@ impl BlockCache {
         kind: BlockKind,
         prefetched: bool,
     ) {
+        self.insert_checked(pool, bp, data, kind, prefetched, || false);
+    }
+
+    /// Inserts unless `refuse()`, asked under the shard's lock; false if
+    /// it refused.
+    fn insert_checked(
+        &self,
+        pool: u64,
+        bp: &BlockPtr,
+        data: Arc<[u8]>,
+        kind: BlockKind,
+        prefetched: bool,
+        refuse: impl FnOnce() -> bool,
+    ) -> bool {
         let Some(k) = BlockId::of(pool, bp) else {
-            return;
+            return !refuse();
         };
         let len = data.len();
         // A block larger than a quarter of a shard would empty it.
         if !self.would_keep(len) {
-            return;
+            return !refuse();
         }
         let mut sh = lock(&self.shards[k.shard()]);
+        if refuse() {
+            return false;
+        }
         if sh.map.contains_key(&k) {
-            return;
+            return true;
         }
         let queue = if sh.take_ghost(&k) {
             Queue::Main
@@ -469,6 +507,7 @@ impl BlockCache {
             self.stats.prefetched.fetch_add(1, Ordering::Relaxed);
         }
         self.shrink(&mut sh);
+        true
     }
 
     fn shrink(&self, sh: &mut Shard) {
@@ -692,6 +731,89 @@ mod tests {
 
     fn data(n: u64, len: usize) -> Arc<[u8]> {
         (0..len).map(|i| (n as usize + i) as u8).collect()
+    }
+
+    /// Plaintext read with a key that is then unloaded never stays in the
+    /// cache: an insert refuses once the key is revoked, and one racing
+    /// the unload's eviction lands before it (and goes) or not at all.
+    #[test]
+    fn plaintext_of_a_revoked_key_stays_out_of_the_cache() {
+        let c = BlockCache::new(BUDGET);
+        let key = KeySet::new(crate::Cipher::Aes256Gcm, [7; 32]);
+        assert!(c.insert_unless_revoked(
+            1,
+            &bp(1, 4096),
+            data(1, 4096),
+            BlockKind::Data,
+            Some(&key),
+            false
+        ));
+        assert!(c.contains(1, &bp(1, 4096)));
+        assert!(c.insert_unless_revoked(
+            1,
+            &bp(2, 4096),
+            data(2, 4096),
+            BlockKind::Data,
+            None,
+            true
+        ));
+        key.revoke();
+        assert!(!c.insert_unless_revoked(
+            1,
+            &bp(3, 4096),
+            data(3, 4096),
+            BlockKind::Data,
+            Some(&key),
+            false
+        ));
+        assert!(!c.insert_unless_revoked(
+            1,
+            &bp(4, 4096),
+            data(4, 4096),
+            BlockKind::Data,
+            Some(&key),
+            true
+        ));
+        assert!(!c.contains(1, &bp(3, 4096)) && !c.contains(1, &bp(4, 4096)));
+        // Unencrypted blocks are not the key's business.
+        assert!(c.insert_unless_revoked(
+            1,
+            &bp(5, 4096),
+            data(5, 4096),
+            BlockKind::Data,
+            None,
+            false
+        ));
+
+        for round in 0..20u64 {
+            let c = Arc::new(BlockCache::new(BUDGET));
+            let key = Arc::new(KeySet::new(crate::Cipher::Aes256Gcm, [9; 32]));
+            let reader = {
+                let (c, key) = (c.clone(), key.clone());
+                std::thread::spawn(move || {
+                    let mut n = round << 20;
+                    while c.insert_unless_revoked(
+                        2,
+                        &bp(n, 4096),
+                        data(n, 4096),
+                        BlockKind::Data,
+                        Some(&key),
+                        false,
+                    ) {
+                        n += 1;
+                    }
+                })
+            };
+            std::thread::sleep(std::time::Duration::from_micros(200 * round));
+            key.revoke();
+            c.evict_pool(2);
+            reader.join().expect("reader");
+            assert_eq!(
+                c.stats().bytes,
+                0,
+                "round {round}: plaintext left after the unload"
+            );
+        }
     }
 
     #[test]

@@ -189,10 +189,12 @@ impl Pool {
         };
         let d: Arc<[u8]> = Arc::from(pipeline::read_block(&self.tops, bp, key)?);
         // A key unloaded meanwhile: its plaintext does not enter the cache.
-        if key.is_some_and(KeySet::is_revoked) {
+        if !self
+            .cache
+            .insert_unless_revoked(self.guid, bp, d.clone(), BlockKind::Data, key, false)
+        {
             return Err(tarn_block::BlockError::KeyUnavailable(pipeline::describe(bp)).into());
         }
-        self.cache.insert(self.guid, bp, d.clone(), BlockKind::Data);
         if let Some(l) = lead {
             l.finish(Some(d.clone()));
         }
@@ -237,17 +239,25 @@ impl Pool {
         let read = pipeline::read_blocks(&self.tops, &batch, key);
         for ((i, lead), r) in mine.into_iter().zip(read) {
             out[i] = Some(match r {
-                // A key unloaded meanwhile: its plaintext does not enter
-                // the cache (and the waiters read for themselves).
-                Ok(_) if key.is_some_and(KeySet::is_revoked) => Err(no_key(bps[i])),
                 Ok(v) => {
                     let d: Arc<[u8]> = v;
-                    self.cache
-                        .insert(self.guid, bps[i], d.clone(), BlockKind::Data);
-                    if let Some(l) = lead {
-                        l.finish(Some(d.clone()));
+                    // A key unloaded meanwhile: its plaintext does not
+                    // enter the cache (and the waiters read for themselves).
+                    if self.cache.insert_unless_revoked(
+                        self.guid,
+                        bps[i],
+                        d.clone(),
+                        BlockKind::Data,
+                        key,
+                        false,
+                    ) {
+                        if let Some(l) = lead {
+                            l.finish(Some(d.clone()));
+                        }
+                        Ok(d)
+                    } else {
+                        Err(no_key(bps[i]))
                     }
-                    Ok(d)
                 }
                 Err(e) => Err(e.into()),
             });
@@ -401,12 +411,20 @@ impl Pool {
             .zip(pipeline::read_blocks(&self.tops, &batch, key))
         {
             match r {
-                Ok(_) if key.is_some_and(KeySet::is_revoked) => lead.finish(None),
                 Ok(d) => {
                     let d: Arc<[u8]> = d;
-                    self.cache
-                        .insert_prefetched(self.guid, bp, d.clone(), BlockKind::Data);
-                    lead.finish(Some(d));
+                    if self.cache.insert_unless_revoked(
+                        self.guid,
+                        bp,
+                        d.clone(),
+                        BlockKind::Data,
+                        key,
+                        true,
+                    ) {
+                        lead.finish(Some(d));
+                    } else {
+                        lead.finish(None);
+                    }
                 }
                 Err(_) => lead.finish(None),
             }
