@@ -357,7 +357,9 @@ impl Backend for Pools {
             token: p.token.clone(),
             replicate: p.replicate,
         };
-        // A token names its snapshot by guid: the pool that holds it.
+        // A token names its snapshot by guid: the pool that holds it, the
+        // one of the token's own dataset first (a copy of the snapshot in
+        // another pool has the same guid, not necessarily its history).
         let (pool, snap) = match (&p.snapshot, &p.token) {
             (Some(s), _) => (self.get(pool_of(s))?, s.clone()),
             (None, Some(t)) => {
@@ -365,10 +367,15 @@ impl Backend for Pools {
                 let pools: Vec<Arc<Pool>> = self.lock().values().cloned().collect();
                 let mut found = None;
                 for pool in pools {
-                    if let Ok(Some(name)) = tarn_dataset::recv::snapshot_by_guid(&pool, token.guid)
+                    let of = &token.source;
+                    if let Ok(Some(name)) =
+                        tarn_dataset::recv::snapshot_by_guid(&pool, token.guid, of)
                     {
-                        found = Some((pool, name));
-                        break;
+                        if tarn_dataset::recv::dataset_of(&name) == of {
+                            found = Some((pool, name));
+                            break;
+                        }
+                        found.get_or_insert((pool, name));
                     }
                 }
                 found.ok_or_else(|| {

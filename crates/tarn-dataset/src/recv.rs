@@ -416,6 +416,12 @@ fn check_resumed(dir: &Dir, id: u64, info: &SendInfo) -> Result<(), DsError> {
         (Some(_), None) => Err(DsError::Invalid(format!(
             "the resumed stream is encrypted and '{name}' is not"
         ))),
+        // As for a fresh incremental: a raw receive stores what it is
+        // given, and entries without a seal must not land in an
+        // encrypted dataset.
+        (None, Some(_)) if info.raw => Err(DsError::Invalid(format!(
+            "'{name}' is encrypted and the resumed raw stream is not"
+        ))),
         _ => Ok(()),
     }
 }
@@ -795,16 +801,31 @@ impl Token {
     }
 }
 
-/// The full names of the snapshots `pool` holds with guid `guid` (`send
-/// -t` finds its snapshot by the token's guid).
-pub fn snapshot_by_guid(pool: &Pool, guid: u64) -> Result<Option<String>, DsError> {
+/// The full name of a snapshot `pool` holds with guid `guid` (`send -t`
+/// finds its snapshot by the token's guid): one of dataset `of` if it has
+/// one, else any. A received copy of a snapshot keeps its guid, and the
+/// copy may have let go of its history or be sealed with another key:
+/// the token's own dataset is the one to resume from.
+pub fn snapshot_by_guid(pool: &Pool, guid: u64, of: &str) -> Result<Option<String>, DsError> {
     crate::dsl::with_dir(pool, |dir, _| {
-        Ok(dir
+        let mut any = None;
+        for r in dir
             .recs
             .values()
-            .find(|r| r.is_snapshot() && r.guid == guid)
-            .map(|r| r.name.clone()))
+            .filter(|r| r.is_snapshot() && r.guid == guid)
+        {
+            if dataset_of(&r.name) == of {
+                return Ok(Some(r.name.clone()));
+            }
+            any.get_or_insert_with(|| r.name.clone());
+        }
+        Ok(any)
     })
+}
+
+/// The dataset part of a snapshot's full name.
+pub fn dataset_of(snap: &str) -> &str {
+    snap.split_once('@').map_or(snap, |(d, _)| d)
 }
 
 /// Whether filesystem `fs` has a snapshot with this guid: a stream of a

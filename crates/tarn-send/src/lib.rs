@@ -276,22 +276,29 @@ pub fn send<W: Write>(
     };
     if let Some(t) = &opts.token {
         let token = Token::parse(t)?;
-        let name = tarn_dataset::recv::snapshot_by_guid(pool, token.guid)?.ok_or_else(|| {
-            DsError::NotFound(format!(
-                "the token's snapshot {}@{} (guid {}) is not in pool '{}'",
-                token.source,
-                token.name,
-                token.guid,
-                pool.name()
-            ))
-        })?;
-        let from =
-            match token.from_guid {
-                None => None,
-                Some(g) => Some(tarn_dataset::recv::snapshot_by_guid(pool, g)?.ok_or_else(
-                    || DsError::NotFound(format!("the token's base snapshot (guid {g}) is gone")),
-                )?),
-            };
+        let name = tarn_dataset::recv::snapshot_by_guid(pool, token.guid, &token.source)?
+            .ok_or_else(|| {
+                DsError::NotFound(format!(
+                    "the token's snapshot {}@{} (guid {}) is not in pool '{}'",
+                    token.source,
+                    token.name,
+                    token.guid,
+                    pool.name()
+                ))
+            })?;
+        let from = match token.from_guid {
+            None => None,
+            Some(g) => Some(
+                tarn_dataset::recv::snapshot_by_guid(
+                    pool,
+                    g,
+                    tarn_dataset::recv::dataset_of(&name),
+                )?
+                .ok_or_else(|| {
+                    DsError::NotFound(format!("the token's base snapshot (guid {g}) is gone"))
+                })?,
+            ),
+        };
         // A token comes from the receiver: it may not turn a raw send
         // (what an encrypted dataset's backups are) into a plaintext one.
         if opts.raw && !token.raw {

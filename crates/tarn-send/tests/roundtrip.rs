@@ -1515,3 +1515,120 @@ fn a_package_whose_child_base_is_newer_than_its_target_is_refused() {
     .unwrap_err();
     assert!(e.to_string().contains("tank/home/kids"), "{e}");
 }
+
+/// A raw receive into an encrypted dataset, cut and resumed with a
+/// stream that carries no key (a resume made from an unencrypted copy of
+/// the snapshot, or edited): refused as a fresh incremental would be,
+/// before any of its entries lands in the encrypted dataset unsealed.
+/// The honest resume stream then finishes the receive.
+#[test]
+fn a_raw_resume_without_the_key_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tank, backup) = pools(dir.path());
+    let mut rng = Rng::new(0x7e5);
+    encrypted_with_files(&tank, "tank/s", &mut rng);
+    tarn_dataset::snapshot(&tank, &["tank/s@1".into()], false).unwrap();
+    let resumable = RecvOptions {
+        force: false,
+        resumable: true,
+        ..Default::default()
+    };
+    let whole = to_vec(&tank, "tank/s@1", &raw_stream());
+    // Cut it where the receive has made the dataset and saved a token.
+    let token = cut_until_resumable(&backup, "backup/s", &whole, &mut rng);
+    let resume = to_vec(
+        &tank,
+        "tank/s@1",
+        &SendOptions {
+            token: Some(token),
+            ..raw_stream()
+        },
+    );
+    let keyless = rewritten(&resume, |h| h.info.key = None, |own| own);
+    let r = receive(&backup, "backup/s", resumable, &keyless[..]);
+    assert!(
+        matches!(&r, Err(SendError::Dataset(DsError::Invalid(m))) if m.contains("raw")),
+        "{r:?}"
+    );
+    receive(&backup, "backup/s", resumable, &resume[..]).expect("the honest resume");
+    tarn_dataset::load_key(&backup, "backup/s", &passphrase(PASS)).unwrap();
+    assert_eq!(tree(&backup, "backup/s@1"), tree(&tank, "tank/s@1"));
+}
+
+/// `send -t` resumes from the token's own dataset. A pool that also holds
+/// a copy of the snapshot under another name (the same guid: received
+/// copies keep it) resumed from whichever record came first, and a copy
+/// that had let go of the base snapshot made the resume fail for good.
+#[test]
+fn a_resume_token_is_sent_from_its_own_dataset_not_a_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tank, backup) = pools(dir.path());
+    let mut rng = Rng::new(0x70c);
+    // tank/orig at @a and @b; tank/fs, a copy of both, is what the
+    // offsite box receives from; then tank/orig lets go of @a.
+    let fs = tarn_testkit::datasets::filesystem(&tank, "tank/orig", &[]);
+    populate(&fs, &mut rng);
+    tarn_dataset::snapshot(&tank, &["tank/orig@a".into()], false).unwrap();
+    change(&fs, &mut rng, 0);
+    tarn_dataset::snapshot(&tank, &["tank/orig@b".into()], false).unwrap();
+    drop(fs);
+    recv(
+        &tank,
+        "tank/fs",
+        &to_vec(&tank, "tank/orig@a", &SendOptions::default()),
+        false,
+    )
+    .unwrap();
+    recv(
+        &tank,
+        "tank/fs",
+        &to_vec(&tank, "tank/orig@b", &incr("@a")),
+        false,
+    )
+    .unwrap();
+    tarn_dataset::destroy(&tank, "tank/orig@a", false).unwrap();
+
+    recv(
+        &backup,
+        "backup/off",
+        &to_vec(&tank, "tank/fs@a", &SendOptions::default()),
+        false,
+    )
+    .unwrap();
+    let resumable = RecvOptions {
+        force: false,
+        resumable: true,
+        ..Default::default()
+    };
+    let whole = to_vec(&tank, "tank/fs@b", &incr("@a"));
+    let token = cut_until_resumable(&backup, "backup/off", &whole, &mut rng);
+    let resume = SendOptions {
+        token: Some(token),
+        ..Default::default()
+    };
+    let mut stream = Vec::new();
+    send(&tank, "", &resume, &mut stream).expect("the resume stream, from tank/fs");
+    receive(&backup, "backup/off", resumable, &stream[..]).expect("the resumed receive");
+    assert_eq!(tree(&backup, "backup/off@b"), tree(&tank, "tank/fs@b"));
+}
+
+/// Receives `stream` into `target` (resumable) cut in its second half,
+/// until a cut leaves a resume token; the token.
+fn cut_until_resumable(backup: &Arc<Pool>, target: &str, stream: &[u8], rng: &mut Rng) -> String {
+    let resumable = RecvOptions {
+        force: false,
+        resumable: true,
+        ..Default::default()
+    };
+    (0..50)
+        .find_map(|_| {
+            let cut = rng.range(stream.len() as u64 / 2, stream.len() as u64) as usize;
+            assert!(receive(backup, target, resumable, &stream[..cut]).is_err());
+            let t = tarn_dataset::get_props(backup, target, &["receive_resume_token".into()])
+                .ok()?[0]
+                .value
+                .clone();
+            (t != "-").then_some(t)
+        })
+        .expect("a cut that leaves a resumable receive")
+}
