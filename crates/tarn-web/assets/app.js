@@ -516,7 +516,7 @@ async function openFolder(path) {
     for (const e of images) {
       const p = join(path, e.name);
       tiles.append(el("a", { class: "tile", href: files.file(p), target: "_blank", rel: "noopener", title: e.name },
-        el("img", { loading: "lazy", alt: e.name, src: files.file(p) + `?thumb&v=${e.mtime}-${e.size}` })));
+        el("img", { loading: "lazy", alt: e.name, src: files.file(p) + `?thumb&v=${e.mtime}-${e.ctime}-${e.size}` })));
     }
   }
   $("#grid").replaceChildren(tiles);
@@ -682,8 +682,27 @@ async function upload(file) {
     let offset = 0;
     let failures = 0;
     let replaceNow = false;
+    // Where the server stands after a chunk failed, asked again and again
+    // (with growing pauses, 20 at most in a row) while the network is down
+    // or a cut chunk is still arriving there (its connection not noticed
+    // as gone yet): the answer has no chunk in progress.
+    const status = async (cause) => {
+      for (;;) {
+        if (++failures > 20) throw cause;
+        await new Promise((ok) => setTimeout(ok, Math.min(10000, 500 * failures)));
+        try {
+          const r = await call(files.session(s.id), { headers: files.headers() });
+          if (!r.busy) return r;
+        } catch (e) {
+          if (e.status && e.status < 500) throw e;
+          cause = e;
+        }
+      }
+    };
     for (;;) {
-      if (offset >= file.size && file.size > 0) break;
+      // With every byte there (the offset at the size), an empty chunk
+      // asks the server to put the file in place: again, if the name was
+      // taken or the placing failed the time before.
       const end = Math.min(file.size, offset + CHUNK);
       let r;
       try {
@@ -695,20 +714,23 @@ async function upload(file) {
         });
         failures = 0;
       } catch (e) {
-        // Every byte is there but the name was taken meanwhile.
-        if (e.code === "exists" && !files.link && !replaceNow && confirm(`${file.name} appeared meanwhile. Replace it?`)) {
+        if (e.code === "exists" && !files.link && !replaceNow) {
+          // Every byte is there but the name was taken meanwhile.
+          if (!confirm(`${file.name} appeared meanwhile. Replace it?`)) throw e;
           replaceNow = true;
-          continue;
+        } else {
+          // Worth another try: a lost connection, a server error, a chunk
+          // cut short or sent at a stale offset, a chunk still arriving.
+          // Anything else (a refused placing among them) is final.
+          const again = !e.status || e.status >= 500 || e.code === "offset" || e.code === "busy"
+            || (e.status === 400 && offset < file.size);
+          if (!again) throw e;
         }
-        if (e.status && e.status < 500 && e.code !== "offset" && e.status !== 400) throw e;
-        if (++failures > 20) throw e;
-        await new Promise((ok) => setTimeout(ok, Math.min(10000, 500 * failures)));
-        r = await call(files.session(s.id), { headers: files.headers() });
+        r = await status(e);
       }
       offset = r.offset;
       item.textContent = `${file.name}: ${Math.floor((100 * offset) / Math.max(1, file.size))} %`;
       if (r.done) { item.textContent = r.name ? `${file.name}: uploaded as ${r.name}` : `${file.name}: uploaded`; break; }
-      if (file.size === 0) break;
     }
   } catch (e) {
     item.textContent = `${file.name}: ${e.message}`;

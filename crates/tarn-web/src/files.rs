@@ -441,6 +441,7 @@ pub(crate) fn list(scope: &Scope, comps: &[Vec<u8>]) -> FResult<Value> {
                 "kind": kind_name(a.kind),
                 "size": a.size,
                 "mtime": a.mtime.sec,
+                "ctime": a.ctime.sec,
             });
             if std::str::from_utf8(&n).is_err() {
                 // Shown, but not to be acted on by its shown name (which
@@ -555,9 +556,12 @@ fn range(headers: &HeaderMap, size: u64) -> Result<Option<(u64, u64)>, ()> {
 /// The strong validator of a file's contents as served: its inode, its
 /// modification time to the nanosecond and its size.
 fn etag(a: &tarn_fs::Attr) -> String {
+    // The change time too: a rewrite in place that keeps the size and
+    // sets the old mtime back (tools that fix a photo's metadata do)
+    // must not let a resumed download splice old and new bytes.
     format!(
-        "\"{}-{}.{:09}-{}\"",
-        a.ino, a.mtime.sec, a.mtime.nsec, a.size
+        "\"{}-{}.{:09}-{}.{:09}-{}\"",
+        a.ino, a.mtime.sec, a.mtime.nsec, a.ctime.sec, a.ctime.nsec, a.size
     )
 }
 
@@ -1134,6 +1138,14 @@ fn restore_dir(scope: &Scope, src: &Attr, dst: u64, depth: usize, n: &mut u64) -
         }
         match a.kind {
             FileKind::Regular => {
+                match fs.lookup(dst, &name, scope.cred()) {
+                    // A folder has the name now: kept, as a file that
+                    // took a folder's name is (below).
+                    Ok(d) if d.kind == FileKind::Directory => continue,
+                    Ok(_) => {}
+                    Err(e) if e.errno() == libc::ENOENT => {}
+                    Err(e) => return Err(e.into()),
+                }
                 copy_file_over(scope, &a, fs, dst, &name)?;
                 *n += 1;
             }

@@ -521,13 +521,15 @@ impl DavMetaData for Meta {
     }
     fn etag(&self) -> Option<String> {
         // Changes whenever the content may have: a new inode (or a reused
-        // name), a write (mtime), a truncate (size).
+        // name), a write (mtime), a truncate (size), a rewrite that set
+        // the old mtime back (ctime).
         let a = &self.0;
         Some(format!(
-            "{:x}-{:x}-{:x}-{:x}",
+            "{:x}-{:x}-{:x}-{:x}-{:x}",
             a.ino,
             a.generation,
             a.mtime.as_nanos(),
+            a.ctime.as_nanos(),
             a.size
         ))
     }

@@ -643,6 +643,25 @@ fn files_uploads_versions_and_share_links() {
         ["big.bin", "note.txt"]
     );
     assert!(alice.get("/api/files/a/docs/big.bin").body == data);
+    // A name that is a folder now and was a file then is kept, as a file
+    // that was a folder is; the rest of the folder is restored.
+    for path in ["docs/big.bin", "docs/note.txt"] {
+        let del = alice.op(json!({"op": "delete", "share": "a", "path": path}));
+        assert_eq!(del.status, 200);
+    }
+    let mk = alice.op(json!({"op": "mkdir", "share": "a", "path": "docs/big.bin"}));
+    assert_eq!(mk.status, 200, "{:?}", mk.json());
+    alice.upload("a", "docs", "note.txt", b"changed since\n");
+    let r = alice.op(json!({"op": "restore", "share": "a", "path": "docs", "snapshot": "one"}));
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    assert_eq!(
+        alice.get("/api/files/a/docs/note.txt").body,
+        b"version one\n"
+    );
+    assert_eq!(
+        alice.names("/api/files/a/docs/big.bin?list"),
+        [] as [&str; 0]
+    );
     // Rename is a move, never over an existing name.
     let mv = alice
         .op(json!({"op": "rename", "share": "a", "path": "docs/note.txt", "to": "pub/hello.txt"}));
@@ -681,6 +700,18 @@ fn files_uploads_versions_and_share_links() {
         (415, "no_thumbnail")
     );
 
+    // A file rewritten in place with its size and mtime kept (as tools
+    // that fix a photo's metadata do) has a new tag: a download resumed
+    // with the old one gets the whole file, not old and new spliced.
+    alice.upload("a", "pub", "same.bin", &[b'o'; 4096]);
+    let tag_of = |path: &str| {
+        let r = alice.get(path);
+        assert_eq!(r.status, 200);
+        let t = r.head.lines().find_map(|l| l.strip_prefix("etag: "));
+        t.expect("a tag").trim().to_string()
+    };
+    let old_tag = tag_of("/api/files/a/pub/same.bin");
+
     // A symbolic link out of the linked folder, made through a mount.
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
@@ -712,6 +743,19 @@ fn files_uploads_versions_and_share_links() {
     let same =
         std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(mnt.join("pub/wide.png")).unwrap());
     assert_eq!(ino, same, "rewritten in place");
+    let same_bin = mnt.join("pub/same.bin");
+    let kept_mtime = std::fs::metadata(&same_bin).unwrap().modified().unwrap();
+    let mut f = std::fs::File::options()
+        .write(true)
+        .open(&same_bin)
+        .unwrap();
+    f.write_all(&[b'n'; 4096]).unwrap();
+    f.set_modified(kept_mtime).unwrap();
+    drop(f);
+    assert_eq!(
+        std::fs::metadata(&same_bin).unwrap().modified().unwrap(),
+        kept_mtime
+    );
     // Only alice may read it now: her cached thumbnail is not bob's.
     std::fs::set_permissions(
         mnt.join("pub/wide.png"),
@@ -719,6 +763,22 @@ fn files_uploads_versions_and_share_links() {
     )
     .unwrap();
     d.ok(&["unmount", mnt.to_str().unwrap()]);
+    assert_ne!(tag_of("/api/files/a/pub/same.bin"), old_tag);
+    let resumed = http(
+        port,
+        "GET",
+        "/api/files/a/pub/same.bin",
+        &[
+            ("Cookie", &alice.cookie),
+            ("Range", "bytes=100-"),
+            ("If-Range", &old_tag),
+        ],
+        b"",
+    );
+    assert_eq!(resumed.status, 200, "the old tag: the whole file");
+    assert!(resumed.body == [b'n'; 4096]);
+    let del = alice.op(json!({"op": "delete", "share": "a", "path": "pub/same.bin"}));
+    assert_eq!(del.status, 200);
     assert_eq!(
         thumb(&alice),
         ((128, 256), "made"),

@@ -4,7 +4,8 @@
 //! appear, takes a snapshot with a button; a phone-sized viewport shows
 //! the page without horizontal scrolling; a user who logs in sees their
 //! share and none of the administrator's sections. In the file pages a
-//! user uploads a file through the page (read back over WebDAV), sees a
+//! user uploads a file through the page (read back over WebDAV; also
+//! when its name is taken while it runs, and through a network outage), sees a
 //! folder of photos as server-made thumbnails, restores a previous
 //! version, and makes a share link that opens while logged out; those
 //! pages fit a phone too. Screenshots of each view are saved as test
@@ -486,6 +487,60 @@ fn files_in_a_real_browser() {
         basic_get(dav, "/family/note.txt", "alice", "alice-password").1,
         b"the first version\n"
     );
+
+    // The name taken by someone else while the upload runs (just before
+    // its bytes go): the page asks, and on yes its bytes replace theirs.
+    let raced = up.join("raced.txt");
+    std::fs::write(&raced, "the page's bytes\n").unwrap();
+    page.eval(
+        "(() => { const real = window.fetch; window.realFetch = real; let raced = false; \
+         window.fetch = async (url, opts) => { \
+           if (!raced && opts && opts.method === 'PUT' && String(url).includes('/api/upload/')) { \
+             raced = true; \
+             const h = files.headers(); \
+             const s = await (await real('/api/upload', { method: 'POST', credentials: 'same-origin', \
+               headers: Object.assign({ 'Content-Type': 'application/json' }, h), \
+               body: JSON.stringify({ share: files.share, path: files.path, name: 'raced.txt', size: 6 }) })).json(); \
+             await real('/api/upload/' + s.id, { method: 'PUT', credentials: 'same-origin', \
+               headers: Object.assign({ 'Content-Type': 'application/octet-stream', 'Upload-Offset': '0' }, h), \
+               body: 'theirs' }); \
+           } \
+           return real(url, opts); }; return true; })()",
+    );
+    page.choose_files(&[&raced]);
+    let last = "[...document.querySelectorAll('#uploads li')].pop().innerText";
+    page.wait(
+        &format!("{last} === 'raced.txt: uploaded as raced.txt'"),
+        "the upload that replaced a name taken meanwhile",
+    );
+    assert_eq!(
+        basic_get(dav, "/family/raced.txt", "alice", "alice-password"),
+        (200, b"the page's bytes\n".to_vec())
+    );
+
+    // The network gone for three seconds from the first chunk on: the
+    // page keeps asking where the upload stands, and finishes it.
+    let later = up.join("later.txt");
+    std::fs::write(&later, "sent once the network came back\n").unwrap();
+    page.eval(
+        "(() => { const real = window.realFetch; let until = 0; \
+         window.fetch = (url, opts) => { \
+           if (String(url).includes('/api/upload/')) { \
+             if (until === 0) until = Date.now() + 3000; \
+             if (Date.now() < until) return Promise.reject(new TypeError('Failed to fetch')); \
+           } \
+           return real(url, opts); }; return true; })()",
+    );
+    page.choose_files(&[&later]);
+    page.wait(
+        &format!("{last} === 'later.txt: uploaded as later.txt'"),
+        "the upload through a network outage",
+    );
+    assert_eq!(
+        basic_get(dav, "/family/later.txt", "alice", "alice-password").1,
+        b"sent once the network came back\n"
+    );
+    page.eval("window.fetch = window.realFetch; true");
 
     // A share link to the album, opened after logging out.
     page.eval(
