@@ -197,7 +197,8 @@ pub enum ShareCommand {
         /// SMB: a Time Machine backup target for Macs
         #[arg(long)]
         timemachine: bool,
-        /// SMB: the most a Time Machine share may hold (e.g. 500G)
+        /// SMB: the size Time Machine is shown and keeps its backups
+        /// under (e.g. 500G); a hard limit is the dataset's quota
         #[arg(long, value_name = "SIZE", requires = "timemachine")]
         quota: Option<String>,
         /// SMB3 encryption of the share's traffic: off (when the client

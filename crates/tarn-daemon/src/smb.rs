@@ -213,6 +213,14 @@ pub fn render_conf(
         &format!("smbpasswd:{root}/private/smbpasswd"),
     );
     g("map to guest", if any_guest { "Bad User" } else { "Never" });
+    // Samba's default answers anyone, logged in or not, with the lists
+    // of users and shares (names to guess passwords for, and each
+    // share's dataset). Without guest shares nobody needs an anonymous
+    // session: 2 refuses them. Guests arrive as anonymous sessions and
+    // find a guest share by listing the shares (a TV browsing for the
+    // media share): 1 or 2 would refuse them the list, so a server with
+    // a guest share keeps Samba's default (docs/smb.md says so).
+    g("restrict anonymous", if any_guest { "0" } else { "2" });
     g("guest account", "nobody");
     g("load printers", "no");
     g("printing", "bsd");
@@ -1036,7 +1044,12 @@ fn spawn_smbd(smbd: &Path, layout: &Layout, env: &[(String, String)]) -> Result<
         .arg("--debug-stdout")
         .arg("-s")
         .arg(layout.conf())
-        .stdin(Stdio::null())
+        // A pipe whose other end only this process holds (in the `Child`,
+        // for as long as it supervises smbd): smbd in the foreground
+        // exits when its stdin, a pipe, reaches its end, so a daemon that
+        // is killed or crashes takes smbd with it instead of leaving it
+        // on the port, serving mounts that are gone.
+        .stdin(Stdio::piped())
         .stdout(out)
         .stderr(err)
         // Its own process group: a terminal's ^C reaches the daemon, which
@@ -1117,10 +1130,15 @@ fn supervise(
     let mut started = Instant::now();
     loop {
         let how = match child.take() {
-            Some(mut c) => match c.wait() {
-                Ok(st) => describe(st),
-                Err(e) => format!("cannot be waited for: {e}"),
-            },
+            Some(mut c) => {
+                // smbd's stdin stays open while it runs (see `spawn_smbd`):
+                // `wait` would close it first, and smbd would end.
+                let _stdin = c.stdin.take();
+                match c.wait() {
+                    Ok(st) => describe(st),
+                    Err(e) => format!("cannot be waited for: {e}"),
+                }
+            }
             None => "could not be started".to_string(),
         };
         lock(&shared).status.pid = None;
@@ -1303,6 +1321,7 @@ mod tests {
         assert!(conf.contains("smb ports = 4450"));
         assert!(conf.contains("interfaces = 127.0.0.1"));
         assert!(section(&conf, "global").contains(&"server signing = default"));
+        assert!(section(&conf, "global").contains(&"restrict anonymous = 2"));
         assert!(!s.iter().any(|l| l.starts_with("fruit:time machine")));
 
         let mut g = entry("media");
@@ -1322,6 +1341,7 @@ mod tests {
         assert!(s.contains(&"guest ok = yes"));
         assert!(!s.iter().any(|l| l.starts_with("valid users")));
         assert!(conf.contains("map to guest = Bad User"));
+        assert!(section(&conf, "global").contains(&"restrict anonymous = 0"));
         assert!(s.contains(&"fruit:time machine = yes"));
         assert!(
             s.contains(&"fruit:time machine max size = 1025M"),

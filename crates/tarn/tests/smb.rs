@@ -162,6 +162,7 @@ fn smb_serves_users_the_same_files_as_every_other_front_end() {
         "--owner",
         "alice",
     ]);
+    anonymous_learns_nothing(smb);
     d.ok(&["share", "add", "media", "tank/media", "--smb", "--guest"]);
     let list = d.ok(&["share", "list"]);
     assert!(list.contains("alice=rw,bob=ro"), "{list}");
@@ -798,7 +799,7 @@ fn snapshots_are_previous_versions_and_smbd_is_supervised() {
     let pid = smb_stats(&d)["pid"].as_u64().unwrap();
     d.stop();
     let t0 = Instant::now();
-    while Path::new(&format!("/proc/{pid}")).exists() {
+    while running(pid) {
         assert!(
             t0.elapsed() < Duration::from_secs(15),
             "smbd outlived the daemon"
@@ -1078,7 +1079,17 @@ fn time_machine_bands_flushed_over_smb_survive_a_daemon_kill() {
     let flushed = flushed.expect("no band was flushed");
     assert_eq!(flushed, 11, "the writer stopped early");
     std::thread::sleep(Duration::from_millis(150));
+    let smbd = smb_stats(&d)["pid"].as_u64().expect("smbd runs");
     d.kill_in_place();
+    // smbd does not outlive the daemon that supervised it.
+    let t0 = Instant::now();
+    while running(smbd) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "smbd {smbd} outlived the killed daemon"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // What the writer heard after the kill can only add bands it saw
     // flushed before the daemon died; count only those seen before.
     let _ = client.kill();
@@ -1122,6 +1133,57 @@ fn time_machine_bands_flushed_over_smb_survive_a_daemon_kill() {
     d.ok(&["unmount", "tank/tm"]);
     d.stop();
     drop(killed);
+}
+
+/// Without logging in, nobody gets the list of shares (and the datasets
+/// they serve) or of users (names to guess passwords for), while no
+/// share allows guests.
+fn anonymous_learns_nothing(port: u16) {
+    let run = |c: &mut Command| {
+        let out = c.output().expect("run an SMB client");
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let shares = run(Command::new("smbclient").args([
+        "-L",
+        "//127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-m",
+        "SMB3",
+        "-U%",
+        "-N",
+    ]));
+    assert!(
+        shares.contains("NT_STATUS_ACCESS_DENIED") && !shares.contains("photos"),
+        "anonymous share list: {shares}"
+    );
+    // rpcclient comes with smbclient.
+    let users = run(Command::new("rpcclient").args([
+        "-U%",
+        "-N",
+        "-p",
+        &port.to_string(),
+        "-c",
+        "enumdomusers",
+        "127.0.0.1",
+    ]));
+    assert!(
+        users.contains("NT_STATUS_") && !users.contains("alice"),
+        "anonymous user list: {users}"
+    );
+}
+
+/// Whether process `pid` runs (exists and is not a zombie waiting for
+/// whoever inherited it).
+fn running(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
 }
 
 /// An SMB session held open by `tests/tools/smb_session.py`, logged in
@@ -1182,6 +1244,7 @@ fn a_changed_password_ends_the_sessions_made_with_the_old_one() {
     let hold = |user: &str, password: &str| Held::open(&python, smb, "docs", user, password);
     let alice = hold("alice", "old-password");
     let bob = hold("bob", "bobs-password");
+    let bob_later = hold("bob", "bobs-password");
     ok_with_stdin(
         &d,
         &["user", "passwd", "--smb", "--password-stdin", "alice"],
@@ -1191,4 +1254,22 @@ fn a_changed_password_ends_the_sessions_made_with_the_old_one() {
     let said = alice.again();
     assert!(said.starts_with("refused"), "alice's old session: {said}");
     assert_eq!(bob.again(), "connected", "bob's account did not change");
+    // Taken off the share, bob cannot connect to it again on a session
+    // he already has: the process serving it reads the new settings.
+    d.ok(&[
+        "share",
+        "add",
+        "docs",
+        "tank/docs",
+        "--owner",
+        "alice",
+        "--smb",
+        "alice=rw",
+    ]);
+    std::thread::sleep(Duration::from_millis(500));
+    let said = bob_later.again();
+    assert!(
+        said.starts_with("refused"),
+        "bob, no longer on the share: {said}"
+    );
 }
