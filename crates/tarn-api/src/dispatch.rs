@@ -16,12 +16,19 @@ use crate::pool::{CreateRequest, ImportRequest};
 use crate::wire::{Request, Response};
 use crate::API_VERSION;
 
-/// Decodes `params` for `method`; `null` reads as `{}`.
+/// Decodes `params` for `method`; `null` reads as `{}`. Anything else
+/// that is not an object is refused: serde would read an array as the
+/// struct's fields in order, past every check that looks for a field by
+/// its name (`roles::https_refusal`, the web's own-user rules).
 fn params<T: DeserializeOwned>(method: &str, params: Value) -> Result<T, ApiError> {
-    let params = if params.is_null() {
-        Value::Object(Default::default())
-    } else {
-        params
+    let params = match params {
+        Value::Null => Value::Object(Default::default()),
+        Value::Object(_) => params,
+        _ => {
+            return Err(ApiError::invalid(format!(
+                "bad params for {method}: params are a JSON object of named fields"
+            )))
+        }
     };
     serde_json::from_value(params)
         .map_err(|e| ApiError::invalid(format!("bad params for {method}: {e}")))
@@ -447,5 +454,29 @@ pub fn call(backend: &dyn Backend, method: &str, p: Value) -> Result<Value, ApiE
             "unknown method {other:?}; known methods: {}",
             m::ALL.join(", ")
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn params_are_an_object_of_named_fields() {
+        let as_object: Result<LinkCreateParams, _> =
+            params("link.create", json!({"share": "a", "owner": "t/bob"}));
+        assert_eq!(as_object.map(|p| p.owner), Ok(Some("t/bob".to_string())));
+        let none: Result<NoParams, _> = params("daemon.ping", Value::Null);
+        assert!(none.is_ok());
+        // serde alone would read these as the fields in order.
+        for p in [
+            json!(["a", "", true, null, null, "t/bob"]),
+            json!("a"),
+            json!(7),
+        ] {
+            let r: Result<LinkCreateParams, _> = params("link.create", p.clone());
+            assert!(r.is_err(), "{p} was read as params");
+        }
     }
 }

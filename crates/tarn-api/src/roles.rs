@@ -598,23 +598,33 @@ fn dev_dir_ok(dir: &str) -> bool {
 ///   folder; a key read from any file);
 /// - replication schedules (they name token and credential files the
 ///   daemon reads and sends) and program alerts (a program run as root).
+///
+/// The checks below look for fields by name, so they hold only for params
+/// that are an object: anything else is refused here (and by the
+/// dispatcher), since serde would read an array as the fields in order.
+/// The devices of the pool methods are also checked as the dispatcher
+/// will decode them, so a name without a `/` (a file in the daemon's
+/// working folder) is no way around the rule.
 pub fn https_refusal(method: &str, params: &serde_json::Value) -> Option<&'static str> {
+    if !(params.is_object() || params.is_null()) {
+        return Some("params are a JSON object of named fields");
+    }
     let mut all = Vec::new();
     strings(params, "", &mut all);
     match method {
-        m::POOL_CREATE | m::POOL_REPLACE | m::POOL_ADD_LOG | m::POOL_IMPORT => all
-            .iter()
-            .any(|(k, s)| {
+        m::POOL_CREATE | m::POOL_REPLACE | m::POOL_ADD_LOG | m::POOL_IMPORT => {
+            (all.iter().any(|(k, s)| {
                 *k == "mountpoint"
                     || (*k == "keylocation" && s.starts_with("file:"))
                     || (*k == "dirs" && !dev_dir_ok(s))
                     || (*k != "dirs" && s.contains('/') && !dev_path_ok(s))
-            })
+            }) || pool_devices(method, params).iter().any(|d| !dev_path_ok(d)))
             .then_some(
                 "over HTTPS a pool's devices are block devices under /dev/ and mountpoints \
                  and file:// key locations are refused (files and folders of the server: \
                  the tarn command)",
-            ),
+            )
+        }
         m::DATASET_CREATE
         | m::VOLUME_CREATE
         | m::DATASET_CLONE
@@ -639,6 +649,29 @@ pub fn https_refusal(method: &str, params: &serde_json::Value) -> Option<&'stati
         m::ALERT_ADD => has_key(params, "program")
             .then_some("program alerts run as root: add them with the tarn command"),
         _ => None,
+    }
+}
+
+/// The devices a pool method's params name, decoded as the dispatcher
+/// decodes them (params it cannot decode name none: the call fails there).
+fn pool_devices(method: &str, params: &serde_json::Value) -> Vec<String> {
+    use crate::params::{AddLogParams, ReplaceParams};
+    use crate::pool::{CreateRequest, ImportRequest};
+    let p = || params.clone();
+    match method {
+        m::POOL_CREATE => serde_json::from_value::<CreateRequest>(p())
+            .map(|r| r.vdevs.into_iter().flat_map(|v| v.devices).collect())
+            .unwrap_or_default(),
+        m::POOL_ADD_LOG => serde_json::from_value::<AddLogParams>(p())
+            .map(|r| r.vdev.devices)
+            .unwrap_or_default(),
+        m::POOL_REPLACE => serde_json::from_value::<ReplaceParams>(p())
+            .map(|r| vec![r.new])
+            .unwrap_or_default(),
+        m::POOL_IMPORT => serde_json::from_value::<ImportRequest>(p())
+            .map(|r| r.devices)
+            .unwrap_or_default(),
+        _ => Vec::new(),
     }
 }
 
@@ -737,6 +770,35 @@ mod tests {
                 m::ALERT_ADD,
                 json!({"alert": {"name": "x", "target": {"program": {"path": "/bin/sh"}}}}),
             ),
+            // The fields in order, as serde would read an array: no names
+            // for the checks to find.
+            (m::DATASET_SET, json!(["t/a", "mountpoint", "/etc"])),
+            (
+                m::KEY_LOAD,
+                json!(["t/a", null, "file:///etc/shadow", false]),
+            ),
+            (
+                m::LINK_CREATE,
+                json!(["share", "", true, null, null, "t/someone"]),
+            ),
+            // A device without a `/`: a file in the daemon's working folder.
+            (
+                m::POOL_CREATE,
+                json!({"name": "t", "vdevs": [{"kind": "single", "devices": ["swap.img"]}], "force": true}),
+            ),
+            (
+                m::POOL_CREATE,
+                json!({"name": "t", "vdevs": [["single", ["swap.img"]]]}),
+            ),
+            (
+                m::POOL_ADD_LOG,
+                json!({"name": "t", "vdev": {"kind": "single", "devices": ["log.img"]}}),
+            ),
+            (
+                m::POOL_REPLACE,
+                json!({"name": "t", "old": "/dev/sdb", "new": "disk.img"}),
+            ),
+            (m::POOL_IMPORT, json!({"devices": ["member.img"]})),
         ];
         for (method, p) in refused {
             assert!(https_refusal(method, &p).is_some(), "{method} {p}");

@@ -872,6 +872,32 @@ fn files_uploads_versions_and_share_links() {
         json!({"share": "a", "path": "pub", "upload": true}),
     );
     assert_eq!(up.status, 403, "{:?}", up.json());
+    // Nor by naming the fields in order, which serde would read as
+    // alice's own call (the rule that makes a link act as its maker looks
+    // for the field by name).
+    let ids = |b: &Browser| -> Vec<String> {
+        b.call("link.list", json!({})).json()["result"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|l| l["id"].as_str())
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let alices = ids(&alice);
+    let as_alice = bob.call(
+        "link.create",
+        json!(["a", "pub", true, null, null, "tank/alice"]),
+    );
+    assert!(
+        as_alice.status == 400 || as_alice.status == 403,
+        "{} {:?}",
+        as_alice.status,
+        as_alice.json()
+    );
+    assert_eq!(ids(&alice), alices, "no link was made in alice's name");
     let outside = alice.call("link.create", json!({"share": "a", "path": "pub/escape"}));
     assert!(
         outside.status == 400 || outside.status == 404,
