@@ -42,6 +42,12 @@ pub(crate) struct LinkRecord {
     pub created_unix: u64,
     #[serde(default)]
     pub expires_unix: Option<u64>,
+    /// The guid of `pool` when the link was made: a pool exported and
+    /// another made or imported under its name does not inherit the link
+    /// (None: a link made before links were bound, taken as bound to the
+    /// name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_guid: Option<u64>,
 }
 
 #[derive(Clone, Default, Serialize, Deserialize)]
@@ -117,6 +123,7 @@ impl Links {
     pub(crate) fn create(
         &self,
         pool: &str,
+        pool_guid: Option<u64>,
         owner: &str,
         p: &LinkCreateParams,
     ) -> Result<LinkCreated, ApiError> {
@@ -162,6 +169,7 @@ impl Links {
             owner: owner.to_string(),
             created_unix: now,
             expires_unix,
+            pool_guid,
         });
         self.save(&f)?;
         Ok(LinkCreated { id, token })
@@ -250,9 +258,9 @@ mod tests {
     fn a_deleted_user_or_destroyed_pool_takes_its_links_along() {
         let dir = tempfile::tempdir().unwrap();
         let links = Links::new(dir.path());
-        let alice = links.create("tank", "alice", &params("a")).unwrap();
-        let bob = links.create("tank", "bob", &params("b")).unwrap();
-        let other = links.create("backup", "alice", &params("c")).unwrap();
+        let alice = links.create("tank", None, "alice", &params("a")).unwrap();
+        let bob = links.create("tank", None, "bob", &params("b")).unwrap();
+        let other = links.create("backup", None, "alice", &params("c")).unwrap();
         links.forget("tank", Some("alice")).unwrap();
         assert!(links.find(&alice.token).is_none());
         assert!(links.find(&bob.token).is_some(), "other users keep theirs");
@@ -267,7 +275,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let links = Links::new(dir.path());
         let a = links
-            .create("tank", "alice", &params("2024/summer"))
+            .create("tank", None, "alice", &params("2024/summer"))
             .unwrap();
         assert_eq!(a.token.len(), 64);
         let stored = std::fs::read_to_string(dir.path().join(LINKS_FILE)).unwrap();
@@ -289,7 +297,7 @@ mod tests {
         assert!(links.find(&"0".repeat(64)).is_none());
         let mut expiring = params("");
         expiring.expires_in_secs = Some(1);
-        let b = links.create("tank", "alice", &expiring).unwrap();
+        let b = links.create("tank", None, "alice", &expiring).unwrap();
         assert!(links.find(&b.token).is_some());
         std::thread::sleep(std::time::Duration::from_millis(2100));
         assert!(links.find(&b.token).is_none(), "expired");
@@ -303,12 +311,12 @@ mod tests {
         assert!(links.revoke(&a.id).is_err());
         for bad in ["..", "a/../b", ".snapshot/x", "./a"] {
             assert!(
-                links.create("tank", "alice", &params(bad)).is_err(),
+                links.create("tank", None, "alice", &params(bad)).is_err(),
                 "{bad}"
             );
         }
         let mut empty_pw = params("");
         empty_pw.password = Some(String::new());
-        assert!(links.create("tank", "alice", &empty_pw).is_err());
+        assert!(links.create("tank", None, "alice", &empty_pw).is_err());
     }
 }

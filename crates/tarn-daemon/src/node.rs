@@ -899,7 +899,11 @@ impl Backend for Pools {
             .map(|p| p.name().to_string())
             .collect();
         match holders.as_slice() {
-            [one] => self.api_tokens.add(label, &format!("{one}/{user}")),
+            [one] => {
+                let guid = self.get(one)?.guid();
+                self.api_tokens
+                    .add_bound(label, &format!("{one}/{user}"), Some(guid))
+            }
             [] => Err(ApiError::not_found(format!("no user '{user}'"))),
             _ => Err(ApiError::invalid(format!(
                 "pools {} each have a user '{user}': give --pool",
@@ -960,7 +964,8 @@ impl Backend for Pools {
             ));
         }
         crate::web::folder_of(&share, &crate::links::check_path(&p.path)?)?;
-        self.links.create(pool, name, p)
+        let guid = self.get(pool)?.guid();
+        self.links.create(pool, Some(guid), name, p)
     }
 
     fn link_list(&self) -> Result<Vec<tarn_api::params::LinkInfo>, ApiError> {

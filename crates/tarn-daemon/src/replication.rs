@@ -88,6 +88,12 @@ struct TokenRec {
     /// Lowercase hex SHA-256 of the token's text.
     sha256: String,
     created_unix: u64,
+    /// An API token: the guid of the pool its user was in when it was
+    /// made. A pool exported and another made or imported under its name
+    /// has users of its own, whom the token must not act as (None: a
+    /// token made before tokens were bound, taken as bound to the name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pool_guid: Option<u64>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -200,6 +206,18 @@ impl Tokens {
     /// Makes a token for `label`, good for `dataset` and below (an API
     /// token: acting as the user `dataset`).
     pub fn add(&self, label: &str, dataset: &str) -> std::result::Result<TokenAdded, ApiError> {
+        self.add_bound(label, dataset, None)
+    }
+
+    /// [`Tokens::add`] of an API token acting as the user `scope`
+    /// (POOL/USER) of the pool whose guid is `pool_guid`: it acts as no
+    /// user of another pool that takes the name later.
+    pub fn add_bound(
+        &self,
+        label: &str,
+        dataset: &str,
+        pool_guid: Option<u64>,
+    ) -> std::result::Result<TokenAdded, ApiError> {
         let label_ok = !label.is_empty()
             && label.len() <= 64
             && label
@@ -253,6 +271,7 @@ impl Tokens {
             created_unix: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
+            pool_guid,
         });
         self.save(&f)?;
         Ok(TokenAdded {
@@ -315,15 +334,21 @@ impl Tokens {
     /// The dataset `token` is good for (an API token: the user it acts
     /// as), if it is one of ours.
     pub(crate) fn check(&self, token: &str) -> Option<String> {
+        self.check_bound(token).map(|(scope, _)| scope)
+    }
+
+    /// [`Tokens::check`] with the guid of the pool an API token is bound
+    /// to (see [`Tokens::add_bound`]).
+    pub(crate) fn check_bound(&self, token: &str) -> Option<(String, Option<u64>)> {
         // Hashes are compared, not tokens: how long a comparison takes
         // tells a guesser nothing about a token it does not have.
         let want = sha256_hex(token.trim());
         let f = self.load().ok()?;
         f.tokens.into_iter().find(|t| t.sha256 == want).map(|t| {
             if self.api {
-                t.user
+                (t.user, t.pool_guid)
             } else {
-                t.dataset
+                (t.dataset, t.pool_guid)
             }
         })
     }

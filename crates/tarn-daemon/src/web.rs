@@ -30,16 +30,35 @@ impl WebUsers {
     }
 }
 
+/// What [`WebAuth::stamp`] answers for a user record: its password hash,
+/// hashed again (new at every password change: a fresh salt).
+fn stamp_of(rec: &access::UserRecord) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    rec.hash.hash(&mut h);
+    h.finish()
+}
+
 impl WebAuth for WebUsers {
     fn login(&self, user: &str, password: &str) -> Option<UserId> {
+        self.login_stamped(user, password).map(|(id, _)| id)
+    }
+
+    fn login_stamped(&self, user: &str, password: &str) -> Option<(UserId, u64)> {
         let pools = self.pools.upgrade()?;
         let all = pools.all_pools();
         // Each pool's record of that name, tried in turn: the identity is
-        // the record the password opened.
+        // the record the password opened, and its stamp that record's.
         let found = all.iter().find_map(|p| {
-            access::authenticate(p, user, password).map(|r| UserId {
-                pool: p.name().to_string(),
-                name: r.name,
+            access::authenticate(p, user, password).map(|r| {
+                let stamp = stamp_of(&r);
+                (
+                    UserId {
+                        pool: p.name().to_string(),
+                        name: r.name,
+                    },
+                    stamp,
+                )
             })
         });
         if found.is_none() && !all.iter().any(|p| access::user(p, user).is_ok()) {
@@ -50,24 +69,24 @@ impl WebAuth for WebUsers {
 
     fn token(&self, token: &str) -> Option<UserId> {
         let pools = self.pools.upgrade()?;
-        let scope = pools.api_tokens.check(token)?;
+        let (scope, guid) = pools.api_tokens.check_bound(token)?;
         let (pool, name) = scope.split_once('/')?;
         let id = UserId {
             pool: pool.to_string(),
             name: name.to_string(),
         };
-        // The token's user must still exist.
+        // The token's pool must be the one it was made in (not another
+        // under its name since), and its user must still exist.
+        if !same_pool(&pools, pool, guid) {
+            return None;
+        }
         self.record(&id).map(|_| id)
     }
 
     /// The stored password hash, hashed again: new at every password
     /// change (a fresh salt) and for a user made again.
     fn stamp(&self, user: &UserId) -> Option<u64> {
-        use std::hash::{Hash, Hasher};
-        let (rec, _) = self.record(user)?;
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        rec.hash.hash(&mut h);
-        Some(h.finish())
+        self.record(user).map(|(rec, _)| stamp_of(&rec))
     }
 
     fn is_admin(&self, user: &UserId) -> Option<bool> {
@@ -76,6 +95,14 @@ impl WebAuth for WebUsers {
         self.record(user)
             .map(|(r, node)| r.admin_node.as_deref() == Some(node.as_str()))
     }
+}
+
+/// True when pool `name` is imported and, for a token or link bound to a
+/// pool's guid, is that pool.
+fn same_pool(pools: &Pools, name: &str, guid: Option<u64>) -> bool {
+    pools
+        .get(name)
+        .is_ok_and(|p| guid.is_none_or(|g| p.guid() == g))
 }
 
 /// The shares `user` may open in the file pages: the filesystem shares
@@ -162,7 +189,10 @@ impl WebFiles for WebUsers {
 
     fn link(&self, token: &str) -> Option<LinkGrant> {
         let pools = self.pools.upgrade()?;
-        let rec = pools.links.find(token)?;
+        let rec = pools
+            .links
+            .find(token)
+            .filter(|r| same_pool(&pools, &r.pool, r.pool_guid))?;
         let owner = UserId {
             pool: rec.pool.clone(),
             name: rec.owner.clone(),
@@ -222,7 +252,12 @@ impl WebFiles for WebUsers {
         let Some(pools) = self.pools.upgrade() else {
             return false;
         };
-        match pools.links.find(token).and_then(|r| r.password_hash) {
+        match pools
+            .links
+            .find(token)
+            .filter(|r| same_pool(&pools, &r.pool, r.pool_guid))
+            .and_then(|r| r.password_hash)
+        {
             Some(h) => access::verify_password(&h, password),
             None => false,
         }

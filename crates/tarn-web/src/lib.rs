@@ -135,6 +135,16 @@ pub trait WebAuth: Send + Sync + 'static {
         let _ = user;
         Some(0)
     }
+    /// [`WebAuth::login`] with the [`WebAuth::stamp`] of the very record the
+    /// password opened: read apart, a password changed between the check
+    /// and the read would give the new stamp to a session opened with the
+    /// old password, which the change would then not end. The default
+    /// reads the stamp apart (for front ends whose stamp never changes).
+    fn login_stamped(&self, user: &str, password: &str) -> Option<(UserId, u64)> {
+        let id = self.login(user, password)?;
+        let stamp = self.stamp(&id)?;
+        Some((id, stamp))
+    }
 }
 
 /// Why the server did not start.
@@ -962,9 +972,8 @@ async fn login(st: &Arc<State>, ip: IpAddr, body: Value) -> Resp {
     // Password hashing is slow on purpose: off the async threads, a few
     // at a time.
     let who = tokio::task::spawn_blocking(move || {
-        let id = auth.login(&user, &password)?;
+        let (id, stamp) = auth.login_stamped(&user, &password)?;
         let admin = auth.is_admin(&id).unwrap_or(false);
-        let stamp = auth.stamp(&id)?;
         Some((id, admin, stamp))
     })
     .await

@@ -1151,3 +1151,77 @@ fn stalled_downloads_do_not_hold_up_the_page() {
     drop(stalled);
     d.stop();
 }
+
+/// Share links and API tokens name their user by pool and name; a pool
+/// exported and another made under its name later, with a user of the
+/// same name, is someone else's: the old links and tokens open nothing
+/// of it.
+#[test]
+fn links_and_tokens_stay_with_their_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, port, _dav) = Daemon::with_web_and_pool(dir.path());
+    let make_vault = |file: &str, password: &str| {
+        let f = common::process::files(dir.path(), file, 1, 64 << 20);
+        d.ok(&["pool", "create", "vault", &f[0]]);
+        d.ok(&["dataset", "create", "vault/p"]);
+        let out = common::clients::tarn_with_stdin(
+            &d,
+            &[
+                "user",
+                "add",
+                "--pool",
+                "vault",
+                "--password-stdin",
+                "alice",
+            ],
+            &format!("{password}\n"),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        d.ok(&[
+            "share", "add", "p", "vault/p", "--webdav", "alice=rw", "--owner", "alice",
+        ]);
+    };
+    make_vault("first", "first-alice-password");
+    let alice = Browser::login(port, "alice", "first-alice-password");
+    let made = alice.call("link.create", json!({"share": "p", "path": ""}));
+    assert_eq!(made.status, 200, "{:?}", made.json());
+    let link = made.json()["result"]["token"].as_str().unwrap().to_string();
+    let token = d
+        .ok(&["user", "token", "add", "--pool", "vault", "script", "alice"])
+        .trim()
+        .to_string();
+    let bearer = format!("Bearer {token}");
+    let with_token = || {
+        http(
+            port,
+            "GET",
+            "/api/files",
+            &[("Authorization", bearer.as_str())],
+            b"",
+        )
+    };
+    let link_info = || http(port, "GET", &format!("/s/{link}/info"), &[], b"").status;
+    assert_eq!(with_token().status, 200);
+    assert_eq!(link_info(), 200);
+
+    d.ok(&["pool", "export", "vault"]);
+    assert_eq!(with_token().status, 401, "no pool, no user");
+    assert_eq!(link_info(), 404);
+    // Another pool under the name, with its own alice and share p.
+    make_vault("second", "second-alice-password");
+    assert_eq!(
+        with_token().status,
+        401,
+        "the first pool's token acts as the second pool's alice"
+    );
+    assert_eq!(
+        link_info(),
+        404,
+        "the first pool's link opens the second pool's share"
+    );
+    d.stop();
+}
