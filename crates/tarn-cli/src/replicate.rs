@@ -229,10 +229,33 @@ pub(crate) fn replicate(client: &mut Session, out: &Out, a: ReplicateArgs) -> an
             );
         }
     }
-    let uploaded = upload_steps(client, &mut store, &steps, fs, &a.to);
+    let mut results = Vec::new();
+    let uploaded = upload_steps(
+        client,
+        &mut store,
+        &steps,
+        fs,
+        &a.to,
+        &mut lines,
+        &mut results,
+    );
     let released = inflight.release(client);
-    let (mut done, results) = uploaded?;
-    lines.append(&mut done);
+    if let Err(e) = uploaded {
+        // The streams stored before the break are a base for the next
+        // run: the hold moves to the newest of them, or pruning could
+        // destroy them and the next run would have to start from the
+        // older base (a second branch in the store).
+        if let Some(&(_, last)) = results.len().checked_sub(1).and_then(|i| steps.get(i)) {
+            if let Err(h) = hold_base(client, fs, &last.short, &a.to) {
+                return Err(e.context(format!(
+                    "and the hold could not move to @{}: {h}",
+                    last.short
+                )));
+            }
+        }
+        released?;
+        return Err(e);
+    }
     released?;
     if store.bucket().retries > 0 {
         lines.push(format!(
@@ -246,17 +269,18 @@ pub(crate) fn replicate(client: &mut Session, out: &Out, a: ReplicateArgs) -> an
     })
 }
 
-/// Uploads each step's stream with its manifest: the lines to say and the
-/// results to print.
+/// Uploads each step's stream with its manifest, adding the lines to say
+/// and the results to print: one result per step stored, so on an error
+/// `results` tells how many were.
 fn upload_steps(
     client: &mut Session,
     store: &mut Store,
     steps: &[(Option<&Snap>, &Snap)],
     fs: &str,
     to_url: &str,
-) -> anyhow::Result<(Vec<String>, Vec<serde_json::Value>)> {
-    let mut lines = Vec::new();
-    let mut results = Vec::new();
+    lines: &mut Vec<String>,
+    results: &mut Vec<serde_json::Value>,
+) -> anyhow::Result<()> {
     for &(from, to) in steps {
         let info = StreamInfo {
             dataset: fs.to_string(),
@@ -295,7 +319,7 @@ fn upload_steps(
             "reused": r.reused,
         }));
     }
-    Ok((lines, results))
+    Ok(())
 }
 
 /// `tarn receive --from s3://... [--snapshot NAME] NAME`: the chain of
@@ -319,11 +343,10 @@ pub(crate) fn receive_from_store(
             .with_context(|| format!("{url} holds no snapshot named '{s}'"))?,
         None => tarn_s3::newest(&all).with_context(|| format!("{url} holds no streams"))?,
     };
-    let have: HashSet<u64> = snapshots_of(client, &params.name)?
-        .iter()
-        .map(|s| s.guid)
-        .collect();
-    let chain = tarn_s3::chain(&all, target.info.guid, &have)?;
+    let theirs = snapshots_of(client, &params.name)?;
+    let have: HashSet<u64> = theirs.iter().map(|s| s.guid).collect();
+    let newest = theirs.last().map(|s| s.guid);
+    let chain = tarn_s3::chain(&all, target.info.guid, &have, newest)?;
     if chain.is_empty() {
         let msg = format!(
             "{} already has @{} (guid {})",

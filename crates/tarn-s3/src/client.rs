@@ -273,6 +273,18 @@ impl Bucket {
             }
             let xml = String::from_utf8(r.body)
                 .map_err(|_| S3Error::Protocol("a listing that is not UTF-8".into()))?;
+            // A page is whole only if it ends as one: a body cut short
+            // (a connection closed early, with no length to hold it to)
+            // or an error page from something in between would otherwise
+            // pass for a listing of fewer objects, and a restore would
+            // take an older snapshot for the newest.
+            if !xml.trim_end().ends_with("</ListBucketResult>")
+                || element(&xml, "IsTruncated").is_none()
+            {
+                return Err(S3Error::Protocol(format!(
+                    "the listing of '{prefix}' came back incomplete or is not a listing"
+                )));
+            }
             let listed = elements(&xml, "Contents");
             if listed.is_empty() {
                 empty += 1;
@@ -479,6 +491,26 @@ mod tests {
         assert!(e.to_string().contains("pages on forever"), "{e}");
         let asked = count.load(std::sync::atomic::Ordering::SeqCst);
         assert!(asked <= MAX_EMPTY_PAGES, "{asked} requests");
+    }
+
+    /// A page cut short after the part that says it is the last, or a
+    /// page that is no listing at all, is an error, not fewer objects.
+    #[test]
+    fn a_listing_cut_short_is_an_error() {
+        let whole = "<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>p/a</Key>\
+                     <Size>1</Size></Contents><Contents><Key>p/b</Key><Size>1</Size></Contents>\
+                     </ListBucketResult>\n";
+        let (port, _) = fake_store(move |_| whole.to_string());
+        assert_eq!(bucket_at(port).list("p/").unwrap().len(), 2);
+        let cut = &whole[..whole.find("<Key>p/b").unwrap() + 8];
+        for page in [
+            cut.to_string(),
+            "<html><body>Service Unavailable</body></html>".into(),
+        ] {
+            let (port, _) = fake_store(move |_| page.clone());
+            let e = bucket_at(port).list("p/").unwrap_err();
+            assert!(e.to_string().contains("incomplete"), "{e}");
+        }
     }
 
     #[test]

@@ -470,18 +470,40 @@ pub fn newest(manifests: &[Manifest]) -> Option<&Manifest> {
 }
 
 /// The streams to apply, in order, to bring a dataset that has the
-/// snapshots `have` (by guid; empty for a dataset not made yet) to
-/// snapshot `to`: the shortest run of stored streams that starts from a
-/// snapshot it has, or for a new dataset from a full stream. Empty when
-/// it has `to` already.
+/// snapshots `have` (by guid; empty for a dataset not made yet), the
+/// newest of them `newest`, to snapshot `to`: the shortest run of stored
+/// streams that starts from its newest snapshot, the only base a receive
+/// takes without rolling back; failing that, from any snapshot it has
+/// (which a receive takes only with `-F`, rolling back to it); for a new
+/// dataset, from a full stream. Empty when it has `to` already.
+///
+/// A shorter run from an older snapshot (a series that broke off and was
+/// sent again from an older base leaves one) must not win over the run
+/// from the newest: it would fail without `-F`, and with it destroy the
+/// newer snapshots for nothing.
 pub fn chain<'a>(
     manifests: &'a [Manifest],
     to: u64,
     have: &HashSet<u64>,
+    newest: Option<u64>,
 ) -> Result<Vec<&'a Manifest>, S3Error> {
     if have.contains(&to) {
         return Ok(Vec::new());
     }
+    if let Some(n) = newest.filter(|n| have.contains(n)) {
+        if let Ok(c) = chain_from(manifests, to, &HashSet::from([n])) {
+            return Ok(c);
+        }
+    }
+    chain_from(manifests, to, have)
+}
+
+/// [`chain`] from any snapshot of `have`.
+fn chain_from<'a>(
+    manifests: &'a [Manifest],
+    to: u64,
+    have: &HashSet<u64>,
+) -> Result<Vec<&'a Manifest>, S3Error> {
     // Backwards from `to`, breadth first: `next[g]` is the stream that
     // leads from snapshot g one step towards `to`.
     let mut next: HashMap<u64, &Manifest> = HashMap::new();
@@ -598,33 +620,57 @@ mod tests {
         let none = HashSet::new();
         let all = vec![m(3, Some(2)), m(1, None), m(2, Some(1)), m(4, Some(9))];
         assert_eq!(
-            guids(chain(&all, 3, &none).unwrap()),
+            guids(chain(&all, 3, &none, None).unwrap()),
             [(1, None), (2, Some(1)), (3, Some(2))]
         );
-        assert!(chain(&all, 4, &none).is_err(), "a missing base");
-        assert!(chain(&all, 7, &none).is_err(), "no such snapshot");
+        assert!(chain(&all, 4, &none, None).is_err(), "a missing base");
+        assert!(chain(&all, 7, &none, None).is_err(), "no such snapshot");
         let looped = vec![m(1, Some(2)), m(2, Some(1))];
-        assert!(chain(&looped, 1, &none).is_err());
+        assert!(chain(&looped, 1, &none, None).is_err());
         // A target that has 1 gets the incrementals only; one that has 2
         // only the last; one that has 3 nothing.
         let has = |g: u64| HashSet::from([g]);
         assert_eq!(
-            guids(chain(&all, 3, &has(1)).unwrap()),
+            guids(chain(&all, 3, &has(1), None).unwrap()),
             [(2, Some(1)), (3, Some(2))]
         );
-        assert_eq!(guids(chain(&all, 3, &has(2)).unwrap()), [(3, Some(2))]);
-        assert!(chain(&all, 3, &has(3)).unwrap().is_empty());
+        assert_eq!(
+            guids(chain(&all, 3, &has(2), None).unwrap()),
+            [(3, Some(2))]
+        );
+        assert!(chain(&all, 3, &has(3), None).unwrap().is_empty());
         // A full stream of 3 stored beside the incrementals: an existing
         // target still gets an incremental, a new one the shortest way.
         let mut both = all.clone();
         both.push(m(3, None));
         assert_eq!(
-            guids(chain(&both, 3, &has(1)).unwrap()),
+            guids(chain(&both, 3, &has(1), None).unwrap()),
             [(2, Some(1)), (3, Some(2))]
         );
-        assert_eq!(guids(chain(&both, 3, &none).unwrap()), [(3, None)]);
+        assert_eq!(guids(chain(&both, 3, &none, None).unwrap()), [(3, None)]);
         // A target whose snapshots the store never saw.
-        assert!(chain(&all, 3, &has(99)).is_err());
+        assert!(chain(&all, 3, &has(99), None).is_err());
+        // A series sent again from an older base (1 -> 4 beside
+        // 1 -> 2 -> 3 -> 4): a target at 2 goes on from 2, its newest,
+        // not the shorter way from 1, which would roll it back.
+        let branched = vec![
+            m(1, None),
+            m(2, Some(1)),
+            m(3, Some(2)),
+            m(4, Some(3)),
+            m(4, Some(1)),
+        ];
+        let at2 = HashSet::from([1, 2]);
+        assert_eq!(
+            guids(chain(&branched, 4, &at2, Some(2)).unwrap()),
+            [(3, Some(2)), (4, Some(3))]
+        );
+        // With no run from its newest, any snapshot it has (for -F).
+        let cut = vec![m(1, None), m(2, Some(1)), m(4, Some(1))];
+        assert_eq!(
+            guids(chain(&cut, 4, &at2, Some(2)).unwrap()),
+            [(4, Some(1))]
+        );
         // Only chain ends count (1 is 2's base); among them the latest.
         let mut late = m(9, None);
         late.info.created_unix = 100;

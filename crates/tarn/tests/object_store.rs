@@ -18,25 +18,32 @@ use tarn_testkit::require::{self, is_mounted};
 
 const PASS: &[u8] = b"the store never sees this\n";
 
-#[test]
-fn snapshots_go_to_an_object_store_and_come_back_without_the_key() {
-    let Some(minio) = require::program("minio") else {
-        return;
-    };
+/// A MinIO server with its data in `dir`/store, and a daemon in
+/// `dir`/home with pool tank (raidz1 of three files): None (the test
+/// passes over) without MinIO or FUSE.
+fn store_and_tank(dir: &std::path::Path) -> Option<(Minio, Daemon, PathBuf)> {
+    let minio = require::program("minio")?;
     if !require::fuse() {
-        return;
+        return None;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let store_dir = dir.path().join("store");
+    let store_dir = dir.join("store");
     std::fs::create_dir_all(&store_dir).unwrap();
     let s3 = Minio::start(&minio, &store_dir);
-    let url = format!("s3://{BUCKET}/nas/docs");
-
-    let home = dir.path().join("home");
+    let home = dir.join("home");
     std::fs::create_dir_all(&home).unwrap();
     let a = Daemon::start(&home);
     let f = files(&home, "m", 3, 256 << 20);
     a.ok(&["pool", "create", "tank", "raidz1", &f[0], &f[1], &f[2]]);
+    Some((s3, a, home))
+}
+
+#[test]
+fn snapshots_go_to_an_object_store_and_come_back_without_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((s3, a, home)) = store_and_tank(dir.path()) else {
+        return;
+    };
+    let url = format!("s3://{BUCKET}/nas/docs");
     let mnt = home.join("docs");
     a.create_encrypted("tank/docs", &mnt, PASS);
     let canary = b"CANARY-in-the-bucket-77e1".repeat(4000);
@@ -215,4 +222,100 @@ fn snapshots_go_to_an_object_store_and_come_back_without_the_key() {
     assert!(err.contains("not what the manifest says"), "{err}");
     assert!(!c.ok(&["dataset", "list"]).contains("vault/other"));
     c.ok(&["daemon", "ping"]);
+}
+
+/// A series of streams that breaks off part way (the store goes away
+/// during the third) moves the replication's hold to the newest stream
+/// that was stored, as a series to another tarn does: held there, pruning
+/// cannot destroy it, and the next run goes on from it instead of sending
+/// again from the older base (which would leave two ways through the
+/// store).
+#[test]
+fn a_series_cut_short_moves_its_hold_to_what_was_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((s3, a, home)) = store_and_tank(dir.path()) else {
+        return;
+    };
+    let url = format!("s3://{BUCKET}/nas/series");
+    let mnt = home.join("series");
+    let mp = format!("mountpoint={}", mnt.display());
+    a.ok(&["dataset", "create", "-o", &mp, "tank/series"]);
+    std::fs::write(mnt.join("a.txt"), b"one").unwrap();
+    a.ok(&["snapshot", "tank/series@s1"]);
+    s3.ok(&a, &["replicate", "tank/series@s1", "--to", &url]);
+    std::fs::write(mnt.join("a.txt"), b"two").unwrap();
+    a.ok(&["snapshot", "tank/series@s2"]);
+    std::fs::write(mnt.join("a.txt"), b"three").unwrap();
+    a.ok(&["snapshot", "tank/series@s3"]);
+    // The third stream is long enough to be cut in the middle.
+    let big = tarn_testkit::data::Rng::new(12).bytes(160 << 20);
+    std::fs::write(mnt.join("big.bin"), &big).unwrap();
+    a.ok(&["snapshot", "tank/series@s4"]);
+
+    let mut up = s3
+        .command(&a, &["replicate", "tank/series@s4", "--to", &url])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut b = s3.bucket();
+    let t0 = Instant::now();
+    loop {
+        // Two streams of the series stored, and a part of the third: the
+        // command has heard that the second's manifest was stored (the
+        // third starts after that).
+        let listed = b.list("nas/series/").unwrap();
+        let dir = |k: &str| {
+            k.rsplit_once('/')
+                .map_or(String::new(), |(d, _)| d.to_string())
+        };
+        let done: std::collections::HashSet<String> = listed
+            .iter()
+            .filter(|o| o.key.ends_with("/manifest.json"))
+            .map(|o| dir(&o.key))
+            .collect();
+        let third = listed
+            .iter()
+            .any(|o| o.key.contains("/part-") && !done.contains(&dir(&o.key)));
+        if done.len() >= 3 && third {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "s3 never stored");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(
+        up.try_wait().unwrap().is_none(),
+        "the series ended before the store could be taken away"
+    );
+    drop(s3);
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = up.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(180),
+            "the run never gave up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        !status.success(),
+        "a series without its last stream succeeded"
+    );
+    let tag = format!("replicate {url}");
+    let holds = a.ok(&[
+        "holds",
+        "tank/series@s1",
+        "tank/series@s2",
+        "tank/series@s3",
+        "tank/series@s4",
+    ]);
+    let held: Vec<&str> = holds.lines().filter(|l| l.contains(&tag)).collect();
+    assert!(
+        held.len() == 1 && held[0].contains("@s3"),
+        "the hold stays on the old base: {holds}"
+    );
+    assert!(!holds.contains("sending"), "{holds}");
+    a.fails(&["destroy", "tank/series@s3"]);
 }
