@@ -84,6 +84,7 @@ fn scan_record() -> ScanRecord {
         max_birth: 180,
         targets: vec![0xF00D_CAFE_0000_0001, 31],
         target_write_errors: vec![4, 0],
+        failed_targets: vec![31],
         rate: 123_456_789,
         unverified: 1,
     }
@@ -96,7 +97,7 @@ const SCAN_GOLDEN: &str = r#"{
     "phase": 3, "bookmark": "00000000000000a1",
     "min_birth": 120, "max_birth": 180,
     "targets": [17297704936070447105, 31], "target_write_errors": [4, 0],
-    "rate": 123456789, "unverified": 1}"#;
+    "failed_targets": [31], "rate": 123456789, "unverified": 1}"#;
 
 #[test]
 fn scan_record_json_is_pinned() {
@@ -124,6 +125,7 @@ fn scan_record_json_is_pinned() {
     let rec: ScanRecord = serde_json::from_str(old).unwrap();
     assert_eq!(rec.ended_unix, None);
     assert!(rec.target_write_errors.is_empty());
+    assert!(rec.failed_targets.is_empty());
     assert_eq!(rec.rate, 0);
     assert_eq!(rec.unverified, 0);
     assert_eq!(rec.max_birth, u64::MAX);

@@ -98,6 +98,12 @@ pub(crate) struct State {
     pub last_sync_unix: u64,
     /// Separate log devices (see `logdev`).
     pub logs: Vec<crate::logdev::LogVdev>,
+    /// The damage reports of `ms` when the running scrub started in this
+    /// process: a clean end clears those (the scrub read their blocks and
+    /// found them whole, or they are gone), never a report made while it
+    /// ran, whose block it may have walked past before the damage. None
+    /// for a scrub resumed after an import: its end clears nothing.
+    pub damaged_at_scrub_start: Option<std::collections::BTreeSet<String>>,
 }
 
 /// What only whoever syncs touches (the syncer, or an exclusive operation).
@@ -301,6 +307,7 @@ impl Pool {
                 closed: false,
                 last_sync_unix: now_unix(),
                 logs: Vec::new(),
+                damaged_at_scrub_start: None,
             }),
             cv: Condvar::new(),
             sync: Mutex::new(SyncState {

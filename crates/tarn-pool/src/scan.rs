@@ -71,6 +71,13 @@ pub(crate) struct ScanRecord {
     /// failed any write since keeps its dirty time log.
     #[serde(default)]
     pub target_write_errors: Vec<u64>,
+    /// Targets seen failing a write (or not online) at a point the scan
+    /// recorded its progress: kept with the record because the counters
+    /// behind `target_write_errors` start again at an import, and a
+    /// resumed resilver must still know that the trees already walked
+    /// did not all reach them.
+    #[serde(default)]
+    pub failed_targets: Vec<u64>,
     #[serde(default)]
     pub rate: u64,
     /// Entries the scan could not decode (counted in `errors` too): what
@@ -245,9 +252,11 @@ impl Pool {
                     max_birth: u64::MAX,
                     targets: Vec::new(),
                     target_write_errors: Vec::new(),
+                    failed_targets: Vec::new(),
                     rate: 0,
                     unverified: 0,
                 });
+                st.damaged_at_scrub_start = Some(st.ms.damaged.clone());
                 st.ms_dirty = true;
             }
             ScanAction::Resume => {
@@ -364,6 +373,7 @@ impl Pool {
             max_birth: hi,
             targets,
             target_write_errors,
+            failed_targets: Vec::new(),
             rate: 0,
             unverified: 0,
         });
@@ -412,7 +422,44 @@ impl Pool {
             if i < s.target_write_errors.len() {
                 s.target_write_errors.remove(i);
             }
+            s.failed_targets.retain(|g| *g != guid);
             st.ms_dirty = true;
+        }
+    }
+
+    /// Adds to the record's `failed_targets` every target that is not
+    /// online or failed a write since `target_write_errors` was taken, and
+    /// with `rebase` takes those counts again (a scan thread starting: after
+    /// an import the counters begin at zero, below what was recorded).
+    /// Called under the state lock at every point the scan records its
+    /// progress, so the note reaches the disk with the progress it
+    /// qualifies.
+    pub(crate) fn note_failed_targets(&self, st: &mut State, rebase: bool) {
+        let Some(s) = st.ms.scan.as_mut() else {
+            return;
+        };
+        if s.kind != ScanKind::Resilver {
+            return;
+        }
+        for t in &self.tops {
+            for l in t.leaves() {
+                let Some(i) = s.targets.iter().position(|g| *g == l.guid) else {
+                    continue;
+                };
+                let before = s.target_write_errors.get(i).copied().unwrap_or(0);
+                let failed = !matches!(l.state, tarn_vdev::LeafState::Online)
+                    || l.counters.write_errors > before;
+                if failed && !s.failed_targets.contains(&l.guid) {
+                    s.failed_targets.push(l.guid);
+                    st.ms_dirty = true;
+                }
+                if rebase {
+                    if s.target_write_errors.len() < s.targets.len() {
+                        s.target_write_errors.resize(s.targets.len(), 0);
+                    }
+                    s.target_write_errors[i] = l.counters.write_errors;
+                }
+            }
         }
     }
 
@@ -821,8 +868,12 @@ impl Pool {
         }
         let started = Instant::now();
         let (mut phase, min_birth, max_birth, base) = {
-            let st = self.lock();
-            let Some(s) = st.ms.scan.as_ref().filter(|s| s.is_running()) else {
+            let mut st = self.lock();
+            if !st.ms.scan.as_ref().is_some_and(|s| s.is_running()) {
+                return Ok(());
+            }
+            self.note_failed_targets(&mut st, true);
+            let Some(s) = st.ms.scan.as_ref() else {
                 return Ok(());
             };
             (s.phase, s.min_birth, s.max_birth, s.examined)
@@ -885,6 +936,7 @@ impl Pool {
         if phase == 1 {
             phase = PHASE_TREES;
             let mut st = self.lock();
+            self.note_failed_targets(&mut st, false);
             if let Some(s) = st.ms.scan.as_mut() {
                 s.phase = PHASE_TREES;
                 s.bookmark = String::new();
@@ -913,6 +965,7 @@ impl Pool {
                     }
                     drop(hold);
                     let mut st = self.lock();
+                    self.note_failed_targets(&mut st, false);
                     if let Some(s) = st.ms.scan.as_mut() {
                         // Unless a destroy asked for an earlier tree to be
                         // walked again meanwhile (`Cx::rescan_tree`).
@@ -942,6 +995,7 @@ impl Pool {
         let kind = s.kind;
         let targets = s.targets.clone();
         let before = s.target_write_errors.clone();
+        let failed_earlier = s.failed_targets.clone();
         let max_birth = s.max_birth;
         let clean = s.errors == 0;
         // Blocks beneath an entry it could not decode were not rebuilt.
@@ -956,6 +1010,7 @@ impl Pool {
                         let errs_before = before.get(i).copied().unwrap_or(0);
                         if !matches!(l.state, tarn_vdev::LeafState::Online)
                             || l.counters.write_errors > errs_before
+                            || failed_earlier.contains(&l.guid)
                         {
                             failed.push(l.guid);
                         }
@@ -997,8 +1052,12 @@ impl Pool {
                 }
             }
         } else if clean {
-            // A full clean scrub proves the old damage reports are stale.
-            st.ms.damaged.clear();
+            // A full clean scrub proves the damage reports made before it
+            // started stale; one made while it ran may name a block it had
+            // walked past (or one born after it began), and stays.
+            if let Some(before) = st.damaged_at_scrub_start.take() {
+                st.ms.damaged.retain(|d| !before.contains(d));
+            }
         }
         st.ms_dirty = true;
         st.sync_requested = true;

@@ -572,6 +572,27 @@ fn sparse_and_partial_writes() {
 /// A scrub can be paused, survives export/import in that state, resumes
 /// where it stopped and finishes; a scrub interrupted by export while
 /// running resumes on import by itself.
+/// A pool named tank of one vdev of `kind` over `devs`, with 4K records
+/// and no compression (many blocks for a scan to walk), and `options`.
+fn small_records(devs: &[std::path::PathBuf], kind: VdevKind, options: PoolOptions) -> Arc<Pool> {
+    let props: BTreeMap<String, String> = [("recordsize", "4K"), ("compression", "off")]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Pool::create(
+        "tank",
+        &[VdevSpec {
+            kind,
+            devices: devs.to_vec(),
+        }],
+        12,
+        &props,
+        false,
+        options,
+    )
+    .unwrap()
+}
+
 #[test]
 fn scrub_pause_resume_and_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -580,22 +601,7 @@ fn scrub_pause_resume_and_restart() {
         scan_batch_blocks: 1,
         ..opts()
     };
-    let props: BTreeMap<String, String> = [("recordsize", "4K"), ("compression", "off")]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let pool = Pool::create(
-        "tank",
-        &[VdevSpec {
-            kind: VdevKind::Raidz { parity: 1 },
-            devices: devs.clone(),
-        }],
-        12,
-        &props,
-        false,
-        slow(),
-    )
-    .unwrap();
+    let pool = small_records(&devs, VdevKind::Raidz { parity: 1 }, slow());
     let data = Rng::new(4).bytes(24 * MIB as usize);
     pool.object_write("many-records", 0, &data, true).unwrap();
 
@@ -946,22 +952,7 @@ fn paused_resilver_stays_paused() {
         sync_interval: Duration::from_millis(20),
         ..opts()
     };
-    let props: BTreeMap<String, String> = [("recordsize", "4K"), ("compression", "off")]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let pool = Pool::create(
-        "tank",
-        &[VdevSpec {
-            kind: VdevKind::Mirror,
-            devices: devs.clone(),
-        }],
-        12,
-        &props,
-        false,
-        slow_fast_sync(),
-    )
-    .unwrap();
+    let pool = small_records(&devs, VdevKind::Mirror, slow_fast_sync());
     pool.offline(devs[1].to_str().unwrap()).unwrap();
     let data = Rng::new(6).bytes(16 * MIB as usize);
     pool.object_write("while-away", 0, &data, true).unwrap();
@@ -1036,22 +1027,7 @@ fn paused_resilver_keeps_targets_untrusted_across_import() {
         scan_batch_blocks: 1,
         ..opts()
     };
-    let props: BTreeMap<String, String> = [("recordsize", "4K"), ("compression", "off")]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let pool = Pool::create(
-        "tank",
-        &[VdevSpec {
-            kind: VdevKind::Mirror,
-            devices: devs.clone(),
-        }],
-        12,
-        &props,
-        false,
-        slow(),
-    )
-    .unwrap();
+    let pool = small_records(&devs, VdevKind::Mirror, slow());
     pool.offline(devs[1].to_str().unwrap()).unwrap();
     pool.object_write("away", 0, &Rng::new(8).bytes(16 * MIB as usize), true)
         .unwrap();
@@ -1138,6 +1114,51 @@ fn undecodable_entries_are_errors_not_skipped() {
     let leaks = pool.leak_check().unwrap();
     assert_eq!(leaks.undecodable.len(), 1, "{leaks:?}");
     assert!(!leaks.is_clean());
+}
+
+/// A clean scrub clears the damage reports made before it started (it
+/// read their blocks and found them whole, or they are gone), not one made
+/// while it ran: that block may be one it had walked past, or one born
+/// after it began, and its file still fails to read.
+#[test]
+fn a_clean_scrub_keeps_damage_reported_while_it_ran() {
+    let dir = tempfile::tempdir().unwrap();
+    let devs = make_files(dir.path(), "c", 1, 96 * MIB);
+    let pool = small_records(
+        &devs,
+        VdevKind::Single,
+        PoolOptions {
+            scan_batch_blocks: 1,
+            ..opts()
+        },
+    );
+    let data = Rng::new(5).bytes(16 * MIB as usize);
+    pool.object_write("many-records", 0, &data, true).unwrap();
+    pool.report_damage("object 'before' record 0".into());
+    pool.scrub(ScanAction::Start).unwrap();
+    let paused = pool.scrub(ScanAction::Pause).unwrap().unwrap();
+    assert_eq!(
+        paused.state,
+        ScanState::Paused,
+        "the scrub ended before it could be paused: {paused:?}"
+    );
+    pool.report_damage("object 'during' record 0".into());
+    pool.scrub(ScanAction::Resume).unwrap();
+    let s = wait_scan(&pool);
+    assert_eq!((s.state, s.errors), (ScanState::Finished, 0), "{s:?}");
+    let damaged = pool.status().damaged;
+    assert!(
+        !damaged.iter().any(|d| d.contains("'before'")),
+        "{damaged:?}"
+    );
+    assert!(
+        damaged.iter().any(|d| d.contains("'during'")),
+        "a report made while the scrub ran was cleared: {damaged:?}"
+    );
+    // The next clean scrub started after it clears it.
+    let s = scrub(&pool);
+    assert_eq!(s.errors, 0, "{s:?}");
+    assert!(pool.status().damaged.is_empty());
 }
 
 /// A resilver that meets an entry it cannot decode did not rebuild what
