@@ -94,6 +94,10 @@ impl Sense {
     pub const LBA_OUT_OF_RANGE: Sense = Sense::new(0x05, 0x21, 0x00);
     /// ILLEGAL REQUEST, INVALID FIELD IN CDB.
     pub const INVALID_FIELD_IN_CDB: Sense = Sense::new(0x05, 0x24, 0x00);
+    /// ILLEGAL REQUEST, INVALID FIELD IN INFORMATION UNIT: the transport's
+    /// expected length does not fit the command (FCP-4's answer to a
+    /// length the device server will not carry out).
+    pub const INVALID_FIELD_IN_IU: Sense = Sense::new(0x05, 0x0e, 0x03);
     /// ILLEGAL REQUEST, LOGICAL UNIT NOT SUPPORTED.
     pub const LUN_NOT_SUPPORTED: Sense = Sense::new(0x05, 0x25, 0x00);
     /// ILLEGAL REQUEST, PARAMETER LIST LENGTH ERROR.

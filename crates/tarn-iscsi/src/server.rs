@@ -628,8 +628,8 @@ struct Ffp {
     out: Vec<u8>,
     tasks: HashMap<u32, WriteTask>,
     task_bytes: u64,
-    /// Commands running on the blocking pool: task id → (ITT, expected
-    /// length).
+    /// Commands running on the blocking pool: task id → (ITT, bytes it
+    /// holds: the larger of its expected length and what it reads).
     running: tokio::task::JoinSet<Done>,
     running_itts: HashMap<tokio::task::Id, (u32, u32)>,
     /// Bytes the running commands may return (their expected lengths):
@@ -1029,6 +1029,21 @@ impl Ffp {
         // of a transport that carries less than the command's length).
         let mut overflow = 0;
         if flags & 0x20 != 0 && edtl < need {
+            if !edtl.is_multiple_of(scsi::BLOCK as u32) {
+                // Part of a block cannot be written: carrying out the whole
+                // ones and answering GOOD would drop the rest of the bytes
+                // the initiator was told were taken. Nothing is written
+                // (FCP-4's second choice for an overflow), with the
+                // residual said all the same.
+                self.respond(
+                    itt,
+                    scsi::status::CHECK_CONDITION,
+                    Some(Sense::INVALID_FIELD_IN_IU),
+                    0x04,
+                    need - edtl,
+                );
+                return Flow::Go;
+            }
             let blocks = edtl / scsi::BLOCK as u32;
             let short = match cmd {
                 Cmd::Write { lba, fua, .. } => Some(Cmd::Write { lba, blocks, fua }),
@@ -1281,11 +1296,19 @@ impl Ffp {
             let u = unit(&target, false, limits, lun, &lu, &nexus);
             if let Some(res) = scsi::execute_cached(&u, &cmd) {
                 drop(busy);
-                self.running_bytes += u64::from(edtl);
                 self.finish(Ok(done(cmd, target, res)));
                 return Flow::Go;
             }
         }
+        // What it holds while it runs: what it reads, whatever length the
+        // initiator says it expects (a READ sent with an expected length
+        // of 0 still reads its blocks into memory).
+        let charge = edtl.max(match cmd {
+            Cmd::Read { blocks, .. } | Cmd::Verify { blocks, .. } => {
+                blocks.saturating_mul(scsi::BLOCK as u32)
+            }
+            _ => 0,
+        });
         let handle = self.running.spawn(async move {
             let t2 = target.clone();
             let c2 = cmd.clone();
@@ -1298,8 +1321,8 @@ impl Ffp {
             drop(busy);
             done(cmd, target, res)
         });
-        self.running_itts.insert(handle.id(), (itt, edtl));
-        self.running_bytes += u64::from(edtl);
+        self.running_itts.insert(handle.id(), (itt, charge));
+        self.running_bytes += u64::from(charge);
         if run.ordered {
             self.settle().await;
         }
@@ -1322,8 +1345,14 @@ impl Ffp {
                 return;
             }
         };
-        self.running_itts.retain(|_, &mut (i, _)| i != d.itt);
-        self.running_bytes = self.running_bytes.saturating_sub(u64::from(d.edtl));
+        let mut charged = 0;
+        self.running_itts.retain(|_, &mut (i, c)| {
+            if i == d.itt {
+                charged += u64::from(c);
+            }
+            i != d.itt
+        });
+        self.running_bytes = self.running_bytes.saturating_sub(charged);
         if self.aborted.remove(&d.itt) {
             return;
         }

@@ -264,6 +264,43 @@ fn a_data_out_with_a_wrong_data_sn_fails_the_command_not_the_session() {
 }
 
 /// Reads block `lba` (512 bytes) over `s`.
+/// A WRITE whose expected length ends inside a block cannot be carried
+/// out as sent: it is refused, not done for the whole blocks and answered
+/// GOOD with the rest of the bytes dropped. One that ends on a block is
+/// done for those blocks, with an overflow residual for the rest.
+#[test]
+fn a_write_shorter_than_its_cdb_by_part_of_a_block_is_refused() {
+    let (r, dev) = server();
+    let mut s = Raw::login(r.local_addr(), IQN);
+    let mut c = s.scsi(20, &[0x2a, 0, 0, 0, 0, 2, 0, 0, 2, 0], 1000, false, true);
+    c.data = vec![0xab; 1000];
+    s.send(&c);
+    let rsp = s.recv().expect("response");
+    assert_eq!(rsp.opcode(), op::SCSI_RSP, "{rsp:?}");
+    assert_eq!(rsp.bhs[3], 2, "CHECK CONDITION");
+    assert_eq!(
+        (rsp.data[2 + 2] & 0x0f, rsp.data[2 + 12], rsp.data[2 + 13]),
+        (0x05, 0x0e, 0x03),
+        "ILLEGAL REQUEST, INVALID FIELD IN INFORMATION UNIT"
+    );
+    assert_eq!(rsp.u32_at(44), 24, "overflow residual");
+    assert_eq!(
+        dev.read(2 * 512, 1024).unwrap(),
+        vec![0; 1024],
+        "nothing written"
+    );
+    let mut c = s.scsi(21, &[0x2a, 0, 0, 0, 0, 2, 0, 0, 2, 0], 512, false, true);
+    c.data = vec![0xcd; 512];
+    s.send(&c);
+    let rsp = s.recv().expect("response");
+    assert_eq!(rsp.opcode(), op::SCSI_RSP, "{rsp:?}");
+    assert_eq!(rsp.bhs[3], 0, "GOOD");
+    assert_eq!(rsp.u32_at(44), 512, "overflow residual");
+    assert_eq!(dev.read(2 * 512, 512).unwrap(), vec![0xcd; 512]);
+    // The session goes on.
+    assert_eq!(read_block(&mut s, 22, 2), vec![0xcd; 512]);
+}
+
 fn read_block(s: &mut Raw, itt: u32, lba: u8) -> Vec<u8> {
     let c = s.scsi(itt, &[0x28, 0, 0, 0, 0, lba, 0, 0, 1, 0], 512, true, false);
     s.send(&c);
@@ -424,6 +461,9 @@ struct Gate {
     inner: std::sync::Arc<tarn_vol::testing::MemDevice>,
     opened: std::sync::Mutex<bool>,
     cv: std::sync::Condvar,
+    /// Reads waiting at the gate now, and the most that ever did.
+    waiting: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
 }
 
 impl Gate {
@@ -433,6 +473,8 @@ impl Gate {
             inner: mem(8 * MIB, 4096),
             opened: std::sync::Mutex::new(false),
             cv: std::sync::Condvar::new(),
+            waiting: Default::default(),
+            most: Default::default(),
         })
     }
 
@@ -453,8 +495,11 @@ impl tarn_vol::Device for Gate {
         false
     }
     fn read_data(&self, off: u64, len: u32) -> Result<tarn_vol::ReadData, tarn_vol::VolError> {
+        use std::sync::atomic::Ordering::SeqCst;
         let mut open = self.opened.lock().unwrap();
         if off < 4096 {
+            let n = self.waiting.fetch_add(1, SeqCst) + 1;
+            self.most.fetch_max(n, SeqCst);
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
             while !*open && std::time::Instant::now() < deadline {
                 open = self
@@ -463,6 +508,7 @@ impl tarn_vol::Device for Gate {
                     .unwrap()
                     .0;
             }
+            self.waiting.fetch_sub(1, SeqCst);
         }
         drop(open);
         self.inner.read_data(off, len)
@@ -899,4 +945,48 @@ fn writes_waiting_for_data_that_fill_the_budget_still_get_their_data() {
     assert_eq!(dev.read(0, 65536).unwrap(), data);
     // The session goes on.
     s.tur_good(2);
+}
+
+/// A READ holds what it reads while it runs, whatever length the
+/// initiator says it expects: READs sent with an expected length of 0 are
+/// held to the connection's budget like any others, not let in without
+/// bound (each would read its blocks into memory).
+#[test]
+fn reads_that_expect_nothing_still_count_against_the_budget() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let cfg = tarn_iscsi::IscsiConfig {
+        max_transfer: 64 << 10,
+        max_pending_write_bytes: 64 << 10,
+        ..Default::default()
+    };
+    let dev = Gate::closed();
+    let r = start_with(cfg, vec![IscsiTarget::new(IQN, dev.clone())]);
+    let mut s = Raw::login(r.local_addr(), IQN);
+    // Sixteen READ(10)s of the first 64 KiB, expecting no data; each
+    // waits at the gate once it is let in.
+    for i in 0..16u32 {
+        let c = s.scsi(
+            100 + i,
+            &[0x28, 0, 0, 0, 0, 0, 0, 0, 128, 0],
+            0,
+            true,
+            false,
+        );
+        s.send(&c);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let most = dev.most.load(SeqCst);
+    dev.set(true);
+    let mut answered = 0;
+    while answered < 16 {
+        let p = s.recv().expect("a response to every READ");
+        if p.opcode() == op::SCSI_RSP || (p.opcode() == op::DATA_IN && p.flags() & 0x01 != 0) {
+            answered += 1;
+        }
+    }
+    assert!(
+        most <= 1,
+        "{most} reads of 64 KiB ran at once on a 64 KiB budget"
+    );
+    s.tur_good(200);
 }
