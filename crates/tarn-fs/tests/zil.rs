@@ -186,12 +186,7 @@ fn replay_is_idempotent_when_its_commit_fails() {
     pool.abandon();
 
     // The log is still there and replays again, exactly once.
-    let pool = import(dir.path());
-    let fs = mount(&pool, "tank/fs");
-    assert_eq!(content(&fs, "f").as_deref(), Some(&data[..]));
-    drop(fs);
-    let leaks = pool.leak_check().expect("leak check");
-    assert!(leaks.is_clean(), "{leaks:?}");
+    let pool = import_holding(dir.path(), &data);
 
     // And once committed, a further crash has nothing left to replay: the
     // file is what the committed txg holds.
@@ -199,6 +194,44 @@ fn replay_is_idempotent_when_its_commit_fails() {
     let pool = import(dir.path());
     let fs = mount(&pool, "tank/fs");
     assert_eq!(content(&fs, "f").as_deref(), Some(&data[..]));
+}
+
+/// A txg committed after an import but before the replay (here a sync
+/// before the dataset layer attaches) reuses the number of the txg the
+/// crash lost: a second crash must still replay every commit, not skip
+/// those tagged with that number.
+#[test]
+fn a_sync_before_the_replay_keeps_what_it_replays() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let devs = devices(dir.path(), 1);
+    let pool = create_pool(&devs, VdevKind::Single);
+    let fs = dataset(&pool, "tank/fs", &[]);
+    let data = pattern(4, 100_000);
+    let f = new_file(&fs, "f");
+    write(&fs, f, 0, &data);
+    fs.fsync(f).expect("fsync");
+    let txg = pool.txg();
+    drop(fs);
+    pool.abandon();
+
+    let pool = try_import(&[dir.path()], false).expect("import");
+    pool.sync().expect("a sync before the replay");
+    assert!(pool.txg() > txg, "the sync committed a txg: {}", pool.txg());
+    pool.abandon();
+
+    import_holding(dir.path(), &data);
+}
+
+/// Imports "tank" after a crash and checks that tank/fs's file `f` holds
+/// `data` and that the replay left no space behind.
+fn import_holding(dir: &Path, data: &[u8]) -> Arc<Pool> {
+    let pool = import(dir);
+    let fs = mount(&pool, "tank/fs");
+    assert_eq!(content(&fs, "f").as_deref(), Some(data));
+    drop(fs);
+    let leaks = pool.leak_check().expect("leak check");
+    assert!(leaks.is_clean(), "{leaks:?}");
+    pool
 }
 
 #[test]

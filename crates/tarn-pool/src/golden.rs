@@ -148,6 +148,7 @@ fn meta_state() -> MetaState {
                 psize: 131_072,
                 asize: 139_264,
             },
+            replay_after: None,
         }),
     }
 }

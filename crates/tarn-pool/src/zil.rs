@@ -76,6 +76,19 @@
 //! they were logged against, which is still the one on disk until the
 //! replay commits.
 //!
+//! **The txg a replay is compared with.** Commits are tagged with txg
+//! numbers, and after a crash the open txg starts again at the committed
+//! one plus one, reusing the numbers of the txgs the crash lost. So once a
+//! txg commits after an import but before the replay does (the syncer, an
+//! exclusive operation, or a replay that failed and left the pool
+//! running), "commits of txgs after the committed one" no longer names
+//! the commits to replay: a second crash would skip those tagged with the
+//! reused numbers. Import therefore remembers the txg committed when it
+//! found the chain, and every sync that keeps that chain writes it into
+//! the header (`replay_after`); the next import compares with it instead.
+//! The sync that commits the replay retires the chain, and the new one
+//! has none.
+//!
 //! **Versions.** Blocks of version 1 hold commits without a txg (written
 //! when one chain lived for exactly one txg): import reads them as commits
 //! of the txg after the committed one.
@@ -135,6 +148,13 @@ pub(crate) struct LogHeader {
     pub seq: u64,
     /// The first block, allocated by the sync that wrote this header.
     pub first: LogAddr,
+    /// An imported chain waiting for its replay: the txg that was committed
+    /// when its commits were written, which import compares their txgs
+    /// with. Set by a sync that commits before the replay does: txgs after
+    /// an import reuse the numbers of the txgs the crash lost, so the
+    /// newly committed txg says nothing about which commits are done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_after: Option<u64>,
 }
 
 /// One block of the chain in memory: where, its sequence number, and the
@@ -163,6 +183,10 @@ pub(crate) struct ZilState {
     pub wanted: bool,
     /// Records found at import, until the dataset layer takes them.
     pub replay: Option<Vec<Vec<u8>>>,
+    /// The imported chain (its guid) and the txg its commits are to be
+    /// compared with ([`LogHeader::replay_after`]), until a sync retires
+    /// that chain.
+    pub replay_base: Option<(u64, u64)>,
     /// Data blocks claimed at import for the records (until replay commits).
     pub claimed: Vec<Dva>,
     /// Blocks written early (in place) and superseded before their txg
@@ -413,6 +437,19 @@ impl Pool {
             z.broken = true;
             return Ok(LogCommit::Unavailable);
         };
+        // A commit import would not read back (larger than it takes, or
+        // with a record whose length does not fit its field) is not
+        // written: the caller commits a txg instead, durable on its own.
+        let too_big = records.iter().any(|r| u32::try_from(r.len()).is_err())
+            || u32::try_from(records.len()).is_err()
+            || u32::try_from(refs.len()).is_err()
+            || 16
+                + refs.len() * BLOCK_PTR_SIZE
+                + records.iter().map(|r| r.len() + 4).sum::<usize>()
+                > MAX_COMMIT;
+        if too_big {
+            return Ok(LogCommit::Unavailable);
+        }
         let open = self.open_txg.load(std::sync::atomic::Ordering::Acquire);
         let stream = encode_commit(txg, records, refs);
         let mut writes: Vec<(LogAddr, Vec<u8>)> = Vec::new();
@@ -626,6 +663,14 @@ impl Pool {
     pub(crate) fn log_sync(&self, sync: &mut SyncState, txg: u64) -> Result<(), PoolError> {
         let mut z = self.zil_state();
         if z.replay.is_some() {
+            // The chain stays as it is until the replay takes its records;
+            // the header says what its commits are to be compared with.
+            let mut st = self.lock();
+            let base = z.replay_base.map(|(_, b)| b);
+            if let Some(h) = st.ms.log.as_mut().filter(|h| h.replay_after != base) {
+                h.replay_after = base;
+                st.ms_dirty = true;
+            }
             return Ok(());
         }
         // Claimed data blocks now belong to the trees the replay put them
@@ -691,11 +736,18 @@ impl Pool {
             }
             z.wanted = false;
         }
+        // The imported chain, replayed but not yet committed, keeps the txg
+        // its commits are compared with; a new chain has none.
+        if z.replay_base.is_some_and(|(g, _)| z.chain != Some(g)) {
+            z.replay_base = None;
+        }
+        let replay_after = z.replay_base.map(|(_, b)| b);
         let header = match (z.chain, z.blocks.front()) {
             (Some(guid), Some(b)) => Some(LogHeader {
                 guid,
                 seq: b.seq,
                 first: b.addr,
+                replay_after,
             }),
             _ => None,
         };
@@ -762,8 +814,12 @@ impl Pool {
         let Some(h) = st.ms.log else {
             return Ok(());
         };
+        // A sync after an earlier import, before its replay committed: the
+        // commits are of txgs after the one committed then, not now.
+        let committed = h.replay_after.unwrap_or(committed);
         let mut z = self.zil_state();
         z.chain = Some(h.guid);
+        z.replay_base = Some((h.guid, committed));
         // Whatever happens, no commit goes on this chain: the first sync
         // after the replay starts a new one; until then synchronous writes
         // commit txgs.
@@ -832,7 +888,20 @@ impl Pool {
             }
             stream.extend_from_slice(&p.payload);
             if stream.len() > MAX_COMMIT {
-                break;
+                if self.opts.discard_log {
+                    break;
+                }
+                // Verified blocks (checksums, guids, sequence) that go on
+                // past what any commit is written as: not the end of the
+                // chain, and no commit to guess at.
+                for t in &all {
+                    t.set_self_heal(true);
+                }
+                return Err(PoolError::Corrupt(format!(
+                    "intent log block {seq} of pool '{}' carries a commit larger than {} MiB;                      import with --discard-log to keep only what precedes it",
+                    self.name,
+                    MAX_COMMIT >> 20
+                )));
             }
             if p.end {
                 let c = decode_commit(stream_version, &stream).map_err(|e| {
@@ -871,13 +940,15 @@ impl Pool {
         // Commits of txgs the loaded txg contains are done; the rest are
         // replayed in chain order (a commit without a txg is of the txg
         // after the committed one).
-        commits.retain(|c| c.txg.is_none_or(|t| t > committed));
         // The last complete commit may never have been acknowledged: its
         // blocks and the blocks written in place for it share one flush,
         // and a device may have kept the log block but not the data. If a
         // block it references is not there, it is not a commit anyone was
         // told about. (Every earlier commit was flushed whole before the
         // next began: a missing block there is damage, and replay says so.)
+        // The last in the chain, that is, before the commits of committed
+        // txgs are left out: chain order is not txg order, and the last
+        // one kept may be an earlier, acknowledged commit.
         let last_whole = commits.last().is_none_or(|c| {
             c.refs
                 .iter()
@@ -886,6 +957,7 @@ impl Pool {
         if !last_whole {
             commits.pop();
         }
+        commits.retain(|c| c.txg.is_none_or(|t| t > committed));
         let mut records = Vec::new();
         for c in commits {
             for d in c.refs.iter().flat_map(|bp| bp.used_dvas()) {
@@ -1132,6 +1204,27 @@ mod during_sync {
         // The sync of the replay's txg retires it.
         pool.sync().expect("sync");
         assert_ne!(header(&pool), before, "a new chain once the replay commits");
+    }
+
+    /// A commit larger than import reads back is not written (the caller
+    /// commits a txg instead): written, it would be acknowledged and then
+    /// taken at import for the end of the chain.
+    #[test]
+    fn a_commit_too_large_to_read_back_is_not_logged() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pool = pool_in(dir.path());
+        let open = pool.open_txg.load(Ordering::Acquire);
+        // Pages of zeros the allocator maps lazily: nothing is touched.
+        let huge = vec![vec![0u8; super::MAX_COMMIT]];
+        assert_eq!(
+            pool.log_commit(open, &huge, &[]).expect("log commit"),
+            LogCommit::Unavailable
+        );
+        assert_eq!(
+            pool.log_commit(open, &[b"small".to_vec()], &[])
+                .expect("log commit"),
+            LogCommit::Logged
+        );
     }
 
     /// A commit written while txg T syncs goes into a block the open txg
