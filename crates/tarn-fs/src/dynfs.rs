@@ -56,6 +56,9 @@ pub trait DynFs: Send + Sync + 'static {
     fn releasedir(&self, ino: u64) -> Result<()>;
     fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>>;
     fn read_data(&self, ino: u64, offset: u64, size: u32) -> Result<ReadData>;
+    /// [`Fs::read_data_without_atime`]: for a front end serving the
+    /// filesystem read-only, whose reads must change nothing.
+    fn read_data_without_atime(&self, ino: u64, offset: u64, size: u32) -> Result<ReadData>;
     /// [`Fs::write_iov`]; `write` is the one-slice case.
     fn write_iov(&self, ino: u64, off: u64, iov: &[&[u8]], app: bool, c: &Cred) -> Result<usize>;
     fn write(&self, ino: u64, off: u64, data: &[u8], app: bool, c: &Cred) -> Result<usize> {
@@ -64,13 +67,23 @@ pub trait DynFs: Send + Sync + 'static {
     fn fallocate(&self, ino: u64, offset: u64, length: u64, mode: u32, cred: &Cred) -> Result<()>;
     fn fsync(&self, ino: u64) -> Result<()>;
     fn readdir(&self, ino: u64, cookie: u64, limit: usize) -> Result<Vec<DirEntry>>;
+    /// [`Fs::readdir_with`]: `atime` false lists without touching the
+    /// directory's access time (a read-only front end).
+    fn readdir_with(
+        &self,
+        ino: u64,
+        cookie: u64,
+        limit: usize,
+        atime: bool,
+    ) -> Result<Vec<DirEntry>>;
     fn readdirplus(&self, ino: u64, cookie: u64, limit: usize) -> Result<Vec<(DirEntry, Attr)>>;
-    /// [`Fs::readdirplus_fitting`] (atime as for `readdirplus`).
+    /// [`Fs::readdirplus_fitting`]; `atime` as for [`DynFs::readdir_with`].
     fn readdirplus_fitting(
         &self,
         ino: u64,
         cookie: u64,
         limit: usize,
+        atime: bool,
         fits: &mut dyn FnMut(Option<&DirEntry>) -> bool,
     ) -> Result<Vec<(DirEntry, Attr)>>;
     fn statfs(&self, ino: u64) -> Result<StatFs>;
@@ -170,6 +183,9 @@ impl<B: Backend + 'static> DynFs for Fs<B> {
     fn read_data(&self, ino: u64, offset: u64, size: u32) -> Result<ReadData> {
         Fs::read_data(self, ino, offset, size)
     }
+    fn read_data_without_atime(&self, ino: u64, offset: u64, size: u32) -> Result<ReadData> {
+        Fs::read_data_without_atime(self, ino, offset, size)
+    }
     fn write_iov(&self, ino: u64, off: u64, iov: &[&[u8]], app: bool, c: &Cred) -> Result<usize> {
         Fs::write_iov(self, ino, off, iov, app, c)
     }
@@ -182,6 +198,15 @@ impl<B: Backend + 'static> DynFs for Fs<B> {
     fn readdir(&self, ino: u64, cookie: u64, limit: usize) -> Result<Vec<DirEntry>> {
         Fs::readdir(self, ino, cookie, limit)
     }
+    fn readdir_with(
+        &self,
+        ino: u64,
+        cookie: u64,
+        limit: usize,
+        atime: bool,
+    ) -> Result<Vec<DirEntry>> {
+        Fs::readdir_with(self, ino, cookie, limit, atime)
+    }
     fn readdirplus(&self, ino: u64, cookie: u64, limit: usize) -> Result<Vec<(DirEntry, Attr)>> {
         Fs::readdirplus(self, ino, cookie, limit)
     }
@@ -190,9 +215,10 @@ impl<B: Backend + 'static> DynFs for Fs<B> {
         ino: u64,
         cookie: u64,
         limit: usize,
+        atime: bool,
         fits: &mut dyn FnMut(Option<&DirEntry>) -> bool,
     ) -> Result<Vec<(DirEntry, Attr)>> {
-        Fs::readdirplus_fitting(self, ino, cookie, limit, true, fits)
+        Fs::readdirplus_fitting(self, ino, cookie, limit, atime, fits)
     }
     fn statfs(&self, ino: u64) -> Result<StatFs> {
         Fs::statfs(self, ino)

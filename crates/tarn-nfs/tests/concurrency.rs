@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::*;
 use tarn_nfs::proto::{nfsproc, NFS_PROG};
-use tarn_nfs::xdr::Writer;
+use tarn_nfs::xdr::{Reader, Writer};
 use tarn_nfs::{ExportFs, Running};
 use tarn_pool::{Pool, ScanAction};
 use tarn_testkit::data::{env_seed, random_seed, Rng};
@@ -331,23 +331,15 @@ fn commit_survives_a_crash_and_uncommitted_writes_damage_nothing() {
     assert_eq!(c.commit(&a).0, OK);
     assert_eq!(c.commit(&b).0, OK);
     assert_eq!(pool.txg(), txg, "COMMIT went through the intent log");
-    // Never committed: a new file, b overwritten and extended.
+    // Never committed: the data of a new file (its CREATE is durable when
+    // answered), b overwritten and extended.
     let (_, lost, _) = c.create(&root, "lost", 1, [0; 8]);
     let lost_data = rng.bytes(700_000);
     assert_eq!(c.write(&lost, 0, &lost_data, 0).0, OK);
     let b_new = rng.bytes(1 << 20);
     assert_eq!(c.write(&b, 512 << 10, &b_new, 0).0, OK);
-    r.stop();
-    drop(fs);
-    pool.abandon();
-    drop(pool);
-
     // Taken over from the crashed owner, as after a reboot.
-    let pool =
-        attached(try_import(&[dir.path()], "tank", true, opts()).expect("import after the crash"));
-    let fs = Arc::new(mount(&pool, "tank/fs"));
-    let (r, root) = serve(fs);
-    let mut c = Client::connect(r.local_addrs().0, sys(0, 0));
+    let (_pool, _r, root, mut c) = crash_and_serve(dir.path(), pool, fs, r);
     let (st, a) = c.lookup(&root, "a");
     assert_eq!(st, OK, "a committed file is there after the crash");
     assert!(read_all(&mut c, &a) == a_data, "a: committed content");
@@ -366,13 +358,104 @@ fn commit_survives_a_crash_and_uncommitted_writes_damage_nothing() {
         );
     }
     let (st, lost) = c.lookup(&root, "lost");
-    if st == OK {
-        let got = read_all(&mut c, &lost);
-        for (i, byte) in got.iter().enumerate() {
-            assert!(
-                *byte == 0 || lost_data.get(i) == Some(byte),
-                "lost: byte {i} is garbage"
-            );
-        }
+    assert_eq!(st, OK, "an answered CREATE is durable");
+    let got = read_all(&mut c, &lost);
+    for (i, byte) in got.iter().enumerate() {
+        assert!(
+            *byte == 0 || lost_data.get(i) == Some(byte),
+            "lost: byte {i} is garbage"
+        );
     }
+}
+
+/// Every change but an unstable WRITE is on stable storage when it is
+/// answered, as NFSv3 clients take it: a file replaced by a rename after
+/// its data was written FILE_SYNC, a truncation, a new directory and a
+/// removal are all there after a crash right after the answers, with no
+/// COMMIT and no txg in between.
+#[test]
+fn namespace_changes_are_durable_when_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pool, fs) = gated_pool(dir.path());
+    let (r, root) = serve(fs.clone());
+    let mut c = Client::connect(r.local_addrs().0, sys(0, 0));
+    let (_, tmp, _) = c.create(&root, "config.tmp", 1, [0; 8]);
+    assert_eq!(c.write(&tmp, 0, b"new settings", 2).0, OK, "FILE_SYNC");
+    let (_, short, _) = c.create(&root, "log", 1, [0; 8]);
+    assert_eq!(c.write(&short, 0, &[7u8; 5000], 2).0, OK);
+    let (_, _gone, _) = c.create(&root, "gone", 1, [0; 8]);
+    let txg = pool.txg();
+    let mut w = Writer::new();
+    w.opaque(&root)
+        .opaque(b"config.tmp")
+        .opaque(&root)
+        .opaque(b"config");
+    let b = c.call(NFS_PROG, nfsproc::RENAME, &w.into_bytes());
+    assert_eq!(Reader::new(&b).u32().unwrap(), OK, "RENAME");
+    // SETATTR size=10: mode, uid, gid unset, size set, times unchanged,
+    // no guard.
+    let mut w = Writer::new();
+    w.opaque(&short)
+        .bool(false)
+        .bool(false)
+        .bool(false)
+        .bool(true)
+        .u64(10)
+        .u32(0)
+        .u32(0)
+        .bool(false);
+    let b = c.call(NFS_PROG, nfsproc::SETATTR, &w.into_bytes());
+    assert_eq!(Reader::new(&b).u32().unwrap(), OK, "SETATTR");
+    let mut w = Writer::new();
+    w.opaque(&root)
+        .opaque(b"d")
+        .bool(false)
+        .bool(false)
+        .bool(false)
+        .bool(false)
+        .u32(0)
+        .u32(0);
+    let b = c.call(NFS_PROG, nfsproc::MKDIR, &w.into_bytes());
+    assert_eq!(Reader::new(&b).u32().unwrap(), OK, "MKDIR");
+    assert_eq!(c.remove(&root, "gone"), OK);
+    assert_eq!(pool.txg(), txg, "answered through the intent log");
+    let (_pool, r, root, mut c) = crash_and_serve(dir.path(), pool, fs, r);
+    let (st, config) = c.lookup(&root, "config");
+    assert_eq!(st, OK, "the renamed file is there");
+    assert_eq!(read_all(&mut c, &config), b"new settings");
+    assert_ne!(
+        c.lookup(&root, "config.tmp").0,
+        OK,
+        "under its new name only"
+    );
+    let (st, log) = c.lookup(&root, "log");
+    assert_eq!(st, OK);
+    assert_eq!(read_all(&mut c, &log), [7u8; 10], "truncated");
+    assert_eq!(c.lookup(&root, "d").0, OK, "the new directory");
+    assert_ne!(
+        c.lookup(&root, "gone").0,
+        OK,
+        "the removed file stays removed"
+    );
+    r.stop();
+}
+
+/// Stops the server, drops the pool without exporting it (a crash), imports
+/// it again as after a reboot and serves tank/fs: the pool, the server, its
+/// root handle and a client.
+fn crash_and_serve(
+    dir: &Path,
+    pool: Arc<Pool>,
+    fs: Arc<DsFs>,
+    r: Running,
+) -> (Arc<Pool>, Running, Vec<u8>, Client) {
+    r.stop();
+    drop(fs);
+    pool.abandon();
+    drop(pool);
+    let pool = attached(try_import(&[dir], "tank", true, opts()).expect("import after the crash"));
+    let fs = Arc::new(mount(&pool, "tank/fs"));
+    let (r, root) = serve(fs);
+    let c = Client::connect(r.local_addrs().0, sys(0, 0));
+    (pool, r, root, c)
 }

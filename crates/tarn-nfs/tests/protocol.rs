@@ -177,6 +177,17 @@ fn read_only_export_refuses_changes() {
         .unwrap();
     fs.write(a.ino, 0, b"data", false, &Cred::root()).unwrap();
     fs.release(a.ino).unwrap();
+    // With atime on, a read or a listing would stamp the access time: a
+    // write the read-only export must not make.
+    fs.backend().set_atime(true);
+    fs.backend().advance(5_000_000_000);
+    let atimes = || {
+        (
+            fs.getattr(a.ino).unwrap().atime,
+            fs.getattr(1).unwrap().atime,
+        )
+    };
+    let before = atimes();
     let mut e = open_export("/ro", fs.clone());
     e.read_only = true;
     let r = start(vec![e]);
@@ -190,6 +201,21 @@ fn read_only_export_refuses_changes() {
     assert_eq!(c.remove(&root, "f"), ROFS);
     let (st, data, _) = c.read(&fh, 0, 10);
     assert_eq!((st, &data[..]), (OK, &b"data"[..]));
+    for plus in [false, true] {
+        let mut w = Writer::new();
+        w.opaque(&root).u64(0).fixed(&[0; 8]).u32(4096);
+        if plus {
+            w.u32(8192);
+        }
+        let p = if plus {
+            nfsproc::READDIRPLUS
+        } else {
+            nfsproc::READDIR
+        };
+        let b = c.call(NFS_PROG, p, &w.into_bytes());
+        assert_eq!(Reader::new(&b).u32().unwrap(), OK, "plus={plus}");
+    }
+    assert_eq!(atimes(), before, "a read-only export stamped access times");
     // ACCESS grants no modify bits.
     let mut w = Writer::new();
     w.opaque(&fh).u32(0x3f);

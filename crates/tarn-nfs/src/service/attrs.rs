@@ -40,13 +40,13 @@ impl<'a> Cx<'a> {
             // Checked again where the change is made: another client's
             // change between the check above and this one must not pass.
             set.if_ctime = guard.map(|_| o.attr.ctime);
-            o.fs().setattr(o.ino(), &set, &o.cred).map_err(|e| {
+            o.synced(o.fs().setattr(o.ino(), &set, &o.cred).map_err(|e| {
                 if set.if_ctime.is_some() && e.errno() == tarn_fs::GUARD_ERRNO {
                     NfsStat::NotSync
                 } else {
                     stat_of(&e)
                 }
-            })
+            }))
         })();
         match res {
             Ok(a) => {

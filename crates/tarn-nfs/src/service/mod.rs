@@ -248,6 +248,16 @@ impl<'a> Obj<'a> {
     fn reattr(&self) -> Option<Attr> {
         self.fs().getattr(self.ino()).ok()
     }
+    /// `done`, once the change it reports is durable: NFSv3 clients take
+    /// every change but an unstable WRITE as on stable storage when it is
+    /// answered (the Linux client's fsync of a directory sends nothing,
+    /// and a rename after a file's fsync is how programs replace files),
+    /// so it goes through the intent log before the reply.
+    fn synced<T>(&self, done: NfsResult<T>) -> NfsResult<T> {
+        let v = done?;
+        self.fs().fsync(self.ino()).map_err(|e| stat_of(&e))?;
+        Ok(v)
+    }
 }
 
 impl Service {

@@ -140,6 +140,10 @@ impl<'a> Cx<'a> {
                 }
             }
         });
+        let res = match &dir {
+            Ok(d) => d.synced(res),
+            Err(_) => res,
+        };
         self.reply_made(w, dir.as_ref().ok(), res);
         Ok(())
     }
@@ -160,6 +164,10 @@ impl<'a> Cx<'a> {
                 obj: Self::apply_rest(d, a, &sa),
             })
         });
+        let res = match &dir {
+            Ok(d) => d.synced(res),
+            Err(_) => res,
+        };
         self.reply_made(w, dir.as_ref().ok(), res);
         Ok(())
     }
@@ -185,6 +193,10 @@ impl<'a> Cx<'a> {
                 obj: Self::apply_rest(d, a, &sa),
             })
         });
+        let res = match &dir {
+            Ok(d) => d.synced(res),
+            Err(_) => res,
+        };
         self.reply_made(w, dir.as_ref().ok(), res);
         Ok(())
     }
@@ -223,6 +235,10 @@ impl<'a> Cx<'a> {
                 obj: Self::apply_rest(d, a, &sa),
             })
         });
+        let res = match &dir {
+            Ok(d) => d.synced(res),
+            Err(_) => res,
+        };
         self.reply_made(w, dir.as_ref().ok(), res);
         Ok(())
     }
@@ -238,7 +254,7 @@ impl<'a> Cx<'a> {
             } else {
                 d.fs().unlink(d.ino(), name, &d.cred)
             };
-            r.map_err(|e| stat_of(&e))
+            d.synced(r.map_err(|e| stat_of(&e)))
         });
         let d = dir.as_ref().ok();
         w.u32(res.err().map_or(0, |s| s.code()));
@@ -259,9 +275,11 @@ impl<'a> Cx<'a> {
                     return Err(NfsStat::XDev);
                 }
                 f.writable()?;
-                f.fs()
-                    .rename(f.ino(), fname, t.ino(), tname, 0, &f.cred)
-                    .map_err(|e| stat_of(&e))
+                f.synced(
+                    f.fs()
+                        .rename(f.ino(), fname, t.ino(), tname, 0, &f.cred)
+                        .map_err(|e| stat_of(&e)),
+                )
             })(),
             (Err(s), _) | (_, Err(s)) => Err(*s),
         };
@@ -285,9 +303,11 @@ impl<'a> Cx<'a> {
                     return Err(NfsStat::XDev);
                 }
                 d.writable()?;
-                d.fs()
-                    .link(f.ino(), d.ino(), name, &d.cred)
-                    .map_err(|e| stat_of(&e))
+                d.synced(
+                    d.fs()
+                        .link(f.ino(), d.ino(), name, &d.cred)
+                        .map_err(|e| stat_of(&e)),
+                )
             })(),
             (Err(s), _) | (_, Err(s)) => Err(*s),
         };

@@ -77,12 +77,16 @@ impl<'a> Cx<'a> {
             true
         };
         // Kept as listed: reshaping every entry moves hundreds of bytes each.
+        // A read-only export changes nothing, access times included.
+        let atime = !d.entry.export.read_only;
         let listed: Result<Listed, FsError> = if plus {
             d.fs()
-                .readdirplus_fitting(d.ino(), cookie, limit, &mut fits)
+                .readdirplus_fitting(d.ino(), cookie, limit, atime, &mut fits)
                 .map(Listed::Plus)
         } else {
-            d.fs().readdir(d.ino(), cookie, limit).map(Listed::Names)
+            d.fs()
+                .readdir_with(d.ino(), cookie, limit, atime)
+                .map(Listed::Names)
         };
         let listed = match listed {
             Ok(l) => l,
