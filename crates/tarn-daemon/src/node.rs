@@ -146,7 +146,12 @@ impl Backend for Pools {
         let gone = self
             .links
             .forget(name, None)
-            .and_then(|()| self.api_tokens.del_scope(&format!("{name}/")));
+            .and_then(|()| self.api_tokens.del_scope(&format!("{name}/")))
+            // Replication tokens for the pool or a dataset of it: a new
+            // pool of the same name must not take streams meant for this
+            // one.
+            .and_then(|()| self.tokens.del_scope(name))
+            .and_then(|()| self.tokens.del_scope(&format!("{name}/")));
         if let Err(e) = gone {
             log::warn!(
                 "tarn: pool {name}: its users' share links or API tokens could not be removed: {}",

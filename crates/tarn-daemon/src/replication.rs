@@ -667,6 +667,33 @@ fn close(mut r: BufReader<Tls>) {
     }
 }
 
+/// How often a stream being received checks that its token still
+/// stands.
+const RECHECK: Duration = Duration::from_secs(1);
+
+/// A stream that fails once `valid` says its token was deleted (asked at
+/// most every [`RECHECK`]).
+struct Revocable<'a, R> {
+    inner: R,
+    valid: &'a dyn Fn() -> bool,
+    checked: Instant,
+}
+
+impl<R: Read> Read for Revocable<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.checked.elapsed() >= RECHECK {
+            self.checked = Instant::now();
+            if !(self.valid)() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    "the replication token was deleted while its stream came",
+                ));
+            }
+        }
+        self.inner.read(buf)
+    }
+}
+
 /// Mistakes a session may make before it is closed.
 const MAX_FAILURES: u32 = 3;
 
@@ -803,7 +830,20 @@ fn serve(
                     let s = r.get_mut();
                     s.sock.deadline = None;
                     s.sock.progress = Some((Instant::now(), 0));
-                    let mut body = tarn_api::wire::FrameReader::new(&mut r);
+                    // The token is checked again while the stream comes
+                    // (one request may carry any number of streams): a
+                    // token deleted meanwhile ends the receive too.
+                    let still = || {
+                        token
+                            .as_deref()
+                            .and_then(|t| tokens.check(t))
+                            .is_some_and(|s| s == scope)
+                    };
+                    let mut body = Revocable {
+                        inner: tarn_api::wire::FrameReader::new(&mut r),
+                        valid: &still,
+                        checked: Instant::now(),
+                    };
                     json(node.dataset_receive(&p, &mut body))
                 });
                 // The connection ends with a stream.

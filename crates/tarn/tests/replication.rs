@@ -565,8 +565,43 @@ fn replicate_to_another_tarn_over_tls() {
     // (The sender mounts its own dataset there; the receiver nothing.)
     assert!(!b.ok(&["mount"]).contains("vault/backups/evil"));
 
+    // A token deleted while its stream comes ends the receive: the rest
+    // of the stream is not taken.
+    let big_stream = dir.path().join("big.stream");
+    a.ok(&[
+        "send",
+        "-w",
+        "--to",
+        big_stream.to_str().unwrap(),
+        "tank/docs@big",
+    ]);
+    let bytes = std::fs::read(&big_stream).unwrap();
+    let t = tarn_cli::remote::Target::parse(&format!("tarn://127.0.0.1:{port}/vault/backups/cut"))
+        .unwrap();
+    let remote = tarn_cli::remote::Remote::connect(&t, &pin, token.trim()).unwrap();
+    let half = bytes.len() / 2;
+    let cut = remote.call_with_body(
+        "dataset.receive",
+        &serde_json::json!({"name": "vault/backups/cut"}),
+        |w| {
+            w.write_all(&bytes[..half])?;
+            w.flush()?;
+            b.ok(&["replication", "token", "del", "home-nas"]);
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+            w.write_all(&bytes[half..])?;
+            Ok(())
+        },
+    );
+    assert!(
+        cut.is_err(),
+        "the receive went on after its token was deleted"
+    );
+    assert!(
+        !b.ok(&["dataset", "list"]).contains("vault/backups/cut"),
+        "the stream of a deleted token was received"
+    );
+
     // A deleted token no longer opens a session.
-    b.ok(&["replication", "token", "del", "home-nas"]);
     let err = String::from_utf8_lossy(&replicate("tank/docs@big", &url, &fp).stderr).into_owned();
     assert!(err.contains("not a replication token"), "{err}");
     b.ok(&["daemon", "ping"]);
