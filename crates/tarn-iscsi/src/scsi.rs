@@ -88,6 +88,9 @@ impl Sense {
         }
     }
 
+    /// NOT READY, LOGICAL UNIT NOT READY (cause not reportable): the
+    /// volume is closed for the moment (a rollback or destroy under way).
+    pub const NOT_READY: Sense = Sense::new(0x02, 0x04, 0x00);
     /// ILLEGAL REQUEST, INVALID COMMAND OPERATION CODE.
     pub const INVALID_OPCODE: Sense = Sense::new(0x05, 0x20, 0x00);
     /// ILLEGAL REQUEST, LOGICAL BLOCK ADDRESS OUT OF RANGE.
@@ -805,6 +808,16 @@ fn medium(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<Vec<u8>, Sense> {
         return Err(Sense::WRITE_PROTECTED);
     }
     let dev = u.dev;
+    // A closed volume (rolled back, destroyed, its key unloaded) has no
+    // size to report: a READ CAPACITY answered from it would tell an
+    // initiator rescanning in that moment that the disk has one block.
+    if matches!(
+        cmd,
+        Cmd::TestUnitReady | Cmd::ReadCapacity10 | Cmd::ReadCapacity16 { .. }
+    ) && !dev.is_open()
+    {
+        return Err(Sense::NOT_READY);
+    }
     match *cmd {
         Cmd::PrIn { .. } | Cmd::PrOut { .. } => Err(Sense::INVALID_OPCODE),
         Cmd::TestUnitReady => Ok(Vec::new()),

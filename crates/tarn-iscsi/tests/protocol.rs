@@ -749,6 +749,36 @@ fn a_closed_volume_is_unavailable_at_login() {
     assert_eq!(rsp.u16_at(36), 0x0301, "Service Unavailable");
 }
 
+/// A volume closed under a session (a rollback or destroy under way) is
+/// not ready: READ CAPACITY does not report a disk of one block, nor TEST
+/// UNIT READY a ready one.
+#[test]
+fn a_volume_closed_under_a_session_is_not_ready() {
+    let (r, dev) = server();
+    let mut s = Raw::login(r.local_addr(), IQN);
+    s.tur_good(1);
+    dev.close();
+    for (itt, cdb) in [
+        (2, vec![0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+        (
+            3,
+            vec![0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0],
+        ),
+        (4, vec![0, 0, 0, 0, 0, 0]),
+    ] {
+        let read = cdb[0] != 0;
+        let c = s.scsi(itt, &cdb, if read { 32 } else { 0 }, read, false);
+        s.send(&c);
+        let rsp = s.recv().expect("a response");
+        assert_eq!(
+            (rsp.opcode(), rsp.bhs[3]),
+            (op::SCSI_RSP, 2),
+            "CHECK CONDITION for {cdb:02x?}"
+        );
+        assert_eq!(rsp.data[2 + 2] & 0x0f, 0x02, "NOT READY for {cdb:02x?}");
+    }
+}
+
 /// The initiator list is checked before availability: an initiator the
 /// target does not admit is refused as such even while the volume is
 /// closed, and learns nothing of what is being done to it; an admitted
