@@ -706,8 +706,17 @@ pub(crate) fn sync_records(
         if let Some(k) = dir.keys.get(&id) {
             let json =
                 serde_json::to_vec(k).map_err(|e| tarn_pool::PoolError::Internal(e.to_string()))?;
+            // The pool says it holds sealed data (docs/format.md,
+            // `features`): a tarn that does not know encryption refuses to
+            // import it rather than read ciphertext as data and write
+            // plaintext beside it.
+            cx.enable_feature(ENCRYPTION_FEATURE);
             cx.meta_put(&key_key(id), &json)?;
         }
     }
     Ok(())
 }
+
+/// The pool format feature of pools with (or once with) encrypted
+/// datasets.
+pub(crate) const ENCRYPTION_FEATURE: &str = "encryption";

@@ -264,9 +264,12 @@ fn destroy_plan(dsl: &Dir, name: &str, recursive: bool) -> Result<DestroyPlan, D
             });
             no_children && no_clones
         });
+        // None: a clone below the tree holds a snapshot of a dataset that
+        // must go after it (a clone promoted, or a dataset renamed, under
+        // its own clone). Nothing is damaged; the layout has no order.
         let Some(d) = free else {
-            return Err(DsError::Corrupt(format!(
-                "datasets under '{name}' depend on each other in a cycle"
+            return Err(DsError::Busy(format!(
+                "datasets under '{name}' depend on each other: a clone below it was promoted                  over its origin (or a dataset renamed under its own clone); promote the origin                  back or rename the clone out first"
             )));
         };
         order.push(d);

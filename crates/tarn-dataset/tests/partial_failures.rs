@@ -142,6 +142,32 @@ fn duplicate_snapshot_names_in_one_request() {
     assert!(r.is_ok(), "ghost snapshot: {r:?}; listed: {n:?}");
 }
 
+/// A clone below its origin, promoted over it, makes `destroy -r` of the
+/// origin impossible to order (the origin goes after its child, the child
+/// after its snapshot's clone, the origin): refused as busy with what to
+/// do, not reported as damaged metadata; nothing is destroyed.
+#[test]
+fn destroy_r_over_a_promoted_clone_below_is_refused_not_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path());
+    ds::create(&pool, "tank/a", &none(), false).unwrap();
+    let a = ds::open(&pool, "tank/a").unwrap();
+    write(&a, 0, 0x21);
+    snap(&pool, "tank/a@x");
+    ds::clone(&pool, "tank/a@x", "tank/a/c", &none()).unwrap();
+    ds::promote(&pool, "tank/a/c").unwrap();
+    let r = ds::destroy(&pool, "tank/a", true);
+    assert!(matches!(r, Err(DsError::Busy(_))), "{r:?}");
+    let left = names(&pool);
+    assert!(
+        left.iter().any(|n| n == "tank/a") && left.iter().any(|n| n == "tank/a/c"),
+        "{left:?}"
+    );
+    // Promoted back, the tree goes.
+    ds::promote(&pool, "tank/a").unwrap();
+    ds::destroy(&pool, "tank/a", true).unwrap();
+}
+
 /// Promote of a clone whose origin filesystem is itself a clone.
 #[test]
 fn promote_of_clone_of_clone_leaks() {

@@ -288,6 +288,13 @@ fn keys_are_checked_changed_without_rewriting_and_survive_export() {
     fs.release(f).unwrap();
     drop(fs);
     pool.sync().unwrap();
+    // The pool says it holds sealed data: a build without encryption
+    // refuses to import it.
+    assert!(
+        pool.props().features.iter().any(|f| f == "encryption"),
+        "{:?}",
+        pool.props().features
+    );
     let blocks_before = tarn_dataset::blocks(&pool, "tank/s").unwrap();
     assert!(blocks_before
         .iter()
