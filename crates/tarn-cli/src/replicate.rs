@@ -343,10 +343,12 @@ pub(crate) fn receive_from_store(
             .with_context(|| format!("{url} holds no snapshot named '{s}'"))?,
         None => tarn_s3::newest(&all).with_context(|| format!("{url} holds no streams"))?,
     };
-    let theirs = snapshots_of(client, &params.name)?;
-    let have: HashSet<u64> = theirs.iter().map(|s| s.guid).collect();
-    let newest = theirs.last().map(|s| s.guid);
-    let chain = tarn_s3::chain(&all, target.info.guid, &have, newest)?;
+    // Oldest first (by when they were taken): the chain prefers the newest.
+    let have: Vec<u64> = snapshots_of(client, &params.name)?
+        .iter()
+        .map(|s| s.guid)
+        .collect();
+    let chain = tarn_s3::chain(&all, target.info.guid, &have)?;
     if chain.is_empty() {
         let msg = format!(
             "{} already has @{} (guid {})",

@@ -40,11 +40,7 @@ fn stamp_of(rec: &access::UserRecord) -> u64 {
 }
 
 impl WebAuth for WebUsers {
-    fn login(&self, user: &str, password: &str) -> Option<UserId> {
-        self.login_stamped(user, password).map(|(id, _)| id)
-    }
-
-    fn login_stamped(&self, user: &str, password: &str) -> Option<(UserId, u64)> {
+    fn login(&self, user: &str, password: &str) -> Option<(UserId, u64)> {
         let pools = self.pools.upgrade()?;
         let all = pools.all_pools();
         // Each pool's record of that name, tried in turn: the identity is

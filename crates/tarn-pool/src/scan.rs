@@ -985,6 +985,9 @@ impl Pool {
             let _ = t.flush();
         }
         let mut st = self.lock();
+        // The last look at the targets: a failure since the last progress
+        // point joins the ones noted before (an import included).
+        self.note_failed_targets(&mut st, false);
         let Some(s) = st.ms.scan.as_mut() else {
             return Ok(());
         };
@@ -994,8 +997,7 @@ impl Pool {
         s.examined = s.examined.max(s.total.min(s.examined));
         let kind = s.kind;
         let targets = s.targets.clone();
-        let before = s.target_write_errors.clone();
-        let failed_earlier = s.failed_targets.clone();
+        let failed = s.failed_targets.clone();
         let max_birth = s.max_birth;
         let clean = s.errors == 0;
         // Blocks beneath an entry it could not decode were not rebuilt.
@@ -1003,20 +1005,6 @@ impl Pool {
         if kind == ScanKind::Resilver {
             // A target that faulted or failed a write during the resilver
             // did not get everything: it keeps its whole dirty time log.
-            let mut failed = Vec::new();
-            for t in &self.tops {
-                for l in t.leaves() {
-                    if let Some(i) = targets.iter().position(|g| *g == l.guid) {
-                        let errs_before = before.get(i).copied().unwrap_or(0);
-                        if !matches!(l.state, tarn_vdev::LeafState::Online)
-                            || l.counters.write_errors > errs_before
-                            || failed_earlier.contains(&l.guid)
-                        {
-                            failed.push(l.guid);
-                        }
-                    }
-                }
-            }
             if let Some(s) = st.ms.scan.as_mut() {
                 s.errors += failed.len() as u64;
             }

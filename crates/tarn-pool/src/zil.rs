@@ -316,11 +316,15 @@ fn parse_block(b: &[u8]) -> Parsed {
     }
 }
 
+/// Bytes [`encode_commit`] writes for these.
+fn commit_len(records: &[Vec<u8>], refs: &[BlockPtr]) -> usize {
+    16 + refs.len() * BLOCK_PTR_SIZE + records.iter().map(|r| r.len() + 4).sum::<usize>()
+}
+
 /// Serializes one commit: its txg, the blocks it references, then its
 /// records.
 fn encode_commit(txg: u64, records: &[Vec<u8>], refs: &[BlockPtr]) -> Vec<u8> {
-    let len = 16 + refs.len() * BLOCK_PTR_SIZE + records.iter().map(|r| r.len() + 4).sum::<usize>();
-    let mut out = Vec::with_capacity(len);
+    let mut out = Vec::with_capacity(commit_len(records, refs));
     out.extend_from_slice(&txg.to_le_bytes());
     out.extend_from_slice(&(refs.len() as u32).to_le_bytes());
     for bp in refs {
@@ -443,10 +447,7 @@ impl Pool {
         let too_big = records.iter().any(|r| u32::try_from(r.len()).is_err())
             || u32::try_from(records.len()).is_err()
             || u32::try_from(refs.len()).is_err()
-            || 16
-                + refs.len() * BLOCK_PTR_SIZE
-                + records.iter().map(|r| r.len() + 4).sum::<usize>()
-                > MAX_COMMIT;
+            || commit_len(records, refs) > MAX_COMMIT;
         if too_big {
             return Ok(LogCommit::Unavailable);
         }

@@ -470,8 +470,8 @@ pub fn newest(manifests: &[Manifest]) -> Option<&Manifest> {
 }
 
 /// The streams to apply, in order, to bring a dataset that has the
-/// snapshots `have` (by guid; empty for a dataset not made yet), the
-/// newest of them `newest`, to snapshot `to`: the shortest run of stored
+/// snapshots `have` (by guid, oldest first; empty for a dataset not made
+/// yet) to snapshot `to`: the shortest run of stored
 /// streams that starts from its newest snapshot, the only base a receive
 /// takes without rolling back; failing that, from any snapshot it has
 /// (which a receive takes only with `-F`, rolling back to it); for a new
@@ -484,18 +484,17 @@ pub fn newest(manifests: &[Manifest]) -> Option<&Manifest> {
 pub fn chain<'a>(
     manifests: &'a [Manifest],
     to: u64,
-    have: &HashSet<u64>,
-    newest: Option<u64>,
+    have: &[u64],
 ) -> Result<Vec<&'a Manifest>, S3Error> {
     if have.contains(&to) {
         return Ok(Vec::new());
     }
-    if let Some(n) = newest.filter(|n| have.contains(n)) {
-        if let Ok(c) = chain_from(manifests, to, &HashSet::from([n])) {
+    if let Some(&newest) = have.last() {
+        if let Ok(c) = chain_from(manifests, to, &HashSet::from([newest])) {
             return Ok(c);
         }
     }
-    chain_from(manifests, to, have)
+    chain_from(manifests, to, &have.iter().copied().collect())
 }
 
 /// [`chain`] from any snapshot of `have`.
@@ -617,39 +616,36 @@ mod tests {
 
     #[test]
     fn chains_walk_back_to_what_the_target_has() {
-        let none = HashSet::new();
+        let none: [u64; 0] = [];
         let all = vec![m(3, Some(2)), m(1, None), m(2, Some(1)), m(4, Some(9))];
         assert_eq!(
-            guids(chain(&all, 3, &none, None).unwrap()),
+            guids(chain(&all, 3, &none).unwrap()),
             [(1, None), (2, Some(1)), (3, Some(2))]
         );
-        assert!(chain(&all, 4, &none, None).is_err(), "a missing base");
-        assert!(chain(&all, 7, &none, None).is_err(), "no such snapshot");
+        assert!(chain(&all, 4, &none).is_err(), "a missing base");
+        assert!(chain(&all, 7, &none).is_err(), "no such snapshot");
         let looped = vec![m(1, Some(2)), m(2, Some(1))];
-        assert!(chain(&looped, 1, &none, None).is_err());
+        assert!(chain(&looped, 1, &none).is_err());
         // A target that has 1 gets the incrementals only; one that has 2
         // only the last; one that has 3 nothing.
-        let has = |g: u64| HashSet::from([g]);
+        let has = |g: u64| [g];
         assert_eq!(
-            guids(chain(&all, 3, &has(1), None).unwrap()),
+            guids(chain(&all, 3, &has(1)).unwrap()),
             [(2, Some(1)), (3, Some(2))]
         );
-        assert_eq!(
-            guids(chain(&all, 3, &has(2), None).unwrap()),
-            [(3, Some(2))]
-        );
-        assert!(chain(&all, 3, &has(3), None).unwrap().is_empty());
+        assert_eq!(guids(chain(&all, 3, &has(2)).unwrap()), [(3, Some(2))]);
+        assert!(chain(&all, 3, &has(3)).unwrap().is_empty());
         // A full stream of 3 stored beside the incrementals: an existing
         // target still gets an incremental, a new one the shortest way.
         let mut both = all.clone();
         both.push(m(3, None));
         assert_eq!(
-            guids(chain(&both, 3, &has(1), None).unwrap()),
+            guids(chain(&both, 3, &has(1)).unwrap()),
             [(2, Some(1)), (3, Some(2))]
         );
-        assert_eq!(guids(chain(&both, 3, &none, None).unwrap()), [(3, None)]);
+        assert_eq!(guids(chain(&both, 3, &none).unwrap()), [(3, None)]);
         // A target whose snapshots the store never saw.
-        assert!(chain(&all, 3, &has(99), None).is_err());
+        assert!(chain(&all, 3, &has(99)).is_err());
         // A series sent again from an older base (1 -> 4 beside
         // 1 -> 2 -> 3 -> 4): a target at 2 goes on from 2, its newest,
         // not the shorter way from 1, which would roll it back.
@@ -660,17 +656,14 @@ mod tests {
             m(4, Some(3)),
             m(4, Some(1)),
         ];
-        let at2 = HashSet::from([1, 2]);
+        let at2 = [1, 2];
         assert_eq!(
-            guids(chain(&branched, 4, &at2, Some(2)).unwrap()),
+            guids(chain(&branched, 4, &at2).unwrap()),
             [(3, Some(2)), (4, Some(3))]
         );
         // With no run from its newest, any snapshot it has (for -F).
         let cut = vec![m(1, None), m(2, Some(1)), m(4, Some(1))];
-        assert_eq!(
-            guids(chain(&cut, 4, &at2, Some(2)).unwrap()),
-            [(4, Some(1))]
-        );
+        assert_eq!(guids(chain(&cut, 4, &at2).unwrap()), [(4, Some(1))]);
         // Only chain ends count (1 is 2's base); among them the latest.
         let mut late = m(9, None);
         late.info.created_unix = 100;

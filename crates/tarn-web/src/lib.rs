@@ -118,9 +118,13 @@ pub struct UserId {
 /// records and hash passwords): the server calls them off its async
 /// threads.
 pub trait WebAuth: Send + Sync + 'static {
-    /// The user whose record these credentials open (None: wrong; the
-    /// check costs the same for a name that does not exist).
-    fn login(&self, user: &str, password: &str) -> Option<UserId>;
+    /// The user whose record these credentials open, with that record's
+    /// [`WebAuth::stamp`] (None: wrong; the check costs the same for a name
+    /// that does not exist). The stamp comes with the record the password
+    /// opened: read apart, a password changed between the check and the
+    /// read would give the new stamp to a session opened with the old
+    /// password, which the change would then not end.
+    fn login(&self, user: &str, password: &str) -> Option<(UserId, u64)>;
     /// The user a bearer token acts as (None: not a token of ours).
     fn token(&self, token: &str) -> Option<UserId>;
     /// Whether `user` is an administrator of this daemon now (None: no
@@ -134,16 +138,6 @@ pub trait WebAuth: Send + Sync + 'static {
     fn stamp(&self, user: &UserId) -> Option<u64> {
         let _ = user;
         Some(0)
-    }
-    /// [`WebAuth::login`] with the [`WebAuth::stamp`] of the very record the
-    /// password opened: read apart, a password changed between the check
-    /// and the read would give the new stamp to a session opened with the
-    /// old password, which the change would then not end. The default
-    /// reads the stamp apart (for front ends whose stamp never changes).
-    fn login_stamped(&self, user: &str, password: &str) -> Option<(UserId, u64)> {
-        let id = self.login(user, password)?;
-        let stamp = self.stamp(&id)?;
-        Some((id, stamp))
     }
 }
 
@@ -972,7 +966,7 @@ async fn login(st: &Arc<State>, ip: IpAddr, body: Value) -> Resp {
     // Password hashing is slow on purpose: off the async threads, a few
     // at a time.
     let who = tokio::task::spawn_blocking(move || {
-        let (id, stamp) = auth.login_stamped(&user, &password)?;
+        let (id, stamp) = auth.login(&user, &password)?;
         let admin = auth.is_admin(&id).unwrap_or(false);
         Some((id, admin, stamp))
     })

@@ -5,10 +5,15 @@ use super::wire::*;
 use super::*;
 
 impl<'a> Cx<'a> {
-    /// Shared tail of CREATE / MKDIR / SYMLINK / MKNOD: on success
-    /// post_op_fh3, post_op_attr and the directory's wcc_data; on failure
-    /// the directory's wcc_data.
+    /// Shared tail of CREATE / MKDIR / SYMLINK / MKNOD: the new object
+    /// made durable (see [`Obj::synced`]), then on success post_op_fh3,
+    /// post_op_attr and the directory's wcc_data; on failure the
+    /// directory's wcc_data.
     pub(super) fn reply_made(&self, w: &mut Writer, dir: Option<&Obj>, res: NfsResult<Made>) {
+        let res = match dir {
+            Some(d) => d.synced(res),
+            None => res,
+        };
         let pre = dir.map(|d| d.attr.clone());
         let post = dir.and_then(|d| d.reattr());
         match res {
@@ -140,10 +145,6 @@ impl<'a> Cx<'a> {
                 }
             }
         });
-        let res = match &dir {
-            Ok(d) => d.synced(res),
-            Err(_) => res,
-        };
         self.reply_made(w, dir.as_ref().ok(), res);
         Ok(())
     }
@@ -164,10 +165,6 @@ impl<'a> Cx<'a> {
                 obj: Self::apply_rest(d, a, &sa),
             })
         });
-        let res = match &dir {
-            Ok(d) => d.synced(res),
-            Err(_) => res,
-        };
         self.reply_made(w, dir.as_ref().ok(), res);
         Ok(())
     }
@@ -193,10 +190,6 @@ impl<'a> Cx<'a> {
                 obj: Self::apply_rest(d, a, &sa),
             })
         });
-        let res = match &dir {
-            Ok(d) => d.synced(res),
-            Err(_) => res,
-        };
         self.reply_made(w, dir.as_ref().ok(), res);
         Ok(())
     }
@@ -235,10 +228,6 @@ impl<'a> Cx<'a> {
                 obj: Self::apply_rest(d, a, &sa),
             })
         });
-        let res = match &dir {
-            Ok(d) => d.synced(res),
-            Err(_) => res,
-        };
         self.reply_made(w, dir.as_ref().ok(), res);
         Ok(())
     }
