@@ -752,6 +752,81 @@ fn scrub_walks_dataset_trees() {
     }
 }
 
+/// Trees are scanned in id order, so a filesystem's head comes before the
+/// snapshots taken of it, and its walk skips the blocks born before its
+/// last snapshot (that snapshot's walk visits them). A snapshot destroyed
+/// while the head's walk runs leaves those blocks to the head alone: the
+/// scan must walk the head again, or damage in them goes unseen (and a
+/// resilver would end trusting a device that never got them).
+#[test]
+fn a_snapshot_destroyed_while_its_head_is_scanned_leaves_nothing_unvisited() {
+    use std::time::{Duration, Instant};
+    use tarn_pool::status::ScanState;
+    use tarn_pool::ScanAction;
+    let dir = tempfile::tempdir().unwrap();
+    let pool = new_pool(dir.path(), VdevKind::Mirror, 2, 64 << 20);
+    ds::create(&pool, "tank/fs", &props(&[("compression", "off")]), false).unwrap();
+    let h = ds::open(&pool, "tank/fs").unwrap();
+    let a0 = pool.space().1;
+    for i in 0..8 {
+        write(&h, &key(i), vec![i as u8 + 1; 64 * 1024]).unwrap();
+    }
+    ds::snapshot(&pool, &["tank/fs@s".into()], false).unwrap();
+    let a1 = pool.space().1;
+    for i in 100..300 {
+        write(&h, &key(i), vec![(i % 251) as u8; 64 * 1024]).unwrap();
+    }
+    pool.sync().unwrap();
+    let a2 = pool.space().1;
+    let (old, new) = (a1 - a0, a2 - a1);
+    let full = scrub(&pool).examined_bytes;
+    // Damage, on one side, a block only the walk of @s visits.
+    let bp = ds::blocks(&pool, "tank/fs@s")
+        .unwrap()
+        .into_iter()
+        .find(|b| b.lsize == 64 * 1024)
+        .expect("a data block of @s");
+    overwrite(
+        &dir.path().join("d1"),
+        tarn_vdev::DATA_START + bp.dvas[0].offset,
+        &[0xee; 4096],
+    );
+    let d0 = dir.path().join("d0").display().to_string();
+    let slow = tarn_vdev::Fault {
+        latency_ms: 20,
+        ..tarn_vdev::Fault::always(tarn_vdev::FaultKind::Latency)
+    };
+    pool.inject(&d0, Some(slow)).unwrap();
+    pool.scrub(ScanAction::Start).unwrap();
+    // Into the head's walk: past the metadata and a quarter of the head's
+    // own blocks, short of @s.
+    let t0 = Instant::now();
+    loop {
+        let s = pool.status().scan.unwrap();
+        assert_eq!(s.state, ScanState::Scanning, "ended too soon: {s:?}");
+        if s.examined_bytes >= full - old - new * 3 / 4 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "no progress");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    ds::destroy(&pool, "tank/fs@s", false).unwrap();
+    let s = pool.status().scan.unwrap();
+    assert!(
+        s.state == ScanState::Scanning && s.examined_bytes < full - old,
+        "the head's walk ended before the destroy; make it slower: {s:?}"
+    );
+    pool.inject(&d0, None).unwrap();
+    let s = tarn_testkit::pools::wait_scan(&pool);
+    assert!(
+        s.repaired_bytes >= 4096,
+        "the damaged block went unvisited: {s:?}"
+    );
+    assert_eq!(s.errors, 0, "{s:?}");
+    let again = scrub(&pool);
+    assert_eq!((again.repaired_bytes, again.errors), (0, 0), "{again:?}");
+}
+
 #[test]
 fn promote_moves_the_origin_history_to_the_clone() {
     let dir = tempfile::tempdir().unwrap();

@@ -654,6 +654,11 @@ impl SyncCx<'_> {
         if scan.phase == crate::scan::PHASE_TREES && done.is_some_and(|d| d >= id) {
             scan.bookmark = crate::scan::id_bookmark(id.checked_sub(1));
             st.ms_dirty = true;
+        } else {
+            // Not finished: perhaps being walked with the old pruning
+            // point right now (trees are walked in id order, so a head
+            // comes before the snapshots taken of it).
+            scan.moved = Some(scan.moved.map_or(id, |m| m.min(id)));
         }
     }
 

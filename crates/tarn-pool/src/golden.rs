@@ -87,6 +87,7 @@ fn scan_record() -> ScanRecord {
         failed_targets: vec![31],
         rate: 123_456_789,
         unverified: 1,
+        moved: None,
     }
 }
 

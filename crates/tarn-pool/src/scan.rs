@@ -85,6 +85,13 @@ pub(crate) struct ScanRecord {
     /// targets' dirty time logs.
     #[serde(default)]
     pub unverified: u64,
+    /// A tree the scan had not finished (the one it walks, or one still
+    /// to come) whose pruning point moved down meanwhile (a snapshot
+    /// before it was destroyed: `Cx::rescan_tree`). The walk in progress
+    /// pruned with the old point, so if it is this tree it is walked
+    /// again. Not kept: a resumed scan starts its tree afresh anyway.
+    #[serde(skip)]
+    pub moved: Option<u64>,
 }
 
 impl ScanRecord {
@@ -255,6 +262,7 @@ impl Pool {
                     failed_targets: Vec::new(),
                     rate: 0,
                     unverified: 0,
+                    moved: None,
                 });
                 st.damaged_at_scrub_start = Some(st.ms.damaged.clone());
                 st.ms_dirty = true;
@@ -376,6 +384,7 @@ impl Pool {
             failed_targets: Vec::new(),
             rate: 0,
             unverified: 0,
+            moved: None,
         });
         st.ms_dirty = true;
         drop(st);
@@ -946,8 +955,13 @@ impl Pool {
         if phase == PHASE_TREES {
             if let Some(scan) = self.scan_fn() {
                 loop {
-                    let st = self.lock();
+                    let mut st = self.lock();
                     let done = st.ms.scan.as_ref().and_then(|s| bookmark_id(&s.bookmark));
+                    // Trees still to come are read from this root, so they
+                    // prune with the points in force now.
+                    if let Some(s) = st.ms.scan.as_mut() {
+                        s.moved = None;
+                    }
                     let (root, txg) = (st.meta_root, st.txg);
                     drop(st);
                     let hold = self.holds.hold(txg);
@@ -967,9 +981,10 @@ impl Pool {
                     let mut st = self.lock();
                     self.note_failed_targets(&mut st, false);
                     if let Some(s) = st.ms.scan.as_mut() {
-                        // Unless a destroy asked for an earlier tree to be
-                        // walked again meanwhile (`Cx::rescan_tree`).
-                        if bookmark_id(&s.bookmark) == done {
+                        // Unless a destroy asked for an earlier tree, or
+                        // this one, to be walked again meanwhile
+                        // (`Cx::rescan_tree`).
+                        if bookmark_id(&s.bookmark) == done && s.moved != Some(id) {
                             s.bookmark = id_bookmark(Some(id));
                         }
                     }
