@@ -111,7 +111,9 @@ impl Pool {
                 let e = st.ms.dtl.entry(guid).or_insert((from, u64::MAX));
                 e.1 = u64::MAX;
             }
-            self.commit_config(sync)
+            self.commit_config(sync)?;
+            self.write_offline_label(sync, guid);
+            Ok(())
         })
     }
 

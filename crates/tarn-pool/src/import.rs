@@ -363,6 +363,31 @@ impl Pool {
                     .filter(|(_, x)| x.is_none())
                     .map(|(c, _)| c.path.display().to_string())
                     .collect();
+                // A device taken offline holds the pool as it was when it
+                // left: importing from it alone would silently roll back
+                // every later change (its label says it is offline; see
+                // `Pool::write_offline_label`).
+                let offline: Vec<String> = tc
+                    .children
+                    .iter()
+                    .zip(row)
+                    .filter(|(c, x)| c.offline && x.is_some())
+                    .map(|(c, _)| c.path.display().to_string())
+                    .collect();
+                if !offline.is_empty() {
+                    return Err(PoolError::Faulted(format!(
+                        "cannot import '{}': {} was taken offline and holds the pool as it was \
+                         then, without every later change; the current state is on {}: attach \
+                         them or search more directories with -d",
+                        cfg.pool_name,
+                        offline.join(", "),
+                        if missing.is_empty() {
+                            "its other devices".to_string()
+                        } else {
+                            missing.join(", ")
+                        }
+                    )));
+                }
                 return Err(PoolError::Faulted(format!(
                     "cannot import '{}': too many devices are missing ({}); attach them or search more directories with -d",
                     cfg.pool_name,
@@ -521,7 +546,23 @@ impl Pool {
             pool.release_frees(&mut st);
             // Before anything allocates: the intent log's blocks and the
             // data blocks it references are in use until replay commits.
-            pool.log_claim(&mut st, loaded_txg)?;
+            let rewound = loaded_txg < newest_seen;
+            let dropped = pool.log_claim(&mut st, loaded_txg, rewound)?;
+            // Committed txgs lost to damage are data lost: said where
+            // `status` lists damage, not left for the user to notice.
+            if rewound {
+                st.ms.damaged.insert(format!(
+                    "txgs {}..={}: committed, but their metadata did not verify; the pool was \
+                     imported at txg {loaded_txg}, without the changes they held{}",
+                    loaded_txg + 1,
+                    newest_seen,
+                    if dropped > 0 {
+                        format!(" and without {dropped} intent log commit(s) made on top of them")
+                    } else {
+                        String::new()
+                    }
+                ));
+            }
             // The labels name the new owner now; the state changes of this
             // import (dirty time logs) are committed by the first txg. Import
             // itself writes no txg, so a pool too full or fragmented to

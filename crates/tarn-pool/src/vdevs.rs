@@ -131,6 +131,29 @@ impl Pool {
         state: PoolState,
         txg: u64,
     ) -> Result<(), PoolError> {
+        self.write_labels_to(sync, state, txg, None)
+    }
+
+    /// Writes the label of a leaf just taken offline with the configuration
+    /// the other leaves got at the last label write, in which it is offline.
+    /// Its older label would present it, alone, as the whole pool at the
+    /// txg it left: an import from it would silently roll the pool back.
+    /// With this label, such an import finds the device offline and
+    /// refuses. Best effort: a device failing writes keeps its old label.
+    pub(crate) fn write_offline_label(&self, sync: &mut SyncState, guid: u64) {
+        let txg = sync.label_txg;
+        let _ = self.write_labels_to(sync, PoolState::Active, txg, Some(guid));
+    }
+
+    /// Writes the labels of the usable leaves, or with `only`, of that one
+    /// leaf whatever its state.
+    fn write_labels_to(
+        &self,
+        sync: &mut SyncState,
+        state: PoolState,
+        txg: u64,
+        only: Option<u64>,
+    ) -> Result<(), PoolError> {
         sync.label_txg = sync.label_txg.max(txg);
         let tree: Vec<_> = self.tops.iter().map(|t| t.config()).collect();
         let log_tops: Vec<Arc<TopVdev>> = self.lock().logs.iter().map(|l| l.top.clone()).collect();
@@ -150,7 +173,11 @@ impl Pool {
             );
         for (ti, t) in all {
             for (ci, info) in t.leaves().into_iter().enumerate() {
-                if !matches!(info.state, LeafState::Online) {
+                let wanted = match only {
+                    Some(g) => info.guid == g,
+                    None => matches!(info.state, LeafState::Online),
+                };
+                if !wanted {
                     continue;
                 }
                 let Some(leaf) = t.leaf(ci) else { continue };

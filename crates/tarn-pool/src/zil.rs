@@ -89,6 +89,13 @@
 //! The sync that commits the replay retires the chain, and the new one
 //! has none.
 //!
+//! **A rewind.** When import loads an older txg than the newest committed
+//! one (whose metadata no longer verifies), the commits of the txg right
+//! after the loaded one still replay correctly (each is a prefix of its
+//! dataset's operations after the loaded state), but commits of later
+//! txgs were made on top of what the lost txg committed without logging:
+//! they are dropped, and the pool's damage list says so (`log_claim`).
+//!
 //! **Versions.** Blocks of version 1 hold commits without a txg (written
 //! when one chain lived for exactly one txg): import reads them as commits
 //! of the txg after the committed one.
@@ -811,12 +818,31 @@ impl Pool {
     /// header names, claims its blocks and the data blocks its complete
     /// commits of txgs after `committed` reference, and keeps their records
     /// for replay.
-    pub(crate) fn log_claim(&self, st: &mut State, committed: u64) -> Result<(), PoolError> {
+    ///
+    /// `rewound`: the import loaded `committed` although later txgs were
+    /// committed (their metadata did not verify). A dataset's commits are
+    /// the prefix of its operations that an fsync wrote, the rest went to
+    /// the txg; so commits of the txg after `committed` redo a prefix of
+    /// what followed it, but commits of later txgs were logged on top of
+    /// that txg's unlogged tail, which is lost: replayed, they would apply
+    /// to a state they were never made against. They are dropped, and a
+    /// line in the pool's damage list says so. Returns how many.
+    pub(crate) fn log_claim(
+        &self,
+        st: &mut State,
+        committed: u64,
+        rewound: bool,
+    ) -> Result<usize, PoolError> {
         let Some(h) = st.ms.log else {
-            return Ok(());
+            return Ok(0);
         };
+        // A chain an earlier import found and did not replay yet holds
+        // commits made before that import only (none go on an imported
+        // chain), so the rewind takes nothing from it.
+        let rewound = rewound && h.replay_after.is_none();
         // A sync after an earlier import, before its replay committed: the
         // commits are of txgs after the one committed then, not now.
+        let loaded = committed;
         let committed = h.replay_after.unwrap_or(committed);
         let mut z = self.zil_state();
         z.chain = Some(h.guid);
@@ -830,7 +856,7 @@ impl Pool {
             .is_some_and(|t| !matches!(t.health(), tarn_vdev::TopHealth::Faulted));
         if !readable {
             // Only an import told to discard a missing log device gets here.
-            return Ok(());
+            return Ok(0);
         }
         let mut chain = Vec::new();
         let mut stream = Vec::new();
@@ -959,6 +985,11 @@ impl Pool {
             commits.pop();
         }
         commits.retain(|c| c.txg.is_none_or(|t| t > committed));
+        let before = commits.len();
+        if rewound {
+            commits.retain(|c| c.txg.is_none_or(|t| t <= loaded + 1));
+        }
+        let dropped = before - commits.len();
         let mut records = Vec::new();
         for c in commits {
             for d in c.refs.iter().flat_map(|bp| bp.used_dvas()) {
@@ -970,7 +1001,7 @@ impl Pool {
         if !records.is_empty() {
             z.replay = Some(records);
         }
-        Ok(())
+        Ok(dropped)
     }
 
     /// Marks a log-referenced range allocated. Space already wholly

@@ -295,6 +295,47 @@ fn offline_online_resilvers_missed_writes() {
     pool.export(false).unwrap();
 }
 
+/// A mirror side taken offline, alone, is the pool as it was when it left:
+/// import from it is refused rather than silently losing every later write,
+/// whether the pool was exported or its owner died; with the side that
+/// stayed, the pool imports with everything and the offline side stays out.
+#[test]
+fn an_offlined_side_alone_does_not_import_as_the_pool() {
+    for exported in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let devs = make_files(dir.path(), "m", 2, 80 * MIB);
+        let pool = create("tank", VdevKind::Mirror, &devs, &[]).unwrap();
+        let mut rng = Rng::new(12);
+        let before = write_objects(&pool, &mut rng, 3, MIB);
+        pool.offline(devs[0].to_str().unwrap()).unwrap();
+        let after = rng.bytes(300_000);
+        pool.object_write("after", 0, &after, true).unwrap();
+        pool.sync().unwrap();
+        if exported {
+            pool.export(false).unwrap();
+        } else {
+            pool.abandon();
+        }
+        drop(pool);
+        let aside = tempfile::tempdir_in(dir.path()).unwrap();
+        let kept = aside.path().join("kept");
+        std::fs::rename(&devs[1], &kept).unwrap();
+        let e = try_import(&[dir.path()], "tank", false, opts())
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(e, PoolError::Faulted(_)) && e.to_string().contains("taken offline"),
+            "exported {exported}: {e}"
+        );
+        std::fs::rename(&kept, &devs[1]).unwrap();
+        let pool = import_tank(dir.path());
+        verify_all(&pool, &before);
+        assert_eq!(pool.object_read("after", 0, after.len()).unwrap(), after);
+        assert_eq!(pool.health(), Health::Degraded, "exported {exported}");
+        pool.export(false).unwrap();
+    }
+}
+
 /// Devices are found by label after being renamed and moved.
 #[test]
 fn import_after_rename_and_move() {
