@@ -580,7 +580,7 @@ pub fn load_key_with(
         Ok(k)
     })?;
     let ks = Arc::new(rec.unwrap(input)?);
-    with_excl(pool, |dsl, cx| {
+    let r = with_excl(pool, |dsl, cx| {
         {
             let mut dir = dsl.dir();
             if dir.keys.get(&rec.id) != Some(&rec) {
@@ -602,7 +602,26 @@ pub fn load_key_with(
             dsl.dir().unlocked.remove(&rec.id);
         }
         r
-    })
+    });
+    if r.is_err() {
+        // The replay read (and the cache kept) plaintext of datasets that
+        // stay locked: it goes as at an unload.
+        forget_key(pool, ks);
+    }
+    r
+}
+
+/// Makes a key that is no longer in the directory useless: reads in flight
+/// with it fail and cache nothing, and once they let go of it the cache
+/// drops the plaintext it holds (the cache does not know datasets: the
+/// pool's blocks go, and come back on demand).
+fn forget_key(pool: &Pool, ks: Arc<KeySet>) {
+    ks.revoke();
+    let t0 = std::time::Instant::now();
+    while Arc::strong_count(&ks) > 1 && t0.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    pool.evict_cache();
 }
 
 /// Unloads the key of encryption root `name`: its datasets are locked
@@ -618,15 +637,8 @@ pub fn unload_key(pool: &Pool, name: &str) -> Result<(), DsError> {
         Ok(ks)
     })?;
     // Reads still in flight (a block found before the unload, read-ahead)
-    // fail from now on and cache nothing; once they let go of the key, the
-    // plaintext the cache holds of its blocks goes (the cache does not
-    // know datasets: the pool's blocks go, and come back on demand).
-    ks.revoke();
-    let t0 = std::time::Instant::now();
-    while Arc::strong_count(&ks) > 1 && t0.elapsed() < std::time::Duration::from_secs(10) {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    pool.evict_cache();
+    // fail from now on.
+    forget_key(pool, ks);
     Ok(())
 }
 

@@ -716,7 +716,8 @@ fn entry_keys_do_not_reveal_names() {
 }
 
 /// A parked record that cannot be read back: the load fails and changes
-/// nothing (the key stays unloaded, the record parked); asked to discard
+/// nothing (the key stays unloaded, the records parked, and nothing the
+/// replay decrypted before it failed stays in the cache); asked to discard
 /// it, the load goes on without it and says so in the pool's status.
 #[test]
 fn an_unreadable_parked_record_fails_the_load_unless_discarded() {
@@ -726,16 +727,33 @@ fn an_unreadable_parked_record_fails_the_load_unless_discarded() {
     encrypted(&pool, "tank/s", PASS, &[]);
     let fs = mount(&pool, "tank/s");
     let c = Cred::root();
+    // A committed file that the first record patches (its replay reads
+    // and decrypts the block), and a second record, the damaged one.
+    let base = new_file(&fs, "base");
+    fs.write(base, 0, &[0x42; 8192], false, &c).unwrap();
+    fs.release(base).unwrap();
+    pool.sync().unwrap();
+    let base = fs.lookup(ROOT_INO, b"base", &c).unwrap().ino;
+    fs.open(base, libc::O_RDWR, &c).unwrap();
+    fs.write(base, 100, b"patched", false, &c).unwrap();
+    fs.fsync(base).unwrap();
     let f = new_file(&fs, "f");
     fs.write(f, 0, b"logged only", false, &c).unwrap();
     fs.fsync(f).unwrap();
     drop(fs);
     pool.abandon();
-    let pool = import(dir.path());
-    assert_eq!(tarn_dataset::parked_records(&pool, "tank/s").unwrap(), 1);
-    // Damage the block holding the parked record (no redundancy on one
-    // device).
-    let chunk = tarn_dataset::parked_blocks(&pool, "tank/s").unwrap()[0];
+    // A cache of its own, so that only this pool's blocks are counted.
+    let opts = PoolOptions {
+        cache: Some(Arc::new(tarn_block::BlockCache::new(64 << 20))),
+        ..opts()
+    };
+    let pool =
+        attached(tarn_testkit::pools::try_import(&[dir.path()], "tank", true, opts).unwrap());
+    assert_eq!(tarn_dataset::parked_records(&pool, "tank/s").unwrap(), 2);
+    // Damage the block holding the last parked record (no redundancy on
+    // one device).
+    let chunks = tarn_dataset::parked_blocks(&pool, "tank/s").unwrap();
+    let chunk = *chunks.last().unwrap();
     tarn_testkit::files::overwrite(
         &devs[0],
         tarn_vdev::DATA_START + chunk.dvas[0].offset,
@@ -744,6 +762,12 @@ fn an_unreadable_parked_record_fails_the_load_unless_discarded() {
     pool.evict_cache();
     let r = tarn_dataset::load_key(&pool, "tank/s", &passphrase(PASS));
     assert!(matches!(r, Err(DsError::Damaged(_))), "{r:?}");
+    // What the failed replay read with the key (decrypted) is not kept.
+    assert_eq!(
+        pool.cache_stats().blocks,
+        0,
+        "a failed key load left blocks in the cache"
+    );
     let info = tarn_testkit::datasets::info(&pool, "tank/s");
     assert_eq!(
         info.keystatus.as_deref(),
@@ -752,11 +776,11 @@ fn an_unreadable_parked_record_fails_the_load_unless_discarded() {
     );
     assert_eq!(
         tarn_dataset::parked_records(&pool, "tank/s").unwrap(),
-        1,
-        "and the record parked"
+        2,
+        "and the records parked"
     );
     let n = tarn_dataset::load_key_with(&pool, "tank/s", &passphrase(PASS), true).unwrap();
-    assert_eq!(n, 0);
+    assert_eq!(n, 1);
     assert_eq!(tarn_dataset::parked_records(&pool, "tank/s").unwrap(), 0);
     assert!(pool
         .status()
@@ -768,6 +792,13 @@ fn an_unreadable_parked_record_fails_the_load_unless_discarded() {
         content(&fs, ROOT_INO, "f"),
         None,
         "the dropped record's file"
+    );
+    let mut want = vec![0x42; 8192];
+    want[100..107].copy_from_slice(b"patched");
+    assert_eq!(
+        content(&fs, ROOT_INO, "base"),
+        Some(want),
+        "the replayed one"
     );
     drop(fs);
     pool.sync().unwrap();
