@@ -33,13 +33,29 @@ use crate::pool::{Pool, State};
 use crate::store::{Allocator, METADATA_RESERVE_BYTES};
 use crate::PoolError;
 
-/// Takes `[off, off + len)` out of the uncommitted ranges of one vdev.
-/// True for an encrypted block read without its key loaded: refused,
-/// even when its plaintext is cached (the cache holds logical bytes).
-fn sealed_without_key(bp: &BlockPtr, key: Option<&KeySet>) -> bool {
-    bp.is_encrypted() && key.is_none_or(KeySet::is_revoked)
+/// Why a data block may not be read with `key`, whatever the cache holds
+/// (it holds logical bytes): an encrypted block without its key loaded,
+/// or a block that is not sealed read for an encrypted dataset (a pointer
+/// changed on disk, or a tampered stream, would have it taken as the
+/// file's bytes unauthenticated). A read from the devices refuses both
+/// (`pipeline`); so must a cache hit, the bytes cached by another reader.
+fn refusal(bp: &BlockPtr, key: Option<&KeySet>) -> Option<PoolError> {
+    match (bp.is_encrypted(), key) {
+        (true, k) if k.is_none_or(KeySet::is_revoked) => {
+            Some(tarn_block::BlockError::KeyUnavailable(pipeline::describe(bp)).into())
+        }
+        (false, Some(_)) => Some(
+            tarn_block::BlockError::Crypto(format!(
+                "{} belongs to an encrypted dataset but is not sealed",
+                pipeline::describe(bp)
+            ))
+            .into(),
+        ),
+        _ => None,
+    }
 }
 
+/// Takes `[off, off + len)` out of the uncommitted ranges of one vdev.
 fn untrack(map: &mut std::collections::BTreeMap<u64, (u64, u64)>, off: u64, len: u64) {
     let end = off + len;
     let hit: Vec<(u64, u64, u64)> = map
@@ -168,8 +184,8 @@ impl Pool {
     ) -> Result<Arc<[u8]>, PoolError> {
         // An encrypted block is read only by someone holding its key, even
         // when its plaintext is cached (the cache holds logical bytes).
-        if sealed_without_key(bp, key) {
-            return Err(tarn_block::BlockError::KeyUnavailable(pipeline::describe(bp)).into());
+        if let Some(e) = refusal(bp, key) {
+            return Err(e);
         }
         if let Some(d) = self.cache.get(self.guid, bp, BlockKind::Data) {
             return Ok(d);
@@ -181,6 +197,9 @@ impl Pool {
             Some(Joined::Lead(l)) => Some(l),
             Some(Joined::Wait(w)) => match w.wait() {
                 Some(d) => {
+                    if let Some(e) = refusal(bp, key) {
+                        return Err(e);
+                    }
                     self.cache.used(self.guid, bp);
                     return Ok(d);
                 }
@@ -221,8 +240,8 @@ impl Pool {
         let mut mine = Vec::new();
         let mut waits = Vec::new();
         for (i, bp) in bps.iter().enumerate() {
-            if sealed_without_key(bp, key) {
-                out[i] = Some(Err(no_key(bp)));
+            if let Some(e) = refusal(bp, key) {
+                out[i] = Some(Err(e));
                 continue;
             }
             if let Some(d) = self.cache.get(self.guid, bp, BlockKind::Data) {
@@ -263,15 +282,15 @@ impl Pool {
             });
         }
         for (i, w) in waits {
-            out[i] = Some(match w.wait() {
-                // Plaintext read before a key was unloaded is not handed
-                // out after it.
-                Some(_) if sealed_without_key(bps[i], key) => Err(no_key(bps[i])),
-                Some(d) => {
+            // Judged after the wait: plaintext read before a key was
+            // unloaded is not handed out after it.
+            out[i] = Some(match (w.wait(), refusal(bps[i], key)) {
+                (Some(_), Some(e)) => Err(e),
+                (Some(d), None) => {
                     self.cache.used(self.guid, bps[i]);
                     Ok(d)
                 }
-                None => self.read_data(bps[i], key),
+                (None, _) => self.read_data(bps[i], key),
             });
         }
         out.into_iter()
@@ -357,7 +376,7 @@ impl Pool {
         key: Option<&KeySet>,
         _hold: &crate::OwnedHold,
     ) -> Option<Arc<[u8]>> {
-        if sealed_without_key(bp, key) {
+        if refusal(bp, key).is_some() {
             return None;
         }
         self.cache.try_get(self.guid, bp, BlockKind::Data)
@@ -367,7 +386,7 @@ impl Pool {
     /// or miss is counted): a reader of many blocks checks them all before
     /// it reads any, so a read that falls back is not counted twice.
     pub fn is_cached(&self, bp: &BlockPtr, key: Option<&KeySet>) -> bool {
-        !sealed_without_key(bp, key) && self.cache.contains(self.guid, bp)
+        refusal(bp, key).is_none() && self.cache.contains(self.guid, bp)
     }
 
     /// Reads a data block into the block cache ahead of its reader
@@ -394,7 +413,7 @@ impl Pool {
         let mut leads = Vec::new();
         let mut batch = Vec::new();
         for bp in bps {
-            if sealed_without_key(bp, key)
+            if refusal(bp, key).is_some()
                 || !self.cache.would_keep(bp.lsize as usize)
                 || self.cache.contains(self.guid, bp)
             {
@@ -463,5 +482,71 @@ impl Pool {
             .map(|t| t.alloc_size(len))
             .max()
             .unwrap_or(len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{PoolOptions, VdevSpec};
+    use tarn_block::{BlockCache, BlockType, Cipher};
+
+    /// A block another reader cached is still judged by its pointer: one
+    /// that is not sealed, read for an encrypted dataset (a key given),
+    /// is refused as a read from the devices would refuse it; an
+    /// encrypted one needs a key that is loaded.
+    #[test]
+    fn a_cache_hit_is_refused_what_a_device_read_would_be() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = dir.path().join("d0");
+        std::fs::File::create(&dev)
+            .unwrap()
+            .set_len(64 << 20)
+            .unwrap();
+        let opts = PoolOptions {
+            cache: Some(Arc::new(BlockCache::new(16 << 20))),
+            sync_interval: std::time::Duration::from_secs(3600),
+            ..Default::default()
+        };
+        let spec = VdevSpec {
+            kind: tarn_vdev::VdevKind::Single,
+            devices: vec![dev],
+        };
+        let pool = Pool::create("tank", &[spec], 12, &Default::default(), false, opts).unwrap();
+        let key = KeySet::generate(Cipher::default()).unwrap();
+        let mut plain = BlockPtr {
+            lsize: 4096,
+            psize: 4096,
+            birth: 3,
+            btype: BlockType::Data,
+            fill: 1,
+            ..Default::default()
+        };
+        plain.dvas[0] = Dva {
+            vdev: 0,
+            asize: 4096,
+            offset: 1 << 20,
+        };
+        let mut sealed = plain;
+        sealed.dvas[0].offset = 2 << 20;
+        sealed.flags = tarn_block::bp::FLAG_ENCRYPTED;
+        let bytes: Arc<[u8]> = Arc::from(vec![7u8; 4096]);
+        for bp in [&plain, &sealed] {
+            pool.cache
+                .insert(pool.guid, bp, bytes.clone(), BlockKind::Data);
+        }
+        // Cached: an unencrypted reader gets the plain block.
+        assert_eq!(pool.read_data(&plain, None).unwrap(), bytes);
+        assert!(matches!(
+            pool.read_data(&plain, Some(&key)),
+            Err(PoolError::Block(tarn_block::BlockError::Crypto(_)))
+        ));
+        assert!(pool.read_data_many(&[&plain], Some(&key))[0].is_err());
+        assert!(!pool.is_cached(&plain, Some(&key)));
+        assert!(pool.read_data(&sealed, None).is_err());
+        assert_eq!(pool.read_data(&sealed, Some(&key)).unwrap(), bytes);
+        key.revoke();
+        assert!(pool.read_data(&sealed, Some(&key)).is_err());
+        pool.abandon();
     }
 }
