@@ -637,7 +637,8 @@ pub struct Unit<'a> {
     pub dev: &'a dyn Device,
     /// Refuse writes.
     pub read_only: bool,
-    /// The target's name (serial number and designators derive from it).
+    /// The target's name (the SCSI name designator; the serial number and
+    /// NAA too when the device has no identity of its own).
     pub name: &'a str,
     /// Advertised limits.
     pub limits: Limits,
@@ -672,8 +673,20 @@ impl Unit<'_> {
         }
     }
 
+    /// What the logical unit's serial number and NAA derive from: the
+    /// device's identity (a volume's guid), so that an initiator (ESXi
+    /// keys datastores on the NAA) sees the same disk after the share is
+    /// renamed and never takes another volume, shared later under this
+    /// target's name, for the disk it knew; the target's name otherwise.
+    fn identity(&self) -> Vec<u8> {
+        match self.dev.identity() {
+            Some(g) => [&b"guid"[..], &g.to_be_bytes()].concat(),
+            None => self.name.as_bytes().to_vec(),
+        }
+    }
+
     fn serial(&self) -> String {
-        md5(&[self.name.as_bytes()])[..8]
+        md5(&[self.identity().as_slice()])[..8]
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect()
@@ -1336,8 +1349,8 @@ fn inquiry(u: &Unit<'_>, page: Option<u8>) -> Result<Vec<u8>, Sense> {
         0x80 => u.serial().into_bytes(),
         0x83 => {
             let mut b = Vec::new();
-            // NAA locally assigned (3), from the target's name.
-            let h = md5(&[b"naa", u.name.as_bytes()]);
+            // NAA locally assigned (3), from the unit's identity.
+            let h = md5(&[b"naa", u.identity().as_slice()]);
             let mut naa = [0u8; 8];
             naa.copy_from_slice(&h[..8]);
             naa[0] = 0x30 | (naa[0] & 0x0f);

@@ -65,6 +65,14 @@ pub trait Device: Send + Sync {
     fn block_size(&self) -> u32;
     /// True when every write fails with [`VolError::ReadOnly`].
     fn read_only(&self) -> bool;
+    /// A number naming this device's data wherever and under whatever
+    /// name it is served (a volume's dataset guid: kept across renames and
+    /// share changes, its own for a clone), from which an iSCSI logical
+    /// unit's serial number and NAA come; None: the front end derives them
+    /// from the name it serves the device under.
+    fn identity(&self) -> Option<u64> {
+        None
+    }
     /// False once the device is closed (a rollback, destroy or key unload
     /// under way): every call fails, and a front end does not offer it to
     /// a client connecting meanwhile, who would see an empty disk.

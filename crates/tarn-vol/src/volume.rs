@@ -465,6 +465,10 @@ impl Device for Volume {
         self.spec().map_or(0, |s| s.size)
     }
 
+    fn identity(&self) -> Option<u64> {
+        Some(self.handle.guid())
+    }
+
     fn block_size(&self) -> u32 {
         self.spec().map_or(512, |s| s.block)
     }

@@ -249,6 +249,20 @@ fn try_run(args: &[&str]) -> (bool, String) {
     (o.status.success(), text)
 }
 
+/// The unit serial number (VPD page 80h) of the logical unit at `url`, as
+/// libiscsi's `iscsi-inq` shows it.
+fn unit_serial(url: &str) -> String {
+    let (ok, out) = try_run(&["iscsi-inq", "-e", "1", "-c", "128", url]);
+    assert!(ok, "{url}: {out}");
+    let serial = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Unit Serial Number:"))
+        .map(|s| s.trim().trim_matches(|c| c == '[' || c == ']').to_string())
+        .unwrap_or_default();
+    assert!(!serial.is_empty(), "{url}: no serial in {out}");
+    serial
+}
+
 /// Sets `user`'s CHAP secret through `tarn user chap --secret-stdin`.
 fn set_chap(d: &Daemon, user: &str, secret: &str) -> std::process::Output {
     tarn_with_stdin(
@@ -495,11 +509,40 @@ fn iscsi_shares_with_chap_users_through_the_daemon() {
     assert!(!ok, "a read-only target took a write");
 
     // Removing the share removes the target.
+    let lab_serial = unit_serial(&lab);
     d.ok(&["share", "del", "lab"]);
     let (ok, out) = try_run(&["iscsi-ls", &format!("iscsi://{iscsi}")]);
     assert!(
         ok && !out.contains(lab_iqn) && out.contains(vm_iqn),
         "{out}"
+    );
+    // A logical unit is known by its volume, not by the target's name:
+    // another volume shared under lab's old name is another disk to the
+    // initiator, and lab shared again under a new name is the same one.
+    d.ok(&["volume", "create", "-V", "8M", "tank/other"]);
+    d.ok(&[
+        "share",
+        "add",
+        "lab",
+        "tank/other",
+        "--iscsi",
+        &format!("{lab_iqn},client=127.0.0.1/32"),
+    ]);
+    let other_serial = unit_serial(&lab);
+    assert_ne!(other_serial, lab_serial, "another volume, the same serial");
+    let lab2_iqn = "iqn.2026-11.org.example:lab-again";
+    d.ok(&[
+        "share",
+        "add",
+        "lab2",
+        "tank/lab",
+        "--iscsi",
+        &format!("{lab2_iqn},client=127.0.0.1/32"),
+    ]);
+    assert_eq!(
+        unit_serial(&format!("iscsi://{iscsi}/{lab2_iqn}/0")),
+        lab_serial,
+        "the same volume under a new target name, another serial"
     );
     let stats = d.ok(&["daemon", "stats"]);
     assert!(stats.contains("iscsi"), "{stats}");
