@@ -1509,6 +1509,10 @@ impl Pools {
         let r = tarn_dataset::unload_key(pool, name).map_err(ds_error);
         if r.is_err() {
             self.mounts.remount(&self.fss, pool, down, None);
+        } else if let Some(w) = self.web.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            // Pictures of the plaintext, as the block cache it just
+            // dropped held the plaintext itself.
+            w.forget_thumbnails();
         }
         r
     }

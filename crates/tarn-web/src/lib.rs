@@ -218,6 +218,12 @@ impl Running {
         self.state.thumbs.bytes()
     }
 
+    /// Drops the cached thumbnails (when a key is unloaded: they show
+    /// the plaintext of its datasets' photos).
+    pub fn forget_thumbnails(&self) {
+        self.state.thumbs.clear();
+    }
+
     /// Stops listening and ends the connections.
     pub fn stop(mut self) {
         if let Some(s) = self.stop.take() {

@@ -147,6 +147,17 @@ impl Thumbs {
         }
     }
 
+    /// Drops every thumbnail: they are pictures of files' plaintext, and
+    /// a key unloaded must take what was made from its datasets with it
+    /// (the cache does not know which those are, as the block cache does
+    /// not; the rest are made again on demand).
+    pub fn clear(&self) {
+        let mut l = self.lru.lock().unwrap_or_else(|e| e.into_inner());
+        l.map.clear();
+        l.order.clear();
+        l.bytes = 0;
+    }
+
     /// Bytes of thumbnails held.
     pub fn bytes(&self) -> usize {
         self.lru.lock().unwrap_or_else(|e| e.into_inner()).bytes

@@ -1053,6 +1053,53 @@ fn files_uploads_versions_and_share_links() {
 /// every visitor of every link count in the user's 64, so making links
 /// does not let one user take the server's table of uploads; and a user
 /// keeps at most 256 links.
+/// A thumbnail is a picture of a file's plaintext: made from a photo in an
+/// encrypted dataset, it goes when the key is unloaded (as the cached
+/// blocks do), and is made again only once the key is back.
+#[test]
+fn thumbnails_of_an_encrypted_dataset_go_with_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, port, _dav) = Daemon::with_web_and_pool(dir.path());
+    let pass: &[u8] = b"a long passphrase for thumbnails\n";
+    let o = d.tarn_input(
+        &[
+            "dataset",
+            "create",
+            "-o",
+            "encryption=on",
+            "-o",
+            "keyformat=passphrase",
+            "tank/e",
+        ],
+        pass,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    add_user(&d, "alice", "alice-password");
+    d.ok(&[
+        "share", "add", "e", "tank/e", "--webdav", "alice=rw", "--owner", "alice",
+    ]);
+    let alice = Browser::login(port, "alice", "alice-password");
+    let mk = alice.op(json!({"op": "mkdir", "share": "e", "path": "pics"}));
+    assert_eq!(mk.status, 200, "{:?}", mk.json());
+    alice.upload("e", "pics", "p.png", &png(600, 300));
+    let thumb = || {
+        let a = alice.get("/api/files/e/pics/p.png?thumb");
+        (a.status, a.head.contains("x-thumbnail: cached"))
+    };
+    assert_eq!(thumb(), (200, false));
+    assert_eq!(thumb(), (200, true));
+    d.ok(&["key", "unload", "tank/e"]);
+    assert_ne!(thumb().0, 200, "a thumbnail of a locked dataset");
+    let o = d.tarn_input(&["key", "load", "tank/e"], pass);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        thumb(),
+        (200, false),
+        "the thumbnail outlived the key's unload"
+    );
+    d.stop();
+}
+
 #[test]
 fn links_do_not_multiply_what_a_user_may_hold() {
     let dir = tempfile::tempdir().unwrap();
