@@ -1061,19 +1061,7 @@ fn thumbnails_of_an_encrypted_dataset_go_with_its_key() {
     let dir = tempfile::tempdir().unwrap();
     let (d, port, _dav) = Daemon::with_web_and_pool(dir.path());
     let pass: &[u8] = b"a long passphrase for thumbnails\n";
-    let o = d.tarn_input(
-        &[
-            "dataset",
-            "create",
-            "-o",
-            "encryption=on",
-            "-o",
-            "keyformat=passphrase",
-            "tank/e",
-        ],
-        pass,
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    d.create_encrypted_with("tank/e", &[], pass);
     add_user(&d, "alice", "alice-password");
     d.ok(&[
         "share", "add", "e", "tank/e", "--webdav", "alice=rw", "--owner", "alice",

@@ -142,17 +142,22 @@ impl Daemon {
     /// piped in, mounted at `mountpoint`.
     pub fn create_encrypted(&self, name: &str, mountpoint: &Path, pass: &[u8]) {
         let mp = format!("mountpoint={}", mountpoint.display());
-        let args = [
+        self.create_encrypted_with(name, &["-o", &mp], pass);
+    }
+
+    /// [`Daemon::create_encrypted`] with other options than a mountpoint
+    /// (none: not mounted).
+    pub fn create_encrypted_with(&self, name: &str, opts: &[&str], pass: &[u8]) {
+        let mut args = vec![
             "dataset",
             "create",
             "-o",
             "encryption=on",
             "-o",
             "keyformat=passphrase",
-            "-o",
-            &mp,
-            name,
         ];
+        args.extend_from_slice(opts);
+        args.push(name);
         let o = self.tarn_input(&args, pass);
         assert!(
             o.status.success(),
