@@ -464,7 +464,15 @@ impl Backend for Pools {
         label: &str,
         dataset: &str,
     ) -> Result<tarn_api::params::TokenAdded, ApiError> {
-        self.tokens.add(label, dataset)
+        // Bound to the pool as it is now: another pool made or imported
+        // under its name later is not what the token was given for.
+        let pool = dataset.split('/').next().unwrap_or(dataset);
+        let guid = self.get(pool).map(|p| p.guid()).map_err(|_| {
+            ApiError::not_found(format!(
+                "no pool '{pool}': a replication token is for a dataset of a pool this daemon has"
+            ))
+        })?;
+        self.tokens.add_bound(label, dataset, Some(guid))
     }
 
     fn replication_token_list(&self) -> Result<Vec<tarn_api::params::TokenInfo>, ApiError> {

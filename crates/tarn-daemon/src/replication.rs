@@ -332,7 +332,8 @@ impl Tokens {
     }
 
     /// The dataset `token` is good for (an API token: the user it acts
-    /// as), if it is one of ours.
+    /// as), if it is one of ours, whatever pool it was made for.
+    #[cfg(test)]
     pub(crate) fn check(&self, token: &str) -> Option<String> {
         self.check_bound(token).map(|(scope, _)| scope)
     }
@@ -352,6 +353,27 @@ impl Tokens {
             }
         })
     }
+}
+
+/// The dataset `token` is good for on the replication port: one of ours,
+/// made for the pool that has the scope's pool name now (a token made
+/// before tokens were bound is taken as bound to the name).
+fn token_scope(tokens: &Tokens, backend: &Target, token: &str) -> Option<String> {
+    let (scope, guid) = tokens.check_bound(token)?;
+    if let Some(g) = guid {
+        let pool = scope.split('/').next()?;
+        let node = backend.upgrade()?;
+        let now = node
+            .pool_list()
+            .ok()?
+            .into_iter()
+            .find(|p| p.name == pool)
+            .and_then(|p| u64::from_str_radix(&p.guid, 16).ok())?;
+        if now != g {
+            return None;
+        }
+    }
+    Some(scope)
 }
 
 /// True when `name` (a dataset or snapshot) is `scope` or below it.
@@ -750,7 +772,7 @@ fn serve(
         let (id, m) = (req.id, req.method.as_str());
         if m == method::REPLICATION_HELLO {
             let out = params::<HelloParams>(m, req.params).and_then(|h| {
-                let ds = tokens.check(&h.token).ok_or_else(|| {
+                let ds = token_scope(tokens, backend, &h.token).ok_or_else(|| {
                     ApiError::invalid("that is not a replication token of this daemon")
                 })?;
                 Ok((h.token, ds))
@@ -772,7 +794,10 @@ fn serve(
             }
             continue;
         }
-        let Some(scope) = token.as_deref().and_then(|t| tokens.check(t)) else {
+        let Some(scope) = token
+            .as_deref()
+            .and_then(|t| token_scope(tokens, backend, t))
+        else {
             reply(
                 &mut r,
                 id,
@@ -836,7 +861,7 @@ fn serve(
                     let still = || {
                         token
                             .as_deref()
-                            .and_then(|t| tokens.check(t))
+                            .and_then(|t| token_scope(tokens, backend, t))
                             .is_some_and(|s| s == scope)
                     };
                     let mut body = Revocable {

@@ -604,5 +604,23 @@ fn replicate_to_another_tarn_over_tls() {
     // A deleted token no longer opens a session.
     let err = String::from_utf8_lossy(&replicate("tank/docs@big", &url, &fp).stderr).into_owned();
     assert!(err.contains("not a replication token"), "{err}");
+
+    // A token is for the pool it was made in: another pool that takes
+    // its name (the old one exported, a new disk set up) is not it.
+    let second = b.ok(&["replication", "token", "add", "second", "vault/backups"]);
+    let t =
+        tarn_cli::remote::Target::parse(&format!("tarn://127.0.0.1:{port}/vault/backups")).unwrap();
+    assert!(tarn_cli::remote::Remote::connect(&t, &pin, second.trim()).is_ok());
+    b.ok(&["pool", "export", "vault"]);
+    let other = files(&offsite, "other", 1, 512 << 20);
+    b.ok(&["pool", "create", "vault", &other[0]]);
+    b.ok(&["dataset", "create", "vault/backups"]);
+    let refused = tarn_cli::remote::Remote::connect(&t, &pin, second.trim()).map(|_| ());
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| format!("{e:#}").contains("not a replication token")),
+        "a token of the exported pool opened the new one: {refused:?}"
+    );
     b.ok(&["daemon", "ping"]);
 }
