@@ -291,37 +291,35 @@ impl Dir {
     /// by every quota above it.
     pub(crate) fn available(&self, cx: &Cx<'_>, id: u64) -> u64 {
         let mut avail = self.pool_room(cx, id);
-        // An ancestor counts `id`'s whole reservation already (a child
-        // counts as the larger of its use and its reservation): writes
-        // into the unused part do not grow the ancestor's use.
-        let own = self.unused_reservation(id);
+        // An ancestor counts the whole reservations of `id` and of the
+        // datasets between them already (a child counts as the larger of
+        // its use and its reservation): writes into their unused parts do
+        // not grow the ancestor's use.
+        let mut below = 0u64;
         for a in self.ancestors_and_self(id) {
             if let Some(q) = self.prop_u64(a, "quota") {
                 let used = self.user_used(a);
-                let relief = if a == id { 0 } else { own };
-                avail = avail.min(q.saturating_add(relief).saturating_sub(used));
+                avail = avail.min(q.saturating_add(below).saturating_sub(used));
             }
+            below = below.saturating_add(self.unused_reservation(a));
         }
         avail
     }
 
     /// The first of `datasets` whose quota `more` user bytes would pass:
-    /// its name, quota and use. `relief`: a dataset and the part of `more`
-    /// that its unused reservation absorbs, which every dataset but that
-    /// one counts already (see [`Dir::available`]).
+    /// its name, quota and use. `relief`: per dataset, the part of `more`
+    /// (and of the pending bytes it counts) that unused reservations below
+    /// it absorb, which it counts already (see [`Dir::available`]).
     fn past_quota(
         &self,
         datasets: impl IntoIterator<Item = u64>,
         more: u64,
-        relief: Option<(u64, u64)>,
+        relief: &[(u64, u64)],
     ) -> Option<(String, u64, u64)> {
         datasets.into_iter().find_map(|a| {
             let q = self.prop_u64(a, "quota")?;
             let used = self.user_used(a);
-            let absorbed = match relief {
-                Some((d, r)) if d != a => r,
-                _ => 0,
-            };
+            let absorbed = relief.iter().find(|(d, _)| *d == a).map_or(0, |(_, r)| *r);
             (used.saturating_add(more).saturating_sub(absorbed) > q).then(|| {
                 let name = self.recs.get(&a).map(|r| r.name.clone());
                 (name.unwrap_or_default(), q, used)
@@ -347,7 +345,7 @@ impl Dir {
             .ancestors_and_self(new_parent)
             .into_iter()
             .filter(|a| !before.contains(a));
-        match self.past_quota(new_ones, moved, None) {
+        match self.past_quota(new_ones, moved, &[]) {
             Some((an, q, used)) => Err(DsError::Quota(format!(
                 "moving it under '{an}' would take that dataset past its quota of {} ({} used, \
                  {} to move)",
@@ -372,19 +370,28 @@ impl Dir {
     ) -> Result<(), DsError> {
         let user_cost = self.deflate(cost).max(1);
         let quota_cost = self.deflate(cost.saturating_add(unpublished)).max(1);
-        // Of what `id` will then hold beyond its committed use (pending
-        // and this write), its unused reservation covers the first part.
-        let own = self.unused_reservation(id);
-        let absorbed = if own == 0 {
-            0
-        } else {
-            own.min(self.deflate(self.pending(id)).saturating_add(quota_cost))
-        };
-        if let Some((an, q, _)) = self.past_quota(
-            self.ancestors_and_self(id),
-            quota_cost,
-            Some((id, absorbed)),
-        ) {
+        let path = self.ancestors_and_self(id);
+        // A dataset counts each child as the larger of its use and its
+        // reservation, and the pending bytes below it in full. So what
+        // the datasets on the way up (`id` first) hold beyond their
+        // committed use (pending and this write) is, up to their unused
+        // reservations, counted twice by every dataset above them: once
+        // in the reservation, once as pending. Each level's reservation
+        // takes what the levels below it did not.
+        let mut relief = Vec::with_capacity(path.len());
+        let mut below = 0u64;
+        for &d in &path {
+            relief.push((d, below));
+            let unused = self.unused_reservation(d);
+            if unused > 0 {
+                let entering = self
+                    .deflate(self.pending(d))
+                    .saturating_add(quota_cost)
+                    .saturating_sub(below);
+                below = below.saturating_add(unused.min(entering));
+            }
+        }
+        if let Some((an, q, _)) = self.past_quota(path, quota_cost, &relief) {
             return Err(DsError::Quota(format!(
                 "dataset '{an}' is at its quota of {}",
                 props::human_bytes(q)
