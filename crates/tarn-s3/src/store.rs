@@ -47,8 +47,11 @@ pub const VERSION: u32 = 1;
 const MAX_MANIFEST: usize = 128 << 20;
 #[cfg(test)]
 const MAX_MANIFEST: usize = 100 << 10;
-/// Most bytes of manifests read from one prefix.
+/// Most bytes of manifests read from one prefix (250 KiB in tests).
+#[cfg(not(test))]
 const MAX_MANIFESTS_BYTES: u64 = 1 << 30;
+#[cfg(test)]
+const MAX_MANIFESTS_BYTES: u64 = 250 << 10;
 /// Room a manifest keeps for what is not its parts (its format, version,
 /// byte count and the stream's description).
 const MANIFEST_HEAD: usize = 64 << 10;
@@ -279,7 +282,22 @@ impl Store {
                 self.url
             )));
         }
-        Ok(Upload {
+        // The manifests already under the prefix: a reader takes at most
+        // MAX_MANIFESTS_BYTES of them, so a stream that would pass that
+        // would make every stream there unreadable.
+        let base = self.key("");
+        let others = self
+            .bucket
+            .list(&base)?
+            .into_iter()
+            .filter(|o| {
+                o.key
+                    .strip_prefix(&base)
+                    .and_then(|r| r.split_once('/'))
+                    .is_some_and(|(_, f)| f == "manifest.json")
+            })
+            .fold(0u64, |a, o| a.saturating_add(o.size));
+        let up = Upload {
             store: self,
             dir,
             info,
@@ -288,7 +306,10 @@ impl Store {
             parts: Vec::new(),
             report: UploadReport::default(),
             manifest_bytes: MANIFEST_HEAD,
-        })
+            others,
+        };
+        up.check_total(MANIFEST_HEAD)?;
+        Ok(up)
     }
 
     /// Reads stored streams back one after the other (a chain, for
@@ -324,9 +345,25 @@ pub struct Upload<'a> {
     /// What the manifest will take, at most: a stream whose manifest the
     /// reader would refuse is refused here, before more is uploaded.
     manifest_bytes: usize,
+    /// Bytes of the other streams' manifests under the prefix.
+    others: u64,
 }
 
 impl Upload<'_> {
+    /// Refuses a stream whose manifest of `bytes` would take the prefix's
+    /// manifests past what a reader reads of them.
+    fn check_total(&self, bytes: usize) -> Result<(), S3Error> {
+        if self.others.saturating_add(bytes as u64) > MAX_MANIFESTS_BYTES {
+            return Err(S3Error::Layout(format!(
+                "{}: the streams stored there have {} bytes of manifests and this one would \
+                 take them past the {} a reader reads: let retention remove old streams, or \
+                 store new ones under another prefix",
+                self.store.url, self.others, MAX_MANIFESTS_BYTES
+            )));
+        }
+        Ok(())
+    }
+
     fn flush_part(&mut self) -> Result<(), S3Error> {
         let hash = hex(blake3::hash(&self.buf).as_bytes());
         let name = format!("part-{:08}-{}", self.parts.len(), &hash[..16]);
@@ -336,6 +373,7 @@ impl Upload<'_> {
             blake3: hash.clone(),
         };
         self.manifest_bytes = self.manifest_bytes.saturating_add(part_bytes(&part));
+        self.check_total(self.manifest_bytes)?;
         if self.manifest_bytes > MAX_MANIFEST {
             return Err(S3Error::Layout(format!(
                 "the stream is larger than one stored stream may be ({} parts of {} MiB; its \
@@ -382,6 +420,7 @@ impl Upload<'_> {
                 json.len()
             )));
         }
+        self.check_total(json.len())?;
         let key = format!("{}/manifest.json", self.dir);
         self.store.bucket.put(&key, &json)?;
         let named: HashSet<&str> = m.parts.iter().map(|p| p.name.as_str()).collect();
@@ -569,6 +608,43 @@ mod tests {
         let mut store = Store::open(cfg, "s3://tarn-test/pre").unwrap();
         let e = store.manifests().unwrap_err();
         assert!(e.to_string().contains("too large a manifest"), "{e}");
+    }
+
+    /// A stream that would take the manifests under its prefix past what
+    /// a reader reads is refused before anything is uploaded: stored, it
+    /// would make every stream there unreadable.
+    #[test]
+    fn an_upload_never_takes_a_prefix_past_what_a_reader_reads() {
+        let listing = |sizes: &[u64]| {
+            let mut x = String::from("<ListBucketResult><IsTruncated>false</IsTruncated>");
+            for (i, s) in sizes.iter().enumerate() {
+                x.push_str(&format!(
+                    "<Contents><Key>pre/s{i}/manifest.json</Key><Size>{s}</Size></Contents>"
+                ));
+            }
+            x + "</ListBucketResult>"
+        };
+        for (sizes, ok) in [
+            (vec![90_000u64, 90_000], true),
+            (vec![100_000, 100_000, 60_000], false),
+        ] {
+            let prefix = listing(&sizes);
+            let empty = listing(&[]);
+            let (port, _) = crate::client::testing::fake_store(move |n| {
+                if n == 0 {
+                    empty.clone()
+                } else {
+                    prefix.clone()
+                }
+            });
+            let cfg = crate::client::testing::config_at(port);
+            let mut store = Store::open(cfg, "s3://tarn-test/pre").unwrap();
+            let r = store.upload(m(7, None).info).map(|_| ());
+            assert_eq!(r.is_ok(), ok, "{sizes:?}: {r:?}");
+            if let Err(e) = r {
+                assert!(e.to_string().contains("bytes of manifests"), "{e}");
+            }
+        }
     }
 
     /// What an upload counts for its manifest is never less than what
