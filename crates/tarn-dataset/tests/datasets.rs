@@ -865,7 +865,7 @@ fn a_reservation_between_a_writer_and_a_quota_absorbs_its_writes() {
     }
     // About 16M - 5M = 11M fit (a little goes to metadata); counted
     // twice, c got 16M - 13M = 3M.
-    let mib = n * BLOCK as u64 >> 20;
+    let mib = (n * BLOCK as u64) >> 20;
     assert!((9..=11).contains(&mib), "c took {mib} MiB");
     pool.sync().unwrap();
     let used = info(&pool, "tank/a").used;
