@@ -172,6 +172,11 @@ pub struct Store {
     bucket: Bucket,
     prefix: String,
     url: String,
+    /// Bytes of the manifests under the prefix, once a listing counted
+    /// them (and with the manifests this store wrote since): a run that
+    /// lists what is stored, then uploads a series of streams, lists the
+    /// prefix (every part of every stream) once, not once per stream.
+    manifest_total: Option<u64>,
 }
 
 /// Splits `s3://bucket/prefix` into bucket and prefix (no slashes at
@@ -198,6 +203,7 @@ impl Store {
             bucket: Bucket::new(cfg, &bucket)?,
             prefix,
             url: url.to_string(),
+            manifest_total: None,
         })
     }
 
@@ -259,6 +265,7 @@ impl Store {
             check_parts(&m).map_err(|why| S3Error::Layout(format!("{}: {why}", o.key)))?;
             out.push(m);
         }
+        self.manifest_total = Some(read);
         Ok(out)
     }
 
@@ -285,18 +292,25 @@ impl Store {
         // The manifests already under the prefix: a reader takes at most
         // MAX_MANIFESTS_BYTES of them, so a stream that would pass that
         // would make every stream there unreadable.
-        let base = self.key("");
-        let others = self
-            .bucket
-            .list(&base)?
-            .into_iter()
-            .filter(|o| {
-                o.key
-                    .strip_prefix(&base)
-                    .and_then(|r| r.split_once('/'))
-                    .is_some_and(|(_, f)| f == "manifest.json")
-            })
-            .fold(0u64, |a, o| a.saturating_add(o.size));
+        let others = match self.manifest_total {
+            Some(t) => t,
+            None => {
+                let base = self.key("");
+                let t = self
+                    .bucket
+                    .list(&base)?
+                    .into_iter()
+                    .filter(|o| {
+                        o.key
+                            .strip_prefix(&base)
+                            .and_then(|r| r.split_once('/'))
+                            .is_some_and(|(_, f)| f == "manifest.json")
+                    })
+                    .fold(0u64, |a, o| a.saturating_add(o.size));
+                self.manifest_total = Some(t);
+                t
+            }
+        };
         let up = Upload {
             store: self,
             dir,
@@ -423,6 +437,7 @@ impl Upload<'_> {
         self.check_total(json.len())?;
         let key = format!("{}/manifest.json", self.dir);
         self.store.bucket.put(&key, &json)?;
+        self.store.manifest_total = Some(self.others.saturating_add(json.len() as u64));
         let named: HashSet<&str> = m.parts.iter().map(|p| p.name.as_str()).collect();
         let stale: Vec<String> = self
             .existing
@@ -645,6 +660,31 @@ mod tests {
                 assert!(e.to_string().contains("bytes of manifests"), "{e}");
             }
         }
+    }
+
+    /// A series of uploads lists the prefix once, and each counts the
+    /// manifests the ones before it wrote.
+    #[test]
+    fn a_series_of_uploads_lists_the_prefix_once() {
+        let listed = "<ListBucketResult><IsTruncated>false</IsTruncated><Contents>\
+                      <Key>pre/s0/manifest.json</Key><Size>150000</Size></Contents>\
+                      </ListBucketResult>";
+        let empty = "<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>";
+        // 0: the first stream's folder, 1: the prefix, 2 and 3: its part
+        // and manifest, 4: the second stream's folder.
+        let (port, count) = crate::client::testing::fake_store(move |n| {
+            if n == 1 { listed } else { empty }.to_string()
+        });
+        let cfg = crate::client::testing::config_at(port);
+        let mut store = Store::open(cfg, "s3://tarn-test/pre").unwrap();
+        let mut up = store.upload(m(7, None).info).unwrap();
+        up.write_all(b"a stream").unwrap();
+        up.finish().unwrap();
+        let first = store.manifest_total.unwrap();
+        assert!(first > 150_000, "{first}");
+        store.upload(m(8, Some(7)).info).unwrap();
+        assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 5);
+        assert_eq!(store.manifest_total, Some(first));
     }
 
     /// What an upload counts for its manifest is never less than what
