@@ -177,6 +177,7 @@ pub(crate) fn replicate(client: &mut Session, out: &Out, a: ReplicateArgs) -> an
     if a.token_file.is_some() || a.fingerprint.is_some() {
         bail!("--token-file and --fingerprint go with --to tarn://...");
     }
+    let _run = RunLock::take(client, fs, &a.to)?;
     let mut store = open_store(&a.to)?;
     let stored: HashSet<u64> = store
         .manifests()
@@ -404,6 +405,7 @@ fn replicate_to_tarn(
     )?;
     let token = std::fs::read_to_string(token_file)
         .with_context(|| format!("cannot read {}", token_file.display()))?;
+    let _run = RunLock::take(client, fs, &a.to)?;
     let name = target.dataset.clone();
     // The sender's mountpoint names a folder on the sender: the copy
     // takes the receiver's own (inherited) instead.
@@ -583,6 +585,64 @@ fn tag_for(what: &str, to: &str) -> String {
     format!("{what} sha256:{hex}")
 }
 
+/// One run at a time of a dataset to one target. A run releases the
+/// `sending` holds it finds for its target as left by a run that died
+/// ([`InFlight::new`]), and at its end its own: two runs at once would
+/// release each other's, and pruning could then destroy a snapshot
+/// while it travels. So a run first takes an exclusive lock on a file
+/// beside the daemon's admin socket (its directory is the daemon user's,
+/// and only that user and root may talk to the daemon, so every run
+/// against this daemon, by hand or by a schedule, finds the same file).
+/// The kernel drops the lock when the process ends, however it ends, so
+/// a run that died leaves nothing behind that would block the next.
+pub(crate) struct RunLock {
+    _file: std::fs::File,
+}
+
+impl RunLock {
+    /// Takes the lock of `fs` to `to`, or says that another run has it.
+    pub(crate) fn take(client: &Session, fs: &str, to: &str) -> anyhow::Result<RunLock> {
+        let dir = client
+            .path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        let d = ring::digest::digest(&ring::digest::SHA256, format!("{fs}\0{to}").as_bytes());
+        let hex: String = d.as_ref()[..12]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Self::take_at(&dir.join(format!("replicate-{hex}.lock")), fs, to)
+    }
+
+    fn take_at(path: &std::path::Path, fs: &str, to: &str) -> anyhow::Result<RunLock> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Readable by all: a lock file root made must still open for the
+        // daemon's user (a shared lock needs no write access).
+        let file = match std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .open(path)
+        {
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => std::fs::File::open(path),
+            r => r,
+        }
+        .with_context(|| format!("cannot open the replication lock {}", path.display()))?;
+        match file.try_lock() {
+            Ok(()) => Ok(RunLock { _file: file }),
+            Err(std::fs::TryLockError::WouldBlock) => bail!(
+                "another replication of {fs} to {to} is running; run this again when it has \
+                 ended"
+            ),
+            Err(std::fs::TryLockError::Error(e)) => Err(e)
+                .with_context(|| format!("cannot lock the replication lock {}", path.display())),
+        }
+    }
+}
+
 /// The holds on the snapshots a transfer to `to` is sending, so that a
 /// snapshot policy's pruning cannot destroy one while it travels (the
 /// send itself would finish, but the hold on the new base, and the next
@@ -759,6 +819,22 @@ mod tests {
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect()
+    }
+
+    #[test]
+    fn one_run_per_dataset_and_target_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Session::new(dir.path().join("tarn.sock"));
+        let first = RunLock::take(&s, "tank/a", "s3://b/p").unwrap();
+        let err = RunLock::take(&s, "tank/a", "s3://b/p")
+            .err()
+            .expect("a second run");
+        assert!(err.to_string().contains("is running"), "{err}");
+        // Another target, or another dataset, is another lock.
+        let _other = RunLock::take(&s, "tank/a", "s3://b/q").unwrap();
+        let _other = RunLock::take(&s, "tank/b", "s3://b/p").unwrap();
+        drop(first);
+        RunLock::take(&s, "tank/a", "s3://b/p").expect("free again");
     }
 
     #[test]

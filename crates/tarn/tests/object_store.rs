@@ -80,9 +80,25 @@ fn snapshots_go_to_an_object_store_and_come_back_without_the_key() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    // While it uploads, the snapshot is held: pruning cannot take it.
+    // Stopped in the middle (so it cannot finish meanwhile), it still
+    // holds the snapshot, so pruning cannot take it, and a second run to
+    // the same place is refused: it would release the first one's holds.
+    let stopped = std::process::Command::new("kill")
+        .args(["-STOP", &up.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
     let holds = a.ok(&["holds", "tank/docs@night-9"]);
     assert!(holds.contains(&format!("sending {url}")), "{holds}");
+    let second = s3.run(&a, &["replicate", "tank/docs@night-9", "--to", &url]);
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        !second.status.success() && said.contains("is running"),
+        "a second run at once: {said}"
+    );
+    let holds = a.ok(&["holds", "tank/docs@night-9"]);
+    assert!(holds.contains(&format!("sending {url}")), "{holds}");
+    // Killed, it leaves no lock behind: the runs below go ahead.
     up.kill().unwrap();
     up.wait().unwrap();
     let listed = b.list("nas/docs/").unwrap();
