@@ -34,25 +34,120 @@
 //! another way (another server, the NBD front end, a local file system)
 //! are outside this lock; atomicity holds for everything this process's
 //! iSCSI server writes to the device.
+//!
+//! # Unit attentions and resets
+//!
+//! A unit attention tells one I_T nexus that something changed behind
+//! its back: its next command (other than INQUIRY, REPORT LUNS and
+//! REQUEST SENSE, as SAM-5 asks) is answered CHECK CONDITION with the
+//! attention's sense instead of being carried out, and REQUEST SENSE
+//! returns it as its data; either way it is then cleared. Each nexus
+//! with a session on the unit has its own queue ([`LuState::attach`]);
+//! a nexus that logs in later learns nothing of what came before (as
+//! with a real disk, whose attentions are per initiator port). Two
+//! things post them: a reset (LUN RESET, TARGET WARM or COLD RESET:
+//! BUS DEVICE RESET FUNCTION OCCURRED; CLEAR TASK SET: COMMANDS CLEARED
+//! BY ANOTHER INITIATOR) to every nexus but the one that asked; a
+//! change of the device's size (CAPACITY DATA HAS CHANGED) to every
+//! nexus, which is how an initiator learns that a volume grew; and the
+//! persistent reservation changes SPC-4 names (see
+//! [`crate::pr::Reservations::out_telling`]) to the nexuses they took
+//! something from.
+//!
+//! A reset ends the tasks of every session of the unit, not only the
+//! caller's. It posts the attentions and moves the unit's reset epoch on
+//! under one lock ([`LuState::reset`]); every session watches the epoch
+//! and drops its waiting and running tasks when it moves (their
+//! responses are never sent: an aborted task's outcome is unknown to
+//! its initiator, which learns of the reset from the attention). A
+//! command records the epoch when it is admitted ([`LuState::admit`]),
+//! and a medium-changing one checks it again once it holds
+//! [`LuState::writing`]: if a reset came between, it does nothing. The
+//! reset's caller then takes [`LuState::atomic`], which waits for every
+//! write that got in before, and answers only after that. So once the
+//! reset is answered, no task it ended changes the medium any more.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{
     Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak,
 };
 
 use tarn_vol::Device;
 
-use crate::pr::Reservations;
+use crate::pr::{Nexus, Reservations};
+use crate::scsi::Sense;
+
+/// Most unit attentions kept for one nexus. Each kind is queued once
+/// (a second reset before the nexus sent a command says nothing new),
+/// so a handful is all there can be.
+const MAX_ATTENTIONS: usize = 8;
 
 /// What a logical unit shares among all its sessions (see the module
 /// docs).
-#[derive(Default)]
 pub struct LuState {
     /// Shared by medium-changing commands, exclusive for COMPARE AND
-    /// WRITE.
+    /// WRITE (and by a reset, to wait for the writes it ended).
     io: RwLock<()>,
     /// Persistent reservations.
     pr: Mutex<Reservations>,
+    /// Unit attentions per attached nexus, and the size last seen.
+    ua: Mutex<Attentions>,
+    /// True while some nexus has an attention waiting: a command's
+    /// admission takes the lock only then.
+    ua_waiting: AtomicBool,
+    /// Resets so far (see the module docs).
+    epoch: AtomicU64,
+    /// The same count, for sessions to wait on.
+    resets: tokio::sync::watch::Sender<u64>,
+    /// The device's size when a command last looked (`u64::MAX`: none
+    /// has yet).
+    capacity: AtomicU64,
+}
+
+impl Default for LuState {
+    fn default() -> Self {
+        LuState {
+            io: RwLock::default(),
+            pr: Mutex::default(),
+            ua: Mutex::default(),
+            ua_waiting: AtomicBool::new(false),
+            epoch: AtomicU64::new(0),
+            resets: tokio::sync::watch::Sender::new(0),
+            capacity: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+/// The attached nexuses and their waiting attentions.
+#[derive(Default)]
+struct Attentions {
+    /// Nexus → (sessions attached with it, attentions waiting).
+    nexuses: HashMap<Nexus, (usize, VecDeque<Sense>)>,
+}
+
+impl Attentions {
+    /// Queues `s` for every attached nexus but `except`.
+    fn post(&mut self, s: Sense, except: Option<&Nexus>) {
+        for (n, (_, q)) in self.nexuses.iter_mut() {
+            if Some(n) != except && !q.contains(&s) && q.len() < MAX_ATTENTIONS {
+                q.push_back(s);
+            }
+        }
+    }
+
+    fn any(&self) -> bool {
+        self.nexuses.values().any(|(_, q)| !q.is_empty())
+    }
+}
+
+/// What [`LuState::admit`] decided for a command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Carry it out; the reset epoch it started in.
+    Run(u64),
+    /// Answer CHECK CONDITION with this unit attention instead.
+    Attention(Sense),
 }
 
 type Registry = Mutex<HashMap<usize, Weak<LuState>>>;
@@ -78,6 +173,118 @@ impl LuState {
         let s = Arc::new(LuState::default());
         map.insert(key, Arc::downgrade(&s));
         s
+    }
+
+    /// Counts `nexus` among the unit's nexuses (a session with it
+    /// starts): attentions are kept for it from now on.
+    pub fn attach(&self, nexus: &Nexus) {
+        self.attentions()
+            .nexuses
+            .entry(nexus.clone())
+            .or_default()
+            .0 += 1;
+    }
+
+    /// The end of a session [`LuState::attach`] counted: with its last
+    /// session a nexus's attentions go.
+    pub fn detach(&self, nexus: &Nexus) {
+        let mut a = self.attentions();
+        if let Some(e) = a.nexuses.get_mut(nexus) {
+            e.0 = e.0.saturating_sub(1);
+            if e.0 == 0 {
+                a.nexuses.remove(nexus);
+            }
+        }
+        self.ua_waiting.store(a.any(), Ordering::SeqCst);
+    }
+
+    /// Decides whether a command of `nexus` runs or reports a unit
+    /// attention (which it then clears). `reports` is false for the
+    /// commands that never report one (INQUIRY, REPORT LUNS); REQUEST
+    /// SENSE reports it as its data.
+    pub fn admit(&self, nexus: &Nexus, reports: bool) -> Admission {
+        // The epoch is read before the flag: a reset that posts after
+        // the flag was read moved the epoch after it was read too, so a
+        // write admitted here is refused by `stale`.
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        if !reports || !self.ua_waiting.load(Ordering::SeqCst) {
+            return Admission::Run(epoch);
+        }
+        let mut a = self.attentions();
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        let popped = a.nexuses.get_mut(nexus).and_then(|(_, q)| q.pop_front());
+        self.ua_waiting.store(a.any(), Ordering::SeqCst);
+        match popped {
+            Some(s) => Admission::Attention(s),
+            None => Admission::Run(epoch),
+        }
+    }
+
+    /// True if a reset came after a command admitted in `epoch`: it must
+    /// not change the medium (checked while holding
+    /// [`LuState::writing`]).
+    pub fn stale(&self, epoch: u64) -> bool {
+        self.epoch.load(Ordering::SeqCst) != epoch
+    }
+
+    /// A reset asked by `by`: posts `attention` to every other attached
+    /// nexus and moves the epoch on, so every session drops its tasks.
+    /// The caller then waits for the writes already running with
+    /// [`LuState::atomic`] before it answers.
+    pub fn reset(&self, by: &Nexus, attention: Sense) {
+        let mut a = self.attentions();
+        a.post(attention, Some(by));
+        self.ua_waiting.store(a.any(), Ordering::SeqCst);
+        let e = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        self.resets.send_replace(e);
+    }
+
+    /// Posts each attention to its nexus, if that nexus has a session
+    /// (what a PERSISTENT RESERVE OUT decided to tell).
+    pub fn tell(&self, told: Vec<(Nexus, Sense)>) {
+        if told.is_empty() {
+            return;
+        }
+        let mut a = self.attentions();
+        for (n, s) in told {
+            if let Some((_, q)) = a.nexuses.get_mut(&n) {
+                if !q.contains(&s) && q.len() < MAX_ATTENTIONS {
+                    q.push_back(s);
+                }
+            }
+        }
+        self.ua_waiting.store(a.any(), Ordering::SeqCst);
+    }
+
+    /// Follows the unit's resets (see [`LuState::reset`]).
+    pub fn resets(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.resets.subscribe()
+    }
+
+    /// Tells the unit the device's size as a command found it: if it
+    /// differs from what the last command found, every attached nexus
+    /// gets CAPACITY DATA HAS CHANGED. Size 0 (a closed device) is
+    /// ignored.
+    pub fn saw_capacity(&self, size: u64) {
+        // Asked by every command: a load first, so the usual case writes
+        // nothing to the shared line. A closed volume says 0: that is no
+        // size (its commands fail NOT READY), and it is not kept.
+        if size == 0 || self.capacity.load(Ordering::Relaxed) == size {
+            return;
+        }
+        let old = self.capacity.swap(size, Ordering::SeqCst);
+        if old != size && old != u64::MAX {
+            let mut a = self.attentions();
+            a.post(Sense::CAPACITY_CHANGED, None);
+            self.ua_waiting.store(a.any(), Ordering::SeqCst);
+        }
+    }
+
+    fn attentions(&self) -> MutexGuard<'_, Attentions> {
+        match self.ua.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
     }
 
     /// Held (shared) while a command changes the medium.
@@ -132,6 +339,86 @@ mod tests {
         let weak = Arc::downgrade(&sa);
         drop(sa);
         assert!(weak.upgrade().is_none(), "nobody holds it: gone");
+    }
+
+    fn nexus(isid: u8) -> Nexus {
+        Nexus::new("iqn.2024-01.x:i", [0, 0, 0, 0, 0, isid], "iqn.2024-01.x:t")
+    }
+
+    #[test]
+    fn a_reset_warns_every_other_attached_nexus_once() {
+        let lu = LuState::default();
+        let (a, b, c, late) = (nexus(1), nexus(2), nexus(3), nexus(4));
+        for n in [&a, &b, &c] {
+            lu.attach(n);
+        }
+        let Admission::Run(before) = lu.admit(&b, true) else {
+            panic!("nothing waits yet");
+        };
+        lu.reset(&a, Sense::RESET_OCCURRED);
+        lu.reset(&a, Sense::RESET_OCCURRED);
+        assert!(lu.stale(before), "a write admitted before must not run");
+        lu.attach(&late);
+        assert!(
+            matches!(lu.admit(&a, true), Admission::Run(_)),
+            "the resetter"
+        );
+        assert!(
+            matches!(lu.admit(&late, true), Admission::Run(_)),
+            "came after"
+        );
+        // Two resets, one attention; INQUIRY neither reports nor clears it.
+        assert_eq!(
+            lu.admit(&b, true),
+            Admission::Attention(Sense::RESET_OCCURRED)
+        );
+        let Admission::Run(now) = lu.admit(&b, true) else {
+            panic!("reported once");
+        };
+        assert!(!lu.stale(now));
+        assert!(matches!(lu.admit(&c, false), Admission::Run(_)));
+        assert_eq!(
+            lu.admit(&c, true),
+            Admission::Attention(Sense::RESET_OCCURRED)
+        );
+        assert!(matches!(lu.admit(&c, true), Admission::Run(_)));
+    }
+
+    #[test]
+    fn a_new_size_warns_every_nexus_and_a_detached_one_forgets() {
+        let lu = LuState::default();
+        let (a, b) = (nexus(1), nexus(2));
+        lu.attach(&a);
+        lu.attach(&b);
+        lu.attach(&b); // two sessions of one nexus
+        lu.saw_capacity(1 << 20);
+        lu.saw_capacity(1 << 20);
+        assert!(
+            matches!(lu.admit(&a, true), Admission::Run(_)),
+            "no change yet"
+        );
+        lu.saw_capacity(2 << 20);
+        assert_eq!(
+            lu.admit(&a, true),
+            Admission::Attention(Sense::CAPACITY_CHANGED)
+        );
+        lu.detach(&b);
+        assert_eq!(
+            lu.admit(&b, true),
+            Admission::Attention(Sense::CAPACITY_CHANGED),
+            "its other session is still there"
+        );
+        lu.saw_capacity(3 << 20);
+        lu.detach(&b);
+        lu.attach(&b);
+        assert!(
+            matches!(lu.admit(&b, true), Admission::Run(_)),
+            "gone with it"
+        );
+        assert_eq!(
+            lu.admit(&a, true),
+            Admission::Attention(Sense::CAPACITY_CHANGED)
+        );
     }
 
     #[test]

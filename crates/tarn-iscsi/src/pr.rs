@@ -37,10 +37,12 @@
 //! APTPL (persist through power loss: reservations live in memory and do
 //! not survive a restart of the server, so APTPL=1 is refused and
 //! REPORT CAPABILITIES says PTPL_C=0), SPEC_I_PT and ALL_TG_PT (refused,
-//! SIP_C=0, ATP_C=0), REGISTER AND MOVE, element scope, and the unit
-//! attentions SPC-4 posts to other nexuses when a reservation is
-//! preempted, cleared or released (this target reports no unit
-//! attentions). PREEMPT AND ABORT removes the registrations like PREEMPT;
+//! SIP_C=0, ATP_C=0), REGISTER AND MOVE and element scope. The unit
+//! attentions SPC-4 posts when a reservation is preempted, cleared or
+//! released ([`Reservations::out_telling`]) reach the nexuses that have a
+//! session at the time (see [`crate::lu`]); a registrant with no session
+//! then learns nothing. PREEMPT AND ABORT removes the registrations like
+//! PREEMPT;
 //! it does not abort the preempted nexuses' commands already queued, but
 //! those meet RESERVATION CONFLICT when they run, and a write that
 //! passed its check before is finished before the PREEMPT AND ABORT
@@ -280,6 +282,42 @@ impl Reservations {
                 self.res = None;
             }
         }
+    }
+
+    /// [`Reservations::out`], and the unit attentions SPC-4 has it post:
+    /// CLEAR tells every other nexus that was registered RESERVATIONS
+    /// PREEMPTED; PREEMPT (and PREEMPT AND ABORT) tells each nexus whose
+    /// registration it removed REGISTRATIONS PREEMPTED; RELEASE of a
+    /// Registrants Only or All Registrants reservation tells every other
+    /// registered nexus RESERVATIONS RELEASED.
+    pub fn out_telling(
+        &mut self,
+        n: &Nexus,
+        sa: u8,
+        scope_type: u8,
+        p: OutParams,
+    ) -> Result<Vec<(Nexus, Sense)>, PrError> {
+        let before: Vec<Nexus> = self.regs.iter().map(|(r, _)| r.clone()).collect();
+        let reserved = self.reserved();
+        self.out(n, sa, scope_type, p)?;
+        let others = before.into_iter().filter(|r| r != n);
+        let told = match sa {
+            action::CLEAR => others.map(|r| (r, Sense::RESERVATIONS_PREEMPTED)).collect(),
+            action::PREEMPT | action::PREEMPT_AND_ABORT => others
+                .filter(|r| self.key_of(r).is_none())
+                .map(|r| (r, Sense::REGISTRATIONS_PREEMPTED))
+                .collect(),
+            action::RELEASE
+                if self.res.is_none() && reserved.is_some_and(kind::registrants_allowed) =>
+            {
+                others
+                    .filter(|r| self.key_of(r).is_some())
+                    .map(|r| (r, Sense::RESERVATIONS_RELEASED))
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        Ok(told)
     }
 
     /// PERSISTENT RESERVE OUT `sa` from `n` with `scope_type` (CDB byte
@@ -593,6 +631,63 @@ mod tests {
         assert_eq!(
             (r.reserved(), r.regs.len(), r.generation()),
             (None, 0, g + 1)
+        );
+    }
+
+    #[test]
+    fn clear_preempt_and_release_say_whom_they_took_from() {
+        let mut r = Reservations::default();
+        let (a, b, c, d) = (nx(0), nx(1), nx(2), nx(3));
+        for (n, k) in [(&a, 0xa), (&b, 0xb), (&c, 0xc), (&d, 0xc)] {
+            r.out(n, action::REGISTER, 0, p(0, k)).unwrap();
+        }
+        let told = |v: Vec<(Nexus, Sense)>| -> Vec<(Nexus, Sense)> {
+            let mut v = v;
+            v.sort_by(|x, y| (&x.0.initiator, x.0.isid).cmp(&(&y.0.initiator, y.0.isid)));
+            v
+        };
+        // Registering and reserving tell nobody.
+        assert!(r
+            .out_telling(&a, action::RESERVE, kind::WRITE_EXCLUSIVE_RO, p(0xa, 0))
+            .unwrap()
+            .is_empty());
+        // Releasing a Registrants Only reservation tells the registrants.
+        assert_eq!(
+            told(
+                r.out_telling(&a, action::RELEASE, kind::WRITE_EXCLUSIVE_RO, p(0xa, 0))
+                    .unwrap()
+            ),
+            vec![
+                (b.clone(), Sense::RESERVATIONS_RELEASED),
+                (c.clone(), Sense::RESERVATIONS_RELEASED),
+                (d.clone(), Sense::RESERVATIONS_RELEASED),
+            ]
+        );
+        // Releasing a plain one does not; a failed action tells nobody.
+        r.out(&a, action::RESERVE, kind::WRITE_EXCLUSIVE, p(0xa, 0))
+            .unwrap();
+        assert!(r
+            .out_telling(&b, action::RELEASE, kind::WRITE_EXCLUSIVE, p(0x99, 0))
+            .is_err());
+        assert!(r
+            .out_telling(&a, action::RELEASE, kind::WRITE_EXCLUSIVE, p(0xa, 0))
+            .unwrap()
+            .is_empty());
+        // PREEMPT of key 0xc: both nexuses registered with it are told.
+        assert_eq!(
+            told(
+                r.out_telling(&b, action::PREEMPT, kind::WRITE_EXCLUSIVE, p(0xb, 0xc))
+                    .unwrap()
+            ),
+            vec![
+                (c.clone(), Sense::REGISTRATIONS_PREEMPTED),
+                (d.clone(), Sense::REGISTRATIONS_PREEMPTED),
+            ]
+        );
+        // CLEAR tells every other registrant.
+        assert_eq!(
+            r.out_telling(&b, action::CLEAR, 0, p(0xb, 0)).unwrap(),
+            vec![(a.clone(), Sense::RESERVATIONS_PREEMPTED)]
         );
     }
 

@@ -128,6 +128,22 @@ impl Sense {
     pub const INSUFFICIENT_REGISTRATIONS: Sense = Sense::new(0x05, 0x55, 0x04);
     /// MISCOMPARE, MISCOMPARE DURING VERIFY OPERATION.
     pub const MISCOMPARE: Sense = Sense::new(0x0e, 0x1d, 0x00);
+    /// UNIT ATTENTION, BUS DEVICE RESET FUNCTION OCCURRED: another
+    /// nexus reset the unit (or the target), ending this nexus's tasks.
+    pub const RESET_OCCURRED: Sense = Sense::new(0x06, 0x29, 0x03);
+    /// UNIT ATTENTION, COMMANDS CLEARED BY ANOTHER INITIATOR (CLEAR TASK
+    /// SET from another nexus).
+    pub const COMMANDS_CLEARED: Sense = Sense::new(0x06, 0x2f, 0x00);
+    /// UNIT ATTENTION, CAPACITY DATA HAS CHANGED (the volume was resized).
+    pub const CAPACITY_CHANGED: Sense = Sense::new(0x06, 0x2a, 0x09);
+    /// UNIT ATTENTION, RESERVATIONS PREEMPTED (another nexus cleared them).
+    pub const RESERVATIONS_PREEMPTED: Sense = Sense::new(0x06, 0x2a, 0x03);
+    /// UNIT ATTENTION, RESERVATIONS RELEASED (a Registrants Only or All
+    /// Registrants reservation was released).
+    pub const RESERVATIONS_RELEASED: Sense = Sense::new(0x06, 0x2a, 0x04);
+    /// UNIT ATTENTION, REGISTRATIONS PREEMPTED (this nexus's registration
+    /// was removed by a PREEMPT).
+    pub const REGISTRATIONS_PREEMPTED: Sense = Sense::new(0x06, 0x2a, 0x05);
 
     /// Fixed-format sense data (18 bytes).
     pub fn fixed(&self) -> Vec<u8> {
@@ -649,6 +665,9 @@ pub struct Unit<'a> {
     pub lu: &'a LuState,
     /// The I_T nexus the command came from.
     pub nexus: &'a Nexus,
+    /// The unit's reset epoch when the command was admitted
+    /// ([`LuState::admit`]).
+    pub epoch: u64,
 }
 
 impl Unit<'_> {
@@ -705,6 +724,17 @@ fn map_err(e: VolError, writing: bool) -> Sense {
     }
 }
 
+/// REQUEST SENSE's data for `s`: fixed format, or with `desc` the
+/// descriptor format's header (no descriptors), cut to `alloc`.
+pub fn sense_data(s: Sense, desc: bool, alloc: u32) -> Vec<u8> {
+    let v = if desc {
+        vec![0x72, s.key, s.asc, s.ascq, 0, 0, 0, 0]
+    } else {
+        s.fixed()
+    };
+    cut(v, alloc)
+}
+
 fn cut(mut v: Vec<u8>, alloc: u32) -> Vec<u8> {
     v.truncate(alloc as usize);
     v
@@ -719,6 +749,11 @@ pub enum Failure {
     /// RESERVATION CONFLICT status.
     #[error("reservation conflict")]
     ReservationConflict,
+    /// A reset ended the task before it changed the medium: it gets no
+    /// response (its initiator learns of the reset from a unit
+    /// attention).
+    #[error("aborted by a reset")]
+    Aborted,
 }
 
 impl From<Sense> for Failure {
@@ -757,6 +792,17 @@ pub fn execute(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<ReadData, Failure>
     } else if access == Access::Write {
         _shared = u.lu.writing();
     }
+    // A reset that came after this command was admitted ended it; under
+    // the lock, a medium-changing command either saw no such reset or
+    // does nothing (see the module docs of `crate::lu`).
+    if (access == Access::Write || matches!(cmd, Cmd::PrOut { .. })) && u.lu.stale(u.epoch) {
+        return Err(Failure::Aborted);
+    }
+    // How an initiator learns that the volume grew: the first command
+    // that finds a new size posts CAPACITY DATA HAS CHANGED to every
+    // nexus (it is carried out itself; the attention comes with each
+    // nexus's next command).
+    u.lu.saw_capacity(u.dev.size());
     match *cmd {
         Cmd::PrIn { sa, alloc } => {
             return Ok(cut(u.lu.reservations().read(sa)?, alloc).into());
@@ -767,7 +813,10 @@ pub fn execute(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<ReadData, Failure>
             len,
         } => {
             let params = OutParams::parse(len, out)?;
-            u.lu.reservations().out(u.nexus, sa, scope_type, params)?;
+            let told =
+                u.lu.reservations()
+                    .out_telling(u.nexus, sa, scope_type, params)?;
+            u.lu.tell(told);
             return Ok(ReadData::default());
         }
         _ => {}
@@ -799,6 +848,10 @@ pub fn execute_cached(u: &Unit<'_>, cmd: &Cmd) -> Option<Result<ReadData, Failur
     };
     if blocks == 0 {
         return None;
+    }
+    // A reader that only ever hits the cache learns of a resize too.
+    if let Some(size) = u.dev.try_size() {
+        u.lu.saw_capacity(size);
     }
     if u.lu.try_reservations()?.conflicts(u.nexus, cmd.access()) {
         return Some(Err(Failure::ReservationConflict));
@@ -834,14 +887,7 @@ fn medium(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<Vec<u8>, Sense> {
     match *cmd {
         Cmd::PrIn { .. } | Cmd::PrOut { .. } => Err(Sense::INVALID_OPCODE),
         Cmd::TestUnitReady => Ok(Vec::new()),
-        Cmd::RequestSense { alloc, desc } => {
-            let s = if desc {
-                vec![0x72, 0, 0, 0, 0, 0, 0, 0]
-            } else {
-                Sense::new(0, 0, 0).fixed()
-            };
-            Ok(cut(s, alloc))
-        }
+        Cmd::RequestSense { alloc, desc } => Ok(sense_data(Sense::new(0, 0, 0), desc, alloc)),
         Cmd::Inquiry { page, alloc } => Ok(cut(inquiry(u, page)?, alloc)),
         Cmd::ReportLuns { alloc } => {
             let mut v = vec![0u8; 16];
@@ -1500,6 +1546,7 @@ mod tests {
                 lun: 0,
                 lu: &lu,
                 nexus: &nexus,
+                epoch: 0,
             };
             let cmd = Cmd::Read { lba, blocks };
             let usual = execute(&u, &cmd, &[]).map(|d| d.to_vec());
@@ -1519,6 +1566,7 @@ mod tests {
             lun: 0,
             lu: &LuState::default(),
             nexus: &Nexus::new("iqn.2024-01.x:i", [0; 6], "iqn.2024-01.x:d"),
+            epoch: 0,
         };
         let cmd = parse(&cdb(c), 0, LIM)?;
         execute(&u, &cmd, out)
@@ -1526,6 +1574,7 @@ mod tests {
             .map_err(|f| match f {
                 Failure::Check(s) => s,
                 Failure::ReservationConflict => panic!("no reservations here"),
+                Failure::Aborted => panic!("no resets here"),
             })
     }
 

@@ -95,7 +95,10 @@
 //! SAM says); a task that already completed has been answered. ABORT
 //! TASK SET, CLEAR TASK SET, LUN RESET and TARGET WARM RESET drop every
 //! waiting task and every running one that way; TARGET COLD RESET does
-//! so and closes the connection. The response to the function is sent
+//! so and closes the connection. All but ABORT TASK SET then end the
+//! tasks of every other session of the logical unit too, and tell those
+//! nexuses with a unit attention ([`crate::lu`] has the reasoning); the
+//! answer waits for the writes of those sessions already running. The response to the function is sent
 //! only after the tasks it ended are over. They answer "function
 //! complete", except ABORT TASK for a task this connection does not hold
 //! (it completed and was answered first, or never came): "task does not
@@ -116,7 +119,7 @@ use tokio::sync::watch;
 use tarn_conn::{Conn, Host, HostConfig, Limits as ConnLimits, RateLog};
 
 use crate::login::{Login, Offer, Session, SessionKind, Step};
-use crate::lu::LuState;
+use crate::lu::{Admission, LuState};
 use crate::pdu::{self, op, Digests, Pdu, ReadError, FLAG_F, RESERVED_TAG};
 use crate::pr::Nexus;
 use crate::scsi::{self, Cmd, Failure, Sense, Unit};
@@ -420,7 +423,12 @@ async fn connection(
         )),
         SessionKind::Discovery => None,
     };
+    if let Some((lu, nexus)) = &lu {
+        lu.attach(nexus);
+    }
+    let resets = lu.as_ref().map(|(lu, _)| lu.resets());
     let mut ffp = Ffp {
+        resets,
         lu,
         digests: Digests {
             header: sess.params.header_digest,
@@ -441,6 +449,17 @@ async fn connection(
         text_rest: None,
     };
     ffp.run(rd, wr, &clock, &conn, stop).await;
+    if let Some((lu, nexus)) = &ffp.lu {
+        lu.detach(nexus);
+    }
+}
+
+/// The next reset of the unit (never, for a discovery session).
+async fn next_reset(rx: &mut Option<watch::Receiver<u64>>) -> Result<(), watch::error::RecvError> {
+    match rx {
+        Some(r) => r.changed().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Reads login requests until the full feature phase; Err(Some(why)) on a
@@ -486,6 +505,7 @@ fn unit<'a>(
     lun: u64,
     lu: &'a LuState,
     nexus: &'a Nexus,
+    epoch: u64,
 ) -> Unit<'a> {
     Unit {
         dev: &*t.device,
@@ -495,6 +515,7 @@ fn unit<'a>(
         lun,
         lu,
         nexus,
+        epoch,
     }
 }
 
@@ -570,6 +591,8 @@ enum Event {
     Close,
     /// The targets changed.
     Recheck,
+    /// Another session reset the logical unit.
+    Reset,
 }
 
 /// A write waiting for its data.
@@ -596,6 +619,8 @@ struct WriteTask {
     /// A Data-Out came with the wrong DataSN: the rest of the current
     /// burst is discarded and the task ends with CHECK CONDITION.
     broken: bool,
+    /// The unit's reset epoch when the command was admitted.
+    epoch: u64,
 }
 
 /// A command ready to run: its task's numbers.
@@ -605,6 +630,8 @@ struct Run {
     edtl: u32,
     ordered: bool,
     overflow: u32,
+    /// The unit's reset epoch when the command was admitted.
+    epoch: u64,
 }
 
 /// Whether to go on reading.
@@ -642,6 +669,8 @@ struct Ffp {
     next_ttt: u32,
     /// The rest of a text response too long for one PDU: its TTT and bytes.
     text_rest: Option<(u32, Vec<u8>)>,
+    /// The logical unit's resets (normal sessions).
+    resets: Option<watch::Receiver<u64>>,
 }
 
 impl Ffp {
@@ -726,6 +755,7 @@ impl Ffp {
                 _ = conn.closed(idle) => Event::Close,
                 _ = stop.wait_for(|&s| s) => Event::Close,
                 Ok(()) = changed.changed() => Event::Recheck,
+                Ok(()) = next_reset(&mut self.resets) => Event::Reset,
             };
             match ev {
                 Event::Pdu(Some(Ok(p)))
@@ -751,6 +781,7 @@ impl Ffp {
                         break;
                     }
                 }
+                Event::Reset => self.end_tasks(),
             }
         }
         reader.abort();
@@ -988,6 +1019,27 @@ impl Ffp {
                 return Flow::Go;
             }
         };
+        // A unit attention waiting for this nexus answers the command in
+        // its place (INQUIRY and REPORT LUNS never report one; REQUEST
+        // SENSE returns it as its data). See `crate::lu`.
+        let epoch = match &self.lu {
+            Some((lu, nexus)) => {
+                let reports = !matches!(cmd, Cmd::Inquiry { .. } | Cmd::ReportLuns { .. });
+                match lu.admit(nexus, reports) {
+                    Admission::Run(e) => e,
+                    Admission::Attention(s) => {
+                        if let Cmd::RequestSense { alloc, desc } = cmd {
+                            let data = scsi::sense_data(s, desc, alloc);
+                            self.data_in(itt, lun_field, edtl, data.into());
+                        } else {
+                            self.respond(itt, scsi::status::CHECK_CONDITION, Some(s), 0, 0);
+                        }
+                        return Flow::Go;
+                    }
+                }
+            }
+            None => 0,
+        };
         // An ORDERED task must follow every older task, including writes
         // still waiting for their data, and every newer task must follow
         // an ORDERED one that waits for data. Neither can wait here (the
@@ -1020,6 +1072,7 @@ impl Ffp {
                 edtl,
                 ordered,
                 overflow: 0,
+                epoch,
             };
             return self.exec(run, cmd, Vec::new(), conn).await;
         }
@@ -1067,6 +1120,7 @@ impl Ffp {
                 edtl,
                 ordered,
                 overflow,
+                epoch,
             };
             return self.exec(run, cmd, Vec::new(), conn).await;
         }
@@ -1123,6 +1177,7 @@ impl Ffp {
             overflow,
             data_sn: 0,
             broken: false,
+            epoch,
         };
         self.task_bytes += need as u64;
         self.tasks.insert(itt, task);
@@ -1150,6 +1205,7 @@ impl Ffp {
                 edtl: t.edtl,
                 ordered: t.ordered,
                 overflow: t.overflow,
+                epoch: t.epoch,
             };
             return self.exec(run, t.cmd, t.buf, conn).await;
         }
@@ -1274,6 +1330,7 @@ impl Ffp {
             lun_field,
             edtl,
             overflow,
+            epoch,
             ..
         } = run;
         let done = move |cmd, target, res| Done {
@@ -1293,7 +1350,7 @@ impl Ffp {
         if !run.ordered && matches!(cmd, Cmd::Read { .. }) {
             // Read-only is not consulted by a READ (and asking the device
             // could wait).
-            let u = unit(&target, false, limits, lun, &lu, &nexus);
+            let u = unit(&target, false, limits, lun, &lu, &nexus, epoch);
             if let Some(res) = scsi::execute_cached(&u, &cmd) {
                 drop(busy);
                 self.finish(Ok(done(cmd, target, res)));
@@ -1313,7 +1370,7 @@ impl Ffp {
             let t2 = target.clone();
             let c2 = cmd.clone();
             let res = tokio::task::spawn_blocking(move || {
-                let u = unit(&t2, t2.is_read_only(), limits, lun, &lu, &nexus);
+                let u = unit(&t2, t2.is_read_only(), limits, lun, &lu, &nexus, epoch);
                 scsi::execute(&u, &c2, &data)
             })
             .await
@@ -1353,7 +1410,7 @@ impl Ffp {
             i != d.itt
         });
         self.running_bytes = self.running_bytes.saturating_sub(charged);
-        if self.aborted.remove(&d.itt) {
+        if self.aborted.remove(&d.itt) || matches!(d.res, Err(Failure::Aborted)) {
             return;
         }
         let Done {
@@ -1385,6 +1442,7 @@ impl Ffp {
             Err(Failure::ReservationConflict) => {
                 self.respond(itt, scsi::status::RESERVATION_CONFLICT, None, 0, 0);
             }
+            Err(Failure::Aborted) => {}
             Err(Failure::Check(s)) => {
                 if matches!(s.key, 0x03 | 0x04) {
                     self.shared.log.log(
@@ -1462,6 +1520,15 @@ impl Ffp {
         }
     }
 
+    /// Drops the waiting tasks and the responses of the running ones
+    /// (task management, or a reset from another session).
+    fn end_tasks(&mut self) {
+        self.tasks.clear();
+        self.task_bytes = 0;
+        self.aborted
+            .extend(self.running_itts.values().map(|&(i, _)| i));
+    }
+
     async fn task_mgmt(&mut self, p: &Pdu) -> Flow {
         let func = p.flags() & 0x7f;
         let lun = scsi::lun_of(p.lun_field());
@@ -1487,11 +1554,27 @@ impl Ffp {
             }
             2 | 4 | 5 if lun != 0 => 2,
             2 | 4 | 5 | 6 | 7 => {
-                self.tasks.clear();
-                self.task_bytes = 0;
-                self.aborted
-                    .extend(self.running_itts.values().map(|&(i, _)| i));
+                self.end_tasks();
                 self.settle().await;
+                // All but ABORT TASK SET end the other nexuses' tasks too
+                // (the unit has one task set): see `crate::lu`.
+                if func != 2 {
+                    if let Some((lu, nexus)) = self.lu.clone() {
+                        let why = if func == 4 {
+                            Sense::COMMANDS_CLEARED
+                        } else {
+                            Sense::RESET_OCCURRED
+                        };
+                        lu.reset(&nexus, why);
+                        // This session ended its own tasks above; what it
+                        // reads next came after the reset.
+                        if let Some(rx) = self.resets.as_mut() {
+                            rx.borrow_and_update();
+                        }
+                        // Wait for the writes other sessions had running.
+                        let _ = tokio::task::spawn_blocking(move || drop(lu.atomic())).await;
+                    }
+                }
                 close = func == 7;
                 0
             }

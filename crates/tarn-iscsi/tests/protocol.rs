@@ -1020,3 +1020,108 @@ fn reads_that_expect_nothing_still_count_against_the_budget() {
     );
     s.tur_good(200);
 }
+
+/// A task management function of `func` for LUN 0.
+fn tmf(s: &Raw, tmf_itt: u32, func: u8) -> Pdu {
+    let mut p = Pdu::new(op::TASK_MGMT);
+    p.set_immediate(true);
+    p.set_flags(0x80 | func);
+    p.set_itt(tmf_itt);
+    p.set_u32(20, 0xffff_ffff);
+    p.set_u32(24, s.cmd_sn);
+    p
+}
+
+/// Sends `cdb` (no data) and returns the status and the sense key, ASC
+/// and ASCQ of a CHECK CONDITION (zeros otherwise).
+fn status_and_sense(s: &mut Raw, itt: u32, cdb: &[u8]) -> (u8, [u8; 3]) {
+    let c = s.scsi(itt, cdb, 0, false, false);
+    s.send(&c);
+    let r = s.recv().expect("a response");
+    assert_eq!((r.opcode(), r.itt()), (op::SCSI_RSP, itt), "{r:?}");
+    let sense = if r.bhs[3] == 2 && r.data.len() >= 2 + 14 {
+        [r.data[2 + 2] & 0x0f, r.data[2 + 12], r.data[2 + 13]]
+    } else {
+        [0; 3]
+    };
+    (r.bhs[3], sense)
+}
+
+/// LUN RESET from one nexus ends the tasks of every session of the unit:
+/// a write another session had waiting for its data never reaches the
+/// device, and that session's next command reports the reset (unit
+/// attention 29/03) once; the nexus that reset sees none. A resize of
+/// the device is reported to every session (2A/09), by REQUEST SENSE too,
+/// and a PREEMPT to the nexus it removed (2A/05).
+#[test]
+fn a_lun_reset_ends_other_sessions_tasks_and_tells_them() {
+    let (r, dev) = server();
+    let mut a = login_isid(r.local_addr(), 1);
+    let mut b = login_isid(r.local_addr(), 2);
+    a.tur_good(1);
+    b.tur_good(1);
+    // B: a 4 KiB write with no immediate data waits for its Data-Out.
+    let c = b.scsi(2, &[0x2a, 0, 0, 0, 0, 0, 0, 0, 8, 0], 4096, false, true);
+    b.send(&c);
+    let r2t = b.recv().expect("an R2T");
+    assert_eq!(r2t.opcode(), op::R2T);
+    // A resets the unit.
+    let t = tmf(&a, 2, 5);
+    a.send(&t);
+    let rsp = a.recv().expect("the function's response");
+    assert_eq!(
+        (rsp.opcode(), rsp.itt(), rsp.bhs[2]),
+        (op::TASK_MGMT_RSP, 2, 0)
+    );
+    // B's data comes after the reset: dropped, with no response.
+    let mut d = Pdu::new(op::DATA_OUT);
+    d.set_flags(0x80);
+    d.set_itt(2);
+    d.set_u32(20, r2t.u32_at(20));
+    d.data = vec![0xee; 4096];
+    b.send(&d);
+    assert_eq!(
+        status_and_sense(&mut b, 3, &[0; 6]),
+        (2, [0x06, 0x29, 0x03]),
+        "B is told of the reset"
+    );
+    b.tur_good(4);
+    a.tur_good(3);
+    assert_eq!(dev.contents()[..4096], [0u8; 4096], "the ended write ran");
+
+    // The device grows under both sessions: the first command to find
+    // the new size runs, and every nexus is told once.
+    dev.resize(16 * MIB);
+    a.tur_good(4);
+    assert_eq!(
+        status_and_sense(&mut a, 5, &[0; 6]),
+        (2, [0x06, 0x2a, 0x09])
+    );
+    let c = b.scsi(5, &[0x03, 0, 0, 0, 252, 0], 252, true, false);
+    b.send(&c);
+    let p = b.recv().expect("REQUEST SENSE's data");
+    assert_eq!(
+        (p.opcode(), p.itt(), p.bhs[3]),
+        (op::DATA_IN, 5, 0),
+        "{p:?}"
+    );
+    assert_eq!(
+        [p.data[2] & 0x0f, p.data[12], p.data[13]],
+        [0x06, 0x2a, 0x09],
+        "REQUEST SENSE returns the attention"
+    );
+    b.tur_good(6);
+    a.tur_good(6);
+
+    // Persistent reservations: B's PREEMPT of A's key tells A once
+    // (REGISTRATIONS PREEMPTED); B is told nothing.
+    assert_eq!(prout(&mut a, 7, 0, 0, 0, 0xa), 0, "A registers");
+    assert_eq!(prout(&mut b, 7, 0, 0, 0, 0xb), 0, "B registers");
+    assert_eq!(prout(&mut b, 8, 4, 1, 0xb, 0xa), 0, "B preempts A");
+    assert_eq!(
+        status_and_sense(&mut a, 8, &[0; 6]),
+        (2, [0x06, 0x2a, 0x05])
+    );
+    a.tur_good(9);
+    b.tur_good(9);
+}

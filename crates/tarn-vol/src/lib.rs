@@ -60,6 +60,12 @@ pub struct Extent {
 pub trait Device: Send + Sync {
     /// Size in bytes (a multiple of [`Device::block_size`]).
     fn size(&self) -> u64;
+    /// [`Device::size`] without waiting: None when asking would wait (a
+    /// resize under way) or the device cannot say cheaply. A front end
+    /// asks it on its network thread, where it must not block.
+    fn try_size(&self) -> Option<u64> {
+        None
+    }
     /// The volume's block size: a write that covers whole blocks costs
     /// no read; advertised to initiators as the preferred I/O size.
     fn block_size(&self) -> u32;

@@ -37,6 +37,12 @@ impl MemDevice {
             .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Grows or shrinks the device to `size` bytes (new bytes zero), as
+    /// a volume resize does under its sessions.
+    pub fn resize(&self, size: u64) {
+        self.lock().resize(size as usize, 0);
+    }
+
     /// The same device, refusing writes.
     pub fn read_only(mut self) -> Self {
         self.read_only = true;
@@ -68,6 +74,10 @@ impl MemDevice {
 impl Device for MemDevice {
     fn size(&self) -> u64 {
         self.lock().len() as u64
+    }
+
+    fn try_size(&self) -> Option<u64> {
+        Some(self.size())
     }
 
     fn block_size(&self) -> u32 {

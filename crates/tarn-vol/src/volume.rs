@@ -465,6 +465,14 @@ impl Device for Volume {
         self.spec().map_or(0, |s| s.size)
     }
 
+    fn try_size(&self) -> Option<u64> {
+        match self.spec.try_read() {
+            Ok(g) => g.map(|s| s.size),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().map(|s| s.size),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     fn identity(&self) -> Option<u64> {
         Some(self.handle.guid())
     }

@@ -544,6 +544,25 @@ fn iscsi_shares_with_chap_users_through_the_daemon() {
         lab_serial,
         "the same volume under a new target name, another serial"
     );
+    // A volume grown under a session: its next command reports CAPACITY
+    // DATA HAS CHANGED once (how an initiator learns to rescan), and the
+    // new blocks are there.
+    let mut live = Iscsi::open(&iscsi, lab2_iqn).unwrap();
+    live.read(0, 4096).unwrap();
+    d.ok(&["volume", "resize", "tank/lab", "16M"]);
+    // Every command of the session runs until one finds the new size;
+    // the next one reports it.
+    let mut told = None;
+    for _ in 0..3 {
+        if let Err(e) = live.read(0, 4096) {
+            told = Some(e.to_string());
+            break;
+        }
+    }
+    let told = told.expect("the resize was never reported");
+    assert!(told.contains("sense 06/2a/09"), "{told}");
+    assert_eq!(live.read(12 * MIB, 4096).unwrap(), vec![0u8; 4096]);
+    live.close();
     let stats = d.ok(&["daemon", "stats"]);
     assert!(stats.contains("iscsi"), "{stats}");
 

@@ -236,7 +236,7 @@ impl Iscsi {
                     if p.bhs[2] != 0 {
                         return Ok((itt, Err(io_err(format!("response {:#04x}", p.bhs[2])))));
                     }
-                    return Ok((itt, status(p.bhs[3]).map(|()| read)));
+                    return Ok((itt, sensed(p.bhs[3], &p.data).map(|()| read)));
                 }
                 op::NOP_IN | op::ASYNC => {}
                 other => return Err(io_err(format!("unexpected opcode {other:#04x}"))),
@@ -331,6 +331,20 @@ fn write16(off: u64, len: usize, fua: bool) -> [u8; 16] {
     cdb[2..10].copy_from_slice(&(off / SECTOR).to_be_bytes());
     cdb[10..14].copy_from_slice(&((len as u64 / SECTOR) as u32).to_be_bytes());
     cdb
+}
+
+/// [`status`], with a CHECK CONDITION's sense key, ASC and ASCQ (from
+/// the response's fixed-format sense) in the error, as `sense 06/2a/09`.
+fn sensed(s: u8, data: &[u8]) -> std::io::Result<()> {
+    match data.get(2..2 + 14) {
+        Some(f) if s == 2 => Err(io_err(format!(
+            "SCSI status {s:#04x}, sense {:02x}/{:02x}/{:02x}",
+            f[2] & 0x0f,
+            f[12],
+            f[13]
+        ))),
+        _ => status(s),
+    }
 }
 
 fn status(s: u8) -> std::io::Result<()> {
