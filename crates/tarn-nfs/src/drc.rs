@@ -32,7 +32,13 @@
 //! for its reply (up to [`WAIT`]); replying at once with an error, or
 //! running it beside the first, would both be wrong. If the first call
 //! never finishes (its worker panicked), the entry is removed and the
-//! waiter runs the call itself.
+//! waiter runs the call itself. A waiter holds a worker thread, so at
+//! most [`MAX_WAITERS`] wait at once, for the whole server: beyond that a
+//! retransmission of a running call is dropped unanswered (as Linux's
+//! server drops every one), and the client sends it again after its
+//! timeout, by when the reply is usually kept. Without the bound, a
+//! client retransmitting one slow call on every connection and slot it
+//! has could park every worker of the server for [`WAIT`].
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
@@ -49,6 +55,8 @@ pub(crate) const CAPACITY: usize = 4096;
 pub(crate) const TTL: Duration = Duration::from_secs(300);
 /// How long a retransmission waits for the first call's reply.
 pub(crate) const WAIT: Duration = Duration::from_secs(60);
+/// Most retransmissions waiting for their first call at once.
+pub(crate) const MAX_WAITERS: usize = 4;
 
 /// True for the NFSv3 procedures whose replies are kept.
 pub(crate) fn is_kept(proc_: u32) -> bool {
@@ -111,6 +119,8 @@ struct Inner {
     /// Keys in the order they were entered, with their serial.
     order: VecDeque<(Key, u64)>,
     serial: u64,
+    /// Retransmissions waiting now (at most [`MAX_WAITERS`]).
+    waiting: usize,
 }
 
 impl Inner {
@@ -154,8 +164,9 @@ pub(crate) enum Begin<'a> {
     Run(Running<'a>),
     /// A retransmission of a call that finished: its reply.
     Replay(Arc<Vec<u8>>),
-    /// A retransmission whose first call is still running after [`WAIT`]:
-    /// answer nothing (the client sends it again).
+    /// A retransmission whose first call is still running after [`WAIT`],
+    /// or while [`MAX_WAITERS`] others wait: answer nothing (the client
+    /// sends it again).
     Drop,
 }
 
@@ -217,13 +228,15 @@ impl Drc {
             match g.map.get(&key).map(|s| &s.state) {
                 Some(State::Done(reply)) => return Begin::Replay(reply.clone()),
                 Some(State::Running) => {
-                    if now >= deadline {
+                    if now >= deadline || g.waiting >= MAX_WAITERS {
                         return Begin::Drop;
                     }
+                    g.waiting += 1;
                     g = match self.done.wait_timeout(g, deadline - now) {
                         Ok((g, _)) => g,
                         Err(p) => p.into_inner().0,
                     };
+                    g.waiting -= 1;
                 }
                 None => {
                     g.serial += 1;
@@ -309,6 +322,39 @@ mod tests {
         std::thread::sleep(Duration::from_millis(100));
         run.finish(b"first");
         assert_eq!(waiter.join().unwrap(), b"first");
+    }
+
+    #[test]
+    fn only_a_few_retransmissions_wait_at_once() {
+        let drc = Arc::new(Drc::default());
+        let Begin::Run(run) = drc.begin(key(4, b"x")) else {
+            panic!("new");
+        };
+        let waiters: Vec<_> = (0..MAX_WAITERS)
+            .map(|_| {
+                let d = drc.clone();
+                std::thread::spawn(move || matches!(d.begin(key(4, b"x")), Begin::Replay(_)))
+            })
+            .collect();
+        let t0 = Instant::now();
+        while drc.lock().waiting < MAX_WAITERS {
+            assert!(t0.elapsed() < Duration::from_secs(10), "they never waited");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // One more is dropped at once instead of parking its worker.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d = drc.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(matches!(d.begin(key(4, b"x")), Begin::Drop));
+        });
+        let dropped = rx.recv_timeout(Duration::from_secs(5));
+        run.finish(b"first");
+        assert_eq!(dropped, Ok(true), "the extra retransmission waited");
+        for w in waiters {
+            assert!(w.join().unwrap(), "a waiter got the reply");
+        }
+        assert_eq!(drc.lock().waiting, 0);
+        assert!(matches!(drc.begin(key(4, b"x")), Begin::Replay(_)));
     }
 
     #[test]
