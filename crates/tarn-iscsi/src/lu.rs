@@ -46,8 +46,9 @@
 //! a nexus that logs in later learns nothing of what came before (as
 //! with a real disk, whose attentions are per initiator port). Two
 //! things post them: a reset (LUN RESET, TARGET WARM or COLD RESET:
-//! BUS DEVICE RESET FUNCTION OCCURRED; CLEAR TASK SET: COMMANDS CLEARED
-//! BY ANOTHER INITIATOR) to every nexus but the one that asked; a
+//! BUS DEVICE RESET FUNCTION OCCURRED, to every nexus, the one that
+//! asked too, as SAM-5 says; CLEAR TASK SET: COMMANDS CLEARED BY ANOTHER
+//! INITIATOR, to every nexus but the one that asked); a
 //! change of the device's size (CAPACITY DATA HAS CHANGED) to every
 //! nexus, which is how an initiator learns that a volume grew; and the
 //! persistent reservation changes SPC-4 names (see
@@ -227,13 +228,13 @@ impl LuState {
         self.epoch.load(Ordering::SeqCst) != epoch
     }
 
-    /// A reset asked by `by`: posts `attention` to every other attached
-    /// nexus and moves the epoch on, so every session drops its tasks.
-    /// The caller then waits for the writes already running with
-    /// [`LuState::atomic`] before it answers.
-    pub fn reset(&self, by: &Nexus, attention: Sense) {
+    /// A reset: posts `attention` to every attached nexus but `except`
+    /// (None: to all of them) and moves the epoch on, so every session
+    /// drops its tasks. The caller then waits for the writes already
+    /// running with [`LuState::atomic`] before it answers.
+    pub fn reset(&self, except: Option<&Nexus>, attention: Sense) {
         let mut a = self.attentions();
-        a.post(attention, Some(by));
+        a.post(attention, except);
         self.ua_waiting.store(a.any(), Ordering::SeqCst);
         let e = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
         self.resets.send_replace(e);
@@ -346,7 +347,7 @@ mod tests {
     }
 
     #[test]
-    fn a_reset_warns_every_other_attached_nexus_once() {
+    fn a_reset_warns_every_attached_nexus_once() {
         let lu = LuState::default();
         let (a, b, c, late) = (nexus(1), nexus(2), nexus(3), nexus(4));
         for n in [&a, &b, &c] {
@@ -355,22 +356,37 @@ mod tests {
         let Admission::Run(before) = lu.admit(&b, true) else {
             panic!("nothing waits yet");
         };
-        lu.reset(&a, Sense::RESET_OCCURRED);
-        lu.reset(&a, Sense::RESET_OCCURRED);
+        lu.reset(None, Sense::RESET_OCCURRED);
+        lu.reset(None, Sense::RESET_OCCURRED);
         assert!(lu.stale(before), "a write admitted before must not run");
         lu.attach(&late);
-        assert!(
-            matches!(lu.admit(&a, true), Admission::Run(_)),
-            "the resetter"
+        assert_eq!(
+            lu.admit(&a, true),
+            Admission::Attention(Sense::RESET_OCCURRED)
         );
         assert!(
             matches!(lu.admit(&late, true), Admission::Run(_)),
             "came after"
         );
-        // Two resets, one attention; INQUIRY neither reports nor clears it.
+        // CLEAR TASK SET tells the others only.
+        lu.reset(Some(&late), Sense::COMMANDS_CLEARED);
+        assert!(
+            matches!(lu.admit(&late, true), Admission::Run(_)),
+            "the clearer"
+        );
+        assert_eq!(
+            lu.admit(&a, true),
+            Admission::Attention(Sense::COMMANDS_CLEARED)
+        );
+        // Two resets, one attention of each kind, in order; INQUIRY
+        // neither reports nor clears them.
         assert_eq!(
             lu.admit(&b, true),
             Admission::Attention(Sense::RESET_OCCURRED)
+        );
+        assert_eq!(
+            lu.admit(&b, true),
+            Admission::Attention(Sense::COMMANDS_CLEARED)
         );
         let Admission::Run(now) = lu.admit(&b, true) else {
             panic!("reported once");
@@ -380,6 +396,10 @@ mod tests {
         assert_eq!(
             lu.admit(&c, true),
             Admission::Attention(Sense::RESET_OCCURRED)
+        );
+        assert_eq!(
+            lu.admit(&c, true),
+            Admission::Attention(Sense::COMMANDS_CLEARED)
         );
         assert!(matches!(lu.admit(&c, true), Admission::Run(_)));
     }

@@ -96,9 +96,10 @@
 //! TASK SET, CLEAR TASK SET, LUN RESET and TARGET WARM RESET drop every
 //! waiting task and every running one that way; TARGET COLD RESET does
 //! so and closes the connection. All but ABORT TASK SET then end the
-//! tasks of every other session of the logical unit too, and tell those
-//! nexuses with a unit attention ([`crate::lu`] has the reasoning); the
-//! answer waits for the writes of those sessions already running. The response to the function is sent
+//! tasks of every other session of the logical unit too and post a unit
+//! attention (a reset's to every nexus, this one too; CLEAR TASK SET's
+//! to the others; [`crate::lu`] has the reasoning); the answer waits for
+//! the writes of those sessions already running. The response to the function is sent
 //! only after the tasks it ended are over. They answer "function
 //! complete", except ABORT TASK for a task this connection does not hold
 //! (it completed and was answered first, or never came): "task does not
@@ -1560,12 +1561,13 @@ impl Ffp {
                 // (the unit has one task set): see `crate::lu`.
                 if func != 2 {
                     if let Some((lu, nexus)) = self.lu.clone() {
-                        let why = if func == 4 {
-                            Sense::COMMANDS_CLEARED
+                        // A reset is reported to every nexus (this one
+                        // too, as SAM-5 asks); CLEAR TASK SET to the others.
+                        if func == 4 {
+                            lu.reset(Some(&nexus), Sense::COMMANDS_CLEARED);
                         } else {
-                            Sense::RESET_OCCURRED
-                        };
-                        lu.reset(&nexus, why);
+                            lu.reset(None, Sense::RESET_OCCURRED);
+                        }
                         // This session ended its own tasks above; what it
                         // reads next came after the reset.
                         if let Some(rx) = self.resets.as_mut() {

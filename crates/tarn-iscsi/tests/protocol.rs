@@ -1049,8 +1049,8 @@ fn status_and_sense(s: &mut Raw, itt: u32, cdb: &[u8]) -> (u8, [u8; 3]) {
 
 /// LUN RESET from one nexus ends the tasks of every session of the unit:
 /// a write another session had waiting for its data never reaches the
-/// device, and that session's next command reports the reset (unit
-/// attention 29/03) once; the nexus that reset sees none. A resize of
+/// device, and each session's next command reports the reset (unit
+/// attention 29/03) once, the one that reset too. A resize of
 /// the device is reported to every session (2A/09), by REQUEST SENSE too,
 /// and a PREEMPT to the nexus it removed (2A/05).
 #[test]
@@ -1086,7 +1086,12 @@ fn a_lun_reset_ends_other_sessions_tasks_and_tells_them() {
         "B is told of the reset"
     );
     b.tur_good(4);
-    a.tur_good(3);
+    // The nexus that reset is told too (SAM-5: every nexus).
+    assert_eq!(
+        status_and_sense(&mut a, 3, &[0; 6]),
+        (2, [0x06, 0x29, 0x03])
+    );
+    a.tur_good(31);
     assert_eq!(dev.contents()[..4096], [0u8; 4096], "the ended write ran");
 
     // The device grows under both sessions: the first command to find
