@@ -60,7 +60,18 @@ struct Stats {
     sent: u64,
     suppressed: u64,
     last_error: Option<String>,
+    /// Deliveries running now (each on a thread of its own).
+    in_flight: usize,
 }
+
+/// Most deliveries to one alert running at once. A webhook that accepts
+/// connections and never answers keeps a delivery's thread for its
+/// timeouts and retries (many minutes); without a bound, a burst of
+/// events (a disk failing in several ways) would start a thread for each
+/// and keep them all. Past the bound an event is not sent through that
+/// alert (it stays in `tarn events`, and the alert's last error says
+/// why); other alerts are not affected.
+const MAX_IN_FLIGHT: usize = 4;
 
 /// Held back per (alert, kind, pool, device): when one was last sent and
 /// how many were held back since.
@@ -457,10 +468,26 @@ impl Events {
         self.deliver_all(jobs);
     }
 
-    /// Delivers each (alert, event, held-back count) on a thread of its own.
+    /// Delivers each (alert, event, held-back count) on a thread of its
+    /// own, at most [`MAX_IN_FLIGHT`] at once per alert.
     fn deliver_all(&self, jobs: Vec<(Alert, Event, u64)>) {
         for (a, event, held) in jobs {
             let name = a.name.clone();
+            {
+                let mut st = lock(&self.alerts);
+                let s = st.stats.entry(name.clone()).or_default();
+                if s.in_flight >= MAX_IN_FLIGHT {
+                    let why = format!(
+                        "{MAX_IN_FLIGHT} deliveries to it are still under way (its endpoint is \
+                         slow or does not answer): event {} ({}) was not sent",
+                        event.id, event.kind
+                    );
+                    log::warn!("tarn: alert '{name}': {why}");
+                    s.last_error = Some(why);
+                    continue;
+                }
+                s.in_flight += 1;
+            }
             let ev = event;
             let alerts = self.alerts.clone();
             let spawned = std::thread::Builder::new()
@@ -469,6 +496,7 @@ impl Events {
                     let r = deliver(&a, &ev, held);
                     let mut st = lock(&alerts);
                     let s = st.stats.entry(a.name.clone()).or_default();
+                    s.in_flight = s.in_flight.saturating_sub(1);
                     match r {
                         Ok(()) => {
                             s.sent += 1;
@@ -482,6 +510,9 @@ impl Events {
                 });
             if let Err(e) = spawned {
                 log::warn!("tarn: cannot start delivering alert '{name}': {e}");
+                let mut st = lock(&self.alerts);
+                let s = st.stats.entry(name).or_default();
+                s.in_flight = s.in_flight.saturating_sub(1);
             }
         }
     }
@@ -1036,6 +1067,48 @@ mod tests {
         let ev = Events::open(dir.path()).unwrap();
         let l = ev.list(None, 1);
         assert_eq!(l[0].kind, "daemon.crashed");
+    }
+
+    #[test]
+    fn a_webhook_that_never_answers_holds_only_a_few_threads() {
+        // A server that accepts connections and never answers.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let held = Arc::new(Mutex::new(Vec::new()));
+        let h = held.clone();
+        std::thread::spawn(move || {
+            for c in listener.incoming().flatten() {
+                lock(&h).push(c);
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let ev = Events::open(dir.path()).unwrap();
+        ev.alert_add(&alert(&format!("http://127.0.0.1:{port}/x")))
+            .unwrap();
+        // Twelve kinds of event: none holds another back.
+        for i in 0..12 {
+            ev.emit(
+                Severity::Critical,
+                &format!("device.kind{i}"),
+                Some("tank"),
+                None,
+                "x".into(),
+            );
+        }
+        let t0 = Instant::now();
+        while lock(&held).len() < MAX_IN_FLIGHT {
+            assert!(t0.elapsed() < Duration::from_secs(10), "no delivery came");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(lock(&held).len(), MAX_IN_FLIGHT, "deliveries at once");
+        let info = &ev.alert_list()[0];
+        let err = info.last_error.clone().unwrap_or_default();
+        assert!(err.contains("still under way"), "{err}");
+        assert_eq!(
+            lock(&ev.alerts).stats.get("hook").map(|s| s.in_flight),
+            Some(MAX_IN_FLIGHT)
+        );
     }
 
     #[test]
