@@ -44,7 +44,7 @@
 //! returns it as its data; either way it is then cleared. Each nexus
 //! with a session on the unit has its own queue ([`LuState::attach`]);
 //! a nexus that logs in later learns nothing of what came before (as
-//! with a real disk, whose attentions are per initiator port). Two
+//! with a real disk, whose attentions are per initiator port). Three
 //! things post them: a reset (LUN RESET, TARGET WARM or COLD RESET:
 //! BUS DEVICE RESET FUNCTION OCCURRED, to every nexus, the one that
 //! asked too, as SAM-5 says; CLEAR TASK SET: COMMANDS CLEARED BY ANOTHER
@@ -57,12 +57,14 @@
 //!
 //! A reset ends the tasks of every session of the unit, not only the
 //! caller's. It posts the attentions and moves the unit's reset epoch on
-//! under one lock ([`LuState::reset`]); every session watches the epoch
-//! and drops its waiting and running tasks when it moves (their
-//! responses are never sent: an aborted task's outcome is unknown to
-//! its initiator, which learns of the reset from the attention). A
-//! command records the epoch when it is admitted ([`LuState::admit`]),
-//! and a medium-changing one checks it again once it holds
+//! under one lock ([`LuState::reset`]). A command records the epoch
+//! when it is admitted ([`LuState::admit`]). Every session watches the
+//! epoch and, when it moves, drops its waiting and running tasks
+//! admitted in an older one (their responses are never sent: an
+//! aborted task's outcome is unknown to its initiator, which learns of
+//! the reset from the attention); a command it admitted in the new epoch
+//! before it saw the move came after the reset and runs. A
+//! medium-changing command checks the epoch again once it holds
 //! [`LuState::writing`]: if a reset came between, it does nothing. The
 //! reset's caller then takes [`LuState::atomic`], which waits for every
 //! write that got in before, and answers only after that. So once the
@@ -262,20 +264,26 @@ impl LuState {
         self.resets.subscribe()
     }
 
-    /// Tells the unit the device's size as a command found it: if it
-    /// differs from what the last command found, every attached nexus
-    /// gets CAPACITY DATA HAS CHANGED. Size 0 (a closed device) is
-    /// ignored.
-    pub fn saw_capacity(&self, size: u64) {
-        // Asked by every command: a load first, so the usual case writes
-        // nothing to the shared line. A closed volume says 0: that is no
-        // size (its commands fail NOT READY), and it is not kept.
-        if size == 0 || self.capacity.load(Ordering::Relaxed) == size {
-            return;
+    /// Tells the unit the device's size as a command found it (`size`
+    /// asks the device; None: it cannot say now without waiting): if it
+    /// differs from what the unit last saw, every attached nexus gets
+    /// CAPACITY DATA HAS CHANGED. The size is asked again under the
+    /// unit's lock before anything is posted, so a command that read the
+    /// old size just before a resize cannot post the change back (and
+    /// the new one again after it). Size 0 (a closed device) is ignored.
+    pub fn saw_capacity(&self, size: impl Fn() -> Option<u64>) {
+        // Asked by every command: a load first, so the usual case takes
+        // no lock and writes nothing to the shared line.
+        match size() {
+            Some(s) if s != 0 && s != self.capacity.load(Ordering::SeqCst) => {}
+            _ => return,
         }
-        let old = self.capacity.swap(size, Ordering::SeqCst);
-        if old != size && old != u64::MAX {
-            let mut a = self.attentions();
+        let mut a = self.attentions();
+        let Some(now) = size().filter(|&s| s != 0) else {
+            return;
+        };
+        let old = self.capacity.swap(now, Ordering::SeqCst);
+        if old != now && old != u64::MAX {
             a.post(Sense::CAPACITY_CHANGED, None);
             self.ua_waiting.store(a.any(), Ordering::SeqCst);
         }
@@ -411,24 +419,35 @@ mod tests {
         lu.attach(&a);
         lu.attach(&b);
         lu.attach(&b); // two sessions of one nexus
-        lu.saw_capacity(1 << 20);
-        lu.saw_capacity(1 << 20);
+        lu.saw_capacity(|| Some(1 << 20));
+        lu.saw_capacity(|| Some(1 << 20));
+        lu.saw_capacity(|| None);
+        lu.saw_capacity(|| Some(0));
         assert!(
             matches!(lu.admit(&a, true), Admission::Run(_)),
             "no change yet"
         );
-        lu.saw_capacity(2 << 20);
+        lu.saw_capacity(|| Some(2 << 20));
+        // A command that read the size just before the resize asks again
+        // under the lock and finds the new one: nothing more is posted.
+        let calls = std::cell::Cell::new(0);
+        lu.saw_capacity(|| {
+            calls.set(calls.get() + 1);
+            Some(if calls.get() == 1 { 1 << 20 } else { 2 << 20 })
+        });
+        assert_eq!(calls.get(), 2);
         assert_eq!(
             lu.admit(&a, true),
             Admission::Attention(Sense::CAPACITY_CHANGED)
         );
+        assert!(matches!(lu.admit(&a, true), Admission::Run(_)), "once");
         lu.detach(&b);
         assert_eq!(
             lu.admit(&b, true),
             Admission::Attention(Sense::CAPACITY_CHANGED),
             "its other session is still there"
         );
-        lu.saw_capacity(3 << 20);
+        lu.saw_capacity(|| Some(3 << 20));
         lu.detach(&b);
         lu.attach(&b);
         assert!(

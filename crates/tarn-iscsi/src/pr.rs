@@ -288,7 +288,8 @@ impl Reservations {
     /// CLEAR tells every other nexus that was registered RESERVATIONS
     /// PREEMPTED; PREEMPT (and PREEMPT AND ABORT) tells each nexus whose
     /// registration it removed REGISTRATIONS PREEMPTED; RELEASE of a
-    /// Registrants Only or All Registrants reservation tells every other
+    /// Registrants Only or All Registrants reservation, and the holder
+    /// of a Registrants Only one unregistering, tell every other
     /// registered nexus RESERVATIONS RELEASED.
     pub fn out_telling(
         &mut self,
@@ -307,6 +308,19 @@ impl Reservations {
                 .filter(|r| self.key_of(r).is_none())
                 .map(|r| (r, Sense::REGISTRATIONS_PREEMPTED))
                 .collect(),
+            // The holder of a Registrants Only reservation unregistered:
+            // the reservation went with it.
+            action::REGISTER | action::REGISTER_AND_IGNORE
+                if self.res.is_none()
+                    && reserved.is_some_and(|t| {
+                        kind::registrants_allowed(t) && !kind::all_registrants(t)
+                    }) =>
+            {
+                others
+                    .filter(|r| self.key_of(r).is_some())
+                    .map(|r| (r, Sense::RESERVATIONS_RELEASED))
+                    .collect()
+            }
             action::RELEASE
                 if self.res.is_none() && reserved.is_some_and(kind::registrants_allowed) =>
             {
@@ -684,6 +698,17 @@ mod tests {
                 (d.clone(), Sense::REGISTRATIONS_PREEMPTED),
             ]
         );
+        // The holder of a Registrants Only reservation unregisters: the
+        // reservation goes, and the others are told.
+        r.out(&b, action::RESERVE, kind::EXCLUSIVE_ACCESS_RO, p(0xb, 0))
+            .unwrap();
+        r.out(&a, action::REGISTER, 0, p(0xa, 0xa)).unwrap();
+        assert_eq!(
+            r.out_telling(&b, action::REGISTER, 0, p(0xb, 0)).unwrap(),
+            vec![(a.clone(), Sense::RESERVATIONS_RELEASED)]
+        );
+        assert_eq!(r.reserved(), None);
+        r.out(&b, action::REGISTER, 0, p(0, 0xb)).unwrap();
         // CLEAR tells every other registrant.
         assert_eq!(
             r.out_telling(&b, action::CLEAR, 0, p(0xb, 0)).unwrap(),

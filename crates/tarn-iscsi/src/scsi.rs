@@ -801,8 +801,9 @@ pub fn execute(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<ReadData, Failure>
     // How an initiator learns that the volume grew: the first command
     // that finds a new size posts CAPACITY DATA HAS CHANGED to every
     // nexus (it is carried out itself; the attention comes with each
-    // nexus's next command).
-    u.lu.saw_capacity(u.dev.size());
+    // nexus's next command). Asked without waiting: during a resize a
+    // later command notices.
+    u.lu.saw_capacity(|| u.dev.try_size());
     match *cmd {
         Cmd::PrIn { sa, alloc } => {
             return Ok(cut(u.lu.reservations().read(sa)?, alloc).into());
@@ -850,9 +851,7 @@ pub fn execute_cached(u: &Unit<'_>, cmd: &Cmd) -> Option<Result<ReadData, Failur
         return None;
     }
     // A reader that only ever hits the cache learns of a resize too.
-    if let Some(size) = u.dev.try_size() {
-        u.lu.saw_capacity(size);
-    }
+    u.lu.saw_capacity(|| u.dev.try_size());
     if u.lu.try_reservations()?.conflicts(u.nexus, cmd.access()) {
         return Some(Err(Failure::ReservationConflict));
     }
@@ -1555,6 +1554,50 @@ mod tests {
                 None => proptest::prop_assert_eq!(blocks, 0, "MemDevice answers every read"),
             }
         }
+    }
+
+    #[test]
+    fn a_write_admitted_before_a_reset_does_nothing() {
+        let dev = MemDevice::new(1 << 20, 4096);
+        let nexus = Nexus::new("iqn.2024-01.x:i", [0; 6], "iqn.2024-01.x:d");
+        let lu = LuState::default();
+        lu.attach(&nexus);
+        let crate::lu::Admission::Run(before) = lu.admit(&nexus, true) else {
+            panic!("nothing waits");
+        };
+        lu.reset(None, Sense::RESET_OCCURRED);
+        let unit = |epoch| Unit {
+            dev: &dev,
+            read_only: false,
+            name: "iqn.2024-01.x:d",
+            limits: LIM,
+            lun: 0,
+            lu: &lu,
+            nexus: &nexus,
+            epoch,
+        };
+        let write = Cmd::Write {
+            lba: 0,
+            blocks: 1,
+            fua: false,
+        };
+        let data = vec![0xab; BLOCK as usize];
+        assert_eq!(
+            execute(&unit(before), &write, &data).map(|_| ()),
+            Err(Failure::Aborted)
+        );
+        assert_eq!(dev.contents()[..BLOCK as usize], [0u8; BLOCK as usize]);
+        // Reads still run; a write admitted after the reset writes.
+        let read = Cmd::Read { lba: 0, blocks: 1 };
+        assert!(execute(&unit(before), &read, &[]).is_ok());
+        let crate::lu::Admission::Attention(_) = lu.admit(&nexus, true) else {
+            panic!("the reset is reported first");
+        };
+        let crate::lu::Admission::Run(after) = lu.admit(&nexus, true) else {
+            panic!("then commands run");
+        };
+        execute(&unit(after), &write, &data).unwrap();
+        assert_eq!(dev.contents()[..BLOCK as usize], data[..]);
     }
 
     fn run(dev: &MemDevice, ro: bool, c: &[u8], out: &[u8]) -> Result<Vec<u8>, Sense> {

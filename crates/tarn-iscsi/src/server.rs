@@ -424,9 +424,8 @@ async fn connection(
         )),
         SessionKind::Discovery => None,
     };
-    if let Some((lu, nexus)) = &lu {
-        lu.attach(nexus);
-    }
+    // Detached however the session ends (a panic in its task included).
+    let _attached = lu.as_ref().map(|(lu, nexus)| Attached::new(lu, nexus));
     let resets = lu.as_ref().map(|(lu, _)| lu.resets());
     let mut ffp = Ffp {
         resets,
@@ -450,8 +449,28 @@ async fn connection(
         text_rest: None,
     };
     ffp.run(rd, wr, &clock, &conn, stop).await;
-    if let Some((lu, nexus)) = &ffp.lu {
-        lu.detach(nexus);
+}
+
+/// A session's nexus counted among its unit's ([`LuState::attach`]) until
+/// this is dropped.
+struct Attached {
+    lu: Arc<LuState>,
+    nexus: Arc<Nexus>,
+}
+
+impl Attached {
+    fn new(lu: &Arc<LuState>, nexus: &Arc<Nexus>) -> Attached {
+        lu.attach(nexus);
+        Attached {
+            lu: lu.clone(),
+            nexus: nexus.clone(),
+        }
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.lu.detach(&self.nexus);
     }
 }
 
@@ -659,7 +678,7 @@ struct Ffp {
     /// Commands running on the blocking pool: task id → (ITT, bytes it
     /// holds: the larger of its expected length and what it reads).
     running: tokio::task::JoinSet<Done>,
-    running_itts: HashMap<tokio::task::Id, (u32, u32)>,
+    running_itts: HashMap<tokio::task::Id, (u32, u32, u64)>,
     /// Bytes the running commands may return (their expected lengths):
     /// with the waiting writes' bytes, bounded by
     /// [`IscsiConfig::max_pending_write_bytes`] before more is read.
@@ -782,7 +801,10 @@ impl Ffp {
                         break;
                     }
                 }
-                Event::Reset => self.end_tasks(),
+                Event::Reset => {
+                    let epoch = self.resets.as_mut().map_or(0, |rx| *rx.borrow_and_update());
+                    self.end_tasks_before(epoch);
+                }
             }
         }
         reader.abort();
@@ -1002,7 +1024,7 @@ impl Ffp {
         let itt = p.itt();
         if itt == RESERVED_TAG
             || self.tasks.contains_key(&itt)
-            || self.running_itts.values().any(|&(i, _)| i == itt)
+            || self.running_itts.values().any(|&(i, ..)| i == itt)
         {
             self.reject(&p, reason::INVALID_FIELD);
             return Flow::Go;
@@ -1025,7 +1047,10 @@ impl Ffp {
         // SENSE returns it as its data). See `crate::lu`.
         let epoch = match &self.lu {
             Some((lu, nexus)) => {
-                let reports = !matches!(cmd, Cmd::Inquiry { .. } | Cmd::ReportLuns { .. });
+                // The unit is LUN 0: a command to another LUN (one that
+                // parses for any LUN, as REQUEST SENSE does) is not its.
+                let reports =
+                    lun == 0 && !matches!(cmd, Cmd::Inquiry { .. } | Cmd::ReportLuns { .. });
                 match lu.admit(nexus, reports) {
                     Admission::Run(e) => e,
                     Admission::Attention(s) => {
@@ -1379,7 +1404,7 @@ impl Ffp {
             drop(busy);
             done(cmd, target, res)
         });
-        self.running_itts.insert(handle.id(), (itt, charge));
+        self.running_itts.insert(handle.id(), (itt, charge, epoch));
         self.running_bytes += u64::from(charge);
         if run.ordered {
             self.settle().await;
@@ -1395,7 +1420,7 @@ impl Ffp {
             Err(id) => {
                 // The task was lost (it cannot panic: the device call's
                 // panic is caught above); its initiator times it out.
-                if let Some((itt, edtl)) = self.running_itts.remove(&id) {
+                if let Some((itt, edtl, _)) = self.running_itts.remove(&id) {
                     self.running_bytes = self.running_bytes.saturating_sub(u64::from(edtl));
                     self.aborted.remove(&itt);
                     self.log(&format!("command {itt:#x} of {} was lost", self.peer));
@@ -1404,7 +1429,7 @@ impl Ffp {
             }
         };
         let mut charged = 0;
-        self.running_itts.retain(|_, &mut (i, c)| {
+        self.running_itts.retain(|_, &mut (i, c, _)| {
             if i == d.itt {
                 charged += u64::from(c);
             }
@@ -1522,12 +1547,32 @@ impl Ffp {
     }
 
     /// Drops the waiting tasks and the responses of the running ones
-    /// (task management, or a reset from another session).
+    /// (task management of this session).
     fn end_tasks(&mut self) {
-        self.tasks.clear();
-        self.task_bytes = 0;
-        self.aborted
-            .extend(self.running_itts.values().map(|&(i, _)| i));
+        self.end_tasks_before(u64::MAX);
+    }
+
+    /// Drops the tasks admitted before reset epoch `epoch` (another
+    /// session's reset moved the unit to it). A command admitted in the
+    /// new epoch (after the reset, when its attention was already
+    /// posted) may have been read before this session saw the reset: it
+    /// is not the reset's to end.
+    fn end_tasks_before(&mut self, epoch: u64) {
+        let mut freed = 0;
+        self.tasks.retain(|_, t| {
+            let keep = t.epoch >= epoch;
+            if !keep {
+                freed += t.want as u64;
+            }
+            keep
+        });
+        self.task_bytes = self.task_bytes.saturating_sub(freed);
+        self.aborted.extend(
+            self.running_itts
+                .values()
+                .filter(|&&(_, _, e)| e < epoch)
+                .map(|&(i, ..)| i),
+        );
     }
 
     async fn task_mgmt(&mut self, p: &Pdu) -> Flow {
@@ -1541,7 +1586,7 @@ impl Ffp {
                 if let Some(t) = &waiting {
                     self.task_bytes -= t.want as u64;
                 }
-                if self.running_itts.values().any(|&(i, _)| i == itt) {
+                if self.running_itts.values().any(|&(i, ..)| i == itt) {
                     self.aborted.insert(itt);
                     self.settle().await;
                     0

@@ -464,6 +464,8 @@ struct Gate {
     /// Reads waiting at the gate now, and the most that ever did.
     waiting: std::sync::atomic::AtomicUsize,
     most: std::sync::atomic::AtomicUsize,
+    /// Writes to the first 4 KiB wait at the gate too.
+    writes: bool,
 }
 
 impl Gate {
@@ -475,7 +477,40 @@ impl Gate {
             cv: std::sync::Condvar::new(),
             waiting: Default::default(),
             most: Default::default(),
+            writes: false,
         })
+    }
+
+    /// The same, and writes to the first block wait for the gate too.
+    fn closed_for_writes() -> std::sync::Arc<Gate> {
+        let g = Gate::closed();
+        std::sync::Arc::new(Gate {
+            inner: g.inner.clone(),
+            opened: std::sync::Mutex::new(false),
+            cv: std::sync::Condvar::new(),
+            waiting: Default::default(),
+            most: Default::default(),
+            writes: true,
+        })
+    }
+
+    /// Waits (up to 3 s) while the gate is shut, for a request at `off`.
+    fn pass(&self, off: u64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let mut open = self.opened.lock().unwrap();
+        if off < 4096 {
+            let n = self.waiting.fetch_add(1, SeqCst) + 1;
+            self.most.fetch_max(n, SeqCst);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+            while !*open && std::time::Instant::now() < deadline {
+                open = self
+                    .cv
+                    .wait_timeout(open, std::time::Duration::from_millis(50))
+                    .unwrap()
+                    .0;
+            }
+            self.waiting.fetch_sub(1, SeqCst);
+        }
     }
 
     fn set(&self, open: bool) {
@@ -495,25 +530,13 @@ impl tarn_vol::Device for Gate {
         false
     }
     fn read_data(&self, off: u64, len: u32) -> Result<tarn_vol::ReadData, tarn_vol::VolError> {
-        use std::sync::atomic::Ordering::SeqCst;
-        let mut open = self.opened.lock().unwrap();
-        if off < 4096 {
-            let n = self.waiting.fetch_add(1, SeqCst) + 1;
-            self.most.fetch_max(n, SeqCst);
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-            while !*open && std::time::Instant::now() < deadline {
-                open = self
-                    .cv
-                    .wait_timeout(open, std::time::Duration::from_millis(50))
-                    .unwrap()
-                    .0;
-            }
-            self.waiting.fetch_sub(1, SeqCst);
-        }
-        drop(open);
+        self.pass(off);
         self.inner.read_data(off, len)
     }
     fn write(&self, off: u64, data: &[u8], fua: bool) -> Result<(), tarn_vol::VolError> {
+        if self.writes {
+            self.pass(off);
+        }
         self.inner.write(off, data, fua)
     }
     fn flush(&self) -> Result<(), tarn_vol::VolError> {
@@ -1129,4 +1152,76 @@ fn a_lun_reset_ends_other_sessions_tasks_and_tells_them() {
     );
     a.tur_good(9);
     b.tur_good(9);
+}
+
+/// A LUN RESET is answered only once the writes other sessions had
+/// running have finished (after the answer, nothing the reset ended
+/// changes the volume); the session whose write it ended gets no
+/// response for it, and its next commands, sent at once one after the
+/// other, are carried out and answered (only the first reports the
+/// reset).
+#[test]
+fn a_reset_waits_for_other_sessions_running_writes() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let dev = Gate::closed_for_writes();
+    let r = start(vec![IscsiTarget::new(IQN, dev.clone())]);
+    let mut a = login_isid(r.local_addr(), 1);
+    let mut b = login_isid(r.local_addr(), 2);
+    // B's write of the first block (immediate data) waits in the device.
+    let mut w = b.scsi(1, &[0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0], 512, false, true);
+    w.data = vec![0x77; 512];
+    b.send(&w);
+    let t0 = std::time::Instant::now();
+    while dev.waiting.load(SeqCst) == 0 {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(3),
+            "the write never ran"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let t = tmf(&a, 1, 5);
+    a.send(&t);
+    // The reset waits for the write: no answer while the gate is shut.
+    a.s.set_read_timeout(Some(std::time::Duration::from_millis(500)))
+        .unwrap();
+    assert!(
+        a.recv().is_none(),
+        "the reset was answered before the write ended"
+    );
+    a.s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    dev.set(true);
+    let rsp = a.recv().expect("the function's response");
+    assert_eq!(
+        (rsp.opcode(), rsp.itt(), rsp.bhs[2]),
+        (op::TASK_MGMT_RSP, 1, 0)
+    );
+    // B: no response for the ended write; the reset first, then three
+    // commands sent back to back all run.
+    let tur = b.scsi(2, &[0; 6], 0, false, false);
+    b.send(&tur);
+    for itt in 3..6u32 {
+        let mut w = b.scsi(itt, &[0x2a, 0, 0, 0, 0, 8, 0, 0, 1, 0], 512, false, true);
+        w.data = vec![itt as u8; 512];
+        b.send(&w);
+    }
+    let first = b.recv().expect("the TUR's response");
+    assert_eq!(
+        (first.opcode(), first.itt(), first.bhs[3]),
+        (op::SCSI_RSP, 2, 2),
+        "{first:?}"
+    );
+    let mut answered = Vec::new();
+    for _ in 3..6 {
+        let p = b.recv().expect("each write is answered");
+        assert_eq!((p.opcode(), p.bhs[3]), (op::SCSI_RSP, 0), "{p:?}");
+        answered.push(p.itt());
+    }
+    answered.sort();
+    assert_eq!(answered, vec![3, 4, 5]);
+    b.tur_good(6);
+    assert_eq!(
+        status_and_sense(&mut a, 2, &[0; 6]),
+        (2, [0x06, 0x29, 0x03])
+    );
 }
