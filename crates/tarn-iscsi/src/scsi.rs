@@ -1537,22 +1537,27 @@ mod tests {
             dev.write(0, &data, false).unwrap();
             let nexus = Nexus::new("iqn.2024-01.x:i", [0; 6], "iqn.2024-01.x:d");
             let lu = LuState::default();
-            let u = Unit {
-                dev: &dev,
-                read_only: false,
-                name: "iqn.2024-01.x:d",
-                limits: LIM,
-                lun: 0,
-                lu: &lu,
-                nexus: &nexus,
-                epoch: 0,
-            };
+            let u = unit_of(&dev, &lu, &nexus, 0);
             let cmd = Cmd::Read { lba, blocks };
             let usual = execute(&u, &cmd, &[]).map(|d| d.to_vec());
             match execute_cached(&u, &cmd) {
                 Some(r) => proptest::prop_assert_eq!(r.map(|d| d.to_vec()), usual),
                 None => proptest::prop_assert_eq!(blocks, 0, "MemDevice answers every read"),
             }
+        }
+    }
+
+    /// A writable unit of `dev` at LUN 0 for `nexus`, admitted in `epoch`.
+    fn unit_of<'a>(dev: &'a MemDevice, lu: &'a LuState, nexus: &'a Nexus, epoch: u64) -> Unit<'a> {
+        Unit {
+            dev,
+            read_only: false,
+            name: "iqn.2024-01.x:d",
+            limits: LIM,
+            lun: 0,
+            lu,
+            nexus,
+            epoch,
         }
     }
 
@@ -1566,16 +1571,7 @@ mod tests {
             panic!("nothing waits");
         };
         lu.reset(None, Sense::RESET_OCCURRED);
-        let unit = |epoch| Unit {
-            dev: &dev,
-            read_only: false,
-            name: "iqn.2024-01.x:d",
-            limits: LIM,
-            lun: 0,
-            lu: &lu,
-            nexus: &nexus,
-            epoch,
-        };
+        let unit = |epoch| unit_of(&dev, &lu, &nexus, epoch);
         let write = Cmd::Write {
             lba: 0,
             blocks: 1,

@@ -98,9 +98,9 @@
 //! so and closes the connection. All but ABORT TASK SET then end the
 //! tasks of every other session of the logical unit too and post a unit
 //! attention (a reset's to every nexus, this one too; CLEAR TASK SET's
-//! to the others; [`crate::lu`] has the reasoning); the answer waits for
-//! the writes of those sessions already running. The response to the function is sent
-//! only after the tasks it ended are over. They answer "function
+//! to the others; [`crate::lu`] has the reasoning). The response to the
+//! function is sent only after the tasks it ended are over, those of
+//! the other sessions that were changing the medium included. They answer "function
 //! complete", except ABORT TASK for a task this connection does not hold
 //! (it completed and was answered first, or never came): "task does not
 //! exist", so the initiator knows the response it got stands. CLEAR ACA
