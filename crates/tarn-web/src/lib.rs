@@ -16,8 +16,9 @@
 //! # Who is calling
 //!
 //! - **Browsers** log in (`POST /api/login` with a user and password) and
-//!   get a session cookie (`HttpOnly`, `SameSite=Strict`, `Secure` over
-//!   TLS) and a CSRF token. Every later `POST` with the cookie must carry
+//!   get a session cookie (`HttpOnly`, `SameSite=Strict`; over TLS
+//!   `Secure` and named with the `__Host-` prefix, see [`COOKIE_SECURE`])
+//!   and a CSRF token. Every later `POST` with the cookie must carry
 //!   the token in `X-CSRF-Token` (compared in constant time), and its
 //!   `Origin`, when sent, must be this server: a page of another site
 //!   cannot make a logged-in browser act. Sessions end after
@@ -99,8 +100,16 @@ pub const MAX_CONNECTIONS: usize = 256;
 pub const MAX_PER_ADDRESS: usize = 32;
 /// A kept-alive connection without a request for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-/// The session cookie's name.
+/// The session cookie's name over plain HTTP.
 pub const COOKIE: &str = "tarn_session";
+/// The session cookie's name when cookies are `Secure` (TLS, or an
+/// https public origin). With the `__Host-` prefix a browser keeps the
+/// cookie only if it came over TLS with `Path=/` and no `Domain`, so a
+/// page on a neighbouring subdomain cannot plant one of that name that
+/// the browser would send in ours' place ("cookie tossing": the victim
+/// would act in a session of the attacker's). The plain name is not
+/// read then.
+pub const COOKIE_SECURE: &str = "__Host-tarn_session";
 
 /// A tarn user: the pool that stores the record and the name in it.
 /// Names are per pool (two pools may each have an `alice`), so a caller
@@ -589,8 +598,10 @@ fn cookie_value(headers: &HeaderMap, name: &str) -> Option<String> {
         .map(|(_, v)| v.to_string())
 }
 
-fn cookie_session(headers: &HeaderMap) -> Option<String> {
-    cookie_value(headers, COOKIE)
+/// The session id a browser sent, under the name cookies have when they
+/// are `secure` or not (see [`COOKIE_SECURE`]).
+fn cookie_session(headers: &HeaderMap, secure: bool) -> Option<String> {
+    cookie_value(headers, if secure { COOKIE_SECURE } else { COOKIE })
 }
 
 impl State {
@@ -603,7 +614,7 @@ impl State {
             .and_then(|v| v.strip_prefix("Bearer "))
         {
             (self.auth.token(t.trim()).ok_or_else(unauthorized)?, None)
-        } else if let Some(id) = cookie_session(headers) {
+        } else if let Some(id) = cookie_session(headers, self.secure()) {
             let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
             let now = Instant::now();
             let live = sessions.get_mut(&id).filter(|s| {
@@ -718,10 +729,11 @@ impl State {
     }
 
     fn cookie(&self, id: &str, max_age: u64) -> String {
-        format!(
-            "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{}",
-            if self.secure() { "; Secure" } else { "" }
-        )
+        if self.secure() {
+            format!("{COOKIE_SECURE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}; Secure")
+        } else {
+            format!("{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}")
+        }
     }
 }
 
@@ -1341,7 +1353,16 @@ mod tests {
             header::COOKIE,
             HeaderValue::from_static("a=1; tarn_session=abc; b=2"),
         );
-        assert_eq!(cookie_session(&h).as_deref(), Some("abc"));
+        assert_eq!(cookie_session(&h, false).as_deref(), Some("abc"));
+        // Over TLS only the __Host- cookie counts: a tossed plain one, sent
+        // first by the browser, is not read.
+        assert_eq!(cookie_session(&h, true), None);
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("tarn_session=evil; __Host-tarn_session=good"),
+        );
+        assert_eq!(cookie_session(&h, true).as_deref(), Some("good"));
+        assert_eq!(cookie_session(&h, false).as_deref(), Some("evil"));
         assert!(same("abc", "abc") && !same("abc", "abd") && !same("abc", "abcd"));
         assert_eq!(random_hex(32).map(|s| s.len()), Some(64));
         assert_eq!(status_of(ErrorCode::NotFound), StatusCode::NOT_FOUND);

@@ -490,5 +490,50 @@ fn off_loopback_the_api_speaks_tls() {
         "401",
         "plain HTTP is not served there"
     );
+
+    // A browser's session over TLS: the cookie is Secure and named with
+    // the __Host- prefix (a neighbouring subdomain cannot plant one), and
+    // the plain name is not read.
+    let f = files(dir.path(), "m", 1, 64 << 20);
+    d.ok(&["pool", "create", "tank", &f[0]]);
+    add_user(&d, "ada", "ada-login-pw");
+    let curl = |args: &[&str]| {
+        let out = Command::new("curl")
+            .args(["-sk"])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let head = curl(&[
+        "-i",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        r#"{"user": "ada", "password": "ada-login-pw"}"#,
+        &format!("https://127.0.0.1:{port}/api/login"),
+    ]);
+    let set = head
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+        .unwrap_or_else(|| panic!("no cookie: {head}"));
+    assert!(set.contains("; Secure"), "{set}");
+    let pair = set["set-cookie:".len()..].trim().split(';').next().unwrap();
+    let id = pair
+        .strip_prefix("__Host-tarn_session=")
+        .unwrap_or_else(|| panic!("{set}"));
+    let status = |cookie: &str| {
+        curl(&[
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-H",
+            &format!("Cookie: {cookie}"),
+            &format!("https://127.0.0.1:{port}/api/session"),
+        ])
+    };
+    assert_eq!(status(&format!("__Host-tarn_session={id}")), "200");
+    assert_eq!(status(&format!("tarn_session={id}")), "401");
     d.stop();
 }
