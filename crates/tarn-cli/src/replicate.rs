@@ -577,12 +577,13 @@ fn tag_for(what: &str, to: &str) -> String {
     if tag.len() <= 128 {
         return tag;
     }
-    let d = ring::digest::digest(&ring::digest::SHA256, to.as_bytes());
-    let hex: String = d.as_ref()[..16]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("{what} sha256:{hex}")
+    format!("{what} sha256:{}", sha256_hex(to, 16))
+}
+
+/// The first `n` bytes of the SHA-256 of `s`, in hex.
+fn sha256_hex(s: &str, n: usize) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, s.as_bytes());
+    d.as_ref()[..n].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// One run at a time of a dataset to one target. A run releases the
@@ -594,7 +595,9 @@ fn tag_for(what: &str, to: &str) -> String {
 /// and only that user and root may talk to the daemon, so every run
 /// against this daemon, by hand or by a schedule, finds the same file).
 /// The kernel drops the lock when the process ends, however it ends, so
-/// a run that died leaves nothing behind that would block the next.
+/// a run that died leaves nothing behind that would block the next. It
+/// is taken before the run plans (lists what the target has), not only
+/// around the holds: a plan made while another run uploads is stale.
 pub(crate) struct RunLock {
     _file: std::fs::File,
 }
@@ -607,11 +610,7 @@ impl RunLock {
             .parent()
             .filter(|d| !d.as_os_str().is_empty())
             .unwrap_or(std::path::Path::new("."));
-        let d = ring::digest::digest(&ring::digest::SHA256, format!("{fs}\0{to}").as_bytes());
-        let hex: String = d.as_ref()[..12]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let hex = sha256_hex(&format!("{fs}\0{to}"), 12);
         Self::take_at(&dir.join(format!("replicate-{hex}.lock")), fs, to)
     }
 

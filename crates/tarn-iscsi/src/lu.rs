@@ -94,14 +94,17 @@ pub struct LuState {
     io: RwLock<()>,
     /// Persistent reservations.
     pr: Mutex<Reservations>,
-    /// Unit attentions per attached nexus, and the size last seen.
+    /// Unit attentions per attached nexus.
     ua: Mutex<Attentions>,
     /// True while some nexus has an attention waiting: a command's
     /// admission takes the lock only then.
     ua_waiting: AtomicBool,
-    /// Resets so far (see the module docs).
+    /// Resets so far (see the module docs). Every command reads it, so
+    /// it is an atomic of its own rather than the watch's value below,
+    /// which is read under the watch's lock.
     epoch: AtomicU64,
-    /// The same count, for sessions to wait on.
+    /// The same count, for sessions to wait on (sent after `epoch` is
+    /// moved, under the `ua` lock).
     resets: tokio::sync::watch::Sender<u64>,
     /// The device's size when a command last looked (`u64::MAX`: none
     /// has yet).
@@ -133,14 +136,21 @@ impl Attentions {
     /// Queues `s` for every attached nexus but `except`.
     fn post(&mut self, s: Sense, except: Option<&Nexus>) {
         for (n, (_, q)) in self.nexuses.iter_mut() {
-            if Some(n) != except && !q.contains(&s) && q.len() < MAX_ATTENTIONS {
-                q.push_back(s);
+            if Some(n) != except {
+                queue(q, s);
             }
         }
     }
 
     fn any(&self) -> bool {
         self.nexuses.values().any(|(_, q)| !q.is_empty())
+    }
+}
+
+/// Queues `s` unless it waits already (or the queue is full).
+fn queue(q: &mut VecDeque<Sense>, s: Sense) {
+    if !q.contains(&s) && q.len() < MAX_ATTENTIONS {
+        q.push_back(s);
     }
 }
 
@@ -251,9 +261,7 @@ impl LuState {
         let mut a = self.attentions();
         for (n, s) in told {
             if let Some((_, q)) = a.nexuses.get_mut(&n) {
-                if !q.contains(&s) && q.len() < MAX_ATTENTIONS {
-                    q.push_back(s);
-                }
+                queue(q, s);
             }
         }
         self.ua_waiting.store(a.any(), Ordering::SeqCst);

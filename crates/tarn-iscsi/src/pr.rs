@@ -308,21 +308,14 @@ impl Reservations {
                 .filter(|r| self.key_of(r).is_none())
                 .map(|r| (r, Sense::REGISTRATIONS_PREEMPTED))
                 .collect(),
-            // The holder of a Registrants Only reservation unregistered:
-            // the reservation went with it.
-            action::REGISTER | action::REGISTER_AND_IGNORE
+            // A registrants' reservation went: released, or (Registrants
+            // Only) with its holder's registration.
+            action::RELEASE | action::REGISTER | action::REGISTER_AND_IGNORE
                 if self.res.is_none()
                     && reserved.is_some_and(|t| {
-                        kind::registrants_allowed(t) && !kind::all_registrants(t)
+                        kind::registrants_allowed(t)
+                            && (sa == action::RELEASE || !kind::all_registrants(t))
                     }) =>
-            {
-                others
-                    .filter(|r| self.key_of(r).is_some())
-                    .map(|r| (r, Sense::RESERVATIONS_RELEASED))
-                    .collect()
-            }
-            action::RELEASE
-                if self.res.is_none() && reserved.is_some_and(kind::registrants_allowed) =>
             {
                 others
                     .filter(|r| self.key_of(r).is_some())

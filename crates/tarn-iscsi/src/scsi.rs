@@ -1597,15 +1597,13 @@ mod tests {
     }
 
     fn run(dev: &MemDevice, ro: bool, c: &[u8], out: &[u8]) -> Result<Vec<u8>, Sense> {
+        let (lu, nexus) = (
+            LuState::default(),
+            Nexus::new("iqn.2024-01.x:i", [0; 6], "iqn.2024-01.x:d"),
+        );
         let u = Unit {
-            dev,
             read_only: ro,
-            name: "iqn.2024-01.x:d",
-            limits: LIM,
-            lun: 0,
-            lu: &LuState::default(),
-            nexus: &Nexus::new("iqn.2024-01.x:i", [0; 6], "iqn.2024-01.x:d"),
-            epoch: 0,
+            ..unit_of(dev, &lu, &nexus, 0)
         };
         let cmd = parse(&cdb(c), 0, LIM)?;
         execute(&u, &cmd, out)

@@ -252,12 +252,7 @@ fn a_data_out_with_a_wrong_data_sn_fails_the_command_not_the_session() {
     let c = s.scsi(3, &[0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0], 512, false, true);
     s.send(&c);
     let r2t = s.recv().unwrap();
-    let mut d = Pdu::new(op::DATA_OUT);
-    d.set_flags(0x80);
-    d.set_itt(3);
-    d.set_u32(20, r2t.u32_at(20));
-    d.data = vec![0x11; 512];
-    s.send(&d);
+    s.send(&data_out(3, &r2t, vec![0x11; 512]));
     let rsp = s.recv().unwrap();
     assert_eq!((rsp.opcode(), rsp.bhs[3]), (op::SCSI_RSP, 0));
     assert_eq!(dev.read(0, 512).unwrap(), vec![0x11; 512]);
@@ -471,26 +466,22 @@ struct Gate {
 impl Gate {
     /// An 8 MiB device whose first block's reads wait for the gate.
     fn closed() -> std::sync::Arc<Gate> {
+        Gate::new(false)
+    }
+
+    /// The same, and writes to the first block wait for the gate too.
+    fn closed_for_writes() -> std::sync::Arc<Gate> {
+        Gate::new(true)
+    }
+
+    fn new(writes: bool) -> std::sync::Arc<Gate> {
         std::sync::Arc::new(Gate {
             inner: mem(8 * MIB, 4096),
             opened: std::sync::Mutex::new(false),
             cv: std::sync::Condvar::new(),
             waiting: Default::default(),
             most: Default::default(),
-            writes: false,
-        })
-    }
-
-    /// The same, and writes to the first block wait for the gate too.
-    fn closed_for_writes() -> std::sync::Arc<Gate> {
-        let g = Gate::closed();
-        std::sync::Arc::new(Gate {
-            inner: g.inner.clone(),
-            opened: std::sync::Mutex::new(false),
-            cv: std::sync::Condvar::new(),
-            waiting: Default::default(),
-            most: Default::default(),
-            writes: true,
+            writes,
         })
     }
 
@@ -675,12 +666,7 @@ fn an_ordered_task_behind_a_write_waiting_for_data_is_told_to_retry() {
     assert_eq!((rsp.opcode(), rsp.itt()), (op::SCSI_RSP, 2));
     assert_eq!(rsp.bhs[3], 0x28, "TASK SET FULL");
     // The data comes, the write completes, and the retry runs.
-    let mut d = Pdu::new(op::DATA_OUT);
-    d.set_flags(0x80);
-    d.set_itt(1);
-    d.set_u32(20, r2t.u32_at(20));
-    d.data = vec![0x5a; 4096];
-    s.send(&d);
+    s.send(&data_out(1, &r2t, vec![0x5a; 4096]));
     let rsp = s.recv().expect("the write's status");
     assert_eq!((rsp.itt(), rsp.bhs[3]), (1, 0));
     assert_eq!(dev.read(0, 4096).unwrap(), vec![0x5a; 4096]);
@@ -903,13 +889,7 @@ fn commands_waiting_when_access_is_revoked_do_not_run() {
 
 /// An ABORT TASK request for `itt` (immediate).
 fn abort_task(s: &mut Raw, tmf_itt: u32, itt: u32) -> Pdu {
-    let mut p = Pdu::new(op::TASK_MGMT);
-    p.set_immediate(true);
-    p.set_flags(0x80 | 1);
-    p.set_itt(tmf_itt);
-    p.set_u32(20, itt);
-    p.set_u32(24, s.cmd_sn);
-    p
+    tmf(s, tmf_itt, 1, itt)
 }
 
 /// ABORT TASK: a write waiting for its data is dropped without a response
@@ -933,12 +913,7 @@ fn abort_task_tells_a_dropped_task_from_a_finished_one() {
     assert_eq!(rsp.itt(), 21);
     assert_eq!(rsp.bhs[2], 0, "function complete");
     // Its data, sent late, is dropped: the device is unchanged.
-    let mut d = Pdu::new(op::DATA_OUT);
-    d.set_flags(0x80);
-    d.set_itt(20);
-    d.set_u32(20, r2t.u32_at(20));
-    d.data = vec![0xee; 4096];
-    s.send(&d);
+    s.send(&data_out(20, &r2t, vec![0xee; 4096]));
     s.tur_good(22);
     assert_eq!(block(&dev), vec![0u8; 4096]);
 
@@ -1044,15 +1019,26 @@ fn reads_that_expect_nothing_still_count_against_the_budget() {
     s.tur_good(200);
 }
 
-/// A task management function of `func` for LUN 0.
-fn tmf(s: &Raw, tmf_itt: u32, func: u8) -> Pdu {
+/// A task management function of `func` for LUN 0, referring to task
+/// `itt` (ABORT TASK; others take the reserved tag).
+fn tmf(s: &Raw, tmf_itt: u32, func: u8, itt: u32) -> Pdu {
     let mut p = Pdu::new(op::TASK_MGMT);
     p.set_immediate(true);
     p.set_flags(0x80 | func);
     p.set_itt(tmf_itt);
-    p.set_u32(20, 0xffff_ffff);
+    p.set_u32(20, itt);
     p.set_u32(24, s.cmd_sn);
     p
+}
+
+/// The one (final) Data-Out answering `r2t` for task `itt`, at offset 0.
+fn data_out(itt: u32, r2t: &Pdu, data: Vec<u8>) -> Pdu {
+    let mut d = Pdu::new(op::DATA_OUT);
+    d.set_flags(0x80);
+    d.set_itt(itt);
+    d.set_u32(20, r2t.u32_at(20));
+    d.data = data;
+    d
 }
 
 /// Sends `cdb` (no data) and returns the status and the sense key, ASC
@@ -1089,7 +1075,7 @@ fn a_lun_reset_ends_other_sessions_tasks_and_tells_them() {
     let r2t = b.recv().expect("an R2T");
     assert_eq!(r2t.opcode(), op::R2T);
     // A resets the unit.
-    let t = tmf(&a, 2, 5);
+    let t = tmf(&a, 2, 5, 0xffff_ffff);
     a.send(&t);
     let rsp = a.recv().expect("the function's response");
     assert_eq!(
@@ -1097,12 +1083,7 @@ fn a_lun_reset_ends_other_sessions_tasks_and_tells_them() {
         (op::TASK_MGMT_RSP, 2, 0)
     );
     // B's data comes after the reset: dropped, with no response.
-    let mut d = Pdu::new(op::DATA_OUT);
-    d.set_flags(0x80);
-    d.set_itt(2);
-    d.set_u32(20, r2t.u32_at(20));
-    d.data = vec![0xee; 4096];
-    b.send(&d);
+    b.send(&data_out(2, &r2t, vec![0xee; 4096]));
     assert_eq!(
         status_and_sense(&mut b, 3, &[0; 6]),
         (2, [0x06, 0x29, 0x03]),
@@ -1179,7 +1160,7 @@ fn a_reset_waits_for_other_sessions_running_writes() {
         );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    let t = tmf(&a, 1, 5);
+    let t = tmf(&a, 1, 5, 0xffff_ffff);
     a.send(&t);
     // The reset waits for the write: no answer while the gate is shut.
     a.s.set_read_timeout(Some(std::time::Duration::from_millis(500)))

@@ -245,6 +245,16 @@ impl Volume {
         *self.spec.read().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The geometry's lock if it can be had without waiting (None while
+    /// a resize holds it).
+    fn try_spec(&self) -> Option<std::sync::RwLockReadGuard<'_, Option<VolSpec>>> {
+        match self.spec.try_read() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// The geometry, held for the length of one request, or an error once
     /// the volume is closed.
     fn read_spec(&self) -> Result<SpecGuard<'_>, VolError> {
@@ -466,11 +476,7 @@ impl Device for Volume {
     }
 
     fn try_size(&self) -> Option<u64> {
-        match self.spec.try_read() {
-            Ok(g) => g.map(|s| s.size),
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().map(|s| s.size),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        }
+        self.try_spec()?.map(|s| s.size)
     }
 
     fn identity(&self) -> Option<u64> {
@@ -531,11 +537,7 @@ impl Device for Volume {
 
     fn read_cached(&self, off: u64, len: u32) -> Option<Result<ReadData, VolError>> {
         // Held to the end, as `read_spec` holds it: no resize meanwhile.
-        let guard = match self.spec.try_read() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
+        let guard = self.try_spec()?;
         let Some(spec) = *guard else {
             return Some(Err(self.closed()));
         };
