@@ -1,6 +1,6 @@
 //! State a logical unit keeps across commands, sessions and targets: the
-//! lock that makes COMPARE AND WRITE atomic, and (see [`crate::pr`]) the
-//! persistent reservations.
+//! lock that makes COMPARE AND WRITE atomic, the unit attentions, and
+//! (see [`crate::pr`]) the reservations, persistent and SPC-2.
 //!
 //! # One state per device
 //!
@@ -199,16 +199,25 @@ impl LuState {
     }
 
     /// The end of a session [`LuState::attach`] counted: with its last
-    /// session a nexus's attentions go.
+    /// session the nexus is lost, its attentions go and so does an SPC-2
+    /// reservation it held.
     pub fn detach(&self, nexus: &Nexus) {
         let mut a = self.attentions();
+        let mut lost = false;
         if let Some(e) = a.nexuses.get_mut(nexus) {
             e.0 = e.0.saturating_sub(1);
             if e.0 == 0 {
                 a.nexuses.remove(nexus);
+                lost = true;
             }
         }
         self.ua_waiting.store(a.any(), Ordering::SeqCst);
+        // Not under the attentions' lock: a PERSISTENT RESERVE OUT takes
+        // the reservations' first and then this one (`tell`).
+        drop(a);
+        if lost {
+            self.reservations().nexus_lost(nexus);
+        }
     }
 
     /// Decides whether a command of `nexus` runs or reports a unit
@@ -243,13 +252,15 @@ impl LuState {
     /// A reset: posts `attention` to every attached nexus but `except`
     /// (None: to all of them) and moves the epoch on, so every session
     /// drops its tasks. The caller then waits for the writes already
-    /// running with [`LuState::atomic`] before it answers.
-    pub fn reset(&self, except: Option<&Nexus>, attention: Sense) {
+    /// running with [`LuState::atomic`] before it answers. The new
+    /// epoch.
+    pub fn reset(&self, except: Option<&Nexus>, attention: Sense) -> u64 {
         let mut a = self.attentions();
         a.post(attention, except);
         self.ua_waiting.store(a.any(), Ordering::SeqCst);
         let e = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
         self.resets.send_replace(e);
+        e
     }
 
     /// Posts each attention to its nexus, if that nexus has a session
@@ -466,6 +477,25 @@ mod tests {
             lu.admit(&a, true),
             Admission::Attention(Sense::CAPACITY_CHANGED)
         );
+    }
+
+    #[test]
+    fn the_last_session_of_a_nexus_ends_its_spc2_reservation() {
+        let lu = LuState::default();
+        let (a, b) = (nexus(1), nexus(2));
+        lu.attach(&a);
+        lu.attach(&a);
+        lu.attach(&b);
+        lu.reservations().reserve_unit(&a, 0).unwrap();
+        lu.detach(&b);
+        lu.detach(&a);
+        assert_eq!(
+            lu.reservations().unit_holder(),
+            Some(&a),
+            "a session of it is left"
+        );
+        lu.detach(&a);
+        assert_eq!(lu.reservations().unit_holder(), None, "the nexus is lost");
     }
 
     #[test]

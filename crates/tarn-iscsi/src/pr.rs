@@ -32,6 +32,27 @@
 //! otherwise Write Exclusive refuses writes (and SYNCHRONIZE CACHE) and
 //! Exclusive Access refuses reads as well.
 //!
+//! # Reservations of SPC-2 (RESERVE and RELEASE)
+//!
+//! The older, non-persistent reservation: RESERVE(6) or RESERVE(10)
+//! gives the whole unit to one nexus, and every other nexus's commands
+//! then meet RESERVATION CONFLICT, apart from INQUIRY, REPORT LUNS,
+//! REQUEST SENSE and RELEASE ([`Access::Free`]), as SPC-2 lists them.
+//! Older cluster software and hypervisors that cannot use COMPARE AND
+//! WRITE or persistent reservations lock a shared disk this way. The
+//! holder may reserve again; anyone else's RESERVE conflicts; a RELEASE
+//! from a nexus that does not hold it does nothing and succeeds. It
+//! ends with the holder's RELEASE, a LUN RESET or TARGET RESET
+//! ([`Reservations::reset`]), and the loss of the holder's I_T nexus,
+//! its last session ending by logout or a dropped connection
+//! ([`Reservations::nexus_lost`]), so a crashed host cannot leave the
+//! disk locked. The two kinds do not mix (REPORT CAPABILITIES says
+//! CRH=0): while any nexus is registered for persistent reservations,
+//! RESERVE conflicts, and so does RELEASE, except from the nexus that
+//! holds an SPC-2 reservation (it took it before the registration came;
+//! refusing its RELEASE would leave a reservation only a reset could
+//! end).
+//!
 //! # Not supported
 //!
 //! APTPL (persist through power loss: reservations live in memory and do
@@ -130,7 +151,11 @@ pub mod kind {
 /// How a command touches the medium, for reservation checks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
-    /// Allowed under any reservation.
+    /// Allowed under any reservation, SPC-2 ones included: INQUIRY,
+    /// REPORT LUNS, REQUEST SENSE and RELEASE.
+    Free,
+    /// Allowed under any persistent reservation, refused to others
+    /// than the holder of an SPC-2 one.
     Any,
     /// Reads the medium.
     Read,
@@ -221,6 +246,9 @@ pub struct Reservations {
     generation: u32,
     regs: Vec<(Nexus, u64)>,
     res: Option<Reservation>,
+    /// The holder of the SPC-2 reservation (RESERVE(6) or (10)), if
+    /// any, and the unit's reset epoch its RESERVE was admitted in.
+    unit: Option<(Nexus, u64)>,
 }
 
 impl Reservations {
@@ -251,16 +279,65 @@ impl Reservations {
     /// True if a command of `n` with `access` meets RESERVATION
     /// CONFLICT.
     pub fn conflicts(&self, n: &Nexus, access: Access) -> bool {
+        if self.unit_holder().is_some_and(|h| h != n) && access != Access::Free {
+            return true;
+        }
         let Some(r) = &self.res else {
             return false;
         };
-        if access == Access::Any || self.holds(n) {
+        if matches!(access, Access::Any | Access::Free) || self.holds(n) {
             return false;
         }
         if kind::registrants_allowed(r.kind) && self.key_of(n).is_some() {
             return false;
         }
         !(kind::write_exclusive(r.kind) && access == Access::Read)
+    }
+
+    /// The holder of the SPC-2 reservation, if the unit has one.
+    pub fn unit_holder(&self) -> Option<&Nexus> {
+        self.unit.as_ref().map(|(h, _)| h)
+    }
+
+    /// RESERVE(6) or RESERVE(10) from `n`, admitted in reset epoch
+    /// `epoch` (see the module docs).
+    pub fn reserve_unit(&mut self, n: &Nexus, epoch: u64) -> Result<(), PrError> {
+        if !self.regs.is_empty() || self.unit_holder().is_some_and(|h| h != n) {
+            return Err(PrError::Conflict);
+        }
+        self.unit = Some((n.clone(), epoch));
+        Ok(())
+    }
+
+    /// RELEASE(6) or RELEASE(10) from `n`: ends its SPC-2 reservation;
+    /// from another nexus, nothing.
+    pub fn release_unit(&mut self, n: &Nexus) -> Result<(), PrError> {
+        if self.unit_holder() == Some(n) {
+            self.unit = None;
+            return Ok(());
+        }
+        if !self.regs.is_empty() {
+            return Err(PrError::Conflict);
+        }
+        Ok(())
+    }
+
+    /// A LUN RESET or TARGET RESET that moved the unit to reset epoch
+    /// `epoch`: an SPC-2 reservation taken before it ends (persistent
+    /// reservations stay, as SPC-4 says). One a command admitted after
+    /// the reset took stays: the reset does not reach back over it.
+    pub fn reset(&mut self, epoch: u64) {
+        if self.unit.as_ref().is_some_and(|&(_, e)| e < epoch) {
+            self.unit = None;
+        }
+    }
+
+    /// The last session of `n` ended: an SPC-2 reservation it held ends
+    /// (its registrations, being persistent, stay).
+    pub fn nexus_lost(&mut self, n: &Nexus) {
+        if self.unit_holder() == Some(n) {
+            self.unit = None;
+        }
     }
 
     fn bump(&mut self) {
@@ -786,19 +863,74 @@ mod tests {
             }
         }
         // Nobody conflicts without a reservation; the holder never does.
+        // Another nexus than an SPC-2 holder conflicts in everything but
+        // the free commands.
         for i in 0..6 {
             let n = nx(i);
-            if r.res.is_none() || r.holds(&n) {
-                assert!(!r.conflicts(&n, Access::Write));
+            match r.unit_holder() {
+                Some(h) if *h != n => {
+                    assert!(r.conflicts(&n, Access::Any));
+                    assert!(!r.conflicts(&n, Access::Free));
+                }
+                _ => {
+                    if r.res.is_none() || r.holds(&n) {
+                        assert!(!r.conflicts(&n, Access::Write));
+                    }
+                }
             }
         }
+    }
+
+    #[test]
+    fn spc2_reserve_and_release() {
+        let mut r = Reservations::default();
+        let (a, b) = (nx(0), nx(2));
+        r.reserve_unit(&a, 0).unwrap();
+        r.reserve_unit(&a, 0).unwrap(); // the holder again
+        assert_eq!(r.reserve_unit(&b, 0), Err(PrError::Conflict));
+        for access in [Access::Any, Access::Read, Access::Write] {
+            assert!(r.conflicts(&b, access), "{access:?}");
+            assert!(!r.conflicts(&a, access), "{access:?}");
+        }
+        assert!(!r.conflicts(&b, Access::Free));
+        // Another's RELEASE does nothing.
+        r.release_unit(&b).unwrap();
+        assert_eq!(r.unit_holder(), Some(&a));
+        r.release_unit(&a).unwrap();
+        assert!(!r.conflicts(&b, Access::Write));
+        r.reserve_unit(&b, 0).unwrap();
+        // A reset ends a reservation taken before it, not one after.
+        r.reset(1);
+        assert_eq!(r.unit_holder(), None);
+        r.reserve_unit(&b, 1).unwrap();
+        r.reset(1);
+        assert_eq!(r.unit_holder(), Some(&b));
+        // So does the loss of the holder's nexus, not of another's.
+        r.nexus_lost(&a);
+        assert_eq!(r.unit_holder(), Some(&b));
+        r.nexus_lost(&b);
+        assert_eq!(r.unit_holder(), None);
+        // Registrations shut RESERVE and RELEASE out (CRH=0), except the
+        // holder's RELEASE; the holder's persistent actions still run.
+        r.reserve_unit(&a, 1).unwrap();
+        r.out(&a, action::REGISTER, 0, p(0, 7)).unwrap();
+        assert_eq!(r.reserve_unit(&a, 1), Err(PrError::Conflict));
+        assert_eq!(r.release_unit(&b), Err(PrError::Conflict));
+        r.release_unit(&a).unwrap();
+        assert_eq!(r.reserve_unit(&b, 1), Err(PrError::Conflict));
+        assert_eq!(r.release_unit(&a), Err(PrError::Conflict));
+        // Another nexus's SPC-2 reservation refuses its persistent
+        // reservation commands (checked as Access::Any by the caller).
+        r.out(&a, action::REGISTER, 0, p(7, 0)).unwrap();
+        r.reserve_unit(&a, 1).unwrap();
+        assert!(r.conflicts(&b, Access::Any));
     }
 
     proptest! {
         #[test]
         fn random_sequences_keep_the_invariants(
             ops in proptest::collection::vec(
-                (0u8..6, 0u8..9, 0u8..10, 0u64..4, 0u64..4),
+                (0u8..6, 0u8..13, 0u8..10, 0u64..4, 0u64..4),
                 1..60,
             )
         ) {
@@ -806,7 +938,31 @@ mod tests {
             for (who, sa, t, key, sa_key) in ops {
                 let n = nx(who);
                 let before = r.generation();
-                let res = r.out(&n, sa, t, p(key, sa_key));
+                // Past the persistent service actions: the SPC-2 ones,
+                // and the events that end them.
+                let free = r.regs.is_empty() && r.unit_holder().is_none_or(|h| *h == n);
+                let res = match sa {
+                    9 => r.reserve_unit(&n, key),
+                    10 => r.release_unit(&n),
+                    11 => {
+                        r.nexus_lost(&n);
+                        Ok(())
+                    }
+                    12 => {
+                        r.reset(key);
+                        Ok(())
+                    }
+                    _ => r.out(&n, sa, t, p(key, sa_key)),
+                };
+                if sa == 9 {
+                    prop_assert_eq!(res.is_ok(), free, "RESERVE only on a free unit");
+                    if res.is_ok() {
+                        prop_assert_eq!(r.unit_holder(), Some(&n));
+                    }
+                }
+                if sa == 10 || sa == 11 {
+                    prop_assert!(r.unit_holder() != Some(&n), "released");
+                }
                 if res.is_err() {
                     prop_assert_eq!(r.generation(), before, "a failed action counts nothing");
                 }

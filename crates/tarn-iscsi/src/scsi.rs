@@ -314,6 +314,11 @@ pub enum Cmd {
         /// Parameter list length.
         len: u32,
     },
+    /// RESERVE (6, 10): the SPC-2 reservation of the whole unit (see
+    /// [`crate::pr`]).
+    Reserve,
+    /// RELEASE (6, 10): ends the sender's SPC-2 reservation.
+    Release,
     /// REPORT SUPPORTED OPERATION CODES.
     ReportOpcodes {
         /// Command timeouts descriptors asked (RCTD).
@@ -535,6 +540,21 @@ pub fn parse(cdb: &[u8], lun: u64, lim: Limits) -> Result<Cmd, Sense> {
                 len: be32(&cdb[5..]),
             }
         }
+        // RESERVE and RELEASE (6): every field past the operation code
+        // is obsolete in SPC-2 and ignored. The 10-byte forms: third-party
+        // reservations (3RDPTY, LONGID) are not supported.
+        0x16 => Cmd::Reserve,
+        0x17 => Cmd::Release,
+        0x56 | 0x57 => {
+            if cdb[1] & 0x12 != 0 {
+                return Err(Sense::INVALID_FIELD_IN_CDB);
+            }
+            if opc == 0x56 {
+                Cmd::Reserve
+            } else {
+                Cmd::Release
+            }
+        }
         0xa3 if cdb[1] & 0x1f == 0x0c => {
             let options = cdb[2] & 0x07;
             if options > 3 {
@@ -629,6 +649,10 @@ impl Cmd {
             | Cmd::WriteVerify { .. }
             | Cmd::CompareAndWrite { .. }
             | Cmd::Sync { .. } => Access::Write,
+            Cmd::Inquiry { .. }
+            | Cmd::ReportLuns { .. }
+            | Cmd::RequestSense { .. }
+            | Cmd::Release => Access::Free,
             _ => Access::Any,
         }
     }
@@ -775,10 +799,11 @@ impl From<PrError> for Failure {
 /// the Data-In bytes, or why it failed.
 ///
 /// Commands that change the medium run with the logical unit's lock
-/// held shared, COMPARE AND WRITE and PERSISTENT RESERVE OUT with it
-/// held exclusively (see [`crate::lu`]); the reservation check happens
-/// under that lock, so a write that passed it finishes before any
-/// reservation change that would refuse it takes effect.
+/// held shared; COMPARE AND WRITE, PERSISTENT RESERVE OUT, RESERVE and
+/// RELEASE with it held exclusively (see [`crate::lu`]). The
+/// reservation check happens under that lock, so a write that passed it
+/// finishes before any reservation change that would refuse it takes
+/// effect.
 ///
 /// The data a command returns comes as a [`ReadData`]: a READ's is the
 /// ranges of the blocks that hold it (shared with the block cache), so
@@ -787,15 +812,18 @@ pub fn execute(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<ReadData, Failure>
     let access = cmd.access();
     let _shared;
     let _exclusive;
-    if matches!(cmd, Cmd::CompareAndWrite { .. } | Cmd::PrOut { .. }) {
+    let reserving = matches!(cmd, Cmd::PrOut { .. } | Cmd::Reserve | Cmd::Release);
+    if reserving || matches!(cmd, Cmd::CompareAndWrite { .. }) {
         _exclusive = u.lu.atomic();
     } else if access == Access::Write {
         _shared = u.lu.writing();
     }
     // A reset that came after this command was admitted ended it; under
     // the lock, a medium-changing command either saw no such reset or
-    // does nothing (see the module docs of `crate::lu`).
-    if (access == Access::Write || matches!(cmd, Cmd::PrOut { .. })) && u.lu.stale(u.epoch) {
+    // does nothing (see the module docs of `crate::lu`). A reservation
+    // change is held to the same rule: a RESERVE the reset ended must
+    // not take the unit after the reset released it.
+    if (access == Access::Write || reserving) && u.lu.stale(u.epoch) {
         return Err(Failure::Aborted);
     }
     // How an initiator learns that the volume grew: the first command
@@ -804,7 +832,20 @@ pub fn execute(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<ReadData, Failure>
     // nexus's next command). Asked without waiting: during a resize a
     // later command notices.
     u.lu.saw_capacity(|| u.dev.try_size());
+    // Checked before the reservation commands themselves: another
+    // nexus's SPC-2 reservation refuses PERSISTENT RESERVE IN and OUT.
+    if u.lu.reservations().conflicts(u.nexus, access) {
+        return Err(Failure::ReservationConflict);
+    }
     match *cmd {
+        Cmd::Reserve => {
+            u.lu.reservations().reserve_unit(u.nexus, u.epoch)?;
+            return Ok(ReadData::default());
+        }
+        Cmd::Release => {
+            u.lu.reservations().release_unit(u.nexus)?;
+            return Ok(ReadData::default());
+        }
         Cmd::PrIn { sa, alloc } => {
             return Ok(cut(u.lu.reservations().read(sa)?, alloc).into());
         }
@@ -821,9 +862,6 @@ pub fn execute(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<ReadData, Failure>
             return Ok(ReadData::default());
         }
         _ => {}
-    }
-    if u.lu.reservations().conflicts(u.nexus, access) {
-        return Err(Failure::ReservationConflict);
     }
     if let Cmd::Read { lba, blocks } = *cmd {
         u.check(lba, blocks as u64)?;
@@ -884,7 +922,9 @@ fn medium(u: &Unit<'_>, cmd: &Cmd, out: &[u8]) -> Result<Vec<u8>, Sense> {
         return Err(Sense::NOT_READY);
     }
     match *cmd {
-        Cmd::PrIn { .. } | Cmd::PrOut { .. } => Err(Sense::INVALID_OPCODE),
+        Cmd::PrIn { .. } | Cmd::PrOut { .. } | Cmd::Reserve | Cmd::Release => {
+            Err(Sense::INVALID_OPCODE)
+        }
         Cmd::TestUnitReady => Ok(Vec::new()),
         Cmd::RequestSense { alloc, desc } => Ok(sense_data(Sense::new(0, 0, 0), desc, alloc)),
         Cmd::Inquiry { page, alloc } => Ok(cut(inquiry(u, page)?, alloc)),
@@ -1152,6 +1192,8 @@ pub const COMMANDS: &[(u8, Option<u16>, &[u8])] = &[
     (0x08, None, &[0x08, 0x1f, 0xff, 0xff, 0xff, 0]),
     (0x0a, None, &[0x0a, 0x1f, 0xff, 0xff, 0xff, 0]),
     (0x12, None, &[0x12, 0x01, 0xff, 0xff, 0xff, 0]),
+    (0x16, None, &[0x16, 0, 0, 0, 0, 0]),
+    (0x17, None, &[0x17, 0, 0, 0, 0, 0]),
     (0x1a, None, &[0x1a, 0x08, 0xff, 0xff, 0xff, 0]),
     (0x25, None, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
     (
@@ -1190,6 +1232,8 @@ pub const COMMANDS: &[(u8, Option<u16>, &[u8])] = &[
         &[0x41, 0x08, 0xff, 0xff, 0xff, 0xff, 0, 0xff, 0xff, 0],
     ),
     (0x42, None, &[0x42, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0]),
+    (0x56, None, &[0x56, 0x12, 0, 0, 0, 0, 0, 0, 0, 0]),
+    (0x57, None, &[0x57, 0x12, 0, 0, 0, 0, 0, 0, 0, 0]),
     (
         0x5a,
         None,
@@ -1594,6 +1638,61 @@ mod tests {
         };
         execute(&unit(after), &write, &data).unwrap();
         assert_eq!(dev.contents()[..BLOCK as usize], data[..]);
+    }
+
+    #[test]
+    fn an_spc2_reservation_shuts_other_nexuses_out() {
+        let dev = MemDevice::new(1 << 20, 4096);
+        let lu = LuState::default();
+        let a = Nexus::new("iqn.2024-01.x:a", [0; 6], "iqn.2024-01.x:d");
+        let b = Nexus::new("iqn.2024-01.x:b", [0; 6], "iqn.2024-01.x:d");
+        let run = |n: &Nexus, epoch: u64, c: &[u8]| {
+            let cmd = parse(&cdb(c), 0, LIM).map_err(Failure::Check)?;
+            execute(&unit_of(&dev, &lu, n, epoch), &cmd, &[]).map(|_| ())
+        };
+        let conflict = Err(Failure::ReservationConflict);
+        let (reserve6, release6) = ([0x16u8, 0, 0, 0, 0, 0], [0x17u8, 0, 0, 0, 0, 0]);
+        let reserve10 = [0x56u8, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        let release10 = [0x57u8, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        let mode_sense = [0x1a, 0, 0x3f, 0, 255, 0];
+        let read = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+        let pr_in = [0x5e, 0, 0, 0, 0, 0, 0, 0, 255, 0];
+        run(&a, 0, &reserve6).unwrap();
+        run(&a, 0, &reserve10).unwrap();
+        assert_eq!(run(&b, 0, &reserve6), conflict);
+        assert_eq!(run(&b, 0, &reserve10), conflict);
+        assert_eq!(run(&b, 0, &mode_sense), conflict);
+        assert_eq!(run(&b, 0, &read), conflict);
+        assert_eq!(run(&b, 0, &[0]), conflict, "TEST UNIT READY");
+        assert_eq!(run(&b, 0, &pr_in), conflict);
+        // What SPC-2 lets through: INQUIRY, REPORT LUNS, REQUEST SENSE
+        // and a RELEASE (which does nothing).
+        run(&b, 0, &[0x12, 0, 0, 0, 36, 0]).unwrap();
+        run(&b, 0, &[0xa0, 0, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0]).unwrap();
+        run(&b, 0, &[0x03, 0, 0, 0, 18, 0]).unwrap();
+        run(&b, 0, &release6).unwrap();
+        assert_eq!(run(&b, 0, &read), conflict, "still reserved");
+        run(&a, 0, &mode_sense).unwrap();
+        run(&a, 0, &read).unwrap();
+        // The cached path refuses too.
+        let read_cmd = Cmd::Read { lba: 0, blocks: 1 };
+        if let Some(r) = execute_cached(&unit_of(&dev, &lu, &b, 0), &read_cmd) {
+            assert_eq!(r.map(|_| ()), conflict);
+        }
+        run(&a, 0, &release10).unwrap();
+        run(&b, 0, &read).unwrap();
+        run(&b, 0, &reserve6).unwrap();
+        assert_eq!(run(&a, 0, &read), conflict);
+        // A RESERVE admitted before a reset does nothing after it.
+        run(&b, 0, &release6).unwrap();
+        lu.reset(None, Sense::RESET_OCCURRED);
+        assert_eq!(run(&a, 0, &reserve6), Err(Failure::Aborted));
+        assert_eq!(lu.reservations().unit_holder(), None);
+        // Third-party reservations are not supported.
+        assert_eq!(
+            run(&a, 1, &[0x56, 0x10, 0, 0, 0, 0, 0, 0, 0, 0]),
+            Err(Failure::Check(Sense::INVALID_FIELD_IN_CDB))
+        );
     }
 
     fn run(dev: &MemDevice, ro: bool, c: &[u8], out: &[u8]) -> Result<Vec<u8>, Sense> {

@@ -1608,18 +1608,27 @@ impl Ffp {
                     if let Some((lu, nexus)) = self.lu.clone() {
                         // A reset is reported to every nexus (this one
                         // too, as SAM-5 asks); CLEAR TASK SET to the others.
-                        if func == 4 {
-                            lu.reset(Some(&nexus), Sense::COMMANDS_CLEARED);
+                        let (epoch, resets) = if func == 4 {
+                            (lu.reset(Some(&nexus), Sense::COMMANDS_CLEARED), false)
                         } else {
-                            lu.reset(None, Sense::RESET_OCCURRED);
-                        }
+                            (lu.reset(None, Sense::RESET_OCCURRED), true)
+                        };
                         // This session ended its own tasks above; what it
                         // reads next came after the reset.
                         if let Some(rx) = self.resets.as_mut() {
                             rx.borrow_and_update();
                         }
-                        // Wait for the writes other sessions had running.
-                        let _ = tokio::task::spawn_blocking(move || drop(lu.atomic())).await;
+                        // Wait for the writes other sessions had running
+                        // (and RESERVEs: a reset also ends the SPC-2
+                        // reservation, one taken before it; a RESERVE it
+                        // ended that had not run by now does nothing).
+                        let _ = tokio::task::spawn_blocking(move || {
+                            let _g = lu.atomic();
+                            if resets {
+                                lu.reservations().reset(epoch);
+                            }
+                        })
+                        .await;
                     }
                 }
                 close = func == 7;
