@@ -69,6 +69,11 @@
 //! reset's caller then takes [`LuState::atomic`], which waits for every
 //! write that got in before, and answers only after that. So once the
 //! reset is answered, no task it ended changes the medium any more.
+//! Under that lock a LUN or target reset also ends the SPC-2
+//! reservation ([`LuState::finish_reset`]), if it was taken in an
+//! older epoch: a RESERVE the reset ended does nothing (it checks the
+//! epoch like a write), and one admitted after the reset keeps what it
+//! took.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -90,9 +95,11 @@ const MAX_ATTENTIONS: usize = 8;
 /// docs).
 pub struct LuState {
     /// Shared by medium-changing commands, exclusive for COMPARE AND
-    /// WRITE (and by a reset, to wait for the writes it ended).
+    /// WRITE and reservation changes (and by a reset, to wait for the
+    /// writes it ended).
     io: RwLock<()>,
-    /// Persistent reservations.
+    /// Reservations, persistent and SPC-2. Taken before `ua` when both
+    /// are held.
     pr: Mutex<Reservations>,
     /// Unit attentions per attached nexus.
     ua: Mutex<Attentions>,
@@ -202,21 +209,31 @@ impl LuState {
     /// session the nexus is lost, its attentions go and so does an SPC-2
     /// reservation it held.
     pub fn detach(&self, nexus: &Nexus) {
+        // Both locks (the reservations' first, the one order anything
+        // takes the two in), so a new session of the nexus cannot attach
+        // and reserve between the count reaching zero and the release.
+        let mut r = self.reservations();
         let mut a = self.attentions();
-        let mut lost = false;
         if let Some(e) = a.nexuses.get_mut(nexus) {
             e.0 = e.0.saturating_sub(1);
             if e.0 == 0 {
                 a.nexuses.remove(nexus);
-                lost = true;
+                r.nexus_lost(nexus);
             }
         }
         self.ua_waiting.store(a.any(), Ordering::SeqCst);
-        // Not under the attentions' lock: a PERSISTENT RESERVE OUT takes
-        // the reservations' first and then this one (`tell`).
-        drop(a);
-        if lost {
-            self.reservations().nexus_lost(nexus);
+    }
+
+    /// The end of a task management reset that moved the unit to reset
+    /// epoch `epoch` ([`LuState::reset`]): waits for the writes and
+    /// reservation changes admitted before it (they hold
+    /// [`LuState::atomic`]'s lock), then, for a LUN or target reset
+    /// (`releases`; not CLEAR TASK SET), ends the SPC-2 reservation taken
+    /// before it.
+    pub fn finish_reset(&self, epoch: u64, releases: bool) {
+        let _settled = self.atomic();
+        if releases {
+            self.reservations().reset(epoch);
         }
     }
 
@@ -332,7 +349,7 @@ impl LuState {
         }
     }
 
-    /// The persistent reservations if no one holds them now.
+    /// The reservations if no one holds them now.
     pub fn try_reservations(&self) -> Option<MutexGuard<'_, Reservations>> {
         match self.pr.try_lock() {
             Ok(g) => Some(g),
@@ -341,7 +358,7 @@ impl LuState {
         }
     }
 
-    /// The persistent reservations, locked.
+    /// The reservations, locked.
     pub fn reservations(&self) -> MutexGuard<'_, Reservations> {
         match self.pr.lock() {
             Ok(g) => g,

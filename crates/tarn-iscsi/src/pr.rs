@@ -27,7 +27,8 @@
 //! RESERVATION CONFLICT, per SPC-4's table: commands that only describe
 //! the unit (INQUIRY, REPORT LUNS, READ CAPACITY, MODE SENSE, TEST UNIT
 //! READY, REQUEST SENSE, REPORT SUPPORTED OPERATION CODES, PERSISTENT
-//! RESERVE IN/OUT) always run; the holder runs anything; under a
+//! RESERVE IN/OUT) run whatever the persistent reservation (an SPC-2
+//! one is stricter, below); the holder runs anything; under a
 //! Registrants Only or All Registrants type every registrant does too;
 //! otherwise Write Exclusive refuses writes (and SYNCHRONIZE CACHE) and
 //! Exclusive Access refuses reads as well.
@@ -43,15 +44,15 @@
 //! holder may reserve again; anyone else's RESERVE conflicts; a RELEASE
 //! from a nexus that does not hold it does nothing and succeeds. It
 //! ends with the holder's RELEASE, a LUN RESET or TARGET RESET
-//! ([`Reservations::reset`]), and the loss of the holder's I_T nexus,
-//! its last session ending by logout or a dropped connection
-//! ([`Reservations::nexus_lost`]), so a crashed host cannot leave the
-//! disk locked. The two kinds do not mix (REPORT CAPABILITIES says
-//! CRH=0): while any nexus is registered for persistent reservations,
-//! RESERVE conflicts, and so does RELEASE, except from the nexus that
-//! holds an SPC-2 reservation (it took it before the registration came;
-//! refusing its RELEASE would leave a reservation only a reset could
-//! end).
+//! ([`Reservations::reset`]), and the loss of the holder's I_T nexus
+//! ([`Reservations::nexus_lost`]): its last session ending (logout, a
+//! dropped connection, or TCP keepalive giving up on a host that
+//! crashed), or a new login with the same ISID reinstating it. The two
+//! kinds never coexist (REPORT CAPABILITIES says CRH=0, so SPC-2's rules
+//! apply): while any nexus is registered for persistent reservations,
+//! RESERVE and RELEASE conflict; while an SPC-2 reservation exists,
+//! every PERSISTENT RESERVE IN and OUT conflicts, the holder's too
+//! ([`Access::Persistent`]).
 //!
 //! # Not supported
 //!
@@ -157,6 +158,9 @@ pub enum Access {
     /// Allowed under any persistent reservation, refused to others
     /// than the holder of an SPC-2 one.
     Any,
+    /// PERSISTENT RESERVE IN and OUT: allowed under any persistent
+    /// reservation, refused to everyone while an SPC-2 one exists.
+    Persistent,
     /// Reads the medium.
     Read,
     /// Changes the medium (or its cache).
@@ -279,13 +283,15 @@ impl Reservations {
     /// True if a command of `n` with `access` meets RESERVATION
     /// CONFLICT.
     pub fn conflicts(&self, n: &Nexus, access: Access) -> bool {
-        if self.unit_holder().is_some_and(|h| h != n) && access != Access::Free {
-            return true;
+        match self.unit_holder() {
+            Some(_) if access == Access::Persistent => return true,
+            Some(h) if h != n && access != Access::Free => return true,
+            _ => {}
         }
         let Some(r) = &self.res else {
             return false;
         };
-        if matches!(access, Access::Any | Access::Free) || self.holds(n) {
+        if matches!(access, Access::Any | Access::Free | Access::Persistent) || self.holds(n) {
             return false;
         }
         if kind::registrants_allowed(r.kind) && self.key_of(n).is_some() {
@@ -312,12 +318,11 @@ impl Reservations {
     /// RELEASE(6) or RELEASE(10) from `n`: ends its SPC-2 reservation;
     /// from another nexus, nothing.
     pub fn release_unit(&mut self, n: &Nexus) -> Result<(), PrError> {
-        if self.unit_holder() == Some(n) {
-            self.unit = None;
-            return Ok(());
-        }
         if !self.regs.is_empty() {
             return Err(PrError::Conflict);
+        }
+        if self.unit_holder() == Some(n) {
+            self.unit = None;
         }
         Ok(())
     }
@@ -862,6 +867,8 @@ mod tests {
                 assert!(r.key_of(&res.holder).is_some(), "the holder is registered");
             }
         }
+        // The two kinds never coexist.
+        assert!(r.unit_holder().is_none() || r.regs.is_empty());
         // Nobody conflicts without a reservation; the holder never does.
         // Another nexus than an SPC-2 holder conflicts in everything but
         // the free commands.
@@ -910,20 +917,24 @@ mod tests {
         assert_eq!(r.unit_holder(), Some(&b));
         r.nexus_lost(&b);
         assert_eq!(r.unit_holder(), None);
-        // Registrations shut RESERVE and RELEASE out (CRH=0), except the
-        // holder's RELEASE; the holder's persistent actions still run.
+        // An SPC-2 reservation refuses every persistent reservation
+        // command, the holder's too (CRH=0: SPC-2's rules).
         r.reserve_unit(&a, 1).unwrap();
-        r.out(&a, action::REGISTER, 0, p(0, 7)).unwrap();
-        assert_eq!(r.reserve_unit(&a, 1), Err(PrError::Conflict));
-        assert_eq!(r.release_unit(&b), Err(PrError::Conflict));
+        assert!(r.conflicts(&a, Access::Persistent));
+        assert!(r.conflicts(&b, Access::Persistent));
         r.release_unit(&a).unwrap();
-        assert_eq!(r.reserve_unit(&b, 1), Err(PrError::Conflict));
-        assert_eq!(r.release_unit(&a), Err(PrError::Conflict));
-        // Another nexus's SPC-2 reservation refuses its persistent
-        // reservation commands (checked as Access::Any by the caller).
-        r.out(&a, action::REGISTER, 0, p(7, 0)).unwrap();
-        r.reserve_unit(&a, 1).unwrap();
-        assert!(r.conflicts(&b, Access::Any));
+        assert!(!r.conflicts(&a, Access::Persistent));
+        // Registrations shut RESERVE and RELEASE out, whoever sends them.
+        r.out(&a, action::REGISTER, 0, p(0, 7)).unwrap();
+        for n in [&a, &b] {
+            assert_eq!(r.reserve_unit(n, 1), Err(PrError::Conflict));
+            assert_eq!(r.release_unit(n), Err(PrError::Conflict));
+        }
+        r.out(&a, action::RESERVE, kind::WRITE_EXCLUSIVE, p(7, 0))
+            .unwrap();
+        assert!(!r.conflicts(&b, Access::Persistent), "SPC-4's table");
+        assert_eq!(r.reserve_unit(&a, 1), Err(PrError::Conflict));
+        assert_eq!(r.unit_holder(), None);
     }
 
     proptest! {
@@ -952,6 +963,8 @@ mod tests {
                         r.reset(key);
                         Ok(())
                     }
+                    // PERSISTENT RESERVE OUT, as the caller runs it.
+                    _ if r.conflicts(&n, Access::Persistent) => Err(PrError::Conflict),
                     _ => r.out(&n, sa, t, p(key, sa_key)),
                 };
                 if sa == 9 {

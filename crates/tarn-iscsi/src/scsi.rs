@@ -540,16 +540,17 @@ pub fn parse(cdb: &[u8], lun: u64, lim: Limits) -> Result<Cmd, Sense> {
                 len: be32(&cdb[5..]),
             }
         }
-        // RESERVE and RELEASE (6): every field past the operation code
-        // is obsolete in SPC-2 and ignored. The 10-byte forms: third-party
-        // reservations (3RDPTY, LONGID) are not supported.
-        0x16 => Cmd::Reserve,
-        0x17 => Cmd::Release,
-        0x56 | 0x57 => {
-            if cdb[1] & 0x12 != 0 {
+        // RESERVE and RELEASE: third-party and extent reservations
+        // (SCSI-2's 3RDPTY, device ID and EXTENT bits of the 6-byte
+        // forms, 3RDPTY and LONGID of the 10-byte ones) are not
+        // supported, rather than taken as a reservation of the whole unit
+        // for the sender.
+        0x16 | 0x17 | 0x56 | 0x57 => {
+            let unsupported = if opc & 0x40 == 0 { 0x1f } else { 0x12 };
+            if cdb[1] & unsupported != 0 {
                 return Err(Sense::INVALID_FIELD_IN_CDB);
             }
-            if opc == 0x56 {
+            if opc & 1 == 0 {
                 Cmd::Reserve
             } else {
                 Cmd::Release
@@ -653,6 +654,7 @@ impl Cmd {
             | Cmd::ReportLuns { .. }
             | Cmd::RequestSense { .. }
             | Cmd::Release => Access::Free,
+            Cmd::PrIn { .. } | Cmd::PrOut { .. } => Access::Persistent,
             _ => Access::Any,
         }
     }
@@ -1192,8 +1194,8 @@ pub const COMMANDS: &[(u8, Option<u16>, &[u8])] = &[
     (0x08, None, &[0x08, 0x1f, 0xff, 0xff, 0xff, 0]),
     (0x0a, None, &[0x0a, 0x1f, 0xff, 0xff, 0xff, 0]),
     (0x12, None, &[0x12, 0x01, 0xff, 0xff, 0xff, 0]),
-    (0x16, None, &[0x16, 0, 0, 0, 0, 0]),
-    (0x17, None, &[0x17, 0, 0, 0, 0, 0]),
+    (0x16, None, &[0x16, 0x1f, 0, 0, 0, 0]),
+    (0x17, None, &[0x17, 0x1f, 0, 0, 0, 0]),
     (0x1a, None, &[0x1a, 0x08, 0xff, 0xff, 0xff, 0]),
     (0x25, None, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
     (
@@ -1605,6 +1607,16 @@ mod tests {
         }
     }
 
+    /// A WRITE of block 0, and its data.
+    fn block_zero_write() -> (Cmd, Vec<u8>) {
+        let write = Cmd::Write {
+            lba: 0,
+            blocks: 1,
+            fua: false,
+        };
+        (write, vec![0xab; BLOCK as usize])
+    }
+
     #[test]
     fn a_write_admitted_before_a_reset_does_nothing() {
         let dev = MemDevice::new(1 << 20, 4096);
@@ -1616,12 +1628,7 @@ mod tests {
         };
         lu.reset(None, Sense::RESET_OCCURRED);
         let unit = |epoch| unit_of(&dev, &lu, &nexus, epoch);
-        let write = Cmd::Write {
-            lba: 0,
-            blocks: 1,
-            fua: false,
-        };
-        let data = vec![0xab; BLOCK as usize];
+        let (write, data) = block_zero_write();
         assert_eq!(
             execute(&unit(before), &write, &data).map(|_| ()),
             Err(Failure::Aborted)
@@ -1674,11 +1681,19 @@ mod tests {
         assert_eq!(run(&b, 0, &read), conflict, "still reserved");
         run(&a, 0, &mode_sense).unwrap();
         run(&a, 0, &read).unwrap();
-        // The cached path refuses too.
+        // So do writes, and the cached path.
+        let (write, data) = block_zero_write();
+        assert_eq!(
+            execute(&unit_of(&dev, &lu, &b, 0), &write, &data).map(|_| ()),
+            conflict
+        );
         let read_cmd = Cmd::Read { lba: 0, blocks: 1 };
-        if let Some(r) = execute_cached(&unit_of(&dev, &lu, &b, 0), &read_cmd) {
-            assert_eq!(r.map(|_| ()), conflict);
-        }
+        assert_eq!(
+            execute_cached(&unit_of(&dev, &lu, &b, 0), &read_cmd).map(|r| r.map(|_| ())),
+            Some(conflict)
+        );
+        // Persistent reservation commands conflict for the holder too.
+        assert_eq!(run(&a, 0, &pr_in), conflict);
         run(&a, 0, &release10).unwrap();
         run(&b, 0, &read).unwrap();
         run(&b, 0, &reserve6).unwrap();
@@ -1688,11 +1703,26 @@ mod tests {
         lu.reset(None, Sense::RESET_OCCURRED);
         assert_eq!(run(&a, 0, &reserve6), Err(Failure::Aborted));
         assert_eq!(lu.reservations().unit_holder(), None);
-        // Third-party reservations are not supported.
-        assert_eq!(
-            run(&a, 1, &[0x56, 0x10, 0, 0, 0, 0, 0, 0, 0, 0]),
-            Err(Failure::Check(Sense::INVALID_FIELD_IN_CDB))
-        );
+        // Third-party and extent reservations are not supported.
+        for c in [
+            &[0x56u8, 0x10, 0, 0, 0, 0, 0, 0, 0, 0][..],
+            &[0x16, 0x10, 0, 0, 0, 0],
+            &[0x16, 0x01, 0, 0, 0, 0],
+        ] {
+            assert_eq!(
+                run(&a, 1, c),
+                Err(Failure::Check(Sense::INVALID_FIELD_IN_CDB))
+            );
+        }
+        assert_eq!(lu.reservations().unit_holder(), None);
+        // With a registration, RESERVE and RELEASE conflict.
+        let register = [0x5f, 0, 0, 0, 0, 0, 0, 0, 24, 0];
+        let mut key = vec![0u8; 24];
+        key[15] = 9;
+        let cmd = parse(&cdb(&register), 0, LIM).unwrap();
+        execute(&unit_of(&dev, &lu, &b, 1), &cmd, &key).unwrap();
+        assert_eq!(run(&a, 1, &reserve6), conflict);
+        assert_eq!(run(&b, 1, &release10), conflict);
     }
 
     fn run(dev: &MemDevice, ro: bool, c: &[u8], out: &[u8]) -> Result<Vec<u8>, Sense> {

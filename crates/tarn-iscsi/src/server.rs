@@ -258,6 +258,17 @@ struct Shared {
     changed: watch::Sender<u64>,
     log: RateLog,
     tsih: AtomicU16,
+    /// The normal sessions logged in, by I_T nexus, for session
+    /// reinstatement ([`Live`]).
+    live: std::sync::Mutex<HashMap<Nexus, LiveNexus>>,
+}
+
+/// The sessions of one I_T nexus.
+struct LiveNexus {
+    sessions: usize,
+    /// Moved on by each login that reinstates the nexus: the sessions
+    /// already in close.
+    reinstated: watch::Sender<u64>,
 }
 
 impl Shared {
@@ -303,6 +314,7 @@ impl IscsiServer {
             changed: watch::channel(0).0,
             log: RateLog::new("tarn-iscsi", Duration::from_secs(10)),
             tsih: AtomicU16::new(1),
+            live: std::sync::Mutex::default(),
         });
         let serving = shared.clone();
         let host = Host::start(host_cfg, move |stream, peer, conn, stop| {
@@ -424,11 +436,19 @@ async fn connection(
         )),
         SessionKind::Discovery => None,
     };
+    // A login with the ISID of a session still in is session
+    // reinstatement (RFC 7143): the old session is closed, and the
+    // nexus is lost on the way (see `Live`).
+    let live = lu
+        .as_ref()
+        .map(|(lu, nexus)| Live::join(&shared, lu, nexus));
     // Detached however the session ends (a panic in its task included).
     let _attached = lu.as_ref().map(|(lu, nexus)| Attached::new(lu, nexus));
     let resets = lu.as_ref().map(|(lu, _)| lu.resets());
+    let reinstated = live.as_ref().map(|l| l.reinstated.clone());
     let mut ffp = Ffp {
         resets,
+        reinstated,
         lu,
         digests: Digests {
             header: sess.params.header_digest,
@@ -471,6 +491,71 @@ impl Attached {
 impl Drop for Attached {
     fn drop(&mut self) {
         self.lu.detach(&self.nexus);
+    }
+}
+
+/// A normal session counted among its nexus's ([`Shared::live`]) until
+/// this is dropped.
+///
+/// RFC 7143 makes a login with the initiator name and ISID of a session
+/// that is still logged in (and TSIH 0, the only kind this server
+/// takes: one connection per session) a reinstatement of that session:
+/// the old one must end, and the SCSI layer sees an I_T nexus loss. An
+/// initiator that reboots and logs in again with its fixed ISID
+/// (Windows uses one) before TCP keepalive has dropped its dead
+/// connection is such a login. So the old sessions are told to close,
+/// and the nexus's SPC-2 reservation ends here rather than when the
+/// last old session is gone (the new session keeps the nexus attached
+/// throughout, so its count never reaches zero).
+struct Live {
+    shared: Arc<Shared>,
+    nexus: Arc<Nexus>,
+    /// Moves when a later login reinstates the nexus.
+    reinstated: watch::Receiver<u64>,
+}
+
+impl Live {
+    fn join(shared: &Arc<Shared>, lu: &LuState, nexus: &Arc<Nexus>) -> Live {
+        let mut live = match shared.live.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let e = live.entry((**nexus).clone()).or_insert_with(|| LiveNexus {
+            sessions: 0,
+            reinstated: watch::Sender::new(0),
+        });
+        if e.sessions > 0 {
+            e.reinstated.send_modify(|g| *g += 1);
+            lu.reservations().nexus_lost(nexus);
+            shared.log.log(
+                "session",
+                &format!(
+                    "{} reinstated its session with ISID {:02x?}: the old one is closed",
+                    nexus.initiator, nexus.isid
+                ),
+            );
+        }
+        e.sessions += 1;
+        Live {
+            shared: shared.clone(),
+            nexus: nexus.clone(),
+            reinstated: e.reinstated.subscribe(),
+        }
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let mut live = match self.shared.live.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if let Some(e) = live.get_mut(&*self.nexus) {
+            e.sessions = e.sessions.saturating_sub(1);
+            if e.sessions == 0 {
+                live.remove(&*self.nexus);
+            }
+        }
     }
 }
 
@@ -613,6 +698,8 @@ enum Event {
     Recheck,
     /// Another session reset the logical unit.
     Reset,
+    /// A new login took this session's nexus over.
+    Reinstated,
 }
 
 /// A write waiting for its data.
@@ -691,6 +778,9 @@ struct Ffp {
     text_rest: Option<(u32, Vec<u8>)>,
     /// The logical unit's resets (normal sessions).
     resets: Option<watch::Receiver<u64>>,
+    /// Moves when a later login reinstates this session's nexus (normal
+    /// sessions; see [`Live`]).
+    reinstated: Option<watch::Receiver<u64>>,
 }
 
 impl Ffp {
@@ -776,6 +866,7 @@ impl Ffp {
                 _ = stop.wait_for(|&s| s) => Event::Close,
                 Ok(()) = changed.changed() => Event::Recheck,
                 Ok(()) = next_reset(&mut self.resets) => Event::Reset,
+                Ok(()) = next_reset(&mut self.reinstated) => Event::Reinstated,
             };
             match ev {
                 Event::Pdu(Some(Ok(p)))
@@ -805,6 +896,7 @@ impl Ffp {
                     let epoch = self.resets.as_mut().map_or(0, |rx| *rx.borrow_and_update());
                     self.end_tasks_before(epoch);
                 }
+                Event::Reinstated => break,
             }
         }
         reader.abort();
@@ -1618,17 +1710,10 @@ impl Ffp {
                         if let Some(rx) = self.resets.as_mut() {
                             rx.borrow_and_update();
                         }
-                        // Wait for the writes other sessions had running
-                        // (and RESERVEs: a reset also ends the SPC-2
-                        // reservation, one taken before it; a RESERVE it
-                        // ended that had not run by now does nothing).
-                        let _ = tokio::task::spawn_blocking(move || {
-                            let _g = lu.atomic();
-                            if resets {
-                                lu.reservations().reset(epoch);
-                            }
-                        })
-                        .await;
+                        // Wait for the writes other sessions had running;
+                        // a reset also ends the SPC-2 reservation.
+                        let _ = tokio::task::spawn_blocking(move || lu.finish_reset(epoch, resets))
+                            .await;
                     }
                 }
                 close = func == 7;

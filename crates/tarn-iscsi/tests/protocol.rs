@@ -39,8 +39,9 @@ fn garbage_and_oversized_segments_close_only_that_connection() {
     let _ = big.send_bytes(&wire);
     assert!(big.closed(), "oversized login segment");
 
-    // In the full feature phase: a segment over MaxRecvDataSegmentLength.
-    let mut ffp = Raw::login(addr, IQN);
+    // In the full feature phase: a segment over MaxRecvDataSegmentLength
+    // (another initiator port: a login with `good`'s would reinstate it).
+    let mut ffp = login_isid(addr, 2);
     let mut nop = Pdu::new(op::NOP_OUT);
     nop.set_flags(0x80);
     nop.set_itt(5);
@@ -322,9 +323,9 @@ fn compare_and_write_is_atomic_across_sessions() {
     const SESSIONS: usize = 4;
     const EACH: u64 = 40;
     let threads: Vec<_> = (0..SESSIONS)
-        .map(|_| {
+        .map(|i| {
             std::thread::spawn(move || {
-                let mut s = Raw::login(addr, IQN);
+                let mut s = login_isid(addr, i as u8 + 1);
                 let mut itt = 1;
                 let mut misses = 0;
                 for _ in 0..EACH {
@@ -370,13 +371,20 @@ fn compare_and_write_is_atomic_across_sessions() {
 /// Logs in as initiator port `isid` (same initiator name as
 /// `Raw::login`).
 fn login_isid(addr: std::net::SocketAddr, isid: u8) -> Raw {
+    login_port(addr, IQN, isid)
+}
+
+/// Logs in to `iqn` as initiator port `isid`: a session of its own,
+/// where a second `Raw::login` (the same port) would reinstate the
+/// first.
+fn login_port(addr: std::net::SocketAddr, iqn: &str, isid: u8) -> Raw {
     let mut r = Raw::connect(addr);
     let mut p = Raw::login_pdu(
         1,
         Some(3),
         &[
             ("InitiatorName", "iqn.2024-01.org.tarn:test"),
-            ("TargetName", IQN),
+            ("TargetName", iqn),
             ("ImmediateData", "Yes"),
         ],
     );
@@ -704,7 +712,7 @@ fn revoking_access_closes_the_sessions_already_in() {
     );
     sb.tur_good(2);
     // A target removed ends its sessions too.
-    let mut sa = Raw::login(r.local_addr(), b_iqn);
+    let mut sa = login_port(r.local_addr(), b_iqn, 2);
     r.set_targets(vec![IscsiTarget::new(IQN, a.clone())])
         .unwrap();
     assert!(
@@ -1205,4 +1213,83 @@ fn a_reset_waits_for_other_sessions_running_writes() {
         status_and_sense(&mut a, 2, &[0; 6]),
         (2, [0x06, 0x29, 0x03])
     );
+}
+
+/// Sends task management `func` for LUN 0 and checks it succeeded.
+fn tmf_done(s: &mut Raw, tmf_itt: u32, func: u8) {
+    let t = tmf(s, tmf_itt, func, 0xffff_ffff);
+    s.send(&t);
+    let rsp = s.recv().expect("the function's response");
+    assert_eq!(
+        (rsp.opcode(), rsp.itt(), rsp.bhs[2]),
+        (op::TASK_MGMT_RSP, tmf_itt, 0),
+        "function {func}"
+    );
+}
+
+/// Polls TEST UNIT READY from `s` until the unit is no longer reserved
+/// against it (the server notices a closed connection on its own time).
+fn until_unreserved(s: &mut Raw, first_itt: u32) -> u32 {
+    for i in 0..100 {
+        match status_and_sense(s, first_itt + i, &[0; 6]) {
+            (0, _) => return first_itt + i + 1,
+            (0x18, _) => std::thread::sleep(std::time::Duration::from_millis(50)),
+            other => panic!("{other:?}"),
+        }
+    }
+    panic!("still reserved after 5 s");
+}
+
+/// RESERVE(6) gives the unit to one nexus; another meets RESERVATION
+/// CONFLICT (INQUIRY still answers). ABORT TASK SET and CLEAR TASK SET
+/// leave the reservation, LUN RESET and TARGET WARM RESET end it; so
+/// do the holder's session ending and a login that reinstates the
+/// holder's session (same initiator name and ISID), which also closes
+/// the old session.
+#[test]
+fn spc2_reservations_end_with_resets_and_with_the_holders_nexus() {
+    let (r, _) = server();
+    let addr = r.local_addr();
+    let mut a = login_isid(addr, 1);
+    let mut b = login_isid(addr, 2);
+    let reserve = [0x16, 0, 0, 0, 0, 0];
+    let conflict = (0x18, [0; 3]);
+    let good = (0, [0; 3]);
+    assert_eq!(status_and_sense(&mut a, 1, &reserve), good);
+    assert_eq!(status_and_sense(&mut b, 1, &[0; 6]), conflict);
+    assert_eq!(status_and_sense(&mut b, 2, &reserve), conflict);
+    assert_eq!(status_and_sense(&mut b, 3, &[0x12, 0, 0, 0, 36, 0]).0, 0);
+    // Ending task sets is no reset.
+    tmf_done(&mut a, 2, 2);
+    tmf_done(&mut a, 3, 4);
+    assert_eq!(
+        status_and_sense(&mut b, 4, &[0; 6]),
+        (2, [0x06, 0x2f, 0x00]),
+        "told of the CLEAR TASK SET"
+    );
+    assert_eq!(status_and_sense(&mut b, 5, &[0; 6]), conflict);
+    // LUN RESET ends it (both nexuses are told of the reset first).
+    tmf_done(&mut a, 4, 5);
+    assert_eq!(status_and_sense(&mut b, 6, &[0; 6]).1, [0x06, 0x29, 0x03]);
+    assert_eq!(status_and_sense(&mut a, 5, &[0; 6]).1, [0x06, 0x29, 0x03]);
+    b.tur_good(7);
+    // So does TARGET WARM RESET.
+    assert_eq!(status_and_sense(&mut b, 8, &reserve), good);
+    assert_eq!(status_and_sense(&mut a, 6, &[0; 6]), conflict);
+    tmf_done(&mut a, 7, 6);
+    assert_eq!(status_and_sense(&mut a, 8, &[0; 6]).1, [0x06, 0x29, 0x03]);
+    assert_eq!(status_and_sense(&mut b, 9, &[0; 6]).1, [0x06, 0x29, 0x03]);
+    a.tur_good(9);
+    // A login with B's ISID reinstates B's session: the old one is
+    // closed and the reservation it held ends.
+    assert_eq!(status_and_sense(&mut b, 10, &reserve), good);
+    assert_eq!(status_and_sense(&mut a, 10, &[0; 6]), conflict);
+    let mut b2 = login_isid(addr, 2);
+    assert!(b.closed(), "the reinstated session is closed");
+    a.tur_good(11);
+    // The holder's last session ending ends it too.
+    assert_eq!(status_and_sense(&mut b2, 1, &reserve), good);
+    assert_eq!(status_and_sense(&mut a, 12, &[0; 6]), conflict);
+    drop(b2);
+    until_unreserved(&mut a, 13);
 }

@@ -74,7 +74,13 @@ impl Iscsi {
         // Transit from the operational stage (1) to the full feature
         // phase (3).
         login.set_flags(0x80 | (1 << 2) | 3);
-        login.bhs[8..14].copy_from_slice(&[0x80, 0, 0, 0x7a, 0, 1]);
+        // An ISID of its own per session, as an initiator gives each: a
+        // login with the ISID of a session still in would reinstate
+        // (close) that one.
+        static NEXT_ISID: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(1);
+        let n = NEXT_ISID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let [hi, lo] = n.to_be_bytes();
+        login.bhs[8..14].copy_from_slice(&[0x80, 0, 0, 0x7a, hi, lo]);
         login.set_itt(0);
         login.set_u32(24, c.cmd_sn);
         login.data = text::encode(&keys);
