@@ -24,14 +24,20 @@
 //! Every decision is counted ([`Stats`]) and logged on stderr through a
 //! [`RateLog`], which prints at most one line per kind of event per
 //! interval, so a flood of refused connections cannot flood the log.
+//!
+//! The servers that check passwords also share their failed-login
+//! accounting here ([`LoginLimiter`]), so WebDAV and the web API count
+//! and bound it the same way.
 
 #![warn(missing_docs)]
 
 mod host;
+mod login;
 mod net;
 mod progress;
 
 pub use host::{keepalive, Host, HostConfig};
+pub use login::{Attempt, LoginLimiter, LOGIN_CLIENTS_MAX, PASSWORD_CHECKS_AT_ONCE};
 pub use net::{client_key, IpNet, IpNetError};
 pub use progress::{Progress, ProgressClock, STALL_IDLE};
 

@@ -116,6 +116,15 @@ pub fn client_key(ip: std::net::IpAddr) -> std::net::IpAddr {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_client_is_an_address_or_an_ipv6_64() {
+        let k = |s: &str| super::client_key(s.parse().unwrap());
+        assert_eq!(k("2001:db8::1:2:3:4"), k("2001:db8::9:8:7:6"), "one /64");
+        assert_ne!(k("2001:db8:0:1::1"), k("2001:db8::1"));
+        assert_ne!(k("10.0.0.1"), k("10.0.0.2"));
+        assert_eq!(k("::ffff:10.0.0.1"), k("10.0.0.1"));
+    }
+
     use super::*;
 
     #[test]

@@ -175,7 +175,8 @@ struct State {
     /// The public origin when behind a proxy (`https://nas.example.org`).
     origin: Option<String>,
     sessions: Mutex<HashMap<String, Session>>,
-    failures: Mutex<HashMap<IpAddr, Vec<Instant>>>,
+    /// Failed logins and wrong link passwords per client.
+    failures: tarn_conn::LoginLimiter,
     /// Password checks at once (argon2 is slow on purpose).
     logins: Arc<tokio::sync::Semaphore>,
     /// The file pages' daemon side (None: not served).
@@ -195,17 +196,9 @@ struct State {
 /// Sessions one user may have; their least recently used goes first.
 pub const SESSIONS_PER_USER: usize = 32;
 /// Password checks running at once.
-pub const LOGINS_AT_ONCE: usize = 4;
-/// Client addresses whose failed logins are remembered.
-const MAX_FAILURE_ADDRESSES: usize = 65_536;
+pub const LOGINS_AT_ONCE: usize = tarn_conn::PASSWORD_CHECKS_AT_ONCE;
 /// Time for a request body.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The bucket failed logins from `ip` count in (see
-/// [`tarn_conn::client_key`]).
-fn bucket(ip: IpAddr) -> IpAddr {
-    tarn_conn::client_key(ip)
-}
 
 /// The running server.
 pub struct Running {
@@ -280,7 +273,7 @@ pub fn serve(
         tls: tls.is_some(),
         origin: origin.map(|o| o.trim_end_matches('/').to_string()),
         sessions: Mutex::new(HashMap::new()),
-        failures: Mutex::new(HashMap::new()),
+        failures: tarn_conn::LoginLimiter::new(LOGIN_FAILURES as u32, LOGIN_WINDOW),
         logins: Arc::new(tokio::sync::Semaphore::new(LOGINS_AT_ONCE)),
         files,
         uploads: Default::default(),
@@ -686,36 +679,15 @@ impl State {
 
     /// Counts a login attempt from `ip` before its password is checked
     /// (so parallel attempts cannot all pass the count), or says how long
-    /// the address must wait.
-    fn attempt(&self, ip: IpAddr) -> Result<Instant, Duration> {
-        let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        let key = bucket(ip);
-        if !f.contains_key(&key) && f.len() >= MAX_FAILURE_ADDRESSES {
-            f.retain(|_, q| q.iter().any(|t| now.duration_since(*t) < LOGIN_WINDOW));
-            if f.len() >= MAX_FAILURE_ADDRESSES {
-                // Full of live entries: nobody new gets in for a while,
-                // rather than everyone's count being forgotten.
-                return Err(LOGIN_WINDOW);
-            }
-        }
-        let q = f.entry(key).or_default();
-        q.retain(|t| now.duration_since(*t) < LOGIN_WINDOW);
-        if q.len() >= LOGIN_FAILURES {
-            return Err(q.first().map_or(LOGIN_WINDOW, |t| {
-                LOGIN_WINDOW.saturating_sub(now.duration_since(*t))
-            }));
-        }
-        q.push(now);
-        Ok(now)
+    /// the address must wait (see [`tarn_conn::LoginLimiter`]).
+    fn attempt(&self, ip: IpAddr) -> Result<tarn_conn::Attempt, Duration> {
+        self.failures.attempt(ip)
     }
 
-    /// A counted attempt that succeeded does not count.
-    fn succeeded(&self, ip: IpAddr, at: Instant) {
-        let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(q) = f.get_mut(&bucket(ip)) {
-            q.retain(|t| *t != at);
-        }
+    /// A counted attempt that succeeded does not count; the client's
+    /// other attempts still do.
+    fn succeeded(&self, a: tarn_conn::Attempt) {
+        self.failures.succeeded(a);
     }
 
     /// Cookies are `Secure` when the browser reaches us over TLS
@@ -999,7 +971,7 @@ async fn login(st: &Arc<State>, ip: IpAddr, body: Value) -> Resp {
             "wrong user or password",
         );
     };
-    st.succeeded(ip, attempt);
+    st.succeeded(attempt);
     let (Some(id), Some(csrf)) = (random_hex(32), random_hex(32)) else {
         return error(
             st,
@@ -1327,23 +1299,6 @@ mod tests {
         assert!(is_json(&c));
         c.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
         assert!(!is_json(&c), "what a cross-site form can send");
-    }
-
-    #[test]
-    fn failed_logins_count_per_address_and_per_v6_network() {
-        assert_eq!(
-            bucket("2001:db8::1:2:3:4".parse().unwrap()),
-            bucket("2001:db8::9:8:7:6".parse().unwrap()),
-            "one /64"
-        );
-        assert_ne!(
-            bucket("10.0.0.1".parse().unwrap()),
-            bucket("10.0.0.2".parse().unwrap())
-        );
-        assert_eq!(
-            bucket("::ffff:10.0.0.1".parse().unwrap()),
-            bucket("10.0.0.1".parse().unwrap())
-        );
     }
 
     #[test]

@@ -385,7 +385,7 @@ async fn unlock(
             "wrong password",
         ));
     }
-    st.succeeded(ip, attempt);
+    st.succeeded(attempt);
     let id = random_hex(32).ok_or_else(|| {
         FErr::new(
             StatusCode::INTERNAL_SERVER_ERROR,

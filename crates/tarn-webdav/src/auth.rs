@@ -1,9 +1,9 @@
 //! Authentication: HTTP Basic credentials checked by a pluggable
-//! [`Authenticator`], a short-lived cache of successful checks, and per-IP
-//! rate limiting of failed logins.
+//! [`Authenticator`], and a short-lived cache of successful checks. Failed
+//! logins are counted by the limiter the servers share
+//! ([`tarn_conn::LoginLimiter`]).
 
-use std::collections::{HashMap, VecDeque};
-use std::net::IpAddr;
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -211,92 +211,6 @@ impl AuthCache {
     }
 }
 
-/// Per-client failed-login counter: after `max` failures within
-/// `window`, the client is refused (429) until the oldest of them is
-/// older than `window`. A client is an address, or an IPv6 /64
-/// ([`tarn_conn::client_key`]): one host holds a whole /64.
-pub(crate) struct RateLimiter {
-    max: usize,
-    window: Duration,
-    map: Mutex<HashMap<IpAddr, VecDeque<Instant>>>,
-    /// When a full table was last swept of expired entries: at most once
-    /// a second, so a flood from ever new addresses does not sweep 64k
-    /// entries under the lock at every failure.
-    swept: Mutex<Option<Instant>>,
-}
-
-/// Most IPs tracked at once; beyond it expired entries are dropped.
-const LIMITER_MAX_IPS: usize = 65536;
-
-impl RateLimiter {
-    pub(crate) fn new(max: u32, window: Duration) -> RateLimiter {
-        RateLimiter {
-            max: max.max(1) as usize,
-            window,
-            map: Mutex::new(HashMap::new()),
-            swept: Mutex::new(None),
-        }
-    }
-
-    fn prune(q: &mut VecDeque<Instant>, window: Duration, now: Instant) {
-        while q.front().is_some_and(|t| now.duration_since(*t) >= window) {
-            q.pop_front();
-        }
-    }
-
-    /// If `ip` is blocked now: how long until it may try again.
-    pub(crate) fn blocked(&self, ip: IpAddr) -> Option<Duration> {
-        let ip = tarn_conn::client_key(ip);
-        let now = Instant::now();
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        let q = map.get_mut(&ip)?;
-        Self::prune(q, self.window, now);
-        if q.len() >= self.max {
-            let oldest = *q.front()?;
-            Some(self.window.saturating_sub(now.duration_since(oldest)))
-        } else {
-            if q.is_empty() {
-                map.remove(&ip);
-            }
-            None
-        }
-    }
-
-    /// Records a failure; true if `ip` is now blocked.
-    pub(crate) fn fail(&self, ip: IpAddr) -> bool {
-        let ip = tarn_conn::client_key(ip);
-        let now = Instant::now();
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= LIMITER_MAX_IPS && !map.contains_key(&ip) {
-            let mut swept = self.swept.lock().unwrap_or_else(|e| e.into_inner());
-            if swept.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1)) {
-                *swept = Some(now);
-                let w = self.window;
-                map.retain(|_, q| q.back().is_some_and(|t| now.duration_since(*t) < w));
-            }
-            if map.len() >= LIMITER_MAX_IPS {
-                // Full of live entries: this failure is not remembered
-                // (the table stays bounded); the ones it holds still count.
-                return false;
-            }
-        }
-        let q = map.entry(ip).or_default();
-        Self::prune(q, self.window, now);
-        q.push_back(now);
-        while q.len() > self.max {
-            q.pop_front();
-        }
-        q.len() >= self.max
-    }
-
-    /// A successful login clears the IP's record.
-    pub(crate) fn succeed(&self, ip: IpAddr) {
-        let ip = tarn_conn::client_key(ip);
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        map.remove(&ip);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -320,61 +234,6 @@ mod tests {
         assert_eq!(base64_decode("TWE=").unwrap(), b"Ma");
         assert_eq!(base64_decode("TQ==").unwrap(), b"M");
         assert!(base64_decode("T").is_none());
-    }
-
-    #[test]
-    fn limiter_blocks_after_max() {
-        let l = RateLimiter::new(3, Duration::from_secs(60));
-        let ip: IpAddr = "10.0.0.1".parse().unwrap();
-        let other: IpAddr = "10.0.0.2".parse().unwrap();
-        assert!(!l.fail(ip));
-        assert!(!l.fail(ip));
-        assert!(l.blocked(ip).is_none());
-        assert!(l.fail(ip));
-        assert!(l.blocked(ip).is_some());
-        assert!(l.blocked(other).is_none());
-        l.succeed(ip);
-        assert!(l.blocked(ip).is_none());
-        let short = RateLimiter::new(1, Duration::from_millis(20));
-        assert!(short.fail(ip));
-        assert!(short.blocked(ip).is_some());
-        std::thread::sleep(Duration::from_millis(30));
-        assert!(short.blocked(ip).is_none());
-    }
-
-    #[test]
-    fn limiter_counts_an_ipv6_client_by_its_64() {
-        let l = RateLimiter::new(3, Duration::from_secs(60));
-        let a: IpAddr = "2001:db8:1:2::1".parse().unwrap();
-        let b: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
-        let elsewhere: IpAddr = "2001:db8:1:3::1".parse().unwrap();
-        assert!(!l.fail(a));
-        assert!(!l.fail(b));
-        assert!(l.fail("2001:db8:1:2:abcd::".parse().unwrap()));
-        assert!(l.blocked(a).is_some() && l.blocked(b).is_some());
-        assert!(l.blocked(elsewhere).is_none());
-        // An IPv4 client counts the same mapped into IPv6.
-        let v4: IpAddr = "10.1.2.3".parse().unwrap();
-        let mapped: IpAddr = "::ffff:10.1.2.3".parse().unwrap();
-        l.fail(v4);
-        l.fail(mapped);
-        assert!(l.fail(v4));
-        assert!(l.blocked(mapped).is_some());
-    }
-
-    #[test]
-    fn a_full_limiter_stays_bounded() {
-        let l = RateLimiter::new(3, Duration::from_secs(60));
-        for i in 0..LIMITER_MAX_IPS as u32 {
-            l.fail(IpAddr::from(i.to_be_bytes()));
-        }
-        let newcomer: IpAddr = "2001:db8::1".parse().unwrap();
-        for _ in 0..5 {
-            assert!(!l.fail(newcomer));
-        }
-        let map = l.map.lock().unwrap();
-        assert_eq!(map.len(), LIMITER_MAX_IPS);
-        assert!(!map.contains_key(&tarn_conn::client_key(newcomer)));
     }
 
     #[test]

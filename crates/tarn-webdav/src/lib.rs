@@ -58,8 +58,11 @@
 //! ELOOP→508); anything unexpected is logged to stderr and answered 500.
 //!
 //! **Authentication and abuse.** Credentials are checked on the blocking
-//! pool (an authenticator may hash slowly) and remembered for
-//! [`WebdavConfig::auth_cache_ttl`]. After
+//! pool (an authenticator may hash slowly), a few at a time
+//! ([`tarn_conn::PASSWORD_CHECKS_AT_ONCE`]), and remembered for
+//! [`WebdavConfig::auth_cache_ttl`]. Each check counts as an attempt
+//! before it runs and a right password takes back only its own
+//! ([`tarn_conn::LoginLimiter`]); after
 //! [`WebdavConfig::auth_max_failures`] failed logins in
 //! [`WebdavConfig::auth_failure_window`] an IP gets 429 for every request
 //! until the window passes; failures are logged to stderr. A read-only

@@ -28,7 +28,7 @@ use tarn_conn::{Admission, Limits};
 use tokio::sync::watch;
 
 use crate::api::FsApi;
-use crate::auth::{AuthCache, Authenticator, RateLimiter};
+use crate::auth::{AuthCache, Authenticator};
 use crate::davfs::{Ctx, TarnDavFs, IO_CHUNK};
 use crate::panics;
 
@@ -192,7 +192,10 @@ type ShareMap = Arc<HashMap<String, Arc<ShareState>>>;
 struct State {
     shares: RwLock<ShareMap>,
     auth: Arc<dyn Authenticator>,
-    limiter: RateLimiter,
+    limiter: tarn_conn::LoginLimiter,
+    /// Password checks running at once (cache misses; see
+    /// [`tarn_conn::PASSWORD_CHECKS_AT_ONCE`]).
+    checks: Arc<tokio::sync::Semaphore>,
     cache: AuthCache,
     window: Duration,
     header_timeout: Duration,
@@ -425,7 +428,10 @@ pub fn serve(
     let state = Arc::new(State {
         shares: RwLock::new(shares),
         auth,
-        limiter: RateLimiter::new(config.auth_max_failures, config.auth_failure_window),
+        limiter: tarn_conn::LoginLimiter::new(config.auth_max_failures, config.auth_failure_window),
+        checks: Arc::new(tokio::sync::Semaphore::new(
+            tarn_conn::PASSWORD_CHECKS_AT_ONCE,
+        )),
         cache: AuthCache::new(config.auth_cache_ttl),
         window: config.auth_failure_window,
         header_timeout: config.header_read_timeout,

@@ -104,6 +104,73 @@ fn rate_limit_window_expires() {
     server.stop();
 }
 
+/// A right password takes back only its own attempt: someone who knows
+/// one account's password cannot log in with it between guesses at
+/// another to keep the count from ever filling.
+#[test]
+fn a_good_login_does_not_wipe_the_failed_ones() {
+    if !require::programs(&["curl"]) {
+        return;
+    }
+    let mut cfg = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.auth_max_failures = 3;
+    let server = serve(cfg, vec![Share::new("s", mem_fs())], users()).unwrap();
+    let u = url(server.local_addr(), "/s/");
+    assert_eq!(status(&["-u", "alice:guess1", &u]), 401);
+    assert_eq!(status(&["-u", "alice:guess2", &u]), 401);
+    assert_eq!(status(&["-u", A, &u]), 200);
+    assert_eq!(status(&["-u", "alice:guess3", &u]), 429);
+    server.stop();
+}
+
+/// An authenticator whose every check takes 100 ms and fails, counting
+/// how many run at once.
+#[derive(Default)]
+struct SlowChecks {
+    now: std::sync::atomic::AtomicUsize,
+    peak: std::sync::atomic::AtomicUsize,
+}
+
+impl tarn_webdav::Authenticator for SlowChecks {
+    fn check(&self, _user: &str, _password: &str) -> Option<tarn_webdav::Principal> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = self.now.fetch_add(1, SeqCst) + 1;
+        self.peak.fetch_max(n, SeqCst);
+        std::thread::sleep(Duration::from_millis(100));
+        self.now.fetch_sub(1, SeqCst);
+        None
+    }
+}
+
+/// Password checks are slow hashes: however many requests bring new
+/// credentials at once, a few are checked at a time.
+#[test]
+fn password_checks_run_a_few_at_a_time() {
+    if !require::programs(&["curl"]) {
+        return;
+    }
+    let mut cfg = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.auth_max_failures = 1000;
+    let auth = Arc::new(SlowChecks::default());
+    let server = serve(cfg, vec![Share::new("s", mem_fs())], auth.clone()).unwrap();
+    let u = url(server.local_addr(), "/s/");
+    let clients: Vec<_> = (0..12)
+        .map(|i| {
+            let u = u.clone();
+            std::thread::spawn(move || status(&["-u", &format!("u{i}:p"), &u]))
+        })
+        .collect();
+    for c in clients {
+        assert_eq!(c.join().unwrap(), 401);
+    }
+    let peak = auth.peak.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (1..=tarn_conn::PASSWORD_CHECKS_AT_ONCE).contains(&peak),
+        "{peak} checks at once"
+    );
+    server.stop();
+}
+
 #[test]
 fn read_only_principal_and_share_get_403() {
     if !require::programs(&["curl"]) {

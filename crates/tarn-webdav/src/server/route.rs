@@ -85,31 +85,46 @@ async fn authenticate(
         return st.auth.anonymous().ok_or_else(unauthorized);
     };
     let parsed = value.to_str().ok().and_then(parse_basic);
+    // Credentials checked a moment ago are not checked, or counted,
+    // again.
+    if let Some(p) = parsed
+        .as_ref()
+        .and_then(|(user, pass)| st.cache.get(realm.as_deref(), user, pass))
+    {
+        return Ok(p);
+    }
+    // Anything else is an attempt, counted before the check (see
+    // `tarn_conn::LoginLimiter`): a malformed header too.
+    let attempt = st.limiter.attempt(ip).map_err(too_many)?;
     let checked = match &parsed {
-        Some((user, pass)) => match st.cache.get(realm.as_deref(), user, pass) {
-            Some(p) => Some(p),
-            None => {
-                let (auth, u, p) = (st.auth.clone(), user.clone(), pass.clone());
-                let r = realm.clone();
-                let check = move || {
-                    panics::catch(
-                        "a password check",
-                        std::panic::AssertUnwindSafe(|| auth.check_in(r.as_deref(), &u, &p)),
-                    )
-                    .flatten()
-                };
-                let r = tokio::task::spawn_blocking(check).await.ok().flatten();
-                if let Some(p) = &r {
-                    st.cache.put(realm.as_deref(), user, pass, p);
-                }
-                r
+        Some((user, pass)) => {
+            // A few slow hashes at a time, whoever asks.
+            let Ok(_permit) = st.checks.clone().acquire_owned().await else {
+                return Err(simple(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the server is stopping\n",
+                ));
+            };
+            let (auth, u, p) = (st.auth.clone(), user.clone(), pass.clone());
+            let r = realm.clone();
+            let check = move || {
+                panics::catch(
+                    "a password check",
+                    std::panic::AssertUnwindSafe(|| auth.check_in(r.as_deref(), &u, &p)),
+                )
+                .flatten()
+            };
+            let r = tokio::task::spawn_blocking(check).await.ok().flatten();
+            if let Some(p) = &r {
+                st.cache.put(realm.as_deref(), user, pass, p);
             }
-        },
+            r
+        }
         None => None,
     };
     match checked {
         Some(p) => {
-            st.limiter.succeed(ip);
+            st.limiter.succeeded(attempt);
             Ok(p)
         }
         None => {
@@ -118,7 +133,7 @@ async fn authenticate(
                 .map(|(u, _)| u.as_str())
                 .unwrap_or("<malformed>");
             log::warn!("tarn-webdav: failed login for user {who:?} from {ip}");
-            if st.limiter.fail(ip) {
+            if st.limiter.blocked(ip).is_some() {
                 log::warn!(
                     "tarn-webdav: too many failed logins from {ip}; refusing it for a while"
                 );
