@@ -20,9 +20,12 @@
 //!   attempts going uncounted. Expired clients are swept when it is full,
 //!   at most once a second, so a stream of new addresses does not make
 //!   every attempt a sweep of the whole table. Filling it takes `cap`
-//!   distinct clients each failing within one window; each failure costs
-//!   the attacker a slow password hash on the server, which the servers
-//!   run a few at a time ([`PASSWORD_CHECKS_AT_ONCE`]).
+//!   distinct clients each attempting within one window. The servers
+//!   count an attempt only once a password check has its slot
+//!   ([`PASSWORD_CHECKS_AT_ONCE`] at a time), just before its slow hash
+//!   runs, and do not count requests that carry no password to check
+//!   (none, or a malformed header): every entry costs the attacker a
+//!   hash's wait.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;

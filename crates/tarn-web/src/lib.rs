@@ -929,23 +929,29 @@ async fn handle(req: Request<Incoming>, ip: IpAddr, st: Arc<State>) -> Resp {
 }
 
 async fn login(st: &Arc<State>, ip: IpAddr, body: Value) -> Resp {
-    let attempt = match st.attempt(ip) {
-        Ok(at) => at,
-        Err(wait) => {
-            return answer(
-                st,
-                StatusCode::TOO_MANY_REQUESTS,
-                json!({"error": {"code": "too_many_logins",
-                    "message": "too many failed logins from this address; wait"}}),
-                &[("retry-after", (wait.as_secs() + 1).to_string())],
-            )
-        }
+    let too_many = |wait: Duration| {
+        answer(
+            st,
+            StatusCode::TOO_MANY_REQUESTS,
+            json!({"error": {"code": "too_many_logins",
+                "message": "too many failed logins from this address; wait"}}),
+            &[("retry-after", (wait.as_secs() + 1).to_string())],
+        )
     };
+    if let Some(wait) = st.failures.blocked(ip) {
+        return too_many(wait);
+    }
     let user = body.get("user").and_then(Value::as_str).unwrap_or("");
     let password = body.get("password").and_then(Value::as_str).unwrap_or("");
     let (user, password) = (user.to_string(), password.to_string());
     let auth = st.auth.clone();
-    let Ok(_permit) = st.logins.clone().acquire_owned().await else {
+    // Password hashing is slow on purpose: off the async threads, a few
+    // at a time. The slot is taken first and goes with the hash, not
+    // with this request: a client that goes away while its hash runs
+    // does not free a slot for another. The attempt counts once the
+    // slot is there, just before the hash (one abandoned while waiting
+    // is not counted, and fills nothing).
+    let Ok(permit) = st.logins.clone().acquire_owned().await else {
         return error(
             st,
             StatusCode::SERVICE_UNAVAILABLE,
@@ -953,9 +959,12 @@ async fn login(st: &Arc<State>, ip: IpAddr, body: Value) -> Resp {
             "the server is stopping",
         );
     };
-    // Password hashing is slow on purpose: off the async threads, a few
-    // at a time.
+    let attempt = match st.attempt(ip) {
+        Ok(at) => at,
+        Err(wait) => return too_many(wait),
+    };
     let who = tokio::task::spawn_blocking(move || {
+        let _slot = permit;
         let (id, stamp) = auth.login(&user, &password)?;
         let admin = auth.is_admin(&id).unwrap_or(false);
         Some((id, admin, stamp))

@@ -360,13 +360,16 @@ async fn unlock(
     headers: &HeaderMap,
     body: Incoming,
 ) -> Result<Resp, FErr> {
-    let attempt = st.attempt(ip).map_err(|_| {
+    let too_many = || {
         FErr::new(
             StatusCode::TOO_MANY_REQUESTS,
             "too_many_logins",
             "too many wrong passwords from this address; wait a minute",
         )
-    })?;
+    };
+    if st.failures.blocked(ip).is_some() {
+        return Err(too_many());
+    }
     let body = json_body(headers, body).await?;
     let password = body
         .get("password")
@@ -377,7 +380,21 @@ async fn unlock(
         return Ok(no_files(st));
     };
     let t = token.to_string();
-    let good = files::blocking(move || Ok(f.link_password(&t, &password))).await?;
+    // A link password is a slow hash too: the same slots as logins, and
+    // the attempt counts just before it (see `login`).
+    let Ok(permit) = st.logins.clone().acquire_owned().await else {
+        return Err(FErr::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "stopping",
+            "the server is stopping",
+        ));
+    };
+    let attempt = st.attempt(ip).map_err(|_| too_many())?;
+    let good = files::blocking(move || {
+        let _slot = permit;
+        Ok(f.link_password(&t, &password))
+    })
+    .await?;
     if !good {
         return Err(FErr::new(
             StatusCode::UNAUTHORIZED,

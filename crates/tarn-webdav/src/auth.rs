@@ -4,7 +4,7 @@
 //! ([`tarn_conn::LoginLimiter`]).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tarn_fs::Cred;
@@ -146,6 +146,64 @@ pub(crate) fn parse_basic(header: &str) -> Option<(String, String)> {
     Some((u.to_string(), p.to_string()))
 }
 
+/// The outcome of one password check that requests wait for: the
+/// principal (None: wrong), or how long the client must wait before it
+/// may try (its attempts are used up).
+pub(crate) type Checked = Result<Option<Principal>, std::time::Duration>;
+
+/// Password checks in flight, by credentials and client: a request that
+/// brings the same credentials from the same client while they are being
+/// checked waits for that check instead of starting (and counting) its
+/// own. A client sends its credentials with every request; when the
+/// login cache has expired, a burst of parallel requests (a file manager
+/// opening a folder) would otherwise count one attempt each and meet 429
+/// with the right password. Different passwords are different entries,
+/// so guesses still count one each.
+#[derive(Default)]
+pub(crate) struct InFlight {
+    map: Mutex<HashMap<[u8; 32], Arc<tokio::sync::OnceCell<Checked>>>>,
+}
+
+impl InFlight {
+    /// The outcome of checking these credentials for client `client`
+    /// ([`tarn_conn::client_key`]): `run`'s, or that of the same check
+    /// already running. If the request running it goes away before it
+    /// ends, a waiting one runs it instead.
+    pub(crate) async fn check<F, Fut>(
+        &self,
+        realm: Option<&str>,
+        user: &str,
+        password: &str,
+        client: std::net::IpAddr,
+        run: F,
+    ) -> Checked
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Checked>,
+    {
+        let mut h = blake3::Hasher::new();
+        h.update(&AuthCache::key(realm, user, password));
+        h.update(client.to_string().as_bytes());
+        let key = *h.finalize().as_bytes();
+        let cell = {
+            let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+            map.entry(key).or_default().clone()
+        };
+        let out = cell.get_or_init(run).await.clone();
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if map.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+            map.remove(&key);
+        }
+        out
+    }
+
+    /// Checks in flight now.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
 /// Remembers successful checks for a short time, so an expensive password
 /// hash is not recomputed for every request of a session.
 pub(crate) struct AuthCache {
@@ -234,6 +292,46 @@ mod tests {
         assert_eq!(base64_decode("TWE=").unwrap(), b"Ma");
         assert_eq!(base64_decode("TQ==").unwrap(), b"M");
         assert!(base64_decode("T").is_none());
+    }
+
+    #[test]
+    fn the_same_credentials_at_the_same_time_are_checked_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let flight = Arc::new(InFlight::default());
+        let runs = Arc::new(AtomicUsize::new(0));
+        let client: std::net::IpAddr = "192.0.2.1".parse().unwrap();
+        let check = |user: &'static str, pass: &'static str, ip: std::net::IpAddr| {
+            let (flight, runs) = (flight.clone(), runs.clone());
+            rt.spawn(async move {
+                flight
+                    .check(None, user, pass, ip, || async move {
+                        runs.fetch_add(1, SeqCst);
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        Ok(None)
+                    })
+                    .await
+            })
+        };
+        // Six of the same at once: one check, one outcome for all.
+        let same: Vec<_> = (0..6).map(|_| check("u", "p", client)).collect();
+        // Another password, or another client: checks of their own.
+        let other = [
+            check("u", "q", client),
+            check("u", "p", "192.0.2.2".parse().unwrap()),
+        ];
+        for h in same.into_iter().chain(other) {
+            assert_eq!(rt.block_on(h).unwrap(), Ok(None));
+        }
+        assert_eq!(runs.load(SeqCst), 3);
+        assert_eq!(flight.len(), 0, "nothing left behind");
+        // Once it is over, the same credentials are checked again.
+        rt.block_on(check("u", "p", client)).unwrap().unwrap();
+        assert_eq!(runs.load(SeqCst), 4);
     }
 
     #[test]

@@ -59,11 +59,12 @@
 //!
 //! **Authentication and abuse.** Credentials are checked on the blocking
 //! pool (an authenticator may hash slowly), a few at a time
-//! ([`tarn_conn::PASSWORD_CHECKS_AT_ONCE`]), and remembered for
-//! [`WebdavConfig::auth_cache_ttl`]. Each check counts as an attempt
-//! before it runs and a right password takes back only its own
-//! ([`tarn_conn::LoginLimiter`]); after
-//! [`WebdavConfig::auth_max_failures`] failed logins in
+//! ([`tarn_conn::PASSWORD_CHECKS_AT_ONCE`]; a check keeps its slot until
+//! its hash ends), once for requests that bring the same credentials at
+//! the same time, and remembered for [`WebdavConfig::auth_cache_ttl`].
+//! Each check counts as an attempt just before its hash and a right
+//! password takes back only its own ([`tarn_conn::LoginLimiter`]); after
+//! [`WebdavConfig::auth_max_failures`] attempts not taken back in
 //! [`WebdavConfig::auth_failure_window`] an IP gets 429 for every request
 //! until the window passes; failures are logged to stderr. A read-only
 //! principal or share gets 403 on every method that is not GET, HEAD,

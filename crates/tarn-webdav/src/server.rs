@@ -28,7 +28,7 @@ use tarn_conn::{Admission, Limits};
 use tokio::sync::watch;
 
 use crate::api::FsApi;
-use crate::auth::{AuthCache, Authenticator};
+use crate::auth::{AuthCache, Authenticator, InFlight};
 use crate::davfs::{Ctx, TarnDavFs, IO_CHUNK};
 use crate::panics;
 
@@ -196,8 +196,10 @@ struct State {
     /// Password checks running at once (cache misses; see
     /// [`tarn_conn::PASSWORD_CHECKS_AT_ONCE`]).
     checks: Arc<tokio::sync::Semaphore>,
+    /// Password checks running, which requests with the same credentials
+    /// wait for.
+    in_flight: InFlight,
     cache: AuthCache,
-    window: Duration,
     header_timeout: Duration,
     /// Per method (by [`METHODS`], then others): time to the response
     /// head, and 5xx answers.
@@ -432,8 +434,8 @@ pub fn serve(
         checks: Arc::new(tokio::sync::Semaphore::new(
             tarn_conn::PASSWORD_CHECKS_AT_ONCE,
         )),
+        in_flight: InFlight::default(),
         cache: AuthCache::new(config.auth_cache_ttl),
-        window: config.auth_failure_window,
         header_timeout: config.header_read_timeout,
         requests: METHODS
             .iter()

@@ -12,7 +12,7 @@ use tarn_fs::testing::MemBackend;
 use tarn_fs::{Cred, Fs, ROOT_INO};
 use tarn_testkit::clients::{curl, status};
 use tarn_testkit::require;
-use tarn_webdav::{serve, Anonymous, FsApi, Share, WebdavConfig, WebdavError};
+use tarn_webdav::{serve, Anonymous, Authenticator, FsApi, Share, WebdavConfig, WebdavError};
 
 const A: &str = "alice:secret";
 
@@ -72,7 +72,8 @@ fn wrong_password_401_then_rate_limited() {
         ]),
         207
     );
-    // Garbage Authorization headers count as failures too.
+    // Garbage Authorization headers are refused (not counted: see
+    // `malformed_credentials_are_refused_and_not_counted`).
     assert_eq!(
         status(&[
             "--interface",
@@ -123,23 +124,65 @@ fn a_good_login_does_not_wipe_the_failed_ones() {
     server.stop();
 }
 
-/// An authenticator whose every check takes 100 ms and fails, counting
+/// The test users, each check taking 100 ms, counting the checks and
 /// how many run at once.
-#[derive(Default)]
 struct SlowChecks {
+    users: Arc<tarn_webdav::StaticUsers>,
+    calls: std::sync::atomic::AtomicUsize,
     now: std::sync::atomic::AtomicUsize,
     peak: std::sync::atomic::AtomicUsize,
 }
 
-impl tarn_webdav::Authenticator for SlowChecks {
-    fn check(&self, _user: &str, _password: &str) -> Option<tarn_webdav::Principal> {
+impl SlowChecks {
+    fn new() -> Arc<SlowChecks> {
+        Arc::new(SlowChecks {
+            users: users(),
+            calls: Default::default(),
+            now: Default::default(),
+            peak: Default::default(),
+        })
+    }
+}
+
+impl Authenticator for SlowChecks {
+    fn check(&self, user: &str, password: &str) -> Option<tarn_webdav::Principal> {
         use std::sync::atomic::Ordering::SeqCst;
+        self.calls.fetch_add(1, SeqCst);
         let n = self.now.fetch_add(1, SeqCst) + 1;
         self.peak.fetch_max(n, SeqCst);
         std::thread::sleep(Duration::from_millis(100));
         self.now.fetch_sub(1, SeqCst);
-        None
+        self.users.check(user, password)
     }
+}
+
+/// `n` GETs of `u` at once as `creds(i)`; their statuses.
+fn at_once(n: usize, u: &str, creds: impl Fn(usize) -> String) -> Vec<u16> {
+    let clients: Vec<_> = (0..n)
+        .map(|i| {
+            let (u, c) = (u.to_string(), creds(i));
+            std::thread::spawn(move || status(&["-u", &c, &u]))
+        })
+        .collect();
+    clients.into_iter().map(|c| c.join().unwrap()).collect()
+}
+
+/// A burst of requests with the right password, the login cache empty
+/// (a file manager opening a folder), is one check and one attempt, not
+/// one each: none of them meets 429.
+#[test]
+fn parallel_requests_with_the_same_credentials_are_checked_once() {
+    if !require::programs(&["curl"]) {
+        return;
+    }
+    let cfg = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
+    let auth = SlowChecks::new();
+    let server = serve(cfg, vec![Share::new("s", mem_fs())], auth.clone()).unwrap();
+    let u = url(server.local_addr(), "/s/");
+    assert_eq!(at_once(12, &u, |_| A.to_string()), vec![200; 12]);
+    let calls = auth.calls.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(calls <= 2, "{calls} checks");
+    server.stop();
 }
 
 /// Password checks are slow hashes: however many requests bring new
@@ -151,23 +194,53 @@ fn password_checks_run_a_few_at_a_time() {
     }
     let mut cfg = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
     cfg.auth_max_failures = 1000;
-    let auth = Arc::new(SlowChecks::default());
+    let auth = SlowChecks::new();
     let server = serve(cfg, vec![Share::new("s", mem_fs())], auth.clone()).unwrap();
     let u = url(server.local_addr(), "/s/");
-    let clients: Vec<_> = (0..12)
-        .map(|i| {
-            let u = u.clone();
-            std::thread::spawn(move || status(&["-u", &format!("u{i}:p"), &u]))
-        })
-        .collect();
-    for c in clients {
-        assert_eq!(c.join().unwrap(), 401);
-    }
+    assert_eq!(at_once(12, &u, |i| format!("u{i}:p")), vec![401; 12]);
     let peak = auth.peak.load(std::sync::atomic::Ordering::SeqCst);
     assert!(
         (1..=tarn_conn::PASSWORD_CHECKS_AT_ONCE).contains(&peak),
         "{peak} checks at once"
     );
+    // Clients that give up while their check runs do not free its slot
+    // for another: the bound holds for the hashes, not the requests.
+    let quitters: Vec<_> = (0..12)
+        .map(|i| {
+            let u = u.clone();
+            std::thread::spawn(move || {
+                curl(&["-m", "0.05", "-u", &format!("q{i}:p"), &u]);
+            })
+        })
+        .collect();
+    for q in quitters {
+        q.join().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let peak = auth.peak.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        peak <= tarn_conn::PASSWORD_CHECKS_AT_ONCE,
+        "{peak} checks at once"
+    );
+    server.stop();
+}
+
+/// Malformed credentials carry no password: 401, and not counted (they
+/// cost no hash, so counting them would let anyone fill the table of
+/// clients for free).
+#[test]
+fn malformed_credentials_are_refused_and_not_counted() {
+    if !require::programs(&["curl"]) {
+        return;
+    }
+    let mut cfg = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.auth_max_failures = 2;
+    let server = serve(cfg, vec![Share::new("s", mem_fs())], users()).unwrap();
+    let u = url(server.local_addr(), "/s/");
+    for _ in 0..4 {
+        assert_eq!(status(&["-H", "Authorization: Basic !!!", &u]), 401);
+    }
+    assert_eq!(status(&["-u", A, &u]), 200);
     server.stop();
 }
 

@@ -93,53 +93,65 @@ async fn authenticate(
     {
         return Ok(p);
     }
-    // Anything else is an attempt, counted before the check (see
-    // `tarn_conn::LoginLimiter`): a malformed header too.
-    let attempt = st.limiter.attempt(ip).map_err(too_many)?;
-    let checked = match &parsed {
-        Some((user, pass)) => {
-            // A few slow hashes at a time, whoever asks.
-            let Ok(_permit) = st.checks.clone().acquire_owned().await else {
-                return Err(simple(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the server is stopping\n",
-                ));
-            };
-            let (auth, u, p) = (st.auth.clone(), user.clone(), pass.clone());
-            let r = realm.clone();
-            let check = move || {
-                panics::catch(
-                    "a password check",
-                    std::panic::AssertUnwindSafe(|| auth.check_in(r.as_deref(), &u, &p)),
-                )
-                .flatten()
-            };
-            let r = tokio::task::spawn_blocking(check).await.ok().flatten();
-            if let Some(p) = &r {
-                st.cache.put(realm.as_deref(), user, pass, p);
-            }
-            r
+    // Malformed credentials carry no password to guess: 401, not
+    // counted (counting them would let anyone fill the limiter's table
+    // without paying for a single hash).
+    let Some((user, pass)) = &parsed else {
+        log::warn!("tarn-webdav: malformed credentials from {ip}");
+        return Err(unauthorized());
+    };
+    // A password check. Requests that bring the same credentials from the
+    // same client at the same time share one (`InFlight`). It waits for a
+    // slot (a few slow hashes at a time, whoever asks), then counts as an
+    // attempt (`tarn_conn::LoginLimiter`), then runs to its end even if
+    // every request waiting for it goes away: the slot goes with the
+    // hash, not with the request.
+    let run = || async {
+        let Ok(permit) = st.checks.clone().acquire_owned().await else {
+            return Ok(None);
+        };
+        let attempt = st.limiter.attempt(ip)?;
+        let (auth, u, p) = (st.auth.clone(), user.clone(), pass.clone());
+        let r = realm.clone();
+        let check = move || {
+            let _slot = permit;
+            panics::catch(
+                "a password check",
+                std::panic::AssertUnwindSafe(|| auth.check_in(r.as_deref(), &u, &p)),
+            )
+            .flatten()
+        };
+        let got = tokio::task::spawn_blocking(check).await.ok().flatten();
+        if let Some(p) = &got {
+            st.cache.put(realm.as_deref(), user, pass, p);
+            st.limiter.succeeded(attempt);
         }
-        None => None,
+        Ok(got)
+    };
+    let client = tarn_conn::client_key(ip);
+    let checked = match st
+        .in_flight
+        .check(realm.as_deref(), user, pass, client, run)
+        .await
+    {
+        Ok(c) => c,
+        Err(wait) => {
+            log::warn!("tarn-webdav: too many failed logins from {ip}; refusing it for a while");
+            return Err(too_many(wait));
+        }
     };
     match checked {
-        Some(p) => {
-            st.limiter.succeeded(attempt);
-            Ok(p)
-        }
+        Some(p) => Ok(p),
         None => {
-            let who = parsed
-                .as_ref()
-                .map(|(u, _)| u.as_str())
-                .unwrap_or("<malformed>");
-            log::warn!("tarn-webdav: failed login for user {who:?} from {ip}");
-            if st.limiter.blocked(ip).is_some() {
-                log::warn!(
-                    "tarn-webdav: too many failed logins from {ip}; refusing it for a while"
-                );
-                Err(too_many(st.window))
-            } else {
-                Err(unauthorized())
+            log::warn!("tarn-webdav: failed login for user {user:?} from {ip}");
+            match st.limiter.blocked(ip) {
+                Some(wait) => {
+                    log::warn!(
+                        "tarn-webdav: too many failed logins from {ip}; refusing it for a while"
+                    );
+                    Err(too_many(wait))
+                }
+                None => Err(unauthorized()),
             }
         }
     }
