@@ -189,18 +189,44 @@ impl InFlight {
             let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
             map.entry(key).or_default().clone()
         };
-        let out = cell.get_or_init(run).await.clone();
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        if map.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
-            map.remove(&key);
-        }
-        out
+        let waiting = Waiting {
+            map: &self.map,
+            key,
+            cell,
+        };
+        waiting.cell.get_or_init(run).await.clone()
     }
 
     /// Checks in flight now.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// A request's share of a check in flight. Dropped (the check done, or
+/// the request gone), it removes the entry once the check is over, or
+/// when nobody else waits for it: a request that goes away before its
+/// check started must not leave an entry behind for ever.
+struct Waiting<'a> {
+    map: &'a Mutex<HashMap<[u8; 32], Arc<tokio::sync::OnceCell<Checked>>>>,
+    key: [u8; 32],
+    cell: Arc<tokio::sync::OnceCell<Checked>>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        // Others clone the cell under this lock: the count is stable here
+        // (the map's reference and this one are two).
+        let last = Arc::strong_count(&self.cell) <= 2;
+        if map
+            .get(&self.key)
+            .is_some_and(|c| Arc::ptr_eq(c, &self.cell))
+            && (self.cell.initialized() || last)
+        {
+            map.remove(&self.key);
+        }
     }
 }
 
@@ -332,6 +358,18 @@ mod tests {
         // Once it is over, the same credentials are checked again.
         rt.block_on(check("u", "p", client)).unwrap().unwrap();
         assert_eq!(runs.load(SeqCst), 4);
+        // A request that goes away before its check ends (the client
+        // hung up) leaves nothing behind.
+        rt.block_on(async {
+            let slow = flight.check(None, "u", "r", client, || async {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                Ok(None)
+            });
+            assert!(tokio::time::timeout(Duration::from_millis(20), slow)
+                .await
+                .is_err());
+        });
+        assert_eq!(flight.len(), 0, "an abandoned check left behind");
     }
 
     #[test]
