@@ -82,6 +82,7 @@ use std::sync::{
 };
 
 use tarn_vol::Device;
+use tokio::sync::watch;
 
 use crate::pr::{Nexus, Reservations};
 use crate::scsi::Sense;
@@ -135,14 +136,15 @@ impl Default for LuState {
 /// The attached nexuses and their waiting attentions.
 #[derive(Default)]
 struct Attentions {
-    /// Nexus → (sessions attached with it, attentions waiting).
-    nexuses: HashMap<Nexus, (usize, VecDeque<Sense>)>,
+    /// Nexus → (sessions attached with it, attentions waiting, moved on
+    /// by each login that reinstates it).
+    nexuses: HashMap<Nexus, (usize, VecDeque<Sense>, watch::Sender<u64>)>,
 }
 
 impl Attentions {
     /// Queues `s` for every attached nexus but `except`.
     fn post(&mut self, s: Sense, except: Option<&Nexus>) {
-        for (n, (_, q)) in self.nexuses.iter_mut() {
+        for (n, (_, q, _)) in self.nexuses.iter_mut() {
             if Some(n) != except {
                 queue(q, s);
             }
@@ -150,7 +152,7 @@ impl Attentions {
     }
 
     fn any(&self) -> bool {
-        self.nexuses.values().any(|(_, q)| !q.is_empty())
+        self.nexuses.values().any(|(_, q, _)| !q.is_empty())
     }
 }
 
@@ -197,12 +199,33 @@ impl LuState {
 
     /// Counts `nexus` among the unit's nexuses (a session with it
     /// starts): attentions are kept for it from now on.
-    pub fn attach(&self, nexus: &Nexus) {
-        self.attentions()
+    ///
+    /// A nexus that already has a session is being reinstated: RFC 7143
+    /// makes a login with the initiator name and ISID of a session still
+    /// logged in (and TSIH 0, the only kind the server takes: one
+    /// connection per session) a reinstatement, where the old session
+    /// ends and SCSI sees an I_T nexus loss. An initiator that reboots and
+    /// logs in again with its fixed ISID (Windows uses one) before TCP
+    /// keepalive has dropped its dead connection is such a login. So the
+    /// nexus's SPC-2 reservation ends here (the new session keeps the
+    /// count above zero, so `detach` would never end it), and the
+    /// sessions already in are told to close through the receiver each
+    /// got. This session's receiver, and whether it reinstated.
+    pub fn attach(&self, nexus: &Nexus) -> (watch::Receiver<u64>, bool) {
+        // Both locks, in the one order (see `detach`).
+        let mut r = self.reservations();
+        let mut a = self.attentions();
+        let e = a
             .nexuses
             .entry(nexus.clone())
-            .or_default()
-            .0 += 1;
+            .or_insert_with(|| (0, VecDeque::new(), watch::Sender::new(0)));
+        let reinstates = e.0 > 0;
+        if reinstates {
+            e.2.send_modify(|g| *g += 1);
+            r.nexus_lost(nexus);
+        }
+        e.0 += 1;
+        (e.2.subscribe(), reinstates)
     }
 
     /// The end of a session [`LuState::attach`] counted: with its last
@@ -251,7 +274,7 @@ impl LuState {
         }
         let mut a = self.attentions();
         let epoch = self.epoch.load(Ordering::SeqCst);
-        let popped = a.nexuses.get_mut(nexus).and_then(|(_, q)| q.pop_front());
+        let popped = a.nexuses.get_mut(nexus).and_then(|(_, q, _)| q.pop_front());
         self.ua_waiting.store(a.any(), Ordering::SeqCst);
         match popped {
             Some(s) => Admission::Attention(s),
@@ -288,7 +311,7 @@ impl LuState {
         }
         let mut a = self.attentions();
         for (n, s) in told {
-            if let Some((_, q)) = a.nexuses.get_mut(&n) {
+            if let Some((_, q, _)) = a.nexuses.get_mut(&n) {
                 queue(q, s);
             }
         }
@@ -513,6 +536,26 @@ mod tests {
         );
         lu.detach(&a);
         assert_eq!(lu.reservations().unit_holder(), None, "the nexus is lost");
+    }
+
+    #[test]
+    fn a_second_login_of_a_nexus_reinstates_it() {
+        let lu = LuState::default();
+        let (a, b) = (nexus(1), nexus(2));
+        let (old, first) = lu.attach(&a);
+        let (other, _) = lu.attach(&b);
+        assert!(!first);
+        lu.reservations().reserve_unit(&a, 0).unwrap();
+        let (new, again) = lu.attach(&a);
+        assert!(again, "the same initiator port logged in again");
+        assert!(old.has_changed().unwrap(), "the old session is told to go");
+        assert!(!new.has_changed().unwrap() && !other.has_changed().unwrap());
+        assert_eq!(lu.reservations().unit_holder(), None, "the nexus was lost");
+        // The old session goes; the new one keeps the nexus.
+        lu.detach(&a);
+        lu.reservations().reserve_unit(&a, 0).unwrap();
+        lu.detach(&b);
+        assert_eq!(lu.reservations().unit_holder(), Some(&a));
     }
 
     #[test]

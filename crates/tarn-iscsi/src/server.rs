@@ -258,17 +258,6 @@ struct Shared {
     changed: watch::Sender<u64>,
     log: RateLog,
     tsih: AtomicU16,
-    /// The normal sessions logged in, by I_T nexus, for session
-    /// reinstatement ([`Live`]).
-    live: std::sync::Mutex<HashMap<Nexus, LiveNexus>>,
-}
-
-/// The sessions of one I_T nexus.
-struct LiveNexus {
-    sessions: usize,
-    /// Moved on by each login that reinstates the nexus: the sessions
-    /// already in close.
-    reinstated: watch::Sender<u64>,
 }
 
 impl Shared {
@@ -314,7 +303,6 @@ impl IscsiServer {
             changed: watch::channel(0).0,
             log: RateLog::new("tarn-iscsi", Duration::from_secs(10)),
             tsih: AtomicU16::new(1),
-            live: std::sync::Mutex::default(),
         });
         let serving = shared.clone();
         let host = Host::start(host_cfg, move |stream, peer, conn, stop| {
@@ -436,16 +424,24 @@ async fn connection(
         )),
         SessionKind::Discovery => None,
     };
-    // A login with the ISID of a session still in is session
-    // reinstatement (RFC 7143): the old session is closed, and the
-    // nexus is lost on the way (see `Live`).
-    let live = lu
-        .as_ref()
-        .map(|(lu, nexus)| Live::join(&shared, lu, nexus));
     // Detached however the session ends (a panic in its task included).
-    let _attached = lu.as_ref().map(|(lu, nexus)| Attached::new(lu, nexus));
+    // A login with the ISID of a session still in reinstates it (RFC
+    // 7143): the old session is told to close (see `LuState::attach`).
+    let attached = lu.as_ref().map(|(lu, nexus)| {
+        let (a, reinstates) = Attached::new(lu, nexus);
+        if reinstates {
+            shared.log.log(
+                "session",
+                &format!(
+                    "{} reinstated its session with ISID {:02x?}: the old one is closed",
+                    nexus.initiator, nexus.isid
+                ),
+            );
+        }
+        a
+    });
     let resets = lu.as_ref().map(|(lu, _)| lu.resets());
-    let reinstated = live.as_ref().map(|l| l.reinstated.clone());
+    let reinstated = attached.as_ref().map(|a| a.reinstated.clone());
     let mut ffp = Ffp {
         resets,
         reinstated,
@@ -476,86 +472,27 @@ async fn connection(
 struct Attached {
     lu: Arc<LuState>,
     nexus: Arc<Nexus>,
+    /// Moves when a later login reinstates the nexus.
+    reinstated: watch::Receiver<u64>,
 }
 
 impl Attached {
-    fn new(lu: &Arc<LuState>, nexus: &Arc<Nexus>) -> Attached {
-        lu.attach(nexus);
-        Attached {
+    /// The session's attachment, and whether its login reinstated the
+    /// nexus.
+    fn new(lu: &Arc<LuState>, nexus: &Arc<Nexus>) -> (Attached, bool) {
+        let (reinstated, reinstates) = lu.attach(nexus);
+        let a = Attached {
             lu: lu.clone(),
             nexus: nexus.clone(),
-        }
+            reinstated,
+        };
+        (a, reinstates)
     }
 }
 
 impl Drop for Attached {
     fn drop(&mut self) {
         self.lu.detach(&self.nexus);
-    }
-}
-
-/// A normal session counted among its nexus's ([`Shared::live`]) until
-/// this is dropped.
-///
-/// RFC 7143 makes a login with the initiator name and ISID of a session
-/// that is still logged in (and TSIH 0, the only kind this server
-/// takes: one connection per session) a reinstatement of that session:
-/// the old one must end, and the SCSI layer sees an I_T nexus loss. An
-/// initiator that reboots and logs in again with its fixed ISID
-/// (Windows uses one) before TCP keepalive has dropped its dead
-/// connection is such a login. So the old sessions are told to close,
-/// and the nexus's SPC-2 reservation ends here rather than when the
-/// last old session is gone (the new session keeps the nexus attached
-/// throughout, so its count never reaches zero).
-struct Live {
-    shared: Arc<Shared>,
-    nexus: Arc<Nexus>,
-    /// Moves when a later login reinstates the nexus.
-    reinstated: watch::Receiver<u64>,
-}
-
-impl Live {
-    fn join(shared: &Arc<Shared>, lu: &LuState, nexus: &Arc<Nexus>) -> Live {
-        let mut live = match shared.live.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        let e = live.entry((**nexus).clone()).or_insert_with(|| LiveNexus {
-            sessions: 0,
-            reinstated: watch::Sender::new(0),
-        });
-        if e.sessions > 0 {
-            e.reinstated.send_modify(|g| *g += 1);
-            lu.reservations().nexus_lost(nexus);
-            shared.log.log(
-                "session",
-                &format!(
-                    "{} reinstated its session with ISID {:02x?}: the old one is closed",
-                    nexus.initiator, nexus.isid
-                ),
-            );
-        }
-        e.sessions += 1;
-        Live {
-            shared: shared.clone(),
-            nexus: nexus.clone(),
-            reinstated: e.reinstated.subscribe(),
-        }
-    }
-}
-
-impl Drop for Live {
-    fn drop(&mut self) {
-        let mut live = match self.shared.live.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        if let Some(e) = live.get_mut(&*self.nexus) {
-            e.sessions = e.sessions.saturating_sub(1);
-            if e.sessions == 0 {
-                live.remove(&*self.nexus);
-            }
-        }
     }
 }
 
@@ -779,7 +716,7 @@ struct Ffp {
     /// The logical unit's resets (normal sessions).
     resets: Option<watch::Receiver<u64>>,
     /// Moves when a later login reinstates this session's nexus (normal
-    /// sessions; see [`Live`]).
+    /// sessions; see [`LuState::attach`]).
     reinstated: Option<watch::Receiver<u64>>,
 }
 

@@ -677,19 +677,6 @@ impl State {
         }
     }
 
-    /// Counts a login attempt from `ip` before its password is checked
-    /// (so parallel attempts cannot all pass the count), or says how long
-    /// the address must wait (see [`tarn_conn::LoginLimiter`]).
-    fn attempt(&self, ip: IpAddr) -> Result<tarn_conn::Attempt, Duration> {
-        self.failures.attempt(ip)
-    }
-
-    /// A counted attempt that succeeded does not count; the client's
-    /// other attempts still do.
-    fn succeeded(&self, a: tarn_conn::Attempt) {
-        self.failures.succeeded(a);
-    }
-
     /// Cookies are `Secure` when the browser reaches us over TLS
     /// (directly, or through an https proxy origin).
     fn secure(&self) -> bool {
@@ -959,7 +946,7 @@ async fn login(st: &Arc<State>, ip: IpAddr, body: Value) -> Resp {
             "the server is stopping",
         );
     };
-    let attempt = match st.attempt(ip) {
+    let attempt = match st.failures.attempt(ip) {
         Ok(at) => at,
         Err(wait) => return too_many(wait),
     };
@@ -980,7 +967,7 @@ async fn login(st: &Arc<State>, ip: IpAddr, body: Value) -> Resp {
             "wrong user or password",
         );
     };
-    st.succeeded(attempt);
+    st.failures.succeeded(attempt);
     let (Some(id), Some(csrf)) = (random_hex(32), random_hex(32)) else {
         return error(
             st,

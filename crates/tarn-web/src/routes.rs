@@ -389,7 +389,7 @@ async fn unlock(
             "the server is stopping",
         ));
     };
-    let attempt = st.attempt(ip).map_err(|_| too_many())?;
+    let attempt = st.failures.attempt(ip).map_err(|_| too_many())?;
     let good = files::blocking(move || {
         let _slot = permit;
         Ok(f.link_password(&t, &password))
@@ -402,7 +402,7 @@ async fn unlock(
             "wrong password",
         ));
     }
-    st.succeeded(attempt);
+    st.failures.succeeded(attempt);
     let id = random_hex(32).ok_or_else(|| {
         FErr::new(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -87,16 +87,30 @@ fn wrong_password_401_then_rate_limited() {
     server.stop();
 }
 
+/// A server of one share `s` with `auth`, refusing a client after
+/// `max_failures` failed logins within `window`; with the share's URL.
+fn limited(
+    max_failures: u32,
+    window: Duration,
+    auth: Arc<dyn Authenticator>,
+) -> (tarn_webdav::Running, String) {
+    let mut cfg = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.auth_max_failures = max_failures;
+    cfg.auth_failure_window = window;
+    let server = serve(cfg, vec![Share::new("s", mem_fs())], auth).unwrap();
+    let u = url(server.local_addr(), "/s/");
+    (server, u)
+}
+
+/// The default failed-login window.
+const WINDOW: Duration = Duration::from_secs(60);
+
 #[test]
 fn rate_limit_window_expires() {
     if !require::programs(&["curl"]) {
         return;
     }
-    let mut cfg = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
-    cfg.auth_max_failures = 2;
-    cfg.auth_failure_window = Duration::from_millis(1500);
-    let server = serve(cfg, vec![Share::new("s", mem_fs())], users()).unwrap();
-    let u = url(server.local_addr(), "/s/");
+    let (server, u) = limited(2, Duration::from_millis(1500), users());
     assert_eq!(status(&["-u", "x:y", &u]), 401);
     assert_eq!(status(&["-u", "x:y", &u]), 429);
     assert_eq!(status(&["-u", A, &u]), 429);
@@ -113,10 +127,7 @@ fn a_good_login_does_not_wipe_the_failed_ones() {
     if !require::programs(&["curl"]) {
         return;
     }
-    let mut cfg = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
-    cfg.auth_max_failures = 3;
-    let server = serve(cfg, vec![Share::new("s", mem_fs())], users()).unwrap();
-    let u = url(server.local_addr(), "/s/");
+    let (server, u) = limited(3, WINDOW, users());
     assert_eq!(status(&["-u", "alice:guess1", &u]), 401);
     assert_eq!(status(&["-u", "alice:guess2", &u]), 401);
     assert_eq!(status(&["-u", A, &u]), 200);
@@ -175,10 +186,8 @@ fn parallel_requests_with_the_same_credentials_are_checked_once() {
     if !require::programs(&["curl"]) {
         return;
     }
-    let cfg = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
     let auth = SlowChecks::new();
-    let server = serve(cfg, vec![Share::new("s", mem_fs())], auth.clone()).unwrap();
-    let u = url(server.local_addr(), "/s/");
+    let (server, u) = limited(5, WINDOW, auth.clone());
     assert_eq!(at_once(12, &u, |_| A.to_string()), vec![200; 12]);
     let calls = auth.calls.load(std::sync::atomic::Ordering::SeqCst);
     assert!(calls <= 2, "{calls} checks");
@@ -192,11 +201,8 @@ fn password_checks_run_a_few_at_a_time() {
     if !require::programs(&["curl"]) {
         return;
     }
-    let mut cfg = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
-    cfg.auth_max_failures = 1000;
     let auth = SlowChecks::new();
-    let server = serve(cfg, vec![Share::new("s", mem_fs())], auth.clone()).unwrap();
-    let u = url(server.local_addr(), "/s/");
+    let (server, u) = limited(1000, WINDOW, auth.clone());
     assert_eq!(at_once(12, &u, |i| format!("u{i}:p")), vec![401; 12]);
     let peak = auth.peak.load(std::sync::atomic::Ordering::SeqCst);
     assert!(
@@ -233,10 +239,7 @@ fn malformed_credentials_are_refused_and_not_counted() {
     if !require::programs(&["curl"]) {
         return;
     }
-    let mut cfg = WebdavConfig::new("127.0.0.1:0".parse().unwrap());
-    cfg.auth_max_failures = 2;
-    let server = serve(cfg, vec![Share::new("s", mem_fs())], users()).unwrap();
-    let u = url(server.local_addr(), "/s/");
+    let (server, u) = limited(2, WINDOW, users());
     for _ in 0..4 {
         assert_eq!(status(&["-H", "Authorization: Basic !!!", &u]), 401);
     }
