@@ -43,6 +43,19 @@
 //! and clear page by page, a tenth of a cold streaming read's CPU. A kept
 //! buffer's old bytes never reach a caller: a read that succeeds
 //! overwrites all of them, and one that fails drops the run.
+//!
+//! The runs of children that hand out a descriptor for direct reads (file
+//! leaves, while no fault is set on them) are submitted together from the
+//! calling thread (`uring.rs`): every run of every child in flight at
+//! once, one sleep for the caller. A run taken from there must have come
+//! back whole; one that failed or came back short is read again the usual
+//! way (a blocking read, the children on device-layer workers when the
+//! batch is large), which decides what its failure means. That second
+//! read may succeed where the first failed (a write-back error is reported
+//! by the first read that meets it): its bytes are then the disk's, which
+//! the block's checksum judges as always, and the error stays recorded
+//! for the next flush. Where the kernel has no ring, every run is read the
+//! usual way.
 
 use std::collections::BTreeMap;
 
@@ -412,18 +425,37 @@ static SPARE_RUNS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::n
 /// The buffer of one merged read: `len` bytes from `start` of `bytes`,
 /// where `start` puts them on a [`DIRECT_ALIGN`] boundary, so the leaf
 /// can read them past the page cache ([`crate::Leaf::read_direct_at`]).
-struct RunBuf {
+pub(crate) struct RunBuf {
     bytes: Vec<u8>,
     start: usize,
     len: usize,
 }
 
 impl RunBuf {
-    fn get(&self) -> &[u8] {
+    /// A new buffer of `len` bytes on a [`DIRECT_ALIGN`] boundary (or at
+    /// the start of its allocation, were that ever not computable: the
+    /// run is then read through the page cache).
+    pub(crate) fn aligned(len: usize) -> RunBuf {
+        Self::place(Vec::with_capacity(len + DIRECT_ALIGN), len)
+    }
+
+    /// `len` bytes of `bytes` from its first aligned offset. The capacity
+    /// is allocated and never moves while it suffices, so an offset into
+    /// it is aligned for good.
+    fn place(mut bytes: Vec<u8>, len: usize) -> RunBuf {
+        let start = match bytes.as_ptr().align_offset(DIRECT_ALIGN) {
+            s if s < DIRECT_ALIGN => s,
+            _ => 0,
+        };
+        bytes.resize(start + len, 0);
+        RunBuf { bytes, start, len }
+    }
+
+    pub(crate) fn get(&self) -> &[u8] {
         &self.bytes[self.start..self.start + self.len]
     }
 
-    fn get_mut(&mut self) -> &mut [u8] {
+    pub(crate) fn get_mut(&mut self) -> &mut [u8] {
         &mut self.bytes[self.start..self.start + self.len]
     }
 }
@@ -431,24 +463,17 @@ impl RunBuf {
 /// A buffer of `len` bytes for one merged read: a spare one if there is
 /// one (its old bytes are all overwritten by the read, or the read failed
 /// and they are dropped unread), else a new one with room for any run.
-fn run_buffer(len: usize) -> RunBuf {
-    let mut bytes = if len > MERGE_MAX {
+pub(crate) fn run_buffer(len: usize) -> RunBuf {
+    if len > MERGE_MAX {
         // One large block's run: it would not be kept afterwards, so it
         // does not take a spare one either.
-        Vec::with_capacity(len + DIRECT_ALIGN)
-    } else {
-        let spare = SPARE_RUNS.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        spare.unwrap_or_else(|| Vec::with_capacity(RUN_CAPACITY))
-    };
-    // The capacity is allocated and never moves while it suffices, so an
-    // offset into it is aligned for good. (Were it ever not computable, the
-    // run starts unaligned and is read through the page cache.)
-    let start = match bytes.as_ptr().align_offset(DIRECT_ALIGN) {
-        s if s < DIRECT_ALIGN => s,
-        _ => 0,
-    };
-    bytes.resize(start + len, 0);
-    RunBuf { bytes, start, len }
+        return RunBuf::aligned(len);
+    }
+    let spare = SPARE_RUNS.lock().unwrap_or_else(|e| e.into_inner()).pop();
+    RunBuf::place(
+        spare.unwrap_or_else(|| Vec::with_capacity(RUN_CAPACITY)),
+        len,
+    )
 }
 
 /// Keeps `b` for [`run_buffer`], up to [`SPARE_RUNS_MAX`] of them: only
@@ -461,6 +486,83 @@ fn spare_run_buffer(b: RunBuf) {
     let mut spare = SPARE_RUNS.lock().unwrap_or_else(|e| e.into_inner());
     if spare.len() < SPARE_RUNS_MAX {
         spare.push(b.bytes);
+    }
+}
+
+impl TopVdev {
+    /// Reads every run whose child hands out a descriptor for direct reads
+    /// ([`crate::Leaf::direct_fd`]) at once, submitted together from this
+    /// thread ([`crate::uring`]); the bytes of each run read whole, `None`
+    /// for the others (not submitted, failed or short), which the caller
+    /// reads the usual way: that read decides what a failure means (a file
+    /// system refusing the alignment, a bad sector) exactly as when no run
+    /// was submitted. A run read here counts as one read of its child.
+    fn read_runs_submitted(
+        &self,
+        runs: &[Run],
+        handles: &BTreeMap<usize, Handle>,
+    ) -> Vec<Option<RunBuf>> {
+        let mut out: Vec<Option<RunBuf>> = (0..runs.len()).map(|_| None).collect();
+        if runs.len() < 2 || !crate::uring::available() {
+            // One read gains nothing from a submission.
+            return out;
+        }
+        // (run, descriptor, buffer) of each run submitted.
+        let mut picked: Vec<(usize, std::os::fd::RawFd, RunBuf)> = Vec::new();
+        for (k, r) in runs.iter().enumerate() {
+            let Some(h) = handles.get(&r.child) else {
+                continue;
+            };
+            let Some(fd) = h.leaf.direct_fd() else {
+                continue;
+            };
+            let aligned =
+                r.at.is_multiple_of(DIRECT_ALIGN as u64) && r.len.is_multiple_of(DIRECT_ALIGN);
+            if !aligned || !self.in_data_region(&*h.leaf, r.at, r.len) {
+                continue;
+            }
+            let buf = run_buffer(r.len);
+            if (buf.get().as_ptr() as usize).is_multiple_of(DIRECT_ALIGN) {
+                picked.push((k, fd, buf));
+            } else {
+                spare_run_buffer(buf);
+            }
+        }
+        if picked.len() < 2 {
+            picked.into_iter().for_each(|(.., b)| spare_run_buffer(b));
+            return out;
+        }
+        let mut reads: Vec<crate::uring::Read<'_>> = picked
+            .iter_mut()
+            .map(|(k, fd, buf)| crate::uring::Read {
+                fd: *fd,
+                off: runs[*k].at,
+                buf,
+                done: None,
+            })
+            .collect();
+        let start = std::time::Instant::now();
+        let ran = crate::uring::read_all(&mut reads);
+        // When each run that came back whole was seen done.
+        let whole: Vec<Option<std::time::Instant>> = reads
+            .iter()
+            .map(|r| match r.done {
+                Some((Ok(n), at)) if ran && n == r.buf.get().len() => Some(at),
+                _ => None,
+            })
+            .collect();
+        drop(reads);
+        for ((k, _, buf), whole) in picked.into_iter().zip(whole) {
+            match whole.and_then(|at| Some((handles.get(&runs[k].child)?, at))) {
+                Some((h, at)) => {
+                    self.count_merged_read(h, runs[k].len, at - start);
+                    h.leaf.note_direct_reads(1);
+                    out[k] = Some(buf);
+                }
+                None => spare_run_buffer(buf),
+            }
+        }
+        out
     }
 }
 
@@ -605,16 +707,24 @@ impl TopVdev {
                 None
             }
         };
-        let total: usize = runs.iter().map(|r| r.len).sum();
-        let children: std::collections::BTreeSet<usize> = runs.iter().map(|r| r.child).collect();
-        let data: Vec<Option<RunBuf>> = if children.len() > 1 && total >= PARALLEL_READ_FROM {
+        // Every run at once from this thread where the children allow it;
+        // what that did not read is read below, a blocking read per run.
+        let mut data: Vec<Option<RunBuf>> = self.read_runs_submitted(&runs, &handles);
+        let todo: Vec<usize> = (0..runs.len()).filter(|&k| data[k].is_none()).collect();
+        let total: usize = todo.iter().map(|&k| runs[k].len).sum();
+        let children: std::collections::BTreeSet<usize> =
+            todo.iter().map(|&k| runs[k].child).collect();
+        if children.len() > 1 && total >= PARALLEL_READ_FROM {
             // The children at once, each reading its runs in order.
             let (runs_ref, read_run) = (&runs, &read_run);
             let jobs: Vec<ChildJob<'_, ChildRuns>> = children
                 .iter()
                 .map(|&c| {
-                    let mine: Vec<usize> =
-                        (0..runs.len()).filter(|&k| runs[k].child == c).collect();
+                    let mine: Vec<usize> = todo
+                        .iter()
+                        .copied()
+                        .filter(|&k| runs[k].child == c)
+                        .collect();
                     Box::new(move || {
                         let got: Vec<Option<RunBuf>> =
                             mine.iter().map(|&k| read_run(&runs_ref[k])).collect();
@@ -622,7 +732,6 @@ impl TopVdev {
                     }) as ChildJob<'_, _>
                 })
                 .collect();
-            let mut data: Vec<Option<RunBuf>> = (0..runs.len()).map(|_| None).collect();
             // A reader that panicked read nothing: its blocks are read
             // again alone.
             for (mine, got) in crate::workers::run_all(jobs).into_iter().flatten() {
@@ -630,10 +739,11 @@ impl TopVdev {
                     data[k] = d;
                 }
             }
-            data
         } else {
-            runs.iter().map(read_run).collect()
-        };
+            for &k in &todo {
+                data[k] = read_run(&runs[k]);
+            }
+        }
         for (r, d) in runs.iter().zip(data) {
             match d {
                 Some(run) => {

@@ -574,6 +574,16 @@ impl Leaf for FaultLeaf {
         self.inner.direct_reads()
     }
 
+    fn direct_fd(&self) -> Option<std::os::fd::RawFd> {
+        // Only while idle: a fault set later applies from the next batch,
+        // as it applies from the next read to reads already running.
+        self.inner.direct_fd().filter(|_| self.idle())
+    }
+
+    fn note_direct_reads(&self, n: u64) {
+        self.inner.note_direct_reads(n);
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         if self.idle() {
             return self.inner.read_at(buf, offset);

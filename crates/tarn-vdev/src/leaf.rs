@@ -32,6 +32,20 @@ pub trait Leaf: Send + Sync + std::fmt::Debug {
     fn direct_reads(&self) -> u64 {
         0
     }
+    /// The descriptor that reads past the page cache may be submitted on
+    /// by the caller itself, many at once (`io_uring`), with the same
+    /// alignment as [`Leaf::read_direct_at`] wants; `None` (the default)
+    /// where every read must go through the leaf's own code. A caller whose
+    /// read on it fails or comes back short reads again with
+    /// [`Leaf::read_direct_at`], which decides what the failure means.
+    fn direct_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+    /// Counts `n` reads a caller made on [`Leaf::direct_fd`] (the count
+    /// [`Leaf::direct_reads`] reports).
+    fn note_direct_reads(&self, n: u64) {
+        let _ = n;
+    }
     /// Writes `bufs` one after the other from `offset`, as one write of
     /// their concatenation (what merged writes use). The default copies
     /// them into one buffer for [`Leaf::write_at`]; a file leaf hands the
@@ -416,6 +430,18 @@ impl Leaf for FileLeaf {
 
     fn direct_reads(&self) -> u64 {
         self.direct_reads.load(Ordering::Relaxed)
+    }
+
+    fn direct_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.direct
+            .as_ref()
+            .filter(|_| self.reads_direct())
+            .map(|f| f.as_raw_fd())
+    }
+
+    fn note_direct_reads(&self, n: u64) {
+        self.direct_reads.fetch_add(n, Ordering::Relaxed);
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {

@@ -20,6 +20,7 @@ mod raidz;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod top;
+mod uring;
 pub mod workers;
 
 use std::path::PathBuf;

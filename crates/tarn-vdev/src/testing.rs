@@ -172,6 +172,18 @@ impl Leaf for MemLeaf {
     }
 }
 
+/// Reads run through a ring (the merged reads' batched path) so far in
+/// this process: a test that wants that path checks it was taken.
+pub fn ring_reads() -> u64 {
+    crate::uring::completed()
+}
+
+/// Whether rings work in this process (false once setting one up failed):
+/// where they do not, merged reads take one blocking read per run.
+pub fn rings_available() -> bool {
+    crate::uring::available()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

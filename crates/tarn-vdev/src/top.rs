@@ -238,7 +238,7 @@ impl Child {
 #[derive(Clone)]
 pub(crate) struct Handle {
     pub(crate) idx: usize,
-    leaf: Arc<dyn Leaf>,
+    pub(crate) leaf: Arc<dyn Leaf>,
     pub(crate) resilvering: bool,
 }
 
@@ -890,7 +890,7 @@ impl TopVdev {
     }
 
     /// Whether `[off, off + len)` lies in the data region of a leaf.
-    fn in_data_region(&self, leaf: &dyn Leaf, off: u64, len: usize) -> bool {
+    pub(crate) fn in_data_region(&self, leaf: &dyn Leaf, off: u64, len: usize) -> bool {
         let end = data_end(leaf.size(), self.ashift);
         off >= DATA_START && off.checked_add(len as u64).is_some_and(|e| e <= end)
     }
@@ -922,13 +922,19 @@ impl TopVdev {
         let ok = self.in_data_region(&*h.leaf, off, buf.len())
             && h.leaf.read_direct_at(buf, off).is_ok();
         if ok {
-            let c = &self.children[h.idx].counters;
-            c.read_latency.since(start);
-            bump(&c.read_ops, 1);
-            bump(&c.read_bytes, buf.len() as u64);
-            self.note_ok(h.idx, READ);
+            self.count_merged_read(h, buf.len(), start.elapsed());
         }
         ok
+    }
+
+    /// Counts a merged read of `len` bytes that took `took` and succeeded
+    /// (one that fails counts nothing: see [`TopVdev::child_read_merged`]).
+    pub(crate) fn count_merged_read(&self, h: &Handle, len: usize, took: std::time::Duration) {
+        let c = &self.children[h.idx].counters;
+        c.read_latency.observe(took);
+        bump(&c.read_ops, 1);
+        bump(&c.read_bytes, len as u64);
+        self.note_ok(h.idx, READ);
     }
 
     /// Writes to a pinned child, counting the outcome; false on any error.
