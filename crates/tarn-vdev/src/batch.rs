@@ -409,18 +409,42 @@ const GAP_FLOOR: u64 = 16 << 10;
 /// child; smaller batches are not worth the threads.
 const PARALLEL_READ_FROM: usize = 256 << 10;
 
-/// Most run buffers kept for the next merged read (see [`run_buffer`]).
+/// Most run buffers of each size kept for the next merged reads (see
+/// [`run_buffer`]): a few large ones, which a streaming read's long runs
+/// take, and many small ones, which the short runs of a fragmented volume
+/// take (about forty per 1 MiB request, several requests at once). At
+/// most 8 MiB and 17 MiB of memory.
 const SPARE_RUNS_MAX: usize = 8;
+const SPARE_SMALL_MAX: usize = 256;
 
-/// Capacity of a kept run buffer: any run, wherever its aligned start
-/// falls.
+/// Capacity of a kept large run buffer: any run, wherever its aligned
+/// start falls.
 const RUN_CAPACITY: usize = MERGE_MAX + DIRECT_ALIGN;
 
-/// Run buffers a merged read is done with, kept for the next one: a
-/// fresh buffer of up to [`MERGE_MAX`] is fresh memory whose every page
-/// faults in (and is cleared) on first touch, which a streaming reader
-/// would pay on every read for bytes it copies out and drops at once.
+/// Runs up to this long take a small buffer.
+const SMALL_RUN: usize = 64 << 10;
+
+/// Capacity of a kept small run buffer: any run up to [`SMALL_RUN`].
+const SMALL_CAPACITY: usize = SMALL_RUN + DIRECT_ALIGN;
+
+/// Run buffers merged reads are done with, kept for the next ones, by
+/// size: a fresh buffer is memory the kernel must fault in and clear
+/// page by page, which a streaming reader would pay on every read for
+/// bytes it copies out and drops at once; and a fresh one for each short
+/// run of a fragmented volume made the allocator (one lock for the
+/// process, `tarn-daemon/src/heap.rs`) a quarter of such a read's CPU.
 static SPARE_RUNS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+static SPARE_SMALL: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+
+/// The kept buffers of `capacity` and how many of them may be kept, if
+/// buffers of that capacity are kept at all.
+fn spares_of(capacity: usize) -> Option<(&'static std::sync::Mutex<Vec<Vec<u8>>>, usize)> {
+    match capacity {
+        RUN_CAPACITY => Some((&SPARE_RUNS, SPARE_RUNS_MAX)),
+        SMALL_CAPACITY => Some((&SPARE_SMALL, SPARE_SMALL_MAX)),
+        _ => None,
+    }
+}
 
 /// The buffer of one merged read: `len` bytes from `start` of `bytes`,
 /// where `start` puts them on a [`DIRECT_ALIGN`] boundary, so the leaf
@@ -460,31 +484,33 @@ impl RunBuf {
     }
 }
 
-/// A buffer of `len` bytes for one merged read: a spare one if there is
-/// one (its old bytes are all overwritten by the read, or the read failed
-/// and they are dropped unread), else a new one with room for any run.
+/// A buffer of `len` bytes for one merged read: a spare one of its size
+/// if there is one (its old bytes are all overwritten by the read, or the
+/// read failed and they are dropped unread), else a new one with room for
+/// any run of its size.
 pub(crate) fn run_buffer(len: usize) -> RunBuf {
-    if len > MERGE_MAX {
+    let capacity = match len {
         // One large block's run: it would not be kept afterwards, so it
         // does not take a spare one either.
-        return RunBuf::aligned(len);
-    }
-    let spare = SPARE_RUNS.lock().unwrap_or_else(|e| e.into_inner()).pop();
-    RunBuf::place(
-        spare.unwrap_or_else(|| Vec::with_capacity(RUN_CAPACITY)),
-        len,
-    )
+        _ if len > MERGE_MAX => return RunBuf::aligned(len),
+        _ if len <= SMALL_RUN => SMALL_CAPACITY,
+        _ => RUN_CAPACITY,
+    };
+    let spare = spares_of(capacity)
+        .and_then(|(kept, _)| kept.lock().unwrap_or_else(|e| e.into_inner()).pop());
+    RunBuf::place(spare.unwrap_or_else(|| Vec::with_capacity(capacity)), len)
 }
 
-/// Keeps `b` for [`run_buffer`], up to [`SPARE_RUNS_MAX`] of them: only
-/// buffers of [`RUN_CAPACITY`], which hold any run at its aligned start
-/// without growing (growing would move them).
+/// Keeps `b` for [`run_buffer`], up to the bound of its size: only
+/// buffers of [`RUN_CAPACITY`] or [`SMALL_CAPACITY`], which hold any run
+/// of their size at its aligned start without growing (growing would
+/// move them).
 fn spare_run_buffer(b: RunBuf) {
-    if b.bytes.capacity() != RUN_CAPACITY {
+    let Some((kept, max)) = spares_of(b.bytes.capacity()) else {
         return;
-    }
-    let mut spare = SPARE_RUNS.lock().unwrap_or_else(|e| e.into_inner());
-    if spare.len() < SPARE_RUNS_MAX {
+    };
+    let mut spare = kept.lock().unwrap_or_else(|e| e.into_inner());
+    if spare.len() < max {
         spare.push(b.bytes);
     }
 }
@@ -802,25 +828,27 @@ mod tests {
     #[test]
     fn run_buffers_are_reused_and_kept_bounded() {
         let aligned = |b: &RunBuf| (b.get().as_ptr() as usize).is_multiple_of(DIRECT_ALIGN);
-        let b = run_buffer(100);
-        assert_eq!(b.get().len(), 100);
-        assert!(aligned(&b));
-        let first = b.get().as_ptr();
-        spare_run_buffer(b);
-        // The same memory again, at the length asked (longer or shorter),
-        // still aligned.
-        let c = run_buffer(MERGE_MAX);
-        assert_eq!((c.get().as_ptr(), c.get().len()), (first, MERGE_MAX));
-        spare_run_buffer(c);
-        let d = run_buffer(10);
-        assert_eq!((d.get().as_ptr(), d.get().len()), (first, 10));
-        spare_run_buffer(d);
+        for (short, long) in [(10, SMALL_RUN), (SMALL_RUN + 1, MERGE_MAX)] {
+            let b = run_buffer(short);
+            assert_eq!(b.get().len(), short);
+            assert!(aligned(&b));
+            let first = b.get().as_ptr();
+            spare_run_buffer(b);
+            // The same memory again for a run of its size, at the length
+            // asked (longer or shorter), still aligned.
+            let c = run_buffer(long);
+            assert_eq!((c.get().as_ptr(), c.get().len()), (first, long));
+            spare_run_buffer(c);
+            let d = run_buffer(short);
+            assert_eq!((d.get().as_ptr(), d.get().len()), (first, short));
+            spare_run_buffer(d);
+        }
         // A run larger than any kept buffer is aligned too, and not kept.
         let big = run_buffer(MERGE_MAX + 8192);
         assert!(aligned(&big) && big.get().len() == MERGE_MAX + 8192);
         spare_run_buffer(big);
-        // Never more than the bound kept, and only buffers of the one
-        // size that holds any run aligned.
+        // Never more than the bound kept, and only buffers of the sizes
+        // that hold any run of theirs aligned.
         let other = |cap| RunBuf {
             bytes: Vec::with_capacity(cap),
             start: 0,
@@ -828,11 +856,19 @@ mod tests {
         };
         spare_run_buffer(other(4096));
         spare_run_buffer(other(RUN_CAPACITY + 1));
-        for _ in 0..SPARE_RUNS_MAX + 4 {
-            spare_run_buffer(other(RUN_CAPACITY));
+        for (cap, max) in [
+            (RUN_CAPACITY, SPARE_RUNS_MAX),
+            (SMALL_CAPACITY, SPARE_SMALL_MAX),
+        ] {
+            for _ in 0..max + 4 {
+                spare_run_buffer(other(cap));
+            }
+            let Some((kept, _)) = spares_of(cap) else {
+                panic!("{cap} is a kept size");
+            };
+            let spare = kept.lock().unwrap_or_else(|e| e.into_inner());
+            assert_eq!(spare.len(), max);
+            assert!(spare.iter().all(|b| b.capacity() == cap));
         }
-        let spare = SPARE_RUNS.lock().unwrap_or_else(|e| e.into_inner());
-        assert_eq!(spare.len(), SPARE_RUNS_MAX);
-        assert!(spare.iter().all(|b| b.capacity() == RUN_CAPACITY));
     }
 }
