@@ -78,6 +78,7 @@ pub(crate) fn available() -> bool {
 }
 
 /// How many reads this thread's rings have completed.
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn completed() -> u64 {
     COMPLETED.with(|c| c.get())
 }
