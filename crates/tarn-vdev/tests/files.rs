@@ -223,6 +223,19 @@ fn written_blocks(v: &TopVdev, n: u64, gap: u64, seed: u64) -> (Vec<(u64, usize)
     (want, data)
 }
 
+/// Asserts that reads went through the ring since `before` (a count of
+/// `tarn_vdev::testing::ring_reads`) where this machine has rings and the
+/// files take direct reads: a test of the batched path that ran only the
+/// other one would prove nothing about it.
+fn assert_rang(before: u64, direct_here: bool) {
+    if direct_here && tarn_vdev::testing::rings_available() {
+        assert!(
+            tarn_vdev::testing::ring_reads() > before,
+            "no read went through the ring"
+        );
+    }
+}
+
 /// Blocks far apart are a run each on every child: a merged read of many
 /// of them is hundreds of runs, submitted together (more than a ring takes
 /// at once, so in chunks). Each block gets its own bytes, verified the
@@ -254,14 +267,17 @@ fn merged_reads_of_scattered_blocks_are_submitted_together() {
 #[test]
 fn merged_reads_meet_faults_set_on_a_child() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (v, faults, _) = raidz_of_devices(dir.path());
+    let (v, faults, direct_here) = raidz_of_devices(dir.path());
     let (want, data) = written_blocks(&v, 64, 0, 500);
     faults[2].inject(Fault::always(FaultKind::ReadError));
+    let before = tarn_vdev::testing::ring_reads();
     let got = v.read_many(&want, &|i, b| b == &data[i][..]);
     for (g, d) in got.into_iter().zip(&data) {
         assert_eq!(&g.expect("rebuilt")[..d.len()], &d[..]);
     }
     assert!(faults[2].injected() > 0, "the fault was bypassed");
+    // The other children's runs went through the ring.
+    assert_rang(before, direct_here);
 }
 
 /// A run that comes back short (here a member file cut shorter than the
@@ -271,7 +287,7 @@ fn merged_reads_meet_faults_set_on_a_child() {
 #[test]
 fn a_short_merged_read_is_not_taken_whole() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (v, faults, _) = raidz_of_devices(dir.path());
+    let (v, faults, direct_here) = raidz_of_devices(dir.path());
     let (want, data) = written_blocks(&v, 64, 0, 900);
     // Child 1 keeps only the first 8 KiB of its data region.
     let cut = OpenOptions::new()
@@ -280,6 +296,7 @@ fn a_short_merged_read_is_not_taken_whole() {
         .unwrap();
     cut.set_len(DATA_START + 8192).unwrap();
     let wrong = std::sync::atomic::AtomicUsize::new(0);
+    let before = tarn_vdev::testing::ring_reads();
     let got = v.read_many(&want, &|i, b| {
         let right = b == &data[i][..];
         if !right {
@@ -291,4 +308,5 @@ fn a_short_merged_read_is_not_taken_whole() {
         assert_eq!(&g.expect("rebuilt")[..d.len()], &d[..]);
     }
     assert_eq!(wrong.into_inner(), 0, "checks saw what a short read left");
+    assert_rang(before, direct_here);
 }
