@@ -899,14 +899,10 @@ impl TopVdev {
     pub(crate) fn child_read(&self, h: &Handle, buf: &mut [u8], off: u64) -> bool {
         let start = std::time::Instant::now();
         let ok = self.in_data_region(&*h.leaf, off, buf.len()) && h.leaf.read_at(buf, off).is_ok();
-        let c = &self.children[h.idx].counters;
         if ok {
-            c.read_latency.since(start);
-            bump(&c.read_ops, 1);
-            bump(&c.read_bytes, buf.len() as u64);
-            self.note_ok(h.idx, READ);
+            self.count_read(h, buf.len(), start.elapsed());
         } else {
-            bump(&c.read_errors, 1);
+            bump(&self.children[h.idx].counters.read_errors, 1);
             self.note_error(h.idx, READ);
         }
         ok
@@ -922,14 +918,15 @@ impl TopVdev {
         let ok = self.in_data_region(&*h.leaf, off, buf.len())
             && h.leaf.read_direct_at(buf, off).is_ok();
         if ok {
-            self.count_merged_read(h, buf.len(), start.elapsed());
+            self.count_read(h, buf.len(), start.elapsed());
         }
         ok
     }
 
-    /// Counts a merged read of `len` bytes that took `took` and succeeded
-    /// (one that fails counts nothing: see [`TopVdev::child_read_merged`]).
-    pub(crate) fn count_merged_read(&self, h: &Handle, len: usize, took: std::time::Duration) {
+    /// Counts a read of `len` bytes from a child that took `took` and
+    /// succeeded (what a failure counts depends on the read: see
+    /// [`TopVdev::child_read`] and [`TopVdev::child_read_merged`]).
+    pub(crate) fn count_read(&self, h: &Handle, len: usize, took: std::time::Duration) {
         let c = &self.children[h.idx].counters;
         c.read_latency.observe(took);
         bump(&c.read_ops, 1);

@@ -35,7 +35,9 @@
 //! fails for now (no descriptor or locked memory left) leaves that batch
 //! to blocking reads and the next one tries again.
 
-use std::cell::{Cell, RefCell};
+#[cfg(any(test, feature = "testing"))]
+use std::cell::Cell;
+use std::cell::RefCell;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,6 +58,10 @@ static UNAVAILABLE: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     static RING: RefCell<Option<IoUring>> = const { RefCell::new(None) };
+}
+
+#[cfg(any(test, feature = "testing"))]
+thread_local! {
     /// Reads this thread's rings completed, for tests that must know the
     /// batched path ran (a merged read submits from the caller's thread).
     static COMPLETED: Cell<u64> = const { Cell::new(0) };
@@ -220,6 +226,7 @@ fn run_chunk(ring: &mut IoUring, chunk: &mut [Read<'_>]) -> bool {
             };
             *w = None;
             inflight -= 1;
+            #[cfg(any(test, feature = "testing"))]
             COMPLETED.with(|c| c.set(c.get() + 1));
             let res = cqe.result();
             if let Some(r) = chunk.get_mut(i) {
