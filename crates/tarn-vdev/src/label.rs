@@ -286,19 +286,36 @@ pub fn write_label_config_all(leaf: &dyn Leaf, cfg: &LabelConfig) -> Result<(), 
 
 /// Reads the four config copies and returns the valid one with the highest
 /// txg (ties go to the lowest label index).
+///
+/// When no copy is valid and some could not be read at all, the four are
+/// read once more: a device that answered with read errors may have
+/// failed for a moment (a bus reset, a cable), and a device whose label
+/// cannot be read is left out of its pool at import, which then runs
+/// without that device's redundancy. Copies that read but do not decode
+/// are not read again; they will not decode the second time either.
 pub fn read_label(leaf: &dyn Leaf) -> Result<LabelRead, VdevError> {
     let offs = offsets_or_small(leaf)?;
     let mut area = vec![0u8; LABEL_CONFIG_SIZE];
     let mut found: Vec<LabelConfig> = Vec::with_capacity(4);
     let mut reasons = Vec::new();
-    for (i, off) in offs.iter().enumerate() {
-        let res = leaf
-            .read_at(&mut area, *off)
-            .map_err(|e| format!("read error: {e}"))
-            .and_then(|()| decode_config(&area));
-        match res {
-            Ok(cfg) => found.push(cfg),
-            Err(why) => reasons.push(format!("L{i}: {why}")),
+    for attempt in 0..2 {
+        let mut read_errors = 0;
+        reasons.clear();
+        for (i, off) in offs.iter().enumerate() {
+            let res = match leaf.read_at(&mut area, *off) {
+                Ok(()) => decode_config(&area),
+                Err(e) => {
+                    read_errors += 1;
+                    Err(format!("read error: {e}"))
+                }
+            };
+            match res {
+                Ok(cfg) => found.push(cfg),
+                Err(why) => reasons.push(format!("L{i}: {why}")),
+            }
+        }
+        if !found.is_empty() || read_errors == 0 || attempt == 1 {
+            break;
         }
     }
     let best = found
