@@ -33,11 +33,12 @@
 //! whose rings cannot read yet (before 5.6) fails its probe; the process
 //! remembers and reads as before, a blocking read per run. A setup that
 //! fails for now (no descriptor or locked memory left) leaves that batch
-//! to blocking reads and the next one tries again.
+//! and the thread's next [`BACK_OFF`] to blocking reads before it tries
+//! again: on kernels before 5.12 a ring's memory counts against the
+//! locked-memory limit (64 KiB on many systems, about five rings), and the
+//! threads past it would otherwise pay a failing setup on every batch.
 
-#[cfg(any(test, feature = "testing"))]
-use std::cell::Cell;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,8 +57,24 @@ const ENTRIES: u32 = 64;
 /// thread reads without one.
 static UNAVAILABLE: AtomicBool = AtomicBool::new(false);
 
+/// Batches a thread reads without a ring after its ring's setup failed
+/// for now (see the module docs).
+const BACK_OFF: u32 = 1024;
+
 thread_local! {
     static RING: RefCell<Option<IoUring>> = const { RefCell::new(None) };
+    /// Batches this thread still leaves to blocking reads before trying to
+    /// set its ring up again.
+    static SKIP: Cell<u32> = const { Cell::new(0) };
+}
+
+#[cfg(any(test, feature = "testing"))]
+thread_local! {
+    /// Makes this thread's ring setups fail for now, as out of locked
+    /// memory (tests of the back-off).
+    static FAIL_SETUP: Cell<bool> = const { Cell::new(false) };
+    /// Ring setups this thread has tried.
+    static SETUPS: Cell<u64> = const { Cell::new(0) };
 }
 
 #[cfg(any(test, feature = "testing"))]
@@ -95,6 +112,13 @@ pub(crate) fn completed() -> u64 {
 /// (for good), `Err(false)` where setting one up failed for now (out of
 /// descriptors or locked memory).
 fn new_ring() -> Result<IoUring, bool> {
+    #[cfg(any(test, feature = "testing"))]
+    {
+        SETUPS.with(|n| n.set(n.get() + 1));
+        if FAIL_SETUP.with(Cell::get) {
+            return Err(false);
+        }
+    }
     let ring = IoUring::new(ENTRIES).map_err(|e| {
         matches!(
             e.raw_os_error(),
@@ -123,11 +147,18 @@ pub(crate) fn read_all(reads: &mut [Read<'_>]) -> bool {
             return false;
         };
         if slot.is_none() {
+            let skip = SKIP.with(Cell::get);
+            if skip > 0 {
+                SKIP.with(|s| s.set(skip - 1));
+                return false;
+            }
             match new_ring() {
                 Ok(ring) => *slot = Some(ring),
                 Err(for_good) => {
                     if for_good {
                         UNAVAILABLE.store(true, Ordering::Relaxed);
+                    } else {
+                        SKIP.with(|s| s.set(BACK_OFF));
                     }
                     return false;
                 }
@@ -323,6 +354,49 @@ mod tests {
             assert!(r.buf.get() == &expected(off, len)[..], "read at {off}");
         }
         assert!(completed() - before >= n as u64);
+    }
+
+    /// A thread whose ring could not be set up for now leaves its next
+    /// [`BACK_OFF`] batches to blocking reads without trying again, then
+    /// tries once more.
+    #[test]
+    fn a_setup_that_failed_for_now_is_not_tried_on_every_batch() {
+        use std::os::fd::AsRawFd;
+        let (_keep, f) = file(64 << 10);
+        let fd = f.as_raw_fd();
+        // A thread of its own: no ring yet, and the failure stays its own.
+        std::thread::spawn(move || {
+            let mut buf = buffer(4096);
+            let batch = |buf: &mut RunBuf| {
+                let mut reads = vec![Read {
+                    fd,
+                    off: 0,
+                    buf,
+                    done: None,
+                }];
+                let ran = read_all(&mut reads);
+                assert_eq!(ran, reads[0].done.is_some());
+                ran
+            };
+            let setups = || SETUPS.with(Cell::get);
+            FAIL_SETUP.with(|f| f.set(true));
+            let before = setups();
+            assert!(!batch(&mut buf));
+            if !available() {
+                // No rings on this machine at all: nothing to back off from.
+                return;
+            }
+            assert_eq!(setups(), before + 1);
+            FAIL_SETUP.with(|f| f.set(false));
+            for _ in 0..BACK_OFF {
+                assert!(!batch(&mut buf));
+            }
+            assert_eq!(setups(), before + 1, "tried again while backing off");
+            batch(&mut buf);
+            assert_eq!(setups(), before + 2, "never tried again");
+        })
+        .join()
+        .expect("the test thread");
     }
 
     /// A read that runs past the end of the file comes back short, not
