@@ -286,14 +286,16 @@ pub fn read_block(
 /// few reads per device), each verified against its own checksum; a block
 /// that does not read or verify there is read again alone through every
 /// copy ([`read_block`]), so each block's outcome is `read_block`'s.
+/// One block is a batch too: its pieces are read together, past the page
+/// cache where the devices allow (the caller chose a batch for that).
 pub fn read_blocks(
     tops: &[Arc<TopVdev>],
     bps: &[&BlockPtr],
     key: Option<&KeySet>,
 ) -> Vec<Result<Arc<[u8]>, BlockError>> {
     let alone = |bp: &BlockPtr| read_block(tops, bp, key).map(Arc::from);
-    if bps.len() < 2 {
-        return bps.iter().map(|bp| alone(bp)).collect();
+    if bps.is_empty() {
+        return Vec::new();
     }
     let mut out: Vec<Option<Result<Arc<[u8]>, BlockError>>> =
         (0..bps.len()).map(|_| None).collect();

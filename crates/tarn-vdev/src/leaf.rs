@@ -165,9 +165,10 @@ impl FileLeaf {
 /// its pages and then copies them into tarn's buffer: the copy was the
 /// largest single cost of a cold 1 MiB stream (a sixth of the daemon's CPU),
 /// and the same bytes sat in memory twice. A read of one block alone
-/// ([`crate::TopVdev::read`]: a random read of one block, a
+/// ([`crate::TopVdev::read`]: a random read of one block of a file, a
 /// reconstruction) stays buffered, so the page cache still backs tarn's
-/// cache for those.
+/// cache for those; a volume reads even a lone block as a batch (the guest
+/// caches its own hot data).
 ///
 /// Why it is safe: writes stay buffered, and the kernel writes back any
 /// dirty pages in a direct read's range before reading it, so a direct read

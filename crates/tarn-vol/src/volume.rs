@@ -23,6 +23,19 @@
 //! transaction and read them after it, so a slow disk read never holds up
 //! the dataset's writers.
 //!
+//! **Reads.** Every block a volume reads from the disks, a lone one
+//! included (a guest's 4k random read, the old block a patch needs), is
+//! read as a batch ([`BlockRef::read_many`]): its pieces go out together,
+//! past the member files' page cache where the file system allows it, and
+//! the verified block is kept in the block cache. A guest keeps its hot
+//! data in its own page cache, and the block cache keeps recent blocks;
+//! the host's page cache held a third copy of the same bytes, and filling
+//! it (with the kernel's read-ahead of the member files) cost more CPU than
+//! the block read itself (measured in docs/performance.md, "A volume's
+//! lone blocks past the page cache"). A working set larger than the block
+//! cache is read from the disks again, not from the host's spare memory:
+//! such a host gives the block cache more (`--cache-mib`).
+//!
 //! **Read-ahead.** A guest streaming its disk (a backup, a copy, a boot)
 //! reads one range after the other. Each volume keeps the stream table of
 //! [`tarn_dataset::readahead`] (one "file"); a read that continues a
@@ -83,22 +96,18 @@ const AHEAD_JOB: u64 = 256 << 10;
 /// 1 MiB read of 16K blocks is 64 blocks, each a few small pieces on
 /// each device; read together, the pieces of neighbouring blocks are
 /// merged into a few reads per device, the devices read at once
-/// ([`BlockRef::read_many`]).
-fn read_blocks<P>(
+/// ([`BlockRef::read_many`]). A lone block (a small random read) is a
+/// batch too: its pieces go out together, past the member files' page
+/// cache (see the module docs, "Reads").
+fn read_blocks(
     refs: Vec<Option<BlockRef>>,
-    pool: &P,
     read_many: impl FnOnce(Vec<BlockRef>) -> Vec<Result<BlockData, DsError>>,
-    read_one: impl Fn(BlockRef, &P) -> Result<BlockData, DsError>,
 ) -> Vec<Option<Result<BlockData, DsError>>> {
     let present: Vec<usize> = (0..refs.len()).filter(|&i| refs[i].is_some()).collect();
-    if present.len() < 2 {
-        // One block (a small random read): nothing to merge.
-        return refs
-            .into_iter()
-            .map(|r| r.map(|r| read_one(r, pool)))
-            .collect();
-    }
     let mut out: Vec<Option<Result<BlockData, DsError>>> = (0..refs.len()).map(|_| None).collect();
+    if present.is_empty() {
+        return out;
+    }
     let read = read_many(refs.into_iter().flatten().collect());
     for (i, r) in present.into_iter().zip(read) {
         out[i] = Some(r);
@@ -407,7 +416,8 @@ impl Volume {
     /// txg reads the old block, and inside the transaction that read would
     /// hold the dataset's lock (every other request of the volume) for a
     /// disk read. Read here, the requests' reads run at once and the patch
-    /// finds the block cached. Nothing is decided from what is read: a
+    /// finds the block cached. They are read as one batch, as every read
+    /// of a volume is (see "Reads" in the module docs). Nothing is decided from what is read: a
     /// block that changed since, or a failed read, is read again (and its
     /// error reported) by the transaction.
     fn warm(&self, keys: impl Iterator<Item = [u8; 8]>) {
@@ -422,10 +432,7 @@ impl Volume {
             }
             Ok::<_, DsError>(refs)
         });
-        let pool = self.handle.pool();
-        for r in refs.unwrap_or_default() {
-            let _ = r.read(pool);
-        }
+        let _ = BlockRef::read_many(refs.unwrap_or_default(), self.handle.pool());
     }
 
     /// Zeros `off..off + len`: whole blocks are deleted (one range),
@@ -522,12 +529,7 @@ impl Device for Volume {
         })?;
         readahead::submit(jobs);
         let pool = self.handle.pool();
-        let blocks = read_blocks(
-            refs,
-            pool,
-            |rs| BlockRef::read_many(rs, pool),
-            |r, p| r.read(p),
-        );
+        let blocks = read_blocks(refs, |rs| BlockRef::read_many(rs, pool));
         let mut out = ReadData::default();
         for (p, r) in pieces.iter().zip(blocks) {
             p.push_to(&mut out, r.transpose()?);
