@@ -145,6 +145,9 @@ pub struct Pools {
     pub(crate) serve_lock: Mutex<()>,
     /// One schedule run at a time (the scheduler's and `schedule.run`'s).
     pub(crate) schedule_lock: Mutex<()>,
+    /// Stored schedules found not to run, and why, that the owner was told
+    /// of (once per daemon run and reason: `schedule::not_run`).
+    pub(crate) schedules_not_run: Mutex<BTreeSet<String>>,
     /// This daemon's identity (`STATE/node-id`, made at the first start):
     /// replication schedules run only on the daemon that added them.
     pub(crate) node_id: String,
@@ -318,6 +321,7 @@ impl Pools {
             receives: Mutex::new(BTreeSet::new()),
             serve_lock: Mutex::new(()),
             schedule_lock: Mutex::new(()),
+            schedules_not_run: Mutex::new(BTreeSet::new()),
             long_runs: Mutex::new(BTreeSet::new()),
             node_id: node_id(state_dir)?,
             admin_socket: std::sync::OnceLock::new(),

@@ -606,13 +606,25 @@ pub fn follow_rename(pool: &Pool, old: &str, new: &str) -> Result<Vec<String>, A
 }
 
 /// The schedules stored in `pool`, each with its state; a record that
-/// cannot be read is reported and left out.
+/// cannot be read is left out (see [`stored_all`]).
 pub fn stored(pool: &Pool) -> Result<Vec<(ScheduleRecord, StateRecord)>, ApiError> {
+    Ok(stored_all(pool)?.0)
+}
+
+/// A pool's stored schedules: the readable ones with their state, and
+/// the names of those this build cannot decode with the reason.
+pub type Stored = (Vec<(ScheduleRecord, StateRecord)>, Vec<(String, String)>);
+
+/// The schedules stored in `pool`, each with its state, and the names of
+/// the records this build cannot decode with the reason (a newer tarn may
+/// have written them).
+pub fn stored_all(pool: &Pool) -> Result<Stored, ApiError> {
     let states: BTreeMap<String, Vec<u8>> = tarn_dataset::config_list(pool, KIND_STATE)
         .map_err(ds_error)?
         .into_iter()
         .collect();
     let mut out = Vec::new();
+    let mut unreadable = Vec::new();
     for (name, v) in tarn_dataset::config_list(pool, KIND_SCHEDULE).map_err(ds_error)? {
         match decode::<ScheduleRecord>(KIND_SCHEDULE, &name, &v) {
             Ok(mut rec) => {
@@ -627,10 +639,10 @@ pub fn stored(pool: &Pool) -> Result<Vec<(ScheduleRecord, StateRecord)>, ApiErro
                     .unwrap_or_default();
                 out.push((rec, state));
             }
-            Err(e) => log::warn!("tarn: pool '{}': {e}; it does not run", pool.name()),
+            Err(e) => unreadable.push((name, e)),
         }
     }
-    Ok(out)
+    Ok((out, unreadable))
 }
 
 /// Stores a schedule (and, for a new scrub schedule, a state that starts
@@ -1588,32 +1600,73 @@ fn look_at_schedules(pools: &Arc<Pools>, now: u64) {
         .lock()
         .unwrap_or_else(|e| e.into_inner());
     for pool in pools.all_pools() {
-        let Ok(mut list) = stored(&pool) else {
-            continue;
+        look_at_pool(pools, &pool, now);
+    }
+}
+
+/// [`look_at_schedules`] for one pool (the caller holds
+/// `Pools::schedule_lock`).
+fn look_at_pool(pools: &Arc<Pools>, pool: &Arc<Pool>, now: u64) {
+    let Ok((mut list, unreadable)) = stored_all(pool) else {
+        return;
+    };
+    for (name, why) in unreadable {
+        not_run(pools, pool.name(), &name, &why);
+    }
+    // Snapshots first: a replication due in the same look sends the
+    // snapshot just taken.
+    list.sort_by_key(|(r, _)| !matches!(r.kind, KindRecord::Snapshot { .. }));
+    for (rec, state) in list {
+        // A record this tarn cannot read, or would not have stored:
+        // `execute` refuses it too, with the reason, when run by hand.
+        let checked = rec.to_api(pool.name()).and_then(|s| {
+            tarn_api::schedule::check_schedule(&s).map_err(|e| e.to_string())?;
+            Ok(s)
+        });
+        let s = match checked {
+            Ok(s) => s,
+            Err(why) => {
+                not_run(pools, pool.name(), &rec.name, &why);
+                continue;
+            }
         };
-        // Snapshots first: a replication due in the same look sends the
-        // snapshot just taken.
-        list.sort_by_key(|(r, _)| !matches!(r.kind, KindRecord::Snapshot { .. }));
-        for (rec, state) in list {
-            let Ok(s) = rec.to_api(pool.name()) else {
-                continue;
-            };
-            if tarn_api::schedule::check_schedule(&s).is_err() {
-                // A record this tarn would not have stored: `execute`
-                // refuses it too, with the reason, when run by hand.
-                continue;
-            }
-            if due(&s.kind, state.last_started_unix, now) {
-                if runs_long(&rec) {
-                    start_long(pools, &pool, &rec, now);
-                } else {
-                    run(pools, &pool, &rec, now);
-                }
-            }
-            if let ScheduleKind::Scrub { pause: Some(p), .. } = s.kind {
-                apply_pause(pools, &pool, Some(p), now);
+        if due(&s.kind, state.last_started_unix, now) {
+            if runs_long(&rec) {
+                start_long(pools, pool, &rec, now);
+            } else {
+                run(pools, pool, &rec, now);
             }
         }
+        if let ScheduleKind::Scrub { pause: Some(p), .. } = s.kind {
+            apply_pause(pools, pool, Some(p), now);
+        }
+    }
+}
+
+/// Tells the owner, once per daemon run and reason, that a stored
+/// schedule does not run because this tarn cannot read it (a newer tarn
+/// wrote it, or the pool came from elsewhere): a warning event, which the
+/// alerts deliver. A policy that stops taking snapshots must not stop
+/// without a word.
+fn not_run(pools: &Pools, pool: &str, name: &str, why: &str) {
+    let told = pools
+        .schedules_not_run
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(format!("{pool}\0{name}\0{why}"));
+    if told {
+        pools.events.emit(
+            tarn_api::events::Severity::Warning,
+            "schedule.unreadable",
+            Some(pool),
+            None,
+            format!(
+                "schedule '{name}' does not run: this tarn cannot read it ({}); a newer \
+                 tarn may have written it. Run that version, or remove it with `tarn \
+                 schedule del {name} --pool {pool}` and add it again",
+                cut(why, 300)
+            ),
+        );
     }
 }
 
@@ -1739,6 +1792,62 @@ mod tests {
             keep: k,
             prefix: "auto".into(),
         }
+    }
+
+    /// Records this build cannot read (a kind it does not know, a period
+    /// it does not know) do not run, and the owner is told once per
+    /// record and reason, not on every look; a readable one beside them
+    /// still runs.
+    #[test]
+    fn schedules_this_tarn_cannot_read_are_reported_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        let pools = Arc::new(Pools::open(&state, &crate::pools::Tuning::default()).unwrap());
+        let pool = tarn_testkit::pools::tank(dir.path(), tarn_vdev::VdevKind::Mirror, 2, 64 << 20);
+        let put = |name: &str, json: &str| {
+            tarn_dataset::config_put(&pool, KIND_SCHEDULE, name, json.as_bytes()).unwrap();
+        };
+        put(
+            "future",
+            r#"{"name":"future","kind":{"defrag":{"every":"daily"}}}"#,
+        );
+        put(
+            "yearly",
+            r#"{"name":"yearly","kind":{"scrub":{"every":"yearly","at_hour":2,"pause":null}}}"#,
+        );
+        put(
+            "monthly",
+            r#"{"name":"monthly","kind":{"scrub":{"every":"monthly","at_hour":0,"pause":null}}}"#,
+        );
+        let unreadable = |p: &Pools| -> Vec<String> {
+            p.events
+                .list(None, 1000)
+                .into_iter()
+                .filter(|e| e.kind == "schedule.unreadable")
+                .map(|e| e.message)
+                .collect()
+        };
+        let ran = |p: &Pools| {
+            p.events
+                .list(None, 1000)
+                .iter()
+                .filter(|e| e.kind == "schedule.ran" || e.kind == "schedule.failed")
+                .count()
+        };
+        let now = T0 + 40 * DAY + 5 * 3600;
+        look_at_pool(&pools, &pool, now);
+        let told = unreadable(&pools);
+        assert_eq!(told.len(), 2, "{told:?}");
+        assert!(told.iter().any(|m| m.contains("'future'")), "{told:?}");
+        assert!(
+            told.iter()
+                .any(|m| m.contains("'yearly'") && m.contains("unknown period")),
+            "{told:?}"
+        );
+        assert_eq!(ran(&pools), 1, "the monthly scrub was due and was run");
+        look_at_pool(&pools, &pool, now + 60);
+        assert_eq!(unreadable(&pools).len(), 2, "told again on the next look");
     }
 
     /// After the clock ran two days ahead and was set back, the snapshot
