@@ -699,6 +699,11 @@ fn a_read_from_memory_of_an_encrypted_volume_needs_its_key() {
         matches!(vol.read_cached(0, 2 * BS as u32), Some(Ok(d)) if d.to_vec() == pattern(5, 2 * BS)),
         "read from memory with the key loaded"
     );
+    // A lone block read from the disks (as a batch of one) is opened with
+    // the key too.
+    tarn_block::BlockCache::global().evict_pool(pool.guid());
+    let lone = vol.read(BS as u64 + 4096, 4096).expect("a lone block");
+    assert!(lone == pattern(5, 2 * BS)[BS + 4096..BS + 8192]);
     tarn_dataset::unload_key(&pool, "tank/secret").expect("unload the key");
     if let Some(Ok(d)) = vol.read_cached(0, 2 * BS as u32) {
         panic!(
