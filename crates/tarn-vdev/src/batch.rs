@@ -609,8 +609,13 @@ impl TopVdev {
     /// as for any read. So each block's outcome is `read`'s, and no byte
     /// that did not verify is ever returned. A merged read counts as one
     /// operation in its child's counters; a merged read that fails counts
-    /// nothing, the blocks in it being read again alone (and those reads
-    /// counting what fails).
+    /// nothing at first, the blocks in it being read again alone (and those
+    /// reads counting what fails). What reading alone then got past is
+    /// counted after, once per child: a run with no gap that failed as a
+    /// read error, a piece that came back other than the block read alone
+    /// as a checksum error, each only where the reads alone counted
+    /// nothing of that kind on that child (a read of another thread
+    /// counting there at the same moment can hide one).
     ///
     /// Each block's bytes are the first `psize` of its buffer: a buffer
     /// gathered from whole sectors may be longer, and is handed over as
@@ -769,7 +774,13 @@ impl TopVdev {
                 data[k] = read_run(&runs[k]);
             }
         }
+        // Children whose run failed with nothing in it but wanted pieces
+        // (no gap): the failure was those blocks' own reads'.
+        let mut failed_children = std::collections::BTreeSet::new();
         for (r, d) in runs.iter().zip(data) {
+            if d.is_none() && r.useful == r.len {
+                failed_children.insert(r.child);
+            }
             match d {
                 Some(run) => {
                     let bytes = run.get();
@@ -795,10 +806,20 @@ impl TopVdev {
                 }
             }
         }
-        wants
+        // What the blocks read again alone count is what a read alone
+        // counts. A failure of the merged read that reading alone got past
+        // (a transient read error, bytes that came back wrong once) is
+        // counted after, on the children it came from, where reading alone
+        // counted nothing there: a flaky cable must show in the counters
+        // whichever way a block was read.
+        let before: BTreeMap<usize, (u64, u64)> =
+            handles.keys().map(|&c| (c, self.error_counts(c))).collect();
+        let mut wrong_bytes = std::collections::BTreeSet::new();
+        let out: Vec<Result<std::sync::Arc<[u8]>, VdevError>> = wants
             .into_iter()
             .enumerate()
             .map(|(i, w)| {
+                let mut merged = None;
                 if w.merged && w.ok && w.filled == w.buf.len() {
                     // SAFETY: the block's pieces (its data columns, or the
                     // mirror's whole padded block) are disjoint ranges of
@@ -808,12 +829,36 @@ impl TopVdev {
                     if verify(i, &buf[..w.psize]) {
                         return Ok(buf);
                     }
+                    merged = Some(buf);
                 }
                 let (offset, psize) = blocks[i];
-                self.read(offset, psize, &|b: &[u8]| verify(i, b))
-                    .map(std::sync::Arc::from)
+                let alone = self.read(offset, psize, &|b: &[u8]| verify(i, b));
+                if let (Some(m), Ok(good)) = (&merged, &alone) {
+                    for r in &runs {
+                        for (_, range, _) in r.parts.iter().filter(|(b, ..)| *b == i) {
+                            let end = range.end.min(good.len()).min(m.len());
+                            let start = range.start.min(end);
+                            if m[start..end] != good[start..end] {
+                                wrong_bytes.insert(r.child);
+                            }
+                        }
+                    }
+                }
+                alone.map(std::sync::Arc::from)
             })
-            .collect()
+            .collect();
+        for (&c, &(read_errors, cksum_errors)) in &before {
+            let (r, k) = self.error_counts(c);
+            if failed_children.contains(&c) && r == read_errors {
+                self.count_passing_read_error(c);
+            }
+            if wrong_bytes.contains(&c) && k == cksum_errors {
+                if let Some(h) = handles.get(&c) {
+                    self.note_cksum(h);
+                }
+            }
+        }
+        out
     }
 }
 

@@ -909,9 +909,10 @@ impl TopVdev {
     }
 
     /// A merged read (see `read_many`): counted like [`TopVdev::child_read`]
-    /// when it succeeds; a failure is not counted, because the blocks in
-    /// it are read again alone and those reads count what fails (a bad
-    /// sector in a gap between pieces fails no block at all). It reads past
+    /// when it succeeds; a failure is not counted here, because the blocks
+    /// in it are read again alone and those reads count what fails (a bad
+    /// sector in a gap between pieces fails no block at all); `read_many`
+    /// counts a failure of a run with no gap that reading alone got past. It reads past
     /// the page cache where the leaf can ([`Leaf::read_direct_at`]).
     pub(crate) fn child_read_merged(&self, h: &Handle, buf: &mut [u8], off: u64) -> bool {
         let start = std::time::Instant::now();
@@ -921,6 +922,24 @@ impl TopVdev {
             self.count_read(h, buf.len(), start.elapsed());
         }
         ok
+    }
+
+    /// A child's read and checksum errors so far (see `read_many`, which
+    /// counts what a merged read met only when reading alone did not).
+    pub(crate) fn error_counts(&self, idx: usize) -> (u64, u64) {
+        let c = &self.children[idx].counters;
+        (
+            c.read_errors.load(Ordering::Relaxed),
+            c.cksum_errors.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Counts a read error that reading again got past (a merged read
+    /// that failed where reading alone then worked): counted, as
+    /// [`TopVdev::child_read`] counts it, but not as an error in a row for
+    /// the fault policy, since the child read well right after.
+    pub(crate) fn count_passing_read_error(&self, idx: usize) {
+        bump(&self.children[idx].counters.read_errors, 1);
     }
 
     /// Counts a read of `len` bytes from a child that took `took` and

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{mem_leaves, open, verifier};
+use common::{config, mem_leaves, open, verifier};
 use proptest::prelude::*;
 use tarn_testkit::data::pattern;
 use tarn_vdev::{Leaf, VdevKind, WriteOutcome, DATA_START};
@@ -298,4 +298,110 @@ fn neighbouring_blocks_are_read_in_a_few_reads_per_child() {
         good,
         "the damaged column was repaired"
     );
+}
+
+/// A child whose reads past the page cache (the merged reads') go wrong
+/// the first `flaky` times, failing or, with `flip`, returning one wrong
+/// byte, and then read well: what a flaky cable does.
+#[derive(Debug)]
+struct Flaky {
+    inner: std::sync::Arc<tarn_vdev::testing::MemLeaf>,
+    flaky: std::sync::atomic::AtomicU32,
+    flip: bool,
+}
+
+impl Leaf for Flaky {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn read_direct_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let left = self.flaky.load(SeqCst);
+        if left == 0 {
+            return self.inner.read_at(buf, offset);
+        }
+        self.flaky.store(left - 1, SeqCst);
+        if !self.flip {
+            return Err(std::io::Error::other("a flaky cable"));
+        }
+        self.inner.read_at(buf, offset)?;
+        buf[0] ^= 0x55;
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn path(&self) -> &std::path::Path {
+        self.inner.path()
+    }
+}
+
+/// A merged read that went wrong once where reading the block alone then
+/// worked still counts the error on the child it came from, as reading
+/// alone counts it, and only once: a transient failure is counted as a
+/// read error, wrong bytes as a checksum error. A child that is wrong for
+/// good (a failing disk, a damaged column) is counted by the read alone,
+/// not twice.
+#[test]
+fn a_merged_read_that_went_wrong_once_is_counted_once() {
+    use std::sync::Arc;
+    for (flip, for_good) in [(false, false), (true, false), (false, true), (true, true)] {
+        let mems = mem_leaves(4);
+        let flaky = Arc::new(Flaky {
+            inner: mems[1].clone(),
+            flaky: 0.into(),
+            flip,
+        });
+        let leaves: Vec<Option<Arc<dyn Leaf>>> = mems
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                Some(if i == 1 {
+                    flaky.clone() as Arc<dyn Leaf>
+                } else {
+                    l.clone() as Arc<dyn Leaf>
+                })
+            })
+            .collect();
+        let v = tarn_vdev::TopVdev::open(&config(VdevKind::Raidz { parity: 1 }, 4), 12, leaves)
+            .expect("open vdev");
+        // A lone 16K block: three data columns, one of them on child 1.
+        let data = pattern(5, 16 << 10);
+        v.write(0, &data).expect("written");
+        let cols = v.extents(0, data.len() as u64).unwrap();
+        assert!(cols.iter().any(|e| !e.parity && e.child == 1), "{cols:?}");
+        if !for_good {
+            flaky.flaky.store(1, std::sync::atomic::Ordering::SeqCst);
+        } else if flip {
+            let col = cols.iter().find(|e| !e.parity && e.child == 1).unwrap();
+            mems[1].corrupt(col.leaf_offset, 512);
+        } else {
+            mems[1].set_fail_reads(true);
+        }
+        let got = v.read_many(&[(0, data.len())], &|_, b| b == &data[..]);
+        let got = got.into_iter().next().unwrap().expect("the block");
+        assert!(got[..data.len()] == data[..]);
+        let c = &v.leaves()[1].counters;
+        let (errors, other) = if flip {
+            (c.cksum_errors, c.read_errors)
+        } else {
+            (c.read_errors, c.cksum_errors)
+        };
+        assert_eq!(
+            (errors, other),
+            (1, 0),
+            "flip {flip}, for good {for_good}: {:?}",
+            v.leaves()[1].counters
+        );
+        for i in [0, 2, 3] {
+            let c = &v.leaves()[i].counters;
+            assert_eq!((c.read_errors, c.cksum_errors), (0, 0), "child {i}");
+        }
+    }
 }
