@@ -424,11 +424,14 @@ impl Pool {
                 batch.push(*bp);
             }
         }
-        for ((bp, lead), r) in batch
-            .iter()
-            .zip(leads)
-            .zip(pipeline::read_blocks(&self.tops, &batch, key))
-        {
+        // A job of one block (a file's read-ahead goes a block at a time)
+        // reads it alone, through the page cache, as a file's lone reads
+        // do; a batch goes past it (see `pipeline::read_blocks`).
+        let read = match batch.as_slice() {
+            [one] => vec![pipeline::read_block(&self.tops, one, key).map(Arc::from)],
+            _ => pipeline::read_blocks(&self.tops, &batch, key),
+        };
+        for ((bp, lead), r) in batch.iter().zip(leads).zip(read) {
             match r {
                 Ok(d) => {
                     let d: Arc<[u8]> = d;
