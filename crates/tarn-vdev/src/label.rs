@@ -288,11 +288,13 @@ pub fn write_label_config_all(leaf: &dyn Leaf, cfg: &LabelConfig) -> Result<(), 
 /// txg (ties go to the lowest label index).
 ///
 /// When no copy is valid and some could not be read at all, the four are
-/// read once more: a device that answered with read errors may have
-/// failed for a moment (a bus reset, a cable), and a device whose label
-/// cannot be read is left out of its pool at import, which then runs
-/// without that device's redundancy. Copies that read but do not decode
-/// are not read again; they will not decode the second time either.
+/// read once more, at once: a device that answered with read errors may
+/// have failed for a moment (a bus reset, a cable), and a device whose
+/// label cannot be read is left out of its pool at import, which then runs
+/// without that device's redundancy. When every copy read and none
+/// decoded, nothing is read again (they would not decode the second time
+/// either). On a dying disk whose reads each wait out the kernel's
+/// timeouts, finding that it has no readable label takes twice as long.
 pub fn read_label(leaf: &dyn Leaf) -> Result<LabelRead, VdevError> {
     let offs = offsets_or_small(leaf)?;
     let mut area = vec![0u8; LABEL_CONFIG_SIZE];

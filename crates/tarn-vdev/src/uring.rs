@@ -392,6 +392,10 @@ mod tests {
                 assert!(!batch(&mut buf));
             }
             assert_eq!(setups(), before + 1, "tried again while backing off");
+            if !available() {
+                // Another test met a ring that broke: no rings from now on.
+                return;
+            }
             batch(&mut buf);
             assert_eq!(setups(), before + 2, "never tried again");
         })
