@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{config, mem_leaves, open, verifier};
+use common::{config, mem_leaves, open, verifier, Hiccup};
 use proptest::prelude::*;
 use tarn_testkit::data::pattern;
 use tarn_vdev::{Leaf, VdevKind, WriteOutcome, DATA_START};
@@ -300,48 +300,6 @@ fn neighbouring_blocks_are_read_in_a_few_reads_per_child() {
     );
 }
 
-/// A child whose reads past the page cache (the merged reads') go wrong
-/// the first `flaky` times, failing or, with `flip`, returning one wrong
-/// byte, and then read well: what a flaky cable does.
-#[derive(Debug)]
-struct Flaky {
-    inner: std::sync::Arc<tarn_vdev::testing::MemLeaf>,
-    flaky: std::sync::atomic::AtomicU32,
-    flip: bool,
-}
-
-impl Leaf for Flaky {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn read_direct_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        use std::sync::atomic::Ordering::SeqCst;
-        let left = self.flaky.load(SeqCst);
-        if left == 0 {
-            return self.inner.read_at(buf, offset);
-        }
-        self.flaky.store(left - 1, SeqCst);
-        if !self.flip {
-            return Err(std::io::Error::other("a flaky cable"));
-        }
-        self.inner.read_at(buf, offset)?;
-        buf[0] ^= 0x55;
-        Ok(())
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.inner.write_at(buf, offset)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn path(&self) -> &std::path::Path {
-        self.inner.path()
-    }
-}
-
 /// A merged read that went wrong once where reading the block alone then
 /// worked still counts the error on the child it came from, as reading
 /// alone counts it, and only once: a transient failure is counted as a
@@ -353,11 +311,8 @@ fn a_merged_read_that_went_wrong_once_is_counted_once() {
     use std::sync::Arc;
     for (flip, for_good) in [(false, false), (true, false), (false, true), (true, true)] {
         let mems = mem_leaves(4);
-        let flaky = Arc::new(Flaky {
-            inner: mems[1].clone(),
-            flaky: 0.into(),
-            flip,
-        });
+        // Only the merged reads go wrong on it: the read alone is another.
+        let flaky = Arc::new(Hiccup::new(mems[1].clone(), 0, flip, true));
         let leaves: Vec<Option<Arc<dyn Leaf>>> = mems
             .iter()
             .enumerate()
@@ -377,7 +332,7 @@ fn a_merged_read_that_went_wrong_once_is_counted_once() {
         let cols = v.extents(0, data.len() as u64).unwrap();
         assert!(cols.iter().any(|e| !e.parity && e.child == 1), "{cols:?}");
         if !for_good {
-            flaky.flaky.store(1, std::sync::atomic::Ordering::SeqCst);
+            flaky.left.store(1, std::sync::atomic::Ordering::SeqCst);
         } else if flip {
             let col = cols.iter().find(|e| !e.parity && e.child == 1).unwrap();
             mems[1].corrupt(col.leaf_offset, 512);

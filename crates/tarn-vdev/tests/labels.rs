@@ -1,5 +1,8 @@
 //! Labels: config copies, crash ordering, garbage, uberblock ring.
 
+mod common;
+
+use common::Hiccup;
 use proptest::prelude::*;
 use tarn_vdev::testing::MemLeaf;
 use tarn_vdev::*;
@@ -127,57 +130,13 @@ fn unreadable_copies_are_skipped() {
     assert!(read_uberblocks(&l, 12).is_empty());
 }
 
-/// A device whose first `failing` reads fail, as one that has a moment
-/// of trouble (a bus reset) and then reads again.
-#[derive(Debug)]
-struct Hiccup {
-    inner: MemLeaf,
-    failing: std::sync::atomic::AtomicU32,
-    reads: std::sync::atomic::AtomicU32,
-}
-
-impl Hiccup {
-    fn new(inner: MemLeaf, failing: u32) -> Hiccup {
-        Hiccup {
-            inner,
-            failing: failing.into(),
-            reads: 0.into(),
-        }
-    }
-}
-
-impl Leaf for Hiccup {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        use std::sync::atomic::Ordering::SeqCst;
-        self.reads.fetch_add(1, SeqCst);
-        let left = self.failing.load(SeqCst);
-        if left > 0 {
-            self.failing.store(left - 1, SeqCst);
-            return Err(std::io::Error::other("a moment of trouble"));
-        }
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.inner.write_at(buf, offset)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn path(&self) -> &std::path::Path {
-        self.inner.path()
-    }
-}
-
 #[test]
 fn a_label_whose_every_copy_failed_to_read_is_read_once_more() {
     use std::sync::atomic::Ordering::SeqCst;
     let l = MemLeaf::new(MIN_LEAF_SIZE);
     write_label_config_all(&l, &cfg(3)).unwrap();
     // Every copy fails once: the second round finds all four.
-    let h = Hiccup::new(l, 4);
+    let h = Hiccup::new(std::sync::Arc::new(l), 4, false, false);
     let got = read_label(&h).unwrap();
     assert_eq!(got.config, cfg(3));
     assert_eq!(got.valid_copies, 4);
@@ -186,7 +145,7 @@ fn a_label_whose_every_copy_failed_to_read_is_read_once_more() {
     // Only once more: a device that keeps failing has no label.
     let l = MemLeaf::new(MIN_LEAF_SIZE);
     write_label_config_all(&l, &cfg(3)).unwrap();
-    let h = Hiccup::new(l, 8);
+    let h = Hiccup::new(std::sync::Arc::new(l), 8, false, false);
     let e = read_label(&h).unwrap_err();
     assert!(e.to_string().contains("a moment of trouble"), "{e}");
     assert_eq!(h.reads.load(SeqCst), 8);
@@ -194,12 +153,17 @@ fn a_label_whose_every_copy_failed_to_read_is_read_once_more() {
     // One copy read and decoded: no second round.
     let l = MemLeaf::new(MIN_LEAF_SIZE);
     write_label_config_all(&l, &cfg(3)).unwrap();
-    let h = Hiccup::new(l, 3);
+    let h = Hiccup::new(std::sync::Arc::new(l), 3, false, false);
     assert_eq!(read_label(&h).unwrap().valid_copies, 1);
     assert_eq!(h.reads.load(SeqCst), 4);
 
     // Copies that read but hold no label are not read again.
-    let h = Hiccup::new(MemLeaf::new(MIN_LEAF_SIZE), 0);
+    let h = Hiccup::new(
+        std::sync::Arc::new(MemLeaf::new(MIN_LEAF_SIZE)),
+        0,
+        false,
+        false,
+    );
     assert!(read_label(&h).is_err());
     assert_eq!(h.reads.load(SeqCst), 4);
 }

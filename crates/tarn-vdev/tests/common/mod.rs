@@ -42,3 +42,70 @@ pub fn verifier(data: &[u8]) -> impl Fn(&[u8]) -> bool {
     let want = blake3::hash(data);
     move |b: &[u8]| blake3::hash(b) == want
 }
+
+/// A leaf over memory whose reads go wrong the first `left` times, then
+/// read well: a disk with a moment of trouble, a flaky cable.
+#[derive(Debug)]
+pub struct Hiccup {
+    pub inner: Arc<MemLeaf>,
+    /// Reads still to go wrong.
+    pub left: std::sync::atomic::AtomicU32,
+    /// Reads asked of it.
+    pub reads: std::sync::atomic::AtomicU32,
+    /// Wrong bytes (one byte flipped) instead of a failed read.
+    pub flip: bool,
+    /// Only reads past the page cache (merged reads) go wrong.
+    pub direct_only: bool,
+}
+
+impl Hiccup {
+    pub fn new(inner: Arc<MemLeaf>, left: u32, flip: bool, direct_only: bool) -> Hiccup {
+        Hiccup {
+            inner,
+            left: left.into(),
+            reads: 0.into(),
+            flip,
+            direct_only,
+        }
+    }
+
+    fn read_maybe_wrong(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.reads.fetch_add(1, SeqCst);
+        let left = self.left.load(SeqCst);
+        if left == 0 {
+            return self.inner.read_at(buf, offset);
+        }
+        self.left.store(left - 1, SeqCst);
+        if !self.flip {
+            return Err(std::io::Error::other("a moment of trouble"));
+        }
+        self.inner.read_at(buf, offset)?;
+        buf[0] ^= 0x55;
+        Ok(())
+    }
+}
+
+impl Leaf for Hiccup {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        if self.direct_only {
+            return self.inner.read_at(buf, offset);
+        }
+        self.read_maybe_wrong(buf, offset)
+    }
+    fn read_direct_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.read_maybe_wrong(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn path(&self) -> &std::path::Path {
+        self.inner.path()
+    }
+}
