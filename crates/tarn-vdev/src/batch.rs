@@ -613,9 +613,12 @@ impl TopVdev {
     /// reads counting what fails). What reading alone then got past is
     /// counted after, once per child: a run with no gap that failed as a
     /// read error, a piece that came back other than the block read alone
-    /// as a checksum error, each only where the reads alone counted
-    /// nothing of that kind on that child (a read of another thread
-    /// counting there at the same moment can hide one).
+    /// as a checksum error (and the piece written again from the verified
+    /// block: the device may hold what came back, under a good copy in the
+    /// page cache that the read alone got), each only where the reads
+    /// alone counted nothing of that kind on that child (they repair what
+    /// they meet themselves; a read of another thread counting there at the
+    /// same moment can hide one).
     ///
     /// Each block's bytes are the first `psize` of its buffer: a buffer
     /// gathered from whole sectors may be longer, and is handed over as
@@ -814,7 +817,9 @@ impl TopVdev {
         // whichever way a block was read.
         let before: BTreeMap<usize, (u64, u64)> =
             handles.keys().map(|&c| (c, self.error_counts(c))).collect();
-        let mut wrong_bytes = std::collections::BTreeSet::new();
+        // Pieces that came back wrong where the block read alone verified:
+        // (child, where on it, the verified bytes).
+        let mut wrong_pieces: Vec<(usize, u64, Vec<u8>)> = Vec::new();
         let out: Vec<Result<std::sync::Arc<[u8]>, VdevError>> = wants
             .into_iter()
             .enumerate()
@@ -835,11 +840,15 @@ impl TopVdev {
                 let alone = self.read(offset, psize, &|b: &[u8]| verify(i, b));
                 if let (Some(m), Ok(good)) = (&merged, &alone) {
                     for r in &runs {
-                        for (_, range, _) in r.parts.iter().filter(|(b, ..)| *b == i) {
+                        for (_, range, at) in r.parts.iter().filter(|(b, ..)| *b == i) {
                             let end = range.end.min(good.len()).min(m.len());
                             let start = range.start.min(end);
                             if m[start..end] != good[start..end] {
-                                wrong_bytes.insert(r.child);
+                                wrong_pieces.push((
+                                    r.child,
+                                    r.at + *at as u64,
+                                    good[start..end].to_vec(),
+                                ));
                             }
                         }
                     }
@@ -852,10 +861,25 @@ impl TopVdev {
             if failed_children.contains(&c) && r == read_errors {
                 self.count_passing_read_error(c);
             }
-            if wrong_bytes.contains(&c) && k == cksum_errors {
-                if let Some(h) = handles.get(&c) {
+            if k != cksum_errors {
+                // The reads alone met it too, counted it and repaired what
+                // they could.
+                continue;
+            }
+            let Some(h) = handles.get(&c) else {
+                continue;
+            };
+            let mut counted = false;
+            for (_, off, bytes) in wrong_pieces.iter().filter(|(child, ..)| *child == c) {
+                if !counted {
                     self.note_cksum(h);
+                    counted = true;
                 }
+                // What the device gave past the page cache may be what is on
+                // it (the read alone may have had a good copy from the page
+                // cache): written again from the verified block, as a read
+                // alone repairs a column.
+                self.heal(h, bytes, *off);
             }
         }
         out

@@ -72,9 +72,10 @@ pub struct FileLeaf {
     /// The same file opened again for reads past the page cache
     /// (`O_DIRECT`), where the file system allows it; see [`DIRECT_ALIGN`].
     direct: Option<File>,
-    /// Cleared for good when a direct read fails where the same read
-    /// through the page cache works (a file system that wants more than
-    /// [`DIRECT_ALIGN`], or takes `O_DIRECT` at open but not in reads).
+    /// Cleared for good when a direct read is refused (EINVAL, EOPNOTSUPP)
+    /// where the same read through the page cache works (a file system that
+    /// wants more than [`DIRECT_ALIGN`], or takes `O_DIRECT` at open but not
+    /// in reads); a device's error leaves it set.
     direct_ok: AtomicBool,
     /// Reads that went past the page cache, for tests.
     direct_reads: AtomicU64,
@@ -180,10 +181,19 @@ impl FileLeaf {
 /// 4.14), so the write descriptor's next flush still reports it. On older
 /// kernels a direct read could take that report away from the flush, so
 /// they get no direct reads at all. Where the file system refuses
-/// `O_DIRECT` (tmpfs before Linux 6.6), or a direct read fails where the
-/// same read through the page cache works, the leaf reads through the page
-/// cache from then on.
+/// `O_DIRECT` (tmpfs before Linux 6.6), or refuses a direct read (EINVAL,
+/// EOPNOTSUPP) that the page cache then serves, the leaf reads through the
+/// page cache from then on; a device's error (EIO) fails the direct read
+/// and leaves direct reads on.
 pub const DIRECT_ALIGN: usize = 4096;
+
+/// Whether a direct read failed because the file system refuses it (an
+/// alignment, or direct reads at all), rather than because the device
+/// failed: only then is the same read tried through the page cache and
+/// direct reads turned off for the leaf.
+fn refuses_direct(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP))
+}
 
 /// Opens `path` again, read-only, for reads past the page cache: none where
 /// the platform, the kernel (see [`DIRECT_ALIGN`]) or the file system has no
@@ -413,9 +423,17 @@ impl Leaf for FileLeaf {
             .as_ref()
             .filter(|_| aligned && self.reads_direct())
         {
-            if f.read_exact_at(buf, offset).is_ok() {
-                self.direct_reads.fetch_add(1, Ordering::Relaxed);
-                return Ok(());
+            match f.read_exact_at(buf, offset) {
+                Ok(()) => {
+                    self.direct_reads.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                // The device's error, not a refusal of direct reads: the
+                // caller's to handle (a merged read's blocks are read again
+                // alone, and an error that read gets past is counted), and
+                // direct reads stay on.
+                Err(e) if !refuses_direct(&e) => return Err(e),
+                Err(_) => {}
             }
             // The whole buffer again, through the page cache. If that
             // works, the direct path is what failed (an alignment this file
@@ -492,6 +510,23 @@ mod tests {
         ] {
             assert_eq!(kernel_keeps_writeback_errors(release), ok, "{release:?}");
         }
+    }
+
+    /// Only a refusal (an alignment, direct reads not taken) sends a
+    /// direct read through the page cache and turns direct reads off; a
+    /// device's error (EIO, a short read) is the caller's, and direct reads
+    /// stay on: one moment of trouble must not slow the leaf for good, nor
+    /// hide the error from its counters.
+    #[test]
+    fn only_a_refusal_turns_direct_reads_off() {
+        let os = io::Error::from_raw_os_error;
+        assert!(refuses_direct(&os(libc::EINVAL)));
+        assert!(refuses_direct(&os(libc::EOPNOTSUPP)));
+        assert!(!refuses_direct(&os(libc::EIO)));
+        assert!(!refuses_direct(&os(libc::ENODATA)));
+        assert!(!refuses_direct(&io::Error::from(
+            io::ErrorKind::UnexpectedEof
+        )));
     }
 
     /// Aligned reads go past the page cache (where the file system takes

@@ -300,63 +300,82 @@ fn neighbouring_blocks_are_read_in_a_few_reads_per_child() {
     );
 }
 
-/// A merged read that went wrong once where reading the block alone then
+/// A merged read that went wrong where reading the block alone then
 /// worked still counts the error on the child it came from, as reading
-/// alone counts it, and only once: a transient failure is counted as a
-/// read error, wrong bytes as a checksum error. A child that is wrong for
-/// good (a failing disk, a damaged column) is counted by the read alone,
-/// not twice.
+/// alone counts it, and only once: a failure as a read error, wrong bytes
+/// as a checksum error, the column then written again from the verified
+/// block. Wrong once (a flaky cable), or every time past the page cache
+/// while the read alone gets a good copy (a column that rotted under a
+/// cached one), or wrong on the device for good (a failing disk, a
+/// damaged column: counted, and repaired, by the read alone, not twice).
 #[test]
 fn a_merged_read_that_went_wrong_once_is_counted_once() {
     use std::sync::Arc;
-    for (flip, for_good) in [(false, false), (true, false), (false, true), (true, true)] {
-        let mems = mem_leaves(4);
-        // Only the merged reads go wrong on it: the read alone is another.
-        let flaky = Arc::new(Hiccup::new(mems[1].clone(), 0, flip, true));
-        let leaves: Vec<Option<Arc<dyn Leaf>>> = mems
-            .iter()
-            .enumerate()
-            .map(|(i, l)| {
-                Some(if i == 1 {
-                    flaky.clone() as Arc<dyn Leaf>
-                } else {
-                    l.clone() as Arc<dyn Leaf>
+    #[derive(Clone, Copy, Debug)]
+    enum Wrong {
+        Once,
+        PastTheCache,
+        ForGood,
+    }
+    for flip in [false, true] {
+        for wrong in [Wrong::Once, Wrong::PastTheCache, Wrong::ForGood] {
+            let mems = mem_leaves(4);
+            // Only the merged reads go wrong on it: the read alone is
+            // another.
+            let flaky = Arc::new(Hiccup::new(mems[1].clone(), 0, flip, true));
+            let leaves: Vec<Option<Arc<dyn Leaf>>> = mems
+                .iter()
+                .enumerate()
+                .map(|(i, l)| {
+                    Some(if i == 1 {
+                        flaky.clone() as Arc<dyn Leaf>
+                    } else {
+                        l.clone() as Arc<dyn Leaf>
+                    })
                 })
-            })
-            .collect();
-        let v = tarn_vdev::TopVdev::open(&config(VdevKind::Raidz { parity: 1 }, 4), 12, leaves)
-            .expect("open vdev");
-        // A lone 16K block: three data columns, one of them on child 1.
-        let data = pattern(5, 16 << 10);
-        v.write(0, &data).expect("written");
-        let cols = v.extents(0, data.len() as u64).unwrap();
-        assert!(cols.iter().any(|e| !e.parity && e.child == 1), "{cols:?}");
-        if !for_good {
-            flaky.left.store(1, std::sync::atomic::Ordering::SeqCst);
-        } else if flip {
-            let col = cols.iter().find(|e| !e.parity && e.child == 1).unwrap();
-            mems[1].corrupt(col.leaf_offset, 512);
-        } else {
-            mems[1].set_fail_reads(true);
-        }
-        let got = v.read_many(&[(0, data.len())], &|_, b| b == &data[..]);
-        let got = got.into_iter().next().unwrap().expect("the block");
-        assert!(got[..data.len()] == data[..]);
-        let c = &v.leaves()[1].counters;
-        let (errors, other) = if flip {
-            (c.cksum_errors, c.read_errors)
-        } else {
-            (c.read_errors, c.cksum_errors)
-        };
-        assert_eq!(
-            (errors, other),
-            (1, 0),
-            "flip {flip}, for good {for_good}: {:?}",
-            v.leaves()[1].counters
-        );
-        for i in [0, 2, 3] {
-            let c = &v.leaves()[i].counters;
-            assert_eq!((c.read_errors, c.cksum_errors), (0, 0), "child {i}");
+                .collect();
+            let v = tarn_vdev::TopVdev::open(&config(VdevKind::Raidz { parity: 1 }, 4), 12, leaves)
+                .expect("open vdev");
+            // A lone 16K block: three data columns, one of them on child 1.
+            let data = pattern(5, 16 << 10);
+            v.write(0, &data).expect("written");
+            let cols = v.extents(0, data.len() as u64).unwrap();
+            let col = cols
+                .iter()
+                .find(|e| !e.parity && e.child == 1)
+                .expect("a data column on child 1");
+            let writes = v.leaves()[1].counters.write_ops;
+            let left = |n| flaky.left.store(n, std::sync::atomic::Ordering::SeqCst);
+            match (wrong, flip) {
+                (Wrong::Once, _) => left(1),
+                (Wrong::PastTheCache, _) => left(u32::MAX),
+                (Wrong::ForGood, true) => mems[1].corrupt(col.leaf_offset, 512),
+                (Wrong::ForGood, false) => mems[1].set_fail_reads(true),
+            }
+            let got = v.read_many(&[(0, data.len())], &|_, b| b == &data[..]);
+            let got = got.into_iter().next().unwrap().expect("the block");
+            assert!(got[..data.len()] == data[..]);
+            let c = &v.leaves()[1].counters;
+            let (errors, other) = if flip {
+                (c.cksum_errors, c.read_errors)
+            } else {
+                (c.read_errors, c.cksum_errors)
+            };
+            let what = format!("flip {flip}, {wrong:?}: {c:?}");
+            assert_eq!((errors, other), (1, 0), "{what}");
+            if flip {
+                assert_eq!(c.write_ops - writes, 1, "the column written again: {what}");
+                mems[1].set_fail_reads(false);
+                assert_eq!(
+                    mems[1].raw_read(col.leaf_offset, 512),
+                    data[..512].to_vec(),
+                    "{what}"
+                );
+            }
+            for i in [0, 2, 3] {
+                let c = &v.leaves()[i].counters;
+                assert_eq!((c.read_errors, c.cksum_errors), (0, 0), "child {i}");
+            }
         }
     }
 }
