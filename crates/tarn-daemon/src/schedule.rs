@@ -815,6 +815,15 @@ pub fn run(pools: &Pools, pool: &Arc<Pool>, rec: &ScheduleRecord, now: u64) -> R
     record(pools, pool, rec, now, result)
 }
 
+/// The API's view of a stored schedule, checked as when it was added:
+/// records come from the pool's disks, which may come from another
+/// machine or a newer tarn. The error says why it cannot run.
+fn checked(rec: &ScheduleRecord, pool: &str) -> Result<Schedule, String> {
+    let s = rec.to_api(pool)?;
+    tarn_api::schedule::check_schedule(&s).map_err(|e| e.to_string())?;
+    Ok(s)
+}
+
 /// Does what the schedule does; its outcome in a line.
 fn execute(
     pools: &Pools,
@@ -822,12 +831,7 @@ fn execute(
     rec: &ScheduleRecord,
     now: u64,
 ) -> Result<String, String> {
-    let checked = rec.to_api(pool.name()).and_then(|s| {
-        // Records come from the pool's disks, which may come from
-        // another machine: what runs is checked as when it was added.
-        tarn_api::schedule::check_schedule(&s).map_err(|e| e.to_string())?;
-        Ok(s)
-    });
+    let checked = checked(rec, pool.name());
     if let KindRecord::Replicate { node, .. } = &rec.kind {
         if *node != pools.node_id {
             return Err(format!(
@@ -1619,11 +1623,7 @@ fn look_at_pool(pools: &Arc<Pools>, pool: &Arc<Pool>, now: u64) {
     for (rec, state) in list {
         // A record this tarn cannot read, or would not have stored:
         // `execute` refuses it too, with the reason, when run by hand.
-        let checked = rec.to_api(pool.name()).and_then(|s| {
-            tarn_api::schedule::check_schedule(&s).map_err(|e| e.to_string())?;
-            Ok(s)
-        });
-        let s = match checked {
+        let s = match checked(&rec, pool.name()) {
             Ok(s) => s,
             Err(why) => {
                 not_run(pools, pool.name(), &rec.name, &why);

@@ -815,8 +815,9 @@ impl TopVdev {
         // counted after, on the children it came from, where reading alone
         // counted nothing there: a flaky cable must show in the counters
         // whichever way a block was read.
-        let before: BTreeMap<usize, (u64, u64)> =
-            handles.keys().map(|&c| (c, self.error_counts(c))).collect();
+        // Each child's error counts before the first read alone (taken
+        // only then: most batches read nothing again).
+        let mut before: Option<BTreeMap<usize, (u64, u64)>> = None;
         // Pieces that came back wrong where the block read alone verified:
         // (child, where on it, the verified bytes).
         let mut wrong_pieces: Vec<(usize, u64, Vec<u8>)> = Vec::new();
@@ -836,6 +837,9 @@ impl TopVdev {
                     }
                     merged = Some(buf);
                 }
+                before.get_or_insert_with(|| {
+                    handles.keys().map(|&c| (c, self.error_counts(c))).collect()
+                });
                 let (offset, psize) = blocks[i];
                 let alone = self.read(offset, psize, &|b: &[u8]| verify(i, b));
                 if let (Some(m), Ok(good)) = (&merged, &alone) {
@@ -856,7 +860,7 @@ impl TopVdev {
                 alone.map(std::sync::Arc::from)
             })
             .collect();
-        for (&c, &(read_errors, cksum_errors)) in &before {
+        for (&c, &(read_errors, cksum_errors)) in before.iter().flatten() {
             let (r, k) = self.error_counts(c);
             if failed_children.contains(&c) && r == read_errors {
                 self.count_passing_read_error(c);

@@ -912,8 +912,9 @@ impl TopVdev {
     /// when it succeeds; a failure is not counted here, because the blocks
     /// in it are read again alone and those reads count what fails (a bad
     /// sector in a gap between pieces fails no block at all); `read_many`
-    /// counts a failure of a run with no gap that reading alone got past. It reads past
-    /// the page cache where the leaf can ([`Leaf::read_direct_at`]).
+    /// counts a failure of a run with no gap that reading alone got past.
+    /// It reads past the page cache where the leaf can
+    /// ([`Leaf::read_direct_at`]).
     pub(crate) fn child_read_merged(&self, h: &Handle, buf: &mut [u8], off: u64) -> bool {
         let start = std::time::Instant::now();
         let ok = self.in_data_region(&*h.leaf, off, buf.len())

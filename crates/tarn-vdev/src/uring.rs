@@ -147,9 +147,12 @@ pub(crate) fn read_all(reads: &mut [Read<'_>]) -> bool {
             return false;
         };
         if slot.is_none() {
-            let skip = SKIP.with(Cell::get);
-            if skip > 0 {
-                SKIP.with(|s| s.set(skip - 1));
+            let backing_off = SKIP.with(|s| {
+                let n = s.get();
+                s.set(n.saturating_sub(1));
+                n > 0
+            });
+            if backing_off {
                 return false;
             }
             match new_ring() {

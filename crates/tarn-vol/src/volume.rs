@@ -101,14 +101,14 @@ const AHEAD_JOB: u64 = 256 << 10;
 /// cache (see the module docs, "Reads").
 fn read_blocks(
     refs: Vec<Option<BlockRef>>,
-    read_many: impl FnOnce(Vec<BlockRef>) -> Vec<Result<BlockData, DsError>>,
+    handle: &DatasetHandle,
 ) -> Vec<Option<Result<BlockData, DsError>>> {
     let present: Vec<usize> = (0..refs.len()).filter(|&i| refs[i].is_some()).collect();
     let mut out: Vec<Option<Result<BlockData, DsError>>> = (0..refs.len()).map(|_| None).collect();
     if present.is_empty() {
         return out;
     }
-    let read = read_many(refs.into_iter().flatten().collect());
+    let read = BlockRef::read_many(refs.into_iter().flatten().collect(), handle.pool());
     for (i, r) in present.into_iter().zip(read) {
         out[i] = Some(r);
     }
@@ -417,9 +417,9 @@ impl Volume {
     /// hold the dataset's lock (every other request of the volume) for a
     /// disk read. Read here, the requests' reads run at once and the patch
     /// finds the block cached. They are read as one batch, as every read
-    /// of a volume is (see "Reads" in the module docs). Nothing is decided from what is read: a
-    /// block that changed since, or a failed read, is read again (and its
-    /// error reported) by the transaction.
+    /// of a volume is (see "Reads" in the module docs). Nothing is decided
+    /// from what is read: a block that changed since, or a failed read, is
+    /// read again (and its error reported) by the transaction.
     fn warm(&self, keys: impl Iterator<Item = [u8; 8]>) {
         let keys: Vec<[u8; 8]> = keys.collect();
         if keys.is_empty() {
@@ -528,8 +528,7 @@ impl Device for Volume {
             Ok::<_, DsError>((refs, prefetch_jobs(later, bs, &self.handle)))
         })?;
         readahead::submit(jobs);
-        let pool = self.handle.pool();
-        let blocks = read_blocks(refs, |rs| BlockRef::read_many(rs, pool));
+        let blocks = read_blocks(refs, &self.handle);
         let mut out = ReadData::default();
         for (p, r) in pieces.iter().zip(blocks) {
             p.push_to(&mut out, r.transpose()?);
